@@ -1,0 +1,53 @@
+//! The contract every rlvr plugin implements and the daemon relies on.
+//!
+//! A plugin is a `cdylib` that the daemon (`rlvrd`) and the CLI (`rlvrctl`) load at run time with
+//! [`abi_stable`]. There are three kinds, each a trait a plugin author implements in plain Rust:
+//!
+//! - [`VerifierPlugin`]: scores one completion against its reference (math, code, format, ...).
+//! - [`OptimizerPlugin`]: turns rewards into advantages and log-probabilities into a loss
+//!   (GRPO, RLOO, PPO, DPO, SFT).
+//! - [`CurriculumPlugin`]: decides which prompts each step trains on.
+//!
+//! One line exports the impl: [`export_verifier!`], [`export_optimizer!`] or
+//! [`export_curriculum!`]. The export layer (module [`export`]) builds the root module, wraps
+//! every call in `catch_unwind` — a panic that unwinds across `extern "C"` would abort the whole
+//! daemon — and turns panics into [`PluginError`]s. Nobody writes abi_stable glue by hand.
+//!
+//! # Stability rules
+//!
+//! - Loading checks layouts (abi_stable) and then [`API_VERSION`] (the daemon). A plugin built
+//!   against another `API_VERSION` is refused with a message that names the file.
+//! - This crate is append-only: new fields go after the last prefix field, nothing is reordered,
+//!   and a change that breaks old plugins bumps [`API_VERSION`].
+//! - Optimizer plugins exchange tensors as [`TensorHandle`]s, pointers into the one libtorch that
+//!   host and plugin both link dynamically; never a `tch::Tensor` by value. They also report the
+//!   libtorch version they were built against ([`LIBTORCH_VERSION`]), which the daemon checks.
+#![deny(missing_docs)]
+// abi_stable 0.11's `#[sabi_trait]` expands to impls inside a const, which this lint flags.
+#![allow(non_local_definitions)]
+
+mod curriculum;
+mod error;
+pub mod export;
+mod info;
+mod module;
+mod optimizer;
+mod verifier;
+
+pub use abi_stable;
+pub use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
+
+pub use crate::curriculum::{Curriculum, Curriculum_TO, CurriculumBox, CurriculumPlugin, GroupOutcome};
+pub use crate::error::{PluginError, PluginErrorKind};
+pub use crate::info::{
+    API_VERSION, CurriculumInfo, DataMode, LIBTORCH_VERSION, Metadata, OptimizerInfo, PluginInfo, PluginKind,
+    VerifierInfo,
+};
+pub use crate::module::{PluginInstance, PluginMod, PluginModRef};
+pub use crate::optimizer::{
+    LossInputs, LossOutput, Metric, Optimizer, Optimizer_TO, OptimizerBox, OptimizerPlugin, RewardBatch,
+    TensorHandle,
+};
+pub use crate::verifier::{
+    Component, Verdict, Verifier, Verifier_TO, VerifierBox, VerifierPlugin, VerifyItem,
+};

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+#! Installs what rlvr needs and is missing, then writes the env file the other scripts source.
+#
+# Idempotent: a second run checks, finds everything in place, and takes seconds with no download.
+#   - a Python venv in the project cache with torch==2.11.0 from PyPI (libtorch for tch 0.24)
+#   - redis-server from Debian's packages, when none is on PATH
+# The env file ($RLVR_CACHE_DIR/env.sh) exports LIBTORCH_USE_PYTORCH=1, the venv on PATH and the
+# libtorch library path, so `cargo build` and the binaries find libtorch.
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}
+VENV=$CACHE_DIR/venv
+ENV_FILE=$CACHE_DIR/env.sh
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+mkdir -p "$CACHE_DIR"
+
+# --- Python venv with torch -------------------------------------------------------------------
+python_bin=${RLVR_PYTHON:-$(command -v python3 || true)}
+if [ -z "$python_bin" ]; then
+    say "no python3 found: installing python3 and python3-venv from Debian's packages"
+    as_root apt-get update -q
+    as_root apt-get install -y -q python3 python3-venv
+    python_bin=$(command -v python3)
+fi
+
+torch_installed() {
+    [ -x "$VENV/bin/python" ] &&
+        [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$TORCH_VERSION" ]
+}
+
+if torch_installed; then
+    say "torch $TORCH_VERSION already in $VENV"
+else
+    if [ ! -x "$VENV/bin/python" ]; then
+        say "creating venv $VENV"
+        if ! "$python_bin" -m venv "$VENV" 2>/dev/null; then
+            say "python3 -m venv failed: installing python3-venv from Debian's packages"
+            as_root apt-get update -q
+            as_root apt-get install -y -q python3-venv
+            rm -rf "$VENV"
+            "$python_bin" -m venv "$VENV"
+        fi
+    fi
+    say "installing torch==$TORCH_VERSION from PyPI into $VENV (about a minute, ~5 GB)"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+    torch_installed || { say "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
+fi
+torch_lib=$(cd "$VENV" && echo "$VENV"/lib/python3*/site-packages/torch/lib)
+[ -d "$torch_lib" ] || { say "expected libtorch under $torch_lib, found nothing"; exit 1; }
+
+# --- Redis ------------------------------------------------------------------------------------
+redis_bin=${RLVR_REDIS_SERVER:-$(command -v redis-server || true)}
+if [ -z "$redis_bin" ] && [ -x /usr/bin/redis-server ]; then redis_bin=/usr/bin/redis-server; fi
+if [ -z "$redis_bin" ]; then
+    say "no redis-server found: installing it from Debian's packages"
+    as_root apt-get update -q
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends redis-server
+    redis_bin=$(command -v redis-server || echo /usr/bin/redis-server)
+fi
+[ -x "$redis_bin" ] || { say "redis-server not executable at $redis_bin"; exit 1; }
+say "redis-server: $redis_bin"
+
+# --- env file ---------------------------------------------------------------------------------
+tmp=$(mktemp "$CACHE_DIR/env.sh.XXXXXX")
+cat >"$tmp" <<ENV
+# Written by scripts/setup.sh; sourced by scripts/test.sh and scripts/demo.sh.
+export RLVR_CACHE_DIR="$CACHE_DIR"
+export RLVR_VENV="$VENV"
+export RLVR_REDIS_SERVER="$redis_bin"
+export LIBTORCH_USE_PYTORCH=1
+export PYTHON_SYS_EXECUTABLE="$VENV/bin/python"
+export PATH="$VENV/bin:\$PATH"
+export LD_LIBRARY_PATH="$torch_lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+ENV
+mv "$tmp" "$ENV_FILE"
+say "env file: $ENV_FILE"
