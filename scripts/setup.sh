@@ -9,7 +9,7 @@
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
-CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}
+CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}  # keep in step with scripts/lib.sh
 VENV=$CACHE_DIR/venv
 ENV_FILE=$CACHE_DIR/env.sh
 
@@ -25,8 +25,8 @@ mkdir -p "$CACHE_DIR"
 python_bin=${RLVR_PYTHON:-$(command -v python3 || true)}
 if [ -z "$python_bin" ]; then
     say "no python3 found: installing python3 and python3-venv from Debian's packages"
-    as_root apt-get update -q
-    as_root apt-get install -y -q python3 python3-venv
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq python3 python3-venv
     python_bin=$(command -v python3)
 fi
 
@@ -42,8 +42,8 @@ else
         say "creating venv $VENV"
         if ! "$python_bin" -m venv "$VENV" 2>/dev/null; then
             say "python3 -m venv failed: installing python3-venv from Debian's packages"
-            as_root apt-get update -q
-            as_root apt-get install -y -q python3-venv
+            as_root apt-get update -qq
+            as_root apt-get install -y -qq python3-venv
             rm -rf "$VENV"
             "$python_bin" -m venv "$VENV"
         fi
@@ -60,8 +60,8 @@ redis_bin=${RLVR_REDIS_SERVER:-$(command -v redis-server || true)}
 if [ -z "$redis_bin" ] && [ -x /usr/bin/redis-server ]; then redis_bin=/usr/bin/redis-server; fi
 if [ -z "$redis_bin" ]; then
     say "no redis-server found: installing it from Debian's packages"
-    as_root apt-get update -q
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends redis-server
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends redis-server
     redis_bin=$(command -v redis-server || echo /usr/bin/redis-server)
 fi
 [ -x "$redis_bin" ] || { say "redis-server not executable at $redis_bin"; exit 1; }

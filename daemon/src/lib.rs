@@ -1,1 +1,13 @@
-//! placeholder
+//! The daemon's library: everything `rlvrd` and `rlvrctl` share.
+//!
+//! `main` functions are thin: they parse arguments and call into here, so the whole server runs
+//! in-process in tests. See ARCHITECTURE.md for the map.
+pub mod api;
+pub mod config;
+pub mod events;
+pub mod logging;
+pub mod metrics;
+pub mod registry;
+pub mod serve;
+pub mod time;
+pub mod verify;

@@ -1,0 +1,143 @@
+//! The HTTP API of `rlvrd serve` (axum) and its wire types, which `rlvrctl` reads too.
+//!
+//! Routes so far: `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/plugins`. The job
+//! routes and per-team bearer tokens of design.md §1 come with the job lifecycle.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::Metrics;
+use crate::registry::{LoadedPlugin, Refused, Registry};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    /// Loaded and refused plugins.
+    pub registry: Arc<Registry>,
+    /// Every exported metric.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/plugins", get(plugins))
+        .with_state(state)
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok` while the daemon serves.
+    pub status: String,
+    /// Plugins loaded.
+    pub plugins: usize,
+}
+
+async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health { status: "ok".to_owned(), plugins: state.registry.plugins().len() })
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.encode())
+}
+
+/// A loaded plugin, as `GET /v1/plugins` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PluginView {
+    /// `name@version`, what jobs pin.
+    pub id: String,
+    /// Short name.
+    pub name: String,
+    /// Semantic version.
+    pub version: String,
+    /// `verifier`, `optimizer` or `curriculum`.
+    pub kind: String,
+    /// One line.
+    pub description: String,
+    /// SHA-256 of the library, hex.
+    pub sha256: String,
+    /// Where it was found.
+    pub source: String,
+    /// Verifiers: the `reference` object they read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_schema: Option<String>,
+    /// Optimizers: their data mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_mode: Option<String>,
+    /// When it was loaded, RFC 3339.
+    pub loaded_at: String,
+}
+
+impl From<&LoadedPlugin> for PluginView {
+    fn from(plugin: &LoadedPlugin) -> Self {
+        PluginView {
+            id: plugin.id(),
+            name: plugin.meta.name.clone(),
+            version: plugin.meta.version.to_string(),
+            kind: plugin.meta.kind.as_str().to_owned(),
+            description: plugin.meta.description.clone(),
+            sha256: plugin.sha256.clone(),
+            source: plugin.source.display().to_string(),
+            reference_schema: plugin.meta.reference_schema.clone(),
+            data_mode: plugin.meta.data_mode.clone(),
+            loaded_at: humantime::format_rfc3339_millis(plugin.loaded_at).to_string(),
+        }
+    }
+}
+
+/// A refused library, as `GET /v1/plugins` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RefusedView {
+    /// The file.
+    pub source: String,
+    /// The class of problem (the `reason` label of `rlvr_plugin_refusals_total`).
+    pub reason: String,
+    /// What was wrong.
+    pub message: String,
+    /// When, RFC 3339.
+    pub at: String,
+}
+
+impl From<&Refused> for RefusedView {
+    fn from(refused: &Refused) -> Self {
+        RefusedView {
+            source: refused.source.display().to_string(),
+            reason: refused.reason.as_str().to_owned(),
+            message: refused.message.clone(),
+            at: humantime::format_rfc3339_millis(refused.at).to_string(),
+        }
+    }
+}
+
+/// `GET /v1/plugins`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PluginList {
+    /// Loaded plugins, by name then version.
+    pub plugins: Vec<PluginView>,
+    /// Refused files that are still present.
+    pub refused: Vec<RefusedView>,
+}
+
+impl PluginList {
+    /// The registry's current listing.
+    pub fn from_registry(registry: &Registry) -> Self {
+        PluginList {
+            plugins: registry.plugins().iter().map(|plugin| PluginView::from(plugin.as_ref())).collect(),
+            refused: registry.refusals().iter().map(RefusedView::from).collect(),
+        }
+    }
+}
+
+async fn plugins(State(state): State<AppState>) -> Json<PluginList> {
+    Json(PluginList::from_registry(&state.registry))
+}

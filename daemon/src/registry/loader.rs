@@ -1,0 +1,275 @@
+//! Loads one plugin library and checks it: the ABI (abi_stable), our API version, its kind and
+//! kind-specific needs, the libtorch version of optimizers, and its self-test.
+//!
+//! Everything here is the in-process part. The registry first runs it in a child process
+//! (`rlvrd probe-plugin`) so that a library that crashes or aborts while loading takes down the
+//! child, not the daemon; see `registry::Isolation`.
+
+use std::fmt;
+use std::path::Path;
+
+use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
+use abi_stable::std_types::{ROption, RResult};
+use rlvr_plugin_api::{API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef};
+use serde::{Deserialize, Serialize};
+
+/// Why a library was refused. A bounded set: these are the `reason` label of
+/// `rlvr_plugin_refusals_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalReason {
+    /// The file could not be read.
+    Unreadable,
+    /// Not a loadable shared library: corrupt, truncated, wrong architecture.
+    NotALibrary,
+    /// A shared library without an rlvr root module.
+    NotAPlugin,
+    /// Built against an incompatible `rlvr-plugin-api`/abi_stable (layout or version check).
+    AbiMismatch,
+    /// Built against another `API_VERSION`.
+    ApiVersion,
+    /// An optimizer built against another libtorch.
+    LibtorchVersion,
+    /// A kind this daemon does not know, or info that does not fit the kind.
+    Kind,
+    /// A name or version that does not parse, or an error from `info()`.
+    InvalidMetadata,
+    /// The self-test returned an error.
+    SelfTestFailed,
+    /// The plugin panicked (in `info()` or its self-test) or crashed the probe process.
+    Crashed,
+    /// The same `name@version` is already loaded with different content.
+    DuplicateVersion,
+}
+
+impl RefusalReason {
+    /// Every reason, for pre-registering metric labels.
+    pub const ALL: [RefusalReason; 11] = [
+        RefusalReason::Unreadable,
+        RefusalReason::NotALibrary,
+        RefusalReason::NotAPlugin,
+        RefusalReason::AbiMismatch,
+        RefusalReason::ApiVersion,
+        RefusalReason::LibtorchVersion,
+        RefusalReason::Kind,
+        RefusalReason::InvalidMetadata,
+        RefusalReason::SelfTestFailed,
+        RefusalReason::Crashed,
+        RefusalReason::DuplicateVersion,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Unreadable => "unreadable",
+            RefusalReason::NotALibrary => "not_a_library",
+            RefusalReason::NotAPlugin => "not_a_plugin",
+            RefusalReason::AbiMismatch => "abi_mismatch",
+            RefusalReason::ApiVersion => "api_version",
+            RefusalReason::LibtorchVersion => "libtorch_version",
+            RefusalReason::Kind => "kind",
+            RefusalReason::InvalidMetadata => "invalid_metadata",
+            RefusalReason::SelfTestFailed => "self_test_failed",
+            RefusalReason::Crashed => "crashed",
+            RefusalReason::DuplicateVersion => "duplicate_version",
+        }
+    }
+}
+
+impl fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: why, and a message that says what was wrong and what was expected. The registry
+/// adds the file name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct LoadRefusal {
+    /// The class of problem.
+    pub reason: RefusalReason,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl LoadRefusal {
+    pub(crate) fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
+        LoadRefusal { reason, message: message.into() }
+    }
+}
+
+/// What the daemon keeps of a plugin's [`PluginInfo`], in host types.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PluginMeta {
+    /// Verifier, optimizer or curriculum.
+    #[serde(with = "kind_serde")]
+    pub kind: PluginKind,
+    /// Short name.
+    pub name: String,
+    /// Semantic version.
+    pub version: semver::Version,
+    /// One line for humans.
+    pub description: String,
+    /// Verifiers: the expected `reference` object.
+    pub reference_schema: Option<String>,
+    /// Optimizers: their data mode (`online-groups`, ...).
+    pub data_mode: Option<String>,
+    /// Optimizers: whether a frozen reference model is needed.
+    pub needs_reference: Option<bool>,
+    /// Optimizers: whether a value head is needed.
+    pub needs_value_head: Option<bool>,
+    /// Optimizers: whether completions must come in groups.
+    pub needs_groups: Option<bool>,
+}
+
+impl PluginMeta {
+    /// `name@version`, the id jobs pin.
+    pub fn id(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+}
+
+mod kind_serde {
+    use rlvr_plugin_api::PluginKind;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(kind: &PluginKind, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(kind.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<PluginKind, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        PluginKind::parse(&name).ok_or_else(|| serde::de::Error::custom(format!("unknown plugin kind {name:?}")))
+    }
+}
+
+/// Loads the library at `path` (never unloaded), checks it and runs its self-test.
+pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRefusal> {
+    let module = open(path)?;
+    let meta = match module.info()() {
+        RResult::ROk(info) => check_info(&info)?,
+        RResult::RErr(error) if error.kind == PluginErrorKind::Panic => {
+            return Err(LoadRefusal::new(RefusalReason::Crashed, error.message.to_string()));
+        }
+        RResult::RErr(error) => {
+            return Err(LoadRefusal::new(RefusalReason::InvalidMetadata, format!("info() failed: {error}")));
+        }
+    };
+    match module.self_test()() {
+        RResult::ROk(()) => Ok((module, meta)),
+        RResult::RErr(error) if error.kind == PluginErrorKind::Panic => {
+            Err(LoadRefusal::new(RefusalReason::Crashed, format!("self-test: {}", error.message)))
+        }
+        RResult::RErr(error) => {
+            Err(LoadRefusal::new(RefusalReason::SelfTestFailed, format!("self-test failed: {}", error.message)))
+        }
+    }
+}
+
+fn open(path: &Path) -> Result<PluginModRef, LoadRefusal> {
+    let header = lib_header_from_path(path).map_err(library_refusal)?;
+    header.init_root_module::<PluginModRef>().map_err(library_refusal)
+}
+
+fn library_refusal(error: LibraryError) -> LoadRefusal {
+    let reason = match &error {
+        LibraryError::OpenError { .. } => RefusalReason::NotALibrary,
+        LibraryError::GetSymbolError { .. } => RefusalReason::NotAPlugin,
+        LibraryError::RootModule { .. } => RefusalReason::Crashed,
+        _ => RefusalReason::AbiMismatch,
+    };
+    let message = match reason {
+        RefusalReason::NotALibrary => format!("not a loadable shared library (corrupt, truncated or built for another platform): {error}"),
+        RefusalReason::NotAPlugin => format!(
+            "a shared library but not an rlvr plugin: it exports no `{}` root module (build it with rlvr_plugin_api::export_verifier! or its siblings)",
+            PluginModRef::NAME
+        ),
+        _ => format!("incompatible plugin ABI (expected a plugin built against rlvr-plugin-api {}): {error}", env!("CARGO_PKG_VERSION")),
+    };
+    LoadRefusal::new(reason, message)
+}
+
+/// Checks what a plugin says about itself against what this daemon can use.
+pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
+    if info.api_version != API_VERSION {
+        return Err(LoadRefusal::new(
+            RefusalReason::ApiVersion,
+            format!(
+                "built against plugin API version {}, this daemon speaks version {API_VERSION}: rebuild the plugin against this rlvr-plugin-api",
+                info.api_version
+            ),
+        ));
+    }
+    let Some(kind) = PluginKind::parse(info.kind.as_str()) else {
+        return Err(LoadRefusal::new(
+            RefusalReason::Kind,
+            format!("unknown plugin kind {:?}: expected one of verifier, optimizer, curriculum", info.kind.as_str()),
+        ));
+    };
+    let name = info.name.as_str();
+    if name.is_empty()
+        || name.len() > 64
+        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(LoadRefusal::new(
+            RefusalReason::InvalidMetadata,
+            format!("plugin name {name:?}: expected 1 to 64 characters of a-z, 0-9, '-' and '_'"),
+        ));
+    }
+    let version = semver::Version::parse(info.version.as_str()).map_err(|error| {
+        LoadRefusal::new(
+            RefusalReason::InvalidMetadata,
+            format!("plugin {name} version {:?}: expected a semantic version like 1.2.3 ({error})", info.version.as_str()),
+        )
+    })?;
+    let mut meta = PluginMeta {
+        kind,
+        name: name.to_owned(),
+        version,
+        description: info.description.to_string(),
+        reference_schema: None,
+        data_mode: None,
+        needs_reference: None,
+        needs_value_head: None,
+        needs_groups: None,
+    };
+    let kind_mismatch = |details: &str| {
+        LoadRefusal::new(
+            RefusalReason::Kind,
+            format!("plugin {name} says it is a {} but {details}", kind.as_str()),
+        )
+    };
+    match kind {
+        PluginKind::Verifier => {
+            let ROption::RSome(verifier) = &info.verifier else {
+                return Err(kind_mismatch("gives no verifier info"));
+            };
+            meta.reference_schema = Some(verifier.reference_schema.to_string());
+        }
+        PluginKind::Optimizer => {
+            let ROption::RSome(optimizer) = &info.optimizer else {
+                return Err(kind_mismatch("gives no optimizer info"));
+            };
+            if optimizer.libtorch_version.as_str() != LIBTORCH_VERSION {
+                return Err(LoadRefusal::new(
+                    RefusalReason::LibtorchVersion,
+                    format!(
+                        "optimizer {name} was built against libtorch {}, this daemon uses libtorch {LIBTORCH_VERSION} (tch 0.24): rebuild it against this rlvr-plugin-api",
+                        optimizer.libtorch_version.as_str()
+                    ),
+                ));
+            }
+            meta.data_mode = Some(optimizer.data_mode.as_str().to_owned());
+            meta.needs_reference = Some(optimizer.needs_reference);
+            meta.needs_value_head = Some(optimizer.needs_value_head);
+            meta.needs_groups = Some(optimizer.needs_groups);
+        }
+        PluginKind::Curriculum => {
+            if info.curriculum.is_none() {
+                return Err(kind_mismatch("gives no curriculum info"));
+            }
+        }
+    }
+    Ok(meta)
+}

@@ -1,0 +1,151 @@
+//! `rlvrd serve`: the control plane's main loop.
+//!
+//! `run` takes the config and a shutdown token, so tests run the whole server in-process. It
+//! loads the plugins, serves the API, rescans the plugin directories every
+//! `plugins.scan_interval_ms`, and tells systemd it is ready and alive (sd_notify). The watchdog
+//! is fed from the main loop itself: if the loop stalls, systemd stops getting pings and restarts
+//! the daemon.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sd_notify::NotifyState;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{AppState, router};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::registry::{Isolation, Registry, RegistryError};
+
+/// How long a new library may take to load and self-test in the probe process.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Files modified more recently than this are left for the next scan: they may still be copied.
+const SETTLE: Duration = Duration::from_millis(500);
+/// The file in the state directory that holds the API's bound address, for tools and tests
+/// that start the daemon on port 0.
+pub const ADDR_FILE: &str = "rlvrd.addr";
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The state directory could not be created or written.
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The plugin registry could not be set up.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The API address could not be bound.
+    #[error("api.listen {addr}: cannot listen: {source}")]
+    Listen {
+        /// The configured address.
+        addr: SocketAddr,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("http server: {0}")]
+    Http(io::Error),
+    /// The current executable (needed to probe plugins) could not be found.
+    #[error("cannot find the rlvrd executable to probe plugins with: {0}")]
+    Exe(io::Error),
+}
+
+/// Runs the daemon until `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
+    let state_dir = config.daemon.state_dir.clone();
+    std::fs::create_dir_all(&state_dir).map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
+    let metrics = Arc::new(Metrics::new());
+    let exe = std::env::current_exe().map_err(ServeError::Exe)?;
+    let registry = Arc::new(Registry::new(
+        state_dir.join("plugin-cache"),
+        Isolation::Subprocess { exe, timeout: PROBE_TIMEOUT },
+        metrics.clone(),
+    )?);
+    let dirs = config.plugins.dirs.clone();
+    let first_scan = {
+        let registry = registry.clone();
+        let dirs = dirs.clone();
+        tokio::task::spawn_blocking(move || registry.scan(&dirs, Duration::ZERO)).await.unwrap_or_default()
+    };
+    tracing::info!(
+        loaded = first_scan.loaded,
+        refused = first_scan.refused,
+        dirs = ?dirs,
+        "initial plugin scan finished"
+    );
+
+    let listener = TcpListener::bind(config.api.listen)
+        .await
+        .map_err(|source| ServeError::Listen { addr: config.api.listen, source })?;
+    let addr = listener.local_addr().map_err(ServeError::Http)?;
+    write_addr_file(&state_dir, addr).map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
+    tracing::info!(%addr, "api listening");
+
+    let app = router(AppState { registry: registry.clone(), metrics: metrics.clone() });
+    let server_shutdown = shutdown.clone();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
+    });
+
+    let _ = sd_notify::notify(&[NotifyState::Ready]);
+    let watchdog = sd_notify::watchdog_enabled().map(|interval| interval / 2);
+    let mut last_ping = Instant::now();
+    let mut scan: Option<tokio::task::JoinHandle<_>> = None;
+    let mut ticker = tokio::time::interval(Duration::from_millis(config.plugins.scan_interval_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let outcome = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            result = &mut server => {
+                // The server only returns before shutdown when it failed.
+                break match result {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(error)) => Err(ServeError::Http(error)),
+                    Err(join) => Err(ServeError::Http(io::Error::other(join.to_string()))),
+                };
+            }
+            _ = ticker.tick() => {
+                if scan.as_ref().is_none_or(|handle| handle.is_finished()) {
+                    let registry = registry.clone();
+                    let dirs = dirs.clone();
+                    scan = Some(tokio::task::spawn_blocking(move || registry.scan(&dirs, SETTLE)));
+                }
+                if let Some(interval) = watchdog
+                    && last_ping.elapsed() >= interval
+                {
+                    let _ = sd_notify::notify(&[NotifyState::Watchdog]);
+                    last_ping = Instant::now();
+                }
+            }
+        }
+    };
+
+    tracing::info!("shutting down");
+    let _ = sd_notify::notify(&[NotifyState::Stopping]);
+    shutdown.cancel();
+    if !server.is_finished() {
+        match server.await {
+            Ok(Err(error)) => tracing::warn!(%error, "http server stopped with an error"),
+            Err(error) => tracing::warn!(%error, "http server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    let _ = std::fs::remove_file(state_dir.join(ADDR_FILE));
+    outcome
+}
+
+fn write_addr_file(state_dir: &std::path::Path, addr: SocketAddr) -> io::Result<()> {
+    let temp = state_dir.join(format!(".{ADDR_FILE}.tmp"));
+    std::fs::write(&temp, format!("{addr}\n"))?;
+    std::fs::rename(temp, state_dir.join(ADDR_FILE))
+}

@@ -1,0 +1,13 @@
+//! Timestamps on the wire: RFC 3339 in UTC with milliseconds.
+
+/// Serde adapter for `SystemTime` as RFC 3339 text.
+pub mod rfc3339 {
+    use std::time::SystemTime;
+
+    use serde::Serializer;
+
+    /// Serializes as `2026-11-21T06:03:00.123Z`.
+    pub fn serialize<S: Serializer>(time: &SystemTime, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&humantime::format_rfc3339_millis(*time))
+    }
+}

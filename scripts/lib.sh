@@ -1,0 +1,17 @@
+# Sourced by the project's scripts: where the project cache is, and how to get set up.
+# shellcheck shell=bash
+
+RLVR_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RLVR_CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}
+export RLVR_CACHE_DIR
+
+# Installs what is missing (scripts/setup.sh) and loads its env file into this shell.
+rlvr_setup() {
+    "$RLVR_ROOT/scripts/setup.sh"
+    # shellcheck disable=SC1091
+    source "$RLVR_CACHE_DIR/env.sh"
+}
+
+step() {
+    printf '\n\033[1m== %s\033[0m\n' "$*" >&2
+}

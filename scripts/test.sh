@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+#! Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
+#
+# On a fresh Debian machine with only the Rust toolchain it installs what is missing first
+# (scripts/setup.sh). First run about 10 minutes on 2 cores (torch download, libtorch bindings
+# build, workspace build); later runs a few minutes.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$RLVR_ROOT"
+
+step "set-up (scripts/setup.sh)"
+rlvr_setup
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (workspace, all targets)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo clippy (plugin-api with its tch feature: tensor handles over libtorch 2.11.0)"
+cargo clippy -p rlvr-plugin-api --features tch --all-targets -- -D warnings
+
+step "cargo build (binaries and plugin libraries the integration tests run)"
+cargo build --workspace
+
+step "cargo test"
+cargo test --workspace
