@@ -13,6 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 
+use crate::health::RedisHealth;
 use crate::metrics::Metrics;
 use crate::registry::{LoadedPlugin, Refused, Registry};
 
@@ -23,6 +24,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Every exported metric.
     pub metrics: Arc<Metrics>,
+    /// The last Redis ping.
+    pub redis: Arc<RedisHealth>,
 }
 
 /// The API's routes.
@@ -34,17 +37,24 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// `GET /healthz`.
+/// `GET /healthz`: always 200 while the daemon serves; `status` says whether all is well.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Health {
-    /// `ok` while the daemon serves.
+    /// `ok`, or `degraded` while Redis does not answer.
     pub status: String,
+    /// `ok`, `unknown` before the first ping, or why Redis does not answer.
+    pub redis: String,
     /// Plugins loaded.
     pub plugins: usize,
 }
 
 async fn healthz(State(state): State<AppState>) -> Json<Health> {
-    Json(Health { status: "ok".to_owned(), plugins: state.registry.plugins().len() })
+    let (status, redis) = match state.redis.get() {
+        Some(Ok(())) => ("ok", "ok".to_owned()),
+        Some(Err(error)) => ("degraded", error),
+        None => ("ok", "unknown".to_owned()),
+    };
+    Json(Health { status: status.to_owned(), redis, plugins: state.registry.plugins().len() })
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {

@@ -40,6 +40,9 @@ impl PluginRefused<'_> {
             "plugin refused: {}",
             refused.message
         );
-        metrics.plugin_refusals.get_or_create(&ReasonLabel { reason: refused.reason.as_str().to_owned() }).inc();
+        metrics
+            .plugin_refusals
+            .get_or_create(&ReasonLabel { reason: refused.reason.as_str().to_owned() })
+            .inc();
     }
 }

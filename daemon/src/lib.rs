@@ -5,6 +5,7 @@
 pub mod api;
 pub mod config;
 pub mod events;
+pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod registry;

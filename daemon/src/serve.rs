@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, router};
 use crate::config::Config;
+use crate::health::RedisHealth;
 use crate::metrics::Metrics;
 use crate::registry::{Isolation, Registry, RegistryError};
 
@@ -62,7 +63,8 @@ pub enum ServeError {
 /// Runs the daemon until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
     let state_dir = config.daemon.state_dir.clone();
-    std::fs::create_dir_all(&state_dir).map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
+    std::fs::create_dir_all(&state_dir)
+        .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     let metrics = Arc::new(Metrics::new());
     let exe = std::env::current_exe().map_err(ServeError::Exe)?;
     let registry = Arc::new(Registry::new(
@@ -87,10 +89,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .await
         .map_err(|source| ServeError::Listen { addr: config.api.listen, source })?;
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    write_addr_file(&state_dir, addr).map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
+    write_addr_file(&state_dir, addr)
+        .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     tracing::info!(%addr, "api listening");
 
-    let app = router(AppState { registry: registry.clone(), metrics: metrics.clone() });
+    let redis = Arc::new(RedisHealth::default());
+    let app = router(AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() });
     let server_shutdown = shutdown.clone();
     let mut server = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
@@ -100,6 +104,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let watchdog = sd_notify::watchdog_enabled().map(|interval| interval / 2);
     let mut last_ping = Instant::now();
     let mut scan: Option<tokio::task::JoinHandle<_>> = None;
+    let mut redis_check: Option<tokio::task::JoinHandle<()>> = None;
     let mut ticker = tokio::time::interval(Duration::from_millis(config.plugins.scan_interval_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -119,6 +124,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                     let registry = registry.clone();
                     let dirs = dirs.clone();
                     scan = Some(tokio::task::spawn_blocking(move || registry.scan(&dirs, SETTLE)));
+                }
+                if redis_check.as_ref().is_none_or(|handle| handle.is_finished()) {
+                    let redis = redis.clone();
+                    let url = config.redis.url.clone();
+                    redis_check = Some(tokio::spawn(async move { redis.check(&url).await }));
                 }
                 if let Some(interval) = watchdog
                     && last_ping.elapsed() >= interval

@@ -109,7 +109,8 @@ pub struct InputItem {
 pub fn parse_line(bytes: &[u8]) -> Result<InputItem, (Option<String>, String)> {
     let text = std::str::from_utf8(bytes)
         .map_err(|error| (None, format!("invalid UTF-8 at byte {}", error.valid_up_to())))?;
-    let value: Value = serde_json::from_str(text).map_err(|error| (None, format!("invalid JSON: {error}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|error| (None, format!("invalid JSON: {error}")))?;
     let Value::Object(mut object) = value else {
         return Err((None, "expected a JSON object".to_owned()));
     };
@@ -131,8 +132,12 @@ pub fn parse_line(bytes: &[u8]) -> Result<InputItem, (Option<String>, String)> {
         text_field(&mut object, "pred").map_err(fail)?,
     ) {
         (Some(completion), None) | (None, Some(completion)) => completion,
-        (Some(_), Some(_)) => return Err(fail("completion and pred both given: expected one of them".to_owned())),
-        (None, None) => return Err(fail("completion: missing (expected a string, or its alias pred)".to_owned())),
+        (Some(_), Some(_)) => {
+            return Err(fail("completion and pred both given: expected one of them".to_owned()));
+        }
+        (None, None) => {
+            return Err(fail("completion: missing (expected a string, or its alias pred)".to_owned()));
+        }
     };
     let mut reference = match object.remove("reference") {
         None | Some(Value::Null) => Map::new(),
@@ -147,7 +152,9 @@ pub fn parse_line(bytes: &[u8]) -> Result<InputItem, (Option<String>, String)> {
             }
             Some(answer) if *answer == gold => {}
             Some(_) => {
-                return Err(fail("gold and reference.answer both given and differ: expected one of them".to_owned()));
+                return Err(fail(
+                    "gold and reference.answer both given and differ: expected one of them".to_owned(),
+                ));
             }
         },
         Some(_) => return Err(fail("gold: expected a string".to_owned())),
@@ -178,7 +185,11 @@ pub fn verify_item(verifier: &VerifierBox, item: &InputItem) -> OutputLine {
 
 /// Reads JSONL from `input`, verifies each line with `verifier`, writes JSONL to `output`.
 /// Only IO errors on `input` or `output` stop the batch.
-pub fn run_batch(verifier: &VerifierBox, mut input: impl BufRead, mut output: impl Write) -> io::Result<BatchSummary> {
+pub fn run_batch(
+    verifier: &VerifierBox,
+    mut input: impl BufRead,
+    mut output: impl Write,
+) -> io::Result<BatchSummary> {
     let mut summary = BatchSummary::default();
     let mut buffer = Vec::new();
     let mut line_number = 0usize;

@@ -83,7 +83,8 @@ fn plugins(server: &str, json: bool) -> anyhow::Result<()> {
     let url = format!("{}/v1/plugins", server.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let list: PluginList = runtime.block_on(async {
-        let response = reqwest::get(&url).await.with_context(|| format!("cannot reach the daemon at {url}"))?;
+        let response =
+            reqwest::get(&url).await.with_context(|| format!("cannot reach the daemon at {url}"))?;
         let status = response.status();
         if !status.is_success() {
             bail!("GET {url}: {status}: {}", response.text().await.unwrap_or_default());
@@ -144,18 +145,28 @@ fn verify(
     plugin_config: &str,
 ) -> anyhow::Result<()> {
     let mut dirs = match config::load(config_path.as_deref()) {
-        Ok(config) => config.plugins.dirs,
+        // The config's directories are the daemon's; on a workstation they may not exist.
+        Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
         Err(errors) => bail!("config has {} problem(s):\n  {}", errors.problems.len(), {
             errors.problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
         }),
     };
-    dirs.extend(extra_dirs);
+    for dir in extra_dirs {
+        if !dir.is_dir() {
+            bail!("--plugin-dir {}: not a directory", dir.display());
+        }
+        dirs.push(dir);
+    }
     // Content-addressed copies live only as long as this process; the libraries stay mapped.
-    let cache = tempfile::Builder::new().prefix("rlvrctl-plugins-").tempdir().context("cannot create a temp dir")?;
+    let cache =
+        tempfile::Builder::new().prefix("rlvrctl-plugins-").tempdir().context("cannot create a temp dir")?;
     let registry = Registry::new(cache.path().to_owned(), Isolation::InProcess, Arc::new(Metrics::new()))?;
     registry.scan(&dirs, std::time::Duration::ZERO);
     let loaded = registry.find(plugin, Some(PluginKind::Verifier)).with_context(|| {
-        format!("looked in {}", dirs.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(", "))
+        format!(
+            "looked in {}",
+            dirs.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
     })?;
     let verifier = loaded.verifier(plugin_config).with_context(|| format!("plugin {}", loaded.id()))?;
     let stdout = io::stdout().lock();

@@ -115,7 +115,8 @@ fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         // Without signal handlers the daemon can still be stopped by SIGKILL; keep running.
         std::future::pending::<()>().await;
         return;

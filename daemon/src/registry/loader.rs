@@ -140,7 +140,8 @@ mod kind_serde {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<PluginKind, D::Error> {
         let name = String::deserialize(deserializer)?;
-        PluginKind::parse(&name).ok_or_else(|| serde::de::Error::custom(format!("unknown plugin kind {name:?}")))
+        PluginKind::parse(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown plugin kind {name:?}")))
     }
 }
 
@@ -161,9 +162,10 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
         RResult::RErr(error) if error.kind == PluginErrorKind::Panic => {
             Err(LoadRefusal::new(RefusalReason::Crashed, format!("self-test: {}", error.message)))
         }
-        RResult::RErr(error) => {
-            Err(LoadRefusal::new(RefusalReason::SelfTestFailed, format!("self-test failed: {}", error.message)))
-        }
+        RResult::RErr(error) => Err(LoadRefusal::new(
+            RefusalReason::SelfTestFailed,
+            format!("self-test failed: {}", error.message),
+        )),
     }
 }
 
@@ -180,12 +182,17 @@ fn library_refusal(error: LibraryError) -> LoadRefusal {
         _ => RefusalReason::AbiMismatch,
     };
     let message = match reason {
-        RefusalReason::NotALibrary => format!("not a loadable shared library (corrupt, truncated or built for another platform): {error}"),
+        RefusalReason::NotALibrary => format!(
+            "not a loadable shared library (corrupt, truncated or built for another platform): {error}"
+        ),
         RefusalReason::NotAPlugin => format!(
             "a shared library but not an rlvr plugin: it exports no `{}` root module (build it with rlvr_plugin_api::export_verifier! or its siblings)",
             PluginModRef::NAME
         ),
-        _ => format!("incompatible plugin ABI (expected a plugin built against rlvr-plugin-api {}): {error}", env!("CARGO_PKG_VERSION")),
+        _ => format!(
+            "incompatible plugin ABI (expected a plugin built against rlvr-plugin-api {}): {error}",
+            env!("CARGO_PKG_VERSION")
+        ),
     };
     LoadRefusal::new(reason, message)
 }
@@ -204,7 +211,10 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
     let Some(kind) = PluginKind::parse(info.kind.as_str()) else {
         return Err(LoadRefusal::new(
             RefusalReason::Kind,
-            format!("unknown plugin kind {:?}: expected one of verifier, optimizer, curriculum", info.kind.as_str()),
+            format!(
+                "unknown plugin kind {:?}: expected one of verifier, optimizer, curriculum",
+                info.kind.as_str()
+            ),
         ));
     };
     let name = info.name.as_str();
@@ -220,7 +230,10 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
     let version = semver::Version::parse(info.version.as_str()).map_err(|error| {
         LoadRefusal::new(
             RefusalReason::InvalidMetadata,
-            format!("plugin {name} version {:?}: expected a semantic version like 1.2.3 ({error})", info.version.as_str()),
+            format!(
+                "plugin {name} version {:?}: expected a semantic version like 1.2.3 ({error})",
+                info.version.as_str()
+            ),
         )
     })?;
     let mut meta = PluginMeta {

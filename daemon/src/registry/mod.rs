@@ -192,8 +192,13 @@ pub struct Registry {
 
 impl Registry {
     /// A registry that copies libraries into `cache_dir` before loading them.
-    pub fn new(cache_dir: PathBuf, isolation: Isolation, metrics: Arc<Metrics>) -> Result<Self, RegistryError> {
-        fs::create_dir_all(&cache_dir).map_err(|source| RegistryError::CacheDir { path: cache_dir.clone(), source })?;
+    pub fn new(
+        cache_dir: PathBuf,
+        isolation: Isolation,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, RegistryError> {
+        fs::create_dir_all(&cache_dir)
+            .map_err(|source| RegistryError::CacheDir { path: cache_dir.clone(), source })?;
         Ok(Registry { cache_dir, isolation, metrics, state: Mutex::default(), load_lock: Mutex::default() })
     }
 
@@ -287,7 +292,10 @@ impl Registry {
             at: SystemTime::now(),
         };
         let bytes = fs::read(path).map_err(|error| {
-            refuse(None, LoadRefusal::new(RefusalReason::Unreadable, format!("cannot read the file: {error}")))
+            refuse(
+                None,
+                LoadRefusal::new(RefusalReason::Unreadable, format!("cannot read the file: {error}")),
+            )
         })?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
         if let Some(plugin) = self.state().by_sha.get(&sha256) {
@@ -305,7 +313,8 @@ impl Registry {
         if let Isolation::Subprocess { exe, timeout } = &self.isolation {
             probe(exe, &library, *timeout).map_err(|refusal| refuse(Some(&sha256), refusal))?;
         }
-        let (module, meta) = loader::load_and_check(&library).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+        let (module, meta) =
+            loader::load_and_check(&library).map_err(|refusal| refuse(Some(&sha256), refusal))?;
         let mut state = self.state();
         let key = (meta.name.clone(), meta.version.clone());
         if let Some(existing) = state.loaded.get(&key) {
@@ -368,13 +377,9 @@ impl Registry {
         };
         let state = self.state();
         let of_kind = |plugin: &&Arc<LoadedPlugin>| kind.is_none_or(|kind| plugin.meta.kind == kind);
-        let found = state
-            .loaded
-            .values()
-            .filter(of_kind)
-            .filter(|plugin| plugin.meta.name == name)
-            .filter(|plugin| version.as_ref().is_none_or(|version| &plugin.meta.version == version))
-            .next_back();
+        let found = state.loaded.values().filter(of_kind).rfind(|plugin| {
+            plugin.meta.name == name && version.as_ref().is_none_or(|version| &plugin.meta.version == version)
+        });
         found.cloned().ok_or_else(|| LookupError::NotFound {
             spec: spec.to_owned(),
             kind: kind.map(|kind| format!("{} ", kind.as_str())).unwrap_or_default(),

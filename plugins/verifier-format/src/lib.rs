@@ -61,6 +61,9 @@ impl FormatVerifier {
                 return Err(PluginError::invalid_config(format!("{field}: expected a non-empty tag")));
             }
         }
+        if config.think_open == config.think_close {
+            return Err(PluginError::invalid_config("think_open, think_close: expected two different tags"));
+        }
         match (&config.answer_open, &config.answer_close) {
             (Some(open), Some(close)) if !open.trim().is_empty() && !close.trim().is_empty() => {}
             (None, None) => {}
@@ -77,16 +80,15 @@ impl FormatVerifier {
     pub fn check<'a>(&self, completion: &'a str) -> FormatCheck<'a> {
         let open = self.config.think_open.as_str();
         let close = self.config.think_close.as_str();
-        let body = completion.trim_start();
         let single_tags = completion.matches(open).count() == 1 && completion.matches(close).count() == 1;
-        let Some(after_open) = body.strip_prefix(open) else {
+        let rest = completion
+            .trim_start()
+            .strip_prefix(open)
+            .and_then(|after_open| after_open.split_once(close))
+            .map(|(_reasoning, rest)| rest.trim());
+        let Some(rest) = rest.filter(|_| single_tags) else {
             return FormatCheck { think_block: false, answer: None };
         };
-        let Some(close_at) = after_open.find(close) else {
-            return FormatCheck { think_block: false, answer: None };
-        };
-        let think_block = single_tags;
-        let rest = after_open[close_at + close.len()..].trim();
         let answer = match (&self.config.answer_open, &self.config.answer_close) {
             (Some(a_open), Some(a_close)) => rest
                 .strip_prefix(a_open.as_str())
@@ -95,7 +97,7 @@ impl FormatVerifier {
                 .map(str::trim),
             _ => Some(rest),
         };
-        FormatCheck { think_block, answer: answer.filter(|answer| !answer.is_empty()) }
+        FormatCheck { think_block: true, answer: answer.filter(|answer| !answer.is_empty()) }
     }
 }
 

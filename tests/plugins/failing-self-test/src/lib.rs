@@ -6,8 +6,11 @@ pub struct Fixture;
 
 impl VerifierPlugin for Fixture {
     fn metadata() -> Metadata {
-        
-        Metadata { name: "failing-self-test", version: "0.1.0", description: "a verifier whose self-test fails" }
+        Metadata {
+            name: "failing-self-test",
+            version: "0.1.0",
+            description: "a verifier whose self-test fails",
+        }
     }
 
     fn from_config(_config_json: &str) -> Result<Self, PluginError> {

@@ -6,8 +6,11 @@ pub struct Fixture;
 
 impl VerifierPlugin for Fixture {
     fn metadata() -> Metadata {
-        
-        Metadata { name: "panic-self-test", version: "0.1.0", description: "a verifier that panics in its self-test" }
+        Metadata {
+            name: "panic-self-test",
+            version: "0.1.0",
+            description: "a verifier that panics in its self-test",
+        }
     }
 
     fn from_config(_config_json: &str) -> Result<Self, PluginError> {

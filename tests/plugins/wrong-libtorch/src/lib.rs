@@ -27,7 +27,10 @@ extern "C" fn self_test() -> RResult<(), PluginError> {
     RResult::ROk(())
 }
 
-extern "C" fn create(_config: RStr<'_>, _prompts: RSlice<'_, RString>) -> RResult<PluginInstance, PluginError> {
+extern "C" fn create(
+    _config: RStr<'_>,
+    _prompts: RSlice<'_, RString>,
+) -> RResult<PluginInstance, PluginError> {
     RResult::RErr(PluginError::internal("this fixture creates nothing"))
 }
 
