@@ -1,1 +1,255 @@
-//! Helpers shared by the integration tests: artifacts, temp state dirs, daemons under test.
+//! Helpers shared by the integration tests: built artifacts, daemons under test, the CLI.
+//!
+//! Tests run the real binaries and plugin libraries that `cargo build --workspace` produced
+//! (`scripts/test.sh` builds them before `cargo test`), real `redis-server` processes on free
+//! ports, and real signals.
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the workspace").to_owned()
+}
+
+/// The cargo target directory.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// A file built by `cargo build --workspace` (debug profile).
+pub fn artifact(name: &str) -> PathBuf {
+    let path = target_dir().join("debug").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A plugin library by crate name, e.g. `plugin_lib("rlvr-verifier-format")`.
+pub fn plugin_lib(crate_name: &str) -> PathBuf {
+    artifact(&format!("lib{}.so", crate_name.replace('-', "_")))
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).expect("free port").port()
+}
+
+/// Polls `condition` every 50 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    loop {
+        if condition() {
+            return true;
+        }
+        if started.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Copies `source` into `dir` as `name` the way an operator should: write a temp file, rename.
+pub fn drop_in(source: &Path, dir: &Path, name: &str) -> PathBuf {
+    let bytes = fs::read(source).expect("read plugin");
+    drop_bytes(&bytes, dir, name)
+}
+
+/// Writes `bytes` into `dir` as `name` atomically (temp file, then rename).
+pub fn drop_bytes(bytes: &[u8], dir: &Path, name: &str) -> PathBuf {
+    let temp = dir.join(format!(".{name}.partial"));
+    fs::write(&temp, bytes).expect("write plugin");
+    let target = dir.join(name);
+    fs::rename(&temp, &target).expect("rename plugin");
+    target
+}
+
+/// Sends SIGTERM, waits up to `grace`, then SIGKILL. Returns the exit status.
+pub fn stop(child: &mut Child, grace: Duration) -> std::process::ExitStatus {
+    let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
+    let _ = kill(pid, Signal::SIGTERM);
+    let started = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status;
+        }
+        if started.elapsed() > grace {
+            let _ = child.kill();
+            return child.wait().expect("wait after kill");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `redis-server` on a free port in a temp dir, stopped on drop.
+pub struct Redis {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    /// Starts one and waits until it accepts connections.
+    pub fn start() -> Redis {
+        let server =
+            std::env::var_os("RLVR_REDIS_SERVER").map(PathBuf::from).unwrap_or_else(|| "redis-server".into());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let child = Command::new(&server)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("cannot start {} (scripts/setup.sh installs it): {error}", server.display())
+            });
+        let up =
+            wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        assert!(up, "redis-server did not listen on {port}");
+        Redis { child, port, _dir: dir }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        stop(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// `rlvrd serve` in a temp state directory, with its own plugin directory; stopped on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    /// Temp dir holding `state/`, `plugins/`, `rlvrd.toml` and `rlvrd.log`.
+    pub dir: tempfile::TempDir,
+    /// The plugin directory it scans.
+    pub plugins: PathBuf,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Daemon {
+    /// Starts a daemon whose plugin directory holds `plugins` (crate names), with `redis_url`.
+    pub fn start(plugins: &[&str], redis_url: &str) -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let plugins_dir = dir.path().join("plugins");
+        let state_dir = dir.path().join("state");
+        fs::create_dir_all(&plugins_dir).expect("plugins dir");
+        for name in plugins {
+            let lib = plugin_lib(name);
+            drop_in(&lib, &plugins_dir, lib.file_name().and_then(|n| n.to_str()).expect("utf-8 name"));
+        }
+        let config = dir.path().join("rlvrd.toml");
+        let toml = format!(
+            "[daemon]\nstate_dir = {state:?}\n[redis]\nurl = {redis_url:?}\n[api]\nlisten = \"127.0.0.1:0\"\n\
+             [plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n",
+            state = state_dir.display().to_string(),
+            plugins = plugins_dir.display().to_string(),
+        );
+        fs::write(&config, toml).expect("write config");
+        let log = fs::File::create(dir.path().join("rlvrd.log")).expect("log file");
+        let child = Command::new(artifact("rlvrd"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("RLVR_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start rlvrd");
+        let mut daemon = Daemon { child: Some(child), dir, plugins: plugins_dir, url: String::new() };
+        let addr_file = state_dir.join("rlvrd.addr");
+        let started = wait_until(Duration::from_secs(30), || {
+            fs::read_to_string(&addr_file).is_ok_and(|text| text.ends_with('\n'))
+        });
+        assert!(started, "rlvrd did not start listening; its log:\n{}", daemon.log());
+        daemon.url = format!("http://{}", fs::read_to_string(&addr_file).expect("addr").trim());
+        daemon
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("rlvrd.log")).unwrap_or_default()
+    }
+
+    /// `GET path`: status and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::blocking::get(format!("{}{path}", self.url))
+            .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()));
+        let status = response.status().as_u16();
+        (status, response.text().expect("body"))
+    }
+
+    /// `GET path` as JSON.
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).expect("json")
+    }
+
+    /// Stops the daemon with SIGTERM and returns its exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        stop(&mut child, Duration::from_secs(10))
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.try_wait().ok().flatten().is_none())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop(&mut child, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Runs `rlvrctl` with `args`, feeding `stdin`.
+pub fn rlvrctl(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(artifact("rlvrctl"))
+        .args(args)
+        .env_remove("RLVR_SERVER")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rlvrctl");
+    let mut input = child.stdin.take().expect("stdin");
+    let stdin = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&stdin);
+    });
+    let output = child.wait_with_output().expect("rlvrctl output");
+    let _ = writer.join();
+    output
+}
+
+/// Parses JSONL output into values.
+pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|error| panic!("output line {line:?}: {error}"))
+        })
+        .collect()
+}

@@ -145,8 +145,57 @@ mod kind_serde {
     }
 }
 
+/// Checks that `bytes` are a whole shared library for this machine before anything maps them.
+///
+/// `dlopen` maps each loadable segment straight from the file and trusts the program headers: a
+/// truncated library maps pages past the end of the file, and the first touch of one kills the
+/// process with SIGBUS. So we read the headers first and refuse a file whose segments do not fit.
+pub fn check_elf(bytes: &[u8]) -> Result<(), LoadRefusal> {
+    use object::{Architecture, Object, ObjectKind, ObjectSegment};
+
+    let not_a_library = |what: String| {
+        LoadRefusal::new(RefusalReason::NotALibrary, format!("not a loadable shared library: {what}"))
+    };
+    let file = object::read::elf::ElfFile64::<object::Endianness>::parse(bytes).map_err(|error| {
+        not_a_library(format!("not a valid 64-bit ELF file, corrupt or truncated ({error})"))
+    })?;
+    if file.kind() != ObjectKind::Dynamic {
+        return Err(not_a_library(format!(
+            "an ELF file of kind {:?}, expected a shared library",
+            file.kind()
+        )));
+    }
+    let host = if cfg!(target_arch = "x86_64") {
+        Architecture::X86_64
+    } else if cfg!(target_arch = "aarch64") {
+        Architecture::Aarch64
+    } else {
+        file.architecture()
+    };
+    if file.architecture() != host {
+        return Err(not_a_library(format!("built for {:?}, this machine is {host:?}", file.architecture())));
+    }
+    for segment in file.segments() {
+        let (offset, size) = segment.file_range();
+        let end = offset.checked_add(size);
+        if end.is_none_or(|end| end > bytes.len() as u64) {
+            return Err(not_a_library(format!(
+                "truncated: a segment needs bytes {offset}..{} but the file has {} bytes",
+                offset.saturating_add(size),
+                bytes.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Loads the library at `path` (never unloaded), checks it and runs its self-test.
 pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRefusal> {
+    let bytes = std::fs::read(path).map_err(|error| {
+        LoadRefusal::new(RefusalReason::Unreadable, format!("cannot read the file: {error}"))
+    })?;
+    check_elf(&bytes)?;
+    drop(bytes);
     let module = open(path)?;
     let meta = match module.info()() {
         RResult::ROk(info) => check_info(&info)?,
