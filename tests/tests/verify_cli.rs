@@ -1,0 +1,169 @@
+//! `rlvrctl verify`: the JSONL batch format of design.md §1, with the real format verifier
+//! loaded from its `.so`, on ordinary and adversarial inputs.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rlvr_tests::{json_lines, plugin_lib, rlvrctl};
+use serde_json::{Value, json};
+
+/// A plugin directory holding only the format verifier.
+fn format_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    rlvr_tests::drop_in(&plugin_lib("rlvr-verifier-format"), dir.path(), "librlvr_verifier_format.so");
+    let path = dir.path().to_owned();
+    (dir, path)
+}
+
+fn verify(args: &[&str], stdin: &[u8]) -> (Vec<Value>, String, bool) {
+    let (_dir, plugins) = format_dir();
+    let mut all = vec!["verify", "--plugin-dir", plugins.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let output = rlvrctl(&all, stdin);
+    (json_lines(&output.stdout), String::from_utf8_lossy(&output.stderr).into_owned(), output.status.success())
+}
+
+#[test]
+fn format_verifier_on_ordinary_and_adversarial_completions() {
+    // (id, completion, passed, think_block, answer, extracted)
+    let cases: &[(&str, &str, bool, f64, f64, Option<&str>)] = &[
+        ("ok", "<think>2+2=4</think> 4", true, 1.0, 1.0, Some("4")),
+        ("ok-leading-space", "\n  <think>x</think>\nThe answer is 4.", true, 1.0, 1.0, Some("The answer is 4.")),
+        ("missing-close", "<think>2+2=4 so 4", false, 0.0, 0.0, None),
+        ("missing-open", "2+2=4</think> 4", false, 0.0, 0.0, None),
+        ("two-blocks", "<think>a</think><think>b</think> 4", false, 0.0, 0.0, None),
+        ("nested", "<think>a<think>b</think></think> 4", false, 0.0, 0.0, None),
+        ("answer-only-inside-think", "<think>the answer is 4</think>", false, 1.0, 0.0, None),
+        ("empty-answer", "<think>x</think>  \n ", false, 1.0, 0.0, None),
+        ("text-before-think", "Sure! <think>x</think> 4", false, 0.0, 0.0, None),
+        ("no-tags", "4", false, 0.0, 0.0, None),
+        ("empty", "", false, 0.0, 0.0, None),
+    ];
+    let input: String = cases
+        .iter()
+        .map(|(id, completion, ..)| json!({"id": id, "prompt": "2+2?", "completion": completion, "reference": {}}).to_string() + "\n")
+        .collect();
+    let (lines, stderr, ok) = verify(&["--plugin", "format"], input.as_bytes());
+    assert!(ok, "{stderr}");
+    assert_eq!(lines.len(), cases.len(), "{stderr}");
+    for (line, (id, _, passed, think, answer, extracted)) in lines.iter().zip(cases) {
+        assert_eq!(line["id"], *id);
+        assert_eq!(line["passed"], *passed, "{line}");
+        assert_eq!(line["score"], if *passed { 1.0 } else { 0.0 }, "{line}");
+        assert_eq!(line["components"], json!({"think_block": think, "answer": answer}), "{line}");
+        assert_eq!(line["extracted"], json!(extracted), "{line}");
+        assert_eq!(line["error"], Value::Null, "{line}");
+    }
+}
+
+#[test]
+fn output_lines_have_exactly_the_documented_fields_in_order() {
+    let (lines, stderr, ok) =
+        verify(&["--plugin", "format@0.1.0"], b"{\"id\":\"a\",\"prompt\":\"p\",\"completion\":\"<think>t</think>x\",\"reference\":{}}\n");
+    assert!(ok, "{stderr}");
+    let keys: Vec<&str> = lines[0].as_object().unwrap().keys().map(String::as_str).collect();
+    // serde_json's map is sorted; the order on the wire is checked on the raw line below.
+    assert_eq!(keys.len(), 7, "{keys:?}");
+    let (_dir, plugins) = format_dir();
+    let raw = rlvrctl(
+        &["verify", "--plugin", "format", "--plugin-dir", plugins.to_str().unwrap()],
+        b"{\"id\":\"a\",\"completion\":\"<think>t</think>x\"}\n",
+    );
+    let raw = String::from_utf8(raw.stdout).unwrap();
+    let order: Vec<usize> = ["\"id\"", "\"score\"", "\"passed\"", "\"components\"", "\"extracted\"", "\"error\"", "\"latency_us\""]
+        .iter()
+        .map(|key| raw.find(key).unwrap_or_else(|| panic!("{key} missing in {raw}")))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "fields out of order: {raw}");
+    assert!(lines[0]["latency_us"].is_u64());
+}
+
+#[test]
+fn bad_lines_get_a_per_line_error_and_the_other_lines_are_answered() {
+    let mut input = Vec::new();
+    input.extend_from_slice(b"{\"id\":\"before\",\"completion\":\"<think>t</think>x\"}\n");
+    input.extend_from_slice(b"{\"id\":\"bad-utf8\",\"completion\":\"<think>t</think>\xff\xfe\"}\n");
+    input.extend_from_slice(b"not json at all\n");
+    input.extend_from_slice(b"\n");
+    input.extend_from_slice(b"[1, 2]\n");
+    input.extend_from_slice(b"{\"id\":\"no-completion\",\"prompt\":\"p\"}\n");
+    input.extend_from_slice(b"{\"id\":\"both\",\"completion\":\"a\",\"pred\":\"b\"}\n");
+    input.extend_from_slice(b"{\"id\":\"pred-alias\",\"pred\":\"<think>t</think>y\",\"gold\":\"y\",\"extra\":1}\n");
+    input.extend_from_slice(b"{\"id\":7,\"completion\":\"<think>t</think>z\"}\r\n");
+    input.extend_from_slice(b"{\"id\":\"last-no-newline\",\"completion\":\"nope\"}");
+    let (lines, stderr, ok) = verify(&["--plugin", "format"], &input);
+    assert!(ok, "{stderr}");
+    let summary: Vec<(Value, bool, Option<&str>)> =
+        lines.iter().map(|l| (l["id"].clone(), l["passed"].as_bool().unwrap(), l["error"].as_str())).collect();
+    assert_eq!(
+        summary,
+        [
+            (json!("before"), true, None),
+            (Value::Null, false, Some("line 2: invalid UTF-8 at byte 47")),
+            (Value::Null, false, Some("line 3: invalid JSON: expected ident at line 1 column 2")),
+            (Value::Null, false, Some("line 5: expected a JSON object")),
+            (json!("no-completion"), false, Some("line 6: completion: missing (expected a string, or its alias pred)")),
+            (json!("both"), false, Some("line 7: completion and pred both given: expected one of them")),
+            (json!("pred-alias"), true, None),
+            (json!("7"), true, None),
+            (json!("last-no-newline"), false, None),
+        ]
+    );
+    assert!(stderr.contains("9 item(s) verified with format@0.1.0: 3 passed, 5 with errors"), "{stderr}");
+}
+
+#[test]
+fn a_10_mb_completion_is_answered_in_bounded_time() {
+    let reasoning = "step ".repeat(2 * 1024 * 1024);
+    let completion = format!("<think>{reasoning}</think> 42");
+    let mut input = json!({"id": "huge", "completion": completion}).to_string();
+    input.push('\n');
+    input.push_str(&json!({"id": "after", "completion": "<think>t</think> 1"}).to_string());
+    assert!(input.len() > 10_000_000);
+    let started = Instant::now();
+    let (lines, stderr, ok) = verify(&["--plugin", "format"], input.as_bytes());
+    let elapsed = started.elapsed();
+    assert!(ok, "{stderr}");
+    assert_eq!(lines[0]["passed"], true);
+    assert_eq!(lines[0]["extracted"], "42");
+    assert_eq!(lines[1]["passed"], true);
+    // Linear-time checks take milliseconds; this bound only catches a hang or a quadratic blow-up.
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    assert!(lines[0]["latency_us"].as_u64().unwrap() < 5_000_000, "{}", lines[0]["latency_us"]);
+}
+
+#[test]
+fn reads_from_a_file_and_plugin_options_reach_the_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("items.jsonl");
+    std::fs::write(&file, "{\"id\":\"a\",\"completion\":\"<t>x</t> 1\"}\n{\"id\":\"b\",\"completion\":\"<think>x</think> 1\"}\n").unwrap();
+    let (lines, stderr, ok) = verify(
+        &["--plugin", "format", "--jsonl", file.to_str().unwrap(), "--plugin-config", r#"{"think_open":"<t>","think_close":"</t>"}"#],
+        b"",
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(lines.iter().map(|l| l["passed"].as_bool().unwrap()).collect::<Vec<_>>(), [true, false]);
+}
+
+#[test]
+fn clear_errors_for_a_missing_plugin_bad_options_and_missing_files() {
+    let (_, stderr, ok) = verify(&["--plugin", "math"], b"");
+    assert!(!ok);
+    assert!(stderr.contains("no verifier plugin \"math\" is loaded; loaded: format@0.1.0"), "{stderr}");
+
+    let (_, stderr, ok) = verify(&["--plugin", "format@9.9.9"], b"");
+    assert!(!ok);
+    assert!(stderr.contains("no verifier plugin \"format@9.9.9\" is loaded"), "{stderr}");
+
+    let (_, stderr, ok) = verify(&["--plugin", "format", "--plugin-config", r#"{"think_tag":"x"}"#], b"");
+    assert!(!ok);
+    assert!(stderr.contains("unknown field `think_tag`"), "{stderr}");
+
+    let (_, stderr, ok) = verify(&["--plugin", "format", "--jsonl", "/nonexistent/items.jsonl"], b"");
+    assert!(!ok);
+    assert!(stderr.contains("cannot open /nonexistent/items.jsonl"), "{stderr}");
+
+    let output = rlvrctl(&["verify", "--plugin", "format", "--plugin-dir", "/nonexistent/plugins"], b"");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--plugin-dir /nonexistent/plugins: not a directory"));
+}
