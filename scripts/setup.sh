@@ -67,6 +67,13 @@ fi
 [ -x "$redis_bin" ] || { say "redis-server not executable at $redis_bin"; exit 1; }
 say "redis-server: $redis_bin"
 
+# --- systemd-analyze (the unit's test runs `systemd-analyze verify`) ------------------------------
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    say "no systemd-analyze found: installing systemd from Debian's packages"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends systemd
+fi
+
 # --- env file ---------------------------------------------------------------------------------
 tmp=$(mktemp "$CACHE_DIR/env.sh.XXXXXX")
 cat >"$tmp" <<ENV

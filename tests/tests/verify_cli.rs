@@ -20,7 +20,11 @@ fn verify(args: &[&str], stdin: &[u8]) -> (Vec<Value>, String, bool) {
     let mut all = vec!["verify", "--plugin-dir", plugins.to_str().unwrap()];
     all.extend_from_slice(args);
     let output = rlvrctl(&all, stdin);
-    (json_lines(&output.stdout), String::from_utf8_lossy(&output.stderr).into_owned(), output.status.success())
+    (
+        json_lines(&output.stdout),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        output.status.success(),
+    )
 }
 
 #[test]
@@ -28,7 +32,14 @@ fn format_verifier_on_ordinary_and_adversarial_completions() {
     // (id, completion, passed, think_block, answer, extracted)
     let cases: &[(&str, &str, bool, f64, f64, Option<&str>)] = &[
         ("ok", "<think>2+2=4</think> 4", true, 1.0, 1.0, Some("4")),
-        ("ok-leading-space", "\n  <think>x</think>\nThe answer is 4.", true, 1.0, 1.0, Some("The answer is 4.")),
+        (
+            "ok-leading-space",
+            "\n  <think>x</think>\nThe answer is 4.",
+            true,
+            1.0,
+            1.0,
+            Some("The answer is 4."),
+        ),
         ("missing-close", "<think>2+2=4 so 4", false, 0.0, 0.0, None),
         ("missing-open", "2+2=4</think> 4", false, 0.0, 0.0, None),
         ("two-blocks", "<think>a</think><think>b</think> 4", false, 0.0, 0.0, None),
@@ -41,7 +52,9 @@ fn format_verifier_on_ordinary_and_adversarial_completions() {
     ];
     let input: String = cases
         .iter()
-        .map(|(id, completion, ..)| json!({"id": id, "prompt": "2+2?", "completion": completion, "reference": {}}).to_string() + "\n")
+        .map(|(id, completion, ..)| {
+            json!({"id": id, "prompt": "2+2?", "completion": completion, "reference": {}}).to_string() + "\n"
+        })
         .collect();
     let (lines, stderr, ok) = verify(&["--plugin", "format"], input.as_bytes());
     assert!(ok, "{stderr}");
@@ -58,8 +71,10 @@ fn format_verifier_on_ordinary_and_adversarial_completions() {
 
 #[test]
 fn output_lines_have_exactly_the_documented_fields_in_order() {
-    let (lines, stderr, ok) =
-        verify(&["--plugin", "format@0.1.0"], b"{\"id\":\"a\",\"prompt\":\"p\",\"completion\":\"<think>t</think>x\",\"reference\":{}}\n");
+    let (lines, stderr, ok) = verify(
+        &["--plugin", "format@0.1.0"],
+        b"{\"id\":\"a\",\"prompt\":\"p\",\"completion\":\"<think>t</think>x\",\"reference\":{}}\n",
+    );
     assert!(ok, "{stderr}");
     let keys: Vec<&str> = lines[0].as_object().unwrap().keys().map(String::as_str).collect();
     // serde_json's map is sorted; the order on the wire is checked on the raw line below.
@@ -70,10 +85,18 @@ fn output_lines_have_exactly_the_documented_fields_in_order() {
         b"{\"id\":\"a\",\"completion\":\"<think>t</think>x\"}\n",
     );
     let raw = String::from_utf8(raw.stdout).unwrap();
-    let order: Vec<usize> = ["\"id\"", "\"score\"", "\"passed\"", "\"components\"", "\"extracted\"", "\"error\"", "\"latency_us\""]
-        .iter()
-        .map(|key| raw.find(key).unwrap_or_else(|| panic!("{key} missing in {raw}")))
-        .collect();
+    let order: Vec<usize> = [
+        "\"id\"",
+        "\"score\"",
+        "\"passed\"",
+        "\"components\"",
+        "\"extracted\"",
+        "\"error\"",
+        "\"latency_us\"",
+    ]
+    .iter()
+    .map(|key| raw.find(key).unwrap_or_else(|| panic!("{key} missing in {raw}")))
+    .collect();
     assert!(order.windows(2).all(|w| w[0] < w[1]), "fields out of order: {raw}");
     assert!(lines[0]["latency_us"].is_u64());
 }
@@ -88,13 +111,17 @@ fn bad_lines_get_a_per_line_error_and_the_other_lines_are_answered() {
     input.extend_from_slice(b"[1, 2]\n");
     input.extend_from_slice(b"{\"id\":\"no-completion\",\"prompt\":\"p\"}\n");
     input.extend_from_slice(b"{\"id\":\"both\",\"completion\":\"a\",\"pred\":\"b\"}\n");
-    input.extend_from_slice(b"{\"id\":\"pred-alias\",\"pred\":\"<think>t</think>y\",\"gold\":\"y\",\"extra\":1}\n");
+    input.extend_from_slice(
+        b"{\"id\":\"pred-alias\",\"pred\":\"<think>t</think>y\",\"gold\":\"y\",\"extra\":1}\n",
+    );
     input.extend_from_slice(b"{\"id\":7,\"completion\":\"<think>t</think>z\"}\r\n");
     input.extend_from_slice(b"{\"id\":\"last-no-newline\",\"completion\":\"nope\"}");
     let (lines, stderr, ok) = verify(&["--plugin", "format"], &input);
     assert!(ok, "{stderr}");
-    let summary: Vec<(Value, bool, Option<&str>)> =
-        lines.iter().map(|l| (l["id"].clone(), l["passed"].as_bool().unwrap(), l["error"].as_str())).collect();
+    let summary: Vec<(Value, bool, Option<&str>)> = lines
+        .iter()
+        .map(|l| (l["id"].clone(), l["passed"].as_bool().unwrap(), l["error"].as_str()))
+        .collect();
     assert_eq!(
         summary,
         [
@@ -102,7 +129,11 @@ fn bad_lines_get_a_per_line_error_and_the_other_lines_are_answered() {
             (Value::Null, false, Some("line 2: invalid UTF-8 at byte 47")),
             (Value::Null, false, Some("line 3: invalid JSON: expected ident at line 1 column 2")),
             (Value::Null, false, Some("line 5: expected a JSON object")),
-            (json!("no-completion"), false, Some("line 6: completion: missing (expected a string, or its alias pred)")),
+            (
+                json!("no-completion"),
+                false,
+                Some("line 6: completion: missing (expected a string, or its alias pred)")
+            ),
             (json!("both"), false, Some("line 7: completion and pred both given: expected one of them")),
             (json!("pred-alias"), true, None),
             (json!("7"), true, None),
@@ -138,7 +169,14 @@ fn reads_from_a_file_and_plugin_options_reach_the_plugin() {
     let file = dir.path().join("items.jsonl");
     std::fs::write(&file, "{\"id\":\"a\",\"completion\":\"<t>x</t> 1\"}\n{\"id\":\"b\",\"completion\":\"<think>x</think> 1\"}\n").unwrap();
     let (lines, stderr, ok) = verify(
-        &["--plugin", "format", "--jsonl", file.to_str().unwrap(), "--plugin-config", r#"{"think_open":"<t>","think_close":"</t>"}"#],
+        &[
+            "--plugin",
+            "format",
+            "--jsonl",
+            file.to_str().unwrap(),
+            "--plugin-config",
+            r#"{"think_open":"<t>","think_close":"</t>"}"#,
+        ],
         b"",
     );
     assert!(ok, "{stderr}");
@@ -165,5 +203,8 @@ fn clear_errors_for_a_missing_plugin_bad_options_and_missing_files() {
 
     let output = rlvrctl(&["verify", "--plugin", "format", "--plugin-dir", "/nonexistent/plugins"], b"");
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--plugin-dir /nonexistent/plugins: not a directory"));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("--plugin-dir /nonexistent/plugins: not a directory")
+    );
 }
