@@ -50,7 +50,7 @@ fn validate_reports_every_problem_with_where_it_came_from() {
         ),
         format!("daemon.state_dir: expected an absolute path, found \"relative/state\" (from file {shown})"),
         "(from env RLVR__REDIS__URL)".to_owned(),
-        format!("auth.tokens[0].sha256: expected the hex sha256 of the token"),
+        "auth.tokens[0].sha256: expected the hex sha256 of the token".to_owned(),
         "devices.cpu_slots: expected an integer of at least 1, found 0 (from env RLVR__DEVICES__CPU_SLOTS)"
             .to_owned(),
     ];
