@@ -27,10 +27,12 @@ fn verify(args: &[&str], stdin: &[u8]) -> (Vec<Value>, String, bool) {
     )
 }
 
+/// (id, completion, passed, think_block component, answer component, extracted)
+type FormatCase = (&'static str, &'static str, bool, f64, f64, Option<&'static str>);
+
 #[test]
 fn format_verifier_on_ordinary_and_adversarial_completions() {
-    // (id, completion, passed, think_block, answer, extracted)
-    let cases: &[(&str, &str, bool, f64, f64, Option<&str>)] = &[
+    let cases: &[FormatCase] = &[
         ("ok", "<think>2+2=4</think> 4", true, 1.0, 1.0, Some("4")),
         (
             "ok-leading-space",
