@@ -24,8 +24,16 @@ fn plugin_ids(daemon: &Daemon) -> Vec<String> {
 
 #[test]
 fn every_built_plugin_loads_through_the_real_loader() {
-    let daemon =
-        Daemon::start(&["rlvr-verifier-format", "rlvr-verifier-template", "rlvr-fixture-echo-v1"], NO_REDIS);
+    let daemon = Daemon::start(
+        &[
+            "rlvr-verifier-format",
+            "rlvr-verifier-template",
+            "rlvr-fixture-echo-v1",
+            "rlvr-fixture-optimizer-centred",
+            "rlvr-fixture-curriculum-cycle",
+        ],
+        NO_REDIS,
+    );
     let list = listed(&daemon);
     let mut plugins: Vec<(String, String)> = list["plugins"]
         .as_array()
@@ -37,13 +45,18 @@ fn every_built_plugin_loads_through_the_real_loader() {
     assert_eq!(
         plugins,
         [
+            ("centred@0.1.0".to_owned(), "optimizer".to_owned()),
+            ("cycle@0.1.0".to_owned(), "curriculum".to_owned()),
             ("echo@1.0.0".to_owned(), "verifier".to_owned()),
             ("exact-match@0.1.0".to_owned(), "verifier".to_owned()),
             ("format@0.1.0".to_owned(), "verifier".to_owned()),
         ]
     );
     assert_eq!(list["refused"], Value::Array(vec![]), "{list}");
+    let centred = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "centred").unwrap();
+    assert_eq!(centred["data_mode"], "online-groups", "{centred}");
     let format = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "format").unwrap();
+    assert_eq!(format["reference_schema"], "{}", "{format}");
     assert_eq!(format["sha256"].as_str().unwrap().len(), 64);
     // The content-addressed copy is what got loaded.
     let cache = daemon.dir.path().join("state/plugin-cache");

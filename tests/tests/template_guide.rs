@@ -63,7 +63,8 @@ fn the_guide_builds_drops_in_and_uses_the_template_verifier() {
 #[test]
 fn the_readme_shows_the_template_as_it_is() {
     let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let source = std::fs::read_to_string(workspace_root().join("plugins/verifier-template/src/lib.rs")).unwrap();
+    let source =
+        std::fs::read_to_string(workspace_root().join("plugins/verifier-template/src/lib.rs")).unwrap();
     let code: Vec<&str> = source.lines().filter(|line| !line.starts_with("//!")).collect();
     let shown: String = code
         .join("\n")
@@ -72,6 +73,9 @@ fn the_readme_shows_the_template_as_it_is() {
         .map(|line| if line.is_empty() { String::new() } else { format!("   {line}") })
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(readme.contains(&shown), "README's template listing differs from plugins/verifier-template/src/lib.rs");
+    assert!(
+        readme.contains(&shown),
+        "README's template listing differs from plugins/verifier-template/src/lib.rs"
+    );
     assert!(code.len() <= 40, "the template should stay about 30 lines, it has {}", code.len());
 }

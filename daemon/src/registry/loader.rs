@@ -335,3 +335,98 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
     }
     Ok(meta)
 }
+
+#[cfg(test)]
+mod tests {
+    use abi_stable::std_types::{ROption, RString};
+    use rlvr_plugin_api::{DataMode, OptimizerInfo, VerifierInfo};
+
+    use super::*;
+
+    fn verifier_info() -> PluginInfo {
+        PluginInfo {
+            kind: "verifier".into(),
+            name: "format".into(),
+            version: "0.1.0".into(),
+            api_version: API_VERSION,
+            description: "d".into(),
+            verifier: ROption::RSome(VerifierInfo { reference_schema: "{}".into() }),
+            optimizer: ROption::RNone,
+            curriculum: ROption::RNone,
+        }
+    }
+
+    fn optimizer(libtorch: &str) -> ROption<OptimizerInfo> {
+        ROption::RSome(OptimizerInfo {
+            data_mode: DataMode::OfflinePairs,
+            needs_reference: true,
+            needs_value_head: false,
+            needs_groups: false,
+            libtorch_version: RString::from(libtorch),
+        })
+    }
+
+    fn check(edit: impl FnOnce(&mut PluginInfo), expected: Result<&str, (RefusalReason, &str)>) {
+        let mut info = verifier_info();
+        edit(&mut info);
+        match (check_info(&info), expected) {
+            (Ok(meta), Ok(id)) => assert_eq!(meta.id(), id),
+            (Err(refusal), Err((reason, message))) => {
+                assert_eq!(refusal.reason, reason, "{refusal}");
+                assert!(refusal.message.contains(message), "{:?} lacks {message:?}", refusal.message);
+            }
+            (got, expected) => panic!("got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn info_checks() {
+        check(|_| {}, Ok("format@0.1.0"));
+        check(|i| i.version = "1.2.3-rc.1".into(), Ok("format@1.2.3-rc.1"));
+        check(|i| i.api_version = 0, Err((RefusalReason::ApiVersion, "plugin API version 0")));
+        check(|i| i.kind = "Verifier".into(), Err((RefusalReason::Kind, "unknown plugin kind \"Verifier\"")));
+        check(|i| i.kind = "optimizer".into(), Err((RefusalReason::Kind, "gives no optimizer info")));
+        check(|i| i.kind = "curriculum".into(), Err((RefusalReason::Kind, "gives no curriculum info")));
+        check(|i| i.verifier = ROption::RNone, Err((RefusalReason::Kind, "gives no verifier info")));
+        check(|i| i.name = "".into(), Err((RefusalReason::InvalidMetadata, "expected 1 to 64 characters")));
+        check(|i| i.name = "Format".into(), Err((RefusalReason::InvalidMetadata, "plugin name \"Format\"")));
+        check(|i| i.name = "a b".into(), Err((RefusalReason::InvalidMetadata, "plugin name \"a b\"")));
+        check(
+            |i| i.version = "1.0".into(),
+            Err((RefusalReason::InvalidMetadata, "expected a semantic version")),
+        );
+        check(
+            |i| {
+                i.kind = "optimizer".into();
+                i.optimizer = optimizer(LIBTORCH_VERSION);
+            },
+            Ok("format@0.1.0"),
+        );
+        check(
+            |i| {
+                i.kind = "optimizer".into();
+                i.optimizer = optimizer("2.10.0");
+            },
+            Err((RefusalReason::LibtorchVersion, "built against libtorch 2.10.0")),
+        );
+    }
+
+    #[test]
+    fn elf_check_refuses_what_dlopen_would_crash_on() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "not a valid 64-bit ELF file"),
+            (b"\x7fELF garbage", "not a valid 64-bit ELF file"),
+            (b"#!/bin/sh\necho hi\n", "not a valid 64-bit ELF file"),
+        ];
+        for (bytes, message) in cases {
+            let refusal = check_elf(bytes).unwrap_err();
+            assert_eq!(refusal.reason, RefusalReason::NotALibrary);
+            assert!(refusal.message.contains(message), "{}", refusal.message);
+        }
+        // A whole library passes; the same library cut short does not.
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        check_elf(&exe).unwrap();
+        let refusal = check_elf(&exe[..exe.len() / 2]).unwrap_err();
+        assert!(refusal.message.contains("corrupt or truncated"), "{}", refusal.message);
+    }
+}
