@@ -423,7 +423,7 @@ mod tests {
             assert_eq!(refusal.reason, RefusalReason::NotALibrary);
             assert!(refusal.message.contains(message), "{}", refusal.message);
         }
-        // A whole library passes; the same library cut short does not.
+        // The test binary (position-independent, like a library) passes whole and fails cut short.
         let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         check_elf(&exe).unwrap();
         let refusal = check_elf(&exe[..exe.len() / 2]).unwrap_err();

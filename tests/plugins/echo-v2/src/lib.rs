@@ -1,22 +1,4 @@
 //! Fixture: version 2.0.0 of the `echo` verifier; it scores every item 2.0 so a test can tell
 //! which version answered.
 
-use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
-
-pub struct Echo;
-
-impl VerifierPlugin for Echo {
-    fn metadata() -> Metadata {
-        Metadata { name: "echo", version: "2.0.0", description: "scores every item 2.0" }
-    }
-
-    fn from_config(_config_json: &str) -> Result<Self, PluginError> {
-        Ok(Echo)
-    }
-
-    fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
-        Ok(Verdict::new(2.0, true).extracted(item.completion.as_str()))
-    }
-}
-
-export_verifier!(Echo);
+rlvr_plugin_api::export_verifier!(rlvr_fixture_support::Echo<2>);

@@ -1,41 +1,21 @@
-//! Fixture: an optimizer plugin built against another libtorch. Writes its root module by hand to report what the export layer never would.
+//! Fixture: an optimizer plugin built against another libtorch.
 
-use rlvr_plugin_api::abi_stable::prefix_type::PrefixTypeTrait;
-use rlvr_plugin_api::abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString};
-use rlvr_plugin_api::{PluginError, PluginInfo, PluginInstance, PluginMod, PluginModRef};
+use rlvr_plugin_api::abi_stable::std_types::RResult;
+use rlvr_plugin_api::{API_VERSION, DataMode, OptimizerInfo, PluginError, PluginInfo, PluginModRef};
 
 extern "C" fn info() -> RResult<PluginInfo, PluginError> {
-    RResult::ROk(PluginInfo {
-        kind: "optimizer".into(),
-        name: "wrong-libtorch".into(),
-        version: "0.1.0".into(),
-        api_version: rlvr_plugin_api::API_VERSION,
-        description: "an optimizer plugin built against another libtorch".into(),
-        verifier: ROption::RNone,
-        optimizer: ROption::RSome(rlvr_plugin_api::OptimizerInfo {
-            data_mode: rlvr_plugin_api::DataMode::OnlineGroups,
-            needs_reference: true,
-            needs_value_head: false,
-            needs_groups: true,
-            libtorch_version: "2.3.0".into(),
-        }),
-        curriculum: ROption::RNone,
-    })
-}
-
-extern "C" fn self_test() -> RResult<(), PluginError> {
-    RResult::ROk(())
-}
-
-extern "C" fn create(
-    _config: RStr<'_>,
-    _prompts: RSlice<'_, RString>,
-) -> RResult<PluginInstance, PluginError> {
-    RResult::RErr(PluginError::internal("this fixture creates nothing"))
+    let optimizer = OptimizerInfo {
+        data_mode: DataMode::OnlineGroups,
+        needs_reference: true,
+        needs_value_head: false,
+        needs_groups: true,
+        libtorch_version: "2.3.0".into(),
+    };
+    RResult::ROk(rlvr_fixture_support::info("optimizer", "wrong-libtorch", API_VERSION, Some(optimizer)))
 }
 
 /// The library's root module.
 #[abi_stable::export_root_module]
 pub fn root_module() -> PluginModRef {
-    PluginMod { info, self_test, create }.leak_into_prefix()
+    rlvr_fixture_support::handwritten_module(info)
 }
