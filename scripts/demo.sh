@@ -17,16 +17,19 @@ bin=$RLVR_ROOT/target/release
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-demo.XXXXXX")
 pids=()
+# Whether a child still runs (a zombie, dead but not yet reaped, does not count).
+running() {
+    [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null
+}
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
     # Stop in reverse start order: the daemon first (SIGTERM: it finishes in-flight requests),
-    # then Redis.
+    # then Redis; SIGKILL whatever has not stopped after 5 seconds.
     for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-        kill -TERM "${pids[i]}" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        local pid=${pids[i]}
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
