@@ -20,7 +20,7 @@ use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::health::RedisHealth;
 use crate::metrics::Metrics;
-use crate::registry::{Isolation, Registry, RegistryError};
+use crate::registry::{Isolation, Registry, RegistryError, ScanSummary};
 
 /// How long a new library may take to load and self-test in the probe process.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -76,7 +76,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let first_scan = {
         let registry = registry.clone();
         let dirs = dirs.clone();
-        tokio::task::spawn_blocking(move || registry.scan(&dirs, Duration::ZERO)).await.unwrap_or_default()
+        match tokio::task::spawn_blocking(move || registry.scan(&dirs, Duration::ZERO)).await {
+            Ok(summary) => summary,
+            Err(error) => {
+                // A panic in the scan is a bug of ours; the next scan tries again.
+                tracing::error!(%error, "initial plugin scan failed");
+                ScanSummary::default()
+            }
+        }
     };
     tracing::info!(
         loaded = first_scan.loaded,
