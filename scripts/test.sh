@@ -25,3 +25,6 @@ cargo build --workspace
 
 step "cargo test"
 cargo test --workspace
+
+step "cargo test (plugin-api's tensor handles against the real libtorch)"
+cargo test -p rlvr-plugin-api --features tch

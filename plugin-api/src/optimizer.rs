@@ -167,3 +167,35 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
         Ok(())
     }
 }
+
+#[cfg(all(test, feature = "tch"))]
+mod tests {
+    use tch::{Kind, Tensor};
+
+    use super::TensorHandle;
+
+    #[test]
+    fn borrowed_handles_share_storage_and_leave_the_owner_intact() {
+        let owner = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+        let handle = TensorHandle::borrow(&owner);
+        // SAFETY: `owner` outlives the view.
+        let view = unsafe { handle.to_tensor() };
+        let loss = (&view * 2.0).sum(Kind::Float);
+        drop(view);
+        loss.backward();
+        assert_eq!(owner.grad().iter::<f64>().unwrap().collect::<Vec<_>>(), [2.0, 2.0, 2.0]);
+        assert_eq!(owner.size(), [3]);
+    }
+
+    #[test]
+    fn owned_handles_hand_the_tensor_over_exactly_once() {
+        let input = Tensor::from_slice(&[1.0f32, 2.0]).set_requires_grad(true);
+        let loss = (&input * &input).sum(Kind::Float);
+        let handle = TensorHandle::into_owned(loss);
+        // SAFETY: the handle came from into_owned and is converted once.
+        let loss = unsafe { handle.into_tensor() };
+        assert_eq!(loss.double_value(&[]), 5.0);
+        loss.backward();
+        assert_eq!(input.grad().iter::<f64>().unwrap().collect::<Vec<_>>(), [2.0, 4.0]);
+    }
+}
