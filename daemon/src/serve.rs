@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{AppState, router};
 use crate::config::Config;
-use crate::health::RedisHealth;
+use crate::health::{PING_INTERVAL, RedisHealth};
 use crate::metrics::Metrics;
 use crate::registry::{Isolation, Registry, RegistryError, ScanSummary};
 
@@ -100,7 +100,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     tracing::info!(%addr, "api listening");
 
-    let redis = Arc::new(RedisHealth::default());
+    let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));
     let app = router(AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() });
     let server_shutdown = shutdown.clone();
     let mut server = tokio::spawn(async move {
@@ -112,6 +112,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let mut last_ping = Instant::now();
     let mut scan: Option<tokio::task::JoinHandle<_>> = None;
     let mut redis_check: Option<tokio::task::JoinHandle<()>> = None;
+    let mut last_redis_check: Option<Instant> = None;
     let mut ticker = tokio::time::interval(Duration::from_millis(config.plugins.scan_interval_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -132,10 +133,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
                     let dirs = dirs.clone();
                     scan = Some(tokio::task::spawn_blocking(move || registry.scan(&dirs, SETTLE)));
                 }
-                if redis_check.as_ref().is_none_or(|handle| handle.is_finished()) {
+                if redis_check.as_ref().is_none_or(|handle| handle.is_finished())
+                    && last_redis_check.is_none_or(|at| at.elapsed() >= PING_INTERVAL)
+                {
                     let redis = redis.clone();
-                    let url = config.redis.url.clone();
-                    redis_check = Some(tokio::spawn(async move { redis.check(&url).await }));
+                    redis_check = Some(tokio::spawn(async move { redis.check().await }));
+                    last_redis_check = Some(Instant::now());
                 }
                 if let Some(interval) = watchdog
                     && last_ping.elapsed() >= interval

@@ -251,7 +251,7 @@ impl Registry {
                     continue;
                 }
                 self.state().stamps.insert(path.clone(), stamp);
-                match self.load_file_locked(&path) {
+                match self.load_file(&path) {
                     Ok(_) => summary.loaded += 1,
                     Err(_) => summary.refused += 1,
                 }
@@ -263,13 +263,7 @@ impl Registry {
         summary
     }
 
-    /// Loads one library file now.
-    pub fn load_file(&self, path: &Path) -> Result<Arc<LoadedPlugin>, Refused> {
-        let _loading = self.load_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.load_file_locked(path)
-    }
-
-    fn load_file_locked(&self, path: &Path) -> Result<Arc<LoadedPlugin>, Refused> {
+    fn load_file(&self, path: &Path) -> Result<Arc<LoadedPlugin>, Refused> {
         let result = self.try_load(path);
         match &result {
             Ok(_) => {
