@@ -4,6 +4,7 @@
 # Idempotent: a second run checks, finds everything in place, and takes seconds with no download.
 #   - a Python venv in the project cache with torch==2.11.0 from PyPI (libtorch for tch 0.24)
 #   - redis-server from Debian's packages, when none is on PATH
+#   - g++ (for the libtorch bindings) and systemd-analyze (for the unit's test), when missing
 # The env file ($RLVR_CACHE_DIR/env.sh) exports LIBTORCH_USE_PYTORCH=1, the venv on PATH and the
 # libtorch library path, so `cargo build` and the binaries find libtorch.
 set -euo pipefail
@@ -66,6 +67,13 @@ if [ -z "$redis_bin" ]; then
 fi
 [ -x "$redis_bin" ] || { say "redis-server not executable at $redis_bin"; exit 1; }
 say "redis-server: $redis_bin"
+
+# --- a C++ compiler (torch-sys compiles its libtorch wrapper) --------------------------------------
+if ! command -v g++ >/dev/null 2>&1; then
+    say "no g++ found: installing g++ from Debian's packages (the libtorch bindings are C++)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends g++
+fi
 
 # --- systemd-analyze (the unit's test runs `systemd-analyze verify`) ------------------------------
 if ! command -v systemd-analyze >/dev/null 2>&1; then
