@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-#! The demo: set up, build, start a private Redis and `rlvrd serve` in a temporary state
-#! directory, show the loaded plugins, verify a few completions with `rlvrctl verify`, and stop
-#! everything cleanly — no process or file left behind, on success, failure or Ctrl-C.
+# The demo: set up, build, start a private Redis and `rlvrd serve` in a temporary state
+# directory, show the loaded plugins, verify a few completions with `rlvrctl verify`, and stop
+# everything cleanly — no process or file left behind, on success, failure or Ctrl-C.
 #
 # First run: about 6 minutes on 2 cores (torch download, release build); later runs under a minute.
 set -euo pipefail

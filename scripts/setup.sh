@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-#! Installs what rlvr needs and is missing, then writes the env file the other scripts source.
+# Installs what rlvr needs and is missing, then writes the env file the other scripts source.
 #
 # Idempotent: a second run checks, finds everything in place, and takes seconds with no download.
 #   - a Python venv in the project cache with torch==2.11.0 from PyPI (libtorch for tch 0.24)

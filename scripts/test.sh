@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-#! Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
+# Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh). First run about 10 minutes on 2 cores (torch download, libtorch bindings
-# build, workspace build); later runs a few minutes.
+# (scripts/setup.sh). First run about 5 minutes on 2 cores (torch download, libtorch bindings
+# build, workspace build); later runs under a minute.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
