@@ -3,7 +3,7 @@
 # directory, show the loaded plugins, verify a few completions with `rlvrctl verify`, and stop
 # everything cleanly — no process or file left behind, on success, failure or Ctrl-C.
 #
-# First run: about 4 minutes on 2 cores (torch download, release build); later runs seconds.
+# First run: about 3 minutes on 2 cores (torch download, release build); later runs seconds.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"

@@ -2,7 +2,7 @@
 # Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh). First run about 5 minutes on 2 cores (torch download, libtorch bindings
+# (scripts/setup.sh). First run about 6½ minutes on 2 cores (torch download, libtorch bindings
 # build, workspace build); later runs under a minute.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
