@@ -189,13 +189,9 @@ pub fn check_elf(bytes: &[u8]) -> Result<(), LoadRefusal> {
     Ok(())
 }
 
-/// Loads the library at `path` (never unloaded), checks it and runs its self-test.
+/// Loads the library at `path` (never unloaded), checks it and runs its self-test. The caller
+/// has passed the file's bytes through [`check_elf`] first.
 pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRefusal> {
-    let bytes = std::fs::read(path).map_err(|error| {
-        LoadRefusal::new(RefusalReason::Unreadable, format!("cannot read the file: {error}"))
-    })?;
-    check_elf(&bytes)?;
-    drop(bytes);
     let module = open(path)?;
     let meta = match module.info()() {
         RResult::ROk(info) => check_info(&info)?,

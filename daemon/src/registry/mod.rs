@@ -295,6 +295,8 @@ impl Registry {
         if let Some(plugin) = self.state().by_sha.get(&sha256) {
             return Ok(plugin.clone());
         }
+        // Before anything maps it (here or in the probe), and before it is copied into the cache.
+        loader::check_elf(&bytes).map_err(|refusal| refuse(Some(&sha256), refusal))?;
         let library = self.cached_copy(path, &sha256, &bytes).map_err(|error| {
             refuse(
                 Some(&sha256),
