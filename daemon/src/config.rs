@@ -161,9 +161,9 @@ pub struct GpuConfig {
     pub memory_gb: f64,
 }
 
-/// Every problem found in a config, at once. Displays one problem per line.
+/// Every problem found in a config, at once. Displays a count, then one problem per line.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{}", lines(.problems))]
+#[error("config has {} problem(s):\n{}", .problems.len(), lines(.problems))]
 pub struct ConfigErrors {
     pub problems: Vec<ConfigProblem>,
 }
@@ -198,7 +198,7 @@ impl fmt::Display for ConfigProblem {
 }
 
 fn lines(problems: &[ConfigProblem]) -> String {
-    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    problems.iter().map(|problem| format!("  {problem}")).collect::<Vec<_>>().join("\n")
 }
 
 /// Where config comes from: built-in defaults < the file < env `RLVR__SECTION__KEY`.
@@ -1132,7 +1132,8 @@ mod tests {
         let errors = load_from(Some(missing), Vec::new()).unwrap_err();
         assert_eq!(
             errors.to_string(),
-            "cannot read config file: no such file (from file /nonexistent/rlvr-config-test/missing.toml)"
+            "config has 1 problem(s):\n  \
+             cannot read config file: no such file (from file /nonexistent/rlvr-config-test/missing.toml)"
         );
         // `load` reads the process env, which the tests never set; the file problem is there either way.
         let errors = load(Some(missing)).unwrap_err();
@@ -1179,7 +1180,10 @@ mod tests {
         let path = dir.path().join("rlvrd.toml");
         std::fs::write(&path, b"[api]\nlisten = \"\xff\"\n").unwrap();
         let errors = load_from(Some(&path), Vec::new()).unwrap_err();
-        assert_eq!(errors.to_string(), format!("not valid UTF-8 at line 2 (from file {})", path.display()));
+        assert_eq!(
+            errors.to_string(),
+            format!("config has 1 problem(s):\n  not valid UTF-8 at line 2 (from file {})", path.display())
+        );
     }
 
     #[test]
@@ -1383,7 +1387,8 @@ mod tests {
         };
         assert_eq!(
             errors.to_string(),
-            "api.listen: expected a socket address (from env RLVR__API__LISTEN)\n\
+            "config has 2 problem(s):\n  \
+             api.listen: expected a socket address (from env RLVR__API__LISTEN)\n  \
              cannot read config file: no such file (from file /x.toml)"
         );
     }
@@ -1471,7 +1476,8 @@ mod tests {
         let errors = load_file(no_file(), &[("RLVR__PLUGINS__DIRS", &deep)]).unwrap_err();
         assert_eq!(
             errors.to_string(),
-            "plugins.dirs: value nested more than 32 levels deep (from env RLVR__PLUGINS__DIRS)"
+            "config has 1 problem(s):\n  \
+             plugins.dirs: value nested more than 32 levels deep (from env RLVR__PLUGINS__DIRS)"
         );
     }
 }

@@ -147,9 +147,7 @@ fn verify(
     let mut dirs = match config::load(config_path.as_deref()) {
         // The config's directories are the daemon's; on a workstation they may not exist.
         Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
-        Err(errors) => bail!("config has {} problem(s):\n  {}", errors.problems.len(), {
-            errors.problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
-        }),
+        Err(errors) => bail!("{errors}"),
     };
     for dir in extra_dirs {
         if !dir.is_dir() {

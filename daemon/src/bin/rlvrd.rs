@@ -74,10 +74,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(errors) => {
-                eprintln!("config has {} problem(s):", errors.problems.len());
-                for problem in &errors.problems {
-                    eprintln!("  {problem}");
-                }
+                eprintln!("{errors}");
                 ExitCode::from(2)
             }
         },
@@ -95,11 +92,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
-    let config = config::load(config_path.as_deref()).map_err(|errors| {
-        anyhow::anyhow!("config has {} problem(s):\n  {}", errors.problems.len(), {
-            errors.problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
-        })
-    })?;
+    let config = config::load(config_path.as_deref()).map_err(|errors| anyhow::anyhow!("{errors}"))?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let shutdown = CancellationToken::new();
