@@ -61,8 +61,6 @@ pub struct LoadedPlugin {
     pub meta: PluginMeta,
     /// The file it was found as.
     pub source: PathBuf,
-    /// The content-addressed copy that was loaded.
-    pub library: PathBuf,
     /// SHA-256 of the library's bytes, hex.
     pub sha256: String,
     /// When it was loaded.
@@ -247,7 +245,6 @@ impl Registry {
                     .and_then(|modified| SystemTime::now().duration_since(modified).ok())
                     .is_some_and(|age| age < settle);
                 if young {
-                    summary.pending += 1;
                     continue;
                 }
                 self.state().stamps.insert(path.clone(), stamp);
@@ -307,35 +304,47 @@ impl Registry {
             )
         })?;
         if let Isolation::Subprocess { exe, timeout } = &self.isolation {
-            probe(exe, &library, *timeout).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+            let meta = probe(exe, &library, *timeout).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+            // Refuse a duplicate before its code is mapped into this process for good.
+            if let Some(refusal) = self.duplicate_of(&meta) {
+                return Err(refuse(Some(&sha256), refusal));
+            }
         }
         let (module, meta) =
             loader::load_and_check(&library).map_err(|refusal| refuse(Some(&sha256), refusal))?;
-        let mut state = self.state();
-        let key = (meta.name.clone(), meta.version.clone());
-        if let Some(existing) = state.loaded.get(&key) {
-            let message = format!(
-                "plugin {} is already loaded from {} with different content (sha256 {}): give the new build a new version to load it beside the old one",
-                meta.id(),
-                existing.source.display(),
-                existing.sha256
-            );
-            drop(state);
-            return Err(refuse(Some(&sha256), LoadRefusal::new(RefusalReason::DuplicateVersion, message)));
+        if let Some(refusal) = self.duplicate_of(&meta) {
+            return Err(refuse(Some(&sha256), refusal));
         }
         let plugin = Arc::new(LoadedPlugin {
             meta,
             source: path.to_owned(),
-            library,
             sha256: sha256.clone(),
             loaded_at: SystemTime::now(),
             module,
         });
-        state.loaded.insert(key, plugin.clone());
+        // Loads are serialised by `load_lock`, so nothing was registered since `duplicate_of`.
+        let mut state = self.state();
+        state.loaded.insert((plugin.meta.name.clone(), plugin.meta.version.clone()), plugin.clone());
         state.by_sha.insert(sha256, plugin.clone());
         drop(state);
         PluginLoaded { plugin: &plugin }.emit(&self.metrics);
         Ok(plugin)
+    }
+
+    /// The refusal for `meta` when its `name@version` is already loaded (with other content: the
+    /// same content was found by hash before this point).
+    fn duplicate_of(&self, meta: &PluginMeta) -> Option<LoadRefusal> {
+        let state = self.state();
+        let existing = state.loaded.get(&(meta.name.clone(), meta.version.clone()))?;
+        Some(LoadRefusal::new(
+            RefusalReason::DuplicateVersion,
+            format!(
+                "plugin {} is already loaded from {} with different content (sha256 {}): give the new build a new version to load it beside the old one",
+                meta.id(),
+                existing.source.display(),
+                existing.sha256
+            ),
+        ))
     }
 
     /// Writes `bytes` to `<cache>/<stem>-<sha256>.so` unless it is there already.
@@ -391,8 +400,6 @@ pub struct ScanSummary {
     pub loaded: usize,
     /// Libraries refused.
     pub refused: usize,
-    /// Files left for a later scan because they were still being written.
-    pub pending: usize,
 }
 
 /// Loads `library` in a child process and reads its report.
