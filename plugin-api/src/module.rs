@@ -7,7 +7,7 @@ use abi_stable::package_version_strings;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RResult, RSlice, RStr, RString};
 
-use crate::{CurriculumBox, OptimizerBox, PluginError, PluginInfo, VerifierBox};
+use crate::{CurriculumBox, OptimizerBox, PluginError, PluginInfo, PluginKind, VerifierBox};
 
 /// A plugin object, created from a configuration.
 #[repr(C)]
@@ -22,12 +22,12 @@ pub enum PluginInstance {
 }
 
 impl PluginInstance {
-    /// The kind's wire name, as in [`PluginInfo::kind`].
-    pub fn kind_name(&self) -> &'static str {
+    /// The kind of object this is; a loader compares it with [`PluginInfo::kind`].
+    pub fn kind(&self) -> PluginKind {
         match self {
-            PluginInstance::Verifier(_) => "verifier",
-            PluginInstance::Optimizer(_) => "optimizer",
-            PluginInstance::Curriculum(_) => "curriculum",
+            PluginInstance::Verifier(_) => PluginKind::Verifier,
+            PluginInstance::Optimizer(_) => PluginKind::Optimizer,
+            PluginInstance::Curriculum(_) => PluginKind::Curriculum,
         }
     }
 }

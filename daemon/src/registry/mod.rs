@@ -101,7 +101,7 @@ impl LoadedPlugin {
             other => Err(PluginError::internal(format!(
                 "plugin {} created a {} where a verifier was expected",
                 self.id(),
-                other.kind_name()
+                other.kind().as_str()
             ))),
         }
     }
