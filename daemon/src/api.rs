@@ -84,6 +84,9 @@ pub struct PluginView {
     /// Optimizers: their data mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_mode: Option<String>,
+    /// What the plugin found about this host when it loaded (e.g. sandbox layers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// When it was loaded, RFC 3339.
     pub loaded_at: String,
 }
@@ -100,6 +103,7 @@ impl From<&LoadedPlugin> for PluginView {
             source: plugin.source.display().to_string(),
             reference_schema: plugin.meta.reference_schema.clone(),
             data_mode: plugin.meta.data_mode.clone(),
+            notes: plugin.meta.notes.clone(),
             loaded_at: humantime::format_rfc3339_millis(plugin.loaded_at).to_string(),
         }
     }

@@ -20,6 +20,9 @@ impl PluginLoaded<'_> {
             sha256 = %self.plugin.sha256,
             "plugin loaded"
         );
+        for note in &meta.notes {
+            tracing::info!(plugin = %meta.id(), "plugin note: {note}");
+        }
         metrics.plugin_loads.get_or_create(&KindLabel { kind: meta.kind.as_str().to_owned() }).inc();
     }
 }

@@ -3,18 +3,31 @@
 //! In, one object per line: `{"id", "prompt", "completion", "reference": {...}}`, with `"pred"`
 //! accepted for `completion` and `"gold"` for `reference.answer`; other fields are ignored.
 //! Out, one object per input line, same order: `{"id", "score", "passed", "components",
-//! "extracted", "error", "latency_us"}`. A line that cannot be read (invalid UTF-8, bad JSON, a
-//! missing field) gets an output line with `error` set; the other lines are still answered.
-//! Blank lines are skipped.
+//! "extracted", "error", "timed_out", "latency_us", "verifier"}`, plus `"explanation"` when asked
+//! for. A line that cannot be read (invalid UTF-8, bad JSON, a missing field) gets an output line
+//! with `error` set; the other lines are still answered. Blank lines are skipped.
+//!
+//! Items run on `parallel` threads and the host enforces a deadline per item, whatever the
+//! plugin does: a call still running at its deadline is answered with a timeout and left behind
+//! (a thread inside a plugin cannot be stopped safely), and a fresh thread takes its place. When
+//! too many calls are stuck this way, the rest of the batch is answered with an error instead of
+//! piling up threads.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, BufRead, Write};
-use std::time::Instant;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rlvr_plugin_api::abi_stable::std_types::RResult;
 use rlvr_plugin_api::{Verdict, VerifierBox, VerifyItem};
 use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::{Map, Value};
+
+/// Calls left running past their deadline before the batch stops handing out work: each one holds
+/// a thread (and maybe a core) until the process exits.
+const MAX_STUCK_CALLS: usize = 16;
 
 /// Counts of one batch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +36,32 @@ pub struct BatchSummary {
     pub items: usize,
     /// Items that passed.
     pub passed: usize,
-    /// Items with `error` set (unreadable lines and verifier errors).
+    /// Items with `error` set (unreadable lines, verifier errors and timeouts).
     pub errors: usize,
+    /// Items whose time ran out, in the plugin's own budget or at the host's deadline.
+    pub timeouts: usize,
+}
+
+impl BatchSummary {
+    fn count(&mut self, line: &OutputLine) {
+        self.items += 1;
+        self.passed += usize::from(line.passed);
+        self.errors += usize::from(line.error.is_some());
+        self.timeouts += usize::from(line.timed_out);
+    }
+}
+
+/// How a batch runs.
+#[derive(Debug, Clone)]
+pub struct BatchOptions {
+    /// The verifier's `name@version`, written into every output line.
+    pub verifier_id: String,
+    /// Items verified at once (at least 1).
+    pub parallel: usize,
+    /// The longest one call may take before the host answers the item with a timeout.
+    pub deadline: Duration,
+    /// Ask the verifier to explain each verdict, and write its lines as `explanation`.
+    pub explain: bool,
 }
 
 /// One output line.
@@ -42,8 +79,15 @@ pub struct OutputLine {
     pub extracted: Option<String>,
     /// Why the item could not be judged.
     pub error: Option<String>,
+    /// Whether its time ran out (then `error` says so).
+    pub timed_out: bool,
     /// Time in the verifier, microseconds.
     pub latency_us: u64,
+    /// `name@version` of the verifier that judged it.
+    pub verifier: String,
+    /// With `--explain`: what was extracted and why it matched or not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Vec<String>>,
 }
 
 /// Components, serialized as a JSON object in the verifier's order.
@@ -69,7 +113,10 @@ impl OutputLine {
             components: Components::default(),
             extracted: None,
             error: Some(error),
+            timed_out: false,
             latency_us: 0,
+            verifier: String::new(),
+            explanation: None,
         }
     }
 
@@ -78,6 +125,7 @@ impl OutputLine {
         if !verdict.score.is_finite() {
             return OutputLine::failed(id, format!("verifier returned a non-finite score {}", verdict.score));
         }
+        let explanation = verdict.explanation.into_iter().map(|line| line.into_string()).collect();
         OutputLine {
             id,
             score: verdict.score,
@@ -86,9 +134,22 @@ impl OutputLine {
                 verdict.components.into_iter().map(|c| (c.name.into_string(), c.value)).collect(),
             ),
             extracted: verdict.extracted.into_option().map(|answer| answer.into_string()),
+            timed_out: verdict.timed_out && error.is_some(),
             error,
             latency_us,
+            verifier: String::new(),
+            explanation: Some(explanation),
         }
+    }
+
+    fn deadline_passed(id: Option<String>, deadline: Duration) -> Self {
+        let mut line = OutputLine::failed(
+            id,
+            format!("no verdict within the host's deadline of {} ms", deadline.as_millis()),
+        );
+        line.timed_out = true;
+        line.latency_us = u64::try_from(deadline.as_micros()).unwrap_or(u64::MAX);
+        line
     }
 }
 
@@ -162,14 +223,15 @@ pub fn parse_line(bytes: &[u8]) -> Result<InputItem, (Option<String>, String)> {
     Ok(InputItem { id, prompt, completion, reference_json: Value::Object(reference).to_string() })
 }
 
-/// Verifies one parsed item.
-pub fn verify_item(verifier: &VerifierBox, item: &InputItem) -> OutputLine {
+/// Verifies one parsed item on the calling thread (no deadline).
+pub fn verify_item(verifier: &VerifierBox, item: &InputItem, explain: bool) -> OutputLine {
     let request = VerifyItem::new(
         item.id.as_deref().unwrap_or(""),
         &item.prompt,
         &item.completion,
         &item.reference_json,
-    );
+    )
+    .explaining(explain);
     let started = Instant::now();
     let result = verifier.verify(request);
     let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -183,37 +245,202 @@ pub fn verify_item(verifier: &VerifierBox, item: &InputItem) -> OutputLine {
     }
 }
 
-/// Reads JSONL from `input`, verifies each line with `verifier`, writes JSONL to `output`.
-/// Only IO errors on `input` or `output` stop the batch.
+/// What the reader, the workers and the writer tell the batch's main loop.
+enum Event {
+    /// Input line `index` (0-based among non-blank lines), parsed or not.
+    Line(usize, Result<InputItem, (Option<String>, String)>),
+    /// The input ended.
+    Eof,
+    /// The input could not be read.
+    ReadError(io::Error),
+    /// A worker began item `index`.
+    Started(usize, Instant),
+    /// A worker finished item `index`.
+    Finished(usize, OutputLine),
+}
+
+/// Reads JSONL from `input`, verifies each line with `verifier`, writes JSONL to `output` in input
+/// order. Only IO errors on `input` or `output` stop the batch.
 pub fn run_batch(
-    verifier: &VerifierBox,
-    mut input: impl BufRead,
+    verifier: Arc<VerifierBox>,
+    input: impl BufRead + Send + 'static,
     mut output: impl Write,
+    options: &BatchOptions,
 ) -> io::Result<BatchSummary> {
-    let mut summary = BatchSummary::default();
-    let mut buffer = Vec::new();
-    let mut line_number = 0usize;
-    loop {
-        buffer.clear();
-        if input.read_until(b'\n', &mut buffer)? == 0 {
-            break;
-        }
-        line_number += 1;
-        let line = buffer.strip_suffix(b"\n").unwrap_or(&buffer);
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let out = match parse_line(line) {
-            Ok(item) => verify_item(verifier, &item),
-            Err((id, message)) => OutputLine::failed(id, format!("line {line_number}: {message}")),
-        };
-        summary.items += 1;
-        summary.passed += usize::from(out.passed);
-        summary.errors += usize::from(out.error.is_some());
-        serde_json::to_writer(&mut output, &out)?;
-        output.write_all(b"\n")?;
-        output.flush()?;
+    let parallel = options.parallel.max(1);
+    // Lines read ahead of the writer; bounds memory on a huge input.
+    let window = parallel * 4;
+    let (events, inbox) = mpsc::channel::<Event>();
+    let (credits, credit_inbox) = mpsc::channel::<()>();
+    for _ in 0..window {
+        let _ = credits.send(());
     }
-    Ok(summary)
+    spawn_reader(input, events.clone(), credit_inbox);
+    let (jobs, job_inbox) = mpsc::channel::<(usize, InputItem)>();
+    let job_inbox = Arc::new(Mutex::new(job_inbox));
+    for _ in 0..parallel {
+        spawn_worker(Arc::clone(&verifier), Arc::clone(&job_inbox), events.clone(), options.explain);
+    }
+
+    let mut summary = BatchSummary::default();
+    let mut ready: BTreeMap<usize, OutputLine> = BTreeMap::new();
+    let mut running: HashMap<usize, Instant> = HashMap::new();
+    // Ids of items handed to workers, for answering one at its deadline.
+    let mut ids: HashMap<usize, Option<String>> = HashMap::new();
+    // Timed-out calls still inside the plugin.
+    let mut stuck: HashSet<usize> = HashSet::new();
+    let mut next_to_write = 0usize;
+    let mut lines_read = 0usize;
+    let mut input_done = false;
+    loop {
+        while let Some(mut line) = ready.remove(&next_to_write) {
+            line.verifier.clone_from(&options.verifier_id);
+            if !options.explain {
+                line.explanation = None;
+            }
+            summary.count(&line);
+            serde_json::to_writer(&mut output, &line)?;
+            output.write_all(b"\n")?;
+            output.flush()?;
+            next_to_write += 1;
+            let _ = credits.send(());
+        }
+        if input_done && next_to_write == lines_read {
+            return Ok(summary);
+        }
+        let wait = running
+            .values()
+            .min()
+            .map(|started| (*started + options.deadline).saturating_duration_since(Instant::now()));
+        let event = match wait {
+            Some(wait) => match inbox.recv_timeout(wait) {
+                Ok(event) => event,
+                Err(RecvTimeoutError::Timeout) => {
+                    let now = Instant::now();
+                    let late: Vec<usize> = running
+                        .iter()
+                        .filter(|(_, started)| now.duration_since(**started) >= options.deadline)
+                        .map(|(index, _)| *index)
+                        .collect();
+                    for index in late {
+                        running.remove(&index);
+                        stuck.insert(index);
+                        let id = ids.remove(&index).flatten();
+                        ready.insert(index, OutputLine::deadline_passed(id, options.deadline));
+                        // The stuck thread keeps its place; a fresh one keeps the batch moving.
+                        spawn_worker(
+                            Arc::clone(&verifier),
+                            Arc::clone(&job_inbox),
+                            events.clone(),
+                            options.explain,
+                        );
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => unreachable_disconnect(),
+            },
+            None => inbox.recv().unwrap_or_else(|_| unreachable_disconnect()),
+        };
+        match event {
+            Event::Line(index, parsed) => {
+                lines_read = index + 1;
+                match parsed {
+                    Err((id, message)) => {
+                        ready.insert(index, OutputLine::failed(id, message));
+                    }
+                    Ok(item) if stuck.len() >= MAX_STUCK_CALLS => {
+                        let message = format!(
+                            "verifier unresponsive: {} calls still running past the {} ms deadline",
+                            stuck.len(),
+                            options.deadline.as_millis()
+                        );
+                        ready.insert(index, OutputLine::failed(item.id, message));
+                    }
+                    Ok(item) => {
+                        ids.insert(index, item.id.clone());
+                        let _ = jobs.send((index, item));
+                    }
+                }
+            }
+            Event::Eof => input_done = true,
+            Event::ReadError(error) => return Err(error),
+            Event::Started(index, at) => {
+                running.insert(index, at);
+            }
+            Event::Finished(index, line) => {
+                if !stuck.remove(&index) {
+                    running.remove(&index);
+                    ids.remove(&index);
+                    ready.insert(index, line);
+                }
+            }
+        }
+    }
+}
+
+/// The main loop holds a sender itself, so the channel never disconnects while it runs.
+fn unreachable_disconnect() -> ! {
+    unreachable!("the batch loop holds a sender of its own inbox")
+}
+
+fn spawn_worker(
+    verifier: Arc<VerifierBox>,
+    jobs: Arc<Mutex<Receiver<(usize, InputItem)>>>,
+    events: Sender<Event>,
+    explain: bool,
+) {
+    std::thread::spawn(move || {
+        loop {
+            // The lock is held only while waiting for the next job, never during a call.
+            let job = match jobs.lock() {
+                Ok(inbox) => inbox.recv(),
+                Err(_) => return,
+            };
+            let Ok((index, item)) = job else { return };
+            if events.send(Event::Started(index, Instant::now())).is_err() {
+                return;
+            }
+            let line = verify_item(&verifier, &item, explain);
+            if events.send(Event::Finished(index, line)).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn spawn_reader(mut input: impl BufRead + Send + 'static, events: Sender<Event>, credits: Receiver<()>) {
+    std::thread::spawn(move || {
+        let mut buffer = Vec::new();
+        let mut line_number = 0usize;
+        let mut index = 0usize;
+        loop {
+            buffer.clear();
+            match input.read_until(b'\n', &mut buffer) {
+                Ok(0) => {
+                    let _ = events.send(Event::Eof);
+                    return;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    let _ = events.send(Event::ReadError(error));
+                    return;
+                }
+            }
+            line_number += 1;
+            let line = buffer.strip_suffix(b"\n").unwrap_or(&buffer);
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if credits.recv().is_err() {
+                return;
+            }
+            let parsed =
+                parse_line(line).map_err(|(id, message)| (id, format!("line {line_number}: {message}")));
+            if events.send(Event::Line(index, parsed)).is_err() {
+                return;
+            }
+            index += 1;
+        }
+    });
 }

@@ -52,6 +52,7 @@ fn base_info(kind: PluginKind, metadata: Metadata) -> PluginInfo {
         verifier: abi_stable::std_types::ROption::RNone,
         optimizer: abi_stable::std_types::ROption::RNone,
         curriculum: abi_stable::std_types::ROption::RNone,
+        notes: RVec::new(),
     }
 }
 
@@ -71,6 +72,7 @@ extern "C" fn verifier_info<T: VerifierPlugin>() -> RResult<PluginInfo, PluginEr
         info.verifier = abi_stable::std_types::ROption::RSome(crate::VerifierInfo {
             reference_schema: T::reference_schema().into(),
         });
+        info.notes = T::notes().into_iter().map(RString::from).collect();
         Ok(info)
     })
 }

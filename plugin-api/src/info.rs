@@ -1,12 +1,12 @@
 //! Plugin metadata: what a plugin is, which contract version it speaks, and what it needs.
 
 use abi_stable::StableAbi;
-use abi_stable::std_types::{ROption, RString};
+use abi_stable::std_types::{ROption, RString, RVec};
 
 /// The version of this contract. The daemon refuses plugins built against another one.
 ///
 /// Bump it for any change that old plugins cannot honour; appending a prefix field is not one.
-pub const API_VERSION: u32 = 1;
+pub const API_VERSION: u32 = 2;
 
 /// The libtorch version the pinned `tch` (0.24) binds. Optimizer plugins report the version they
 /// were built against and the daemon refuses a mismatch: two libtorch builds in one process do not
@@ -134,4 +134,7 @@ pub struct PluginInfo {
     pub optimizer: ROption<OptimizerInfo>,
     /// Set for curricula.
     pub curriculum: ROption<CurriculumInfo>,
+    /// Facts about the host the plugin found when it loaded, e.g. which sandbox layers the kernel
+    /// allows; the daemon logs them at load and `rlvrctl plugins` shows them.
+    pub notes: RVec<RString>,
 }

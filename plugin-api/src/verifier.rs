@@ -18,6 +18,9 @@ pub struct VerifyItem<'a> {
     pub completion: RStr<'a>,
     /// The item's `reference` object as JSON text (`{}` when the item has none).
     pub reference_json: RStr<'a>,
+    /// Whether the caller wants [`Verdict::explanation`] filled (`rlvrctl verify --explain`).
+    /// Verifiers build explanation text only when this is set, so training pays nothing for it.
+    pub explain: bool,
 }
 
 impl<'a> VerifyItem<'a> {
@@ -28,7 +31,14 @@ impl<'a> VerifyItem<'a> {
             prompt: prompt.into(),
             completion: completion.into(),
             reference_json: reference_json.into(),
+            explain: false,
         }
+    }
+
+    /// The same item, with [`VerifyItem::explain`] set to `explain`.
+    pub fn explaining(mut self, explain: bool) -> Self {
+        self.explain = explain;
+        self
     }
 }
 
@@ -57,12 +67,27 @@ pub struct Verdict {
     /// Set when the verifier could not judge the item (a timeout, a malformed reference); the
     /// score then is 0 and the item counts toward the job's verifier error rate.
     pub error: ROption<RString>,
+    /// Set when the item could not be judged within the verifier's time or work budget; `error`
+    /// is then set too. The trainer counts timeouts apart from other errors (`[stop]
+    /// verifier_timeout_rate_max`).
+    pub timed_out: bool,
+    /// Lines for a human auditing the verdict: what was extracted, how it was read, and why it
+    /// matched or not. Filled only when [`VerifyItem::explain`] is set.
+    pub explanation: RVec<RString>,
 }
 
 impl Verdict {
     /// A verdict with `score` and `passed` and nothing else.
     pub fn new(score: f64, passed: bool) -> Self {
-        Verdict { score, passed, components: RVec::new(), extracted: ROption::RNone, error: ROption::RNone }
+        Verdict {
+            score,
+            passed,
+            components: RVec::new(),
+            extracted: ROption::RNone,
+            error: ROption::RNone,
+            timed_out: false,
+            explanation: RVec::new(),
+        }
     }
 
     /// Adds a named component.
@@ -77,10 +102,24 @@ impl Verdict {
         self
     }
 
+    /// Adds a line to the explanation. Call it only when [`VerifyItem::explain`] is set.
+    pub fn explain(mut self, line: impl Into<String>) -> Self {
+        self.explanation.push(RString::from(line.into()));
+        self
+    }
+
     /// A verdict for an item the verifier could not judge: score 0, not passed, `error` set.
     pub fn error(message: impl Into<String>) -> Self {
         let mut verdict = Verdict::new(0.0, false);
         verdict.error = ROption::RSome(RString::from(message.into()));
+        verdict
+    }
+
+    /// A verdict for an item whose time or work budget ran out: an [`error`](Verdict::error)
+    /// with [`timed_out`](Verdict::timed_out) set.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        let mut verdict = Verdict::error(message);
+        verdict.timed_out = true;
         verdict
     }
 }
@@ -110,6 +149,12 @@ pub trait VerifierPlugin: Sized + Send + Sync + 'static {
     /// A JSON example or schema of the `reference` object this verifier reads.
     fn reference_schema() -> &'static str {
         "{}"
+    }
+
+    /// Facts about the host found when the plugin loads — e.g. which sandbox layers the kernel
+    /// allows — for the daemon's log and `rlvrctl plugins`. Called once per load.
+    fn notes() -> Vec<String> {
+        Vec::new()
     }
 
     /// Builds a verifier from the plugin's own keys of the job spec, as a JSON object (`{}` for

@@ -5,6 +5,7 @@ use std::io::{self, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
@@ -13,6 +14,7 @@ use rlvr_daemon::config;
 use rlvr_daemon::logging::{self, LogFormat};
 use rlvr_daemon::metrics::Metrics;
 use rlvr_daemon::registry::{Isolation, Registry};
+use rlvr_daemon::verify::{BatchOptions, run_batch};
 use rlvr_plugin_api::PluginKind;
 
 /// Talk to rlvr: list plugins, verify completions offline.
@@ -37,7 +39,7 @@ enum Command {
     ///
     /// In: one {"id", "prompt", "completion", "reference"} per line ("pred" and "gold" accepted
     /// for completion and reference.answer). Out: one {"id", "score", "passed", "components",
-    /// "extracted", "error", "latency_us"} per line, same order.
+    /// "extracted", "error", "timed_out", "latency_us", "verifier"} per line, same order.
     Verify {
         /// The verifier: NAME (newest version) or NAME@VERSION.
         #[arg(long)]
@@ -55,6 +57,16 @@ enum Command {
         /// The verifier's own options, as a JSON object (the keys of a job's [[verifiers]]).
         #[arg(long, default_value = "{}")]
         plugin_config: String,
+        /// Items verified at once [default: the number of cores].
+        #[arg(long)]
+        parallel: Option<usize>,
+        /// Answer an item with a timeout when the verifier has not judged it within this many
+        /// milliseconds, whatever the plugin does.
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+        deadline_ms: u64,
+        /// Add an "explanation" to each line: what was extracted and why it matched or not.
+        #[arg(long)]
+        explain: bool,
     },
 }
 
@@ -73,8 +85,25 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Plugins => plugins(&cli.server, cli.json),
-        Command::Verify { plugin, jsonl, plugin_dirs, config, plugin_config } => {
-            verify(&plugin, jsonl, plugin_dirs, config, &plugin_config)
+        Command::Verify {
+            plugin,
+            jsonl,
+            plugin_dirs,
+            config,
+            plugin_config,
+            parallel,
+            deadline_ms,
+            explain,
+        } => {
+            let parallel = parallel
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
+            let options = VerifyOptions {
+                plugin_config,
+                parallel,
+                deadline: Duration::from_millis(deadline_ms),
+                explain,
+            };
+            verify(&plugin, jsonl, plugin_dirs, config, options)
         }
     }
 }
@@ -104,6 +133,12 @@ fn plugins(server: &str, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     print_table(["NAME", "VERSION", "KIND", "SHA256", "DESCRIPTION"], &rows);
+    let notes: Vec<[String; 2]> =
+        list.plugins.iter().flat_map(|p| p.notes.iter().map(|note| [p.id.clone(), note.clone()])).collect();
+    if !notes.is_empty() {
+        println!();
+        print_table(["PLUGIN", "NOTE"], &notes);
+    }
     if !list.refused.is_empty() {
         println!();
         let rows: Vec<[String; 3]> =
@@ -137,12 +172,20 @@ fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
     }
 }
 
+/// The knobs of `rlvrctl verify` besides where to find the plugin and the input.
+struct VerifyOptions {
+    plugin_config: String,
+    parallel: usize,
+    deadline: Duration,
+    explain: bool,
+}
+
 fn verify(
     plugin: &str,
     jsonl: Option<PathBuf>,
     extra_dirs: Vec<PathBuf>,
     config_path: Option<PathBuf>,
-    plugin_config: &str,
+    options: VerifyOptions,
 ) -> anyhow::Result<()> {
     let mut dirs = match config::load(config_path.as_deref()) {
         // The config's directories are the daemon's; on a workstation they may not exist.
@@ -166,22 +209,30 @@ fn verify(
             dirs.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(", ")
         )
     })?;
-    let verifier = loaded.verifier(plugin_config).with_context(|| format!("plugin {}", loaded.id()))?;
-    let stdout = io::stdout().lock();
+    let verifier =
+        Arc::new(loaded.verifier(&options.plugin_config).with_context(|| format!("plugin {}", loaded.id()))?);
+    let batch = BatchOptions {
+        verifier_id: loaded.id(),
+        parallel: options.parallel,
+        deadline: options.deadline,
+        explain: options.explain,
+    };
+    let stdout = io::BufWriter::new(io::stdout().lock());
     let summary = match jsonl {
         Some(path) => {
             let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-            rlvr_daemon::verify::run_batch(&verifier, BufReader::new(file), io::BufWriter::new(stdout))
+            run_batch(verifier, BufReader::new(file), stdout, &batch)
         }
-        None => rlvr_daemon::verify::run_batch(&verifier, io::stdin().lock(), io::BufWriter::new(stdout)),
+        None => run_batch(verifier, BufReader::new(io::stdin()), stdout, &batch),
     }
     .context("reading input or writing output")?;
     eprintln!(
-        "rlvrctl: {} item(s) verified with {}: {} passed, {} with errors",
+        "rlvrctl: {} item(s) verified with {}: {} passed, {} with errors ({} timed out)",
         summary.items,
         loaded.id(),
         summary.passed,
-        summary.errors
+        summary.errors,
+        summary.timeouts
     );
     Ok(())
 }

@@ -121,6 +121,9 @@ pub struct PluginMeta {
     pub needs_value_head: Option<bool>,
     /// Optimizers: whether completions must come in groups.
     pub needs_groups: Option<bool>,
+    /// What the plugin found about this host when it loaded (e.g. sandbox layers).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 impl PluginMeta {
@@ -291,6 +294,7 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
         needs_reference: None,
         needs_value_head: None,
         needs_groups: None,
+        notes: info.notes.iter().map(|note| note.to_string()).collect(),
     };
     let kind_mismatch = |details: &str| {
         LoadRefusal::new(
@@ -349,6 +353,7 @@ mod tests {
             verifier: ROption::RSome(VerifierInfo { reference_schema: "{}".into() }),
             optimizer: ROption::RNone,
             curriculum: ROption::RNone,
+            notes: Default::default(),
         }
     }
 

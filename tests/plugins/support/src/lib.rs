@@ -20,6 +20,7 @@ pub fn info(kind: &str, name: &str, api_version: u32, optimizer: Option<Optimize
         verifier: ROption::RNone,
         optimizer: optimizer.into(),
         curriculum: ROption::RNone,
+        notes: Default::default(),
     }
 }
 
