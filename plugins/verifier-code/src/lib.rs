@@ -1,0 +1,531 @@
+//! `code`: runs a Python solution against the item's tests in a layered sandbox and scores it.
+//!
+//! The solution is the last fenced code block of the completion (or the whole completion). The
+//! tests come from `reference` (design.md §1): `asserts` — statements run by a trusted evaluator
+//! that calls into the sandboxed solution through proxies and compares the returned plain values
+//! itself — or `io` — stdin/stdout pairs, one fresh sandboxed process each, stdout compared here.
+//! Neither the expected values nor the test code ever enter the sandbox, and the solution's exit
+//! code is never read: a verdict rests only on what the trusted side saw.
+//!
+//! Components: `tests_passed` (fraction), `timeout` (1 when a test ran out of time),
+//! `unsafe` (1 when the sandbox killed the solution for a forbidden system call; the score is
+//! then 0), `weak_isolation` (1 when the config accepted missing isolation layers).
+//! The score is the pass fraction or, with `scoring = "all_or_nothing"`, 1 only when all pass.
+//!
+//! Isolation layers: see [`sandbox`] and [`layers`]; which ones the kernel allows is found once
+//! per process ([`probe`]) and reported in [`VerifierPlugin::notes`].
+
+pub mod fdio;
+pub mod layers;
+pub mod reference;
+pub mod run;
+pub mod sandbox;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+
+use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use serde::Deserialize;
+
+use crate::layers::{Layer, LayerSet, PythonInfo};
+use crate::reference::Tests;
+use crate::run::{EvaluatorPool, IoCompare, Outcome, RunError, RunLimits, Runner};
+use crate::sandbox::{Limits, Sandbox, Spawned, Stream, Termination};
+
+/// How the score is made from the tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scoring {
+    /// Passed tests / all tests.
+    Fraction,
+    /// 1 when every test passed, else 0.
+    AllOrNothing,
+}
+
+/// The plugin's keys in a job's `[[verifiers]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CodeConfig {
+    /// The interpreter solutions and the evaluator run under.
+    pub python: PathBuf,
+    /// `fraction` or `all_or_nothing`.
+    pub scoring: Scoring,
+    /// Runs at once across all threads using this verifier.
+    pub max_parallel: usize,
+    /// Time for each test when the reference has no `timeout_ms`, milliseconds.
+    pub timeout_ms: u64,
+    /// Largest `timeout_ms` a reference may ask for.
+    pub max_timeout_ms: u64,
+    /// Time for a whole item, all tests together, milliseconds; keep it under the host's
+    /// per-item deadline (`rlvrctl verify --deadline-ms`, 30 s by default).
+    pub run_budget_ms: u64,
+    /// Address space of a sandboxed process, MiB.
+    pub memory_mb: u64,
+    /// Processes and threads a sandboxed solution may have.
+    pub max_processes: u64,
+    /// Largest file a solution may write, MiB.
+    pub max_file_mb: u64,
+    /// Open files of a sandboxed process.
+    pub max_open_files: u64,
+    /// Largest stdout of one io test, bytes; more fails the test.
+    pub max_output_bytes: usize,
+    /// Largest value one call may return in asserts mode, bytes of JSON.
+    pub max_reply_bytes: usize,
+    /// Largest solution, bytes; a larger one scores 0 without running.
+    pub max_code_bytes: usize,
+    /// How io stdout is compared: `lines` (trailing whitespace ignored), `exact`, `tokens`.
+    pub io_compare: IoCompare,
+    /// Extra paths the sandbox may read (e.g. a site-packages directory).
+    pub read_paths: Vec<PathBuf>,
+    /// Where throw-away work directories are made; the system temp dir by default.
+    pub work_root: Option<PathBuf>,
+    /// Isolation layers this job accepts to run without when the kernel lacks them. Without
+    /// this, a missing layer refuses the verifier.
+    pub allow_missing_layers: Vec<Layer>,
+}
+
+impl Default for CodeConfig {
+    fn default() -> Self {
+        CodeConfig {
+            python: PathBuf::from("/usr/bin/python3"),
+            scoring: Scoring::Fraction,
+            max_parallel: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            timeout_ms: 4_000,
+            max_timeout_ms: 10_000,
+            run_budget_ms: 20_000,
+            memory_mb: 1024,
+            max_processes: 32,
+            max_file_mb: 16,
+            max_open_files: 64,
+            max_output_bytes: 1 << 20,
+            max_reply_bytes: 1 << 20,
+            max_code_bytes: 64 << 10,
+            io_compare: IoCompare::Lines,
+            read_paths: Vec::new(),
+            work_root: None,
+            allow_missing_layers: Vec::new(),
+        }
+    }
+}
+
+/// What this host allows, found once per interpreter by starting real sandboxes.
+#[derive(Debug)]
+pub struct Probe {
+    /// The interpreter's answer, or why it could not be asked.
+    pub python: Result<PythonInfo, String>,
+    /// Landlock ABI version, 0 when absent.
+    pub landlock_abi: i32,
+    /// Layers a sandboxed `python -c pass` started under.
+    pub available: LayerSet,
+    /// Why each missing layer is missing.
+    pub missing: Vec<(Layer, String)>,
+    /// The seccomp programs, when they could be built.
+    pub seccomp: Result<Vec<Vec<libc::sock_filter>>, String>,
+}
+
+// Plain data (the BPF programs).
+unsafe impl Send for Probe {}
+unsafe impl Sync for Probe {}
+
+impl Probe {
+    /// The read-only paths for `python`, plus `extra`.
+    fn read_paths(&self, extra: &[PathBuf]) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = layers::SYSTEM_READ_PATHS.iter().map(PathBuf::from).collect();
+        if let Ok(info) = &self.python {
+            paths.extend(info.paths.iter().cloned());
+        }
+        paths.extend(extra.iter().cloned());
+        paths.retain(|path| path.exists());
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+}
+
+/// Probes `python` once per process and interpreter.
+pub fn probe(python: &Path) -> Arc<Probe> {
+    static PROBES: OnceLock<Mutex<BTreeMap<PathBuf, Arc<Probe>>>> = OnceLock::new();
+    let probes = PROBES.get_or_init(Default::default);
+    let mut probes = probes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    probes.entry(python.to_owned()).or_insert_with(|| Arc::new(run_probe(python))).clone()
+}
+
+fn run_probe(python: &Path) -> Probe {
+    let python_info = layers::python_info(python);
+    let landlock_abi = layers::landlock_abi();
+    let seccomp = layers::seccomp_programs();
+    let mut probe = Probe {
+        python: python_info,
+        landlock_abi,
+        available: LayerSet::default(),
+        missing: Vec::new(),
+        seccomp,
+    };
+    if let Err(error) = &probe.python {
+        probe.missing = Layer::ALL.iter().map(|&layer| (layer, error.clone())).collect();
+        return probe;
+    }
+    let read_paths = probe.read_paths(&[]);
+    let try_layers = |layers: LayerSet| -> Result<(), String> {
+        let sandbox = Sandbox {
+            python: python.to_owned(),
+            layers,
+            limits: probe_limits(),
+            read_paths: read_paths.clone(),
+            landlock_abi,
+            seccomp: probe.seccomp.clone().unwrap_or_default(),
+        };
+        start_trivial(&sandbox)
+    };
+    let user = try_layers(LayerSet::default().with(Layer::UserNamespace));
+    let base =
+        if user.is_ok() { LayerSet::default().with(Layer::UserNamespace) } else { LayerSet::default() };
+    for layer in Layer::ALL {
+        let result = match layer {
+            Layer::UserNamespace => user.clone(),
+            Layer::LandlockFs | Layer::LandlockNet | Layer::LandlockScopes => {
+                let needed = match layer {
+                    Layer::LandlockFs => 1,
+                    Layer::LandlockNet => 4,
+                    _ => 6,
+                };
+                if landlock_abi < needed {
+                    Err(format!("needs Landlock ABI {needed}, the kernel has {landlock_abi}"))
+                } else {
+                    try_layers(LayerSet::default().with(Layer::LandlockFs).with(layer))
+                }
+            }
+            Layer::Seccomp => match &probe.seccomp {
+                Err(error) => Err(error.clone()),
+                Ok(_) => try_layers(LayerSet::default().with(Layer::Seccomp)),
+            },
+            namespace => try_layers(base.with(namespace)),
+        };
+        match result {
+            Ok(()) => probe.available = probe.available.with(layer),
+            Err(error) => probe.missing.push((layer, error)),
+        }
+    }
+    probe
+}
+
+fn probe_limits() -> Limits {
+    Limits { cpu_seconds: 5, address_space: 1 << 30, processes: 32, file_size: 1 << 20, open_files: 64 }
+}
+
+/// Starts `python -c pass` in `sandbox` and checks it exits 0.
+fn start_trivial(sandbox: &Sandbox) -> Result<(), String> {
+    let workdir = tempfile::Builder::new()
+        .prefix("rlvr-code-probe-")
+        .tempdir()
+        .map_err(|error| format!("cannot create a probe directory: {error}"))?;
+    let mut child: Spawned = sandbox
+        .spawn(
+            workdir.path(),
+            &["-S", "-s", "-c", "pass"],
+            Stream::Null,
+            Stream::Null,
+            Stream::Null,
+            [None, None],
+        )
+        .map_err(|error| format!("cannot start a sandboxed python: {error}"))?;
+    match child.finish(Duration::from_secs(5)) {
+        Termination::Exited(0) => Ok(()),
+        other => Err(format!("a sandboxed `python -c pass` ended with {other:?}")),
+    }
+}
+
+/// A counting semaphore: at most `max_parallel` runs at once across threads.
+#[derive(Debug)]
+struct Semaphore {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Semaphore {
+    fn acquire(&self) -> Permit<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *free -= 1;
+        Permit(self)
+    }
+}
+
+struct Permit<'a>(&'a Semaphore);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// The code verifier.
+#[derive(Debug)]
+pub struct CodeVerifier {
+    config: CodeConfig,
+    sandbox: Sandbox,
+    /// Layers missing on this host that the config accepted; reported in every verdict.
+    missing: LayerSet,
+    work_root: PathBuf,
+    pool: EvaluatorPool,
+    permits: Semaphore,
+}
+
+/// Longest `extracted` (the code that ran), bytes.
+const EXTRACTED_MAX: usize = 4096;
+
+/// Which layers a run uses, or why the verifier refuses: every missing layer must be accepted.
+pub fn check_layers(available: LayerSet, allowed_missing: LayerSet) -> Result<LayerSet, String> {
+    let missing = LayerSet::all().minus(available);
+    let refused = missing.minus(allowed_missing);
+    if refused.is_empty() {
+        Ok(missing)
+    } else {
+        Err(format!(
+            "allow_missing_layers: the kernel lacks {} and the config does not accept running \
+             untrusted code without them (expected these names in allow_missing_layers to accept weaker \
+             isolation)",
+            refused.names()
+        ))
+    }
+}
+
+impl CodeVerifier {
+    /// A verifier with `config`, checked against what this host allows.
+    pub fn new(config: CodeConfig) -> Result<Self, PluginError> {
+        let positive = [
+            ("max_parallel", config.max_parallel as u64),
+            ("timeout_ms", config.timeout_ms),
+            ("max_timeout_ms", config.max_timeout_ms),
+            ("run_budget_ms", config.run_budget_ms),
+            ("memory_mb", config.memory_mb),
+            ("max_processes", config.max_processes),
+            ("max_file_mb", config.max_file_mb),
+            ("max_open_files", config.max_open_files),
+            ("max_output_bytes", config.max_output_bytes as u64),
+            ("max_reply_bytes", config.max_reply_bytes as u64),
+            ("max_code_bytes", config.max_code_bytes as u64),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(PluginError::invalid_config(format!("{field}: expected a positive number")));
+            }
+        }
+        if config.timeout_ms > config.max_timeout_ms {
+            return Err(PluginError::invalid_config(format!(
+                "timeout_ms: expected at most max_timeout_ms ({}), got {}",
+                config.max_timeout_ms, config.timeout_ms
+            )));
+        }
+        if config.memory_mb < 64 {
+            return Err(PluginError::invalid_config(
+                "memory_mb: expected at least 64 (python needs ~30 MiB)",
+            ));
+        }
+        let work_root = config.work_root.clone().unwrap_or_else(std::env::temp_dir);
+        if !work_root.is_dir() {
+            return Err(PluginError::invalid_config(format!(
+                "work_root: expected an existing directory, got {}",
+                work_root.display()
+            )));
+        }
+        let probe = probe(&config.python);
+        if let Err(error) = &probe.python {
+            return Err(PluginError::invalid_config(error.clone()));
+        }
+        let allowed: LayerSet = config.allow_missing_layers.iter().copied().collect();
+        let missing = check_layers(probe.available, allowed).map_err(PluginError::invalid_config)?;
+        let cpu_seconds = config.run_budget_ms.div_ceil(1000) + 1;
+        let mib = |value: u64| value.saturating_mul(1 << 20);
+        let sandbox = Sandbox {
+            python: config.python.clone(),
+            layers: probe.available,
+            limits: Limits {
+                cpu_seconds,
+                address_space: mib(config.memory_mb),
+                processes: config.max_processes,
+                file_size: mib(config.max_file_mb),
+                open_files: config.max_open_files,
+            },
+            read_paths: probe.read_paths(&config.read_paths),
+            landlock_abi: probe.landlock_abi,
+            seccomp: probe.seccomp.clone().unwrap_or_default(),
+        };
+        let permits = Semaphore { free: Mutex::new(config.max_parallel), freed: Condvar::new() };
+        Ok(CodeVerifier { config, sandbox, missing, work_root, pool: EvaluatorPool::default(), permits })
+    }
+
+    fn verdict(&self, outcome: &Outcome, code: &str, explain: bool) -> Verdict {
+        let fraction = if outcome.total == 0 { 0.0 } else { outcome.passed as f64 / outcome.total as f64 };
+        let all = outcome.total > 0 && outcome.passed == outcome.total;
+        let score = match self.config.scoring {
+            _ if outcome.unsafe_ => 0.0,
+            Scoring::Fraction => fraction,
+            Scoring::AllOrNothing => f64::from(u8::from(all)),
+        };
+        let flag = |on: bool| f64::from(u8::from(on));
+        let mut verdict = Verdict::new(score, all && !outcome.unsafe_)
+            .component("tests_passed", fraction)
+            .component("timeout", flag(outcome.timed_out))
+            .component("unsafe", flag(outcome.unsafe_))
+            .component("weak_isolation", flag(!self.missing.is_empty()))
+            .extracted(truncate(code, EXTRACTED_MAX));
+        if explain {
+            verdict = verdict.explain(format!(
+                "solution: {} bytes of python, from {}",
+                code.len(),
+                "the last fenced code block (or the whole completion)"
+            ));
+            for line in &outcome.lines {
+                verdict = verdict.explain(line.clone());
+            }
+            verdict = verdict.explain(format!("{} of {} tests passed", outcome.passed, outcome.total));
+            if !self.missing.is_empty() {
+                verdict = verdict.explain(format!(
+                    "weaker isolation accepted by the config: running without {}",
+                    self.missing.names()
+                ));
+            }
+        }
+        verdict
+    }
+}
+
+/// `text` cut to at most `max` bytes on a char boundary, marked when cut.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n# ... ({} bytes in all)", &text[..end], text.len())
+}
+
+impl VerifierPlugin for CodeVerifier {
+    fn metadata() -> Metadata {
+        Metadata {
+            name: "code",
+            version: env!("CARGO_PKG_VERSION"),
+            description: "runs a python solution against assert or stdin/stdout tests in a sandbox",
+        }
+    }
+
+    fn reference_schema() -> &'static str {
+        r#"{"language": "python", "asserts": ["assert add(1, 2) == 3"], "setup": "import math (optional, asserts only)", "timeout_ms": 4000} or {"language": "python", "io": [{"stdin": "1 2\n", "stdout": "3\n"}], "timeout_ms": 4000}"#
+    }
+
+    fn notes() -> Vec<String> {
+        let python = CodeConfig::default().python;
+        let probe = probe(&python);
+        let mut notes = Vec::new();
+        match &probe.python {
+            Ok(info) => notes.push(format!("python: {} ({})", python.display(), info.version)),
+            Err(error) => notes.push(error.clone()),
+        }
+        notes.push(format!("isolation layers available: {}", probe.available.names()));
+        for (layer, why) in &probe.missing {
+            notes.push(format!(
+                "isolation layer {layer} unavailable: {why}; jobs are refused unless their config lists it \
+                 in allow_missing_layers"
+            ));
+        }
+        notes.push(format!("landlock ABI {}", probe.landlock_abi));
+        if Sandbox::running_as_root() {
+            notes.push(format!("running as root: sandboxed processes drop to uid {}", sandbox::NOBODY));
+        }
+        notes
+    }
+
+    fn from_config(config_json: &str) -> Result<Self, PluginError> {
+        let config: CodeConfig = serde_json::from_str(config_json)
+            .map_err(|error| PluginError::invalid_config(format!("code verifier config: {error}")))?;
+        CodeVerifier::new(config)
+    }
+
+    fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
+        let (tests, timeout_ms) = match reference::parse(item.reference_json.as_str()) {
+            Ok(parsed) => parsed,
+            Err(message) => return Ok(Verdict::error(message)),
+        };
+        if let Some(timeout_ms) = timeout_ms
+            && timeout_ms > self.config.max_timeout_ms
+        {
+            return Ok(Verdict::error(format!(
+                "reference.timeout_ms: expected at most {} (max_timeout_ms), got {timeout_ms}",
+                self.config.max_timeout_ms
+            )));
+        }
+        let code = reference::extract_code(item.completion.as_str());
+        let explain = item.explain;
+        if code.len() > self.config.max_code_bytes {
+            let outcome = Outcome {
+                total: tests.len(),
+                lines: vec![format!(
+                    "not run: the solution is {} bytes, over max_code_bytes ({})",
+                    code.len(),
+                    self.config.max_code_bytes
+                )],
+                ..Outcome::default()
+            };
+            return Ok(self.verdict(&outcome, code, explain));
+        }
+        let _permit = self.permits.acquire();
+        let runner = Runner {
+            sandbox: &self.sandbox,
+            work_root: &self.work_root,
+            pool: &self.pool,
+            limits: RunLimits {
+                per_test: Duration::from_millis(timeout_ms.unwrap_or(self.config.timeout_ms)),
+                budget: Duration::from_millis(self.config.run_budget_ms),
+                max_reply_bytes: self.config.max_reply_bytes,
+                max_output_bytes: self.config.max_output_bytes,
+            },
+            explain,
+        };
+        let result = match &tests {
+            Tests::Asserts { setup, tests } => runner.run_asserts(code, setup, tests),
+            Tests::Io(cases) => runner.run_io(code, cases, self.config.io_compare),
+        };
+        match result {
+            Ok(outcome) => Ok(self.verdict(&outcome, code, explain)),
+            Err(RunError::Budget(message)) => Ok(Verdict::timeout(message)),
+            Err(RunError::Internal(message)) => Ok(Verdict::error(message)),
+        }
+    }
+
+    fn self_test() -> Result<(), PluginError> {
+        // The weakest accepted config: the plugin loads on any kernel; a job's own config decides
+        // whether a missing layer refuses it.
+        let config = CodeConfig { allow_missing_layers: Layer::ALL.to_vec(), ..CodeConfig::default() };
+        let verifier = CodeVerifier::new(config)?;
+        let cases = [
+            ("def add(a, b):\n    return a + b\n", r#"{"asserts": ["assert add(1, 2) == 3"]}"#, 1.0),
+            ("def add(a, b):\n    return a - b\n", r#"{"asserts": ["assert add(1, 2) == 3"]}"#, 0.0),
+            (
+                "print(sum(map(int, input().split())))",
+                r#"{"io": [{"stdin": "1 2\n", "stdout": "3\n"}]}"#,
+                1.0,
+            ),
+        ];
+        for (code, reference, expected) in cases {
+            let item = VerifyItem::new("self-test", "", code, reference);
+            let verdict = verifier.verify(&item)?;
+            if verdict.score != expected {
+                return Err(PluginError::self_test_failed(format!(
+                    "{code:?}: expected score {expected}, got {} (error: {:?})",
+                    verdict.score, verdict.error
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+export_verifier!(CodeVerifier);
