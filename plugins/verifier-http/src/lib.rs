@@ -1,0 +1,294 @@
+//! `http`: a remote verifier — POSTs each item as JSON to a service a team runs (in any language)
+//! and turns its validated answer into a verdict.
+//!
+//! Per item: one request `{"id", "prompt", "completion", "reference", "explain"}`; the answer must
+//! be `{"score", "passed", "components"?, "extracted"?, "error"?, "explanation"?}` (see
+//! [`response`]). Failed attempts are retried with exponential backoff and jitter when their
+//! class is in `retry_on`; a circuit breaker shared by all threads fails items fast while the
+//! service is down. Whatever the service does, an item ends within the budget of
+//! [`config::Settings::item_budget`] (at most [`config::MAX_ITEM_BUDGET_MS`]): a wrong or slow
+//! service gives verdicts with `error` (a timeout verdict when time ran out), never a hang.
+//!
+//! Components: the service's own, unprefixed (names starting with `http_` are refused), then
+//! `http_attempts`, the number of requests the item took.
+//!
+//! Threads: `reqwest::blocking::Client` runs its own runtime thread; the plugin library links its
+//! own copy of tokio, so calling `verify` from any host thread — a tokio `spawn_blocking` thread
+//! included — cannot meet the host's runtime. (A host must not call it on an async worker thread,
+//! as with any blocking call.) Connections are pooled and reused across items and threads.
+
+pub mod attempt;
+pub mod breaker;
+pub mod config;
+pub mod response;
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::Client;
+use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use serde_json::{Value, json};
+
+use crate::attempt::{Failure, backoff, jitter_unit};
+use crate::breaker::{Admission, Breaker};
+use crate::config::Settings;
+use crate::response::ServiceVerdict;
+
+/// The component that counts requests per item.
+pub const ATTEMPTS_COMPONENT: &str = "http_attempts";
+
+/// The http verifier: one client, one breaker, one config.
+#[derive(Debug)]
+pub struct HttpVerifier {
+    settings: Settings,
+    client: Client,
+    /// Shared by every thread verifying with this config: the service's health is one fact, and
+    /// a breaker per thread would let N threads each pile N failures onto a service that is down.
+    breaker: Mutex<Breaker>,
+}
+
+/// Explanation lines, built only when the caller asked: the closures are never run otherwise.
+struct Trail(Option<Vec<String>>);
+
+impl Trail {
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if let Some(lines) = &mut self.0 {
+            lines.push(line());
+        }
+    }
+
+    fn into_verdict(self, mut verdict: Verdict) -> Verdict {
+        for line in self.0.unwrap_or_default() {
+            verdict = verdict.explain(line);
+        }
+        verdict
+    }
+}
+
+/// Why a failed item stopped where it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Every attempt was used.
+    Exhausted,
+    /// The failure's class is not in `retry_on` (or never retryable).
+    NotRetried,
+    /// The breaker opened during the item's retries.
+    BreakerOpened,
+}
+
+impl HttpVerifier {
+    /// A verifier with checked `settings`.
+    pub fn new(settings: Settings) -> Result<Self, PluginError> {
+        // The plugin links rustls without a default provider; ring is the one it ships. Installing
+        // twice (a second config) is refused by rustls and harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = Client::builder()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.timeout)
+            // A redirected POST turns into a GET on 301/302: a verdict from wherever that lands
+            // would be wrong. A 3xx is reported instead.
+            .redirect(reqwest::redirect::Policy::none())
+            .default_headers(settings.headers.clone())
+            .user_agent(concat!("rlvr-verifier-http/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|error| {
+                PluginError::invalid_config(format!("url: cannot build an HTTP client: {error}"))
+            })?;
+        let breaker = Breaker::new(settings.breaker_failures, settings.breaker_cooldown, settings.timeout);
+        Ok(HttpVerifier { settings, client, breaker: Mutex::new(breaker) })
+    }
+
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        // Nothing panics while holding the lock; recovering keeps one odd panic from failing every
+        // later item.
+        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `body` with retries, backoff and the breaker. Each attempt is cut at `timeout_ms` and
+    /// each backoff is at most `backoff_max_ms`, so the item ends within `item_budget()`. (No
+    /// separate item deadline: one that could cut a last attempt short by a few microseconds of
+    /// overhead would make the verdict depend on timing.)
+    fn call(&self, body: &[u8], explain: bool) -> Verdict {
+        let settings = &self.settings;
+        let total = settings.retries + 1;
+        let mut trail = Trail(explain.then(Vec::new));
+        let mut last: Option<Failure> = None;
+        for attempt in 1..=total {
+            let admission = self.breaker().admit(Instant::now());
+            match (admission, &last) {
+                (Admission::Refused, None) => {
+                    let verdict = Verdict::error(format!(
+                        "circuit breaker open after {} consecutive failed requests: failing fast without a \
+                         request until a probe succeeds (breaker_cooldown_ms = {})",
+                        settings.breaker_failures,
+                        settings.breaker_cooldown.as_millis()
+                    ))
+                    .component(ATTEMPTS_COMPONENT, 0.0);
+                    trail.note(|| "circuit breaker open: no request sent".to_owned());
+                    return trail.into_verdict(verdict);
+                }
+                (Admission::Refused, Some(failure)) => {
+                    return self.failed(failure, attempt - 1, Stop::BreakerOpened, trail);
+                }
+                (Admission::Probe, _) => trail.note(|| {
+                    format!("attempt {attempt}: circuit breaker half-open, this request is its probe")
+                }),
+                (Admission::Allowed, _) => {}
+            }
+            let outcome = attempt::send(&self.client, settings, body, settings.timeout);
+            let unavailable = outcome.as_ref().err().is_some_and(Failure::is_unavailable);
+            self.breaker().record(!unavailable, Instant::now());
+            let failure = match outcome {
+                Ok(answer) => return self.answered(answer, attempt, trail),
+                Err(failure) => failure,
+            };
+            trail.note(|| format!("attempt {attempt} of {total}: {}", failure.describe(settings)));
+            if !failure.class().is_some_and(|class| settings.retries_on(class)) {
+                return self.failed(&failure, attempt, Stop::NotRetried, trail);
+            }
+            if attempt == total {
+                return self.failed(&failure, attempt, Stop::Exhausted, trail);
+            }
+            std::thread::sleep(backoff(attempt, settings.backoff, settings.backoff_max, jitter_unit()));
+            last = Some(failure);
+        }
+        // The loop returns on its last attempt; this is only reached with retries + 1 = 0 attempts.
+        Verdict::error("no attempt was made (retries + 1 = 0)")
+    }
+
+    /// The verdict for an item whose last attempt failed. The message is deterministic: it names
+    /// the failure, the attempt count and the limit, never a measured time.
+    fn failed(&self, failure: &Failure, attempts: u32, stop: Stop, trail: Trail) -> Verdict {
+        let total = self.settings.retries + 1;
+        let why = match stop {
+            Stop::Exhausted => "",
+            Stop::NotRetried => ", not retried",
+            Stop::BreakerOpened => ", retries stopped: circuit breaker open",
+        };
+        let message = format!("{} (attempt {attempts} of {total}{why})", failure.describe(&self.settings));
+        let verdict = match failure {
+            Failure::Timeout => Verdict::timeout(message),
+            _ => Verdict::error(message),
+        };
+        trail.into_verdict(verdict.component(ATTEMPTS_COMPONENT, f64::from(attempts)))
+    }
+
+    /// The verdict from a valid answer. A service `error` wins over its score: the item counts as
+    /// not judged (score 0, not passed), as the verdict contract says.
+    fn answered(&self, answer: ServiceVerdict, attempts: u32, mut trail: Trail) -> Verdict {
+        let ServiceVerdict { score, passed, components, extracted, error, explanation } = answer;
+        trail.note(|| format!("attempt {attempts}: valid verdict from the service"));
+        let mut verdict = match &error {
+            Some(message) => Verdict::error(format!("service: {message}")),
+            None => Verdict::new(score, passed),
+        };
+        if let Some(message) = &error {
+            trail
+                .note(|| format!("the service reported an error ({message}); its score {score} is not used"));
+        }
+        for (name, value) in &components {
+            verdict = verdict.component(name, *value);
+        }
+        verdict = verdict.component(ATTEMPTS_COMPONENT, f64::from(attempts));
+        if let Some(extracted) = extracted {
+            verdict = verdict.extracted(extracted);
+        }
+        for line in explanation {
+            trail.note(|| format!("service: {line}"));
+        }
+        trail.into_verdict(verdict)
+    }
+}
+
+impl VerifierPlugin for HttpVerifier {
+    fn metadata() -> Metadata {
+        Metadata {
+            name: "http",
+            version: env!("CARGO_PKG_VERSION"),
+            description: "remote verifier: POSTs each item to a team's service and validates its verdict",
+        }
+    }
+
+    fn reference_schema() -> &'static str {
+        // Any object: the service reads it.
+        "{\"type\": \"object\", \"description\": \"passed to the service unchanged\"}"
+    }
+
+    fn from_config(config_json: &str) -> Result<Self, PluginError> {
+        let settings = config::parse(config_json, |name| std::env::var(name).ok())
+            .map_err(|message| PluginError::invalid_config(format!("http verifier config: {message}")))?;
+        HttpVerifier::new(settings)
+    }
+
+    fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
+        let reference: Value = serde_json::from_str(item.reference_json.as_str())
+            .map_err(|error| PluginError::invalid_input(format!("reference: expected JSON, {error}")))?;
+        let body = json!({
+            "id": item.id.as_str(),
+            "prompt": item.prompt.as_str(),
+            "completion": item.completion.as_str(),
+            "reference": reference,
+            "explain": item.explain,
+        });
+        let body = serde_json::to_vec(&body)
+            .map_err(|error| PluginError::internal(format!("cannot encode the request: {error}")))?;
+        Ok(self.call(&body, item.explain))
+    }
+
+    fn self_test() -> Result<(), PluginError> {
+        let fail = |what: String| Err(PluginError::self_test_failed(what));
+        let good = response::parse_response(br#"{"score": 1, "passed": true, "components": {"exact": 1}}"#);
+        if good.as_ref().map(|verdict| (verdict.score, verdict.passed)) != Ok((1.0, true)) {
+            return fail(format!("a valid response was not accepted: {good:?}"));
+        }
+        let bad = response::parse_response(br#"{"score": "high", "passed": true}"#);
+        if bad != Err("response field score: expected a finite number, got \"high\"".to_owned()) {
+            return fail(format!("a malformed response was not refused as expected: {bad:?}"));
+        }
+        let start = Instant::now();
+        let mut breaker = Breaker::new(1, Duration::from_secs(1), Duration::from_secs(1));
+        breaker.record(false, start);
+        if breaker.admit(start) != Admission::Refused {
+            return fail("the breaker did not open after its threshold".to_owned());
+        }
+        if config::parse("{}", |_| None).is_ok() {
+            return fail("a config without url was accepted".to_owned());
+        }
+        Ok(())
+    }
+}
+
+export_verifier!(HttpVerifier);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_test_passes() {
+        HttpVerifier::self_test().unwrap();
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let error = HttpVerifier::from_config(r#"{"url": "http://127.0.0.1:1/", "retrys": 1}"#).unwrap_err();
+        assert!(
+            error.message.starts_with("http verifier config: unknown field `retrys`, expected one of `url`"),
+            "{error}"
+        );
+        assert!(!error.message.contains("line 1"), "{error}");
+        let error = HttpVerifier::from_config("{}").unwrap_err();
+        assert_eq!(
+            error.message.as_str(),
+            "http verifier config: url: missing (expected the service's http:// or https:// URL)"
+        );
+    }
+
+    #[test]
+    fn a_malformed_reference_is_an_input_error() {
+        let verifier = HttpVerifier::from_config(r#"{"url": "http://127.0.0.1:1/"}"#).unwrap();
+        let error = verifier.verify(&VerifyItem::new("a", "p", "c", "{not json")).unwrap_err();
+        assert_eq!(error.kind, rlvr_plugin_api::PluginErrorKind::InvalidInput);
+        assert!(error.message.starts_with("reference: expected JSON"), "{error}");
+    }
+}
