@@ -31,6 +31,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             "rlvr-fixture-echo-v1",
             "rlvr-fixture-optimizer-centred",
             "rlvr-fixture-curriculum-cycle",
+            "rlvr-fixture-stall",
         ],
         NO_REDIS,
     );
@@ -50,6 +51,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             ("echo@1.0.0".to_owned(), "verifier".to_owned()),
             ("exact-match@0.1.0".to_owned(), "verifier".to_owned()),
             ("format@0.1.0".to_owned(), "verifier".to_owned()),
+            ("stall@0.1.0".to_owned(), "verifier".to_owned()),
         ]
     );
     assert_eq!(list["refused"], Value::Array(vec![]), "{list}");
@@ -58,6 +60,15 @@ fn every_built_plugin_loads_through_the_real_loader() {
     let format = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "format").unwrap();
     assert_eq!(format["reference_schema"], "{}", "{format}");
     assert_eq!(format["sha256"].as_str().unwrap().len(), 64);
+    // What a plugin found about the host at load is listed, logged and shown by `rlvrctl plugins`.
+    let note = "stall: hangs on request; the host's deadline must answer for it";
+    let stall = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "stall").unwrap();
+    assert_eq!(stall["notes"], serde_json::json!([note]), "{stall}");
+    assert!(format.get("notes").is_none(), "{format}");
+    assert!(daemon.log().contains(note), "{}", daemon.log());
+    let table = rlvrctl(&["--server", &daemon.url, "plugins"], b"");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.lines().any(|line| line.starts_with("stall@0.1.0") && line.ends_with(note)), "{table}");
     // The content-addressed copy is what got loaded.
     let cache = daemon.dir.path().join("state/plugin-cache");
     let cached: Vec<String> =
@@ -130,7 +141,7 @@ fn refusal_cases() -> Vec<Case> {
             file: "wrong-api.so",
             bytes: fixture("wrong-api"),
             reason: "api_version",
-            message: "built against plugin API version 999, this daemon speaks version 1",
+            message: "built against plugin API version 999, this daemon speaks version 2",
         },
         Case {
             file: "wrong-kind.so",

@@ -80,7 +80,7 @@ fn output_lines_have_exactly_the_documented_fields_in_order() {
     assert!(ok, "{stderr}");
     let keys: Vec<&str> = lines[0].as_object().unwrap().keys().map(String::as_str).collect();
     // serde_json's map is sorted; the order on the wire is checked on the raw line below.
-    assert_eq!(keys.len(), 7, "{keys:?}");
+    assert_eq!(keys.len(), 9, "{keys:?}");
     let (_dir, plugins) = format_dir();
     let raw = rlvrctl(
         &["verify", "--plugin", "format", "--plugin-dir", plugins.to_str().unwrap()],
@@ -94,13 +94,18 @@ fn output_lines_have_exactly_the_documented_fields_in_order() {
         "\"components\"",
         "\"extracted\"",
         "\"error\"",
+        "\"timed_out\"",
         "\"latency_us\"",
+        "\"verifier\"",
     ]
     .iter()
     .map(|key| raw.find(key).unwrap_or_else(|| panic!("{key} missing in {raw}")))
     .collect();
     assert!(order.windows(2).all(|w| w[0] < w[1]), "fields out of order: {raw}");
     assert!(lines[0]["latency_us"].is_u64());
+    assert_eq!(lines[0]["verifier"], "format@0.1.0");
+    assert_eq!(lines[0]["timed_out"], false);
+    assert!(lines[0].get("explanation").is_none(), "explanations only with --explain: {}", lines[0]);
 }
 
 #[test]
@@ -209,4 +214,96 @@ fn clear_errors_for_a_missing_plugin_bad_options_and_missing_files() {
         String::from_utf8_lossy(&output.stderr)
             .contains("--plugin-dir /nonexistent/plugins: not a directory")
     );
+}
+
+/// A plugin directory holding only the `stall` fixture.
+fn stall(args: &[&str], items: &[(&str, &str)]) -> (Vec<Value>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    rlvr_tests::drop_in(&plugin_lib("rlvr-fixture-stall"), dir.path(), "librlvr_fixture_stall.so");
+    let mut all = vec!["verify", "--plugin", "stall", "--plugin-dir", dir.path().to_str().unwrap()];
+    all.extend_from_slice(args);
+    let input: String = items
+        .iter()
+        .map(|(id, completion)| json!({"id": id, "completion": completion}).to_string() + "\n")
+        .collect();
+    let output = rlvrctl(&all, input.as_bytes());
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    (json_lines(&output.stdout), stderr)
+}
+
+#[test]
+fn the_host_answers_a_hanging_plugin_at_its_deadline_and_goes_on() {
+    let items = [("a", "ok"), ("hung-1", "hang"), ("b", "sleep:10"), ("hung-2", "hang"), ("c", "ok")];
+    let (lines, stderr) = stall(&["--deadline-ms", "300", "--parallel", "2"], &items);
+    let got: Vec<(&str, bool, bool)> = lines
+        .iter()
+        .map(|l| {
+            (l["id"].as_str().unwrap(), l["passed"].as_bool().unwrap(), l["timed_out"].as_bool().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("a", true, false),
+            ("hung-1", false, true),
+            ("b", true, false),
+            ("hung-2", false, true),
+            ("c", true, false)
+        ]
+    );
+    assert_eq!(lines[1]["error"], "no verdict within the host's deadline of 300 ms");
+    assert_eq!(lines[1]["verifier"], "stall@0.1.0");
+    assert!(
+        stderr.contains("5 item(s) verified with stall@0.1.0: 3 passed, 2 with errors (2 timed out)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plugin_s_own_timeout_is_counted_as_a_timeout() {
+    let (lines, stderr) = stall(&[], &[("t", "timeout"), ("ok", "ok")]);
+    assert_eq!(lines[0]["timed_out"], true);
+    assert_eq!(lines[0]["error"], "stall: budget of 0 work units spent");
+    assert_eq!(lines[1]["timed_out"], false);
+    assert!(stderr.contains("(1 timed out)"), "{stderr}");
+}
+
+#[test]
+fn once_too_many_calls_are_stuck_the_rest_is_refused_instead_of_piling_up_threads() {
+    let items: Vec<(String, &str)> = (0..20).map(|index| (format!("h{index}"), "hang")).collect();
+    let items: Vec<(&str, &str)> = items.iter().map(|(id, completion)| (id.as_str(), *completion)).collect();
+    let (lines, _) = stall(&["--deadline-ms", "100", "--parallel", "4"], &items);
+    assert_eq!(lines.len(), 20);
+    let timed_out = lines.iter().filter(|l| l["timed_out"] == true).count();
+    let refused: Vec<&Value> = lines.iter().filter(|l| l["timed_out"] == false).collect();
+    // Every refused item comes after the 16th stuck call; none is answered twice or lost.
+    assert!(timed_out >= 16, "{lines:?}");
+    for line in &refused {
+        let error = line["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("verifier unresponsive: 16 calls still running past the 100 ms deadline"),
+            "{error}"
+        );
+    }
+    let ids: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, items.iter().map(|(id, _)| *id).collect::<Vec<_>>());
+}
+
+#[test]
+fn parallel_items_come_back_in_input_order() {
+    // Later items finish first; the output must still follow the input.
+    let items = [("slowest", "sleep:300"), ("slow", "sleep:200"), ("quick", "sleep:100"), ("now", "ok")];
+    let (lines, _) = stall(&["--parallel", "4"], &items);
+    let ids: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["slowest", "slow", "quick", "now"]);
+    assert!(lines.iter().all(|l| l["passed"] == true));
+}
+
+#[test]
+fn explain_adds_the_plugin_s_explanation_lines() {
+    let (lines, _) = stall(&["--explain"], &[("a", "ok")]);
+    assert_eq!(lines[0]["explanation"], json!(["stall: did as told by \"ok\""]));
+    let (lines, _) = stall(&[], &[("a", "ok")]);
+    assert!(lines[0].get("explanation").is_none());
 }

@@ -238,11 +238,60 @@ fn library_refusal(error: LibraryError) -> LoadRefusal {
             PluginModRef::NAME
         ),
         _ => format!(
-            "incompatible plugin ABI (expected a plugin built against rlvr-plugin-api {}): {error}",
-            env!("CARGO_PKG_VERSION")
+            "incompatible plugin ABI (expected a plugin built against rlvr-plugin-api {} with API_VERSION {API_VERSION}; rebuild it): {}",
+            env!("CARGO_PKG_VERSION"),
+            summarize_layout_error(&error.to_string())
         ),
     };
     LoadRefusal::new(reason, message)
+}
+
+/// abi_stable reports a layout mismatch as a dump of both layouts, hundreds of lines long. An
+/// operator needs which types differ and how: `Verdict: incompatible type size (expected 168,
+/// found 128)`. Falls back to the first line when the dump has no `Error:` entries.
+fn summarize_layout_error(dump: &str) -> String {
+    const SHOWN: usize = 4;
+    let lines: Vec<&str> = dump.lines().map(str::trim).collect();
+    let mut expected_type = None;
+    let mut in_expected = false;
+    let mut found = Vec::new();
+    for (index, line) in lines.iter().enumerate() {
+        if *line == "Layout of expected type:" {
+            in_expected = true;
+        } else if *line == "Layout of found type:" {
+            in_expected = false;
+        } else if let Some(name) = line.strip_prefix("type:").filter(|_| in_expected) {
+            // The first `type:` after the heading names the type; later ones are its fields.
+            expected_type.get_or_insert(name);
+        } else if let Some(what) = line.strip_prefix("Error:") {
+            let value = |label: &str| {
+                (lines.get(index + 1..index + 5)?.iter())
+                    .position(|l| *l == label)
+                    .and_then(|at| lines.get(index + 2 + at))
+                    .copied()
+            };
+            let mut entry = format!("{}: {what}", expected_type.unwrap_or("?"));
+            if let (Some(expected), Some(got)) = (value("Expected:"), value("Found:")) {
+                entry.push_str(&format!(" (expected {expected}, found {got})"));
+            }
+            if !found.contains(&entry) {
+                found.push(entry);
+            }
+        }
+        if line.starts_with("Layout of expected type:") {
+            expected_type = None;
+        }
+    }
+    if found.is_empty() {
+        return dump.lines().next().unwrap_or("").trim().to_owned();
+    }
+    let more = found.len().saturating_sub(SHOWN);
+    found.truncate(SHOWN);
+    let mut summary = found.join("; ");
+    if more > 0 {
+        summary.push_str(&format!("; and {more} more difference(s)"));
+    }
+    summary
 }
 
 /// Checks what a plugin says about itself against what this daemon can use.
@@ -338,6 +387,20 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_layout_dump_is_summarized_to_the_types_that_differ() {
+        let dump = "Compared <this>:\n    --- Type Layout ---\n    type:PrefixRef<'a, PluginMod>\n\
+            Layout of expected type:\n    --- Type Layout ---\n    type:Verdict\n    size:168 align:8\n\
+            field_name:score\n    type:f64\nLayout of found type:\n    type:Verdict\n\
+            Error:incompatible type size\nExpected:\n    168\nFound:\n    128\n\n\
+            Error:too many fields\nExpected:\n    7\nFound:\n    5\n";
+        assert_eq!(
+            super::summarize_layout_error(dump),
+            "Verdict: incompatible type size (expected 168, found 128); Verdict: too many fields (expected 7, found 5)"
+        );
+        assert_eq!(super::summarize_layout_error("something else\nentirely"), "something else");
+    }
+
     use abi_stable::std_types::{ROption, RString};
     use rlvr_plugin_api::{DataMode, OptimizerInfo, VerifierInfo};
 
