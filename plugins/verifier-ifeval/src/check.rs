@@ -34,7 +34,8 @@ pub fn follows(instruction: &Instruction, value: &str) -> (bool, Measure) {
         KeywordsExistence { keywords } => {
             let missing: Vec<&str> =
                 keywords.iter().filter(|k| !k.regex.is_match(value)).map(|k| k.source.as_str()).collect();
-            let measure = if missing.is_empty() { "all keywords found".into() } else { format!("missing {missing:?}") };
+            let measure =
+                if missing.is_empty() { "all keywords found".into() } else { format!("missing {missing:?}") };
             (missing.is_empty(), measure)
         }
         KeywordsFrequency { keyword, frequency, relation } => {
@@ -44,7 +45,8 @@ pub fn follows(instruction: &Instruction, value: &str) -> (bool, Measure) {
         ForbiddenWords { words } => {
             let found: Vec<&str> =
                 words.iter().filter(|w| w.regex.is_match(value)).map(|w| w.source.as_str()).collect();
-            let measure = if found.is_empty() { "no forbidden word".into() } else { format!("found {found:?}") };
+            let measure =
+                if found.is_empty() { "no forbidden word".into() } else { format!("found {found:?}") };
             (found.is_empty(), measure)
         }
         LetterFrequency { letter, frequency, relation } => {
@@ -63,7 +65,10 @@ pub fn follows(instruction: &Instruction, value: &str) -> (bool, Measure) {
         },
         NumberSentences { num_sentences, relation } => {
             let count = punkt::count_sentences(value);
-            (relation.holds(count, *num_sentences), format!("{count} sentences, {} {num_sentences}", relation.as_str()))
+            (
+                relation.holds(count, *num_sentences),
+                format!("{count} sentences, {} {num_sentences}", relation.as_str()),
+            )
         }
         NumberParagraphs { num_paragraphs } => {
             static RE: OnceLock<Regex> = OnceLock::new();
@@ -209,7 +214,12 @@ fn english_case(value: &str, case_ok: bool, case: &str) -> (bool, Measure) {
     }
 }
 
-fn nth_paragraph_first_word(value: &str, expected_count: u64, nth: u64, expected_word: &str) -> (bool, Measure) {
+fn nth_paragraph_first_word(
+    value: &str,
+    expected_count: u64,
+    nth: u64,
+    expected_word: &str,
+) -> (bool, Measure) {
     let paragraphs: Vec<&str> = value.split("\n\n").collect();
     let count = paragraphs.iter().filter(|p| !strip(p).is_empty()).count();
     // The reference compares `nth` with the count of non-empty paragraphs but then indexes the list

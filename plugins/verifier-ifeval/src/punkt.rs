@@ -40,7 +40,9 @@ fn params() -> &'static Params {
     PARAMS.get_or_init(|| {
         let lines = |text: &'static str| text.lines().filter(|line| !line.is_empty());
         Params {
-            abbrev_types: lines(include_str!("../data/punkt_english/abbrev_types.txt")).map(String::from).collect(),
+            abbrev_types: lines(include_str!("../data/punkt_english/abbrev_types.txt"))
+                .map(String::from)
+                .collect(),
             sent_starters: lines(include_str!("../data/punkt_english/sent_starters.txt"))
                 .map(String::from)
                 .collect(),
@@ -108,7 +110,16 @@ fn cannot_start_word(c: char) -> bool {
 fn is_closing(c: char) -> bool {
     matches!(
         c,
-        '"' | '\'' | ')' | ']' | '}' | '\u{2018}' | '\u{2019}' | '\u{201c}' | '\u{201d}' | '\u{ab}' | '\u{bb}'
+        '"' | '\''
+            | ')'
+            | ']'
+            | '}'
+            | '\u{2018}'
+            | '\u{2019}'
+            | '\u{201c}'
+            | '\u{201d}'
+            | '\u{ab}'
+            | '\u{bb}'
     )
 }
 
@@ -159,7 +170,11 @@ fn word_tokenize(line: &[char]) -> Vec<Range<usize>> {
         if is_space(c) || is_non_word(c) || multi_char_at(line, j).is_some() {
             return true;
         }
-        c == ',' && (j + 1 >= n || is_space(line[j + 1]) || is_non_word(line[j + 1]) || multi_char_at(line, j + 1).is_some())
+        c == ','
+            && (j + 1 >= n
+                || is_space(line[j + 1])
+                || is_non_word(line[j + 1])
+                || multi_char_at(line, j + 1).is_some())
     };
     let mut tokens = Vec::new();
     let mut i = 0;
@@ -455,7 +470,11 @@ fn realignment(text: &[char]) -> Option<(usize, usize)> {
 }
 
 fn slice_of<'a>(text: &'a [char], range: &Range<usize>) -> &'a [char] {
-    if range.start >= range.end || range.start >= text.len() { &[] } else { &text[range.start..range.end.min(text.len())] }
+    if range.start >= range.end || range.start >= text.len() {
+        &[]
+    } else {
+        &text[range.start..range.end.min(text.len())]
+    }
 }
 
 /// The sentences of `text` as character ranges (`span_tokenize` with realigned boundaries).

@@ -38,7 +38,10 @@ pub fn is_word(c: char) -> bool {
     }
     // Rust's `is_alphanumeric` also takes `Other_Alphabetic` marks; only categories L* and N* count.
     static WORD: OnceLock<Regex> = OnceLock::new();
-    c.is_alphanumeric() && WORD.get_or_init(|| Regex::new(r"^[\p{L}\p{N}]$").expect("valid regex")).is_match(c.encode_utf8(&mut [0; 4]))
+    c.is_alphanumeric()
+        && WORD
+            .get_or_init(|| Regex::new(r"^[\p{L}\p{N}]$").expect("valid regex"))
+            .is_match(c.encode_utf8(&mut [0; 4]))
 }
 
 /// The regex class for one Python `\w` character, for patterns written here.
@@ -50,9 +53,9 @@ pub const SPACE_CLASS: &str = r"[\s\x1c-\x1f]";
 /// Titlecase letters (general category Lt), which Python's `isupper`/`islower` treat as neither.
 const TITLECASE: &[char] = &[
     '\u{1c5}', '\u{1c8}', '\u{1cb}', '\u{1f2}', '\u{1f88}', '\u{1f89}', '\u{1f8a}', '\u{1f8b}', '\u{1f8c}',
-    '\u{1f8d}', '\u{1f8e}', '\u{1f8f}', '\u{1f98}', '\u{1f99}', '\u{1f9a}', '\u{1f9b}', '\u{1f9c}', '\u{1f9d}',
-    '\u{1f9e}', '\u{1f9f}', '\u{1fa8}', '\u{1fa9}', '\u{1faa}', '\u{1fab}', '\u{1fac}', '\u{1fad}', '\u{1fae}',
-    '\u{1faf}', '\u{1fbc}', '\u{1fcc}', '\u{1ffc}',
+    '\u{1f8d}', '\u{1f8e}', '\u{1f8f}', '\u{1f98}', '\u{1f99}', '\u{1f9a}', '\u{1f9b}', '\u{1f9c}',
+    '\u{1f9d}', '\u{1f9e}', '\u{1f9f}', '\u{1fa8}', '\u{1fa9}', '\u{1faa}', '\u{1fab}', '\u{1fac}',
+    '\u{1fad}', '\u{1fae}', '\u{1faf}', '\u{1fbc}', '\u{1fcc}', '\u{1ffc}',
 ];
 
 fn is_title(c: char) -> bool {
@@ -170,20 +173,18 @@ impl JsonScan<'_> {
                     None => {
                         return self.pos == self.bytes.len();
                     }
-                    Some(Frame::ArrayValue) => {
-                        match self.peek() {
-                            Some(b',') => {
-                                self.pos += 1;
-                                *stack.last_mut().expect("non-empty") = Frame::ArrayValue;
-                                break;
-                            }
-                            Some(b']') => {
-                                self.pos += 1;
-                                stack.pop();
-                            }
-                            _ => return false,
+                    Some(Frame::ArrayValue) => match self.peek() {
+                        Some(b',') => {
+                            self.pos += 1;
+                            *stack.last_mut().expect("non-empty") = Frame::ArrayValue;
+                            break;
                         }
-                    }
+                        Some(b']') => {
+                            self.pos += 1;
+                            stack.pop();
+                        }
+                        _ => return false,
+                    },
                     Some(Frame::ObjectNext | Frame::ObjectKey { .. }) => match self.peek() {
                         Some(b',') => {
                             self.pos += 1;

@@ -136,9 +136,7 @@ const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Reads `reference_json` into the item's instructions, in order.
 pub fn parse(reference_json: &str) -> Result<Vec<Entry>, String> {
     let raw: RawReference = serde_json::from_str(reference_json).map_err(|error| {
-        format!(
-            "reference: expected {{\"instruction_id_list\": [...], \"kwargs\": [{{...}}, ...]}}: {error}"
-        )
+        format!("reference: expected {{\"instruction_id_list\": [...], \"kwargs\": [{{...}}, ...]}}: {error}")
     })?;
     if raw.instruction_id_list.is_empty() {
         return Err("reference.instruction_id_list: expected at least one instruction id".into());
@@ -187,9 +185,9 @@ impl<'a> Kwargs<'a> {
     fn count(&mut self, key: &str) -> Result<u64, String> {
         let value = self.take(key)?;
         let number = match &value {
-            Value::Number(number) => number
-                .as_u64()
-                .or_else(|| number.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1e15).map(|f| f as u64)),
+            Value::Number(number) => number.as_u64().or_else(|| {
+                number.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 1e15).map(|f| f as u64)
+            }),
             _ => None,
         };
         number.ok_or_else(|| format!("{}: expected a non-negative integer, got {value}", self.field(key)))
@@ -215,14 +213,18 @@ impl<'a> Kwargs<'a> {
     fn texts(&mut self, key: &str) -> Result<Vec<String>, String> {
         let items = match self.take(key)? {
             Value::Array(items) if !items.is_empty() => items,
-            other => return Err(format!("{}: expected a non-empty list of strings, got {other}", self.field(key))),
+            other => {
+                return Err(format!("{}: expected a non-empty list of strings, got {other}", self.field(key)));
+            }
         };
         items
             .into_iter()
             .enumerate()
             .map(|(i, item)| match item {
                 Value::String(text) => Ok(text),
-                other => Err(format!("{}: expected a string, got {other}", self.field(&format!("{key}[{i}]")))),
+                other => {
+                    Err(format!("{}: expected a string, got {other}", self.field(&format!("{key}[{i}]"))))
+                }
             })
             .collect()
     }
@@ -231,12 +233,21 @@ impl<'a> Kwargs<'a> {
         match self.text(key)?.as_str() {
             "less than" => Ok(Relation::LessThan),
             "at least" => Ok(Relation::AtLeast),
-            other => Err(format!("{}: expected \"less than\" or \"at least\", got {other:?}", self.field(key))),
+            other => {
+                Err(format!("{}: expected \"less than\" or \"at least\", got {other:?}", self.field(key)))
+            }
         }
     }
 
     /// Compiles a pattern the reference builds as `prefix + kwarg + suffix` for Python's `re`.
-    fn pattern(&self, key: &str, source: &str, prefix: &str, suffix: &str, ignore_case: bool) -> Result<Regex, String> {
+    fn pattern(
+        &self,
+        key: &str,
+        source: &str,
+        prefix: &str,
+        suffix: &str,
+        ignore_case: bool,
+    ) -> Result<Regex, String> {
         RegexBuilder::new(&format!("{prefix}{source}{suffix}"))
             .case_insensitive(ignore_case)
             .size_limit(REGEX_SIZE_LIMIT)
@@ -290,7 +301,8 @@ fn build(id: &str, args: &mut Kwargs<'_>) -> Result<Instruction, String> {
                 .enumerate()
                 .map(|(i, source)| {
                     // `r"\b" + word + r"\b"`: pasted without a group, as the reference does.
-                    let regex = args.pattern(&format!("forbidden_words[{i}]"), &source, r"\b", r"\b", true)?;
+                    let regex =
+                        args.pattern(&format!("forbidden_words[{i}]"), &source, r"\b", r"\b", true)?;
                     Ok(Pattern { source, regex })
                 })
                 .collect::<Result<_, String>>()?;
@@ -321,9 +333,10 @@ fn build(id: &str, args: &mut Kwargs<'_>) -> Result<Instruction, String> {
         "length_constraints:number_paragraphs" => {
             Instruction::NumberParagraphs { num_paragraphs: args.count("num_paragraphs")? }
         }
-        "length_constraints:number_words" => {
-            Instruction::NumberWords { num_words: args.count("num_words")?, relation: args.relation("relation")? }
-        }
+        "length_constraints:number_words" => Instruction::NumberWords {
+            num_words: args.count("num_words")?,
+            relation: args.relation("relation")?,
+        },
         "length_constraints:nth_paragraph_first_word" => {
             let num_paragraphs = args.count("num_paragraphs")?;
             let nth_paragraph = args.count("nth_paragraph")?;
@@ -358,8 +371,13 @@ fn build(id: &str, args: &mut Kwargs<'_>) -> Result<Instruction, String> {
         }
         "detectable_format:multiple_sections" => {
             let source = args.stripped_text("section_spliter")?;
-            let regex =
-                args.pattern("section_spliter", &source, &format!("{space}?"), &format!(r"{space}?\d+{space}?"), false)?;
+            let regex = args.pattern(
+                "section_spliter",
+                &source,
+                &format!("{space}?"),
+                &format!(r"{space}?\d+{space}?"),
+                false,
+            )?;
             Instruction::MultipleSections {
                 splitter: Pattern { source, regex },
                 num_sections: args.count("num_sections")?,
@@ -400,7 +418,8 @@ mod tests {
 
     /// `Ok(component names)` or `Err(error)`.
     fn check(reference: &str, expected: Result<&[&str], &str>) {
-        let got = parse(reference).map(|entries| entries.into_iter().map(|entry| entry.name).collect::<Vec<_>>());
+        let got =
+            parse(reference).map(|entries| entries.into_iter().map(|entry| entry.name).collect::<Vec<_>>());
         match (got, expected) {
             (Ok(names), Ok(expected)) => assert_eq!(names, expected, "{reference}"),
             (Err(error), Err(expected)) => assert!(error.contains(expected), "{reference}: {error}"),
@@ -429,8 +448,14 @@ mod tests {
             ),
             (r#"{"instruction_id_list": [], "kwargs": []}"#, Err("expected at least one instruction id")),
             (r#"{"instruction_id_list": ["punctuation:no_comma"]}"#, Err("missing field `kwargs`")),
-            (r#"{"instruction_id_list": ["punctuation:no_comma"], "kwargs": []}"#, Err("expected one object per instruction (1), got 0")),
-            (r#"{"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}], "extra": 1}"#, Err("unknown field `extra`")),
+            (
+                r#"{"instruction_id_list": ["punctuation:no_comma"], "kwargs": []}"#,
+                Err("expected one object per instruction (1), got 0"),
+            ),
+            (
+                r#"{"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}], "extra": 1}"#,
+                Err("unknown field `extra`"),
+            ),
             (r#"[1, 2]"#, Err("reference: expected {")),
             (
                 r#"{"instruction_id_list": ["keywords:existance"], "kwargs": [{}]}"#,
@@ -482,7 +507,9 @@ mod tests {
             ),
             (
                 r#"{"instruction_id_list": ["length_constraints:nth_paragraph_first_word"], "kwargs": [{"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "x"}]}"#,
-                Err("nth_paragraph (length_constraints:nth_paragraph_first_word): expected 1 to num_paragraphs (2), got 3"),
+                Err(
+                    "nth_paragraph (length_constraints:nth_paragraph_first_word): expected 1 to num_paragraphs (2), got 3",
+                ),
             ),
             (
                 r#"{"instruction_id_list": ["startend:end_checker"], "kwargs": [{"end_phrase": "  "}]}"#,
@@ -502,7 +529,10 @@ mod tests {
     fn every_id_is_known() {
         for id in INSTRUCTION_IDS {
             let error = parse(&format!(r#"{{"instruction_id_list": ["{id}"], "kwargs": [{{}}]}}"#)).err();
-            assert!(!error.as_deref().unwrap_or_default().contains("unknown instruction id"), "{id}: {error:?}");
+            assert!(
+                !error.as_deref().unwrap_or_default().contains("unknown instruction id"),
+                "{id}: {error:?}"
+            );
         }
     }
 }

@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use crate::pytext::{SPACE_CLASS, is_space, is_word, split_whitespace};
 use crate::punkt;
+use crate::pytext::{SPACE_CLASS, is_space, is_word, split_whitespace};
 
 struct Rules {
     starting: Vec<(Regex, &'static str)>,
@@ -94,7 +94,10 @@ fn quote_before_word(text: &str) -> String {
         let suffix = ["re", "ve", "ll", "m", "t", "s", "d", "n"].iter().any(|suffix| {
             let len = suffix.len();
             chars.len() >= i + 1 + len
-                && chars[i + 1..i + 1 + len].iter().zip(suffix.chars()).all(|(a, b)| a.to_ascii_lowercase() == b)
+                && chars[i + 1..i + 1 + len]
+                    .iter()
+                    .zip(suffix.chars())
+                    .all(|(a, b)| a.to_ascii_lowercase() == b)
                 && chars.get(i + 1 + len).is_none_or(|&next| !is_word(next))
         });
         if before_ok && after_ok && !suffix {
@@ -113,8 +116,7 @@ fn final_period(text: &str, closers: &[char], spaced: bool) -> String {
         return text.to_owned();
     }
     let tail = &text[dot + 1..];
-    let closing_len: usize =
-        tail.chars().take_while(|c| closers.contains(c)).map(char::len_utf8).sum();
+    let closing_len: usize = tail.chars().take_while(|c| closers.contains(c)).map(char::len_utf8).sum();
     if !tail[closing_len..].chars().all(is_space) {
         return text.to_owned();
     }
@@ -171,14 +173,44 @@ mod tests {
         check(
             "I DON'T think CANNOT work. HELLO-WORLD, U.S.A. isn't 'quoted' \"here\".",
             &[
-                "I", "DO", "N'T", "think", "CAN", "NOT", "work", ".", "HELLO-WORLD", ",", "U.S.A.", "is", "n't", "'",
-                "quoted", "'", "``", "here", "''", ".",
+                "I",
+                "DO",
+                "N'T",
+                "think",
+                "CAN",
+                "NOT",
+                "work",
+                ".",
+                "HELLO-WORLD",
+                ",",
+                "U.S.A.",
+                "is",
+                "n't",
+                "'",
+                "quoted",
+                "'",
+                "``",
+                "here",
+                "''",
+                ".",
             ],
         );
-        check("Good muffins cost $3.88 in New York.", &["Good", "muffins", "cost", "$", "3.88", "in", "New", "York", "."]);
-        check("(Hello) [world] {x} <y>", &["(", "Hello", ")", "[", "world", "]", "{", "x", "}", "<", "y", ">"]);
-        check("wait... no--yes; a@b #c 50% & d", &["wait", "...", "no", "--", "yes", ";", "a", "@", "b", "#", "c", "50", "%", "&", "d"]);
-        check("I'm gonna wanna go, y'know?", &["I", "'m", "gon", "na", "wan", "na", "go", ",", "y'know", "?"]);
+        check(
+            "Good muffins cost $3.88 in New York.",
+            &["Good", "muffins", "cost", "$", "3.88", "in", "New", "York", "."],
+        );
+        check(
+            "(Hello) [world] {x} <y>",
+            &["(", "Hello", ")", "[", "world", "]", "{", "x", "}", "<", "y", ">"],
+        );
+        check(
+            "wait... no--yes; a@b #c 50% & d",
+            &["wait", "...", "no", "--", "yes", ";", "a", "@", "b", "#", "c", "50", "%", "&", "d"],
+        );
+        check(
+            "I'm gonna wanna go, y'know?",
+            &["I", "'m", "gon", "na", "wan", "na", "go", ",", "y'know", "?"],
+        );
         check("", &[]);
     }
 }
