@@ -88,6 +88,8 @@ impl HttpVerifier {
             // A redirected POST turns into a GET on 301/302: a verdict from wherever that lands
             // would be wrong. A 3xx is reported instead.
             .redirect(reqwest::redirect::Policy::none())
+            // Retries are ours alone, so `http_attempts` counts every request the service saw.
+            .retry(reqwest::retry::never())
             .default_headers(settings.headers.clone())
             .user_agent(concat!("rlvr-verifier-http/", env!("CARGO_PKG_VERSION")))
             .build()
