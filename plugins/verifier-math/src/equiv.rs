@@ -1,0 +1,991 @@
+//! Whether a predicted answer equals the gold one: exact where possible, then the documented
+//! rounding rule, then numeric evaluation at seeded points — never string similarity.
+//!
+//! Order of decisions for two single values:
+//! 1. both have exact forms ([`crate::exact`]) → equal iff the forms are equal;
+//! 2. otherwise, or when exact forms differ, and exactly one side is a decimal literal and the
+//!    other a constant whose decimal expansion does not terminate within the precision → equal
+//!    iff both round to the same digits (see [`Options::precision_digits`]);
+//! 3. no exact form (`\sin`, `2^{1/3}`) → equal iff they agree to a relative 1e-9 at six seeded
+//!    points (one for constants).
+//!
+//! Around that: lists and sets compare unordered (several distinct answers never equal a single
+//! one), tuples and matrices in order, intervals by endpoints and brackets, equations up to a
+//! nonzero factor, inequalities up to a positive factor and flipping, assignments (`x = 2`,
+//! `f(x) = …`, `x \in S`) by their value, and a one-variable relation against an interval by
+//! testing membership at every endpoint, beside it, between and beyond.
+
+use num_bigint::BigInt;
+use num_rational::BigRational;
+use num_traits::{Signed, ToPrimitive, Zero};
+
+use crate::budget::{Budget, Exhausted};
+use crate::exact::{RatFn, Why, exact};
+use crate::lexer::{Number, RelOp, pow10};
+use crate::numeric::{Env, Points, close, eval, free_symbols, holds};
+use crate::parse::Expr;
+
+/// How to compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// A decimal literal matches a constant whose expansion does not terminate within this many
+    /// places when both round to the same digits: this many decimal places, or this many
+    /// significant digits when the constant is below 1 in magnitude (whichever is finer, so no
+    /// small value is ever rounded away). A gold decimal with fewer places lowers it to those.
+    pub precision_digits: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { precision_digits: 6 }
+    }
+}
+
+/// The decision and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the answers are equivalent.
+    pub equal: bool,
+    /// One line saying how it was decided.
+    pub reason: String,
+}
+
+/// Most answers in one list; more is refused as not equal (comparisons are quadratic).
+const MAX_ANSWERS: usize = 256;
+/// Seeded points for expressions in variables.
+const POINTS: usize = 6;
+
+/// Compares a gold answer with a predicted one.
+pub fn equivalent(
+    gold: &Expr,
+    pred: &Expr,
+    options: &Options,
+    budget: &mut Budget,
+) -> Result<Outcome, Exhausted> {
+    let mut cmp = Cmp { options: *options, budget, reason: String::new() };
+    let equal = cmp.top(gold, pred)?;
+    let reason = if cmp.reason.is_empty() {
+        if equal { "equivalent".to_owned() } else { "different".to_owned() }
+    } else {
+        cmp.reason
+    };
+    Ok(Outcome { equal, reason })
+}
+
+struct Cmp<'b> {
+    options: Options,
+    budget: &'b mut Budget,
+    reason: String,
+}
+
+/// The value an assignment gives (`x = 2`, `f(x) = x^2`, `(x, y) = (1, 2)`, `x \in S`,
+/// `x = 1/3 \approx 0.33`), when `expr` is one.
+fn assigned_value(expr: &Expr) -> Option<&Expr> {
+    let Expr::Rel(items, ops) = expr else { return None };
+    if !matches!(ops.first(), Some(RelOp::Eq | RelOp::In)) || !is_name(&items[0]) {
+        return None;
+    }
+    let mut value = &items[1];
+    for (k, op) in ops.iter().enumerate().skip(1) {
+        match op {
+            RelOp::Eq => value = &items[k + 1],
+            RelOp::Approx => break,
+            _ => return None,
+        }
+    }
+    Some(value)
+}
+
+/// Whether `expr` names something (the left side of an assignment).
+fn is_name(expr: &Expr) -> bool {
+    match expr {
+        Expr::Sym(_) => true,
+        Expr::Func(name, args) => {
+            (name.chars().count() == 1 || name.contains('_'))
+                && args.iter().all(|a| matches!(a, Expr::Sym(_) | Expr::Num(_)))
+        }
+        Expr::Bracket('(', ')', items) => items.iter().all(is_name),
+        Expr::Ratio(a, b) => is_name(a) && is_name(b),
+        _ => false,
+    }
+}
+
+/// The answers an expression stands for: lists and top-level sets flattened, `a ± b` as two
+/// values, assignments by their value.
+fn answers(expr: &Expr, out: &mut Vec<Expr>) {
+    match expr {
+        Expr::List(items) | Expr::Set(items) => {
+            for item in items {
+                answers(item, out);
+            }
+        }
+        Expr::PlusMinus(a, b) => {
+            out.push(Expr::Add(vec![(**a).clone(), (**b).clone()]));
+            out.push(Expr::Add(vec![(**a).clone(), Expr::Neg(b.clone())]));
+        }
+        _ => match assigned_value(expr) {
+            Some(value) => answers(value, out),
+            None => out.push(expr.clone()),
+        },
+    }
+}
+
+/// `name = value` pairs when every answer is an assignment to a plain symbol.
+fn named(expr: &Expr) -> Option<Vec<(String, Expr)>> {
+    let items = match expr {
+        Expr::List(items) => items.as_slice(),
+        one => std::slice::from_ref(one),
+    };
+    let mut pairs = Vec::new();
+    for item in items {
+        let Expr::Rel(sides, _) = item else { return None };
+        let Expr::Sym(name) = &sides[0] else { return None };
+        pairs.push((name.clone(), assigned_value(item)?.clone()));
+    }
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    Some(pairs)
+}
+
+fn decimal_literal(expr: &Expr) -> Option<(&Number, bool)> {
+    match expr {
+        Expr::Num(n) if n.decimal => Some((n, false)),
+        Expr::Neg(inner) => match &**inner {
+            Expr::Num(n) if n.decimal => Some((n, true)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn infinity_sign(expr: &Expr) -> Option<bool> {
+    match expr {
+        Expr::Infinity => Some(true),
+        Expr::Neg(inner) => infinity_sign(inner).map(|s| !s),
+        Expr::Add(items) if items.len() == 1 => infinity_sign(&items[0]),
+        _ => None,
+    }
+}
+
+fn interval(expr: &Expr) -> Option<(&Expr, &Expr, bool, bool)> {
+    match expr {
+        Expr::Bracket(open @ ('(' | '['), close @ (')' | ']'), items) if items.len() == 2 => {
+            Some((&items[0], &items[1], *open == '[', *close == ']'))
+        }
+        _ => None,
+    }
+}
+
+fn is_region(expr: &Expr) -> bool {
+    interval(expr).is_some() || matches!(expr, Expr::SetOp(..) | Expr::Set(_))
+}
+
+fn is_matrix(expr: &Expr) -> bool {
+    match expr {
+        Expr::Matrix(_) => true,
+        Expr::Add(items) | Expr::Mul(items) => items.iter().any(is_matrix),
+        Expr::Neg(a) => is_matrix(a),
+        _ => false,
+    }
+}
+
+/// Round half away from zero of `q · 10^places`.
+fn round_scaled(q: &BigRational, places: u64, budget: &mut Budget) -> Result<BigInt, Exhausted> {
+    let scaled = q * BigRational::from_integer(pow10(places, budget)?);
+    Ok(scaled.round().to_integer())
+}
+
+/// ⌊log10 |q|⌋ for q ≠ 0.
+fn floor_log10(q: &BigRational, budget: &mut Budget) -> Result<i64, Exhausted> {
+    let q = q.abs();
+    let estimate =
+        ((q.numer().bits() as f64 - q.denom().bits() as f64) * std::f64::consts::LOG10_2).floor() as i64;
+    let power = |k: i64, budget: &mut Budget| -> Result<BigRational, Exhausted> {
+        let p = BigRational::from_integer(pow10(k.unsigned_abs(), budget)?);
+        Ok(if k >= 0 { p } else { p.recip() })
+    };
+    let mut k = estimate;
+    while power(k, budget)? > q {
+        k -= 1;
+    }
+    while power(k + 1, budget)? <= q {
+        k += 1;
+    }
+    Ok(k)
+}
+
+impl Cmp<'_> {
+    fn top(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        if let (Some(g), Some(p)) = (named(gold), named(pred)) {
+            let same_names = g.len() == p.len() && g.iter().zip(&p).all(|(a, b)| a.0 == b.0);
+            let distinct = g.windows(2).all(|w| w[0].0 != w[1].0);
+            if same_names && distinct && g.len() >= 2 {
+                for ((name, gv), (_, pv)) in g.iter().zip(&p) {
+                    if !self.one(gv, pv)? {
+                        self.reason = format!("{name}: {}", self.reason);
+                        return Ok(false);
+                    }
+                }
+                self.reason = "every named value equal".into();
+                return Ok(true);
+            }
+        }
+        let (mut g, mut p) = (Vec::new(), Vec::new());
+        answers(gold, &mut g);
+        answers(pred, &mut p);
+        if g.len() == 1 && p.len() == 1 {
+            return self.one(&g[0], &p[0]);
+        }
+        if g.len() > MAX_ANSWERS || p.len() > MAX_ANSWERS {
+            self.reason = format!("more than {MAX_ANSWERS} answers");
+            return Ok(false);
+        }
+        let g = self.distinct(g)?;
+        let p = self.distinct(p)?;
+        if g.len() != p.len() {
+            self.reason = format!("{} distinct gold answers, {} distinct predicted", g.len(), p.len());
+            return Ok(false);
+        }
+        for want in &g {
+            let mut found = false;
+            for have in &p {
+                if self.one(want, have)? {
+                    found = true;
+                    break;
+                }
+            }
+            if !found {
+                self.reason = format!("gold answer {want} has no equal among the predicted ones");
+                return Ok(false);
+            }
+        }
+        for have in &p {
+            let mut found = false;
+            for want in &g {
+                if self.one(want, have)? {
+                    found = true;
+                    break;
+                }
+            }
+            if !found {
+                self.reason = format!("predicted answer {have} is not a gold answer");
+                return Ok(false);
+            }
+        }
+        self.reason = format!("the same {} answers, in any order", g.len());
+        Ok(true)
+    }
+
+    fn distinct(&mut self, items: Vec<Expr>) -> Result<Vec<Expr>, Exhausted> {
+        let mut kept: Vec<Expr> = Vec::new();
+        for item in items {
+            let mut duplicate = false;
+            for seen in &kept {
+                if self.one(seen, &item)? {
+                    duplicate = true;
+                    break;
+                }
+            }
+            if !duplicate {
+                kept.push(item);
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Two single answers.
+    fn one(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        self.budget.charge(1, "comparing")?;
+        let gold = assigned_value(gold).unwrap_or(gold);
+        let pred = assigned_value(pred).unwrap_or(pred);
+        match (gold, pred) {
+            (Expr::Text(a), Expr::Text(b)) => {
+                self.reason = if a == b { "the same words".into() } else { "different words".into() };
+                Ok(a == b)
+            }
+            (Expr::Text(t), Expr::Sym(s)) | (Expr::Sym(s), Expr::Text(t)) => Ok(*t == s.to_lowercase()),
+            (Expr::Text(_), _) | (_, Expr::Text(_)) => {
+                self.reason = "words against a value".into();
+                Ok(false)
+            }
+            (Expr::Percent(a), Expr::Percent(b)) => self.one(a, b),
+            (Expr::Percent(a), other) => {
+                // 28% matches 28 and 0.28.
+                Ok(self.scalar(a, other)? || self.scalar(gold, other)?)
+            }
+            (other, Expr::Percent(a)) => Ok(self.scalar(other, a)? || self.scalar(other, pred)?),
+            (Expr::List(_) | Expr::Set(_) | Expr::PlusMinus(..), _)
+            | (_, Expr::List(_) | Expr::Set(_) | Expr::PlusMinus(..))
+                if !(is_region(gold) && is_region(pred)) =>
+            {
+                self.top(gold, pred)
+            }
+            _ if is_matrix(gold) || is_matrix(pred) => self.matrices(gold, pred),
+            (Expr::Rel(gi, go), Expr::Rel(pi, po)) => self.relations(gi, go, pi, po),
+            (Expr::Rel(..), other) | (other, Expr::Rel(..)) if is_region(other) => self.regions(gold, pred),
+            (Expr::Rel(..), _) | (_, Expr::Rel(..)) => {
+                self.reason = "a relation against a value".into();
+                Ok(false)
+            }
+            (Expr::Bracket(go, gc, gi), Expr::Bracket(po, pc, pi)) => {
+                if gi.len() != pi.len() {
+                    self.reason = format!("{} items against {}", gi.len(), pi.len());
+                    return Ok(false);
+                }
+                if (go, gc) != (po, pc) {
+                    self.reason = format!("brackets {go}{gc} against {po}{pc}");
+                    return Ok(false);
+                }
+                for (a, b) in gi.iter().zip(pi) {
+                    if !self.one(a, b)? {
+                        return Ok(false);
+                    }
+                }
+                self.reason = "equal item by item".into();
+                Ok(true)
+            }
+            (Expr::SetOp(..), _) | (_, Expr::SetOp(..)) => self.regions(gold, pred),
+            (Expr::Bracket(..), _) | (_, Expr::Bracket(..)) => {
+                self.reason = "a tuple or interval against a value".into();
+                Ok(false)
+            }
+            (Expr::Ratio(ga, gb), Expr::Ratio(pa, pb)) => {
+                if self.one(ga, pa)? && self.one(gb, pb)? {
+                    return Ok(true);
+                }
+                self.scalar(gold, pred)
+            }
+            _ => self.scalar(gold, pred),
+        }
+    }
+
+    fn scalar(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        match (infinity_sign(gold), infinity_sign(pred)) {
+            (Some(a), Some(b)) => {
+                self.reason = "infinities".into();
+                return Ok(a == b);
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                self.reason = "infinity against a finite value".into();
+                return Ok(false);
+            }
+            (None, None) => {}
+        }
+        let g = exact(gold, self.budget);
+        let p = exact(pred, self.budget);
+        let (g, p) = match (g, p) {
+            (Err(Why::Exhausted(e)), _) | (_, Err(Why::Exhausted(e))) => return Err(e),
+            (Err(Why::NotScalar(what)), _) | (_, Err(Why::NotScalar(what))) => {
+                self.reason = format!("not comparable as values: {what}");
+                return Ok(false);
+            }
+            (Err(Why::Undefined(what)), _) | (_, Err(Why::Undefined(what))) => {
+                self.reason = format!("undefined: {what}");
+                return Ok(false);
+            }
+            (g, p) => (g.ok(), p.ok()),
+        };
+        if let (Some(a), Some(b)) = (&g, &p) {
+            if a.equals(b, self.budget)? {
+                self.reason = "equal as exact values".into();
+                return Ok(true);
+            }
+        }
+        if let Some(equal) = self.rounding(gold, pred, g.as_ref(), p.as_ref())? {
+            return Ok(equal);
+        }
+        if g.is_some() && p.is_some() {
+            self.reason = "different exact values".into();
+            return Ok(false);
+        }
+        self.numeric(gold, pred)
+    }
+
+    /// The rounding rule, when exactly one side is a decimal literal and the other a constant.
+    fn rounding(
+        &mut self,
+        gold: &Expr,
+        pred: &Expr,
+        g: Option<&RatFn>,
+        p: Option<&RatFn>,
+    ) -> Result<Option<bool>, Exhausted> {
+        let (literal, negative, other, other_exact, gold_is_literal) =
+            match (decimal_literal(gold), decimal_literal(pred)) {
+                (Some((n, neg)), None) => (n, neg, pred, p, true),
+                (None, Some((n, neg))) => (n, neg, gold, g, false),
+                _ => return Ok(None),
+            };
+        let mut symbols = Vec::new();
+        free_symbols(other, &mut symbols);
+        if !symbols.is_empty() || other_exact.is_some_and(RatFn::has_vars) {
+            return Ok(None);
+        }
+        let digits = if gold_is_literal {
+            self.options.precision_digits.min(literal.places)
+        } else {
+            self.options.precision_digits
+        };
+        let d = if negative { -literal.value.clone() } else { literal.value.clone() };
+        if let Some(x) = other_exact.and_then(RatFn::as_rational) {
+            let digits = u64::from(digits);
+            let scaled = &x * BigRational::from_integer(pow10(digits, self.budget)?);
+            if scaled.is_integer() {
+                self.reason = format!("{x} terminates within {digits} places: exact comparison, different");
+                return Ok(Some(false));
+            }
+            let places = if x.is_zero() {
+                digits
+            } else {
+                let e = floor_log10(&x, self.budget)?;
+                (digits as i64).max(digits as i64 - 1 - e).max(0) as u64
+            };
+            let (nx, nd) = (round_scaled(&x, places, self.budget)?, round_scaled(&d, places, self.budget)?);
+            let equal = nx == nd;
+            self.reason = format!(
+                "decimal {} against {x}, rounded to {places} places: {}",
+                d,
+                if equal { "equal" } else { "different" }
+            );
+            return Ok(Some(equal));
+        }
+        let xf = eval(other, &Env::new(), self.budget)?;
+        if !xf.is_finite() || xf == 0.0 {
+            return Ok(None);
+        }
+        let e = xf.abs().log10().floor() as i64;
+        let places = (i64::from(digits)).max(i64::from(digits) - 1 - e).max(0);
+        let scaled = xf * 10f64.powi(places as i32);
+        if !scaled.is_finite() || scaled.abs() > 1e14 {
+            self.reason = "too many digits to round a floating-point value".into();
+            return Ok(Some(false));
+        }
+        let nd = round_scaled(&d, places as u64, self.budget)?;
+        let Some(nd) = nd.to_f64() else { return Ok(Some(false)) };
+        let fraction = scaled - scaled.floor();
+        let equal = if (fraction - 0.5).abs() < 1e-6 {
+            // Too close to a rounding boundary for f64: accept either neighbour.
+            nd == scaled.floor() || nd == scaled.floor() + 1.0
+        } else {
+            nd == scaled.round()
+        };
+        self.reason = format!(
+            "decimal {} against {xf:.12}, rounded to {places} places: {}",
+            literal.value,
+            if equal { "equal" } else { "different" }
+        );
+        Ok(Some(equal))
+    }
+
+    fn numeric(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        let mut symbols = Vec::new();
+        free_symbols(gold, &mut symbols);
+        free_symbols(pred, &mut symbols);
+        if symbols.is_empty() {
+            let (a, b) = (eval(gold, &Env::new(), self.budget)?, eval(pred, &Env::new(), self.budget)?);
+            let equal = a.is_finite() && b.is_finite() && close(a, b, 0.0);
+            self.reason = format!(
+                "numerically {a:.12e} against {b:.12e}: {}",
+                if equal { "equal" } else { "different" }
+            );
+            return Ok(equal);
+        }
+        let mut points = Points::new(0x5eed);
+        let mut agreed = 0;
+        for _ in 0..POINTS {
+            let env: Env = symbols.iter().map(|s| (s.clone(), points.next_value())).collect();
+            let (a, b) = (eval(gold, &env, self.budget)?, eval(pred, &env, self.budget)?);
+            if a.is_nan() && b.is_nan() {
+                continue;
+            }
+            if !close(a, b, 1e-12) {
+                self.reason = format!("differ at a seeded point ({a:.12e} against {b:.12e})");
+                return Ok(false);
+            }
+            agreed += 1;
+        }
+        let equal = agreed >= 3;
+        self.reason = format!("agree at {agreed} of {POINTS} seeded points");
+        Ok(equal)
+    }
+
+    fn matrices(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        let (Some(g), Some(p)) = (matrix_value(gold), matrix_value(pred)) else {
+            self.reason = "a matrix against something else".into();
+            return Ok(false);
+        };
+        if g.len() != p.len() || g.iter().zip(&p).any(|(a, b)| a.len() != b.len()) {
+            self.reason = "matrices of different shapes".into();
+            return Ok(false);
+        }
+        for (a, b) in g.iter().flatten().zip(p.iter().flatten()) {
+            if !self.one(a, b)? {
+                self.reason = format!("matrix entries differ: {}", self.reason);
+                return Ok(false);
+            }
+        }
+        self.reason = "equal entry by entry".into();
+        Ok(true)
+    }
+
+    fn relations(&mut self, gi: &[Expr], go: &[RelOp], pi: &[Expr], po: &[RelOp]) -> Result<bool, Exhausted> {
+        let (gi, go) = oriented(gi, go);
+        let (pi, po) = oriented(pi, po);
+        if go == po && gi.len() == pi.len() {
+            let mut all = true;
+            for (a, b) in gi.iter().zip(&pi) {
+                if !self.one(a, b)? {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                self.reason = "the same relation".into();
+                return Ok(true);
+            }
+            if go.len() == 1 && !matches!(go[0], RelOp::In | RelOp::Approx) {
+                let positive = matches!(go[0], RelOp::Lt | RelOp::Le);
+                if let Some(equal) = self.proportional(&gi, &pi, positive)? {
+                    return Ok(equal);
+                }
+            }
+        }
+        if go.iter().chain(&po).all(|op| matches!(op, RelOp::Lt | RelOp::Le | RelOp::Gt | RelOp::Ge)) {
+            let g = Expr::Rel(gi, go);
+            let p = Expr::Rel(pi, po);
+            return self.regions(&g, &p);
+        }
+        self.reason = "different relations".into();
+        Ok(false)
+    }
+
+    /// `g₀ − g₁ = c · (p₀ − p₁)` for a nonzero (or positive) constant `c`.
+    fn proportional(&mut self, g: &[Expr], p: &[Expr], positive: bool) -> Result<Option<bool>, Exhausted> {
+        let difference =
+            |sides: &[Expr]| Expr::Add(vec![sides[0].clone(), Expr::Neg(Box::new(sides[1].clone()))]);
+        let (dg, dp) = (difference(g), difference(p));
+        match (exact(&dg, self.budget), exact(&dp, self.budget)) {
+            (Err(Why::Exhausted(e)), _) | (_, Err(Why::Exhausted(e))) => Err(e),
+            (Ok(a), Ok(b)) => {
+                let constant_dens = a.den.as_rational().is_some() && b.den.as_rational().is_some();
+                if positive && !constant_dens {
+                    return Ok(None);
+                }
+                // With constant denominators, a negative one flips the numerator's sign.
+                let signed = |f: &RatFn| {
+                    if f.den.as_rational().is_some_and(|d| d.is_negative()) {
+                        f.num.neg()
+                    } else {
+                        f.num.clone()
+                    }
+                };
+                let equal = signed(&a).proportional(&signed(&b), positive, self.budget)?;
+                self.reason = format!(
+                    "{} up to a {} factor",
+                    if equal { "the same relation" } else { "different relations" },
+                    if positive { "positive" } else { "nonzero" }
+                );
+                Ok(Some(equal))
+            }
+            _ => {
+                // Numerically: the ratio of the two sides' differences is one constant.
+                let mut symbols = Vec::new();
+                free_symbols(&dg, &mut symbols);
+                free_symbols(&dp, &mut symbols);
+                let mut points = Points::new(0x5eed);
+                let mut ratio: Option<f64> = None;
+                for _ in 0..POINTS {
+                    let env: Env = symbols.iter().map(|s| (s.clone(), points.next_value())).collect();
+                    let (a, b) = (eval(&dg, &env, self.budget)?, eval(&dp, &env, self.budget)?);
+                    if !a.is_finite() || !b.is_finite() || b == 0.0 {
+                        continue;
+                    }
+                    let r = a / b;
+                    match ratio {
+                        None => ratio = Some(r),
+                        Some(first) if close(first, r, 0.0) => {}
+                        Some(_) => return Ok(Some(false)),
+                    }
+                }
+                Ok(ratio.map(|r| r != 0.0 && (!positive || r > 0.0)))
+            }
+        }
+    }
+
+    /// Sets of reals: structurally (unions in any order), else by membership at test points.
+    fn regions(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        let (mut gp, mut pp) = (Vec::new(), Vec::new());
+        union_parts(gold, &mut gp);
+        union_parts(pred, &mut pp);
+        if gp.len() == pp.len()
+            && gp.iter().chain(&pp).all(|e| interval(e).is_some() || matches!(e, Expr::Set(_)))
+        {
+            let mut all = true;
+            for want in &gp {
+                let mut found = false;
+                for have in &pp {
+                    if self.region_part(want, have)? {
+                        found = true;
+                        break;
+                    }
+                }
+                if !found {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                self.reason = "the same intervals".into();
+                return Ok(true);
+            }
+        }
+        self.membership(gold, pred)
+    }
+
+    fn region_part(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        match (interval(gold), interval(pred)) {
+            (Some((gl, gh, glc, ghc)), Some((pl, ph, plc, phc))) => {
+                let ends_ok = (glc == plc || infinity_sign(gl).is_some())
+                    && (ghc == phc || infinity_sign(gh).is_some());
+                Ok(ends_ok && self.one(gl, pl)? && self.one(gh, ph)?)
+            }
+            (None, None) => self.top(gold, pred),
+            _ => Ok(false),
+        }
+    }
+
+    fn membership(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        let (Some(gv), Some(pv)) = (region_variable(gold), region_variable(pred)) else {
+            self.reason = "not comparable as sets of one variable".into();
+            return Ok(false);
+        };
+        let mut critical = Vec::new();
+        critical_points(gold, self.budget, &mut critical)?;
+        critical_points(pred, self.budget, &mut critical)?;
+        critical.retain(|c| c.is_finite());
+        let mut tests: Vec<f64> = Vec::new();
+        for &c in &critical {
+            let eps = 1e-7 * c.abs().max(1.0);
+            tests.extend([c, -c, c - eps, c + eps, -c - eps, -c + eps]);
+        }
+        let mut sorted = critical.clone();
+        sorted.extend(critical.iter().map(|c| -c));
+        sorted.sort_by(f64::total_cmp);
+        sorted.dedup();
+        for pair in sorted.windows(2) {
+            tests.push((pair[0] + pair[1]) / 2.0);
+        }
+        let low = sorted.first().copied().unwrap_or(0.0);
+        let high = sorted.last().copied().unwrap_or(0.0);
+        tests.extend([low - 1.0, high + 1.0, low - 1000.0, high + 1000.0, 0.0, 0.5, -0.5]);
+        let mut points = Points::new(0x5eed);
+        for _ in 0..8 {
+            tests.push((points.next_value() - 1.25) * 8.0);
+        }
+        tests.truncate(400);
+        let mut defined = 0;
+        for t in tests {
+            let (a, b) =
+                (member(gold, gv.as_deref(), t, self.budget)?, member(pred, pv.as_deref(), t, self.budget)?);
+            match (a, b) {
+                (Some(a), Some(b)) if a != b => {
+                    self.reason = format!("membership of {t} differs");
+                    return Ok(false);
+                }
+                (Some(_), Some(_)) => defined += 1,
+                _ => {}
+            }
+        }
+        self.reason = format!("the same set: membership agrees at {defined} test points");
+        Ok(defined >= 3)
+    }
+}
+
+fn oriented(items: &[Expr], ops: &[RelOp]) -> (Vec<Expr>, Vec<RelOp>) {
+    if ops.iter().all(|op| matches!(op, RelOp::Gt | RelOp::Ge)) {
+        (items.iter().rev().cloned().collect(), ops.iter().rev().map(|op| op.flipped()).collect())
+    } else {
+        (items.to_vec(), ops.to_vec())
+    }
+}
+
+fn union_parts(expr: &Expr, out: &mut Vec<Expr>) {
+    match expr {
+        Expr::SetOp('∪', items) => {
+            for item in items {
+                union_parts(item, out);
+            }
+        }
+        other => out.push(other.clone()),
+    }
+}
+
+/// The variable a relation constrains (`None` for an interval or set, which needs none);
+/// `Err` — the outer `None` — when a relation has no single variable.
+fn region_variable(expr: &Expr) -> Option<Option<String>> {
+    match expr {
+        Expr::Rel(items, _) => {
+            // A bare symbol or `f(x)` in the chain is the variable; else the single free symbol.
+            for item in items {
+                if matches!(item, Expr::Sym(_) | Expr::Func(..)) {
+                    let mut symbols = Vec::new();
+                    free_symbols(item, &mut symbols);
+                    if !symbols.is_empty() {
+                        return Some(Some(item.to_string()));
+                    }
+                }
+            }
+            let mut symbols = Vec::new();
+            free_symbols(expr, &mut symbols);
+            (symbols.len() == 1).then(|| Some(symbols.remove(0)))
+        }
+        _ => {
+            let mut symbols = Vec::new();
+            free_symbols(expr, &mut symbols);
+            symbols.is_empty().then_some(None)
+        }
+    }
+}
+
+fn critical_points(expr: &Expr, budget: &mut Budget, out: &mut Vec<f64>) -> Result<(), Exhausted> {
+    match expr {
+        Expr::Rel(items, _) | Expr::SetOp(_, items) | Expr::Set(items) | Expr::Bracket(_, _, items) => {
+            for item in items {
+                let mut symbols = Vec::new();
+                free_symbols(item, &mut symbols);
+                if symbols.is_empty() {
+                    out.push(eval(item, &Env::new(), budget)?);
+                } else {
+                    critical_points(item, budget, out)?;
+                }
+            }
+        }
+        Expr::Num(n) => out.push(n.value.to_f64().unwrap_or(f64::NAN)),
+        Expr::Add(items) | Expr::Mul(items) => {
+            for item in items {
+                critical_points(item, budget, out)?;
+            }
+        }
+        Expr::Neg(a) | Expr::Abs(a) => critical_points(a, budget, out)?,
+        Expr::Div(a, b) | Expr::Pow(a, b) => {
+            critical_points(a, budget, out)?;
+            critical_points(b, budget, out)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Whether `t` is in the set `expr` describes; `None` when undefined there.
+fn member(
+    expr: &Expr,
+    variable: Option<&str>,
+    t: f64,
+    budget: &mut Budget,
+) -> Result<Option<bool>, Exhausted> {
+    budget.charge(1, "membership tests")?;
+    let value = |e: &Expr, budget: &mut Budget| eval(e, &Env::new(), budget);
+    Ok(match expr {
+        Expr::Rel(items, ops) => {
+            let Some(variable) = variable else { return Ok(None) };
+            let env: Env = [(variable.to_owned(), t)].into_iter().collect();
+            holds(items, ops, &env, budget)?
+        }
+        Expr::Set(items) => {
+            let mut any = false;
+            for item in items {
+                let v = value(item, budget)?;
+                if v.is_nan() {
+                    return Ok(None);
+                }
+                any |= close(v, t, 1e-12);
+            }
+            Some(any)
+        }
+        Expr::SetOp(op, items) => {
+            let mut results = Vec::new();
+            for item in items {
+                match member(item, variable, t, budget)? {
+                    Some(r) => results.push(r),
+                    None => return Ok(None),
+                }
+            }
+            Some(match op {
+                '∪' => results.iter().any(|r| *r),
+                '∩' => results.iter().all(|r| *r),
+                _ => results.first().copied().unwrap_or(false) && !results.iter().skip(1).any(|r| *r),
+            })
+        }
+        _ => match interval(expr) {
+            Some((lo, hi, lo_closed, hi_closed)) => {
+                let (l, h) = (value(lo, budget)?, value(hi, budget)?);
+                if l.is_nan() || h.is_nan() {
+                    return Ok(None);
+                }
+                let above = if lo_closed { t > l || close(t, l, 1e-12) } else { t > l && !close(t, l, 0.0) };
+                let below = if hi_closed { t < h || close(t, h, 1e-12) } else { t < h && !close(t, h, 0.0) };
+                Some(above && below)
+            }
+            None => None,
+        },
+    })
+}
+
+/// Entries of a matrix-valued expression: a matrix, sums and differences of matrices, scalar
+/// multiples and matrix products.
+fn matrix_value(expr: &Expr) -> Option<Vec<Vec<Expr>>> {
+    match expr {
+        Expr::Matrix(rows) => Some(rows.clone()),
+        Expr::Neg(a) => Some(
+            matrix_value(a)?
+                .into_iter()
+                .map(|row| row.into_iter().map(|e| Expr::Neg(Box::new(e))).collect())
+                .collect(),
+        ),
+        Expr::Add(items) => {
+            let mut total: Option<Vec<Vec<Expr>>> = None;
+            for item in items {
+                let m = matrix_value(item)?;
+                total = Some(match total {
+                    None => m,
+                    Some(t) => {
+                        if t.len() != m.len() || t.iter().zip(&m).any(|(a, b)| a.len() != b.len()) {
+                            return None;
+                        }
+                        t.into_iter()
+                            .zip(m)
+                            .map(|(ra, rb)| {
+                                ra.into_iter().zip(rb).map(|(a, b)| Expr::Add(vec![a, b])).collect()
+                            })
+                            .collect()
+                    }
+                });
+            }
+            total
+        }
+        Expr::Mul(items) => {
+            let mut scalar: Vec<Expr> = Vec::new();
+            let mut product: Option<Vec<Vec<Expr>>> = None;
+            for item in items {
+                if is_matrix(item) {
+                    let m = matrix_value(item)?;
+                    product = Some(match product {
+                        None => m,
+                        Some(a) => {
+                            let inner = a.first()?.len();
+                            if inner != m.len() || m.is_empty() {
+                                return None;
+                            }
+                            let width = m[0].len();
+                            a.iter()
+                                .map(|row| {
+                                    (0..width)
+                                        .map(|j| {
+                                            Expr::Add(
+                                                (0..inner)
+                                                    .map(|k| Expr::Mul(vec![row[k].clone(), m[k][j].clone()]))
+                                                    .collect(),
+                                            )
+                                        })
+                                        .collect()
+                                })
+                                .collect()
+                        }
+                    });
+                } else {
+                    scalar.push(item.clone());
+                }
+            }
+            let product = product?;
+            if product.iter().flatten().count() > 10_000 {
+                return None;
+            }
+            Some(
+                product
+                    .into_iter()
+                    .map(|row| {
+                        row.into_iter()
+                            .map(|e| {
+                                if scalar.is_empty() {
+                                    e
+                                } else {
+                                    Expr::Mul(scalar.iter().cloned().chain([e]).collect())
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse;
+
+    fn check(gold: &str, pred: &str, expected: bool) {
+        let mut budget = Budget::new(50_000_000);
+        let g = parse(gold, &mut budget).unwrap_or_else(|e| panic!("gold {gold:?}: {e}"));
+        let p = parse(pred, &mut budget).unwrap_or_else(|e| panic!("pred {pred:?}: {e}"));
+        let outcome = equivalent(&g, &p, &Options::default(), &mut budget).unwrap();
+        assert_eq!(outcome.equal, expected, "{gold:?} vs {pred:?}: {} ({g} vs {p})", outcome.reason);
+    }
+
+    #[test]
+    fn equivalence_table() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("\\frac{1}{2}", "0.5", true),
+            ("\\frac{1}{3}", "0.333333", true),
+            ("\\frac{1}{3}", "0.3333", false),
+            ("\\frac{1}{3}", "0.33333333", true),
+            ("\\frac{1}{6}", "0.1666667", true),
+            ("0", "1e-30", false),
+            ("\\frac{1}{3}\\cdot 10^{-10}", "0.000000", false),
+            ("\\frac{1}{2004!}", "\\frac{1}{2006!}", false),
+            ("4.123105625617661", "\\sqrt{17}", true),
+            ("\\sqrt{17}", "4.123106", true),
+            ("\\sqrt{17}", "4.1231", false),
+            ("\\pi", "3.141593", true),
+            ("\\pi", "3.14", false),
+            ("2", "x=2", true),
+            ("\\{1,2,3\\}", "\\{3,1,2\\}", true),
+            ("1", "1, 2", false),
+            ("1", "1, 1", true),
+            ("(1,2)", "(2,1)", false),
+            ("[0,1)", "(0,1)", false),
+            ("x \\leq 5", "5 \\geq x", true),
+            ("x < 5", "x \\leq 5", false),
+            ("34x+45y-20z+100=0", "-34x-45y+20z-100=0", true),
+            ("2x+z=1", "1", false),
+            ("0<f(x)<1", "(0,1)", true),
+            (
+                "1\\leq|z|\\leq \\frac{3}{2}",
+                "z \\in \\left[-\\frac{3}{2}, -1\\right] \\cup \\left[1, \\frac{3}{2}\\right]",
+                true,
+            ),
+            ("\\pm 2021", "\\{-2021, 2021\\}", true),
+            ("\\pm 2021", "2021", false),
+            ("28\\%", "28", true),
+            ("28\\%", "0.28", true),
+            ("f(x)", "f(y)", false),
+            ("\\sin^2 x + \\cos^2 x", "1", true),
+            ("\\sin x", "\\cos x", false),
+            ("k = 45, n = 2", "k = 2, n = 45", false),
+            ("k = 45, n = 2", "n = 2, k = 45", true),
+            (
+                "\\begin{pmatrix}6 & 8 \\\\ 10 & 12\\end{pmatrix}",
+                "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix} + \\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}",
+                true,
+            ),
+            ("\\infty", "\\infty", true),
+            ("(-\\infty, 2]", "(-\\infty, 2]", true),
+            ("12:00", "12:00", true),
+            ("\\text{Even}", "Even", true),
+            ("\\text{odd}", "Even", false),
+        ];
+        for (gold, pred, expected) in cases {
+            check(gold, pred, *expected);
+        }
+    }
+}
