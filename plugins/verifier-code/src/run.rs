@@ -253,7 +253,7 @@ impl Runner<'_> {
 
         // Load the solution.
         let deadline = per_test(Instant::now());
-        let hello = json!({"mode": "asserts", "code": code}).to_string() + "\n";
+        let hello = format!("asserts {}\n{code}", code.len());
         let loaded = fdio::write_all_until(&request_write, hello.as_bytes(), deadline)
             .and_then(|()| replies.read_line(deadline, self.limits.max_reply_bytes));
         let mut gone: Option<String> = None;
@@ -306,10 +306,13 @@ impl Runner<'_> {
                 continue;
             }
             if let Some(op) = message.get("call") {
+                let op = op.as_str().ok_or_else(|| {
+                    RunError::Internal(format!("evaluator sent a call that is not a string: {op}"))
+                })?;
                 let answer = match &gone {
                     Some(why) => (json!({"gone": why}).to_string() + "\n").into_bytes(),
                     None => {
-                        let request = op.to_string() + "\n";
+                        let request = op.to_owned() + "\n";
                         let reply = fdio::write_all_until(&request_write, request.as_bytes(), deadline)
                             .and_then(|()| replies.read_line(deadline, self.limits.max_reply_bytes));
                         match reply {
@@ -381,7 +384,7 @@ impl Runner<'_> {
         let started = Instant::now();
         let budget_end = started + self.limits.budget;
         let mut outcome = Outcome { total: cases.len(), ..Outcome::default() };
-        let hello = json!({"mode": "io", "code": code}).to_string() + "\n";
+        let hello = format!("io {}\n{code}", code.len());
         for (index, case) in cases.iter().enumerate() {
             let number = index + 1;
             let now = Instant::now();

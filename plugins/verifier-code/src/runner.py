@@ -2,40 +2,42 @@
 # It is NOT trusted: the solution shares its process and may replace any of it. Nothing here
 # decides a verdict; in asserts mode it only answers calls with values, which the trusted
 # evaluator compares with expectations this process never sees.
-# Protocol: JSON lines; requests on fd 3, replies on fd 4. First request: {"mode", "code"}.
-import builtins, json, os, sys
+# Protocol: fd 3 brings "MODE NBYTES\n" and the solution's code; in asserts mode then one request
+# per line (a Python literal from the trusted side), each answered on fd 4 by one JSON line.
+# Only builtin modules are imported (no json, no os: they cost more than the interpreter's start).
+import builtins as _B
+import sys
+from _json import encode_basestring_ascii as _jstr
 
-_B = builtins
-_rin = os.fdopen(3, "rb")
-_rout = None  # fd 4, asserts mode only
 _handles = []
 _ns = {}
-
-
-def _reply(message):
-    _rout.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-    _rout.flush()
+_INF = float("inf")
 
 
 def _enc(value, depth=0):
     t = type(value)
-    if value is None or t is bool or t is str:
-        return value
+    if value is None:
+        return "null"
+    if t is bool:
+        return "true" if value else "false"
+    if t is str:
+        return _jstr(value)
     if t is int:
-        return value if -(1 << 53) < value < (1 << 53) else {"int": format(value, "x")}
+        return str(value) if -(1 << 53) < value < (1 << 53) else '{"int":"%s"}' % format(value, "x")
     if t is float:
-        return value if value == value and value not in (float("inf"), float("-inf")) else {"float": repr(value)}
+        return repr(value) if value == value and value != _INF and value != -_INF else '{"float":"%r"}' % value
     if depth < 64:
         if t is list or t is tuple or t is set or t is frozenset:
-            return {t.__name__: [_enc(item, depth + 1) for item in value]}
+            return '{"%s":[%s]}' % (t.__name__, ",".join([_enc(item, depth + 1) for item in value]))
         if t is dict:
-            return {"dict": [[_enc(k, depth + 1), _enc(v, depth + 1)] for k, v in value.items()]}
+            pairs = ["[%s,%s]" % (_enc(k, depth + 1), _enc(v, depth + 1)) for k, v in value.items()]
+            return '{"dict":[%s]}' % ",".join(pairs)
         if t is bytes:
-            return {"bytes": value.hex()}
+            return '{"bytes":"%s"}' % value.hex()
         if t is complex:
-            return {"complex": [_enc(value.real), _enc(value.imag)]}
+            return '{"complex":[%s,%s]}' % (_enc(value.real), _enc(value.imag))
     _handles.append(value)
-    return {"ref": len(_handles) - 1}
+    return '{"ref":%d}' % (len(_handles) - 1)
 
 
 def _dec(value):
@@ -98,30 +100,37 @@ def _failure(error):
         text = str(error)[:500]
     except BaseException:
         text = "?"
-    return {"raise": [name, text]}
+    return '{"raise":[%s,%s]}' % (_jstr(name), _jstr(text))
 
 
 def _main():
-    hello = json.loads(_rin.readline())
-    if hello["mode"] == "io":
-        _rin.close()
-        exec(compile(hello["code"], "solution.py", "exec"), {"__name__": "__main__", "__builtins__": _B})
+    rin = open(3, "rb")
+    mode, size = rin.readline().split()
+    code = rin.read(int(size)).decode("utf-8", "replace")
+    if mode == b"io":
+        rin.close()
+        exec(compile(code, "solution.py", "exec"), {"__name__": "__main__", "__builtins__": _B})
         return
-    global _rout
-    _rout = os.fdopen(4, "wb")
+    rout = open(4, "wb")
+
+    def reply(text):
+        rout.write(text.encode() + b"\n")
+        rout.flush()
+
     _ns.update({"__name__": "solution", "__builtins__": _B})
     try:
-        exec(compile(hello["code"], "solution.py", "exec"), _ns)
+        exec(compile(code, "solution.py", "exec"), _ns)
     except BaseException as error:
-        _reply(_failure(error))
+        reply(_failure(error))
         return
-    _reply({"ok": None})
-    for line in _rin:
+    reply('{"ok":null}')
+    literal_scope = {"__builtins__": {}}
+    for line in rin:
         try:
-            result = {"ok": _enc(_serve(json.loads(line)))}
+            result = '{"ok":%s}' % _enc(_serve(eval(line, literal_scope)))
         except BaseException as error:
             result = _failure(error)
-        _reply(result)
+        reply(result)
 
 
 # Without the site module (-S, for a fast start) these two would be missing.
