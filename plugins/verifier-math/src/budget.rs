@@ -13,7 +13,7 @@ pub struct Budget {
 
 /// The budget ran out; `what` names the work that did not fit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("work budget of {limit} units exhausted by {what}")]
+#[error("work budget exhausted: {what} (limit {limit})")]
 pub struct Exhausted {
     /// The item's whole budget.
     pub limit: u64,

@@ -352,7 +352,10 @@ pub fn exact(expr: &Expr, budget: &mut Budget) -> Result<RatFn, Why> {
             let n = integer_constant(n, budget)?.ok_or(Why::Inexact("factorial of a non-integer"))?;
             let n = n.to_u64().ok_or(Why::Inexact("factorial of a negative or huge number"))?;
             if n > MAX_FACTORIAL {
-                return Err(Why::Exhausted(Exhausted { limit: MAX_FACTORIAL, what: "a factorial" }));
+                return Err(Why::Exhausted(Exhausted {
+                    limit: MAX_FACTORIAL,
+                    what: "a factorial of more than the limit",
+                }));
             }
             // Σ bits(k!) ≈ n² log₂ n / 2: charge it up front.
             let log = 64 - n.max(2).leading_zeros() as u64;

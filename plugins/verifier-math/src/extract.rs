@@ -113,7 +113,18 @@ pub fn extract_gold(gold: &str) -> Extraction {
             let count = parts.len();
             Extraction { answer: parts.join("; "), source: Source::Boxed { count } }
         }
-        _ => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
+        // A reference is trusted: a box that never closes runs to the end of the text.
+        BoxSearch::Bad => match ["\\boxed{", "\\fbox{"]
+            .iter()
+            .filter_map(|b| repaired.rfind(b).map(|at| at + b.len()))
+            .max()
+        {
+            Some(start) if !repaired[start..].trim().is_empty() => {
+                Extraction { answer: repaired[start..].trim().to_owned(), source: Source::Boxed { count: 1 } }
+            }
+            _ => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
+        },
+        BoxSearch::None => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
     }
 }
 

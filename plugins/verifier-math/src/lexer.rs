@@ -427,14 +427,7 @@ impl Lexer {
     }
 
     fn rest_starts_with(&self, offset: usize, s: &str) -> bool {
-        let mut i = self.pos + offset;
-        for c in s.chars() {
-            if self.chars.get(i) != Some(&c) {
-                return false;
-            }
-            i += 1;
-        }
-        true
+        s.chars().enumerate().all(|(k, c)| self.chars.get(self.pos + offset + k) == Some(&c))
     }
 
     fn run(&mut self, budget: &mut Budget) -> Result<(), LexError> {
@@ -691,9 +684,7 @@ impl Lexer {
                 end += 1;
             }
             len = Some(end - offset);
-        } else if self.peek(offset) == Some(',') && self.depth <= 0 {
-            len = Some(1);
-        } else if self.peek(offset) == Some(' ') {
+        } else if self.peek(offset) == Some(',') && self.depth <= 0 || self.peek(offset) == Some(' ') {
             len = Some(1);
         }
         let len = len?;

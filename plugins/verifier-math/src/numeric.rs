@@ -111,7 +111,7 @@ fn function(name: &str, values: &[f64]) -> f64 {
 }
 
 fn binom(n: f64, k: f64) -> f64 {
-    if k.fract() != 0.0 || n.fract() != 0.0 || k < 0.0 || k > 1000.0 {
+    if k.fract() != 0.0 || n.fract() != 0.0 || !(0.0..=1000.0).contains(&k) {
         return f64::NAN;
     }
     (0..k as u64).fold(1.0, |acc, i| acc * (n - i as f64) / (i as f64 + 1.0))

@@ -933,7 +933,7 @@ impl Parser<'_> {
         let mut rows = Vec::new();
         let mut row = Vec::new();
         loop {
-            if self.at_end(&[end.clone()]) {
+            if self.at_end(std::slice::from_ref(&end)) {
                 break;
             }
             if self.eat(&Tok::RowSep) {
