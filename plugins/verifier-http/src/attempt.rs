@@ -19,6 +19,9 @@ const ERROR_SNIPPET_CHARS: usize = 200;
 pub enum Failure {
     /// No connection, or it broke before a full response; the lowest-level cause.
     Connect(String),
+    /// The TLS handshake failed (an unknown issuer, a wrong name, an expired certificate): a
+    /// setup problem that a retry cannot fix and that says nothing about the service's health.
+    Tls(String),
     /// The attempt ran past its time limit.
     Timeout,
     /// A status other than 2xx, with the start of the body.
@@ -42,20 +45,25 @@ impl Failure {
             Failure::Timeout => Some(RetryOn::Timeout),
             Failure::Status { code: 429, .. } => Some(RetryOn::TooManyRequests),
             Failure::Status { code: 500..=599, .. } => Some(RetryOn::ServerError),
-            Failure::Status { .. } | Failure::TooLarge | Failure::Invalid(_) => None,
+            Failure::Status { .. } | Failure::Tls(_) | Failure::TooLarge | Failure::Invalid(_) => None,
         }
     }
 
-    /// Whether the service is unavailable by this failure, for the circuit breaker: connection
-    /// errors, timeouts, 5xx and 429 are; a 4xx or a malformed body means it is up and answering.
-    pub fn is_unavailable(&self) -> bool {
-        self.class().is_some()
+    /// What this failure tells the circuit breaker: `Some(false)` (unavailable) for connection
+    /// errors, timeouts, 5xx and 429; `Some(true)` (up and answering) for a 4xx or a malformed
+    /// body; `None` for a TLS failure, which is about the client's setup.
+    pub fn health(&self) -> Option<bool> {
+        match self {
+            Failure::Tls(_) => None,
+            other => Some(other.class().is_none()),
+        }
     }
 
     /// The message, naming the limit that was hit where there is one.
     pub fn describe(&self, settings: &Settings) -> String {
         match self {
             Failure::Connect(cause) => format!("cannot reach the service: {cause}"),
+            Failure::Tls(cause) => format!("TLS handshake with the service failed: {cause}"),
             Failure::Timeout => {
                 format!("the service did not answer within timeout_ms = {}", settings.timeout.as_millis())
             }
@@ -129,32 +137,44 @@ fn read_bounded(mut response: Response, max: u64, deadline: Instant) -> Result<V
 }
 
 fn classify(error: &reqwest::Error) -> Failure {
-    if error.is_timeout() { Failure::Timeout } else { Failure::Connect(root_cause(error)) }
+    if error.is_timeout() {
+        return Failure::Timeout;
+    }
+    if let Some(tls) = causes(error).find_map(|cause| cause.downcast_ref::<rustls::Error>()) {
+        return Failure::Tls(tls.to_string());
+    }
+    Failure::Connect(root_cause(error))
 }
 
 fn classify_io(error: &std::io::Error) -> Failure {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if current.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_timeout)
-            || current
+    let timed_out = causes(error).any(|cause| {
+        cause.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_timeout)
+            || cause
                 .downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return Failure::Timeout;
+    });
+    if timed_out { Failure::Timeout } else { Failure::Connect(root_cause(error)) }
+}
+
+/// `error` and its causes, innermost last. An `io::Error`'s `source()` skips the error it wraps
+/// (hyper nests rustls's error two `io::Error`s deep), so those are unwrapped with `get_ref`.
+fn causes<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |current| {
+        match current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(wrapped) => Some(wrapped as &(dyn std::error::Error + 'static)),
+            None => current.source(),
         }
-        source = current.source();
-    }
-    Failure::Connect(root_cause(error))
+    })
+    // A cycle is not possible in practice; the bound makes sure.
+    .take(32)
 }
 
 /// The innermost cause's message: "Connection refused (os error 111)" rather than reqwest's
 /// "error sending request for url (...)".
 fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
+    causes(error).last().map_or_else(String::new, ToString::to_string)
 }
 
 /// The start of an error body as one line.
@@ -226,6 +246,8 @@ mod tests {
 
     #[test]
     fn failure_classes_and_breaker_relevance() {
+        assert_eq!(Failure::Tls("invalid peer certificate: UnknownIssuer".into()).class(), None);
+        assert_eq!(Failure::Tls("invalid peer certificate: UnknownIssuer".into()).health(), None);
         let cases: &[(Failure, Option<RetryOn>)] = &[
             (Failure::Connect("refused".into()), Some(RetryOn::Connect)),
             (Failure::Timeout, Some(RetryOn::Timeout)),
@@ -240,7 +262,7 @@ mod tests {
         ];
         for (failure, class) in cases {
             assert_eq!(failure.class(), *class, "{failure:?}");
-            assert_eq!(failure.is_unavailable(), class.is_some(), "{failure:?}");
+            assert_eq!(failure.health(), Some(class.is_none()), "{failure:?}");
         }
     }
 

@@ -138,8 +138,10 @@ impl HttpVerifier {
                 (Admission::Allowed, _) => {}
             }
             let outcome = attempt::send(&self.client, settings, body, settings.timeout);
-            let unavailable = outcome.as_ref().err().is_some_and(Failure::is_unavailable);
-            self.breaker().record(!unavailable, Instant::now());
+            let health = outcome.as_ref().map_or_else(Failure::health, |_| Some(true));
+            if let Some(healthy) = health {
+                self.breaker().record(healthy, Instant::now());
+            }
             let failure = match outcome {
                 Ok(answer) => return self.answered(answer, attempt, trail),
                 Err(failure) => failure,
@@ -283,6 +285,62 @@ mod tests {
         assert_eq!(
             error.message.as_str(),
             "http verifier config: url: missing (expected the service's http:// or https:// URL)"
+        );
+    }
+
+    /// A one-connection-per-answer HTTP server on a real socket that plays `answers` in order.
+    fn serve(answers: Vec<&'static str>) -> String {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for answer in answers {
+                let (stream, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(stream);
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = value.trim().parse().unwrap();
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                reader.read_exact(&mut vec![0; length]).unwrap();
+                let (status, body) = answer.split_once(' ').unwrap();
+                let response = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                reader.get_mut().write_all(response.as_bytes()).unwrap();
+            }
+        });
+        url
+    }
+
+    // The daemon calls verifiers from tokio's blocking pool. There the plugin's client (whose
+    // tokio, in this unit test, is the same copy as the caller's) must neither panic nor hang.
+    #[test]
+    fn verifies_from_a_tokio_spawn_blocking_thread() {
+        let url = serve(vec!["500 busy", r#"200 {"score": 1, "passed": true}"#]);
+        let config = json!({"url": url, "backoff_ms": 1, "backoff_max_ms": 1}).to_string();
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+        let verdict = runtime
+            .block_on(async move {
+                tokio::task::spawn_blocking(move || {
+                    let verifier = HttpVerifier::from_config(&config).unwrap();
+                    verifier.verify(&VerifyItem::new("a", "p", "c", "{}")).unwrap()
+                })
+                .await
+            })
+            .unwrap();
+        assert_eq!(verdict.error.into_option(), None);
+        assert!(verdict.passed);
+        assert_eq!(
+            verdict.components.iter().map(|c| (c.name.as_str(), c.value)).collect::<Vec<_>>(),
+            [("http_attempts", 2.0)]
         );
     }
 
