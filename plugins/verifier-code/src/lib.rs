@@ -466,7 +466,7 @@ impl VerifierPlugin for CodeVerifier {
         let explain = item.explain;
         if code.len() > self.config.max_code_bytes {
             let outcome = Outcome {
-                total: tests.len(),
+                total: tests.count(),
                 lines: vec![format!(
                     "not run: the solution is {} bytes, over max_code_bytes ({})",
                     code.len(),
@@ -529,3 +529,92 @@ impl VerifierPlugin for CodeVerifier {
 }
 
 export_verifier!(CodeVerifier);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (available, accepted missing, the missing layers run without or the refusal)
+    type PolicyCase<'a> = (&'a [Layer], &'a [Layer], Result<&'a str, &'a str>);
+
+    fn check_policy(available: &[Layer], allowed: &[Layer], expected: Result<&str, &str>) {
+        let available: LayerSet = available.iter().copied().collect();
+        let allowed: LayerSet = allowed.iter().copied().collect();
+        let got = check_layers(available, allowed).map(LayerSet::names);
+        match (&got, expected) {
+            (Ok(missing), Ok(expected)) => assert_eq!(missing, expected),
+            (Err(message), Err(expected)) => assert!(message.contains(expected), "{message}"),
+            _ => panic!("got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_layer_refuses_unless_the_config_accepts_it() {
+        let all = Layer::ALL;
+        let no_landlock = [
+            Layer::UserNamespace,
+            Layer::PidNamespace,
+            Layer::NetworkNamespace,
+            Layer::MountNamespace,
+            Layer::IpcNamespace,
+            Layer::Seccomp,
+        ];
+        let landlock = [Layer::LandlockFs, Layer::LandlockNet, Layer::LandlockScopes];
+        let cases: &[PolicyCase] = &[
+            (&all, &[], Ok("none")),
+            (&all, &[Layer::Seccomp], Ok("none")),
+            (&no_landlock, &[], Err("the kernel lacks landlock_fs, landlock_net, landlock_scopes")),
+            (&no_landlock, &[Layer::LandlockFs], Err("the kernel lacks landlock_net, landlock_scopes")),
+            (&no_landlock, &landlock, Ok("landlock_fs, landlock_net, landlock_scopes")),
+            (
+                &[],
+                &all,
+                Ok(
+                    "user_namespace, pid_namespace, network_namespace, mount_namespace, ipc_namespace, landlock_fs, landlock_net, landlock_scopes, seccomp",
+                ),
+            ),
+        ];
+        for (available, allowed, expected) in cases {
+            check_policy(available, allowed, *expected);
+        }
+    }
+
+    fn check_compare(compare: IoCompare, got: &str, expected: &str, matches: bool) {
+        assert_eq!(
+            compare.matches(got.as_bytes(), expected),
+            matches,
+            "{compare:?}: {got:?} vs {expected:?}"
+        );
+    }
+
+    #[test]
+    fn stdout_comparison() {
+        let cases: &[(IoCompare, &str, &str, bool)] = &[
+            (IoCompare::Lines, "3\n", "3\n", true),
+            (IoCompare::Lines, "3", "3\n", true),
+            (IoCompare::Lines, "3  \n\n\n", "3\n", true),
+            (IoCompare::Lines, "1 2\n3\n", "1 2\n3\n", true),
+            (IoCompare::Lines, "1  2\n", "1 2\n", false),
+            (IoCompare::Lines, "\n3\n", "3\n", false),
+            (IoCompare::Lines, "", "0\n", false),
+            (IoCompare::Exact, "3", "3\n", false),
+            (IoCompare::Exact, "3\n", "3\n", true),
+            (IoCompare::Tokens, "1\n2   3", "1 2 3\n", true),
+            (IoCompare::Tokens, "1 2", "1 2 3", false),
+        ];
+        for (compare, got, expected, matches) in cases {
+            check_compare(*compare, got, expected, *matches);
+        }
+    }
+
+    #[test]
+    fn extracted_code_is_cut_on_a_char_boundary() {
+        assert_eq!(truncate("abc", 3), "abc");
+        assert_eq!(truncate("aé", 2), "a\n# ... (3 bytes in all)");
+    }
+
+    #[test]
+    fn self_test_passes() {
+        CodeVerifier::self_test().unwrap();
+    }
+}

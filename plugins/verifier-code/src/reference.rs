@@ -46,8 +46,8 @@ pub enum Tests {
 }
 
 impl Tests {
-    /// How many tests.
-    pub fn len(&self) -> usize {
+    /// How many tests (never 0: [`parse`] refuses an empty list).
+    pub fn count(&self) -> usize {
         match self {
             Tests::Asserts { tests, .. } => tests.len(),
             Tests::Io(cases) => cases.len(),
@@ -150,7 +150,7 @@ mod tests {
     }
 
     fn check_reference(json: &str, expected: Result<usize, &str>) {
-        let got = parse(json).map(|(tests, _)| tests.len());
+        let got = parse(json).map(|(tests, _)| tests.count());
         match (&got, &expected) {
             (Ok(n), Ok(m)) => assert_eq!(n, m, "{json}"),
             (Err(message), Err(prefix)) => assert!(message.starts_with(prefix), "{json}: {message}"),

@@ -555,9 +555,3 @@ struct IoResult {
     timed_out: bool,
     termination: Termination,
 }
-
-impl Default for Termination {
-    fn default() -> Self {
-        Termination::Killed
-    }
-}

@@ -96,13 +96,14 @@ pub struct Spawned {
 }
 
 /// How the sandboxed process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Termination {
     /// It exited with a code (never trusted for a verdict).
     Exited(i32),
     /// A signal ended it.
     Signaled(i32),
     /// It did not end by itself: we killed it, or its status could not be read.
+    #[default]
     Killed,
 }
 
