@@ -12,8 +12,10 @@ use std::fmt;
 use crate::budget::{Budget, Exhausted};
 use crate::lexer::{LexError, Number, RelOp, Tok, int_number, repair_escapes, tokenize};
 
-/// Nesting deeper than this is refused as exhausting the budget (the parser recurses).
-pub const MAX_DEPTH: u32 = 200;
+/// Nesting deeper than this is refused as exhausting the budget: the parser recurses, and this
+/// keeps its stack well under 1 MiB even in a debug build (about 15 levels of brackets or
+/// fractions, far beyond any real answer).
+pub const MAX_DEPTH: u32 = 100;
 
 /// The syntax tree of one answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -575,6 +577,13 @@ impl Parser<'_> {
     }
 
     fn exponent(&mut self, terminators: &[Tok]) -> Result<Expr, ParseError> {
+        self.enter()?;
+        let result = self.exponent_inner(terminators);
+        self.leave();
+        result
+    }
+
+    fn exponent_inner(&mut self, terminators: &[Tok]) -> Result<Expr, ParseError> {
         match self.peek() {
             Some(Tok::Op('-')) => {
                 self.pos += 1;
