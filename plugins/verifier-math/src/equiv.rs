@@ -20,7 +20,7 @@ use num_rational::BigRational;
 use num_traits::{Signed, ToPrimitive, Zero};
 
 use crate::budget::{Budget, Exhausted};
-use crate::exact::{RatFn, Why, exact};
+use crate::exact::{RatFn, Why, exact, rat_mul};
 use crate::lexer::{Number, RelOp, pow10};
 use crate::numeric::{Env, Points, close, eval, free_symbols, holds};
 use crate::parse::Expr;
@@ -190,7 +190,7 @@ fn is_matrix(expr: &Expr) -> bool {
 
 /// Round half away from zero of `q · 10^places`.
 fn round_scaled(q: &BigRational, places: u64, budget: &mut Budget) -> Result<BigInt, Exhausted> {
-    let scaled = q * BigRational::from_integer(pow10(places, budget)?);
+    let scaled = rat_mul(q, &BigRational::from_integer(pow10(places, budget)?), budget)?;
     Ok(scaled.round().to_integer())
 }
 
@@ -427,7 +427,7 @@ impl Cmp<'_> {
         let d = if negative { -literal.value.clone() } else { literal.value.clone() };
         if let Some(x) = other_exact.and_then(RatFn::as_rational) {
             let digits = u64::from(digits);
-            let scaled = &x * BigRational::from_integer(pow10(digits, self.budget)?);
+            let scaled = rat_mul(&x, &BigRational::from_integer(pow10(digits, self.budget)?), self.budget)?;
             if scaled.is_integer() {
                 self.reason = format!("{x} terminates within {digits} places: exact comparison, different");
                 return Ok(Some(false));

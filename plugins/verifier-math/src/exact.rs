@@ -84,9 +84,32 @@ fn bits(q: &BigRational) -> u64 {
     q.numer().bits() + q.denom().bits()
 }
 
-fn charge_mul(a: &BigRational, b: &BigRational, budget: &mut Budget) -> Result<(), Exhausted> {
-    // A rational product also reduces by a gcd: count it as a few multiplications.
-    budget.charge(mul_cost(bits(a), bits(b)).saturating_mul(4), "big-number arithmetic")
+/// The cost of reducing by a gcd of numbers of `a` and `b` bits: num-bigint's binary gcd takes
+/// up to `a + b` steps over the longer number's words (even against 1: found by fuzzing).
+fn gcd_cost(a: u64, b: u64) -> u64 {
+    a.saturating_add(b).saturating_mul(a.max(b) / 64 + 1)
+}
+
+/// `a · b`, charged; integers skip the gcd reduction entirely.
+pub(crate) fn rat_mul(a: &BigRational, b: &BigRational, budget: &mut Budget) -> Result<BigRational, Exhausted> {
+    budget.charge(mul_cost(bits(a), bits(b)), "big-number arithmetic")?;
+    if a.is_integer() && b.is_integer() {
+        return Ok(BigRational::from_integer(a.numer() * b.numer()));
+    }
+    budget.charge(gcd_cost(bits(a), bits(b)).saturating_mul(2), "big-number arithmetic")?;
+    Ok(a * b)
+}
+
+/// `a + b`, charged; equal denominators (integers among them) need no gcd.
+pub(crate) fn rat_add(a: &BigRational, b: &BigRational, budget: &mut Budget) -> Result<BigRational, Exhausted> {
+    budget.charge(bits(a).max(bits(b)) / 64 + 1, "big-number arithmetic")?;
+    if a.denom() != b.denom() {
+        budget.charge(gcd_cost(bits(a), bits(b)).saturating_mul(3), "big-number arithmetic")?;
+        budget.charge(mul_cost(bits(a), bits(b)).saturating_mul(3), "big-number arithmetic")?;
+    } else if !a.denom().is_one() {
+        budget.charge(gcd_cost(bits(a), bits(b)), "big-number arithmetic")?;
+    }
+    Ok(a + b)
 }
 
 impl Poly {
@@ -135,11 +158,14 @@ impl Poly {
     fn add(&self, other: &Poly, budget: &mut Budget) -> Result<Poly, Exhausted> {
         let mut terms = self.terms.clone();
         for (mono, c) in &other.terms {
-            budget.charge(bits(c) / 64 + 1, "big-number arithmetic")?;
-            let entry = terms.entry(mono.clone()).or_insert_with(BigRational::zero);
-            *entry += c;
-            if entry.is_zero() {
+            let sum = match terms.get(mono) {
+                Some(existing) => rat_add(existing, c, budget)?,
+                None => c.clone(),
+            };
+            if sum.is_zero() {
                 terms.remove(mono);
+            } else {
+                terms.insert(mono.clone(), sum);
             }
         }
         Ok(Poly { terms })
@@ -153,15 +179,21 @@ impl Poly {
         let mut terms: BTreeMap<Mono, BigRational> = BTreeMap::new();
         for (m1, c1) in &self.terms {
             for (m2, c2) in &other.terms {
-                charge_mul(c1, c2, budget)?;
                 budget
                     .charge((m1.atoms.len() + m2.atoms.len()) as u64 + PAIR_COST, "polynomial arithmetic")?;
                 let (mono, factor) = mono_mul(m1, m2)?;
-                let c = c1 * c2 * BigRational::from_integer(BigInt::from(factor));
-                let entry = terms.entry(mono.clone()).or_insert_with(BigRational::zero);
-                *entry += c;
-                if entry.is_zero() {
+                let mut c = rat_mul(c1, c2, budget)?;
+                if factor != 1 {
+                    c = rat_mul(&c, &BigRational::from_integer(BigInt::from(factor)), budget)?;
+                }
+                let sum = match terms.get(&mono) {
+                    Some(existing) => rat_add(existing, &c, budget)?,
+                    None => c,
+                };
+                if sum.is_zero() {
                     terms.remove(&mono);
+                } else {
+                    terms.insert(mono, sum);
                 }
             }
         }
@@ -220,7 +252,7 @@ impl Poly {
         if m1 != m2 || self.terms.len() != other.terms.len() {
             return Ok(false);
         }
-        let ratio = c1 / c2;
+        let ratio = rat_mul(c1, &c2.recip(), budget)?;
         if positive && ratio.is_negative() {
             return Ok(false);
         }
