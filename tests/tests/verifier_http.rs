@@ -33,6 +33,7 @@ HUGE = json.dumps({"score": 1, "passed": True, "extracted": "x" * (2 << 20)})
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
@@ -698,4 +699,36 @@ fn https_with_the_trusted_roots_and_a_clear_error_without() {
         "TLS handshake with the service failed: invalid peer certificate: UnknownIssuer (attempt 1 of 3, not retried)"
     );
     assert_eq!(lines[0]["components"]["http_attempts"], 1.0);
+}
+
+#[test]
+fn the_readme_example_service_works_as_documented() {
+    let readme =
+        std::fs::read_to_string(rlvr_tests::workspace_root().join("plugins/verifier-http/README.md"))
+            .unwrap();
+    let section = &readme[readme.find("## An example service").expect("the example's section")..];
+    let start = section.find("```python\n").expect("a python block") + "```python\n".len();
+    let code = &section[start..start + section[start..].find("```").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("verifier_service.py");
+    std::fs::write(&script, code).unwrap();
+    let port = free_port();
+    let mut child =
+        Command::new("python3").arg(&script).arg(port.to_string()).stderr(Stdio::null()).spawn().unwrap();
+    let up = rlvr_tests::wait_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let items = [item("right", "Let me think.\n4"), item("wrong", "five")];
+    let config = json!({"url": format!("http://127.0.0.1:{port}/")});
+    let result = up.then(|| verify(&config, &["--parallel", "2", "--explain"], &items));
+    let _ = child.kill();
+    let _ = child.wait();
+    let (lines, _, _) = result.expect("the example service listens");
+    check(
+        &lines,
+        &[Expect::pass("right", 1.0), Expect { passed: false, score: 0.0, ..Expect::pass("wrong", 1.0) }],
+    );
+    assert_eq!(lines[0]["components"], json!({"exact": 1.0, "http_attempts": 1.0}));
+    assert_eq!(lines[1]["extracted"], "five");
+    assert_eq!(lines[0]["explanation"][1], "service: gold '4', pred '4' (last line)");
 }
