@@ -2,7 +2,7 @@
 # Verifier benchmark: our `math` plugin (release build, through `rlvrctl verify`) against
 # Math-Verify 0.9.0 (PyPI, in the project venv) on the same pairs, in one run. Two sets: the 86
 # shared Math-Verify dev cases (../shared/verifier-cases/math-dev.jsonl) and a generated set of
-# 1,200 pairs whose labels hold by construction (fractions, decimals, radicals, π, thousands
+# 1,600 pairs whose labels hold by construction (fractions, decimals, radicals, π, thousands
 # separators, polynomials, intervals, sets, hedges). Prints a markdown table: agreement with the
 # `expected` column, per-pair median and mean time, and total wall time per pair.
 #
@@ -28,7 +28,8 @@ if ! "$RLVR_VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m
 fi
 
 step "build (release): rlvrctl and the math plugin"
-cargo build --release -p rlvr-daemon --bin rlvrctl -p rlvr-verifier-math
+cargo build --release -p rlvr-daemon --bin rlvrctl
+cargo build --release -p rlvr-verifier-math
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT

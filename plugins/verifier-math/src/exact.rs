@@ -91,7 +91,11 @@ fn gcd_cost(a: u64, b: u64) -> u64 {
 }
 
 /// `a · b`, charged; integers skip the gcd reduction entirely.
-pub(crate) fn rat_mul(a: &BigRational, b: &BigRational, budget: &mut Budget) -> Result<BigRational, Exhausted> {
+pub(crate) fn rat_mul(
+    a: &BigRational,
+    b: &BigRational,
+    budget: &mut Budget,
+) -> Result<BigRational, Exhausted> {
     budget.charge(mul_cost(bits(a), bits(b)), "big-number arithmetic")?;
     if a.is_integer() && b.is_integer() {
         return Ok(BigRational::from_integer(a.numer() * b.numer()));
@@ -101,7 +105,11 @@ pub(crate) fn rat_mul(a: &BigRational, b: &BigRational, budget: &mut Budget) -> 
 }
 
 /// `a + b`, charged; equal denominators (integers among them) need no gcd.
-pub(crate) fn rat_add(a: &BigRational, b: &BigRational, budget: &mut Budget) -> Result<BigRational, Exhausted> {
+pub(crate) fn rat_add(
+    a: &BigRational,
+    b: &BigRational,
+    budget: &mut Budget,
+) -> Result<BigRational, Exhausted> {
     budget.charge(bits(a).max(bits(b)) / 64 + 1, "big-number arithmetic")?;
     if a.denom() != b.denom() {
         budget.charge(gcd_cost(bits(a), bits(b)).saturating_mul(3), "big-number arithmetic")?;

@@ -304,7 +304,7 @@ impl Parser<'_> {
         if self.depth > MAX_DEPTH {
             return Err(ParseError::Exhausted(Exhausted {
                 limit: u64::from(MAX_DEPTH),
-                what: "nesting too deep",
+                what: "nesting deeper than the parser allows",
             }));
         }
         Ok(())
