@@ -563,22 +563,22 @@ fn the_breaker_opens_fails_fast_probes_and_recovers() {
     let mut config = config(&service);
     config["retries"] = json!(0);
     config["breaker_failures"] = json!(3);
-    config["breaker_cooldown_ms"] = json!(400);
+    config["breaker_cooldown_ms"] = json!(1000);
     let mut session = Session::start(&config);
     let down = "the service answered 503 Service Unavailable: down for maintenance (attempt 1 of 1)";
     let open = "circuit breaker open after 3 consecutive failed requests: failing fast without a request until a \
-                probe succeeds (breaker_cooldown_ms = 400)";
+                probe succeeds (breaker_cooldown_ms = 1000)";
     let mut lines = Vec::new();
     for id in ["down-1", "down-2", "down-3", "ok-refused-1"] {
         lines.push(session.verify(id));
     }
     // The cooldown passes; the probe fails and reopens the breaker.
-    std::thread::sleep(Duration::from_millis(450));
+    std::thread::sleep(Duration::from_millis(1100));
     for id in ["down-probe-1", "ok-refused-2"] {
         lines.push(session.verify(id));
     }
     // The cooldown passes again; the probe succeeds and closes it.
-    std::thread::sleep(Duration::from_millis(450));
+    std::thread::sleep(Duration::from_millis(1100));
     for id in ["ok-probe-2", "ok-closed"] {
         lines.push(session.verify(id));
     }
@@ -731,4 +731,23 @@ fn the_readme_example_service_works_as_documented() {
     assert_eq!(lines[0]["components"], json!({"exact": 1.0, "http_attempts": 1.0}));
     assert_eq!(lines[1]["extracted"], "five");
     assert_eq!(lines[0]["explanation"][1], "service: gold '4', pred '4' (last line)");
+}
+
+#[test]
+fn the_daemon_loads_it_and_shows_its_note_on_tls_roots() {
+    // No Redis is needed to load plugins.
+    let daemon = rlvr_tests::Daemon::start(&["rlvr-verifier-http"], "redis://127.0.0.1:1");
+    let mut listed = Value::Null;
+    let loaded = rlvr_tests::wait_until(Duration::from_secs(20), || {
+        listed = daemon.get_json("/v1/plugins");
+        listed["plugins"].as_array().is_some_and(|plugins| !plugins.is_empty())
+    });
+    assert!(loaded, "{listed}\n{}", daemon.log());
+    let plugin = &listed["plugins"][0];
+    assert_eq!(plugin["id"], "http@0.1.0", "{plugin}");
+    let note = plugin["notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("https: rustls (ring), ") && note.contains(" trusted root certificate(s) from "),
+        "{plugin}"
+    );
 }

@@ -218,6 +218,35 @@ impl VerifierPlugin for HttpVerifier {
         "{\"type\": \"object\", \"description\": \"passed to the service unchanged\"}"
     }
 
+    fn notes() -> Vec<String> {
+        // The same store rustls-platform-verifier reads on Linux: an empty one means every https
+        // service fails its handshake, which an operator should learn at load, not per item.
+        let roots = rustls_native_certs::load_native_certs();
+        let source = match (std::env::var_os("SSL_CERT_FILE"), std::env::var_os("SSL_CERT_DIR")) {
+            (None, None) => "the system store".to_owned(),
+            (file, dir) => format!(
+                "SSL_CERT_FILE={} SSL_CERT_DIR={}",
+                file.map_or_else(|| "(unset)".into(), |f| f.to_string_lossy().into_owned()),
+                dir.map_or_else(|| "(unset)".into(), |d| d.to_string_lossy().into_owned())
+            ),
+        };
+        let mut notes = vec![format!(
+            "https: rustls (ring), {} trusted root certificate(s) from {source}",
+            roots.certs.len()
+        )];
+        if roots.certs.is_empty() {
+            notes.push(
+                "https: no root certificates found, every https service will fail its handshake; install \
+                 ca-certificates or set SSL_CERT_FILE"
+                    .to_owned(),
+            );
+        }
+        notes.extend(
+            roots.errors.iter().take(3).map(|error| format!("https: reading root certificates: {error}")),
+        );
+        notes
+    }
+
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
         let settings = config::parse(config_json, |name| std::env::var(name).ok())
             .map_err(|message| PluginError::invalid_config(format!("http verifier config: {message}")))?;
@@ -271,6 +300,13 @@ mod tests {
     #[test]
     fn self_test_passes() {
         HttpVerifier::self_test().unwrap();
+    }
+
+    #[test]
+    fn notes_count_the_root_certificates() {
+        let notes = HttpVerifier::notes();
+        assert!(notes[0].starts_with("https: rustls (ring), "), "{notes:?}");
+        assert!(notes[0].contains("trusted root certificate(s) from"), "{notes:?}");
     }
 
     #[test]
