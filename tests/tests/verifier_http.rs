@@ -566,8 +566,8 @@ fn the_breaker_opens_fails_fast_probes_and_recovers() {
     config["breaker_cooldown_ms"] = json!(1000);
     let mut session = Session::start(&config);
     let down = "the service answered 503 Service Unavailable: down for maintenance (attempt 1 of 1)";
-    let open = "circuit breaker open after 3 consecutive failed requests: failing fast without a request until a \
-                probe succeeds (breaker_cooldown_ms = 1000)";
+    let open = "circuit breaker open (breaker_failures = 3 consecutive failed requests): failing fast without a \
+                request until a probe succeeds (breaker_cooldown_ms = 1000)";
     let mut lines = Vec::new();
     for id in ["down-1", "down-2", "down-3", "ok-refused-1"] {
         lines.push(session.verify(id));
@@ -623,8 +623,8 @@ fn the_breaker_stops_an_items_retries() {
             Expect::error(
                 "ok-1",
                 0.0,
-                "circuit breaker open after 2 consecutive failed requests: failing fast without a request until a \
-                 probe succeeds (breaker_cooldown_ms = 5000)",
+                "circuit breaker open (breaker_failures = 2 consecutive failed requests): failing fast without a \
+                 request until a probe succeeds (breaker_cooldown_ms = 5000)",
             ),
         ],
     );

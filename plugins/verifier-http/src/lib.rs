@@ -120,8 +120,8 @@ impl HttpVerifier {
             match (admission, &last) {
                 (Admission::Refused, None) => {
                     let verdict = Verdict::error(format!(
-                        "circuit breaker open after {} consecutive failed requests: failing fast without a \
-                         request until a probe succeeds (breaker_cooldown_ms = {})",
+                        "circuit breaker open (breaker_failures = {} consecutive failed requests): failing fast \
+                         without a request until a probe succeeds (breaker_cooldown_ms = {})",
                         settings.breaker_failures,
                         settings.breaker_cooldown.as_millis()
                     ))
