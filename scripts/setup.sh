@@ -23,13 +23,14 @@ as_root() {
 mkdir -p "$CACHE_DIR"
 
 # --- Python venv with torch -------------------------------------------------------------------
-python_bin=${RLVR_PYTHON:-$(command -v python3 || true)}
-if [ -z "$python_bin" ]; then
-    say "no python3 found: installing python3 and python3-venv from Debian's packages"
+# The code verifier runs solutions with the system interpreter, /usr/bin/python3 (its default
+# `python` key), so that one must exist even when another python3 comes first on PATH.
+if [ ! -x /usr/bin/python3 ]; then
+    say "no /usr/bin/python3: installing python3 and python3-venv from Debian's packages"
     as_root apt-get update -qq
     as_root apt-get install -y -qq python3 python3-venv
-    python_bin=$(command -v python3)
 fi
+python_bin=${RLVR_PYTHON:-$(command -v python3 || echo /usr/bin/python3)}
 
 torch_installed() {
     [ -x "$VENV/bin/python" ] &&
