@@ -11,4 +11,5 @@ pub mod metrics;
 pub mod registry;
 pub mod serve;
 pub mod time;
+pub mod tls;
 pub mod verify;

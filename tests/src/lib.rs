@@ -191,7 +191,7 @@ impl Daemon {
 
     /// `GET path`: status and body.
     pub fn get(&self, path: &str) -> (u16, String) {
-        let response = reqwest::blocking::get(format!("{}{path}", self.url))
+        let response = http_get(&format!("{}{path}", self.url))
             .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()));
         let status = response.status().as_u16();
         (status, response.text().expect("body"))
@@ -222,6 +222,14 @@ impl Drop for Daemon {
             stop(&mut child, Duration::from_secs(5));
         }
     }
+}
+
+/// A blocking `GET url`. Tests use this rather than `reqwest::blocking::get`: the workspace's
+/// reqwest needs a TLS provider installed in the process first (see the root Cargo.toml).
+pub fn http_get(url: &str) -> reqwest::Result<reqwest::blocking::Response> {
+    // Err only means a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::blocking::get(url)
 }
 
 /// Runs `rlvrctl` with `args`, feeding `stdin`.

@@ -28,6 +28,10 @@ fn every_built_plugin_loads_through_the_real_loader() {
         &[
             "rlvr-verifier-format",
             "rlvr-verifier-template",
+            "rlvr-verifier-math",
+            "rlvr-verifier-code",
+            "rlvr-verifier-ifeval",
+            "rlvr-verifier-http",
             "rlvr-fixture-echo-v1",
             "rlvr-fixture-optimizer-centred",
             "rlvr-fixture-curriculum-cycle",
@@ -47,10 +51,14 @@ fn every_built_plugin_loads_through_the_real_loader() {
         plugins,
         [
             ("centred@0.1.0".to_owned(), "optimizer".to_owned()),
+            ("code@0.1.0".to_owned(), "verifier".to_owned()),
             ("cycle@0.1.0".to_owned(), "curriculum".to_owned()),
             ("echo@1.0.0".to_owned(), "verifier".to_owned()),
             ("exact-match@0.1.0".to_owned(), "verifier".to_owned()),
             ("format@0.1.0".to_owned(), "verifier".to_owned()),
+            ("http@0.1.0".to_owned(), "verifier".to_owned()),
+            ("ifeval@0.1.0".to_owned(), "verifier".to_owned()),
+            ("math@0.1.0".to_owned(), "verifier".to_owned()),
             ("stall@0.1.0".to_owned(), "verifier".to_owned()),
         ]
     );
@@ -67,8 +75,11 @@ fn every_built_plugin_loads_through_the_real_loader() {
     assert!(format.get("notes").is_none(), "{format}");
     assert!(daemon.log().contains(note), "{}", daemon.log());
     let table = rlvrctl(&["--server", &daemon.url, "plugins"], b"");
-    let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.lines().any(|line| line.starts_with("stall@0.1.0") && line.ends_with(note)), "{table}");
+    let (table, stderr) = (String::from_utf8_lossy(&table.stdout), String::from_utf8_lossy(&table.stderr));
+    assert!(
+        table.lines().any(|line| line.starts_with("stall@0.1.0") && line.ends_with(note)),
+        "{table}{stderr}"
+    );
     // The content-addressed copy is what got loaded.
     let cache = daemon.dir.path().join("state/plugin-cache");
     let cached: Vec<String> =

@@ -164,7 +164,7 @@ impl Service {
 
     /// (requests per item id, distinct connections) so far; plain HTTP services only.
     fn stats(&self) -> (Value, u64) {
-        let stats: Value = reqwest::blocking::get(&self.url).unwrap().json().unwrap();
+        let stats: Value = rlvr_tests::http_get(&self.url).unwrap().json().unwrap();
         (stats["requests"].clone(), stats["connections"].as_u64().unwrap())
     }
 }

@@ -73,6 +73,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(LogFormat::Human, "warn");
+    rlvr_daemon::tls::install_crypto_provider();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

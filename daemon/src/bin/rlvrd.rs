@@ -46,6 +46,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    rlvr_daemon::tls::install_crypto_provider();
     match cli.command {
         Command::ProbePlugin { library } => {
             // stdout carries the report; logs stay off it.
