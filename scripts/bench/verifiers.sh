@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Verifier benchmark: our `math` plugin (release build, through `rlvrctl verify`) against
 # Math-Verify 0.9.0 (PyPI, in the project venv) on the same pairs, in one run. Two sets: the 86
-# shared Math-Verify dev cases (../shared/verifier-cases/math-dev.jsonl) and a generated set of
+# Math-Verify dev cases (tests/data/verifier_math/math-dev.jsonl) and a generated set of
 # 1,600 pairs whose labels hold by construction (fractions, decimals, radicals, π, thousands
 # separators, polynomials, intervals, sets, hedges). Prints a markdown table: agreement with the
 # `expected` column, per-pair median and mean time, and total wall time per pair.
@@ -11,7 +11,10 @@
 # Math-Verify: `verify(parse(gold), parse(pred))` per pair with time.perf_counter_ns, after one
 # warm-up call.
 #
-# Usage: scripts/bench/verifiers.sh [--quick]   (--quick: the dev set only)
+# Then the code verifier's throughput against the bare interpreter (scripts/bench/code-verifier.sh,
+# release build), unless --quick.
+#
+# Usage: scripts/bench/verifiers.sh [--quick]   (--quick: the math dev set only)
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 cd "$RLVR_ROOT"
@@ -35,7 +38,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/plugins"
 cp target/release/librlvr_verifier_math.so "$work/plugins/"
-dev=$(cd "$RLVR_ROOT/.." && pwd)/shared/verifier-cases/math-dev.jsonl
+dev=$RLVR_ROOT/tests/data/verifier_math/math-dev.jsonl
 
 step "generated set"
 "$RLVR_VENV/bin/python" - "$work/generated.jsonl" <<'PY'
@@ -192,3 +195,8 @@ for entry in sets:
         print(f"| {name} | {label} | {n} | {agree}/{n} ({100 * agree / n:.1f}%) | {median:.1f} | {mean:.1f} | {wall / n:.1f} |")
     print(f"| {name} | speed-up (median) | | | {results['theirs'] / max(results['ours'], 0.1):.0f}× | | |")
 PY
+
+if [ "$quick" = 0 ]; then
+    step "code verifier: trivial-solution runs per second against bare python3 (release)"
+    PROFILE=release "$RLVR_ROOT/scripts/bench/code-verifier.sh"
+fi

@@ -29,7 +29,7 @@ const DISAGREEMENTS: &[(&str, bool, &str)] = &[];
 
 #[test]
 fn agrees_with_every_math_verify_dev_case() {
-    let path = workspace_root().join("../shared/verifier-cases/math-dev.jsonl");
+    let path = workspace_root().join("tests/data/verifier_math/math-dev.jsonl");
     let input = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let cases: Vec<Value> = input.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(cases.len(), 86, "the shared dev set has 86 lines");
