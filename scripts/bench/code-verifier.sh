@@ -18,11 +18,11 @@ PROFILE="${PROFILE:-debug}"
 PYTHON="${PYTHON:-/usr/bin/python3}"
 [ -f "$HOME/.cache/rlvr/env.sh" ] && source "$HOME/.cache/rlvr/env.sh"
 
-if [ "$PROFILE" = release ]; then
-    cargo build --quiet --release -p rlvr-verifier-code -p rlvr-daemon --bin rlvrctl
-else
-    cargo build --quiet -p rlvr-verifier-code -p rlvr-daemon --bin rlvrctl
-fi
+# Two builds: with `--bin rlvrctl` in the same command, cargo would build no library at all.
+profile_flag=()
+[ "$PROFILE" = release ] && profile_flag=(--release)
+cargo build --quiet "${profile_flag[@]}" -p rlvr-verifier-code
+cargo build --quiet "${profile_flag[@]}" -p rlvr-daemon --bin rlvrctl
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE"
 
 WORK="$(mktemp -d)"
