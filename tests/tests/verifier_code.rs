@@ -6,6 +6,7 @@ use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +21,13 @@ struct Setup {
     plugins: PathBuf,
     work_root: PathBuf,
     canary_dir: PathBuf,
+    /// Holds the secrets; rlvrctl inherits it open (not close-on-exec) as [`INHERITED_FD`], as a
+    /// process may from a shell or a library, and no solution may read it through that fd.
+    inherited: PathBuf,
 }
+
+/// The fd number rlvrctl inherits [`Setup::inherited`] on.
+const INHERITED_FD: u32 = 200;
 
 const CANARY_TEXT: &str = "canary: untouched\n";
 /// In rlvrctl's environment; no solution may ever see it.
@@ -46,14 +53,21 @@ impl Setup {
         fs::write(&canary, CANARY_TEXT).unwrap();
         fs::set_permissions(&canary, fs::Permissions::from_mode(0o666)).unwrap();
         rlvr_tests::drop_in(&plugin_lib("rlvr-verifier-code"), &plugins, "librlvr_verifier_code.so");
-        Setup { _dir: dir, plugins, work_root, canary_dir }
+        let inherited = dir.path().join("inherited.txt");
+        fs::write(&inherited, format!("{TEST_SECRET} {ENV_SECRET}\n")).unwrap();
+        Setup { _dir: dir, plugins, work_root, canary_dir, inherited }
     }
 
     /// Runs one batch; returns the output lines (by id) and stderr.
     fn verify(&self, items: &[Value], config: Value) -> (Vec<Value>, String) {
         let mut config = config;
         config["work_root"] = json!(self.work_root);
-        let mut child = Command::new(artifact("rlvrctl"))
+        // bash opens the file on an fd that is not close-on-exec, then becomes rlvrctl.
+        let mut child = Command::new("/bin/bash")
+            .arg("-c")
+            .arg(format!("exec {INHERITED_FD}<\"$0\" && exec \"$@\""))
+            .arg(&self.inherited)
+            .arg(artifact("rlvrctl"))
             .args(["verify", "--plugin", "code", "--explain", "--parallel", "2", "--plugin-dir"])
             .arg(&self.plugins)
             .arg("--plugin-config")
@@ -296,6 +310,11 @@ fn exploits_score_zero_and_leave_the_host_untouched() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
+    // A path-named datagram socket anyone may write to, like the journal's or /dev/log.
+    let host_socket_path = setup.canary_dir.parent().unwrap().join("host.sock");
+    let host_socket = UnixDatagram::bind(&host_socket_path).unwrap();
+    host_socket.set_nonblocking(true).unwrap();
+    fs::set_permissions(&host_socket_path, fs::Permissions::from_mode(0o777)).unwrap();
     let test_pid = std::process::id();
     let secret_tests: &[&str] = &[&format!("assert find() == {TEST_SECRET:?}")];
     // Looks everywhere a naive harness leaves tests, expected outputs or secrets.
@@ -311,7 +330,7 @@ def find():
                 seen.append(f.read(1 << 20))
         except Exception:
             pass
-    for fd in range(0, 64):
+    for fd in range(0, 256):
         try:
             os.set_blocking(fd, False)
             seen.append(os.read(fd, 1 << 20))
@@ -417,6 +436,28 @@ def find():
             ),
             &["assert find() != ''"],
         ),
+        // `in` on a solution object: asking the solution would tell it the value looked for.
+        asserts(
+            "contains-anything",
+            "class Anything:\n    def __contains__(self, value):\n        return True\n\
+             def divisors(n):\n    return Anything()\n",
+            &["assert 3 in divisors(12)", "assert 'x' in divisors(1)"],
+        ),
+        // StopIteration from a call would end the test's own iteration: all(...) of nothing.
+        asserts(
+            "stop-iteration",
+            "def is_prime(n):\n    raise StopIteration\n",
+            &["assert all(map(is_prime, [2, 3, 5]))", "assert list(filter(is_prime, [4, 6])) == []"],
+        ),
+        asserts(
+            "datagram-to-host-socket",
+            &format!(
+                "import socket\ndef add(a, b):\n    if a == -4:\n        s, _ = socket.socketpair(socket.AF_UNIX, \
+                 socket.SOCK_DGRAM)\n        s.sendto(b'pwned', '{}')\n    return a + b\n",
+                host_socket_path.display()
+            ),
+            ADD_TESTS,
+        ),
         // The host still answers honest work after all of the above.
         asserts("honest-after", ADD, ADD_TESTS),
     ];
@@ -444,6 +485,9 @@ def find():
         ("print-1gb", 0.0, 0.0),
         ("signal-parent", 0.0, 0.0),
         ("daemon-files", 0.0, 0.0),
+        ("contains-anything", 0.0, 0.0),
+        ("stop-iteration", 0.0, 0.0),
+        ("datagram-to-host-socket", 0.0, 1.0),
     ];
     for (line, (id, timeout, unsafe_)) in lines.iter().zip(expectations) {
         assert_eq!(line["id"], *id);
@@ -459,6 +503,7 @@ def find():
     assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}: {stderr}");
     // Host untouched: no connection, canary intact, nothing left running or on disk.
     assert!(listener.accept().is_err(), "a solution connected to the host");
+    assert!(host_socket.recv(&mut [0; 64]).is_err(), "a solution sent to a host socket");
     setup.assert_canary_untouched();
     assert!(!Path::new("/tmp/rlvr-code-pwned").exists());
     setup.assert_nothing_left();

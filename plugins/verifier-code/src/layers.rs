@@ -284,9 +284,26 @@ pub fn seccomp_programs() -> Result<Vec<Vec<libc::sock_filter>>, String> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(to_string)?;
     rules.insert(libc::SYS_clone, clone_rules);
+    // A datagram socket can `sendto` any path-named socket on the host (the journal, /dev/log),
+    // which neither the network namespace nor Landlock stops; a stream pair cannot reach past
+    // itself. Other domains are not needed.
+    let socketpair_rules = [
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, libc::AF_UNIX as u64),
+        SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(0xf),
+            libc::SOCK_DGRAM as u64,
+        ),
+    ]
+    .into_iter()
+    .map(|condition| condition.and_then(|condition| SeccompRule::new(vec![condition])))
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(to_string)?;
+    rules.insert(libc::SYS_socketpair, socketpair_rules);
     let kill = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::KillProcess, arch)
         .map_err(to_string)?;
-    let mut programs = Vec::new();
+    let mut programs = x32_program();
     for filter in [clone3, kill] {
         let program: BpfProgram = filter.try_into().map_err(|error| format!("seccomp: {error}"))?;
         let program = program
@@ -296,6 +313,29 @@ pub fn seccomp_programs() -> Result<Vec<Vec<libc::sock_filter>>, String> {
         programs.push(program);
     }
     Ok(programs)
+}
+
+/// On x86_64, a program that kills any x32 system call (number | `0x4000_0000`): x32 calls carry
+/// the x86_64 audit arch, so filters matching x86_64 numbers would let them all through on a
+/// kernel built with x32 support. Nothing elsewhere.
+fn x32_program() -> Vec<Vec<libc::sock_filter>> {
+    if !cfg!(target_arch = "x86_64") {
+        return Vec::new();
+    }
+    const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+    let (load, ret) = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, libc::BPF_RET | libc::BPF_K);
+    vec![vec![
+        // seccomp_data: nr at offset 0, arch at offset 4.
+        op(load, 0, 0, 4),
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 1, 0, AUDIT_ARCH_X86_64),
+        op(ret, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        op(load, 0, 0, 0),
+        op(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K, 0, 1, X32_SYSCALL_BIT),
+        op(ret, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        op(ret, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]]
 }
 
 /// What the interpreter told us about itself (asked once, outside any sandbox, with fixed code).

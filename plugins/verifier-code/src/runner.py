@@ -88,8 +88,6 @@ def _serve(request):
         return bool(target)
     if op == "list":
         return list(target)
-    if op == "contains":
-        return _dec(request["value"]) in target
     raise ValueError("unknown op")
 
 

@@ -413,8 +413,35 @@ fn child_setup(plan: &ChildPlan) -> io::Result<()> {
                 program as *const libc::sock_fprog,
             ) as libc::c_int)?;
         }
+        close_inherited_fds(&plan.fd_map);
     }
     Ok(())
+}
+
+/// Fds the host process did not open close-on-exec (a shell's, a library's: a GPU driver's
+/// device, a log pipe) must not reach the solution: everything from [`STATUS_FD`] up is marked
+/// close-on-exec, or closed where the kernel lacks that flag (before 5.11); so are fds 3 and 4
+/// when this run does not give the child one there (io runs have no reply fd).
+unsafe fn close_inherited_fds(fd_map: &[(RawFd, RawFd)]) {
+    let first = STATUS_FD as libc::c_uint;
+    // SAFETY: fcntl, close_range and close on fds of this process only; the fds it still needs
+    // before `exec` (the ruleset, the programs' data) are not used after this point.
+    unsafe {
+        for fd in [REQUEST_FD, REPLY_FD] {
+            if !fd_map.iter().any(|&(_, target)| target == fd) {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+        if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) == 0 {
+            return;
+        }
+        if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) == 0 {
+            return;
+        }
+        for fd in first..(1 << 16) {
+            libc::close(fd as libc::c_int);
+        }
+    }
 }
 
 /// The reaper: closes everything but the status pipe, waits for the solution, reports its wait
