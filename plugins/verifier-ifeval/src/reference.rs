@@ -214,7 +214,10 @@ impl<'a> Kwargs<'a> {
         let items = match self.take(key)? {
             Value::Array(items) if !items.is_empty() => items,
             other => {
-                return Err(format!("{}: expected a non-empty list of strings, got {other}", self.field(key)));
+                return Err(format!(
+                    "{}: expected a non-empty list of strings, got {other}",
+                    self.field(key)
+                ));
             }
         };
         items
