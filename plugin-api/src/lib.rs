@@ -49,5 +49,5 @@ pub use crate::optimizer::{
     TensorHandle,
 };
 pub use crate::verifier::{
-    Component, Verdict, Verifier, Verifier_TO, VerifierBox, VerifierPlugin, VerifyItem,
+    Component, Verdict, Verifier, Verifier_TO, VerifierBox, VerifierPlugin, VerifyItem, check_known_answers,
 };

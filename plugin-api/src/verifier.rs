@@ -170,3 +170,23 @@ pub trait VerifierPlugin: Sized + Send + Sync + 'static {
         Ok(())
     }
 }
+
+/// Checks `verifier` against known answers — `(completion, reference_json, expected score)` — the
+/// usual body of [`VerifierPlugin::self_test`]. The first wrong score fails the self-test with a
+/// message naming the item, the score it got and the verdict's error, if any.
+pub fn check_known_answers<V: VerifierPlugin>(
+    verifier: &V,
+    cases: &[(&str, &str, f64)],
+) -> Result<(), PluginError> {
+    for (completion, reference_json, expected) in cases {
+        let verdict = verifier.verify(&VerifyItem::new("self-test", "", completion, reference_json))?;
+        if verdict.score != *expected {
+            return Err(PluginError::self_test_failed(format!(
+                "completion {completion:?} with reference {reference_json}: expected score {expected}, got {} (error: {:?})",
+                verdict.score,
+                verdict.error.as_ref().map(|error| error.as_str())
+            )));
+        }
+    }
+    Ok(())
+}

@@ -10,7 +10,9 @@
 //! The score is 1 when both are 1, else 0. Everything is linear in the input's length: a 10 MB
 //! completion is answered in milliseconds.
 
-use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use rlvr_plugin_api::{
+    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+};
 use serde::Deserialize;
 
 /// The plugin's keys in a job's `[[verifiers]]` entry.
@@ -131,18 +133,14 @@ impl VerifierPlugin for FormatVerifier {
 
     fn self_test() -> Result<(), PluginError> {
         let verifier = FormatVerifier::new(FormatConfig::default())?;
-        for (completion, expected) in
-            [("<think>2+2 is 4</think> 4", true), ("4", false), ("<think>a</think><think>b</think> 4", false)]
-        {
-            let item = VerifyItem::new("self-test", "", completion, "{}");
-            let passed = verifier.verify(&item)?.passed;
-            if passed != expected {
-                return Err(PluginError::self_test_failed(format!(
-                    "{completion:?}: expected passed = {expected}, got {passed}"
-                )));
-            }
-        }
-        Ok(())
+        check_known_answers(
+            &verifier,
+            &[
+                ("<think>2+2 is 4</think> 4", "{}", 1.0),
+                ("4", "{}", 0.0),
+                ("<think>a</think><think>b</think> 4", "{}", 0.0),
+            ],
+        )
     }
 }
 

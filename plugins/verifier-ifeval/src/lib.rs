@@ -19,7 +19,9 @@ mod pytext;
 mod reference;
 mod treebank;
 
-use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use rlvr_plugin_api::{
+    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+};
 use serde::Deserialize;
 
 pub use reference::INSTRUCTION_IDS;
@@ -185,21 +187,13 @@ impl VerifierPlugin for IfevalVerifier {
         let reference = r#"{"instruction_id_list": ["punctuation:no_comma", "length_constraints:number_sentences",
             "change_case:capital_word_frequency"], "kwargs": [{}, {"num_sentences": 2, "relation": "at least"},
             {"capital_frequency": 2, "capital_relation": "at least"}]}"#;
-        let cases = [
-            ("<think>plan, draft</think>Mr. Smith left. He DID NOT return.", 1.0),
-            ("Mr. Smith left, then he returned.", 0.0),
-        ];
-        for (completion, expected) in cases {
-            let item = VerifyItem::new("self-test", "", completion, reference);
-            let verdict = verifier.verify(&item)?;
-            if verdict.score != expected {
-                return Err(PluginError::self_test_failed(format!(
-                    "{completion:?}: expected score {expected}, got {} ({:?})",
-                    verdict.score, verdict.error
-                )));
-            }
-        }
-        Ok(())
+        check_known_answers(
+            &verifier,
+            &[
+                ("<think>plan, draft</think>Mr. Smith left. He DID NOT return.", reference, 1.0),
+                ("Mr. Smith left, then he returned.", reference, 0.0),
+            ],
+        )
     }
 }
 
