@@ -106,6 +106,13 @@ fn adversarial_and_cheating_completions() {
         ("percent", json!("28\\%"), "\\boxed{28}", true),
         ("string-tricks", json!("4"), "\\boxed{\\text{4}}", true),
         ("chat-template-tail", json!("3"), "\\boxed{3}<|im_start|>user \\boxed{4}", true),
+        ("think-reopened", json!("5"), "<think>a</think> <think>so \\boxed{5}", false),
+        ("abs-vs-identity", json!("x"), "\\boxed{|x|}", false),
+        ("sqrt-square-vs-identity", json!("x"), "\\boxed{\\sqrt{x^2}}", false),
+        ("max-vs-identity", json!("x"), "\\boxed{\\max(x, 0)}", false),
+        ("abs-forms", json!("|x|"), "\\boxed{\\sqrt{x^2}}", true),
+        ("union-extra-point", json!("[0, 1]"), "\\boxed{[0, 1] \\cup \\{3.7\\}}", false),
+        ("union-extra-interval", json!("[0, 1]"), "\\boxed{[0, 1] \\cup [100, 200]}", false),
     ];
     let input: String = cases
         .iter()
@@ -161,6 +168,8 @@ fn hostile_inputs_time_out_deterministically_and_fast() {
         ("deep-parens", deep, true),
         ("deep-fracs", deep_frac, true),
         ("million-digits", million_digits, true),
+        // Each product copies entries into sums of products: 2^k nodes (22 were 6.7 GB, 30 s).
+        ("matrix-product-chain", format!("\\boxed{{{}}}", "\\begin{pmatrix}1&1\\\\1&1\\end{pmatrix}".repeat(200)), true),
         ("unbalanced", "\\boxed{\\frac{1}{2".into(), false),
         ("stray-closers", "\\boxed{1}}}}} ))) ]]]".into(), false),
         ("long-prose", "word ".repeat(200_000), false),

@@ -229,6 +229,15 @@ impl Cmp<'_> {
                 return Ok(true);
             }
         }
+        if let (Expr::Rel(gi, go), Expr::Rel(pi, po)) = (gold, pred) {
+            // An assignment against the same equation rearranged (`y = 2x`, `2x = y`).
+            if assigned_value(gold).is_some() != assigned_value(pred).is_some()
+                && self.relations(gi, go, pi, po)?
+            {
+                self.reason = "the same equation, rearranged".into();
+                return Ok(true);
+            }
+        }
         let (mut g, mut p) = (Vec::new(), Vec::new());
         answers(gold, &mut g);
         answers(pred, &mut p);
@@ -294,6 +303,26 @@ impl Cmp<'_> {
 
     /// Two single answers.
     fn one(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
+        if self.one_value(gold, pred)? {
+            return Ok(true);
+        }
+        // An assignment against the same equation written otherwise (`y = 2x` against `2x = y`,
+        // `y - 2x = 0`, `2y = 4x`): as relations, up to a nonzero factor.
+        if let (Expr::Rel(gi, go), Expr::Rel(pi, po)) = (gold, pred) {
+            if assigned_value(gold).is_some() || assigned_value(pred).is_some() {
+                let reason = std::mem::take(&mut self.reason);
+                if self.relations(gi, go, pi, po)? {
+                    self.reason = "the same equation, rearranged".into();
+                    return Ok(true);
+                }
+                self.reason = reason;
+            }
+        }
+        Ok(false)
+    }
+
+    /// Two single answers, assignments by their value.
+    fn one_value(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
         self.budget.charge(1, "comparing")?;
         let gold = assigned_value(gold).unwrap_or(gold);
         let pred = assigned_value(pred).unwrap_or(pred);
@@ -502,13 +531,36 @@ impl Cmp<'_> {
             }
             agreed += 1;
         }
+        // Then points off [0.25, 2.25): negative and larger values, where `|x|`, `\sqrt{x^2}`,
+        // `\max(x, 0)` or `\min(x, 3)` differ from `x`. A point where either side is undefined
+        // is skipped (`\ln x` against `\ln|x|` may differ in domain only).
+        for k in 0..POINTS {
+            let env: Env = symbols
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let v = points.next_value();
+                    (s.clone(), if (k + i) % 2 == 0 { -v } else { 2.0 * v + 2.0 })
+                })
+                .collect();
+            let (a, b) = (eval(gold, &env, self.budget)?, eval(pred, &env, self.budget)?);
+            if a.is_nan() || b.is_nan() {
+                continue;
+            }
+            if !close(a, b, 1e-12) {
+                self.reason =
+                    format!("differ at a seeded point off [0.25, 2.25) ({a:.12e} against {b:.12e})");
+                return Ok(false);
+            }
+            agreed += 1;
+        }
         let equal = agreed >= 3;
-        self.reason = format!("agree at {agreed} of {POINTS} seeded points");
+        self.reason = format!("agree at {agreed} of {} seeded points", 2 * POINTS);
         Ok(equal)
     }
 
     fn matrices(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
-        let (Some(g), Some(p)) = (matrix_value(gold), matrix_value(pred)) else {
+        let (Some(g), Some(p)) = (matrix_value(gold, self.budget)?, matrix_value(pred, self.budget)?) else {
             self.reason = "a matrix against something else".into();
             return Ok(false);
         };
@@ -751,7 +803,10 @@ fn critical_points(expr: &Expr, budget: &mut Budget, out: &mut Vec<f64>) -> Resu
             for item in items {
                 let mut symbols = Vec::new();
                 free_symbols(item, &mut symbols);
-                if symbols.is_empty() {
+                if matches!(item, Expr::SetOp(..) | Expr::Set(_) | Expr::Bracket(..)) {
+                    // A part of a union or set (`[0, 1] ∪ \{3.7\}`): its own endpoints and points.
+                    critical_points(item, budget, out)?;
+                } else if symbols.is_empty() {
                     out.push(eval(item, &Env::new(), budget)?);
                 } else {
                     critical_points(item, budget, out)?;
@@ -829,27 +884,100 @@ fn member(
     })
 }
 
+/// Most syntax nodes a matrix-valued expression may expand to: products copy entries into
+/// sums of products, so a chain of `k` products grows like `2^k` (22 small matrices were 6.7 GB);
+/// real answers stay in the hundreds.
+const MAX_MATRIX_NODES: u64 = 200_000;
+
+/// Syntax nodes of `expr`, counting no further than `cap`.
+fn node_count(expr: &Expr, cap: u64) -> u64 {
+    fn walk(expr: &Expr, cap: u64, total: &mut u64) {
+        *total += 1;
+        if *total >= cap {
+            return;
+        }
+        let each = |items: &[Expr], total: &mut u64| {
+            for item in items {
+                if *total >= cap {
+                    return;
+                }
+                walk(item, cap, total);
+            }
+        };
+        match expr {
+            Expr::Neg(a) | Expr::Factorial(a) | Expr::Abs(a) | Expr::Percent(a) => walk(a, cap, total),
+            Expr::Div(a, b)
+            | Expr::Pow(a, b)
+            | Expr::Root(a, b)
+            | Expr::Ratio(a, b)
+            | Expr::PlusMinus(a, b) => {
+                walk(a, cap, total);
+                if *total < cap {
+                    walk(b, cap, total);
+                }
+            }
+            Expr::Add(items)
+            | Expr::Mul(items)
+            | Expr::Func(_, items)
+            | Expr::Bracket(_, _, items)
+            | Expr::Set(items)
+            | Expr::List(items)
+            | Expr::SetOp(_, items)
+            | Expr::Rel(items, _) => each(items, total),
+            Expr::Matrix(rows) => {
+                for row in rows {
+                    each(row, total);
+                }
+            }
+            Expr::Num(_) | Expr::Sym(_) | Expr::Pi | Expr::E | Expr::Infinity | Expr::Text(_) => {}
+        }
+    }
+    let mut total = 0;
+    walk(expr, cap, &mut total);
+    total.min(cap)
+}
+
+/// Refuses (as an exhausted budget) a matrix expansion of `nodes` syntax nodes beyond
+/// [`MAX_MATRIX_NODES`], and charges the budget for one that fits, before it is built.
+fn charge_matrix(nodes: u64, budget: &mut Budget) -> Result<(), Exhausted> {
+    if nodes > MAX_MATRIX_NODES {
+        return Err(Exhausted { limit: MAX_MATRIX_NODES, what: "a matrix expression too large to expand" });
+    }
+    budget.charge(nodes, "expanding a matrix expression")
+}
+
+/// The largest entry of a matrix, in syntax nodes (capped).
+fn largest_entry(m: &[Vec<Expr>]) -> u64 {
+    m.iter().flatten().map(|e| node_count(e, MAX_MATRIX_NODES + 1)).max().unwrap_or(0)
+}
+
 /// Entries of a matrix-valued expression: a matrix, sums and differences of matrices, scalar
-/// multiples and matrix products.
-fn matrix_value(expr: &Expr) -> Option<Vec<Vec<Expr>>> {
-    match expr {
+/// multiples and matrix products; `None` when it is not one. Every expansion is charged to the
+/// budget by the nodes it builds, and one beyond [`MAX_MATRIX_NODES`] is refused before it is
+/// built (a chain of products grows exponentially).
+fn matrix_value(expr: &Expr, budget: &mut Budget) -> Result<Option<Vec<Vec<Expr>>>, Exhausted> {
+    Ok(match expr {
         Expr::Matrix(rows) => Some(rows.clone()),
-        Expr::Neg(a) => Some(
-            matrix_value(a)?
-                .into_iter()
-                .map(|row| row.into_iter().map(|e| Expr::Neg(Box::new(e))).collect())
-                .collect(),
-        ),
+        Expr::Neg(a) => {
+            let Some(m) = matrix_value(a, budget)? else { return Ok(None) };
+            let entries = m.iter().flatten().count() as u64;
+            charge_matrix(entries.saturating_mul(largest_entry(&m) + 1), budget)?;
+            Some(m.into_iter().map(|row| row.into_iter().map(|e| Expr::Neg(Box::new(e))).collect()).collect())
+        }
         Expr::Add(items) => {
             let mut total: Option<Vec<Vec<Expr>>> = None;
             for item in items {
-                let m = matrix_value(item)?;
+                let Some(m) = matrix_value(item, budget)? else { return Ok(None) };
                 total = Some(match total {
                     None => m,
                     Some(t) => {
                         if t.len() != m.len() || t.iter().zip(&m).any(|(a, b)| a.len() != b.len()) {
-                            return None;
+                            return Ok(None);
                         }
+                        let entries = t.iter().flatten().count() as u64;
+                        let nodes =
+                            entries.saturating_mul(largest_entry(&t).saturating_add(largest_entry(&m)) + 1);
+                        charge_matrix(nodes, budget)?;
                         t.into_iter()
                             .zip(m)
                             .map(|(ra, rb)| {
@@ -866,15 +994,20 @@ fn matrix_value(expr: &Expr) -> Option<Vec<Vec<Expr>>> {
             let mut product: Option<Vec<Vec<Expr>>> = None;
             for item in items {
                 if is_matrix(item) {
-                    let m = matrix_value(item)?;
+                    let Some(m) = matrix_value(item, budget)? else { return Ok(None) };
                     product = Some(match product {
                         None => m,
                         Some(a) => {
-                            let inner = a.first()?.len();
+                            let Some(inner) = a.first().map(Vec::len) else { return Ok(None) };
                             if inner != m.len() || m.is_empty() {
-                                return None;
+                                return Ok(None);
                             }
                             let width = m[0].len();
+                            let entries = (a.len() as u64).saturating_mul(width as u64);
+                            let per_entry = (inner as u64)
+                                .saturating_mul(largest_entry(&a).saturating_add(largest_entry(&m)) + 1)
+                                + 1;
+                            charge_matrix(entries.saturating_mul(per_entry), budget)?;
                             a.iter()
                                 .map(|row| {
                                     (0..width)
@@ -894,9 +1027,14 @@ fn matrix_value(expr: &Expr) -> Option<Vec<Vec<Expr>>> {
                     scalar.push(item.clone());
                 }
             }
-            let product = product?;
-            if product.iter().flatten().count() > 10_000 {
-                return None;
+            let Some(product) = product else { return Ok(None) };
+            let entries = product.iter().flatten().count() as u64;
+            if entries > 10_000 {
+                return Ok(None);
+            }
+            if !scalar.is_empty() {
+                let scalar_nodes: u64 = scalar.iter().map(|s| node_count(s, MAX_MATRIX_NODES + 1)).sum();
+                charge_matrix(entries.saturating_mul(scalar_nodes + largest_entry(&product) + 1), budget)?;
             }
             Some(
                 product
@@ -916,7 +1054,7 @@ fn matrix_value(expr: &Expr) -> Option<Vec<Vec<Expr>>> {
             )
         }
         _ => None,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -930,6 +1068,15 @@ mod tests {
         let p = parse(pred, &mut budget).unwrap_or_else(|e| panic!("pred {pred:?}: {e}"));
         let outcome = equivalent(&g, &p, &Options::default(), &mut budget).unwrap();
         assert_eq!(outcome.equal, expected, "{gold:?} vs {pred:?}: {} ({g} vs {p})", outcome.reason);
+    }
+
+    #[test]
+    fn matrix_product_chains_exhaust_instead_of_growing() {
+        let chain = "\\begin{pmatrix}1&1\\\\1&1\\end{pmatrix}".repeat(200);
+        let mut budget = Budget::new(20_000_000);
+        let g = parse("1", &mut budget).unwrap();
+        let p = parse(&chain, &mut budget).unwrap();
+        assert!(equivalent(&g, &p, &Options::default(), &mut budget).is_err());
     }
 
     #[test]
@@ -983,6 +1130,28 @@ mod tests {
             ("12:00", "12:00", true),
             ("\\text{Even}", "Even", true),
             ("\\text{odd}", "Even", false),
+            // Seeded points off [0.25, 2.25) tell these from `x`.
+            ("x", "|x|", false),
+            ("x", "\\sqrt{x^2}", false),
+            ("x", "\\max(x, 0)", false),
+            ("x", "\\min(x, 3)", false),
+            ("\\frac{|x|}{x}", "1", false),
+            ("|x|", "\\sqrt{x^2}", true),
+            ("\\ln(x^2)", "2\\ln|x|", true),
+            // Every part of a union is tested, however it is written.
+            // An assignment against the same equation in another form.
+            ("y=2x", "2x=y", true),
+            ("y=2x", "y-2x=0", true),
+            ("y=2x", "2y=4x", true),
+            ("y=2x", "y=3x", false),
+            ("y=2x", "0=0", false),
+            ("y=2x", "x=2y", false),
+            ("x=2", "2=x", true),
+            ("x=2", "x=3", false),
+            ("x \\in \\{1,2\\}", "x \\in \\{2,1\\}", true),
+            ("[0,1]", "[0,1] \\cup \\{3.7\\}", false),
+            ("[0,\\infty)", "[0,\\infty) \\setminus \\{3.7\\}", false),
+            ("\\{1,2\\}", "\\{1,2\\} \\cup [100,200]", false),
         ];
         for (gold, pred, expected) in cases {
             check(gold, pred, *expected);

@@ -80,6 +80,10 @@ pub fn extract(completion: &str, prompt: &str, fallback: Fallback) -> Result<Ext
         None if text.contains("<think>") => return Err(NotFound::UnclosedThink),
         None => text,
     };
+    if region.contains("<think>") {
+        // A reasoning block reopened after the last `</think>` never closes either.
+        return Err(NotFound::UnclosedThink);
+    }
     if let Some(cut) = CHAT_TOKENS.iter().filter_map(|t| region.find(t)).min() {
         region.truncate(cut);
     }
@@ -440,6 +444,7 @@ mod tests {
             ("<think>\\boxed{7}</think> The answer is \\boxed{8}", Off, Ok("8")),
             ("<think>\\boxed{7}</think> no answer", Off, Err(NotFound::Nothing("none"))),
             ("<think>\\boxed{7} never closes", Off, Err(NotFound::UnclosedThink)),
+            ("<think>a</think> <think>\\boxed{7} reopened", Off, Err(NotFound::UnclosedThink)),
             ("\\boxed{\\frac{1}{2}}", Off, Ok("\\frac{1}{2}")),
             ("\\boxed{\\{1,2\\}}", Off, Ok("\\{1,2\\}")),
             ("\\boxed{unbalanced", Off, Err(NotFound::BadBox)),
