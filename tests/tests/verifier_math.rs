@@ -113,6 +113,16 @@ fn adversarial_and_cheating_completions() {
         ("abs-forms", json!("|x|"), "\\boxed{\\sqrt{x^2}}", true),
         ("union-extra-point", json!("[0, 1]"), "\\boxed{[0, 1] \\cup \\{3.7\\}}", false),
         ("union-extra-interval", json!("[0, 1]"), "\\boxed{[0, 1] \\cup [100, 200]}", false),
+        // Text after a value is dropped only when it reads as a unit after a quantity.
+        ("text-or-after-value", json!("5"), "\\boxed{5 \\text{ or 6}}", false),
+        ("text-possibly-after-value", json!("5"), "\\boxed{5 \\text{ possibly 6}}", false),
+        ("text-paren-or", json!("1"), "\\boxed{1 \\text{ (or 2)}}", false),
+        ("text-correction", json!("1"), "\\boxed{1\\text{ is wrong, the answer is 2}}", false),
+        ("text-after-letter", json!("A"), "\\boxed{A \\text{ B}}", false),
+        ("text-after-word", json!("Yes"), "\\boxed{\\text{Yes} \\text{No}}", false),
+        ("unit-text", json!("5"), "\\boxed{5 \\text{ cm}}", true),
+        ("unit-text-power", json!("15"), "\\boxed{15\\mbox{ cm}^2}", true),
+        ("unit-text-words", json!("5"), "\\boxed{5 \\text{ sq. units}}", true),
     ];
     let input: String = cases
         .iter()

@@ -254,6 +254,52 @@ fn split_glued_connectives(toks: &mut Vec<Tok>) {
     }
 }
 
+/// Whether `\text{…}` after a quantity reads as a unit (`miles`, `sq. units`, `cm/s`): short,
+/// letters and unit punctuation only (no digits, commas or `=`), and none of the words that turn
+/// it into a second answer, a correction or a comment (`or 6`, `(or 2)`, `is wrong, the answer
+/// is 2`, `not`, `possibly`).
+fn is_unit_text(text: &str) -> bool {
+    const NOT_UNIT: &[&str] = &[
+        "or",
+        "and",
+        "not",
+        "no",
+        "nor",
+        "wrong",
+        "answer",
+        "answers",
+        "is",
+        "are",
+        "was",
+        "either",
+        "maybe",
+        "possibly",
+        "perhaps",
+        "probably",
+        "but",
+        "else",
+        "instead",
+        "otherwise",
+        "also",
+        "correct",
+        "incorrect",
+        "true",
+        "false",
+        "yes",
+        "unless",
+        "except",
+        "if",
+        "then",
+        "so",
+    ];
+    let text = normalize_text(text);
+    text.chars().any(char::is_alphabetic)
+        && text.chars().count() <= 24
+        && text.split(' ').count() <= 3
+        && text.chars().all(|c| c.is_alphabetic() || " ./^()-²³°%$".contains(c))
+        && !text.split(|c: char| !c.is_alphabetic()).any(|word| NOT_UNIT.contains(&word))
+}
+
 fn is_connective_text(text: &str) -> bool {
     matches!(normalize_text(text).as_str(), "and" | "or" | "," | ";" | "" | "or also" | "and also")
 }
@@ -519,7 +565,7 @@ impl Parser<'_> {
                     let numerator = collapse_mul(std::mem::take(&mut factors));
                     factors.push(Expr::Div(Box::new(numerator), Box::new(denominator)));
                 }
-                None if self.skip_unit() => {}
+                None if self.skip_unit(&factors) => {}
                 None if self.starts_operand(terminators) => factors.push(self.power(terminators)?),
                 None => break,
             }
@@ -528,18 +574,19 @@ impl Parser<'_> {
         Ok(collapse_mul(factors))
     }
 
-    /// Skips a unit word (and its power) after a quantity; whether one was skipped.
-    fn skip_unit(&mut self) -> bool {
+    /// Skips a unit word (and its power) after a quantity; whether one was skipped. Text is a
+    /// unit only when it looks like one (see [`is_unit_text`]) and follows a quantity, never a
+    /// word or letter answer (`\text{Yes} \text{No}`, `A \text{ B}`); other text after a value
+    /// is left unparsed, so the answer fails to parse (`5 \text{ or 6}` is no answer `5`).
+    fn skip_unit(&mut self, factors: &[Expr]) -> bool {
+        let after_word = factors.iter().all(|f| matches!(f, Expr::Text(_) | Expr::Sym(_)));
         let is_unit = match self.peek() {
             Some(Tok::Letters(word)) => {
                 UNITS.contains(&word.as_str())
                     && !matches!(self.peek_at(1), Some(Tok::LParen | Tok::Op('_')))
                     && (word.len() > 1 || !matches!(self.peek_at(1), Some(Tok::Num(_) | Tok::Letters(_))))
             }
-            Some(Tok::Text(text)) => {
-                let text = normalize_text(text);
-                !is_connective_text(&text) && text.chars().any(|c| c.is_alphabetic())
-            }
+            Some(Tok::Text(text)) => !after_word && is_unit_text(text),
             _ => false,
         };
         if !is_unit {
