@@ -123,6 +123,13 @@ fn adversarial_and_cheating_completions() {
         ("unit-text", json!("5"), "\\boxed{5 \\text{ cm}}", true),
         ("unit-text-power", json!("15"), "\\boxed{15\\mbox{ cm}^2}", true),
         ("unit-text-words", json!("5"), "\\boxed{5 \\text{ sq. units}}", true),
+        // Named values: the prediction must give the gold's names, unless they are one family.
+        ("named-bare", json!("x=1, y=2"), "\\boxed{2, 1}", false),
+        ("named-other-names", json!("x=1, y=2"), "\\boxed{x=2, z=1}", false),
+        ("named-renamed", json!("x=1, y=2"), "\\boxed{a=2, b=1}", false),
+        ("named-same", json!("x=1, y=2"), "\\boxed{y=2, x=1}", true),
+        ("roots-bare", json!("x_1=1, x_2=2"), "\\boxed{2, 1}", true),
+        ("roots-swapped", json!("x_1=1, x_2=2"), "\\boxed{x_1=2, x_2=1}", true),
     ];
     let input: String = cases
         .iter()

@@ -130,7 +130,8 @@ fn answers(expr: &Expr, out: &mut Vec<Expr>) {
     }
 }
 
-/// `name = value` pairs when every answer is an assignment to a plain symbol.
+/// `(name, assignment)` pairs, sorted by name, when every answer is an assignment to a plain
+/// symbol (`x = 1, y = 2`).
 fn named(expr: &Expr) -> Option<Vec<(String, Expr)>> {
     let items = match expr {
         Expr::List(items) => items.as_slice(),
@@ -140,10 +141,24 @@ fn named(expr: &Expr) -> Option<Vec<(String, Expr)>> {
     for item in items {
         let Expr::Rel(sides, _) = item else { return None };
         let Expr::Sym(name) = &sides[0] else { return None };
-        pairs.push((name.clone(), assigned_value(item)?.clone()));
+        assigned_value(item)?;
+        pairs.push((name.clone(), item.clone()));
     }
     pairs.sort_by(|a, b| a.0.cmp(&b.0));
     Some(pairs)
+}
+
+/// The family of interchangeable names the pairs use, when they use one: the same letter with
+/// indices (`x_1, x_2`) or the same name repeated (`x = 1, x = 2`) — roots of one equation,
+/// whose order is not part of the answer. `None` for distinct names (`x, y`; `x_1, y_1`).
+fn name_family(pairs: &[(String, Expr)]) -> Option<&str> {
+    let base = |name: &str| name.split('_').next().unwrap_or(name).to_owned();
+    let first = &pairs.first()?.0;
+    let family = first.split('_').next().unwrap_or(first);
+    let same_base = pairs.iter().all(|(n, _)| base(n) == family);
+    let all_indexed = pairs.iter().all(|(n, _)| n.contains('_'));
+    let all_same = pairs.iter().all(|(n, _)| n == first);
+    (same_base && (all_indexed || all_same)).then_some(family)
 }
 
 fn decimal_literal(expr: &Expr) -> Option<(&Number, bool)> {
@@ -215,18 +230,23 @@ fn floor_log10(q: &BigRational, budget: &mut Budget) -> Result<i64, Exhausted> {
 
 impl Cmp<'_> {
     fn top(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
-        if let (Some(g), Some(p)) = (named(gold), named(pred)) {
-            let same_names = g.len() == p.len() && g.iter().zip(&p).all(|(a, b)| a.0 == b.0);
-            let distinct = g.windows(2).all(|w| w[0].0 != w[1].0);
-            if same_names && distinct && g.len() >= 2 {
-                for ((name, gv), (_, pv)) in g.iter().zip(&p) {
-                    if !self.one(gv, pv)? {
-                        self.reason = format!("{name}: {}", self.reason);
-                        return Ok(false);
+        // A gold that names its values (`x = 1, y = 2`) is compared name by name: the prediction
+        // must give the same names. Only one family of interchangeable names (`x_1, x_2`, or `x`
+        // repeated) is compared by value, in any order, and then a prediction that names its
+        // values must use that family.
+        if let Some(g) = named(gold).filter(|g| g.len() >= 2) {
+            match name_family(&g) {
+                None => return self.by_name(&g, named(pred)),
+                Some(family) => {
+                    if let Some(p) = named(pred) {
+                        if let Some((name, _)) =
+                            p.iter().find(|(n, _)| n.split('_').next().unwrap_or(n) != family)
+                        {
+                            self.reason = format!("gold names its values {family}…, the prediction {name}");
+                            return Ok(false);
+                        }
                     }
                 }
-                self.reason = "every named value equal".into();
-                return Ok(true);
             }
         }
         if let (Expr::Rel(gi, go), Expr::Rel(pi, po)) = (gold, pred) {
@@ -281,6 +301,45 @@ impl Cmp<'_> {
             }
         }
         self.reason = format!("the same {} answers, in any order", g.len());
+        Ok(true)
+    }
+
+    /// A gold with distinct names against the prediction's named values (`None`: it names none).
+    fn by_name(
+        &mut self,
+        gold: &[(String, Expr)],
+        pred: Option<Vec<(String, Expr)>>,
+    ) -> Result<bool, Exhausted> {
+        let Some(pred) = pred else {
+            self.reason = "the gold names its values; the prediction does not name them all".into();
+            return Ok(false);
+        };
+        let names = |pairs: &[(String, Expr)]| {
+            let mut names: Vec<String> = pairs.iter().map(|(n, _)| n.clone()).collect();
+            names.dedup();
+            names
+        };
+        let (gold_names, pred_names) = (names(gold), names(&pred));
+        if gold_names != pred_names {
+            self.reason = format!("names {} against {}", gold_names.join(", "), pred_names.join(", "));
+            return Ok(false);
+        }
+        for name in &gold_names {
+            let values = |pairs: &[(String, Expr)]| -> Vec<Expr> {
+                pairs.iter().filter(|(n, _)| n == name).map(|(_, item)| item.clone()).collect()
+            };
+            let (mut g, mut p) = (values(gold), values(&pred));
+            let equal = if g.len() == 1 && p.len() == 1 {
+                self.one(&g[0], &p[0])?
+            } else {
+                self.top(&Expr::List(std::mem::take(&mut g)), &Expr::List(std::mem::take(&mut p)))?
+            };
+            if !equal {
+                self.reason = format!("{name}: {}", self.reason);
+                return Ok(false);
+            }
+        }
+        self.reason = "every named value equal".into();
         Ok(true)
     }
 
@@ -1120,6 +1179,20 @@ mod tests {
             ("\\sin x", "\\cos x", false),
             ("k = 45, n = 2", "k = 2, n = 45", false),
             ("k = 45, n = 2", "n = 2, k = 45", true),
+            // A gold with distinct names is compared name by name; bare values or other names fail.
+            ("x=1, y=2", "2, 1", false),
+            ("x=1, y=2", "1, 2", false),
+            ("x=1, y=2", "x=2, z=1", false),
+            ("x=1, y=2", "a=2, b=1", false),
+            ("x=1, y=2", "x=2, y=1", false),
+            ("x=1, y=2", "y=2, x=1", true),
+            // One family of names (`x_1, x_2`, `x` repeated) is interchangeable roots.
+            ("x_1=1, x_2=2", "2, 1", true),
+            ("x_1=1, x_2=2", "x_1=2, x_2=1", true),
+            ("x_1=1, x_2=2", "x=2, x=1", true),
+            ("x=1, x=2", "x=2, x=1", true),
+            ("x_1=1, x_2=2", "a=2, b=1", false),
+            ("x_1=1, x_2=2", "x_1=2, x_2=3", false),
             (
                 "\\begin{pmatrix}6 & 8 \\\\ 10 & 12\\end{pmatrix}",
                 "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix} + \\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}",
