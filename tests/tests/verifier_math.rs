@@ -130,6 +130,10 @@ fn adversarial_and_cheating_completions() {
         ("named-same", json!("x=1, y=2"), "\\boxed{y=2, x=1}", true),
         ("roots-bare", json!("x_1=1, x_2=2"), "\\boxed{2, 1}", true),
         ("roots-swapped", json!("x_1=1, x_2=2"), "\\boxed{x_1=2, x_2=1}", true),
+        // A short gold decimal does not loosen the rounding rule.
+        ("gold-decimal-third", json!("0.3"), "\\boxed{1/3}", false),
+        ("gold-decimal-pi", json!("3.14"), "\\boxed{\\pi}", false),
+        ("gold-decimal-near-half", json!("0.5"), "\\boxed{\\frac{1000}{1999}}", false),
     ];
     let input: String = cases
         .iter()

@@ -31,7 +31,7 @@ pub struct Options {
     /// A decimal literal matches a constant whose expansion does not terminate within this many
     /// places when both round to the same digits: this many decimal places, or this many
     /// significant digits when the constant is below 1 in magnitude (whichever is finer, so no
-    /// small value is ever rounded away). A gold decimal with fewer places lowers it to those.
+    /// small value is ever rounded away). A gold decimal is held to the same digits.
     pub precision_digits: u32,
 }
 
@@ -496,22 +496,19 @@ impl Cmp<'_> {
         g: Option<&RatFn>,
         p: Option<&RatFn>,
     ) -> Result<Option<bool>, Exhausted> {
-        let (literal, negative, other, other_exact, gold_is_literal) =
-            match (decimal_literal(gold), decimal_literal(pred)) {
-                (Some((n, neg)), None) => (n, neg, pred, p, true),
-                (None, Some((n, neg))) => (n, neg, gold, g, false),
-                _ => return Ok(None),
-            };
+        let (literal, negative, other, other_exact) = match (decimal_literal(gold), decimal_literal(pred)) {
+            (Some((n, neg)), None) => (n, neg, pred, p),
+            (None, Some((n, neg))) => (n, neg, gold, g),
+            _ => return Ok(None),
+        };
         let mut symbols = Vec::new();
         free_symbols(other, &mut symbols);
         if !symbols.is_empty() || other_exact.is_some_and(RatFn::has_vars) {
             return Ok(None);
         }
-        let digits = if gold_is_literal {
-            self.options.precision_digits.min(literal.places)
-        } else {
-            self.options.precision_digits
-        };
+        // The spec's digits for both sides: a short gold decimal does not loosen the rule
+        // (`0.3` ≠ `1/3`, `3.14` ≠ `π`); a dataset that wants that sets `precision_digits`.
+        let digits = self.options.precision_digits;
         let d = if negative { -literal.value.clone() } else { literal.value.clone() };
         if let Some(x) = other_exact.and_then(RatFn::as_rational) {
             let digits = u64::from(digits);
@@ -1154,6 +1151,12 @@ mod tests {
             ("\\sqrt{17}", "4.1231", false),
             ("\\pi", "3.141593", true),
             ("\\pi", "3.14", false),
+            // A short gold decimal is held to the same digits as a predicted one.
+            ("0.3", "\\frac{1}{3}", false),
+            ("3.14", "\\pi", false),
+            ("0.5", "\\frac{1000}{1999}", false),
+            ("0.333333", "\\frac{1}{3}", true),
+            ("3.141593", "\\pi", true),
             ("2", "x=2", true),
             ("\\{1,2,3\\}", "\\{3,1,2\\}", true),
             ("1", "1, 2", false),
