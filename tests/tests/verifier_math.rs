@@ -134,6 +134,11 @@ fn adversarial_and_cheating_completions() {
         ("gold-decimal-third", json!("0.3"), "\\boxed{1/3}", false),
         ("gold-decimal-pi", json!("3.14"), "\\boxed{\\pi}", false),
         ("gold-decimal-near-half", json!("0.5"), "\\boxed{\\frac{1000}{1999}}", false),
+        // After an answer marker the first answer counts; alternatives are hedging.
+        ("marker-first-answer", json!("4"), "The answer is 5, not 4", false),
+        ("marker-first-answer-right", json!("4"), "The answer is 4, not 5", true),
+        ("marker-alternatives", json!("4"), "The answer is 4 or maybe 5.", false),
+        ("marker-subject", json!("34"), "Final Answer: The largest $n$ is 34.", true),
     ];
     let input: String = cases
         .iter()

@@ -5,6 +5,7 @@
 //! together with the boxes just before it that only short connective text separates
 //! (`\boxed{1} and \boxed{2}` is the answer list `1; 2`, so hedging never matches a single gold)
 //! → the text after the last `final answer is` / `answer:` marker, up to the end of its sentence
+//! (its first answer, with any alternatives offered after it as a list)
 //! → the configured [`Fallback`].
 
 use crate::lexer::repair_escapes;
@@ -97,7 +98,7 @@ pub fn extract(completion: &str, prompt: &str, fallback: Fallback) -> Result<Ext
         BoxSearch::None => {}
     }
     if let Some((marker, after)) = after_marker(&region) {
-        if let Some(answer) = bare_or_last(&after) {
+        if let Some(answer) = bare_or_first(&after) {
             return Ok(Extraction { answer, source: Source::Marker(marker) });
         }
     }
@@ -285,6 +286,51 @@ fn has_prose(text: &str) -> bool {
     false
 }
 
+/// The answer after a marker: the text itself when it is a bare answer, else its first math span
+/// or number (`The answer is 5, not 4` is `5`) — skipping a value-less span that the sentence
+/// describes (`The largest $n$ is 34` is `34`) — together with the values after it offered as
+/// alternatives (`5 or maybe 4` is the list `5; 4`, which never matches a single gold).
+fn bare_or_first(text: &str) -> Option<String> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    if !has_prose(trimmed) && trimmed.chars().count() <= 1000 {
+        return Some(trimmed.trim_end_matches('.').to_owned());
+    }
+    let spans = math_spans(trimmed);
+    let masked = mask_spans(trimmed, &spans);
+    let mut candidates: Vec<(usize, usize, String)> = spans
+        .iter()
+        .filter(|s| !trimmed[s.2..s.3].trim().is_empty())
+        .map(|s| (s.0, s.1, trimmed[s.2..s.3].trim().to_owned()))
+        .chain(numbers(&masked))
+        .collect();
+    candidates.sort_by_key(|c| c.0);
+    let subject = |c: &(usize, usize, String)| {
+        let after = trimmed[c.1..].trim_start().to_ascii_lowercase();
+        !c.2.chars().any(|ch| ch.is_ascii_digit())
+            && ["is ", "are ", "equals", "=", "was "].iter().any(|verb| after.starts_with(verb))
+    };
+    let skip = usize::from(candidates.len() > 1 && subject(&candidates[0]));
+    let mut chosen = candidates.into_iter().skip(skip);
+    let first = chosen.next()?;
+    let mut end = first.1;
+    let mut answers = vec![first.2];
+    for (start, next_end, answer) in chosen {
+        let gap = trimmed[end..start].to_ascii_lowercase();
+        let alternative = gap
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .any(|word| matches!(word, "or" | "either" | "alternatively"));
+        if !alternative {
+            break;
+        }
+        answers.push(answer);
+        end = next_end;
+    }
+    Some(answers.join("; "))
+}
+
 /// The text itself when it is a bare answer, else its last math span or number.
 fn bare_or_last(text: &str) -> Option<String> {
     let trimmed = text.trim();
@@ -359,9 +405,15 @@ fn last_span_or_number(text: &str) -> Option<String> {
 
 /// The last plain number in `text` (not glued to a word before it), as (end, normalized text).
 fn last_number(text: &str) -> Option<(usize, String)> {
+    numbers(text).pop().map(|(_, end, n)| (end, n))
+}
+
+/// The plain numbers in `text` (not glued to a word before them), as (start, end, normalized
+/// text).
+fn numbers(text: &str) -> Vec<(usize, usize, String)> {
     let bytes = text.as_bytes();
     let digit = |i: usize| bytes.get(i).is_some_and(u8::is_ascii_digit);
-    let mut last = None;
+    let mut found = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
         if !digit(i)
@@ -377,6 +429,7 @@ fn last_number(text: &str) -> Option<(usize, String)> {
         if negative {
             out.push('-');
         }
+        let begin = if negative { i - 1 } else { i };
         let start = i;
         while digit(i) {
             i += 1;
@@ -416,9 +469,9 @@ fn last_number(text: &str) -> Option<(usize, String)> {
             }
             out.push_str(&text[from..i]);
         }
-        last = Some((i, out));
+        found.push((begin, i, out));
     }
-    last
+    found
 }
 
 #[cfg(test)]
@@ -452,6 +505,11 @@ mod tests {
             ("Final Answer: The final answer is $(0, 1)$. I hope it is correct.", Off, Ok("$(0, 1)$")),
             ("Final Answer: The largest $n$ is 34.", Off, Ok("34")),
             ("Answer: 42", Off, Ok("42")),
+            // After a marker the first answer counts, and alternatives are hedging.
+            ("The answer is 5, not 4", Off, Ok("5")),
+            ("The answer is 5 or maybe 4.", Off, Ok("5; 4")),
+            ("The answer is $5$, or perhaps $4$.", Off, Ok("5; 4")),
+            ("Final answer: 12 ways, since 3 times 4 is 12.", Off, Ok("12")),
             ("the number is not 10 which is 1,000.99€", Last, Ok("1000.99")),
             ("Soucis : 2,74 $ a..", Last, Ok("2.74")),
             ("AZYUK2A", Last, Err(NotFound::Nothing("last"))),
