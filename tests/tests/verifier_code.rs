@@ -280,6 +280,7 @@ fn bad_configs_are_refused_naming_the_field() {
         (json!({"timeout_ms": 20000}), "timeout_ms: expected at most max_timeout_ms (10000), got 20000"),
         (json!({"python": "/nonexistent/python3"}), "python: cannot run /nonexistent/python3"),
         (json!({"allow_missing_layers": ["landlock"]}), "unknown variant `landlock`"),
+        (json!({"evaluator_memory_mb": 10}), "evaluator_memory_mb: expected at least 64"),
     ] {
         let mut config = config;
         config["work_root"] = json!(setup.work_root);
@@ -544,4 +545,69 @@ fn the_daemon_lists_the_isolation_layers_as_notes() {
         "{notes:?}"
     );
     assert!(daemon.log().contains("isolation layers available"), "{}", daemon.log());
+}
+
+/// The trusted evaluator is bounded by what the solution makes it do: values built to be costly
+/// to take in (hash collisions) or to keep (memory) end as the solution's failure or timeout
+/// within the test's time, never as a verifier error, and a fresh evaluator serves the next item.
+#[test]
+fn costly_values_are_the_solutions_failure_and_bounded() {
+    let setup = Setup::new();
+    // 36,000 distinct ints with one hash: building a set of them is quadratic (seconds).
+    let collide = "[(2**61 - 1) * k + 5 for k in range(36000)]";
+    let raw_set = format!(
+        "import os\ndef f():\n    os.write(4, ('{{\"ok\":{{\"set\":[%s]}}}}\\n' % ','.join(map(str, {collide}))).encode())\n    \
+         return 0\n"
+    );
+    let raw_dict = format!(
+        "import os\ndef f():\n    os.write(4, ('{{\"ok\":{{\"dict\":[%s]}}}}\\n' % ','.join('[%d,0]' % v for v in {collide})).encode())\n    \
+         return 0\n"
+    );
+    let mut into_set = asserts(
+        "collision-list-into-set",
+        &format!("def f():\n    return {collide}\n"),
+        &["assert len(set(f())) == 1"],
+    );
+    into_set["reference"]["timeout_ms"] = json!(1000);
+    let items = [
+        asserts("collision-set-raw-reply", &raw_set, &["assert f() == {5}"]),
+        asserts("collision-dict-raw-reply", &raw_dict, &["assert f() == {5: 0}"]),
+        into_set,
+        // Keeps 1 MB strings until the evaluator's address space runs out: MemoryError.
+        asserts(
+            "keep-large-values",
+            "def f(i):\n    return 'x' * 1000000 + str(i)\n",
+            &["kept = [f(i) for i in range(1000)]\nassert len(kept) == 1000"],
+        ),
+        // Test code that kills the evaluator after the solution answered: the rest fail.
+        asserts(
+            "evaluator-dies",
+            ADD,
+            &["assert add(1, 2) == 3", "add(1, 1)\n__import__('os')._exit(3)", "assert add(2, 2) == 4"],
+        ),
+        asserts("honest-after", ADD, ADD_TESTS),
+    ];
+    let started = Instant::now();
+    let config = json!({"evaluator_memory_mb": 256, "max_reply_bytes": 4 << 20, "timeout_ms": 10000});
+    let (lines, stderr) = setup.verify(&items, config);
+    let elapsed = started.elapsed();
+    let expectations: &[(&str, f64, f64, &str)] = &[
+        // (id, score, timeout, in the explanation)
+        ("collision-set-raw-reply", 0.0, 0.0, "hashes collide"),
+        ("collision-dict-raw-reply", 0.0, 0.0, "hashes collide"),
+        ("collision-list-into-set", 0.0, 1.0, "time limit on the solution's values"),
+        ("keep-large-values", 0.0, 0.0, "MemoryError"),
+        ("evaluator-dies", 1.0 / 3.0, 0.0, "the evaluator ended"),
+    ];
+    for (line, (id, score, timeout, reason)) in lines.iter().zip(expectations) {
+        assert_eq!(line["id"], *id);
+        assert_eq!(line["score"], *score, "{id}: {line:#}");
+        assert_eq!(line["error"], Value::Null, "{id}: {line:#}");
+        assert_eq!(line["components"]["timeout"], *timeout, "{id}: {line:#}");
+        assert!(line["explanation"].to_string().contains(reason), "{id}: {line:#}");
+    }
+    check(lines.last().unwrap(), (1.0, 1.0, 0.0, 0.0));
+    // Each costly item ends within its test's time, not the 20 s run budget.
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}: {stderr}");
+    setup.assert_nothing_left();
 }

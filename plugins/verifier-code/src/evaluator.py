@@ -7,8 +7,11 @@
 # patched builtins or an early exit in the solution cannot make a comparison pass: comparisons
 # happen here, on values the solution had to compute.
 # Protocol (JSON lines, stdin/stdout, with the host): in {"setup", "tests", "explain"}; out
-# {"begin": i} before test i, {"call": op as a Python literal} answered by {"reply": r} or {"gone": why}, and last
-# {"done": [{"passed", "detail"}]}.
+# {"begin": i} before test i, {"call": op as a Python literal} answered by {"reply": r} or {"gone": why},
+# {"end": {"passed", "detail"}} after each test (so the host knows the results so far when it has
+# to stop us), and last {"done": n} (n tests ended).
+# The host holds us to the test's deadline once the solution has answered a call: the time we
+# spend on its values (decoding, hashing them into a set) is the solution's time.
 import ast, builtins, importlib, json, operator, os, sys
 
 _proto_in = os.fdopen(os.dup(0), "rb")
@@ -40,8 +43,18 @@ class RemoteError(Exception):
     """The solution raised an exception that is not a builtin one, or answered nonsense."""
 
 
+class Refused(Exception):
+    """A reply that is well-formed but too costly to take in."""
+
+
 class State:
     gone = None
+
+
+# Distinct values with the same hash make building a set or dict quadratic (36,000 ints
+# `(2**61-1)*k+5` cost seconds): a set, frozenset or dict from the solution with more than this
+# many keys sharing a hash with another key is refused before it is built. Honest data has ~none.
+MAX_HASH_COLLISIONS = 1000
 
 
 def send(message):
@@ -96,10 +109,16 @@ def dec(value):
             return int(inner, 16)
         if tag == "float" and type(inner) is str:
             return float(inner)
-        if tag in ("list", "tuple", "set", "frozenset") and type(inner) is list:
-            return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](dec(v) for v in inner)
+        if tag in ("list", "tuple") and type(inner) is list:
+            return (list if tag == "list" else tuple)(dec(v) for v in inner)
+        if tag in ("set", "frozenset") and type(inner) is list:
+            items = [dec(v) for v in inner]
+            check_hashes(items)
+            return (set if tag == "set" else frozenset)(items)
         if tag == "dict" and type(inner) is list:
-            return {dec(k): dec(v) for k, v in inner}
+            pairs = [(dec(k), dec(v)) for k, v in inner]
+            check_hashes([k for k, _ in pairs])
+            return dict(pairs)
         if tag == "bytes" and type(inner) is str:
             return bytes.fromhex(inner)
         if tag == "complex" and type(inner) is list and len(inner) == 2:
@@ -107,6 +126,18 @@ def dec(value):
         if tag == "ref" and type(inner) is int:
             return Remote({"ref": inner}, "object")
     raise ValueError("malformed value")
+
+
+def check_hashes(keys):
+    if len(keys) <= MAX_HASH_COLLISIONS:
+        return
+    # A hash is an int below 2**61 - 1 in size, whose own hash is itself: this set cannot collide.
+    hashes = set(map(hash, keys))
+    if len(keys) - len(hashes) > MAX_HASH_COLLISIONS:
+        raise Refused(
+            f"refused a set/dict with {len(keys) - len(hashes)} keys whose hashes collide"
+            f" (at most {MAX_HASH_COLLISIONS})"
+        )
 
 
 def call(op, label):
@@ -123,6 +154,8 @@ def call(op, label):
         if "ok" in reply:
             try:
                 return dec(reply["ok"])
+            except Refused as error:
+                raise RemoteError(f"{label}: {error}") from None
             except Exception:
                 raise RemoteError(f"{label}: malformed value from the solution") from None
         failure = reply.get("raise")
@@ -284,22 +317,20 @@ def run_job(job):
         exec(compile(setup, "<setup>", "exec"), ns)
     except BaseException as error:
         detail = f"setup failed: {type(error).__name__}: {short(str(error))}"
-        return [outcome(False, explain, detail) for _ in tests]
-    results = []
+        for _ in tests:
+            send({"end": outcome(False, explain, detail)})
+        return
     for index, tree in enumerate(tests):
         send({"begin": index})
-        results.append(run_test(tree, ns, explain))
-    return results
+        result = run_test(tree, ns, explain)
+        send({"end": result})
 
 
 def main():
     while True:
         job = recv()
-        try:
-            results = run_job(job)
-        except Gone:
-            results = [outcome(False, True, f"the sandbox {State.gone}") for _ in job["tests"]]
-        send({"done": results})
+        run_job(job)
+        send({"done": len(job["tests"])})
 
 
 main()

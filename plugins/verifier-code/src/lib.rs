@@ -63,6 +63,9 @@ pub struct CodeConfig {
     pub run_budget_ms: u64,
     /// Address space of a sandboxed process, MiB.
     pub memory_mb: u64,
+    /// Address space of each trusted evaluator process, MiB (`RLIMIT_AS`): a test that keeps
+    /// too many of the solution's values fails with `MemoryError` instead of growing the host.
+    pub evaluator_memory_mb: u64,
     /// Processes and threads a sandboxed solution may have.
     pub max_processes: u64,
     /// Largest file a solution may write, MiB.
@@ -96,6 +99,7 @@ impl Default for CodeConfig {
             max_timeout_ms: 10_000,
             run_budget_ms: 20_000,
             memory_mb: 1024,
+            evaluator_memory_mb: 2048,
             max_processes: 32,
             max_file_mb: 16,
             max_open_files: 64,
@@ -322,10 +326,14 @@ impl CodeVerifier {
                 config.max_timeout_ms, config.timeout_ms
             )));
         }
-        if config.memory_mb < 64 {
-            return Err(PluginError::invalid_config(
-                "memory_mb: expected at least 64 (python needs ~30 MiB)",
-            ));
+        for (field, value) in
+            [("memory_mb", config.memory_mb), ("evaluator_memory_mb", config.evaluator_memory_mb)]
+        {
+            if value < 64 {
+                return Err(PluginError::invalid_config(format!(
+                    "{field}: expected at least 64 (python needs ~30 MiB), got {value}"
+                )));
+            }
         }
         let work_root = config.work_root.clone().unwrap_or_else(std::env::temp_dir);
         if !work_root.is_dir() {
@@ -356,8 +364,9 @@ impl CodeVerifier {
             landlock_abi: probe.landlock_abi,
             seccomp: probe.seccomp.clone().unwrap_or_default(),
         };
+        let pool = EvaluatorPool::new(mib(config.evaluator_memory_mb));
         let permits = Semaphore { free: Mutex::new(config.max_parallel), freed: Condvar::new() };
-        Ok(CodeVerifier { config, sandbox, missing, work_root, pool: EvaluatorPool::default(), permits })
+        Ok(CodeVerifier { config, sandbox, missing, work_root, pool, permits })
     }
 
     fn verdict(&self, outcome: &Outcome, code: &str, explain: bool) -> Verdict {

@@ -2,6 +2,7 @@
 //! relay between them with every read and write bounded by the test's deadline.
 
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -109,10 +110,11 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    fn spawn(python: &Path, workdir: &Path) -> std::io::Result<Evaluator> {
+    fn spawn(python: &Path, workdir: &Path, address_space: u64) -> std::io::Result<Evaluator> {
         let (in_read, in_write) = fdio::pipe()?;
         let (out_read, out_write) = fdio::pipe()?;
-        let child = Command::new(python)
+        let mut command = Command::new(python);
+        command
             .args(PYTHON_FLAGS)
             .arg("-c")
             .arg(EVALUATOR)
@@ -123,8 +125,19 @@ impl Evaluator {
             .current_dir(workdir)
             .stdin(Stdio::from(in_read))
             .stdout(Stdio::from(out_write))
-            .stderr(Stdio::null())
-            .spawn()?;
+            .stderr(Stdio::null());
+        let limit = libc::rlimit { rlim_cur: address_space, rlim_max: address_space };
+        // SAFETY: setrlimit is async-signal-safe and touches only the forked child. Past the
+        // limit the evaluator gets MemoryError (the test fails) or dies (see `run_asserts`).
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn()?;
         fdio::set_nonblocking(&in_write)?;
         Ok(Evaluator { child, input: in_write, output: LineReader::new(out_read)? })
     }
@@ -136,6 +149,31 @@ impl Evaluator {
     fn recv(&mut self, deadline: Instant) -> Result<Vec<u8>, PipeError> {
         self.output.read_line(deadline, EVALUATOR_LINE_LIMIT)
     }
+
+    /// How it ended, once its pipes closed (waits a little for the status).
+    fn ended(&mut self) -> String {
+        let until = Instant::now() + STATUS_GRACE;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.to_string(),
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) => return "closed its pipes".to_owned(),
+                Err(error) => return error.to_string(),
+            }
+        }
+    }
+
+    /// Its address space now, bytes (0 when unknown).
+    fn address_space(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
+            .ok()
+            .and_then(|statm| statm.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |pages| {
+                // SAFETY: sysconf has no preconditions.
+                let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+                pages.saturating_mul(u64::try_from(page).unwrap_or(4096))
+            })
+    }
 }
 
 impl Drop for Evaluator {
@@ -146,29 +184,41 @@ impl Drop for Evaluator {
 }
 
 /// Idle evaluators, reused across runs so that a run spawns only its sandboxed child.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EvaluatorPool {
     idle: Mutex<Vec<Evaluator>>,
+    /// `RLIMIT_AS` of each evaluator, bytes.
+    address_space: u64,
 }
 
 impl EvaluatorPool {
+    /// An empty pool whose evaluators get `address_space` bytes (`RLIMIT_AS`).
+    pub fn new(address_space: u64) -> Self {
+        EvaluatorPool { idle: Mutex::default(), address_space }
+    }
+
     fn take(&self, python: &Path, workdir: &Path) -> Result<Evaluator, RunError> {
         let idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
         match idle {
             Some(evaluator) => Ok(evaluator),
-            None => Evaluator::spawn(python, workdir)
+            None => Evaluator::spawn(python, workdir, self.address_space)
                 .map_err(|error| RunError::Internal(format!("cannot start the evaluator: {error}"))),
         }
     }
 
+    /// Keeps `evaluator` for the next run, unless a run left it holding over half its limit
+    /// (a test kept large values): then it ends and the next run starts a fresh one.
     fn give_back(&self, evaluator: Evaluator) {
+        if evaluator.address_space() > self.address_space / 2 {
+            return;
+        }
         self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(evaluator);
     }
 
     /// Starts `count` evaluators ahead of the first run.
     pub fn warm(&self, python: &Path, workdir: &Path, count: usize) {
         for _ in 0..count {
-            if let Ok(evaluator) = Evaluator::spawn(python, workdir) {
+            if let Ok(evaluator) = Evaluator::spawn(python, workdir, self.address_space) {
                 self.give_back(evaluator);
             }
         }
@@ -283,26 +333,48 @@ impl Runner<'_> {
             return Ok(outcome);
         }
 
-        // Run the tests.
+        // Run the tests. Until the solution has answered a call, the evaluator runs trusted code
+        // only and has the item's budget (running past it is our error). From then on it may be
+        // working on the solution's values (decoding a reply, hashing it into a set), so each
+        // test's deadline binds it too, and running past that is the solution's timeout.
         let mut evaluator = self.pool.take(&self.sandbox.python, self.work_root)?;
         let job = json!({"setup": setup, "tests": tests, "explain": self.explain}).to_string() + "\n";
-        let evaluator_error = |error: PipeError| match error {
-            PipeError::Timeout => RunError::Budget(format!(
+        let budget_error = || {
+            RunError::Budget(format!(
                 "the tests did not finish within the run budget of {} ms",
                 self.limits.budget.as_millis()
-            )),
-            other => RunError::Internal(format!("evaluator: {other}")),
+            ))
         };
-        evaluator.send(job.as_bytes(), budget_end).map_err(evaluator_error)?;
+        evaluator.send(job.as_bytes(), budget_end).map_err(|error| match error {
+            PipeError::Timeout => budget_error(),
+            other => RunError::Internal(format!("evaluator: {other}")),
+        })?;
         let mut deadline = per_test(Instant::now());
         let mut gone: Option<String> = None;
         let mut ended_by_itself = false;
-        let results: Vec<TestResult> = loop {
-            let line = evaluator.recv(budget_end).map_err(evaluator_error)?;
+        let mut solution_answered = false;
+        let mut results: Vec<TestResult> = Vec::with_capacity(tests.len());
+        // Why the evaluator was stopped before it finished, when it was.
+        let mut stopped: Option<String> = None;
+        loop {
+            let evaluator_deadline = if solution_answered { deadline } else { budget_end };
+            let line = match evaluator.recv(evaluator_deadline) {
+                Ok(line) => line,
+                Err(error) => {
+                    stopped = Some(self.evaluator_failed(&mut evaluator, error, solution_answered)?);
+                    break;
+                }
+            };
             let message: Value = serde_json::from_slice(&line)
                 .map_err(|error| RunError::Internal(format!("evaluator sent invalid JSON: {error}")))?;
             if message.get("begin").is_some() {
                 deadline = per_test(Instant::now());
+                continue;
+            }
+            if let Some(end) = message.get("end") {
+                let result = TestResult::deserialize(end)
+                    .map_err(|error| RunError::Internal(format!("evaluator sent a bad result: {error}")))?;
+                results.push(result);
                 continue;
             }
             if let Some(op) = message.get("call") {
@@ -317,6 +389,7 @@ impl Runner<'_> {
                             .and_then(|()| replies.read_line(deadline, self.limits.max_reply_bytes));
                         match reply {
                             Ok(reply) if serde_json::from_slice::<serde::de::IgnoredAny>(&reply).is_ok() => {
+                                solution_answered = true;
                                 let mut answer = b"{\"reply\":".to_vec();
                                 answer.extend_from_slice(&reply);
                                 answer.extend_from_slice(b"}\n");
@@ -346,16 +419,32 @@ impl Runner<'_> {
                         }
                     }
                 };
-                evaluator.send(&answer, budget_end).map_err(evaluator_error)?;
+                let evaluator_deadline = if solution_answered { deadline } else { budget_end };
+                if let Err(error) = evaluator.send(&answer, evaluator_deadline) {
+                    stopped = Some(self.evaluator_failed(&mut evaluator, error, solution_answered)?);
+                    break;
+                }
                 continue;
             }
-            if let Some(done) = message.get("done") {
-                break serde_json::from_value(done.clone())
-                    .map_err(|error| RunError::Internal(format!("evaluator sent bad results: {error}")))?;
+            if message.get("done").is_some() {
+                break;
             }
             return Err(RunError::Internal(format!("evaluator sent an unknown message: {message}")));
-        };
-        self.pool.give_back(evaluator);
+        }
+        match &stopped {
+            // Killed (dropped) rather than reused: it may still be busy, or it is gone.
+            Some(why) => {
+                drop(evaluator);
+                if why.starts_with("timed out") {
+                    outcome.timed_out = true;
+                    child.kill();
+                }
+                while results.len() < tests.len() {
+                    results.push(TestResult { passed: false, detail: why.clone() });
+                }
+            }
+            None => self.pool.give_back(evaluator),
+        }
         drop(request_write);
         let grace = if ended_by_itself { STATUS_GRACE } else { Duration::ZERO };
         let termination = child.finish(grace);
@@ -531,6 +620,37 @@ impl Runner<'_> {
             result.timed_out = true;
         }
         Ok(result)
+    }
+
+    /// The evaluator ran past a deadline or ended. Once the solution has answered a call this
+    /// is laid to the solution's values (the reason its remaining tests fail); before, it is ours.
+    fn evaluator_failed(
+        &self,
+        evaluator: &mut Evaluator,
+        error: PipeError,
+        solution_answered: bool,
+    ) -> Result<String, RunError> {
+        match (error, solution_answered) {
+            (PipeError::Timeout, true) => {
+                Ok("timed out: the tests ran past the time limit on the solution's values".to_owned())
+            }
+            (PipeError::Timeout, false) => Err(RunError::Budget(format!(
+                "the tests did not finish within the run budget of {} ms",
+                self.limits.budget.as_millis()
+            ))),
+            (error, answered) => {
+                let why = format!(
+                    "the evaluator ended ({}; {error}) with its memory limited to {} MiB",
+                    evaluator.ended(),
+                    self.pool.address_space >> 20
+                );
+                if answered {
+                    Ok(format!("{why}, on the solution's values"))
+                } else {
+                    Err(RunError::Internal(why))
+                }
+            }
+        }
     }
 
     fn note_termination(&self, outcome: &mut Outcome, termination: Termination) {
