@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use rlvr_plugin_api::{
+    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+};
 use serde::Deserialize;
 
 use crate::layers::{Layer, LayerSet, PythonInfo};
@@ -514,26 +516,18 @@ impl VerifierPlugin for CodeVerifier {
         // whether a missing layer refuses it.
         let config = CodeConfig { allow_missing_layers: Layer::ALL.to_vec(), ..CodeConfig::default() };
         let verifier = CodeVerifier::new(config)?;
-        let cases = [
-            ("def add(a, b):\n    return a + b\n", r#"{"asserts": ["assert add(1, 2) == 3"]}"#, 1.0),
-            ("def add(a, b):\n    return a - b\n", r#"{"asserts": ["assert add(1, 2) == 3"]}"#, 0.0),
-            (
-                "print(sum(map(int, input().split())))",
-                r#"{"io": [{"stdin": "1 2\n", "stdout": "3\n"}]}"#,
-                1.0,
-            ),
-        ];
-        for (code, reference, expected) in cases {
-            let item = VerifyItem::new("self-test", "", code, reference);
-            let verdict = verifier.verify(&item)?;
-            if verdict.score != expected {
-                return Err(PluginError::self_test_failed(format!(
-                    "{code:?}: expected score {expected}, got {} (error: {:?})",
-                    verdict.score, verdict.error
-                )));
-            }
-        }
-        Ok(())
+        check_known_answers(
+            &verifier,
+            &[
+                ("def add(a, b):\n    return a + b\n", r#"{"asserts": ["assert add(1, 2) == 3"]}"#, 1.0),
+                ("def add(a, b):\n    return a - b\n", r#"{"asserts": ["assert add(1, 2) == 3"]}"#, 0.0),
+                (
+                    "print(sum(map(int, input().split())))",
+                    r#"{"io": [{"stdin": "1 2\n", "stdout": "3\n"}]}"#,
+                    1.0,
+                ),
+            ],
+        )
     }
 }
 
