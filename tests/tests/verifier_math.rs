@@ -139,6 +139,10 @@ fn adversarial_and_cheating_completions() {
         ("marker-first-answer-right", json!("4"), "The answer is 4, not 5", true),
         ("marker-alternatives", json!("4"), "The answer is 4 or maybe 5.", false),
         ("marker-subject", json!("34"), "Final Answer: The largest $n$ is 34.", true),
+        // Every value of a chain must equal the gold.
+        ("chain-distinct", json!("1"), "\\boxed{x = 2 = 1}", false),
+        ("chain-approx-exact", json!("1"), "\\boxed{x = 1 \\approx 2}", false),
+        ("chain-equal", json!("2"), "\\boxed{x = 2 = 2}", true),
     ];
     let input: String = cases
         .iter()

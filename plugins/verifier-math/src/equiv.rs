@@ -96,6 +96,26 @@ fn assigned_value(expr: &Expr) -> Option<&Expr> {
     Some(value)
 }
 
+/// Every value an assignment chain states (`x = 2 + 3 = 5`, `x = \pi \approx 3.14`), when
+/// `expr` is an assignment: all of them must equal the other side, so `x = 2 = 1` matches no
+/// single gold. A decimal after `\approx` is a stated approximation and is not graded (the
+/// Math-Verify dev case `x=1/3\approx1.3` = `1/3` expects that); any other value after
+/// `\approx` is (`x = 1 \approx 2` ≠ `1`).
+fn chain_values(expr: &Expr) -> Option<Vec<&Expr>> {
+    assigned_value(expr)?;
+    let Expr::Rel(items, ops) = expr else { return None };
+    let mut values = vec![&items[1]];
+    for (k, op) in ops.iter().enumerate().skip(1) {
+        let value = &items[k + 1];
+        match op {
+            RelOp::Approx if decimal_literal(value).is_some() => {}
+            RelOp::Eq | RelOp::Approx => values.push(value),
+            _ => break,
+        }
+    }
+    Some(values)
+}
+
 /// Whether `expr` names something (the left side of an assignment).
 fn is_name(expr: &Expr) -> bool {
     match expr {
@@ -123,6 +143,8 @@ fn answers(expr: &Expr, out: &mut Vec<Expr>) {
             out.push(Expr::Add(vec![(**a).clone(), (**b).clone()]));
             out.push(Expr::Add(vec![(**a).clone(), Expr::Neg(b.clone())]));
         }
+        // A chain of several values stays whole: each must equal the other side.
+        _ if chain_values(expr).is_some_and(|v| v.len() > 1) => out.push(expr.clone()),
         _ => match assigned_value(expr) {
             Some(value) => answers(value, out),
             None => out.push(expr.clone()),
@@ -383,6 +405,19 @@ impl Cmp<'_> {
     /// Two single answers, assignments by their value.
     fn one_value(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
         self.budget.charge(1, "comparing")?;
+        for (chain, other, chain_is_gold) in [(gold, pred, true), (pred, gold, false)] {
+            let Some(values) = chain_values(chain).filter(|v| v.len() > 1) else { continue };
+            for value in values {
+                let equal =
+                    if chain_is_gold { self.one_value(value, other)? } else { self.one_value(other, value)? };
+                if !equal {
+                    self.reason = format!("the chain's value {value} differs: {}", self.reason);
+                    return Ok(false);
+                }
+            }
+            self.reason = "every value of the chain equal".into();
+            return Ok(true);
+        }
         let gold = assigned_value(gold).unwrap_or(gold);
         let pred = assigned_value(pred).unwrap_or(pred);
         match (gold, pred) {
@@ -1224,6 +1259,15 @@ mod tests {
             ("y=2x", "x=2y", false),
             ("x=2", "2=x", true),
             ("x=2", "x=3", false),
+            // A chain's values must all equal the other side.
+            ("1", "x = 2 = 1", false),
+            ("1", "x = 1 = 2", false),
+            ("1", "x = 1 \\approx 2", false),
+            ("2", "x = 2 = 2", true),
+            ("5", "x = 2 + 3 = 5", true),
+            ("\\frac{1}{3}", "x = \\frac{1}{3} \\approx 0.33", true),
+            ("x = 5", "x = 2 + 3 = 5", true),
+            ("x = 5", "x = 5 = 4", false),
             ("x \\in \\{1,2\\}", "x \\in \\{2,1\\}", true),
             ("[0,1]", "[0,1] \\cup \\{3.7\\}", false),
             ("[0,\\infty)", "[0,\\infty) \\setminus \\{3.7\\}", false),
