@@ -143,6 +143,10 @@ fn adversarial_and_cheating_completions() {
         ("chain-distinct", json!("1"), "\\boxed{x = 2 = 1}", false),
         ("chain-approx-exact", json!("1"), "\\boxed{x = 1 \\approx 2}", false),
         ("chain-equal", json!("2"), "\\boxed{x = 2 = 2}", true),
+        // A stray `</think>` after the answer: the text between the last two, outside any block.
+        ("stray-think-close", json!("4"), "<think>\\boxed{3}</think>\\boxed{4}</think>", true),
+        ("stray-think-close-not-inside", json!("3"), "<think>\\boxed{3}</think>\\boxed{4}</think>", false),
+        ("stray-think-close-block", json!("4"), "<think>a</think><think>\\boxed{4}</think>", false),
     ];
     let input: String = cases
         .iter()

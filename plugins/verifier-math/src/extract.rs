@@ -76,15 +76,34 @@ pub fn extract(completion: &str, prompt: &str, fallback: Fallback) -> Result<Ext
     if prompt.len() >= 8 && text.contains(prompt) {
         text = text.replace(prompt, " ");
     }
-    let mut region = match text.rfind("</think>") {
-        Some(at) => text[at + "</think>".len()..].to_owned(),
-        None if text.contains("<think>") => return Err(NotFound::UnclosedThink),
-        None => text,
+    let Some(at) = text.rfind("</think>") else {
+        if text.contains("<think>") {
+            return Err(NotFound::UnclosedThink);
+        }
+        return answer_in(text, fallback);
     };
+    let region = &text[at + "</think>".len()..];
     if region.contains("<think>") {
         // A reasoning block reopened after the last `</think>` never closes either.
         return Err(NotFound::UnclosedThink);
     }
+    match answer_in(region.to_owned(), fallback) {
+        // A stray `</think>` after the answer (`<think>…</think>\boxed{4}</think>`): when nothing
+        // after it answers, the text between the last two `</think>` is graded — only when no
+        // `<think>` opens in it, i.e. it lies outside every reasoning block.
+        Err(NotFound::Nothing(why)) => match text[..at].rfind("</think>") {
+            Some(before) if !text[before..at].contains("<think>") => {
+                answer_in(text[before + "</think>".len()..at].to_owned(), fallback)
+                    .map_err(|_| NotFound::Nothing(why))
+            }
+            _ => Err(NotFound::Nothing(why)),
+        },
+        other => other,
+    }
+}
+
+/// The answer in the text after the reasoning.
+fn answer_in(mut region: String, fallback: Fallback) -> Result<Extraction, NotFound> {
     if let Some(cut) = CHAT_TOKENS.iter().filter_map(|t| region.find(t)).min() {
         region.truncate(cut);
     }
@@ -498,6 +517,11 @@ mod tests {
             ("<think>\\boxed{7}</think> no answer", Off, Err(NotFound::Nothing("none"))),
             ("<think>\\boxed{7} never closes", Off, Err(NotFound::UnclosedThink)),
             ("<think>a</think> <think>\\boxed{7} reopened", Off, Err(NotFound::UnclosedThink)),
+            // A stray `</think>` after the answer: the text before it, outside every think block.
+            ("<think>\\boxed{3}</think>\\boxed{4}</think>", Off, Ok("4")),
+            ("<think>\\boxed{3}</think>\\boxed{4}</think> done", Off, Ok("4")),
+            ("<think>a</think><think>\\boxed{4}</think>", Off, Err(NotFound::Nothing("none"))),
+            ("<think>\\boxed{3}</think>\\boxed{4}</think>\\boxed{5}", Off, Ok("5")),
             ("\\boxed{\\frac{1}{2}}", Off, Ok("\\frac{1}{2}")),
             ("\\boxed{\\{1,2\\}}", Off, Ok("\\{1,2\\}")),
             ("\\boxed{unbalanced", Off, Err(NotFound::BadBox)),
