@@ -6,8 +6,8 @@
 //! 2. otherwise, or when exact forms differ, and exactly one side is a decimal literal and the
 //!    other a constant whose decimal expansion does not terminate within the precision → equal
 //!    iff both round to the same digits (see [`Options::precision_digits`]);
-//! 3. no exact form (`\sin`, `2^{1/3}`) → equal iff they agree to a relative 1e-9 at six seeded
-//!    points (one for constants).
+//! 3. no exact form (`\sin`, `2^{1/3}`) → equal iff they agree to a relative 1e-9 at 12 seeded
+//!    points, 6 in [0.25, 2.25) and 6 off it (one for constants).
 //!
 //! Around that: lists and sets compare unordered (several distinct answers never equal a single
 //! one), tuples and matrices in order, intervals by endpoints and brackets, equations up to a
