@@ -251,7 +251,7 @@ fn after_marker(text: &str) -> Option<(&'static str, String)> {
     if let Some(cut) = sentence_end(&after) {
         after.truncate(cut);
     }
-    let after = after.trim().trim_end_matches('.').trim().to_owned();
+    let after = after.trim().trim_end_matches(['.', '*']).trim().to_owned();
     (!after.is_empty()).then_some((marker, after))
 }
 
@@ -531,6 +531,7 @@ mod tests {
             ("Answer: 42", Off, Ok("42")),
             // After a marker the first answer counts, and alternatives are hedging.
             ("The answer is 5, not 4", Off, Ok("5")),
+            ("The answer is: **5**", Off, Ok("5")),
             ("The answer is 5 or maybe 4.", Off, Ok("5; 4")),
             ("The answer is $5$, or perhaps $4$.", Off, Ok("5; 4")),
             ("Final answer: 12 ways, since 3 times 4 is 12.", Off, Ok("12")),
