@@ -203,7 +203,11 @@ fn hostile_inputs_time_out_deterministically_and_fast() {
         ("deep-fracs", deep_frac, true),
         ("million-digits", million_digits, true),
         // Each product copies entries into sums of products: 2^k nodes (22 were 6.7 GB, 30 s).
-        ("matrix-product-chain", format!("\\boxed{{{}}}", "\\begin{pmatrix}1&1\\\\1&1\\end{pmatrix}".repeat(200)), true),
+        (
+            "matrix-product-chain",
+            format!("\\boxed{{{}}}", "\\begin{pmatrix}1&1\\\\1&1\\end{pmatrix}".repeat(200)),
+            true,
+        ),
         ("unbalanced", "\\boxed{\\frac{1}{2".into(), false),
         ("stray-closers", "\\boxed{1}}}}} ))) ]]]".into(), false),
         ("long-prose", "word ".repeat(200_000), false),
