@@ -984,44 +984,11 @@ const MAX_MATRIX_NODES: u64 = 200_000;
 fn node_count(expr: &Expr, cap: u64) -> u64 {
     fn walk(expr: &Expr, cap: u64, total: &mut u64) {
         *total += 1;
-        if *total >= cap {
-            return;
-        }
-        let each = |items: &[Expr], total: &mut u64| {
-            for item in items {
-                if *total >= cap {
-                    return;
-                }
-                walk(item, cap, total);
+        expr.for_each_child(|child| {
+            if *total < cap {
+                walk(child, cap, total);
             }
-        };
-        match expr {
-            Expr::Neg(a) | Expr::Factorial(a) | Expr::Abs(a) | Expr::Percent(a) => walk(a, cap, total),
-            Expr::Div(a, b)
-            | Expr::Pow(a, b)
-            | Expr::Root(a, b)
-            | Expr::Ratio(a, b)
-            | Expr::PlusMinus(a, b) => {
-                walk(a, cap, total);
-                if *total < cap {
-                    walk(b, cap, total);
-                }
-            }
-            Expr::Add(items)
-            | Expr::Mul(items)
-            | Expr::Func(_, items)
-            | Expr::Bracket(_, _, items)
-            | Expr::Set(items)
-            | Expr::List(items)
-            | Expr::SetOp(_, items)
-            | Expr::Rel(items, _) => each(items, total),
-            Expr::Matrix(rows) => {
-                for row in rows {
-                    each(row, total);
-                }
-            }
-            Expr::Num(_) | Expr::Sym(_) | Expr::Pi | Expr::E | Expr::Infinity | Expr::Text(_) => {}
-        }
+        });
     }
     let mut total = 0;
     walk(expr, cap, &mut total);

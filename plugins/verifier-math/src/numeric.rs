@@ -208,29 +208,7 @@ pub fn free_symbols(expr: &Expr, out: &mut Vec<String>) {
                 }
             }
         }
-        Expr::Num(_) | Expr::Pi | Expr::E | Expr::Infinity | Expr::Text(_) => {}
-        Expr::Neg(a) | Expr::Factorial(a) | Expr::Abs(a) | Expr::Percent(a) => free_symbols(a, out),
-        Expr::Div(a, b) | Expr::Pow(a, b) | Expr::Root(a, b) | Expr::Ratio(a, b) | Expr::PlusMinus(a, b) => {
-            free_symbols(a, out);
-            free_symbols(b, out);
-        }
-        Expr::Add(items)
-        | Expr::Mul(items)
-        | Expr::Func(_, items)
-        | Expr::Bracket(_, _, items)
-        | Expr::Set(items)
-        | Expr::List(items)
-        | Expr::SetOp(_, items)
-        | Expr::Rel(items, _) => {
-            for item in items {
-                free_symbols(item, out);
-            }
-        }
-        Expr::Matrix(rows) => {
-            for item in rows.iter().flatten() {
-                free_symbols(item, out);
-            }
-        }
+        _ => expr.for_each_child(|child| free_symbols(child, out)),
     }
 }
 

@@ -70,6 +70,34 @@ pub enum Expr {
     Ratio(Box<Expr>, Box<Expr>),
 }
 
+impl Expr {
+    /// Calls `visit` on each expression directly inside this one, in order. The one place that
+    /// knows which variants hold sub-expressions, so a tree walk cannot miss one.
+    pub fn for_each_child<'a>(&'a self, mut visit: impl FnMut(&'a Expr)) {
+        match self {
+            Expr::Num(_) | Expr::Sym(_) | Expr::Pi | Expr::E | Expr::Infinity | Expr::Text(_) => {}
+            Expr::Neg(a) | Expr::Factorial(a) | Expr::Abs(a) | Expr::Percent(a) => visit(a),
+            Expr::Div(a, b)
+            | Expr::Pow(a, b)
+            | Expr::Root(a, b)
+            | Expr::Ratio(a, b)
+            | Expr::PlusMinus(a, b) => {
+                visit(a);
+                visit(b);
+            }
+            Expr::Add(items)
+            | Expr::Mul(items)
+            | Expr::Func(_, items)
+            | Expr::Bracket(_, _, items)
+            | Expr::Set(items)
+            | Expr::List(items)
+            | Expr::SetOp(_, items)
+            | Expr::Rel(items, _) => items.iter().for_each(visit),
+            Expr::Matrix(rows) => rows.iter().flatten().for_each(visit),
+        }
+    }
+}
+
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fn join(f: &mut fmt::Formatter<'_>, items: &[Expr], sep: &str) -> fmt::Result {
