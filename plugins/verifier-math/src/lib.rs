@@ -26,7 +26,9 @@ pub mod lexer;
 pub mod numeric;
 pub mod parse;
 
-use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use rlvr_plugin_api::{
+    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+};
 use serde::Deserialize;
 
 use crate::budget::Budget;
@@ -252,21 +254,15 @@ impl VerifierPlugin for MathVerifier {
 
     fn self_test() -> Result<(), PluginError> {
         let verifier = MathVerifier::new(MathConfig::default())?;
-        for (gold, completion, expected) in [
-            ("\\frac{1}{2}", "so \\boxed{0.5}", true),
-            ("\\frac{1}{3}", "\\boxed{0.3333}", false),
-            ("2", "\\boxed{1} or \\boxed{2}", false),
-            ("\\{1,2\\}", "\\boxed{2, 1}", true),
-        ] {
-            let verdict = verifier.judge(completion, "", gold, 6, false);
-            if verdict.passed != expected {
-                return Err(PluginError::self_test_failed(format!(
-                    "gold {gold:?}, completion {completion:?}: expected passed = {expected}, got {}",
-                    verdict.passed
-                )));
-            }
-        }
-        Ok(())
+        check_known_answers(
+            &verifier,
+            &[
+                ("so \\boxed{0.5}", r#"{"answer": "\\frac{1}{2}"}"#, 1.0),
+                ("\\boxed{0.3333}", r#"{"answer": "\\frac{1}{3}"}"#, 0.0),
+                ("\\boxed{1} or \\boxed{2}", r#"{"answer": "2"}"#, 0.0),
+                ("\\boxed{2, 1}", r#"{"answer": "\\{1,2\\}"}"#, 1.0),
+            ],
+        )
     }
 }
 
