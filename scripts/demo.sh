@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: set up, build, start a private Redis and `rlvrd serve` in a temporary state
-# directory, show the loaded plugins, verify a few completions with `rlvrctl verify`, and stop
+# directory, show the loaded plugins, verify a few completions with `rlvrctl verify` (format, then
+# math with --explain), and stop
 # everything cleanly — no process or file left behind, on success, failure or Ctrl-C.
 #
 # First run: about 3 minutes on 2 cores (torch download, release build); later runs seconds.
@@ -12,7 +13,7 @@ step "set-up (scripts/setup.sh)"
 rlvr_setup
 
 step "build (release)"
-cargo build --release -p rlvr-daemon -p rlvr-verifier-format
+cargo build --release -p rlvr-daemon -p rlvr-verifier-format -p rlvr-verifier-math
 bin=$RLVR_ROOT/target/release
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-demo.XXXXXX")
@@ -52,7 +53,7 @@ redis_port=$(free_port)
     --appendonly no --logfile "$work/redis/redis.log" &
 pids+=($!)
 
-cp "$bin/librlvr_verifier_format.so" "$work/plugins/"
+cp "$bin/librlvr_verifier_format.so" "$bin/librlvr_verifier_math.so" "$work/plugins/"
 cat >"$work/rlvrd.toml" <<TOML
 [daemon]
 state_dir = "$work/state"
@@ -89,6 +90,16 @@ cat >"$work/items.jsonl" <<'JSONL'
 JSONL
 sed 's/^/  in:  /' "$work/items.jsonl"
 "$bin/rlvrctl" verify --plugin format --plugin-dir "$work/plugins" --jsonl "$work/items.jsonl" | sed 's/^/  out: /'
+
+step "rlvrctl verify --plugin math --explain (equivalence, not string match; hedging fails)"
+cat >"$work/math.jsonl" <<'JSONL'
+{"id": "fraction", "completion": "<think>1/4 + 1/4</think> So the answer is $\\boxed{\\dfrac{2}{4}}$.", "reference": {"answer": "0.5"}}
+{"id": "hedge", "completion": "It is $\\boxed{1}$ or maybe $\\boxed{2}$.", "reference": {"answer": "2"}}
+{"id": "too-rough", "completion": "$\\boxed{0.33}$", "reference": {"answer": "\\frac{1}{3}"}}
+{"id": "factorials", "completion": "$\\boxed{\\frac{1}{2006!}}$", "reference": {"answer": "\\frac{1}{2004!}"}}
+JSONL
+sed 's/^/  in:  /' "$work/math.jsonl"
+"$bin/rlvrctl" verify --plugin math --plugin-dir "$work/plugins" --explain --jsonl "$work/math.jsonl" | sed 's/^/  out: /'
 
 step "stopping"
 echo "demo finished: rlvrd and Redis stopped, $work removed"
