@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo: set up, build, start a private Redis and `rlvrd serve` in a temporary state
 # directory, show the loaded plugins, verify a few completions with `rlvrctl verify` (format, then
-# math with --explain), and stop
-# everything cleanly — no process or file left behind, on success, failure or Ctrl-C.
+# math with --explain), and stop everything cleanly — no process or file left behind, on success,
+# failure or Ctrl-C.
 #
 # First run: about 3 minutes on 2 cores (torch download, release build); later runs seconds.
 set -euo pipefail
