@@ -14,10 +14,10 @@ use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 
 use crate::{
-    API_VERSION, Curriculum, Curriculum_TO, CurriculumPlugin, GroupOutcome, LIBTORCH_VERSION, LossInputs,
-    LossOutput, Metadata, Optimizer, Optimizer_TO, OptimizerPlugin, PluginError, PluginErrorKind, PluginInfo,
-    PluginInstance, PluginKind, PluginMod, PluginModRef, RewardBatch, Verdict, Verifier, Verifier_TO,
-    VerifierPlugin, VerifyItem,
+    API_VERSION, AdvantageInputs, AdvantageOutput, Curriculum, Curriculum_TO, CurriculumPlugin, GroupOutcome,
+    LIBTORCH_VERSION, LossInputs, LossOutput, Metadata, Optimizer, Optimizer_TO, OptimizerPlugin,
+    PluginError, PluginErrorKind, PluginInfo, PluginInstance, PluginKind, PluginMod, PluginModRef, Verdict,
+    Verifier, Verifier_TO, VerifierPlugin, VerifyItem,
 };
 
 /// Runs `call`, turning a panic into a [`PluginError`] that names where it happened.
@@ -102,8 +102,8 @@ pub fn verifier_module<T: VerifierPlugin>() -> PluginModRef {
 struct OptimizerAdapter<T>(T);
 
 impl<T: OptimizerPlugin> Optimizer for OptimizerAdapter<T> {
-    fn advantages(&self, batch: RewardBatch<'_>) -> RResult<RVec<f64>, PluginError> {
-        guard("advantages()", || self.0.advantages(&batch))
+    fn advantages(&self, inputs: &AdvantageInputs<'_>) -> RResult<AdvantageOutput, PluginError> {
+        guard("advantages()", || self.0.advantages(inputs))
     }
 
     fn loss(&self, inputs: &LossInputs) -> RResult<LossOutput, PluginError> {

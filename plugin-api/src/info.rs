@@ -6,7 +6,7 @@ use abi_stable::std_types::{ROption, RString, RVec};
 /// The version of this contract. The daemon refuses plugins built against another one.
 ///
 /// Bump it for any change that old plugins cannot honour; appending a prefix field is not one.
-pub const API_VERSION: u32 = 2;
+pub const API_VERSION: u32 = 3;
 
 /// The libtorch version the pinned `tch` (0.24) binds. Optimizer plugins report the version they
 /// were built against and the daemon refuses a mismatch: two libtorch builds in one process do not

@@ -45,8 +45,8 @@ pub use crate::info::{
 };
 pub use crate::module::{PluginInstance, PluginMod, PluginModRef};
 pub use crate::optimizer::{
-    LossInputs, LossOutput, Metric, Optimizer, Optimizer_TO, OptimizerBox, OptimizerPlugin, RewardBatch,
-    TensorHandle,
+    AdvantageInputs, AdvantageOutput, LossInputs, LossOutput, LossScale, Metric, Optimizer, Optimizer_TO,
+    OptimizerBox, OptimizerPlugin, TensorHandle,
 };
 pub use crate::verifier::{
     Component, Verdict, Verifier, Verifier_TO, VerifierBox, VerifierPlugin, VerifyItem, check_known_answers,

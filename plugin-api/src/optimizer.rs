@@ -77,36 +77,79 @@ impl TensorHandle {
     }
 }
 
-/// Rewards of one step, with the group each completion belongs to.
+/// What the trainer passes to compute advantages, once per batch, before any update. Every tensor
+/// is borrowed and has no grad. Rows are completions; completions of a group are contiguous.
+/// Tensors the plugin returns must have the dtype and device of `old_logprobs`.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy)]
-pub struct RewardBatch<'a> {
-    /// One reward per completion.
+pub struct AdvantageInputs<'a> {
+    /// One scalar reward per completion: the weighted sum of the job's verifiers.
     pub rewards: RSlice<'a, f64>,
-    /// The group (prompt) of each completion; completions of a group are contiguous.
+    /// The group (prompt) of each completion.
     pub group_ids: RSlice<'a, u64>,
-}
-
-/// What the trainer passes to compute a loss. Every tensor is borrowed.
-#[repr(C)]
-#[derive(StableAbi, Debug, Clone)]
-pub struct LossInputs {
-    /// Policy log-probabilities of the sampled tokens, `[B, T]`, with grad.
-    pub logprobs: TensorHandle,
-    /// Log-probabilities at sampling time (or of the previous μ-iteration), `[B, T]`, no grad.
+    /// Log-probabilities of the sampled tokens at sampling time, `[B, T]`.
     pub old_logprobs: TensorHandle,
     /// Reference log-probabilities, `[B, T]`, when the plugin needs a reference.
     pub ref_logprobs: ROption<TensorHandle>,
-    /// Advantages, `[B]` or `[B, T]`.
-    pub advantages: TensorHandle,
     /// 1 on completion tokens, 0 on padding, `[B, T]`.
     pub mask: TensorHandle,
-    /// Value-head outputs, `[B, T]`, when the plugin needs a value head.
+    /// Value-head outputs at sampling time, `[B, T]`, when the plugin needs a value head.
+    pub values: ROption<TensorHandle>,
+}
+
+/// Advantages (and returns, for a value head) of one batch; the tensors are owned by the host once
+/// returned (see [`TensorHandle::into_tensor`]).
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct AdvantageOutput {
+    /// Per-token advantages, `[B, T]`; sequence-level methods repeat a completion's advantage on
+    /// each of its tokens.
+    pub advantages: TensorHandle,
+    /// Per-token returns, `[B, T]`, the value head's target; `RNone` without a value head.
+    pub returns: ROption<TensorHandle>,
+    /// Named scalars for the step's metrics (e.g. the KL penalty folded into the reward).
+    pub metrics: RVec<Metric>,
+}
+
+/// The whole batch's size, so that a micro-batch's loss is its share of the batch's loss: the host
+/// sums the micro-batch losses of one optimizer step, whatever the split.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq)]
+pub struct LossScale {
+    /// Sequences in the batch (pairs count as two rows each).
+    pub batch_sequences: u64,
+    /// Completion tokens (mask ones) in the batch.
+    pub batch_tokens: u64,
+    /// The job's `max_new_tokens`: the constant normaliser of Dr. GRPO's aggregation.
+    pub max_new_tokens: u32,
+}
+
+/// What the trainer passes to compute the loss of one micro-batch. Every tensor is borrowed.
+///
+/// For offline pairs (DPO), rows come in pairs: row `2i` is pair `i`'s chosen completion and row
+/// `2i + 1` its rejected one.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct LossInputs {
+    /// Policy log-probabilities of the completion tokens, `[B, T]`, with grad.
+    pub logprobs: TensorHandle,
+    /// 1 on completion tokens, 0 on padding, `[B, T]`.
+    pub mask: TensorHandle,
+    /// Log-probabilities at sampling time (μ = 1) or before this batch's first update, `[B, T]`,
+    /// no grad; `RNone` offline.
+    pub old_logprobs: ROption<TensorHandle>,
+    /// Reference log-probabilities, `[B, T]`, no grad, when the plugin needs a reference.
+    pub ref_logprobs: ROption<TensorHandle>,
+    /// Advantages from [`Optimizer::advantages`], `[B, T]`; `RNone` offline.
+    pub advantages: ROption<TensorHandle>,
+    /// Value-head outputs, `[B, T]`, with grad, when the plugin needs a value head.
     pub values: ROption<TensorHandle>,
     /// Values at sampling time, `[B, T]`, for value clipping.
     pub old_values: ROption<TensorHandle>,
-    /// Returns, `[B, T]`, for the value loss.
+    /// Returns from [`Optimizer::advantages`], `[B, T]`, the value loss's target.
     pub returns: ROption<TensorHandle>,
+    /// The whole batch's size.
+    pub scale: LossScale,
 }
 
 /// One named scalar reported by the plugin (clip fraction, KL, ...).
@@ -119,7 +162,8 @@ pub struct Metric {
     pub value: f64,
 }
 
-/// A loss, owned by the host once returned, and the plugin's metrics.
+/// A loss, owned by the host once returned, and the plugin's metrics. Metrics are per micro-batch;
+/// the host averages them over a step's micro-batches, weighted by rows.
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct LossOutput {
@@ -133,8 +177,8 @@ pub struct LossOutput {
 /// [`OptimizerPlugin`]; the export layer implements this.
 #[sabi_trait]
 pub trait Optimizer: Send + Sync {
-    /// One advantage per completion.
-    fn advantages(&self, batch: RewardBatch<'_>) -> RResult<RVec<f64>, PluginError>;
+    /// Advantages (and returns) of one batch; online modes only.
+    fn advantages(&self, inputs: &AdvantageInputs<'_>) -> RResult<AdvantageOutput, PluginError>;
 
     /// The loss of one micro-batch.
     #[sabi(last_prefix_field)]
@@ -156,8 +200,11 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
     /// Builds an optimizer from its keys of the job spec's `[optimizer]`, as a JSON object.
     fn from_config(config_json: &str) -> Result<Self, PluginError>;
 
-    /// One advantage per completion.
-    fn advantages(&self, batch: &RewardBatch<'_>) -> Result<RVec<f64>, PluginError>;
+    /// Advantages (and returns) of one batch. Offline plugins (DPO, SFT) are never asked and
+    /// keep the default, which refuses.
+    fn advantages(&self, _inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
+        Err(PluginError::invalid_input("this optimizer trains offline and computes no advantages"))
+    }
 
     /// The loss of one micro-batch.
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError>;
