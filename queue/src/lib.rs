@@ -1,4 +1,6 @@
-//! Job specs, queue names and job state on Redis, shared by `rlvrd` and `rlvrctl`.
+//! Job specs, queue names and job state on Redis, shared by `rlvrd` and `rlvrctl`; no libtorch.
 //!
-//! Empty until the job lifecycle lands (issue 5); the crate exists so the workspace layout of the
-//! design (§1) holds and the boundary "queue knows nothing about libtorch" is visible from day one.
+//! - [`spec`]: the job spec of design.md §1, parsed from TOML or JSON, with errors that name the
+//!   field. The queue itself (Redis, states, events) lands with issue 5.
+
+pub mod spec;
