@@ -1481,3 +1481,21 @@ mod tests {
         );
     }
 }
+
+/// The plugin directories a command that loads plugins itself (`rlvrctl verify`, `rlvrd worker`)
+/// uses: the config's `plugins.dirs` that exist on this machine, then every `extra` directory
+/// (each must exist).
+pub fn plugin_dirs(config_path: Option<&Path>, extra: Vec<PathBuf>) -> Result<Vec<PathBuf>, String> {
+    let mut dirs = match load(config_path) {
+        // The config's directories are the daemon's; on a workstation they may not exist.
+        Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
+        Err(errors) => return Err(errors.to_string()),
+    };
+    for dir in extra {
+        if !dir.is_dir() {
+            return Err(format!("--plugin-dir {}: not a directory", dir.display()));
+        }
+        dirs.push(dir);
+    }
+    Ok(dirs)
+}

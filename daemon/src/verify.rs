@@ -267,15 +267,57 @@ pub fn run_batch(
     mut output: impl Write,
     options: &BatchOptions,
 ) -> io::Result<BatchSummary> {
-    let parallel = options.parallel.max(1);
     // Lines read ahead of the writer; bounds memory on a huge input.
-    let window = parallel * 4;
+    let window = options.parallel.max(1) * 4;
     let (events, inbox) = mpsc::channel::<Event>();
     let (credits, credit_inbox) = mpsc::channel::<()>();
     for _ in 0..window {
         let _ = credits.send(());
     }
     spawn_reader(input, events.clone(), credit_inbox);
+    drive(verifier, events, inbox, credits, options, |line| {
+        serde_json::to_writer(&mut output, &line)?;
+        output.write_all(b"\n")?;
+        output.flush()
+    })
+}
+
+/// Verifies parsed items with the same threads and deadline as [`run_batch`]; one line per item,
+/// in order. The trainer's reward phase.
+pub fn verify_items(
+    verifier: Arc<VerifierBox>,
+    items: Vec<InputItem>,
+    options: &BatchOptions,
+) -> Vec<OutputLine> {
+    let (events, inbox) = mpsc::channel::<Event>();
+    // Items are already in memory: no read-ahead window to bound.
+    let (credits, _) = mpsc::channel::<()>();
+    let count = items.len();
+    for (index, item) in items.into_iter().enumerate() {
+        let _ = events.send(Event::Line(index, Ok(item)));
+    }
+    let _ = events.send(Event::Eof);
+    let mut lines = Vec::with_capacity(count);
+    let result = drive(verifier, events, inbox, credits, options, |line| {
+        lines.push(line);
+        Ok(())
+    });
+    // The sink never fails and there is no reader to fail.
+    debug_assert!(result.is_ok());
+    lines
+}
+
+/// The batch's main loop: hands parsed lines to workers, answers calls past their deadline, and
+/// gives results to `sink` in input order.
+fn drive(
+    verifier: Arc<VerifierBox>,
+    events: Sender<Event>,
+    inbox: Receiver<Event>,
+    credits: Sender<()>,
+    options: &BatchOptions,
+    mut sink: impl FnMut(OutputLine) -> io::Result<()>,
+) -> io::Result<BatchSummary> {
+    let parallel = options.parallel.max(1);
     let (jobs, job_inbox) = mpsc::channel::<(usize, InputItem)>();
     let job_inbox = Arc::new(Mutex::new(job_inbox));
     for _ in 0..parallel {
@@ -299,9 +341,7 @@ pub fn run_batch(
                 line.explanation = None;
             }
             summary.count(&line);
-            serde_json::to_writer(&mut output, &line)?;
-            output.write_all(b"\n")?;
-            output.flush()?;
+            sink(line)?;
             next_to_write += 1;
             let _ = credits.send(());
         }

@@ -188,17 +188,7 @@ fn verify(
     config_path: Option<PathBuf>,
     options: VerifyOptions,
 ) -> anyhow::Result<()> {
-    let mut dirs = match config::load(config_path.as_deref()) {
-        // The config's directories are the daemon's; on a workstation they may not exist.
-        Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
-        Err(errors) => bail!("{errors}"),
-    };
-    for dir in extra_dirs {
-        if !dir.is_dir() {
-            bail!("--plugin-dir {}: not a directory", dir.display());
-        }
-        dirs.push(dir);
-    }
+    let dirs = config::plugin_dirs(config_path.as_deref(), extra_dirs).map_err(anyhow::Error::msg)?;
     // Content-addressed copies live only as long as this process; the libraries stay mapped.
     let cache =
         tempfile::Builder::new().prefix("rlvrctl-plugins-").tempdir().context("cannot create a temp dir")?;
