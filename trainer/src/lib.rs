@@ -1,0 +1,28 @@
+//! The tensor side of the trainer: Llama-family models from Hugging Face directories or the
+//! built-in `builtin:tiny-arith`, their tokenizers and chat templates, batched sampling with a
+//! shared-prefix KV cache, and completion log-probabilities for the losses.
+//!
+//! No job orchestration lives here: the worker (`daemon/src/worker/`) drives these pieces.
+//! Start at [`load`], then [`generate`] and [`completion_logprobs`].
+
+pub mod builtin;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod logprobs;
+pub mod model;
+pub mod policy;
+pub mod rng;
+pub mod sample;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat::{ChatMessage, ChatTemplate, SpecialTokens};
+pub use config::{LlamaConfig, ModelSpec, RopeScaling};
+pub use error::{ModelError, Result};
+pub use logprobs::{SequenceBatch, completion_logprobs};
+pub use model::{KvCache, Llama, positions_from_mask};
+pub use policy::{LoadedModel, load, save_pretrained};
+pub use rng::SamplerRng;
+pub use sample::{Finish, Sampled, SamplingParams, generate};
+pub use tokenizer::Tokenizer;

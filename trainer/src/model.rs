@@ -1,0 +1,426 @@
+//! The Llama-family decoder (Llama, SmolLM, Mistral, Qwen2): forward pass, KV cache, RoPE.
+//!
+//! The computation follows transformers' `LlamaForCausalLM` op for op (RMSNorm in f32, RoPE
+//! angles in f32, SiLU-gated MLP), so logits agree with it to float rounding. Attention is
+//! libtorch's `scaled_dot_product_attention`; padding is handled with a boolean mask in which
+//! every query may also see itself, so rows of pure left padding stay finite instead of NaN.
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{ModelSpec, RopeScaling};
+use crate::error::Result;
+
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+type Param<'a> = &'a mut dyn FnMut(&str, &[i64]) -> Result<Tensor>;
+
+struct Layer {
+    input_norm: Tensor,
+    post_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// Keys and values of every layer for the tokens seen so far: per layer K and V of shape
+/// `[B, kv_heads, T, head_dim]` (not repeated for grouped-query attention).
+///
+/// Appending concatenates (differentiable, so a cache may be used under autograd, e.g. for a
+/// shared prompt in a logprob pass); after [`KvCache::reserve`] appends of tensors that do not
+/// require grad are written in place into preallocated buffers, which is what sampling does.
+#[derive(Default)]
+pub struct KvCache {
+    /// Per layer (K, V) buffers `[B, kv_heads, capacity, head_dim]`, the first `len` positions filled.
+    layers: Vec<(Tensor, Tensor)>,
+    len: i64,
+}
+
+impl KvCache {
+    /// An empty cache; the first forward pass that gets it fills it.
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// How many positions it holds (T).
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+
+    /// Whether it holds nothing yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows (B), once filled.
+    pub fn batch_size(&self) -> Option<i64> {
+        self.layers.first().map(|(k, _)| k.size()[0])
+    }
+
+    /// The filled part of layer `i`'s K and V.
+    pub fn layer(&self, i: usize) -> (Tensor, Tensor) {
+        let (k, v) = &self.layers[i];
+        (k.narrow(2, 0, self.len), v.narrow(2, 0, self.len))
+    }
+
+    /// Each row repeated `n` times in place (row r becomes rows r·n … r·n+n−1): one prefilled
+    /// prompt shared by the `n` completions of its group.
+    pub fn repeat_interleave(&self, n: i64) -> KvCache {
+        match self.batch_size() {
+            None => KvCache::new(),
+            Some(b) => {
+                let device = self.layers[0].0.device();
+                let rows =
+                    Tensor::arange(b, (Kind::Int64, device)).repeat_interleave_self_int(n, 0, None::<i64>);
+                self.index_select(&rows)
+            }
+        }
+    }
+
+    /// The cache of the given rows (int64 indices, repeats allowed), compacted to its length.
+    pub fn index_select(&self, rows: &Tensor) -> KvCache {
+        let layers = (0..self.layers.len())
+            .map(|i| {
+                let (k, v) = self.layer(i);
+                (k.index_select(0, rows), v.index_select(0, rows))
+            })
+            .collect();
+        KvCache { layers, len: self.len }
+    }
+
+    /// Preallocates room for `extra` more positions, so later no-grad appends write in place
+    /// instead of copying the whole cache at every step.
+    pub fn reserve(&mut self, extra: i64) {
+        let len = self.len;
+        for (k, v) in &mut self.layers {
+            let cap = k.size()[2];
+            if cap >= len + extra {
+                continue;
+            }
+            let grow = |t: &Tensor| {
+                let mut size = t.size();
+                size[2] = len + extra;
+                let buf = Tensor::zeros(&size, (t.kind(), t.device()));
+                buf.narrow(2, 0, len).copy_(&t.narrow(2, 0, len));
+                buf
+            };
+            *k = grow(k);
+            *v = grow(v);
+        }
+    }
+
+    /// Adds this call's K/V for layer `i` (positions `len..len+t`) and returns the filled part,
+    /// new positions included. `len` itself moves when the whole forward pass is done.
+    fn append(&mut self, i: usize, k_new: &Tensor, v_new: &Tensor) -> (Tensor, Tensor) {
+        let t = k_new.size()[2];
+        let len = self.len;
+        if i == self.layers.len() {
+            // First pass through this layer: the new K/V are the cache.
+            assert_eq!(len, 0, "KvCache: layer {i} missing from a cache of length {len}");
+            self.layers.push((k_new.shallow_clone(), v_new.shallow_clone()));
+            return (k_new.shallow_clone(), v_new.shallow_clone());
+        }
+        let (k, v) = &mut self.layers[i];
+        let in_place = k.size()[2] >= len + t && !k_new.requires_grad() && !v_new.requires_grad();
+        if in_place {
+            k.narrow(2, len, t).copy_(k_new);
+            v.narrow(2, len, t).copy_(v_new);
+        } else {
+            *k = Tensor::cat(&[&k.narrow(2, 0, len), k_new], 2);
+            *v = Tensor::cat(&[&v.narrow(2, 0, len), v_new], 2);
+        }
+        (k.narrow(2, 0, len + t), v.narrow(2, 0, len + t))
+    }
+}
+
+/// How attention is masked in one forward pass.
+enum Mask {
+    /// Every key is visible (one new token, no padding).
+    None,
+    /// Plain causal attention from position 0, no padding.
+    Causal,
+    /// `[B, 1, T, S]` booleans, true = may attend.
+    Explicit(Tensor),
+}
+
+/// A Llama-family decoder. Its tensors are the variables of the `VarStore` it was built in,
+/// under their Hugging Face names.
+pub struct Llama {
+    spec: ModelSpec,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    /// `None`: tied to the embeddings.
+    lm_head: Option<Tensor>,
+    /// RoPE inverse frequencies, `[head_dim / 2]`, f32.
+    inv_freq: Tensor,
+    device: Device,
+    kind: Kind,
+}
+
+impl Llama {
+    /// Builds the model in `vs`, taking each tensor by its Hugging Face name and shape from
+    /// `get` (which converts it to the model's device and kind). Parameters are trainable.
+    pub fn build(
+        vs: &VarStore,
+        spec: &ModelSpec,
+        kind: Kind,
+        mut get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
+    ) -> Result<Llama> {
+        let root = vs.root();
+        let mut param = |name: &str, shape: &[i64]| -> Result<Tensor> {
+            let t = get(name, shape)?;
+            Ok(root.add(name, t, true))
+        };
+        let p = &mut param as &mut dyn FnMut(&str, &[i64]) -> Result<Tensor>;
+        fn linear(p: Param<'_>, name: &str, out: i64, inp: i64, bias: bool) -> Result<Linear> {
+            let weight = p(&format!("{name}.weight"), &[out, inp])?;
+            let bias = if bias { Some(p(&format!("{name}.bias"), &[out])?) } else { None };
+            Ok(Linear { weight, bias })
+        }
+        let (h, d, ff) = (spec.hidden_size, spec.head_dim, spec.intermediate_size);
+        let (nq, nkv) = (spec.num_heads * d, spec.num_kv_heads * d);
+        let embed = p("model.embed_tokens.weight", &[spec.vocab_size, h])?;
+        let mut layers = Vec::with_capacity(spec.num_layers as usize);
+        for i in 0..spec.num_layers {
+            let n = format!("model.layers.{i}");
+            layers.push(Layer {
+                input_norm: p(&format!("{n}.input_layernorm.weight"), &[h])?,
+                q: linear(p, &format!("{n}.self_attn.q_proj"), nq, h, spec.qkv_bias)?,
+                k: linear(p, &format!("{n}.self_attn.k_proj"), nkv, h, spec.qkv_bias)?,
+                v: linear(p, &format!("{n}.self_attn.v_proj"), nkv, h, spec.qkv_bias)?,
+                o: linear(p, &format!("{n}.self_attn.o_proj"), h, nq, spec.o_bias)?,
+                post_norm: p(&format!("{n}.post_attention_layernorm.weight"), &[h])?,
+                gate: linear(p, &format!("{n}.mlp.gate_proj"), ff, h, spec.mlp_bias)?,
+                up: linear(p, &format!("{n}.mlp.up_proj"), ff, h, spec.mlp_bias)?,
+                down: linear(p, &format!("{n}.mlp.down_proj"), h, ff, spec.mlp_bias)?,
+            });
+        }
+        let norm = p("model.norm.weight", &[h])?;
+        let lm_head =
+            if spec.tie_word_embeddings { None } else { Some(p("lm_head.weight", &[spec.vocab_size, h])?) };
+        let device = embed.device();
+        let inv_freq = inv_freq(spec, device);
+        Ok(Llama { spec: spec.clone(), embed, layers, norm, lm_head, inv_freq, device, kind })
+    }
+
+    /// The resolved architecture.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Width of the hidden states.
+    pub fn hidden_size(&self) -> i64 {
+        self.spec.hidden_size
+    }
+
+    /// Number of logits per position.
+    pub fn vocab_size(&self) -> i64 {
+        self.spec.vocab_size
+    }
+
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Where the weights are.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The weights' dtype.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Hidden states after the final norm, `[B, T, hidden]`. `attention_mask` is
+    /// `[B, T_past + T]` (1 real, 0 padding, left padding allowed); `positions` `[B, T]`.
+    /// With a cache, appends this call's K/V.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attention_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let (b, t) = input_ids.size2().expect("input_ids is [B, T]");
+        let past = cache.as_ref().map_or(0, |c| c.len);
+        assert_eq!(
+            attention_mask.size(),
+            [b, past + t],
+            "attention_mask must be [B, T_past + T] = [{b}, {}]",
+            past + t
+        );
+        assert_eq!(positions.size(), [b, t], "positions must be [B, T] = [{b}, {t}]");
+        let mask = build_mask(attention_mask, past, t, self.spec.sliding_window);
+        let (cos, sin) = self.rope(positions);
+        let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let kv = cache.as_deref_mut().map(|c| (c, i));
+            x = self.layer_forward(layer, &x, &cos, &sin, &mask, kv);
+        }
+        if let Some(c) = cache {
+            c.len += t;
+        }
+        rms_norm(&x, &self.norm, self.spec.rms_norm_eps)
+    }
+
+    /// Logits of hidden states `[..., hidden]` → `[..., vocab]`, in the model's dtype.
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        hidden.linear(self.lm_head.as_ref().unwrap_or(&self.embed), None::<Tensor>)
+    }
+
+    /// cos and sin of the RoPE angles, `[B, 1, T, head_dim]` in the model's kind.
+    fn rope(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        (emb.cos().to_kind(self.kind).unsqueeze(1), emb.sin().to_kind(self.kind).unsqueeze(1))
+    }
+
+    fn layer_forward(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Mask,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor {
+        let (b, t, _) = x.size3().expect("hidden is [B, T, H]");
+        let (nh, nkv, d) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let h = rms_norm(x, &layer.input_norm, self.spec.rms_norm_eps);
+        let q = layer.q.forward(&h).view([b, t, nh, d]).transpose(1, 2);
+        let k = layer.k.forward(&h).view([b, t, nkv, d]).transpose(1, 2);
+        let v = layer.v.forward(&h).view([b, t, nkv, d]).transpose(1, 2);
+        let q = apply_rope(&q, cos, sin);
+        let k = apply_rope(&k, cos, sin);
+        let (k, v) = match cache {
+            Some((c, i)) => c.append(i, &k, &v),
+            None => (k, v),
+        };
+        let attn = attention(&q, &k, &v, mask, nh / nkv);
+        let attn = attn.transpose(1, 2).reshape([b, t, nh * d]);
+        let x = x + layer.o.forward(&attn);
+        let h = rms_norm(&x, &layer.post_norm, self.spec.rms_norm_eps);
+        let mlp = layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
+        x + mlp
+    }
+}
+
+/// Attention of `q [B, H, T, D]` over `k, v [B, KV, S, D]`, `rep = H / KV`; returns `[B, H, T, D]`.
+fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, rep: i64) -> Tensor {
+    let (b, nh, t, d) = q.size4().expect("q is [B, H, T, D]");
+    let sdpa = |q: &Tensor, k: &Tensor, v: &Tensor| match mask {
+        Mask::None => Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, false, None, false),
+        Mask::Causal => Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, true, None, false),
+        Mask::Explicit(m) => Tensor::scaled_dot_product_attention(q, k, v, Some(m), 0.0, false, None, false),
+    };
+    if rep == 1 {
+        return sdpa(q, k, v);
+    }
+    let (_, nkv, s, _) = k.size4().expect("k is [B, KV, S, D]");
+    if t == 1 {
+        // One query per head: fold the `rep` heads sharing a KV head into the query axis, so
+        // K and V are used as they are in the cache instead of being copied `rep` times per
+        // step. A [B, 1, 1, S] mask broadcasts over the folded axis.
+        let qf = q.reshape([b, nkv, rep, d]);
+        return sdpa(&qf, k, v).reshape([b, nh, 1, d]);
+    }
+    let expand = |x: &Tensor| x.unsqueeze(2).expand([b, nkv, rep, s, d], false).reshape([b, nh, s, d]);
+    sdpa(q, &expand(k), &expand(v))
+}
+
+fn build_mask(attention_mask: &Tensor, past: i64, t: i64, window: Option<i64>) -> Mask {
+    let (b, s) = attention_mask.size2().expect("attention_mask is [B, S]");
+    let all_real = attention_mask.min().int64_value(&[]) != 0;
+    let windowed = window.is_some_and(|w| s > w);
+    if all_real && !windowed {
+        if t == 1 {
+            return Mask::None;
+        }
+        if past == 0 {
+            return Mask::Causal;
+        }
+    }
+    let device = attention_mask.device();
+    let q = Tensor::arange_start(past, s, (Kind::Int64, device)).unsqueeze(1);
+    let k = Tensor::arange(s, (Kind::Int64, device)).unsqueeze(0);
+    let mut allowed = k.le_tensor(&q);
+    if let Some(w) = window {
+        allowed = allowed.logical_and(&(&q - &k).lt(w));
+    }
+    let real = attention_mask.ne(0).view([b, 1, 1, s]);
+    // A query may always see itself: a row of left padding then has one finite score instead
+    // of none (which gives NaN that would reach real rows through V at masked positions).
+    let itself = k.eq_tensor(&q);
+    Mask::Explicit(allowed.view([1, 1, t, s]).logical_and(&real).logical_or(&itself.view([1, 1, t, s])))
+}
+
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let kind = x.kind();
+    let xf = x.to_kind(Kind::Float);
+    let variance = xf.square().mean_dim(-1, true, Kind::Float);
+    let normed = xf * (variance + eps).rsqrt();
+    weight * normed.to_kind(kind)
+}
+
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let half = x.size()[3] / 2;
+    let x1 = x.narrow(3, 0, half);
+    let x2 = x.narrow(3, half, half);
+    let rotated = Tensor::cat(&[&x2.neg(), &x1], 3);
+    x * cos + rotated * sin
+}
+
+/// RoPE inverse frequencies as transformers computes them (f32), with the configured scaling.
+fn inv_freq(spec: &ModelSpec, device: Device) -> Tensor {
+    let d = spec.head_dim;
+    let exponent =
+        Tensor::arange_start_step(0, d, 2, (Kind::Int64, Device::Cpu)).to_kind(Kind::Float) / d as f64;
+    let inv = Tensor::pow_scalar(spec.rope_theta, &exponent).reciprocal();
+    let inv = match spec.rope_scaling {
+        RopeScaling::None => inv,
+        RopeScaling::Linear { factor } => inv / factor,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let low_freq_wavelen = original_max_position_embeddings / low_freq_factor;
+            let high_freq_wavelen = original_max_position_embeddings / high_freq_factor;
+            let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
+            let scaled = wavelen.gt(low_freq_wavelen).where_self(&(&inv / factor), &inv);
+            let smooth = (wavelen.reciprocal() * original_max_position_embeddings - low_freq_factor)
+                / (high_freq_factor - low_freq_factor);
+            let smoothed = (1.0 - &smooth) * &scaled / factor + &smooth * &scaled;
+            let medium = wavelen
+                .lt(high_freq_wavelen)
+                .logical_not()
+                .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
+            medium.where_self(&smoothed, &scaled)
+        }
+    };
+    inv.to_device(device)
+}
+
+/// Positions from an attention mask `[B, S]`: the index among real tokens, 0 on padding
+/// (transformers' `cumsum - 1`, padding filled).
+pub fn positions_from_mask(attention_mask: &Tensor) -> Tensor {
+    let pos = attention_mask.to_kind(Kind::Int64).cumsum(-1, Kind::Int64) - 1;
+    pos.clamp_min(0)
+}
