@@ -1,0 +1,253 @@
+//! `grpo`: Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300), with the DAPO
+//! (arXiv:2503.14476) and Dr. GRPO (arXiv:2503.20783) variants as options.
+//!
+//! Advantages: each completion's reward against its group, `A_i = (r_i − mean_g) / (std + eps)`,
+//! the std over the group, over the batch or not at all (`scale_rewards`), repeated over the
+//! completion's tokens. Loss: the clipped surrogate with separate low/high clip ranges, plus
+//! `β·k(logp, ref)` per token unless the KL is folded into the reward (`kl_in`), aggregated
+//! by `loss_agg`. The formulas, with their sources, are in the README.
+
+use rlvr_optimizer_common::config;
+use rlvr_optimizer_common::inputs::Like;
+use rlvr_optimizer_common::losses::{ClippedPolicy, KlEstimator, LossAgg, check_scale};
+use rlvr_optimizer_common::rewards::{self, OnlineBatch, StdKind};
+use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
+use rlvr_plugin_api::{
+    AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
+    OptimizerPlugin, PluginError, ROption, TensorHandle, export_optimizer,
+};
+use serde::Deserialize;
+use tch::{Device, Kind, Tensor};
+
+/// What the reward is divided by after the group mean is subtracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleRewards {
+    /// The group's std (GRPO).
+    Group,
+    /// The std of the whole batch's rewards.
+    Batch,
+    /// Nothing: `A = r − mean_g` (Dr. GRPO).
+    None,
+}
+
+/// Where the KL to the reference goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KlIn {
+    /// `+ β·k(logp, ref)` on every token of the loss (GRPO).
+    Loss,
+    /// `r_i − β·Σ_t k(old, ref)` before the advantage; no KL term in the loss.
+    Reward,
+}
+
+/// The plugin's keys of the job's `[optimizer]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpoConfig {
+    /// What the centred reward is divided by.
+    pub scale_rewards: ScaleRewards,
+    /// The std convention of `scale_rewards`.
+    pub std: StdKind,
+    /// Added to the std before dividing.
+    pub eps: f64,
+    /// Lower clip range: ρ is clipped at `1 − clip_eps_low`.
+    pub clip_eps_low: f64,
+    /// Upper clip range: ρ is clipped at `1 + clip_eps_high`; `clip_eps_low` when unset.
+    pub clip_eps_high: Option<f64>,
+    /// Weight β of the KL to the reference.
+    pub kl_beta: f64,
+    /// Which estimator of the KL.
+    pub kl_estimator: KlEstimator,
+    /// Whether the KL is a loss term or a reward penalty.
+    pub kl_in: KlIn,
+    /// How per-token losses are aggregated.
+    pub loss_agg: LossAgg,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig {
+            scale_rewards: ScaleRewards::Group,
+            std: StdKind::Sample,
+            eps: 1e-4,
+            clip_eps_low: 0.2,
+            clip_eps_high: None,
+            kl_beta: 0.04,
+            kl_estimator: KlEstimator::K3,
+            kl_in: KlIn::Loss,
+            loss_agg: LossAgg::SeqMeanTokenMean,
+        }
+    }
+}
+
+/// The GRPO optimizer.
+#[derive(Debug, Clone)]
+pub struct Grpo {
+    config: GrpoConfig,
+    clip_eps_high: f64,
+}
+
+impl Grpo {
+    /// An optimizer with `config`, its ranges checked.
+    pub fn new(config: GrpoConfig) -> Result<Self, PluginError> {
+        config::positive("eps", config.eps)?;
+        config::open_unit("clip_eps_low", config.clip_eps_low)?;
+        let clip_eps_high = config.clip_eps_high.unwrap_or(config.clip_eps_low);
+        config::require(
+            "clip_eps_high",
+            clip_eps_high,
+            clip_eps_high >= config.clip_eps_low,
+            format!("a number ≥ clip_eps_low ({})", config.clip_eps_low),
+        )?;
+        config::non_negative("kl_beta", config.kl_beta)?;
+        Ok(Grpo { config, clip_eps_high })
+    }
+
+    /// Per-completion advantages from (possibly KL-penalised) rewards and the batch's groups.
+    fn group_advantages(&self, rewards: &[f64], groups: &[std::ops::Range<usize>]) -> Vec<f64> {
+        let batch_std = rewards::std(rewards, self.config.std);
+        let mut advantages = vec![0.0; rewards.len()];
+        for group in groups {
+            let values = &rewards[group.start..group.end];
+            let mean = rewards::mean(values);
+            let denominator = match self.config.scale_rewards {
+                ScaleRewards::Group => rewards::std(values, self.config.std) + self.config.eps,
+                ScaleRewards::Batch => batch_std + self.config.eps,
+                ScaleRewards::None => 1.0,
+            };
+            for row in group.clone() {
+                advantages[row] = (rewards[row] - mean) / denominator;
+            }
+        }
+        advantages
+    }
+}
+
+impl OptimizerPlugin for Grpo {
+    fn metadata() -> Metadata {
+        Metadata {
+            name: "grpo",
+            version: env!("CARGO_PKG_VERSION"),
+            description: "GRPO with group/batch/no reward scaling, low/high clipping, KL k1/k2/k3 in the loss or the reward (DAPO, Dr. GRPO by options)",
+        }
+    }
+
+    fn requirements() -> OptimizerInfo {
+        OptimizerInfo {
+            data_mode: DataMode::OnlineGroups,
+            needs_reference: true,
+            needs_value_head: false,
+            needs_groups: true,
+            libtorch_version: "filled in by the export layer".into(),
+        }
+    }
+
+    fn from_config(config_json: &str) -> Result<Self, PluginError> {
+        Grpo::new(config::parse("grpo", config_json)?)
+    }
+
+    fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
+        let batch = OnlineBatch::new(inputs)?;
+        let groups = rewards::groups(inputs.group_ids.as_slice())?;
+        let mut metrics =
+            vec![metric("uniform_group_frac", rewards::uniform_group_fraction(&batch.rewards, &groups))];
+        let mut shaped = batch.rewards.clone();
+        if self.config.kl_in == KlIn::Reward {
+            let required = (self.config.kl_beta > 0.0).then_some("kl_in = \"reward\" with kl_beta > 0");
+            if let Some(reference) = batch.reference(inputs, required)? {
+                let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
+                penalty.apply(&mut shaped);
+                metrics.extend(penalty.metrics);
+            }
+        }
+        let advantages = self.group_advantages(&shaped, &groups);
+        Ok(advantage_output(batch.mask.repeat_rows(&advantages), None, metrics))
+    }
+
+    fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
+        let (like, logprobs) = Like::first("logprobs", inputs.logprobs)?;
+        let mask = like.mask(inputs.mask)?;
+        check_scale(&inputs.scale, &mask)?;
+        let old = mask.clean(&like.required("old_logprobs", inputs.old_logprobs, "the policy ratio")?);
+        let advantages = mask.clean(&like.required("advantages", inputs.advantages, "the policy loss")?);
+        let kl_in_loss = self.config.kl_in == KlIn::Loss && self.config.kl_beta > 0.0;
+        let required = kl_in_loss.then_some("kl_in = \"loss\" with kl_beta > 0");
+        let reference = like.needed("ref_logprobs", inputs.ref_logprobs, required)?;
+        let logprobs = mask.clean(&logprobs);
+
+        let policy =
+            ClippedPolicy::new(&logprobs, &old, &advantages, self.config.clip_eps_low, self.clip_eps_high);
+        let mut metrics = policy.metrics(&mask);
+        let kl =
+            reference.map(|reference| self.config.kl_estimator.per_token(&logprobs, &mask.clean(&reference)));
+        if let Some(kl) = &kl {
+            metrics.push(metric("kl", mask.mean(kl)));
+        }
+        let per_token = match kl {
+            Some(kl) if kl_in_loss => policy.loss + kl * self.config.kl_beta,
+            _ => policy.loss,
+        };
+        let loss = self.config.loss_agg.aggregate(&per_token, &mask, &inputs.scale)?;
+        Ok(loss_output(loss, metrics))
+    }
+
+    /// One group of two, rewards 1 and 0, defaults: `A = ±0.5 / (√0.5 + 1e-4)`; at ρ = 1 and
+    /// logp = ref the loss is 0 and its gradient `−A_i / 2`.
+    fn self_test() -> Result<(), PluginError> {
+        let grpo = Grpo::from_config("{}")?;
+        let options = (Kind::Double, Device::Cpu);
+        let old = Tensor::from_slice(&[-1.0f64, -2.0]).reshape([2, 1]);
+        let mask = Tensor::ones([2, 1], options);
+        let output = grpo.advantages(&AdvantageInputs {
+            rewards: [1.0, 0.0][..].into(),
+            group_ids: [7, 7][..].into(),
+            old_logprobs: TensorHandle::borrow(&old),
+            ref_logprobs: ROption::RSome(TensorHandle::borrow(&old)),
+            mask: TensorHandle::borrow(&mask),
+            values: ROption::RNone,
+        })?;
+        // SAFETY: the handle was given to us by `advantages` and is taken back once.
+        let advantages = unsafe { output.advantages.into_tensor() };
+        let a = 0.5 / (0.5f64.sqrt() + 1e-4);
+        expect_all_close("advantages", &advantages, &[a, -a])?;
+
+        let logprobs = old.copy().set_requires_grad(true);
+        let output = grpo.loss(&LossInputs {
+            logprobs: TensorHandle::borrow(&logprobs),
+            mask: TensorHandle::borrow(&mask),
+            old_logprobs: ROption::RSome(TensorHandle::borrow(&old)),
+            ref_logprobs: ROption::RSome(TensorHandle::borrow(&old)),
+            advantages: ROption::RSome(TensorHandle::borrow(&advantages)),
+            values: ROption::RNone,
+            old_values: ROption::RNone,
+            returns: ROption::RNone,
+            scale: LossScale { batch_sequences: 2, batch_tokens: 2, max_new_tokens: 1 },
+        })?;
+        // SAFETY: as above.
+        let loss = unsafe { output.loss.into_tensor() };
+        loss.backward();
+        expect_close("loss", loss.double_value(&[]), 0.0)?;
+        expect_all_close("gradient", &logprobs.grad(), &[-a / 2.0, a / 2.0])
+    }
+}
+
+export_optimizer!(Grpo);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_test_passes() {
+        Grpo::self_test().unwrap();
+    }
+
+    #[test]
+    fn clip_eps_high_defaults_to_clip_eps_low_and_may_not_be_below_it() {
+        let grpo = Grpo::from_config(r#"{"clip_eps_low": 0.1}"#).unwrap();
+        assert_eq!(grpo.clip_eps_high, 0.1);
+        let error = Grpo::from_config(r#"{"clip_eps_high": 0.1}"#).unwrap_err();
+        assert_eq!(error.message, "clip_eps_high: expected a number ≥ clip_eps_low (0.2), got 0.1");
+    }
+}
