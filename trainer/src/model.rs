@@ -183,7 +183,10 @@ impl Llama {
         let root = vs.root();
         let mut param = |name: &str, shape: &[i64]| -> Result<Tensor> {
             let t = get(name, shape)?;
-            Ok(root.add(name, t, true))
+            // tch names a variable by its path components joined with '.': the HF name.
+            let (dir, leaf) = name.rsplit_once('.').unwrap_or(("", name));
+            let path = dir.split('.').filter(|c| !c.is_empty()).fold(root.clone(), |p, c| p.sub(c));
+            Ok(path.add(leaf, t, true))
         };
         let p = &mut param as &mut dyn FnMut(&str, &[i64]) -> Result<Tensor>;
         fn linear(p: Param<'_>, name: &str, out: i64, inp: i64, bias: bool) -> Result<Linear> {
@@ -404,15 +407,15 @@ fn inv_freq(spec: &ModelSpec, device: Device) -> Tensor {
             let low_freq_wavelen = original_max_position_embeddings / low_freq_factor;
             let high_freq_wavelen = original_max_position_embeddings / high_freq_factor;
             let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
-            let scaled = wavelen.gt(low_freq_wavelen).where_self(&(&inv / factor), &inv);
+            let scaled = (&inv / factor).where_self(&wavelen.gt(low_freq_wavelen), &inv);
             let smooth = (wavelen.reciprocal() * original_max_position_embeddings - low_freq_factor)
                 / (high_freq_factor - low_freq_factor);
-            let smoothed = (1.0 - &smooth) * &scaled / factor + &smooth * &scaled;
+            let smoothed = (smooth.neg() + 1.0) * &scaled / factor + &smooth * &scaled;
             let medium = wavelen
                 .lt(high_freq_wavelen)
                 .logical_not()
                 .logical_and(&wavelen.gt(low_freq_wavelen).logical_not());
-            medium.where_self(&smoothed, &scaled)
+            smoothed.where_self(&medium, &scaled)
         }
     };
     inv.to_device(device)

@@ -302,7 +302,7 @@ fn sample_step(logits: &Tensor, params: &SamplingParams, uniforms: &[f64]) -> (T
     let mut idx = cdf.le_tensor(&target).sum_dim_intlist(-1, false, Kind::Int64);
     // u · total rounding up to total would point past the end: take the last token with mass.
     let last = cdf.argmax(-1, false);
-    idx = idx.ge(width).where_self(&last, &idx);
+    idx = last.where_self(&idx.ge(width), &idx);
     let tokens = match order {
         Some(order) => order.gather(1, &idx.unsqueeze(1), false).squeeze_dim(1),
         None => idx,

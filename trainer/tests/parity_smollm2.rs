@@ -1,0 +1,41 @@
+//! SmolLM2-135M-Instruct through this crate and through Hugging Face transformers, on the same
+//! chat-templated prompt: the rendered template, the prompt's ids, the last-position logits
+//! (max abs difference ≤ 1e-4) and 32 greedy tokens must agree.
+
+mod common;
+
+use rlvr_trainer::{Finish, SamplerRng, SamplingParams, generate, load};
+use tch::{Device, Kind};
+
+const PROMPT: &str = "What is 17 + 25? Give the final answer as: Answer: <number>";
+
+#[test]
+fn smollm2_matches_transformers() {
+    let dir = common::smollm2_dir();
+    let reference = common::hf_reference(&["chat", dir.to_str().unwrap(), PROMPT, "32"]);
+    let loaded = load(dir.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+
+    let rendered = loaded.tokenizer.render_prompt(PROMPT).unwrap();
+    assert_eq!(rendered, reference["rendered"].as_str().unwrap(), "chat template rendering");
+    let ids = loaded.tokenizer.encode_prompt(PROMPT).unwrap();
+    let ref_ids: Vec<i64> =
+        reference["ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    assert_eq!(ids, ref_ids, "prompt token ids");
+
+    let logits = common::our_logits(&loaded.model, std::slice::from_ref(&ids));
+    let last = logits.select(1, ids.len() as i64 - 1).squeeze_dim(0);
+    let diff = common::max_abs_diff(&last, &common::flat_tensor(&reference["last_logits"]));
+    println!("smollm2 last-position logits: max abs diff vs transformers = {diff:.3e}");
+    assert!(diff <= 1e-4, "last-position logits differ by {diff:e} (> 1e-4)");
+
+    let params = SamplingParams { max_new_tokens: 32, temperature: 0.0, ..SamplingParams::default() };
+    let out =
+        generate(&loaded.model, &loaded.tokenizer, &[ids], 1, &params, &mut SamplerRng::new(0)).unwrap();
+    let ref_new: Vec<i64> =
+        reference["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    println!("greedy: {:?} ({:?})", out[0].text, out[0].finish);
+    assert_eq!(out[0].text, reference["greedy_text"].as_str().unwrap(), "greedy text");
+    assert_eq!(out[0].tokens, ref_new, "greedy ids");
+    let expected_finish = if ref_new.len() < 32 { Finish::Eos } else { Finish::Length };
+    assert_eq!(out[0].finish, expected_finish);
+}
