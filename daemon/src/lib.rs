@@ -3,6 +3,7 @@
 //! `main` functions are thin: they parse arguments and call into here, so the whole server runs
 //! in-process in tests. See ARCHITECTURE.md for the map.
 pub mod api;
+pub mod arith;
 pub mod config;
 pub mod events;
 pub mod health;
@@ -13,3 +14,4 @@ pub mod serve;
 pub mod time;
 pub mod tls;
 pub mod verify;
+pub mod worker;

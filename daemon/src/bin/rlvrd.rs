@@ -35,12 +35,66 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Run one job end to end without Redis: rollout, verification, updates, checkpoints. Prints
+    /// the outcome (steps, weights hash, held-out before/after, checkpoint) as JSON on stdout.
+    Worker {
+        /// The job spec (TOML, or JSON by extension).
+        #[arg(long)]
+        spec: PathBuf,
+        /// Where checkpoints, metrics.jsonl and rollouts.jsonl go.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Continue from the newest checkpoint in the state dir.
+        #[arg(long)]
+        resume: bool,
+        /// A directory to load plugins from, besides the config's plugins.dirs (repeatable).
+        #[arg(long = "plugin-dir")]
+        plugin_dirs: Vec<PathBuf>,
+        /// The daemon config whose plugins.dirs to use [default: /etc/rlvr/rlvrd.toml when it
+        /// exists].
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// `cpu`, `cuda` or `cuda:N` [default: cuda when available (CUDA_VISIBLE_DEVICES
+        /// applies), else cpu].
+        #[arg(long)]
+        device: Option<String>,
+        /// Verifier calls at once [default: the number of cores].
+        #[arg(long)]
+        verify_parallel: Option<usize>,
+    },
+    /// Write synthetic data sets for the built-in model (no download).
+    Data {
+        #[command(subcommand)]
+        kind: DataKind,
+    },
     /// Load one plugin library, check it and run its self-test; print a JSON report. The daemon
     /// runs this in a child process so a crashing library cannot take it down.
     #[command(hide = true)]
     ProbePlugin {
         /// The library.
         library: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataKind {
+    /// `a+b=` / `a-b=` problems: sft.jsonl (demonstrations), train.jsonl and heldout.jsonl
+    /// (prompts with references for the math verifier); no held-out problem is in the others.
+    Arith {
+        /// The directory to write into.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 2000)]
+        sft: usize,
+        #[arg(long, default_value_t = 2000)]
+        train: usize,
+        #[arg(long, default_value_t = 200)]
+        heldout: usize,
+        /// Operands are drawn below this.
+        #[arg(long, default_value_t = 50)]
+        max_operand: u64,
     },
 }
 
@@ -79,6 +133,49 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Worker { spec, state_dir, resume, plugin_dirs, config, device, verify_parallel } => {
+            logging::init(cli.log_format, "info");
+            let run = || -> anyhow::Result<rlvr_daemon::worker::Outcome> {
+                let plugin_dirs =
+                    config::plugin_dirs(config.as_deref(), plugin_dirs).map_err(anyhow::Error::msg)?;
+                let device = device.as_deref().map(parse_device).transpose()?;
+                let verify_parallel = verify_parallel.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+                });
+                let options = rlvr_daemon::worker::WorkerOptions {
+                    spec,
+                    state_dir,
+                    resume,
+                    plugin_dirs,
+                    device,
+                    verify_parallel,
+                };
+                Ok(rlvr_daemon::worker::run(&options)?)
+            };
+            match run() {
+                Ok(outcome) => {
+                    println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("rlvrd worker: {error:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand } } => {
+            let options = rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand };
+            match rlvr_daemon::arith::write(&out, &options) {
+                Ok([sft, train, heldout]) => {
+                    println!("{}: {sft} sft, {train} train, {heldout} held-out problems", out.display());
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("rlvrd data arith: {}: {error}", out.display());
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Serve { config } => {
             logging::init(cli.log_format, "info");
             match serve(config) {
@@ -105,6 +202,18 @@ fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         });
         rlvr_daemon::serve::run(config, shutdown).await.context("rlvrd serve")
     })
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+fn parse_device(text: &str) -> anyhow::Result<tch::Device> {
+    match text {
+        "cpu" => Ok(tch::Device::Cpu),
+        "cuda" => Ok(tch::Device::Cuda(0)),
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(index) => Ok(tch::Device::Cuda(index)),
+            None => anyhow::bail!("--device: expected cpu, cuda or cuda:N, got {other:?}"),
+        },
+    }
 }
 
 async fn wait_for_signal() {

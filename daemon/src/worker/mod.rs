@@ -1,0 +1,623 @@
+//! `rlvrd worker`: runs one job end to end — rollout, verification, update, checkpoint — in its
+//! own process (design.md §2). Later the daemon starts the same worker for each admitted job.
+//!
+//! Everything that can be checked is checked before the first byte is written to the state
+//! directory: the spec, the plugins (and whether they fit each other and the data), the data
+//! files, the model. A run that cannot start leaves nothing behind.
+//!
+//! - `setup`-like code lives here: [`run`] loads everything and drives the steps.
+//! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline.
+//! - [`eval`]: held-out scoring (greedy).
+//! - [`state`]: checkpoints and the JSONL logs, written atomically.
+//! - [`optim`]: AdamW, the schedule, gradient clipping.
+//! - [`data`], [`reward`]: the data files and the weighted verifier reward.
+
+pub mod data;
+pub mod eval;
+pub mod optim;
+pub mod reward;
+pub mod state;
+pub mod step;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rlvr_plugin_api::{CurriculumBox, DataMode, OptimizerBox, OptimizerInfo, PluginInstance, PluginKind};
+use rlvr_queue::spec::{Dtype, JobSpec};
+use rlvr_trainer::{LoadedModel, load as load_model, save_pretrained};
+use rlvr_trainer::{SamplerRng, SamplingParams};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tch::{Device, Kind, Tensor, nn};
+use tracing::{info, info_span, warn};
+
+use self::data::{Cursor, PairRecord, PromptRecord, SftRecord};
+use self::optim::{AdamW, AdamWConfig};
+use self::reward::{Rewarder, WeightedVerifier};
+use self::state::{JobRecord, JsonlLog, StateDir, TrainState};
+use crate::metrics::Metrics;
+use crate::registry::{Isolation, LoadedPlugin, Registry};
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub spec: PathBuf,
+    pub state_dir: PathBuf,
+    /// Continue from the newest checkpoint in `state_dir` (a fresh start when there is none).
+    pub resume: bool,
+    /// Directories to load plugins from.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// `None`: CUDA when available, else CPU.
+    pub device: Option<Device>,
+    /// Verifier calls at once.
+    pub verify_parallel: usize,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    pub steps: u64,
+    /// SHA-256 over the policy's tensors (names sorted, raw bytes): equal runs give equal hashes.
+    pub weights_sha256: String,
+    pub heldout_before: Option<f64>,
+    pub heldout_after: Option<f64>,
+    pub checkpoint: PathBuf,
+    /// Why it ended before max_steps, if it did.
+    pub stopped: Option<String>,
+}
+
+/// Why a run could not start or go on. Each names the field or file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("{path}: {message}")]
+    Spec { path: PathBuf, message: String },
+    #[error("{field}: {message}")]
+    Plugin { field: String, message: String },
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error("{field}: {message}")]
+    Model { field: &'static str, message: String },
+    #[error("state dir {path}: {message}")]
+    State { path: PathBuf, message: String },
+    #[error("step {step}: {message}")]
+    Step { step: u64, message: String },
+}
+
+/// The training data, by the optimizer's data mode.
+pub enum TrainData {
+    Prompts(Vec<PromptRecord>),
+    Sft(Vec<SftRecord>),
+    Pairs(Vec<PairRecord>),
+}
+
+/// Everything a step needs.
+pub struct Job {
+    pub spec: JobSpec,
+    pub device: Device,
+    pub policy: LoadedModel,
+    pub reference: Option<LoadedModel>,
+    pub value_head: Option<(nn::VarStore, nn::Linear)>,
+    pub optimizer: OptimizerBox,
+    pub optimizer_info: OptimizerInfo,
+    pub rewarder: Rewarder,
+    pub curriculum: Option<CurriculumBox>,
+    pub train: TrainData,
+    pub heldout: Option<Vec<PromptRecord>>,
+    pub adamw: AdamW,
+    pub rng: SamplerRng,
+    pub cursor: Cursor,
+    pub sampling: SamplingParams,
+}
+
+/// Runs the job of `options.spec` until its budget ends; see the module docs.
+pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
+    let spec_bytes = std::fs::read(&options.spec).map_err(|error| WorkerError::Spec {
+        path: options.spec.clone(),
+        message: format!("cannot read: {error}"),
+    })?;
+    let spec_text = String::from_utf8(spec_bytes.clone())
+        .map_err(|_| WorkerError::Spec { path: options.spec.clone(), message: "not UTF-8".into() })?;
+    let spec = JobSpec::parse_file_text(&options.spec, &spec_text)
+        .map_err(|errors| WorkerError::Spec { path: options.spec.clone(), message: errors.to_string() })?;
+    let spec_sha256 = hex::encode(Sha256::digest(&spec_bytes));
+    let dir = StateDir { root: options.state_dir.clone() };
+    let state_error = |message: String| WorkerError::State { path: options.state_dir.clone(), message };
+
+    // What a previous run of this job left, if anything.
+    let previous = dir.read_job().map_err(|error| state_error(format!("cannot read job.json: {error}")))?;
+    if let Some(previous) = &previous {
+        if !options.resume {
+            return Err(state_error(
+                "holds a run already; pass --resume to continue it, or use an empty directory".into(),
+            ));
+        }
+        if previous.spec_sha256 != spec_sha256 {
+            return Err(state_error(format!(
+                "the run there started from a different spec (sha256 {}); resume with the same file",
+                previous.spec_sha256
+            )));
+        }
+    }
+    let checkpoint = if options.resume {
+        dir.latest().map_err(|error| state_error(format!("cannot read checkpoints/LATEST: {error}")))?
+    } else {
+        None
+    };
+    let saved_state: Option<TrainState> = match &checkpoint {
+        Some(path) => Some(
+            std::fs::read(path.join("state.json"))
+                .map_err(io_msg)
+                .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+                .map_err(|message| {
+                    state_error(format!("{}: {message}", path.join("state.json").display()))
+                })?,
+        ),
+        None => None,
+    };
+
+    // Plugins: pinned versions on resume, newest otherwise.
+    let span = info_span!("job", name = %spec.job.name, team = %spec.job.team);
+    let _entered = span.enter();
+    let cache = tempfile::Builder::new()
+        .prefix("rlvrd-worker-plugins-")
+        .tempdir()
+        .map_err(|error| state_error(format!("cannot create a temp dir for plugins: {error}")))?;
+    let registry = Registry::new(cache.path().to_owned(), Isolation::InProcess, Arc::new(Metrics::new()))
+        .map_err(|error| state_error(error.to_string()))?;
+    registry.scan(&options.plugin_dirs, std::time::Duration::ZERO);
+    let pinned = previous.as_ref();
+    let find = |field: String, wanted: &str, pin: Option<&str>, kind: PluginKind| {
+        registry.find(pin.unwrap_or(wanted), Some(kind)).map_err(|error| WorkerError::Plugin {
+            field,
+            message: format!(
+                "{error} (looked in {})",
+                options.plugin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        })
+    };
+    let optimizer_plugin = find(
+        "optimizer.plugin".into(),
+        &spec.optimizer.plugin,
+        pinned.map(|p| p.optimizer.as_str()),
+        PluginKind::Optimizer,
+    )?;
+    let optimizer_info = optimizer_needs(&optimizer_plugin.meta).ok_or_else(|| WorkerError::Plugin {
+        field: "optimizer.plugin".into(),
+        message: format!("{} reports no data mode this worker knows", optimizer_plugin.id()),
+    })?;
+    let optimizer = match optimizer_plugin.create(&spec.optimizer_plugin_config(), &[]) {
+        Ok(PluginInstance::Optimizer(optimizer)) => optimizer,
+        Ok(other) => {
+            return Err(WorkerError::Plugin {
+                field: "optimizer.plugin".into(),
+                message: format!("{} created a {}", optimizer_plugin.id(), other.kind().as_str()),
+            });
+        }
+        Err(error) => {
+            return Err(WorkerError::Plugin {
+                field: "optimizer".into(),
+                message: format!("{} refused its options: {error}", optimizer_plugin.id()),
+            });
+        }
+    };
+    let mut verifiers = Vec::new();
+    let mut verifier_plugins: Vec<Arc<LoadedPlugin>> = Vec::new();
+    for (i, section) in spec.verifiers.iter().enumerate() {
+        let pin = pinned.and_then(|p| p.verifiers.get(i)).map(String::as_str);
+        let plugin = find(format!("verifiers[{i}].plugin"), &section.plugin, pin, PluginKind::Verifier)?;
+        let verifier = plugin.verifier(&section.plugin_config()).map_err(|error| WorkerError::Plugin {
+            field: format!("verifiers[{i}]"),
+            message: format!("{} refused its options: {error}", plugin.id()),
+        })?;
+        verifiers.push(WeightedVerifier {
+            name: plugin.meta.name.clone(),
+            id: plugin.id(),
+            weight: section.weight,
+            verifier: Arc::new(verifier),
+        });
+        verifier_plugins.push(plugin);
+    }
+    check_fit(&spec, &optimizer_info, optimizer_plugin.id())?;
+
+    // Data.
+    let train = match optimizer_info.data_mode {
+        DataMode::OnlineGroups | DataMode::OnlineWithCritic => {
+            TrainData::Prompts(data::load_prompts("data.train", &spec.data.train)?)
+        }
+        DataMode::OfflineSft => TrainData::Sft(data::load_sft("data.train", &spec.data.train)?),
+        DataMode::OfflinePairs => TrainData::Pairs(data::load_pairs("data.train", &spec.data.train)?),
+    };
+    let heldout =
+        spec.data.heldout.as_ref().map(|path| data::load_prompts("data.heldout", path)).transpose()?;
+    if heldout.is_some() && spec.verifiers.is_empty() {
+        return Err(WorkerError::Plugin {
+            field: "verifiers".into(),
+            message: "data.heldout is scored with the job's verifiers; name at least one".into(),
+        });
+    }
+    let curriculum = match &spec.curriculum {
+        None => None,
+        Some(section) => {
+            let TrainData::Prompts(prompts) = &train else {
+                return Err(WorkerError::Plugin {
+                    field: "curriculum".into(),
+                    message: "a curriculum chooses prompts of online training; this optimizer trains offline"
+                        .into(),
+                });
+            };
+            let pin = pinned.and_then(|p| p.curriculum.as_deref());
+            let plugin = find("curriculum.plugin".into(), &section.plugin, pin, PluginKind::Curriculum)?;
+            let ids: Vec<String> = prompts.iter().map(|p| p.id.clone()).collect();
+            match plugin.create(&section.plugin_config(), &ids) {
+                Ok(PluginInstance::Curriculum(curriculum)) => Some((plugin.id(), curriculum)),
+                Ok(other) => {
+                    return Err(WorkerError::Plugin {
+                        field: "curriculum.plugin".into(),
+                        message: format!("{} created a {}", plugin.id(), other.kind().as_str()),
+                    });
+                }
+                Err(error) => {
+                    return Err(WorkerError::Plugin {
+                        field: "curriculum".into(),
+                        message: format!("{} refused its options: {error}", plugin.id()),
+                    });
+                }
+            }
+        }
+    };
+
+    // Models.
+    let device = options.device.unwrap_or_else(Device::cuda_if_available);
+    let kind = match spec.model.dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::Bf16 if device.is_cuda() => Kind::BFloat16,
+        Dtype::Bf16 => {
+            return Err(WorkerError::Model {
+                field: "model.dtype",
+                message: "bf16 is for CUDA devices; this worker runs on the CPU (use f32)".into(),
+            });
+        }
+    };
+    let policy_source = match &checkpoint {
+        Some(path) => path.join("model").to_string_lossy().into_owned(),
+        None => spec.model.policy.clone(),
+    };
+    let mut policy = load_model(&policy_source, device, kind)
+        .map_err(|error| WorkerError::Model { field: "model.policy", message: error.to_string() })?;
+    let reference = if optimizer_info.needs_reference {
+        let source = if spec.model.reference == "same" { &spec.model.policy } else { &spec.model.reference };
+        let mut reference = load_model(source, device, kind)
+            .map_err(|error| WorkerError::Model { field: "model.reference", message: error.to_string() })?;
+        reference.vs.freeze();
+        if reference.tokenizer.vocab_size() != policy.tokenizer.vocab_size() {
+            return Err(WorkerError::Model {
+                field: "model.reference",
+                message: format!(
+                    "tokenizer mismatch: the reference has {} tokens, the policy {}",
+                    reference.tokenizer.vocab_size(),
+                    policy.tokenizer.vocab_size()
+                ),
+            });
+        }
+        Some(reference)
+    } else {
+        None
+    };
+    let reference_identity = reference.as_ref().map(|reference| {
+        let source = if spec.model.reference == "same" { &spec.model.policy } else { &spec.model.reference };
+        format!("{source} sha256:{}", weights_sha256(&reference.vs))
+    });
+    if let (Some(previous), Some(identity)) = (&previous, &reference_identity)
+        && previous.reference.as_ref() != Some(identity)
+    {
+        return Err(state_error(format!(
+            "the reference changed since the run started: was {:?}, now {identity}",
+            previous.reference
+        )));
+    }
+    let value_head = optimizer_info.needs_value_head.then(|| {
+        let vs = nn::VarStore::new(device);
+        // Zero-initialized: deterministic, and the first values predict nothing.
+        let config = nn::LinearConfig {
+            ws_init: nn::Init::Const(0.0),
+            bs_init: Some(nn::Init::Const(0.0)),
+            bias: true,
+        };
+        let head = nn::linear(vs.root() / "value_head", policy.model.hidden_size(), 1, config);
+        (vs, head)
+    });
+    if let (Some(path), Some((vs, _))) = (&checkpoint, &value_head) {
+        vs.read_safetensors(path.join("value_head.safetensors"))
+            .map_err(|error| state_error(format!("value_head.safetensors: {error}")))?;
+    }
+
+    // The optimizer over every trainable tensor, in a fixed (name) order.
+    let mut params: Vec<(String, Tensor)> = policy.vs.variables().into_iter().collect();
+    if let Some((vs, _)) = &value_head {
+        params.extend(vs.variables());
+    }
+    params.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut adamw = AdamW::new(params, AdamWConfig::from_spec(&spec.optimizer));
+    let mut train_state = TrainState {
+        step: 0,
+        optimizer_updates: 0,
+        sampler_rng: serde_json::Value::Null,
+        cursor: Cursor::default(),
+        curriculum: None,
+        tokens_generated: 0,
+        elapsed_s: 0.0,
+        heldout_baseline: None,
+        metrics_bytes: 0,
+        rollouts_bytes: 0,
+        plugins: Vec::new(),
+    };
+    let mut rng = SamplerRng::new(spec.job.seed);
+    let mut curriculum = curriculum;
+    if let (Some(path), Some(saved)) = (&checkpoint, &saved_state) {
+        let tensors = Tensor::read_safetensors(path.join("optimizer.safetensors"))
+            .map_err(|error| state_error(format!("optimizer.safetensors: {error}")))?;
+        adamw
+            .load_state(tensors.into_iter().collect::<HashMap<_, _>>(), saved.optimizer_updates)
+            .map_err(|message| state_error(format!("optimizer.safetensors: {message}")))?;
+        rng = serde_json::from_value(saved.sampler_rng.clone())
+            .map_err(|error| state_error(format!("state.json sampler_rng: {error}")))?;
+        if let (Some((_, curriculum)), Some(saved)) = (&mut curriculum, &saved.curriculum) {
+            curriculum
+                .load_state(saved.as_str().into())
+                .into_result()
+                .map_err(|error| state_error(format!("curriculum state: {error}")))?;
+        }
+        train_state = saved.clone();
+    }
+    policy.vs.unfreeze();
+
+    // Nothing above wrote to the state dir; from here on the run exists.
+    let plugin_ids: Vec<String> = std::iter::once(optimizer_plugin.id())
+        .chain(verifier_plugins.iter().map(|p| p.id()))
+        .chain(curriculum.as_ref().map(|(id, _)| id.clone()))
+        .collect();
+    if previous.is_none() {
+        std::fs::create_dir_all(dir.checkpoints()).map_err(|error| state_error(io_msg(error)))?;
+        dir.write_job(&JobRecord {
+            spec_sha256,
+            spec: spec.clone(),
+            optimizer: optimizer_plugin.id(),
+            verifiers: verifier_plugins.iter().map(|p| p.id()).collect(),
+            curriculum: curriculum.as_ref().map(|(id, _)| id.clone()),
+            reference: reference_identity,
+        })
+        .map_err(|error| state_error(format!("cannot write job.json: {error}")))?;
+    }
+    train_state.plugins = plugin_ids;
+    let mut metrics_log = JsonlLog::open(&dir.metrics(), train_state.metrics_bytes)
+        .map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
+    let mut rollouts_log = JsonlLog::open(&dir.rollouts(), train_state.rollouts_bytes)
+        .map_err(|error| state_error(format!("rollouts.jsonl: {error}")))?;
+
+    let sampling = SamplingParams {
+        max_new_tokens: spec.rollout.max_new_tokens as usize,
+        temperature: spec.rollout.temperature,
+        top_p: spec.rollout.top_p,
+        top_k: spec.rollout.top_k as usize,
+        stop: spec.rollout.stop.clone(),
+    };
+    let rewarder =
+        Rewarder { verifiers, parallel: options.verify_parallel.max(1), deadline: reward::VERIFY_DEADLINE };
+    let mut job = Job {
+        cursor: train_state.cursor,
+        spec,
+        device,
+        policy,
+        reference,
+        value_head,
+        optimizer,
+        optimizer_info,
+        rewarder,
+        curriculum: curriculum.map(|(_, c)| c),
+        train,
+        heldout,
+        adamw,
+        rng,
+        sampling,
+    };
+    info!(
+        policy = %job.spec.model.policy,
+        device = ?device,
+        plugins = ?train_state.plugins,
+        from_step = train_state.step,
+        "worker starting"
+    );
+    drive(&mut job, &dir, &mut train_state, &mut metrics_log, &mut rollouts_log)
+}
+
+/// The step loop, held-out evaluations and checkpoints.
+fn drive(
+    job: &mut Job,
+    dir: &StateDir,
+    state: &mut TrainState,
+    metrics_log: &mut JsonlLog,
+    rollouts_log: &mut JsonlLog,
+) -> Result<Outcome, WorkerError> {
+    let started = Instant::now();
+    let elapsed_before = state.elapsed_s;
+    let max_steps = job.spec.budget.max_steps;
+    let state_error = |message: String| WorkerError::State { path: dir.root.clone(), message };
+    let mut heldout_after = None;
+    if state.step == 0 && job.heldout.is_some() {
+        let score = eval::heldout(job).map_err(|message| WorkerError::Step { step: 0, message })?;
+        info!(accuracy = score.accuracy, reward = score.reward_mean, "held-out before training");
+        state.heldout_baseline = Some(score.accuracy);
+        metrics_log
+            .append(&json!({"step": 0, "heldout": score.to_json()}))
+            .map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
+    }
+    let mut stopped = None;
+    let mut last_checkpoint = dir.latest().ok().flatten();
+    while state.step < max_steps {
+        if let Some(limit) = job.spec.budget.max_generated_tokens
+            && state.tokens_generated >= limit
+        {
+            stopped = Some(format!("budget.max_generated_tokens: {} ≥ {limit}", state.tokens_generated));
+            break;
+        }
+        if let Some(minutes) = job.spec.budget.max_wall_minutes
+            && elapsed_before + started.elapsed().as_secs_f64() >= minutes * 60.0
+        {
+            stopped = Some(format!("budget.max_wall_minutes: {minutes} reached"));
+            break;
+        }
+        let step = state.step + 1;
+        let span = info_span!("step", step);
+        let _entered = span.enter();
+        let output =
+            step::run_step(job, step, state.step).map_err(|message| WorkerError::Step { step, message })?;
+        state.step = step;
+        state.tokens_generated += output.tokens_generated;
+        let mut line = output.metrics;
+        let eval_every = job.spec.eval.every_steps;
+        let last = step == max_steps;
+        if job.heldout.is_some() && (last || (eval_every > 0 && step % eval_every == 0)) {
+            let score = eval::heldout(job).map_err(|message| WorkerError::Step { step, message })?;
+            heldout_after = Some(score.accuracy);
+            line["heldout"] = score.to_json();
+        }
+        metrics_log.append(&line).map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
+        for record in &output.records {
+            rollouts_log.append(record).map_err(|error| state_error(format!("rollouts.jsonl: {error}")))?;
+        }
+        step::log_progress(&line, step, max_steps, started.elapsed().as_secs_f64(), state.step);
+        if last || step % job.spec.checkpoint.every_steps == 0 {
+            state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
+            last_checkpoint = Some(checkpoint(job, dir, state, metrics_log, rollouts_log)?);
+        }
+    }
+    if stopped.is_some() && state.step > 0 {
+        state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
+        last_checkpoint = Some(checkpoint(job, dir, state, metrics_log, rollouts_log)?);
+    }
+    if let Some(reason) = &stopped {
+        warn!(%reason, step = state.step, "stopped before max_steps");
+    }
+    Ok(Outcome {
+        steps: state.step,
+        weights_sha256: weights_sha256(&job.policy.vs),
+        heldout_before: state.heldout_baseline,
+        heldout_after,
+        checkpoint: last_checkpoint.unwrap_or_default(),
+        stopped,
+    })
+}
+
+/// Writes a checkpoint of the current state; returns its directory.
+fn checkpoint(
+    job: &mut Job,
+    dir: &StateDir,
+    state: &mut TrainState,
+    metrics_log: &mut JsonlLog,
+    rollouts_log: &mut JsonlLog,
+) -> Result<PathBuf, WorkerError> {
+    let fail = |message: String| WorkerError::State {
+        path: dir.root.clone(),
+        message: format!("checkpoint: {message}"),
+    };
+    let staging = dir.staging(state.step).map_err(|error| fail(io_msg(error)))?;
+    save_pretrained(&job.policy, &staging.join("model")).map_err(|error| fail(error.to_string()))?;
+    if let Some((vs, _)) = &job.value_head {
+        vs.save_safetensors_sorted(&staging.join("value_head.safetensors")).map_err(fail)?;
+    }
+    let moments = job.adamw.state_tensors();
+    Tensor::write_safetensors(&moments, staging.join("optimizer.safetensors"))
+        .map_err(|error| fail(error.to_string()))?;
+    state.optimizer_updates = job.adamw.steps();
+    state.sampler_rng = serde_json::to_value(&job.rng).map_err(|error| fail(error.to_string()))?;
+    state.cursor = job.cursor;
+    state.curriculum = match &job.curriculum {
+        Some(curriculum) => Some(
+            curriculum
+                .save_state()
+                .into_result()
+                .map_err(|error| fail(format!("curriculum: {error}")))?
+                .into(),
+        ),
+        None => None,
+    };
+    state.metrics_bytes = metrics_log.synced_len().map_err(|error| fail(io_msg(error)))?;
+    state.rollouts_bytes = rollouts_log.synced_len().map_err(|error| fail(io_msg(error)))?;
+    let bytes = serde_json::to_vec_pretty(&state).map_err(|error| fail(error.to_string()))?;
+    std::fs::write(staging.join("state.json"), bytes).map_err(|error| fail(io_msg(error)))?;
+    let path = dir.commit_checkpoint(&staging, state.step).map_err(|error| fail(io_msg(error)))?;
+    info!(step = state.step, path = %path.display(), "checkpoint written");
+    Ok(path)
+}
+
+/// Refuses a job whose optimizer does not fit its other parts.
+fn check_fit(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: String) -> Result<(), WorkerError> {
+    let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
+    if online && spec.verifiers.is_empty() {
+        return Err(WorkerError::Plugin {
+            field: "verifiers".into(),
+            message: format!(
+                "{optimizer_id} trains on rewards ({}); name at least one verifier",
+                info.data_mode.as_str()
+            ),
+        });
+    }
+    if info.needs_groups && spec.optimizer.group_size < 2 {
+        return Err(WorkerError::Plugin {
+            field: "optimizer.group_size".into(),
+            message: format!(
+                "{optimizer_id} compares completions within a group; expected at least 2, got {}",
+                spec.optimizer.group_size
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// What an optimizer plugin said it needs, from the registry's record of its info.
+fn optimizer_needs(meta: &crate::registry::PluginMeta) -> Option<OptimizerInfo> {
+    let modes =
+        [DataMode::OnlineGroups, DataMode::OnlineWithCritic, DataMode::OfflinePairs, DataMode::OfflineSft];
+    let data_mode = modes.into_iter().find(|mode| meta.data_mode.as_deref() == Some(mode.as_str()))?;
+    Some(OptimizerInfo {
+        data_mode,
+        needs_reference: meta.needs_reference.unwrap_or(false),
+        needs_value_head: meta.needs_value_head.unwrap_or(false),
+        needs_groups: meta.needs_groups.unwrap_or(false),
+        libtorch_version: rlvr_plugin_api::LIBTORCH_VERSION.into(),
+    })
+}
+
+/// SHA-256 over a VarStore's tensors: names sorted, each name then its raw bytes.
+pub fn weights_sha256(vs: &nn::VarStore) -> String {
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut hasher = Sha256::new();
+    for (name, tensor) in named {
+        hasher.update(name.as_bytes());
+        let tensor = tensor.to_device(Device::Cpu).contiguous();
+        let mut buffer = vec![0u8; tensor.numel() * tensor.kind().elt_size_in_bytes()];
+        tensor.copy_data_u8(&mut buffer, tensor.numel());
+        hasher.update(&buffer);
+    }
+    hex::encode(hasher.finalize())
+}
+
+fn io_msg(error: std::io::Error) -> String {
+    error.to_string()
+}
+
+/// Writes a VarStore's tensors (names sorted) to a safetensors file.
+trait SaveSorted {
+    fn save_safetensors_sorted(&self, path: &Path) -> Result<(), String>;
+}
+
+impl SaveSorted for nn::VarStore {
+    fn save_safetensors_sorted(&self, path: &Path) -> Result<(), String> {
+        let mut named: Vec<(String, Tensor)> = self.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        Tensor::write_safetensors(&named, path).map_err(|error| error.to_string())
+    }
+}

@@ -1,0 +1,277 @@
+//! `rlvrd worker` end to end: real plugin libraries through the real loader, real libtorch, real
+//! SIGKILL. The job trains `builtin:tiny-arith` on `rlvrd data arith` problems.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use rlvr_tests::{artifact, drop_in, plugin_lib, wait_until};
+use serde_json::Value;
+
+/// A plugin dir holding the libraries these jobs use.
+fn plugin_dir(dir: &Path) -> PathBuf {
+    let plugins = dir.join("plugins");
+    fs::create_dir_all(&plugins).unwrap();
+    for name in ["rlvr-optimizer-grpo", "rlvr-optimizer-sft", "rlvr-verifier-math", "rlvr-verifier-format"] {
+        drop_in(&plugin_lib(name), &plugins, &format!("lib{}.so", name.replace('-', "_")));
+    }
+    plugins
+}
+
+/// Writes the arithmetic data sets into `dir/data`.
+fn arith_data(dir: &Path, extra: &[&str]) -> PathBuf {
+    let data = dir.join("data");
+    let output = Command::new(artifact("rlvrd"))
+        .args(["data", "arith", "--out"])
+        .arg(&data)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    data
+}
+
+fn worker(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(artifact("rlvrd"));
+    command
+        .args(["worker", "--device", "cpu", "--spec"])
+        .arg(spec)
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--plugin-dir")
+        .arg(plugins)
+        .args(extra)
+        .env("RLVR_LOG", "warn");
+    command
+}
+
+fn run(command: &mut Command) -> Output {
+    command.output().unwrap()
+}
+
+fn outcome(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "worker failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// metrics.jsonl lines without their wall-clock timings (the only field allowed to differ).
+fn metrics_without_time(state: &Path) -> Vec<Value> {
+    fs::read_to_string(state.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut value: Value = serde_json::from_str(line).unwrap();
+            value.as_object_mut().unwrap().remove("time");
+            value
+        })
+        .collect()
+}
+
+fn grpo_spec(dir: &Path, data: &Path, steps: u32, every: u32) -> PathBuf {
+    let spec = format!(
+        r#"
+[job]
+name = "arith-grpo"
+team = "tests"
+model_line = "tiny-arith"
+seed = 7
+
+[model]
+policy = "builtin:tiny-arith"
+
+[data]
+train = "{data}/train.jsonl"
+heldout = "{data}/heldout.jsonl"
+
+[optimizer]
+plugin = "grpo"
+group_size = 4
+lr = 1e-3
+micro_batch_size = 8
+kl_beta = 0.04
+
+[[verifiers]]
+plugin = "math"
+fallback = "last"
+
+[rollout]
+max_new_tokens = 5
+prompts_per_step = 4
+
+[budget]
+max_steps = {steps}
+
+[checkpoint]
+every_steps = {every}
+
+[eval]
+max_prompts = 16
+"#,
+        data = data.display()
+    );
+    let path = dir.join("grpo.toml");
+    fs::write(&path, spec).unwrap();
+    path
+}
+
+#[test]
+fn a_grpo_job_runs_with_every_plugin_through_the_real_loader_and_writes_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let spec = grpo_spec(dir.path(), &data, 3, 2);
+    let state = dir.path().join("state");
+    let result = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+    assert_eq!(result["steps"], 3, "{result}");
+    assert_eq!(result["weights_sha256"].as_str().unwrap().len(), 64);
+
+    let job: Value = serde_json::from_slice(&fs::read(state.join("job.json")).unwrap()).unwrap();
+    assert!(job["optimizer"].as_str().unwrap().starts_with("grpo@"), "{job}");
+    assert!(job["verifiers"][0].as_str().unwrap().starts_with("math@"), "{job}");
+    assert!(job["reference"].as_str().unwrap().starts_with("builtin:tiny-arith sha256:"), "{job}");
+
+    let metrics = metrics_without_time(&state);
+    // The held-out score before training, then one line per step.
+    assert_eq!(metrics.len(), 4, "{metrics:?}");
+    assert!(metrics[0]["heldout"]["accuracy"].is_number());
+    for (step, line) in metrics[1..].iter().enumerate() {
+        assert_eq!(line["step"], step as u64 + 1);
+        for key in
+            ["reward_mean", "all_pass_frac", "all_fail_frac", "kl_ref", "entropy", "grad_norm", "lr", "loss"]
+        {
+            assert!(line[key].is_number(), "step {}: {key} in {line}", step + 1);
+        }
+    }
+    assert!(metrics[3]["heldout"]["accuracy"].is_number(), "the last step is scored");
+
+    let records: Vec<Value> = fs::read_to_string(state.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 3 * 4 * 4, "steps × prompts × group");
+    let first = &records[0];
+    for key in [
+        "prompt_id",
+        "group_id",
+        "completion_id",
+        "prompt",
+        "completion",
+        "prompt_tokens",
+        "completion_tokens",
+        "components",
+        "verifiers",
+        "advantage",
+        "logprob",
+        "checkpoint_step",
+        "sampling",
+        "reward",
+    ] {
+        assert!(!first[key].is_null(), "{key} in {first}");
+    }
+    assert!(first["logprob"]["reference"].is_number() && first["logprob"]["old"].is_number(), "{first}");
+    // Completions stay with their group: four per group, contiguous, one prompt each.
+    for group in records.chunks(4) {
+        assert!(
+            group
+                .iter()
+                .all(|r| r["group_id"] == group[0]["group_id"] && r["prompt_id"] == group[0]["prompt_id"])
+        );
+    }
+    assert!(state.join("checkpoints/step-00000003/model/model.safetensors").exists());
+    assert!(state.join("checkpoints/step-00000002/optimizer.safetensors").exists());
+}
+
+#[test]
+fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let spec = grpo_spec(dir.path(), &data, 6, 2);
+
+    let straight = dir.path().join("straight");
+    let reference = outcome(&run(&mut worker(&spec, &straight, &plugins, &[])));
+
+    let killed = dir.path().join("killed");
+    let mut child =
+        worker(&spec, &killed, &plugins, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // Kill it after step 3 is logged: past the step-2 checkpoint, before the step-4 one.
+    let past_step_3 = wait_until(Duration::from_secs(300), || {
+        fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 4)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(past_step_3, "the run never reached step 3");
+    let latest = fs::read_to_string(killed.join("checkpoints/LATEST")).unwrap();
+    assert!(latest.trim() < "step-00000006", "killed too late to test anything: {latest}");
+
+    // Without --resume the state dir is refused, untouched.
+    let refused = run(&mut worker(&spec, &killed, &plugins, &[]));
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--resume"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    let resumed = outcome(&run(&mut worker(&spec, &killed, &plugins, &["--resume"])));
+    assert_eq!(resumed["weights_sha256"], reference["weights_sha256"], "weights differ after resume");
+    assert_eq!(
+        metrics_without_time(&killed),
+        metrics_without_time(&straight),
+        "metrics lines differ after resume"
+    );
+    assert_eq!(
+        fs::read_to_string(killed.join("rollouts.jsonl")).unwrap(),
+        fs::read_to_string(straight.join("rollouts.jsonl")).unwrap(),
+        "rollout records differ after resume"
+    );
+}
+
+#[test]
+fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
+    let good = fs::read_to_string(grpo_spec(dir.path(), &data, 1, 1)).unwrap();
+    let not_a_model = dir.path().join("not-a-model");
+    fs::create_dir_all(&not_a_model).unwrap();
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "bad value",
+            good.replace("prompts_per_step = 4", "prompts_per_step = 0"),
+            "rollout.prompts_per_step",
+        ),
+        ("unknown key", good.replace("[rollout]", "[rollout]\ntemprature = 1.0"), "rollout.temprature"),
+        ("unknown plugin", good.replace("plugin = \"grpo\"", "plugin = \"nope\""), "optimizer.plugin"),
+        ("plugin refuses its options", good.replace("kl_beta = 0.04", "kl_beta = -1.0"), "kl_beta"),
+        ("group too small", good.replace("group_size = 4", "group_size = 1"), "optimizer.group_size"),
+        ("missing data", good.replace("train.jsonl", "absent.jsonl"), "data.train"),
+        (
+            "missing model file",
+            good.replace(
+                "policy = \"builtin:tiny-arith\"",
+                &format!("policy = \"{}\"", not_a_model.display()),
+            ),
+            "config.json",
+        ),
+        ("bf16 on cpu", good.replace("[model]", "[model]\ndtype = \"bf16\""), "model.dtype"),
+    ];
+    for (name, text, expected) in cases {
+        let spec = dir.path().join(format!("{}.toml", name.replace(' ', "-")));
+        fs::write(&spec, text).unwrap();
+        let state = dir.path().join(format!("state-{}", name.replace(' ', "-")));
+        let output = run(&mut worker(&spec, &state, &plugins, &[]));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(expected), "{name}: expected {expected:?} in {stderr}");
+        assert!(!state.exists(), "{name}: the state dir was created");
+    }
+}
