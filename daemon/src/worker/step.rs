@@ -277,7 +277,6 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
         "kl_ref": ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
         "verifier_timeouts": scored.iter().map(|s| u64::from(s.timeouts)).sum::<u64>(),
         "verifier_errors": scored.iter().filter(|s| !s.errors.is_empty()).count(),
-        "verifier_latency_us": latency_json(&scored),
     });
     add_update_metrics(&mut line, &metrics, &update);
     line["time"] = json!({
@@ -286,6 +285,7 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
         "update_s": update_s,
         "step_s": step_started.elapsed().as_secs_f64(),
         "generation_tokens_per_s": tokens as f64 / rollout_s.max(1e-9),
+        "verifier_latency_us": latency_json(&scored),
     });
     Ok(StepOutput { metrics: line, records, tokens_generated: tokens })
 }
