@@ -164,7 +164,7 @@ fn refusal_cases() -> Vec<Case> {
             file: "wrong-api.so",
             bytes: fixture("wrong-api"),
             reason: "api_version",
-            message: "built against plugin API version 999, this daemon speaks version 2",
+            message: "built against plugin API version 999, this daemon speaks version 3",
         },
         Case {
             file: "wrong-kind.so",
