@@ -32,6 +32,11 @@ fn every_built_plugin_loads_through_the_real_loader() {
             "rlvr-verifier-code",
             "rlvr-verifier-ifeval",
             "rlvr-verifier-http",
+            "rlvr-optimizer-grpo",
+            "rlvr-optimizer-rloo",
+            "rlvr-optimizer-ppo",
+            "rlvr-optimizer-dpo",
+            "rlvr-optimizer-sft",
             "rlvr-fixture-echo-v1",
             "rlvr-fixture-optimizer-centred",
             "rlvr-fixture-curriculum-cycle",
@@ -53,18 +58,25 @@ fn every_built_plugin_loads_through_the_real_loader() {
             ("centred@0.1.0".to_owned(), "optimizer".to_owned()),
             ("code@0.1.0".to_owned(), "verifier".to_owned()),
             ("cycle@0.1.0".to_owned(), "curriculum".to_owned()),
+            ("dpo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("echo@1.0.0".to_owned(), "verifier".to_owned()),
             ("exact-match@0.1.0".to_owned(), "verifier".to_owned()),
             ("format@0.1.0".to_owned(), "verifier".to_owned()),
+            ("grpo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("http@0.1.0".to_owned(), "verifier".to_owned()),
             ("ifeval@0.1.0".to_owned(), "verifier".to_owned()),
             ("math@0.1.0".to_owned(), "verifier".to_owned()),
+            ("ppo@0.1.0".to_owned(), "optimizer".to_owned()),
+            ("rloo@0.1.0".to_owned(), "optimizer".to_owned()),
+            ("sft@0.1.0".to_owned(), "optimizer".to_owned()),
             ("stall@0.1.0".to_owned(), "verifier".to_owned()),
         ]
     );
     assert_eq!(list["refused"], Value::Array(vec![]), "{list}");
     let centred = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "centred").unwrap();
     assert_eq!(centred["data_mode"], "online-groups", "{centred}");
+    let ppo = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "ppo").unwrap();
+    assert_eq!(ppo["data_mode"], "online-with-critic", "{ppo}");
     let format = list["plugins"].as_array().unwrap().iter().find(|p| p["name"] == "format").unwrap();
     assert_eq!(format["reference_schema"], "{}", "{format}");
     assert_eq!(format["sha256"].as_str().unwrap().len(), 64);
@@ -152,7 +164,7 @@ fn refusal_cases() -> Vec<Case> {
             file: "wrong-api.so",
             bytes: fixture("wrong-api"),
             reason: "api_version",
-            message: "built against plugin API version 999, this daemon speaks version 2",
+            message: "built against plugin API version 999, this daemon speaks version 3",
         },
         Case {
             file: "wrong-kind.so",

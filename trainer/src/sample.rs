@@ -248,8 +248,11 @@ fn sample_loop(
         next_pos += 1;
     }
     for row in out.iter_mut() {
-        if row.finish != Finish::Stop {
-            row.text = tokenizer.decode(&row.tokens);
+        match row.finish {
+            Finish::Stop => {}
+            // The EOS token is not text, special token or not.
+            Finish::Eos => row.text = tokenizer.decode(&row.tokens[..row.tokens.len() - 1]),
+            Finish::Length => row.text = tokenizer.decode(&row.tokens),
         }
     }
 }

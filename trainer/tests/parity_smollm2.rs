@@ -39,3 +39,30 @@ fn smollm2_matches_transformers() {
     let expected_finish = if ref_new.len() < 32 { Finish::Eos } else { Finish::Length };
     assert_eq!(out[0].finish, expected_finish);
 }
+
+#[test]
+fn smollm2_batched_left_padding_equals_one_by_one() {
+    let dir = common::smollm2_dir();
+    let m = load(dir.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    let texts = ["What is 2+3?", "Name a prime number larger than ten, and explain why it is prime.", "Hi"];
+    let ps: Vec<Vec<i64>> = texts.iter().map(|t| m.tokenizer.encode_prompt(t).unwrap()).collect();
+    let params = SamplingParams { max_new_tokens: 12, temperature: 0.0, ..SamplingParams::default() };
+    let batched = generate(&m.model, &m.tokenizer, &ps, 1, &params, &mut SamplerRng::new(0)).unwrap();
+    for (i, p) in ps.iter().enumerate() {
+        let alone =
+            generate(&m.model, &m.tokenizer, std::slice::from_ref(p), 1, &params, &mut SamplerRng::new(0))
+                .unwrap();
+        assert_eq!(
+            batched[i].tokens, alone[0].tokens,
+            "prompt {i}: {:?} vs {:?}",
+            batched[i].text, alone[0].text
+        );
+        let d = batched[i]
+            .logprobs
+            .iter()
+            .zip(&alone[0].logprobs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(d <= 1e-4, "prompt {i}: logprobs differ by {d}");
+    }
+}

@@ -179,7 +179,9 @@ impl OptimizerPlugin for Ppo {
         let eps = self.config.clip_eps;
         let policy = ClippedPolicy::new(&logprobs, &old, &advantages, eps, eps);
         let clip = self.config.vf_clip;
-        let clipped_values = &old_values + (&values - &old_values).clamp(-clip, clip);
+        // clamp with tensor bounds leaves a value inside the band exactly as it is, so the two
+        // errors tie there and `value_clip_frac` counts only tokens the clip changed.
+        let clipped_values = values.clamp_tensor(Some(&old_values - clip), Some(&old_values + clip));
         let unclipped_error = (&values - &returns).square();
         let clipped_error = (clipped_values - &returns).square();
         let value_loss = unclipped_error.maximum(&clipped_error) * 0.5;

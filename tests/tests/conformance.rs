@@ -1,0 +1,530 @@
+//! Conformance of the optimizer plugins (grpo, rloo, ppo, dpo, sft) with an independent reference.
+//!
+//! `tests/conformance/make_goldens.py` computes, in PyTorch float64 and from the papers' formulas,
+//! the advantages, returns, loss, gradients and metrics of every plugin for every option value
+//! and for the degenerate batches (all-pass, all-fail, groups of one, completions with no tokens).
+//! Here each case runs through the real plugin library, loaded by the daemon's loader, with
+//! tensors crossing the ABI boundary as handles — in float64 at 1e-6, and in float32 (what the
+//! trainer uses) at a tolerance float32 can meet. A failure names the file, the case and the
+//! quantity. The plugin libraries must be built first (`cargo build --workspace`, as
+//! `scripts/test.sh` does).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use rlvr_daemon::registry::loader::load_and_check;
+use rlvr_plugin_api::abi_stable::std_types::RSlice;
+use rlvr_plugin_api::{
+    AdvantageInputs, LossInputs, LossScale, OptimizerBox, PluginErrorKind, PluginInstance, PluginModRef,
+    ROption, RStr, TensorHandle,
+};
+use rlvr_tests::{plugin_lib, workspace_root};
+use serde_json::Value;
+use tch::{Device, Kind, Tensor};
+
+const PLUGINS: [&str; 5] = ["grpo", "rloo", "ppo", "dpo", "sft"];
+
+/// How close a value must be: `|got − want| ≤ tolerance · max(1, |want|)`.
+#[derive(Debug, Clone, Copy)]
+struct Precision {
+    kind: Kind,
+    tolerance: f64,
+}
+
+const F64: Precision = Precision { kind: Kind::Double, tolerance: 1e-6 };
+/// float32 carries about 7 digits; sums over a batch and exp() lose one or two of them.
+const F32: Precision = Precision { kind: Kind::Float, tolerance: 1e-4 };
+
+// --- goldens ---------------------------------------------------------------------------------
+
+struct Golden {
+    file: String,
+    crate_name: String,
+    batches: serde_json::Map<String, Value>,
+    cases: Vec<Value>,
+}
+
+fn golden_dir() -> PathBuf {
+    workspace_root().join("tests/conformance")
+}
+
+fn golden(plugin: &str) -> Golden {
+    let path = golden_dir().join(format!("{plugin}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let mut document: Value =
+        serde_json::from_str(&text).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    assert_eq!(document["plugin"], plugin, "{}", path.display());
+    Golden {
+        file: format!("tests/conformance/{plugin}.json"),
+        crate_name: document["crate"].as_str().unwrap().to_owned(),
+        batches: document["batches"].as_object().unwrap().clone(),
+        cases: document["cases"].as_array_mut().map(std::mem::take).unwrap(),
+    }
+}
+
+fn numbers(value: &Value) -> Vec<f64> {
+    match value {
+        Value::Array(items) => items.iter().flat_map(numbers).collect(),
+        Value::Number(number) => vec![number.as_f64().unwrap()],
+        other => panic!("expected numbers, got {other}"),
+    }
+}
+
+fn metrics_of(value: &Value) -> BTreeMap<String, f64> {
+    value
+        .as_object()
+        .map(|map| map.iter().map(|(k, v)| (k.clone(), v.as_f64().unwrap())).collect())
+        .unwrap_or_default()
+}
+
+/// A batch's tensors in one dtype.
+struct Batch {
+    rewards: Option<Vec<f64>>,
+    group_ids: Option<Vec<u64>>,
+    mask: Tensor,
+    old_logprobs: Option<Tensor>,
+    ref_logprobs: Option<Tensor>,
+    logprobs: Tensor,
+    values: Option<Tensor>,
+    new_values: Option<Tensor>,
+    scale: LossScale,
+}
+
+fn matrix(value: &Value, kind: Kind) -> Tensor {
+    let rows = value.as_array().unwrap();
+    let cols = rows.first().and_then(Value::as_array).map_or(0, Vec::len);
+    Tensor::from_slice(&numbers(value)).reshape([rows.len() as i64, cols as i64]).to_kind(kind)
+}
+
+impl Batch {
+    fn new(json: &Value, kind: Kind) -> Batch {
+        let tensor = |key: &str| json.get(key).map(|value| matrix(value, kind));
+        let scale = &json["scale"];
+        Batch {
+            rewards: json.get("rewards").map(numbers),
+            group_ids: json
+                .get("group_ids")
+                .map(|ids| ids.as_array().unwrap().iter().map(|id| id.as_u64().unwrap()).collect()),
+            mask: tensor("mask").unwrap(),
+            old_logprobs: tensor("old_logprobs"),
+            ref_logprobs: tensor("ref_logprobs"),
+            logprobs: tensor("logprobs").unwrap(),
+            values: tensor("values"),
+            new_values: tensor("new_values"),
+            scale: LossScale {
+                batch_sequences: scale["batch_sequences"].as_u64().unwrap(),
+                batch_tokens: scale["batch_tokens"].as_u64().unwrap(),
+                max_new_tokens: scale["max_new_tokens"].as_u64().unwrap() as u32,
+            },
+        }
+    }
+
+    fn rows(&self) -> i64 {
+        self.logprobs.size()[0]
+    }
+}
+
+// --- plugins through the real loader ----------------------------------------------------------
+
+/// Each library once per process: the loader never unloads, and `dlopen` of a path it has seen
+/// returns the first handle anyway.
+fn module(crate_name: &str) -> PluginModRef {
+    static MODULES: OnceLock<Mutex<HashMap<String, PluginModRef>>> = OnceLock::new();
+    // A refused library panics below; the next test still gets the lock (and its own refusal).
+    let mut modules =
+        MODULES.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *modules.entry(crate_name.to_owned()).or_insert_with(|| {
+        let path = plugin_lib(crate_name);
+        match load_and_check(&path) {
+            Ok((module, _)) => module,
+            Err(refusal) => panic!("{} refused: {refusal}", path.display()),
+        }
+    })
+}
+
+fn create(crate_name: &str, config: &Value) -> Result<OptimizerBox, rlvr_plugin_api::PluginError> {
+    let config = config.to_string();
+    let created = (module(crate_name).create())(RStr::from(config.as_str()), RSlice::from_slice(&[]));
+    match created.into_result()? {
+        PluginInstance::Optimizer(optimizer) => Ok(optimizer),
+        _ => panic!("{crate_name} did not create an optimizer"),
+    }
+}
+
+fn borrow(tensor: &Option<Tensor>) -> ROption<TensorHandle> {
+    match tensor {
+        Some(tensor) => ROption::RSome(TensorHandle::borrow(tensor)),
+        None => ROption::RNone,
+    }
+}
+
+// --- one case ------------------------------------------------------------------------------------
+
+/// What a plugin computed for one case.
+struct Outcome {
+    advantages: Option<Tensor>,
+    returns: Option<Tensor>,
+    advantage_metrics: BTreeMap<String, f64>,
+    loss: f64,
+    grad_logprobs: Tensor,
+    grad_values: Option<Tensor>,
+    loss_metrics: BTreeMap<String, f64>,
+}
+
+fn metric_map(metrics: &[rlvr_plugin_api::Metric]) -> BTreeMap<String, f64> {
+    metrics.iter().map(|metric| (metric.name.to_string(), metric.value)).collect()
+}
+
+/// Runs advantages (online plugins) and the loss of the whole batch as micro-batches split at
+/// `cuts` (row indices); the loss's advantages and returns are the golden ones, so each quantity
+/// is checked on its own.
+fn run(
+    optimizer: &OptimizerBox,
+    batch: &Batch,
+    expected: &Value,
+    kind: Kind,
+    cuts: &[i64],
+) -> Result<Outcome, String> {
+    let mut outcome = Outcome {
+        advantages: None,
+        returns: None,
+        advantage_metrics: BTreeMap::new(),
+        loss: 0.0,
+        grad_logprobs: Tensor::new(),
+        grad_values: None,
+        loss_metrics: BTreeMap::new(),
+    };
+    if let (Some(rewards), Some(group_ids)) = (&batch.rewards, &batch.group_ids) {
+        let output = optimizer
+            .advantages(&AdvantageInputs {
+                rewards: rewards.as_slice().into(),
+                group_ids: group_ids.as_slice().into(),
+                old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
+                ref_logprobs: borrow(&batch.ref_logprobs),
+                mask: TensorHandle::borrow(&batch.mask),
+                values: borrow(&batch.values),
+            })
+            .into_result()
+            .map_err(|error| format!("advantages() failed: {error}"))?;
+        // SAFETY: owned handles from the plugin, each taken back once.
+        unsafe {
+            outcome.advantages = Some(output.advantages.into_tensor());
+            outcome.returns = output.returns.into_option().map(|handle| handle.into_tensor());
+        }
+        outcome.advantage_metrics = metric_map(&output.metrics);
+    }
+
+    let golden = |key: &str| expected.get(key).map(|value| matrix(value, kind));
+    let advantages = golden("advantages");
+    let returns = golden("returns");
+    let logprobs = batch.logprobs.copy().set_requires_grad(true);
+    let values =
+        batch.new_values.as_ref().filter(|_| returns.is_some()).map(|v| v.copy().set_requires_grad(true));
+    let mut total: Option<Tensor> = None;
+    let bounds: Vec<i64> = std::iter::once(0).chain(cuts.iter().copied()).chain([batch.rows()]).collect();
+    for window in bounds.windows(2) {
+        let (start, length) = (window[0], window[1] - window[0]);
+        let rows = |tensor: &Tensor| tensor.narrow(0, start, length);
+        let part = |tensor: &Option<Tensor>| tensor.as_ref().map(rows);
+        let (logprobs_part, mask_part, values_part) = (rows(&logprobs), rows(&batch.mask), part(&values));
+        let (old_part, ref_part) = (part(&batch.old_logprobs), part(&batch.ref_logprobs));
+        let (advantages_part, returns_part) = (part(&advantages), part(&returns));
+        let old_values_part = if values.is_some() { part(&batch.values) } else { None };
+        let output = optimizer
+            .loss(&LossInputs {
+                logprobs: TensorHandle::borrow(&logprobs_part),
+                mask: TensorHandle::borrow(&mask_part),
+                old_logprobs: if advantages.is_some() { borrow(&old_part) } else { ROption::RNone },
+                ref_logprobs: borrow(&ref_part),
+                advantages: borrow(&advantages_part),
+                values: borrow(&values_part),
+                old_values: borrow(&old_values_part),
+                returns: borrow(&returns_part),
+                scale: batch.scale,
+            })
+            .into_result()
+            .map_err(|error| format!("loss() of rows {start}..{} failed: {error}", start + length))?;
+        // SAFETY: an owned handle from the plugin, taken back once.
+        let loss = unsafe { output.loss.into_tensor() };
+        if loss.size() != Vec::<i64>::new() || loss.kind() != kind || !loss.requires_grad() {
+            return Err(format!(
+                "loss: expected a scalar {kind:?} with grad, got {:?} {:?}",
+                loss.size(),
+                loss.kind()
+            ));
+        }
+        if bounds.len() == 2 {
+            outcome.loss_metrics = metric_map(&output.metrics);
+        }
+        total = Some(match total {
+            Some(sum) => sum + loss,
+            None => loss,
+        });
+    }
+    let total = total.unwrap();
+    total.backward();
+    outcome.loss = total.double_value(&[]);
+    outcome.grad_logprobs = logprobs.grad();
+    outcome.grad_values = values.map(|values| values.grad());
+    Ok(outcome)
+}
+
+/// Compares one quantity; a NaN never passes.
+fn compare(failures: &mut Vec<String>, what: &str, got: &[f64], want: &[f64], tolerance: f64) {
+    if got.len() != want.len() {
+        failures.push(format!("{what}: expected {} values, got {}", want.len(), got.len()));
+        return;
+    }
+    for (index, (got, want)) in got.iter().zip(want).enumerate() {
+        let close = (got - want).abs() <= tolerance * want.abs().max(1.0);
+        if !close || got.is_nan() {
+            failures.push(format!("{what}[{index}]: expected {want}, got {got}"));
+            return;
+        }
+    }
+}
+
+fn host(tensor: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(&tensor.to_kind(Kind::Double).reshape([-1])).unwrap()
+}
+
+fn compare_tensor(
+    failures: &mut Vec<String>,
+    what: &str,
+    got: Option<&Tensor>,
+    want: Option<&Value>,
+    precision: Precision,
+) {
+    match (got, want) {
+        (Some(got), Some(want)) => {
+            if got.kind() != precision.kind {
+                failures.push(format!("{what}: expected dtype {:?}, got {:?}", precision.kind, got.kind()));
+            }
+            compare(failures, what, &host(got), &numbers(want), precision.tolerance);
+        }
+        (None, None) => {}
+        (Some(_), None) => failures.push(format!("{what}: returned, expected none")),
+        (None, Some(_)) => failures.push(format!("{what}: expected, got none")),
+    }
+}
+
+fn compare_metrics(
+    failures: &mut Vec<String>,
+    what: &str,
+    got: &BTreeMap<String, f64>,
+    want: &BTreeMap<String, f64>,
+    tolerance: f64,
+) {
+    if got.keys().ne(want.keys()) {
+        failures.push(format!("{what}: expected the metrics {:?}, got {:?}", want.keys(), got.keys()));
+    }
+    for (name, want) in want {
+        if let Some(got) = got.get(name) {
+            compare(failures, &format!("{what}.{name}"), &[*got], &[*want], tolerance);
+        }
+    }
+}
+
+/// Every case of one golden file at one precision, split into micro-batches at `cuts(rows)`;
+/// returns the failures, each naming file, case and quantity.
+fn check_file(plugin: &str, precision: Precision, cuts: impl Fn(i64) -> Vec<i64>) -> (usize, Vec<String>) {
+    let golden = golden(plugin);
+    let mut failures = Vec::new();
+    for case in &golden.cases {
+        let name = case["name"].as_str().unwrap();
+        let batch = Batch::new(&golden.batches[case["batch"].as_str().unwrap()], precision.kind);
+        let expected = &case["expected"];
+        let cuts = cuts(batch.rows());
+        let label =
+            format!("{} case {name} ({:?}, micro-batches cut at {cuts:?})", golden.file, precision.kind);
+        let optimizer = match create(&golden.crate_name, &case["config"]) {
+            Ok(optimizer) => optimizer,
+            Err(error) => {
+                failures.push(format!("{label}: create failed: {error}"));
+                continue;
+            }
+        };
+        let outcome = match run(&optimizer, &batch, expected, precision.kind, &cuts) {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                failures.push(format!("{label}: {error}"));
+                continue;
+            }
+        };
+        let mut problems = Vec::new();
+        let tolerance = precision.tolerance;
+        compare_tensor(
+            &mut problems,
+            "advantages",
+            outcome.advantages.as_ref(),
+            expected.get("advantages"),
+            precision,
+        );
+        compare_tensor(
+            &mut problems,
+            "returns",
+            outcome.returns.as_ref(),
+            expected.get("returns"),
+            precision,
+        );
+        compare(&mut problems, "loss", &[outcome.loss], &numbers(&expected["loss"]), tolerance);
+        compare_tensor(
+            &mut problems,
+            "grad_logprobs",
+            Some(&outcome.grad_logprobs),
+            expected.get("grad_logprobs"),
+            precision,
+        );
+        compare_tensor(
+            &mut problems,
+            "grad_values",
+            outcome.grad_values.as_ref(),
+            expected.get("grad_values"),
+            precision,
+        );
+        let want = metrics_of(&expected["advantage_metrics"]);
+        compare_metrics(&mut problems, "advantage_metrics", &outcome.advantage_metrics, &want, tolerance);
+        if cuts.is_empty() {
+            let want = metrics_of(&expected["loss_metrics"]);
+            compare_metrics(&mut problems, "loss_metrics", &outcome.loss_metrics, &want, tolerance);
+        }
+        failures.extend(problems.into_iter().map(|problem| format!("{label}: {problem}")));
+    }
+    (golden.cases.len(), failures)
+}
+
+fn assert_all(results: Vec<(usize, Vec<String>)>) {
+    let cases: usize = results.iter().map(|(cases, _)| cases).sum();
+    let failures: Vec<String> = results.into_iter().flat_map(|(_, failures)| failures).collect();
+    assert!(failures.is_empty(), "{} failures over {cases} cases:\n{}", failures.len(), failures.join("\n"));
+    assert!(cases > 0, "no golden cases in {}", golden_dir().display());
+}
+
+fn whole(_rows: i64) -> Vec<i64> {
+    Vec::new()
+}
+
+/// Cuts at about a third and two thirds, on pair boundaries: pairs (DPO) must stay together, and
+/// groups need not (advantages are computed before the split).
+fn thirds(rows: i64) -> Vec<i64> {
+    let mut cuts: Vec<i64> = [rows / 3, 2 * rows / 3]
+        .into_iter()
+        .map(|cut| cut - cut % 2)
+        .filter(|&cut| cut > 0 && cut < rows)
+        .collect();
+    cuts.dedup();
+    cuts
+}
+
+// --- tests ---------------------------------------------------------------------------------------
+
+#[test]
+fn every_golden_case_matches_in_f64() {
+    assert_all(PLUGINS.iter().map(|plugin| check_file(plugin, F64, whole)).collect());
+}
+
+#[test]
+fn every_golden_case_matches_in_f32() {
+    assert_all(PLUGINS.iter().map(|plugin| check_file(plugin, F32, whole)).collect());
+}
+
+/// The host sums micro-batch losses of one step: whatever the split, the sum and its gradient
+/// are the whole batch's.
+#[test]
+fn micro_batch_losses_sum_to_the_whole_batch() {
+    assert_all(PLUGINS.iter().map(|plugin| check_file(plugin, F64, thirds)).collect());
+}
+
+#[test]
+fn each_plugin_states_its_needs() {
+    // crate, name, data mode, reference, value head, groups
+    let table = [
+        ("rlvr-optimizer-grpo", "grpo", "online-groups", true, false, true),
+        ("rlvr-optimizer-rloo", "rloo", "online-groups", true, false, true),
+        ("rlvr-optimizer-ppo", "ppo", "online-with-critic", true, true, false),
+        ("rlvr-optimizer-dpo", "dpo", "offline-pairs", true, false, false),
+        ("rlvr-optimizer-sft", "sft", "offline-sft", false, false, false),
+    ];
+    for (crate_name, name, data_mode, reference, value_head, groups) in table {
+        module(crate_name);
+        let (_, meta) = load_and_check(&plugin_lib(crate_name)).unwrap();
+        assert_eq!(meta.name, name);
+        assert_eq!(meta.data_mode.as_deref(), Some(data_mode), "{name}");
+        assert_eq!(meta.needs_reference, Some(reference), "{name}");
+        assert_eq!(meta.needs_value_head, Some(value_head), "{name}");
+        assert_eq!(meta.needs_groups, Some(groups), "{name}");
+    }
+}
+
+#[test]
+fn unknown_keys_and_out_of_range_values_are_refused_by_name() {
+    // crate, config, what the message must contain
+    let table = [
+        ("grpo", r#"{"clip_eps_hihg": 0.28}"#, "unknown field `clip_eps_hihg`"),
+        ("grpo", r#"{"lr": 1e-6}"#, "unknown field `lr`"),
+        (
+            "grpo",
+            r#"{"clip_eps_high": 0.1}"#,
+            "clip_eps_high: expected a number ≥ clip_eps_low (0.2), got 0.1",
+        ),
+        ("grpo", r#"{"eps": 0}"#, "eps: expected a number > 0, got 0"),
+        ("grpo", r#"{"kl_estimator": "k4"}"#, "kl_estimator: unknown variant `k4`"),
+        ("grpo", r#"{"loss_agg": "sum"}"#, "loss_agg: unknown variant `sum`"),
+        ("grpo", r#"{"kl_beta": -0.1}"#, "kl_beta: expected a number ≥ 0, got -0.1"),
+        ("rloo", r#"{"baseline": "mean"}"#, "unknown field `baseline`"),
+        ("rloo", r#"{"clip_eps": 1.5}"#, "clip_eps: expected a number in (0, 1), got 1.5"),
+        ("rloo", r#"{"normalize_advantages": "yes"}"#, "normalize_advantages: invalid type"),
+        ("ppo", r#"{"lambda": 0.9}"#, "unknown field `lambda`"),
+        ("ppo", r#"{"lam": 1.5}"#, "lam: expected a number in [0, 1], got 1.5"),
+        ("ppo", r#"{"vf_clip": 0}"#, "vf_clip: expected a number > 0, got 0"),
+        ("dpo", r#"{"betta": 0.1}"#, "unknown field `betta`"),
+        ("dpo", r#"{"beta": 0}"#, "beta: expected a number > 0, got 0"),
+        ("dpo", r#"{"label_smoothing": 0.5}"#, "label_smoothing: expected a number in [0, 0.5), got 0.5"),
+        ("sft", r#"{"label_smoothing": 0.1}"#, "unknown field `label_smoothing`"),
+        (
+            "sft",
+            r#"{"loss_agg": "seq-mean-token-sum-norm"}"#,
+            "loss_agg: unknown variant `seq-mean-token-sum-norm`",
+        ),
+    ];
+    for (plugin, config, message) in table {
+        let config: Value = serde_json::from_str(config).unwrap();
+        let error = create(&format!("rlvr-optimizer-{plugin}"), &config)
+            .err()
+            .unwrap_or_else(|| panic!("{plugin} took {config}"));
+        assert_eq!(error.kind, PluginErrorKind::InvalidConfig, "{plugin} {config}: {error}");
+        assert!(
+            error.message.contains(message),
+            "{plugin} {config}: {:?} does not contain {message:?}",
+            error.message
+        );
+    }
+}
+
+#[test]
+fn a_shape_mismatch_is_an_error_that_names_the_tensor() {
+    for plugin in PLUGINS {
+        let optimizer =
+            create(&format!("rlvr-optimizer-{plugin}"), &Value::Object(Default::default())).unwrap();
+        let logprobs = Tensor::zeros([2, 3], (Kind::Double, Device::Cpu));
+        let mask = Tensor::ones([2, 2], (Kind::Double, Device::Cpu));
+        let error = optimizer
+            .loss(&LossInputs {
+                logprobs: TensorHandle::borrow(&logprobs),
+                mask: TensorHandle::borrow(&mask),
+                old_logprobs: ROption::RSome(TensorHandle::borrow(&logprobs)),
+                ref_logprobs: ROption::RSome(TensorHandle::borrow(&logprobs)),
+                advantages: ROption::RSome(TensorHandle::borrow(&logprobs)),
+                values: ROption::RSome(TensorHandle::borrow(&logprobs)),
+                old_values: ROption::RSome(TensorHandle::borrow(&logprobs)),
+                returns: ROption::RSome(TensorHandle::borrow(&logprobs)),
+                scale: LossScale { batch_sequences: 2, batch_tokens: 6, max_new_tokens: 3 },
+            })
+            .into_result()
+            .err()
+            .unwrap_or_else(|| panic!("{plugin} took a [2, 2] mask for [2, 3] logprobs"));
+        assert_eq!(error.kind, PluginErrorKind::InvalidInput, "{plugin}: {error}");
+        assert_eq!(error.message, "mask: expected shape [2, 3] like logprobs, got [2, 2]", "{plugin}");
+    }
+}
