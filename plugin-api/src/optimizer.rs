@@ -79,6 +79,8 @@ impl TensorHandle {
 
 /// What the trainer passes to compute advantages, once per batch, before any update. Every tensor
 /// is borrowed and has no grad. Rows are completions; completions of a group are contiguous.
+/// Completions are right-padded: row `i`'s tokens are columns `0..len_i`, where `mask` is 1; the
+/// mask is 0 elsewhere (any float dtype). Values under a 0 of the mask are unspecified.
 /// Tensors the plugin returns must have the dtype and device of `old_logprobs`.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy)]

@@ -75,6 +75,10 @@ fn metrics_without_time(state: &Path) -> Vec<Value> {
 }
 
 fn grpo_spec(dir: &Path, data: &Path, steps: u32, every: u32) -> PathBuf {
+    grpo_spec_from(dir, data, "builtin:tiny-arith", steps, every)
+}
+
+fn grpo_spec_from(dir: &Path, data: &Path, policy: &str, steps: u32, every: u32) -> PathBuf {
     let spec = format!(
         r#"
 [job]
@@ -84,7 +88,7 @@ model_line = "tiny-arith"
 seed = 7
 
 [model]
-policy = "builtin:tiny-arith"
+policy = "{policy}"
 
 [data]
 train = "{data}/train.jsonl"
@@ -116,7 +120,7 @@ max_prompts = 16
 "#,
         data = data.display()
     );
-    let path = dir.join("grpo.toml");
+    let path = dir.join(format!("grpo-{steps}-{every}.toml"));
     fs::write(&path, spec).unwrap();
     path
 }
@@ -189,12 +193,51 @@ fn a_grpo_job_runs_with_every_plugin_through_the_real_loader_and_writes_its_reco
     assert!(state.join("checkpoints/step-00000002/optimizer.safetensors").exists());
 }
 
+fn sft_spec(dir: &Path, data: &Path, steps: u32) -> PathBuf {
+    let spec = format!(
+        r#"
+[job]
+name = "arith-sft"
+team = "tests"
+model_line = "tiny-arith"
+seed = 3
+
+[model]
+policy = "builtin:tiny-arith"
+
+[data]
+train = "{data}/sft.jsonl"
+
+[optimizer]
+plugin = "sft"
+lr = 1e-2
+warmup_steps = 5
+micro_batch_size = 64
+
+[rollout]
+prompts_per_step = 64
+
+[budget]
+max_steps = {steps}
+"#,
+        data = data.display()
+    );
+    let path = dir.join("sft.toml");
+    fs::write(&path, spec).unwrap();
+    path
+}
+
 #[test]
 fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = plugin_dir(dir.path());
-    let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
-    let spec = grpo_spec(dir.path(), &data, 6, 2);
+    let data =
+        arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
+    // A short cold start, so some completions pass and GRPO's updates are not all zero.
+    let sft =
+        outcome(&run(&mut worker(&sft_spec(dir.path(), &data, 30), &dir.path().join("sft"), &plugins, &[])));
+    let policy = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
+    let spec = grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 6, 2);
 
     let straight = dir.path().join("straight");
     let reference = outcome(&run(&mut worker(&spec, &straight, &plugins, &[])));
@@ -222,6 +265,9 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
     );
 
     let resumed = outcome(&run(&mut worker(&spec, &killed, &plugins, &["--resume"])));
+    let updated =
+        metrics_without_time(&straight).iter().filter(|line| line["grad_norm"].as_f64() > Some(0.0)).count();
+    assert!(updated >= 3, "only {updated} of 6 steps changed the weights: the test would prove little");
     assert_eq!(resumed["weights_sha256"], reference["weights_sha256"], "weights differ after resume");
     assert_eq!(
         metrics_without_time(&killed),
