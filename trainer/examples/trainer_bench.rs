@@ -1,7 +1,7 @@
 //! Times the trainer's tensor work on this machine: batched sampling and a policy
 //! forward+backward of `completion_logprobs`.
 //!
-//! cargo run --release -p rlvr-trainer --example trainer_bench -- SOURCE PROMPTS GROUP MAX_NEW [THREADS]
+//! cargo run --release -p rlvr-trainer --example trainer_bench -- SOURCE PROMPTS GROUP MAX_NEW [THREADS [bf16]]
 //! e.g. `builtin:tiny-arith 8 8 32` (64 completions × 32 tokens) or `$(scripts/fetch-smollm2.sh) 1 8 64`.
 
 use std::time::Instant;
@@ -12,7 +12,7 @@ use tch::{Device, Kind};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 5 {
-        eprintln!("usage: trainer_bench SOURCE PROMPTS GROUP MAX_NEW [THREADS]");
+        eprintln!("usage: trainer_bench SOURCE PROMPTS GROUP MAX_NEW [THREADS [bf16]]");
         std::process::exit(2);
     }
     let (source, n_prompts, group, max_new) = (
@@ -25,7 +25,8 @@ fn main() {
         tch::set_num_threads(t.parse().unwrap());
     }
     let t0 = Instant::now();
-    let m = load(source, Device::Cpu, Kind::Float).unwrap();
+    let kind = if args.get(6).is_some_and(|k| k == "bf16") { Kind::BFloat16 } else { Kind::Float };
+    let m = load(source, Device::Cpu, kind).unwrap();
     println!(
         "loaded {} ({} parameters) in {:.2}s, {} threads",
         m.source,

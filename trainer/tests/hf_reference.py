@@ -4,6 +4,8 @@ Run with the project venv's python (transformers as pinned by scripts/fetch-smol
   hf_reference.py chat DIR PROMPT N_NEW          rendered chat template, its ids, last-position
                                                  logits, greedy decoding of N_NEW tokens
   hf_reference.py logits DIR IDS_JSON            logits [B, T, V] for the given ids (no padding)
+  hf_reference.py tokenize DIR TEXTS_JSON        ids of each text (no special tokens added) and
+                                                 the decoding of those ids
   hf_reference.py tiny KIND OUT_DIR              writes a tiny random model of KIND (qwen2,
                                                  llama-linear, llama-llama3, mistral) with the
                                                  SmolLM2 tokenizer files copied from $SMOLLM2_DIR
@@ -53,6 +55,12 @@ def logits(model_dir, ids):
     return {"logits": out.tolist()}
 
 
+def tokenize(model_dir, texts):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return {"ids": ids, "decoded": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+
+
 def tiny(kind, out_dir):
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -96,6 +104,8 @@ def main():
         result = chat(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif cmd == "logits":
         result = logits(sys.argv[2], json.loads(sys.argv[3]))
+    elif cmd == "tokenize":
+        result = tokenize(sys.argv[2], json.loads(sys.argv[3]))
     elif cmd == "tiny":
         result = tiny(sys.argv[2], sys.argv[3])
     else:

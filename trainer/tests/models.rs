@@ -89,6 +89,14 @@ fn checkpoint_round_trip_gives_identical_logits() {
     let diff = common::max_abs_diff(&a, &common::flat_tensor(&reference["logits"]));
     println!("builtin checkpoint vs transformers: max abs diff {diff:.3e}");
     assert!(diff <= 1e-5, "{diff}");
+    // ... and its tokenizer (AutoTokenizer over our tokenizer.json) agrees with ours.
+    let texts = ["12+30=42\n", "x <|eos|> y\t~"];
+    let reference = common::hf_reference(&["tokenize", dir.to_str().unwrap(), &json!(texts).to_string()]);
+    for (i, text) in texts.iter().enumerate() {
+        let ids = back.tokenizer.encode(text).unwrap();
+        assert_eq!(json!(ids), reference["ids"][i], "{text:?}");
+        assert_eq!(back.tokenizer.decode(&ids), reference["decoded"][i].as_str().unwrap());
+    }
 }
 
 fn safetensors_names(path: &Path) -> Vec<String> {
