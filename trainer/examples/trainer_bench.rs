@@ -28,7 +28,7 @@ fn main() {
     let kind = if args.get(6).is_some_and(|k| k == "bf16") { Kind::BFloat16 } else { Kind::Float };
     let m = load(source, Device::Cpu, kind).unwrap();
     println!(
-        "loaded {} ({} parameters) in {:.2}s, {} threads",
+        "loaded {} ({} parameters, {kind:?}) in {:.2}s, {} threads",
         m.source,
         m.num_parameters(),
         t0.elapsed().as_secs_f64(),
@@ -65,8 +65,17 @@ fn main() {
         tokens as f64 / best,
         best * 1000.0 / steps as f64
     );
-    let pairs: Vec<(Vec<i64>, Vec<i64>)> =
-        out.iter().map(|s| (prompts[s.prompt_index].clone(), s.tokens.clone())).collect();
+    // The logprob passes on the sampled completions, or (RLVR_BENCH_FULL=1) on completions of
+    // exactly MAX_NEW tokens, to compare with other trainers at a fixed shape.
+    let full = std::env::var_os("RLVR_BENCH_FULL").is_some();
+    let pairs: Vec<(Vec<i64>, Vec<i64>)> = out
+        .iter()
+        .map(|s| {
+            let completion =
+                if full { (0..max_new as i64).map(|i| 100 + i).collect() } else { s.tokens.clone() };
+            (prompts[s.prompt_index].clone(), completion)
+        })
+        .collect();
     let batch = SequenceBatch::new(&pairs, m.tokenizer.pad_id(), Device::Cpu).unwrap();
     let mut best_nograd = f64::MAX;
     let mut best_fb = f64::MAX;

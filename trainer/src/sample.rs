@@ -303,7 +303,8 @@ fn sample_step(logits: &Tensor, params: &SamplingParams, uniforms: &[f64]) -> (T
     let total = cdf.select(1, width - 1);
     let u = Tensor::from_slice(uniforms).to_device(device);
     let target = (u * &total).unsqueeze(1);
-    let mut idx = cdf.le_tensor(&target).sum_dim_intlist(-1, false, Kind::Int64);
+    // Binary search: the number of entries ≤ target (first index whose mass exceeds it).
+    let mut idx = target.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1);
     // u · total rounding up to total would point past the end: take the last token with mass.
     let last = cdf.argmax(-1, false);
     idx = last.where_self(&idx.ge(width), &idx);
