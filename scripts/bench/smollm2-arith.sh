@@ -80,7 +80,7 @@ template, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
 values = dict(pair.split("=", 1) for pair in pairs)
 lines = []
 for line in open(template, encoding="utf-8"):
-    names = re.findall(r"@([A-Z_]+)@", line)
+    names = [] if line.lstrip().startswith("#") else re.findall(r"@([A-Z_]+)@", line)
     if any(values.get(name) == "" for name in names):
         continue
     for name in names:

@@ -19,11 +19,12 @@
 # asked) ends the run with an error and its log tail; TRL is not run then.
 #
 # Usage: scripts/bench/trainer.sh [--steps N] [--warmup W] [--seed S] [--only rlvr|trl]
-#                                 [--worker-timeout SECONDS] [--keep]
+#                                 [--worker-timeout SECONDS] [--no-build] [--keep]
 #   --steps N            measured steps per side (default 10)
 #   --warmup W           warm-up steps per side, not measured (default 2)
 #   --only rlvr|trl      run one side; the table shows the other as —
 #   --worker-timeout S   kill our worker after S seconds and fail (default 3600)
+#   --no-build           use the release binaries and plugins already in target/release
 #   --keep               keep the work directory (job spec, data, metrics, TRL result, logs)
 # Prints a markdown table on stdout; progress on stderr. A full run (W=2, N=10) takes about
 # 20–30 minutes on 2 quiet cores, most of it TRL's.
@@ -38,6 +39,7 @@ seed=0
 only=
 worker_timeout=3600
 keep=0
+build=1
 command_line="scripts/bench/trainer.sh $*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -47,6 +49,7 @@ while [ $# -gt 0 ]; do
         --only) only=$2; shift 2 ;;
         --worker-timeout) worker_timeout=$2; shift 2 ;;
         --keep) keep=1; shift ;;
+        --no-build) build=0; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -85,24 +88,35 @@ run_measured() {
     local result=$1 limit=$2
     shift 2
     "$python" - "$result" "$limit" "$@" <<'PY'
-import json, resource, subprocess, sys, time
+import json, os, resource, signal, subprocess, sys, time
 result, limit, command = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 start = time.perf_counter()
-child = subprocess.Popen(command, stdout=sys.stderr)
+# Its own process group, so a timeout or Ctrl-C ends everything it started and nothing else.
+child = subprocess.Popen(command, stdout=sys.stderr, start_new_session=True)
+
+
+def stop(sig):
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 timed_out = False
 try:
     rc = child.wait(timeout=limit)
 except subprocess.TimeoutExpired:
     timed_out = True
-    child.terminate()
+    stop(signal.SIGTERM)
     try:
         child.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        child.kill()
+        stop(signal.SIGKILL)
         child.wait()
+    stop(signal.SIGKILL)
     rc = 124
 except KeyboardInterrupt:
-    child.terminate()
+    stop(signal.SIGTERM)
     child.wait()
     raise
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -122,7 +136,7 @@ template, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
 values = dict(pair.split("=", 1) for pair in pairs)
 lines = []
 for line in open(template, encoding="utf-8"):
-    names = re.findall(r"@([A-Z_]+)@", line)
+    names = [] if line.lstrip().startswith("#") else re.findall(r"@([A-Z_]+)@", line)
     if any(values.get(name) == "" for name in names):
         continue
     for name in names:
@@ -140,9 +154,14 @@ toml_string() {
 
 rlvr_json=
 if [ "$only" != trl ]; then
-    step "build (release): rlvrd and the grpo and math plugins"
-    cargo build --release -p rlvr-daemon -p rlvr-optimizer-grpo -p rlvr-verifier-math
+    if [ "$build" = 1 ]; then
+        step "build (release): rlvrd and the grpo and math plugins"
+        cargo build --release -p rlvr-daemon -p rlvr-optimizer-grpo -p rlvr-verifier-math
+    fi
     mkdir -p "$work/plugins" "$work/state"
+    for file in target/release/rlvrd target/release/librlvr_optimizer_grpo.so target/release/librlvr_verifier_math.so; do
+        [ -f "$file" ] || { echo "error: $file is missing: build it (drop --no-build)" >&2; exit 1; }
+    done
     cp target/release/librlvr_optimizer_grpo.so target/release/librlvr_verifier_math.so "$work/plugins/"
 
     render_job "$work/job.toml" \

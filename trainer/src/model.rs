@@ -90,14 +90,11 @@ impl KvCache {
         }
     }
 
-    /// The cache of the given rows (int64 indices, repeats allowed), compacted to its length.
+    /// The cache of the given rows (int64 indices, repeats allowed). Room reserved for more
+    /// positions is kept, so decoding goes on writing in place.
     pub fn index_select(&self, rows: &Tensor) -> KvCache {
-        let layers = (0..self.layers.len())
-            .map(|i| {
-                let (k, v) = self.layer(i);
-                (k.index_select(0, rows), v.index_select(0, rows))
-            })
-            .collect();
+        let layers =
+            self.layers.iter().map(|(k, v)| (k.index_select(0, rows), v.index_select(0, rows))).collect();
         KvCache { layers, len: self.len }
     }
 

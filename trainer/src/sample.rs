@@ -175,13 +175,14 @@ fn sample_loop(
     let mut mask = mask;
     let mut next_pos =
         Tensor::from_slice(&prompts.iter().map(|p| p.len() as i64).collect::<Vec<_>>()).to_device(device);
+    // Room for the completions first, on the P prompt rows: the expansion copies it along.
+    cache.reserve(max_new as i64);
     if g > 1 {
         cache = cache.repeat_interleave(g);
         logits = logits.repeat_interleave_self_int(g, 0, None::<i64>);
         mask = mask.repeat_interleave_self_int(g, 0, None::<i64>);
         next_pos = next_pos.repeat_interleave_self_int(g, 0, None::<i64>);
     }
-    cache.reserve(max_new as i64);
 
     // rows[b] = which completion batch row b is.
     let mut rows: Vec<usize> = (0..out.len()).collect();
@@ -290,7 +291,7 @@ fn sample_step(logits: &Tensor, params: &SamplingParams, uniforms: &[f64]) -> (T
         if params.top_p < 1.0 {
             // Keep a token while the mass before it is below top_p (the first always stays).
             let before = probs.cumsum(-1, Kind::Double) - &probs;
-            probs = probs * before.lt(params.top_p).to_kind(Kind::Double);
+            probs *= before.lt(params.top_p).to_kind(Kind::Double);
         }
         (probs, Some(order))
     } else {
@@ -302,7 +303,8 @@ fn sample_step(logits: &Tensor, params: &SamplingParams, uniforms: &[f64]) -> (T
     let total = cdf.select(1, width - 1);
     let u = Tensor::from_slice(uniforms).to_device(device);
     let target = (u * &total).unsqueeze(1);
-    let mut idx = cdf.le_tensor(&target).sum_dim_intlist(-1, false, Kind::Int64);
+    // Binary search: the number of entries ≤ target (first index whose mass exceeds it).
+    let mut idx = target.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1);
     // u · total rounding up to total would point past the end: take the last token with mass.
     let last = cdf.argmax(-1, false);
     idx = last.where_self(&idx.ge(width), &idx);

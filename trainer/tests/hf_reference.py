@@ -4,9 +4,12 @@ Run with the project venv's python (transformers as pinned by scripts/fetch-smol
   hf_reference.py chat DIR PROMPT N_NEW          rendered chat template, its ids, last-position
                                                  logits, greedy decoding of N_NEW tokens
   hf_reference.py logits DIR IDS_JSON            logits [B, T, V] for the given ids (no padding)
-  hf_reference.py tiny KIND OUT_DIR              writes a tiny random model of KIND (qwen2,
+  hf_reference.py tokenize DIR TEXTS_JSON        ids of each text (no special tokens added) and
+                                                 the decoding of those ids
+  hf_reference.py tiny KIND OUT_DIR IDS_JSON     writes a tiny random model of KIND (qwen2,
                                                  llama-linear, llama-llama3, mistral) with the
-                                                 SmolLM2 tokenizer files copied from $SMOLLM2_DIR
+                                                 SmolLM2 tokenizer files copied from $SMOLLM2_DIR,
+                                                 and answers as `logits` does for it
 Prints one JSON object on stdout. Offline: nothing is fetched.
 """
 import json
@@ -53,7 +56,13 @@ def logits(model_dir, ids):
     return {"logits": out.tolist()}
 
 
-def tiny(kind, out_dir):
+def tokenize(model_dir, texts):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return {"ids": ids, "decoded": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+
+
+def tiny(kind, out_dir, ids):
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     common = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -87,7 +96,8 @@ def tiny(kind, out_dir):
     smol = os.environ["SMOLLM2_DIR"]
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(os.path.join(smol, f), os.path.join(out_dir, f))
-    return {"dir": out_dir, "config": json.load(open(os.path.join(out_dir, "config.json")))}
+    # Logits of the model as loaded back from the directory, as a user of the files would.
+    return logits(out_dir, ids)
 
 
 def main():
@@ -96,8 +106,10 @@ def main():
         result = chat(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif cmd == "logits":
         result = logits(sys.argv[2], json.loads(sys.argv[3]))
+    elif cmd == "tokenize":
+        result = tokenize(sys.argv[2], json.loads(sys.argv[3]))
     elif cmd == "tiny":
-        result = tiny(sys.argv[2], sys.argv[3])
+        result = tiny(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
     else:
         sys.exit(f"unknown command {cmd}")
     json.dump(result, sys.stdout)

@@ -89,6 +89,14 @@ fn checkpoint_round_trip_gives_identical_logits() {
     let diff = common::max_abs_diff(&a, &common::flat_tensor(&reference["logits"]));
     println!("builtin checkpoint vs transformers: max abs diff {diff:.3e}");
     assert!(diff <= 1e-5, "{diff}");
+    // ... and its tokenizer (AutoTokenizer over our tokenizer.json) agrees with ours.
+    let texts = ["12+30=42\n", "x <|eos|> y\t~"];
+    let reference = common::hf_reference(&["tokenize", dir.to_str().unwrap(), &json!(texts).to_string()]);
+    for (i, text) in texts.iter().enumerate() {
+        let ids = back.tokenizer.encode(text).unwrap();
+        assert_eq!(json!(ids), reference["ids"][i], "{text:?}");
+        assert_eq!(back.tokenizer.decode(&ids), reference["decoded"][i].as_str().unwrap());
+    }
 }
 
 fn safetensors_names(path: &Path) -> Vec<String> {
@@ -210,12 +218,11 @@ fn errors_name_the_file_and_the_key() {
 fn check_against_transformers(kind: &str, len: usize) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(kind);
-    common::hf_reference(&["tiny", kind, dir.to_str().unwrap()]);
-    let m = load(dir.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
     let x: Vec<Vec<i64>> =
         (0..2).map(|r| (0..len as i64).map(|i| (i * 7919 + r * 104729) % 49152).collect()).collect();
+    let reference = common::hf_reference(&["tiny", kind, dir.to_str().unwrap(), &json!(x).to_string()]);
+    let m = load(dir.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
     let ours = common::our_logits(&m.model, &x);
-    let reference = common::hf_reference(&["logits", dir.to_str().unwrap(), &json!(x).to_string()]);
     let theirs = common::flat_tensor(&reference["logits"]);
     let diff = common::max_abs_diff(&ours, &theirs);
     let scale = theirs.abs().max().double_value(&[]);

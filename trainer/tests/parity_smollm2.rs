@@ -66,3 +66,30 @@ fn smollm2_batched_left_padding_equals_one_by_one() {
         assert!(d <= 1e-4, "prompt {i}: logprobs differ by {d}");
     }
 }
+
+#[test]
+fn smollm2_tokenizer_matches_transformers() {
+    let dir = common::smollm2_dir();
+    let m = load(dir.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    let texts = [
+        "What is 12345 + 678?",
+        "  leading spaces, trailing spaces  \n\nand\ttabs",
+        "naïve café — 東京 🙂",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "Answer: \\boxed{42}",
+        "",
+    ];
+    let reference =
+        common::hf_reference(&["tokenize", dir.to_str().unwrap(), &serde_json::json!(texts).to_string()]);
+    for (i, text) in texts.iter().enumerate() {
+        let ids = m.tokenizer.encode(text).unwrap();
+        let ref_ids: Vec<i64> =
+            reference["ids"][i].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert_eq!(ids, ref_ids, "ids of {text:?}");
+        assert_eq!(
+            m.tokenizer.decode(&ids),
+            reference["decoded"][i].as_str().unwrap(),
+            "decoding of {text:?}"
+        );
+    }
+}
