@@ -44,7 +44,11 @@ THINGS = [
 TEMPLATES = [
     ("+", "{name} has {a} {things} and {gain} {b} more. How many {things} does {name} have now?"),
     ("+", "A box holds {a} {things}. {name} puts {b} more {things} into it. How many {things} are in the box now?"),
-    ("+", "{name} collected {a} {things} on Monday and {b} {things} on Tuesday. How many {things} did {name} collect in total?"),
+    (
+        "+",
+        "{name} collected {a} {things} on Monday and {b} {things} on Tuesday. "
+        "How many {things} did {name} collect in total?",
+    ),
     ("+", "There are {a} {things} on one shelf and {b} {things} on another. How many {things} are there altogether?"),
     ("-", "{name} has {a} {things} and {lose} {b} of them. How many {things} does {name} have left?"),
     ("-", "A box holds {a} {things}. {name} takes {b} {things} out of it. How many {things} are still in the box?"),

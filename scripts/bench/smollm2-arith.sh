@@ -5,21 +5,29 @@
 # first step and at the end (the worker writes `heldout.accuracy` to metrics.jsonl at step 0 and
 # at the end; greedy, the math verifier, all 200 held-out problems unless --heldout-prompts).
 #
-# The job is scripts/bench/trainer-job.toml, the benchmark's (1 prompt × 8 completions × ≤ 64 new
-# tokens per step, β 0.04, μ 1, lr 1e-6), with the wall budget instead of a step count and a
-# checkpoint every 25 steps. Expect little to move: SmolLM2-135M-Instruct rarely writes a correct
-# \boxed{} answer within 64 tokens, so most groups are all-fail and carry no advantage (design.md
-# §5: real runs want a cold-start SFT stage, a format reward, prompts near the frontier). The
-# run's point is that a real model trains end to end for half an hour: steps, metrics, held-out
-# scoring, checkpoints.
+# The job is scripts/bench/trainer-job.toml, the benchmark's GRPO (8 completions per prompt,
+# β 0.04, μ 1, the math verifier), with the wall budget instead of a step count, a checkpoint
+# every 25 steps, and three changes for a run that can learn something in half an hour:
+#   max_new_tokens 128 (not 64): SmolLM2-135M-Instruct explains before it answers; at 64 tokens
+#     75–100% of its completions were cut off in the TRL runs, and a cut-off answer scores 0;
+#   lr 5e-6 (not 1e-6): at 1e-6 some tens of steps barely move a 135M model;
+#   one prompt per step, as the benchmark, so the budget buys as many updates as it can.
+# None of these is tuned. Expect little to move: the model never wrote \boxed{} in 32 sampled
+# and 16 greedy completions (256 tokens, 2026-11-21); the math verifier also reads "the answer
+# is …" / "answer: …", which it does write sometimes, so groups are mostly all-fail and a few
+# carry signal (design.md §5: real runs want a cold-start SFT stage, a format reward, prompts near
+# the frontier). The run's point is that a real model trains end to end for half an hour:
+# steps, metrics, held-out scoring, checkpoints.
 #
 # Usage: scripts/bench/smollm2-arith.sh [--minutes M] [--seed S] [--state-dir DIR]
-#                                       [--heldout-prompts N]
+#                                       [--heldout-prompts N] [--max-new-tokens T] [--lr LR]
+#                                       [--prompts-per-step P]
 #   --minutes M          wall budget of the training (default 30)
 #   --state-dir DIR      where the worker keeps its state, metrics.jsonl and rollouts.jsonl
 #                        (default $RLVR_CACHE_DIR/runs/smollm2-arith-<UTC time>; kept)
 #   --heldout-prompts N  score only the first N held-out problems (default all 200)
-# Takes the budget plus the two held-out passes and start-up: about 35–40 minutes on 2 cores.
+#   --max-new-tokens T, --lr LR, --prompts-per-step P   (defaults 128, 5e-6, 1)
+# Takes the budget plus the two held-out passes and start-up: about 35–45 minutes on 2 cores.
 # The worker is killed (and the script fails) if it runs 30 minutes past its budget.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
@@ -30,20 +38,33 @@ minutes=30
 seed=0
 state_dir=
 heldout_prompts=
+max_new_tokens=128
+lr=5e-6
+prompts_per_step=1
 while [ $# -gt 0 ]; do
     case $1 in
         --minutes) minutes=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --state-dir) state_dir=$2; shift 2 ;;
         --heldout-prompts) heldout_prompts=$2; shift 2 ;;
+        --max-new-tokens) max_new_tokens=$2; shift 2 ;;
+        --lr) lr=$2; shift 2 ;;
+        --prompts-per-step) prompts_per_step=$2; shift 2 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-for value in "$minutes" "$seed" ${heldout_prompts:+"$heldout_prompts"}; do
+for value in "$minutes" "$seed" "$max_new_tokens" "$prompts_per_step" ${heldout_prompts:+"$heldout_prompts"}; do
     [[ $value =~ ^[0-9]+$ ]] || { echo "error: expected a non-negative integer, got '$value'" >&2; exit 2; }
 done
 [ "$minutes" -ge 1 ] || { echo "error: --minutes must be at least 1" >&2; exit 2; }
+[[ $lr =~ ^[0-9.]+([eE]-?[0-9]+)?$ ]] || { echo "error: --lr expects a number like 5e-6, got '$lr'" >&2; exit 2; }
+
+state_dir=${state_dir:-$RLVR_CACHE_DIR/runs/smollm2-arith-$(date -u +%Y%m%dT%H%M%SZ)}
+if [ -e "$state_dir/metrics.jsonl" ]; then
+    echo "error: $state_dir already holds a run (metrics.jsonl); give another --state-dir" >&2
+    exit 2
+fi
 
 step "set-up (scripts/setup.sh)"
 rlvr_setup
@@ -55,11 +76,6 @@ model=$(scripts/fetch-smollm2.sh)
 step "build (release): rlvrd and the grpo and math plugins"
 cargo build --release -p rlvr-daemon -p rlvr-optimizer-grpo -p rlvr-verifier-math
 
-state_dir=${state_dir:-$RLVR_CACHE_DIR/runs/smollm2-arith-$(date -u +%Y%m%dT%H%M%SZ)}
-if [ -e "$state_dir/metrics.jsonl" ]; then
-    echo "error: $state_dir already holds a run (metrics.jsonl); give another --state-dir" >&2
-    exit 2
-fi
 mkdir -p "$state_dir/run/plugins"
 run=$state_dir/run
 cp target/release/librlvr_optimizer_grpo.so target/release/librlvr_verifier_math.so "$run/plugins/"
@@ -74,6 +90,7 @@ toml_string() {
 "$python" - scripts/bench/trainer-job.toml "$run/job.toml" \
     SEED="$seed" MODEL="$(toml_string "$model")" \
     TRAIN="$(toml_string "$run/data/train.jsonl")" HELDOUT="$(toml_string "$run/data/heldout.jsonl")" \
+    MAX_NEW_TOKENS="$max_new_tokens" PROMPTS_PER_STEP="$prompts_per_step" LR="$lr" \
     MAX_STEPS=1000000 MAX_WALL_MINUTES="$minutes" CHECKPOINT_EVERY=25 HELDOUT_PROMPTS="$heldout_prompts" <<'PY'
 import re, sys
 template, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]

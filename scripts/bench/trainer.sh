@@ -167,6 +167,7 @@ if [ "$only" != trl ]; then
     render_job "$work/job.toml" \
         SEED="$seed" MODEL="$(toml_string "$model")" \
         TRAIN="$(toml_string "$work/data/train.jsonl")" HELDOUT="$(toml_string "$work/data/heldout.jsonl")" \
+        MAX_NEW_TOKENS=64 PROMPTS_PER_STEP=1 LR=1e-6 \
         MAX_STEPS="$total" MAX_WALL_MINUTES= CHECKPOINT_EVERY="$((total + 1))" HELDOUT_PROMPTS=8
 
     step "ours: rlvrd worker, $warmup + $steps steps (limit ${worker_timeout} s)"

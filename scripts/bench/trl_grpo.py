@@ -13,7 +13,11 @@ The job, step for step the one scripts/bench/trainer-job.toml gives our worker:
   - CPU, float32, bf16 off, gradient checkpointing off (TRL turns both on by default), no vLLM;
   - prompts are conversational (one user message): TRL applies the model's chat template with the
     generation prompt, as our worker does with the same template;
-  - reward: exact match of the last \\boxed{<integer>} in the completion against the answer.
+  - reward: 1 when the completion's answer is the reference integer, else 0, the answer found
+    the way our math verifier finds it (no fallback): the last \\boxed{...}, else the first number
+    after the last "final answer is" / "the answer is" / "answer:" marker, up to the end of its
+    sentence. So both sides see the same all-fail groups: SmolLM2 rarely boxes, but it does
+    write "The answer is: 120".
 
 Measured per optimizer step (a TrainerCallback, on_step_begin -> on_step_end: generation,
 reference forward, reward, advantages, policy forward+backward, clip, AdamW step):
@@ -24,7 +28,8 @@ reference forward, reward, advantages, policy forward+backward, clip, AdamW step
   tokens      completion tokens of the step (up to and including EOS: what TRL trains on)
 generation tokens/s = tokens / rollout_s; update tokens/s = tokens / update_s. Medians over the
 steps after the warm-up. cpu_s is the process's user+system CPU time in the step: on a quiet
-machine about step_s × threads; much less means the step waited for cores. Peak RSS is the process's ru_maxrss (model, reference, optimizer state).
+machine about step_s × threads; much less means the step waited for cores. Peak RSS is the
+process's ru_maxrss (policy, reference, optimizer state, activations).
 
 Installs the pinned TRL into this interpreter's environment (it must be $RLVR_VENV) if missing:
 TRL_PINS below; pip adds pandas, pyarrow, dill, multiprocess, xxhash, python-dateutil, tzdata.
@@ -51,7 +56,10 @@ TRL_PINS = ["trl==1.16.0", "datasets==5.2.0"]
 # Installed by scripts/fetch-smollm2.sh; checked, not installed, here.
 REQUIRED = ["transformers==5.23.0", "torch==2.11.0", "accelerate==1.15.0"]
 
-BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# The math verifier's answer markers (plugins/verifier-math/src/extract.rs), longest match wins.
+MARKERS = ["final answer is", "final answer:", "the answer is", "answer is", "answer:", "final answer"]
 
 
 def log(message):
@@ -83,13 +91,34 @@ def ensure_installed():
         sys.exit(f"trl_grpo: expected {', '.join(wrong)} (scripts/fetch-smollm2.sh installs them)")
 
 
-def exact_match(completions, answer, **_):
-    """1.0 when the last \\boxed{integer} of the completion is the answer, else 0.0."""
+def first_number(text):
+    """The first number in text (thousands separators allowed; 3.5 stays 3.5), or None."""
+    found = NUMBER.search(text)
+    return float(found.group().replace(",", "")) if found else None
+
+
+def extract_answer(text):
+    """The number a completion commits to: its last box, else after its last answer marker."""
+    boxes = BOXED.findall(text)
+    if boxes:
+        box = boxes[-1].strip()
+        return float(box.replace(",", "")) if NUMBER.fullmatch(box) else None
+    lower = text.lower()
+    found = [(lower.rfind(m) + len(m), len(m)) for m in MARKERS if lower.rfind(m) >= 0]
+    if not found:
+        return None
+    end = max(found)[0]
+    after = text[end:].lstrip(": *\n\t").split("\n\n")[0]
+    sentence = re.match(r"(.*?)(\.\s|\.$|$)", after, re.S).group(1)
+    return first_number(sentence)
+
+
+def answer_match(completions, answer, **_):
+    """1.0 when the completion's answer (extract_answer) is the reference integer, else 0.0."""
     rewards = []
     for completion, gold in zip(completions, answer, strict=True):
         text = completion[-1]["content"] if isinstance(completion, list) else completion
-        found = BOXED.findall(text)
-        rewards.append(1.0 if found and int(found[-1]) == int(gold) else 0.0)
+        rewards.append(1.0 if extract_answer(text) == int(gold) else 0.0)
     return rewards
 
 
@@ -185,7 +214,8 @@ def main():
             times.current = None
             log(
                 f"step {step['step']}/{total_steps}: {step['step_s']:.2f} s "
-                f"(CPU {step['cpu_s']:.1f} s, rollout {step.get('rollout_s', 0):.2f} s, {step.get('tokens', 0)} tokens, "
+                f"(CPU {step['cpu_s']:.1f} s, rollout {step.get('rollout_s', 0):.2f} s, "
+                f"{step.get('tokens', 0):.0f} tokens, "
                 f"reward mean {step.get('reward_mean', float('nan')):.3f})"
             )
 
@@ -225,7 +255,7 @@ def main():
         with contextlib.redirect_stdout(sys.stderr):
             trainer = GRPOTrainer(
                 model=args.model,
-                reward_funcs=exact_match,
+                reward_funcs=answer_match,
                 args=config,
                 train_dataset=dataset,
                 callbacks=[StepTimer()],
@@ -250,10 +280,10 @@ def main():
         sys.exit(f"trl_grpo: expected {total_steps} steps, timed {len(times.steps)}")
 
     per_step = []
-    for step in times.steps:
-        step = {k: step.get(k, 0.0) for k in ("step", "step_s", "cpu_s", "rollout_s", "generate_s", "verify_s", "tokens")} | {
-            "reward_mean": step.get("reward_mean")
-        }
+    timed_keys = ("step_s", "cpu_s", "rollout_s", "generate_s", "verify_s", "tokens")
+    for timed_step in times.steps:
+        step = {"step": timed_step["step"]} | {key: timed_step.get(key, 0.0) for key in timed_keys}
+        step["reward_mean"] = timed_step.get("reward_mean")
         step["tokens"] = int(step["tokens"])
         step["update_s"] = step["step_s"] - step["rollout_s"] - step["verify_s"]
         step["generation_tokens_per_s"] = step["tokens"] / step["rollout_s"] if step["rollout_s"] else None
