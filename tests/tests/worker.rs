@@ -46,6 +46,16 @@ fn worker(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command 
     command
 }
 
+/// SmolLM2-135M-Instruct as a Hugging Face directory (scripts/fetch-smollm2.sh, cached).
+fn smollm2_dir() -> PathBuf {
+    let output = Command::new("bash")
+        .arg(rlvr_tests::workspace_root().join("scripts/fetch-smollm2.sh"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+}
+
 fn run(command: &mut Command) -> Output {
     command.output().unwrap()
 }
@@ -309,6 +319,11 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
             "config.json",
         ),
         ("bf16 on cpu", good.replace("[model]", "[model]\ndtype = \"bf16\""), "model.dtype"),
+        (
+            "tokenizer mismatch",
+            good.replace("[model]", &format!("[model]\nreference = \"{}\"", smollm2_dir().display())),
+            "model.reference: tokenizer mismatch",
+        ),
     ];
     for (name, text, expected) in cases {
         let spec = dir.path().join(format!("{}.toml", name.replace(' ', "-")));
