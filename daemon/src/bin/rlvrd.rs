@@ -61,6 +61,10 @@ enum Command {
         /// Verifier calls at once [default: the number of cores].
         #[arg(long)]
         verify_parallel: Option<usize>,
+        /// libtorch's CPU threads [default: the number of cores]. Results are bit-exact only
+        /// for the same thread count: resume with the one the run started with.
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Write synthetic data sets for the built-in model (no download).
     Data {
@@ -133,22 +137,30 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Worker { spec, state_dir, resume, plugin_dirs, config, device, verify_parallel } => {
+        Command::Worker {
+            spec,
+            state_dir,
+            resume,
+            plugin_dirs,
+            config,
+            device,
+            verify_parallel,
+            threads,
+        } => {
             logging::init(cli.log_format, "info");
             let run = || -> anyhow::Result<rlvr_daemon::worker::Outcome> {
                 let plugin_dirs =
                     config::plugin_dirs(config.as_deref(), plugin_dirs).map_err(anyhow::Error::msg)?;
                 let device = device.as_deref().map(parse_device).transpose()?;
-                let verify_parallel = verify_parallel.unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
-                });
+                let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
                 let options = rlvr_daemon::worker::WorkerOptions {
                     spec,
                     state_dir,
                     resume,
                     plugin_dirs,
                     device,
-                    verify_parallel,
+                    verify_parallel: verify_parallel.unwrap_or(cores),
+                    threads: threads.unwrap_or(cores).max(1),
                 };
                 Ok(rlvr_daemon::worker::run(&options)?)
             };

@@ -53,6 +53,9 @@ pub struct WorkerOptions {
     pub device: Option<Device>,
     /// Verifier calls at once.
     pub verify_parallel: usize,
+    /// libtorch's CPU threads. CPU results are bit-exact for one thread count: the run records
+    /// it, and a resume with another count says so in the log.
+    pub threads: usize,
 }
 
 /// How a run ended.
@@ -139,7 +142,15 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
                 previous.spec_sha256
             )));
         }
+        if previous.threads != options.threads {
+            warn!(
+                started_with = previous.threads,
+                now = options.threads,
+                "resuming with another thread count: CPU results will differ from an uninterrupted run in the last bits"
+            );
+        }
     }
+    tch::set_num_threads(options.threads as i32);
     let checkpoint = if options.resume {
         dir.latest().map_err(|error| state_error(format!("cannot read checkpoints/LATEST: {error}")))?
     } else {
@@ -387,6 +398,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
             verifiers: verifier_plugins.iter().map(|p| p.id()).collect(),
             curriculum: curriculum.as_ref().map(|(id, _)| id.clone()),
             reference: reference_identity,
+            threads: options.threads,
         })
         .map_err(|error| state_error(format!("cannot write job.json: {error}")))?;
     }

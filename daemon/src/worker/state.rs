@@ -41,6 +41,8 @@ pub struct JobRecord {
     pub curriculum: Option<String>,
     /// Where the reference came from and the SHA-256 of its weights.
     pub reference: Option<String>,
+    /// libtorch CPU threads of the run (see `WorkerOptions::threads`).
+    pub threads: usize,
 }
 
 /// Everything besides tensors that a checkpoint restores.
