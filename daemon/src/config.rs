@@ -951,6 +951,24 @@ fn redact_url(url: &str) -> String {
     }
 }
 
+/// The plugin directories a command that loads plugins itself (`rlvrctl verify`, `rlvrd worker`)
+/// uses: the config's `plugins.dirs` that exist on this machine, then every `extra` directory
+/// (each must exist).
+pub fn plugin_dirs(config_path: Option<&Path>, extra: Vec<PathBuf>) -> Result<Vec<PathBuf>, String> {
+    let mut dirs = match load(config_path) {
+        // The config's directories are the daemon's; on a workstation they may not exist.
+        Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
+        Err(errors) => return Err(errors.to_string()),
+    };
+    for dir in extra {
+        if !dir.is_dir() {
+            return Err(format!("--plugin-dir {}: not a directory", dir.display()));
+        }
+        dirs.push(dir);
+    }
+    Ok(dirs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1480,22 +1498,4 @@ mod tests {
              plugins.dirs: value nested more than 32 levels deep (from env RLVR__PLUGINS__DIRS)"
         );
     }
-}
-
-/// The plugin directories a command that loads plugins itself (`rlvrctl verify`, `rlvrd worker`)
-/// uses: the config's `plugins.dirs` that exist on this machine, then every `extra` directory
-/// (each must exist).
-pub fn plugin_dirs(config_path: Option<&Path>, extra: Vec<PathBuf>) -> Result<Vec<PathBuf>, String> {
-    let mut dirs = match load(config_path) {
-        // The config's directories are the daemon's; on a workstation they may not exist.
-        Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
-        Err(errors) => return Err(errors.to_string()),
-    };
-    for dir in extra {
-        if !dir.is_dir() {
-            return Err(format!("--plugin-dir {}: not a directory", dir.display()));
-        }
-        dirs.push(dir);
-    }
-    Ok(dirs)
 }

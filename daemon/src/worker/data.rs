@@ -47,8 +47,11 @@ pub enum DataError {
     Empty { field: &'static str, path: PathBuf },
 }
 
+/// A JSON object and its 1-based line number.
+type NumberedObject = (usize, Map<String, Value>);
+
 /// Reads a JSONL file of objects; blank lines are skipped. `field` is the spec key that named it.
-fn read_objects(field: &'static str, path: &Path) -> Result<Vec<(usize, Map<String, Value>)>, DataError> {
+fn read_objects(field: &'static str, path: &Path) -> Result<Vec<NumberedObject>, DataError> {
     let text = fs::read_to_string(path).map_err(|source| DataError::Read {
         field,
         path: path.to_owned(),

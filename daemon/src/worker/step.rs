@@ -210,7 +210,8 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
             .into_result()
             .map_err(|e| format!("curriculum: {e}"))?;
     }
-    if all_fail == groups && step == 1 || (all_fail == groups && step % 10 == 0) {
+    // Said on the first such step and every tenth after, not on every step.
+    if all_fail == groups && (step == 1 || step % 10 == 0) {
         warn!(
             groups,
             "every group is all-fail: every advantage is zero and nothing is learned; start from an SFT \
