@@ -12,7 +12,7 @@
 #     75–100% of its completions were cut off in the TRL runs, and a cut-off answer scores 0;
 #   lr 5e-6 (not 1e-6): at 1e-6 some tens of steps barely move a 135M model;
 #   one prompt per step, as the benchmark, so the budget buys as many updates as it can.
-# None of these is tuned. Expect little to move: the model never wrote \boxed{} in 32 sampled
+# None of these is tuned. Expect little to move: the model never wrote \boxed{} in 16 sampled
 # and 16 greedy completions (256 tokens, 2026-11-21); the math verifier also reads "the answer
 # is …" / "answer: …", which it does write sometimes, so groups are mostly all-fail and a few
 # carry signal (design.md §5: real runs want a cold-start SFT stage, a format reward, prompts near

@@ -26,8 +26,10 @@
 #   --worker-timeout S   kill our worker after S seconds and fail (default 3600)
 #   --no-build           use the release binaries and plugins already in target/release
 #   --keep               keep the work directory (job spec, data, metrics, TRL result, logs)
-# Prints a markdown table on stdout; progress on stderr. A full run (W=2, N=10) takes about
-# 20–30 minutes on 2 quiet cores, most of it TRL's.
+# Prints a markdown table on stdout; progress on stderr. A full run (W=2, N=10) is 24 steps in
+# all, plus the build and both sides' start-up; TRL's steps took 60–240 s each on the 2-core
+# machine while it was busy with builds (2026-11-21), so expect from several minutes (quiet) to
+# about an hour (busy).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/../lib.sh"
