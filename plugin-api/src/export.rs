@@ -102,6 +102,11 @@ pub fn verifier_module<T: VerifierPlugin>() -> PluginModRef {
 struct OptimizerAdapter<T>(T);
 
 impl<T: OptimizerPlugin> Optimizer for OptimizerAdapter<T> {
+    fn uses_reference(&self) -> bool {
+        // A panic here would cross the boundary; a plugin that cannot answer gets a reference.
+        catch_unwind(AssertUnwindSafe(|| self.0.uses_reference())).unwrap_or(true)
+    }
+
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> RResult<AdvantageOutput, PluginError> {
         guard("advantages()", || self.0.advantages(inputs))
     }

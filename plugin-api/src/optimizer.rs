@@ -179,6 +179,10 @@ pub struct LossOutput {
 /// [`OptimizerPlugin`]; the export layer implements this.
 #[sabi_trait]
 pub trait Optimizer: Send + Sync {
+    /// Whether this instance, with its options, reads reference log-probabilities; when not, the
+    /// trainer keeps no reference model and passes `RNone`.
+    fn uses_reference(&self) -> bool;
+
     /// Advantages (and returns) of one batch; online modes only.
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> RResult<AdvantageOutput, PluginError>;
 
@@ -201,6 +205,13 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
 
     /// Builds an optimizer from its keys of the job spec's `[optimizer]`, as a JSON object.
     fn from_config(config_json: &str) -> Result<Self, PluginError>;
+
+    /// Whether this instance reads reference log-probabilities. [`OptimizerInfo::needs_reference`]
+    /// says whether any configuration may; override this when the options decide (e.g. a KL
+    /// coefficient of 0), so the trainer skips the reference model and its forward pass.
+    fn uses_reference(&self) -> bool {
+        Self::requirements().needs_reference
+    }
 
     /// Advantages (and returns) of one batch. Offline plugins (DPO, SFT) are never asked and
     /// keep the default, which refuses.

@@ -20,7 +20,7 @@ use rlvr_plugin_api::{
     ROption, RStr, TensorHandle,
 };
 use rlvr_tests::{plugin_lib, workspace_root};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
 const PLUGINS: [&str; 5] = ["grpo", "rloo", "ppo", "dpo", "sft"];
@@ -454,6 +454,23 @@ fn each_plugin_states_its_needs() {
         assert_eq!(meta.needs_reference, Some(reference), "{name}");
         assert_eq!(meta.needs_value_head, Some(value_head), "{name}");
         assert_eq!(meta.needs_groups, Some(groups), "{name}");
+    }
+}
+
+#[test]
+fn an_instance_uses_the_reference_only_when_its_options_read_it() {
+    let cases = [
+        ("rlvr-optimizer-grpo", json!({}), true),
+        ("rlvr-optimizer-grpo", json!({"kl_beta": 0.0}), false),
+        ("rlvr-optimizer-grpo", json!({"kl_beta": 0.1, "kl_in": "reward"}), true),
+        ("rlvr-optimizer-rloo", json!({"kl_beta": 0.0}), false),
+        ("rlvr-optimizer-ppo", json!({}), true),
+        ("rlvr-optimizer-dpo", json!({}), true),
+        ("rlvr-optimizer-sft", json!({}), false),
+    ];
+    for (crate_name, config, expected) in cases {
+        let optimizer = create(crate_name, &config).unwrap();
+        assert_eq!(optimizer.uses_reference(), expected, "{crate_name} {config}");
     }
 }
 

@@ -297,7 +297,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     };
     let mut policy = load_model(&policy_source, device, kind)
         .map_err(|error| WorkerError::Model { field: "model.policy", message: error.to_string() })?;
-    let reference = if optimizer_info.needs_reference {
+    // Only when this instance reads it: e.g. GRPO with kl_beta = 0 needs no reference pass.
+    let reference = if optimizer_info.needs_reference && optimizer.uses_reference() {
         let source = if spec.model.reference == "same" { &spec.model.policy } else { &spec.model.reference };
         let mut reference = load_model(source, device, kind)
             .map_err(|error| WorkerError::Model { field: "model.reference", message: error.to_string() })?;

@@ -147,6 +147,11 @@ impl OptimizerPlugin for Grpo {
         Grpo::new(config::parse("grpo", config_json)?)
     }
 
+    /// The reference only enters through the KL term.
+    fn uses_reference(&self) -> bool {
+        self.config.kl_beta > 0.0
+    }
+
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         let batch = OnlineBatch::new(inputs)?;
         let groups = rewards::groups(inputs.group_ids.as_slice())?;

@@ -122,6 +122,11 @@ impl OptimizerPlugin for Ppo {
         Ppo::new(config::parse("ppo", config_json)?)
     }
 
+    /// The reference only enters through the KL term.
+    fn uses_reference(&self) -> bool {
+        self.config.kl_beta > 0.0
+    }
+
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         let batch = OnlineBatch::new(inputs)?;
         let values = batch.like.required("values", inputs.values, "GAE needs the value head's outputs")?;

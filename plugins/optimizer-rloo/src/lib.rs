@@ -100,6 +100,11 @@ impl OptimizerPlugin for Rloo {
         Rloo::new(config::parse("rloo", config_json)?)
     }
 
+    /// The reference only enters through the KL term.
+    fn uses_reference(&self) -> bool {
+        self.config.kl_beta > 0.0
+    }
+
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         let batch = OnlineBatch::new(inputs)?;
         let groups = rewards::groups(inputs.group_ids.as_slice())?;
