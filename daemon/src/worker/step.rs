@@ -185,7 +185,7 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
         old_values: old_values.as_ref(),
         returns: returns.as_ref(),
     };
-    let update = update(job, &rows, &tensors, width, step, temperature)?;
+    let update = update(job, &rows, &tensors, step, temperature)?;
     metrics.extend(update.metrics.clone());
     let update_s = update_started.elapsed().as_secs_f64();
 
@@ -351,7 +351,7 @@ fn offline_step(job: &mut Job, step: u64) -> Result<StepOutput, String> {
         old_values: None,
         returns: None,
     };
-    let update = update(job, &rows, &tensors, width, step, 1.0)?;
+    let update = update(job, &rows, &tensors, step, 1.0)?;
     let tokens: u64 = rows.completions.iter().map(|c| c.len() as u64).sum();
     let mut line = json!({"step": step, "rows": rows.len(), "train_tokens": tokens});
     add_update_metrics(&mut line, &update.metrics, &update);
@@ -383,7 +383,6 @@ fn update(
     job: &mut Job,
     rows: &Rows,
     tensors: &BatchTensors<'_>,
-    width: usize,
     step: u64,
     temperature: f64,
 ) -> Result<UpdateResult, String> {
@@ -465,7 +464,6 @@ fn update(
         }
         job.adamw.step(lr);
     }
-    let _ = width;
     Ok(UpdateResult { metrics: metric_sums, loss: loss_total, grad_norm, lr, policy_sums })
 }
 
