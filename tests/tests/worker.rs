@@ -320,6 +320,11 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
         ),
         ("bf16 on cpu", good.replace("[model]", "[model]\ndtype = \"bf16\""), "model.dtype"),
         (
+            "longer than the model",
+            good.replace("max_new_tokens = 5", "max_new_tokens = 600"),
+            "max_position_embeddings (512)",
+        ),
+        (
             "tokenizer mismatch",
             good.replace("[model]", &format!("[model]\nreference = \"{}\"", smollm2_dir().display())),
             "model.reference: tokenizer mismatch",

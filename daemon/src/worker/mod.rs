@@ -385,6 +385,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     }
     policy.vs.unfreeze();
 
+    check_lengths(&spec, &policy, &train, heldout.as_deref())?;
+
     // Nothing above wrote to the state dir; from here on the run exists.
     let plugin_ids: Vec<String> = std::iter::once(optimizer_plugin.id())
         .chain(verifier_plugins.iter().map(|p| p.id()))
@@ -585,6 +587,69 @@ fn check_fit(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: String) -> Resu
                 spec.optimizer.group_size
             ),
         });
+    }
+    Ok(())
+}
+
+/// Refuses data whose prompt (and completion, offline) would run past the model's positions, naming
+/// the first record that does: found at start, not at the step that draws it.
+fn check_lengths(
+    spec: &JobSpec,
+    policy: &LoadedModel,
+    train: &TrainData,
+    heldout: Option<&[PromptRecord]>,
+) -> Result<(), WorkerError> {
+    let Some(limit) = policy.config.max_position_embeddings else { return Ok(()) };
+    let tokenizer = &policy.tokenizer;
+    let budget = i64::from(spec.rollout.max_new_tokens);
+    let prompt_len = |text: &str| -> Result<i64, String> {
+        let rendered = tokenizer.render_prompt(text).map_err(|e| e.to_string())?;
+        Ok(tokenizer.encode(&rendered).map_err(|e| e.to_string())?.len() as i64)
+    };
+    let text_len = |text: &str| -> Result<i64, String> {
+        // The completion, and the end-of-sequence token the trainer appends.
+        Ok(tokenizer.encode(text).map_err(|e| e.to_string())?.len() as i64 + 1)
+    };
+    let mut records: Vec<(&'static str, &str, Result<i64, String>)> = Vec::new();
+    match train {
+        TrainData::Prompts(prompts) => {
+            records.extend(
+                prompts
+                    .iter()
+                    .map(|p| ("data.train", p.id.as_str(), prompt_len(&p.prompt).map(|n| n + budget))),
+            );
+        }
+        TrainData::Sft(items) => records.extend(items.iter().map(|r| {
+            (
+                "data.train",
+                r.id.as_str(),
+                prompt_len(&r.prompt).and_then(|p| Ok(p + text_len(&r.completion)?)),
+            )
+        })),
+        TrainData::Pairs(items) => records.extend(items.iter().map(|r| {
+            let longest = |p: i64| Ok(p + text_len(&r.chosen)?.max(text_len(&r.rejected)?));
+            ("data.train", r.id.as_str(), prompt_len(&r.prompt).and_then(longest))
+        })),
+    }
+    for record in heldout.unwrap_or_default() {
+        records.push(("data.heldout", record.id.as_str(), prompt_len(&record.prompt).map(|n| n + budget)));
+    }
+    for (field, id, length) in records {
+        match length {
+            Ok(length) if length <= limit => {}
+            Ok(length) => {
+                return Err(WorkerError::Model {
+                    field,
+                    message: format!(
+                        "record {id:?} needs {length} positions (prompt, completion or rollout.max_new_tokens), \
+                         more than the model's max_position_embeddings ({limit})"
+                    ),
+                });
+            }
+            Err(message) => {
+                return Err(WorkerError::Model { field, message: format!("record {id:?}: {message}") });
+            }
+        }
     }
     Ok(())
 }
