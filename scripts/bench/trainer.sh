@@ -24,6 +24,8 @@
 #   --warmup W           warm-up steps per side, not measured (default 2)
 #   --only rlvr|trl      run one side; the table shows the other as —
 #   --worker-timeout S   kill our worker after S seconds and fail (default 3600)
+#   --threads T          libtorch/torch CPU threads on both sides (default: the cores). On a
+#                        shared machine use 1: spinning thread pools collapse under contention
 #   --no-build           use the release binaries and plugins already in target/release
 #   --keep               keep the work directory (job spec, data, metrics, TRL result, logs)
 # Prints a markdown table on stdout; progress on stderr. A full run (W=2, N=10) is 24 steps in
@@ -40,6 +42,7 @@ warmup=2
 seed=0
 only=
 worker_timeout=3600
+threads=$(nproc)
 keep=0
 build=1
 command_line="scripts/bench/trainer.sh $*"
@@ -50,6 +53,7 @@ while [ $# -gt 0 ]; do
         --seed) seed=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
         --worker-timeout) worker_timeout=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
         --keep) keep=1; shift ;;
         --no-build) build=0; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
@@ -57,7 +61,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 case $only in "" | rlvr | trl) ;; *) echo "error: --only takes rlvr or trl, got $only" >&2; exit 2 ;; esac
-for value in "$steps" "$warmup" "$seed" "$worker_timeout"; do
+for value in "$steps" "$warmup" "$seed" "$worker_timeout" "$threads"; do
     [[ $value =~ ^[0-9]+$ ]] || { echo "error: expected a non-negative integer, got '$value'" >&2; exit 2; }
 done
 [ "$steps" -ge 1 ] || { echo "error: --steps must be at least 1" >&2; exit 2; }
@@ -175,7 +179,7 @@ if [ "$only" != trl ]; then
     step "ours: rlvrd worker, $warmup + $steps steps (limit ${worker_timeout} s)"
     run_measured "$work/rlvr-run.json" "$worker_timeout" \
         target/release/rlvrd worker --spec "$work/job.toml" --state-dir "$work/state" \
-        --plugin-dir "$work/plugins" --device cpu
+        --plugin-dir "$work/plugins" --device cpu --threads "$threads"
     rlvr_json=$work/rlvr.json
     if ! "$python" - "$work/rlvr-run.json" "$work/state/metrics.jsonl" "$warmup" "$steps" >"$rlvr_json" <<'PY'
 import json, statistics, sys
@@ -262,7 +266,7 @@ if [ "$only" != rlvr ]; then
     step "TRL: GRPOTrainer (scripts/bench/trl_grpo.py), $warmup + $steps steps"
     trl_json=$work/trl.json
     "$python" scripts/bench/trl_grpo.py --model "$model" --train "$work/data/train.jsonl" \
-        --steps "$steps" --warmup "$warmup" --seed "$seed" >"$trl_json"
+        --steps "$steps" --warmup "$warmup" --seed "$seed" --threads "$threads" >"$trl_json"
 fi
 
 step "results"
