@@ -164,14 +164,21 @@ fn main() -> ExitCode {
                 };
                 Ok(rlvr_daemon::worker::run(&options)?)
             };
-            match run() {
-                Ok(outcome) => {
+            // A panic in libtorch glue is a bug, but it still ends as one line and an exit code.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+                Ok(Ok(outcome)) => {
                     println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
                     ExitCode::SUCCESS
                 }
-                Err(error) => {
+                Ok(Err(error)) => {
                     eprintln!("rlvrd worker: {error:#}");
                     ExitCode::from(2)
+                }
+                Err(_) => {
+                    eprintln!(
+                        "rlvrd worker: internal error (a panic, reported above); the last checkpoint is intact"
+                    );
+                    ExitCode::from(70)
                 }
             }
         }
