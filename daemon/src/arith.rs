@@ -5,7 +5,10 @@
 //! - `train.jsonl`, `heldout.jsonl` — `{"id", "prompt", "reference": {"answer": "19"}}` for the
 //!   math verifier; held-out problems never appear in the training files.
 //!
-//! Problems are `a+b=` and `a-b=` with operands below `max_operand`, drawn from a seeded SplitMix64.
+//! Problems are `a+b=` and/or `a-b=` (`ops`) with operands below `max_operand`, all distinct,
+//! drawn from a seeded SplitMix64. With `pad`, operands are zero-padded to the width of
+//! `max_operand - 1` (`07+31=` for operands below 50), so each digit has a fixed place in the
+//! prompt; answers are never padded (`38`, `-4`), as the math verifier reads them.
 
 use std::collections::HashSet;
 use std::fs;
@@ -16,8 +19,8 @@ use serde_json::json;
 
 use crate::worker::data::splitmix64;
 
-/// How much data to make.
-#[derive(Debug, Clone, Copy)]
+/// How much data to make, and what it looks like.
+#[derive(Debug, Clone)]
 pub struct ArithOptions {
     pub seed: u64,
     pub sft: usize,
@@ -25,11 +28,61 @@ pub struct ArithOptions {
     pub heldout: usize,
     /// Operands are drawn from `0..max_operand`.
     pub max_operand: u64,
+    /// The operations, each drawn with equal probability: `+`, `-` or both (`+-`, the default).
+    pub ops: Vec<Op>,
+    /// Zero-pad operands to the width of `max_operand - 1`.
+    pub pad: bool,
+}
+
+/// An operation of a problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Add,
+    Sub,
+}
+
+impl Op {
+    /// Parses `+`, `-`, `+-` or `-+` (each operation at most once).
+    pub fn parse_list(text: &str) -> Result<Vec<Op>, String> {
+        let mut ops = Vec::new();
+        for c in text.chars() {
+            let op = match c {
+                '+' => Op::Add,
+                '-' => Op::Sub,
+                _ => return Err(format!("unknown operation {c:?} in {text:?} (expected + and/or -)")),
+            };
+            if ops.contains(&op) {
+                return Err(format!("operation {c:?} given twice in {text:?}"));
+            }
+            ops.push(op);
+        }
+        if ops.is_empty() {
+            return Err("no operation given (expected + and/or -)".into());
+        }
+        Ok(ops)
+    }
+}
+
+impl Default for ArithOptions {
+    fn default() -> Self {
+        ArithOptions {
+            seed: 0,
+            sft: 2000,
+            train: 2000,
+            heldout: 200,
+            max_operand: 50,
+            ops: vec![Op::Add, Op::Sub],
+            pad: false,
+        }
+    }
 }
 
 /// Writes the three files into `out` (created if missing); returns how many problems each holds.
 pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
-    let distinct = options.max_operand * options.max_operand * 2;
+    if options.ops.is_empty() || options.max_operand == 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no operation or no operand to draw"));
+    }
+    let distinct = options.max_operand * options.max_operand * options.ops.len() as u64;
     let wanted = (options.sft + options.train + options.heldout) as u64;
     if wanted > distinct {
         return Err(io::Error::new(
@@ -40,20 +93,21 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
             ),
         ));
     }
+    let width = if options.pad { (options.max_operand - 1).to_string().len() } else { 0 };
     let mut state = options.seed;
     let mut seen = HashSet::new();
     let mut problems = Vec::with_capacity(wanted as usize);
     while problems.len() < wanted as usize {
         let a = splitmix64(&mut state) % options.max_operand;
         let b = splitmix64(&mut state) % options.max_operand;
-        let add = splitmix64(&mut state) % 2 == 0;
-        if seen.insert((a, b, add)) {
-            let (prompt, answer) = if add {
-                (format!("{a}+{b}="), (a + b) as i64)
-            } else {
-                (format!("{a}-{b}="), a as i64 - b as i64)
+        // One draw per problem whatever the operations, so `+-` keeps the sets it always made.
+        let op = options.ops[(splitmix64(&mut state) % options.ops.len() as u64) as usize];
+        if seen.insert((a, b, op)) {
+            let (sign, answer) = match op {
+                Op::Add => ('+', (a + b) as i64),
+                Op::Sub => ('-', a as i64 - b as i64),
             };
-            problems.push((prompt, answer.to_string()));
+            problems.push((format!("{a:0width$}{sign}{b:0width$}="), answer.to_string()));
         }
     }
     fs::create_dir_all(out)?;
@@ -77,4 +131,67 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
     fs::write(out.join("train.jsonl"), lines("train", train, false))?;
     fs::write(out.join("heldout.jsonl"), lines("heldout", heldout, false))?;
     Ok([sft.len(), train.len(), heldout.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompts(dir: &Path, file: &str) -> Vec<String> {
+        fs::read_to_string(dir.join(file))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                serde_json::from_str::<serde_json::Value>(line).unwrap()["prompt"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_three_files_are_disjoint_and_a_pure_function_of_the_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let options =
+            ArithOptions { sft: 300, train: 300, heldout: 150, max_operand: 20, ..Default::default() };
+        assert_eq!(write(&dir.path().join("a"), &options).unwrap(), [300, 300, 150]);
+        write(&dir.path().join("b"), &options).unwrap();
+        let mut all = HashSet::new();
+        for file in ["sft.jsonl", "train.jsonl", "heldout.jsonl"] {
+            let a = fs::read(dir.path().join("a").join(file)).unwrap();
+            assert_eq!(a, fs::read(dir.path().join("b").join(file)).unwrap(), "{file}");
+            for prompt in prompts(&dir.path().join("a"), file) {
+                assert!(all.insert(prompt.clone()), "{prompt} appears twice");
+            }
+        }
+        assert!(all.iter().any(|p| p.contains('+')) && all.iter().any(|p| p.contains('-')));
+        assert!(write(&dir.path().join("c"), &ArithOptions { max_operand: 10, ..options }).is_err());
+    }
+
+    #[test]
+    fn ops_and_pad_choose_the_problems_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ArithOptions {
+            sft: 20,
+            train: 20,
+            heldout: 20,
+            max_operand: 50,
+            ops: vec![Op::Add],
+            pad: true,
+            ..Default::default()
+        };
+        write(dir.path(), &options).unwrap();
+        let text = fs::read_to_string(dir.path().join("heldout.jsonl")).unwrap();
+        for line in text.lines() {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            let prompt = value["prompt"].as_str().unwrap();
+            let (a, b) = prompt.trim_end_matches('=').split_once('+').unwrap();
+            assert!(a.len() == 2 && b.len() == 2, "{prompt}");
+            let sum: u64 = a.parse::<u64>().unwrap() + b.parse::<u64>().unwrap();
+            assert_eq!(value["reference"]["answer"], sum.to_string(), "{prompt}");
+        }
+        assert_eq!(Op::parse_list("+-"), Ok(vec![Op::Add, Op::Sub]));
+        assert!(Op::parse_list("++").is_err() && Op::parse_list("*").is_err() && Op::parse_list("").is_err());
+    }
 }

@@ -99,6 +99,12 @@ enum DataKind {
         /// Operands are drawn below this.
         #[arg(long, default_value_t = 50)]
         max_operand: u64,
+        /// The operations: `+`, `-` or both (`+-`).
+        #[arg(long, default_value = "+-")]
+        ops: String,
+        /// Zero-pad operands to the width of `max-operand - 1` (`07+31=`).
+        #[arg(long)]
+        pad: bool,
     },
 }
 
@@ -182,8 +188,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand } } => {
-            let options = rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand };
+        Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad } } => {
+            let ops = match rlvr_daemon::arith::Op::parse_list(&ops) {
+                Ok(ops) => ops,
+                Err(error) => {
+                    eprintln!("rlvrd data arith: --ops: {error}");
+                    return ExitCode::from(2);
+                }
+            };
+            let options =
+                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad };
             match rlvr_daemon::arith::write(&out, &options) {
                 Ok([sft, train, heldout]) => {
                     println!("{}: {sft} sft, {train} train, {heldout} held-out problems", out.display());
