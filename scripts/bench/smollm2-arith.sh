@@ -87,26 +87,11 @@ toml_string() {
     "$python" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"
 }
 # trainer-job.toml with its @NAME@ placeholders filled; a line whose value is empty is dropped.
-"$python" - scripts/bench/trainer-job.toml "$run/job.toml" \
+"$python" scripts/bench/render_job.py scripts/bench/trainer-job.toml "$run/job.toml" \
     SEED="$seed" MODEL="$(toml_string "$model")" \
     TRAIN="$(toml_string "$run/data/train.jsonl")" HELDOUT="$(toml_string "$run/data/heldout.jsonl")" \
     MAX_NEW_TOKENS="$max_new_tokens" PROMPTS_PER_STEP="$prompts_per_step" LR="$lr" \
-    MAX_STEPS=1000000 MAX_WALL_MINUTES="$minutes" CHECKPOINT_EVERY=25 HELDOUT_PROMPTS="$heldout_prompts" <<'PY'
-import re, sys
-template, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
-values = dict(pair.split("=", 1) for pair in pairs)
-lines = []
-for line in open(template, encoding="utf-8"):
-    names = [] if line.lstrip().startswith("#") else re.findall(r"@([A-Z_]+)@", line)
-    if any(values.get(name) == "" for name in names):
-        continue
-    for name in names:
-        if name not in values:
-            sys.exit(f"no value for @{name}@")
-        line = line.replace(f"@{name}@", values[name])
-    lines.append(line)
-open(out, "w", encoding="utf-8").writelines(lines)
-PY
+    MAX_STEPS=1000000 MAX_WALL_MINUTES="$minutes" CHECKPOINT_EVERY=25 HELDOUT_PROMPTS="$heldout_prompts"
 echo "job spec: $run/job.toml" >&2
 
 step "train: rlvrd worker for $minutes minutes (state in $state_dir)"

@@ -136,22 +136,7 @@ PY
 render_job() {
     local out=$1
     shift
-    "$python" - scripts/bench/trainer-job.toml "$out" "$@" <<'PY'
-import re, sys
-template, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
-values = dict(pair.split("=", 1) for pair in pairs)
-lines = []
-for line in open(template, encoding="utf-8"):
-    names = [] if line.lstrip().startswith("#") else re.findall(r"@([A-Z_]+)@", line)
-    if any(values.get(name) == "" for name in names):
-        continue
-    for name in names:
-        if name not in values:
-            sys.exit(f"render_job: no value for @{name}@")
-        line = line.replace(f"@{name}@", values[name])
-    lines.append(line)
-open(out, "w", encoding="utf-8").writelines(lines)
-PY
+    "$python" scripts/bench/render_job.py scripts/bench/trainer-job.toml "$out" "$@"
 }
 
 toml_string() {
