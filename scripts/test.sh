@@ -24,7 +24,7 @@ step "cargo build (binaries and plugin libraries the integration tests run)"
 cargo build --workspace
 
 step "cargo test"
-cargo test --workspace
+cargo test --workspace --no-fail-fast
 
 step "cargo test (plugin-api's tensor handles against the real libtorch)"
 cargo test -p rlvr-plugin-api --features tch
