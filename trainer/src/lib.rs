@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod logprobs;
 pub mod model;
+pub mod onednn;
 pub mod policy;
 pub mod rng;
 pub mod sample;

@@ -10,6 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::config::{ModelSpec, RopeScaling};
 use crate::error::Result;
+use crate::onednn;
 
 struct Linear {
     weight: Tensor,
@@ -18,8 +19,13 @@ struct Linear {
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.weight, self.bias.as_ref())
+        linear(x, &self.weight, self.bias.as_ref())
     }
+}
+
+/// `x · weightᵀ + bias`: through oneDNN for float32 on CPU (see [`crate::onednn`]), else libtorch's.
+fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    if onednn::applies(x, weight) { onednn::linear(x, weight, bias) } else { x.linear(weight, bias) }
 }
 
 type Param<'a> = &'a mut dyn FnMut(&str, &[i64]) -> Result<Tensor>;
@@ -281,7 +287,7 @@ impl Llama {
 
     /// Logits of hidden states `[..., hidden]` → `[..., vocab]`, in the model's dtype.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        hidden.linear(self.lm_head.as_ref().unwrap_or(&self.embed), None::<Tensor>)
+        linear(hidden, self.lm_head.as_ref().unwrap_or(&self.embed), None)
     }
 
     /// cos and sin of the RoPE angles, `[B, 1, T, head_dim]` in the model's kind.

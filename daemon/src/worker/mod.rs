@@ -151,6 +151,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         }
     }
     tch::set_num_threads(options.threads as i32);
+    keep_freed_memory();
     let checkpoint = if options.resume {
         dir.latest().map_err(|error| state_error(format!("cannot read checkpoints/LATEST: {error}")))?
     } else {
@@ -448,6 +449,25 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
 }
 
 /// The step loop, held-out evaluations and checkpoints.
+/// Makes glibc's allocator keep memory that libtorch frees, for the process's lifetime.
+///
+/// A training step allocates and frees the same large tensors every time (activations, logits
+/// of 50k-token vocabularies, gradients). By default glibc serves blocks above its mmap
+/// threshold (at most 32 MiB) with fresh `mmap`s and trims the heap on free, so each step pays
+/// the kernel for zeroed pages again: on the SmolLM2 benchmark job (one thread) 3.6 million
+/// page faults in 5 steps and 16% of the run in the kernel. Served from a heap that is never
+/// trimmed, 4 steps took 1.2 million (most of them loading the two models) and the update phase
+/// went from 10.3 s to 8.6 s a step; the peak resident size stayed within 1%. A worker is one
+/// job's process, so what it keeps is returned when the job ends.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before the models are loaded.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
+    }
+}
+
 fn drive(
     job: &mut Job,
     dir: &StateDir,
