@@ -81,8 +81,9 @@ impl AdamW {
             }
             // `linalg.vector_norm` (what PyTorch uses) rounds differently from `norm`; a 1-D
             // input makes `linalg_norm` that vector norm whatever the gradient's shape.
-            let vector_norm =
-                |t: &Tensor| t.to_kind(Kind::Float).flatten(0, -1).linalg_norm(2.0, None::<&[i64]>, false, None);
+            let vector_norm = |t: &Tensor| {
+                t.to_kind(Kind::Float).flatten(0, -1).linalg_norm(2.0, None::<&[i64]>, false, None)
+            };
             let norms: Vec<Tensor> = grads.iter().map(vector_norm).collect();
             let total = vector_norm(&Tensor::stack(&norms, 0));
             if max_norm > 0.0 {
@@ -122,7 +123,9 @@ impl AdamW {
                     continue;
                 }
                 // A view of scratch buffer `i` shaped like the parameter.
-                let view = |i: usize| self.scratch[i].narrow(0, 0, param.numel() as i64).view(param.size().as_slice());
+                let view = |i: usize| {
+                    self.scratch[i].narrow(0, 0, param.numel() as i64).view(param.size().as_slice())
+                };
                 let (mut first, second) = (view(0), view(1));
                 let grad = grad.to_kind(Kind::Float);
                 // f32 parameters are updated in place; others through an f32 master copy.
@@ -272,7 +275,10 @@ mod tests {
                         let got = Vec::<f32>::try_from(got.flatten(0, -1)).unwrap();
                         let want = floats(&expected[what][key]);
                         let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
-                        assert!(got == want, "{name} update {update}: {what}.{key} differs from PyTorch by up to {worst:e}");
+                        assert!(
+                            got == want,
+                            "{name} update {update}: {what}.{key} differs from PyTorch by up to {worst:e}"
+                        );
                     }
                 }
             }
