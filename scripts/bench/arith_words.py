@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
 """Two-digit arithmetic word problems for the trainer benchmark and the SmolLM2 run.
 
-Writes OUT/train.jsonl and OUT/heldout.jsonl in the job data format (design.md §1):
+Writes OUT/train.jsonl and OUT/heldout.jsonl in the job data format (design.md §1), and with
+--sft N also OUT/sft.jsonl, N worked demonstrations for a cold start:
 
     {"id": "train-00000", "prompt": "Tom has 23 apples and buys 45 more. How many apples does he
      have now? Put the final answer in \\boxed{}.", "reference": {"answer": "68"}}
+    {"id": "sft-0000", "prompt": "...", "completion": "23 + 45 = 68. The answer is \\boxed{68}."}
 
 Deterministic for a given --seed (stdlib `random.Random`, no hash seeding). Addition and
 subtraction of two-digit numbers (10..99; subtraction keeps a > b, so answers are positive),
 each rendered through one of several templates with a random name and object. The held-out set
-is disjoint from train on the arithmetic itself: an (operation, a, b) triple is in one set or the
-other, never both, so held-out accuracy is not a memorised sum in a new sentence.
+is disjoint from train and sft on the arithmetic itself: an (operation, a, b) triple is in one set
+or another, never two, so held-out accuracy is not a memorised sum in a new sentence.
 
 The prompt is plain text (one user message); the trainer and TRL both wrap it in the model's
 chat template. Its last sentence asks for the answer in the form the `math` verifier reads.
 
-Usage: arith_words.py --out DIR [--train N] [--heldout N] [--seed S]
+Usage: arith_words.py --out DIR [--train N] [--heldout N] [--sft N] [--seed S]
 Stdlib only.
 """
 
@@ -76,16 +78,22 @@ def render(rng, op, a, b):
     return f"{question} {INSTRUCTION}"
 
 
+def demonstration(op, a, b):
+    """The worked answer an SFT cold start teaches: the sum, then the answer as the prompt asks."""
+    result = answer(op, a, b)
+    return f"{a} {op} {b} = {result}. The answer is \\boxed{{{result}}}."
+
+
 def write(path, prefix, rows, seed):
     rng = random.Random(f"{seed}:{prefix}")
     width = len(str(max(len(rows) - 1, 0)))
     with open(path, "w", encoding="utf-8") as f:
         for i, (op, a, b) in enumerate(rows):
-            record = {
-                "id": f"{prefix}-{i:0{max(width, 4)}d}",
-                "prompt": render(rng, op, a, b),
-                "reference": {"answer": str(answer(op, a, b))},
-            }
+            record = {"id": f"{prefix}-{i:0{max(width, 4)}d}", "prompt": render(rng, op, a, b)}
+            if prefix == "sft":
+                record["completion"] = demonstration(op, a, b)
+            else:
+                record["reference"] = {"answer": str(answer(op, a, b))}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
@@ -94,20 +102,28 @@ def main():
     parser.add_argument("--out", required=True, help="directory for train.jsonl and heldout.jsonl")
     parser.add_argument("--train", type=int, default=2000, help="training problems (default 2000)")
     parser.add_argument("--heldout", type=int, default=200, help="held-out problems (default 200)")
+    parser.add_argument("--sft", type=int, default=0, help="demonstrations in sft.jsonl (default 0: no file)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     triples = problems(args.seed)
-    if args.train < 0 or args.heldout < 0 or args.train + args.heldout > len(triples):
-        sys.exit(f"--train + --heldout must be between 0 and {len(triples)}, got {args.train} + {args.heldout}")
+    counts = (args.train, args.heldout, args.sft)
+    if min(counts) < 0 or sum(counts) > len(triples):
+        sys.exit(f"--train + --heldout + --sft must be between 0 and {len(triples)}, got {' + '.join(map(str, counts))}")
     heldout = triples[: args.heldout]
     train = triples[args.heldout : args.heldout + args.train]
-    assert not set(heldout) & set(train)
+    sft = triples[args.heldout + args.train : sum(counts)]
+    assert not set(heldout) & (set(train) | set(sft))
 
     os.makedirs(args.out, exist_ok=True)
     write(os.path.join(args.out, "train.jsonl"), "train", train, args.seed)
     write(os.path.join(args.out, "heldout.jsonl"), "heldout", heldout, args.seed)
-    print(f"{len(train)} train and {len(heldout)} held-out problems in {args.out}", file=sys.stderr)
+    if sft:
+        write(os.path.join(args.out, "sft.jsonl"), "sft", sft, args.seed)
+    print(
+        f"{len(train)} train, {len(heldout)} held-out and {len(sft)} demonstration problems in {args.out}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":
