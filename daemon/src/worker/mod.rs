@@ -490,6 +490,9 @@ fn drive(
     }
     let mut stopped = None;
     let mut last_checkpoint = dir.latest().ok().flatten();
+    // For the ETA: steps and time of this process's loop (not of held-out scoring or of a run
+    // before a resume).
+    let (first_step, loop_started) = (state.step, Instant::now());
     while state.step < max_steps {
         if let Some(limit) = job.spec.budget.max_generated_tokens
             && state.tokens_generated >= limit
@@ -522,7 +525,13 @@ fn drive(
         for record in &output.records {
             rollouts_log.append(record).map_err(|error| state_error(format!("rollouts.jsonl: {error}")))?;
         }
-        step::log_progress(&line, step, max_steps, started.elapsed().as_secs_f64(), state.step);
+        let per_step = loop_started.elapsed().as_secs_f64() / (step - first_step) as f64;
+        let mut eta_s = per_step * (max_steps - step) as f64;
+        if let Some(minutes) = job.spec.budget.max_wall_minutes {
+            let left = minutes * 60.0 - (elapsed_before + started.elapsed().as_secs_f64());
+            eta_s = eta_s.min(left.max(0.0));
+        }
+        step::log_progress(&line, step, max_steps, eta_s);
         if last || step % job.spec.checkpoint.every_steps == 0 {
             state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
             last_checkpoint = Some(checkpoint(job, dir, state, metrics_log, rollouts_log)?);

@@ -586,8 +586,7 @@ fn finish_name(finish: Finish) -> &'static str {
 }
 
 /// One human line per step on stderr: step k of N, reward, held-out, KL, tokens/s, ETA.
-pub fn log_progress(line: &Value, step: u64, max_steps: u64, elapsed_s: f64, done: u64) {
-    let eta_s = if done > 0 { elapsed_s / done as f64 * (max_steps - step) as f64 } else { 0.0 };
+pub fn log_progress(line: &Value, step: u64, max_steps: u64, eta_s: f64) {
     info!(
         reward = line.get("reward_mean").and_then(serde_json::Value::as_f64),
         loss = line.get("loss").and_then(serde_json::Value::as_f64),
