@@ -253,8 +253,22 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
     let reference = outcome(&run(&mut worker(&spec, &straight, &plugins, &[])));
 
     let killed = dir.path().join("killed");
-    let mut child =
-        worker(&spec, &killed, &plugins, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // The workers' temp dir, to see what a killed one leaves there.
+    let temp = dir.path().join("tmp");
+    fs::create_dir(&temp).unwrap();
+    let mut child = worker(&spec, &killed, &plugins, &[])
+        .env("TMPDIR", &temp)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let killed_copies = format!("rlvrd-worker-plugins-{}-", child.id());
+    let left_by_killed = || {
+        fs::read_dir(&temp)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&killed_copies))
+    };
     // Kill it after step 3 is logged: past the step-2 checkpoint, before the step-4 one.
     let past_step_3 = wait_until(Duration::from_secs(300), || {
         fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 4)
@@ -264,9 +278,10 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
     assert!(past_step_3, "the run never reached step 3");
     let latest = fs::read_to_string(killed.join("checkpoints/LATEST")).unwrap();
     assert!(latest.trim() < "step-00000006", "killed too late to test anything: {latest}");
+    assert!(left_by_killed(), "a killed worker leaves its plugin copies behind");
 
     // Without --resume the state dir is refused, untouched.
-    let refused = run(&mut worker(&spec, &killed, &plugins, &[]));
+    let refused = run(worker(&spec, &killed, &plugins, &[]).env("TMPDIR", &temp));
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("--resume"),
@@ -274,7 +289,10 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
         String::from_utf8_lossy(&refused.stderr)
     );
 
-    let resumed = outcome(&run(&mut worker(&spec, &killed, &plugins, &["--resume"])));
+    let resumed = outcome(&run(worker(&spec, &killed, &plugins, &["--resume"]).env("TMPDIR", &temp)));
+    assert!(!left_by_killed(), "the worker that resumes removes the plugin copies of the killed one");
+    let left: Vec<_> = fs::read_dir(&temp).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "workers that returned leave nothing in their temp dir: {left:?}");
     let updated =
         metrics_without_time(&straight).iter().filter(|line| line["grad_norm"].as_f64() > Some(0.0)).count();
     assert!(updated >= 3, "only {updated} of 6 steps changed the weights: the test would prove little");

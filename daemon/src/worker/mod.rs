@@ -172,8 +172,9 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     // Plugins: pinned versions on resume, newest otherwise.
     let span = info_span!("job", name = %spec.job.name, team = %spec.job.team);
     let _entered = span.enter();
+    sweep_stale_plugin_copies(&std::env::temp_dir());
     let cache = tempfile::Builder::new()
-        .prefix("rlvrd-worker-plugins-")
+        .prefix(&format!("{PLUGIN_COPIES_PREFIX}{}-", std::process::id()))
         .tempdir()
         .map_err(|error| state_error(format!("cannot create a temp dir for plugins: {error}")))?;
     let registry = Registry::new(cache.path().to_owned(), Isolation::InProcess, Arc::new(Metrics::new()))
@@ -449,6 +450,41 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
 }
 
 /// The step loop, held-out evaluations and checkpoints.
+/// Prefix of the temp directory holding a worker's content-addressed plugin copies, followed by
+/// the worker's pid and `-`.
+const PLUGIN_COPIES_PREFIX: &str = "rlvrd-worker-plugins-";
+
+/// Removes plugin-copy directories left in `temp` by workers that no longer run.
+///
+/// A worker removes its own when it returns, but one killed (SIGKILL, OOM, a cancelled job)
+/// cannot, and each holds a copy of every plugin it loaded (about 150 MB for four plugins): a
+/// machine that kills workers as a matter of course would fill its temp dir. A directory is
+/// stale when the pid in its name has no `/proc` entry; names without a pid are left alone.
+fn sweep_stale_plugin_copies(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PLUGIN_COPIES_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => {
+                    info!(path = %entry.path().display(), pid, "removed the plugin copies of a worker that is gone")
+                }
+                Err(error) => {
+                    warn!(path = %entry.path().display(), %error, "cannot remove a stale plugin-copy directory")
+                }
+            }
+        }
+    }
+}
+
 /// Makes glibc's allocator keep memory that libtorch frees, for the process's lifetime.
 ///
 /// A training step allocates and frees the same large tensors every time (activations, logits
