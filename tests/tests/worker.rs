@@ -237,6 +237,34 @@ max_steps = {steps}
     path
 }
 
+/// A budget ends a job between held-out evaluations: the weights it stops with are still
+/// scored, checkpointed and reported.
+#[test]
+fn a_job_stopped_by_its_budget_scores_and_checkpoints_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let spec = grpo_spec(dir.path(), &data, 50, 100);
+    let text =
+        fs::read_to_string(&spec).unwrap().replace("[budget]\n", "[budget]\nmax_generated_tokens = 100\n");
+    fs::write(&spec, text).unwrap();
+    let state = dir.path().join("state");
+    let result = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+    let steps = result["steps"].as_u64().unwrap();
+    assert!((1..50).contains(&steps), "{result}");
+    assert!(result["stopped"].as_str().unwrap().contains("budget.max_generated_tokens"), "{result}");
+    let metrics = metrics_without_time(&state);
+    let last = metrics.last().unwrap();
+    assert_eq!(last["step"], steps, "{last}");
+    assert!(last["heldout"]["accuracy"].is_number(), "scored at the stop: {last}");
+    assert_eq!(result["heldout_after"], last["heldout"]["accuracy"], "{result}");
+    assert_eq!(
+        fs::read_to_string(state.join("checkpoints/LATEST")).unwrap().trim(),
+        format!("step-{steps:08}"),
+        "checkpointed at the stop"
+    );
+}
+
 #[test]
 fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();

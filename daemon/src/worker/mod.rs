@@ -529,6 +529,8 @@ fn drive(
     // For the ETA: steps and time of this process's loop (not of held-out scoring or of a run
     // before a resume).
     let (first_step, loop_started) = (state.step, Instant::now());
+    // The last step whose weights were scored on the held-out set in this process.
+    let mut scored_step = None;
     while state.step < max_steps {
         if let Some(limit) = job.spec.budget.max_generated_tokens
             && state.tokens_generated >= limit
@@ -555,6 +557,7 @@ fn drive(
         if job.heldout.is_some() && (last || (eval_every > 0 && step % eval_every == 0)) {
             let score = eval::heldout(job).map_err(|message| WorkerError::Step { step, message })?;
             heldout_after = Some(score.accuracy);
+            scored_step = Some(step);
             line["heldout"] = score.to_json();
         }
         metrics_log.append(&line).map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
@@ -574,6 +577,18 @@ fn drive(
         }
     }
     if stopped.is_some() && state.step > 0 {
+        // A budget ends the job between evaluations: score the weights it ends with, as the
+        // last step does, so every job reports where it got to. Not when this process ran no
+        // step (a resume of a job already stopped): that process scored them.
+        if job.heldout.is_some() && state.step > first_step && scored_step != Some(state.step) {
+            let score =
+                eval::heldout(job).map_err(|message| WorkerError::Step { step: state.step, message })?;
+            heldout_after = Some(score.accuracy);
+            info!(accuracy = score.accuracy, step = state.step, "held-out at the stop");
+            metrics_log
+                .append(&json!({"step": state.step, "heldout": score.to_json()}))
+                .map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
+        }
         state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
         last_checkpoint = Some(checkpoint(job, dir, state, metrics_log, rollouts_log)?);
     }
