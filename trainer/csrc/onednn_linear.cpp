@@ -3,11 +3,10 @@
 //
 // Why: the pip build of libtorch 2.11 sends float32 `linear`/`matmul` on CPU to MKL, whose
 // kernels on AMD processors are its AVX2 "zen" path; oneDNN (in the same libtorch) picks AVX-512
-// kernels from the CPU's feature flags whoever made it. On the 2-core AMD EPYC (Zen 4) machine
-// this project is developed on, one thread, float32 (2026-11-21): forward plus both backward
-// products of a 800×576 · 576×1536 layer took 25 ms against MKL's 51 ms (2.0×); a decoding
-// product at 8 rows 1.5×. The results are IEEE float32 products like MKL's, summed in another
-// order (differences of float rounding only).
+// kernels from the CPU's feature flags whoever made it. scripts/bench/cpu-matmul.py times both
+// on SmolLM2's layer shapes (about 2× for a training step's products on the AMD EPYC, Zen 4,
+// development machine; numbers in the README). The results are IEEE float32 products like
+// MKL's, summed in another order (differences of float rounding only).
 //
 // The products call libtorch's own registered operator `mkldnn::_linear_pointwise` (what
 // PyTorch's compiler uses for CPU linear layers) through the dispatcher, by name, so nothing

@@ -1,11 +1,11 @@
 //! Float32 linear layers on CPU through oneDNN (`csrc/onednn_linear.cpp`), with their backward.
 //!
 //! libtorch 2.11's pip build computes float32 `linear` on CPU with MKL, which on AMD processors
-//! runs its AVX2 kernels; oneDNN, in the same libtorch, runs AVX-512 where the CPU has it. On
-//! the 2-core AMD EPYC (Zen 4) development machine, one thread, that made a layer's forward and
-//! backward products 2.0× faster and decoding products 1.5× (numbers in the C++ file; the
-//! whole-step effect is in the README's trainer benchmark). Results are float32 products summed
-//! in another order than MKL's: they differ from `Tensor::linear` by float rounding only.
+//! runs its AVX2 kernels; oneDNN, in the same libtorch, runs AVX-512 where the CPU has it:
+//! about 2× faster products on the AMD EPYC (Zen 4) development machine
+//! (`scripts/bench/cpu-matmul.py`; the whole-step effect is in the README's trainer benchmark).
+//! Results are float32 products summed in another order than MKL's: they differ from
+//! `Tensor::linear` by float rounding only.
 //!
 //! [`linear`] is used for float32 CPU tensors when [`enabled`]; everything else (CUDA, bf16)
 //! keeps `Tensor::linear`. `RLVR_CPU_MATMUL=blas` turns it off (to compare, or as a way out).
