@@ -449,7 +449,6 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     drive(&mut job, &dir, &mut train_state, &mut metrics_log, &mut rollouts_log)
 }
 
-/// The step loop, held-out evaluations and checkpoints.
 /// Prefix of the temp directory holding a worker's content-addressed plugin copies, followed by
 /// the worker's pid and `-`.
 const PLUGIN_COPIES_PREFIX: &str = "rlvrd-worker-plugins-";
@@ -504,6 +503,7 @@ fn keep_freed_memory() {
     }
 }
 
+/// The step loop, held-out evaluations and checkpoints.
 fn drive(
     job: &mut Job,
     dir: &StateDir,
