@@ -92,7 +92,7 @@ impl AdamW {
                 // Multiplying by exactly 1 changes nothing: skip the pass over every gradient.
                 if coef.double_value(&[]) < 1.0 {
                     for mut grad in grads {
-                        let _ = grad.f_mul_(&coef.to_kind(grad.kind()));
+                        grad *= coef.to_kind(grad.kind());
                     }
                 }
             }
@@ -101,6 +101,8 @@ impl AdamW {
     }
 
     /// One update with learning rate `lr`. Parameters without a gradient are left alone.
+    /// Panics on a libtorch error (the worker reports a panic as an internal error): an update
+    /// must never be skipped silently.
     ///
     /// Op for op `torch.optim.AdamW`'s single-tensor path (decoupled weight decay, bias
     /// correction), so updates agree with it to the bit (tests/conformance/adamw.json); each
@@ -128,23 +130,25 @@ impl AdamW {
                 };
                 let (mut first, second) = (view(0), view(1));
                 let grad = grad.to_kind(Kind::Float);
-                // f32 parameters are updated in place; others through an f32 master copy.
+                // f32 parameters are updated in place; others through an f32 master copy. Each
+                // in-place call returns an alias of its target (dropped: `let _`) and panics on
+                // a libtorch error.
                 let mut master = param.to_kind(Kind::Float);
                 if decay != 1.0 {
-                    let _ = master.f_mul_scalar_(decay);
+                    master *= decay;
                 }
                 let _ = exp_avg.lerp_(&grad, 1.0 - beta1);
                 // exp_avg_sq = beta2 · exp_avg_sq + (1 − beta2) · grad²
-                let _ = exp_avg_sq.f_mul_scalar_(beta2);
-                let _ = grad.f_mul_scalar_out(&first, 1.0 - beta2);
-                let _ = exp_avg_sq.f_addcmul_(&first, &grad);
+                *exp_avg_sq *= beta2;
+                let _ = grad.mul_scalar_out(&first, 1.0 - beta2);
+                let _ = exp_avg_sq.addcmul_(&first, &grad);
                 // denom = sqrt(exp_avg_sq) / sqrt(bias_correction2) + eps
-                let _ = exp_avg_sq.f_sqrt_out(&first);
-                let _ = first.f_div_scalar_(bias_correction2_sqrt);
-                let _ = first.f_add_scalar_(eps);
+                let _ = exp_avg_sq.sqrt_out(&first);
+                first /= bias_correction2_sqrt;
+                first += eps;
                 // param += (−step_size · exp_avg) / denom
-                let _ = exp_avg.f_mul_scalar_out(&second, -step_size);
-                let _ = master.f_addcdiv_(&second, &first);
+                let _ = exp_avg.mul_scalar_out(&second, -step_size);
+                let _ = master.addcdiv_(&second, &first);
                 if param.kind() != Kind::Float {
                     param.copy_(&master);
                 }
