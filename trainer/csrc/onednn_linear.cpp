@@ -17,6 +17,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
