@@ -11,9 +11,11 @@
 //! cheap), and trained to its plateau, not stopped early: held-out accuracy rises to about
 //! 0.45–0.55 by step 250 and stays there to step 500 (300 problems are memorised more than
 //! generalised from). GRPO then learns from 2 000 prompts it has no answers for, rewarded by the
-//! math verifier alone, and generalises: on the 2-core development machine, 0.50 → 0.915 for this
-//! seed; over six data/job seeds, SFT 0.375–0.51 and +38 to +48 points, in 70–95 CPU seconds
-//! for the two jobs.
+//! math verifier alone, and generalises: on the 2-core development machine, 0.425 → 0.890 for
+//! this seed (71 CPU seconds for the two jobs; 0.50 → 0.915 before the float32 layers moved to
+//! oneDNN, which changes float rounding and so every sampled token after the first difference);
+//! over six data/job seeds (before that change), SFT 0.375–0.51 and +38 to +48 points, in
+//! 70–95 CPU seconds.
 //!
 //! What mattered: the SFT learning rate (1e-2 and 3e-3 learn far slower than 1e-3 here); a GRPO
 //! learning rate well below SFT's (2e-3 collapses the policy onto one answer); temperature 0.85
