@@ -21,7 +21,7 @@ pub mod weights;
 pub use chat::{ChatMessage, ChatTemplate, SpecialTokens};
 pub use config::{LlamaConfig, ModelSpec, RopeScaling};
 pub use error::{ModelError, Result};
-pub use logprobs::{CompletionStats, SequenceBatch, completion_logprobs, completion_stats};
+pub use logprobs::{SequenceBatch, completion_logprobs};
 pub use model::{KvCache, Llama, positions_from_mask};
 pub use policy::{LoadedModel, load, save_pretrained};
 pub use rng::SamplerRng;

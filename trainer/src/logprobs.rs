@@ -133,32 +133,6 @@ pub fn completion_logprobs(model: &Llama, batch: &SequenceBatch, temperature: f6
     (logprobs, hidden)
 }
 
-/// What one pass over a batch gives: the log-probabilities of the completion tokens
-/// (differentiable), the entropy of each predicting distribution (a metric: detached), both
-/// `[B, C]` f32 and 0 on padding, and the hidden states `[B, C, hidden]`.
-#[derive(Debug)]
-pub struct CompletionStats {
-    pub logprobs: Tensor,
-    pub entropy: Tensor,
-    pub hidden: Tensor,
-}
-
-/// [`completion_logprobs`] plus the entropy of `softmax(logits / temperature)` at each
-/// completion position (computed without grad, for the step's metrics).
-pub fn completion_stats(model: &Llama, batch: &SequenceBatch, temperature: f64) -> CompletionStats {
-    let hidden = predicting_hidden(model, batch);
-    let logits = model.logits(&hidden).to_kind(Kind::Float);
-    let logits = if temperature > 0.0 && temperature != 1.0 { logits / temperature } else { logits };
-    let lse = logits.logsumexp([-1], true);
-    let picked = logits.gather(2, &batch.completion_ids.unsqueeze(-1), false);
-    let logprobs = (picked - &lse).squeeze_dim(-1) * batch.mask();
-    let entropy = tch::no_grad(|| {
-        let logp = &logits - &lse;
-        -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float) * batch.mask()
-    });
-    CompletionStats { logprobs, entropy, hidden }
-}
-
 /// Hidden states `[B, C, H]` at the positions predicting each completion token.
 fn predicting_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
     let device = model.device();
