@@ -39,23 +39,26 @@ fn take_message(message: *mut c_char) -> String {
     text
 }
 
-/// Whether float32 CPU linear layers go through oneDNN: this libtorch has the operator and
-/// `RLVR_CPU_MATMUL` is not `blas`. Decided once per process.
-pub fn enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| {
+/// Which products float32 CPU linear layers use, decided once per process: oneDNN, or
+/// libtorch's BLAS with the reason (`RLVR_CPU_MATMUL=blas`, or this libtorch lacks the operator).
+pub fn status() -> &'static Result<(), String> {
+    static STATUS: OnceLock<Result<(), String>> = OnceLock::new();
+    STATUS.get_or_init(|| {
         if std::env::var("RLVR_CPU_MATMUL").is_ok_and(|v| v == "blas") {
-            return false;
+            return Err("RLVR_CPU_MATMUL=blas".to_owned());
         }
         let mut error = std::ptr::null_mut();
         // SAFETY: plain call; `error` is written only on failure.
-        let available = unsafe { rlvr_onednn_available(&mut error) } == 1;
-        if !available {
-            let message = take_message(error);
-            eprintln!("note: oneDNN linear layers unavailable in this libtorch ({message}); using its BLAS");
+        match unsafe { rlvr_onednn_available(&mut error) } {
+            1 => Ok(()),
+            _ => Err(format!("this libtorch has no oneDNN linear operator: {}", take_message(error))),
         }
-        available
     })
+}
+
+/// Whether float32 CPU linear layers go through oneDNN (see [`status`]).
+pub fn enabled() -> bool {
+    status().is_ok()
 }
 
 /// Whether [`linear`] applies to these tensors.

@@ -439,9 +439,14 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         rng,
         sampling,
     };
+    let cpu_matmul = match rlvr_trainer::onednn::status() {
+        Ok(()) => "onednn".to_owned(),
+        Err(reason) => format!("blas ({reason})"),
+    };
     info!(
         policy = %job.spec.model.policy,
         device = ?device,
+        cpu_matmul,
         plugins = ?train_state.plugins,
         from_step = train_state.step,
         "worker starting"
