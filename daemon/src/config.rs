@@ -44,7 +44,7 @@ const MAX_ENV_NESTING: usize = 32;
 const MAX_QUOTED_CHARS: usize = 80;
 const DEFAULT_SOURCE: &str = "built-in default";
 
-const SECTIONS: [&str; 6] = ["daemon", "redis", "api", "plugins", "auth", "devices"];
+const SECTIONS: [&str; 7] = ["daemon", "redis", "api", "plugins", "auth", "devices", "queue"];
 const REDIS_SCHEMES: [&str; 3] = ["redis://", "rediss://", "unix://"];
 const SCAN_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
 
@@ -58,6 +58,7 @@ pub struct Config {
     pub plugins: PluginsConfig,
     pub auth: AuthConfig,
     pub devices: DevicesConfig,
+    pub queue: QueueConfig,
 }
 
 /// `[daemon]`
@@ -94,11 +95,51 @@ impl Default for RedisConfig {
 pub struct ApiConfig {
     /// Address the HTTP API listens on.
     pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes (1024 to 67108864); larger ones get 413.
+    pub max_body_bytes: u64,
+    /// Requests per minute each team may make to the job routes (1 to 1000000); more get 429.
+    pub rate_limit_per_minute: u32,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { listen: SocketAddr::from(([127, 0, 0, 1], 8470)) }
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8470)),
+            max_body_bytes: 1 << 20,
+            rate_limit_per_minute: 600,
+        }
+    }
+}
+
+/// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// How often an idle daemon looks for new jobs, in milliseconds (50 to 10000).
+    pub poll_interval_ms: u64,
+    /// The daemon's heartbeat on Redis, in milliseconds (200 to 60000).
+    pub heartbeat_ms: u64,
+    /// Heartbeats missed before a daemon counts as dead and its jobs go to another (2 to 100).
+    pub missed_heartbeats: u32,
+    /// Crashes of a job's worker before the job is dead-lettered (1 to 100).
+    pub max_crashes: u32,
+    /// On SIGTERM, how long running jobs get to checkpoint before their workers are killed, in
+    /// seconds (1 to 3600). Keep it under systemd's TimeoutStopSec.
+    pub stop_timeout_s: u64,
+    /// libtorch threads of each worker; 0 = every core (1 to 1024, or 0).
+    pub worker_threads: u32,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            poll_interval_ms: 250,
+            heartbeat_ms: 2000,
+            missed_heartbeats: 3,
+            max_crashes: 3,
+            stop_timeout_s: 100,
+            worker_threads: 0,
+        }
     }
 }
 
@@ -684,6 +725,9 @@ impl Checker<'_> {
         if let Some(v) = root.get("devices") {
             self.devices(&path.key("devices"), v, &mut config.devices);
         }
+        if let Some(v) = root.get("queue") {
+            self.queue(&path.key("queue"), v, &mut config.queue);
+        }
         config
     }
 
@@ -720,8 +764,49 @@ impl Checker<'_> {
         }
     }
 
+    fn queue(&mut self, path: &KeyPath, value: &Value, out: &mut QueueConfig) {
+        let known = ["poll_interval_ms", "heartbeat_ms", "missed_heartbeats", "max_crashes", "stop_timeout_s", "worker_threads"];
+        let Some(table) = self.table(path, value, &known) else { return };
+        let mut integer = |key: &str, range: std::ops::RangeInclusive<u64>, out: &mut u64| {
+            if let Some(v) = table.get(key) {
+                let what = format!("an integer from {} to {}", range.start(), range.end());
+                if let Some(found) = self.integer(&path.key(key), v, range, &what) {
+                    *out = found;
+                }
+            }
+        };
+        integer("poll_interval_ms", 50..=10_000, &mut out.poll_interval_ms);
+        integer("heartbeat_ms", 200..=60_000, &mut out.heartbeat_ms);
+        integer("stop_timeout_s", 1..=3600, &mut out.stop_timeout_s);
+        let mut small = [
+            ("missed_heartbeats", 2..=100, u64::from(out.missed_heartbeats)),
+            ("max_crashes", 1..=100, u64::from(out.max_crashes)),
+            ("worker_threads", 0..=1024, u64::from(out.worker_threads)),
+        ];
+        for (key, range, value) in &mut small {
+            integer(key, range.clone(), value);
+        }
+        out.missed_heartbeats = small[0].2 as u32;
+        out.max_crashes = small[1].2 as u32;
+        out.worker_threads = small[2].2 as u32;
+    }
+
     fn api(&mut self, path: &KeyPath, value: &Value, out: &mut ApiConfig) {
-        let Some(table) = self.table(path, value, &["listen"]) else { return };
+        let Some(table) = self.table(path, value, &["listen", "max_body_bytes", "rate_limit_per_minute"]) else {
+            return;
+        };
+        if let Some(v) = table.get("max_body_bytes") {
+            let what = "an integer from 1024 to 67108864";
+            if let Some(found) = self.integer(&path.key("max_body_bytes"), v, 1024..=(64 << 20), what) {
+                out.max_body_bytes = found;
+            }
+        }
+        if let Some(v) = table.get("rate_limit_per_minute") {
+            let what = "an integer from 1 to 1000000";
+            if let Some(found) = self.integer(&path.key("rate_limit_per_minute"), v, 1..=1_000_000, what) {
+                out.rate_limit_per_minute = found as u32;
+            }
+        }
         if let Some(v) = table.get("listen") {
             let path = path.key("listen");
             let what = "a socket address like 127.0.0.1:8470";

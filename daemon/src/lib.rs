@@ -7,6 +7,7 @@ pub mod arith;
 pub mod config;
 pub mod events;
 pub mod health;
+pub mod jobs;
 pub mod logging;
 pub mod metrics;
 pub mod registry;

@@ -16,7 +16,13 @@ use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use rlvr_queue::store::JobStore;
+
+use crate::api::auth::Auth;
+use crate::api::jobs::JobsState;
 use crate::api::{AppState, router};
+use crate::jobs::supervise::Supervisor;
+use crate::jobs::{Queues, consumer};
 use crate::config::Config;
 use crate::health::{PING_INTERVAL, RedisHealth};
 use crate::metrics::Metrics;
@@ -55,6 +61,9 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("http server: {0}")]
     Http(io::Error),
+    /// The Redis URL could not be used.
+    #[error("redis.url: {0}")]
+    Redis(rlvr_queue::store::StoreError),
     /// The current executable (needed to probe plugins) could not be found.
     #[error("cannot find the rlvrd executable to probe plugins with: {0}")]
     Exe(io::Error),
@@ -101,7 +110,33 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     tracing::info!(%addr, "api listening");
 
     let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));
-    let app = router(AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() });
+    let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
+    let queues = Queues::new(store, &config.queue);
+    // Cancelled first on shutdown: workers checkpoint, jobs are requeued, event streams end.
+    let stopping = CancellationToken::new();
+    let jobs_state = Arc::new(JobsState {
+        queues: queues.clone(),
+        registry: registry.clone(),
+        auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
+        stopping: stopping.clone(),
+    });
+    let app = router(
+        AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
+        jobs_state,
+        config.api.max_body_bytes as usize,
+    );
+    let supervisor = Arc::new(Supervisor::new(
+        queues.clone(),
+        std::env::current_exe().map_err(ServeError::Exe)?,
+        &state_dir,
+        dirs.clone(),
+        worker_threads(config.queue.worker_threads),
+        config.queue.max_crashes,
+        Duration::from_secs(config.queue.stop_timeout_s),
+        job_slots(&config),
+        stopping.clone(),
+    ));
+    let consumer = consumer::start(supervisor.clone(), &config.queue, stopping.clone());
     let server_shutdown = shutdown.clone();
     let mut server = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
@@ -150,8 +185,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         }
     };
 
-    tracing::info!("shutting down");
+    tracing::info!("shutting down: no new jobs; running ones checkpoint and are requeued");
     let _ = sd_notify::notify(&[NotifyState::Stopping]);
+    stopping.cancel();
+    // The supervisors give their workers queue.stop_timeout_s, then kill them; a little more
+    // for the requeue writes.
+    let drain = Duration::from_secs(config.queue.stop_timeout_s) + Duration::from_secs(10);
+    if tokio::time::timeout(drain, consumer.stopped()).await.is_err() {
+        tracing::warn!("jobs did not drain in time; their tasks come back to the next daemon");
+    }
     shutdown.cancel();
     if !server.is_finished() {
         match server.await {
@@ -162,6 +204,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let _ = std::fs::remove_file(state_dir.join(ADDR_FILE));
     outcome
+}
+
+/// libtorch threads per worker: `queue.worker_threads`, or every core.
+fn worker_threads(configured: u32) -> usize {
+    if configured > 0 {
+        configured as usize
+    } else {
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    }
+}
+
+/// Jobs run at once: one per configured GPU, else `devices.cpu_slots` (default 1).
+fn job_slots(config: &Config) -> usize {
+    if config.devices.gpus.is_empty() {
+        config.devices.cpu_slots.unwrap_or(1) as usize
+    } else {
+        config.devices.gpus.len()
+    }
 }
 
 fn write_addr_file(state_dir: &std::path::Path, addr: SocketAddr) -> io::Result<()> {

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 /// A whole job spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     pub job: JobSection,
@@ -44,6 +45,7 @@ pub struct JobSpec {
 
 /// `[job]`: who runs it and what it publishes to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobSection {
     pub name: String,
@@ -58,6 +60,7 @@ pub struct JobSection {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Priority {
     Low,
@@ -68,6 +71,7 @@ pub enum Priority {
 
 /// `[model]`: the policy to train and the frozen reference.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     /// A Hugging Face directory, or `builtin:tiny-arith`.
@@ -84,6 +88,7 @@ fn same() -> String {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     #[default]
@@ -93,20 +98,25 @@ pub enum Dtype {
 
 /// `[data]`: JSONL files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DataSection {
     /// Prompts with references (online methods), `{prompt, completion}` (SFT) or
     /// `{prompt, chosen, rejected}` (DPO).
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub train: PathBuf,
     /// Prompts with references, scored greedily with the job's verifiers.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub heldout: Option<PathBuf>,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub canaries: Option<PathBuf>,
 }
 
 /// `[optimizer]`: the plugin, the trainer's own keys, and the plugin's keys (the rest).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OptimizerSection {
     pub plugin: String,
     /// Completions per prompt.
@@ -137,6 +147,7 @@ pub struct OptimizerSection {
     pub micro_batch_size: u32,
     /// The plugin's own keys, passed to it as a JSON object.
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub options: Map<String, Value>,
 }
 
@@ -159,6 +170,7 @@ impl OptimizerSection {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LrSchedule {
     #[default]
@@ -169,6 +181,7 @@ pub enum LrSchedule {
 
 /// `[[verifiers]]` and `[curriculum]`: a plugin and its keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PluginSection {
     /// `name` (newest loaded) or `name@version`.
     pub plugin: String,
@@ -176,11 +189,13 @@ pub struct PluginSection {
     #[serde(default = "defaults::one_f")]
     pub weight: f64,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub options: Map<String, Value>,
 }
 
 /// `[rollout]`: sampling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSection {
     #[serde(default = "defaults::max_new_tokens")]
@@ -214,6 +229,7 @@ impl Default for RolloutSection {
 
 /// `[budget]`: when the job ends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSection {
     pub max_steps: u64,
@@ -225,6 +241,7 @@ pub struct BudgetSection {
 
 /// `[resources]`: what the job needs on each device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesSection {
     #[serde(default = "defaults::one")]
@@ -241,6 +258,7 @@ impl Default for ResourcesSection {
 
 /// `[stop]`: conditions checked every step (unset = not checked).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StopSection {
     pub kl_max: Option<f64>,
@@ -252,6 +270,7 @@ pub struct StopSection {
 
 /// `[gates]`: promotion criteria (design.md §6; unset = the daemon's default).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GatesSection {
     pub heldout_gain_min: Option<f64>,
@@ -264,8 +283,10 @@ pub struct GatesSection {
 
 /// `[publish]`: where a gated checkpoint goes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PublishSection {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub registry: PathBuf,
     #[serde(default)]
     pub webhook: Option<String>,
@@ -273,6 +294,7 @@ pub struct PublishSection {
 
 /// `[checkpoint]`: how often state is saved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSection {
     /// A checkpoint every this many steps, and always at the end.
@@ -288,6 +310,7 @@ impl Default for CheckpointSection {
 
 /// `[eval]`: held-out scoring during training.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EvalSection {
     /// Score the held-out set every this many steps; 0 = only before the first step and at the end.

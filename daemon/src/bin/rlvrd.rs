@@ -65,6 +65,9 @@ enum Command {
         /// for the same thread count: resume with the one the run started with.
         #[arg(long)]
         threads: Option<usize>,
+        /// Die with this process (the daemon passes its pid): SIGKILL when it exits.
+        #[arg(long, value_name = "PID")]
+        exit_with_parent: Option<u32>,
     },
     /// Write synthetic data sets for the built-in model (no download).
     Data {
@@ -152,8 +155,13 @@ fn main() -> ExitCode {
             device,
             verify_parallel,
             threads,
+            exit_with_parent,
         } => {
             logging::init(cli.log_format, "info");
+            if let Some(parent) = exit_with_parent {
+                rlvr_daemon::worker::lifecycle::exit_with_parent(parent);
+            }
+            rlvr_daemon::worker::lifecycle::install_stop_handlers();
             let run = || -> anyhow::Result<rlvr_daemon::worker::Outcome> {
                 let plugin_dirs =
                     config::plugin_dirs(config.as_deref(), plugin_dirs).map_err(anyhow::Error::msg)?;
@@ -174,7 +182,11 @@ fn main() -> ExitCode {
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
                 Ok(Ok(outcome)) => {
                     println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
-                    ExitCode::SUCCESS
+                    if outcome.interrupted {
+                        ExitCode::from(rlvr_daemon::worker::lifecycle::EXIT_INTERRUPTED)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
                 }
                 Ok(Err(error)) => {
                     eprintln!("rlvrd worker: {error:#}");

@@ -14,6 +14,7 @@
 
 pub mod data;
 pub mod eval;
+pub mod lifecycle;
 pub mod optim;
 pub mod reward;
 pub mod state;
@@ -69,6 +70,8 @@ pub struct Outcome {
     pub checkpoint: PathBuf,
     /// Why it ended before max_steps, if it did.
     pub stopped: Option<String>,
+    /// It stopped on a stop request (SIGTERM) with its state checkpointed: resume it to go on.
+    pub interrupted: bool,
 }
 
 /// Why a run could not start or go on. Each names the field or file at fault.
@@ -116,6 +119,9 @@ pub struct Job {
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
 pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
+    // Held until the process ends: no second worker runs this directory meanwhile.
+    let _lock = lifecycle::lock_run(&options.state_dir, RUN_LOCK_WAIT)
+        .map_err(|error| WorkerError::State { path: options.state_dir.clone(), message: error.to_string() })?;
     let spec_bytes = std::fs::read(&options.spec).map_err(|error| WorkerError::Spec {
         path: options.spec.clone(),
         message: format!("cannot read: {error}"),
@@ -454,6 +460,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     drive(&mut job, &dir, &mut train_state, &mut metrics_log, &mut rollouts_log)
 }
 
+/// How long a worker waits for the previous holder of its run lock to exit: the worker of a
+/// daemon that was killed dies within a second (PR_SET_PDEATHSIG, the parent watch).
+const RUN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Prefix of the temp directory holding a worker's content-addressed plugin copies, followed by
 /// the worker's pid and `-`.
 const PLUGIN_COPIES_PREFIX: &str = "rlvrd-worker-plugins-";
@@ -536,7 +546,13 @@ fn drive(
     let (first_step, loop_started) = (state.step, Instant::now());
     // The last step whose weights were scored on the held-out set in this process.
     let mut scored_step = None;
+    let mut interrupted = false;
     while state.step < max_steps {
+        if lifecycle::stop_requested() {
+            interrupted = true;
+            stopped = Some("stopped on request (SIGTERM) at a step boundary".to_owned());
+            break;
+        }
         if let Some(limit) = job.spec.budget.max_generated_tokens
             && state.tokens_generated >= limit
         {
@@ -581,7 +597,15 @@ fn drive(
             last_checkpoint = Some(checkpoint(job, dir, state, metrics_log, rollouts_log)?);
         }
     }
-    if stopped.is_some() && state.step > 0 {
+    if interrupted {
+        // Only a checkpoint: scoring or logging anything here would make the resumed run's logs
+        // differ from an uninterrupted one's.
+        let at = last_checkpoint.as_ref().and_then(|path| StateDir::checkpoint_step(path));
+        if state.step > 0 && at != Some(state.step) {
+            state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
+            last_checkpoint = Some(checkpoint(job, dir, state, metrics_log, rollouts_log)?);
+        }
+    } else if stopped.is_some() && state.step > 0 {
         // A budget ends the job between evaluations: score the weights it ends with, as the
         // last step does, so every job reports where it got to. Not when this process ran no
         // step (a resume of a job already stopped): that process scored them.
@@ -607,6 +631,7 @@ fn drive(
         heldout_after,
         checkpoint: last_checkpoint.unwrap_or_default(),
         stopped,
+        interrupted,
     })
 }
 
@@ -652,8 +677,8 @@ fn checkpoint(
     Ok(path)
 }
 
-/// Refuses a job whose optimizer does not fit its other parts.
-fn check_fit(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: String) -> Result<(), WorkerError> {
+/// Refuses a job whose optimizer does not fit its other parts (at start, and at submit).
+pub fn check_fit(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: String) -> Result<(), WorkerError> {
     let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
     if online && spec.verifiers.is_empty() {
         return Err(WorkerError::Plugin {
@@ -740,7 +765,7 @@ fn check_lengths(
 }
 
 /// What an optimizer plugin said it needs, from the registry's record of its info.
-fn optimizer_needs(meta: &crate::registry::PluginMeta) -> Option<OptimizerInfo> {
+pub fn optimizer_needs(meta: &crate::registry::PluginMeta) -> Option<OptimizerInfo> {
     let modes =
         [DataMode::OnlineGroups, DataMode::OnlineWithCritic, DataMode::OfflinePairs, DataMode::OfflineSft];
     let data_mode = modes.into_iter().find(|mode| meta.data_mode.as_deref() == Some(mode.as_str()))?;

@@ -115,6 +115,11 @@ impl StateDir {
         write_atomic(&self.job(), &serde_json::to_vec_pretty(job).map_err(io::Error::other)?)
     }
 
+    /// The step of a checkpoint directory (`step-00000010` → 10).
+    pub fn checkpoint_step(path: &Path) -> Option<u64> {
+        path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
+    }
+
     /// Makes `checkpoints/step-N` from a directory the caller filled (see [`StateDir::staging`]),
     /// points LATEST at it and removes checkpoints beyond [`KEEP_CHECKPOINTS`].
     pub fn commit_checkpoint(&self, staging: &Path, step: u64) -> io::Result<PathBuf> {

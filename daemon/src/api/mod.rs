@@ -1,7 +1,15 @@
-//! The HTTP API of `rlvrd serve` (axum) and its wire types, which `rlvrctl` reads too.
+//! The HTTP API of `rlvrd serve` (axum): exactly the routes of design.md §1.
 //!
-//! Routes so far: `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/plugins`. The job
-//! routes and per-team bearer tokens of design.md §1 come with the job lifecycle.
+//! - open: `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/plugins`,
+//!   `GET /v1/openapi.json`;
+//! - bearer token per team ([`auth`]): the job routes of [`jobs`].
+//!
+//! The job routes' wire types live in `rlvr_queue::job` (rlvrctl reads them too); the plugin
+//! listing's are here. The OpenAPI document is generated from the handlers' annotations and the
+//! types' derives ([`ApiDoc`]), so it cannot drift from the routes; a test compares the two.
+
+pub mod auth;
+pub mod jobs;
 
 use std::sync::Arc;
 
@@ -10,8 +18,10 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
+use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
+use utoipa::OpenApi;
 
 use crate::health::RedisHealth;
 use crate::metrics::Metrics;
@@ -28,17 +38,54 @@ pub struct AppState {
     pub redis: Arc<RedisHealth>,
 }
 
-/// The API's routes.
-pub fn router(state: AppState) -> Router {
+/// The API's routes; request bodies above `max_body_bytes` get 413.
+pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize) -> Router {
+    let job_routes = Router::new()
+        .route("/v1/jobs", get(jobs::list).post(jobs::submit))
+        .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
+        .route("/v1/jobs/{id}/events", get(jobs::events))
+        .with_state(jobs);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/plugins", get(plugins))
+        .route("/v1/openapi.json", get(openapi))
         .with_state(state)
+        .merge(job_routes)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+}
+
+/// The OpenAPI document of every route.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
+    paths(healthz, metrics, plugins, openapi, jobs::submit, jobs::list, jobs::show, jobs::cancel, jobs::events),
+    modifiers(&BearerAuth),
+    tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "daemon", description = "Health, metrics, plugins"))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// `GET /v1/openapi.json`.
+#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "This document")), tag = "daemon")]
+async fn openapi() -> impl IntoResponse {
+    Json(ApiDoc::openapi())
 }
 
 /// `GET /healthz`: always 200 while the daemon serves; `status` says whether all is well.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Health {
     /// `ok`, or `degraded` while Redis does not answer.
     pub status: String,
@@ -48,6 +95,7 @@ pub struct Health {
     pub plugins: usize,
 }
 
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health)), tag = "daemon")]
 async fn healthz(State(state): State<AppState>) -> Json<Health> {
     let (status, redis) = match state.redis.get() {
         Some(Ok(())) => ("ok", "ok".to_owned()),
@@ -57,12 +105,13 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
     Json(Health { status: status.to_owned(), redis, plugins: state.registry.plugins().len() })
 }
 
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")), tag = "daemon")]
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.encode())
 }
 
 /// A loaded plugin, as `GET /v1/plugins` lists it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct PluginView {
     /// `name@version`, what jobs pin.
     pub id: String,
@@ -110,7 +159,7 @@ impl From<&LoadedPlugin> for PluginView {
 }
 
 /// A refused library, as `GET /v1/plugins` lists it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct RefusedView {
     /// The file.
     pub source: String,
@@ -134,7 +183,7 @@ impl From<&Refused> for RefusedView {
 }
 
 /// `GET /v1/plugins`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct PluginList {
     /// Loaded plugins, by name then version.
     pub plugins: Vec<PluginView>,
@@ -152,6 +201,7 @@ impl PluginList {
     }
 }
 
+#[utoipa::path(get, path = "/v1/plugins", responses((status = 200, body = PluginList)), tag = "daemon")]
 async fn plugins(State(state): State<AppState>) -> Json<PluginList> {
     Json(PluginList::from_registry(&state.registry))
 }

@@ -1,0 +1,481 @@
+//! The job routes of design.md §1: submit, list, show, cancel, and follow a job's events.
+//!
+//! Every route needs a bearer token ([`super::auth`]); a team sees and cancels only its own jobs
+//! (another team's job is "not found", so ids leak nothing) and admins see all. Every refusal is
+//! `{"error": {"code", "message", "field"}}` with a 4xx status, and 503 while Redis is away.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use rlvr_queue::dispatch::new_task_id;
+use rlvr_queue::job::{ApiError, ErrorBody, FieldProblem, JobEvent, JobList, JobState, JobView, Submitted};
+use rlvr_queue::spec::{JobSpec, SpecError};
+use rlvr_queue::store::{CancelOutcome, StoreError, SubmitOutcome};
+use serde::Deserialize;
+
+use super::auth::{Auth, AuthError, Caller};
+use crate::jobs::{Queues, checks};
+use crate::registry::Registry;
+
+/// What the job routes share.
+pub struct JobsState {
+    pub queues: Queues,
+    pub registry: Arc<Registry>,
+    pub auth: Auth,
+    /// Cancelled when the daemon stops: event streams end so the server can.
+    pub stopping: tokio_util::sync::CancellationToken,
+}
+
+/// Longest `Idempotency-Key` accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 200;
+/// Most jobs one `GET /v1/jobs` returns.
+const MAX_LIST: usize = 1000;
+/// How often an event stream looks for new events and progress.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+/// A refused request.
+#[derive(Debug)]
+pub struct Failure {
+    status: StatusCode,
+    error: ApiError,
+    retry_after_s: Option<u64>,
+}
+
+impl Failure {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Failure {
+            status,
+            error: ApiError { code: code.to_owned(), message: message.into(), field: None, more: Vec::new() },
+            retry_after_s: None,
+        }
+    }
+
+    fn field(mut self, field: &str) -> Self {
+        if !field.is_empty() {
+            self.error.field = Some(field.to_owned());
+        }
+        self
+    }
+
+    /// A refused spec: the first problem in front, every one in `more`.
+    fn spec(status: StatusCode, code: &str, mut problems: Vec<SpecError>) -> Self {
+        let first = problems.remove(0);
+        let mut failure = Failure::new(status, code, first.to_string()).field(&first.field);
+        failure.error.more =
+            problems.into_iter().map(|p| FieldProblem { field: p.field, message: p.message }).collect();
+        failure
+    }
+
+    fn not_found(id: &str) -> Self {
+        Failure::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id} visible to this token"))
+    }
+}
+
+impl From<AuthError> for Failure {
+    fn from(error: AuthError) -> Self {
+        match error {
+            AuthError::Missing => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "expected an Authorization: Bearer <token> header",
+            ),
+            AuthError::Malformed => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "expected the Authorization header as Bearer <token>",
+            ),
+            AuthError::Unknown => {
+                Failure::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not in the daemon's config")
+            }
+            AuthError::RateLimited { retry_after_s } => {
+                let mut failure = Failure::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!("this team's request rate is over api.rate_limit_per_minute; retry in {retry_after_s} s"),
+                );
+                failure.retry_after_s = Some(retry_after_s);
+                failure
+            }
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(id) => Failure::not_found(&id),
+            StoreError::Conflict { .. } => Failure::new(StatusCode::CONFLICT, "conflict", error.to_string()),
+            StoreError::Redis(_) => Failure::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_unavailable",
+                format!("the job store does not answer ({error}); retry shortly"),
+            )
+            .retry(2),
+            StoreError::Corrupt { .. } => {
+                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", error.to_string())
+            }
+        }
+    }
+}
+
+impl Failure {
+    fn retry(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(ErrorBody { error: self.error })).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+type Answer<T> = Result<T, Failure>;
+
+/// `POST /v1/jobs`: a job spec as JSON, or TOML with `Content-Type: application/toml`.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    request_body(content = JobSpec, description = "The job spec (design.md §1), as JSON or as TOML with Content-Type: application/toml"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key (within 24 h) gets the same job")),
+    responses(
+        (status = 201, description = "Queued", body = Submitted),
+        (status = 200, description = "The job an earlier submit with this Idempotency-Key made", body = Submitted),
+        (status = 400, description = "Not a spec (syntax, types, unknown fields)", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 409, description = "Idempotency-Key reused for another spec", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "A spec that cannot run here (values, plugins, files)", body = ErrorBody),
+        (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn submit(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer<(StatusCode, Json<Submitted>)> {
+    let caller = state.auth.check(&headers)?;
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" };
+        Failure::new(status, code, format!("{} (api.max_body_bytes sets the limit)", rejection.body_text()))
+    })?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let is_toml = content_type.starts_with("application/toml") || content_type.starts_with("text/toml");
+    let parsed = if is_toml { JobSpec::from_toml(text) } else { JobSpec::from_json(text) };
+    let spec = parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
+    spec.validate().map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
+    if !caller.may_act_for(&spec.job.team) {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token submits for team {:?}, not {:?}", caller.team, spec.job.team),
+        )
+        .field("job.team"));
+    }
+    let idempotency_key = idempotency_key(&headers)?;
+    let registry = state.registry.clone();
+    let checked = spec.clone();
+    // Reads files and the registry: off the async threads.
+    let problems = tokio::task::spawn_blocking(move || checks::check_runnable(&checked, &registry))
+        .await
+        .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
+    if !problems.is_empty() {
+        return Err(Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems));
+    }
+
+    let id = new_task_id();
+    let task_id = new_task_id();
+    let store = &state.queues.store;
+    match store.submit(&id, &task_id, &spec, idempotency_key.as_deref()).await? {
+        SubmitOutcome::Created { id, task_id } => {
+            // The record holds the task id: if this push fails, the daemon's sweep pushes it.
+            if let Err(error) = state.queues.enqueue(&id, &task_id, spec.job.priority).await {
+                tracing::warn!(job = %id, %error, "dispatch push failed; the recovery sweep will push it");
+            }
+            tracing::info!(job = %id, team = %spec.job.team, name = %spec.job.name, "job submitted");
+            Ok((StatusCode::CREATED, Json(Submitted { id, created: true })))
+        }
+        SubmitOutcome::Existing { id } => {
+            let earlier = store.spec(&id).await?;
+            if earlier != spec {
+                return Err(Failure::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_reused",
+                    format!("this Idempotency-Key made job {id} from a different spec; use a new key"),
+                )
+                .field("Idempotency-Key"));
+            }
+            Ok((StatusCode::OK, Json(Submitted { id, created: false })))
+        }
+    }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Answer<Option<String>> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value.to_str().ok().filter(|key| {
+        !key.is_empty() && key.len() <= MAX_IDEMPOTENCY_KEY && key.bytes().all(|b| b.is_ascii_graphic())
+    });
+    match key {
+        Some(key) => Ok(Some(key.to_owned())),
+        None => Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "bad_header",
+            format!("expected 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters without spaces"),
+        )
+        .field("Idempotency-Key")),
+    }
+}
+
+/// `GET /v1/jobs` filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this team's jobs (admins; a team token always sees its own).
+    team: Option<String>,
+    /// Only jobs in this state.
+    state: Option<String>,
+    /// At most this many, newest first (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/jobs`: the caller's jobs, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    params(ListQuery),
+    responses((status = 200, body = JobList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn list(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer<Json<JobList>> {
+    let caller = state.auth.check(&headers)?;
+    let Query(query) = query.map_err(|rejection| {
+        Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text())
+    })?;
+    let wanted_state = query
+        .state
+        .as_deref()
+        .map(str::parse::<JobState>)
+        .transpose()
+        .map_err(|message| Failure::new(StatusCode::BAD_REQUEST, "bad_query", message).field("state"))?;
+    let team = match (&query.team, caller.admin) {
+        (Some(team), true) => Some(team.clone()),
+        (None, true) => None,
+        (Some(team), false) if *team != caller.team => {
+            return Err(Failure::new(StatusCode::FORBIDDEN, "forbidden", "a team token lists only its own team")
+                .field("team"));
+        }
+        _ => Some(caller.team.clone()),
+    };
+    let limit = query.limit.unwrap_or(100).clamp(1, MAX_LIST);
+    // A state filter reads further back so that `limit` matching jobs can be found.
+    let scan = if wanted_state.is_some() { MAX_LIST * 10 } else { limit };
+    let mut jobs = state.queues.store.list(team.as_deref(), scan).await?;
+    if let Some(wanted) = wanted_state {
+        jobs.retain(|job| job.state == wanted);
+    }
+    jobs.truncate(limit);
+    Ok(Json(JobList { jobs }))
+}
+
+/// `GET /v1/jobs/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, body = JobView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn show(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer<Json<JobView>> {
+    let caller = state.auth.check(&headers)?;
+    Ok(Json(visible_job(&state, &caller, &id).await?))
+}
+
+async fn visible_job(state: &JobsState, caller: &Caller, id: &str) -> Answer<JobView> {
+    if !valid_id(id) {
+        return Err(Failure::not_found(id));
+    }
+    let job = state.queues.store.get(id).await?;
+    if !caller.may_act_for(&job.team) {
+        return Err(Failure::not_found(id));
+    }
+    Ok(job)
+}
+
+/// Job ids are ULIDs: anything else is no job (and never becomes a Redis key).
+fn valid_id(id: &str) -> bool {
+    id.len() == 26 && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// `DELETE /v1/jobs/{id}`: cancel. A waiting job is cancelled at once; a running one when its
+/// daemon has stopped the worker (within a step).
+#[utoipa::path(
+    delete,
+    path = "/v1/jobs/{id}",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Cancelled, or being cancelled (cancel_requested)", body = JobView),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "It had ended already", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn cancel(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer<Json<JobView>> {
+    let caller = state.auth.check(&headers)?;
+    visible_job(&state, &caller, &id).await?;
+    let reason = format!("cancelled by team {}", caller.team);
+    match state.queues.store.cancel(&id, &reason).await? {
+        CancelOutcome::Cancelled | CancelOutcome::Requested => {
+            tracing::info!(job = %id, by = %caller.team, "cancel");
+            Ok(Json(state.queues.store.get(&id).await?))
+        }
+        CancelOutcome::AlreadyEnded(ended) => Err(Failure::new(
+            StatusCode::CONFLICT,
+            "already_ended",
+            format!("job {id} has ended already: {ended}"),
+        )),
+    }
+}
+
+/// `GET /v1/jobs/{id}/events` filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events after this event id (as the `Last-Event-ID` header).
+    after: Option<String>,
+}
+
+/// `GET /v1/jobs/{id}/events`: server-sent events. `state` events (a [`JobEvent`]) from the first
+/// one (or after `Last-Event-ID`), `progress` events (the [`JobView`]) when the step or figures
+/// change; the stream ends after the job's final state.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/events",
+    params(("id" = String, Path, description = "Job id"), EventsQuery),
+    responses(
+        (status = 200, description = "text/event-stream of `state` (JobEvent) and `progress` (JobView) events", content_type = "text/event-stream", body = JobEvent),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn events(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let caller = state.auth.check(&headers)?;
+    let Query(query) = query.map_err(|rejection| {
+        Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text())
+    })?;
+    visible_job(&state, &caller, &id).await?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or(query.after)
+        .unwrap_or_else(|| "0".to_owned());
+    if !valid_stream_id(&after) {
+        return Err(Failure::new(StatusCode::BAD_REQUEST, "bad_query", "expected an event id like 1700000000000-0")
+            .field("after"));
+    }
+    let follower = Follower { state, id, after, last_progress: None, pending: Vec::new(), ended: false };
+    let stream = futures::stream::unfold(follower, |mut follower| async move {
+        let event = follower.next().await?;
+        Some((Ok(event), follower))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))))
+}
+
+fn valid_stream_id(id: &str) -> bool {
+    let mut parts = id.splitn(2, '-');
+    let ms = parts.next().unwrap_or("");
+    let seq = parts.next().unwrap_or("0");
+    !ms.is_empty() && ms.len() <= 20 && ms.bytes().all(|b| b.is_ascii_digit()) && seq.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Follows one job for an event stream.
+struct Follower {
+    state: Arc<JobsState>,
+    id: String,
+    after: String,
+    /// `(step, updated_at)` of the last progress sent.
+    last_progress: Option<(u64, String)>,
+    pending: Vec<JobEvent>,
+    ended: bool,
+}
+
+impl Follower {
+    /// The next event to send; `None` ends the stream (after the final state).
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.pop() {
+                self.after = event.id.clone();
+                if event.state.is_terminal() {
+                    self.ended = true;
+                }
+                let data = serde_json::to_string(&event).unwrap_or_default();
+                return Some(Event::default().event("state").id(event.id).data(data));
+            }
+            if self.ended {
+                return None;
+            }
+            // Redis errors end nothing: the client keeps its stream, and we try again.
+            if let Ok(mut events) = self.state.queues.store.events(&self.id, &self.after).await
+                && !events.is_empty()
+            {
+                events.reverse();
+                self.pending = events;
+                continue;
+            }
+            if let Ok(job) = self.state.queues.store.get(&self.id).await
+                && job.state == JobState::Running
+            {
+                let mark = (job.step, job.updated_at.clone());
+                if self.last_progress.as_ref() != Some(&mark) {
+                    self.last_progress = Some(mark);
+                    let data = serde_json::to_string(&job).unwrap_or_default();
+                    return Some(Event::default().event("progress").data(data));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                _ = self.state.stopping.cancelled() => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
+//! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
+//! other and the data (the same rules the worker applies at start, [`worker::check_fit`]), the
+//! files it names are readable by the daemon, and its budget is sane.
+
+use std::path::Path;
+
+use rlvr_plugin_api::{DataMode, PluginKind};
+use rlvr_queue::spec::{JobSpec, SpecError};
+
+use crate::registry::Registry;
+use crate::worker::{self, WorkerError};
+
+/// Longest wall-clock budget a job may ask for: 30 days.
+const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
+/// Largest per-device memory a job may ask for, in GB.
+const MAX_MEMORY_GB: f64 = 4096.0;
+
+/// Every problem found, each naming its field.
+pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
+    let mut problems = Vec::new();
+    let mut problem = |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
+
+    // Plugins: loaded, and of the right kind.
+    let find = |name: &str, kind: PluginKind| {
+        registry.find(name, Some(kind)).map_err(|error| {
+            let known: Vec<String> = registry
+                .plugins()
+                .iter()
+                .filter(|plugin| plugin.meta.kind == kind)
+                .map(|plugin| plugin.id())
+                .collect();
+            format!("{error}; loaded {} plugins: {}", kind.as_str(), if known.is_empty() { "none".into() } else { known.join(", ") })
+        })
+    };
+    let optimizer = match find(&spec.optimizer.plugin, PluginKind::Optimizer) {
+        Ok(plugin) => Some(plugin),
+        Err(message) => {
+            problem("optimizer.plugin", message);
+            None
+        }
+    };
+    for (i, verifier) in spec.verifiers.iter().enumerate() {
+        if let Err(message) = find(&verifier.plugin, PluginKind::Verifier) {
+            problem(&format!("verifiers[{i}].plugin"), message);
+        }
+    }
+    if let Some(curriculum) = &spec.curriculum
+        && let Err(message) = find(&curriculum.plugin, PluginKind::Curriculum)
+    {
+        problem("curriculum.plugin", message);
+    }
+
+    // The optimizer's needs against the rest of the spec.
+    if let Some(optimizer) = &optimizer {
+        match worker::optimizer_needs(&optimizer.meta) {
+            None => problem("optimizer.plugin", format!("{} reports no data mode this daemon knows", optimizer.id())),
+            Some(info) => {
+                if let Err(WorkerError::Plugin { field, message }) = worker::check_fit(spec, &info, optimizer.id()) {
+                    problem(&field, message);
+                }
+                let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
+                if spec.curriculum.is_some() && !online {
+                    problem(
+                        "curriculum",
+                        format!("a curriculum chooses prompts of online training; {} trains offline", optimizer.id()),
+                    );
+                }
+            }
+        }
+    }
+    if spec.data.heldout.is_some() && spec.verifiers.is_empty() {
+        problem("verifiers", "data.heldout is scored with the job's verifiers; name at least one".into());
+    }
+
+    // Files the worker will read, as the daemon's user.
+    readable_file(&mut problem, "data.train", &spec.data.train);
+    if let Some(path) = &spec.data.heldout {
+        readable_file(&mut problem, "data.heldout", path);
+    }
+    if let Some(path) = &spec.data.canaries {
+        readable_file(&mut problem, "data.canaries", path);
+    }
+    model_source(&mut problem, "model.policy", &spec.model.policy);
+    if spec.model.reference != "same" {
+        model_source(&mut problem, "model.reference", &spec.model.reference);
+    }
+    if let Some(publish) = &spec.publish
+        && !publish.registry.is_absolute()
+    {
+        problem("publish.registry", format!("expected an absolute path, got {:?}", publish.registry.display().to_string()));
+    }
+
+    // Budgets and resources within what a daemon can honour.
+    if let Some(minutes) = spec.budget.max_wall_minutes
+        && minutes > MAX_WALL_MINUTES
+    {
+        problem("budget.max_wall_minutes", format!("expected at most {MAX_WALL_MINUTES} (30 days), got {minutes}"));
+    }
+    if spec.resources.memory_gb > MAX_MEMORY_GB {
+        problem(
+            "resources.memory_gb",
+            format!("expected at most {MAX_MEMORY_GB} GB per device, got {}", spec.resources.memory_gb),
+        );
+    }
+    problems
+}
+
+fn readable_file(problem: &mut impl FnMut(&str, String), field: &str, path: &Path) {
+    if !path.is_absolute() {
+        problem(field, format!("expected an absolute path (the daemon's working directory is not yours), got {:?}", path.display().to_string()));
+        return;
+    }
+    match std::fs::File::open(path).and_then(|file| file.metadata()) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => problem(field, format!("{} is not a file", path.display())),
+        Err(error) => problem(field, format!("the daemon cannot read {}: {error}", path.display())),
+    }
+}
+
+fn model_source(problem: &mut impl FnMut(&str, String), field: &str, source: &str) {
+    if source.starts_with("builtin:") {
+        if rlvr_trainer::builtin::parse_source(source).is_none() {
+            let name = rlvr_trainer::builtin::NAME;
+            problem(field, format!("expected {name} or {name}?seed=N, got {source:?}"));
+        }
+        return;
+    }
+    let dir = Path::new(source);
+    if !dir.is_absolute() {
+        problem(field, format!("expected builtin:NAME or an absolute directory, got {source:?}"));
+        return;
+    }
+    let config = dir.join("config.json");
+    if let Err(error) = std::fs::File::open(&config) {
+        problem(field, format!("expected a Hugging Face model directory; cannot read {}: {error}", config.display()));
+    }
+}

@@ -1,0 +1,151 @@
+//! Fetches dispatch tasks off the per-priority queues (apalis-redis) and hands each to the
+//! supervisor, which holds the task until the job ends or is requeued.
+//!
+//! design.md §4, edge by edge:
+//! - **Poll interval**: a push lands in the backend's scheduled set; an idle worker sees it at its
+//!   next poll, every `queue.poll_interval_ms` (`poll_with_interval`).
+//! - **Unique worker names**: `<host>-<pid>-<start ms>-<priority>`, new for every (re)start, so a
+//!   restart within the heartbeat window registers.
+//! - **No blocking in handlers**: the handler only awaits (the worker is a child process; file
+//!   reads of the gate run on `spawn_blocking`), so heartbeats never stop while a job trains.
+//! - **Crash counter and one retry policy**: in [`super::supervise`]; the handler always
+//!   returns `Ok` and the backend retries nothing.
+//! - **Recovery sweep** ([`sweep`]): at start and every [`SWEEP_INTERVAL`], a queued job whose
+//!   current task the backend does not hold (a daemon killed between recording a job and pushing
+//!   its task) is pushed again.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use apalis_core::backend::ext::BackendExt;
+use apalis_core::error::BoxDynError;
+use apalis_core::task::data::Data;
+use apalis_core::task::task_id::TaskId;
+use apalis_core::worker::builder::WorkerBuilder;
+use apalis_redis::RedisStorage;
+use rlvr_queue::dispatch::{DispatchTask, PRIORITIES};
+use rlvr_queue::job::JobState;
+use rlvr_queue::spec::Priority;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::supervise::{Supervisor, priority_of};
+use crate::config::QueueConfig;
+
+/// How often queued jobs are checked for a missing dispatch task.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The running consumers; [`Consumer::stopped`] resolves when every one has drained.
+pub struct Consumer {
+    tasks: JoinSet<()>,
+}
+
+impl Consumer {
+    /// Waits until every queue's worker has stopped and its handlers have returned.
+    pub async fn stopped(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Starts one apalis worker per priority class, and the recovery sweep, until `stopping`.
+pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: CancellationToken) -> Consumer {
+    let mut tasks = JoinSet::new();
+    let poll = Duration::from_millis(config.poll_interval_ms);
+    let in_flight = supervisor.slots_total();
+    for priority in PRIORITIES {
+        let supervisor = supervisor.clone();
+        let stopping = stopping.clone();
+        tasks.spawn(async move { consume(priority, supervisor, poll, in_flight, stopping).await });
+    }
+    let sweeper = supervisor.clone();
+    let sweep_stop = stopping.clone();
+    tasks.spawn(async move {
+        loop {
+            if let Err(error) = sweep(&sweeper).await {
+                warn!(%error, "recovery sweep failed; trying again later");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
+                _ = sweep_stop.cancelled() => return,
+            }
+        }
+    });
+    Consumer { tasks }
+}
+
+/// Runs the worker of one queue, rebuilding it (with a new name) whenever it stops on an error,
+/// e.g. Redis going away; returns when `stopping` fires and its handlers have returned.
+async fn consume(
+    priority: Priority,
+    supervisor: Arc<Supervisor>,
+    poll: Duration,
+    in_flight: usize,
+    stopping: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(200);
+    while !stopping.is_cancelled() {
+        let name = worker_name(priority);
+        let config = supervisor.queues.backend_config(priority).batch_size(in_flight.max(1));
+        let storage = RedisStorage::<DispatchTask, _>::new(supervisor.queues.store.connection()).with_config(config);
+        let worker = WorkerBuilder::new(name.clone())
+            .backend(storage.poll_with_interval(poll))
+            .data(supervisor.clone())
+            .layer(tower::limit::ConcurrencyLimitLayer::new(in_flight.max(1)))
+            .build(handle);
+        info!(worker = %name, queue = rlvr_queue::dispatch::queue_name(priority), "consuming");
+        let stop = stopping.clone();
+        let outcome = worker.run_until(async move {
+            stop.cancelled().await;
+            Ok::<(), std::io::Error>(())
+        }).await;
+        match outcome {
+            Ok(()) => return,
+            Err(error) => {
+                warn!(worker = %name, %error, "queue worker stopped; restarting it");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stopping.cancelled() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// The handler: the job runs to its end (or a requeue) under this task; never an error, so the
+/// backend completes the task and retries nothing.
+async fn handle(task: DispatchTask, id: TaskId, supervisor: Data<Arc<Supervisor>>) -> Result<(), BoxDynError> {
+    supervisor.handle(task.job_id, id.to_string()).await;
+    Ok(())
+}
+
+/// `<host>-<pid>-<start ms>-<priority>`: unique per process and start.
+fn worker_name(priority: Priority) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = host.trim();
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let class = rlvr_queue::dispatch::queue_name(priority).rsplit(':').next().unwrap_or("normal");
+    format!("{}-{}-{ms}-{class}", if host.is_empty() { "host" } else { host }, std::process::id())
+}
+
+/// Pushes again the task of every queued job whose task the backend does not hold.
+pub async fn sweep(supervisor: &Supervisor) -> Result<usize, rlvr_queue::store::StoreError> {
+    let store = &supervisor.queues.store;
+    let mut pushed = 0;
+    for id in store.ids_in_state(JobState::Queued, usize::MAX).await? {
+        let Some(task_id) = store.task_id(&id).await? else { continue };
+        let job = store.get(&id).await?;
+        let priority = priority_of(&job);
+        if supervisor.queues.task_exists(&task_id, priority).await? {
+            continue;
+        }
+        warn!(job = %id, task = %task_id, "queued job without its dispatch task; pushing it again");
+        if let Err(error) = supervisor.queues.enqueue(&id, &task_id, priority).await {
+            warn!(job = %id, %error, "cannot push it yet");
+        } else {
+            pushed += 1;
+        }
+    }
+    Ok(pushed)
+}

@@ -1,0 +1,64 @@
+//! The job lifecycle on the daemon's side: submit-time checks, the dispatch queues, and the
+//! supervision of each job's worker process from admission to its end.
+//!
+//! - [`checks`]: what `POST /v1/jobs` checks beyond the spec (plugins, files, budgets).
+//! - [`Queues`] (here): the job store plus the per-priority dispatch queues; every (re)queue of a
+//!   job goes through [`Queues::enqueue`].
+//! - [`supervise`]: one job's run — admission, the worker process, progress, cancel, requeue,
+//!   crash counting and dead letters.
+//! - [`consumer`]: the apalis workers that fetch dispatch tasks and hand them to `supervise`.
+//! - [`gate`]: the end of training — evaluation against the job's gates, and publishing.
+
+pub mod checks;
+pub mod consumer;
+pub mod gate;
+pub mod supervise;
+
+use std::time::Duration;
+
+use rlvr_queue::dispatch::{self, DispatchError};
+use rlvr_queue::spec::Priority;
+use rlvr_queue::store::JobStore;
+
+use crate::config::QueueConfig;
+
+/// The job records and the dispatch queues of one Redis.
+#[derive(Clone)]
+pub struct Queues {
+    /// Job records, events, idempotency keys, dead letters.
+    pub store: JobStore,
+    heartbeat: Duration,
+    missed_heartbeats: usize,
+}
+
+impl Queues {
+    /// Over `store`, with the heartbeat settings of `[queue]`.
+    pub fn new(store: JobStore, config: &QueueConfig) -> Self {
+        Queues {
+            store,
+            heartbeat: Duration::from_millis(config.heartbeat_ms),
+            missed_heartbeats: config.missed_heartbeats as usize,
+        }
+    }
+
+    /// The backend settings of a priority class's queue.
+    pub fn backend_config(&self, priority: Priority) -> apalis_redis::Config {
+        dispatch::config(priority, self.heartbeat, self.missed_heartbeats)
+    }
+
+    /// Pushes the dispatch task `task_id` of job `id` (already recorded in the job).
+    pub async fn enqueue(&self, id: &str, task_id: &str, priority: Priority) -> Result<(), DispatchError> {
+        let config = self.backend_config(priority);
+        dispatch::push(&mut self.store.connection(), &config, &[(id.to_owned(), task_id.to_owned())]).await
+    }
+
+    /// Whether the backend still holds dispatch task `task_id` (pending, scheduled or running).
+    pub async fn task_exists(&self, task_id: &str, priority: Priority) -> Result<bool, redis::RedisError> {
+        let config = self.backend_config(priority);
+        redis::cmd("HEXISTS")
+            .arg(config.job_data_hash())
+            .arg(task_id)
+            .query_async(&mut self.store.connection())
+            .await
+    }
+}

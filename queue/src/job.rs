@@ -1,0 +1,245 @@
+//! A job's life: its states, which changes are allowed, and the wire types the API and `rlvrctl`
+//! share (design.md §1).
+//!
+//! ```text
+//! queued → admitted → running(step k of N) → evaluating → published | refused
+//!    ↑         │            │      │
+//!    └─ preempted ←─────────┘      └→ failed | cancelled      (and queued → cancelled, …)
+//! ```
+//! Everything here is pure; `store` applies it to Redis atomically.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Accepted and waiting for a daemon to take it.
+    Queued,
+    /// Taken by a daemon and given its devices; the worker is starting.
+    Admitted,
+    /// The worker is training (`step` of `max_steps`).
+    Running,
+    /// Training ended; the candidate is being gated.
+    Evaluating,
+    /// Passed its gates; the checkpoint is in the registry.
+    Published,
+    /// Trained, but its gates refused the checkpoint.
+    Refused,
+    /// Could not run or go on; `reason` says why.
+    Failed,
+    /// Cancelled by its team or an admin.
+    Cancelled,
+    /// Stopped at a checkpoint to make room (or because the daemon stopped); goes back to `queued`.
+    Preempted,
+}
+
+impl JobState {
+    /// Every state, in life order.
+    pub const ALL: [JobState; 9] = [
+        JobState::Queued,
+        JobState::Admitted,
+        JobState::Running,
+        JobState::Evaluating,
+        JobState::Published,
+        JobState::Refused,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Preempted,
+    ];
+
+    /// The name on the wire and in Redis.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Admitted => "admitted",
+            JobState::Running => "running",
+            JobState::Evaluating => "evaluating",
+            JobState::Published => "published",
+            JobState::Refused => "refused",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Preempted => "preempted",
+        }
+    }
+
+    /// An end: nothing happens to the job any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Published | JobState::Refused | JobState::Failed | JobState::Cancelled)
+    }
+
+    /// Whether a daemon holds the job (it has, or is about to have, a worker).
+    pub fn is_active(self) -> bool {
+        matches!(self, JobState::Admitted | JobState::Running | JobState::Evaluating)
+    }
+
+    /// The states a job may come from to enter `self`. The store refuses any other change, so two
+    /// daemons (or a daemon and a cancel) racing on one job cannot both win.
+    pub fn allowed_from(self) -> &'static [JobState] {
+        use JobState::*;
+        match self {
+            Queued => &[Preempted, Admitted, Running],
+            Admitted => &[Queued],
+            Running => &[Admitted, Running],
+            Evaluating => &[Running],
+            Published | Refused => &[Evaluating],
+            Failed => &[Queued, Admitted, Running, Evaluating, Preempted],
+            Cancelled => &[Queued, Admitted, Running, Evaluating, Preempted],
+            Preempted => &[Admitted, Running],
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        JobState::ALL.into_iter().find(|state| state.as_str() == text).ok_or_else(|| {
+            format!(
+                "expected one of {}, got {text:?}",
+                JobState::ALL.map(JobState::as_str).join(", ")
+            )
+        })
+    }
+}
+
+/// A job as the API shows it (`GET /v1/jobs/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobView {
+    pub id: String,
+    pub team: String,
+    pub name: String,
+    pub model_line: String,
+    /// `low`, `normal` or `high`.
+    pub priority: String,
+    pub state: JobState,
+    /// Steps done.
+    pub step: u64,
+    pub max_steps: u64,
+    /// Why it is in this state (empty when nothing needs saying).
+    pub reason: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339, the last change of state or progress.
+    pub updated_at: String,
+    /// Times a worker of this job died without ending it (dead-lettered at the daemon's limit).
+    pub crashes: u32,
+    /// A cancel was asked for and the daemon is stopping the worker.
+    pub cancel_requested: bool,
+    /// The latest step's figures (reward, KL, tokens/s, ETA, …), when training has begun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub progress: Option<Value>,
+    /// The latest held-out score, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<f64>,
+    /// How training ended (steps, weights hash, held-out before and after, checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub result: Option<Value>,
+}
+
+/// One change of state, as stored on the job's event stream and sent over server-sent events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobEvent {
+    /// The stream entry id (`<ms>-<seq>`); pass it as `Last-Event-ID` to resume.
+    pub id: String,
+    /// RFC 3339.
+    pub at: String,
+    pub state: JobState,
+    pub reason: String,
+    pub step: u64,
+}
+
+/// `POST /v1/jobs` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Submitted {
+    pub id: String,
+    /// `false` when an earlier submit with the same `Idempotency-Key` made the job.
+    pub created: bool,
+}
+
+/// `GET /v1/jobs` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobList {
+    /// Newest first.
+    pub jobs: Vec<JobView>,
+}
+
+/// Every error of the API: `{"error": {...}}` with a 4xx or 5xx status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    pub error: ApiError,
+}
+
+/// What went wrong, and where.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApiError {
+    /// Stable, for programs: `invalid_spec`, `unauthorized`, `not_found`, …
+    pub code: String,
+    pub message: String,
+    /// The field at fault (`rollout.top_p`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Every other problem found at once (a spec with several faults).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more: Vec<FieldProblem>,
+}
+
+/// One more problem of a refused spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FieldProblem {
+    pub field: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_are_refused_with_the_list() {
+        for state in JobState::ALL {
+            assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
+            assert_eq!(serde_json::to_string(&state).unwrap(), format!("\"{state}\""));
+        }
+        let error = "done".parse::<JobState>().unwrap_err();
+        assert!(error.contains("queued, admitted"), "{error}");
+    }
+
+    #[test]
+    fn ends_are_final_and_every_state_but_queued_is_reached_from_somewhere() {
+        for state in JobState::ALL {
+            for from in state.allowed_from() {
+                assert!(!from.is_terminal(), "{from} → {state}: an end must stay an end");
+            }
+        }
+        // The life of design.md §1, step by step.
+        let life = [JobState::Queued, JobState::Admitted, JobState::Running, JobState::Evaluating];
+        for pair in life.windows(2) {
+            assert!(pair[1].allowed_from().contains(&pair[0]), "{} → {}", pair[0], pair[1]);
+        }
+        assert!(JobState::Published.allowed_from().contains(&JobState::Evaluating));
+        assert!(JobState::Queued.allowed_from().contains(&JobState::Preempted));
+        assert!(JobState::Preempted.allowed_from().contains(&JobState::Running));
+        assert!(!JobState::Running.allowed_from().contains(&JobState::Queued), "admission comes first");
+        assert!(!JobState::Published.allowed_from().contains(&JobState::Running), "gates come first");
+    }
+}

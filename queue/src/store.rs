@@ -1,0 +1,489 @@
+//! Jobs on Redis: the record of each job, its event stream, the per-team index, idempotency keys
+//! and the dead-letter set. This record is the truth about a job; the dispatch queue (apalis,
+//! `dispatch`) only carries job ids to the daemons that run them.
+//!
+//! Every change of state is one Lua script: it checks the current state against
+//! [`JobState::allowed_from`], writes the new one and appends the event, atomically. Two daemons,
+//! or a daemon and a cancel, racing on one job cannot both win.
+//!
+//! Keys (all under `rlvr:`):
+//! - `job:{id}` hash — the record (fields below, `F_*`);
+//! - `events:{id}` stream — one entry per change of state: `state`, `reason`, `step`, `at` (ms);
+//! - `jobs` and `team:{team}:jobs` sorted sets — ids by creation time (ms);
+//! - `idem:{team}:{key}` string with a TTL — the job id a submit with that `Idempotency-Key` made;
+//! - `dead` sorted set — dead-lettered job ids by time.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value as RedisValue};
+use serde_json::Value;
+
+use crate::job::{JobEvent, JobState, JobView};
+use crate::spec::JobSpec;
+
+/// How long an `Idempotency-Key` is remembered: a client may retry a submit for a day.
+pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+const PREFIX: &str = "rlvr";
+const F_STATE: &str = "state";
+const F_REASON: &str = "reason";
+const F_STEP: &str = "step";
+const F_UPDATED: &str = "updated_at";
+const F_CREATED: &str = "created_at";
+const F_SPEC: &str = "spec";
+const F_TASK: &str = "task_id";
+const F_CRASHES: &str = "crashes";
+const F_CANCEL: &str = "cancel";
+const F_PROGRESS: &str = "progress";
+const F_HELDOUT: &str = "heldout";
+const F_RESULT: &str = "result";
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis did not answer or refused the command.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// No job has this id.
+    #[error("no job {0}")]
+    NotFound(String),
+    /// The job is not in a state the change may come from.
+    #[error("job {id} is {current}; cannot become {wanted}")]
+    Conflict {
+        /// The job.
+        id: String,
+        /// Its state now.
+        current: JobState,
+        /// The state asked for.
+        wanted: JobState,
+    },
+    /// A record in Redis that this version cannot read (written by hand, or by a newer version).
+    #[error("job {id}: field {field}: {message}")]
+    Corrupt {
+        /// The job.
+        id: String,
+        /// The hash field.
+        field: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The job was waiting: it is cancelled now.
+    Cancelled,
+    /// A daemon runs it: it is told to stop its worker, and the job ends `cancelled` when it has.
+    Requested,
+    /// It had ended already, in this state.
+    AlreadyEnded(JobState),
+}
+
+/// What a submit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    /// A new job, with the dispatch task id to push.
+    Created { id: String, task_id: String },
+    /// The `Idempotency-Key` was used before, for this job.
+    Existing { id: String },
+}
+
+/// The job records on one Redis.
+#[derive(Clone)]
+pub struct JobStore {
+    conn: ConnectionManager,
+}
+
+impl JobStore {
+    /// A store over `conn` (a `ConnectionManager` reconnects by itself after Redis comes back).
+    pub fn new(conn: ConnectionManager) -> Self {
+        JobStore { conn }
+    }
+
+    /// A store for `url` that connects on first use and reconnects by itself (with backoff)
+    /// whenever Redis comes back: a daemon starts, and stays up, while Redis is away.
+    pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(2);
+        Ok(JobStore::new(ConnectionManager::new_lazy_with_config(client, config)?))
+    }
+
+    /// The connection, for callers that push to the dispatch queue over the same one.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Records a new job (state `queued`, its first event) and returns its ids; or, when
+    /// `idempotency_key` was used by this team within [`IDEMPOTENCY_TTL`], the job it made then.
+    /// The caller pushes `task_id` to the dispatch queue next; `queued_without_task` finds jobs
+    /// whose push never happened (a daemon killed between the two).
+    pub async fn submit(
+        &self,
+        id: &str,
+        task_id: &str,
+        spec: &JobSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<SubmitOutcome, StoreError> {
+        static SUBMIT: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(
+                r#"
+-- KEYS: job hash, events stream, all jobs, team jobs, idempotency key ("" = none)
+-- ARGV: id, now ms, idempotency ttl s, then field/value pairs of the record
+if KEYS[5] ~= "" then
+  local existing = redis.call("GET", KEYS[5])
+  if existing then return {0, existing} end
+end
+if redis.call("EXISTS", KEYS[1]) == 1 then return {0, ARGV[1]} end
+local fields = {}
+for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call("HSET", KEYS[1], unpack(fields))
+redis.call("ZADD", KEYS[3], ARGV[2], ARGV[1])
+redis.call("ZADD", KEYS[4], ARGV[2], ARGV[1])
+redis.call("XADD", KEYS[2], "*", "state", "queued", "reason", "submitted", "step", "0", "at", ARGV[2])
+if KEYS[5] ~= "" then redis.call("SET", KEYS[5], ARGV[1], "EX", ARGV[3]) end
+return {1, ARGV[1]}
+"#,
+            )
+        });
+        let now = now_ms();
+        let team = &spec.job.team;
+        let spec_json = serde_json::to_string(spec).map_err(|error| StoreError::Corrupt {
+            id: id.to_owned(),
+            field: F_SPEC,
+            message: error.to_string(),
+        })?;
+        let idem_key = idempotency_key.map(|key| format!("{PREFIX}:idem:{team}:{key}")).unwrap_or_default();
+        let mut invocation = SUBMIT.prepare_invoke();
+        invocation
+            .key(job_key(id))
+            .key(events_key(id))
+            .key(format!("{PREFIX}:jobs"))
+            .key(team_key(team))
+            .key(idem_key)
+            .arg(id)
+            .arg(now)
+            .arg(IDEMPOTENCY_TTL.as_secs());
+        let priority = serde_json::to_value(spec.job.priority).ok();
+        let priority = priority.as_ref().and_then(Value::as_str).unwrap_or("normal");
+        let fields: [(&str, String); 13] = [
+            ("id", id.to_owned()),
+            ("team", team.clone()),
+            ("name", spec.job.name.clone()),
+            ("model_line", spec.job.model_line.clone()),
+            ("priority", priority.to_owned()),
+            (F_STATE, JobState::Queued.as_str().to_owned()),
+            (F_REASON, "submitted".to_owned()),
+            (F_STEP, "0".to_owned()),
+            ("max_steps", spec.budget.max_steps.to_string()),
+            (F_CREATED, now.to_string()),
+            (F_UPDATED, now.to_string()),
+            (F_SPEC, spec_json),
+            (F_TASK, task_id.to_owned()),
+        ];
+        for (field, value) in fields {
+            invocation.arg(field).arg(value);
+        }
+        let (created, existing): (i64, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
+        Ok(if created == 1 {
+            SubmitOutcome::Created { id: id.to_owned(), task_id: task_id.to_owned() }
+        } else {
+            SubmitOutcome::Existing { id: existing }
+        })
+    }
+
+    /// The job, as the API shows it.
+    pub async fn get(&self, id: &str) -> Result<JobView, StoreError> {
+        let fields: HashMap<String, String> = self.conn.clone().hgetall(job_key(id)).await?;
+        if fields.is_empty() {
+            return Err(StoreError::NotFound(id.to_owned()));
+        }
+        view_from_fields(id, &fields)
+    }
+
+    /// The job's spec as submitted.
+    pub async fn spec(&self, id: &str) -> Result<JobSpec, StoreError> {
+        let text: Option<String> = self.conn.clone().hget(job_key(id), F_SPEC).await?;
+        let text = text.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        JobSpec::from_json(&text).map_err(|error| StoreError::Corrupt {
+            id: id.to_owned(),
+            field: F_SPEC,
+            message: error.to_string(),
+        })
+    }
+
+    /// The dispatch task that currently stands for the job: only that task may run it.
+    pub async fn task_id(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.conn.clone().hget(job_key(id), F_TASK).await?)
+    }
+
+    /// The newest `limit` jobs, of `team` or of every team.
+    pub async fn list(&self, team: Option<&str>, limit: usize) -> Result<Vec<JobView>, StoreError> {
+        let index = team.map_or_else(|| format!("{PREFIX}:jobs"), team_key);
+        let stop = limit.max(1) as isize - 1;
+        let ids: Vec<String> = self.conn.clone().zrevrange(index, 0, stop).await?;
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.hgetall(job_key(id));
+        }
+        let records: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        ids.iter()
+            .zip(records)
+            .filter(|(_, fields)| !fields.is_empty())
+            .map(|(id, fields)| view_from_fields(id, &fields))
+            .collect()
+    }
+
+    /// Ids of jobs in `state`, oldest first, at most `limit` (for recovery sweeps).
+    pub async fn ids_in_state(&self, state: JobState, limit: usize) -> Result<Vec<String>, StoreError> {
+        // The index is by time; states are read in pages. Fine for the sweeps at start-up.
+        let ids: Vec<String> = self.conn.clone().zrange(format!("{PREFIX}:jobs"), 0, -1).await?;
+        let mut found = Vec::new();
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.hget(job_key(id), F_STATE);
+            }
+            let states: Vec<Option<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+            for (id, current) in chunk.iter().zip(states) {
+                if current.as_deref() == Some(state.as_str()) {
+                    found.push(id.clone());
+                    if found.len() >= limit {
+                        return Ok(found);
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Moves the job to `to` if its state allows it ([`JobState::allowed_from`]), with `reason`
+    /// and any `extra` record fields, and appends the event. Returns the state it left.
+    pub async fn transition(
+        &self,
+        id: &str,
+        to: JobState,
+        reason: &str,
+        extra: &[(&str, String)],
+    ) -> Result<JobState, StoreError> {
+        static TRANSITION: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(
+                r#"
+-- KEYS: job hash, events stream
+-- ARGV: new state, reason, now ms, ",allowed,from,", then field/value pairs
+local current = redis.call("HGET", KEYS[1], "state")
+if not current then return {-1, ""} end
+if not string.find(ARGV[4], "," .. current .. ",", 1, true) then return {0, current} end
+local fields = {"state", ARGV[1], "reason", ARGV[2], "updated_at", ARGV[3]}
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call("HSET", KEYS[1], unpack(fields))
+local step = redis.call("HGET", KEYS[1], "step") or "0"
+redis.call("XADD", KEYS[2], "*", "state", ARGV[1], "reason", ARGV[2], "step", step, "at", ARGV[3])
+return {1, current}
+"#,
+            )
+        });
+        let allowed: String =
+            to.allowed_from().iter().fold(",".to_owned(), |acc, state| format!("{acc}{state},"));
+        let mut invocation = TRANSITION.prepare_invoke();
+        invocation.key(job_key(id)).key(events_key(id)).arg(to.as_str()).arg(reason).arg(now_ms()).arg(allowed);
+        for (field, value) in extra {
+            invocation.arg(*field).arg(value);
+        }
+        let (done, current): (i64, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
+        let current = parse_state(id, &current);
+        match done {
+            -1 => Err(StoreError::NotFound(id.to_owned())),
+            1 => current,
+            _ => Err(StoreError::Conflict { id: id.to_owned(), current: current?, wanted: to }),
+        }
+    }
+
+    /// Records the latest step and its figures, while the job runs.
+    pub async fn set_progress(&self, id: &str, step: u64, progress: &Value) -> Result<(), StoreError> {
+        static PROGRESS: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(
+                r#"
+-- KEYS: job hash; ARGV: step, progress json, heldout ("" = unknown), now ms
+if redis.call("HGET", KEYS[1], "state") ~= "running" then return 0 end
+redis.call("HSET", KEYS[1], "step", ARGV[1], "progress", ARGV[2], "updated_at", ARGV[4])
+if ARGV[3] ~= "" then redis.call("HSET", KEYS[1], "heldout", ARGV[3]) end
+return 1
+"#,
+            )
+        });
+        let heldout = progress.get("heldout").and_then(Value::as_f64).map(|h| h.to_string()).unwrap_or_default();
+        let _: i64 = PROGRESS
+            .key(job_key(id))
+            .arg(step)
+            .arg(progress.to_string())
+            .arg(heldout)
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Sets record fields without a change of state (the dispatch task id of a requeue, the result).
+    pub async fn set_fields(&self, id: &str, fields: &[(&str, String)]) -> Result<(), StoreError> {
+        let _: () = self.conn.clone().hset_multiple(job_key(id), fields).await?;
+        Ok(())
+    }
+
+    /// Counts one more crash of the job's worker; returns the count.
+    pub async fn count_crash(&self, id: &str) -> Result<u32, StoreError> {
+        Ok(self.conn.clone().hincr(job_key(id), F_CRASHES, 1).await?)
+    }
+
+    /// Puts the job on the dead-letter set (its state is set by the caller: `failed`).
+    pub async fn dead_letter(&self, id: &str) -> Result<(), StoreError> {
+        let _: () = self.conn.clone().zadd(format!("{PREFIX}:dead"), id, now_ms()).await?;
+        Ok(())
+    }
+
+    /// Dead-lettered job ids, oldest first.
+    pub async fn dead_letters(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.conn.clone().zrange(format!("{PREFIX}:dead"), 0, -1).await?)
+    }
+
+    /// Cancels a waiting job at once, or asks the daemon that runs it to stop it.
+    pub async fn cancel(&self, id: &str, reason: &str) -> Result<CancelOutcome, StoreError> {
+        static CANCEL: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(
+                r#"
+-- KEYS: job hash, events stream; ARGV: reason, now ms
+local current = redis.call("HGET", KEYS[1], "state")
+if not current then return {-1, ""} end
+if current == "queued" or current == "preempted" then
+  redis.call("HSET", KEYS[1], "state", "cancelled", "reason", ARGV[1], "updated_at", ARGV[2])
+  local step = redis.call("HGET", KEYS[1], "step") or "0"
+  redis.call("XADD", KEYS[2], "*", "state", "cancelled", "reason", ARGV[1], "step", step, "at", ARGV[2])
+  return {1, "cancelled"}
+end
+if current == "admitted" or current == "running" or current == "evaluating" then
+  redis.call("HSET", KEYS[1], "cancel", "1", "updated_at", ARGV[2])
+  return {2, current}
+end
+return {0, current}
+"#,
+            )
+        });
+        let (done, current): (i64, String) = CANCEL
+            .key(job_key(id))
+            .key(events_key(id))
+            .arg(reason)
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match done {
+            -1 => Err(StoreError::NotFound(id.to_owned())),
+            1 => Ok(CancelOutcome::Cancelled),
+            2 => Ok(CancelOutcome::Requested),
+            _ => Ok(CancelOutcome::AlreadyEnded(parse_state(id, &current)?)),
+        }
+    }
+
+    /// Whether a cancel was asked for.
+    pub async fn cancel_requested(&self, id: &str) -> Result<bool, StoreError> {
+        let flag: Option<String> = self.conn.clone().hget(job_key(id), F_CANCEL).await?;
+        Ok(flag.as_deref() == Some("1"))
+    }
+
+    /// Up to 100 events after stream id `after` (`"0"` = from the first). It does not block: a
+    /// blocking read would hold up every other command on the shared multiplexed connection, so
+    /// followers poll.
+    pub async fn events(&self, id: &str, after: &str) -> Result<Vec<JobEvent>, StoreError> {
+        let value: RedisValue = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(100)
+            .arg("STREAMS")
+            .arg(events_key(id))
+            .arg(after)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let reply: Option<redis::streams::StreamReadReply> = redis::FromRedisValue::from_redis_value(value).ok();
+        let mut events = Vec::new();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                let field = |name: &str| -> String {
+                    entry.map.get(name).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()).unwrap_or_default()
+                };
+                let state = parse_state(id, &field("state"))?;
+                events.push(JobEvent {
+                    id: entry.id.clone(),
+                    at: rfc3339(field("at").parse().unwrap_or(0)),
+                    state,
+                    reason: field("reason"),
+                    step: field("step").parse().unwrap_or(0),
+                });
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// The record's key.
+pub fn job_key(id: &str) -> String {
+    format!("{PREFIX}:job:{id}")
+}
+
+fn events_key(id: &str) -> String {
+    format!("{PREFIX}:events:{id}")
+}
+
+fn team_key(team: &str) -> String {
+    format!("{PREFIX}:team:{team}:jobs")
+}
+
+fn parse_state(id: &str, text: &str) -> Result<JobState, StoreError> {
+    text.parse().map_err(|message| StoreError::Corrupt { id: id.to_owned(), field: F_STATE, message })
+}
+
+fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobView, StoreError> {
+    let text = |name: &str| fields.get(name).cloned().unwrap_or_default();
+    let number = |name: &'static str| -> Result<u64, StoreError> {
+        match fields.get(name) {
+            None => Ok(0),
+            Some(value) => value.parse().map_err(|_| StoreError::Corrupt {
+                id: id.to_owned(),
+                field: name,
+                message: format!("expected a whole number, got {value:?}"),
+            }),
+        }
+    };
+    let json = |name: &str| fields.get(name).and_then(|text| serde_json::from_str::<Value>(text).ok());
+    Ok(JobView {
+        id: id.to_owned(),
+        team: text("team"),
+        name: text("name"),
+        model_line: text("model_line"),
+        priority: text("priority"),
+        state: parse_state(id, &text(F_STATE))?,
+        step: number(F_STEP)?,
+        max_steps: number("max_steps")?,
+        reason: text(F_REASON),
+        created_at: rfc3339(number(F_CREATED)?),
+        updated_at: rfc3339(number(F_UPDATED)?),
+        crashes: number(F_CRASHES)? as u32,
+        cancel_requested: fields.get(F_CANCEL).is_some_and(|flag| flag == "1"),
+        progress: json(F_PROGRESS),
+        heldout: fields.get(F_HELDOUT).and_then(|h| h.parse().ok()),
+        result: json(F_RESULT),
+    })
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// RFC 3339 with milliseconds, UTC.
+pub fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
