@@ -8,8 +8,8 @@
 //! - a job's task id is chosen before the push and recorded in the job first: a push repeated
 //!   after a crash lands on the same id, which the backend stores once (`HSETNX`), and a stale
 //!   task (an older id than the record's) is dropped by the daemon that fetches it;
-//! - bulk pushes go in chunks of [`PUSH_CHUNK`]: more than ~8,000 due tasks at once break the
-//!   backend's fetch script;
+//! - bulk pushes go in chunks of [`PUSH_CHUNK`], and [`promote_due`] moves due tasks to the
+//!   active list in chunks: the backend's fetch script breaks at 8,000 due tasks at once;
 //! - the backend's own idempotency marker gets a TTL ([`config`]): without one it is deleted at once.
 
 use std::time::Duration;
@@ -55,8 +55,35 @@ pub fn config(priority: Priority, heartbeat: Duration, missed_heartbeats: usize)
         .heartbeat_interval(heartbeat)
         .missed_heartbeats(missed_heartbeats)
         .idempotency_ttl(Some(IDEMPOTENCY_TTL))
-        // Results are in the job record; the backend need not keep them.
-        .persist_results(false)
+    // persist_results stays on: without it the backend never acks a task, which then stays in
+    // the worker's inflight set and comes back after every restart.
+}
+
+/// Moves up to `chunk` due tasks of a queue from its scheduled set to its active list; returns
+/// how many. The backend's fetch script moves *all* due tasks with one `RPUSH unpack(...)`, which
+/// fails at 8,000 (measured: 7,999 work), killing every worker on its first fetch; moving them in
+/// bounded chunks ahead of it keeps the fetch's share small.
+pub async fn promote_due<C: ConnectionLike>(conn: &mut C, config: &Config, chunk: usize) -> redis::RedisResult<usize> {
+    static PROMOTE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            r#"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], 0, ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #ids > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(ids))
+  redis.call('ZREM', KEYS[1], unpack(ids))
+end
+return #ids
+"#,
+        )
+    });
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    PROMOTE
+        .key(config.scheduled_jobs_set())
+        .key(config.active_jobs_list())
+        .arg(now)
+        .arg(chunk)
+        .invoke_async(conn)
+        .await
 }
 
 /// A new dispatch task id (a ULID, as the backend's own).

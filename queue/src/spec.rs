@@ -402,8 +402,9 @@ impl JobSpec {
             message: format!("not valid TOML: {}", error.message()),
         })?;
         serde_path_to_error::deserialize(deserializer).map_err(|error| {
-            let field = error.path().to_string();
-            SpecError { field: clean_path(&field), message: error.into_inner().message().to_owned() }
+            let field = clean_path(&error.path().to_string());
+            let message = error.into_inner().message().to_owned();
+            SpecError { field: with_missing_field(field, &message), message }
         })
     }
 
@@ -418,7 +419,7 @@ impl JobSpec {
             } else {
                 strip_position(&inner.to_string())
             };
-            SpecError { field, message }
+            SpecError { field: with_missing_field(field, &message), message }
         })
     }
 
@@ -598,6 +599,16 @@ impl PluginSection {
 /// serde_path_to_error writes `?` for an unknown position and `.` at the root.
 fn clean_path(path: &str) -> String {
     if path == "." || path == "?" { String::new() } else { path.to_owned() }
+}
+
+/// serde reports a missing field at its parent's path: name the field itself.
+fn with_missing_field(path: String, message: &str) -> String {
+    let missing = message.strip_prefix("missing field `").and_then(|rest| rest.split('`').next());
+    match missing {
+        Some(name) if path.is_empty() => name.to_owned(),
+        Some(name) => format!("{path}.{name}"),
+        None => path,
+    }
 }
 
 /// serde_json appends "at line L column C"; the field path already says where.

@@ -228,6 +228,9 @@ return {1, ARGV[1]}
         let index = team.map_or_else(|| format!("{PREFIX}:jobs"), team_key);
         let stop = limit.max(1) as isize - 1;
         let ids: Vec<String> = self.conn.clone().zrevrange(index, 0, stop).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
         for id in &ids {
             pipe.hgetall(job_key(id));

@@ -93,33 +93,66 @@ pub fn stop(child: &mut Child, grace: Duration) -> std::process::ExitStatus {
 
 /// A `redis-server` on a free port in a temp dir, stopped on drop.
 pub struct Redis {
-    child: Child,
+    child: Option<Child>,
     /// Its port.
     pub port: u16,
-    _dir: tempfile::TempDir,
+    aof: bool,
+    dir: tempfile::TempDir,
 }
 
 impl Redis {
-    /// Starts one and waits until it accepts connections.
+    /// Starts one without persistence and waits until it accepts connections.
     pub fn start() -> Redis {
+        Redis::launch(false)
+    }
+
+    /// Starts one with the production persistence of `configs/redis.conf` (AOF, fsync every
+    /// second), so a [`Redis::stop`] and [`Redis::restart`] keep every acknowledged write.
+    pub fn start_with_aof() -> Redis {
+        Redis::launch(true)
+    }
+
+    fn launch(aof: bool) -> Redis {
+        let mut redis =
+            Redis { child: None, port: free_port(), aof, dir: tempfile::tempdir().expect("temp dir") };
+        redis.restart();
+        redis
+    }
+
+    /// Starts it again on the same port and directory (after [`Redis::stop`]).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "redis-server is running");
         let server =
             std::env::var_os("RLVR_REDIS_SERVER").map(PathBuf::from).unwrap_or_else(|| "redis-server".into());
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let child = Command::new(&server)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        let port = self.port;
+        let mut command = Command::new(&server);
+        command.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
+        if self.aof {
+            command.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
+        } else {
+            command.args(["--appendonly", "no"]);
+        }
+        let child = command
             .arg("--dir")
-            .arg(dir.path())
+            .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|error| {
                 panic!("cannot start {} (scripts/setup.sh installs it): {error}", server.display())
             });
-        let up =
-            wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
-        assert!(up, "redis-server did not listen on {port}");
-        Redis { child, port, _dir: dir }
+        self.child = Some(child);
+        let up = wait_until(Duration::from_secs(10), || {
+            redis_ping(port)
+        });
+        assert!(up, "redis-server did not answer on {port}");
+    }
+
+    /// Stops it with SIGTERM (it writes its AOF before exiting).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop(&mut child, Duration::from_secs(10));
+        }
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -128,9 +161,20 @@ impl Redis {
     }
 }
 
+/// Whether a Redis answers PING on `port` (and has finished loading its data).
+fn redis_ping(port: u16) -> bool {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    std::io::Read::read(&mut stream, &mut reply).is_ok_and(|n| reply[..n].starts_with(b"+PONG"))
+}
+
 impl Drop for Redis {
     fn drop(&mut self) {
-        stop(&mut self.child, Duration::from_secs(5));
+        self.stop();
     }
 }
 
@@ -143,11 +187,35 @@ pub struct Daemon {
     pub plugins: PathBuf,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its state directory.
+    pub state: PathBuf,
+}
+
+/// Bearer token of team `tests` in a [`Daemon`]'s config.
+pub const TEAM_TOKEN: &str = "tests-team-token";
+/// Bearer token of team `others`.
+pub const OTHER_TOKEN: &str = "others-team-token";
+/// An admin's bearer token.
+pub const ADMIN_TOKEN: &str = "ops-admin-token";
+
+/// Hex SHA-256 of `text`.
+pub fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
 impl Daemon {
     /// Starts a daemon whose plugin directory holds `plugins` (crate names), with `redis_url`.
     pub fn start(plugins: &[&str], redis_url: &str) -> Daemon {
+        Daemon::start_with(plugins, redis_url, "")
+    }
+
+    /// As [`Daemon::start`], with more config appended (sections the base config does not
+    /// have). The token [`TEAM_TOKEN`] acts for team `tests`, [`OTHER_TOKEN`] for team `others`,
+    /// [`ADMIN_TOKEN`] is an admin's.
+    pub fn start_with(plugins: &[&str], redis_url: &str, extra_config: &str) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let plugins_dir = dir.path().join("plugins");
         let state_dir = dir.path().join("state");
@@ -157,31 +225,61 @@ impl Daemon {
             drop_in(&lib, &plugins_dir, lib.file_name().and_then(|n| n.to_str()).expect("utf-8 name"));
         }
         let config = dir.path().join("rlvrd.toml");
+        let token = |team: &str, token: &str, admin: bool| {
+            format!("[[auth.tokens]]\nteam = {team:?}\nsha256 = {:?}\nadmin = {admin}\n", sha256_hex(token))
+        };
         let toml = format!(
             "[daemon]\nstate_dir = {state:?}\n[redis]\nurl = {redis_url:?}\n[api]\nlisten = \"127.0.0.1:0\"\n\
-             [plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n",
+             [plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n{tokens}{extra_config}\n",
             state = state_dir.display().to_string(),
             plugins = plugins_dir.display().to_string(),
+            tokens = token("tests", TEAM_TOKEN, false) + &token("others", OTHER_TOKEN, false) + &token("ops", ADMIN_TOKEN, true),
         );
         fs::write(&config, toml).expect("write config");
-        let log = fs::File::create(dir.path().join("rlvrd.log")).expect("log file");
+        let mut daemon =
+            Daemon { child: None, dir, plugins: plugins_dir, url: String::new(), config, state: state_dir };
+        daemon.restart();
+        daemon
+    }
+
+    /// Starts the daemon again with the same config and state (after [`Daemon::kill`] or
+    /// [`Daemon::stop`]); its log is appended to.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "rlvrd is running");
+        let addr_file = self.state.join("rlvrd.addr");
+        let _ = fs::remove_file(&addr_file);
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("rlvrd.log"))
+            .expect("log file");
         let child = Command::new(artifact("rlvrd"))
             .arg("serve")
             .arg("--config")
-            .arg(&config)
+            .arg(&self.config)
             .env("RLVR_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start rlvrd");
-        let mut daemon = Daemon { child: Some(child), dir, plugins: plugins_dir, url: String::new() };
-        let addr_file = state_dir.join("rlvrd.addr");
+        self.child = Some(child);
         let started = wait_until(Duration::from_secs(30), || {
             fs::read_to_string(&addr_file).is_ok_and(|text| text.ends_with('\n'))
         });
-        assert!(started, "rlvrd did not start listening; its log:\n{}", daemon.log());
-        daemon.url = format!("http://{}", fs::read_to_string(&addr_file).expect("addr").trim());
-        daemon
+        assert!(started, "rlvrd did not start listening; its log:\n{}", self.log());
+        self.url = format!("http://{}", fs::read_to_string(&addr_file).expect("addr").trim());
+    }
+
+    /// Kills the daemon with SIGKILL, as a power cut or the OOM killer would.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("daemon running");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Everything the daemon logged so far.

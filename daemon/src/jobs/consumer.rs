@@ -23,7 +23,7 @@ use apalis_core::task::data::Data;
 use apalis_core::task::task_id::TaskId;
 use apalis_core::worker::builder::WorkerBuilder;
 use apalis_redis::RedisStorage;
-use rlvr_queue::dispatch::{DispatchTask, PRIORITIES};
+use rlvr_queue::dispatch::{DispatchTask, PRIORITIES, PUSH_CHUNK};
 use rlvr_queue::job::JobState;
 use rlvr_queue::spec::Priority;
 use tokio::task::JoinSet;
@@ -33,6 +33,8 @@ use tracing::{info, warn};
 use super::supervise::{Supervisor, priority_of};
 use crate::config::QueueConfig;
 
+/// How often due dispatch tasks are moved to the active lists, ahead of the backend's fetch.
+const PROMOTE_INTERVAL: Duration = Duration::from_millis(100);
 /// How often queued jobs are checked for a missing dispatch task.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -58,6 +60,26 @@ pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: Cancel
         let stopping = stopping.clone();
         tasks.spawn(async move { consume(priority, supervisor, poll, in_flight, stopping).await });
     }
+    let promoter = supervisor.clone();
+    let promote_stop = stopping.clone();
+    tasks.spawn(async move {
+        loop {
+            for priority in PRIORITIES {
+                let config = promoter.queues.backend_config(priority);
+                let mut conn = promoter.queues.store.connection();
+                // Until a chunk comes back short: the backlog is moved.
+                while let Ok(moved) = rlvr_queue::dispatch::promote_due(&mut conn, &config, PUSH_CHUNK).await {
+                    if moved < PUSH_CHUNK {
+                        break;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(PROMOTE_INTERVAL) => {}
+                _ = promote_stop.cancelled() => return,
+            }
+        }
+    });
     let sweeper = supervisor.clone();
     let sweep_stop = stopping.clone();
     tasks.spawn(async move {
@@ -115,8 +137,14 @@ async fn consume(
 
 /// The handler: the job runs to its end (or a requeue) under this task; never an error, so the
 /// backend completes the task and retries nothing.
+///
+/// The supervision runs on a task of its own: when Redis goes away the backend's worker stops and
+/// drops its handlers, and that must not stop a training job. The task comes back to the rebuilt
+/// worker once the old one's heartbeats have lapsed, and its handler then waits for the
+/// supervision still under way ([`Supervisor::handle`]) before acknowledging it.
 async fn handle(task: DispatchTask, id: TaskId, supervisor: Data<Arc<Supervisor>>) -> Result<(), BoxDynError> {
-    supervisor.handle(task.job_id, id.to_string()).await;
+    let supervisor = Arc::clone(&supervisor);
+    let _ = tokio::spawn(async move { supervisor.handle(task.job_id, id.to_string()).await }).await;
     Ok(())
 }
 

@@ -16,7 +16,7 @@
 //!   Cancel: the worker is killed at once (its last checkpoint stays intact) and the job ends
 //!   `cancelled`.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -57,8 +57,8 @@ pub struct Supervisor {
     /// Cancelled on SIGTERM: workers checkpoint and jobs are requeued.
     pub stopping: CancellationToken,
     pub slots: Slots,
-    /// Jobs supervised by this daemon now.
-    active: Mutex<HashSet<String>>,
+    /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
+    active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
 }
 
 /// Why a worker process ended, as the supervisor sees it.
@@ -100,7 +100,7 @@ impl Supervisor {
             stop_timeout,
             stopping,
             slots: Slots::new(slots),
-            active: Mutex::new(HashSet::new()),
+            active: Mutex::new(HashMap::new()),
         }
     }
 
@@ -112,16 +112,30 @@ impl Supervisor {
     /// Handles dispatch task `task_id` of job `id` to the end of this daemon's part in it. Never
     /// fails: every outcome is written to the job record.
     pub async fn handle(self: &Arc<Self>, id: String, task_id: String) {
-        {
+        let (done, running_already) = {
             let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-            if !active.insert(id.clone()) {
-                warn!(job = %id, task = %task_id, "job is supervised here already; dropping the duplicate task");
-                return;
+            match active.get(&id) {
+                Some(running) => (None, Some(running.clone())),
+                None => {
+                    let (sender, receiver) = tokio::sync::watch::channel(false);
+                    active.insert(id.clone(), receiver);
+                    (Some(sender), None)
+                }
             }
+        };
+        if let Some(mut running) = running_already {
+            // The same job's task again (redelivered after the backend's worker was rebuilt):
+            // hold it until the supervision under way ends, so its lease covers the job.
+            info!(job = %id, task = %task_id, "job is supervised here already; holding this task until it ends");
+            let _ = running.wait_for(|ended| *ended).await;
+            return;
         }
         let span = info_span!("job", id = %id);
         self.handle_inner(&id, &task_id).instrument(span).await;
         self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        if let Some(done) = done {
+            let _ = done.send(true);
+        }
     }
 
     async fn handle_inner(&self, id: &str, task_id: &str) {

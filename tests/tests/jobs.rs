@@ -1,0 +1,525 @@
+//! The job lifecycle under `rlvrd serve` with a real Redis, real plugins and real worker
+//! processes: submit → run → gate → publish through the API, and every crash of issue 5 —
+//! `kill -9` of the daemon, SIGTERM, Redis stopped and restarted, a poison job, cancel, and
+//! malformed specs. Jobs train `builtin:tiny-arith` for a few dozen steps (tens of ms each).
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::Client;
+use rlvr_tests::{ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, artifact, plugin_lib, wait_until};
+use serde_json::Value;
+
+const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
+/// Fast heartbeats so a killed daemon's tasks come back within seconds; one libtorch thread so
+/// results are bit-exact across runs.
+const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
+
+fn client() -> Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+fn arith_data(dir: &Path) -> PathBuf {
+    let data = dir.join("data");
+    let output = Command::new(artifact("rlvrd")).args(["data", "arith", "--out"]).arg(&data).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    data
+}
+
+/// A GRPO job on the arithmetic data; `extra` is appended (more sections).
+fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
+    format!(
+        r#"
+[job]
+name = "{name}"
+team = "tests"
+model_line = "tiny-arith"
+seed = 7
+
+[model]
+policy = "builtin:tiny-arith"
+
+[data]
+train = "{data}/train.jsonl"
+heldout = "{data}/heldout.jsonl"
+
+[optimizer]
+plugin = "grpo"
+group_size = 4
+lr = 1e-3
+micro_batch_size = 8
+kl_beta = 0.04
+
+[[verifiers]]
+plugin = "math"
+fallback = "last"
+
+[rollout]
+max_new_tokens = 5
+prompts_per_step = 4
+
+[budget]
+max_steps = {steps}
+
+[checkpoint]
+every_steps = 5
+
+[eval]
+max_prompts = 16
+
+[gates]
+heldout_gain_min = -1.0
+{extra}"#,
+        data = data.display()
+    )
+}
+
+/// `POST /v1/jobs` with a TOML body: status and JSON answer.
+fn submit(daemon: &Daemon, token: &str, toml: &str, key: Option<&str>) -> (u16, Value) {
+    let mut request = client()
+        .post(format!("{}/v1/jobs", daemon.url))
+        .bearer_auth(token)
+        .header("content-type", "application/toml")
+        .body(toml.to_owned());
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = request.send().unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().unwrap_or(Value::Null))
+}
+
+fn submit_ok(daemon: &Daemon, toml: &str) -> String {
+    let (status, body) = submit(daemon, TEAM_TOKEN, toml, None);
+    assert_eq!(status, 201, "{body}\n{}", daemon.log());
+    body["id"].as_str().unwrap().to_owned()
+}
+
+fn get(daemon: &Daemon, token: &str, path: &str) -> (u16, Value) {
+    let response = client().get(format!("{}{path}", daemon.url)).bearer_auth(token).send().unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().unwrap_or(Value::Null))
+}
+
+fn job(daemon: &Daemon, id: &str) -> Value {
+    let (status, body) = get(daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Waits until the job satisfies `done`; panics with its record and the daemon log otherwise.
+fn wait_job(daemon: &Daemon, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let current = job(daemon, id);
+        if done(&current) {
+            return current;
+        }
+        assert!(Instant::now() < deadline, "job {id} timed out at {current}\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ended(job: &Value) -> bool {
+    ["published", "refused", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""))
+}
+
+/// `state` events of a job, in order (the stream ends after the final one).
+fn states(daemon: &Daemon, id: &str) -> Vec<String> {
+    let text = client()
+        .get(format!("{}/v1/jobs/{id}/events", daemon.url))
+        .bearer_auth(TEAM_TOKEN)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    text.split("\n\n")
+        .filter(|block| block.contains("event: state"))
+        .filter_map(|block| block.lines().find_map(|line| line.strip_prefix("data: ")))
+        .map(|data| serde_json::from_str::<Value>(data).unwrap()["state"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Worker processes running job `id` now (their command line names the job's directory).
+fn workers_of(id: &str) -> usize {
+    let Ok(entries) = fs::read_dir("/proc") else { return 0 };
+    entries
+        .flatten()
+        .filter_map(|entry| fs::read(entry.path().join("cmdline")).ok())
+        .filter(|cmdline| {
+            let text = String::from_utf8_lossy(cmdline);
+            text.contains("worker\0") && text.contains(&format!("/jobs/{id}/"))
+        })
+        .count()
+}
+
+/// Counts, in the background, the most workers seen at once for a job.
+struct WorkerWatch {
+    stop: Arc<AtomicBool>,
+    most: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WorkerWatch {
+    fn start(id: &str) -> Self {
+        let (stop, most) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+        let (s, m, id) = (stop.clone(), most.clone(), id.to_owned());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                m.fetch_max(workers_of(&id), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        WorkerWatch { stop, most, thread: Some(thread) }
+    }
+
+    fn most(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.take().map(std::thread::JoinHandle::join);
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// The weights hash of the same spec run by a standalone worker, uninterrupted.
+fn uninterrupted_weights(daemon: &Daemon, dir: &Path, toml: &str) -> String {
+    let spec = dir.join("uninterrupted.toml");
+    fs::write(&spec, toml).unwrap();
+    let output = Command::new(artifact("rlvrd"))
+        .args(["worker", "--threads", "1", "--spec"])
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(dir.join("uninterrupted"))
+        .arg("--plugin-dir")
+        .arg(&daemon.plugins)
+        .env("RLVR_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let outcome: Value = serde_json::from_slice(&output.stdout).unwrap();
+    outcome["weights_sha256"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_isolation() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    let toml = spec(&data, "first", 6, "");
+
+    let (status, first) = submit(&daemon, TEAM_TOKEN, &toml, Some("retry-1"));
+    assert_eq!(status, 201, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    let (status, again) = submit(&daemon, TEAM_TOKEN, &toml, Some("retry-1"));
+    assert_eq!((status, again["id"].as_str(), again["created"].as_bool()), (200, Some(id.as_str()), Some(false)));
+    let (status, reused) = submit(&daemon, TEAM_TOKEN, &spec(&data, "other", 6, ""), Some("retry-1"));
+    assert_eq!((status, reused["error"]["code"].as_str()), (409, Some("idempotency_key_reused")), "{reused}");
+
+    // Another team sees nothing of it; an admin sees it.
+    assert_eq!(get(&daemon, OTHER_TOKEN, &format!("/v1/jobs/{id}")).0, 404);
+    let response =
+        client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(OTHER_TOKEN).send().unwrap();
+    assert_eq!(response.status().as_u16(), 404);
+    assert_eq!(get(&daemon, OTHER_TOKEN, "/v1/jobs").1["jobs"].as_array().map(Vec::len), Some(0));
+    assert_eq!(get(&daemon, ADMIN_TOKEN, &format!("/v1/jobs/{id}")).0, 200);
+    assert_eq!(get(&daemon, "not-a-token", "/v1/jobs").0, 401);
+
+    let done = wait_job(&daemon, &id, Duration::from_secs(120), ended);
+    assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done["step"], 6);
+    assert_eq!(states(&daemon, &id), ["queued", "admitted", "running", "evaluating", "published"]);
+    let version = daemon.state.join("registry/tiny-arith/1");
+    let manifest: Value = serde_json::from_slice(&fs::read(version.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["job_id"], id.as_str());
+    assert_eq!(manifest["weights_sha256"], done["result"]["weights_sha256"]);
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(version.join(file).is_file(), "{file} published");
+    }
+}
+
+#[test]
+fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let (status, document) = get(&daemon, TEAM_TOKEN, "/v1/openapi.json");
+    assert_eq!(status, 200);
+    let mut documented = BTreeSet::new();
+    for (path, methods) in document["paths"].as_object().unwrap() {
+        for method in methods.as_object().unwrap().keys() {
+            documented.insert(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    // design.md §1, exactly.
+    let routes: BTreeSet<String> = [
+        "POST /v1/jobs",
+        "GET /v1/jobs/{id}",
+        "GET /v1/jobs",
+        "DELETE /v1/jobs/{id}",
+        "GET /v1/jobs/{id}/events",
+        "GET /v1/plugins",
+        "GET /healthz",
+        "GET /metrics",
+        "GET /v1/openapi.json",
+    ]
+    .map(str::to_owned)
+    .into();
+    assert_eq!(documented, routes);
+    // Each one is served (an unknown id is 404 from the handler, in the API's error shape).
+    for route in &routes {
+        let (method, path) = route.split_once(' ').unwrap();
+        let url = format!("{}{}", daemon.url, path.replace("{id}", "01ARZ3NDEKTSV4RRFFQ69G5FAV"));
+        let request = match method {
+            "GET" => client().get(&url),
+            "POST" => client().post(&url).header("content-type", "application/json").body("{}"),
+            _ => client().delete(&url),
+        };
+        let response = request.bearer_auth(TEAM_TOKEN).send().unwrap();
+        let status = response.status().as_u16();
+        if status == 404 {
+            let body: Value = response.json().unwrap();
+            assert_eq!(body["error"]["code"], "not_found", "{route}: {body}");
+        } else {
+            assert_ne!(status, 405, "{route}");
+        }
+    }
+}
+
+#[test]
+fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    let good = spec(&data, "good", 2, "");
+    let with = |from: &str, to: &str| {
+        assert!(good.contains(from), "{from}");
+        good.replacen(from, to, 1)
+    };
+    // (body, status, field or "" for none, words in the message)
+    let cases: Vec<(String, u16, &str, &str)> = vec![
+        ("[job\nname = 1".into(), 400, "", "not valid TOML"),
+        (with("max_steps = 2", "max_steps = \"two\""), 400, "budget.max_steps", "invalid type"),
+        (with("max_steps = 2", "max_steps = -2"), 400, "budget.max_steps", "invalid value"),
+        (with("max_steps = 2", "max_steps = 0"), 422, "budget.max_steps", "expected 1 to"),
+        (with("max_steps = 2", "max_steps = 99999999999"), 422, "budget.max_steps", "expected 1 to"),
+        (with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = -5"), 422, "budget.max_wall_minutes", "positive"),
+        (with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = 1e9"), 422, "budget.max_wall_minutes", "30 days"),
+        (with("max_steps = 2", "max_steps = 2\nmax_generated_tokens = 0"), 422, "budget.max_generated_tokens", "positive"),
+        (with("max_steps = 2", "max_steps = 2\nmax_hours = 3"), 400, "budget.max_hours", "unknown field"),
+        (with("[rollout]", "[rollout]\ntop_p = 2.0"), 422, "rollout.top_p", "(0, 1]"),
+        (with("[rollout]", "[rollout]\ntemperature = -1.0"), 422, "rollout.temperature", "[0, 10]"),
+        (with("max_new_tokens = 5", "max_new_tokens = 1000000"), 422, "rollout.max_new_tokens", "expected 1 to"),
+        (with("prompts_per_step = 4", "prompts_per_step = 0"), 422, "rollout.prompts_per_step", "expected 1 to"),
+        (with("[rollout]", "[rollout]\ntop_q = 1"), 400, "rollout.top_q", "unknown field"),
+        (with("[job]", "[job]\ncolour = \"red\""), 400, "job.colour", "unknown field"),
+        (with("name = \"good\"", "name = \"\""), 422, "job.name", "expected 1–128"),
+        (with("name = \"good\"", "name = \"a b/c\""), 422, "job.name", "expected 1–128"),
+        (with("team = \"tests\"", "team = \"others\""), 403, "job.team", "submits for team"),
+        (with("model_line = \"tiny-arith\"", "model_line = \"../escape\""), 422, "job.model_line", "expected 1–128"),
+        (with("seed = 7", "seed = 7\npriority = \"urgent\""), 400, "job.priority", "unknown variant"),
+        (with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:huge\""), 422, "model.policy", "builtin:tiny-arith"),
+        (with("policy = \"builtin:tiny-arith\"", "policy = \"/nonexistent/model\""), 422, "model.policy", "config.json"),
+        (with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:tiny-arith\"\ndtype = \"f8\""), 400, "model.dtype", "unknown variant"),
+        (with(&format!("{}/train.jsonl", data.display()), "/nonexistent/train.jsonl"), 422, "data.train", "cannot read"),
+        (with(&format!("{}/train.jsonl", data.display()), "train.jsonl"), 422, "data.train", "absolute path"),
+        (with(&format!("{}/heldout.jsonl", data.display()), &data.display().to_string()), 422, "data.heldout", "not a file"),
+        (with("plugin = \"grpo\"", "plugin = \"nope\""), 422, "optimizer.plugin", "grpo@0.1.0"),
+        (with("plugin = \"grpo\"", "plugin = \"math\""), 422, "optimizer.plugin", "loaded optimizer plugins"),
+        (with("plugin = \"math\"", "plugin = \"grpo\""), 422, "verifiers[0].plugin", "loaded verifier plugins"),
+        (with("plugin = \"grpo\"", "plugin = \"grpo@9.9.9\""), 422, "optimizer.plugin", "grpo@0.1.0"),
+        (with("group_size = 4", "group_size = 1"), 422, "optimizer.group_size", "at least 2"),
+        (with("group_size = 4", "group_size = 5000"), 422, "optimizer.group_size", "expected 1 to 1024"),
+        (with("lr = 1e-3", "lr = -1.0"), 422, "optimizer.lr", "(0, 1]"),
+        (with("lr = 1e-3", "lr = \"fast\""), 400, "optimizer.lr", "invalid type"),
+        (with("[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n", ""), 422, "verifiers", "at least one"),
+        (with("[[verifiers]]", "[[verifiers]]\nweight = -1.0"), 422, "verifiers[0].weight", "≥ 0"),
+        (with("every_steps = 5", "every_steps = 0"), 422, "checkpoint.every_steps", "at least 1"),
+        (format!("{good}\n[resources]\ndevices = 0\n"), 422, "resources.devices", "expected 1 to 64"),
+        (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "at most"),
+        (format!("{good}\n[publish]\nregistry = \"relative/dir\"\n"), 422, "publish.registry", "absolute path"),
+        (format!("{good}\n[curriculum]\nplugin = \"frontier\"\n"), 422, "curriculum.plugin", "loaded curriculum plugins"),
+        (format!("{good}\n[stop]\nkl = 1\n"), 400, "stop.kl", "unknown field"),
+        (good.replace("[budget]\nmax_steps = 2\n", ""), 400, "budget", "missing field"),
+    ];
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    for (body, status, field, words) in &cases {
+        let (got, answer) = submit(&daemon, TEAM_TOKEN, body, None);
+        assert_eq!(got, *status, "{field}: {answer}");
+        let error = &answer["error"];
+        assert_eq!(error["field"].as_str().unwrap_or(""), *field, "{answer}");
+        assert!(error["message"].as_str().unwrap().contains(words), "{field}: {answer}");
+    }
+    // JSON too, and bodies that are not specs at all.
+    let json_cases: [(&str, &str, u16, &str); 4] = [
+        ("{\"job\": 3}", "application/json", 400, "job"),
+        ("{", "application/json", 400, ""),
+        ("[]", "application/json", 400, ""),
+        ("\u{0}\u{1}binary", "application/octet-stream", 400, ""),
+    ];
+    for (body, content_type, status, field) in json_cases {
+        let response = client()
+            .post(format!("{}/v1/jobs", daemon.url))
+            .bearer_auth(TEAM_TOKEN)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{body:?}");
+        let answer: Value = response.json().unwrap();
+        assert_eq!(answer["error"]["field"].as_str().unwrap_or(""), field, "{answer}");
+    }
+    // 10 MB: refused by size, in the API's error shape.
+    let huge = format!("{good}\n# {}\n", "x".repeat(10 << 20));
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &huge, None);
+    assert_eq!((status, answer["error"]["code"].as_str()), (413, Some("body_too_large")), "{answer}");
+    // No token, bad idempotency key.
+    assert_eq!(submit(&daemon, "", &good, None).0, 401);
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &good, Some(&"k".repeat(500)));
+    assert_eq!((status, answer["error"]["field"].as_str()), (400, Some("Idempotency-Key")));
+
+    // Nothing was queued, and the daemon still takes a good job.
+    assert_eq!(get(&daemon, TEAM_TOKEN, "/v1/jobs").1["jobs"].as_array().map(Vec::len), Some(0));
+    let id = submit_ok(&daemon, &good);
+    assert_eq!(wait_job(&daemon, &id, Duration::from_secs(120), ended)["state"], "published");
+}
+
+#[test]
+fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterrupted_result() {
+    let redis = Redis::start();
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    let long = spec(&data, "long", 60, "");
+    let id = submit_ok(&daemon, &long);
+    let queued: Vec<String> = (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
+    let watch = WorkerWatch::start(&id);
+    wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
+
+    daemon.kill();
+    // The worker dies with its daemon: nothing trains a job the next daemon will start again.
+    assert!(wait_until(Duration::from_secs(5), || workers_of(&id) == 0), "the worker outlived its daemon");
+    daemon.restart();
+    // The queued jobs are all there (they may start at once: the killed daemon's task only
+    // comes back after its heartbeats lapse).
+    for queued_id in &queued {
+        let state = job(&daemon, queued_id)["state"].as_str().unwrap().to_owned();
+        assert!(["queued", "admitted", "running", "evaluating", "published"].contains(&state.as_str()), "{state}");
+    }
+    let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
+    assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done["crashes"], 1, "the daemon's death counts once");
+    for queued_id in &queued {
+        assert_eq!(wait_job(&daemon, queued_id, Duration::from_secs(120), ended)["state"], "published");
+    }
+    assert_eq!(watch.most(), 1, "never two workers of one job at once");
+    let weights = done["result"]["weights_sha256"].as_str().unwrap().to_owned();
+    assert_eq!(weights, uninterrupted_weights(&daemon, dir.path(), &long), "resumed run = uninterrupted run");
+}
+
+#[test]
+fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
+    let redis = Redis::start();
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    // Checkpoints every 5 steps: the stop's own checkpoint is what keeps the steps since.
+    let long = spec(&data, "long", 60, "");
+    let id = submit_ok(&daemon, &long);
+    wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
+
+    let started = Instant::now();
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.log());
+    assert!(started.elapsed() < Duration::from_secs(30), "stopped in {:?}", started.elapsed());
+    daemon.restart();
+    let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
+    assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done["crashes"], 0, "a clean stop is no crash");
+    let states = states(&daemon, &id);
+    let stop = states.iter().position(|s| s == "preempted").expect("preempted");
+    assert_eq!(states[stop + 1], "queued", "{states:?}");
+    let weights = done["result"]["weights_sha256"].as_str().unwrap().to_owned();
+    assert_eq!(weights, uninterrupted_weights(&daemon, dir.path(), &long));
+}
+
+#[test]
+fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    let running = submit_ok(&daemon, &spec(&data, "running", 100_000, ""));
+    let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, ""));
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
+
+    let cancel = |id: &str| client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap();
+    let answer: Value = cancel(&waiting).json().unwrap();
+    assert_eq!(answer["state"], "cancelled", "a queued job is cancelled at once: {answer}");
+    let asked = Instant::now();
+    let answer: Value = cancel(&running).json().unwrap();
+    assert_eq!(answer["cancel_requested"], true, "{answer}");
+    let done = wait_job(&daemon, &running, Duration::from_secs(30), ended);
+    assert_eq!(done["state"], "cancelled", "{done}");
+    assert!(wait_until(Duration::from_secs(5), || workers_of(&running) == 0), "worker stopped");
+    assert!(asked.elapsed() < Duration::from_secs(10), "cancelled in {:?}", asked.elapsed());
+    assert_eq!(cancel(&running).status().as_u16(), 409, "cancelling an ended job");
+    // The slot is free: the next job runs.
+    let next = submit_ok(&daemon, &spec(&data, "next", 2, ""));
+    assert_eq!(wait_job(&daemon, &next, Duration::from_secs(120), ended)["state"], "published");
+}
+
+#[test]
+fn a_poison_job_is_dead_lettered_after_its_crashes_and_other_jobs_carry_on() {
+    let redis = Redis::start();
+    let plugins = ["rlvr-optimizer-grpo", "rlvr-verifier-math", "rlvr-fixture-optimizer-poison"];
+    let daemon = Daemon::start_with(&plugins, &redis.url(), &QUEUE.replace("max_crashes = 3", "max_crashes = 2"));
+    assert!(plugin_lib("rlvr-fixture-optimizer-poison").exists());
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    let poison = submit_ok(&daemon, &spec(&data, "poison", 5, "").replace("plugin = \"grpo\"", "plugin = \"poison\""));
+    let healthy = submit_ok(&daemon, &spec(&data, "healthy", 3, ""));
+    let dead = wait_job(&daemon, &poison, Duration::from_secs(120), ended);
+    assert_eq!(dead["state"], "failed", "{dead}");
+    assert_eq!(dead["crashes"], 2, "{dead}");
+    let reason = dead["reason"].as_str().unwrap();
+    assert!(reason.contains("dead-lettered after 2 crashes") && reason.contains("SIGABRT"), "{reason}");
+    assert_eq!(wait_job(&daemon, &healthy, Duration::from_secs(120), ended)["state"], "published");
+    let (status, health) = get(&daemon, TEAM_TOKEN, "/healthz");
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+}
+
+#[test]
+fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconnects() {
+    let mut redis = Redis::start_with_aof();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path());
+    let running = submit_ok(&daemon, &spec(&data, "running", 80, ""));
+    let queued: Vec<String> = (0..3).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(5));
+
+    redis.stop();
+    let degraded = wait_until(Duration::from_secs(10), || {
+        rlvr_tests::http_get(&format!("{}/healthz", daemon.url))
+            .ok()
+            .and_then(|response| response.json::<Value>().ok())
+            .is_some_and(|health| health["status"] == "degraded")
+    });
+    assert!(degraded, "healthz reports the outage\n{}", daemon.log());
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, "during", 2, ""), None);
+    assert_eq!((status, answer["error"]["code"].as_str()), (503, Some("redis_unavailable")), "{answer}");
+    std::thread::sleep(Duration::from_secs(2));
+    redis.restart();
+
+    let done = wait_job(&daemon, &running, Duration::from_secs(180), ended);
+    assert_eq!(done["state"], "published", "{done}");
+    for id in &queued {
+        assert_eq!(wait_job(&daemon, id, Duration::from_secs(120), ended)["state"], "published", "{id}");
+    }
+}
