@@ -1155,7 +1155,7 @@ mod tests {
         let expected = Config {
             daemon: DaemonConfig { state_dir: "/srv/rlvr".into() },
             redis: RedisConfig { url: "unix:///run/redis.sock".into() },
-            api: ApiConfig { listen: "0.0.0.0:9000".parse().unwrap() },
+            api: ApiConfig { listen: "0.0.0.0:9000".parse().unwrap(), ..ApiConfig::default() },
             plugins: PluginsConfig { dirs: vec!["/a".into(), "relative/b".into()], scan_interval_ms: 100 },
             auth: AuthConfig {
                 tokens: vec![
@@ -1168,6 +1168,7 @@ mod tests {
                 cpu_slot_memory_gb: Some(8.0),
                 gpus: vec![GpuConfig { index: 1, memory_gb: 79.5 }],
             },
+            queue: QueueConfig::default(),
         };
         assert_eq!(config, expected);
     }
@@ -1220,7 +1221,7 @@ mod tests {
             &env,
             &[
                 r#"redis.url: expected a url starting with redis://, rediss:// or unix://, found "http://…@host:1" (from env RLVR__REDIS__URL)"#,
-                "api.lisen: unknown key, expected one of: listen (from file {file})",
+                "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {file})",
                 r#"api.listen: expected a socket address like 127.0.0.1:8470, found "nonsense" (from file {file})"#,
                 "plugins.scan_interval_ms: expected an integer from 100 to 60000 (milliseconds), found 5 (from env RLVR__PLUGINS__SCAN_INTERVAL_MS)",
                 r#"auth.tokens[0].sha256: expected the hex sha256 of the token (64 lowercase hex characters: printf %s "$TOKEN" | sha256sum), found a string of 10 characters (from file {file})"#,
@@ -1295,8 +1296,8 @@ mod tests {
             Some("[apii]\nlisten = \"127.0.0.1:1\"\n[devices]\ncpu = 1\n"),
             &[("RLVR__METRICS__PORT", "9")],
             &[
-                "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, devices (from file {file})",
-                "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, devices (from env RLVR__METRICS__PORT)",
+                "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue (from file {file})",
+                "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue (from env RLVR__METRICS__PORT)",
                 "devices.cpu: unknown key, expected one of: cpu_slots, cpu_slot_memory_gb, gpus (from file {file})",
             ],
         );
@@ -1304,8 +1305,8 @@ mod tests {
             Some("\"a.b\" = 1\n[api]\n\"with space\" = 2\n"),
             &[],
             &[
-                r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, devices (from file {file})"#,
-                r#"api."with space": unknown key, expected one of: listen (from file {file})"#,
+                r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue (from file {file})"#,
+                r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {file})"#,
             ],
         );
     }
@@ -1473,7 +1474,7 @@ mod tests {
                 "api..x: malformed variable name, expected RLVR__SECTION__KEY (from env RLVR__API____X)",
                 "devices.cpu_slots: conflicts with RLVR__DEVICES, set only one (from env RLVR__DEVICES__CPU_SLOTS)",
                 r#"redis.url: expected a url starting with redis://, rediss:// or unix://, found "42" (from env RLVR__REDIS__URL)"#,
-                "api.lisen: unknown key, expected one of: listen (from env RLVR__API__LISEN)",
+                "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from env RLVR__API__LISEN)",
                 r#"plugins.dirs: expected a list of directories like ["/usr/lib/rlvr/plugins"], found "/one/dir" (from env RLVR__PLUGINS__DIRS)"#,
                 r#"auth.tokens[0].sha256: expected the hex sha256 of the token (64 lowercase hex characters: printf %s "$TOKEN" | sha256sum), found a string of 3 characters (from env RLVR__AUTH__TOKENS)"#,
             ],
