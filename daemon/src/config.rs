@@ -765,7 +765,14 @@ impl Checker<'_> {
     }
 
     fn queue(&mut self, path: &KeyPath, value: &Value, out: &mut QueueConfig) {
-        let known = ["poll_interval_ms", "heartbeat_ms", "missed_heartbeats", "max_crashes", "stop_timeout_s", "worker_threads"];
+        let known = [
+            "poll_interval_ms",
+            "heartbeat_ms",
+            "missed_heartbeats",
+            "max_crashes",
+            "stop_timeout_s",
+            "worker_threads",
+        ];
         let Some(table) = self.table(path, value, &known) else { return };
         let mut integer = |key: &str, range: std::ops::RangeInclusive<u64>, out: &mut u64| {
             if let Some(v) = table.get(key) {
@@ -792,7 +799,8 @@ impl Checker<'_> {
     }
 
     fn api(&mut self, path: &KeyPath, value: &Value, out: &mut ApiConfig) {
-        let Some(table) = self.table(path, value, &["listen", "max_body_bytes", "rate_limit_per_minute"]) else {
+        let Some(table) = self.table(path, value, &["listen", "max_body_bytes", "rate_limit_per_minute"])
+        else {
             return;
         };
         if let Some(v) = table.get("max_body_bytes") {

@@ -21,10 +21,10 @@ use rlvr_queue::store::JobStore;
 use crate::api::auth::Auth;
 use crate::api::jobs::JobsState;
 use crate::api::{AppState, router};
-use crate::jobs::supervise::Supervisor;
-use crate::jobs::{Queues, consumer};
 use crate::config::Config;
 use crate::health::{PING_INTERVAL, RedisHealth};
+use crate::jobs::supervise::Supervisor;
+use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
 use crate::registry::{Isolation, Registry, RegistryError, ScanSummary};
 

@@ -63,7 +63,11 @@ pub fn config(priority: Priority, heartbeat: Duration, missed_heartbeats: usize)
 /// how many. The backend's fetch script moves *all* due tasks with one `RPUSH unpack(...)`, which
 /// fails at 8,000 (measured: 7,999 work), killing every worker on its first fetch; moving them in
 /// bounded chunks ahead of it keeps the fetch's share small.
-pub async fn promote_due<C: ConnectionLike>(conn: &mut C, config: &Config, chunk: usize) -> redis::RedisResult<usize> {
+pub async fn promote_due<C: ConnectionLike>(
+    conn: &mut C,
+    config: &Config,
+    chunk: usize,
+) -> redis::RedisResult<usize> {
     static PROMOTE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
             r#"

@@ -105,10 +105,7 @@ impl FromStr for JobState {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {
         JobState::ALL.into_iter().find(|state| state.as_str() == text).ok_or_else(|| {
-            format!(
-                "expected one of {}, got {text:?}",
-                JobState::ALL.map(JobState::as_str).join(", ")
-            )
+            format!("expected one of {}, got {text:?}", JobState::ALL.map(JobState::as_str).join(", "))
         })
     }
 }

@@ -295,7 +295,13 @@ return {1, current}
         let allowed: String =
             to.allowed_from().iter().fold(",".to_owned(), |acc, state| format!("{acc}{state},"));
         let mut invocation = TRANSITION.prepare_invoke();
-        invocation.key(job_key(id)).key(events_key(id)).arg(to.as_str()).arg(reason).arg(now_ms()).arg(allowed);
+        invocation
+            .key(job_key(id))
+            .key(events_key(id))
+            .arg(to.as_str())
+            .arg(reason)
+            .arg(now_ms())
+            .arg(allowed);
         for (field, value) in extra {
             invocation.arg(*field).arg(value);
         }
@@ -321,7 +327,8 @@ return 1
 "#,
             )
         });
-        let heldout = progress.get("heldout").and_then(Value::as_f64).map(|h| h.to_string()).unwrap_or_default();
+        let heldout =
+            progress.get("heldout").and_then(Value::as_f64).map(|h| h.to_string()).unwrap_or_default();
         let _: i64 = PROGRESS
             .key(job_key(id))
             .arg(step)
@@ -410,12 +417,17 @@ return {0, current}
             .arg(after)
             .query_async(&mut self.conn.clone())
             .await?;
-        let reply: Option<redis::streams::StreamReadReply> = redis::FromRedisValue::from_redis_value(value).ok();
+        let reply: Option<redis::streams::StreamReadReply> =
+            redis::FromRedisValue::from_redis_value(value).ok();
         let mut events = Vec::new();
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
                 let field = |name: &str| -> String {
-                    entry.map.get(name).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()).unwrap_or_default()
+                    entry
+                        .map
+                        .get(name)
+                        .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                        .unwrap_or_default()
                 };
                 let state = parse_state(id, &field("state"))?;
                 events.push(JobEvent {

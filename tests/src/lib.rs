@@ -142,9 +142,7 @@ impl Redis {
                 panic!("cannot start {} (scripts/setup.sh installs it): {error}", server.display())
             });
         self.child = Some(child);
-        let up = wait_until(Duration::from_secs(10), || {
-            redis_ping(port)
-        });
+        let up = wait_until(Duration::from_secs(10), || redis_ping(port));
         assert!(up, "redis-server did not answer on {port}");
     }
 
@@ -233,7 +231,9 @@ impl Daemon {
              [plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n{tokens}{extra_config}\n",
             state = state_dir.display().to_string(),
             plugins = plugins_dir.display().to_string(),
-            tokens = token("tests", TEAM_TOKEN, false) + &token("others", OTHER_TOKEN, false) + &token("ops", ADMIN_TOKEN, true),
+            tokens = token("tests", TEAM_TOKEN, false)
+                + &token("others", OTHER_TOKEN, false)
+                + &token("ops", ADMIN_TOKEN, true),
         );
         fs::write(&config, toml).expect("write config");
         let mut daemon =

@@ -18,7 +18,8 @@ use serde_json::Value;
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 /// Fast heartbeats so a killed daemon's tasks come back within seconds; one libtorch thread so
 /// results are bit-exact across runs.
-const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
+const QUEUE: &str =
+    "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
 
 fn client() -> Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -27,7 +28,8 @@ fn client() -> Client {
 
 fn arith_data(dir: &Path) -> PathBuf {
     let data = dir.join("data");
-    let output = Command::new(artifact("rlvrd")).args(["data", "arith", "--out"]).arg(&data).output().unwrap();
+    let output =
+        Command::new(artifact("rlvrd")).args(["data", "arith", "--out"]).arg(&data).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     data
 }
@@ -217,7 +219,10 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     assert_eq!(status, 201, "{first}");
     let id = first["id"].as_str().unwrap().to_owned();
     let (status, again) = submit(&daemon, TEAM_TOKEN, &toml, Some("retry-1"));
-    assert_eq!((status, again["id"].as_str(), again["created"].as_bool()), (200, Some(id.as_str()), Some(false)));
+    assert_eq!(
+        (status, again["id"].as_str(), again["created"].as_bool()),
+        (200, Some(id.as_str()), Some(false))
+    );
     let (status, reused) = submit(&daemon, TEAM_TOKEN, &spec(&data, "other", 6, ""), Some("retry-1"));
     assert_eq!((status, reused["error"]["code"].as_str()), (409, Some("idempotency_key_reused")), "{reused}");
 
@@ -308,42 +313,117 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
         (with("max_steps = 2", "max_steps = -2"), 400, "budget.max_steps", "invalid value"),
         (with("max_steps = 2", "max_steps = 0"), 422, "budget.max_steps", "expected 1 to"),
         (with("max_steps = 2", "max_steps = 99999999999"), 422, "budget.max_steps", "expected 1 to"),
-        (with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = -5"), 422, "budget.max_wall_minutes", "positive"),
-        (with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = 1e9"), 422, "budget.max_wall_minutes", "30 days"),
-        (with("max_steps = 2", "max_steps = 2\nmax_generated_tokens = 0"), 422, "budget.max_generated_tokens", "positive"),
+        (
+            with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = -5"),
+            422,
+            "budget.max_wall_minutes",
+            "positive",
+        ),
+        (
+            with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = 1e9"),
+            422,
+            "budget.max_wall_minutes",
+            "30 days",
+        ),
+        (
+            with("max_steps = 2", "max_steps = 2\nmax_generated_tokens = 0"),
+            422,
+            "budget.max_generated_tokens",
+            "positive",
+        ),
         (with("max_steps = 2", "max_steps = 2\nmax_hours = 3"), 400, "budget.max_hours", "unknown field"),
         (with("[rollout]", "[rollout]\ntop_p = 2.0"), 422, "rollout.top_p", "(0, 1]"),
         (with("[rollout]", "[rollout]\ntemperature = -1.0"), 422, "rollout.temperature", "[0, 10]"),
-        (with("max_new_tokens = 5", "max_new_tokens = 1000000"), 422, "rollout.max_new_tokens", "expected 1 to"),
-        (with("prompts_per_step = 4", "prompts_per_step = 0"), 422, "rollout.prompts_per_step", "expected 1 to"),
+        (
+            with("max_new_tokens = 5", "max_new_tokens = 1000000"),
+            422,
+            "rollout.max_new_tokens",
+            "expected 1 to",
+        ),
+        (
+            with("prompts_per_step = 4", "prompts_per_step = 0"),
+            422,
+            "rollout.prompts_per_step",
+            "expected 1 to",
+        ),
         (with("[rollout]", "[rollout]\ntop_q = 1"), 400, "rollout.top_q", "unknown field"),
         (with("[job]", "[job]\ncolour = \"red\""), 400, "job.colour", "unknown field"),
         (with("name = \"good\"", "name = \"\""), 422, "job.name", "expected 1–128"),
         (with("name = \"good\"", "name = \"a b/c\""), 422, "job.name", "expected 1–128"),
         (with("team = \"tests\"", "team = \"others\""), 403, "job.team", "submits for team"),
-        (with("model_line = \"tiny-arith\"", "model_line = \"../escape\""), 422, "job.model_line", "expected 1–128"),
+        (
+            with("model_line = \"tiny-arith\"", "model_line = \"../escape\""),
+            422,
+            "job.model_line",
+            "expected 1–128",
+        ),
         (with("seed = 7", "seed = 7\npriority = \"urgent\""), 400, "job.priority", "unknown variant"),
-        (with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:huge\""), 422, "model.policy", "builtin:tiny-arith"),
-        (with("policy = \"builtin:tiny-arith\"", "policy = \"/nonexistent/model\""), 422, "model.policy", "config.json"),
-        (with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:tiny-arith\"\ndtype = \"f8\""), 400, "model.dtype", "unknown variant"),
-        (with(&format!("{}/train.jsonl", data.display()), "/nonexistent/train.jsonl"), 422, "data.train", "cannot read"),
+        (
+            with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:huge\""),
+            422,
+            "model.policy",
+            "builtin:tiny-arith",
+        ),
+        (
+            with("policy = \"builtin:tiny-arith\"", "policy = \"/nonexistent/model\""),
+            422,
+            "model.policy",
+            "config.json",
+        ),
+        (
+            with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:tiny-arith\"\ndtype = \"f8\""),
+            400,
+            "model.dtype",
+            "unknown variant",
+        ),
+        (
+            with(&format!("{}/train.jsonl", data.display()), "/nonexistent/train.jsonl"),
+            422,
+            "data.train",
+            "cannot read",
+        ),
         (with(&format!("{}/train.jsonl", data.display()), "train.jsonl"), 422, "data.train", "absolute path"),
-        (with(&format!("{}/heldout.jsonl", data.display()), &data.display().to_string()), 422, "data.heldout", "not a file"),
+        (
+            with(&format!("{}/heldout.jsonl", data.display()), &data.display().to_string()),
+            422,
+            "data.heldout",
+            "not a file",
+        ),
         (with("plugin = \"grpo\"", "plugin = \"nope\""), 422, "optimizer.plugin", "grpo@0.1.0"),
         (with("plugin = \"grpo\"", "plugin = \"math\""), 422, "optimizer.plugin", "loaded optimizer plugins"),
-        (with("plugin = \"math\"", "plugin = \"grpo\""), 422, "verifiers[0].plugin", "loaded verifier plugins"),
+        (
+            with("plugin = \"math\"", "plugin = \"grpo\""),
+            422,
+            "verifiers[0].plugin",
+            "loaded verifier plugins",
+        ),
         (with("plugin = \"grpo\"", "plugin = \"grpo@9.9.9\""), 422, "optimizer.plugin", "grpo@0.1.0"),
         (with("group_size = 4", "group_size = 1"), 422, "optimizer.group_size", "at least 2"),
         (with("group_size = 4", "group_size = 5000"), 422, "optimizer.group_size", "expected 1 to 1024"),
         (with("lr = 1e-3", "lr = -1.0"), 422, "optimizer.lr", "(0, 1]"),
         (with("lr = 1e-3", "lr = \"fast\""), 400, "optimizer.lr", "invalid type"),
-        (with("[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n", ""), 422, "verifiers", "at least one"),
+        (
+            with("[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n", ""),
+            422,
+            "verifiers",
+            "at least one",
+        ),
         (with("[[verifiers]]", "[[verifiers]]\nweight = -1.0"), 422, "verifiers[0].weight", "≥ 0"),
         (with("every_steps = 5", "every_steps = 0"), 422, "checkpoint.every_steps", "at least 1"),
         (format!("{good}\n[resources]\ndevices = 0\n"), 422, "resources.devices", "expected 1 to 64"),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "at most"),
-        (format!("{good}\n[publish]\nregistry = \"relative/dir\"\n"), 422, "publish.registry", "absolute path"),
-        (format!("{good}\n[curriculum]\nplugin = \"frontier\"\n"), 422, "curriculum.plugin", "loaded curriculum plugins"),
+        (
+            format!("{good}\n[publish]\nregistry = \"relative/dir\"\n"),
+            422,
+            "publish.registry",
+            "absolute path",
+        ),
+        (
+            format!("{good}\n[curriculum]\nplugin = \"frontier\"\n"),
+            422,
+            "curriculum.plugin",
+            "loaded curriculum plugins",
+        ),
         (format!("{good}\n[stop]\nkl = 1\n"), 400, "stop.kl", "unknown field"),
         (good.replace("[budget]\nmax_steps = 2\n", ""), 400, "budget", "missing field"),
     ];
@@ -397,7 +477,8 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     let data = arith_data(dir.path());
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
-    let queued: Vec<String> = (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
+    let queued: Vec<String> =
+        (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
     let watch = WorkerWatch::start(&id);
     wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
 
@@ -409,7 +490,10 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     // comes back after its heartbeats lapse).
     for queued_id in &queued {
         let state = job(&daemon, queued_id)["state"].as_str().unwrap().to_owned();
-        assert!(["queued", "admitted", "running", "evaluating", "published"].contains(&state.as_str()), "{state}");
+        assert!(
+            ["queued", "admitted", "running", "evaluating", "published"].contains(&state.as_str()),
+            "{state}"
+        );
     }
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
     assert_eq!(done["state"], "published", "{done}");
@@ -458,7 +542,9 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, ""));
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
 
-    let cancel = |id: &str| client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap();
+    let cancel = |id: &str| {
+        client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap()
+    };
     let answer: Value = cancel(&waiting).json().unwrap();
     assert_eq!(answer["state"], "cancelled", "a queued job is cancelled at once: {answer}");
     let asked = Instant::now();
@@ -478,11 +564,13 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
 fn a_poison_job_is_dead_lettered_after_its_crashes_and_other_jobs_carry_on() {
     let redis = Redis::start();
     let plugins = ["rlvr-optimizer-grpo", "rlvr-verifier-math", "rlvr-fixture-optimizer-poison"];
-    let daemon = Daemon::start_with(&plugins, &redis.url(), &QUEUE.replace("max_crashes = 3", "max_crashes = 2"));
+    let daemon =
+        Daemon::start_with(&plugins, &redis.url(), &QUEUE.replace("max_crashes = 3", "max_crashes = 2"));
     assert!(plugin_lib("rlvr-fixture-optimizer-poison").exists());
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path());
-    let poison = submit_ok(&daemon, &spec(&data, "poison", 5, "").replace("plugin = \"grpo\"", "plugin = \"poison\""));
+    let poison =
+        submit_ok(&daemon, &spec(&data, "poison", 5, "").replace("plugin = \"grpo\"", "plugin = \"poison\""));
     let healthy = submit_ok(&daemon, &spec(&data, "healthy", 3, ""));
     let dead = wait_job(&daemon, &poison, Duration::from_secs(120), ended);
     assert_eq!(dead["state"], "failed", "{dead}");
@@ -501,7 +589,8 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path());
     let running = submit_ok(&daemon, &spec(&data, "running", 80, ""));
-    let queued: Vec<String> = (0..3).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
+    let queued: Vec<String> =
+        (0..3).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(5));
 
     redis.stop();

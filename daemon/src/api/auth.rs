@@ -79,7 +79,8 @@ impl Auth {
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let caller = self.by_hash.get(&hash).cloned().ok_or(AuthError::Unknown)?;
         if let Err(not_until) = self.limiter.check_key(&caller.team) {
-            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            let wait = not_until
+                .wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
             return Err(AuthError::RateLimited { retry_after_s: wait.as_secs().max(1) });
         }
         Ok(caller)
@@ -99,7 +100,9 @@ mod tests {
             admin,
         };
         Auth::new(
-            &AuthConfig { tokens: vec![token("math", "math-secret", false), token("ops", "ops-secret", true)] },
+            &AuthConfig {
+                tokens: vec![token("math", "math-secret", false), token("ops", "ops-secret", true)],
+            },
             per_minute,
         )
     }

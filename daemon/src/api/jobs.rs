@@ -93,14 +93,18 @@ impl From<AuthError> for Failure {
                 "unauthorized",
                 "expected the Authorization header as Bearer <token>",
             ),
-            AuthError::Unknown => {
-                Failure::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not in the daemon's config")
-            }
+            AuthError::Unknown => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the bearer token is not in the daemon's config",
+            ),
             AuthError::RateLimited { retry_after_s } => {
                 let mut failure = Failure::new(
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limited",
-                    format!("this team's request rate is over api.rate_limit_per_minute; retry in {retry_after_s} s"),
+                    format!(
+                        "this team's request rate is over api.rate_limit_per_minute; retry in {retry_after_s} s"
+                    ),
                 );
                 failure.retry_after_s = Some(retry_after_s);
                 failure
@@ -182,7 +186,8 @@ pub async fn submit(
     let is_toml = content_type.starts_with("application/toml") || content_type.starts_with("text/toml");
     let parsed = if is_toml { JobSpec::from_toml(text) } else { JobSpec::from_json(text) };
     let spec = parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
-    spec.validate().map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
+    spec.validate()
+        .map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
     if !caller.may_act_for(&spec.job.team) {
         return Err(Failure::new(
             StatusCode::FORBIDDEN,
@@ -272,9 +277,8 @@ pub async fn list(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Json<JobList>> {
     let caller = state.auth.check(&headers)?;
-    let Query(query) = query.map_err(|rejection| {
-        Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text())
-    })?;
+    let Query(query) = query
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     let wanted_state = query
         .state
         .as_deref()
@@ -285,8 +289,12 @@ pub async fn list(
         (Some(team), true) => Some(team.clone()),
         (None, true) => None,
         (Some(team), false) if *team != caller.team => {
-            return Err(Failure::new(StatusCode::FORBIDDEN, "forbidden", "a team token lists only its own team")
-                .field("team"));
+            return Err(Failure::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "a team token lists only its own team",
+            )
+            .field("team"));
         }
         _ => Some(caller.team.clone()),
     };
@@ -399,9 +407,8 @@ pub async fn events(
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let caller = state.auth.check(&headers)?;
-    let Query(query) = query.map_err(|rejection| {
-        Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text())
-    })?;
+    let Query(query) = query
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible_job(&state, &caller, &id).await?;
     let after = headers
         .get("last-event-id")
@@ -410,8 +417,12 @@ pub async fn events(
         .or(query.after)
         .unwrap_or_else(|| "0".to_owned());
     if !valid_stream_id(&after) {
-        return Err(Failure::new(StatusCode::BAD_REQUEST, "bad_query", "expected an event id like 1700000000000-0")
-            .field("after"));
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "bad_query",
+            "expected an event id like 1700000000000-0",
+        )
+        .field("after"));
     }
     let follower = Follower { state, id, after, last_progress: None, pending: Vec::new(), ended: false };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
@@ -425,7 +436,10 @@ fn valid_stream_id(id: &str) -> bool {
     let mut parts = id.splitn(2, '-');
     let ms = parts.next().unwrap_or("");
     let seq = parts.next().unwrap_or("0");
-    !ms.is_empty() && ms.len() <= 20 && ms.bytes().all(|b| b.is_ascii_digit()) && seq.bytes().all(|b| b.is_ascii_digit())
+    !ms.is_empty()
+        && ms.len() <= 20
+        && ms.bytes().all(|b| b.is_ascii_digit())
+        && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Follows one job for an event stream.

@@ -15,10 +15,10 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;

@@ -19,7 +19,8 @@ const MAX_MEMORY_GB: f64 = 4096.0;
 /// Every problem found, each naming its field.
 pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
     let mut problems = Vec::new();
-    let mut problem = |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
+    let mut problem =
+        |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
 
     // Plugins: loaded, and of the right kind.
     let find = |name: &str, kind: PluginKind| {
@@ -30,7 +31,11 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
                 .filter(|plugin| plugin.meta.kind == kind)
                 .map(|plugin| plugin.id())
                 .collect();
-            format!("{error}; loaded {} plugins: {}", kind.as_str(), if known.is_empty() { "none".into() } else { known.join(", ") })
+            format!(
+                "{error}; loaded {} plugins: {}",
+                kind.as_str(),
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            )
         })
     };
     let optimizer = match find(&spec.optimizer.plugin, PluginKind::Optimizer) {
@@ -54,16 +59,24 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
     // The optimizer's needs against the rest of the spec.
     if let Some(optimizer) = &optimizer {
         match worker::optimizer_needs(&optimizer.meta) {
-            None => problem("optimizer.plugin", format!("{} reports no data mode this daemon knows", optimizer.id())),
+            None => problem(
+                "optimizer.plugin",
+                format!("{} reports no data mode this daemon knows", optimizer.id()),
+            ),
             Some(info) => {
-                if let Err(WorkerError::Plugin { field, message }) = worker::check_fit(spec, &info, optimizer.id()) {
+                if let Err(WorkerError::Plugin { field, message }) =
+                    worker::check_fit(spec, &info, optimizer.id())
+                {
                     problem(&field, message);
                 }
                 let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
                 if spec.curriculum.is_some() && !online {
                     problem(
                         "curriculum",
-                        format!("a curriculum chooses prompts of online training; {} trains offline", optimizer.id()),
+                        format!(
+                            "a curriculum chooses prompts of online training; {} trains offline",
+                            optimizer.id()
+                        ),
                     );
                 }
             }
@@ -88,14 +101,20 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
     if let Some(publish) = &spec.publish
         && !publish.registry.is_absolute()
     {
-        problem("publish.registry", format!("expected an absolute path, got {:?}", publish.registry.display().to_string()));
+        problem(
+            "publish.registry",
+            format!("expected an absolute path, got {:?}", publish.registry.display().to_string()),
+        );
     }
 
     // Budgets and resources within what a daemon can honour.
     if let Some(minutes) = spec.budget.max_wall_minutes
         && minutes > MAX_WALL_MINUTES
     {
-        problem("budget.max_wall_minutes", format!("expected at most {MAX_WALL_MINUTES} (30 days), got {minutes}"));
+        problem(
+            "budget.max_wall_minutes",
+            format!("expected at most {MAX_WALL_MINUTES} (30 days), got {minutes}"),
+        );
     }
     if spec.resources.memory_gb > MAX_MEMORY_GB {
         problem(
@@ -108,7 +127,13 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
 
 fn readable_file(problem: &mut impl FnMut(&str, String), field: &str, path: &Path) {
     if !path.is_absolute() {
-        problem(field, format!("expected an absolute path (the daemon's working directory is not yours), got {:?}", path.display().to_string()));
+        problem(
+            field,
+            format!(
+                "expected an absolute path (the daemon's working directory is not yours), got {:?}",
+                path.display().to_string()
+            ),
+        );
         return;
     }
     match std::fs::File::open(path).and_then(|file| file.metadata()) {
@@ -133,6 +158,9 @@ fn model_source(problem: &mut impl FnMut(&str, String), field: &str, source: &st
     }
     let config = dir.join("config.json");
     if let Err(error) = std::fs::File::open(&config) {
-        problem(field, format!("expected a Hugging Face model directory; cannot read {}: {error}", config.display()));
+        problem(
+            field,
+            format!("expected a Hugging Face model directory; cannot read {}: {error}", config.display()),
+        );
     }
 }

@@ -68,7 +68,8 @@ pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: Cancel
                 let config = promoter.queues.backend_config(priority);
                 let mut conn = promoter.queues.store.connection();
                 // Until a chunk comes back short: the backlog is moved.
-                while let Ok(moved) = rlvr_queue::dispatch::promote_due(&mut conn, &config, PUSH_CHUNK).await {
+                while let Ok(moved) = rlvr_queue::dispatch::promote_due(&mut conn, &config, PUSH_CHUNK).await
+                {
                     if moved < PUSH_CHUNK {
                         break;
                     }
@@ -109,7 +110,8 @@ async fn consume(
     while !stopping.is_cancelled() {
         let name = worker_name(priority);
         let config = supervisor.queues.backend_config(priority).batch_size(in_flight.max(1));
-        let storage = RedisStorage::<DispatchTask, _>::new(supervisor.queues.store.connection()).with_config(config);
+        let storage =
+            RedisStorage::<DispatchTask, _>::new(supervisor.queues.store.connection()).with_config(config);
         let worker = WorkerBuilder::new(name.clone())
             .backend(storage.poll_with_interval(poll))
             .data(supervisor.clone())
@@ -117,10 +119,12 @@ async fn consume(
             .build(handle);
         info!(worker = %name, queue = rlvr_queue::dispatch::queue_name(priority), "consuming");
         let stop = stopping.clone();
-        let outcome = worker.run_until(async move {
-            stop.cancelled().await;
-            Ok::<(), std::io::Error>(())
-        }).await;
+        let outcome = worker
+            .run_until(async move {
+                stop.cancelled().await;
+                Ok::<(), std::io::Error>(())
+            })
+            .await;
         match outcome {
             Ok(()) => return,
             Err(error) => {
@@ -142,7 +146,11 @@ async fn consume(
 /// drops its handlers, and that must not stop a training job. The task comes back to the rebuilt
 /// worker once the old one's heartbeats have lapsed, and its handler then waits for the
 /// supervision still under way ([`Supervisor::handle`]) before acknowledging it.
-async fn handle(task: DispatchTask, id: TaskId, supervisor: Data<Arc<Supervisor>>) -> Result<(), BoxDynError> {
+async fn handle(
+    task: DispatchTask,
+    id: TaskId,
+    supervisor: Data<Arc<Supervisor>>,
+) -> Result<(), BoxDynError> {
     let supervisor = Arc::clone(&supervisor);
     let _ = tokio::spawn(async move { supervisor.handle(task.job_id, id.to_string()).await }).await;
     Ok(())

@@ -71,7 +71,12 @@ pub fn judge(spec: &JobSpec, outcome: &Value) -> Vec<Criterion> {
 }
 
 /// Judges and, when every criterion passes, publishes the checkpoint of `outcome`.
-pub fn evaluate(spec: &JobSpec, job_id: &str, outcome: &Value, default_registry: &Path) -> Result<Verdict, String> {
+pub fn evaluate(
+    spec: &JobSpec,
+    job_id: &str,
+    outcome: &Value,
+    default_registry: &Path,
+) -> Result<Verdict, String> {
     let table = judge(spec, outcome);
     let failed: Vec<String> = table
         .iter()
@@ -102,8 +107,9 @@ pub fn evaluate(spec: &JobSpec, job_id: &str, outcome: &Value, default_registry:
         "gates": table,
         "spec": spec,
     });
-    let (version, path) = publish(&registry.join(&spec.job.model_line), job_id, &Path::new(checkpoint).join("model"), manifest)
-        .map_err(|error| format!("publishing to {}: {error}", registry.display()))?;
+    let (version, path) =
+        publish(&registry.join(&spec.job.model_line), job_id, &Path::new(checkpoint).join("model"), manifest)
+            .map_err(|error| format!("publishing to {}: {error}", registry.display()))?;
     Ok(Verdict::Published { version, path, table })
 }
 
@@ -129,7 +135,10 @@ fn publish(line: &Path, job_id: &str, model: &Path, mut manifest: Value) -> io::
         let target = staging.join(&name);
         fs::copy(entry.path(), &target)?;
         fs::File::open(&target)?.sync_all()?;
-        files.insert(name.to_string_lossy().into_owned(), json!(hex::encode(Sha256::digest(fs::read(&target)?))));
+        files.insert(
+            name.to_string_lossy().into_owned(),
+            json!(hex::encode(Sha256::digest(fs::read(&target)?))),
+        );
     }
     manifest["files"] = Value::Object(files);
     let mut version = next_version(line)?;
@@ -174,7 +183,8 @@ fn next_version(line: &Path) -> io::Result<u64> {
 /// The version this job published already, if it did.
 fn published_by(line: &Path, job_id: &str) -> io::Result<Option<(u64, PathBuf)>> {
     for (version, path) in versions(line)? {
-        let manifest = fs::read(path.join("manifest.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        let manifest =
+            fs::read(path.join("manifest.json")).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         if manifest.as_ref().and_then(|m| m.get("job_id")).and_then(Value::as_str) == Some(job_id) {
             return Ok(Some((version, path)));
         }

@@ -217,7 +217,9 @@ impl Supervisor {
         });
         let mut child = match spawned {
             Ok(child) => child,
-            Err(error) => return WorkerEnd::Crashed(format!("cannot start the worker in {}: {error}", dir.display())),
+            Err(error) => {
+                return WorkerEnd::Crashed(format!("cannot start the worker in {}: {error}", dir.display()));
+            }
         };
         let pid = child.id().unwrap_or(0);
         let reason = if from_step > 0 {
@@ -265,7 +267,10 @@ impl Supervisor {
                 stop_deadline = Some(Instant::now() + self.stop_timeout);
             }
             if stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                warn!(pid, "the worker did not stop in time: killing it; it resumes from its last checkpoint");
+                warn!(
+                    pid,
+                    "the worker did not stop in time: killing it; it resumes from its last checkpoint"
+                );
                 let _ = child.start_kill();
                 stop_deadline = Some(Instant::now() + Duration::from_secs(3600));
             }
@@ -286,13 +291,27 @@ impl Supervisor {
         match end {
             WorkerEnd::Finished(outcome) => {
                 let extra = [("result", outcome.to_string())];
-                if self.transition(id, JobState::Evaluating, "training ended; gating the candidate", &extra).await.is_some() {
+                if self
+                    .transition(id, JobState::Evaluating, "training ended; gating the candidate", &extra)
+                    .await
+                    .is_some()
+                {
                     self.finish(id, spec, outcome).await;
                 }
             }
             WorkerEnd::Interrupted => {
-                if self.transition(id, JobState::Preempted, "the daemon is stopping; checkpointed", &[]).await.is_some() {
-                    self.requeue(id, priority, Some(JobState::Queued), "requeued: resumes from its checkpoint").await;
+                if self
+                    .transition(id, JobState::Preempted, "the daemon is stopping; checkpointed", &[])
+                    .await
+                    .is_some()
+                {
+                    self.requeue(
+                        id,
+                        priority,
+                        Some(JobState::Queued),
+                        "requeued: resumes from its checkpoint",
+                    )
+                    .await;
                 }
             }
             WorkerEnd::Cancelled => {
@@ -305,7 +324,13 @@ impl Supervisor {
             WorkerEnd::Crashed(what) => {
                 warn!(%what, "worker crashed");
                 if !self.count_crash_or_dead_letter(id, &what).await {
-                    self.requeue(id, priority, Some(JobState::Queued), &format!("requeued after a crash: {what}")).await;
+                    self.requeue(
+                        id,
+                        priority,
+                        Some(JobState::Queued),
+                        &format!("requeued after a crash: {what}"),
+                    )
+                    .await;
                 }
             }
         }
@@ -318,18 +343,22 @@ impl Supervisor {
             tokio::task::spawn_blocking(move || gate::evaluate(&spec2, &id2, &outcome, &registry)).await;
         match verdict {
             Ok(Ok(Verdict::Published { version, path, table })) => {
-                let reason = format!("published {} version {version} at {}", spec.job.model_line, path.display());
+                let reason =
+                    format!("published {} version {version} at {}", spec.job.model_line, path.display());
                 let extra = [("gates", json!(table).to_string()), ("published", path.display().to_string())];
                 let _ = self.transition(id, JobState::Published, &reason, &extra).await;
             }
             Ok(Ok(Verdict::Refused { reason, table })) => {
-                let _ = self.transition(id, JobState::Refused, &reason, &[("gates", json!(table).to_string())]).await;
+                let _ = self
+                    .transition(id, JobState::Refused, &reason, &[("gates", json!(table).to_string())])
+                    .await;
             }
             Ok(Err(message)) => {
                 let _ = self.transition(id, JobState::Failed, &message, &[]).await;
             }
             Err(error) => {
-                let _ = self.transition(id, JobState::Failed, &format!("gating panicked: {error}"), &[]).await;
+                let _ =
+                    self.transition(id, JobState::Failed, &format!("gating panicked: {error}"), &[]).await;
             }
         }
     }
@@ -356,7 +385,10 @@ impl Supervisor {
         let fields = [("task_id", task_id.clone())];
         let recorded = match to {
             Some(state) => self.transition(id, state, reason, &fields).await.is_some(),
-            None => self.persist("record the new task", || self.queues.store.set_fields(id, &fields)).await.is_some(),
+            None => self
+                .persist("record the new task", || self.queues.store.set_fields(id, &fields))
+                .await
+                .is_some(),
         };
         if !recorded {
             return;
@@ -371,7 +403,13 @@ impl Supervisor {
 
     /// A change of state, retried while Redis is away; `None` when the job may not make it
     /// (cancelled meanwhile, or gone).
-    async fn transition(&self, id: &str, to: JobState, reason: &str, extra: &[(&str, String)]) -> Option<JobState> {
+    async fn transition(
+        &self,
+        id: &str,
+        to: JobState,
+        reason: &str,
+        extra: &[(&str, String)],
+    ) -> Option<JobState> {
         let mut delay = Duration::from_millis(200);
         loop {
             match self.queues.store.transition(id, to, reason, extra).await {
@@ -438,15 +476,20 @@ fn signal(pid: u32, signal: nix::sys::signal::Signal) {
 fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
-        (Some(0), _) => match stdout.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok()) {
-            Some(outcome) => WorkerEnd::Finished(outcome),
-            None => WorkerEnd::Crashed("the worker exited 0 without its outcome line".into()),
-        },
+        (Some(0), _) => {
+            match stdout.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok()) {
+                Some(outcome) => WorkerEnd::Finished(outcome),
+                None => WorkerEnd::Crashed("the worker exited 0 without its outcome line".into()),
+            }
+        }
         (Some(code), _) if code == i32::from(EXIT_INTERRUPTED) => WorkerEnd::Interrupted,
         (Some(EXIT_JOB_ERROR), _) => WorkerEnd::JobError(last_error_line(log)),
-        (Some(code), _) => WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log))),
+        (Some(code), _) => {
+            WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log)))
+        }
         (None, Some(signal)) => {
-            let name = nix::sys::signal::Signal::try_from(signal).map_or_else(|_| signal.to_string(), |s| s.to_string());
+            let name = nix::sys::signal::Signal::try_from(signal)
+                .map_or_else(|_| signal.to_string(), |s| s.to_string());
             WorkerEnd::Crashed(format!("the worker was killed by {name}"))
         }
         (None, None) => WorkerEnd::Crashed("the worker ended without a status".into()),
@@ -507,7 +550,8 @@ impl ProgressTail {
         let step = newest.get("step").and_then(Value::as_u64)?;
         let first = *self.first_step.get_or_insert(step.saturating_sub(1));
         let done_here = step.saturating_sub(first).max(1);
-        let eta_s = self.started.elapsed().as_secs_f64() / done_here as f64 * self.max_steps.saturating_sub(step) as f64;
+        let eta_s = self.started.elapsed().as_secs_f64() / done_here as f64
+            * self.max_steps.saturating_sub(step) as f64;
         let figures = json!({
             "step": step,
             "max_steps": self.max_steps,
@@ -560,7 +604,11 @@ fn rank(priority: Priority) -> u8 {
 impl Slots {
     pub fn new(count: usize) -> Self {
         let total = count.max(1);
-        Slots { total, state: Mutex::new(SlotState { free: total, waiting: BTreeSet::new() }), changed: Notify::new() }
+        Slots {
+            total,
+            state: Mutex::new(SlotState { free: total, waiting: BTreeSet::new() }),
+            changed: Notify::new(),
+        }
     }
 
     /// Waits for a slot; the most urgent, then oldest, waiter gets each free one.

@@ -120,8 +120,9 @@ pub struct Job {
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
 pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     // Held until the process ends: no second worker runs this directory meanwhile.
-    let _lock = lifecycle::lock_run(&options.state_dir, RUN_LOCK_WAIT)
-        .map_err(|error| WorkerError::State { path: options.state_dir.clone(), message: error.to_string() })?;
+    let _lock = lifecycle::lock_run(&options.state_dir, RUN_LOCK_WAIT).map_err(|error| {
+        WorkerError::State { path: options.state_dir.clone(), message: error.to_string() }
+    })?;
     let spec_bytes = std::fs::read(&options.spec).map_err(|error| WorkerError::Spec {
         path: options.spec.clone(),
         message: format!("cannot read: {error}"),

@@ -3,7 +3,8 @@
 //! dead-letter test. Loading and the self-test are fine, so the daemon accepts the job.
 
 use rlvr_plugin_api::{
-    AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, Metadata, OptimizerInfo, OptimizerPlugin, PluginError, export_optimizer,
+    AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, Metadata, OptimizerInfo,
+    OptimizerPlugin, PluginError, export_optimizer,
 };
 
 pub struct Poison;
