@@ -78,7 +78,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let exe = std::env::current_exe().map_err(ServeError::Exe)?;
     let registry = Arc::new(Registry::new(
         state_dir.join("plugin-cache"),
-        Isolation::Subprocess { exe, timeout: PROBE_TIMEOUT },
+        Isolation::Subprocess { exe: exe.clone(), timeout: PROBE_TIMEOUT },
         metrics.clone(),
     )?);
     let dirs = config.plugins.dirs.clone();
@@ -127,7 +127,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     );
     let supervisor = Arc::new(Supervisor::new(
         queues.clone(),
-        std::env::current_exe().map_err(ServeError::Exe)?,
+        exe,
         &state_dir,
         dirs.clone(),
         worker_threads(config.queue.worker_threads),

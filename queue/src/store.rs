@@ -357,11 +357,6 @@ return 1
         Ok(())
     }
 
-    /// Dead-lettered job ids, oldest first.
-    pub async fn dead_letters(&self) -> Result<Vec<String>, StoreError> {
-        Ok(self.conn.clone().zrange(format!("{PREFIX}:dead"), 0, -1).await?)
-    }
-
     /// Cancels a waiting job at once, or asks the daemon that runs it to stop it.
     pub async fn cancel(&self, id: &str, reason: &str) -> Result<CancelOutcome, StoreError> {
         static CANCEL: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {

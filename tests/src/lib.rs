@@ -359,3 +359,62 @@ pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
         })
         .collect()
 }
+
+/// Writes the arithmetic data sets (`rlvrd data arith`, with `extra` arguments) into `dir/data`.
+pub fn arith_data(dir: &Path, extra: &[&str]) -> PathBuf {
+    let data = dir.join("data");
+    let output = Command::new(artifact("rlvrd"))
+        .args(["data", "arith", "--out"])
+        .arg(&data)
+        .args(extra)
+        .output()
+        .expect("run rlvrd data arith");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    data
+}
+
+/// A small GRPO job spec (TOML) on the arithmetic data in `data`: group 4, 4 prompts a step,
+/// 5 new tokens, the math verifier, held-out scoring on 16 prompts.
+pub fn arith_grpo_spec(data: &Path, name: &str, policy: &str, steps: u32, checkpoint_every: u32) -> String {
+    format!(
+        r#"
+[job]
+name = "{name}"
+team = "tests"
+model_line = "tiny-arith"
+seed = 7
+
+[model]
+policy = "{policy}"
+
+[data]
+train = "{data}/train.jsonl"
+heldout = "{data}/heldout.jsonl"
+
+[optimizer]
+plugin = "grpo"
+group_size = 4
+lr = 1e-3
+micro_batch_size = 8
+kl_beta = 0.04
+
+[[verifiers]]
+plugin = "math"
+fallback = "last"
+
+[rollout]
+max_new_tokens = 5
+prompts_per_step = 4
+
+[budget]
+max_steps = {steps}
+
+[checkpoint]
+every_steps = {checkpoint_every}
+
+[eval]
+max_prompts = 16
+"#,
+        data = data.display()
+    )
+}

@@ -5,14 +5,17 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::blocking::Client;
-use rlvr_tests::{ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, artifact, plugin_lib, wait_until};
+use rlvr_tests::{
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, plugin_lib,
+    wait_until,
+};
 use serde_json::Value;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
@@ -26,60 +29,11 @@ fn client() -> Client {
     Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
-fn arith_data(dir: &Path) -> PathBuf {
-    let data = dir.join("data");
-    let output =
-        Command::new(artifact("rlvrd")).args(["data", "arith", "--out"]).arg(&data).output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    data
-}
-
-/// A GRPO job on the arithmetic data; `extra` is appended (more sections).
+/// A GRPO job on the arithmetic data (checkpoints every 5 steps) whose gate always passes;
+/// `extra` is appended (more sections).
 fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
-    format!(
-        r#"
-[job]
-name = "{name}"
-team = "tests"
-model_line = "tiny-arith"
-seed = 7
-
-[model]
-policy = "builtin:tiny-arith"
-
-[data]
-train = "{data}/train.jsonl"
-heldout = "{data}/heldout.jsonl"
-
-[optimizer]
-plugin = "grpo"
-group_size = 4
-lr = 1e-3
-micro_batch_size = 8
-kl_beta = 0.04
-
-[[verifiers]]
-plugin = "math"
-fallback = "last"
-
-[rollout]
-max_new_tokens = 5
-prompts_per_step = 4
-
-[budget]
-max_steps = {steps}
-
-[checkpoint]
-every_steps = 5
-
-[eval]
-max_prompts = 16
-
-[gates]
-heldout_gain_min = -1.0
-{extra}"#,
-        data = data.display()
-    )
+    let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5);
+    format!("{base}\n[gates]\nheldout_gain_min = -1.0\n{extra}")
 }
 
 /// `POST /v1/jobs` with a TOML body: status and JSON answer.
@@ -212,7 +166,7 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     let redis = Redis::start();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     let toml = spec(&data, "first", 6, "");
 
     let (status, first) = submit(&daemon, TEAM_TOKEN, &toml, Some("retry-1"));
@@ -300,7 +254,7 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
     let redis = Redis::start();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     let good = spec(&data, "good", 2, "");
     let with = |from: &str, to: &str| {
         assert!(good.contains(from), "{from}");
@@ -474,7 +428,7 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     let redis = Redis::start();
     let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
     let queued: Vec<String> =
@@ -511,7 +465,7 @@ fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
     let redis = Redis::start();
     let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     // Checkpoints every 5 steps: the stop's own checkpoint is what keeps the steps since.
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
@@ -537,7 +491,7 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     let redis = Redis::start();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 100_000, ""));
     let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, ""));
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
@@ -568,7 +522,7 @@ fn a_poison_job_is_dead_lettered_after_its_crashes_and_other_jobs_carry_on() {
         Daemon::start_with(&plugins, &redis.url(), &QUEUE.replace("max_crashes = 3", "max_crashes = 2"));
     assert!(plugin_lib("rlvr-fixture-optimizer-poison").exists());
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     let poison =
         submit_ok(&daemon, &spec(&data, "poison", 5, "").replace("plugin = \"grpo\"", "plugin = \"poison\""));
     let healthy = submit_ok(&daemon, &spec(&data, "healthy", 3, ""));
@@ -587,7 +541,7 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     let mut redis = Redis::start_with_aof();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path());
+    let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 80, ""));
     let queued: Vec<String> =
         (0..3).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();

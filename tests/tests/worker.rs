@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use rlvr_tests::{artifact, drop_in, plugin_lib, wait_until};
+use rlvr_tests::{arith_data, arith_grpo_spec, artifact, drop_in, plugin_lib, wait_until};
 use serde_json::Value;
 
 /// A plugin dir holding the libraries these jobs use.
@@ -17,19 +17,6 @@ fn plugin_dir(dir: &Path) -> PathBuf {
         drop_in(&plugin_lib(name), &plugins, &format!("lib{}.so", name.replace('-', "_")));
     }
     plugins
-}
-
-/// Writes the arithmetic data sets into `dir/data`.
-fn arith_data(dir: &Path, extra: &[&str]) -> PathBuf {
-    let data = dir.join("data");
-    let output = Command::new(artifact("rlvrd"))
-        .args(["data", "arith", "--out"])
-        .arg(&data)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    data
 }
 
 fn worker(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command {
@@ -89,47 +76,7 @@ fn grpo_spec(dir: &Path, data: &Path, steps: u32, every: u32) -> PathBuf {
 }
 
 fn grpo_spec_from(dir: &Path, data: &Path, policy: &str, steps: u32, every: u32) -> PathBuf {
-    let spec = format!(
-        r#"
-[job]
-name = "arith-grpo"
-team = "tests"
-model_line = "tiny-arith"
-seed = 7
-
-[model]
-policy = "{policy}"
-
-[data]
-train = "{data}/train.jsonl"
-heldout = "{data}/heldout.jsonl"
-
-[optimizer]
-plugin = "grpo"
-group_size = 4
-lr = 1e-3
-micro_batch_size = 8
-kl_beta = 0.04
-
-[[verifiers]]
-plugin = "math"
-fallback = "last"
-
-[rollout]
-max_new_tokens = 5
-prompts_per_step = 4
-
-[budget]
-max_steps = {steps}
-
-[checkpoint]
-every_steps = {every}
-
-[eval]
-max_prompts = 16
-"#,
-        data = data.display()
-    );
+    let spec = arith_grpo_spec(data, "arith-grpo", policy, steps, every);
     let path = dir.join(format!("grpo-{steps}-{every}.toml"));
     fs::write(&path, spec).unwrap();
     path

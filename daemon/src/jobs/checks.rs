@@ -1,15 +1,15 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
 //! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
-//! other and the data (the same rules the worker applies at start, [`worker::check_fit`]), the
+//! other and the data (the rules the worker applies at start, [`worker::fit_problems`]), the
 //! files it names are readable by the daemon, and its budget is sane.
 
 use std::path::Path;
 
-use rlvr_plugin_api::{DataMode, PluginKind};
+use rlvr_plugin_api::PluginKind;
 use rlvr_queue::spec::{JobSpec, SpecError};
 
 use crate::registry::Registry;
-use crate::worker::{self, WorkerError};
+use crate::worker;
 
 /// Longest wall-clock budget a job may ask for: 30 days.
 const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
@@ -56,7 +56,7 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
         problem("curriculum.plugin", message);
     }
 
-    // The optimizer's needs against the rest of the spec.
+    // The optimizer's needs against the rest of the spec: the worker's own rules.
     if let Some(optimizer) = &optimizer {
         match worker::optimizer_needs(&optimizer.meta) {
             None => problem(
@@ -64,26 +64,11 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
                 format!("{} reports no data mode this daemon knows", optimizer.id()),
             ),
             Some(info) => {
-                if let Err(WorkerError::Plugin { field, message }) =
-                    worker::check_fit(spec, &info, optimizer.id())
-                {
+                for (field, message) in worker::fit_problems(spec, &info, &optimizer.id()) {
                     problem(&field, message);
-                }
-                let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
-                if spec.curriculum.is_some() && !online {
-                    problem(
-                        "curriculum",
-                        format!(
-                            "a curriculum chooses prompts of online training; {} trains offline",
-                            optimizer.id()
-                        ),
-                    );
                 }
             }
         }
-    }
-    if spec.data.heldout.is_some() && spec.verifiers.is_empty() {
-        problem("verifiers", "data.heldout is scored with the job's verifiers; name at least one".into());
     }
 
     // Files the worker will read, as the daemon's user.

@@ -456,7 +456,7 @@ impl Supervisor {
 
 /// Writes the job's spec (once: the worker checks it never changes under a run) and run dir.
 fn prepare_job_dir(dir: &Path, spec: &JobSpec) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir.join("run").parent().unwrap_or(dir))?;
+    std::fs::create_dir_all(dir)?;
     let path = dir.join("spec.json");
     if !path.exists() {
         let temp = dir.join(".spec.json.tmp");
@@ -637,11 +637,6 @@ impl Slots {
         let key = (rank(priority), created_at.to_owned(), id.to_owned());
         self.state.lock().unwrap_or_else(|p| p.into_inner()).waiting.remove(&key);
         self.changed.notify_waiters();
-    }
-
-    /// Jobs waiting for a slot.
-    pub fn waiting(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).waiting.len()
     }
 }
 

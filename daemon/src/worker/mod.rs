@@ -251,20 +251,14 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     };
     let heldout =
         spec.data.heldout.as_ref().map(|path| data::load_prompts("data.heldout", path)).transpose()?;
-    if heldout.is_some() && spec.verifiers.is_empty() {
-        return Err(WorkerError::Plugin {
-            field: "verifiers".into(),
-            message: "data.heldout is scored with the job's verifiers; name at least one".into(),
-        });
-    }
     let curriculum = match &spec.curriculum {
         None => None,
         Some(section) => {
+            // check_fit refused a curriculum on offline data above; this only names the prompts.
             let TrainData::Prompts(prompts) = &train else {
                 return Err(WorkerError::Plugin {
                     field: "curriculum".into(),
-                    message: "a curriculum chooses prompts of online training; this optimizer trains offline"
-                        .into(),
+                    message: "needs prompt data".into(),
                 });
             };
             let pin = pinned.and_then(|p| p.curriculum.as_deref());
@@ -678,28 +672,50 @@ fn checkpoint(
     Ok(path)
 }
 
-/// Refuses a job whose optimizer does not fit its other parts (at start, and at submit).
+/// Refuses a job whose optimizer does not fit its other parts (at start): the first of
+/// [`fit_problems`].
 pub fn check_fit(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: String) -> Result<(), WorkerError> {
+    match fit_problems(spec, info, &optimizer_id).into_iter().next() {
+        Some((field, message)) => Err(WorkerError::Plugin { field, message }),
+        None => Ok(()),
+    }
+}
+
+/// Every way the optimizer does not fit the rest of the spec, as `(field, message)`: checked by
+/// the worker at start and by the daemon at submit (`jobs::checks`).
+pub fn fit_problems(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: &str) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
     let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
     if online && spec.verifiers.is_empty() {
-        return Err(WorkerError::Plugin {
-            field: "verifiers".into(),
-            message: format!(
+        problems.push((
+            "verifiers".to_owned(),
+            format!(
                 "{optimizer_id} trains on rewards ({}); name at least one verifier",
                 info.data_mode.as_str()
             ),
-        });
+        ));
+    } else if spec.data.heldout.is_some() && spec.verifiers.is_empty() {
+        problems.push((
+            "verifiers".to_owned(),
+            "data.heldout is scored with the job's verifiers; name at least one".to_owned(),
+        ));
     }
     if info.needs_groups && spec.optimizer.group_size < 2 {
-        return Err(WorkerError::Plugin {
-            field: "optimizer.group_size".into(),
-            message: format!(
+        problems.push((
+            "optimizer.group_size".to_owned(),
+            format!(
                 "{optimizer_id} compares completions within a group; expected at least 2, got {}",
                 spec.optimizer.group_size
             ),
-        });
+        ));
     }
-    Ok(())
+    if spec.curriculum.is_some() && !online {
+        problems.push((
+            "curriculum".to_owned(),
+            format!("a curriculum chooses prompts of online training; {optimizer_id} trains offline"),
+        ));
+    }
+    problems
 }
 
 /// Refuses data whose prompt (and completion, offline) would run past the model's positions, naming
