@@ -1,0 +1,163 @@
+//! Other teams' tools against a real `rlvrd serve` and Redis: `rlvrctl` (submit --wait, status,
+//! list, watch, cancel; server and token from flags, the environment and cli.toml) and the
+//! standard-library Python example `examples/python/submit_job.py`. Each submits a spec whose
+//! paths are relative to its file, as a user writes it, and follows the job to its end.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use rlvr_tests::{Daemon, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, wait_until};
+use serde_json::Value;
+
+const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
+const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
+
+/// A directory holding `data/` and a job spec `NAME.toml` that names the data as `data/…`,
+/// relative to the spec's own directory.
+fn job_file(dir: &Path, name: &str, steps: u32) -> PathBuf {
+    if !dir.join("data").is_dir() {
+        arith_data(dir, &[]);
+    }
+    let spec = arith_grpo_spec(Path::new("data"), name, "builtin:tiny-arith", steps, 5);
+    let file = dir.join(format!("{name}.toml"));
+    fs::write(&file, format!("{spec}\n[gates]\nheldout_gain_min = -1.0\n")).unwrap();
+    file
+}
+
+/// Runs a client program from `cwd` with a clean environment for its settings: no server,
+/// token or config file unless `env` gives them.
+fn run(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(cwd).env_remove("RLVR_SERVER").env_remove("RLVR_TOKEN");
+    // An empty config home: no user's ~/.config/rlvr/cli.toml leaks in.
+    command.env("XDG_CONFIG_HOME", cwd.join("no-config"));
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().unwrap_or_else(|error| panic!("run {}: {error}", program.display()))
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn json(output: &Output) -> Value {
+    assert_eq!(output.status.code(), Some(0), "{}", text(output));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| panic!("{error}: {}", text(output)))
+}
+
+#[test]
+fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    let rlvrctl = artifact("rlvrctl");
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+    let file = job_file(cwd, "by-rlvrctl", 6);
+
+    // submit --wait, from the spec's directory with its relative paths: published, exit 0.
+    let submitted = run(&rlvrctl, &["submit", "--wait", "by-rlvrctl.toml"], cwd, &env);
+    assert_eq!(submitted.status.code(), Some(0), "{}\n{}", text(&submitted), daemon.log());
+    let stdout = String::from_utf8_lossy(&submitted.stdout);
+    let id = stdout.lines().next().unwrap().trim().to_owned();
+    for state in ["queued", "running", "evaluating", "published"] {
+        assert!(stdout.contains(state), "the {state} line is shown: {}", text(&submitted));
+    }
+
+    // status and list, the server and token given as flags this time.
+    let flags = ["--server", daemon.url.as_str(), "--token", TEAM_TOKEN, "--json"];
+    let status = json(&run(&rlvrctl, &[&flags[..], &["status", &id]].concat(), cwd, &[]));
+    assert_eq!((status["state"].as_str(), status["step"].as_u64()), (Some("published"), Some(6)), "{status}");
+    let data = fs::canonicalize(cwd.join("data")).unwrap();
+    let sent: Value =
+        serde_json::from_slice(&fs::read(daemon.state.join(format!("jobs/{id}/spec.json"))).unwrap())
+            .unwrap();
+    assert_eq!(
+        sent["data"]["train"].as_str(),
+        Some(data.join("train.jsonl").to_str().unwrap()),
+        "relative paths are sent absolute: {sent}"
+    );
+    let list = json(&run(&rlvrctl, &[&flags[..], &["list", "--state", "published"]].concat(), cwd, &[]));
+    let ids: Vec<&str> =
+        list["jobs"].as_array().unwrap().iter().filter_map(|job| job["id"].as_str()).collect();
+    assert_eq!(ids, [id.as_str()]);
+
+    // watch of an ended job returns at once with its outcome.
+    let watched = run(&rlvrctl, &["--json", "watch", &id], cwd, &env);
+    assert_eq!(watched.status.code(), Some(0), "{}", text(&watched));
+
+    // The settings from cli.toml alone; a long job submitted, cancelled while it runs.
+    let config_home = cwd.join("config");
+    fs::create_dir_all(config_home.join("rlvr")).unwrap();
+    fs::write(
+        config_home.join("rlvr/cli.toml"),
+        format!("server = \"{}\"\ntoken = \"{TEAM_TOKEN}\"\n", daemon.url),
+    )
+    .unwrap();
+    let from_file = [("XDG_CONFIG_HOME", config_home.to_str().unwrap())];
+    job_file(cwd, "long", 100_000);
+    let long = run(&rlvrctl, &["submit", "long.toml"], cwd, &from_file);
+    assert_eq!(long.status.code(), Some(0), "{}", text(&long));
+    let long = String::from_utf8_lossy(&long.stdout).trim().to_owned();
+    let running = || {
+        let job = json(&run(&rlvrctl, &["--json", "status", &long], cwd, &from_file));
+        job["step"].as_u64() >= Some(2)
+    };
+    assert!(wait_until(Duration::from_secs(120), running), "the long job trains\n{}", daemon.log());
+    let cancelled = run(&rlvrctl, &["cancel", &long], cwd, &from_file);
+    assert_eq!(cancelled.status.code(), Some(0), "{}", text(&cancelled));
+    let watched = run(&rlvrctl, &["watch", &long], cwd, &from_file);
+    assert_eq!(watched.status.code(), Some(1), "a cancelled job's watch exits 1: {}", text(&watched));
+    assert!(String::from_utf8_lossy(&watched.stderr).contains("cancelled"), "{}", text(&watched));
+
+    // Refusals exit 2 and name the field; no daemon exits 3.
+    fs::write(
+        cwd.join("bad.toml"),
+        fs::read_to_string(&file).unwrap().replace("group_size = 4", "group_size = 1"),
+    )
+    .unwrap();
+    let bad = run(&rlvrctl, &["submit", "bad.toml"], cwd, &env);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("optimizer.group_size"), "{}", text(&bad));
+    let nowhere = [("RLVR_SERVER", "http://127.0.0.1:9"), ("RLVR_TOKEN", TEAM_TOKEN)];
+    let unreachable = run(&rlvrctl, &["status", &id], cwd, &nowhere);
+    assert_eq!(unreachable.status.code(), Some(3), "{}", text(&unreachable));
+}
+
+#[test]
+fn the_python_example_submits_a_toml_job_and_follows_it_to_published() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    job_file(cwd, "by-python", 6);
+    // The venv's interpreter when setup.sh made one (CI), else the system's.
+    let python =
+        std::env::var_os("PYTHON_SYS_EXECUTABLE").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/python/submit_job.py");
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+
+    let output = run(&python, &[example.to_str().unwrap(), "by-python.toml"], cwd, &env);
+    assert_eq!(output.status.code(), Some(0), "{}\n{}", text(&output), daemon.log());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let id = stdout.lines().next().unwrap().trim();
+    assert!(stdout.contains("published"), "{}", text(&output));
+    let published = daemon.state.join("registry/tiny-arith/1/manifest.json");
+    let manifest: Value = serde_json::from_slice(&fs::read(published).unwrap()).unwrap();
+    assert_eq!(manifest["job_id"], id, "the example's job is the one published");
+
+    // A refused spec: exit 2 with the field.
+    let bad = fs::read_to_string(cwd.join("by-python.toml")).unwrap().replace("lr = 1e-3", "lr = -1.0");
+    fs::write(cwd.join("bad.toml"), bad).unwrap();
+    let refused = run(&python, &[example.to_str().unwrap(), "bad.toml"], cwd, &env);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("optimizer.lr"), "{}", text(&refused));
+}
