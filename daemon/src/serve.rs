@@ -119,6 +119,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         registry: registry.clone(),
         auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
         stopping: stopping.clone(),
+        max_body_bytes: config.api.max_body_bytes as usize,
     });
     let app = router(
         AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },

@@ -160,6 +160,14 @@ pub struct JobEvent {
     pub step: u64,
 }
 
+/// The `Idempotency-Key` header's rule, checked by the daemon and by rlvrctl before it sends one.
+pub const IDEMPOTENCY_KEY_RULE: &str = "1 to 200 printable ASCII characters without spaces";
+
+/// Whether `key` follows [`IDEMPOTENCY_KEY_RULE`] (it goes into a header and a Redis key).
+pub fn valid_idempotency_key(key: &str) -> bool {
+    (1..=200).contains(&key.len()) && key.bytes().all(|byte| byte.is_ascii_graphic())
+}
+
 /// `POST /v1/jobs` answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

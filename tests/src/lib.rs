@@ -246,6 +246,13 @@ impl Daemon {
     /// [`Daemon::stop`]); its log is appended to.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "rlvrd is running");
+        // Back on the address it had, as a daemon under systemd comes back: clients that follow
+        // a job (rlvrctl watch) reconnect to it.
+        if let Some(addr) = self.url.strip_prefix("http://") {
+            let text = fs::read_to_string(&self.config).expect("read config");
+            let text = text.replace("listen = \"127.0.0.1:0\"", &format!("listen = {addr:?}"));
+            fs::write(&self.config, text).expect("write config");
+        }
         let addr_file = self.state.join("rlvrd.addr");
         let _ = fs::remove_file(&addr_file);
         let log = fs::OpenOptions::new()

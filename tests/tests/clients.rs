@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use rlvr_tests::{Daemon, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, wait_until};
@@ -29,6 +29,13 @@ fn job_file(dir: &Path, name: &str, steps: u32) -> PathBuf {
 /// Runs a client program from `cwd` with a clean environment for its settings: no server,
 /// token or config file unless `env` gives them.
 fn run(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
+    command(program, args, cwd, env)
+        .output()
+        .unwrap_or_else(|error| panic!("run {}: {error}", program.display()))
+}
+
+/// The command [`run`] runs.
+fn command(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(program);
     command.args(args).current_dir(cwd).env_remove("RLVR_SERVER").env_remove("RLVR_TOKEN");
     // An empty config home: no user's ~/.config/rlvr/cli.toml leaks in.
@@ -36,7 +43,7 @@ fn run(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Outpu
     for (key, value) in env {
         command.env(key, value);
     }
-    command.output().unwrap_or_else(|error| panic!("run {}: {error}", program.display()))
+    command
 }
 
 fn text(output: &Output) -> String {
@@ -56,11 +63,13 @@ fn json(output: &Output) -> Value {
 #[test]
 fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     let redis = Redis::start();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path();
     let rlvrctl = artifact("rlvrctl");
-    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+    // The daemon comes back on the same address after a restart.
+    let server = daemon.url.clone();
+    let env = [("RLVR_SERVER", server.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
     let file = job_file(cwd, "by-rlvrctl", 6);
 
     // submit --wait, from the spec's directory with its relative paths: published, exit 0.
@@ -73,7 +82,7 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     }
 
     // status and list, the server and token given as flags this time.
-    let flags = ["--server", daemon.url.as_str(), "--token", TEAM_TOKEN, "--json"];
+    let flags = ["--server", server.as_str(), "--token", TEAM_TOKEN, "--json"];
     let status = json(&run(&rlvrctl, &[&flags[..], &["status", &id]].concat(), cwd, &[]));
     assert_eq!((status["state"].as_str(), status["step"].as_u64()), (Some("published"), Some(6)), "{status}");
     let data = fs::canonicalize(cwd.join("data")).unwrap();
@@ -99,7 +108,7 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     fs::create_dir_all(config_home.join("rlvr")).unwrap();
     fs::write(
         config_home.join("rlvr/cli.toml"),
-        format!("server = \"{}\"\ntoken = \"{TEAM_TOKEN}\"\n", daemon.url),
+        format!("server = \"{server}\"\ntoken = \"{TEAM_TOKEN}\"\n"),
     )
     .unwrap();
     let from_file = [("XDG_CONFIG_HOME", config_home.to_str().unwrap())];
@@ -112,11 +121,32 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
         job["step"].as_u64() >= Some(2)
     };
     assert!(wait_until(Duration::from_secs(120), running), "the long job trains\n{}", daemon.log());
+
+    // watch follows it across a kill -9 and restart of the daemon, to its cancel.
+    let watcher = command(&rlvrctl, &["watch", &long], cwd, &from_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    daemon.kill();
+    daemon.restart();
+    let step_before =
+        json(&run(&rlvrctl, &["--json", "status", &long], cwd, &from_file))["step"].as_u64().unwrap();
+    let resumed = || {
+        let job = json(&run(&rlvrctl, &["--json", "status", &long], cwd, &from_file));
+        job["state"] == "running" && job["step"].as_u64() > Some(step_before)
+    };
+    assert!(wait_until(Duration::from_secs(60), resumed), "the long job resumes\n{}", daemon.log());
     let cancelled = run(&rlvrctl, &["cancel", &long], cwd, &from_file);
     assert_eq!(cancelled.status.code(), Some(0), "{}", text(&cancelled));
-    let watched = run(&rlvrctl, &["watch", &long], cwd, &from_file);
+    let watched = watcher.wait_with_output().unwrap();
     assert_eq!(watched.status.code(), Some(1), "a cancelled job's watch exits 1: {}", text(&watched));
-    assert!(String::from_utf8_lossy(&watched.stderr).contains("cancelled"), "{}", text(&watched));
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&watched.stdout), String::from_utf8_lossy(&watched.stderr));
+    assert!(stderr.contains("reconnecting"), "the drop is shown: {}", text(&watched));
+    assert!(stdout.contains("running at step"), "the resumed run is shown: {}", text(&watched));
+    assert!(stderr.contains("cancelled"), "{}", text(&watched));
 
     // Refusals exit 2 and name the field; no daemon exits 3.
     fs::write(

@@ -9,15 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use rlvr_queue::dispatch::new_task_id;
-use rlvr_queue::job::{ApiError, ErrorBody, FieldProblem, JobEvent, JobList, JobState, JobView, Submitted};
+use rlvr_queue::job::{
+    ApiError, ErrorBody, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView, Submitted,
+    valid_idempotency_key,
+};
 use rlvr_queue::spec::{JobSpec, SpecError};
 use rlvr_queue::store::{CancelOutcome, StoreError, SubmitOutcome};
 use serde::Deserialize;
@@ -33,10 +35,10 @@ pub struct JobsState {
     pub auth: Auth,
     /// Cancelled when the daemon stops: event streams end so the server can.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// `api.max_body_bytes`: the largest job spec taken.
+    pub max_body_bytes: usize,
 }
 
-/// Longest `Idempotency-Key` accepted.
-const MAX_IDEMPOTENCY_KEY: usize = 200;
 /// Most jobs one `GET /v1/jobs` returns.
 const MAX_LIST: usize = 1000;
 /// How often an event stream looks for new events and progress.
@@ -172,14 +174,12 @@ type Answer<T> = Result<T, Failure>;
 pub async fn submit(
     State(state): State<Arc<JobsState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Answer<(StatusCode, Json<Submitted>)> {
+    // The body is read (or drained) before any answer, refusals included: see `read_body`.
+    let body = read_body(body, state.max_body_bytes).await;
     let caller = state.auth.check(&headers)?;
-    let body = body.map_err(|rejection| {
-        let status = rejection.status();
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" };
-        Failure::new(status, code, format!("{} (api.max_body_bytes sets the limit)", rejection.body_text()))
-    })?;
+    let body = body?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -234,17 +234,51 @@ pub async fn submit(
     }
 }
 
+/// Past the limit, how much more of a body is read and thrown away, and for how long, before the
+/// connection is closed on it.
+const DRAIN_MAX_BYTES: usize = 64 << 20;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
+
+/// Reads a request body of at most `limit` bytes. A longer one is drained (up to
+/// [`DRAIN_MAX_BYTES`] or [`DRAIN_MAX_TIME`]) before the 413: a server that answers and closes
+/// while the client is still sending resets the connection, and the client then sees "connection
+/// reset" instead of the answer (what happened to 10 MB submits before; nginx's lingering close
+/// does the same for the same reason).
+async fn read_body(body: Body, limit: usize) -> Answer<Bytes> {
+    let mut stream = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    let started = tokio::time::Instant::now();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| {
+            Failure::new(StatusCode::BAD_REQUEST, "bad_body", format!("cannot read the body: {error}"))
+        })?;
+        seen = seen.saturating_add(chunk.len());
+        if seen <= limit {
+            kept.extend_from_slice(&chunk);
+        } else if seen > limit.saturating_add(DRAIN_MAX_BYTES) || started.elapsed() > DRAIN_MAX_TIME {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(Failure::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is over {limit} bytes (api.max_body_bytes sets the limit)"),
+        ));
+    }
+    Ok(Bytes::from(kept))
+}
+
 fn idempotency_key(headers: &HeaderMap) -> Answer<Option<String>> {
     let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
-    let key = value.to_str().ok().filter(|key| {
-        !key.is_empty() && key.len() <= MAX_IDEMPOTENCY_KEY && key.bytes().all(|b| b.is_ascii_graphic())
-    });
+    let key = value.to_str().ok().filter(|key| valid_idempotency_key(key));
     match key {
         Some(key) => Ok(Some(key.to_owned())),
         None => Err(Failure::new(
             StatusCode::BAD_REQUEST,
             "bad_header",
-            format!("expected 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters without spaces"),
+            format!("expected {IDEMPOTENCY_KEY_RULE}"),
         )
         .field("Idempotency-Key")),
     }

@@ -29,7 +29,10 @@ use rlvr_daemon::metrics::Metrics;
 use rlvr_daemon::registry::{Isolation, Registry};
 use rlvr_daemon::verify::{BatchOptions, run_batch};
 use rlvr_plugin_api::PluginKind;
-use rlvr_queue::job::{ApiError, ErrorBody, JobEvent, JobList, JobState, JobView, Submitted};
+use rlvr_queue::job::{
+    ApiError, ErrorBody, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView, Submitted,
+    valid_idempotency_key,
+};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -75,7 +78,7 @@ enum Command {
         /// A key that makes a repeated submit answer with the job the first one made instead of
         /// making another (kept by the daemon for 24 h; 1 to 200 printable ASCII characters).
         /// Without it, rlvrctl sends a fresh key, so its own retries never make a second job.
-        #[arg(long, value_name = "KEY")]
+        #[arg(long, value_name = "KEY", value_parser = parse_idempotency_key)]
         idempotency_key: Option<String>,
     },
     /// Show one job: state, step, reason, the latest step's figures and the result.
@@ -145,6 +148,15 @@ enum Command {
         #[arg(long)]
         explain: bool,
     },
+}
+
+/// `--idempotency-key`: what the daemon accepts (it goes into a header).
+fn parse_idempotency_key(key: &str) -> Result<String, String> {
+    if valid_idempotency_key(key) {
+        Ok(key.to_owned())
+    } else {
+        Err(format!("expected {IDEMPOTENCY_KEY_RULE}"))
+    }
 }
 
 /// The job was published (or the command simply succeeded).
@@ -223,10 +235,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Watch { id } => watch(&connect(true)?, &id, json),
         Command::Cancel { id } => {
-            let api = connect(true)?;
-            let url = api.url(&["v1", "jobs", &id], &[]);
-            let response = api.send(&url, || api.request(Method::DELETE, &url))?;
-            let job: JobView = api.decode(&url, response)?;
+            let job: JobView = connect(true)?.call(Method::DELETE, &["v1", "jobs", &id], &[])?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&job)?);
             } else {
@@ -396,8 +405,24 @@ fn resolve_settings(
             token = file.token.map(|secret| Token { secret, from });
         }
     }
+    if let Some(token) = &token {
+        check_token(token)?;
+    }
     let (server, from) = server.unwrap_or_else(|| (DEFAULT_SERVER.to_owned(), "the default".to_owned()));
     Ok(Settings { server: parse_server(&server, &from)?, token, config_path })
+}
+
+/// A token goes into an HTTP header: visible ASCII only. The error says where it came from and
+/// never shows it.
+fn check_token(token: &Token) -> Result<(), BadInput> {
+    if token.secret.bytes().all(|byte| byte.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(BadInput(format!(
+            "the token from {}: expected visible ASCII characters only (no spaces, line breaks or other text)",
+            token.from
+        )))
+    }
 }
 
 /// `cli.toml`: only `server` and `token`, both strings. Errors name the file and the key, and
@@ -445,9 +470,18 @@ fn line_of(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 }
 
 fn parse_server(text: &str, from: &str) -> Result<Url, BadInput> {
-    Url::parse(text).ok().filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host()).ok_or_else(
-        || BadInput(format!("server {text:?} (from {from}): expected an http:// or https:// URL")),
-    )
+    let url = Url::parse(text).ok().filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host());
+    let Some(url) = url else {
+        return Err(BadInput(format!("server {text:?} (from {from}): expected an http:// or https:// URL")));
+    };
+    // The URL is printed in errors; a password in it would be too. The token has its own place.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(BadInput(format!(
+            "server (from {from}): expected a URL without a user or password; the token goes in --token, \
+             RLVR_TOKEN or cli.toml"
+        )));
+    }
+    Ok(url)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -471,13 +505,14 @@ enum HttpError {
     /// An answer rlvrctl cannot read (another version of the daemon, or not a daemon).
     BadAnswer { url: String, detail: String },
     /// An error status, with the daemon's error body (or one made from the status).
-    Status { status: u16, error: ApiError, hint: Option<String> },
+    /// `retry_after`: the answer's Retry-After (429, 503), when it has one.
+    Status { status: StatusCode, error: Box<ApiError>, hint: Option<String>, retry_after: Option<Duration> },
 }
 
 impl HttpError {
     fn exit_code(&self) -> u8 {
         match self {
-            HttpError::Status { status, .. } if *status < 500 => EXIT_REFUSED,
+            HttpError::Status { status, .. } if !status.is_server_error() => EXIT_REFUSED,
             _ => EXIT_UNREACHABLE,
         }
     }
@@ -485,8 +520,18 @@ impl HttpError {
     /// Worth trying again later: the daemon is away, failing, or busy.
     fn is_transient(&self) -> bool {
         match self {
-            HttpError::Status { status, .. } => *status >= 500 || *status == 429,
+            HttpError::Status { status, .. } => {
+                status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
+            }
             _ => true,
+        }
+    }
+
+    /// How long the daemon asked us to wait before trying again.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            HttpError::Status { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 
@@ -495,7 +540,7 @@ impl HttpError {
         match self {
             HttpError::Unreachable { detail, .. } => detail.rsplit(": ").next().unwrap_or(detail).to_owned(),
             HttpError::BadAnswer { .. } => "unexpected answer".to_owned(),
-            HttpError::Status { status, error, .. } => format!("{status} {}", error.code),
+            HttpError::Status { status, error, .. } => format!("{} {}", status.as_u16(), error.code),
         }
     }
 }
@@ -628,6 +673,7 @@ impl Api {
         if status.is_success() {
             return Ok(response);
         }
+        let retry_after = busy_wait(&response);
         let text = response.text().unwrap_or_default();
         let error = serde_json::from_str::<ErrorBody>(&text).map(|body| body.error).unwrap_or_else(|_| {
             // Not the daemon's error body (a proxy, another server): say what there is.
@@ -640,7 +686,7 @@ impl Api {
             }
         });
         let hint = (status == StatusCode::UNAUTHORIZED).then(|| self.token_hint());
-        Err(HttpError::Status { status: status.as_u16(), error, hint })
+        Err(HttpError::Status { status, error: Box::new(error), hint, retry_after })
     }
 
     /// Where the token came from, or where to put one.
@@ -667,8 +713,18 @@ impl Api {
     }
 
     fn get<T: DeserializeOwned>(&self, segments: &[&str], query: &[(&str, String)]) -> Result<T, HttpError> {
+        self.call(Method::GET, segments, query)
+    }
+
+    /// A request without a body whose answer is JSON.
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        query: &[(&str, String)],
+    ) -> Result<T, HttpError> {
         let url = self.url(segments, query);
-        let response = self.send(&url, || self.request(Method::GET, &url))?;
+        let response = self.send(&url, || self.request(method.clone(), &url))?;
         self.decode(&url, response)
     }
 }
@@ -726,8 +782,11 @@ fn read_spec(file: &Path) -> anyhow::Result<PreparedSpec> {
     let absolute = std::path::absolute(file)
         .map_err(|error| BadInput(format!("cannot resolve {}: {error}", file.display())))?;
     let base = absolute.parent().unwrap_or(Path::new("/"));
-    let format =
-        if file.extension().is_some_and(|ext| ext == "json") { SpecFormat::Json } else { SpecFormat::Toml };
+    let format = if file.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("json")) {
+        SpecFormat::Json
+    } else {
+        SpecFormat::Toml
+    };
     let home = env_var("HOME").filter(|home| !home.is_empty()).map(PathBuf::from);
     let body = prepare_spec(&text, format, base, home.as_deref())
         .map_err(|message| BadInput(format!("{}: {message}", file.display())))?;
@@ -854,7 +913,7 @@ fn status_block(job: &JobView) -> String {
         lines.push(("reason", job.reason.clone()));
     }
     lines.push(("step", format!("{}/{}", job.step, job.max_steps)));
-    let figures = figures(job.progress.as_ref(), job.heldout, true);
+    let figures = figures(job.progress.as_ref(), job.heldout, Detail::Full);
     if !figures.is_empty() {
         lines.push(("progress", figures));
     }
@@ -915,8 +974,8 @@ fn cancel_line(job: &JobView) -> String {
 
 /// `2026-11-21 06:03:00` from RFC 3339 (`2026-11-21T06:03:00.123Z`); anything else as it is.
 fn short_time(at: &str) -> String {
-    match (at.get(..10), at.get(11..19)) {
-        (Some(date), Some(time)) if at.as_bytes()[10] == b'T' => format!("{date} {time}"),
+    match (at.get(..10), clock(at)) {
+        (Some(date), time) if time != at => format!("{date} {time}"),
         _ => at.to_owned(),
     }
 }
@@ -941,14 +1000,15 @@ fn truncate(text: &str, max: usize) -> String {
 }
 
 /// The figures of a job's latest step: `reward 0.625 · held-out 0.810 · KL 0.0123 · 1234 tok/s ·
-/// ETA 3m 12s`; with `detail`, loss and seconds per step too. Unknown figures are left out.
-fn figures(progress: Option<&Value>, heldout: Option<f64>, detail: bool) -> String {
+/// ETA 3m 12s`; in [`Detail::Full`], loss and seconds per step too. Unknown figures are left out.
+fn figures(progress: Option<&Value>, heldout: Option<f64>, detail: Detail) -> String {
+    let full = detail == Detail::Full;
     let number = |key: &str| progress.and_then(|progress| progress.get(key)).and_then(Value::as_f64);
     let mut parts = Vec::new();
     if let Some(reward) = number("reward") {
         parts.push(format!("reward {reward:.3}"));
     }
-    if detail && let Some(loss) = number("loss") {
+    if full && let Some(loss) = number("loss") {
         parts.push(format!("loss {loss:.4}"));
     }
     if let Some(heldout) = number("heldout").or(heldout) {
@@ -960,13 +1020,20 @@ fn figures(progress: Option<&Value>, heldout: Option<f64>, detail: bool) -> Stri
     if let Some(rate) = number("tokens_per_s") {
         parts.push(format!("{rate:.0} tok/s"));
     }
-    if detail && let Some(step_s) = number("step_s") {
+    if full && let Some(step_s) = number("step_s") {
         parts.push(format!("{step_s:.2} s/step"));
     }
     if let Some(eta) = number("eta_s").filter(|eta| eta.is_finite() && *eta >= 0.0) {
         parts.push(format!("ETA {}", duration_text(eta)));
     }
     parts.join(" · ")
+}
+
+/// How many figures [`figures`] shows: a progress line's, or `status`'s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Detail {
+    Brief,
+    Full,
 }
 
 /// `45s`, `3m 12s`, `2h 05m`.
@@ -1071,7 +1138,9 @@ trait View {
     fn state(&mut self, event: &JobEvent, raw: &str);
     fn progress(&mut self, job: &JobView, raw: &str);
     /// The stream dropped; the next try is in `wait`.
-    fn reconnecting(&mut self, why: &str, wait: Duration);
+    fn reconnecting(&mut self, why: &str, wait: Duration) {
+        eprintln!("rlvrctl: {why}; reconnecting in {:.1} s…", wait.as_secs_f64());
+    }
     /// A stream is open (again).
     fn connected(&mut self) {}
     fn finish(&mut self) {}
@@ -1147,9 +1216,9 @@ fn follow(api: &Api, id: &str, view: &mut dyn View) -> anyhow::Result<JobEvent> 
     let url = api.url(&["v1", "jobs", id, "events"], &[]);
     let mut parser = SseParser::default();
     let mut backoff = Backoff::new();
-    // The give-up clock runs from the last stream opened, not the last event: a job may wait
-    // queued for hours without one.
-    let mut last_open = Instant::now();
+    // The give-up clock runs from the first failure since a stream last said anything (events
+    // or keep-alives): a job may wait queued for hours on one quiet, healthy stream.
+    let mut down_since: Option<Instant> = None;
     loop {
         parser.reconnect();
         let opened = stream_api.send(&url, || {
@@ -1159,14 +1228,16 @@ fn follow(api: &Api, id: &str, view: &mut dyn View) -> anyhow::Result<JobEvent> 
                 None => request,
             }
         });
+        let mut server_wait = None;
         let why = match opened {
             Ok(response) => {
-                last_open = Instant::now();
                 view.connected();
-                let (end, got_events) = read_stream(response, &mut parser, view)?;
-                // Only events prove a stream works: one that closes at once must not retry hot.
-                if got_events {
+                let (end, alive) = read_stream(response, &mut parser, view)?;
+                // Only something read proves a stream works: one that closes at once must
+                // neither retry hot nor keep the give-up clock from running.
+                if alive {
                     backoff.reset();
+                    down_since = None;
                 }
                 match end {
                     StreamEnd::Ended(event) => return Ok(event),
@@ -1174,10 +1245,13 @@ fn follow(api: &Api, id: &str, view: &mut dyn View) -> anyhow::Result<JobEvent> 
                     StreamEnd::Broken(why) => why,
                 }
             }
-            Err(error) if error.is_transient() => error.short(),
+            Err(error) if error.is_transient() => {
+                server_wait = error.retry_after();
+                error.short()
+            }
             Err(error) => return Err(error.into()),
         };
-        if last_open.elapsed() >= RECONNECT_GIVE_UP {
+        if down_since.get_or_insert_with(Instant::now).elapsed() >= RECONNECT_GIVE_UP {
             return Err(HttpError::Unreachable {
                 url: url.to_string(),
                 detail: format!(
@@ -1187,7 +1261,8 @@ fn follow(api: &Api, id: &str, view: &mut dyn View) -> anyhow::Result<JobEvent> 
             }
             .into());
         }
-        let wait = backoff.next();
+        // A busy daemon's Retry-After is the least we wait: hammering it spends the team's rate.
+        let wait = backoff.next().max(server_wait.unwrap_or_default());
         view.reconnecting(&why, wait);
         std::thread::sleep(wait);
     }
@@ -1202,27 +1277,33 @@ enum StreamEnd {
     Broken(String),
 }
 
-/// Reads events until the stream ends; also says whether any event came.
+/// Reads events until the stream ends; also says whether any complete line came (an event or a
+/// keep-alive: the stream was alive).
 fn read_stream(
     response: Response,
     parser: &mut SseParser,
     view: &mut dyn View,
 ) -> anyhow::Result<(StreamEnd, bool)> {
     let url = response.url().to_string();
+    let content_type = response.headers().get(CONTENT_TYPE).and_then(|value| value.to_str().ok());
+    if !content_type.is_some_and(|value| value.starts_with("text/event-stream")) {
+        let detail = format!("expected an event stream, got content type {:?}", content_type.unwrap_or(""));
+        return Err(HttpError::BadAnswer { url, detail }.into());
+    }
     let mut reader = BufReader::new(response);
     let mut line = Vec::new();
-    let mut got_events = false;
+    let mut alive = false;
     let mut first = true;
     loop {
         line.clear();
         match reader.read_until(b'\n', &mut line) {
-            Ok(0) => return Ok((StreamEnd::Closed, got_events)),
+            Ok(0) => return Ok((StreamEnd::Closed, alive)),
             Ok(_) => {}
-            Err(error) => return Ok((StreamEnd::Broken(format!("the stream broke: {error}")), got_events)),
+            Err(error) => return Ok((StreamEnd::Broken(format!("the stream broke: {error}")), alive)),
         }
         // A last line without its line ending was cut: its event is incomplete.
         if line.last() != Some(&b'\n') {
-            return Ok((StreamEnd::Closed, got_events));
+            return Ok((StreamEnd::Closed, alive));
         }
         let text = String::from_utf8_lossy(&line);
         let mut text = text.trim_end_matches(['\n', '\r']);
@@ -1230,13 +1311,13 @@ fn read_stream(
             text = text.trim_start_matches('\u{feff}');
             first = false;
         }
+        alive = true;
         let Some(event) = parser.line(text) else { continue };
-        got_events = true;
         match parse_update(&event) {
             Ok(Some(Update::State(state))) => {
                 view.state(&state, &event.data);
                 if state.state.is_terminal() {
-                    return Ok((StreamEnd::Ended(state), got_events));
+                    return Ok((StreamEnd::Ended(state), alive));
                 }
             }
             Ok(Some(Update::Progress(job))) => view.progress(&job, &event.data),
@@ -1278,10 +1359,6 @@ impl View for JsonLines {
     fn progress(&mut self, _: &JobView, raw: &str) {
         JsonLines::print("progress", raw);
     }
-
-    fn reconnecting(&mut self, why: &str, wait: Duration) {
-        eprintln!("rlvrctl: {why}; reconnecting in {:.1} s…", wait.as_secs_f64());
-    }
 }
 
 /// On a terminal: state lines on stdout, a live bar on stderr below them.
@@ -1300,7 +1377,7 @@ impl Bar {
         let bar = ProgressBar::new(job.max_steps).with_style(style);
         bar.set_position(job.step);
         bar.set_prefix(job.state.to_string());
-        let figures = figures(job.progress.as_ref(), job.heldout, false);
+        let figures = figures(job.progress.as_ref(), job.heldout, Detail::Brief);
         bar.set_message(figures.clone());
         bar.enable_steady_tick(Duration::from_millis(120));
         Ok(Bar { bar, state: job.state, figures, reconnecting: false })
@@ -1320,7 +1397,7 @@ impl View for Bar {
     fn progress(&mut self, job: &JobView, _: &str) {
         self.bar.set_length(job.max_steps);
         self.bar.set_position(job.step);
-        self.figures = figures(job.progress.as_ref(), job.heldout, false);
+        self.figures = figures(job.progress.as_ref(), job.heldout, Detail::Brief);
         self.bar.set_message(self.figures.clone());
     }
 
@@ -1363,13 +1440,9 @@ impl View for Plain {
             return;
         }
         self.last_progress = Some(Instant::now());
-        let figures = figures(job.progress.as_ref(), job.heldout, false);
+        let figures = figures(job.progress.as_ref(), job.heldout, Detail::Brief);
         let figures = if figures.is_empty() { String::new() } else { format!(" · {figures}") };
         println!("{} step {}/{}{figures}", clock(&job.updated_at), job.step, job.max_steps);
-    }
-
-    fn reconnecting(&mut self, why: &str, wait: Duration) {
-        eprintln!("rlvrctl: {why}; reconnecting in {:.1} s…", wait.as_secs_f64());
     }
 }
 
@@ -1445,7 +1518,7 @@ fn verify(
     config_path: Option<PathBuf>,
     options: VerifyOptions,
 ) -> anyhow::Result<()> {
-    let dirs = config::plugin_dirs(config_path.as_deref(), extra_dirs).map_err(anyhow::Error::msg)?;
+    let dirs = config::plugin_dirs(config_path.as_deref(), extra_dirs).map_err(BadInput)?;
     // Content-addressed copies live only as long as this process; the libraries stay mapped.
     let cache =
         tempfile::Builder::new().prefix("rlvrctl-plugins-").tempdir().context("cannot create a temp dir")?;
@@ -1779,6 +1852,26 @@ mod tests {
     }
 
     #[test]
+    fn tokens_keys_and_urls_that_cannot_go_into_a_request_are_refused_up_front() {
+        let error = |flags, env: &[(&str, &str)]| settings(flags, env, None, true).unwrap_err().to_string();
+        let refused = error((None, None), &[HOME, ("RLVR_TOKEN", "s3cret\n")]);
+        assert_eq!(
+            refused,
+            "the token from RLVR_TOKEN: expected visible ASCII characters only (no spaces, line breaks or other text)"
+        );
+        assert!(error((None, Some("a b")), &[HOME]).starts_with("the token from --token: "));
+        let with_password = error((Some("http://me:s3cret@h:1"), Some("t")), &[HOME]);
+        assert!(
+            with_password.starts_with("server (from --server): expected a URL without a user or password")
+        );
+        assert!(!with_password.contains("s3cret"), "{with_password}");
+        assert_eq!(parse_idempotency_key("retry-1"), Ok("retry-1".to_owned()));
+        for bad in ["", "with space", "ü", &"k".repeat(201)] {
+            assert!(parse_idempotency_key(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn a_token_is_never_in_debug_output() {
         let token = Token { secret: "s3cret".to_owned(), from: "RLVR_TOKEN".to_owned() };
         assert_eq!(format!("{token:?}"), "Token(from RLVR_TOKEN)");
@@ -1821,9 +1914,15 @@ mod tests {
     #[test]
     fn exit_codes_follow_the_kind_of_failure() {
         let status = |status: u16| HttpError::Status {
-            status,
-            error: ApiError { code: "x".to_owned(), message: "y".to_owned(), field: None, more: Vec::new() },
+            status: StatusCode::from_u16(status).unwrap(),
+            error: Box::new(ApiError {
+                code: "x".to_owned(),
+                message: "y".to_owned(),
+                field: None,
+                more: Vec::new(),
+            }),
             hint: None,
+            retry_after: None,
         };
         let code = |error: anyhow::Error| exit_code(&error);
         assert_eq!(code(status(422).into()), EXIT_REFUSED);
@@ -1850,14 +1949,14 @@ mod tests {
             "heldout": null, "tokens_per_s": 1234.4, "step_s": 2.1, "eta_s": 192.0
         });
         assert_eq!(
-            figures(Some(&progress), Some(0.81), false),
+            figures(Some(&progress), Some(0.81), Detail::Brief),
             "reward 0.625 · held-out 0.810 · KL 0.0123 · 1234 tok/s · ETA 3m 12s"
         );
         assert_eq!(
-            figures(Some(&progress), None, true),
+            figures(Some(&progress), None, Detail::Full),
             "reward 0.625 · loss 0.1234 · KL 0.0123 · 1234 tok/s · 2.10 s/step · ETA 3m 12s"
         );
-        assert_eq!(figures(None, None, true), "");
+        assert_eq!(figures(None, None, Detail::Full), "");
         assert_eq!(
             [duration_text(45.4), duration_text(60.0), duration_text(7500.0)],
             ["45s", "1m 00s", "2h 05m"]
