@@ -23,16 +23,24 @@ struct Cli {
     mode: Mode,
 }
 
+/// Where and what to submit.
+#[derive(clap::Args)]
+struct Target {
+    #[arg(long)]
+    server: String,
+    #[arg(long)]
+    token: String,
+    /// The job spec (TOML) every submission sends.
+    #[arg(long)]
+    spec: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum Mode {
     /// `count` POST /v1/jobs, `concurrency` in flight at once.
     Api {
-        #[arg(long)]
-        server: String,
-        #[arg(long)]
-        token: String,
-        #[arg(long)]
-        spec: PathBuf,
+        #[command(flatten)]
+        target: Target,
         #[arg(long)]
         count: usize,
         #[arg(long)]
@@ -42,12 +50,8 @@ enum Mode {
     /// POST to the job's `admitted` and `running` events (the events' Redis stream ids carry the
     /// server's clock in ms; client and server share this machine's clock).
     Latency {
-        #[arg(long)]
-        server: String,
-        #[arg(long)]
-        token: String,
-        #[arg(long)]
-        spec: PathBuf,
+        #[command(flatten)]
+        target: Target,
         #[arg(long)]
         count: usize,
     },
@@ -66,11 +70,13 @@ async fn main() -> anyhow::Result<()> {
     // reqwest is built without a default TLS provider (see the root Cargo.toml).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let report = match Cli::parse().mode {
-        Mode::Api { server, token, spec, count, concurrency } => {
-            api(&server, &token, &std::fs::read_to_string(&spec)?, count, concurrency).await?
+        Mode::Api { target, count, concurrency } => {
+            let spec = std::fs::read_to_string(&target.spec)?;
+            api(&target.server, &target.token, &spec, count, concurrency).await?
         }
-        Mode::Latency { server, token, spec, count } => {
-            latency(&server, &token, &std::fs::read_to_string(&spec)?, count).await?
+        Mode::Latency { target, count } => {
+            let spec = std::fs::read_to_string(&target.spec)?;
+            latency(&target.server, &target.token, &spec, count).await?
         }
         Mode::Push { redis, count } => push(&redis, count).await?,
     };
