@@ -11,6 +11,7 @@ pub mod jobs;
 pub mod logging;
 pub mod metrics;
 pub mod registry;
+pub mod sched;
 pub mod serve;
 pub mod time;
 pub mod tls;
