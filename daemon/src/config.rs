@@ -11,7 +11,7 @@
 //! callers that deserialize a `Config` themselves); a test checks that serde and the validator agree
 //! on every config the tests accept.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -44,9 +44,13 @@ const MAX_ENV_NESTING: usize = 32;
 const MAX_QUOTED_CHARS: usize = 80;
 const DEFAULT_SOURCE: &str = "built-in default";
 
-const SECTIONS: [&str; 7] = ["daemon", "redis", "api", "plugins", "auth", "devices", "queue"];
+const SECTIONS: [&str; 8] = ["daemon", "redis", "api", "plugins", "auth", "devices", "queue", "scheduler"];
 const REDIS_SCHEMES: [&str; 3] = ["redis://", "rediss://", "unix://"];
 const SCAN_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
+/// What a team name is, for messages: `[[auth.tokens]]` teams and `[scheduler.shares]` keys alike.
+const TEAM_NAME: &str = "a team name of lowercase letters, digits, '_' and '-'";
+/// Slack for the sum of `[scheduler.shares]`: shares written as decimals rarely add up exactly.
+const SHARES_SUM_SLACK: f64 = 1e-9;
 
 /// The daemon's configuration. See `configs/rlvrd.toml` for a documented example.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -59,6 +63,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub devices: DevicesConfig,
     pub queue: QueueConfig,
+    pub scheduler: SchedulerConfig,
 }
 
 /// `[daemon]`
@@ -139,6 +144,35 @@ impl Default for QueueConfig {
             max_crashes: 3,
             stop_timeout_s: 100,
             worker_threads: 0,
+        }
+    }
+}
+
+/// `[scheduler]`: the settings of the scheduling policy (design.md §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// A job waiting this long, in seconds, stops smaller jobs from backfilling past it (1 to
+    /// 604800).
+    pub starvation_after_s: u64,
+    /// How fast a team's past device use fades from its fair-share standing: the half-life, in
+    /// seconds (1 to 2592000).
+    pub fair_share_half_life_s: u64,
+    /// How long a preempted job's worker gets to checkpoint at its step boundary before it is
+    /// killed, in seconds (1 to 3600).
+    pub preempt_grace_s: u64,
+    /// `[scheduler.shares]`: team name → guaranteed fraction of the inventory's capacity, each in
+    /// (0, 1], summing to at most 1. Teams not named have no guaranteed share.
+    pub shares: BTreeMap<String, f64>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            starvation_after_s: 600,
+            fair_share_half_life_s: 3600,
+            preempt_grace_s: 120,
+            shares: BTreeMap::new(),
         }
     }
 }
@@ -607,13 +641,7 @@ impl Checker<'_> {
 
     /// `value` as a table, reporting keys not in `known`.
     fn table<'v>(&mut self, path: &KeyPath, value: &'v Value, known: &[&str]) -> Option<&'v Dict> {
-        let dict = match value {
-            Value::Dict(_, dict) if !is_datetime(dict) => dict,
-            _ => {
-                self.expected(path, value, "a table");
-                return None;
-            }
-        };
+        let dict = self.any_table(path, value)?;
         let what = if path.is_root() { "section" } else { "key" };
         for (key, v) in dict {
             if !known.contains(&key.as_str()) {
@@ -622,6 +650,17 @@ impl Checker<'_> {
             }
         }
         Some(dict)
+    }
+
+    /// `value` as a table whose keys are data (team names, say), not a schema.
+    fn any_table<'v>(&mut self, path: &KeyPath, value: &'v Value) -> Option<&'v Dict> {
+        match value {
+            Value::Dict(_, dict) if !is_datetime(dict) => Some(dict),
+            _ => {
+                self.expected(path, value, "a table");
+                None
+            }
+        }
     }
 
     fn required<'v>(
@@ -728,6 +767,9 @@ impl Checker<'_> {
         if let Some(v) = root.get("queue") {
             self.queue(&path.key("queue"), v, &mut config.queue);
         }
+        if let Some(v) = root.get("scheduler") {
+            self.scheduler(&path.key("scheduler"), v, &mut config.scheduler);
+        }
         config
     }
 
@@ -796,6 +838,62 @@ impl Checker<'_> {
         out.missed_heartbeats = small[0].2 as u32;
         out.max_crashes = small[1].2 as u32;
         out.worker_threads = small[2].2 as u32;
+    }
+
+    fn scheduler(&mut self, path: &KeyPath, value: &Value, out: &mut SchedulerConfig) {
+        let known = ["starvation_after_s", "fair_share_half_life_s", "preempt_grace_s", "shares"];
+        let Some(table) = self.table(path, value, &known) else { return };
+        let mut integer = |key: &str, range: std::ops::RangeInclusive<u64>, out: &mut u64| {
+            if let Some(v) = table.get(key) {
+                let what = format!("an integer from {} to {} (seconds)", range.start(), range.end());
+                if let Some(found) = self.integer(&path.key(key), v, range, &what) {
+                    *out = found;
+                }
+            }
+        };
+        integer("starvation_after_s", 1..=604_800, &mut out.starvation_after_s);
+        integer("fair_share_half_life_s", 1..=2_592_000, &mut out.fair_share_half_life_s);
+        integer("preempt_grace_s", 1..=3600, &mut out.preempt_grace_s);
+        if let Some(v) = table.get("shares") {
+            self.shares(&path.key("shares"), v, &mut out.shares);
+        }
+    }
+
+    /// `[scheduler.shares]`: every team name and fraction on its own, then their sum.
+    fn shares(&mut self, path: &KeyPath, value: &Value, out: &mut BTreeMap<String, f64>) {
+        let Some(table) = self.any_table(path, value) else { return };
+        let mut shares = BTreeMap::new();
+        for (team, v) in table {
+            let key = path.key(team);
+            let valid_team = is_team_name(team);
+            if !valid_team {
+                self.report(&key, v.tag(), format!("expected {TEAM_NAME}, found {}", quote(team)));
+            }
+            let what = "a fraction of the capacity greater than 0 and at most 1";
+            let share = self.positive_number(&key, v, what);
+            let share = match share {
+                Some(share) if share > 1.0 => {
+                    self.expected(&key, v, what);
+                    None
+                }
+                share => share,
+            };
+            if let Some(share) = share.filter(|_| valid_team) {
+                shares.insert(team.clone(), share);
+            }
+        }
+        let sum: f64 = shares.values().sum();
+        if sum > 1.0 + SHARES_SUM_SLACK {
+            let teams: Vec<String> =
+                shares.iter().map(|(team, share)| format!("{team} {}", short_number(*share))).collect();
+            let message = format!(
+                "expected shares summing to at most 1, found {} ({})",
+                short_number(sum),
+                teams.join(", ")
+            );
+            self.report(path, value.tag(), message);
+        }
+        *out = shares;
     }
 
     fn api(&mut self, path: &KeyPath, value: &Value, out: &mut ApiConfig) {
@@ -884,12 +982,9 @@ impl Checker<'_> {
     }
 
     fn team(&mut self, path: &KeyPath, value: &Value) -> Option<String> {
-        let what = "a team name of lowercase letters, digits, '_' and '-'";
-        let team = self.string(path, value, what)?;
-        let valid = !team.is_empty()
-            && team.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-        if !valid {
-            self.expected(path, value, what);
+        let team = self.string(path, value, TEAM_NAME)?;
+        if !is_team_name(team) {
+            self.expected(path, value, TEAM_NAME);
             return None;
         }
         Some(team.to_owned())
@@ -954,6 +1049,17 @@ impl Checker<'_> {
         });
         Some(GpuConfig { index: index?, memory_gb: memory_gb? })
     }
+}
+
+/// Team names, wherever the config names a team: lowercase letters, digits, `_` and `-`.
+fn is_team_name(team: &str) -> bool {
+    !team.is_empty()
+        && team.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+/// `x` with at most 6 decimals, so that a sum like `0.1 + 0.2` reads `0.3`.
+fn short_number(x: f64) -> String {
+    ((x * 1e6).round() / 1e6).to_string()
 }
 
 /// An integer `Num` as `i128` (which holds every integer but `u128` above `i128::MAX`); `None` for
@@ -1129,6 +1235,15 @@ mod tests {
         assert_eq!(config.plugins.scan_interval_ms, 1000);
         assert!(config.auth.tokens.is_empty());
         assert_eq!(config.devices, DevicesConfig { cpu_slots: None, cpu_slot_memory_gb: None, gpus: vec![] });
+        assert_eq!(
+            config.scheduler,
+            SchedulerConfig {
+                starvation_after_s: 600,
+                fair_share_half_life_s: 3600,
+                preempt_grace_s: 120,
+                shares: BTreeMap::new(),
+            }
+        );
     }
 
     #[test]
@@ -1157,6 +1272,14 @@ mod tests {
             [[devices.gpus]]
             index = 1
             memory_gb = 79.5
+            [scheduler]
+            starvation_after_s = 1
+            fair_share_half_life_s = 2592000
+            preempt_grace_s = 3600
+            [scheduler.shares]
+            research = 0.5
+            ops-2 = 0.25
+            eval_team = 0.25
             "#
         );
         let config = check(Some(&toml), &[], &[]);
@@ -1177,6 +1300,16 @@ mod tests {
                 gpus: vec![GpuConfig { index: 1, memory_gb: 79.5 }],
             },
             queue: QueueConfig::default(),
+            scheduler: SchedulerConfig {
+                starvation_after_s: 1,
+                fair_share_half_life_s: 2_592_000,
+                preempt_grace_s: 3600,
+                shares: BTreeMap::from([
+                    ("research".to_owned(), 0.5),
+                    ("ops-2".to_owned(), 0.25),
+                    ("eval_team".to_owned(), 0.25),
+                ]),
+            },
         };
         assert_eq!(config, expected);
     }
@@ -1194,6 +1327,8 @@ mod tests {
             ("RLVR__AUTH__TOKENS", &tokens),
             ("RLVR__REDIS__URL", "rediss://cache.internal:6380"),
             ("RLVR__DAEMON__STATE_DIR", r#""/quoted/dir""#),
+            ("RLVR__SCHEDULER__PREEMPT_GRACE_S", "30"),
+            ("RLVR__SCHEDULER__SHARES", "{research = 0.6, ci = 0.4}"),
             ("OTHER__API__LISTEN", "nonsense"),
         ];
         let config = check(Some(toml), &env, &[]);
@@ -1209,6 +1344,19 @@ mod tests {
         );
         assert_eq!(config.redis.url, "rediss://cache.internal:6380");
         assert_eq!(config.daemon.state_dir, Path::new("/quoted/dir"));
+        assert_eq!(config.scheduler.preempt_grace_s, 30);
+        assert_eq!(config.scheduler.starvation_after_s, 600);
+        assert_eq!(
+            config.scheduler.shares,
+            BTreeMap::from([("ci".to_owned(), 0.4), ("research".to_owned(), 0.6)])
+        );
+        // One share per variable, merged with the file's table.
+        let toml = "[scheduler.shares]\nresearch = 0.5\n";
+        let config = check(Some(toml), &[("RLVR__SCHEDULER__SHARES__CI", "0.5")], &[]);
+        assert_eq!(
+            config.scheduler.shares,
+            BTreeMap::from([("ci".to_owned(), 0.5), ("research".to_owned(), 0.5)])
+        );
     }
 
     #[test]
@@ -1304,8 +1452,8 @@ mod tests {
             Some("[apii]\nlisten = \"127.0.0.1:1\"\n[devices]\ncpu = 1\n"),
             &[("RLVR__METRICS__PORT", "9")],
             &[
-                "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue (from file {file})",
-                "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue (from env RLVR__METRICS__PORT)",
+                "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue, scheduler (from file {file})",
+                "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue, scheduler (from env RLVR__METRICS__PORT)",
                 "devices.cpu: unknown key, expected one of: cpu_slots, cpu_slot_memory_gb, gpus (from file {file})",
             ],
         );
@@ -1313,7 +1461,7 @@ mod tests {
             Some("\"a.b\" = 1\n[api]\n\"with space\" = 2\n"),
             &[],
             &[
-                r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue (from file {file})"#,
+                r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue, scheduler (from file {file})"#,
                 r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {file})"#,
             ],
         );
@@ -1328,6 +1476,7 @@ mod tests {
         assert_eq!(config.devices.cpu_slots, Some(2));
         assert_eq!(config.devices.cpu_slot_memory_gb, Some(8.0));
         assert!(config.devices.gpus.is_empty());
+        assert_eq!(config.scheduler, SchedulerConfig::default());
         let teams: Vec<(&str, bool)> =
             config.auth.tokens.iter().map(|t| (t.team.as_str(), t.admin)).collect();
         assert_eq!(teams, [("research", false), ("admin", true)]);
@@ -1417,6 +1566,26 @@ mod tests {
                 "[[devices.gpus]]\nindex = -1\nmemory_gb = 1",
                 "devices.gpus[0].index: expected a device index (an integer of at least 0), found -1",
             ),
+            (
+                "[scheduler]\nstarvation_after_s = 0\nfair_share_half_life_s = 2592001\npreempt_grace_s = 1.5\npreempt = 1",
+                "scheduler.preempt: unknown key, expected one of: starvation_after_s, fair_share_half_life_s, preempt_grace_s, shares\n\
+                 scheduler.starvation_after_s: expected an integer from 1 to 604800 (seconds), found 0\n\
+                 scheduler.fair_share_half_life_s: expected an integer from 1 to 2592000 (seconds), found 2592001\n\
+                 scheduler.preempt_grace_s: expected an integer from 1 to 3600 (seconds), found 1.5",
+            ),
+            ("[scheduler]\nshares = 0.5", "scheduler.shares: expected a table, found 0.5"),
+            (
+                "[scheduler.shares]\nResearch = 0.5\n\"a b\" = \"0.1\"\nzero = 0\nbig = 1.5\nok = 1",
+                "scheduler.shares.Research: expected a team name of lowercase letters, digits, '_' and '-', found \"Research\"\n\
+                 scheduler.shares.\"a b\": expected a team name of lowercase letters, digits, '_' and '-', found \"a b\"\n\
+                 scheduler.shares.\"a b\": expected a fraction of the capacity greater than 0 and at most 1, found \"0.1\"\n\
+                 scheduler.shares.big: expected a fraction of the capacity greater than 0 and at most 1, found 1.5\n\
+                 scheduler.shares.zero: expected a fraction of the capacity greater than 0 and at most 1, found 0",
+            ),
+            (
+                "[scheduler.shares]\nresearch = 0.7\nvision = 0.2\nops = 0.2",
+                "scheduler.shares: expected shares summing to at most 1, found 1.1 (ops 0.2, research 0.7, vision 0.2)",
+            ),
         ];
         for (toml, expected) in cases {
             let expected: Vec<String> =
@@ -1424,6 +1593,15 @@ mod tests {
             let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
             check(Some(toml), &[], &expected);
         }
+    }
+
+    #[test]
+    fn shares_that_sum_to_one_in_decimals_are_accepted() {
+        // 0.1 + 0.2 + 0.7 is 1.0000000000000002 in f64.
+        let config = check(Some("[scheduler.shares]\na = 0.1\nb = 0.2\nc = 0.7\n"), &[], &[]);
+        assert_eq!(config.scheduler.shares.len(), 3);
+        check(Some("[scheduler.shares]\nall = 1\n"), &[], &[]);
+        check(Some("[scheduler.shares]\n"), &[], &[]);
     }
 
     #[test]
@@ -1578,6 +1756,10 @@ mod tests {
             "RLVR__DEVICES__CPU_SLOT_MEMORY_GB",
             "RLVR__DEVICES__GPUS",
             "RLVR__DEVICES",
+            "RLVR__SCHEDULER__STARVATION_AFTER_S",
+            "RLVR__SCHEDULER__SHARES",
+            "RLVR__SCHEDULER__SHARES__A",
+            "RLVR__SCHEDULER",
             "RLVR__X",
         ];
         for key in keys {

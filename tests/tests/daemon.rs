@@ -38,12 +38,16 @@ fn validate_reports_every_problem_with_where_it_came_from() {
          [[auth.tokens]]\nteam = \"research\"\nsha256 = \"abc\"\n",
     )
     .unwrap();
-    let (ok, _, stderr) =
-        validate(&file, &[("RLVR__DEVICES__CPU_SLOTS", "0"), ("RLVR__REDIS__URL", "http://example:1")]);
+    let env = [
+        ("RLVR__DEVICES__CPU_SLOTS", "0"),
+        ("RLVR__REDIS__URL", "http://example:1"),
+        ("RLVR__SCHEDULER__SHARES", "{research = 0.7, vision = 0.5}"),
+    ];
+    let (ok, _, stderr) = validate(&file, &env);
     assert!(!ok);
     let shown = file.display().to_string();
     let expected = [
-        "config has 6 problem(s):".to_owned(),
+        "config has 7 problem(s):".to_owned(),
         format!(
             "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {shown})"
         ),
@@ -54,6 +58,9 @@ fn validate_reports_every_problem_with_where_it_came_from() {
         "(from env RLVR__REDIS__URL)".to_owned(),
         "auth.tokens[0].sha256: expected the hex sha256 of the token".to_owned(),
         "devices.cpu_slots: expected an integer of at least 1, found 0 (from env RLVR__DEVICES__CPU_SLOTS)"
+            .to_owned(),
+        "scheduler.shares: expected shares summing to at most 1, found 1.2 (research 0.7, vision 0.5) \
+         (from env RLVR__SCHEDULER__SHARES)"
             .to_owned(),
     ];
     for line in expected {

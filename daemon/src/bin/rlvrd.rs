@@ -69,6 +69,18 @@ enum Command {
         #[arg(long, value_name = "PID")]
         exit_with_parent: Option<u32>,
     },
+    /// Replay a trace of jobs (their phases' durations) through the scheduling policy, next to a
+    /// first-come-first-served baseline that gives each job whole devices for its whole run; print
+    /// each device's busy fraction and each job's wait and completion.
+    Simulate {
+        /// The trace (TOML: [[devices]], optional [scheduler], [[jobs]]; see
+        /// scripts/bench/traces/).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Print {"policy": report, "baseline": report} as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write synthetic data sets for the built-in model (no download).
     Data {
         #[command(subcommand)]
@@ -220,6 +232,26 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             }
+        }
+        Command::Simulate { trace, json } => {
+            use rlvr_daemon::sched::simulate::{Trace, baseline, render, simulate};
+            let parsed = std::fs::read_to_string(&trace)
+                .map_err(|error| error.to_string())
+                .and_then(|text| Trace::from_toml(&text).map_err(|error| error.to_string()));
+            let parsed = match parsed {
+                Ok(parsed) => parsed,
+                Err(error) => {
+                    eprintln!("rlvrd simulate: {}: {error}", trace.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let (ours, fcfs) = (simulate(&parsed), baseline(&parsed));
+            if json {
+                println!("{}", serde_json::json!({ "policy": ours, "baseline": fcfs }));
+            } else {
+                print!("{}", render(&ours, &fcfs));
+            }
+            ExitCode::SUCCESS
         }
         Command::Serve { config } => {
             logging::init(cli.log_format, "info");

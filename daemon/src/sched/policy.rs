@@ -8,8 +8,9 @@
 //! - **Admission**: a job asks for `devices` devices with `memory_gb` on each (none: whole
 //!   devices). It is admitted when all of them fit at once (best-fit memory packing), most urgent
 //!   first, then the team furthest below its fair share, then the oldest. A team's fair-share
-//!   standing is what it holds now plus what it held recently (fading with a half-life of
-//!   `fair_share_half_life_s`), over its weight: after one team's job, another's goes first. A job that cannot fit
+//!   standing is the capacity it holds now plus its recent use, over its weight; use is capacity
+//!   held plus devices granted, fading with a half-life of `fair_share_half_life_s`. So after one
+//!   team's job another's goes first, and jobs sharing a device even out their device time. A job that cannot fit
 //!   lets smaller ones behind it run (backfill), unless it has waited `starvation_after_s`: then
 //!   nothing passes it until it runs.
 //! - **Quotas**: a team's guaranteed share is a fraction of the inventory's capacity (memory on
@@ -304,7 +305,8 @@ impl Policy {
     }
 
     /// Brings each team's recent use up to `now`: over the time since the last event the team
-    /// held what it holds now (holdings change only at events). Time never runs backwards here.
+    /// held, and was granted, what it is now (both change only at events). Time never runs
+    /// backwards here.
     fn advance(&mut self, now: f64) {
         let elapsed = now - self.clock;
         self.clock = self.clock.max(now);
@@ -319,7 +321,7 @@ impl Policy {
             .chain(self.admitted.values().map(|admitted| admitted.demand.team.clone()))
             .collect();
         for team in teams {
-            let holding = self.team_usage(&team);
+            let holding = self.team_usage(&team) + self.team_granted(&team);
             let recent = self.recent_use.entry(team).or_insert(0.0);
             *recent = *recent * kept + holding * (1.0 - kept);
         }
@@ -438,6 +440,17 @@ impl Policy {
     /// The fraction of the inventory's capacity a team holds.
     fn team_usage(&self, team: &str) -> f64 {
         self.admitted.values().filter(|admitted| admitted.demand.team == team).map(|a| self.usage(a)).sum()
+    }
+
+    /// The fraction of the inventory's devices serving a team's phases now.
+    fn team_granted(&self, team: &str) -> f64 {
+        let granted: usize = self
+            .admitted
+            .values()
+            .filter(|admitted| admitted.demand.team == team && admitted.granted.is_some())
+            .map(|admitted| admitted.devices.len())
+            .sum();
+        granted as f64 / self.devices.len() as f64
     }
 
     /// The fraction of the inventory's capacity an admitted job holds.
