@@ -1,12 +1,17 @@
 //! The daemon's Prometheus metrics, served as text on `GET /metrics`.
 //!
-//! Counters are only incremented by the operator-facing events in `events`, which log and count in
-//! one place so logs and metrics never drift apart. Labels are bounded (kinds, reasons), never a
-//! job id or a file name.
+//! Plugin counters are only incremented by the operator-facing events in `events`, which log and
+//! count in one place so logs and metrics never drift apart; the scheduler's are kept by
+//! `sched::service`. Labels are bounded (kinds, reasons, devices, teams from the config,
+//! priorities), never a job id or a file name.
 
 use prometheus_client::encoding::EncodeLabelSet;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::registry::RefusalReason;
@@ -25,6 +30,26 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// `device` label: `cuda:0`, `cpu:0`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabel {
+    pub device: String,
+}
+
+/// `team` label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TeamLabel {
+    pub team: String,
+}
+
+/// `team` and `priority` labels of a queue wait.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabel {
+    pub team: String,
+    /// `high`, `normal` or `low`.
+    pub priority: String,
+}
+
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
@@ -32,6 +57,15 @@ pub struct Metrics {
     pub plugin_loads: Family<KindLabel, Counter>,
     /// `rlvr_plugin_refusals_total{reason}`.
     pub plugin_refusals: Family<ReasonLabel, Counter>,
+    /// `rlvr_device_busy_seconds_total{device}`: time a device served a phase grant. Its rate
+    /// is the device's busy fraction.
+    pub device_busy_seconds: Family<DeviceLabel, Counter<f64, AtomicU64>>,
+    /// `rlvr_grants_waiting`: workers waiting for their devices now.
+    pub grants_waiting: Gauge,
+    /// `rlvr_preemptions_total{team}`: jobs asked to leave to make room, by the victim's team.
+    pub preemptions: Family<TeamLabel, Counter>,
+    /// `rlvr_queue_wait_seconds{team,priority}`: from queueing on this daemon to admission.
+    pub queue_wait_seconds: Family<WaitLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -59,7 +93,38 @@ impl Metrics {
         for reason in RefusalReason::ALL {
             let _ = plugin_refusals.get_or_create(&ReasonLabel { reason: reason.as_str().to_owned() });
         }
-        Metrics { registry, plugin_loads, plugin_refusals }
+        let device_busy_seconds = Family::<DeviceLabel, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "rlvr_device_busy_seconds",
+            "Time each device served a phase grant (rollout, update, evaluation)",
+            device_busy_seconds.clone(),
+        );
+        let grants_waiting = Gauge::default();
+        registry.register(
+            "rlvr_grants_waiting",
+            "Workers waiting for a device grant",
+            grants_waiting.clone(),
+        );
+        let preemptions = Family::<TeamLabel, Counter>::default();
+        registry.register("rlvr_preemptions", "Jobs preempted to make room, by team", preemptions.clone());
+        // 0.1 s to about 1.8 days.
+        let queue_wait_seconds = Family::<WaitLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.1, 4.0, 12))
+        });
+        registry.register(
+            "rlvr_queue_wait_seconds",
+            "Time from queueing on this daemon to admission, by team and priority",
+            queue_wait_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            plugin_loads,
+            plugin_refusals,
+            device_busy_seconds,
+            grants_waiting,
+            preemptions,
+            queue_wait_seconds,
+        }
     }
 
     /// The Prometheus text exposition of every metric.

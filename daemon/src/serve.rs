@@ -27,6 +27,9 @@ use crate::jobs::supervise::Supervisor;
 use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
 use crate::registry::{Isolation, Registry, RegistryError, ScanSummary};
+use crate::sched::inventory;
+use crate::sched::policy::PolicyConfig;
+use crate::sched::service::{SOCKET_FILE, Scheduler};
 
 /// How long a new library may take to load and self-test in the probe process.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -109,6 +112,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     tracing::info!(%addr, "api listening");
 
+    // NVML calls block: off the async threads.
+    let devices = config.devices.clone();
+    let inventory = tokio::task::spawn_blocking(move || inventory::discover(&devices))
+        .await
+        .map_err(|error| ServeError::Http(io::Error::other(error.to_string())))?;
+    for note in &inventory.notes {
+        tracing::info!("devices: {note}");
+    }
+    let names: Vec<&str> = inventory.devices.iter().map(|device| device.name.as_str()).collect();
+    tracing::info!(devices = ?names, source = ?inventory.source, "device inventory");
+    let policy_config = PolicyConfig {
+        shares: config.scheduler.shares.clone(),
+        starvation_after_s: config.scheduler.starvation_after_s as f64,
+        fair_share_half_life_s: config.scheduler.fair_share_half_life_s as f64,
+    };
+    let scheduler = Scheduler::new(inventory, policy_config, metrics.clone());
+    let grant_socket = state_dir.join(SOCKET_FILE);
+    let grants_stop = CancellationToken::new();
+    let grants = tokio::spawn(scheduler.clone().serve_grants(grant_socket.clone(), grants_stop.clone()));
+
     let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));
     let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
     let queues = Queues::new(store, &config.queue);
@@ -120,6 +143,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
         stopping: stopping.clone(),
         max_body_bytes: config.api.max_body_bytes as usize,
+        scheduler: scheduler.clone(),
     });
     let app = router(
         AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
@@ -134,7 +158,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         worker_threads(config.queue.worker_threads),
         config.queue.max_crashes,
         Duration::from_secs(config.queue.stop_timeout_s),
-        job_slots(&config),
+        scheduler.clone(),
+        grant_socket,
+        Duration::from_secs(config.scheduler.preempt_grace_s),
         stopping.clone(),
     ));
     let consumer = consumer::start(supervisor.clone(), &config.queue, stopping.clone());
@@ -195,6 +221,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     if tokio::time::timeout(drain, consumer.stopped()).await.is_err() {
         tracing::warn!("jobs did not drain in time; their tasks come back to the next daemon");
     }
+    grants_stop.cancel();
+    match grants.await {
+        Ok(Err(error)) => tracing::warn!(%error, "grant socket failed"),
+        Err(error) => tracing::warn!(%error, "grant socket task failed"),
+        Ok(Ok(())) => {}
+    }
     shutdown.cancel();
     if !server.is_finished() {
         match server.await {
@@ -213,15 +245,6 @@ fn worker_threads(configured: u32) -> usize {
         configured as usize
     } else {
         std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
-    }
-}
-
-/// Jobs run at once: one per configured GPU, else `devices.cpu_slots` (default 1).
-fn job_slots(config: &Config) -> usize {
-    if config.devices.gpus.is_empty() {
-        config.devices.cpu_slots.unwrap_or(1) as usize
-    } else {
-        config.devices.gpus.len()
     }
 }
 

@@ -134,6 +134,17 @@ pub struct JobView {
     pub crashes: u32,
     /// A cancel was asked for and the daemon is stopping the worker.
     pub cancel_requested: bool,
+    /// The devices it was last admitted to (`cuda:0`, `cpu:0`); current while it is admitted,
+    /// running or evaluating.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Times it was preempted to make room for another job.
+    #[serde(default)]
+    pub preemptions: u32,
+    /// Its worker's device grant now (`holding rollout`, `waiting for update (0.4 s)`), when the
+    /// daemon answering runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
     /// The latest step's figures (reward, KL, tokens/s, ETA, …), when training has begun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]

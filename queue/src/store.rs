@@ -39,6 +39,8 @@ const F_CANCEL: &str = "cancel";
 const F_PROGRESS: &str = "progress";
 const F_HELDOUT: &str = "heldout";
 const F_RESULT: &str = "result";
+const F_DEVICES: &str = "devices";
+const F_PREEMPTIONS: &str = "preemptions";
 
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -351,6 +353,11 @@ return 1
         Ok(self.conn.clone().hincr(job_key(id), F_CRASHES, 1).await?)
     }
 
+    /// Counts one more preemption of the job; the new count.
+    pub async fn count_preemption(&self, id: &str) -> Result<u32, StoreError> {
+        Ok(self.conn.clone().hincr(job_key(id), F_PREEMPTIONS, 1).await?)
+    }
+
     /// Puts the job on the dead-letter set (its state is set by the caller: `failed`).
     pub async fn dead_letter(&self, id: &str) -> Result<(), StoreError> {
         let _: () = self.conn.clone().zadd(format!("{PREFIX}:dead"), id, now_ms()).await?;
@@ -482,6 +489,12 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         updated_at: rfc3339(number(F_UPDATED)?),
         crashes: number(F_CRASHES)? as u32,
         cancel_requested: fields.get(F_CANCEL).is_some_and(|flag| flag == "1"),
+        devices: fields
+            .get(F_DEVICES)
+            .map(|list| list.split(',').filter(|d| !d.is_empty()).map(str::to_owned).collect())
+            .unwrap_or_default(),
+        preemptions: number(F_PREEMPTIONS)? as u32,
+        grant: None,
         progress: json(F_PROGRESS),
         heldout: fields.get(F_HELDOUT).and_then(|h| h.parse().ok()),
         result: json(F_RESULT),

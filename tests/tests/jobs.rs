@@ -365,7 +365,14 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
         (with("[[verifiers]]", "[[verifiers]]\nweight = -1.0"), 422, "verifiers[0].weight", "≥ 0"),
         (with("every_steps = 5", "every_steps = 0"), 422, "checkpoint.every_steps", "at least 1"),
         (format!("{good}\n[resources]\ndevices = 0\n"), 422, "resources.devices", "expected 1 to 64"),
-        (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "at most"),
+        (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
+        // This daemon has one CPU slot.
+        (
+            format!("{good}\n[resources]\ndevices = 2\n"),
+            422,
+            "resources.devices",
+            "never fit here: this daemon has 1",
+        ),
         (
             format!("{good}\n[publish]\nregistry = \"relative/dir\"\n"),
             422,

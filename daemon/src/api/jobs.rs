@@ -37,6 +37,8 @@ pub struct JobsState {
     pub stopping: tokio_util::sync::CancellationToken,
     /// `api.max_body_bytes`: the largest job spec taken.
     pub max_body_bytes: usize,
+    /// This daemon's scheduler: submit checks the inventory; views show devices and grants.
+    pub scheduler: Arc<crate::sched::service::Scheduler>,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -200,9 +202,13 @@ pub async fn submit(
     let registry = state.registry.clone();
     let checked = spec.clone();
     // Reads files and the registry: off the async threads.
-    let problems = tokio::task::spawn_blocking(move || checks::check_runnable(&checked, &registry))
-        .await
-        .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
+    let scheduler = state.scheduler.clone();
+    let problems =
+        tokio::task::spawn_blocking(move || checks::check_runnable(&checked, &registry, &scheduler))
+            .await
+            .map_err(|error| {
+                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string())
+            })?;
     if !problems.is_empty() {
         return Err(Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems));
     }
@@ -340,6 +346,9 @@ pub async fn list(
         jobs.retain(|job| job.state == wanted);
     }
     jobs.truncate(limit);
+    for job in &mut jobs {
+        job.grant = state.scheduler.grant_state(&job.id);
+    }
     Ok(Json(JobList { jobs }))
 }
 
@@ -365,10 +374,11 @@ async fn visible_job(state: &JobsState, caller: &Caller, id: &str) -> Answer<Job
     if !valid_id(id) {
         return Err(Failure::not_found(id));
     }
-    let job = state.queues.store.get(id).await?;
+    let mut job = state.queues.store.get(id).await?;
     if !caller.may_act_for(&job.team) {
         return Err(Failure::not_found(id));
     }
+    job.grant = state.scheduler.grant_state(id);
     Ok(job)
 }
 

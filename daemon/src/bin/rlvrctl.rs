@@ -226,10 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             } else if list.jobs.is_empty() {
                 eprintln!("rlvrctl: no jobs");
             } else {
-                print_table(
-                    ["ID", "TEAM", "NAME", "STATE", "STEP", "UPDATED", "REASON"],
-                    &list_rows(&list.jobs),
-                );
+                print_table(LIST_HEADER, &list_rows(&list.jobs));
             }
             Ok(EXIT_OK)
         }
@@ -913,6 +910,15 @@ fn status_block(job: &JobView) -> String {
         lines.push(("reason", job.reason.clone()));
     }
     lines.push(("step", format!("{}/{}", job.step, job.max_steps)));
+    if let Some(devices) = current_devices(job) {
+        lines.push(("devices", devices));
+    }
+    if let Some(grant) = &job.grant {
+        lines.push(("grant", grant.clone()));
+    }
+    if job.preemptions > 0 {
+        lines.push(("preempted", format!("{} time(s)", job.preemptions)));
+    }
     let figures = figures(job.progress.as_ref(), job.heldout, Detail::Full);
     if !figures.is_empty() {
         lines.push(("progress", figures));
@@ -946,21 +952,35 @@ fn plain_value(value: &Value) -> String {
     }
 }
 
-fn list_rows(jobs: &[JobView]) -> Vec<[String; 7]> {
+/// The devices a job holds now (admitted, running or evaluating): `cpu:0`, `cuda:0,cuda:1`.
+fn current_devices(job: &JobView) -> Option<String> {
+    (job.state.is_active() && !job.devices.is_empty()).then(|| job.devices.join(","))
+}
+
+/// The columns of [`LIST_HEADER`].
+fn list_rows(jobs: &[JobView]) -> Vec<[String; 10]> {
     jobs.iter()
         .map(|job| {
+            // The grant's first word: `holding` or `waiting`.
+            let grant = job.grant.as_deref().and_then(|grant| grant.split(' ').next()).unwrap_or("-");
             [
                 job.id.clone(),
                 job.team.clone(),
                 job.name.clone(),
                 job.state.to_string(),
                 format!("{}/{}", job.step, job.max_steps),
+                current_devices(job).unwrap_or_else(|| "-".to_owned()),
+                grant.to_owned(),
+                job.preemptions.to_string(),
                 short_time(&job.updated_at),
                 truncate(&job.reason, 50),
             ]
         })
         .collect()
 }
+
+const LIST_HEADER: [&str; 10] =
+    ["ID", "TEAM", "NAME", "STATE", "STEP", "DEVICES", "GRANT", "PREEMPTED", "UPDATED", "REASON"];
 
 fn cancel_line(job: &JobView) -> String {
     if job.state == JobState::Cancelled {
@@ -1978,6 +1998,9 @@ mod tests {
             updated_at: "2026-11-21T06:03:00.123Z".to_owned(),
             crashes: 0,
             cancel_requested: false,
+            devices: vec!["cpu:0".to_owned()],
+            preemptions: 0,
+            grant: None,
             progress: None,
             heldout: Some(0.41),
             result: Some(serde_json::json!({"steps": 100, "checkpoint": "/s/ckpt"})),
@@ -2003,8 +2026,19 @@ mod tests {
         long.reason = "x".repeat(60);
         let rows = list_rows(&[long]);
         assert_eq!(rows[0][4], "100/100");
-        assert_eq!(rows[0][5], "2026-11-21 06:03:00");
-        assert_eq!(rows[0][6], format!("{}…", "x".repeat(49)));
+        assert_eq!(rows[0][5..8], ["-", "-", "0"], "an ended job holds no devices");
+        assert_eq!(rows[0][8], "2026-11-21 06:03:00");
+        assert_eq!(rows[0][9], format!("{}…", "x".repeat(49)));
+        let mut running = job();
+        running.state = JobState::Running;
+        running.grant = Some("waiting for update (0.4 s)".to_owned());
+        running.preemptions = 2;
+        assert_eq!(list_rows(std::slice::from_ref(&running))[0][5..8], ["cpu:0", "waiting", "2"]);
+        let block = status_block(&running);
+        assert!(
+            block.contains("devices   cpu:0\ngrant     waiting for update (0.4 s)\npreempted 2 time(s)\n"),
+            "{block}"
+        );
         let mut cancelling = job();
         cancelling.state = JobState::Running;
         cancelling.cancel_requested = true;

@@ -68,6 +68,13 @@ enum Command {
         /// Die with this process (the daemon passes its pid): SIGKILL when it exits.
         #[arg(long, value_name = "PID")]
         exit_with_parent: Option<u32>,
+        /// Ask the daemon's scheduler on this socket for the devices before each device phase
+        /// (the daemon passes it, with --job-id).
+        #[arg(long, value_name = "SOCKET", requires = "job_id")]
+        grant_socket: Option<PathBuf>,
+        /// This job's id at the grant socket.
+        #[arg(long, value_name = "ID", requires = "grant_socket")]
+        job_id: Option<String>,
     },
     /// Replay a trace of jobs (their phases' durations) through the scheduling policy, next to a
     /// first-come-first-served baseline that gives each job whole devices for its whole run; print
@@ -168,6 +175,8 @@ fn main() -> ExitCode {
             verify_parallel,
             threads,
             exit_with_parent,
+            grant_socket,
+            job_id,
         } => {
             logging::init(cli.log_format, "info");
             if let Some(parent) = exit_with_parent {
@@ -187,6 +196,7 @@ fn main() -> ExitCode {
                     device,
                     verify_parallel: verify_parallel.unwrap_or(cores),
                     threads: threads.unwrap_or(cores).max(1),
+                    grants: grant_socket.zip(job_id),
                 };
                 Ok(rlvr_daemon::worker::run(&options)?)
             };
@@ -202,7 +212,11 @@ fn main() -> ExitCode {
                 }
                 Ok(Err(error)) => {
                     eprintln!("rlvrd worker: {error:#}");
-                    ExitCode::from(2)
+                    // Not the job's fault: the daemon counts a crash and requeues it.
+                    let grants = error
+                        .downcast_ref::<rlvr_daemon::worker::WorkerError>()
+                        .is_some_and(|error| matches!(error, rlvr_daemon::worker::WorkerError::Grants(_)));
+                    ExitCode::from(if grants { 70 } else { 2 })
                 }
                 Err(_) => {
                     eprintln!(

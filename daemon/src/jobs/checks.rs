@@ -1,7 +1,8 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
 //! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
 //! other and the data (the rules the worker applies at start, [`worker::fit_problems`]), the
-//! files it names are readable by the daemon, and its budget is sane.
+//! files it names are readable by the daemon, its budget is sane, and its `[resources]` fit this
+//! daemon's devices.
 
 use std::path::Path;
 
@@ -9,15 +10,14 @@ use rlvr_plugin_api::PluginKind;
 use rlvr_queue::spec::{JobSpec, SpecError};
 
 use crate::registry::Registry;
+use crate::sched::service::Scheduler;
 use crate::worker;
 
 /// Longest wall-clock budget a job may ask for: 30 days.
 const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
-/// Largest per-device memory a job may ask for, in GB.
-const MAX_MEMORY_GB: f64 = 4096.0;
 
 /// Every problem found, each naming its field.
-pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
+pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler) -> Vec<SpecError> {
     let mut problems = Vec::new();
     let mut problem =
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
@@ -101,11 +101,9 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry) -> Vec<SpecError> {
             format!("expected at most {MAX_WALL_MINUTES} (30 days), got {minutes}"),
         );
     }
-    if spec.resources.memory_gb > MAX_MEMORY_GB {
-        problem(
-            "resources.memory_gb",
-            format!("expected at most {MAX_MEMORY_GB} GB per device, got {}", spec.resources.memory_gb),
-        );
+    let demand = scheduler.demand("submitted", spec, std::time::Duration::ZERO);
+    if let Err(why) = scheduler.can_ever_fit(&demand) {
+        problem(why.field, why.message);
     }
     problems
 }

@@ -37,6 +37,10 @@ use crate::config::QueueConfig;
 const PROMOTE_INTERVAL: Duration = Duration::from_millis(100);
 /// How often queued jobs are checked for a missing dispatch task.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Jobs a daemon takes off each priority's queue at once, admitted or waiting for admission:
+/// enough for the scheduler to pack devices and rank what waits, few enough that one daemon
+/// does not hold a shared queue's jobs away from others.
+const JOBS_IN_HAND: usize = 32;
 
 /// The running consumers; [`Consumer::stopped`] resolves when every one has drained.
 pub struct Consumer {
@@ -54,7 +58,7 @@ impl Consumer {
 pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: CancellationToken) -> Consumer {
     let mut tasks = JoinSet::new();
     let poll = Duration::from_millis(config.poll_interval_ms);
-    let in_flight = supervisor.slots_total();
+    let in_flight = JOBS_IN_HAND;
     for priority in PRIORITIES {
         let supervisor = supervisor.clone();
         let stopping = stopping.clone();

@@ -13,10 +13,14 @@
 //!   until Redis takes it ([`Supervisor::persist`]).
 //! - **SIGTERM** (daemon stopping): the worker is asked to checkpoint at its next step boundary
 //!   and exits 75; the job goes `preempted → queued` with a new task, and resumes exactly.
+//! - **Admission and preemption are the scheduler's** (`sched::service`): a job waits for its
+//!   seat's admission; when the scheduler preempts it, its worker is asked to checkpoint and leave
+//!   as on SIGTERM, is killed after `scheduler.preempt_grace_s`, and the job is requeued
+//!   (`preempted → queued`) to resume from its last checkpoint.
 //!   Cancel: the worker is killed at once (its last checkpoint stays intact) and the job ends
 //!   `cancelled`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -26,9 +30,12 @@ use std::time::{Duration, Instant};
 use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::job::{JobState, JobView};
 use rlvr_queue::spec::{JobSpec, Priority};
+
+use crate::sched::inventory::DeviceKind;
+use crate::sched::policy::Demand;
+use crate::sched::service::{Scheduler, Seat};
 use rlvr_queue::store::StoreError;
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
@@ -38,6 +45,8 @@ use crate::worker::lifecycle::EXIT_INTERRUPTED;
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
+/// How often a job waiting for admission looks whether it was cancelled meanwhile.
+const ADMISSION_RECHECK: Duration = Duration::from_secs(1);
 /// Exit status of a worker that refused its job (spec, plugins, data, model): not a crash.
 const EXIT_JOB_ERROR: i32 = 2;
 
@@ -56,7 +65,11 @@ pub struct Supervisor {
     pub stop_timeout: Duration,
     /// Cancelled on SIGTERM: workers checkpoint and jobs are requeued.
     pub stopping: CancellationToken,
-    pub slots: Slots,
+    pub scheduler: Arc<Scheduler>,
+    /// The scheduler's grant socket, passed to each worker.
+    pub grant_socket: PathBuf,
+    /// How long a preempted worker gets to checkpoint before it is killed.
+    pub preempt_grace: Duration,
     /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
     active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
 }
@@ -66,8 +79,10 @@ pub struct Supervisor {
 pub enum WorkerEnd {
     /// Trained to its end; the worker's outcome JSON.
     Finished(Value),
-    /// Checkpointed and stopped on request.
+    /// Checkpointed and stopped on request (the daemon stopping).
     Interrupted,
+    /// Stopped to make room for job `for_job`: checkpointed, or killed after the grace period.
+    Preempted { for_job: String, killed: bool },
     /// Killed because its job was cancelled.
     Cancelled,
     /// Refused its job (exit 2): the reason, from its log.
@@ -86,7 +101,9 @@ impl Supervisor {
         worker_threads: usize,
         max_crashes: u32,
         stop_timeout: Duration,
-        slots: usize,
+        scheduler: Arc<Scheduler>,
+        grant_socket: PathBuf,
+        preempt_grace: Duration,
         stopping: CancellationToken,
     ) -> Self {
         Supervisor {
@@ -99,14 +116,11 @@ impl Supervisor {
             max_crashes,
             stop_timeout,
             stopping,
-            slots: Slots::new(slots),
+            scheduler,
+            grant_socket,
+            preempt_grace,
             active: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Jobs this daemon runs at once.
-    pub fn slots_total(&self) -> usize {
-        self.slots.total
     }
 
     /// Handles dispatch task `task_id` of job `id` to the end of this daemon's part in it. Never
@@ -170,28 +184,68 @@ impl Supervisor {
             return;
         }
 
-        // Admission: a slot, most urgent and oldest first.
-        let created = job.created_at.clone();
-        let slot = tokio::select! {
-            slot = self.slots.acquire(priority, &created, id) => slot,
-            _ = self.stopping.cancelled() => {
-                self.slots.forget(priority, &created, id);
-                // Leave it queued under a new task for the next daemon: this one is stopping.
-                self.requeue(id, priority, None, "the daemon stopped before admitting it").await;
+        // Admission: the scheduler's, most urgent first, then fair share, then age.
+        let demand = self.demand(id, &spec, &job);
+        if let Err(why) = self.scheduler.can_ever_fit(&demand) {
+            // The inventory changed since the submit (a GPU gone from the config).
+            let _ = self.transition(id, JobState::Failed, &why.to_string(), &[]).await;
+            return;
+        }
+        let mut seat = match self.scheduler.enqueue(demand) {
+            Ok(seat) => seat,
+            Err(error) => {
+                warn!(%error, "the scheduler knows this job already; leaving this task");
                 return;
             }
         };
-        if self.transition(id, JobState::Admitted, "admitted to a device slot", &[]).await.is_none() {
-            drop(slot);
+        let devices = loop {
+            tokio::select! {
+                devices = seat.admitted() => break devices,
+                _ = self.stopping.cancelled() => {
+                    drop(seat);
+                    // Leave it queued under a new task for the next daemon: this one is stopping.
+                    self.requeue(id, priority, None, "the daemon stopped before admitting it").await;
+                    return;
+                }
+                _ = tokio::time::sleep(ADMISSION_RECHECK) => {
+                    // Cancelled while it waited: its place goes to the next.
+                    let state = self.queues.store.get(id).await.map(|job| job.state);
+                    if state.is_ok_and(|state| state.is_terminal()) {
+                        return;
+                    }
+                }
+            }
+        };
+        let kinds: Vec<DeviceKind> =
+            self.scheduler.inventory_devices(&devices).iter().map(|device| device.kind).collect();
+        let names: Vec<String> = kinds.iter().map(ToString::to_string).collect();
+        let reason = format!("admitted to {}", names.join(", "));
+        if self.transition(id, JobState::Admitted, &reason, &[("devices", names.join(","))]).await.is_none() {
             return;
         }
-        let end = self.run_worker(id, &spec, job.step).await;
-        drop(slot);
+        let end = self.run_worker(id, &spec, job.step, &mut seat, &kinds).await;
+        // The worker is gone: its devices are free for the next job.
+        drop(seat);
         self.conclude(id, &spec, end).await;
     }
 
-    /// Runs the worker to its end: progress to Redis, cancel and SIGTERM passed on.
-    async fn run_worker(&self, id: &str, spec: &JobSpec, from_step: u64) -> WorkerEnd {
+    /// What the job asks the scheduler for; its age counts from its submission.
+    fn demand(&self, id: &str, spec: &JobSpec, job: &JobView) -> Demand {
+        let now = std::time::SystemTime::now();
+        let created = humantime::parse_rfc3339(&job.created_at).unwrap_or(now);
+        self.scheduler.demand(id, spec, now.duration_since(created).unwrap_or_default())
+    }
+
+    /// Runs the worker to its end on `devices`: progress to Redis; cancel, SIGTERM and
+    /// preemption passed on.
+    async fn run_worker(
+        &self,
+        id: &str,
+        spec: &JobSpec,
+        from_step: u64,
+        seat: &mut Seat,
+        devices: &[DeviceKind],
+    ) -> WorkerEnd {
         let dir = self.jobs_dir.join(id);
         let prepared = prepare_job_dir(&dir, spec);
         let log_path = dir.join("worker.log");
@@ -211,6 +265,24 @@ impl Supervisor {
                 .arg(std::process::id().to_string());
             for plugin_dir in &self.plugin_dirs {
                 command.arg("--plugin-dir").arg(plugin_dir);
+            }
+            command.arg("--grant-socket").arg(&self.grant_socket).arg("--job-id").arg(id);
+            let gpus: Vec<String> = devices
+                .iter()
+                .filter_map(|kind| match kind {
+                    DeviceKind::Cuda { index } => Some(index.to_string()),
+                    DeviceKind::Cpu { .. } => None,
+                })
+                .collect();
+            if gpus.is_empty() {
+                command.arg("--device").arg("cpu");
+            } else {
+                // NVML's indexes are PCI order; CUDA's are too under this setting.
+                command
+                    .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+                    .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
+                    .arg("--device")
+                    .arg("cuda");
             }
             command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
             command.spawn()
@@ -243,12 +315,20 @@ impl Supervisor {
         let mut progress = ProgressTail::new(dir.join("run/metrics.jsonl"), spec.budget.max_steps);
         let mut cancelled = false;
         let mut stop_deadline: Option<Instant> = None;
+        let mut preempted_for: Option<String> = None;
+        let mut killed = false;
         let status: ExitStatus = loop {
             tokio::select! {
                 status = child.wait() => match status {
                     Ok(status) => break status,
                     Err(error) => return WorkerEnd::Crashed(format!("waiting for the worker: {error}")),
                 },
+                for_job = seat.preempted(), if preempted_for.is_none() && stop_deadline.is_none() && !cancelled => {
+                    info!(pid, for_job = %for_job, "preempted: asking the worker to checkpoint and leave");
+                    signal(pid, nix::sys::signal::Signal::SIGTERM);
+                    stop_deadline = Some(Instant::now() + self.preempt_grace);
+                    preempted_for = Some(for_job);
+                }
                 _ = tokio::time::sleep(WATCH_INTERVAL) => {}
             }
             if let Some((step, figures)) = progress.poll()
@@ -272,6 +352,7 @@ impl Supervisor {
                     "the worker did not stop in time: killing it; it resumes from its last checkpoint"
                 );
                 let _ = child.start_kill();
+                killed = true;
                 stop_deadline = Some(Instant::now() + Duration::from_secs(3600));
             }
         };
@@ -282,7 +363,15 @@ impl Supervisor {
         if cancelled {
             return WorkerEnd::Cancelled;
         }
-        classify(status, &stdout, &log_path)
+        let end = classify(status, &stdout, &log_path);
+        match (preempted_for, &end) {
+            // Checkpointed, or killed for being slow to: either way it was preempted.
+            (Some(for_job), WorkerEnd::Interrupted) => WorkerEnd::Preempted { for_job, killed: false },
+            (Some(for_job), WorkerEnd::Crashed(_)) if killed => {
+                WorkerEnd::Preempted { for_job, killed: true }
+            }
+            _ => end,
+        }
     }
 
     /// Writes the end of a worker run to the job record.
@@ -310,6 +399,24 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         "requeued: resumes from its checkpoint",
+                    )
+                    .await;
+                }
+            }
+            WorkerEnd::Preempted { for_job, killed } => {
+                let how = if killed {
+                    format!("killed after scheduler.preempt_grace_s ({} s)", self.preempt_grace.as_secs())
+                } else {
+                    "checkpointed".to_owned()
+                };
+                let reason = format!("preempted to make room for job {for_job}; {how}");
+                if self.transition(id, JobState::Preempted, &reason, &[]).await.is_some() {
+                    self.persist("count a preemption", || self.queues.store.count_preemption(id)).await;
+                    self.requeue(
+                        id,
+                        priority,
+                        Some(JobState::Queued),
+                        "requeued: resumes from its last checkpoint",
                     )
                     .await;
                 }
@@ -564,79 +671,6 @@ impl ProgressTail {
             "eta_s": eta_s.round(),
         });
         Some((step, figures))
-    }
-}
-
-/// Device slots, given most urgent first, then oldest (a stand-in for the scheduler of issue 6,
-/// which replaces it with memory packing, quotas and phase grants).
-pub struct Slots {
-    total: usize,
-    state: Mutex<SlotState>,
-    changed: Notify,
-}
-
-struct SlotState {
-    free: usize,
-    /// (priority rank: 0 = high, created_at, job id).
-    waiting: BTreeSet<(u8, String, String)>,
-}
-
-/// A held slot; dropping it frees the slot.
-pub struct SlotGuard<'a> {
-    slots: &'a Slots,
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        self.slots.state.lock().unwrap_or_else(|p| p.into_inner()).free += 1;
-        self.slots.changed.notify_waiters();
-    }
-}
-
-fn rank(priority: Priority) -> u8 {
-    match priority {
-        Priority::High => 0,
-        Priority::Normal => 1,
-        Priority::Low => 2,
-    }
-}
-
-impl Slots {
-    pub fn new(count: usize) -> Self {
-        let total = count.max(1);
-        Slots {
-            total,
-            state: Mutex::new(SlotState { free: total, waiting: BTreeSet::new() }),
-            changed: Notify::new(),
-        }
-    }
-
-    /// Waits for a slot; the most urgent, then oldest, waiter gets each free one.
-    pub async fn acquire(&self, priority: Priority, created_at: &str, id: &str) -> SlotGuard<'_> {
-        let key = (rank(priority), created_at.to_owned(), id.to_owned());
-        loop {
-            let notified = self.changed.notified();
-            {
-                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                state.waiting.insert(key.clone());
-                if state.free > 0 && state.waiting.first() == Some(&key) {
-                    state.waiting.remove(&key);
-                    state.free -= 1;
-                    drop(state);
-                    // The next waiter may fit too.
-                    self.changed.notify_waiters();
-                    return SlotGuard { slots: self };
-                }
-            }
-            notified.await;
-        }
-    }
-
-    /// Takes a waiter off the list (it stopped waiting).
-    pub fn forget(&self, priority: Priority, created_at: &str, id: &str) {
-        let key = (rank(priority), created_at.to_owned(), id.to_owned());
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).waiting.remove(&key);
-        self.changed.notify_waiters();
     }
 }
 

@@ -75,7 +75,8 @@ impl Default for PolicyConfig {
 }
 
 /// A phase that needs the job's devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Phase {
     Rollout,
     Update,
@@ -166,6 +167,14 @@ pub struct Policy {
     clock: f64,
 }
 
+/// Why a job can never run on an inventory: the `[resources]` field at fault and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FitProblem {
+    pub field: &'static str,
+    pub message: String,
+}
+
 /// Why an event does not apply.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PolicyError {
@@ -194,10 +203,10 @@ impl Policy {
     }
 
     /// Why `demand` can never run on this inventory, even alone; `Ok` when it can.
-    pub fn can_ever_fit(&self, demand: &Demand) -> Result<(), String> {
+    pub fn can_ever_fit(&self, demand: &Demand) -> Result<(), FitProblem> {
         let wanted = demand.devices as usize;
         if wanted == 0 {
-            return Err("resources.devices: expected at least 1".to_owned());
+            return Err(FitProblem { field: "resources.devices", message: "expected at least 1".to_owned() });
         }
         let big_enough = match demand.memory_gb {
             None => self.devices.len(),
@@ -213,13 +222,20 @@ impl Policy {
             .collect::<Vec<_>>()
             .join(", ");
         Err(match demand.memory_gb {
-            Some(memory) => format!(
-                "resources: {wanted} device(s) with {memory} GB each never fit here: {big_enough} of this daemon's \
-                 devices have that much ({inventory})"
-            ),
-            None => format!(
-                "resources.devices: {wanted} devices never fit here: this daemon has {big_enough} ({inventory})"
-            ),
+            Some(memory) if big_enough < self.devices.len().min(wanted) => FitProblem {
+                field: "resources.memory_gb",
+                message: format!(
+                    "{wanted} device(s) with {memory} GB each never fit here: {big_enough} of this daemon's devices \
+                     have that much ({inventory})"
+                ),
+            },
+            _ => FitProblem {
+                field: "resources.devices",
+                message: format!(
+                    "{wanted} devices never fit here: this daemon has {} ({inventory})",
+                    self.devices.len()
+                ),
+            },
         })
     }
 

@@ -66,7 +66,9 @@ fn run(script: &str) -> String {
                         queued_at: 0.0,
                     };
                     let policy = Policy::new(devices.clone(), config.clone());
-                    let verdict = policy.can_ever_fit(&demand).map_or_else(|why| why, |()| "fits".to_owned());
+                    let verdict = policy
+                        .can_ever_fit(&demand)
+                        .map_or_else(|why| why.to_string(), |()| "fits".to_owned());
                     out.push_str(&format!("fit {}: {verdict}\n", words[1]));
                 }
                 other => panic!("unknown line {other}"),
@@ -438,7 +440,7 @@ fn jobs_that_can_never_fit_are_named_with_the_inventory() {
         expect![[r#"
             fit 1x80: fits
             fit 2x40: fits
-            fit 2x80: resources: 2 device(s) with 80 GB each never fit here: 1 of this daemon's devices have that much (dev0 80 GB, dev1 40 GB)
+            fit 2x80: resources.memory_gb: 2 device(s) with 80 GB each never fit here: 1 of this daemon's devices have that much (dev0 80 GB, dev1 40 GB)
             fit 3x-: resources.devices: 3 devices never fit here: this daemon has 2 (dev0 80 GB, dev1 40 GB)
             fit 0x1: resources.devices: expected at least 1
         "#]],

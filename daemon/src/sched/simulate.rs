@@ -625,7 +625,9 @@ mod tests {
                 "{device}[[jobs]]\nid = \"j\"\nteam = \"t\"\nsubmit_s = 0\nsteps = 1\nrollout_s = 1\nupdate_s = 1\n{extra}"
             )
         };
-        assert!(error(&job("memory_gb = 80\n")).starts_with("job j: resources: 1 device(s) with 80 GB"));
+        assert!(
+            error(&job("memory_gb = 80\n")).starts_with("job j: resources.memory_gb: 1 device(s) with 80 GB")
+        );
         assert_eq!(error(&job("verify_s = -1\n")), "job j: verify_s: expected seconds, at least 0, got -1");
         assert!(
             error(&job("colour = 1\n")).contains("unknown field `colour`"),

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::Job;
 use super::reward::ToScore;
+use crate::sched::policy::Phase;
 
 /// Prompts generated at once.
 const EVAL_BATCH: usize = 64;
@@ -34,6 +35,7 @@ impl HeldoutScore {
 /// Scores the policy on the held-out set (or its first `eval.max_prompts`).
 pub fn heldout(job: &Job) -> Result<HeldoutScore, String> {
     let Some(heldout) = &job.heldout else { return Err("no held-out set".into()) };
+    let _grant = job.grants.hold(Phase::Eval)?;
     let limit = job.spec.eval.max_prompts.map_or(heldout.len(), |m| (m as usize).min(heldout.len()));
     let records = &heldout[..limit];
     let params = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..job.sampling.clone() };

@@ -8,12 +8,14 @@
 //! - `setup`-like code lives here: [`run`] loads everything and drives the steps.
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline.
 //! - [`eval`]: held-out scoring (greedy).
+//! - [`grants`]: the daemon's device grants, asked for before each device phase.
 //! - [`state`]: checkpoints and the JSONL logs, written atomically.
 //! - [`optim`]: AdamW, the schedule, gradient clipping.
 //! - [`data`], [`reward`]: the data files and the weighted verifier reward.
 
 pub mod data;
 pub mod eval;
+pub mod grants;
 pub mod lifecycle;
 pub mod optim;
 pub mod reward;
@@ -57,6 +59,8 @@ pub struct WorkerOptions {
     /// libtorch's CPU threads. CPU results are bit-exact for one thread count: the run records
     /// it, and a resume with another count says so in the log.
     pub threads: usize,
+    /// The daemon's grant socket and this job's id there; `None`: no grants (a run by hand).
+    pub grants: Option<(PathBuf, String)>,
 }
 
 /// How a run ended.
@@ -89,6 +93,10 @@ pub enum WorkerError {
     State { path: PathBuf, message: String },
     #[error("step {step}: {message}")]
     Step { step: u64, message: String },
+    /// The daemon's grant socket failed: not the job's fault (the worker exits 70 and the
+    /// daemon requeues the job).
+    #[error("{0}")]
+    Grants(String),
 }
 
 /// The training data, by the optimizer's data mode.
@@ -115,6 +123,7 @@ pub struct Job {
     pub rng: SamplerRng,
     pub cursor: Cursor,
     pub sampling: SamplingParams,
+    pub grants: grants::Grants,
 }
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
@@ -423,6 +432,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     };
     let rewarder =
         Rewarder { verifiers, parallel: options.verify_parallel.max(1), deadline: reward::VERIFY_DEADLINE };
+    let grants = match &options.grants {
+        Some((socket, job)) => grants::Grants::connect(socket, job).map_err(WorkerError::Grants)?,
+        None => grants::Grants::none(),
+    };
     let mut job = Job {
         cursor: train_state.cursor,
         spec,
@@ -439,6 +452,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         adamw,
         rng,
         sampling,
+        grants,
     };
     let cpu_matmul = match rlvr_trainer::onednn::status() {
         Ok(()) => "onednn".to_owned(),
@@ -563,8 +577,15 @@ fn drive(
         let step = state.step + 1;
         let span = info_span!("step", step);
         let _entered = span.enter();
-        let output =
-            step::run_step(job, step, state.step).map_err(|message| WorkerError::Step { step, message })?;
+        // The step's first device phase; a stop asked for while waiting for it leaves here.
+        let Some(grant) = job.grants.hold_at_boundary(step::first_phase(job)).map_err(WorkerError::Grants)?
+        else {
+            interrupted = true;
+            stopped = Some("stopped on request (SIGTERM) at a step boundary".to_owned());
+            break;
+        };
+        let output = step::run_step(job, step, state.step, grant)
+            .map_err(|message| WorkerError::Step { step, message })?;
         state.step = step;
         state.tokens_generated += output.tokens_generated;
         let mut line = output.metrics;

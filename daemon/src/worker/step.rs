@@ -20,8 +20,10 @@ use tch::{Device, Kind, Tensor};
 use tracing::{info, warn};
 
 use super::data::{PromptRecord, splitmix64};
+use super::grants::Grant;
 use super::reward::{Scored, ToScore};
 use super::{Job, TrainData};
+use crate::sched::policy::Phase;
 
 /// What a step produced.
 pub struct StepOutput {
@@ -59,15 +61,30 @@ impl Rows {
     }
 }
 
-/// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
-pub fn run_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput, String> {
+/// The first phase of a step, whose grant the step is started with: the rollout, or for offline
+/// data the update (offline steps are one device phase).
+pub fn first_phase(job: &Job) -> Phase {
     match job.optimizer_info.data_mode {
-        DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step),
-        DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step),
+        DataMode::OnlineGroups | DataMode::OnlineWithCritic => Phase::Rollout,
+        DataMode::OfflineSft | DataMode::OfflinePairs => Phase::Update,
     }
 }
 
-fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput, String> {
+/// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
+/// `grant` holds the devices for [`first_phase`]; the step asks for the others itself.
+pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, String> {
+    match job.optimizer_info.data_mode {
+        DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
+        DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
+    }
+}
+
+fn online_step(
+    job: &mut Job,
+    step: u64,
+    weights_step: u64,
+    rollout_grant: Grant,
+) -> Result<StepOutput, String> {
     let step_started = Instant::now();
     let TrainData::Prompts(prompts) = &job.train else { unreachable!("online jobs load prompts") };
     let count = job.spec.rollout.prompts_per_step as usize;
@@ -110,6 +127,8 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
     })
     .map_err(|error| format!("sampling: {error}"))?;
     let rollout_s = rollout_started.elapsed().as_secs_f64();
+    // Verification is CPU work: the devices serve another job's phase meanwhile.
+    drop(rollout_grant);
 
     // Verification.
     let verify_started = Instant::now();
@@ -132,6 +151,7 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
     let verify_s = verify_started.elapsed().as_secs_f64();
 
     // Update.
+    let _update_grant = job.grants.hold(Phase::Update)?;
     let update_started = Instant::now();
     let rows = Rows {
         prompts: sampled.iter().map(|s| prompt_tokens[s.prompt_index].clone()).collect(),
@@ -291,7 +311,7 @@ fn online_step(job: &mut Job, step: u64, weights_step: u64) -> Result<StepOutput
     Ok(StepOutput { metrics: line, records, tokens_generated: tokens })
 }
 
-fn offline_step(job: &mut Job, step: u64) -> Result<StepOutput, String> {
+fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOutput, String> {
     let step_started = Instant::now();
     let count = job.spec.rollout.prompts_per_step as usize;
     let seed = job.spec.job.seed;
