@@ -62,6 +62,9 @@ pub struct Metrics {
     pub device_busy_seconds: Family<DeviceLabel, Counter<f64, AtomicU64>>,
     /// `rlvr_grants_waiting`: workers waiting for their devices now.
     pub grants_waiting: Gauge,
+    /// `rlvr_grant_waits_total`: grant requests that had to wait (another job's phase had the
+    /// devices, or a more urgent request came first).
+    pub grant_waits: Counter,
     /// `rlvr_preemptions_total{team}`: jobs asked to leave to make room, by the victim's team.
     pub preemptions: Family<TeamLabel, Counter>,
     /// `rlvr_queue_wait_seconds{team,priority}`: from queueing on this daemon to admission.
@@ -105,6 +108,8 @@ impl Metrics {
             "Workers waiting for a device grant",
             grants_waiting.clone(),
         );
+        let grant_waits = Counter::default();
+        registry.register("rlvr_grant_waits", "Device grant requests that had to wait", grant_waits.clone());
         let preemptions = Family::<TeamLabel, Counter>::default();
         registry.register("rlvr_preemptions", "Jobs preempted to make room, by team", preemptions.clone());
         // 0.1 s to about 1.8 days.
@@ -122,6 +127,7 @@ impl Metrics {
             plugin_refusals,
             device_busy_seconds,
             grants_waiting,
+            grant_waits,
             preemptions,
             queue_wait_seconds,
         }

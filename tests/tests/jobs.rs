@@ -6,15 +6,14 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
-use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use reqwest::blocking::Client;
+use rlvr_tests::jobs::{
+    WorkerWatch, client, ended, get, job, states, submit, submit_ok, uninterrupted_weights, wait_job,
+    workers_of,
+};
 use rlvr_tests::{
-    ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, plugin_lib,
-    wait_until,
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, plugin_lib, wait_until,
 };
 use serde_json::Value;
 
@@ -24,141 +23,11 @@ const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 const QUEUE: &str =
     "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
 
-fn client() -> Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
-}
-
 /// A GRPO job on the arithmetic data (checkpoints every 5 steps) whose gate always passes;
 /// `extra` is appended (more sections).
 fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5);
     format!("{base}\n[gates]\nheldout_gain_min = -1.0\n{extra}")
-}
-
-/// `POST /v1/jobs` with a TOML body: status and JSON answer.
-fn submit(daemon: &Daemon, token: &str, toml: &str, key: Option<&str>) -> (u16, Value) {
-    let mut request = client()
-        .post(format!("{}/v1/jobs", daemon.url))
-        .bearer_auth(token)
-        .header("content-type", "application/toml")
-        .body(toml.to_owned());
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let response = request.send().unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().unwrap_or(Value::Null))
-}
-
-fn submit_ok(daemon: &Daemon, toml: &str) -> String {
-    let (status, body) = submit(daemon, TEAM_TOKEN, toml, None);
-    assert_eq!(status, 201, "{body}\n{}", daemon.log());
-    body["id"].as_str().unwrap().to_owned()
-}
-
-fn get(daemon: &Daemon, token: &str, path: &str) -> (u16, Value) {
-    let response = client().get(format!("{}{path}", daemon.url)).bearer_auth(token).send().unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().unwrap_or(Value::Null))
-}
-
-fn job(daemon: &Daemon, id: &str) -> Value {
-    let (status, body) = get(daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-/// Waits until the job satisfies `done`; panics with its record and the daemon log otherwise.
-fn wait_job(daemon: &Daemon, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let current = job(daemon, id);
-        if done(&current) {
-            return current;
-        }
-        assert!(Instant::now() < deadline, "job {id} timed out at {current}\n{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn ended(job: &Value) -> bool {
-    ["published", "refused", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""))
-}
-
-/// `state` events of a job, in order (the stream ends after the final one).
-fn states(daemon: &Daemon, id: &str) -> Vec<String> {
-    let text = client()
-        .get(format!("{}/v1/jobs/{id}/events", daemon.url))
-        .bearer_auth(TEAM_TOKEN)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    text.split("\n\n")
-        .filter(|block| block.contains("event: state"))
-        .filter_map(|block| block.lines().find_map(|line| line.strip_prefix("data: ")))
-        .map(|data| serde_json::from_str::<Value>(data).unwrap()["state"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-/// Worker processes running job `id` now (their command line names the job's directory).
-fn workers_of(id: &str) -> usize {
-    let Ok(entries) = fs::read_dir("/proc") else { return 0 };
-    entries
-        .flatten()
-        .filter_map(|entry| fs::read(entry.path().join("cmdline")).ok())
-        .filter(|cmdline| {
-            let text = String::from_utf8_lossy(cmdline);
-            text.contains("worker\0") && text.contains(&format!("/jobs/{id}/"))
-        })
-        .count()
-}
-
-/// Counts, in the background, the most workers seen at once for a job.
-struct WorkerWatch {
-    stop: Arc<AtomicBool>,
-    most: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl WorkerWatch {
-    fn start(id: &str) -> Self {
-        let (stop, most) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-        let (s, m, id) = (stop.clone(), most.clone(), id.to_owned());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::SeqCst) {
-                m.fetch_max(workers_of(&id), Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        WorkerWatch { stop, most, thread: Some(thread) }
-    }
-
-    fn most(mut self) -> usize {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.thread.take().map(std::thread::JoinHandle::join);
-        self.most.load(Ordering::SeqCst)
-    }
-}
-
-/// The weights hash of the same spec run by a standalone worker, uninterrupted.
-fn uninterrupted_weights(daemon: &Daemon, dir: &Path, toml: &str) -> String {
-    let spec = dir.join("uninterrupted.toml");
-    fs::write(&spec, toml).unwrap();
-    let output = Command::new(artifact("rlvrd"))
-        .args(["worker", "--threads", "1", "--spec"])
-        .arg(&spec)
-        .arg("--state-dir")
-        .arg(dir.join("uninterrupted"))
-        .arg("--plugin-dir")
-        .arg(&daemon.plugins)
-        .env("RLVR_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let outcome: Value = serde_json::from_slice(&output.stdout).unwrap();
-    outcome["weights_sha256"].as_str().unwrap().to_owned()
 }
 
 #[test]

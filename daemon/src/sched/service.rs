@@ -176,6 +176,9 @@ impl Scheduler {
         seated.asking = Some((phase, Instant::now()));
         state.policy.request(job, phase, now).map_err(|error| error.to_string())?;
         self.settle(&mut state);
+        if state.policy.is_waiting_for_grant(job) {
+            self.metrics.grant_waits.inc();
+        }
         Ok(receiver)
     }
 
