@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Scheduler benchmark: how busy the devices are kept, against a first-come-first-served schedule
+# that gives each job whole devices for its whole run.
+#
+#   1. simulated: `rlvrd simulate` on the traces in scripts/bench/traces/ (the policy itself,
+#      phase durations from the trace);
+#   2. live on this machine: one CPU slot (8 GB), N builtin:tiny-arith GRPO jobs through
+#      `rlvrd serve` (release), each verifying through the `http` verifier against a local
+#      service that takes --delay-ms per item (scripts/bench/slow_verifier.py: the CPU gap a
+#      sandboxed test runner or a judge model makes). First the N jobs with 2 GB each, all
+#      admitted at once and taking turns on the slot through phase grants; then the same N jobs
+#      asking for the whole slot, so they run one after another (the FCFS baseline).
+#      Busy fraction = the slot's rlvr_device_busy_seconds_total gained over the run / the run's
+#      wall time (first submit to last job published).
+#
+# Usage: scripts/bench/sched.sh [--jobs N] [--steps S] [--delay-ms MS] [--no-build] [--keep]
+#   defaults: N 3, S 200, MS 2: 16 items a step, verified 2 at once, make a verification gap of
+#   about 20 ms against about 34 ms of device phases (rollout 7 ms, update 27 ms) per step.
+#   Prints markdown tables on stdout; progress on stderr. About 1 minute after the build.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "$0")/../lib.sh"
+cd "$RLVR_ROOT"
+
+jobs=3
+steps=200
+delay_ms=2
+build=1
+keep=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --jobs) jobs=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --delay-ms) delay_ms=$2; shift 2 ;;
+        --no-build) build=0; shift ;;
+        --keep) keep=1; shift ;;
+        *) echo "sched.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
+    esac
+done
+
+step "set-up (scripts/setup.sh)"
+rlvr_setup
+redis_server=${RLVR_REDIS_SERVER:-redis-server}
+redis_cli=$(dirname "$(command -v "$redis_server")")/redis-cli
+if [ "$build" = 1 ]; then
+    step "build (release): rlvrd, rlvrctl, the grpo and http plugins"
+    cargo build --release -p rlvr-daemon --bins
+    cargo build --release -p rlvr-optimizer-grpo -p rlvr-verifier-http
+fi
+bin=$RLVR_ROOT/target/release
+
+step "1. simulated traces (rlvrd simulate)"
+for trace in scripts/bench/traces/*.toml; do
+    echo "#### \`rlvrd simulate --trace $trace\`"
+    echo
+    "$bin/rlvrd" simulate --trace "$trace"
+    echo
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-sched-bench.XXXXXX")
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do { kill -9 "$pid"; wait "$pid"; } 2>/dev/null || true; done
+    if [ "$keep" = 1 ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+step "2. live: $jobs jobs of $steps steps on one CPU slot, verification $delay_ms ms per item"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$work/redis" "$work/plugins" "$work/state"
+"$redis_server" --port "$port" --bind 127.0.0.1 --dir "$work/redis" --save "" --appendonly no \
+    --daemonize no --logfile "$work/redis.log" &
+pids+=($!)
+for _ in $(seq 100); do "$redis_cli" -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+python3 scripts/bench/slow_verifier.py --port-file "$work/verifier.port" --delay-ms "$delay_ms" &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$work/verifier.port" ] && break; sleep 0.1; done
+cp "$bin/librlvr_optimizer_grpo.so" "$bin/librlvr_verifier_http.so" "$work/plugins/"
+"$bin/rlvrd" data arith --out "$work/data" >/dev/null
+token=bench-$RANDOM$RANDOM
+cat >"$work/rlvrd.toml" <<TOML
+[daemon]
+state_dir = "$work/state"
+[redis]
+url = "redis://127.0.0.1:$port"
+[api]
+listen = "127.0.0.1:0"
+[plugins]
+dirs = ["$work/plugins"]
+[queue]
+worker_threads = 1
+[devices]
+cpu_slots = 1
+cpu_slot_memory_gb = 8
+[[auth.tokens]]
+team = "bench"
+sha256 = "$(printf %s "$token" | sha256sum | cut -d' ' -f1)"
+TOML
+RLVR_LOG=warn "$bin/rlvrd" serve --config "$work/rlvrd.toml" 2>"$work/rlvrd.log" &
+pids+=($!)
+for _ in $(seq 300); do [ -s "$work/state/rlvrd.addr" ] && break; sleep 0.1; done
+[ -s "$work/state/rlvrd.addr" ] || { tail -20 "$work/rlvrd.log" >&2; exit 1; }
+server=http://$(cat "$work/state/rlvrd.addr")
+export RLVR_SERVER=$server RLVR_TOKEN=$token
+
+# A job spec; $2 is its [resources] section.
+job() {
+    cat <<TOML
+[job]
+name = "$1"
+team = "bench"
+model_line = "bench"
+seed = 7
+[model]
+policy = "builtin:tiny-arith"
+[data]
+train = "$work/data/train.jsonl"
+heldout = "$work/data/heldout.jsonl"
+[eval]
+max_prompts = 16
+[optimizer]
+plugin = "grpo"
+group_size = 4
+lr = 1e-3
+[[verifiers]]
+plugin = "http"
+url = "http://127.0.0.1:$(cat "$work/verifier.port")/verify"
+[rollout]
+prompts_per_step = 4
+max_new_tokens = 5
+[budget]
+max_steps = $steps
+[gates]
+heldout_gain_min = -1.0
+$2
+TOML
+}
+
+busy() {
+    curl -s "$server/metrics" | awk '/^rlvr_device_busy_seconds_total\{device="cpu:0"\}/ {print $2}'
+}
+
+# Runs $jobs jobs with the [resources] section $2; prints "<wall s> <busy s>".
+run() {
+    local label=$1 resources=$2 ids=() before after started ended
+    before=$(busy)
+    started=$(date +%s.%N)
+    for n in $(seq "$jobs"); do
+        job "$label-$n" "$resources" >"$work/$label-$n.toml"
+        ids+=("$("$bin/rlvrctl" submit "$work/$label-$n.toml")")
+    done
+    for id in "${ids[@]}"; do
+        if ! "$bin/rlvrctl" watch "$id" >/dev/null 2>"$work/watch.err"; then
+            echo "sched.sh: job $id did not publish:" >&2
+            cat "$work/watch.err" >&2
+            exit 1
+        fi
+    done
+    ended=$(date +%s.%N)
+    after=$(busy)
+    python3 -c "print($ended - $started, $after - $before)"
+}
+
+echo "policy: $jobs jobs of 2 GB share the slot" >&2
+read -r policy_wall policy_busy < <(run shared "[resources]
+memory_gb = 2")
+echo "baseline: $jobs jobs take the whole slot, one after another" >&2
+read -r fcfs_wall fcfs_busy < <(run whole "")
+
+echo "#### Live: $jobs tiny-arith GRPO jobs × $steps steps on one CPU slot, verification $delay_ms ms per item"
+echo
+python3 - "$policy_wall" "$policy_busy" "$fcfs_wall" "$fcfs_busy" <<'PY'
+import sys
+pw, pb, fw, fb = map(float, sys.argv[1:])
+print("| schedule | wall | slot busy | busy fraction |")
+print("|---|---:|---:|---:|")
+print(f"| rlvr policy (phase grants) | {pw:.1f} s | {pb:.1f} s | **{pb / pw * 100:.1f}%** |")
+print(f"| FCFS, whole slot per job | {fw:.1f} s | {fb:.1f} s | {fb / fw * 100:.1f}% |")
+PY
