@@ -1473,9 +1473,9 @@ mod tests {
         assert_eq!(config.daemon.state_dir, Path::new("/var/lib/rlvr"));
         assert_eq!(config.api.listen.to_string(), "127.0.0.1:8470");
         assert_eq!(config.plugins.dirs, [PathBuf::from("/usr/lib/rlvr/plugins")]);
-        assert_eq!(config.devices.cpu_slots, Some(2));
-        assert_eq!(config.devices.cpu_slot_memory_gb, Some(8.0));
-        assert!(config.devices.gpus.is_empty());
+        // The example leaves the devices to NVML or one CPU slot: a copy on a GPU machine must
+        // not turn its GPUs into CPU slots.
+        assert_eq!(config.devices, DevicesConfig::default());
         assert_eq!(config.scheduler, SchedulerConfig::default());
         let teams: Vec<(&str, bool)> =
             config.auth.tokens.iter().map(|t| (t.team.as_str(), t.admin)).collect();
