@@ -198,10 +198,6 @@ impl Policy {
         }
     }
 
-    pub fn devices(&self) -> &[Device] {
-        &self.devices
-    }
-
     /// Why `demand` can never run on this inventory, even alone; `Ok` when it can.
     pub fn can_ever_fit(&self, demand: &Demand) -> Result<(), FitProblem> {
         let wanted = demand.devices as usize;
@@ -291,24 +287,6 @@ impl Policy {
     /// Grant requests not served yet.
     pub fn grants_waiting(&self) -> usize {
         self.admitted.values().filter(|admitted| admitted.request.is_some()).count()
-    }
-
-    /// Jobs waiting for admission.
-    pub fn queued(&self) -> usize {
-        self.waiting.len()
-    }
-
-    /// The phase each device is serving now (by job), for busy-time accounting.
-    pub fn device_grants(&self) -> Vec<Option<(&str, Phase)>> {
-        let mut grants = vec![None; self.devices.len()];
-        for (job, admitted) in &self.admitted {
-            if let Some(phase) = admitted.granted {
-                for &device in &admitted.devices {
-                    grants[device] = Some((job.as_str(), phase));
-                }
-            }
-        }
-        grants
     }
 
     /// Everything that can happen now: admissions, preemptions, grants — already applied to the

@@ -102,10 +102,6 @@ impl Scheduler {
         })
     }
 
-    pub fn inventory(&self) -> &Inventory {
-        &self.inventory
-    }
-
     /// Why a job asking for this could never run here; `Ok` when it can.
     pub fn can_ever_fit(&self, demand: &Demand) -> Result<(), FitProblem> {
         self.lock().policy.can_ever_fit(demand)
@@ -195,13 +191,6 @@ impl Scheduler {
         self.settle(&mut state);
     }
 
-    /// Devices of a job admitted here, by name.
-    pub fn devices_of(&self, job: &str) -> Option<Vec<String>> {
-        let state = self.lock();
-        let devices = state.policy.devices_of(job)?;
-        Some(devices.iter().map(|&d| self.inventory.devices[d].kind.to_string()).collect())
-    }
-
     /// `waiting for rollout (1.2 s)` or `holding update`, for a job running here.
     pub fn grant_state(&self, job: &str) -> Option<String> {
         let state = self.lock();
@@ -259,8 +248,10 @@ impl Scheduler {
                                 seated.asking = None;
                                 seated.holding = Some(phase);
                             }
+                            let devices =
+                                state.policy.devices_of(&job).map(<[usize]>::to_vec).unwrap_or_default();
                             let now = Instant::now();
-                            for &device in state.policy.devices_of(&job).unwrap_or_default().to_vec().iter() {
+                            for device in devices {
                                 state.busy_since[device] = Some(now);
                             }
                         } else {
@@ -446,10 +437,6 @@ impl Seat {
                 std::future::pending::<()>().await;
             }
         }
-    }
-
-    pub fn scheduler(&self) -> &Arc<Scheduler> {
-        &self.scheduler
     }
 }
 
