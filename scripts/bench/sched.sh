@@ -40,8 +40,6 @@ done
 
 step "set-up (scripts/setup.sh)"
 rlvr_setup
-redis_server=${RLVR_REDIS_SERVER:-redis-server}
-redis_cli=$(dirname "$(command -v "$redis_server")")/redis-cli
 if [ "$build" = 1 ]; then
     step "build (release): rlvrd, rlvrctl, the grpo and http plugins"
     cargo build --release -p rlvr-daemon --bins
@@ -58,82 +56,28 @@ for trace in scripts/bench/traces/*.toml; do
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-sched-bench.XXXXXX")
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do { kill -9 "$pid"; wait "$pid"; } 2>/dev/null || true; done
-    if [ "$keep" = 1 ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "$0")/serve-lib.sh"
 
 step "2. live: $jobs jobs of $steps steps on one CPU slot, verification $delay_ms ms per item"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mkdir -p "$work/redis" "$work/plugins" "$work/state"
-"$redis_server" --port "$port" --bind 127.0.0.1 --dir "$work/redis" --save "" --appendonly no \
-    --daemonize no --logfile "$work/redis.log" &
-pids+=($!)
-for _ in $(seq 100); do "$redis_cli" -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+bench_start_redis --save "" --appendonly no
 python3 scripts/bench/slow_verifier.py --port-file "$work/verifier.port" --delay-ms "$delay_ms" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/verifier.port" ] && break; sleep 0.1; done
-cp "$bin/librlvr_optimizer_grpo.so" "$bin/librlvr_verifier_http.so" "$work/plugins/"
-"$bin/rlvrd" data arith --out "$work/data" >/dev/null
-token=bench-$RANDOM$RANDOM
-cat >"$work/rlvrd.toml" <<TOML
-[daemon]
-state_dir = "$work/state"
-[redis]
-url = "redis://127.0.0.1:$port"
-[api]
-listen = "127.0.0.1:0"
-[plugins]
-dirs = ["$work/plugins"]
+bench_start_daemon "[api]
+listen = \"127.0.0.1:0\"
 [queue]
 worker_threads = 1
 [devices]
 cpu_slots = 1
-cpu_slot_memory_gb = 8
-[[auth.tokens]]
-team = "bench"
-sha256 = "$(printf %s "$token" | sha256sum | cut -d' ' -f1)"
-TOML
-RLVR_LOG=warn "$bin/rlvrd" serve --config "$work/rlvrd.toml" 2>"$work/rlvrd.log" &
-pids+=($!)
-for _ in $(seq 300); do [ -s "$work/state/rlvrd.addr" ] && break; sleep 0.1; done
-[ -s "$work/state/rlvrd.addr" ] || { tail -20 "$work/rlvrd.log" >&2; exit 1; }
-server=http://$(cat "$work/state/rlvrd.addr")
-export RLVR_SERVER=$server RLVR_TOKEN=$token
+cpu_slot_memory_gb = 8" librlvr_optimizer_grpo.so librlvr_verifier_http.so
+server=$RLVR_SERVER
 
 # A job spec; $2 is its [resources] section.
 job() {
-    cat <<TOML
-[job]
-name = "$1"
-team = "bench"
-model_line = "bench"
-seed = 7
-[model]
-policy = "builtin:tiny-arith"
-[data]
-train = "$work/data/train.jsonl"
-heldout = "$work/data/heldout.jsonl"
-[eval]
-max_prompts = 16
-[optimizer]
-plugin = "grpo"
-group_size = 4
-lr = 1e-3
-[[verifiers]]
-plugin = "http"
-url = "http://127.0.0.1:$(cat "$work/verifier.port")/verify"
-[rollout]
-prompts_per_step = 4
-max_new_tokens = 5
-[budget]
-max_steps = $steps
-[gates]
-heldout_gain_min = -1.0
-$2
-TOML
+    bench_job "$1" "$steps" "[[verifiers]]
+plugin = \"http\"
+url = \"http://127.0.0.1:$(cat "$work/verifier.port")/verify\"" "$2"
 }
 
 busy() {

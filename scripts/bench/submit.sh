@@ -47,12 +47,6 @@ done
 
 step "set-up (scripts/setup.sh)"
 rlvr_setup
-redis_server=${RLVR_REDIS_SERVER:-redis-server}
-# redis-cli and redis-benchmark come with redis-server (Debian's redis-tools).
-redis_tools=$(dirname "$(command -v "$redis_server")")
-redis_cli=$redis_tools/redis-cli
-redis_benchmark=$redis_tools/redis-benchmark
-
 if [ "$build" = 1 ]; then
     step "build (release): rlvrd, rlvrctl, the grpo and math plugins, submit_bench"
     cargo build --release -p rlvr-daemon --bins --example submit_bench
@@ -62,81 +56,24 @@ bin=$RLVR_ROOT/target/release
 bench=$bin/examples/submit_bench
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-submit-bench.XXXXXX")
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        { kill -CONT "$pid"; kill -9 "$pid"; wait "$pid"; } 2>/dev/null || true
-    done
-    if [ "$keep" = 1 ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "$0")/serve-lib.sh"
+redis_benchmark=$redis_tools/redis-benchmark
 
 step "redis-server (configs/redis.conf) and rlvrd serve"
-port=$(free_port)
-mkdir -p "$work/redis" "$work/plugins" "$work/state"
-"$redis_server" "$RLVR_ROOT/configs/redis.conf" --port "$port" --bind 127.0.0.1 --dir "$work/redis" \
-    --daemonize no --logfile "$work/redis.log" &
-pids+=($!)
-for _ in $(seq 100); do "$redis_cli" -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-cp "$bin/librlvr_optimizer_grpo.so" "$bin/librlvr_verifier_math.so" "$work/plugins/"
-"$bin/rlvrd" data arith --out "$work/data" >/dev/null
-token=bench-$RANDOM$RANDOM
-cat >"$work/rlvrd.toml" <<EOF
-[daemon]
-state_dir = "$work/state"
-[redis]
-url = "redis://127.0.0.1:$port"
-[api]
-listen = "127.0.0.1:0"
+bench_start_redis "$RLVR_ROOT/configs/redis.conf"
+bench_start_daemon "[api]
+listen = \"127.0.0.1:0\"
 rate_limit_per_minute = 1000000
-[plugins]
-dirs = ["$work/plugins"]
 [queue]
-worker_threads = 1
-[[auth.tokens]]
-team = "bench"
-sha256 = "$(printf %s "$token" | sha256sum | cut -d' ' -f1)"
-EOF
-RLVR_LOG=warn "$bin/rlvrd" serve --config "$work/rlvrd.toml" 2>"$work/rlvrd.log" &
-pids+=($!)
-for _ in $(seq 300); do [ -s "$work/state/rlvrd.addr" ] && break; sleep 0.1; done
-[ -s "$work/state/rlvrd.addr" ] || { tail -20 "$work/rlvrd.log" >&2; exit 1; }
-server=http://$(cat "$work/state/rlvrd.addr")
-export RLVR_SERVER=$server RLVR_TOKEN=$token
+worker_threads = 1" librlvr_optimizer_grpo.so librlvr_verifier_math.so
+server=$RLVR_SERVER
+token=$RLVR_TOKEN
 
 # A job spec of N steps on the arithmetic data whose gate always passes.
-job() {
-    cat <<EOF
-[job]
-name = "bench-$1"
-team = "bench"
-model_line = "bench"
-seed = 7
-[model]
-policy = "builtin:tiny-arith"
-[data]
-train = "$work/data/train.jsonl"
-heldout = "$work/data/heldout.jsonl"
-[optimizer]
-plugin = "grpo"
-group_size = 4
-lr = 1e-3
-[[verifiers]]
+job() { bench_job "$1" "$2" '[[verifiers]]
 plugin = "math"
-fallback = "last"
-[rollout]
-prompts_per_step = 4
-max_new_tokens = 5
-[budget]
-max_steps = $2
-[eval]
-max_prompts = 16
-[gates]
-heldout_gain_min = -1.0
-EOF
-}
+fallback = "last"'; }
 job short 1 >"$work/short.toml"
 job long 100000 >"$work/long.toml"
 
@@ -163,20 +100,20 @@ for round in $(seq "$rounds"); do
 done
 
 # Every answer was a 201 with an id; the records are there too.
-jobs=$("$redis_cli" -p "$port" zcard rlvr:jobs)
+jobs=$("$redis_cli" -p "$redis_port" zcard rlvr:jobs)
 expected=$((latency_jobs + 1 + rounds * 3 * api_jobs))
 [ "$jobs" = "$expected" ] || { echo "submit.sh: $jobs job records in Redis, expected $expected" >&2; exit 1; }
 
 step "3. bulk push: $push_tasks dispatch tasks in chunks of 1,000; $rounds rounds"
 for _ in $(seq "$rounds"); do
-    "$bench" push --redis "redis://127.0.0.1:$port" --count "$push_tasks" >>"$work/push.jsonl"
+    "$bench" push --redis "redis://127.0.0.1:$redis_port" --count "$push_tasks" >>"$work/push.jsonl"
 done
 
 step "4. redis-benchmark on the same server"
 # One CSV row per test: "name","requests/s",...; the name gets the clients and pipelining.
 redis_bench() {
     local label=$1; shift
-    "$redis_benchmark" -p "$port" -q --csv "$@" | sed "s/^\"\([A-Z]*\)\"/\"\1, $label\"/" >>"$work/redis.csv"
+    "$redis_benchmark" -p "$redis_port" -q --csv "$@" | sed "s/^\"\([A-Z]*\)\"/\"\1, $label\"/" >>"$work/redis.csv"
 }
 redis_bench "1 client" -n 100000 -c 1 -t set
 redis_bench "32 clients" -n 200000 -c 32 -t set,zadd
