@@ -307,9 +307,11 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     let data = arith_data(dir.path(), &[]);
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
+    let watch = WorkerWatch::start(&id);
+    wait_job(&daemon, &id, Duration::from_secs(120), |job| job["state"] == "running");
+    // Behind it on the one slot (submitted together, either could have started first).
     let queued: Vec<String> =
         (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
-    let watch = WorkerWatch::start(&id);
     wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
 
     daemon.kill();
@@ -354,7 +356,7 @@ fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
     daemon.restart();
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
     assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["crashes"], 0, "a clean stop is no crash");
+    assert_eq!(done["crashes"], 0, "a clean stop is no crash: {done}\n{}", daemon.log());
     let states = states(&daemon, &id);
     let stop = states.iter().position(|s| s == "preempted").expect("preempted");
     assert_eq!(states[stop + 1], "queued", "{states:?}");
@@ -369,8 +371,11 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 100_000, ""));
-    let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, ""));
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
+    // The one slot is taken: this one waits (submitted together, either could have started).
+    let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, ""));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(job(&daemon, &waiting)["state"], "queued");
 
     let cancel = |id: &str| {
         client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap()
@@ -419,6 +424,7 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 80, ""));
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["state"] == "running");
     let queued: Vec<String> =
         (0..3).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(5));

@@ -200,13 +200,15 @@ impl Supervisor {
         };
         let devices = loop {
             tokio::select! {
-                devices = seat.admitted() => break devices,
+                // A stopping daemon starts nothing, even when the devices are free at once.
+                biased;
                 _ = self.stopping.cancelled() => {
                     drop(seat);
                     // Leave it queued under a new task for the next daemon: this one is stopping.
                     self.requeue(id, priority, None, "the daemon stopped before admitting it").await;
                     return;
                 }
+                devices = seat.admitted() => break devices,
                 _ = tokio::time::sleep(ADMISSION_RECHECK) => {
                     // Cancelled while it waited: its place goes to the next.
                     let state = self.queues.store.get(id).await.map(|job| job.state);
@@ -363,14 +365,15 @@ impl Supervisor {
         if cancelled {
             return WorkerEnd::Cancelled;
         }
-        let end = classify(status, &stdout, &log_path);
-        match (preempted_for, &end) {
-            // Checkpointed, or killed for being slow to: either way it was preempted.
-            (Some(for_job), WorkerEnd::Interrupted) => WorkerEnd::Preempted { for_job, killed: false },
-            (Some(for_job), WorkerEnd::Crashed(_)) if killed => {
-                WorkerEnd::Preempted { for_job, killed: true }
-            }
-            _ => end,
+        let mut end = classify(status, &stdout, &log_path);
+        // Asked to stop (SIGTERM) and ended by it before its handler was in place, or killed for
+        // being slow to stop: not a crash; it resumes from its last checkpoint.
+        if stop_deadline.is_some() && (killed || died_of(status, nix::sys::signal::Signal::SIGTERM)) {
+            end = WorkerEnd::Interrupted;
+        }
+        match (preempted_for, end) {
+            (Some(for_job), WorkerEnd::Interrupted) => WorkerEnd::Preempted { for_job, killed },
+            (_, end) => end,
         }
     }
 
@@ -390,7 +393,12 @@ impl Supervisor {
             }
             WorkerEnd::Interrupted => {
                 if self
-                    .transition(id, JobState::Preempted, "the daemon is stopping; checkpointed", &[])
+                    .transition(
+                        id,
+                        JobState::Preempted,
+                        "the daemon is stopping; it resumes from its last checkpoint",
+                        &[],
+                    )
                     .await
                     .is_some()
                 {
@@ -577,6 +585,12 @@ fn signal(pid: u32, signal: nix::sys::signal::Signal) {
     if pid > 0 {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
     }
+}
+
+/// Whether the process was ended by `signal`.
+fn died_of(status: ExitStatus, signal: nix::sys::signal::Signal) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(signal as i32)
 }
 
 /// What a worker's exit status, stdout and log say about how it ended.
