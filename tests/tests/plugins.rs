@@ -37,6 +37,8 @@ fn every_built_plugin_loads_through_the_real_loader() {
             "rlvr-optimizer-ppo",
             "rlvr-optimizer-dpo",
             "rlvr-optimizer-sft",
+            "rlvr-curriculum-frontier",
+            "rlvr-curriculum-uniform",
             "rlvr-fixture-echo-v1",
             "rlvr-fixture-optimizer-centred",
             "rlvr-fixture-curriculum-cycle",
@@ -62,6 +64,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             ("echo@1.0.0".to_owned(), "verifier".to_owned()),
             ("exact-match@0.1.0".to_owned(), "verifier".to_owned()),
             ("format@0.1.0".to_owned(), "verifier".to_owned()),
+            ("frontier@0.1.0".to_owned(), "curriculum".to_owned()),
             ("grpo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("http@0.1.0".to_owned(), "verifier".to_owned()),
             ("ifeval@0.1.0".to_owned(), "verifier".to_owned()),
@@ -70,6 +73,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             ("rloo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("sft@0.1.0".to_owned(), "optimizer".to_owned()),
             ("stall@0.1.0".to_owned(), "verifier".to_owned()),
+            ("uniform@0.1.0".to_owned(), "curriculum".to_owned()),
         ]
     );
     assert_eq!(list["refused"], Value::Array(vec![]), "{list}");

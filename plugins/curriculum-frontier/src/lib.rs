@@ -1,0 +1,185 @@
+//! `frontier`: trains where the policy is learning. Each prompt's pass rate is estimated from the
+//! groups of earlier steps (`rlvr_curriculum_common::PassRates`); a step samples, seeded, among
+//! the prompts whose estimate lies in `band` (default 0.1 to 0.9): all-pass and all-fail prompts
+//! teach a group-relative optimizer nothing, their advantages being zero. When fewer prompts than
+//! a step needs are in the band, the ones closest to it fill the step.
+//!
+//! Keys of `[curriculum]`: `band = [low, high]`, and the estimator's `prior_passes`,
+//! `prior_fails`, `decay` (see `EstimateConfig`). Its state (estimates and step count) is saved
+//! with each checkpoint and resumes exactly.
+
+use rlvr_curriculum_common::{EstimateConfig, PassRates, parse_config, require};
+use rlvr_plugin_api::{
+    CurriculumInfo, CurriculumPlugin, GroupOutcome, Metadata, PluginError, RString, RVec, export_curriculum,
+};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FrontierConfig {
+    #[serde(default = "default_band")]
+    band: [f64; 2],
+    #[serde(flatten)]
+    estimates: EstimateConfig,
+}
+
+fn default_band() -> [f64; 2] {
+    [0.1, 0.9]
+}
+
+/// The frontier curriculum.
+#[derive(Debug, Clone)]
+pub struct Frontier {
+    band: [f64; 2],
+    rates: PassRates,
+}
+
+impl Frontier {
+    fn new(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError> {
+        let config: FrontierConfig = parse_config("frontier", config_json)?;
+        let [low, high] = config.band;
+        require("band[0]", low, (0.0..1.0).contains(&low), "a pass rate in [0, 1)")?;
+        require("band[1]", high, high > low && high <= 1.0, "a pass rate above band[0], at most 1")?;
+        Ok(Frontier { band: config.band, rates: PassRates::new(config.estimates, prompt_ids)? })
+    }
+
+    /// How far an estimate lies outside the band (0 inside).
+    fn distance(&self, estimate: f64) -> f64 {
+        let [low, high] = self.band;
+        (low - estimate).max(estimate - high).max(0.0)
+    }
+}
+
+impl CurriculumPlugin for Frontier {
+    fn metadata() -> Metadata {
+        Metadata {
+            name: "frontier",
+            version: env!("CARGO_PKG_VERSION"),
+            description: "samples prompts whose estimated pass rate lies in a band (the policy's frontier)",
+        }
+    }
+
+    fn requirements() -> CurriculumInfo {
+        CurriculumInfo { uses_pass_rates: true }
+    }
+
+    fn from_config(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError> {
+        Frontier::new(config_json, prompt_ids)
+    }
+
+    fn sample(&mut self, count: u32, seed: u64) -> Result<RVec<RString>, PluginError> {
+        let count = count as usize;
+        let mut rng = self.rates.rng(seed);
+        let all = 0..self.rates.prompts().len();
+        let in_band: Vec<usize> =
+            all.clone().filter(|&i| self.distance(self.rates.estimate(i)) == 0.0).collect();
+        if in_band.len() >= count {
+            return Ok(self.rates.pick(&in_band, count, &mut rng).into_iter().collect());
+        }
+        // Too few at the frontier: every one of them, then the nearest others (ties seeded).
+        let mut others: Vec<usize> = all.filter(|i| !in_band.contains(i)).collect();
+        rng.shuffle(&mut others);
+        others.sort_by(|&a, &b| {
+            self.distance(self.rates.estimate(a)).total_cmp(&self.distance(self.rates.estimate(b)))
+        });
+        let mut chosen = self.rates.pick(&in_band, in_band.len(), &mut rng);
+        let nearest = &others[..(count - chosen.len()).min(others.len())];
+        chosen.extend(self.rates.pick(nearest, count - chosen.len(), &mut rng));
+        Ok(chosen.into_iter().collect())
+    }
+
+    fn observe(&mut self, outcomes: &[GroupOutcome]) -> Result<(), PluginError> {
+        self.rates.observe(outcomes)
+    }
+
+    fn save_state(&self) -> Result<String, PluginError> {
+        self.rates.save()
+    }
+
+    fn load_state(&mut self, state_json: &str) -> Result<(), PluginError> {
+        self.rates.load(state_json)
+    }
+
+    fn self_test() -> Result<(), PluginError> {
+        let ids: Vec<RString> = ["easy", "hard", "edge"].iter().map(|id| RString::from(*id)).collect();
+        let mut frontier = Frontier::new(r#"{"decay": 1.0}"#, &ids)?;
+        let outcome = |id: &str, passed| GroupOutcome { prompt_id: RString::from(id), passed, total: 8 };
+        frontier.observe(&[outcome("easy", 8), outcome("hard", 0), outcome("edge", 4)])?;
+        let picked = frontier.sample(1, 42)?;
+        if picked.as_slice() != [RString::from("edge")] {
+            return Err(PluginError::internal(format!("self-test: picked {picked:?}, expected [\"edge\"]")));
+        }
+        Ok(())
+    }
+}
+
+export_curriculum!(Frontier);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize) -> Vec<RString> {
+        (0..n).map(|i| RString::from(format!("p{i}"))).collect()
+    }
+
+    fn outcome(id: &str, passed: u32) -> GroupOutcome {
+        GroupOutcome { prompt_id: RString::from(id), passed, total: 8 }
+    }
+
+    #[test]
+    fn it_samples_inside_the_band_once_the_extremes_are_known() {
+        let mut frontier = Frontier::new(r#"{"band": [0.2, 0.8], "decay": 1.0}"#, &ids(6)).unwrap();
+        // p0, p1 always pass; p2, p3 never; p4, p5 half the time.
+        let step: Vec<GroupOutcome> = [("p0", 8), ("p1", 8), ("p2", 0), ("p3", 0), ("p4", 4), ("p5", 4)]
+            .iter()
+            .map(|&(id, p)| outcome(id, p))
+            .collect();
+        frontier.observe(&step).unwrap();
+        frontier.observe(&step).unwrap();
+        for seed in 0..20 {
+            let mut picked: Vec<String> =
+                frontier.sample(2, seed).unwrap().iter().map(|id| id.as_str().to_owned()).collect();
+            picked.sort();
+            assert_eq!(picked, ["p4", "p5"], "seed {seed}");
+        }
+        // Asked for more than the band holds: the band, then the nearest.
+        let picked = frontier.sample(4, 1).unwrap();
+        assert!(picked.iter().any(|id| id == "p4") && picked.iter().any(|id| id == "p5"), "{picked:?}");
+        assert_eq!(picked.len(), 4);
+    }
+
+    #[test]
+    fn a_resumed_curriculum_chooses_what_the_uninterrupted_one_does() {
+        let mut running = Frontier::new("{}", &ids(20)).unwrap();
+        let mut steps = Vec::new();
+        for step in 0..5u32 {
+            let picked = running.sample(4, 7).unwrap();
+            let outcomes: Vec<GroupOutcome> =
+                picked.iter().map(|id| outcome(id.as_str(), (step * 3 + id.len() as u32) % 9)).collect();
+            running.observe(&outcomes).unwrap();
+            steps.push(picked);
+        }
+        let saved = running.save_state().unwrap();
+        let mut resumed = Frontier::new("{}", &ids(20)).unwrap();
+        resumed.load_state(&saved).unwrap();
+        assert_eq!(resumed.sample(4, 7).unwrap(), running.sample(4, 7).unwrap());
+        assert_ne!(steps[0], steps[1], "each step draws afresh");
+    }
+
+    #[test]
+    fn bad_keys_are_refused_by_name() {
+        let error = |json: &str| Frontier::new(json, &ids(2)).unwrap_err().message.to_string();
+        assert_eq!(
+            error(r#"{"band": [0.9, 0.1]}"#),
+            "band[1]: expected a pass rate above band[0], at most 1, got 0.1"
+        );
+        assert_eq!(error(r#"{"band": [-0.1, 0.5]}"#), "band[0]: expected a pass rate in [0, 1), got -0.1");
+        assert!(
+            error(r#"{"bands": [0.1, 0.9]}"#).contains("unknown field `bands`"),
+            "{}",
+            error(r#"{"bands": 1}"#)
+        );
+        assert_eq!(Frontier::self_test(), Ok(()));
+    }
+}
