@@ -70,18 +70,16 @@ impl CurriculumPlugin for Frontier {
     fn sample(&mut self, count: u32, seed: u64) -> Result<RVec<RString>, PluginError> {
         let count = count as usize;
         let mut rng = self.rates.rng(seed);
-        let all = 0..self.rates.prompts().len();
-        let in_band: Vec<usize> =
-            all.clone().filter(|&i| self.distance(self.rates.estimate(i)) == 0.0).collect();
+        let distances: Vec<f64> =
+            (0..self.rates.prompts().len()).map(|i| self.distance(self.rates.estimate(i))).collect();
+        let (in_band, mut others): (Vec<usize>, Vec<usize>) =
+            (0..distances.len()).partition(|&i| distances[i] == 0.0);
         if in_band.len() >= count {
             return Ok(self.rates.pick(&in_band, count, &mut rng).into_iter().collect());
         }
         // Too few at the frontier: every one of them, then the nearest others (ties seeded).
-        let mut others: Vec<usize> = all.filter(|i| !in_band.contains(i)).collect();
         rng.shuffle(&mut others);
-        others.sort_by(|&a, &b| {
-            self.distance(self.rates.estimate(a)).total_cmp(&self.distance(self.rates.estimate(b)))
-        });
+        others.sort_by(|&a, &b| distances[a].total_cmp(&distances[b]));
         let mut chosen = self.rates.pick(&in_band, in_band.len(), &mut rng);
         let nearest = &others[..(count - chosen.len()).min(others.len())];
         chosen.extend(self.rates.pick(nearest, count - chosen.len(), &mut rng));
