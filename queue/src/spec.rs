@@ -550,6 +550,36 @@ impl JobSpec {
             "rollout.stop",
             "expected non-empty strings".into(),
         );
+        let stop = &self.stop;
+        let in_unit = |value: Option<f64>| value.is_none_or(|v| v.is_finite() && (0.0..=1.0).contains(&v));
+        check(
+            stop.kl_max.is_none_or(|v| v.is_finite() && v > 0.0),
+            "stop.kl_max",
+            format!("expected a number > 0, got {}", stop.kl_max.unwrap_or_default()),
+        );
+        check(
+            in_unit(stop.heldout_drop_max),
+            "stop.heldout_drop_max",
+            format!(
+                "expected a held-out score drop in [0, 1], got {}",
+                stop.heldout_drop_max.unwrap_or_default()
+            ),
+        );
+        check(
+            stop.length_growth_max.is_none_or(|v| v.is_finite() && v > 1.0),
+            "stop.length_growth_max",
+            format!("expected a factor > 1, got {}", stop.length_growth_max.unwrap_or_default()),
+        );
+        for (field, value) in [
+            ("stop.verifier_timeout_rate_max", stop.verifier_timeout_rate_max),
+            ("stop.verifier_error_rate_max", stop.verifier_error_rate_max),
+        ] {
+            check(
+                in_unit(value),
+                field,
+                format!("expected a rate in [0, 1], got {}", value.unwrap_or_default()),
+            );
+        }
         check(
             (1..=10_000_000).contains(&self.budget.max_steps),
             "budget.max_steps",

@@ -235,6 +235,14 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
         (with("every_steps = 5", "every_steps = 0"), 422, "checkpoint.every_steps", "at least 1"),
         (format!("{good}\n[resources]\ndevices = 0\n"), 422, "resources.devices", "expected 1 to 64"),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
+        (format!("{good}\n[stop]\nkl_max = -1.0\n"), 422, "stop.kl_max", "expected a number > 0"),
+        (format!("{good}\n[stop]\nlength_growth_max = 0.5\n"), 422, "stop.length_growth_max", "a factor > 1"),
+        (
+            format!("{good}\n[stop]\nverifier_error_rate_max = 2.0\n"),
+            422,
+            "stop.verifier_error_rate_max",
+            "[0, 1]",
+        ),
         // This daemon has one CPU slot.
         (
             format!("{good}\n[resources]\ndevices = 2\n"),

@@ -290,15 +290,43 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
     );
 }
 
+/// A short SFT cold start on the arithmetic data, so some GRPO completions pass and updates are
+/// not all zero: the policy directory it ends with.
+fn cold_start(dir: &Path, plugins: &Path, data: &Path) -> PathBuf {
+    let sft = outcome(&run(&mut worker(&sft_spec(dir, data, 30), &dir.join("sft"), plugins, &[])));
+    Path::new(sft["checkpoint"].as_str().unwrap()).join("model")
+}
+
+#[test]
+fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data =
+        arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
+    let policy = cold_start(dir.path(), &plugins, &data);
+    let base = fs::read_to_string(grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 8, 1)).unwrap();
+    let spec = dir.path().join("stop.toml");
+    // The first update moves the policy off the reference: step 2's KL is above any tiny bound.
+    fs::write(&spec, format!("{base}\n[stop]\nkl_max = 1e-9\n")).unwrap();
+    let state = dir.path().join("state");
+    let output = run(&mut worker(&spec, &state, &plugins, &[]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("stop.kl_max: KL to the reference"), "{stderr}");
+    assert!(stderr.contains("> 0.000000001 at step 2; the last good checkpoint is step 1"), "{stderr}");
+    let latest = fs::read_to_string(state.join("checkpoints/LATEST")).unwrap();
+    assert_eq!(latest.trim(), "step-00000001", "the tripping step is not checkpointed");
+    let logged = metrics_without_time(&state);
+    assert_eq!(logged.last().unwrap()["step"], 2, "the measured line stays in the log");
+}
+
 #[test]
 fn the_frontier_curriculum_chooses_near_the_frontier_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = plugin_dir(dir.path());
     let data =
         arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
-    let sft =
-        outcome(&run(&mut worker(&sft_spec(dir.path(), &data, 30), &dir.path().join("sft"), &plugins, &[])));
-    let policy = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
+    let policy = cold_start(dir.path(), &plugins, &data);
     let base = fs::read_to_string(grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 8, 2)).unwrap();
     let spec = dir.path().join("frontier.toml");
     fs::write(

@@ -9,6 +9,7 @@
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline.
 //! - [`eval`]: held-out scoring (greedy).
 //! - [`grants`]: the daemon's device grants, asked for before each device phase.
+//! - [`stop`]: the `[stop]` conditions, judged on each step's metrics.
 //! - [`state`]: checkpoints and the JSONL logs, written atomically.
 //! - [`optim`]: AdamW, the schedule, gradient clipping.
 //! - [`data`], [`reward`]: the data files and the weighted verifier reward.
@@ -21,6 +22,7 @@ pub mod optim;
 pub mod reward;
 pub mod state;
 pub mod step;
+pub mod stop;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -97,6 +99,9 @@ pub enum WorkerError {
     /// daemon requeues the job).
     #[error("{0}")]
     Grants(String),
+    /// A `[stop]` condition tripped: what, the measured value, the step, the checkpoint kept.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 /// The training data, by the optimizer's data mode.
@@ -540,13 +545,21 @@ fn drive(
     let max_steps = job.spec.budget.max_steps;
     let state_error = |message: String| WorkerError::State { path: dir.root.clone(), message };
     let mut heldout_after = None;
+    // A resumed run's history is its log up to the checkpoint: the conditions judge as they would
+    // have in one run.
+    let mut stop_watch = stop::StopWatch::new(&job.spec.stop);
+    for line in std::fs::read_to_string(dir.metrics()).unwrap_or_default().lines() {
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(line) {
+            stop_watch.observe(&value);
+        }
+    }
     if state.step == 0 && job.heldout.is_some() {
         let score = eval::heldout(job).map_err(|message| WorkerError::Step { step: 0, message })?;
         info!(accuracy = score.accuracy, reward = score.reward_mean, "held-out before training");
         state.heldout_baseline = Some(score.accuracy);
-        metrics_log
-            .append(&json!({"step": 0, "heldout": score.to_json()}))
-            .map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
+        let line = json!({"step": 0, "heldout": score.to_json()});
+        stop_watch.observe(&line);
+        metrics_log.append(&line).map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
     }
     let mut stopped = None;
     let mut last_checkpoint = dir.latest().ok().flatten();
@@ -596,6 +609,18 @@ fn drive(
             heldout_after = Some(score.accuracy);
             scored_step = Some(step);
             line["heldout"] = score.to_json();
+        }
+        if let Some(tripped) = stop_watch.check(step, &line) {
+            // The line that tripped stays in the log for the report; this step's weights are not
+            // checkpointed.
+            metrics_log.append(&line).map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
+            let kept = last_checkpoint.as_deref().and_then(StateDir::checkpoint_step);
+            let kept = kept.map_or_else(|| "none yet".to_owned(), |at| format!("step {at}"));
+            warn!(condition = tripped.condition, "stopped: {}", tripped.message);
+            return Err(WorkerError::Stopped(format!(
+                "{}; the last good checkpoint is {kept}",
+                tripped.message
+            )));
         }
         metrics_log.append(&line).map_err(|error| state_error(format!("metrics.jsonl: {error}")))?;
         for record in &output.records {

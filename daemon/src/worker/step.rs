@@ -296,6 +296,7 @@ fn online_step(
         // E[-log p(x)] over sampled tokens estimates the sampling distribution's entropy.
         "entropy": -masked_mean(&sampling_logprobs, &mask),
         "kl_ref": ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
+        "verified": scored.len(),
         "verifier_timeouts": scored.iter().map(|s| u64::from(s.timeouts)).sum::<u64>(),
         "verifier_errors": scored.iter().filter(|s| !s.errors.is_empty()).count(),
     });
