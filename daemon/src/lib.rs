@@ -5,12 +5,14 @@
 pub mod api;
 pub mod arith;
 pub mod config;
+pub mod curricula;
 pub mod events;
 pub mod health;
 pub mod jobs;
 pub mod logging;
 pub mod metrics;
 pub mod registry;
+pub mod report;
 pub mod sched;
 pub mod serve;
 pub mod time;

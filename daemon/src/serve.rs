@@ -144,6 +144,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         stopping: stopping.clone(),
         max_body_bytes: config.api.max_body_bytes as usize,
         scheduler: scheduler.clone(),
+        state_dir: config.daemon.state_dir.clone(),
     });
     let app = router(
         AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },

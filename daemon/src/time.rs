@@ -11,3 +11,9 @@ pub mod rfc3339 {
         serializer.collect_str(&humantime::format_rfc3339_millis(*time))
     }
 }
+
+/// The UTC date of `time`, `2026-11-21`: the day a once-a-day job counts for.
+pub fn utc_date(time: std::time::SystemTime) -> String {
+    let text = humantime::format_rfc3339_seconds(time).to_string();
+    text[..10].to_owned()
+}

@@ -87,7 +87,9 @@ impl JobState {
             Admitted => &[Queued],
             Running => &[Admitted, Running],
             Evaluating => &[Running],
-            Published | Refused => &[Evaluating],
+            // Refused → published: an admin's forced promotion.
+            Published => &[Evaluating, Refused],
+            Refused => &[Evaluating],
             Failed => &[Queued, Admitted, Running, Evaluating, Preempted],
             Cancelled => &[Queued, Admitted, Running, Evaluating, Preempted],
             Preempted => &[Admitted, Running],
@@ -156,6 +158,21 @@ pub struct JobView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub result: Option<Value>,
+    /// The gate report (design.md §6): `passed`, `baseline`, one line per criterion with its
+    /// measured value and threshold, and `forced` when an admin promoted the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub gates: Option<Value>,
+    /// Where its checkpoint was published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<String>,
+    /// What became of the webhook's delivery of the manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+    /// The version of its shared curriculum (`[curriculum] name`) pinned at its first admission;
+    /// 0 when the curriculum had no version yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub curriculum_version: Option<u64>,
 }
 
 /// One change of state, as stored on the job's event stream and sent over server-sent events.
@@ -244,6 +261,10 @@ mod tests {
     fn ends_are_final_and_every_state_but_queued_is_reached_from_somewhere() {
         for state in JobState::ALL {
             for from in state.allowed_from() {
+                // The one exception: an admin's forced promotion of a refused candidate.
+                if (*from, state) == (JobState::Refused, JobState::Published) {
+                    continue;
+                }
                 assert!(!from.is_terminal(), "{from} → {state}: an end must stay an end");
             }
         }

@@ -25,7 +25,7 @@ pub struct JobSpec {
     #[serde(default)]
     pub verifiers: Vec<PluginSection>,
     #[serde(default)]
-    pub curriculum: Option<PluginSection>,
+    pub curriculum: Option<CurriculumSection>,
     #[serde(default)]
     pub rollout: RolloutSection,
     pub budget: BudgetSection,
@@ -179,18 +179,40 @@ pub enum LrSchedule {
     Cosine,
 }
 
-/// `[[verifiers]]` and `[curriculum]`: a plugin and its keys.
+/// `[[verifiers]]`: a plugin and its keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PluginSection {
     /// `name` (newest loaded) or `name@version`.
     pub plugin: String,
-    /// The verifier's weight in the reward; unused for curricula.
+    /// The verifier's weight in the reward.
     #[serde(default = "defaults::one_f")]
     pub weight: f64,
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub options: Map<String, Value>,
+}
+
+/// `[curriculum]`: the curriculum plugin, its keys, and the shared curriculum the job starts from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CurriculumSection {
+    /// `name` (newest loaded) or `name@version`.
+    pub plugin: String,
+    /// A shared curriculum (`rlvrctl curriculum refresh NAME` writes its versions): the job pins
+    /// its latest version at admission and its estimates start from that version's counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub options: Map<String, Value>,
+}
+
+impl CurriculumSection {
+    /// The plugin's own keys (not `plugin`, not `name`), as the JSON object it is created with.
+    pub fn plugin_config(&self) -> String {
+        Value::Object(self.options.clone()).to_string()
+    }
 }
 
 /// `[rollout]`: sampling.
@@ -278,6 +300,7 @@ pub struct GatesSection {
     pub kl_max: Option<f64>,
     pub length_ratio_max: Option<f64>,
     pub verifier_error_rate_max: Option<f64>,
+    pub verifier_timeout_rate_max: Option<f64>,
     pub refuse_reward_hacking: Option<bool>,
 }
 
@@ -573,6 +596,42 @@ impl JobSpec {
         for (field, value) in [
             ("stop.verifier_timeout_rate_max", stop.verifier_timeout_rate_max),
             ("stop.verifier_error_rate_max", stop.verifier_error_rate_max),
+        ] {
+            check(
+                in_unit(value),
+                field,
+                format!("expected a rate in [0, 1], got {}", value.unwrap_or_default()),
+            );
+        }
+        if let Some(curriculum) = &self.curriculum {
+            check(
+                curriculum.name.is_none() || !curriculum.options.contains_key("history"),
+                "curriculum.history",
+                "the pinned version of curriculum.name seeds the estimates; give one or the other".into(),
+            );
+        }
+        let gates = &self.gates;
+        check(
+            gates.heldout_gain_min.is_none_or(|v| v.is_finite() && (-1.0..=1.0).contains(&v)),
+            "gates.heldout_gain_min",
+            format!(
+                "expected a held-out score change in [-1, 1], got {}",
+                gates.heldout_gain_min.unwrap_or_default()
+            ),
+        );
+        check(
+            gates.kl_max.is_none_or(|v| v.is_finite() && v > 0.0),
+            "gates.kl_max",
+            format!("expected a number > 0, got {}", gates.kl_max.unwrap_or_default()),
+        );
+        check(
+            gates.length_ratio_max.is_none_or(|v| v.is_finite() && v > 0.0),
+            "gates.length_ratio_max",
+            format!("expected a ratio > 0, got {}", gates.length_ratio_max.unwrap_or_default()),
+        );
+        for (field, value) in [
+            ("gates.verifier_timeout_rate_max", gates.verifier_timeout_rate_max),
+            ("gates.verifier_error_rate_max", gates.verifier_error_rate_max),
         ] {
             check(
                 in_unit(value),

@@ -348,6 +348,34 @@ return 1
         Ok(())
     }
 
+    /// Claims `key` for `ttl` when nobody holds it (SET NX): `Ok(None)` when claimed, else the
+    /// holder's value. The once-a-day guard of shared work (a curriculum's nightly refresh).
+    pub async fn claim(&self, key: &str, value: &str, ttl: Duration) -> Result<Option<String>, StoreError> {
+        let options = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::PX(ttl.as_millis() as u64));
+        let set: Option<String> = self.conn.clone().set_options(key, value, options).await?;
+        if set.is_some() {
+            return Ok(None);
+        }
+        let holder: Option<String> = self.conn.clone().get(key).await?;
+        // Expired between the two calls: nobody holds it now; say so as a holder the caller
+        // reports, rather than claiming it behind another asker's back.
+        Ok(Some(holder.unwrap_or_else(|| "released just now".to_owned())))
+    }
+
+    /// Sets a claimed `key` to `value` for `ttl` (the outcome of the claimed work).
+    pub async fn settle_claim(&self, key: &str, value: &str, ttl: Duration) -> Result<(), StoreError> {
+        let _: () = self.conn.clone().pset_ex(key, value, ttl.as_millis() as u64).await?;
+        Ok(())
+    }
+
+    /// Gives a claim up (the work failed: the next asker may try).
+    pub async fn release_claim(&self, key: &str) -> Result<(), StoreError> {
+        let _: () = self.conn.clone().del(key).await?;
+        Ok(())
+    }
+
     /// Counts one more crash of the job's worker; returns the count.
     pub async fn count_crash(&self, id: &str) -> Result<u32, StoreError> {
         Ok(self.conn.clone().hincr(job_key(id), F_CRASHES, 1).await?)
@@ -498,6 +526,10 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         progress: json(F_PROGRESS),
         heldout: fields.get(F_HELDOUT).and_then(|h| h.parse().ok()),
         result: json(F_RESULT),
+        gates: json("gates"),
+        published: fields.get("published").cloned(),
+        webhook: fields.get("webhook").cloned(),
+        curriculum_version: fields.get("curriculum_version").and_then(|v| v.parse().ok()),
     })
 }
 

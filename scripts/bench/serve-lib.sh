@@ -92,6 +92,8 @@ max_steps = $2
 max_prompts = 16
 [gates]
 heldout_gain_min = -1.0
+refuse_reward_hacking = false
+length_ratio_max = 100.0
 ${4:-}
 TOML
 }

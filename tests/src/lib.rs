@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+pub mod cli;
 pub mod jobs;
 
 /// The workspace root.
@@ -384,6 +385,11 @@ pub fn arith_data(dir: &Path, extra: &[&str]) -> PathBuf {
 
 /// A small GRPO job spec (TOML) on the arithmetic data in `data`: group 4, 4 prompts a step,
 /// 5 new tokens, the math verifier, held-out scoring on 16 prompts.
+/// `[gates]` that pass any candidate: for tests about something other than the gates (a few
+/// steps of a tiny model move the held-out score and the reward by noise).
+pub const PERMISSIVE_GATES: &str =
+    "[gates]\nheldout_gain_min = -1.0\nrefuse_reward_hacking = false\nlength_ratio_max = 100.0\n";
+
 pub fn arith_grpo_spec(data: &Path, name: &str, policy: &str, steps: u32, checkpoint_every: u32) -> String {
     format!(
         r#"

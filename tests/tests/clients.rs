@@ -5,10 +5,13 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use rlvr_tests::{Daemon, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, wait_until};
+use rlvr_tests::cli::{command, run, text};
+use rlvr_tests::{
+    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, wait_until,
+};
 use serde_json::Value;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
@@ -22,37 +25,8 @@ fn job_file(dir: &Path, name: &str, steps: u32) -> PathBuf {
     }
     let spec = arith_grpo_spec(Path::new("data"), name, "builtin:tiny-arith", steps, 5);
     let file = dir.join(format!("{name}.toml"));
-    fs::write(&file, format!("{spec}\n[gates]\nheldout_gain_min = -1.0\n")).unwrap();
+    fs::write(&file, format!("{spec}\n{PERMISSIVE_GATES}")).unwrap();
     file
-}
-
-/// Runs a client program from `cwd` with a clean environment for its settings: no server,
-/// token or config file unless `env` gives them.
-fn run(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
-    command(program, args, cwd, env)
-        .output()
-        .unwrap_or_else(|error| panic!("run {}: {error}", program.display()))
-}
-
-/// The command [`run`] runs.
-fn command(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(program);
-    command.args(args).current_dir(cwd).env_remove("RLVR_SERVER").env_remove("RLVR_TOKEN");
-    // An empty config home: no user's ~/.config/rlvr/cli.toml leaks in.
-    command.env("XDG_CONFIG_HOME", cwd.join("no-config"));
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    command
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 fn json(output: &Output) -> Value {

@@ -13,7 +13,8 @@ use rlvr_tests::jobs::{
     workers_of,
 };
 use rlvr_tests::{
-    ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, plugin_lib, wait_until,
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
+    plugin_lib, wait_until,
 };
 use serde_json::Value;
 
@@ -27,7 +28,7 @@ const QUEUE: &str =
 /// `extra` is appended (more sections).
 fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5);
-    format!("{base}\n[gates]\nheldout_gain_min = -1.0\n{extra}")
+    format!("{base}\n{PERMISSIVE_GATES}{extra}")
 }
 
 #[test]
@@ -243,6 +244,14 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "stop.verifier_error_rate_max",
             "[0, 1]",
         ),
+        (format!("{good}\n[gates]\nheldout_gain_min = 2.0\n"), 422, "gates.heldout_gain_min", "[-1, 1]"),
+        (
+            format!("{good}\n[gates]\nverifier_timeout_rate_max = -0.1\n"),
+            422,
+            "gates.verifier_timeout_rate_max",
+            "[0, 1]",
+        ),
+        (format!("{good}\n[gates]\nkl = 1\n"), 400, "gates.kl", "unknown field"),
         // This daemon has one CPU slot.
         (
             format!("{good}\n[resources]\ndevices = 2\n"),

@@ -9,7 +9,9 @@ use std::time::Duration;
 use rlvr_tests::jobs::{
     ended, event_ms, get, job, state_events, submit, submit_ok, uninterrupted_weights, wait_job, worker_pids,
 };
-use rlvr_tests::{ADMIN_TOKEN, Daemon, OTHER_TOKEN, Redis, arith_data, arith_grpo_spec, wait_until};
+use rlvr_tests::{
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, arith_data, arith_grpo_spec, wait_until,
+};
 use serde_json::Value;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
@@ -29,7 +31,7 @@ fn spec(data: &Path, name: &str, team: &str, priority: &str, steps: u32, memory_
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5)
         .replace("team = \"tests\"", &format!("team = \"{team}\"\npriority = \"{priority}\""));
     let resources = memory_gb.map(|gb| format!("[resources]\nmemory_gb = {gb}\n")).unwrap_or_default();
-    format!("{base}\n[gates]\nheldout_gain_min = -1.0\n{resources}")
+    format!("{base}\n{PERMISSIVE_GATES}{resources}")
 }
 
 /// A counter or gauge of `/metrics` (the first sample whose line starts with `name`).

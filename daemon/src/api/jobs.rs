@@ -39,6 +39,8 @@ pub struct JobsState {
     pub max_body_bytes: usize,
     /// This daemon's scheduler: submit checks the inventory; views show devices and grants.
     pub scheduler: Arc<crate::sched::service::Scheduler>,
+    /// `<state_dir>`: the jobs' directories (metrics) and the default registry.
+    pub state_dir: std::path::PathBuf,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -63,7 +65,7 @@ impl Failure {
         }
     }
 
-    fn field(mut self, field: &str) -> Self {
+    pub(super) fn field(mut self, field: &str) -> Self {
         if !field.is_empty() {
             self.error.field = Some(field.to_owned());
         }
@@ -152,7 +154,7 @@ impl IntoResponse for Failure {
     }
 }
 
-type Answer<T> = Result<T, Failure>;
+pub(super) type Answer<T> = Result<T, Failure>;
 
 /// `POST /v1/jobs`: a job spec as JSON, or TOML with `Content-Type: application/toml`.
 #[utoipa::path(
@@ -370,7 +372,7 @@ pub async fn show(
     Ok(Json(visible_job(&state, &caller, &id).await?))
 }
 
-async fn visible_job(state: &JobsState, caller: &Caller, id: &str) -> Answer<JobView> {
+pub(super) async fn visible_job(state: &JobsState, caller: &Caller, id: &str) -> Answer<JobView> {
     if !valid_id(id) {
         return Err(Failure::not_found(id));
     }

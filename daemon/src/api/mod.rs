@@ -1,4 +1,7 @@
-//! The HTTP API of `rlvrd serve` (axum): exactly the routes of design.md §1.
+//! The HTTP API of `rlvrd serve` (axum): the routes of design.md §1, plus [`outcomes`]
+//! (`POST /v1/jobs/{id}/promote`, `GET /v1/jobs/{id}/metrics`) and [`curricula`]
+//! (`POST /v1/curricula/{name}/refresh`) that `rlvrctl promote`, `report` and `curriculum refresh`
+//! need.
 //!
 //! - open: `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/plugins`,
 //!   `GET /v1/openapi.json`;
@@ -9,7 +12,9 @@
 //! types' derives ([`ApiDoc`]), so it cannot drift from the routes; a test compares the two.
 
 pub mod auth;
+pub mod curricula;
 pub mod jobs;
+pub mod outcomes;
 
 use std::sync::Arc;
 
@@ -44,6 +49,9 @@ pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize
         .route("/v1/jobs", get(jobs::list).post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
+        .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
+        .route("/v1/jobs/{id}/metrics", get(outcomes::metrics))
+        .route("/v1/curricula/{name}/refresh", axum::routing::post(curricula::refresh))
         .with_state(jobs);
     Router::new()
         .route("/healthz", get(healthz))
@@ -59,7 +67,10 @@ pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize
 #[derive(OpenApi)]
 #[openapi(
     info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
-    paths(healthz, metrics, plugins, openapi, jobs::submit, jobs::list, jobs::show, jobs::cancel, jobs::events),
+    paths(
+        healthz, metrics, plugins, openapi, jobs::submit, jobs::list, jobs::show, jobs::cancel, jobs::events,
+        outcomes::promote, outcomes::metrics, curricula::refresh
+    ),
     modifiers(&BearerAuth),
     tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "daemon", description = "Health, metrics, plugins"))
 )]

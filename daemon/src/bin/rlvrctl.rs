@@ -113,6 +113,40 @@ enum Command {
         /// The job's id.
         id: String,
     },
+    /// Show a job's gate report: one line per criterion, pass or fail, with the measured value,
+    /// the threshold and what it was compared with. Exit 0 when the gates passed (or an admin
+    /// forced the promotion), 1 when they refused, 2 when the job has not been gated yet.
+    Gates {
+        /// The job's id.
+        id: String,
+    },
+    /// Publish a refused job's candidate over its gates (admin token only). The override, with
+    /// the reason and the admin's team, is recorded in the published manifest.
+    Promote {
+        /// The job's id.
+        id: String,
+        /// Required: says that you override the gates.
+        #[arg(long, required = true)]
+        force: bool,
+        /// Why (recorded in the manifest).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Write a job's report to DIR: index.html with the gate table and plots (SVG) of the reward
+    /// and its components, held-out score, KL, completion length, all-pass/all-fail fractions
+    /// and the step time split.
+    Report {
+        /// The job's id.
+        id: String,
+        /// The directory to write (created when missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Shared curricula.
+    Curriculum {
+        #[command(subcommand)]
+        command: CurriculumCommand,
+    },
     /// List the daemon's loaded plugins and the files it refused, with why.
     Plugins,
     /// Verify JSONL items with a verifier plugin, loaded here (no daemon needed).
@@ -147,6 +181,18 @@ enum Command {
         /// Add an "explanation" to each line: what was extracted and why it matched or not.
         #[arg(long)]
         explain: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum CurriculumCommand {
+    /// Recompute per-prompt difficulty from the recent rollout records of the jobs naming
+    /// curriculum NAME and write its next version, which jobs admitted later pin. Runs once per
+    /// curriculum and UTC date however many hosts or timers ask: later asks print the version
+    /// written that day (exit 0). The systemd timer rlvr-curriculum-refresh.timer calls it nightly.
+    Refresh {
+        /// The curriculum (`[curriculum] name` of the jobs).
+        name: String,
     },
 }
 
@@ -237,6 +283,65 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 println!("{}", serde_json::to_string_pretty(&job)?);
             } else {
                 println!("{}", cancel_line(&job));
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Gates { id } => {
+            let job: JobView = connect(true)?.get(&["v1", "jobs", &id], &[])?;
+            let Some(report) = &job.gates else {
+                eprintln!("rlvrctl: job {id} is {} and has not been gated yet", job.state);
+                return Ok(EXIT_REFUSED);
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(report)?);
+            } else {
+                print!("{}", gate_table(&job.id, report));
+                if let Some(path) = &job.published {
+                    println!("published: {path}");
+                }
+                if let Some(webhook) = &job.webhook {
+                    println!("webhook:   {webhook}");
+                }
+            }
+            Ok(if report["passed"] == true || !report["forced"].is_null() { EXIT_OK } else { EXIT_ENDED })
+        }
+        Command::Promote { id, force, reason } => {
+            let api = connect(true)?;
+            let url = api.url(&["v1", "jobs", &id, "promote"], &[]);
+            let body = serde_json::json!({"force": force, "reason": reason}).to_string();
+            let response = api.send(&url, || {
+                api.request(Method::POST, &url).header(CONTENT_TYPE, "application/json").body(body.clone())
+            })?;
+            let job: JobView = api.decode(&url, response)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&job)?);
+            } else {
+                println!("{}", job.reason);
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Report { id, out } => {
+            let api = connect(true)?;
+            let job: Value = api.get(&["v1", "jobs", &id], &[])?;
+            let history: Value = api.get(&["v1", "jobs", &id, "metrics"], &[])?;
+            let lines = history["lines"].as_array().cloned().unwrap_or_default();
+            let report = rlvr_daemon::report::write(&out, &job, &lines)?;
+            if json {
+                println!("{}", serde_json::json!({"index": report.index, "plots": report.plots}));
+            } else {
+                println!("{}", report.index.display());
+            }
+            Ok(EXIT_OK)
+        }
+        Command::Curriculum { command: CurriculumCommand::Refresh { name } } => {
+            let api = connect(true)?;
+            let url = api.url(&["v1", "curricula", &name, "refresh"], &[]);
+            let response = api.send(&url, || api.request(Method::POST, &url))?;
+            let answer: Value = api.decode(&url, response)?;
+            if json {
+                println!("{answer}");
+            } else {
+                println!("{}", plain_value(&answer["message"]));
             }
             Ok(EXIT_OK)
         }
@@ -891,6 +996,56 @@ fn submit(api: &Api, spec: &PreparedSpec, idempotency_key: &str) -> Result<Submi
 }
 
 // ---------------------------------------------------------------------------------------------
+// gates
+
+/// `rlvrctl gates`: the verdict, the baseline, then one row per criterion.
+fn gate_table(id: &str, report: &Value) -> String {
+    let verdict = match (report["passed"].as_bool(), report["forced"].is_null()) {
+        (Some(true), _) => "PASSED",
+        (_, false) => "REFUSED, then promoted by an admin",
+        _ => "REFUSED",
+    };
+    let baseline = &report["baseline"];
+    let against = match (baseline["kind"].as_str(), baseline["version"].as_u64()) {
+        (Some("published"), Some(version)) => {
+            format!("the model line's published version {version} ({})", plain_value(&baseline["model"]))
+        }
+        (Some(_), _) => format!("the starting checkpoint ({})", plain_value(&baseline["model"])),
+        (None, _) => "nothing: the candidate was not evaluated".to_owned(),
+    };
+    let number = |value: &Value| value.as_f64().map_or_else(|| "-".to_owned(), |v| format!("{v:.4}"));
+    let rows: Vec<[String; 5]> = report["criteria"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|criterion| {
+            let threshold = criterion["threshold"]
+                .as_f64()
+                .map_or_else(|| "-".to_owned(), |t| format!("{} {t}", plain_value(&criterion["op"])));
+            [
+                plain_value(&criterion["name"]),
+                if criterion["passed"] == true { "pass" } else { "FAIL" }.to_owned(),
+                number(&criterion["measured"]),
+                threshold,
+                plain_value(&criterion["note"]),
+            ]
+        })
+        .collect();
+    let mut text = format!("gates of job {id}: {verdict}\ncompared with {against}\n");
+    text.push_str(&format_table(["CRITERION", "RESULT", "MEASURED", "THRESHOLD", "NOTE"], &rows));
+    if let Some(forced) = report["forced"].as_object() {
+        text.push_str(&format!(
+            "forced by admin team {} at {}: {}\n",
+            plain_value(&forced["by"]),
+            plain_value(&forced["at"]),
+            plain_value(&forced["reason"])
+        ));
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
 // status, list, cancel
 
 /// `rlvrctl status`: one `label  value` line each, what is known only.
@@ -931,13 +1086,31 @@ fn status_block(job: &JobView) -> String {
     }
     match &job.result {
         Some(Value::Object(result)) => {
-            for (index, (key, value)) in result.iter().enumerate() {
+            // The figures only: the evaluation, plugins and hashes are `gates` and `--json`'s.
+            let scalars = result.iter().filter(|(_, value)| !value.is_object() && !value.is_array());
+            for (index, (key, value)) in scalars.enumerate() {
                 let label = if index == 0 { "result" } else { "" };
                 lines.push((label, format!("{key}: {}", plain_value(value))));
             }
         }
         Some(result) => lines.push(("result", plain_value(result))),
         None => {}
+    }
+    if let Some(gates) = &job.gates {
+        let failed =
+            gates["criteria"].as_array().map_or(0, |c| c.iter().filter(|c| c["passed"] != true).count());
+        let verdict = if gates["passed"] == true {
+            "passed".to_owned()
+        } else {
+            format!("refused ({failed} criteria failed)")
+        };
+        lines.push(("gates", format!("{verdict}; rlvrctl gates {} shows the table", job.id)));
+    }
+    if let Some(path) = &job.published {
+        lines.push(("published", path.clone()));
+    }
+    if let Some(webhook) = &job.webhook {
+        lines.push(("webhook", webhook.clone()));
     }
     lines.push(("created", job.created_at.clone()));
     lines.push(("updated", job.updated_at.clone()));
@@ -1500,6 +1673,11 @@ fn plugins(api: &Api, json: bool) -> anyhow::Result<()> {
 }
 
 fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+    print!("{}", format_table(header, rows));
+}
+
+/// Columns padded to their widest cell, two spaces apart; the last one unpadded.
+fn format_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
     let mut widths = header.map(str::len);
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -1515,12 +1693,13 @@ fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
                 text.push_str(&format!("{cell:<width$}  ", width = widths[index]));
             }
         }
-        println!("{}", text.trim_end());
+        format!("{}\n", text.trim_end())
     };
-    line(header);
+    let mut table = line(header);
     for row in rows {
-        line(std::array::from_fn(|index| row[index].as_str()));
+        table.push_str(&line(std::array::from_fn(|index| row[index].as_str())));
     }
+    table
 }
 
 /// The knobs of `rlvrctl verify` besides where to find the plugin and the input.
@@ -2004,6 +2183,10 @@ mod tests {
             progress: None,
             heldout: Some(0.41),
             result: Some(serde_json::json!({"steps": 100, "checkpoint": "/s/ckpt"})),
+            gates: None,
+            published: None,
+            webhook: None,
+            curriculum_version: None,
         }
     }
 

@@ -75,6 +75,19 @@ enum Command {
         /// This job's id at the grant socket.
         #[arg(long, value_name = "ID", requires = "grant_socket")]
         job_id: Option<String>,
+        /// The gates compare the trained model with this published checkpoint (the model
+        /// line's current version; the daemon passes it) instead of the starting one.
+        #[arg(long, value_name = "DIR", requires = "baseline_version")]
+        baseline: Option<PathBuf>,
+        /// The version number of --baseline.
+        #[arg(long, value_name = "N", requires = "baseline")]
+        baseline_version: Option<u64>,
+        /// Where the shared curricula are (the daemon's `<state_dir>/curricula`).
+        #[arg(long, value_name = "DIR", requires = "curriculum_version")]
+        curricula_dir: Option<PathBuf>,
+        /// The version of `[curriculum] name` pinned at admission: the estimates start from it.
+        #[arg(long, value_name = "N", requires = "curricula_dir")]
+        curriculum_version: Option<u64>,
     },
     /// Replay a trace of jobs (their phases' durations) through the scheduling policy, next to a
     /// first-come-first-served baseline that gives each job whole devices for its whole run; print
@@ -127,6 +140,10 @@ enum DataKind {
         /// Zero-pad operands to the width of `max-operand - 1` (`07+31=`).
         #[arg(long)]
         pad: bool,
+        /// Demonstrations restate the problem in a reasoning block before the answer
+        /// (`<think>12+7</think>19`), the form verifier-format rewards.
+        #[arg(long)]
+        think: bool,
     },
 }
 
@@ -177,6 +194,10 @@ fn main() -> ExitCode {
             exit_with_parent,
             grant_socket,
             job_id,
+            baseline,
+            baseline_version,
+            curricula_dir,
+            curriculum_version,
         } => {
             logging::init(cli.log_format, "info");
             if let Some(parent) = exit_with_parent {
@@ -197,6 +218,8 @@ fn main() -> ExitCode {
                     verify_parallel: verify_parallel.unwrap_or(cores),
                     threads: threads.unwrap_or(cores).max(1),
                     grants: grant_socket.zip(job_id),
+                    baseline: baseline.zip(baseline_version),
+                    curriculum_version: curricula_dir.zip(curriculum_version),
                 };
                 Ok(rlvr_daemon::worker::run(&options)?)
             };
@@ -226,7 +249,9 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad } } => {
+        Command::Data {
+            kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad, think },
+        } => {
             let ops = match rlvr_daemon::arith::Op::parse_list(&ops) {
                 Ok(ops) => ops,
                 Err(error) => {
@@ -235,7 +260,7 @@ fn main() -> ExitCode {
                 }
             };
             let options =
-                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad };
+                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad, think };
             match rlvr_daemon::arith::write(&out, &options) {
                 Ok([sft, train, heldout]) => {
                     println!("{}: {sft} sft, {train} train, {heldout} held-out problems", out.display());

@@ -55,6 +55,11 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler
     {
         problem("curriculum.plugin", message);
     }
+    if let Some(name) = spec.curriculum.as_ref().and_then(|c| c.name.as_deref())
+        && !crate::curricula::valid_name(name)
+    {
+        problem("curriculum.name", format!("expected {}, got {name:?}", crate::curricula::NAME_RULE));
+    }
 
     // The optimizer's needs against the rest of the spec: the worker's own rules.
     if let Some(optimizer) = &optimizer {

@@ -1,10 +1,11 @@
 //! The end of training: the candidate against the job's gates, and publishing a checkpoint that
 //! passes (design.md §6, §1 "Published checkpoint").
 //!
-//! This is the first criterion of §6 — held-out gain over the starting point, from the worker's
-//! own greedy scoring — and the atomic publish. The other criteria (canaries, KL, length, verifier
-//! health, reward hacking) join this table as they are built; a criterion a job cannot be judged
-//! on is reported as "not checked", never as passed silently.
+//! [`judge`] is pure: the worker's outcome (its gate evaluation of the candidate and of the
+//! baseline — the model line's published version, or the job's starting checkpoint for the
+//! first — on the held-out and canary sets, plus training's trend) and the spec's `[gates]` in,
+//! one line per criterion out. A criterion a job cannot be judged on (no canaries, say) is
+//! reported as "not checked", never passed silently when its threshold was asked for.
 //!
 //! Publishing is a copy into `<registry>/<model_line>/.staging-<job>/`, a manifest, then a
 //! `rename` to the next free version number: a reader never sees half a checkpoint, two jobs of
@@ -20,78 +21,312 @@ use rlvr_queue::spec::JobSpec;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+/// The defaults of `[gates]` (design.md §6): a candidate must not score worse on the held-out
+/// set, must not break a canary the baseline passed, must not double its completion length, and
+/// its verifiers must have answered (errors and timeouts each ≤ 5%). KL has no default: its
+/// scale depends on the estimator and the task; unset, it is measured and shown only.
+pub const HELDOUT_GAIN_MIN: f64 = 0.0;
+pub const CANARY_REGRESSIONS_MAX: u32 = 0;
+pub const LENGTH_RATIO_MAX: f64 = 2.0;
+pub const VERIFIER_ERROR_RATE_MAX: f64 = 0.05;
+pub const VERIFIER_TIMEOUT_RATE_MAX: f64 = 0.05;
+
 /// One criterion's line of the gate table.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Criterion {
     pub name: String,
     pub passed: bool,
     pub measured: Option<f64>,
     pub threshold: Option<f64>,
+    /// How measured compares with threshold to pass: `>=` or `<=`.
+    pub op: String,
     pub note: String,
+}
+
+impl Criterion {
+    fn new(name: &str, op: &str, measured: Option<f64>, threshold: Option<f64>, note: String) -> Self {
+        let passed = match (measured, threshold) {
+            (Some(measured), Some(threshold)) if op == ">=" => measured >= threshold,
+            (Some(measured), Some(threshold)) => measured <= threshold,
+            // Nothing asked for: shown, not judged.
+            (_, None) => true,
+            // Asked for and not measurable: never a pass.
+            (None, Some(_)) => false,
+        };
+        Criterion { name: name.to_owned(), passed, measured, threshold, op: op.to_owned(), note }
+    }
+
+    /// `heldout_gain: -0.0200 < 0 (held-out accuracy 0.3100 → 0.2900)`.
+    pub fn failure(&self) -> String {
+        match (self.measured, self.threshold) {
+            (Some(measured), Some(threshold)) => {
+                let broken = if self.op == ">=" { "<" } else { ">" };
+                format!("{}: {measured:.4} {broken} {threshold} ({})", self.name, self.note)
+            }
+            _ => format!("{}: {}", self.name, self.note),
+        }
+    }
+}
+
+/// An admin's promotion of a refused candidate, recorded in the manifest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Forced {
+    /// The admin token's team.
+    pub by: String,
+    pub reason: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
+/// The gate report stored with the job (`gates`) and in the manifest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GateReport {
+    /// Every criterion passed.
+    pub passed: bool,
+    /// What the candidate was compared with (`kind` `published` or `start`, `model`, `version`).
+    pub baseline: Value,
+    pub criteria: Vec<Criterion>,
+    #[serde(default)]
+    pub forced: Option<Forced>,
+}
+
+impl GateReport {
+    /// The refusal: each failing criterion with its measured value and threshold.
+    pub fn refusal(&self) -> String {
+        let failed: Vec<String> =
+            self.criteria.iter().filter(|criterion| !criterion.passed).map(Criterion::failure).collect();
+        format!("gates refused: {}", failed.join("; "))
+    }
 }
 
 /// What the gates decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// Published as this version, at this path.
-    Published { version: u64, path: PathBuf, table: Vec<Criterion> },
+    /// Published as this version, at this path, with this manifest.
+    Published { version: u64, path: PathBuf, report: GateReport, manifest: Value },
     /// Refused: the failing criteria, one line each.
-    Refused { reason: String, table: Vec<Criterion> },
+    Refused { reason: String, report: GateReport },
 }
 
 /// Judges the worker's `outcome` (its stdout JSON) by `spec`'s gates (pure).
-pub fn judge(spec: &JobSpec, outcome: &Value) -> Vec<Criterion> {
-    let before = outcome.get("heldout_before").and_then(Value::as_f64);
-    let after = outcome.get("heldout_after").and_then(Value::as_f64);
-    let threshold = spec.gates.heldout_gain_min.unwrap_or(0.0);
-    let heldout = match (before, after) {
-        (Some(before), Some(after)) => Criterion {
-            name: "heldout_gain".into(),
-            passed: after - before >= threshold,
-            measured: Some(after - before),
-            threshold: Some(threshold),
-            note: format!("held-out accuracy {before:.4} → {after:.4}"),
+pub fn judge(spec: &JobSpec, outcome: &Value) -> GateReport {
+    let gates = &spec.gates;
+    let evaluation = outcome.get("evaluation").unwrap_or(&Value::Null);
+    let figure = |path: &str| evaluation.pointer(path).and_then(Value::as_f64);
+    let trend = outcome.get("training").filter(|t| !t.is_null());
+    let trend_figure = |key: &str| trend.and_then(|t| t.get(key)).and_then(Value::as_f64);
+    let mut criteria = Vec::new();
+
+    let (before, after) =
+        (figure("/baseline_scores/heldout/accuracy"), figure("/candidate/heldout/accuracy"));
+    let heldout_gain = before.zip(after).map(|(before, after)| after - before);
+    criteria.push(match heldout_gain {
+        Some(gain) => Criterion::new(
+            "heldout_gain",
+            ">=",
+            Some(gain),
+            Some(gates.heldout_gain_min.unwrap_or(HELDOUT_GAIN_MIN)),
+            format!("held-out accuracy {:.4} → {:.4}", before.unwrap_or_default(), after.unwrap_or_default()),
+        ),
+        None if spec.data.heldout.is_none() => Criterion::new(
+            "heldout_gain",
+            ">=",
+            None,
+            gates.heldout_gain_min,
+            "not checked: the job has no data.heldout".into(),
+        ),
+        None => Criterion::new(
+            "heldout_gain",
+            ">=",
+            None,
+            Some(gates.heldout_gain_min.unwrap_or(HELDOUT_GAIN_MIN)),
+            "no held-out score of the candidate and its baseline".into(),
+        ),
+    });
+
+    let regressions = evaluation.pointer("/canary_regressions/count").and_then(Value::as_f64);
+    let canary_threshold = gates.canary_regressions_max.map(f64::from);
+    criteria.push(match (regressions, figure("/candidate/canaries/prompts")) {
+        (Some(count), Some(prompts)) => {
+            let ids: Vec<&str> = evaluation
+                .pointer("/canary_regressions/ids")
+                .and_then(Value::as_array)
+                .map(|ids| ids.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let note = if ids.is_empty() {
+                format!("of {prompts} canaries, none the baseline passed fails now")
+            } else {
+                format!("of {prompts} canaries, these passed before and fail now: {}", ids.join(", "))
+            };
+            Criterion::new(
+                "canary_regressions",
+                "<=",
+                Some(count),
+                Some(canary_threshold.unwrap_or(f64::from(CANARY_REGRESSIONS_MAX))),
+                note,
+            )
+        }
+        _ if spec.data.canaries.is_none() => Criterion::new(
+            "canary_regressions",
+            "<=",
+            None,
+            canary_threshold,
+            "not checked: the job has no data.canaries".into(),
+        ),
+        _ => Criterion::new(
+            "canary_regressions",
+            "<=",
+            None,
+            Some(canary_threshold.unwrap_or(f64::from(CANARY_REGRESSIONS_MAX))),
+            "no canary scores of the candidate and its baseline".into(),
+        ),
+    });
+
+    let kl = trend_figure("kl_last");
+    criteria.push(Criterion::new(
+        "kl",
+        "<=",
+        kl,
+        gates.kl_max,
+        match (kl, gates.kl_max) {
+            (Some(_), Some(_)) => "mean KL to the reference over the last training steps".into(),
+            (Some(_), None) => "measured only: no gates.kl_max".into(),
+            (None, _) => "no KL to a reference was measured (no reference model in this job)".into(),
         },
-        _ if spec.data.heldout.is_none() && spec.gates.heldout_gain_min.is_none() => Criterion {
-            name: "heldout_gain".into(),
-            passed: true,
-            measured: None,
-            threshold: None,
-            note: "not checked: the job has no data.heldout".into(),
-        },
-        _ => Criterion {
-            name: "heldout_gain".into(),
-            passed: false,
-            measured: None,
-            threshold: Some(threshold),
-            note: "no held-out score before and after training".into(),
-        },
+    ));
+
+    let (length_before, length_after) = (
+        figure("/baseline_scores/heldout/completion_len_mean"),
+        figure("/candidate/heldout/completion_len_mean"),
+    );
+    let length_ratio =
+        length_before.zip(length_after).filter(|(before, _)| *before > 0.0).map(|(b, a)| a / b);
+    let length_threshold = gates.length_ratio_max.unwrap_or(LENGTH_RATIO_MAX);
+    criteria.push(match length_ratio {
+        Some(ratio) => Criterion::new(
+            "length_ratio",
+            "<=",
+            Some(ratio),
+            Some(length_threshold),
+            format!(
+                "mean held-out completion length {:.1} → {:.1} tokens",
+                length_before.unwrap_or_default(),
+                length_after.unwrap_or_default()
+            ),
+        ),
+        None => Criterion::new(
+            "length_ratio",
+            "<=",
+            None,
+            gates.length_ratio_max,
+            "not checked: no held-out completions of the candidate and its baseline".into(),
+        ),
+    });
+
+    let sum = |key: &str| {
+        ["/candidate/heldout/", "/candidate/canaries/"]
+            .iter()
+            .filter_map(|set| figure(&format!("{set}{key}")))
+            .sum::<f64>()
     };
-    vec![heldout]
+    let calls = sum("verifier_calls");
+    for (name, key, asked, default, what) in [
+        (
+            "verifier_error_rate",
+            "verifier_errors",
+            gates.verifier_error_rate_max,
+            VERIFIER_ERROR_RATE_MAX,
+            "errors",
+        ),
+        (
+            "verifier_timeout_rate",
+            "verifier_timeouts",
+            gates.verifier_timeout_rate_max,
+            VERIFIER_TIMEOUT_RATE_MAX,
+            "timeouts",
+        ),
+    ] {
+        criteria.push(if calls > 0.0 {
+            let count = sum(key);
+            Criterion::new(
+                name,
+                "<=",
+                Some(count / calls),
+                Some(asked.unwrap_or(default)),
+                format!("{count} {what} in {calls} verifier calls on the candidate's evaluation"),
+            )
+        } else {
+            Criterion::new(name, "<=", None, asked, "not checked: the candidate was not evaluated".into())
+        });
+    }
+
+    let refuse_hacking = gates.refuse_reward_hacking.unwrap_or(true);
+    let reward = trend_figure("reward_first").zip(trend_figure("reward_last"));
+    criteria.push(match (reward, heldout_gain) {
+        (Some((first, last)), Some(gain)) => {
+            let hacking = last > first && gain < 0.0;
+            let mut line = Criterion {
+                name: "reward_hacking".into(),
+                passed: !(hacking && refuse_hacking),
+                measured: Some(gain),
+                threshold: Some(0.0),
+                op: ">=".into(),
+                note: format!(
+                    "training reward {first:.4} → {last:.4} (mean of the first and last steps), held-out {}",
+                    if gain < 0.0 { "down" } else { "not down" }
+                ),
+            };
+            if hacking {
+                line.note = format!("{}: the model learned the reward, not the task", line.note);
+            }
+            if !refuse_hacking {
+                line.note.push_str(" (gates.refuse_reward_hacking = false: not enforced)");
+            }
+            line
+        }
+        _ => Criterion::new(
+            "reward_hacking",
+            ">=",
+            None,
+            None,
+            "not checked: needs a training reward and held-out scores".into(),
+        ),
+    });
+
+    GateReport {
+        passed: criteria.iter().all(|criterion| criterion.passed),
+        baseline: evaluation.get("baseline").cloned().unwrap_or(Value::Null),
+        criteria,
+        forced: None,
+    }
 }
 
-/// Judges and, when every criterion passes, publishes the checkpoint of `outcome`.
+/// Where a job publishes: its `[publish] registry`, or the daemon's default.
+pub fn registry_of(spec: &JobSpec, default_registry: &Path) -> PathBuf {
+    spec.publish.as_ref().map_or_else(|| default_registry.to_owned(), |p| p.registry.clone())
+}
+
+/// The model line's newest published version, if any: the baseline of the next candidate.
+pub fn latest_version(spec: &JobSpec, default_registry: &Path) -> Option<(u64, PathBuf)> {
+    let line = registry_of(spec, default_registry).join(&spec.job.model_line);
+    versions(&line).ok()?.pop()
+}
+
+/// Judges and, when every criterion passes (or an admin forced it), publishes the checkpoint of
+/// `outcome`.
 pub fn evaluate(
     spec: &JobSpec,
     job_id: &str,
     outcome: &Value,
     default_registry: &Path,
+    forced: Option<Forced>,
 ) -> Result<Verdict, String> {
-    let table = judge(spec, outcome);
-    let failed: Vec<String> = table
-        .iter()
-        .filter(|criterion| !criterion.passed)
-        .map(|criterion| match (criterion.measured, criterion.threshold) {
-            (Some(measured), Some(threshold)) => {
-                format!("{}: {measured:.4} < {threshold} ({})", criterion.name, criterion.note)
-            }
-            _ => format!("{}: {}", criterion.name, criterion.note),
-        })
-        .collect();
-    if !failed.is_empty() {
-        return Ok(Verdict::Refused { reason: format!("gates refused: {}", failed.join("; ")), table });
+    let mut report = judge(spec, outcome);
+    if !report.passed && forced.is_none() {
+        return Ok(Verdict::Refused { reason: report.refusal(), report });
     }
-    let registry = spec.publish.as_ref().map_or_else(|| default_registry.to_owned(), |p| p.registry.clone());
+    report.forced = forced;
+    let registry = registry_of(spec, default_registry);
     let checkpoint = outcome
         .get("checkpoint")
         .and_then(Value::as_str)
@@ -102,15 +337,25 @@ pub fn evaluate(
         "model_line": spec.job.model_line,
         "step": outcome.get("steps"),
         "weights_sha256": outcome.get("weights_sha256"),
-        "heldout_before": outcome.get("heldout_before"),
-        "heldout_after": outcome.get("heldout_after"),
-        "gates": table,
+        "plugins": outcome.get("plugins"),
+        "data_sha256": outcome.get("data_sha256"),
+        "metrics": {
+            "training": outcome.get("training"),
+            "evaluation": outcome.get("evaluation"),
+            "stopped": outcome.get("stopped"),
+        },
+        "gates": report,
         "spec": spec,
+        "published_at": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     });
     let (version, path) =
         publish(&registry.join(&spec.job.model_line), job_id, &Path::new(checkpoint).join("model"), manifest)
             .map_err(|error| format!("publishing to {}: {error}", registry.display()))?;
-    Ok(Verdict::Published { version, path, table })
+    let manifest = fs::read(path.join("manifest.json"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(Value::Null);
+    Ok(Verdict::Published { version, path, report, manifest })
 }
 
 /// Copies `model` into the next version of `line` with `manifest` (plus each file's sha256).
@@ -204,20 +449,132 @@ mod tests {
         .unwrap()
     }
 
+    /// A candidate that passes every default: held-out 0.30 → 0.40, no canary lost, KL 0.02,
+    /// lengths 10 → 12, clean verifiers, training reward 0.2 → 0.5.
+    fn good_outcome() -> Value {
+        let set = |accuracy: f64, length: f64| {
+            json!({"accuracy": accuracy, "completion_len_mean": length, "prompts": 20,
+                   "verifier_calls": 40, "verifier_errors": 0, "verifier_timeouts": 0})
+        };
+        json!({
+            "steps": 10,
+            "training": {"steps": 10, "reward_first": 0.2, "reward_last": 0.5, "kl_last": 0.02,
+                         "length_first": 10.0, "length_last": 12.0},
+            "evaluation": {
+                "baseline": {"kind": "start", "model": "builtin:tiny-arith", "version": null},
+                "candidate": {"heldout": set(0.40, 12.0), "canaries": set(1.0, 5.0)},
+                "baseline_scores": {"heldout": set(0.30, 10.0), "canaries": set(1.0, 5.0)},
+                "canary_regressions": {"count": 0, "ids": []},
+            },
+        })
+    }
+
+    fn failing(report: &GateReport) -> Vec<&str> {
+        report.criteria.iter().filter(|c| !c.passed).map(|c| c.name.as_str()).collect()
+    }
+
     #[test]
-    fn heldout_gain_is_judged_against_its_threshold() {
-        let cases = [
-            ("", 0.20, 0.30, true),
-            ("", 0.30, 0.20, false),
-            ("[gates]\nheldout_gain_min = 0.15\n", 0.20, 0.30, false),
-            ("[gates]\nheldout_gain_min = 0.05\n", 0.20, 0.30, true),
+    fn a_good_candidate_passes_and_each_criterion_fails_on_its_own() {
+        let with_canaries = |extra: &str| {
+            let mut spec = spec(extra);
+            spec.data.canaries = Some("/c.jsonl".into());
+            spec
+        };
+        let report = judge(&with_canaries(""), &good_outcome());
+        assert!(report.passed, "{report:#?}");
+        assert_eq!(report.criteria.len(), 7);
+        assert_eq!(report.baseline["kind"], "start");
+
+        type Change = fn(&mut Value);
+        let cases: [(&str, &str, Change, &[&str]); 9] = [
+            (
+                "held-out gain below its minimum",
+                "[gates]\nheldout_gain_min = 0.2\n",
+                |_| {},
+                &["heldout_gain"],
+            ),
+            (
+                "a canary lost",
+                "",
+                |o| o["evaluation"]["canary_regressions"] = json!({"count": 1, "ids": ["c7"]}),
+                &["canary_regressions"],
+            ),
+            ("KL above its maximum", "[gates]\nkl_max = 0.01\n", |_| {}, &["kl"]),
+            (
+                "completions twice as long",
+                "",
+                |o| o["evaluation"]["candidate"]["heldout"]["completion_len_mean"] = json!(25.0),
+                &["length_ratio"],
+            ),
+            (
+                "verifier errors",
+                "",
+                |o| o["evaluation"]["candidate"]["heldout"]["verifier_errors"] = json!(8),
+                &["verifier_error_rate"],
+            ),
+            (
+                "verifier timeouts",
+                "[gates]\nverifier_timeout_rate_max = 0.01\n",
+                |o| o["evaluation"]["candidate"]["canaries"]["verifier_timeouts"] = json!(1),
+                &["verifier_timeout_rate"],
+            ),
+            (
+                "reward up, held-out down, a small drop allowed by heldout_gain_min",
+                "[gates]\nheldout_gain_min = -0.1\n",
+                |o| o["evaluation"]["candidate"]["heldout"]["accuracy"] = json!(0.25),
+                &["reward_hacking"],
+            ),
+            (
+                "reward up, held-out down",
+                "",
+                |o| o["evaluation"]["candidate"]["heldout"]["accuracy"] = json!(0.25),
+                &["heldout_gain", "reward_hacking"],
+            ),
+            (
+                "held-out down with the reward down too is no hacking",
+                "",
+                |o| {
+                    o["evaluation"]["candidate"]["heldout"]["accuracy"] = json!(0.25);
+                    o["training"]["reward_last"] = json!(0.1);
+                },
+                &["heldout_gain"],
+            ),
         ];
-        for (extra, before, after, passed) in cases {
-            let table = judge(&spec(extra), &json!({"heldout_before": before, "heldout_after": after}));
-            assert_eq!(table[0].passed, passed, "{extra} {before} → {after}");
+        for (what, extra, change, expected) in cases {
+            let mut outcome = good_outcome();
+            change(&mut outcome);
+            let report = judge(&with_canaries(extra), &outcome);
+            assert_eq!(failing(&report), expected, "{what}: {report:#?}");
+            assert!(!report.passed, "{what}");
         }
-        let table = judge(&spec(""), &json!({"heldout_before": 0.2}));
-        assert!(!table[0].passed, "a missing score is never a pass");
+    }
+
+    #[test]
+    fn refusals_name_the_measured_value_and_threshold_and_unmeasurable_asks_never_pass() {
+        let mut outcome = good_outcome();
+        outcome["evaluation"]["candidate"]["heldout"]["accuracy"] = json!(0.28);
+        for scores in ["candidate", "baseline_scores"] {
+            outcome["evaluation"][scores]["canaries"] = Value::Null;
+        }
+        let report = judge(&spec(""), &outcome);
+        assert!(
+            report.refusal().starts_with(
+                "gates refused: heldout_gain: -0.0200 < 0 (held-out accuracy 0.3000 → 0.2800); reward_hacking:"
+            ),
+            "{}",
+            report.refusal()
+        );
+        // No canaries in the job: shown as not checked, and passed.
+        let canary = &report.criteria[1];
+        assert!(canary.passed && canary.note.starts_with("not checked"), "{canary:?}");
+        // Asked for a KL bound in a job that measured none: refused.
+        let mut no_kl = good_outcome();
+        no_kl["training"]["kl_last"] = Value::Null;
+        let report = judge(&spec("[gates]\nkl_max = 0.1\n"), &no_kl);
+        assert_eq!(failing(&report), ["kl"]);
+        // No evaluation at all (the worker could not score): the held-out gain is not a pass.
+        let report = judge(&spec(""), &json!({"steps": 3}));
+        assert!(failing(&report).contains(&"heldout_gain"), "{report:#?}");
     }
 
     #[test]

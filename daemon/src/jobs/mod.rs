@@ -8,11 +8,13 @@
 //!   crash counting and dead letters.
 //! - [`consumer`]: the apalis workers that fetch dispatch tasks and hand them to `supervise`.
 //! - [`gate`]: the end of training — evaluation against the job's gates, and publishing.
+//! - [`webhook`]: the published manifest POSTed to the job's webhook, retried with backoff.
 
 pub mod checks;
 pub mod consumer;
 pub mod gate;
 pub mod supervise;
+pub mod webhook;
 
 use std::time::Duration;
 

@@ -41,6 +41,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
 use super::gate::{self, Verdict};
+use super::webhook;
 use crate::worker::lifecycle::EXIT_INTERRUPTED;
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
@@ -59,6 +60,8 @@ pub struct Supervisor {
     pub jobs_dir: PathBuf,
     /// Where gated checkpoints go when a job names no `[publish] registry`.
     pub default_registry: PathBuf,
+    /// `<state_dir>/curricula`: the shared curricula's versions.
+    pub curricula_dir: PathBuf,
     pub plugin_dirs: Vec<PathBuf>,
     pub worker_threads: usize,
     pub max_crashes: u32,
@@ -111,6 +114,7 @@ impl Supervisor {
             exe,
             jobs_dir: state_dir.join("jobs"),
             default_registry: state_dir.join("registry"),
+            curricula_dir: state_dir.join("curricula"),
             plugin_dirs,
             worker_threads,
             max_crashes,
@@ -222,13 +226,39 @@ impl Supervisor {
             self.scheduler.inventory_devices(&devices).iter().map(|device| device.kind).collect();
         let names: Vec<String> = kinds.iter().map(ToString::to_string).collect();
         let reason = format!("admitted to {}", names.join(", "));
-        if self.transition(id, JobState::Admitted, &reason, &[("devices", names.join(","))]).await.is_none() {
+        let mut fields = vec![("devices", names.join(","))];
+        // The shared curriculum's version is pinned at the first admission and kept on resumes.
+        let curriculum_version = match self.pin_curriculum(&spec, job.curriculum_version) {
+            Ok(version) => version,
+            Err(message) => {
+                let _ = self.transition(id, JobState::Failed, &message, &[]).await;
+                return;
+            }
+        };
+        if job.curriculum_version.is_none()
+            && let Some(version) = curriculum_version
+        {
+            fields.push(("curriculum_version", version.to_string()));
+        }
+        if self.transition(id, JobState::Admitted, &reason, &fields).await.is_none() {
             return;
         }
-        let end = self.run_worker(id, &spec, job.step, &mut seat, &kinds).await;
+        let end = self.run_worker(id, &spec, job.step, curriculum_version, &mut seat, &kinds).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
         self.conclude(id, &spec, end).await;
+    }
+
+    /// The version of the job's shared curriculum it runs with: the one pinned before, else the
+    /// latest (0 when there is none yet); `None` when the job names no shared curriculum.
+    fn pin_curriculum(&self, spec: &JobSpec, pinned: Option<u64>) -> Result<Option<u64>, String> {
+        let Some(name) = spec.curriculum.as_ref().and_then(|c| c.name.as_deref()) else { return Ok(None) };
+        if pinned.is_some() {
+            return Ok(pinned);
+        }
+        let latest = crate::curricula::latest(&self.curricula_dir, name)
+            .map_err(|error| format!("curriculum.name: cannot pin a version of {name}: {error}"))?;
+        Ok(Some(latest.map_or(0, |version| version.version)))
     }
 
     /// What the job asks the scheduler for; its age counts from its submission.
@@ -245,6 +275,7 @@ impl Supervisor {
         id: &str,
         spec: &JobSpec,
         from_step: u64,
+        curriculum_version: Option<u64>,
         seat: &mut Seat,
         devices: &[DeviceKind],
     ) -> WorkerEnd {
@@ -269,6 +300,17 @@ impl Supervisor {
                 command.arg("--plugin-dir").arg(plugin_dir);
             }
             command.arg("--grant-socket").arg(&self.grant_socket).arg("--job-id").arg(id);
+            if let Some(version) = curriculum_version.filter(|version| *version > 0) {
+                command
+                    .arg("--curricula-dir")
+                    .arg(&self.curricula_dir)
+                    .arg("--curriculum-version")
+                    .arg(version.to_string());
+            }
+            // The gates compare with the line's version published when this run started.
+            if let Some((version, path)) = gate::latest_version(spec, &self.default_registry) {
+                command.arg("--baseline").arg(path).arg("--baseline-version").arg(version.to_string());
+            }
             let gpus: Vec<String> = devices
                 .iter()
                 .filter_map(|kind| match kind {
@@ -451,21 +493,29 @@ impl Supervisor {
         }
     }
 
-    /// Gates a finished job and records the verdict.
+    /// Gates a finished job and records the verdict; a published one's manifest then goes to
+    /// the job's webhook, if it names one.
     async fn finish(&self, id: &str, spec: &JobSpec, outcome: Value) {
         let (spec2, id2, registry) = (spec.clone(), id.to_owned(), self.default_registry.clone());
         let verdict =
-            tokio::task::spawn_blocking(move || gate::evaluate(&spec2, &id2, &outcome, &registry)).await;
+            tokio::task::spawn_blocking(move || gate::evaluate(&spec2, &id2, &outcome, &registry, None))
+                .await;
         match verdict {
-            Ok(Ok(Verdict::Published { version, path, table })) => {
+            Ok(Ok(Verdict::Published { version, path, report, manifest })) => {
                 let reason =
                     format!("published {} version {version} at {}", spec.job.model_line, path.display());
-                let extra = [("gates", json!(table).to_string()), ("published", path.display().to_string())];
-                let _ = self.transition(id, JobState::Published, &reason, &extra).await;
+                let extra = [("gates", json!(report).to_string()), ("published", path.display().to_string())];
+                if self.transition(id, JobState::Published, &reason, &extra).await.is_some()
+                    && let Some(url) = spec.publish.as_ref().and_then(|p| p.webhook.clone())
+                {
+                    let fields = [("webhook", webhook::deliver(&url, &manifest).await)];
+                    self.persist("record the webhook's answer", || self.queues.store.set_fields(id, &fields))
+                        .await;
+                }
             }
-            Ok(Ok(Verdict::Refused { reason, table })) => {
+            Ok(Ok(Verdict::Refused { reason, report })) => {
                 let _ = self
-                    .transition(id, JobState::Refused, &reason, &[("gates", json!(table).to_string())])
+                    .transition(id, JobState::Refused, &reason, &[("gates", json!(report).to_string())])
                     .await;
             }
             Ok(Err(message)) => {

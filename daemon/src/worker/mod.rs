@@ -24,7 +24,7 @@ pub mod state;
 pub mod step;
 pub mod stop;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -63,6 +63,12 @@ pub struct WorkerOptions {
     pub threads: usize,
     /// The daemon's grant socket and this job's id there; `None`: no grants (a run by hand).
     pub grants: Option<(PathBuf, String)>,
+    /// The model line's published version the gates compare with (its directory and number);
+    /// `None`: the job's starting checkpoint (the line has none yet, or a run by hand).
+    pub baseline: Option<(PathBuf, u64)>,
+    /// The directory of shared curricula and the version of `[curriculum] name` the daemon
+    /// pinned at admission: the curriculum's estimates start from its counts.
+    pub curriculum_version: Option<(PathBuf, u64)>,
 }
 
 /// How a run ended.
@@ -78,6 +84,15 @@ pub struct Outcome {
     pub stopped: Option<String>,
     /// It stopped on a stop request (SIGTERM) with its state checkpointed: resume it to go on.
     pub interrupted: bool,
+    /// Training's trend (first steps against the last), when it logged rewards.
+    pub training: Option<stop::Trend>,
+    /// The gates' evaluation of the candidate against its baseline ([`eval::for_gates`]); not
+    /// made for an interrupted run.
+    pub evaluation: Option<serde_json::Value>,
+    /// The plugins it trained with: `{"id": "name@version", "sha256": …}`.
+    pub plugins: Vec<serde_json::Value>,
+    /// SHA-256 of each data file (`train`, `heldout`, `canaries`).
+    pub data_sha256: BTreeMap<String, String>,
 }
 
 /// Why a run could not start or go on. Each names the field or file at fault.
@@ -254,6 +269,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         verifier_plugins.push(plugin);
     }
     check_fit(&spec, &optimizer_info, optimizer_plugin.id())?;
+    let mut plugin_hashes: Vec<serde_json::Value> = std::iter::once(&optimizer_plugin)
+        .chain(&verifier_plugins)
+        .map(|plugin| json!({"id": plugin.id(), "sha256": plugin.sha256}))
+        .collect();
 
     // Data.
     let train = match optimizer_info.data_mode {
@@ -265,6 +284,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     };
     let heldout =
         spec.data.heldout.as_ref().map(|path| data::load_prompts("data.heldout", path)).transpose()?;
+    let canaries =
+        spec.data.canaries.as_ref().map(|path| data::load_prompts("data.canaries", path)).transpose()?;
     let curriculum = match &spec.curriculum {
         None => None,
         Some(section) => {
@@ -277,8 +298,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
             };
             let pin = pinned.and_then(|p| p.curriculum.as_deref());
             let plugin = find("curriculum.plugin".into(), &section.plugin, pin, PluginKind::Curriculum)?;
+            plugin_hashes.push(json!({"id": plugin.id(), "sha256": plugin.sha256}));
             let ids: Vec<String> = prompts.iter().map(|p| p.id.clone()).collect();
-            match plugin.create(&section.plugin_config(), &ids) {
+            let config = pinned_curriculum_config(section, options.curriculum_version.as_ref())?;
+            match plugin.create(&config, &ids) {
                 Ok(PluginInstance::Curriculum(curriculum)) => Some((plugin.id(), curriculum)),
                 Ok(other) => {
                     return Err(WorkerError::Plugin {
@@ -471,7 +494,32 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         from_step = train_state.step,
         "worker starting"
     );
-    drive(&mut job, &dir, &mut train_state, &mut metrics_log, &mut rollouts_log)
+    let mut outcome = drive(&mut job, &dir, &mut train_state, &mut metrics_log, &mut rollouts_log)?;
+    outcome.plugins = plugin_hashes;
+    outcome.data_sha256 = data_sha256(&job.spec)?;
+    if !outcome.interrupted && (job.heldout.is_some() || canaries.is_some()) {
+        let baseline = match &options.baseline {
+            Some((path, version)) => eval::Baseline {
+                kind: "published".into(),
+                model: path.to_string_lossy().into_owned(),
+                version: Some(*version),
+            },
+            None => {
+                eval::Baseline { kind: "start".into(), model: job.spec.model.policy.clone(), version: None }
+            }
+        };
+        let span = info_span!("gates", baseline = %baseline.model);
+        let _entered = span.enter();
+        let evaluation = eval::for_gates(&job, &baseline, canaries.as_deref(), outcome.training)
+            .map_err(|message| WorkerError::Step { step: outcome.steps, message })?;
+        info!(
+            candidate = %evaluation["candidate"],
+            baseline = %evaluation["baseline_scores"],
+            "the gates' evaluation"
+        );
+        outcome.evaluation = Some(evaluation);
+    }
+    Ok(outcome)
 }
 
 /// How long a worker waits for the previous holder of its run lock to exit: the worker of a
@@ -673,7 +721,54 @@ fn drive(
         checkpoint: last_checkpoint.unwrap_or_default(),
         stopped,
         interrupted,
+        training: stop_watch.trend(),
+        evaluation: None,
+        plugins: Vec::new(),
+        data_sha256: BTreeMap::new(),
     })
+}
+
+/// The curriculum plugin's keys, with `history` from the pinned version of the shared curriculum
+/// when the job names one and the daemon pinned a version.
+fn pinned_curriculum_config(
+    section: &rlvr_queue::spec::CurriculumSection,
+    pinned: Option<&(PathBuf, u64)>,
+) -> Result<String, WorkerError> {
+    let (Some(name), Some((dir, version))) = (&section.name, pinned) else {
+        return Ok(section.plugin_config());
+    };
+    let version = crate::curricula::load(dir, name, *version).map_err(|error| WorkerError::Plugin {
+        field: "curriculum.name".into(),
+        message: error.to_string(),
+    })?;
+    let mut options = section.options.clone();
+    options.insert("history".into(), version.history());
+    info!(curriculum = %name, version = version.version, prompts = version.prompts.len(), "curriculum pinned");
+    Ok(serde_json::Value::Object(options).to_string())
+}
+
+/// SHA-256 of each of the job's data files, for the published manifest.
+fn data_sha256(spec: &JobSpec) -> Result<BTreeMap<String, String>, WorkerError> {
+    let files = [
+        ("train", Some(&spec.data.train)),
+        ("heldout", spec.data.heldout.as_ref()),
+        ("canaries", spec.data.canaries.as_ref()),
+    ];
+    let mut hashes = BTreeMap::new();
+    for (name, path) in files {
+        let Some(path) = path else { continue };
+        let mut file = std::fs::File::open(path).map_err(|error| WorkerError::Spec {
+            path: path.clone(),
+            message: format!("data.{name}: cannot read: {error}"),
+        })?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher).map_err(|error| WorkerError::Spec {
+            path: path.clone(),
+            message: format!("data.{name}: cannot read: {error}"),
+        })?;
+        hashes.insert(name.to_owned(), hex::encode(hasher.finalize()));
+    }
+    Ok(hashes)
 }
 
 /// Writes a checkpoint of the current state; returns its directory.
@@ -740,11 +835,16 @@ pub fn fit_problems(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: &str) ->
                 info.data_mode.as_str()
             ),
         ));
-    } else if spec.data.heldout.is_some() && spec.verifiers.is_empty() {
-        problems.push((
-            "verifiers".to_owned(),
-            "data.heldout is scored with the job's verifiers; name at least one".to_owned(),
-        ));
+    } else if spec.verifiers.is_empty() {
+        for (field, path) in [("data.heldout", &spec.data.heldout), ("data.canaries", &spec.data.canaries)] {
+            if path.is_some() {
+                problems.push((
+                    "verifiers".to_owned(),
+                    format!("{field} is scored with the job's verifiers; name at least one"),
+                ));
+                break;
+            }
+        }
     }
     if info.needs_groups && spec.optimizer.group_size < 2 {
         problems.push((

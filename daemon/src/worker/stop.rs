@@ -30,6 +30,19 @@ struct Figures {
     verified: f64,
     timeouts: f64,
     errors: f64,
+    kl: Option<f64>,
+}
+
+/// Training's trend as the gates read it: the first [`WINDOW`] steps against the last.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Trend {
+    pub steps: usize,
+    pub reward_first: f64,
+    pub reward_last: f64,
+    /// Mean `kl_ref` of the last steps that measured it; `None` when none did.
+    pub kl_last: Option<f64>,
+    pub length_first: f64,
+    pub length_last: f64,
 }
 
 /// What tripped.
@@ -48,6 +61,8 @@ pub struct StopWatch {
     first: Vec<Figures>,
     recent: VecDeque<Figures>,
     heldout_before: Option<f64>,
+    /// Steps with a reward observed.
+    steps: usize,
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -57,7 +72,13 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 
 impl StopWatch {
     pub fn new(config: &StopSection) -> Self {
-        StopWatch { config: config.clone(), first: Vec::new(), recent: VecDeque::new(), heldout_before: None }
+        StopWatch {
+            config: config.clone(),
+            first: Vec::new(),
+            recent: VecDeque::new(),
+            heldout_before: None,
+            steps: 0,
+        }
     }
 
     /// Takes in a metrics line without judging it (history on resume, the step-0 evaluation).
@@ -75,7 +96,9 @@ impl StopWatch {
             verified: number("verified").unwrap_or(0.0),
             timeouts: number("verifier_timeouts").unwrap_or(0.0),
             errors: number("verifier_errors").unwrap_or(0.0),
+            kl: number("kl_ref"),
         };
+        self.steps += 1;
         if self.first.len() < WINDOW {
             self.first.push(figures);
         }
@@ -83,6 +106,23 @@ impl StopWatch {
         if self.recent.len() > WINDOW {
             self.recent.pop_front();
         }
+    }
+
+    /// Training's trend so far; `None` before any training step (an SFT job logs no reward).
+    pub fn trend(&self) -> Option<Trend> {
+        let steps = self.steps;
+        if self.first.is_empty() {
+            return None;
+        }
+        let kls: Vec<f64> = self.recent.iter().filter_map(|f| f.kl).collect();
+        Some(Trend {
+            steps,
+            reward_first: mean(self.first.iter().map(|f| f.reward)),
+            reward_last: mean(self.recent.iter().map(|f| f.reward)),
+            kl_last: (!kls.is_empty()).then(|| mean(kls.into_iter())),
+            length_first: mean(self.first.iter().map(|f| f.length)),
+            length_last: mean(self.recent.iter().map(|f| f.length)),
+        })
     }
 
     /// Takes in step `step`'s metrics line and judges it: the first condition it trips, if any.

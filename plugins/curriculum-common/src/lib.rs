@@ -6,9 +6,15 @@
 //! the prompt's passes and fails, older observations weighted down by `decay` each time the
 //! prompt is seen again (the policy moves, so old outcomes say less). Unseen prompts sit at the
 //! prior mean. Everything is plain data, saved with each checkpoint as JSON and restored exactly.
+//!
+//! A job may start from counts learned by earlier jobs instead of from nothing: the `history`
+//! key (a pinned version of a shared curriculum, put there by the worker, or set by hand) seeds
+//! each listed prompt as if its passes and attempts had been observed. It seeds the initial state
+//! only; a resumed job restores its saved estimates, which already hold the seeded counts.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
-use std::fmt::Display;
+use std::fmt::{self, Display};
 
 use rlvr_plugin_api::{GroupOutcome, PluginError, RString};
 use serde::de::DeserializeOwned;
@@ -36,7 +42,7 @@ pub fn require(key: &str, value: f64, ok: bool, expected: &str) -> Result<(), Pl
 }
 
 /// The estimator's settings (keys of `[curriculum]`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EstimateConfig {
     /// Beta prior: passes assumed before any observation.
@@ -45,11 +51,26 @@ pub struct EstimateConfig {
     pub prior_fails: f64,
     /// Weight kept by a prompt's past observations each time it is observed again, in (0, 1].
     pub decay: f64,
+    /// Counts each listed prompt starts from, by prompt id, as if observed before the first
+    /// step: `{"<prompt id>": {"passes": p, "attempts": a}}`. How a job starts from a pinned
+    /// version of a shared curriculum; prompts not in the job's training data are ignored
+    /// (counted in [`HistoryUse::ignored`]), since a curriculum spans the data of many jobs.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub history: BTreeMap<String, HistoryCounts>,
+}
+
+/// A prompt's counts in `history`: weighted completions attempted and passed, 0 ≤ passes ≤
+/// attempts (weighted, so not necessarily whole numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryCounts {
+    pub passes: f64,
+    pub attempts: f64,
 }
 
 impl Default for EstimateConfig {
     fn default() -> Self {
-        EstimateConfig { prior_passes: 1.0, prior_fails: 1.0, decay: 0.7 }
+        EstimateConfig { prior_passes: 1.0, prior_fails: 1.0, decay: 0.7, history: BTreeMap::new() }
     }
 }
 
@@ -57,8 +78,41 @@ impl EstimateConfig {
     pub fn check(&self) -> Result<(), PluginError> {
         require("prior_passes", self.prior_passes, self.prior_passes > 0.0, "a number > 0")?;
         require("prior_fails", self.prior_fails, self.prior_fails > 0.0, "a number > 0")?;
-        require("decay", self.decay, self.decay > 0.0 && self.decay <= 1.0, "a number in (0, 1]")
+        require("decay", self.decay, self.decay > 0.0 && self.decay <= 1.0, "a number in (0, 1]")?;
+        for (id, HistoryCounts { passes, attempts }) in &self.history {
+            require(&format!("history.{id}.attempts"), *attempts, *attempts >= 0.0, "a number >= 0")?;
+            require(
+                &format!("history.{id}.passes"),
+                *passes,
+                (0.0..=*attempts).contains(passes),
+                &format!("a number in [0, attempts] (attempts = {attempts})"),
+            )?;
+        }
+        Ok(())
     }
+
+    /// The settings a saved state records: `history` as a digest only.
+    fn saved(&self) -> SavedSettings {
+        let history = (!self.history.is_empty()).then(|| HistoryDigest {
+            prompts: self.history.len(),
+            fnv1a64: format!("{:016x}", fnv1a64(&self.history)),
+        });
+        SavedSettings {
+            prior_passes: self.prior_passes,
+            prior_fails: self.prior_fails,
+            decay: self.decay,
+            history,
+        }
+    }
+}
+
+/// How a [`PassRates`] used its config's `history`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HistoryUse {
+    /// Listed prompts of the job's training data: their estimates start from the counts.
+    pub seeded: usize,
+    /// Listed prompts not in the job's training data.
+    pub ignored: usize,
 }
 
 /// A prompt's weighted observations.
@@ -69,18 +123,79 @@ pub struct Seen {
 }
 
 /// Pass-rate estimates of every prompt of the job's training data.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PassRates {
     config: EstimateConfig,
     /// Prompt ids, in the data's order: sampling indexes into this.
     prompts: Vec<String>,
-    /// Observed prompts only.
+    /// Observed or seeded (`history`) prompts only.
     seen: BTreeMap<String, Seen>,
     /// Steps observed: a step's seed is mixed with it.
     steps: u64,
     /// The prompt ids, for checking outcomes (derived from `prompts`).
-    #[serde(skip)]
     known: HashSet<String>,
+    /// Derived from `config.history` and `prompts`.
+    history_use: HistoryUse,
+}
+
+/// What [`PassRates::save`] writes. Without `history` it is the format saved before `history`
+/// existed, so states of earlier checkpoints load.
+#[derive(Serialize, Deserialize)]
+struct SavedState<'a> {
+    config: SavedSettings,
+    prompts: Cow<'a, [String]>,
+    seen: Cow<'a, BTreeMap<String, Seen>>,
+    steps: u64,
+}
+
+/// The settings a state was saved with. `history` only as a digest: its counts are in `seen`
+/// already from the start, and a curriculum version (one entry per prompt of every job of the
+/// curriculum) copied into every checkpoint would be dead weight.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedSettings {
+    prior_passes: f64,
+    prior_fails: f64,
+    decay: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    history: Option<HistoryDigest>,
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryDigest {
+    prompts: usize,
+    fnv1a64: String,
+}
+
+impl Display for SavedSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let SavedSettings { prior_passes, prior_fails, decay, history } = self;
+        write!(f, "prior_passes = {prior_passes}, prior_fails = {prior_fails}, decay = {decay}, history = ")?;
+        match history {
+            Some(HistoryDigest { prompts, fnv1a64 }) => write!(f, "{prompts} prompts (fnv1a64 {fnv1a64})"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+/// FNV-1a (64 bits) of a history's ids and exact counts, in id order: a check that a resume
+/// was given the history the job started with, not a defence against forgery (no hash
+/// dependency needed). 0xff, which UTF-8 never contains, ends each id.
+fn fnv1a64(history: &BTreeMap<String, HistoryCounts>) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &byte in bytes {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (id, counts) in history {
+        eat(id.as_bytes());
+        eat(&[0xff]);
+        eat(&counts.passes.to_bits().to_le_bytes());
+        eat(&counts.attempts.to_bits().to_le_bytes());
+    }
+    hash
 }
 
 impl PassRates {
@@ -90,12 +205,27 @@ impl PassRates {
             return Err(PluginError::invalid_input("no prompts to choose from"));
         }
         let prompts: Vec<String> = prompt_ids.iter().map(|id| id.as_str().to_owned()).collect();
-        let known = prompts.iter().cloned().collect();
-        Ok(PassRates { config, prompts, seen: BTreeMap::new(), steps: 0, known })
+        let known: HashSet<String> = prompts.iter().cloned().collect();
+        let mut seen = BTreeMap::new();
+        let mut history_use = HistoryUse::default();
+        for (id, counts) in &config.history {
+            if known.contains(id) {
+                seen.insert(id.clone(), Seen { passes: counts.passes, total: counts.attempts });
+                history_use.seeded += 1;
+            } else {
+                history_use.ignored += 1;
+            }
+        }
+        Ok(PassRates { config, prompts, seen, steps: 0, known, history_use })
     }
 
     pub fn prompts(&self) -> &[String] {
         &self.prompts
+    }
+
+    /// How many prompts of `history` were seeded, and how many ignored (not in the data).
+    pub fn history_use(&self) -> HistoryUse {
+        self.history_use
     }
 
     /// The estimated pass rate of prompt `index`.
@@ -148,26 +278,35 @@ impl PassRates {
 
     /// The state as JSON.
     pub fn save(&self) -> Result<String, PluginError> {
-        serde_json::to_string(self).map_err(|error| PluginError::internal(format!("state: {error}")))
+        let state = SavedState {
+            config: self.config.saved(),
+            prompts: Cow::Borrowed(&self.prompts),
+            seen: Cow::Borrowed(&self.seen),
+            steps: self.steps,
+        };
+        serde_json::to_string(&state).map_err(|error| PluginError::internal(format!("state: {error}")))
     }
 
-    /// Restores a saved state; it must be of the same prompts and settings.
+    /// Restores a saved state; it must be of the same prompts and settings, `history` included
+    /// (a resume is given the history the job started with; the saved estimates replace what it
+    /// seeded).
     pub fn load(&mut self, state_json: &str) -> Result<(), PluginError> {
-        let mut state: PassRates = serde_json::from_str(state_json)
+        let state: SavedState = serde_json::from_str(state_json)
             .map_err(|error| PluginError::invalid_input(format!("state: {error}")))?;
-        if state.prompts != self.prompts {
+        if *state.prompts != *self.prompts {
             return Err(PluginError::invalid_input(
                 "state: saved for other training data (its prompt ids differ)",
             ));
         }
-        if state.config != self.config {
+        let settings = self.config.saved();
+        if state.config != settings {
             return Err(PluginError::invalid_input(format!(
-                "state: saved with other settings ({:?}, now {:?})",
-                state.config, self.config
+                "state: saved with other settings ({}; now {settings})",
+                state.config
             )));
         }
-        state.known = std::mem::take(&mut self.known);
-        *self = state;
+        self.seen = state.seen.into_owned();
+        self.steps = state.steps;
         Ok(())
     }
 }
@@ -216,6 +355,13 @@ impl SplitMix64 {
 mod tests {
     use super::*;
 
+    impl PassRates {
+        /// Every prompt's estimate, for comparing two estimators.
+        fn sample_of_estimates(&self) -> Vec<f64> {
+            (0..self.prompts.len()).map(|index| self.estimate(index)).collect()
+        }
+    }
+
     fn ids(n: usize) -> Vec<RString> {
         (0..n).map(|i| RString::from(format!("p{i}"))).collect()
     }
@@ -226,7 +372,8 @@ mod tests {
 
     #[test]
     fn estimates_start_at_the_prior_and_weigh_recent_groups_more() {
-        let config = EstimateConfig { prior_passes: 1.0, prior_fails: 1.0, decay: 0.5 };
+        let config =
+            EstimateConfig { prior_passes: 1.0, prior_fails: 1.0, decay: 0.5, ..EstimateConfig::default() };
         let mut rates = PassRates::new(config, &ids(2)).unwrap();
         assert_eq!(rates.estimate(0), 0.5);
         rates.observe(&[outcome("p0", 0, 4)]).unwrap();
@@ -276,6 +423,155 @@ mod tests {
         assert_eq!(restored, rates);
         let mut other = PassRates::new(EstimateConfig::default(), &ids(4)).unwrap();
         assert!(other.load(&saved).unwrap_err().message.contains("other training data"));
+    }
+
+    /// Estimates seeded by `history_json` (the `history` key) under prior (`prior_passes`,
+    /// `prior_fails`): `(prompt id, expected estimate)` for each prompt of `prompts`.
+    fn check(prior: (f64, f64), history_json: &str, prompts: usize, expected: &[(&str, f64)]) {
+        let json = format!(
+            r#"{{"prior_passes": {}, "prior_fails": {}, "history": {history_json}}}"#,
+            prior.0, prior.1
+        );
+        let config: EstimateConfig = parse_config("uniform", &json).unwrap();
+        let rates = PassRates::new(config, &ids(prompts)).unwrap();
+        for &(id, estimate) in expected {
+            let index = rates.prompts().iter().position(|p| p == id).unwrap();
+            assert!(
+                (rates.estimate(index) - estimate).abs() < 1e-12,
+                "{id}: {} != {estimate}",
+                rates.estimate(index)
+            );
+        }
+    }
+
+    #[test]
+    fn history_seeds_the_beta_posterior_mean() {
+        // (passes + prior_passes) / (attempts + prior_passes + prior_fails), by hand.
+        check((1.0, 1.0), r#"{"p0": {"passes": 3, "attempts": 4}}"#, 2, &[("p0", 4.0 / 6.0), ("p1", 0.5)]);
+        check(
+            (2.0, 3.0),
+            r#"{"p1": {"passes": 1.5, "attempts": 2.5}}"#,
+            2,
+            &[("p0", 0.4), ("p1", 3.5 / 7.5)],
+        );
+        check((1.0, 1.0), r#"{"p0": {"passes": 0, "attempts": 0}}"#, 1, &[("p0", 0.5)]);
+        check(
+            (1.0, 1.0),
+            r#"{"p0": {"passes": 0, "attempts": 10}, "p1": {"passes": 10, "attempts": 10}}"#,
+            2,
+            &[("p0", 1.0 / 12.0), ("p1", 11.0 / 12.0)],
+        );
+    }
+
+    #[test]
+    fn seeded_counts_decay_like_observed_ones() {
+        let history = BTreeMap::from([("p0".to_owned(), HistoryCounts { passes: 3.0, attempts: 4.0 })]);
+        let config = EstimateConfig { decay: 0.5, history, ..EstimateConfig::default() };
+        let mut rates = PassRates::new(config, &ids(1)).unwrap();
+        rates.observe(&[outcome("p0", 0, 4)]).unwrap();
+        // (3 × 0.5 + 0 + 1) / (4 × 0.5 + 4 + 2)
+        assert!((rates.estimate(0) - 2.5 / 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn history_of_prompts_outside_the_data_is_ignored_and_counted() {
+        let json = r#"{"history": {"p1": {"passes": 2, "attempts": 2}, "elsewhere": {"passes": 1, "attempts": 9},
+                       "p9": {"passes": 0, "attempts": 1}}}"#;
+        let config: EstimateConfig = parse_config("frontier", json).unwrap();
+        let rates = PassRates::new(config, &ids(2)).unwrap();
+        assert_eq!(rates.history_use(), HistoryUse { seeded: 1, ignored: 2 });
+        assert_eq!(rates.estimate(0), 0.5);
+        assert_eq!(rates.estimate(1), 0.75);
+        let none = PassRates::new(EstimateConfig::default(), &ids(2)).unwrap();
+        assert_eq!(none.history_use(), HistoryUse::default());
+    }
+
+    #[test]
+    fn bad_history_is_refused_naming_the_key() {
+        let error = |history: &str| {
+            let json = format!(r#"{{"history": {history}}}"#);
+            let refused = match parse_config::<EstimateConfig>("uniform", &json) {
+                Ok(config) => PassRates::new(config, &ids(1)).unwrap_err(),
+                Err(error) => error,
+            };
+            // Where in the JSON text serde stopped says nothing more than the key does.
+            let message = refused.message.to_string();
+            message.split(" at line 1 column ").next().unwrap().to_owned()
+        };
+        let cases = [
+            (
+                r#"{"p0": {"passes": 5, "attempts": 4}}"#,
+                "history.p0.passes: expected a number in [0, attempts] (attempts = 4), got 5",
+            ),
+            (
+                r#"{"p0": {"passes": -1, "attempts": 4}}"#,
+                "history.p0.passes: expected a number in [0, attempts] (attempts = 4), got -1",
+            ),
+            (
+                r#"{"p0": {"passes": 0, "attempts": -2}}"#,
+                "history.p0.attempts: expected a number >= 0, got -2",
+            ),
+            (r#"{"zz": {"passes": 1}}"#, "uniform curriculum config: history.zz: missing field `attempts`"),
+            (
+                r#"{"p0": {"passes": 1, "attempts": 2, "pass_rate": 0.5}}"#,
+                "uniform curriculum config: history.p0.pass_rate: unknown field `pass_rate`, expected `passes` or \
+                 `attempts`",
+            ),
+            (
+                r#"{"p0": {"passes": "1", "attempts": 2}}"#,
+                "uniform curriculum config: history.p0.passes: invalid type: string \"1\", expected f64",
+            ),
+            (r#"[1]"#, "uniform curriculum config: history: invalid type: sequence, expected a map"),
+        ];
+        for (history, expected) in cases {
+            assert_eq!(error(history), expected, "{history}");
+        }
+    }
+
+    #[test]
+    fn a_seeded_state_resumes_with_the_same_history_only() {
+        let history = |passes| {
+            let counts = HistoryCounts { passes, attempts: 4.0 };
+            BTreeMap::from([("p0".to_owned(), counts), ("elsewhere".to_owned(), counts)])
+        };
+        let config = |passes| EstimateConfig { history: history(passes), ..EstimateConfig::default() };
+        let mut rates = PassRates::new(config(3.0), &ids(3)).unwrap();
+        rates.observe(&[outcome("p0", 1, 4), outcome("p2", 2, 4)]).unwrap();
+        let saved = rates.save().unwrap();
+        assert!(!saved.contains("elsewhere"), "the history is saved as a digest: {saved}");
+        assert!(saved.contains(r#""history":{"prompts":2,"fnv1a64":""#), "{saved}");
+
+        let mut resumed = PassRates::new(config(3.0), &ids(3)).unwrap();
+        resumed.load(&saved).unwrap();
+        assert_eq!(resumed, rates);
+        assert_eq!(resumed.sample_of_estimates(), rates.sample_of_estimates());
+
+        let refused = |config: EstimateConfig| {
+            PassRates::new(config, &ids(3)).unwrap().load(&saved).unwrap_err().message.to_string()
+        };
+        let other = refused(config(2.0));
+        assert!(
+            other.starts_with(
+                "state: saved with other settings (prior_passes = 1, prior_fails = 1, decay = 0.7, \
+                 history = 2 prompts (fnv1a64 "
+            ),
+            "{other}"
+        );
+        assert_ne!(config(2.0).saved(), config(3.0).saved());
+        let without = refused(EstimateConfig::default());
+        assert!(
+            without.ends_with("; now prior_passes = 1, prior_fails = 1, decay = 0.7, history = none)"),
+            "{without}"
+        );
+    }
+
+    #[test]
+    fn states_saved_before_history_existed_still_load() {
+        // regression: the state format without `history` is the one earlier builds saved.
+        let old = r#"{"config":{"prior_passes":1.0,"prior_fails":1.0,"decay":0.7},"prompts":["p0","p1","p2"],"seen":{"p1":{"passes":3.0,"total":4.0}},"steps":1}"#;
+        let mut rates = PassRates::new(EstimateConfig::default(), &ids(3)).unwrap();
+        rates.load(old).unwrap();
+        assert_eq!(rates.save().unwrap(), old);
     }
 
     #[test]

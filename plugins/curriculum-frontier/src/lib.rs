@@ -5,8 +5,8 @@
 //! a step needs are in the band, the ones closest to it fill the step.
 //!
 //! Keys of `[curriculum]`: `band = [low, high]`, and the estimator's `prior_passes`,
-//! `prior_fails`, `decay` (see `EstimateConfig`). Its state (estimates and step count) is saved
-//! with each checkpoint and resumes exactly.
+//! `prior_fails`, `decay`, `history` (see `EstimateConfig`). Its state (estimates and step
+//! count) is saved with each checkpoint and resumes exactly.
 
 use rlvr_curriculum_common::{EstimateConfig, PassRates, parse_config, require};
 use rlvr_plugin_api::{
@@ -14,7 +14,7 @@ use rlvr_plugin_api::{
 };
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FrontierConfig {
     #[serde(default = "default_band")]
@@ -163,6 +163,24 @@ mod tests {
         resumed.load_state(&saved).unwrap();
         assert_eq!(resumed.sample(4, 7).unwrap(), running.sample(4, 7).unwrap());
         assert_ne!(steps[0], steps[1], "each step draws afresh");
+    }
+
+    #[test]
+    fn a_pinned_history_steers_the_first_step() {
+        // p0 and p1 are known easy and hard from the curriculum's history; p2 is new (prior 0.5).
+        let config = r#"{"band": [0.2, 0.8], "history": {
+            "p0": {"passes": 8, "attempts": 8}, "p1": {"passes": 0, "attempts": 8},
+            "other-jobs-prompt": {"passes": 1, "attempts": 2}}}"#;
+        let mut frontier = Frontier::new(config, &ids(3)).unwrap();
+        assert_eq!(frontier.rates.history_use().ignored, 1);
+        for seed in 0..10 {
+            assert_eq!(frontier.sample(1, seed).unwrap().as_slice(), [RString::from("p2")], "seed {seed}");
+        }
+        let refused = Frontier::new(r#"{"history": {"p0": {"passes": 9, "attempts": 8}}}"#, &ids(3));
+        assert_eq!(
+            refused.unwrap_err().message.as_str(),
+            "history.p0.passes: expected a number in [0, attempts] (attempts = 8), got 9"
+        );
     }
 
     #[test]

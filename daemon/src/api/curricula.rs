@@ -1,0 +1,125 @@
+//! `POST /v1/curricula/{name}/refresh` (issue 7): the nightly update of a shared curriculum,
+//! run at most once per curriculum and UTC date however many hosts or timers ask.
+//!
+//! The first asker of the day claims `rlvr:curriculum-refresh:{name}:{date}` in Redis and runs
+//! [`crate::curricula::refresh`]; the claim then holds the version it wrote for two days. Later
+//! askers get that version back (`ran: false`). While the refresh runs the claim expires after an
+//! hour, so a daemon that died mid-refresh does not block the day; a refresh that fails gives
+//! the claim up at once, so a retry runs.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use rlvr_queue::job::ErrorBody;
+use serde::{Deserialize, Serialize};
+
+use super::jobs::{Answer, Failure, JobsState};
+use crate::curricula;
+
+/// Old evidence's weight at each refresh: a prompt's counts halve every night, so the
+/// difficulty follows the models trained on it within days.
+pub const REFRESH_DECAY: f64 = 0.5;
+/// How long a running refresh holds the day's claim (it renews nothing: see the module docs).
+const RUNNING_CLAIM: Duration = Duration::from_secs(3600);
+/// How long the day's claim remembers the version written: past the end of the day anywhere.
+const DONE_CLAIM: Duration = Duration::from_secs(2 * 86_400);
+
+/// `POST /v1/curricula/{name}/refresh` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Refreshed {
+    pub name: String,
+    /// The UTC date the refresh counts for.
+    pub date: String,
+    /// This request ran the refresh; false when an earlier one today did (or runs now).
+    pub ran: bool,
+    /// The version written today; `None` while another asker's refresh still runs.
+    pub version: Option<u64>,
+    /// Rollout records the version added (when this request ran it).
+    pub records: Option<u64>,
+    /// What happened, in words.
+    pub message: String,
+}
+
+/// `POST /v1/curricula/{name}/refresh`: recompute per-prompt difficulty from the recent rollout
+/// records of the jobs naming curriculum `name` and write its next version — once a day.
+#[utoipa::path(
+    post,
+    path = "/v1/curricula/{name}/refresh",
+    params(("name" = String, Path, description = "Curriculum name")),
+    responses(
+        (status = 200, body = Refreshed),
+        (status = 401, body = ErrorBody),
+        (status = 422, description = "Not a curriculum name", body = ErrorBody),
+        (status = 500, description = "The refresh failed (the next request retries)", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn refresh(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Answer<Json<Refreshed>> {
+    let caller = state.auth.check(&headers)?;
+    if !curricula::valid_name(&name) {
+        return Err(Failure::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_name",
+            format!("expected a curriculum name of {}, got {name:?}", curricula::NAME_RULE),
+        )
+        .field("name"));
+    }
+    let now = SystemTime::now();
+    let date = crate::time::utc_date(now);
+    let key = format!("rlvr:curriculum-refresh:{name}:{date}");
+    let store = &state.queues.store;
+    let me = format!("running on {} pid {} for team {}", host_name(), std::process::id(), caller.team);
+    if let Some(holder) = store.claim(&key, &me, RUNNING_CLAIM).await? {
+        let version = holder.strip_prefix("version ").and_then(|v| v.parse().ok());
+        let message = match version {
+            Some(version) => format!("curriculum {name} was refreshed already on {date}: version {version}"),
+            None => format!("a refresh of curriculum {name} for {date} is {holder}"),
+        };
+        return Ok(Json(Refreshed { name, date, ran: false, version, records: None, message }));
+    }
+    let (jobs_dir, curricula_dir, name2) =
+        (state.state_dir.join("jobs"), state.state_dir.join("curricula"), name.clone());
+    let outcome = tokio::task::spawn_blocking(move || {
+        curricula::refresh(&jobs_dir, &curricula_dir, &name2, REFRESH_DECAY, now).map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|panic| Err(format!("the refresh panicked: {panic}")));
+    match outcome {
+        Ok(version) => {
+            store.settle_claim(&key, &format!("version {}", version.version), DONE_CLAIM).await?;
+            let message = format!(
+                "curriculum {name} version {} written from {} rollout records of {} jobs ({} prompts)",
+                version.version,
+                version.records.count,
+                version.records.jobs.len(),
+                version.prompts.len()
+            );
+            tracing::info!(curriculum = %name, version = version.version, records = version.records.count, "curriculum refreshed");
+            Ok(Json(Refreshed {
+                name,
+                date,
+                ran: true,
+                version: Some(version.version),
+                records: Some(version.records.count),
+                message,
+            }))
+        }
+        Err(message) => {
+            store.release_claim(&key).await?;
+            Err(Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "refresh_failed", message))
+        }
+    }
+}
+
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    if name.trim().is_empty() { "?".to_owned() } else { name.trim().to_owned() }
+}

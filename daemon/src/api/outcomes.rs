@@ -1,0 +1,184 @@
+//! The routes past training (issue 7, beyond design.md §1's list): an admin's forced promotion of
+//! a refused candidate, and a job's metrics history for reports.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use rlvr_queue::job::{ErrorBody, JobState, JobView};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::jobs::{Answer, Failure, JobsState, visible_job};
+use crate::jobs::gate::{self, Forced, Verdict};
+use crate::jobs::webhook;
+
+/// Longest promotion reason kept (it goes into the manifest and the job's reason).
+const MAX_REASON: usize = 2000;
+
+/// `POST /v1/jobs/{id}/promote` body.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromoteRequest {
+    /// Must be true: a promotion overrides the gates.
+    pub force: bool,
+    /// Why; recorded in the manifest with the admin's team and the time.
+    pub reason: String,
+}
+
+/// `POST /v1/jobs/{id}/promote`: publishes a refused job's candidate over its gates. Admin tokens
+/// only; the override (who, why, when) is recorded in the manifest and the job's gate report.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/promote",
+    params(("id" = String, Path, description = "Job id")),
+    request_body = PromoteRequest,
+    responses(
+        (status = 200, description = "Published", body = JobView),
+        (status = 401, body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not a refused job", body = ErrorBody),
+        (status = 422, description = "force is not true, or no reason", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn promote(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<PromoteRequest>, axum::extract::rejection::JsonRejection>,
+) -> Answer<Json<JobView>> {
+    let caller = state.auth.check(&headers)?;
+    let job = visible_job(&state, &caller, &id).await?;
+    if !caller.admin {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("promoting over the gates needs an admin token; team {}'s is not one", caller.team),
+        ));
+    }
+    let Json(request) = body
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_request", rejection.body_text()))?;
+    if !request.force {
+        return Err(Failure::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            "a promotion overrides the gates: expected force = true",
+        )
+        .field("force"));
+    }
+    let reason = request.reason.trim();
+    if reason.is_empty() || reason.chars().count() > MAX_REASON {
+        return Err(Failure::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("expected a reason of 1 to {MAX_REASON} characters: it is recorded in the manifest"),
+        )
+        .field("reason"));
+    }
+    let not_refused = |state: JobState| {
+        Failure::new(
+            StatusCode::CONFLICT,
+            "not_refused",
+            format!("job {id} is {state}: only a candidate the gates refused can be promoted"),
+        )
+    };
+    if job.state != JobState::Refused {
+        return Err(not_refused(job.state));
+    }
+    let Some(outcome) = job.result.clone() else {
+        return Err(Failure::new(StatusCode::CONFLICT, "not_refused", format!("job {id} has no candidate")));
+    };
+    let spec = state.queues.store.spec(&id).await?;
+    let forced = Forced {
+        by: caller.team.clone(),
+        reason: reason.to_owned(),
+        at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    };
+    let registry = state.state_dir.join("registry");
+    let (spec2, id2) = (spec.clone(), id.clone());
+    let verdict =
+        tokio::task::spawn_blocking(move || gate::evaluate(&spec2, &id2, &outcome, &registry, Some(forced)))
+            .await
+            .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
+            .map_err(|message| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", message))?;
+    let Verdict::Published { version, path, report, manifest } = verdict else {
+        return Err(Failure::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "a forced promotion was refused",
+        ));
+    };
+    let why = format!(
+        "promoted by admin team {} over the gates ({reason}); published {} version {version} at {}",
+        caller.team,
+        spec.job.model_line,
+        path.display()
+    );
+    let fields = [("gates", json!(report).to_string()), ("published", path.display().to_string())];
+    match state.queues.store.transition(&id, JobState::Published, &why, &fields).await {
+        Ok(_) => {}
+        // A concurrent promotion won; the publish above found its version.
+        Err(rlvr_queue::store::StoreError::Conflict { .. }) => {}
+        Err(error) => return Err(error.into()),
+    }
+    tracing::warn!(job = %id, by = %caller.team, %reason, version, "promoted over the gates");
+    if let Some(url) = spec.publish.as_ref().and_then(|p| p.webhook.clone()) {
+        let (store, id) = (state.queues.store.clone(), id.clone());
+        tokio::spawn(async move {
+            let fields = [("webhook", webhook::deliver(&url, &manifest).await)];
+            if let Err(error) = store.set_fields(&id, &fields).await {
+                tracing::warn!(%error, "cannot record the webhook's answer");
+            }
+        });
+    }
+    Ok(Json(state.queues.store.get(&id).await?))
+}
+
+/// `GET /v1/jobs/{id}/metrics` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MetricsHistory {
+    /// The job's metrics lines in order: one per step, and the held-out evaluations.
+    #[schema(value_type = Vec<Object>)]
+    pub lines: Vec<Value>,
+}
+
+/// `GET /v1/jobs/{id}/metrics`: every metrics line the job's worker logged (empty before its
+/// first step).
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/metrics",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, body = MetricsHistory),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn metrics(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer<Json<MetricsHistory>> {
+    let caller = state.auth.check(&headers)?;
+    visible_job(&state, &caller, &id).await?;
+    let path = state.state_dir.join("jobs").join(&id).join("run/metrics.jsonl");
+    let text = match tokio::fs::read_to_string(&path).await {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(error) => {
+            return Err(Failure::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unreadable",
+                format!("{}: {error}", path.display()),
+            ));
+        }
+    };
+    // A line being written has no newline yet: only complete lines.
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    let lines = complete.lines().filter_map(|line| serde_json::from_str(line).ok()).collect();
+    Ok(Json(MetricsHistory { lines }))
+}

@@ -1,0 +1,267 @@
+//! Gates and publishing under `rlvrd serve` (design.md §6, issue 7): real jobs gated against
+//! their baseline on held-out and canary sets, the gate table stored with the job and printed
+//! by `rlvrctl gates`, the full manifest, the webhook (up and down), the report, refusals, and
+//! an admin's forced promotion.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rlvr_tests::cli::{run, text};
+use rlvr_tests::jobs::{ended, job, submit_ok, wait_job};
+use rlvr_tests::{
+    ADMIN_TOKEN, Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact,
+    plugin_lib, sha256_hex, wait_until,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
+const QUEUE: &str = "[queue]\nworker_threads = 1\n";
+
+/// A GRPO job of `steps` on the arithmetic data with canaries (the first 8 held-out prompts).
+fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
+    let canaries = data.join("canaries.jsonl");
+    if !canaries.exists() {
+        let heldout = fs::read_to_string(data.join("heldout.jsonl")).unwrap();
+        let first: Vec<&str> = heldout.lines().take(8).collect();
+        fs::write(&canaries, first.join("\n") + "\n").unwrap();
+    }
+    let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5)
+        .replace("heldout = ", &format!("canaries = {:?}\nheldout = ", canaries.display().to_string()));
+    format!("{base}\n{extra}")
+}
+
+/// An HTTP receiver on 127.0.0.1 that answers 200 to every request and hands over its body.
+fn webhook_receiver() -> (String, mpsc::Receiver<Value>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/published", listener.local_addr().unwrap());
+    let (sender, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let mut stream = reader.into_inner();
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = sender.send(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        }
+    });
+    (url, received)
+}
+
+fn criteria(job: &Value) -> Vec<(String, bool)> {
+    job["gates"]["criteria"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap().to_owned(), c["passed"].as_bool().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its_webhook_called() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let (url, received) = webhook_receiver();
+    let rlvrctl = artifact("rlvrctl");
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+
+    // The first of its model line: compared with its starting checkpoint.
+    let first = submit_ok(
+        &daemon,
+        &spec(
+            &data,
+            "first",
+            6,
+            &format!(
+                "{PERMISSIVE_GATES}[publish]\nregistry = {:?}\nwebhook = {url:?}\n",
+                dir.path().join("registry").display().to_string()
+            ),
+        ),
+    );
+    let done = wait_job(&daemon, &first, Duration::from_secs(180), ended);
+    assert_eq!(done["state"], "published", "{done}");
+    let names: Vec<String> = criteria(&done).into_iter().map(|(name, _)| name).collect();
+    assert_eq!(
+        names,
+        [
+            "heldout_gain",
+            "canary_regressions",
+            "kl",
+            "length_ratio",
+            "verifier_error_rate",
+            "verifier_timeout_rate",
+            "reward_hacking"
+        ]
+    );
+    assert!(criteria(&done).iter().all(|(_, passed)| *passed), "{}", done["gates"]);
+    assert_eq!(done["gates"]["baseline"]["kind"], "start");
+    for criterion in done["gates"]["criteria"].as_array().unwrap() {
+        assert!(criterion["measured"].is_number(), "each criterion measured something: {criterion}");
+    }
+
+    // The manifest: job, spec, plugins with their hashes, data hashes, step, metrics, gates, files.
+    let published = Path::new(done["published"].as_str().unwrap());
+    assert_eq!(published, dir.path().join("registry/tiny-arith/1"));
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["job_id"], first.as_str());
+    assert_eq!(manifest["step"], 6);
+    assert_eq!(manifest["gates"], done["gates"]);
+    assert_eq!(manifest["spec"]["job"]["name"], "first");
+    let plugins: Vec<(String, String)> = manifest["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap().to_owned(), p["sha256"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(plugins.len(), 2, "{plugins:?}");
+    for (crate_name, (id, sha)) in ["rlvr-optimizer-grpo", "rlvr-verifier-math"].iter().zip(&plugins) {
+        assert!(id.starts_with(if crate_name.contains("grpo") { "grpo@" } else { "math@" }), "{id}");
+        assert_eq!(sha, &hex::encode(Sha256::digest(fs::read(plugin_lib(crate_name)).unwrap())), "{id}");
+    }
+    for (name, file) in
+        [("train", "train.jsonl"), ("heldout", "heldout.jsonl"), ("canaries", "canaries.jsonl")]
+    {
+        let bytes = fs::read(data.join(file)).unwrap();
+        assert_eq!(manifest["data_sha256"][name], sha256_hex(&String::from_utf8(bytes).unwrap()), "{name}");
+    }
+    assert!(manifest["metrics"]["evaluation"]["candidate"]["heldout"]["accuracy"].is_number());
+    for (file, sha) in manifest["files"].as_object().unwrap() {
+        assert_eq!(sha, &hex::encode(Sha256::digest(fs::read(published.join(file)).unwrap())), "{file}");
+    }
+
+    // The webhook got the manifest; the job says so.
+    let delivered = received.recv_timeout(Duration::from_secs(30)).expect("the webhook was called");
+    assert_eq!(delivered, manifest);
+    wait_until(Duration::from_secs(10), || job(&daemon, &first)["webhook"].is_string());
+    let webhook = job(&daemon, &first)["webhook"].as_str().unwrap().to_owned();
+    assert!(webhook.starts_with(&format!("delivered to {url} (HTTP 200) on attempt 1")), "{webhook}");
+
+    // rlvrctl gates prints the table; rlvrctl report writes the page and its plots.
+    let output = run(&rlvrctl, &["gates", &first], dir.path(), &env);
+    let shown = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{shown}");
+    assert!(shown.contains(&format!("gates of job {first}: PASSED")), "{shown}");
+    assert!(shown.contains("compared with the starting checkpoint (builtin:tiny-arith)"), "{shown}");
+    assert!(shown.contains("heldout_gain") && shown.contains("canary_regressions"), "{shown}");
+    let report = dir.path().join("report");
+    let output = run(&rlvrctl, &["report", &first, "--out", report.to_str().unwrap()], dir.path(), &env);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    let html = fs::read_to_string(report.join("index.html")).unwrap();
+    assert!(html.contains("heldout_gain") && html.contains(&first), "the gate table is in the page");
+    let plots =
+        fs::read_dir(&report).unwrap().flatten().filter(|e| e.path().extension() == Some("svg".as_ref()));
+    assert!(plots.count() >= 5, "reward, held-out, KL, length, all-pass/all-fail, time plots");
+
+    // The next job of the line is compared with version 1; its webhook is down: it stays
+    // published and the job says the webhook failed.
+    let second = submit_ok(
+        &daemon,
+        &spec(
+            &data,
+            "second",
+            4,
+            &format!(
+                "{PERMISSIVE_GATES}[publish]\nregistry = {:?}\nwebhook = \"http://127.0.0.1:1/down\"\n",
+                dir.path().join("registry").display().to_string()
+            ),
+        ),
+    );
+    let done = wait_job(&daemon, &second, Duration::from_secs(180), ended);
+    assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done["gates"]["baseline"]["kind"], "published");
+    assert_eq!(done["gates"]["baseline"]["version"], 1);
+    assert_eq!(done["gates"]["baseline"]["model"], published.display().to_string());
+    wait_until(Duration::from_secs(30), || job(&daemon, &second)["webhook"].is_string());
+    let later = job(&daemon, &second);
+    let webhook = later["webhook"].as_str().unwrap();
+    assert!(
+        webhook.starts_with(
+            "not delivered to http://127.0.0.1:1/down after 5 attempts (the checkpoint stays published)"
+        ),
+        "{webhook}"
+    );
+    assert_eq!(later["state"], "published");
+    assert!(dir.path().join("registry/tiny-arith/2/manifest.json").is_file());
+}
+
+#[test]
+fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let rlvrctl = artifact("rlvrctl");
+
+    // Four steps cannot gain 0.9 of held-out accuracy.
+    let id = submit_ok(
+        &daemon,
+        &spec(&data, "refused", 4, "[gates]\nheldout_gain_min = 0.9\nrefuse_reward_hacking = false\n"),
+    );
+    let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
+    assert_eq!(done["state"], "refused", "{done}");
+    let reason = done["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("gates refused: heldout_gain: ") && reason.contains(" < 0.9 (held-out accuracy "),
+        "{reason}"
+    );
+    assert_eq!(done["gates"]["passed"], false);
+    assert!(!dir.path().join("registry").exists() && !daemon.state.join("registry/tiny-arith/1").exists());
+
+    let team = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+    let output = run(&rlvrctl, &["gates", &id], dir.path(), &team);
+    let shown = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{shown}");
+    assert!(shown.contains(&format!("gates of job {id}: REFUSED")) && shown.contains("FAIL"), "{shown}");
+
+    // A team's token may not promote; --force is required.
+    let output = run(&rlvrctl, &["promote", &id, "--force", "--reason", "trust me"], dir.path(), &team);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(text(&output).contains("needs an admin token"), "{}", text(&output));
+    let admin = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", ADMIN_TOKEN)];
+    let output = run(&rlvrctl, &["promote", &id, "--reason", "x"], dir.path(), &admin);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert_eq!(job(&daemon, &id)["state"], "refused");
+
+    let why = "held-out set too small to judge; approved by the eval team";
+    let output = run(&rlvrctl, &["promote", &id, "--force", "--reason", why], dir.path(), &admin);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    let promoted = job(&daemon, &id);
+    assert_eq!(promoted["state"], "published", "{promoted}");
+    assert!(promoted["reason"].as_str().unwrap().starts_with("promoted by admin team ops over the gates"));
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(daemon.state.join("registry/tiny-arith/1/manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["job_id"], id.as_str());
+    assert_eq!(manifest["gates"]["passed"], false, "the gates' verdict stays on record");
+    assert_eq!(manifest["gates"]["forced"]["by"], "ops");
+    assert_eq!(manifest["gates"]["forced"]["reason"], why);
+    let output = run(&rlvrctl, &["gates", &id], dir.path(), &team);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    assert!(text(&output).contains("forced by admin team ops at "), "{}", text(&output));
+    // A second promotion of a published job: 409, nothing published twice.
+    let output = run(&rlvrctl, &["promote", &id, "--force", "--reason", why], dir.path(), &admin);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(!daemon.state.join("registry/tiny-arith/2").exists());
+}
