@@ -8,9 +8,7 @@
 //! Problems are `a+b=` and/or `a-b=` (`ops`) with operands below `max_operand`, all distinct,
 //! drawn from a seeded SplitMix64. With `pad`, operands are zero-padded to the width of
 //! `max_operand - 1` (`07+31=` for operands below 50), so each digit has a fixed place in the
-//! prompt; answers are never padded (`38`, `-4`), as the math verifier reads them. With
-//! `think`, demonstrations restate the problem in a reasoning block (`<think>12+7</think>19`),
-//! so a cold start teaches the form verifier-format rewards.
+//! prompt; answers are never padded (`38`, `-4`), as the math verifier reads them.
 
 use std::collections::HashSet;
 use std::fs;
@@ -34,9 +32,6 @@ pub struct ArithOptions {
     pub ops: Vec<Op>,
     /// Zero-pad operands to the width of `max_operand - 1`.
     pub pad: bool,
-    /// Demonstrations restate the problem in a reasoning block before the answer
-    /// (`<think>12+7</think>19`), the form the format verifier rewards.
-    pub think: bool,
 }
 
 /// An operation of a problem.
@@ -78,7 +73,6 @@ impl Default for ArithOptions {
             max_operand: 50,
             ops: vec![Op::Add, Op::Sub],
             pad: false,
-            think: false,
         }
     }
 }
@@ -125,12 +119,7 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
             .enumerate()
             .map(|(i, (prompt, answer))| {
                 let line = if sft {
-                    let completion = if options.think {
-                        format!("<think>{}</think>{answer}", prompt.trim_end_matches('='))
-                    } else {
-                        answer.clone()
-                    };
-                    json!({"id": format!("{prefix}-{i}"), "prompt": prompt, "completion": completion})
+                    json!({"id": format!("{prefix}-{i}"), "prompt": prompt, "completion": answer})
                 } else {
                     json!({"id": format!("{prefix}-{i}"), "prompt": prompt, "reference": {"answer": answer}})
                 };
@@ -202,14 +191,6 @@ mod tests {
             let sum: u64 = a.parse::<u64>().unwrap() + b.parse::<u64>().unwrap();
             assert_eq!(value["reference"]["answer"], sum.to_string(), "{prompt}");
         }
-        let think = dir.path().join("think");
-        write(&think, &ArithOptions { think: true, ..options }).unwrap();
-        let first = fs::read_to_string(think.join("sft.jsonl")).unwrap();
-        let first: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
-        let prompt = first["prompt"].as_str().unwrap().trim_end_matches('=');
-        let (a, b) = prompt.split_once('+').unwrap();
-        let sum = a.parse::<u64>().unwrap() + b.parse::<u64>().unwrap();
-        assert_eq!(first["completion"], format!("<think>{prompt}</think>{sum}"));
         assert_eq!(Op::parse_list("+-"), Ok(vec![Op::Add, Op::Sub]));
         assert!(Op::parse_list("++").is_err() && Op::parse_list("*").is_err() && Op::parse_list("").is_err());
     }

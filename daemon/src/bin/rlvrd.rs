@@ -140,10 +140,6 @@ enum DataKind {
         /// Zero-pad operands to the width of `max-operand - 1` (`07+31=`).
         #[arg(long)]
         pad: bool,
-        /// Demonstrations restate the problem in a reasoning block before the answer
-        /// (`<think>12+7</think>19`), the form verifier-format rewards.
-        #[arg(long)]
-        think: bool,
     },
 }
 
@@ -249,9 +245,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Data {
-            kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad, think },
-        } => {
+        Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad } } => {
             let ops = match rlvr_daemon::arith::Op::parse_list(&ops) {
                 Ok(ops) => ops,
                 Err(error) => {
@@ -260,7 +254,7 @@ fn main() -> ExitCode {
                 }
             };
             let options =
-                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad, think };
+                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad };
             match rlvr_daemon::arith::write(&out, &options) {
                 Ok([sft, train, heldout]) => {
                     println!("{}: {sft} sft, {train} train, {heldout} held-out problems", out.display());
