@@ -1,20 +1,44 @@
 #!/usr/bin/env bash
-# The demo: set up, build, start a private Redis and `rlvrd serve` in a temporary state
-# directory, show the loaded plugins, verify a few completions with `rlvrctl verify` (format, then
-# math with --explain), and stop everything cleanly — no process or file left behind, on success,
-# failure or Ctrl-C.
+# The demo: the whole pipeline on CPU in a few minutes. It sets up, builds, starts a private Redis
+# and `rlvrd serve` in a temporary state directory, makes synthetic arithmetic data, and through
+# the HTTP API (rlvrctl) runs a cold-start SFT job and then a GRPO job on builtin:tiny-arith —
+# verifier-math (and verifier-format, scored at weight 0: logged, not rewarded), the frontier
+# curriculum — each followed with a progress bar, gated and published. It ends by printing the
+# GRPO job's gate table, the published checkpoint and the report (HTML + SVG plots).
 #
-# First run: about 3 minutes on 2 cores (torch download, release build); later runs seconds.
+#   scripts/demo.sh            publishes a gated checkpoint
+#   scripts/demo.sh --refuse   the same GRPO job with a learning rate too small to learn: its
+#                              held-out score does not improve and the gates refuse it, saying why
+#
+# What it publishes and reports stays under target/demo/<time>/ (RLVR_DEMO_OUT to choose);
+# everything else is stopped and removed — on success, failure or Ctrl-C.
+#
+# First run: about 4 minutes on 2 cores (torch download, release build); later runs about 30 s.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
 
+refuse=0
+case "${1:-}" in
+    --refuse) refuse=1 ;;
+    "") ;;
+    *)
+        echo "usage: scripts/demo.sh [--refuse]" >&2
+        exit 2
+        ;;
+esac
+
 step "set-up (scripts/setup.sh)"
 rlvr_setup
 
-step "build (release)"
-cargo build --release -p rlvr-daemon -p rlvr-verifier-format -p rlvr-verifier-math
-bin=$RLVR_ROOT/target/release
+# RLVR_DEMO_PROFILE=debug uses the debug build (the test suite's, already built there).
+profile=${RLVR_DEMO_PROFILE:-release}
+step "build ($profile)"
+profile_flag=()
+[ "$profile" = release ] && profile_flag=(--release)
+cargo build "${profile_flag[@]}" -p rlvr-daemon -p rlvr-verifier-format -p rlvr-verifier-math -p rlvr-optimizer-sft \
+    -p rlvr-optimizer-grpo -p rlvr-curriculum-frontier
+bin=$RLVR_ROOT/target/$profile
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-demo.XXXXXX")
 pids=()
@@ -53,7 +77,12 @@ redis_port=$(free_port)
     --appendonly no --logfile "$work/redis/redis.log" &
 pids+=($!)
 
-cp "$bin/librlvr_verifier_format.so" "$bin/librlvr_verifier_math.so" "$work/plugins/"
+for plugin in verifier_format verifier_math optimizer_sft optimizer_grpo curriculum_frontier; do
+    cp "$bin/librlvr_$plugin.so" "$work/plugins/"
+done
+# The demo team's token; the daemon keeps only its hash.
+export RLVR_TOKEN=demo-token-not-secret
+token_sha256=$(printf %s "$RLVR_TOKEN" | sha256sum | cut -d' ' -f1)
 cat >"$work/rlvrd.toml" <<TOML
 [daemon]
 state_dir = "$work/state"
@@ -63,6 +92,11 @@ url = "redis://127.0.0.1:$redis_port"
 listen = "127.0.0.1:0"
 [plugins]
 dirs = ["$work/plugins"]
+[queue]
+worker_threads = 2
+[[auth.tokens]]
+team = "demo"
+sha256 = "$token_sha256"
 TOML
 "$bin/rlvrd" validate --config "$work/rlvrd.toml"
 "$bin/rlvrd" serve --config "$work/rlvrd.toml" 2>"$work/rlvrd.log" &
@@ -80,26 +114,122 @@ echo "rlvrd is serving on $RLVR_SERVER"
 step "rlvrctl plugins"
 "$bin/rlvrctl" plugins
 
-step "rlvrctl verify --plugin format (one JSON line in, one out)"
-cat >"$work/items.jsonl" <<'JSONL'
-{"id": "good", "prompt": "What is 2+3?", "completion": "<think>2 plus 3 is 5.</think> 5", "reference": {}}
-{"id": "no-think", "prompt": "What is 2+3?", "completion": "5", "reference": {}}
-{"id": "two-blocks", "prompt": "What is 2+3?", "completion": "<think>a</think><think>b</think> 5", "reference": {}}
-{"id": "answer-inside-think", "prompt": "What is 2+3?", "completion": "<think>so it is 5</think>", "reference": {}}
-{"id": "broken", "prompt": "What is 2+3?", "completion": 5}
-JSONL
-sed 's/^/  in:  /' "$work/items.jsonl"
-"$bin/rlvrctl" verify --plugin format --plugin-dir "$work/plugins" --jsonl "$work/items.jsonl" | sed 's/^/  out: /'
+out=${RLVR_DEMO_OUT:-$RLVR_ROOT/target/demo}/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$out"
+step "synthetic data (rlvrd data arith; nothing is downloaded)"
+"$bin/rlvrd" data arith --out "$work/data" --sft 120 --train 32 --heldout 48 --max-operand 10
 
-step "rlvrctl verify --plugin math --explain (equivalence, not string match; hedging fails)"
-cat >"$work/math.jsonl" <<'JSONL'
-{"id": "fraction", "completion": "<think>1/4 + 1/4</think> So the answer is $\\boxed{\\dfrac{2}{4}}$.", "reference": {"answer": "0.5"}}
-{"id": "hedge", "completion": "It is $\\boxed{1}$ or maybe $\\boxed{2}$.", "reference": {"answer": "2"}}
-{"id": "too-rough", "completion": "$\\boxed{0.33}$", "reference": {"answer": "\\frac{1}{3}"}}
-{"id": "factorials", "completion": "$\\boxed{\\frac{1}{2006!}}$", "reference": {"answer": "\\frac{1}{2004!}"}}
-JSONL
-sed 's/^/  in:  /' "$work/math.jsonl"
-"$bin/rlvrctl" verify --plugin math --plugin-dir "$work/plugins" --explain --jsonl "$work/math.jsonl" | sed 's/^/  out: /'
+# The id of a job submitted from FILE through the HTTP API, then followed to its end.
+run_job() {
+    local id
+    id=$("$bin/rlvrctl" submit "$1")
+    echo "submitted $1 as job $id" >&2
+    "$bin/rlvrctl" watch "$id" >&2 || true
+    echo "$id"
+}
+# A field of a job, as rlvrctl status --json shows it.
+job_field() {
+    "$bin/rlvrctl" --json status "$1" | "$RLVR_VENV/bin/python" -c "import json, sys; print(json.load(sys.stdin).get('$2') or '')"
+}
+
+step "cold start: an SFT job on demonstrations (model line tiny-arith-sft)"
+cat >"$work/sft.toml" <<TOML
+[job]
+name = "demo-cold-start"
+team = "demo"
+model_line = "tiny-arith-sft"
+seed = 3
+[model]
+policy = "builtin:tiny-arith"
+[data]
+train = "$work/data/sft.jsonl"
+heldout = "$work/data/heldout.jsonl"
+[optimizer]
+plugin = "sft"
+lr = 1e-2
+warmup_steps = 5
+micro_batch_size = 64
+[[verifiers]]
+plugin = "math"
+fallback = "last"
+[rollout]
+prompts_per_step = 64
+max_new_tokens = 5
+[budget]
+max_steps = 100
+[eval]
+every_steps = 25
+[publish]
+registry = "$out/registry"
+TOML
+sft=$(run_job "$work/sft.toml")
+sft_model=$(job_field "$sft" published)
+[ -n "$sft_model" ] || { "$bin/rlvrctl" status "$sft" >&2; echo "the cold start was not published" >&2; exit 1; }
+echo "cold start published at $sft_model"
+
+if [ "$refuse" = 1 ]; then
+    lr=1e-9
+    step "GRPO from the cold start with lr = $lr: it cannot learn (model line tiny-arith)"
+else
+    lr=1e-3
+    step "GRPO from the cold start: verifier-math, verifier-format, frontier curriculum (model line tiny-arith)"
+fi
+cat >"$work/grpo.toml" <<TOML
+[job]
+name = "demo-grpo"
+team = "demo"
+model_line = "tiny-arith"
+seed = 7
+[model]
+policy = "$sft_model"
+[data]
+train = "$work/data/train.jsonl"
+heldout = "$work/data/heldout.jsonl"
+[optimizer]
+plugin = "grpo"
+group_size = 8
+lr = $lr
+kl_beta = 0.04
+micro_batch_size = 32
+[[verifiers]]
+plugin = "math"
+fallback = "last"
+# The built-in model answers without a reasoning block: the format reward is measured and
+# logged (the report plots it) but weighs nothing.
+[[verifiers]]
+plugin = "format"
+weight = 0.0
+[curriculum]
+plugin = "frontier"
+band = [0.1, 0.9]
+[rollout]
+prompts_per_step = 8
+max_new_tokens = 5
+[budget]
+max_steps = 60
+[eval]
+every_steps = 10
+# One more held-out problem right of 48 is a gain of 0.021.
+[gates]
+heldout_gain_min = 0.02
+[publish]
+registry = "$out/registry"
+TOML
+grpo=$(run_job "$work/grpo.toml")
+
+step "gate report (rlvrctl gates $grpo)"
+"$bin/rlvrctl" gates "$grpo" || true
+state=$(job_field "$grpo" state)
+step "report (rlvrctl report $grpo --out $out/report)"
+"$bin/rlvrctl" report "$grpo" --out "$out/report" >/dev/null
+echo "report:    $out/report/index.html"
+if [ "$refuse" = 1 ]; then
+    [ "$state" = refused ] || { echo "expected the gates to refuse job $grpo; it is $state" >&2; exit 1; }
+    echo "refused:   $(job_field "$grpo" reason)"
+else
+    [ "$state" = published ] || { echo "job $grpo was not published: $(job_field "$grpo" reason)" >&2; exit 1; }
+    echo "published: $(job_field "$grpo" published)"
+fi
 
 step "stopping"
-echo "demo finished: rlvrd and Redis stopped, $work removed"
+echo "demo finished: rlvrd and Redis stopped, $work removed; kept: $out"

