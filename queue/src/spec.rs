@@ -234,6 +234,11 @@ pub struct RolloutSection {
     /// Generation stops at the first of these strings (kept in the completion).
     #[serde(default)]
     pub stop: Vec<String>,
+    /// Dynamic sampling (DAPO): groups whose completions all pass or all fail teach nothing and
+    /// are dropped; up to this many more rounds of prompts are sampled to fill the step with
+    /// groups that do. 0 (the default) trains on every group.
+    #[serde(default)]
+    pub dynamic_sampling_rounds: u32,
 }
 
 impl Default for RolloutSection {
@@ -245,6 +250,7 @@ impl Default for RolloutSection {
             top_k: 0,
             prompts_per_step: defaults::prompts_per_step(),
             stop: Vec::new(),
+            dynamic_sampling_rounds: 0,
         }
     }
 }
@@ -567,6 +573,11 @@ impl JobSpec {
             (1..=4096).contains(&rollout.prompts_per_step),
             "rollout.prompts_per_step",
             format!("expected 1 to 4096, got {}", rollout.prompts_per_step),
+        );
+        check(
+            rollout.dynamic_sampling_rounds <= 16,
+            "rollout.dynamic_sampling_rounds",
+            format!("expected 0 to 16 extra rounds, got {}", rollout.dynamic_sampling_rounds),
         );
         check(
             rollout.stop.iter().all(|s| !s.is_empty()),

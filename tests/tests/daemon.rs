@@ -151,3 +151,35 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     let ours: Vec<&str> = stderr.lines().filter(|line| line.contains("rlvrd.service")).collect();
     assert!(ours.is_empty(), "systemd-analyze verify warned:\n{stderr}");
 }
+
+#[test]
+fn the_curriculum_refresh_units_pass_systemd_analyze_verify() {
+    let root = workspace_root().join("systemd");
+    let service = std::fs::read_to_string(root.join("rlvr-curriculum-refresh.service")).unwrap();
+    let timer = std::fs::read_to_string(root.join("rlvr-curriculum-refresh.timer")).unwrap();
+    for required in ["Type=oneshot", "ExecStart=/usr/local/bin/rlvrctl curriculum refresh ${RLVR_CURRICULUM}"]
+    {
+        assert!(service.contains(required), "the service lacks {required}");
+    }
+    for required in ["OnCalendar=", "Persistent=true", "RandomizedDelaySec="] {
+        assert!(timer.contains(required), "the timer lacks {required}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rlvrctl = artifact("rlvrctl");
+    std::fs::write(
+        dir.path().join("rlvr-curriculum-refresh.service"),
+        service.replace("/usr/local/bin/rlvrctl", rlvrctl.to_str().unwrap()),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("rlvr-curriculum-refresh.timer"), timer).unwrap();
+    let output = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(dir.path().join("rlvr-curriculum-refresh.service"))
+        .arg(dir.path().join("rlvr-curriculum-refresh.timer"))
+        .output()
+        .expect("systemd-analyze (Debian package systemd; scripts/setup.sh installs it)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "systemd-analyze verify failed:\n{stderr}");
+    let ours: Vec<&str> = stderr.lines().filter(|line| line.contains("rlvr-curriculum-refresh")).collect();
+    assert!(ours.is_empty(), "systemd-analyze verify warned:\n{stderr}");
+}

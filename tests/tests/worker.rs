@@ -320,6 +320,76 @@ fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() 
     assert_eq!(logged.last().unwrap()["step"], 2, "the measured line stays in the log");
 }
 
+/// Runs `spec` straight through, and again killed (SIGKILL) after step 5 is logged — past the
+/// step-4 checkpoint, so the curriculum has state to restore — then resumed; asserts the two end
+/// with equal weights and equal rollout records. Returns the straight run's state dir.
+fn straight_and_killed_at_step_5_then_resumed(dir: &Path, spec: &Path, plugins: &Path) -> PathBuf {
+    let straight = dir.join("straight");
+    let reference = outcome(&run(&mut worker(spec, &straight, plugins, &[])));
+    let killed = dir.join("killed");
+    let mut child =
+        worker(spec, &killed, plugins, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let past_step_5 = wait_until(Duration::from_secs(300), || {
+        fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 6)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(past_step_5, "the run never reached step 5");
+    let resumed = outcome(&run(&mut worker(spec, &killed, plugins, &["--resume"])));
+    assert_eq!(resumed["weights_sha256"], reference["weights_sha256"], "weights differ after resume");
+    let rollouts = |state: &Path| fs::read_to_string(state.join("rollouts.jsonl")).unwrap();
+    assert_eq!(rollouts(&killed), rollouts(&straight), "the resumed run chose or sampled otherwise");
+    straight
+}
+
+#[test]
+fn dynamic_sampling_trains_only_on_groups_that_teach_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data =
+        arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
+    let policy = cold_start(dir.path(), &plugins, &data);
+    let base = fs::read_to_string(grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 8, 2)).unwrap();
+    let spec = dir.path().join("dapo.toml");
+    fs::write(&spec, base.replace("[rollout]\n", "[rollout]\ndynamic_sampling_rounds = 4\n")).unwrap();
+    let straight = straight_and_killed_at_step_5_then_resumed(dir.path(), &spec, &plugins);
+
+    let records: Vec<Value> = fs::read_to_string(straight.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let mut groups: std::collections::BTreeMap<(u64, String), (u64, u64, u64)> = Default::default();
+    for record in &records {
+        let key = (record["step"].as_u64().unwrap(), record["group_id"].as_str().unwrap().to_owned());
+        let entry = groups.entry(key).or_default();
+        entry.0 += u64::from(record["passed"].as_bool().unwrap());
+        entry.1 += 1;
+        entry.2 += record["completion_tokens"].as_u64().unwrap();
+    }
+    let mut resampled = 0;
+    for line in metrics_without_time(&straight).iter().filter(|line| line["reward_mean"].is_number()) {
+        let step = line["step"].as_u64().unwrap();
+        let sampling = &line["dynamic_sampling"];
+        let trained: Vec<&(u64, u64, u64)> =
+            groups.iter().filter(|((at, _), _)| *at == step).map(|(_, counts)| counts).collect();
+        assert_eq!(sampling["groups_trained"], trained.len() as u64, "step {step}: {line}");
+        let mixed = trained.iter().filter(|(passed, total, _)| *passed > 0 && passed < total).count();
+        // Only groups that teach, unless none was found within the budget (then the first round).
+        assert!(mixed == trained.len() || mixed == 0, "step {step}: {trained:?}");
+        if sampling["extra_rounds"].as_u64().unwrap() > 0 {
+            resampled += 1;
+            let trained_tokens: u64 = trained.iter().map(|(_, _, tokens)| tokens).sum();
+            assert!(
+                line["tokens_generated"].as_u64().unwrap() > trained_tokens,
+                "step {step}: the dropped groups' tokens count against the budget"
+            );
+            assert!(sampling["groups_sampled"].as_u64().unwrap() > 4, "step {step}: {sampling}");
+        }
+    }
+    assert!(resampled > 0, "no step resampled: the test would prove little");
+}
+
 #[test]
 fn the_frontier_curriculum_chooses_near_the_frontier_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -335,22 +405,8 @@ fn the_frontier_curriculum_chooses_near_the_frontier_and_resumes_exactly() {
     )
     .unwrap();
 
-    let straight = dir.path().join("straight");
-    let reference = outcome(&run(&mut worker(&spec, &straight, &plugins, &[])));
-    let killed = dir.path().join("killed");
-    let mut child =
-        worker(&spec, &killed, &plugins, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    // After step 5 is logged: past the step-4 checkpoint, so the curriculum has state to restore.
-    let past_step_5 = wait_until(Duration::from_secs(300), || {
-        fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 6)
-    });
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(past_step_5, "the run never reached step 5");
-    let resumed = outcome(&run(&mut worker(&spec, &killed, &plugins, &["--resume"])));
-    assert_eq!(resumed["weights_sha256"], reference["weights_sha256"], "weights differ after resume");
+    let straight = straight_and_killed_at_step_5_then_resumed(dir.path(), &spec, &plugins);
     let rollouts = |state: &Path| fs::read_to_string(state.join("rollouts.jsonl")).unwrap();
-    assert_eq!(rollouts(&killed), rollouts(&straight), "the resumed curriculum chose other prompts");
 
     // A prompt whose first group (of 4) was all-pass or all-fail is estimated 5/6 or 1/6 (prior
     // 1 and 1), outside the band: it is not chosen again, as the band always holds enough others

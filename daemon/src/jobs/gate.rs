@@ -359,8 +359,18 @@ pub fn evaluate(
 }
 
 /// Copies `model` into the next version of `line` with `manifest` (plus each file's sha256).
-fn publish(line: &Path, job_id: &str, model: &Path, mut manifest: Value) -> io::Result<(u64, PathBuf)> {
+///
+/// Publishers of one line take turns (an exclusive `flock` on `<line>/.publish.lock`, released
+/// by the kernel if the process dies): the check for the job's own version and the publish are
+/// one step, so a job gated twice at once (a forced promotion racing another) publishes once.
+pub fn publish(line: &Path, job_id: &str, model: &Path, mut manifest: Value) -> io::Result<(u64, PathBuf)> {
     fs::create_dir_all(line)?;
+    let lock =
+        fs::OpenOptions::new().create(true).truncate(false).write(true).open(line.join(".publish.lock"))?;
+    // SAFETY: flock on a descriptor we own; it is released when `lock` is dropped (closed).
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     if let Some(found) = published_by(line, job_id)? {
         return Ok(found);
     }
@@ -592,6 +602,6 @@ mod tests {
         assert_eq!(manifest["files"]["config.json"], hex::encode(Sha256::digest(b"{}")));
         assert_eq!(publish(&line, "JOB1", &model, json!({"job_id": "JOB1"})).unwrap().0, 1);
         let names: Vec<_> = fs::read_dir(&line).unwrap().flatten().map(|e| e.file_name()).collect();
-        assert_eq!(names.len(), 2, "no staging left behind: {names:?}");
+        assert_eq!(names.len(), 3, "two versions and the lock file, no staging left behind: {names:?}");
     }
 }

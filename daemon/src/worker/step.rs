@@ -86,69 +86,37 @@ fn online_step(
     rollout_grant: Grant,
 ) -> Result<StepOutput, String> {
     let step_started = Instant::now();
-    let TrainData::Prompts(prompts) = &job.train else { unreachable!("online jobs load prompts") };
     let count = job.spec.rollout.prompts_per_step as usize;
     let group_size = job.spec.optimizer.group_size as usize;
-    let chosen: Vec<usize> = match &mut job.curriculum {
-        Some(curriculum) => {
-            let mut seed_state = job.spec.job.seed ^ step.wrapping_mul(0xA076_1D64_78BD_642F);
-            let seed = splitmix64(&mut seed_state);
-            let ids = curriculum
-                .sample(count as u32, seed)
-                .into_result()
-                .map_err(|e| format!("curriculum: {e}"))?;
-            let index: BTreeMap<&str, usize> =
-                prompts.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
-            ids.iter()
-                .map(|id| {
-                    index
-                        .get(id.as_str())
-                        .copied()
-                        .ok_or_else(|| format!("curriculum chose unknown prompt id {id:?}"))
-                })
-                .collect::<Result<_, _>>()?
+
+    // Rollout and verification: the step's prompts, then — with dynamic sampling — more rounds
+    // while groups that teach nothing (all pass or all fail) leave the batch short.
+    let first = sample_round(job, step, 0, count, rollout_grant)?;
+    let (mut rollout_s, mut verify_s) = (first.rollout_s, first.verify_s);
+    let mut outcomes = first.outcomes(group_size);
+    let first_groups = outcomes.len();
+    let mut tokens_sampled = first.tokens();
+    let rounds = job.spec.rollout.dynamic_sampling_rounds;
+    let mut extra_rounds = 0;
+    let batch = if rounds == 0 {
+        first
+    } else {
+        let mut kept = Round::default();
+        kept.take_informative(&first, group_size, count);
+        while kept.picked.len() < count && extra_rounds < rounds {
+            extra_rounds += 1;
+            let grant = job.grants.hold(Phase::Rollout)?;
+            let more = sample_round(job, step, extra_rounds, count - kept.picked.len(), grant)?;
+            rollout_s += more.rollout_s;
+            verify_s += more.verify_s;
+            tokens_sampled += more.tokens();
+            outcomes.extend(more.outcomes(group_size));
+            kept.take_informative(&more, group_size, count);
         }
-        None => job.cursor.take(count, prompts.len(), job.spec.job.seed),
+        // Nothing informative within the budget: train on the first round (zero advantages).
+        if kept.picked.is_empty() { first } else { kept }
     };
-    // This step's prompts, one per group, in group order.
-    let picked: Vec<PromptRecord> = chosen.iter().map(|&index| prompts[index].clone()).collect();
-    let tokenizer = &job.policy.tokenizer;
-    let mut prompt_tokens = Vec::with_capacity(picked.len());
-    for prompt in &picked {
-        let rendered =
-            tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
-        prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
-    }
-
-    // Rollout.
-    let rollout_started = Instant::now();
-    let sampled: Vec<Sampled> = tch::no_grad(|| {
-        generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
-    })
-    .map_err(|error| format!("sampling: {error}"))?;
-    let rollout_s = rollout_started.elapsed().as_secs_f64();
-    // Verification is CPU work: the devices serve another job's phase meanwhile.
-    drop(rollout_grant);
-
-    // Verification.
-    let verify_started = Instant::now();
-    let completion_ids: Vec<String> =
-        (0..sampled.len()).map(|i| format!("{step}-{}-{}", i / group_size, i % group_size)).collect();
-    let items: Vec<ToScore<'_>> = sampled
-        .iter()
-        .zip(&completion_ids)
-        .map(|(sample, id)| {
-            let prompt = &picked[sample.prompt_index];
-            ToScore {
-                id,
-                prompt: &prompt.prompt,
-                completion: &sample.text,
-                reference_json: &prompt.reference_json,
-            }
-        })
-        .collect();
-    let scored = job.rewarder.score(&items);
-    let verify_s = verify_started.elapsed().as_secs_f64();
+    let Round { picked, prompt_tokens, sampled, scored, completion_ids, .. } = batch;
 
     // Update.
     let _update_grant = job.grants.hold(Phase::Update)?;
@@ -209,21 +177,11 @@ fn online_step(
     metrics.extend(update.metrics.clone());
     let update_s = update_started.elapsed().as_secs_f64();
 
-    // Curriculum and records.
-    let groups = picked.len();
-    let mut outcomes = Vec::with_capacity(groups);
-    let (mut all_pass, mut all_fail) = (0usize, 0usize);
-    for group in 0..groups {
-        let members = &scored[group * group_size..(group + 1) * group_size];
-        let passed = members.iter().filter(|s| s.passed).count();
-        all_pass += usize::from(passed == members.len());
-        all_fail += usize::from(passed == 0);
-        outcomes.push(GroupOutcome {
-            prompt_id: RString::from(picked[group].id.as_str()),
-            passed: passed as u32,
-            total: members.len() as u32,
-        });
-    }
+    // Curriculum and records: every group sampled, the dropped ones too, tells the curriculum
+    // about its prompt; the fractions are the first round's, what the policy faced.
+    let groups = first_groups;
+    let all_pass = outcomes[..first_groups].iter().filter(|o| o.passed == o.total).count();
+    let all_fail = outcomes[..first_groups].iter().filter(|o| o.passed == 0).count();
     if let Some(curriculum) = &mut job.curriculum {
         curriculum
             .observe(outcomes.as_slice().into())
@@ -276,8 +234,8 @@ fn online_step(
         })
         .collect();
 
-    // Metrics.
-    let tokens: u64 = sampled.iter().map(|s| s.tokens.len() as u64).sum();
+    // Metrics (of the batch trained on; tokens of every round sampled).
+    let tokens = tokens_sampled;
     let lengths: Vec<f64> = sampled.iter().map(|s| s.tokens.len() as f64).collect();
     let cut = sampled.iter().filter(|s| s.finish == Finish::Length).count();
     let (reward_mean, reward_std) = mean_std(&rewards);
@@ -300,6 +258,13 @@ fn online_step(
         "verifier_timeouts": scored.iter().map(|s| u64::from(s.timeouts)).sum::<u64>(),
         "verifier_errors": scored.iter().filter(|s| !s.errors.is_empty()).count(),
     });
+    if rounds > 0 {
+        line["dynamic_sampling"] = json!({
+            "extra_rounds": extra_rounds,
+            "groups_sampled": outcomes.len(),
+            "groups_trained": picked.len(),
+        });
+    }
     add_update_metrics(&mut line, &metrics, &update);
     line["time"] = json!({
         "rollout_s": rollout_s,
@@ -310,6 +275,131 @@ fn online_step(
         "verifier_latency_us": latency_json(&scored),
     });
     Ok(StepOutput { metrics: line, records, tokens_generated: tokens })
+}
+
+/// One round of a step's sampling: its prompts (one per group, in group order), their tokens,
+/// the G completions of each (group-contiguous) and their scores.
+#[derive(Default)]
+struct Round {
+    picked: Vec<PromptRecord>,
+    prompt_tokens: Vec<Vec<i64>>,
+    sampled: Vec<Sampled>,
+    scored: Vec<Scored>,
+    completion_ids: Vec<String>,
+    rollout_s: f64,
+    verify_s: f64,
+}
+
+impl Round {
+    fn tokens(&self) -> u64 {
+        self.sampled.iter().map(|s| s.tokens.len() as u64).sum()
+    }
+
+    /// Each group's passes, for the curriculum.
+    fn outcomes(&self, group_size: usize) -> Vec<GroupOutcome> {
+        self.picked
+            .iter()
+            .zip(self.scored.chunks(group_size))
+            .map(|(prompt, members)| GroupOutcome {
+                prompt_id: RString::from(prompt.id.as_str()),
+                passed: members.iter().filter(|s| s.passed).count() as u32,
+                total: members.len() as u32,
+            })
+            .collect()
+    }
+
+    /// Moves `other`'s groups whose completions neither all pass nor all fail into this
+    /// round, until it holds `limit` groups (DAPO's dynamic sampling).
+    fn take_informative(&mut self, other: &Round, group_size: usize, limit: usize) {
+        for (group, members) in other.scored.chunks(group_size).enumerate() {
+            if self.picked.len() >= limit {
+                return;
+            }
+            let passed = members.iter().filter(|s| s.passed).count();
+            if passed == 0 || passed == members.len() {
+                continue;
+            }
+            let rows = group * group_size..(group + 1) * group_size;
+            let index = self.picked.len();
+            self.picked.push(other.picked[group].clone());
+            self.prompt_tokens.push(other.prompt_tokens[group].clone());
+            self.sampled.extend(
+                other.sampled[rows.clone()].iter().map(|s| Sampled { prompt_index: index, ..s.clone() }),
+            );
+            self.scored.extend_from_slice(&other.scored[rows.clone()]);
+            self.completion_ids.extend_from_slice(&other.completion_ids[rows]);
+        }
+    }
+}
+
+/// Samples round `round` of step `step`: `count` prompts (the curriculum's, or the next of the
+/// epoch), G completions each on the devices of `grant` (given back before verification, which
+/// is CPU work), scored by the job's verifiers.
+fn sample_round(job: &mut Job, step: u64, round: u32, count: usize, grant: Grant) -> Result<Round, String> {
+    let TrainData::Prompts(prompts) = &job.train else { unreachable!("online jobs load prompts") };
+    let group_size = job.spec.optimizer.group_size as usize;
+    let chosen: Vec<usize> = match &mut job.curriculum {
+        Some(curriculum) => {
+            let mut seed_state = job.spec.job.seed ^ step.wrapping_mul(0xA076_1D64_78BD_642F);
+            // Round 0 draws as a step without dynamic sampling does.
+            seed_state ^= u64::from(round).wrapping_mul(0xE703_7ED1_A0B4_28DB);
+            let seed = splitmix64(&mut seed_state);
+            let ids = curriculum
+                .sample(count as u32, seed)
+                .into_result()
+                .map_err(|e| format!("curriculum: {e}"))?;
+            let index: BTreeMap<&str, usize> =
+                prompts.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
+            ids.iter()
+                .map(|id| {
+                    index
+                        .get(id.as_str())
+                        .copied()
+                        .ok_or_else(|| format!("curriculum chose unknown prompt id {id:?}"))
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => job.cursor.take(count, prompts.len(), job.spec.job.seed),
+    };
+    let picked: Vec<PromptRecord> = chosen.iter().map(|&index| prompts[index].clone()).collect();
+    let tokenizer = &job.policy.tokenizer;
+    let mut prompt_tokens = Vec::with_capacity(picked.len());
+    for prompt in &picked {
+        let rendered =
+            tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
+        prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
+    }
+
+    let rollout_started = Instant::now();
+    let sampled: Vec<Sampled> = tch::no_grad(|| {
+        generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
+    })
+    .map_err(|error| format!("sampling: {error}"))?;
+    let rollout_s = rollout_started.elapsed().as_secs_f64();
+    // Verification is CPU work: the devices serve another job's phase meanwhile.
+    drop(grant);
+
+    let verify_started = Instant::now();
+    let round_tag = if round == 0 { String::new() } else { format!("r{round}-") };
+    let completion_ids: Vec<String> = (0..sampled.len())
+        .map(|i| format!("{step}-{round_tag}{}-{}", i / group_size, i % group_size))
+        .collect();
+    let items: Vec<ToScore<'_>> = sampled
+        .iter()
+        .zip(&completion_ids)
+        .map(|(sample, id)| {
+            let prompt = &picked[sample.prompt_index];
+            ToScore {
+                id,
+                prompt: &prompt.prompt,
+                completion: &sample.text,
+                reference_json: &prompt.reference_json,
+            }
+        })
+        .collect();
+    let scored = job.rewarder.score(&items);
+    let verify_s = verify_started.elapsed().as_secs_f64();
+    Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s })
 }
 
 fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOutput, String> {
