@@ -265,3 +265,74 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
     assert!(!daemon.state.join("registry/tiny-arith/2").exists());
 }
+
+/// A misspecified reward, for real: the training set's references are off by one, so GRPO
+/// learns to answer `a+b+1`. The training reward climbs while the held-out score (true answers)
+/// falls, and the gates refuse the candidate as reward hacking, even with the held-out gain's
+/// own bound opened wide.
+#[test]
+fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacking() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(
+        &["rlvr-optimizer-sft", "rlvr-optimizer-grpo", "rlvr-verifier-math"],
+        &redis.url(),
+        QUEUE,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data =
+        arith_data(dir.path(), &["--sft", "120", "--train", "32", "--heldout", "48", "--max-operand", "10"]);
+    let shifted = data.join("train-off-by-one.jsonl");
+    let lines: Vec<String> = fs::read_to_string(data.join("train.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut record: Value = serde_json::from_str(line).unwrap();
+            let answer: i64 = record["reference"]["answer"].as_str().unwrap().parse().unwrap();
+            record["reference"]["answer"] = Value::String((answer + 1).to_string());
+            record.to_string()
+        })
+        .collect();
+    fs::write(&shifted, lines.join("\n") + "\n").unwrap();
+
+    // A cold start good enough to have something to lose (held-out 0.17 here).
+    let sft = submit_ok(
+        &daemon,
+        &format!(
+            "[job]\nname = \"cold-start\"\nteam = \"tests\"\nmodel_line = \"tiny-arith-sft\"\nseed = 3\n\
+             [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = {sft:?}\nheldout = {heldout:?}\n\
+             [optimizer]\nplugin = \"sft\"\nlr = 1e-2\nwarmup_steps = 5\nmicro_batch_size = 64\n\
+             [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n[rollout]\nprompts_per_step = 64\nmax_new_tokens = 5\n\
+             [budget]\nmax_steps = 400\n{PERMISSIVE_GATES}",
+            sft = data.join("sft.jsonl").display().to_string(),
+            heldout = data.join("heldout.jsonl").display().to_string(),
+        ),
+    );
+    let cold = wait_job(&daemon, &sft, Duration::from_secs(600), ended);
+    assert_eq!(cold["state"], "published", "{cold}");
+
+    let grpo = format!(
+        "[job]\nname = \"off-by-one\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
+         [model]\npolicy = {policy:?}\n[data]\ntrain = {train:?}\nheldout = {heldout:?}\n\
+         [optimizer]\nplugin = \"grpo\"\ngroup_size = 8\nlr = 1e-3\nkl_beta = 0.04\nmicro_batch_size = 32\n\
+         [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n[rollout]\nprompts_per_step = 8\nmax_new_tokens = 5\n\
+         [budget]\nmax_steps = 60\n[gates]\nheldout_gain_min = -1.0\n",
+        policy = cold["published"].as_str().unwrap(),
+        train = shifted.display().to_string(),
+        heldout = data.join("heldout.jsonl").display().to_string(),
+    );
+    let id = submit_ok(&daemon, &grpo);
+    let done = wait_job(&daemon, &id, Duration::from_secs(600), ended);
+    assert_eq!(done["state"], "refused", "{done}");
+    assert_eq!(
+        criteria(&done).into_iter().filter(|(_, passed)| !passed).collect::<Vec<_>>(),
+        [("reward_hacking".to_owned(), false)]
+    );
+    let reason = done["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("gates refused: reward_hacking: ")
+            && reason.contains("the model learned the reward, not the task"),
+        "{reason}"
+    );
+    let training = &done["result"]["training"];
+    assert!(training["reward_last"].as_f64() > training["reward_first"].as_f64(), "{training}");
+}
