@@ -297,14 +297,20 @@ fn cold_start(dir: &Path, plugins: &Path, data: &Path) -> PathBuf {
     Path::new(sft["checkpoint"].as_str().unwrap()).join("model")
 }
 
+/// The plugin directory and the text of an 8-step GRPO job (checkpoints every `every` steps) from
+/// a cold start, on 32 training problems with operands below 10.
+fn cold_started_grpo_spec(dir: &Path, every: u32) -> (PathBuf, String) {
+    let plugins = plugin_dir(dir);
+    let data = arith_data(dir, &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
+    let policy = cold_start(dir, &plugins, &data);
+    let base = fs::read_to_string(grpo_spec_from(dir, &data, policy.to_str().unwrap(), 8, every)).unwrap();
+    (plugins, base)
+}
+
 #[test]
 fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
-    let data =
-        arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
-    let policy = cold_start(dir.path(), &plugins, &data);
-    let base = fs::read_to_string(grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 8, 1)).unwrap();
+    let (plugins, base) = cold_started_grpo_spec(dir.path(), 1);
     let spec = dir.path().join("stop.toml");
     // The first update moves the policy off the reference: step 2's KL is above any tiny bound.
     fs::write(&spec, format!("{base}\n[stop]\nkl_max = 1e-9\n")).unwrap();
@@ -345,11 +351,7 @@ fn straight_and_killed_at_step_5_then_resumed(dir: &Path, spec: &Path, plugins: 
 #[test]
 fn dynamic_sampling_trains_only_on_groups_that_teach_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
-    let data =
-        arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
-    let policy = cold_start(dir.path(), &plugins, &data);
-    let base = fs::read_to_string(grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 8, 2)).unwrap();
+    let (plugins, base) = cold_started_grpo_spec(dir.path(), 2);
     let spec = dir.path().join("dapo.toml");
     fs::write(&spec, base.replace("[rollout]\n", "[rollout]\ndynamic_sampling_rounds = 4\n")).unwrap();
     let straight = straight_and_killed_at_step_5_then_resumed(dir.path(), &spec, &plugins);
@@ -393,11 +395,7 @@ fn dynamic_sampling_trains_only_on_groups_that_teach_and_resumes_exactly() {
 #[test]
 fn the_frontier_curriculum_chooses_near_the_frontier_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
-    let data =
-        arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
-    let policy = cold_start(dir.path(), &plugins, &data);
-    let base = fs::read_to_string(grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 8, 2)).unwrap();
+    let (plugins, base) = cold_started_grpo_spec(dir.path(), 2);
     let spec = dir.path().join("frontier.toml");
     fs::write(
         &spec,

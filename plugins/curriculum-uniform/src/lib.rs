@@ -1,7 +1,8 @@
 //! `uniform`: samples prompts uniformly (seeded, without repeats within a step while prompts
-//! last) and keeps per-prompt pass-rate estimates from each step's groups, like `frontier`, so
-//! the nightly refresh can read them. Keys of `[curriculum]`: the estimator's `prior_passes`,
-//! `prior_fails`, `decay`. Its state is saved with each checkpoint and resumes exactly.
+//! last) and keeps per-prompt pass-rate estimates from each step's groups, like `frontier`.
+//! Keys of `[curriculum]`: the estimator's `prior_passes`, `prior_fails`, `decay` and `history`
+//! (counts that seed the estimates: the pinned version of a shared curriculum). Its state is
+//! saved with each checkpoint and resumes exactly.
 
 use rlvr_curriculum_common::{EstimateConfig, PassRates, parse_config};
 use rlvr_plugin_api::{
