@@ -198,6 +198,12 @@ pub fn load(curricula_dir: &Path, name: &str, version: u64) -> Result<Curriculum
 
 /// The newest version of curriculum `name`; `None` before its first refresh.
 pub fn latest(curricula_dir: &Path, name: &str) -> Result<Option<CurriculumVersion>, CurriculaError> {
+    latest_number(curricula_dir, name)?.map(|version| load(curricula_dir, name, version)).transpose()
+}
+
+/// The number of the newest version of curriculum `name`, without reading it (what admission
+/// pins); `None` before its first refresh.
+pub fn latest_number(curricula_dir: &Path, name: &str) -> Result<Option<u64>, CurriculaError> {
     check_name(name)?;
     let dir = curricula_dir.join(name);
     let entries = match fs::read_dir(&dir) {
@@ -213,7 +219,7 @@ pub fn latest(curricula_dir: &Path, name: &str) -> Result<Option<CurriculumVersi
             newest = newest.max(Some(version));
         }
     }
-    newest.map(|version| load(curricula_dir, name, version)).transpose()
+    Ok(newest)
 }
 
 /// `12.json` → 12; anything else (temporary files, `012.json`, `0.json`) → `None`.

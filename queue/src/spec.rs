@@ -587,11 +587,6 @@ impl JobSpec {
         let stop = &self.stop;
         let in_unit = |value: Option<f64>| value.is_none_or(|v| v.is_finite() && (0.0..=1.0).contains(&v));
         check(
-            stop.kl_max.is_none_or(|v| v.is_finite() && v > 0.0),
-            "stop.kl_max",
-            format!("expected a number > 0, got {}", stop.kl_max.unwrap_or_default()),
-        );
-        check(
             in_unit(stop.heldout_drop_max),
             "stop.heldout_drop_max",
             format!(
@@ -604,16 +599,6 @@ impl JobSpec {
             "stop.length_growth_max",
             format!("expected a factor > 1, got {}", stop.length_growth_max.unwrap_or_default()),
         );
-        for (field, value) in [
-            ("stop.verifier_timeout_rate_max", stop.verifier_timeout_rate_max),
-            ("stop.verifier_error_rate_max", stop.verifier_error_rate_max),
-        ] {
-            check(
-                in_unit(value),
-                field,
-                format!("expected a rate in [0, 1], got {}", value.unwrap_or_default()),
-            );
-        }
         if let Some(curriculum) = &self.curriculum {
             check(
                 curriculum.name.is_none() || !curriculum.options.contains_key("history"),
@@ -630,17 +615,21 @@ impl JobSpec {
                 gates.heldout_gain_min.unwrap_or_default()
             ),
         );
-        check(
-            gates.kl_max.is_none_or(|v| v.is_finite() && v > 0.0),
-            "gates.kl_max",
-            format!("expected a number > 0, got {}", gates.kl_max.unwrap_or_default()),
-        );
+        for (field, value) in [("stop.kl_max", stop.kl_max), ("gates.kl_max", gates.kl_max)] {
+            check(
+                value.is_none_or(|v| v.is_finite() && v > 0.0),
+                field,
+                format!("expected a number > 0, got {}", value.unwrap_or_default()),
+            );
+        }
         check(
             gates.length_ratio_max.is_none_or(|v| v.is_finite() && v > 0.0),
             "gates.length_ratio_max",
             format!("expected a ratio > 0, got {}", gates.length_ratio_max.unwrap_or_default()),
         );
         for (field, value) in [
+            ("stop.verifier_timeout_rate_max", stop.verifier_timeout_rate_max),
+            ("stop.verifier_error_rate_max", stop.verifier_error_rate_max),
             ("gates.verifier_timeout_rate_max", gates.verifier_timeout_rate_max),
             ("gates.verifier_error_rate_max", gates.verifier_error_rate_max),
         ] {

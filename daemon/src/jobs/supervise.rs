@@ -256,9 +256,9 @@ impl Supervisor {
         if pinned.is_some() {
             return Ok(pinned);
         }
-        let latest = crate::curricula::latest(&self.curricula_dir, name)
+        let latest = crate::curricula::latest_number(&self.curricula_dir, name)
             .map_err(|error| format!("curriculum.name: cannot pin a version of {name}: {error}"))?;
-        Ok(Some(latest.map_or(0, |version| version.version)))
+        Ok(Some(latest.unwrap_or(0)))
     }
 
     /// What the job asks the scheduler for; its age counts from its submission.
