@@ -36,7 +36,7 @@ profile=${RLVR_DEMO_PROFILE:-release}
 step "build ($profile)"
 profile_flag=()
 [ "$profile" = release ] && profile_flag=(--release)
-cargo build "${profile_flag[@]}" -p rlvr-daemon -p rlvr-verifier-format -p rlvr-verifier-math -p rlvr-optimizer-sft \
+cargo build "${profile_flag[@]}" -p rlvr-daemon -p rlvr-worker -p rlvr-cli -p rlvr-verifier-format -p rlvr-verifier-math -p rlvr-optimizer-sft \
     -p rlvr-optimizer-grpo -p rlvr-curriculum-frontier
 bin=$RLVR_ROOT/target/$profile
 

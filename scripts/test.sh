@@ -17,14 +17,8 @@ cargo fmt --all -- --check
 step "cargo clippy (workspace, all targets)"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo clippy (plugin-api with its tch feature: tensor handles over libtorch 2.11.0)"
-cargo clippy -p rlvr-plugin-api --features tch --all-targets -- -D warnings
-
 step "cargo build (binaries and plugin libraries the integration tests run)"
 cargo build --workspace
 
 step "cargo test"
 cargo test --workspace --no-fail-fast
-
-step "cargo test (plugin-api's tensor handles against the real libtorch)"
-cargo test -p rlvr-plugin-api --features tch

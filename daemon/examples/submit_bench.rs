@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail, ensure};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
+use rlvr_protocol::spec::Priority;
 use rlvr_queue::dispatch;
-use rlvr_queue::spec::Priority;
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -68,7 +68,7 @@ enum Mode {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // reqwest is built without a default TLS provider (see the root Cargo.toml).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    rlvr_startup::install_crypto_provider();
     let report = match Cli::parse().mode {
         Mode::Api { target, count, concurrency } => {
             let spec = std::fs::read_to_string(&target.spec)?;

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::worker::data::splitmix64;
+use rlvr_seeded::SplitMix64;
 
 /// How much data to make, and what it looks like.
 #[derive(Debug, Clone)]
@@ -94,14 +94,14 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
         ));
     }
     let width = if options.pad { (options.max_operand - 1).to_string().len() } else { 0 };
-    let mut state = options.seed;
+    let mut rng = SplitMix64::new(options.seed);
     let mut seen = HashSet::new();
     let mut problems = Vec::with_capacity(wanted as usize);
     while problems.len() < wanted as usize {
-        let a = splitmix64(&mut state) % options.max_operand;
-        let b = splitmix64(&mut state) % options.max_operand;
+        let a = rng.next_u64() % options.max_operand;
+        let b = rng.next_u64() % options.max_operand;
         // One draw per problem whatever the operations, so `+-` keeps the sets it always made.
-        let op = options.ops[(splitmix64(&mut state) % options.ops.len() as u64) as usize];
+        let op = options.ops[(rng.next_u64() % options.ops.len() as u64) as usize];
         if seen.insert((a, b, op)) {
             let (sign, answer) = match op {
                 Op::Add => ('+', (a + b) as i64),

@@ -36,7 +36,7 @@ const ENV_SEPARATOR: &str = "__";
 /// Name of the env layer's figment metadata: how a value's tag is recognised as coming from env.
 const ENV_LAYER_NAME: &str = "rlvr environment variables";
 /// Keys whose env value is taken as text, so that `RLVR__REDIS__URL=...` never turns into a number.
-const ENV_STRING_KEYS: [&str; 3] = ["daemon.state_dir", "redis.url", "api.listen"];
+const ENV_STRING_KEYS: [&str; 4] = ["daemon.state_dir", "daemon.worker_exe", "redis.url", "api.listen"];
 /// Env values nested deeper than this are refused before parsing: figment's value parser recurses,
 /// and an env var must not be able to overflow the stack.
 const MAX_ENV_NESTING: usize = 32;
@@ -72,11 +72,14 @@ pub struct Config {
 pub struct DaemonConfig {
     /// Where the daemon keeps job state, checkpoints and loaded plugin copies. Absolute.
     pub state_dir: PathBuf,
+    /// The worker executable (`rlvr-worker`), which runs each job and probes plugins. Absolute;
+    /// unset: `rlvr-worker` next to `rlvrd`.
+    pub worker_exe: Option<PathBuf>,
 }
 
 impl Default for DaemonConfig {
     fn default() -> Self {
-        DaemonConfig { state_dir: PathBuf::from("/var/lib/rlvr") }
+        DaemonConfig { state_dir: PathBuf::from("/var/lib/rlvr"), worker_exe: None }
     }
 }
 
@@ -774,12 +777,21 @@ impl Checker<'_> {
     }
 
     fn daemon(&mut self, path: &KeyPath, value: &Value, out: &mut DaemonConfig) {
-        let Some(table) = self.table(path, value, &["state_dir"]) else { return };
+        let Some(table) = self.table(path, value, &["state_dir", "worker_exe"]) else { return };
         if let Some(v) = table.get("state_dir") {
             let path = path.key("state_dir");
             let what = "an absolute path";
             match self.string(&path, v, what) {
                 Some(s) if Path::new(s).is_absolute() => out.state_dir = PathBuf::from(s),
+                Some(_) => self.expected(&path, v, what),
+                None => {}
+            }
+        }
+        if let Some(v) = table.get("worker_exe").filter(|v| !matches!(v, Value::Empty(..))) {
+            let path = path.key("worker_exe");
+            let what = "an absolute path";
+            match self.string(&path, v, what) {
+                Some(s) if Path::new(s).is_absolute() => out.worker_exe = Some(PathBuf::from(s)),
                 Some(_) => self.expected(&path, v, what),
                 None => {}
             }
@@ -1150,24 +1162,6 @@ fn redact_url(url: &str) -> String {
     }
 }
 
-/// The plugin directories a command that loads plugins itself (`rlvrctl verify`, `rlvrd worker`)
-/// uses: the config's `plugins.dirs` that exist on this machine, then every `extra` directory
-/// (each must exist).
-pub fn plugin_dirs(config_path: Option<&Path>, extra: Vec<PathBuf>) -> Result<Vec<PathBuf>, String> {
-    let mut dirs = match load(config_path) {
-        // The config's directories are the daemon's; on a workstation they may not exist.
-        Ok(config) => config.plugins.dirs.into_iter().filter(|dir| dir.is_dir()).collect::<Vec<_>>(),
-        Err(errors) => return Err(errors.to_string()),
-    };
-    for dir in extra {
-        if !dir.is_dir() {
-            return Err(format!("--plugin-dir {}: not a directory", dir.display()));
-        }
-        dirs.push(dir);
-    }
-    Ok(dirs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1284,7 +1278,7 @@ mod tests {
         );
         let config = check(Some(&toml), &[], &[]);
         let expected = Config {
-            daemon: DaemonConfig { state_dir: "/srv/rlvr".into() },
+            daemon: DaemonConfig { state_dir: "/srv/rlvr".into(), worker_exe: None },
             redis: RedisConfig { url: "unix:///run/redis.sock".into() },
             api: ApiConfig { listen: "0.0.0.0:9000".parse().unwrap(), ..ApiConfig::default() },
             plugins: PluginsConfig { dirs: vec!["/a".into(), "relative/b".into()], scan_interval_ms: 100 },

@@ -1,21 +1,16 @@
-//! The daemon's library: everything `rlvrd` and `rlvrctl` share.
+//! The control plane, `rlvrd serve`: the HTTP API, the queue consumer and the supervision of
+//! each job's worker process, the scheduler, the gates and publishing, the shared curricula.
+//! It never touches a tensor: this crate does not depend on libtorch, and its plugin registry
+//! only probes optimizer plugins in a worker process (see ARCHITECTURE.md).
 //!
-//! `main` functions are thin: they parse arguments and call into here, so the whole server runs
-//! in-process in tests. See ARCHITECTURE.md for the map.
+//! `main` is thin: it parses arguments and calls into here, so the whole server runs in-process
+//! in tests.
 pub mod api;
 pub mod arith;
 pub mod config;
 pub mod curricula;
-pub mod events;
 pub mod health;
 pub mod jobs;
-pub mod logging;
 pub mod metrics;
-pub mod registry;
-pub mod report;
 pub mod sched;
 pub mod serve;
-pub mod time;
-pub mod tls;
-pub mod verify;
-pub mod worker;

@@ -1,8 +1,8 @@
 //! The daemon's Prometheus metrics, served as text on `GET /metrics`.
 //!
-//! Plugin counters are only incremented by the operator-facing events in `events`, which log and
-//! count in one place so logs and metrics never drift apart; the scheduler's are kept by
-//! `sched::service`. Labels are bounded (kinds, reasons, devices, teams from the config,
+//! The plugin counters are the plugin host's (`rlvr_plugin_host::metrics`), incremented only by
+//! its events, which log and count in one place so logs and metrics never drift apart; the
+//! scheduler's are kept by `sched::service`. Labels are bounded (kinds, reasons, devices, teams from the config,
 //! priorities), never a job id or a file name.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -14,21 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::registry::RefusalReason;
-
-/// `kind` label.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    /// `verifier`, `optimizer` or `curriculum`.
-    pub kind: String,
-}
-
-/// `reason` label.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    /// A [`RefusalReason`] name.
-    pub reason: String,
-}
+use rlvr_plugin_host::metrics::PluginMetrics;
 
 /// `device` label: `cuda:0`, `cpu:0`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -53,10 +39,8 @@ pub struct WaitLabel {
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
-    /// `rlvr_plugin_loads_total{kind}`.
-    pub plugin_loads: Family<KindLabel, Counter>,
-    /// `rlvr_plugin_refusals_total{reason}`.
-    pub plugin_refusals: Family<ReasonLabel, Counter>,
+    /// The plugin registry's: `rlvr_plugin_loads_total{kind}`, `rlvr_plugin_refusals_total{reason}`.
+    pub plugins: PluginMetrics,
     /// `rlvr_device_busy_seconds_total{device}`: time a device served a phase grant. Its rate
     /// is the device's busy fraction.
     pub device_busy_seconds: Family<DeviceLabel, Counter<f64, AtomicU64>>,
@@ -78,24 +62,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// All metrics at zero; every refusal reason and kind is present from the start so that a
-    /// dashboard can tell "none yet" from "not exported".
+    /// All metrics at zero.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let plugin_loads = Family::<KindLabel, Counter>::default();
-        let plugin_refusals = Family::<ReasonLabel, Counter>::default();
-        registry.register("rlvr_plugin_loads", "Plugin libraries loaded, by kind", plugin_loads.clone());
-        registry.register(
-            "rlvr_plugin_refusals",
-            "Plugin libraries refused, by reason",
-            plugin_refusals.clone(),
-        );
-        for kind in rlvr_plugin_api::PluginKind::ALL {
-            let _ = plugin_loads.get_or_create(&KindLabel { kind: kind.as_str().to_owned() });
-        }
-        for reason in RefusalReason::ALL {
-            let _ = plugin_refusals.get_or_create(&ReasonLabel { reason: reason.as_str().to_owned() });
-        }
+        let plugins = PluginMetrics::register(&mut registry);
         let device_busy_seconds = Family::<DeviceLabel, Counter<f64, AtomicU64>>::default();
         registry.register(
             "rlvr_device_busy_seconds",
@@ -123,8 +93,7 @@ impl Metrics {
         );
         Metrics {
             registry,
-            plugin_loads,
-            plugin_refusals,
+            plugins,
             device_busy_seconds,
             grants_waiting,
             grant_waits,

@@ -26,10 +26,10 @@ use crate::health::{PING_INTERVAL, RedisHealth};
 use crate::jobs::supervise::Supervisor;
 use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
-use crate::registry::{Isolation, Registry, RegistryError, ScanSummary};
 use crate::sched::inventory;
 use crate::sched::policy::PolicyConfig;
 use crate::sched::service::{SOCKET_FILE, Scheduler};
+use rlvr_plugin_host::registry::{Isolation, Registry, RegistryError, ScanSummary};
 
 /// How long a new library may take to load and self-test in the probe process.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -67,9 +67,9 @@ pub enum ServeError {
     /// The Redis URL could not be used.
     #[error("redis.url: {0}")]
     Redis(rlvr_queue::store::StoreError),
-    /// The current executable (needed to probe plugins) could not be found.
-    #[error("cannot find the rlvrd executable to probe plugins with: {0}")]
-    Exe(io::Error),
+    /// The worker executable (it runs jobs and probes plugins) could not be found.
+    #[error("{0}")]
+    WorkerExe(String),
 }
 
 /// Runs the daemon until `shutdown` is cancelled.
@@ -78,11 +78,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     std::fs::create_dir_all(&state_dir)
         .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     let metrics = Arc::new(Metrics::new());
-    let exe = std::env::current_exe().map_err(ServeError::Exe)?;
+    let exe = worker_exe(config.daemon.worker_exe.as_deref())?;
+    tracing::info!(worker = %exe.display(), "worker executable");
     let registry = Arc::new(Registry::new(
         state_dir.join("plugin-cache"),
         Isolation::Subprocess { exe: exe.clone(), timeout: PROBE_TIMEOUT },
-        metrics.clone(),
+        metrics.plugins.clone(),
     )?);
     let dirs = config.plugins.dirs.clone();
     let first_scan = {
@@ -238,6 +239,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     }
     let _ = std::fs::remove_file(state_dir.join(ADDR_FILE));
     outcome
+}
+
+/// The worker's file name, found next to `rlvrd` when `daemon.worker_exe` is not set.
+pub const WORKER_EXE: &str = "rlvr-worker";
+
+/// `daemon.worker_exe`, else `rlvr-worker` next to this executable; it must be a file.
+fn worker_exe(configured: Option<&std::path::Path>) -> Result<PathBuf, ServeError> {
+    let exe = match configured {
+        Some(path) => path.to_owned(),
+        None => {
+            let own = std::env::current_exe().map_err(|error| {
+                ServeError::WorkerExe(format!(
+                    "cannot find this executable to look for {WORKER_EXE} beside it: {error}"
+                ))
+            })?;
+            own.with_file_name(WORKER_EXE)
+        }
+    };
+    match std::fs::metadata(&exe) {
+        Ok(meta) if meta.is_file() => Ok(exe),
+        Ok(_) => Err(ServeError::WorkerExe(format!("daemon.worker_exe {}: not a file", exe.display()))),
+        Err(error) => Err(ServeError::WorkerExe(format!(
+            "the worker executable {}: {error} (install {WORKER_EXE} beside rlvrd, or set daemon.worker_exe)",
+            exe.display()
+        ))),
+    }
 }
 
 /// libtorch threads per worker: `queue.worker_threads`, or every core.

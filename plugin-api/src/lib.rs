@@ -22,6 +22,9 @@
 //! - Optimizer plugins exchange tensors as [`TensorHandle`]s, pointers into the one libtorch that
 //!   host and plugin both link dynamically; never a `tch::Tensor` by value. They also report the
 //!   libtorch version they were built against ([`LIBTORCH_VERSION`]), which the daemon checks.
+//!   The conversions to and from `tch::Tensor` are in the crate `rlvr-plugin-tensor`, not behind
+//!   a feature here: Cargo unifies features across a workspace build, and a `tch` feature of this
+//!   crate, enabled by any optimizer plugin, would link libtorch into `rlvrd` and `rlvrctl`.
 #![deny(missing_docs)]
 // abi_stable 0.11's `#[sabi_trait]` expands to impls inside a const, which this lint flags.
 #![allow(non_local_definitions)]

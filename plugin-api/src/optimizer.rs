@@ -15,9 +15,8 @@ use crate::{Metadata, OptimizerInfo, PluginError};
 /// An opaque pointer to a libtorch tensor (`C_tensor*`), passed across the ABI boundary.
 ///
 /// A handle in [`LossInputs`] is borrowed: the host owns the tensor for the call. A handle in
-/// [`LossOutput`] is owned: the plugin gives the tensor to the host, which frees it. With the
-/// `tch` feature, [`TensorHandle::borrow`], [`TensorHandle::to_tensor`] and
-/// [`TensorHandle::into_owned`] / [`TensorHandle::into_tensor`] convert to and from `tch::Tensor`.
+/// [`LossOutput`] is owned: the plugin gives the tensor to the host, which frees it. The crate
+/// `rlvr-plugin-tensor` converts handles to and from `tch::Tensor` (`TensorHandleExt`).
 #[repr(transparent)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorHandle {
@@ -40,40 +39,6 @@ impl TensorHandle {
     /// `ptr` must point to a live libtorch tensor for as long as the handle is used.
     pub unsafe fn from_ptr(ptr: *mut c_void) -> Self {
         TensorHandle { ptr }
-    }
-}
-
-#[cfg(feature = "tch")]
-impl TensorHandle {
-    /// Borrows `tensor` for one call; the caller keeps ownership and must outlive the call.
-    pub fn borrow(tensor: &tch::Tensor) -> Self {
-        TensorHandle { ptr: tensor.as_ptr() as *mut c_void }
-    }
-
-    /// A `tch::Tensor` sharing storage with a borrowed handle; the handle's owner keeps its own.
-    ///
-    /// # Safety
-    /// The handle must point to a live tensor (e.g. one received in [`LossInputs`]).
-    pub unsafe fn to_tensor(self) -> tch::Tensor {
-        // SAFETY: the pointee is live; ManuallyDrop keeps us from freeing the owner's reference,
-        // and shallow_clone takes a reference of our own.
-        let view = std::mem::ManuallyDrop::new(unsafe { tch::Tensor::from_ptr(self.ptr.cast()) });
-        view.shallow_clone()
-    }
-
-    /// Gives `tensor` away: the receiver must take it back with [`TensorHandle::into_tensor`].
-    pub fn into_owned(tensor: tch::Tensor) -> Self {
-        let mut tensor = std::mem::ManuallyDrop::new(tensor);
-        TensorHandle { ptr: tensor.as_mut_ptr().cast() }
-    }
-
-    /// Takes ownership of a tensor given away with [`TensorHandle::into_owned`].
-    ///
-    /// # Safety
-    /// The handle must be owned (from [`LossOutput`]) and converted exactly once.
-    pub unsafe fn into_tensor(self) -> tch::Tensor {
-        // SAFETY: ownership was released by into_owned and is taken back exactly once.
-        unsafe { tch::Tensor::from_ptr(self.ptr.cast()) }
     }
 }
 
@@ -100,7 +65,7 @@ pub struct AdvantageInputs<'a> {
 }
 
 /// Advantages (and returns, for a value head) of one batch; the tensors are owned by the host once
-/// returned (see [`TensorHandle::into_tensor`]).
+/// returned (`TensorHandleExt::into_tensor` in `rlvr-plugin-tensor`).
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct AdvantageOutput {
@@ -169,7 +134,7 @@ pub struct Metric {
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct LossOutput {
-    /// Scalar loss with grad; owned (see [`TensorHandle::into_tensor`]).
+    /// Scalar loss with grad; owned (`TensorHandleExt::into_tensor` in `rlvr-plugin-tensor`).
     pub loss: TensorHandle,
     /// Named scalars for the step's metrics.
     pub metrics: RVec<Metric>,
@@ -225,37 +190,5 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
     /// Run once at load; a failure refuses the plugin.
     fn self_test() -> Result<(), PluginError> {
         Ok(())
-    }
-}
-
-#[cfg(all(test, feature = "tch"))]
-mod tests {
-    use tch::{Kind, Tensor};
-
-    use super::TensorHandle;
-
-    #[test]
-    fn borrowed_handles_share_storage_and_leave_the_owner_intact() {
-        let owner = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
-        let handle = TensorHandle::borrow(&owner);
-        // SAFETY: `owner` outlives the view.
-        let view = unsafe { handle.to_tensor() };
-        let loss = (&view * 2.0).sum(Kind::Float);
-        drop(view);
-        loss.backward();
-        assert_eq!(owner.grad().iter::<f64>().unwrap().collect::<Vec<_>>(), [2.0, 2.0, 2.0]);
-        assert_eq!(owner.size(), [3]);
-    }
-
-    #[test]
-    fn owned_handles_hand_the_tensor_over_exactly_once() {
-        let input = Tensor::from_slice(&[1.0f32, 2.0]).set_requires_grad(true);
-        let loss = (&input * &input).sum(Kind::Float);
-        let handle = TensorHandle::into_owned(loss);
-        // SAFETY: the handle came from into_owned and is converted once.
-        let loss = unsafe { handle.into_tensor() };
-        assert_eq!(loss.double_value(&[]), 5.0);
-        loss.backward();
-        assert_eq!(input.grad().iter::<f64>().unwrap().collect::<Vec<_>>(), [2.0, 4.0]);
     }
 }

@@ -20,8 +20,8 @@ use apalis_redis::{Config, RedisTask};
 use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::Priority;
 use crate::store::IDEMPOTENCY_TTL;
+use rlvr_protocol::spec::Priority;
 
 /// Tasks per push: well under the ~8,000 due tasks at which the backend's fetch script breaks.
 pub const PUSH_CHUNK: usize = 1000;

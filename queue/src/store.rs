@@ -20,8 +20,8 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RedisValue};
 use serde_json::Value;
 
-use crate::job::{JobEvent, JobState, JobView};
-use crate::spec::JobSpec;
+use rlvr_protocol::job::{JobEvent, JobState, JobView};
+use rlvr_protocol::spec::JobSpec;
 
 /// How long an `Idempotency-Key` is remembered: a client may retry a submit for a day.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);

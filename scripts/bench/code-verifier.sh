@@ -22,7 +22,7 @@ PYTHON="${PYTHON:-/usr/bin/python3}"
 profile_flag=()
 [ "$PROFILE" = release ] && profile_flag=(--release)
 cargo build --quiet "${profile_flag[@]}" -p rlvr-verifier-code
-cargo build --quiet "${profile_flag[@]}" -p rlvr-daemon --bin rlvrctl
+cargo build --quiet "${profile_flag[@]}" -p rlvr-cli
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE"
 
 WORK="$(mktemp -d)"

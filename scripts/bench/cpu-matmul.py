@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Float32 linear layers on CPU: libtorch's default (`linear`, MKL) against its oneDNN operator.
 
-Why the trainer sends its float32 CPU linear layers to oneDNN (trainer/src/onednn.rs): for the
+Why the trainer sends its float32 CPU linear layers to oneDNN (model/src/onednn.rs): for the
 layer shapes of SmolLM2-135M it times, with one thread, the three products of a training step's
 layer (forward x·Wᵀ, grad_x = g·W, grad_W = gᵀ·x) and the forward alone at 8 rows (a decoding
 step of 8 completions), each through `torch.nn.functional.linear` / `@` (what libtorch picks: MKL

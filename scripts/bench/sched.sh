@@ -42,7 +42,7 @@ step "set-up (scripts/setup.sh)"
 rlvr_setup
 if [ "$build" = 1 ]; then
     step "build (release): rlvrd, rlvrctl, the grpo and http plugins"
-    cargo build --release -p rlvr-daemon --bins
+    cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-cli
     cargo build --release -p rlvr-optimizer-grpo -p rlvr-verifier-http
 fi
 bin=$RLVR_ROOT/target/release

@@ -87,7 +87,7 @@ step "SmolLM2-135M-Instruct (scripts/fetch-smollm2.sh)"
 model=$(scripts/fetch-smollm2.sh)
 
 step "build (release): rlvrd and the sft, grpo and math plugins"
-cargo build --release -p rlvr-daemon -p rlvr-optimizer-sft -p rlvr-optimizer-grpo -p rlvr-verifier-math
+cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-optimizer-sft -p rlvr-optimizer-grpo -p rlvr-verifier-math
 
 run=$state_dir/run
 mkdir -p "$run/plugins"
@@ -106,11 +106,11 @@ toml_string() {
 # script (with the state directory named) when the worker fails or overruns by 30 minutes.
 train() {
     local stage=$1 spec=$2 budget=$3
-    step "$stage: rlvrd worker for $budget minutes (state in $state_dir/$stage)"
+    step "$stage: rlvr-worker run for $budget minutes (state in $state_dir/$stage)"
     local limit=$((budget * 60 + 1800)) rc=0 started
     started=$(date +%s)
     timeout --kill-after=30 "$limit" \
-        target/release/rlvrd worker --spec "$spec" --state-dir "$state_dir/$stage" \
+        target/release/rlvr-worker run --spec "$spec" --state-dir "$state_dir/$stage" \
         --plugin-dir "$run/plugins" --device cpu --threads "$threads" >"$run/$stage-outcome.json" || rc=$?
     echo "$(($(date +%s) - started))" >"$run/$stage-elapsed"
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then

@@ -49,7 +49,7 @@ step "set-up (scripts/setup.sh)"
 rlvr_setup
 if [ "$build" = 1 ]; then
     step "build (release): rlvrd, rlvrctl, the grpo and math plugins, submit_bench"
-    cargo build --release -p rlvr-daemon --bins --example submit_bench
+    cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-cli --example submit_bench
     cargo build --release -p rlvr-optimizer-grpo -p rlvr-verifier-math
 fi
 bin=$RLVR_ROOT/target/release

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trainer benchmark: our worker (`rlvrd worker`, release build, the grpo and math plugins) against
+# Trainer benchmark: our worker (`rlvr-worker run`, release build, the grpo and math plugins) against
 # TRL's GRPOTrainer (scripts/bench/trl_grpo.py) on the same GRPO job, one after the other in one
 # run (never at once): SmolLM2-135M-Instruct (scripts/fetch-smollm2.sh), f32 on CPU, two-digit
 # arithmetic word problems (scripts/bench/arith_words.py), one prompt × 8 completions of at most 64
@@ -147,7 +147,7 @@ rlvr_json=
 if [ "$only" != trl ]; then
     if [ "$build" = 1 ]; then
         step "build (release): rlvrd and the grpo and math plugins"
-        cargo build --release -p rlvr-daemon -p rlvr-optimizer-grpo -p rlvr-verifier-math
+        cargo build --release -p rlvr-worker -p rlvr-optimizer-grpo -p rlvr-verifier-math
     fi
     mkdir -p "$work/plugins" "$work/state"
     for file in target/release/rlvrd target/release/librlvr_optimizer_grpo.so target/release/librlvr_verifier_math.so; do
@@ -161,9 +161,9 @@ if [ "$only" != trl ]; then
         MAX_NEW_TOKENS=64 PROMPTS_PER_STEP=1 LR=1e-6 \
         MAX_STEPS="$total" MAX_WALL_MINUTES= CHECKPOINT_EVERY="$((total + 1))" HELDOUT_PROMPTS=8
 
-    step "ours: rlvrd worker, $warmup + $steps steps (limit ${worker_timeout} s)"
+    step "ours: rlvr-worker run, $warmup + $steps steps (limit ${worker_timeout} s)"
     run_measured "$work/rlvr-run.json" "$worker_timeout" \
-        target/release/rlvrd worker --spec "$work/job.toml" --state-dir "$work/state" \
+        target/release/rlvr-worker run --spec "$work/job.toml" --state-dir "$work/state" \
         --plugin-dir "$work/plugins" --device cpu --threads "$threads"
     rlvr_json=$work/rlvr.json
     if ! "$python" - "$work/rlvr-run.json" "$work/state/metrics.jsonl" "$warmup" "$steps" >"$rlvr_json" <<'PY'

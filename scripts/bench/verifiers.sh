@@ -31,7 +31,7 @@ if ! "$RLVR_VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m
 fi
 
 step "build (release): rlvrctl and the math plugin"
-cargo build --release -p rlvr-daemon --bin rlvrctl
+cargo build --release -p rlvr-cli
 cargo build --release -p rlvr-verifier-math
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench.XXXXXX")

@@ -151,8 +151,8 @@ impl WorkerWatch {
 pub fn uninterrupted_weights(daemon: &Daemon, dir: &Path, toml: &str) -> String {
     let spec = dir.join("uninterrupted.toml");
     fs::write(&spec, toml).unwrap();
-    let output = Command::new(artifact("rlvrd"))
-        .args(["worker", "--threads", "1", "--spec"])
+    let output = Command::new(artifact("rlvr-worker"))
+        .args(["run", "--threads", "1", "--spec"])
         .arg(&spec)
         .arg("--state-dir")
         .arg(dir.join("uninterrupted"))

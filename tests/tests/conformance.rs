@@ -13,12 +13,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-use rlvr_daemon::registry::loader::load_and_check;
 use rlvr_plugin_api::abi_stable::std_types::RSlice;
 use rlvr_plugin_api::{
     AdvantageInputs, LossInputs, LossScale, OptimizerBox, PluginErrorKind, PluginInstance, PluginModRef,
     ROption, RStr, TensorHandle,
 };
+use rlvr_plugin_host::loader::load_and_check;
+use rlvr_plugin_tensor::TensorHandleExt;
 use rlvr_tests::{plugin_lib, workspace_root};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};

@@ -1,6 +1,6 @@
 //! Learning, shown: on `builtin:tiny-arith`, an SFT cold start and then GRPO with the math
 //! verifier raise held-out accuracy by at least 15 points over the SFT checkpoint, with a fixed
-//! seed, through `rlvrd worker` and the real plugin libraries, in at most 5 CPU minutes for the
+//! seed, through `rlvr-worker run` and the real plugin libraries, in at most 5 CPU minutes for the
 //! two jobs together.
 //!
 //! The task: `a+b=` with operands below 50, zero-padded (`07+31=` → `38`): 2 500 distinct
@@ -57,8 +57,8 @@ fn prompts(path: &Path) -> Vec<String> {
 }
 
 fn worker(spec: &Path, state: &Path, plugins: &Path) -> Value {
-    let output = Command::new(artifact("rlvrd"))
-        .args(["worker", "--device", "cpu", "--threads", "1", "--spec"])
+    let output = Command::new(artifact("rlvr-worker"))
+        .args(["run", "--device", "cpu", "--threads", "1", "--spec"])
         .arg(spec)
         .arg("--state-dir")
         .arg(state)

@@ -1,4 +1,4 @@
-//! `rlvrd worker` end to end: real plugin libraries through the real loader, real libtorch, real
+//! `rlvr-worker run` end to end: real plugin libraries through the real loader, real libtorch, real
 //! SIGKILL. The job trains `builtin:tiny-arith` on `rlvrd data arith` problems.
 
 use std::fs;
@@ -26,9 +26,9 @@ fn plugin_dir(dir: &Path) -> PathBuf {
 }
 
 fn worker(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command {
-    let mut command = Command::new(artifact("rlvrd"));
+    let mut command = Command::new(artifact("rlvr-worker"));
     command
-        .args(["worker", "--device", "cpu", "--spec"])
+        .args(["run", "--device", "cpu", "--spec"])
         .arg(spec)
         .arg("--state-dir")
         .arg(state)

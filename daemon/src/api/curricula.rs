@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use rlvr_queue::job::ErrorBody;
+use rlvr_protocol::job::ErrorBody;
 use serde::{Deserialize, Serialize};
 
 use super::jobs::{Answer, Failure, JobsState};
@@ -73,7 +73,7 @@ pub async fn refresh(
         .field("name"));
     }
     let now = SystemTime::now();
-    let date = crate::time::utc_date(now);
+    let date = rlvr_protocol::time::utc_date(now);
     let key = format!("rlvr:curriculum-refresh:{name}:{date}");
     let store = &state.queues.store;
     let me = format!("running on {} pid {} for team {}", host_name(), std::process::id(), caller.team);

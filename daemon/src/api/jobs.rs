@@ -15,18 +15,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
-use rlvr_queue::dispatch::new_task_id;
-use rlvr_queue::job::{
+use rlvr_protocol::job::{
     ApiError, ErrorBody, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView, Submitted,
     valid_idempotency_key,
 };
-use rlvr_queue::spec::{JobSpec, SpecError};
+use rlvr_protocol::spec::{JobSpec, SpecError};
+use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::store::{CancelOutcome, StoreError, SubmitOutcome};
 use serde::Deserialize;
 
 use super::auth::{Auth, AuthError, Caller};
 use crate::jobs::{Queues, checks};
-use crate::registry::Registry;
+use rlvr_plugin_host::Registry;
 
 /// What the job routes share.
 pub struct JobsState {

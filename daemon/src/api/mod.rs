@@ -7,8 +7,8 @@
 //!   `GET /v1/openapi.json`;
 //! - bearer token per team ([`auth`]): the job routes of [`jobs`].
 //!
-//! The job routes' wire types live in `rlvr_queue::job` (rlvrctl reads them too); the plugin
-//! listing's are here. The OpenAPI document is generated from the handlers' annotations and the
+//! The wire types live in `rlvr-protocol` (`job` for the job routes, `api` for health and the
+//! plugin listing), which rlvrctl reads too. The OpenAPI document is generated from the handlers' annotations and the
 //! types' derives ([`ApiDoc`]), so it cannot drift from the routes; a test compares the two.
 
 pub mod auth;
@@ -25,12 +25,12 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use serde::{Deserialize, Serialize};
+use rlvr_plugin_host::Registry;
+use rlvr_protocol::api::{Health, PluginList};
 use utoipa::OpenApi;
 
 use crate::health::RedisHealth;
 use crate::metrics::Metrics;
-use crate::registry::{LoadedPlugin, Refused, Registry};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -95,17 +95,6 @@ async fn openapi() -> impl IntoResponse {
     Json(ApiDoc::openapi())
 }
 
-/// `GET /healthz`: always 200 while the daemon serves; `status` says whether all is well.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Health {
-    /// `ok`, or `degraded` while Redis does not answer.
-    pub status: String,
-    /// `ok`, `unknown` before the first ping, or why Redis does not answer.
-    pub redis: String,
-    /// Plugins loaded.
-    pub plugins: usize,
-}
-
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health)), tag = "daemon")]
 async fn healthz(State(state): State<AppState>) -> Json<Health> {
     let (status, redis) = match state.redis.get() {
@@ -121,98 +110,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.encode())
 }
 
-/// A loaded plugin, as `GET /v1/plugins` lists it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-pub struct PluginView {
-    /// `name@version`, what jobs pin.
-    pub id: String,
-    /// Short name.
-    pub name: String,
-    /// Semantic version.
-    pub version: String,
-    /// `verifier`, `optimizer` or `curriculum`.
-    pub kind: String,
-    /// One line.
-    pub description: String,
-    /// SHA-256 of the library, hex.
-    pub sha256: String,
-    /// Where it was found.
-    pub source: String,
-    /// Verifiers: the `reference` object they read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reference_schema: Option<String>,
-    /// Optimizers: their data mode.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_mode: Option<String>,
-    /// What the plugin found about this host when it loaded (e.g. sandbox layers).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
-    /// When it was loaded, RFC 3339.
-    pub loaded_at: String,
-}
-
-impl From<&LoadedPlugin> for PluginView {
-    fn from(plugin: &LoadedPlugin) -> Self {
-        PluginView {
-            id: plugin.id(),
-            name: plugin.meta.name.clone(),
-            version: plugin.meta.version.to_string(),
-            kind: plugin.meta.kind.as_str().to_owned(),
-            description: plugin.meta.description.clone(),
-            sha256: plugin.sha256.clone(),
-            source: plugin.source.display().to_string(),
-            reference_schema: plugin.meta.reference_schema.clone(),
-            data_mode: plugin.meta.data_mode.clone(),
-            notes: plugin.meta.notes.clone(),
-            loaded_at: humantime::format_rfc3339_millis(plugin.loaded_at).to_string(),
-        }
-    }
-}
-
-/// A refused library, as `GET /v1/plugins` lists it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-pub struct RefusedView {
-    /// The file.
-    pub source: String,
-    /// The class of problem (the `reason` label of `rlvr_plugin_refusals_total`).
-    pub reason: String,
-    /// What was wrong.
-    pub message: String,
-    /// When, RFC 3339.
-    pub at: String,
-}
-
-impl From<&Refused> for RefusedView {
-    fn from(refused: &Refused) -> Self {
-        RefusedView {
-            source: refused.source.display().to_string(),
-            reason: refused.reason.as_str().to_owned(),
-            message: refused.message.clone(),
-            at: humantime::format_rfc3339_millis(refused.at).to_string(),
-        }
-    }
-}
-
-/// `GET /v1/plugins`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-pub struct PluginList {
-    /// Loaded plugins, by name then version.
-    pub plugins: Vec<PluginView>,
-    /// Refused files that are still present.
-    pub refused: Vec<RefusedView>,
-}
-
-impl PluginList {
-    /// The registry's current listing.
-    pub fn from_registry(registry: &Registry) -> Self {
-        PluginList {
-            plugins: registry.plugins().iter().map(|plugin| PluginView::from(plugin.as_ref())).collect(),
-            refused: registry.refusals().iter().map(RefusedView::from).collect(),
-        }
-    }
-}
-
 #[utoipa::path(get, path = "/v1/plugins", responses((status = 200, body = PluginList)), tag = "daemon")]
 async fn plugins(State(state): State<AppState>) -> Json<PluginList> {
-    Json(PluginList::from_registry(&state.registry))
+    Json(state.registry.listing())
 }

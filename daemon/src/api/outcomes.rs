@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use rlvr_queue::job::{ErrorBody, JobState, JobView};
+use rlvr_protocol::job::{ErrorBody, JobState, JobView};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 

@@ -1,4 +1,5 @@
-//! `rlvrd`: the daemon. `serve` runs the control plane; `validate` checks a config.
+//! `rlvrd`: the daemon. `serve` runs the control plane; `validate` checks a config; `simulate`
+//! and `data arith` are tools for operators and developers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rlvr_daemon::config;
-use rlvr_daemon::logging::{self, LogFormat};
+use rlvr_startup::logging::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
 /// The rlvr daemon: runs RL post-training jobs for many teams on shared devices.
@@ -35,60 +36,6 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
-    /// Run one job end to end without Redis: rollout, verification, updates, checkpoints. Prints
-    /// the outcome (steps, weights hash, held-out before/after, checkpoint) as JSON on stdout.
-    Worker {
-        /// The job spec (TOML, or JSON by extension).
-        #[arg(long)]
-        spec: PathBuf,
-        /// Where checkpoints, metrics.jsonl and rollouts.jsonl go.
-        #[arg(long)]
-        state_dir: PathBuf,
-        /// Continue from the newest checkpoint in the state dir.
-        #[arg(long)]
-        resume: bool,
-        /// A directory to load plugins from, besides the config's plugins.dirs (repeatable).
-        #[arg(long = "plugin-dir")]
-        plugin_dirs: Vec<PathBuf>,
-        /// The daemon config whose plugins.dirs to use [default: /etc/rlvr/rlvrd.toml when it
-        /// exists].
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// `cpu`, `cuda` or `cuda:N` [default: cuda when available (CUDA_VISIBLE_DEVICES
-        /// applies), else cpu].
-        #[arg(long)]
-        device: Option<String>,
-        /// Verifier calls at once [default: the number of cores].
-        #[arg(long)]
-        verify_parallel: Option<usize>,
-        /// libtorch's CPU threads [default: the number of cores]. Results are bit-exact only
-        /// for the same thread count: resume with the one the run started with.
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Die with this process (the daemon passes its pid): SIGKILL when it exits.
-        #[arg(long, value_name = "PID")]
-        exit_with_parent: Option<u32>,
-        /// Ask the daemon's scheduler on this socket for the devices before each device phase
-        /// (the daemon passes it, with --job-id).
-        #[arg(long, value_name = "SOCKET", requires = "job_id")]
-        grant_socket: Option<PathBuf>,
-        /// This job's id at the grant socket.
-        #[arg(long, value_name = "ID", requires = "grant_socket")]
-        job_id: Option<String>,
-        /// The gates compare the trained model with this published checkpoint (the model
-        /// line's current version; the daemon passes it) instead of the starting one.
-        #[arg(long, value_name = "DIR", requires = "baseline_version")]
-        baseline: Option<PathBuf>,
-        /// The version number of --baseline.
-        #[arg(long, value_name = "N", requires = "baseline")]
-        baseline_version: Option<u64>,
-        /// Where the shared curricula are (the daemon's `<state_dir>/curricula`).
-        #[arg(long, value_name = "DIR", requires = "curriculum_version")]
-        curricula_dir: Option<PathBuf>,
-        /// The version of `[curriculum] name` pinned at admission: the estimates start from it.
-        #[arg(long, value_name = "N", requires = "curricula_dir")]
-        curriculum_version: Option<u64>,
-    },
     /// Replay a trace of jobs (their phases' durations) through the scheduling policy, next to a
     /// first-come-first-served baseline that gives each job whole devices for its whole run; print
     /// each device's busy fraction and each job's wait and completion.
@@ -105,13 +52,6 @@ enum Command {
     Data {
         #[command(subcommand)]
         kind: DataKind,
-    },
-    /// Load one plugin library, check it and run its self-test; print a JSON report. The daemon
-    /// runs this in a child process so a crashing library cannot take it down.
-    #[command(hide = true)]
-    ProbePlugin {
-        /// The library.
-        library: PathBuf,
     },
 }
 
@@ -145,22 +85,8 @@ enum DataKind {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    rlvr_daemon::tls::install_crypto_provider();
+    rlvr_startup::install_crypto_provider();
     match cli.command {
-        Command::ProbePlugin { library } => {
-            // stdout carries the report; logs stay off it.
-            let report = rlvr_daemon::registry::probe_main(&library);
-            match serde_json::to_string(&report) {
-                Ok(line) => {
-                    println!("{line}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("rlvrd probe-plugin: cannot encode the report: {error}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
         Command::Validate { config } => match config::load(config.as_deref()) {
             Ok(loaded) => {
                 println!(
@@ -178,73 +104,6 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Worker {
-            spec,
-            state_dir,
-            resume,
-            plugin_dirs,
-            config,
-            device,
-            verify_parallel,
-            threads,
-            exit_with_parent,
-            grant_socket,
-            job_id,
-            baseline,
-            baseline_version,
-            curricula_dir,
-            curriculum_version,
-        } => {
-            logging::init(cli.log_format, "info");
-            if let Some(parent) = exit_with_parent {
-                rlvr_daemon::worker::lifecycle::exit_with_parent(parent);
-            }
-            rlvr_daemon::worker::lifecycle::install_stop_handlers();
-            let run = || -> anyhow::Result<rlvr_daemon::worker::Outcome> {
-                let plugin_dirs =
-                    config::plugin_dirs(config.as_deref(), plugin_dirs).map_err(anyhow::Error::msg)?;
-                let device = device.as_deref().map(parse_device).transpose()?;
-                let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-                let options = rlvr_daemon::worker::WorkerOptions {
-                    spec,
-                    state_dir,
-                    resume,
-                    plugin_dirs,
-                    device,
-                    verify_parallel: verify_parallel.unwrap_or(cores),
-                    threads: threads.unwrap_or(cores).max(1),
-                    grants: grant_socket.zip(job_id),
-                    baseline: baseline.zip(baseline_version),
-                    curriculum_version: curricula_dir.zip(curriculum_version),
-                };
-                Ok(rlvr_daemon::worker::run(&options)?)
-            };
-            // A panic in libtorch glue is a bug, but it still ends as one line and an exit code.
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-                Ok(Ok(outcome)) => {
-                    println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
-                    if outcome.interrupted {
-                        ExitCode::from(rlvr_daemon::worker::lifecycle::EXIT_INTERRUPTED)
-                    } else {
-                        ExitCode::SUCCESS
-                    }
-                }
-                Ok(Err(error)) => {
-                    eprintln!("rlvrd worker: {error:#}");
-                    // Not the job's fault: the daemon counts a crash and requeues it.
-                    let grants = error
-                        .downcast_ref::<rlvr_daemon::worker::WorkerError>()
-                        .is_some_and(|error| matches!(error, rlvr_daemon::worker::WorkerError::Grants(_)));
-                    ExitCode::from(if grants { 70 } else { 2 })
-                }
-                Err(_) => {
-                    eprintln!(
-                        "rlvrd worker: internal error (a panic, reported above); the last checkpoint is intact"
-                    );
-                    ExitCode::from(70)
-                }
-            }
-        }
         Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad } } => {
             let ops = match rlvr_daemon::arith::Op::parse_list(&ops) {
                 Ok(ops) => ops,
@@ -312,18 +171,6 @@ fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         });
         rlvr_daemon::serve::run(config, shutdown).await.context("rlvrd serve")
     })
-}
-
-/// `cpu`, `cuda` or `cuda:N`.
-fn parse_device(text: &str) -> anyhow::Result<tch::Device> {
-    match text {
-        "cpu" => Ok(tch::Device::Cpu),
-        "cuda" => Ok(tch::Device::Cuda(0)),
-        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-            Some(index) => Ok(tch::Device::Cuda(index)),
-            None => anyhow::bail!("--device: expected cpu, cuda or cuda:N, got {other:?}"),
-        },
-    }
 }
 
 async fn wait_for_signal() {

@@ -1,17 +1,18 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
 //! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
-//! other and the data (the rules the worker applies at start, [`worker::fit_problems`]), the
+//! other and the data (the rules the worker applies at start, `rlvr_plugin_host::fit`), the
 //! files it names are readable by the daemon, its budget is sane, and its `[resources]` fit this
 //! daemon's devices.
 
 use std::path::Path;
 
 use rlvr_plugin_api::PluginKind;
-use rlvr_queue::spec::{JobSpec, SpecError};
+use rlvr_protocol::spec::{JobSpec, SpecError};
 
-use crate::registry::Registry;
+use rlvr_plugin_host::Registry;
+use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
+
 use crate::sched::service::Scheduler;
-use crate::worker;
 
 /// Longest wall-clock budget a job may ask for: 30 days.
 const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
@@ -63,13 +64,13 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler
 
     // The optimizer's needs against the rest of the spec: the worker's own rules.
     if let Some(optimizer) = &optimizer {
-        match worker::optimizer_needs(&optimizer.meta) {
+        match optimizer_needs(&optimizer.meta) {
             None => problem(
                 "optimizer.plugin",
                 format!("{} reports no data mode this daemon knows", optimizer.id()),
             ),
             Some(info) => {
-                for (field, message) in worker::fit_problems(spec, &info, &optimizer.id()) {
+                for (field, message) in fit_problems(spec, &info, &optimizer.id()) {
                     problem(&field, message);
                 }
             }
@@ -133,8 +134,8 @@ fn readable_file(problem: &mut impl FnMut(&str, String), field: &str, path: &Pat
 
 fn model_source(problem: &mut impl FnMut(&str, String), field: &str, source: &str) {
     if source.starts_with("builtin:") {
-        if rlvr_trainer::builtin::parse_source(source).is_none() {
-            let name = rlvr_trainer::builtin::NAME;
+        if rlvr_protocol::spec::builtin_seed(source).is_none() {
+            let name = rlvr_protocol::spec::BUILTIN_MODEL;
             problem(field, format!("expected {name} or {name}?seed=N, got {source:?}"));
         }
         return;

@@ -17,7 +17,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use rlvr_queue::spec::JobSpec;
+use rlvr_protocol::spec::JobSpec;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 

@@ -18,8 +18,8 @@ pub mod webhook;
 
 use std::time::Duration;
 
+use rlvr_protocol::spec::Priority;
 use rlvr_queue::dispatch::{self, DispatchError};
-use rlvr_queue::spec::Priority;
 use rlvr_queue::store::JobStore;
 
 use crate::config::QueueConfig;

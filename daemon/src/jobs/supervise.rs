@@ -27,9 +27,9 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::{JobState, JobView};
+use rlvr_protocol::spec::{JobSpec, Priority};
 use rlvr_queue::dispatch::new_task_id;
-use rlvr_queue::job::{JobState, JobView};
-use rlvr_queue::spec::{JobSpec, Priority};
 
 use crate::sched::inventory::DeviceKind;
 use crate::sched::policy::Demand;
@@ -42,19 +42,17 @@ use tracing::{Instrument, info, info_span, warn};
 use super::Queues;
 use super::gate::{self, Verdict};
 use super::webhook;
-use crate::worker::lifecycle::EXIT_INTERRUPTED;
+use rlvr_protocol::worker::{WorkerArgs, WorkerExit};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// How often a job waiting for admission looks whether it was cancelled meanwhile.
 const ADMISSION_RECHECK: Duration = Duration::from_secs(1);
-/// Exit status of a worker that refused its job (spec, plugins, data, model): not a crash.
-const EXIT_JOB_ERROR: i32 = 2;
 
 /// What the daemon's supervisors share.
 pub struct Supervisor {
     pub queues: Queues,
-    /// `rlvrd`, started as `rlvrd worker` for each job.
+    /// The worker executable, started as `rlvr-worker run` for each job.
     pub exe: PathBuf,
     /// `<state_dir>/jobs`: one directory per job (spec, run state, worker log).
     pub jobs_dir: PathBuf,
@@ -284,33 +282,31 @@ impl Supervisor {
         let log_path = dir.join("worker.log");
         let spawned = prepared.and_then(|()| {
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-            let mut command = tokio::process::Command::new(&self.exe);
-            command
-                .arg("worker")
-                .arg("--spec")
-                .arg(dir.join("spec.json"))
-                .arg("--state-dir")
-                .arg(dir.join("run"))
-                .arg("--resume")
-                .arg("--threads")
-                .arg(self.worker_threads.to_string())
-                .arg("--exit-with-parent")
-                .arg(std::process::id().to_string());
-            for plugin_dir in &self.plugin_dirs {
-                command.arg("--plugin-dir").arg(plugin_dir);
-            }
-            command.arg("--grant-socket").arg(&self.grant_socket).arg("--job-id").arg(id);
-            if let Some(version) = curriculum_version.filter(|version| *version > 0) {
-                command
-                    .arg("--curricula-dir")
-                    .arg(&self.curricula_dir)
-                    .arg("--curriculum-version")
-                    .arg(version.to_string());
-            }
             // The gates compare with the line's version published when this run started.
-            if let Some((version, path)) = gate::latest_version(spec, &self.default_registry) {
-                command.arg("--baseline").arg(path).arg("--baseline-version").arg(version.to_string());
-            }
+            let baseline = gate::latest_version(spec, &self.default_registry);
+            let curriculum = curriculum_version.filter(|version| *version > 0);
+            let args = WorkerArgs {
+                spec: dir.join("spec.json"),
+                state_dir: dir.join("run"),
+                resume: true,
+                plugin_dirs: self.plugin_dirs.clone(),
+                threads: Some(self.worker_threads),
+                exit_with_parent: Some(std::process::id()),
+                grant_socket: Some(self.grant_socket.clone()),
+                job_id: Some(id.to_owned()),
+                baseline_version: baseline.as_ref().map(|(version, _)| *version),
+                baseline: baseline.map(|(_, path)| path),
+                curricula_dir: curriculum.map(|_| self.curricula_dir.clone()),
+                curriculum_version: curriculum,
+                device: Some(if devices.iter().any(|kind| matches!(kind, DeviceKind::Cuda { .. })) {
+                    "cuda".to_owned()
+                } else {
+                    "cpu".to_owned()
+                }),
+                ..WorkerArgs::default()
+            };
+            let mut command = tokio::process::Command::new(&self.exe);
+            command.arg("run").args(args.to_args());
             let gpus: Vec<String> = devices
                 .iter()
                 .filter_map(|kind| match kind {
@@ -318,15 +314,9 @@ impl Supervisor {
                     DeviceKind::Cpu { .. } => None,
                 })
                 .collect();
-            if gpus.is_empty() {
-                command.arg("--device").arg("cpu");
-            } else {
+            if !gpus.is_empty() {
                 // NVML's indexes are PCI order; CUDA's are too under this setting.
-                command
-                    .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-                    .env("CUDA_VISIBLE_DEVICES", gpus.join(","))
-                    .arg("--device")
-                    .arg("cuda");
+                command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));
             }
             command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
             command.spawn()
@@ -653,11 +643,13 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
                 None => WorkerEnd::Crashed("the worker exited 0 without its outcome line".into()),
             }
         }
-        (Some(code), _) if code == i32::from(EXIT_INTERRUPTED) => WorkerEnd::Interrupted,
-        (Some(EXIT_JOB_ERROR), _) => WorkerEnd::JobError(last_error_line(log)),
-        (Some(code), _) => {
-            WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log)))
-        }
+        (Some(code), _) => match WorkerExit::from_code(code) {
+            Some(WorkerExit::Interrupted) => WorkerEnd::Interrupted,
+            Some(WorkerExit::JobError) => WorkerEnd::JobError(last_error_line(log)),
+            Some(WorkerExit::Finished | WorkerExit::Transient) | None => {
+                WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log)))
+            }
+        },
         (None, Some(signal)) => {
             let name = nix::sys::signal::Signal::try_from(signal)
                 .map_or_else(|_| signal.to_string(), |s| s.to_string());
@@ -667,12 +659,12 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
     }
 }
 
-/// The worker's own last word (`rlvrd worker: …`), else its log's last line.
+/// The worker's own last word (`rlvr-worker: …`), else its log's last line.
 fn last_error_line(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let tail: Vec<&str> = text.lines().rev().take(200).collect();
     tail.iter()
-        .find_map(|line| line.strip_prefix("rlvrd worker: "))
+        .find_map(|line| line.strip_prefix("rlvr-worker: "))
         .or_else(|| tail.first().copied())
         .unwrap_or("no log")
         .chars()

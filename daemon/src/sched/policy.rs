@@ -28,9 +28,8 @@
 //!   a request that must wait reserves its devices, so a later one never overtakes it there.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
-use rlvr_queue::spec::Priority;
+use rlvr_protocol::spec::Priority;
 
 /// Slack for comparing sums of floating-point shares and memory.
 const EPSILON: f64 = 1e-9;
@@ -74,30 +73,7 @@ impl Default for PolicyConfig {
     }
 }
 
-/// A phase that needs the job's devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    Rollout,
-    Update,
-    Eval,
-}
-
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Rollout => "rollout",
-            Phase::Update => "update",
-            Phase::Eval => "eval",
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use rlvr_protocol::grants::Phase;
 
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
@@ -27,32 +26,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::inventory::{Inventory, InventoryDevice};
-use rlvr_queue::spec::JobSpec;
+use rlvr_protocol::spec::JobSpec;
 
 use super::policy::{Decision, Demand, FitProblem, Phase, Policy, PolicyConfig, PolicyError};
 use crate::metrics::{DeviceLabel, Metrics, TeamLabel, WaitLabel};
 
-/// The grant socket's file name in the state directory.
-pub const SOCKET_FILE: &str = "sched.sock";
-
-/// One grant-protocol message from a worker.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Request {
-    Job(String),
-    Acquire(Phase),
-    Release(bool),
-}
-
-/// The daemon's answers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Answer {
-    Ok(bool),
-    Granted(Phase),
-    Released(bool),
-    Error(String),
-}
+pub use rlvr_protocol::grants::{Answer, Request, SOCKET_FILE};
 
 /// The live scheduler.
 pub struct Scheduler {
@@ -72,7 +51,7 @@ struct State {
 /// What the scheduler keeps for a job it knows.
 struct Seated {
     team: String,
-    priority: rlvr_queue::spec::Priority,
+    priority: rlvr_protocol::spec::Priority,
     queued: Instant,
     admitted: Option<oneshot::Sender<Vec<usize>>>,
     granted: Option<oneshot::Sender<()>>,
@@ -333,7 +312,7 @@ impl Scheduler {
                 (Ok(Request::Job(id)), None) => {
                     if self.lock().jobs.contains_key(&id) {
                         job = Some(id);
-                        Answer::Ok(true)
+                        Answer::Ok
                     } else {
                         Answer::Error(format!("job {id} is not admitted here"))
                     }
@@ -353,8 +332,8 @@ impl Scheduler {
                                 // of them end the request.
                                 self.release(id);
                                 match next {
-                                    Ok(Some(line)) if matches!(serde_json::from_str(&line), Ok(Request::Release(_))) => {
-                                        Answer::Released(true)
+                                    Ok(Some(line)) if matches!(serde_json::from_str(&line), Ok(Request::Release)) => {
+                                        Answer::Released
                                     }
                                     Ok(Some(_)) => Answer::Error("expected a release while waiting".to_owned()),
                                     _ => break,
@@ -364,9 +343,9 @@ impl Scheduler {
                     }
                     Err(message) => Answer::Error(message),
                 },
-                (Ok(Request::Release(_)), Some(id)) => {
+                (Ok(Request::Release), Some(id)) => {
                     self.release(id);
-                    Answer::Released(true)
+                    Answer::Released
                 }
                 (Ok(_), _) => {
                     Answer::Error("expected {\"job\": ID} first, then acquire and release".to_owned())
@@ -388,11 +367,11 @@ impl Scheduler {
     }
 }
 
-fn priority_name(priority: rlvr_queue::spec::Priority) -> &'static str {
+fn priority_name(priority: rlvr_protocol::spec::Priority) -> &'static str {
     match priority {
-        rlvr_queue::spec::Priority::High => "high",
-        rlvr_queue::spec::Priority::Normal => "normal",
-        rlvr_queue::spec::Priority::Low => "low",
+        rlvr_protocol::spec::Priority::High => "high",
+        rlvr_protocol::spec::Priority::Normal => "normal",
+        rlvr_protocol::spec::Priority::Low => "low",
     }
 }
 

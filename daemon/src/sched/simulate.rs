@@ -13,7 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use rlvr_queue::spec::Priority;
+use rlvr_protocol::spec::Priority;
 use serde::{Deserialize, Serialize};
 
 use super::policy::{Decision, Demand, Device, Phase, Policy, PolicyConfig};

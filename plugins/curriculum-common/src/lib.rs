@@ -20,6 +20,9 @@ use rlvr_plugin_api::{GroupOutcome, PluginError, RString};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// The seeded generator of every pick (`rlvr-seeded`), so a step's choice depends only on the seed.
+pub use rlvr_seeded::SplitMix64;
+
 /// Parses a plugin's keys of `[curriculum]` (`config_json`, blank = none) into `T`; errors are
 /// [`PluginError::invalid_config`] naming the key.
 pub fn parse_config<T: DeserializeOwned>(plugin: &str, config_json: &str) -> Result<T, PluginError> {
@@ -260,7 +263,7 @@ impl PassRates {
 
     /// A generator for a step: the job's seed, mixed with how many steps were observed.
     pub fn rng(&self, seed: u64) -> SplitMix64 {
-        SplitMix64::new(seed ^ self.steps.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        SplitMix64::new(seed ^ self.steps.wrapping_mul(rlvr_seeded::GOLDEN_GAMMA))
     }
 
     /// `count` prompt ids from `candidates` (indexes), uniformly without replacement while they
@@ -308,46 +311,6 @@ impl PassRates {
         self.seen = state.seen.into_owned();
         self.steps = state.steps;
         Ok(())
-    }
-}
-
-/// SplitMix64 (Steele, Lea and Flood, 2014): small, fast, and the same on every platform, so a
-/// step's choice is reproducible from the seed alone.
-#[derive(Debug, Clone)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..bound` (`bound > 0`), without modulo bias.
-    pub fn below(&mut self, bound: usize) -> usize {
-        let bound = bound as u64;
-        let zone = u64::MAX - u64::MAX % bound;
-        loop {
-            let value = self.next_u64();
-            if value < zone {
-                return (value % bound) as usize;
-            }
-        }
-    }
-
-    /// Fisher–Yates.
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for last in (1..items.len()).rev() {
-            items.swap(last, self.below(last + 1));
-        }
     }
 }
 

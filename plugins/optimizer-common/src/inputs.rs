@@ -4,6 +4,7 @@
 //! inside libtorch.
 
 use rlvr_plugin_api::{PluginError, ROption, TensorHandle};
+use rlvr_plugin_tensor::TensorHandleExt;
 use tch::{Device, Kind, Tensor};
 
 /// A tensor of the current call from its borrowed handle.

@@ -15,6 +15,7 @@ pub mod losses;
 pub mod rewards;
 
 use rlvr_plugin_api::{AdvantageOutput, LossOutput, Metric, PluginError, ROption, RVec, TensorHandle};
+use rlvr_plugin_tensor::TensorHandleExt;
 use tch::Tensor;
 
 /// A named scalar for the step's metrics.

@@ -153,6 +153,7 @@ impl ClippedPolicy {
 #[cfg(test)]
 mod tests {
     use rlvr_plugin_api::TensorHandle;
+    use rlvr_plugin_tensor::TensorHandleExt;
     use tch::Kind;
 
     use super::*;

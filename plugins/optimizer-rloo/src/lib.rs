@@ -15,6 +15,7 @@ use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
     OptimizerPlugin, PluginError, ROption, TensorHandle, export_optimizer,
 };
+use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 

@@ -60,7 +60,7 @@ pub fn replay<T: PartialEq + Debug>(
         assert_eq!(first, run(label, data), "result changed between runs on {label}");
         results.push(first);
     }
-    let mut rng = Rng(mutations.seed);
+    let mut rng = Rng(rlvr_seeded::SplitMix64::new(mutations.seed));
     for k in 0..mutations.count {
         let (_, base) = &corpus[rng.below(corpus.len())];
         let (_, other) = &corpus[rng.below(corpus.len())];
@@ -74,20 +74,13 @@ pub fn replay<T: PartialEq + Debug>(
     results
 }
 
-/// SplitMix64: the same mutations on every platform and toolchain.
-struct Rng(u64);
+/// The mutations' generator (SplitMix64 from `rlvr-seeded`): the same mutations on every
+/// platform and toolchain. Modulo draws, as the recorded regressions were found with.
+struct Rng(rlvr_seeded::SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
+        if n == 0 { 0 } else { (self.0.next_u64() % n as u64) as usize }
     }
 }
 

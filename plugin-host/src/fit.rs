@@ -1,0 +1,63 @@
+//! Whether a job's plugins fit each other and the rest of its spec: one set of rules, applied by
+//! the daemon at submit (so a job that cannot run is refused then) and by the worker at start.
+
+use rlvr_plugin_api::{DataMode, OptimizerInfo};
+use rlvr_protocol::spec::JobSpec;
+
+use crate::loader::PluginMeta;
+
+/// Every way the optimizer does not fit the rest of the spec, as `(field, message)`: checked by
+/// the worker at start and by the daemon at submit.
+pub fn fit_problems(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: &str) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
+    if online && spec.verifiers.is_empty() {
+        problems.push((
+            "verifiers".to_owned(),
+            format!(
+                "{optimizer_id} trains on rewards ({}); name at least one verifier",
+                info.data_mode.as_str()
+            ),
+        ));
+    } else if spec.verifiers.is_empty() {
+        for (field, path) in [("data.heldout", &spec.data.heldout), ("data.canaries", &spec.data.canaries)] {
+            if path.is_some() {
+                problems.push((
+                    "verifiers".to_owned(),
+                    format!("{field} is scored with the job's verifiers; name at least one"),
+                ));
+                break;
+            }
+        }
+    }
+    if info.needs_groups && spec.optimizer.group_size < 2 {
+        problems.push((
+            "optimizer.group_size".to_owned(),
+            format!(
+                "{optimizer_id} compares completions within a group; expected at least 2, got {}",
+                spec.optimizer.group_size
+            ),
+        ));
+    }
+    if spec.curriculum.is_some() && !online {
+        problems.push((
+            "curriculum".to_owned(),
+            format!("a curriculum chooses prompts of online training; {optimizer_id} trains offline"),
+        ));
+    }
+    problems
+}
+
+/// What an optimizer plugin said it needs, from the registry's record of its info.
+pub fn optimizer_needs(meta: &PluginMeta) -> Option<OptimizerInfo> {
+    let modes =
+        [DataMode::OnlineGroups, DataMode::OnlineWithCritic, DataMode::OfflinePairs, DataMode::OfflineSft];
+    let data_mode = modes.into_iter().find(|mode| meta.data_mode.as_deref() == Some(mode.as_str()))?;
+    Some(OptimizerInfo {
+        data_mode,
+        needs_reference: meta.needs_reference.unwrap_or(false),
+        needs_value_head: meta.needs_value_head.unwrap_or(false),
+        needs_groups: meta.needs_groups.unwrap_or(false),
+        libtorch_version: rlvr_plugin_api::LIBTORCH_VERSION.into(),
+    })
+}

@@ -1,0 +1,21 @@
+//! The plugin host: everything a process needs to use plugin libraries, and nothing that needs
+//! libtorch (optimizer plugins link it themselves; a host that only lists or probes them never
+//! maps their code, see [`registry::Isolation`]).
+//!
+//! - [`loader`]: one library — ELF pre-check, abi_stable load, info checks, self-test.
+//! - [`registry`]: the set of loaded `name@version`s over plugin directories, content-addressed
+//!   copies, the child-process probe, refusals.
+//! - [`verify`]: the JSONL batch engine of `rlvrctl verify` and of the worker's rewards.
+//! - [`dirs`]: where a program that loads plugins itself finds them.
+//! - [`fit`]: whether a job's optimizer fits the rest of its spec (submit and start).
+//! - [`events`], [`metrics`]: what the registry logs and counts.
+
+pub mod dirs;
+pub mod events;
+pub mod fit;
+pub mod loader;
+pub mod metrics;
+pub mod registry;
+pub mod verify;
+
+pub use registry::{Isolation, LoadedPlugin, Registry};

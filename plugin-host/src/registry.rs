@@ -1,0 +1,541 @@
+//! The plugin registry: finds plugin libraries in the configured directories, loads each through
+//! `loader`, and keeps every loaded `name@version` for the life of the process.
+//!
+//! - Libraries are never unloaded (abi_stable's rule, and jobs pin `name@version` for their life).
+//! - Before loading, a file is copied to `<cache>/<stem>-<sha256>.so`: `dlopen` returns the
+//!   already-loaded handle for a path it has seen, so loading a new build from the same path would
+//!   silently give the old one; a content-addressed copy lets a new version load beside the old,
+//!   and an in-place overwrite of the original cannot corrupt mapped code.
+//! - With [`Isolation::Subprocess`] (the daemon), each new library is first loaded and self-tested
+//!   in a child process (`rlvr-worker probe-plugin`): a library that segfaults or aborts kills the child,
+//!   and is refused, instead of killing the daemon.
+//! - Every refusal names the file and what was wrong, is logged and counted once per file content,
+//!   and is kept for `rlvrctl plugins` and `GET /v1/plugins`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use rlvr_plugin_api::abi_stable::std_types::{RResult, RString};
+use rlvr_plugin_api::{PluginError, PluginInstance, PluginKind, PluginModRef, VerifierBox};
+use rlvr_protocol::api::{PluginList, PluginView, RefusedView};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::events::{PluginLoaded, PluginRefused};
+use crate::loader;
+pub use crate::loader::{LoadRefusal, PluginMeta, RefusalReason};
+use crate::metrics::PluginMetrics as Metrics;
+
+/// How new libraries are loaded.
+#[derive(Debug, Clone)]
+pub enum Isolation {
+    /// Load directly in this process; for one-shot tools like `rlvrctl verify` and for the worker.
+    InProcess,
+    /// Probe in a child process first (`<exe> probe-plugin FILE`), then load here if it passed —
+    /// except optimizers: their code (and the libtorch it links) is never mapped into this
+    /// process; the registry keeps what the probe reported. For `rlvrd serve`, which lists and
+    /// checks optimizers but never runs one.
+    Subprocess {
+        /// The worker executable (`rlvr-worker`): it links libtorch, so an optimizer plugin
+        /// finds the library it needs there.
+        exe: PathBuf,
+        /// How long loading and the self-test may take before the library is refused.
+        timeout: Duration,
+    },
+}
+
+/// What a probe process reports on stdout, as one JSON line.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeReport {
+    /// The library loaded, checked out and passed its self-test.
+    Loaded(PluginMeta),
+    /// The library was refused.
+    Refused(LoadRefusal),
+}
+
+/// A plugin library that loaded, passed its checks and its self-test.
+pub struct LoadedPlugin {
+    /// What it is.
+    pub meta: PluginMeta,
+    /// The file it was found as.
+    pub source: PathBuf,
+    /// SHA-256 of the library's bytes, hex.
+    pub sha256: String,
+    /// When it was loaded.
+    pub loaded_at: SystemTime,
+    /// The library's root module; `None` for an optimizer a [`Isolation::Subprocess`] registry
+    /// only probed.
+    module: Option<PluginModRef>,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("meta", &self.meta)
+            .field("source", &self.source)
+            .field("sha256", &self.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedPlugin {
+    /// `name@version`.
+    pub fn id(&self) -> String {
+        self.meta.id()
+    }
+
+    /// Creates a plugin object from its configuration (a JSON object) and, for curricula, the
+    /// job's prompt ids.
+    pub fn create(&self, config_json: &str, prompt_ids: &[String]) -> Result<PluginInstance, PluginError> {
+        let Some(module) = &self.module else {
+            return Err(PluginError::internal(format!(
+                "plugin {} was only probed by this process, not loaded: create it in a worker",
+                self.id()
+            )));
+        };
+        let prompt_ids: Vec<RString> = prompt_ids.iter().map(|id| RString::from(id.as_str())).collect();
+        match module.create()(config_json.into(), prompt_ids.as_slice().into()) {
+            RResult::ROk(instance) => Ok(instance),
+            RResult::RErr(error) => Err(error),
+        }
+    }
+
+    /// Creates a verifier object; an error when this plugin is not a verifier.
+    pub fn verifier(&self, config_json: &str) -> Result<VerifierBox, PluginError> {
+        match self.create(config_json, &[])? {
+            PluginInstance::Verifier(verifier) => Ok(verifier),
+            other => Err(PluginError::internal(format!(
+                "plugin {} created a {} where a verifier was expected",
+                self.id(),
+                other.kind().as_str()
+            ))),
+        }
+    }
+}
+
+/// A library that was refused.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refused {
+    /// The file it was found as.
+    pub source: PathBuf,
+    /// SHA-256 of its bytes, when they could be read.
+    pub sha256: Option<String>,
+    /// The class of problem.
+    pub reason: RefusalReason,
+    /// What was wrong, naming the file.
+    pub message: String,
+    /// When it was refused.
+    #[serde(with = "rlvr_protocol::time::rfc3339")]
+    pub at: SystemTime,
+}
+
+/// Why a plugin asked for by name was not found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    /// No loaded plugin matches.
+    #[error("no {kind}plugin {spec:?} is loaded; loaded: {}", if available.is_empty() { "none".to_owned() } else { available.join(", ") })]
+    NotFound {
+        /// What was asked for.
+        spec: String,
+        /// `"verifier "` etc., or empty.
+        kind: String,
+        /// The `name@version` of every loaded plugin of that kind.
+        available: Vec<String>,
+    },
+    /// `name@version` did not parse.
+    #[error("plugin {spec:?}: expected NAME or NAME@VERSION with a semantic version like 1.2.3")]
+    BadSpec {
+        /// What was asked for.
+        spec: String,
+    },
+}
+
+/// The registry could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The cache directory for content-addressed copies could not be created.
+    #[error("plugin cache directory {path}: {source}")]
+    CacheDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// Size and modification time: how a scan tells that a file changed without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+#[derive(Default)]
+struct State {
+    loaded: BTreeMap<(String, semver::Version), Arc<LoadedPlugin>>,
+    /// Content hashes already loaded, so the same bytes found twice load once.
+    by_sha: HashMap<String, Arc<LoadedPlugin>>,
+    /// The latest refusal per source file; cleared when the file loads or disappears.
+    refused: BTreeMap<PathBuf, Refused>,
+    /// The stamp each source file had when it was last handled.
+    stamps: HashMap<PathBuf, FileStamp>,
+    /// Plugin directories already reported missing, so a missing one is logged once.
+    missing_dirs: HashSet<PathBuf>,
+}
+
+/// The set of loaded plugins, and what was refused.
+pub struct Registry {
+    cache_dir: PathBuf,
+    isolation: Isolation,
+    metrics: Metrics,
+    state: Mutex<State>,
+    /// Serialises scans and loads; `state` is only locked briefly so listings never wait on a
+    /// self-test.
+    load_lock: Mutex<()>,
+}
+
+impl Registry {
+    /// A registry that copies libraries into `cache_dir` before loading them.
+    pub fn new(cache_dir: PathBuf, isolation: Isolation, metrics: Metrics) -> Result<Self, RegistryError> {
+        fs::create_dir_all(&cache_dir)
+            .map_err(|source| RegistryError::CacheDir { path: cache_dir.clone(), source })?;
+        Ok(Registry { cache_dir, isolation, metrics, state: Mutex::default(), load_lock: Mutex::default() })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the maps consistent (every update is one insert).
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Looks at every `*.so` in `dirs` and loads what is new or changed. Files modified less than
+    /// `settle` ago are left for a later scan: they may still be being written.
+    pub fn scan(&self, dirs: &[PathBuf], settle: Duration) -> ScanSummary {
+        let _loading = self.load_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut summary = ScanSummary::default();
+        let mut present = HashSet::new();
+        for dir in dirs {
+            let entries = match fs::read_dir(dir) {
+                Ok(entries) => {
+                    self.state().missing_dirs.remove(dir);
+                    entries
+                }
+                Err(error) => {
+                    if self.state().missing_dirs.insert(dir.clone()) {
+                        tracing::warn!(dir = %dir.display(), %error, "plugin directory unreadable; will look again");
+                    }
+                    continue;
+                }
+            };
+            let mut paths: Vec<PathBuf> = entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "so"))
+                .collect();
+            paths.sort();
+            for path in paths {
+                let Ok(metadata) = fs::metadata(&path) else { continue };
+                if !metadata.is_file() {
+                    continue;
+                }
+                present.insert(path.clone());
+                let stamp = FileStamp { len: metadata.len(), modified: metadata.modified().ok() };
+                if self.state().stamps.get(&path) == Some(&stamp) {
+                    continue;
+                }
+                let young = stamp
+                    .modified
+                    .and_then(|modified| SystemTime::now().duration_since(modified).ok())
+                    .is_some_and(|age| age < settle);
+                if young {
+                    continue;
+                }
+                self.state().stamps.insert(path.clone(), stamp);
+                match self.load_file(&path) {
+                    Ok(_) => summary.loaded += 1,
+                    Err(_) => summary.refused += 1,
+                }
+            }
+        }
+        let mut state = self.state();
+        state.stamps.retain(|path, _| present.contains(path));
+        state.refused.retain(|path, _| present.contains(path));
+        summary
+    }
+
+    fn load_file(&self, path: &Path) -> Result<Arc<LoadedPlugin>, Refused> {
+        let result = self.try_load(path);
+        match &result {
+            Ok(_) => {
+                self.state().refused.remove(path);
+            }
+            Err(refused) => {
+                PluginRefused { refused }.emit(&self.metrics);
+                self.state().refused.insert(path.to_owned(), refused.clone());
+            }
+        }
+        result
+    }
+
+    fn try_load(&self, path: &Path) -> Result<Arc<LoadedPlugin>, Refused> {
+        let refuse = |sha256: Option<&str>, refusal: LoadRefusal| Refused {
+            source: path.to_owned(),
+            sha256: sha256.map(str::to_owned),
+            reason: refusal.reason,
+            message: format!("{}: {}", path.display(), refusal.message),
+            at: SystemTime::now(),
+        };
+        let bytes = fs::read(path).map_err(|error| {
+            refuse(
+                None,
+                LoadRefusal::new(RefusalReason::Unreadable, format!("cannot read the file: {error}")),
+            )
+        })?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        if let Some(plugin) = self.state().by_sha.get(&sha256) {
+            return Ok(plugin.clone());
+        }
+        // Before anything maps it (here or in the probe), and before it is copied into the cache.
+        loader::check_elf(&bytes).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+        let library = self.cached_copy(path, &sha256, &bytes).map_err(|error| {
+            refuse(
+                Some(&sha256),
+                LoadRefusal::new(
+                    RefusalReason::Unreadable,
+                    format!("cannot copy it into the plugin cache {}: {error}", self.cache_dir.display()),
+                ),
+            )
+        })?;
+        let (module, meta) = match &self.isolation {
+            Isolation::Subprocess { exe, timeout } => {
+                let meta =
+                    probe(exe, &library, *timeout).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+                // Refuse a duplicate before its code is mapped into this process for good.
+                if let Some(refusal) = self.duplicate_of(&meta) {
+                    return Err(refuse(Some(&sha256), refusal));
+                }
+                if meta.kind == PluginKind::Optimizer {
+                    (None, meta)
+                } else {
+                    let (module, meta) =
+                        loader::load_and_check(&library).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+                    (Some(module), meta)
+                }
+            }
+            Isolation::InProcess => {
+                let (module, meta) =
+                    loader::load_and_check(&library).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+                (Some(module), meta)
+            }
+        };
+        if let Some(refusal) = self.duplicate_of(&meta) {
+            return Err(refuse(Some(&sha256), refusal));
+        }
+        let plugin = Arc::new(LoadedPlugin {
+            meta,
+            source: path.to_owned(),
+            sha256: sha256.clone(),
+            loaded_at: SystemTime::now(),
+            module,
+        });
+        // Loads are serialised by `load_lock`, so nothing was registered since `duplicate_of`.
+        let mut state = self.state();
+        state.loaded.insert((plugin.meta.name.clone(), plugin.meta.version.clone()), plugin.clone());
+        state.by_sha.insert(sha256, plugin.clone());
+        drop(state);
+        PluginLoaded { plugin: &plugin }.emit(&self.metrics);
+        Ok(plugin)
+    }
+
+    /// The refusal for `meta` when its `name@version` is already loaded (with other content: the
+    /// same content was found by hash before this point).
+    fn duplicate_of(&self, meta: &PluginMeta) -> Option<LoadRefusal> {
+        let state = self.state();
+        let existing = state.loaded.get(&(meta.name.clone(), meta.version.clone()))?;
+        Some(LoadRefusal::new(
+            RefusalReason::DuplicateVersion,
+            format!(
+                "plugin {} is already loaded from {} with different content (sha256 {}): give the new build a new version to load it beside the old one",
+                meta.id(),
+                existing.source.display(),
+                existing.sha256
+            ),
+        ))
+    }
+
+    /// Writes `bytes` to `<cache>/<stem>-<sha256>.so` unless it is there already.
+    fn cached_copy(&self, source: &Path, sha256: &str, bytes: &[u8]) -> io::Result<PathBuf> {
+        let stem = source.file_stem().and_then(|stem| stem.to_str()).unwrap_or("plugin");
+        let target = self.cache_dir.join(format!("{stem}-{sha256}.so"));
+        if fs::metadata(&target).is_ok_and(|metadata| metadata.len() == bytes.len() as u64) {
+            return Ok(target);
+        }
+        let temp = self.cache_dir.join(format!(".{stem}-{sha256}.so.{}.tmp", std::process::id()));
+        fs::write(&temp, bytes)?;
+        fs::rename(&temp, &target)?;
+        Ok(target)
+    }
+
+    /// Every loaded plugin, by name then version.
+    pub fn plugins(&self) -> Vec<Arc<LoadedPlugin>> {
+        self.state().loaded.values().cloned().collect()
+    }
+
+    /// The current refusal of every file that is still present and refused.
+    pub fn refusals(&self) -> Vec<Refused> {
+        self.state().refused.values().cloned().collect()
+    }
+
+    /// The listing of `GET /v1/plugins` and `rlvrctl plugins`.
+    pub fn listing(&self) -> PluginList {
+        PluginList {
+            plugins: self.plugins().iter().map(|plugin| PluginView::from(plugin.as_ref())).collect(),
+            refused: self.refusals().iter().map(RefusedView::from).collect(),
+        }
+    }
+
+    /// Finds a loaded plugin by `name` (newest version) or `name@version`, optionally of a kind.
+    pub fn find(&self, spec: &str, kind: Option<PluginKind>) -> Result<Arc<LoadedPlugin>, LookupError> {
+        let (name, version) = match spec.split_once('@') {
+            Some((name, version)) => {
+                let version = semver::Version::parse(version)
+                    .map_err(|_| LookupError::BadSpec { spec: spec.to_owned() })?;
+                (name, Some(version))
+            }
+            None => (spec, None),
+        };
+        let state = self.state();
+        let of_kind = |plugin: &&Arc<LoadedPlugin>| kind.is_none_or(|kind| plugin.meta.kind == kind);
+        let found = state.loaded.values().filter(of_kind).rfind(|plugin| {
+            plugin.meta.name == name && version.as_ref().is_none_or(|version| &plugin.meta.version == version)
+        });
+        found.cloned().ok_or_else(|| LookupError::NotFound {
+            spec: spec.to_owned(),
+            kind: kind.map(|kind| format!("{} ", kind.as_str())).unwrap_or_default(),
+            available: state.loaded.values().filter(of_kind).map(|plugin| plugin.id()).collect(),
+        })
+    }
+}
+
+impl From<&LoadedPlugin> for PluginView {
+    fn from(plugin: &LoadedPlugin) -> Self {
+        PluginView {
+            id: plugin.id(),
+            name: plugin.meta.name.clone(),
+            version: plugin.meta.version.to_string(),
+            kind: plugin.meta.kind.as_str().to_owned(),
+            description: plugin.meta.description.clone(),
+            sha256: plugin.sha256.clone(),
+            source: plugin.source.display().to_string(),
+            reference_schema: plugin.meta.reference_schema.clone(),
+            data_mode: plugin.meta.data_mode.clone(),
+            notes: plugin.meta.notes.clone(),
+            loaded_at: rlvr_protocol::time::rfc3339::format(plugin.loaded_at),
+        }
+    }
+}
+
+impl From<&Refused> for RefusedView {
+    fn from(refused: &Refused) -> Self {
+        RefusedView {
+            source: refused.source.display().to_string(),
+            reason: refused.reason.as_str().to_owned(),
+            message: refused.message.clone(),
+            at: rlvr_protocol::time::rfc3339::format(refused.at),
+        }
+    }
+}
+
+/// What one scan did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ScanSummary {
+    /// Libraries newly loaded (or found again with known content).
+    pub loaded: usize,
+    /// Libraries refused.
+    pub refused: usize,
+}
+
+/// Loads `library` in a child process and reads its report.
+fn probe(exe: &Path, library: &Path, timeout: Duration) -> Result<PluginMeta, LoadRefusal> {
+    let crashed = |message: String| LoadRefusal::new(RefusalReason::Crashed, message);
+    let mut child = Command::new(exe)
+        .arg("probe-plugin")
+        .arg(library)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| crashed(format!("cannot start the probe process {}: {error}", exe.display())))?;
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(crashed(format!(
+                    "loading and self-test did not finish within {} s; the probe process was killed",
+                    timeout.as_secs()
+                )));
+            }
+        }
+    };
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    if let Some(line) = stdout.lines().rev().find(|line| !line.trim().is_empty())
+        && let Ok(report) = serde_json::from_str::<ProbeReport>(line)
+    {
+        return match report {
+            ProbeReport::Loaded(meta) => Ok(meta),
+            ProbeReport::Refused(refusal) => Err(refusal),
+        };
+    }
+    let tail: String = {
+        let trimmed = stderr.trim();
+        let start = trimmed.char_indices().rev().nth(400).map_or(0, |(at, _)| at);
+        trimmed[start..].to_owned()
+    };
+    Err(crashed(format!(
+        "the library crashed the probe process ({}){}",
+        describe_exit(status),
+        if tail.is_empty() { String::new() } else { format!("; its last words: {tail}") }
+    )))
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (_, Some(signal)) => match nix::sys::signal::Signal::try_from(signal) {
+            Ok(signal) => format!("killed by {signal}"),
+            Err(_) => format!("killed by signal {signal}"),
+        },
+        (Some(code), _) => format!("exit code {code}"),
+        _ => "unknown exit".to_owned(),
+    }
+}
+
+/// The body of `rlvr-worker probe-plugin FILE`: load and check in this process, report on stdout.
+pub fn probe_main(library: &Path) -> ProbeReport {
+    match loader::load_and_check(library) {
+        Ok((_module, meta)) => ProbeReport::Loaded(meta),
+        Err(refusal) => ProbeReport::Refused(refusal),
+    }
+}

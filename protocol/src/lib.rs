@@ -1,0 +1,21 @@
+//! What crosses rlvr's process boundaries, as types both sides share, so that renaming a field is
+//! a compile error rather than a silent "not checked" (design.md §2). No IO beyond the job
+//! directory's own files; no Redis, no HTTP, no libtorch.
+//!
+//! - [`spec`]: the job spec of design.md §1, parsed from TOML or JSON, with errors that name the
+//!   field.
+//! - [`job`]: job states, the allowed changes between them and the API's wire types.
+//! - [`api`]: the daemon's own wire types (health, plugin listing).
+//! - [`time`]: timestamps on the wire.
+//! - [`grants`]: the grant socket's messages between a worker and the scheduler.
+//! - [`curricula`]: the shared curricula's versions, which the daemon writes and workers pin.
+//! - [`worker`]: the worker protocol — its arguments, exit statuses, outcome, metrics and
+//!   progress.
+
+pub mod api;
+pub mod curricula;
+pub mod grants;
+pub mod job;
+pub mod spec;
+pub mod time;
+pub mod worker;

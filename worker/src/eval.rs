@@ -1,0 +1,182 @@
+//! Held-out scoring: greedy completions of the held-out prompts, scored by the job's verifiers;
+//! and the gates' evaluation of the candidate against its baseline on held-out and canaries.
+//! Greedy, so a score depends on the weights only — and uses no randomness that resume tracks.
+
+use rlvr_model::{LoadedModel, SamplerRng, SamplingParams, generate, load as load_model};
+use serde_json::{Value, json};
+use tch::{Kind, Tensor};
+
+use super::Job;
+use super::data::PromptRecord;
+use super::reward::ToScore;
+use rlvr_protocol::grants::Phase;
+
+/// Prompts generated at once.
+const EVAL_BATCH: usize = 64;
+
+/// A model's score on a set of prompts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldoutScore {
+    /// Fraction of prompts whose completion passed every weighted verifier.
+    pub accuracy: f64,
+    pub reward_mean: f64,
+    pub completion_len_mean: f64,
+    pub prompts: usize,
+    /// Whether each prompt's completion passed, in the set's order (for canary regressions).
+    pub passed: Vec<bool>,
+    /// Verifier calls, and those that came back with an error or timed out.
+    pub verifier_calls: usize,
+    pub verifier_errors: usize,
+    pub verifier_timeouts: usize,
+}
+
+impl HeldoutScore {
+    /// The figures of a metrics line (the per-prompt verdicts stay out of the log).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "accuracy": self.accuracy,
+            "reward_mean": self.reward_mean,
+            "completion_len_mean": self.completion_len_mean,
+            "prompts": self.prompts,
+        })
+    }
+
+    /// The figures the gates judge.
+    pub fn to_gate_json(&self) -> Value {
+        let mut value = self.to_json();
+        value["verifier_calls"] = json!(self.verifier_calls);
+        value["verifier_errors"] = json!(self.verifier_errors);
+        value["verifier_timeouts"] = json!(self.verifier_timeouts);
+        value
+    }
+}
+
+/// The held-out prompts every evaluation uses: the set, or its first `eval.max_prompts`.
+fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
+    let Some(heldout) = &job.heldout else { return Err("no held-out set".into()) };
+    let limit = job.spec.eval.max_prompts.map_or(heldout.len(), |m| (m as usize).min(heldout.len()));
+    Ok(&heldout[..limit])
+}
+
+/// Scores the policy on the held-out set (or its first `eval.max_prompts`).
+pub fn heldout(job: &Job) -> Result<HeldoutScore, String> {
+    let records = heldout_records(job)?;
+    let _grant = job.grants.hold(Phase::Eval)?;
+    score(job, &job.policy, records, "held-out")
+}
+
+/// Where the candidate is compared from: the model line's published version, or the job's
+/// starting checkpoint when the line has none yet (design.md §6).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
+    /// `published` or `start`.
+    pub kind: String,
+    /// The model directory (or `builtin:…`) scored.
+    pub model: String,
+    /// The published version, for `published`.
+    pub version: Option<u64>,
+}
+
+/// The gates' evaluation of the candidate (the policy as trained) and of `baseline`: held-out
+/// and canary scores of both, the canaries the baseline passed and the candidate fails, and the
+/// training trend. The daemon judges it (`jobs::gate::judge`).
+pub fn for_gates(
+    job: &Job,
+    baseline: &Baseline,
+    canaries: Option<&[PromptRecord]>,
+    trend: Option<super::stop::Trend>,
+) -> Result<Value, String> {
+    let _grant = job.grants.hold(Phase::Eval)?;
+    let heldout = job.heldout.as_ref().map(|_| heldout_records(job)).transpose()?;
+    let scores = |model: &LoadedModel| -> Result<(Option<HeldoutScore>, Option<HeldoutScore>), String> {
+        let heldout = heldout.map(|records| score(job, model, records, "held-out")).transpose()?;
+        let canaries = canaries.map(|records| score(job, model, records, "canary")).transpose()?;
+        Ok((heldout, canaries))
+    };
+    let candidate = scores(&job.policy)?;
+    let before = {
+        let kind = job.policy.vs.variables().values().next().map_or(Kind::Float, Tensor::kind);
+        let mut model = load_model(&baseline.model, job.device, kind)
+            .map_err(|error| format!("the gates' baseline {}: {error}", baseline.model))?;
+        model.vs.freeze();
+        scores(&model)?
+    };
+    let regressions: Vec<&str> = match (canaries, &candidate.1, &before.1) {
+        (Some(records), Some(now), Some(then)) => records
+            .iter()
+            .zip(now.passed.iter().zip(&then.passed))
+            .filter(|(_, (now, then))| **then && !**now)
+            .map(|(record, _)| record.id.as_str())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let json_of = |(heldout, canaries): &(Option<HeldoutScore>, Option<HeldoutScore>)| {
+        json!({
+            "heldout": heldout.as_ref().map(HeldoutScore::to_gate_json),
+            "canaries": canaries.as_ref().map(HeldoutScore::to_gate_json),
+        })
+    };
+    Ok(json!({
+        "baseline": baseline,
+        "candidate": json_of(&candidate),
+        "baseline_scores": json_of(&before),
+        "canary_regressions": {"count": regressions.len(), "ids": regressions.iter().take(20).collect::<Vec<_>>()},
+        "training": trend,
+    }))
+}
+
+/// Greedy completions of `records` by `model`, scored by the job's verifiers.
+fn score(
+    job: &Job,
+    model: &LoadedModel,
+    records: &[PromptRecord],
+    what: &str,
+) -> Result<HeldoutScore, String> {
+    let params = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..job.sampling.clone() };
+    // Greedy decoding draws nothing; a throwaway generator keeps the training one untouched.
+    let mut rng = SamplerRng::new(0);
+    let tokenizer = &model.tokenizer;
+    let (mut reward, mut length) = (0.0, 0usize);
+    let mut passed = Vec::with_capacity(records.len());
+    let (mut errors, mut timeouts) = (0usize, 0usize);
+    for chunk in records.chunks(EVAL_BATCH) {
+        let mut prompts = Vec::with_capacity(chunk.len());
+        for record in chunk {
+            let rendered =
+                tokenizer.render_prompt(&record.prompt).map_err(|e| format!("{what} {}: {e}", record.id))?;
+            prompts.push(tokenizer.encode(&rendered).map_err(|e| format!("{what} {}: {e}", record.id))?);
+        }
+        let sampled = tch::no_grad(|| generate(&model.model, tokenizer, &prompts, 1, &params, &mut rng))
+            .map_err(|error| format!("{what} sampling: {error}"))?;
+        let items: Vec<ToScore<'_>> = sampled
+            .iter()
+            .map(|sample| {
+                let record = &chunk[sample.prompt_index];
+                ToScore {
+                    id: &record.id,
+                    prompt: &record.prompt,
+                    completion: &sample.text,
+                    reference_json: &record.reference_json,
+                }
+            })
+            .collect();
+        for (scored, sample) in job.rewarder.score(&items).iter().zip(&sampled) {
+            passed.push(scored.passed);
+            reward += scored.reward;
+            length += sample.tokens.len();
+            errors += scored.errors.len().saturating_sub(scored.timeouts as usize);
+            timeouts += scored.timeouts as usize;
+        }
+    }
+    let n = records.len().max(1) as f64;
+    Ok(HeldoutScore {
+        accuracy: passed.iter().filter(|p| **p).count() as f64 / n,
+        reward_mean: reward / n,
+        completion_len_mean: length as f64 / n,
+        prompts: records.len(),
+        passed,
+        verifier_calls: records.len() * job.rewarder.verifiers.len(),
+        verifier_errors: errors,
+        verifier_timeouts: timeouts,
+    })
+}

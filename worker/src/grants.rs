@@ -1,0 +1,137 @@
+//! The worker's side of the daemon's device grants (`sched::service` has the protocol): before
+//! each device phase — rollout, update, evaluation — the worker asks `rlvrd serve` for its
+//! devices and gives them back after, so another job's phase can use them while this one
+//! verifies on the CPU. A worker started by hand (no `--grant-socket`) runs without grants.
+//!
+//! A [`Grant`] gives its devices back when dropped. Waiting for the first grant of a step can be
+//! cut short by a stop request (SIGTERM): the step has not begun, so the worker checkpoints
+//! and leaves at that boundary.
+
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rlvr_protocol::grants::Phase;
+use rlvr_protocol::grants::{Answer, Request};
+
+use super::lifecycle;
+
+/// How often a wait for a grant looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// The connection to the daemon's scheduler, or none.
+#[derive(Clone, Default)]
+pub struct Grants {
+    connection: Option<Arc<Mutex<Connection>>>,
+}
+
+struct Connection {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+/// Devices held for a phase; given back on drop.
+pub struct Grant {
+    connection: Option<Arc<Mutex<Connection>>>,
+}
+
+impl Connection {
+    fn send(&mut self, request: &Request) -> Result<(), String> {
+        let mut line = serde_json::to_string(request).map_err(|error| error.to_string())?;
+        line.push('\n');
+        self.writer.write_all(line.as_bytes()).map_err(|error| format!("grant socket: {error}"))
+    }
+
+    /// The next answer; `None` when the read timed out (a wait goes on).
+    fn answer(&mut self) -> Result<Option<Answer>, String> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err("grant socket: the daemon closed it".to_owned()),
+            Ok(_) => serde_json::from_str(&line)
+                .map(Some)
+                .map_err(|error| format!("grant socket: unreadable answer {line:?}: {error}")),
+            Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Ok(None),
+            Err(error) => Err(format!("grant socket: {error}")),
+        }
+    }
+
+    /// Waits for an answer, however long.
+    fn wait_answer(&mut self) -> Result<Answer, String> {
+        loop {
+            if let Some(answer) = self.answer()? {
+                return Ok(answer);
+            }
+        }
+    }
+}
+
+impl Grants {
+    /// No daemon: every phase runs at once.
+    pub fn none() -> Self {
+        Grants::default()
+    }
+
+    /// Connects to the daemon's grant socket as job `job`.
+    pub fn connect(path: &Path, job: &str) -> Result<Self, String> {
+        let stream =
+            UnixStream::connect(path).map_err(|error| format!("grant socket {}: {error}", path.display()))?;
+        stream.set_read_timeout(Some(STOP_POLL)).map_err(|error| format!("grant socket: {error}"))?;
+        let writer = stream.try_clone().map_err(|error| format!("grant socket: {error}"))?;
+        let mut connection = Connection { reader: BufReader::new(stream), writer };
+        connection.send(&Request::Job(job.to_owned()))?;
+        match connection.wait_answer()? {
+            Answer::Ok => Ok(Grants { connection: Some(Arc::new(Mutex::new(connection))) }),
+            Answer::Error(message) => Err(format!("grant socket: {message}")),
+            other => Err(format!("grant socket: unexpected answer {other:?}")),
+        }
+    }
+
+    /// Waits for this job's devices for `phase`.
+    pub fn hold(&self, phase: Phase) -> Result<Grant, String> {
+        self.acquire(phase, false).map(|grant| grant.expect("only a boundary wait is cut short"))
+    }
+
+    /// As [`Grants::hold`] at a step boundary: `None` when a stop was requested while waiting.
+    pub fn hold_at_boundary(&self, phase: Phase) -> Result<Option<Grant>, String> {
+        self.acquire(phase, true)
+    }
+
+    fn acquire(&self, phase: Phase, stoppable: bool) -> Result<Option<Grant>, String> {
+        let Some(shared) = &self.connection else { return Ok(Some(Grant { connection: None })) };
+        let mut connection = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        connection.send(&Request::Acquire(phase))?;
+        loop {
+            match connection.answer()? {
+                Some(Answer::Granted(_)) => return Ok(Some(Grant { connection: Some(shared.clone()) })),
+                Some(Answer::Error(message)) => return Err(format!("grant for {phase}: {message}")),
+                Some(other) => return Err(format!("grant for {phase}: unexpected answer {other:?}")),
+                None if stoppable && lifecycle::stop_requested() => {
+                    // Withdraw the request. A grant that crossed it is given back by the same
+                    // release: the daemon reads it after sending the grant.
+                    connection.send(&Request::Release)?;
+                    loop {
+                        match connection.wait_answer()? {
+                            Answer::Released => return Ok(None),
+                            Answer::Error(message) => return Err(format!("grant for {phase}: {message}")),
+                            Answer::Granted(_) | Answer::Ok => {}
+                        }
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        let Some(shared) = self.connection.take() else { return };
+        let mut connection = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // A broken connection gives everything back on the daemon's side anyway.
+        if connection.send(&Request::Release).is_ok() {
+            let _ = connection.wait_answer();
+        }
+    }
+}

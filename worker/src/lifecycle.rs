@@ -1,0 +1,142 @@
+//! How a worker process lives beside the daemon that started it.
+//!
+//! - **Stop requests**: SIGTERM (or SIGINT) asks the worker to stop at the next step boundary,
+//!   checkpoint, and exit with [`WorkerExit::Interrupted`](rlvr_protocol::worker::WorkerExit); the daemon requeues the job and a later
+//!   worker resumes it exactly. A second signal changes nothing: the checkpoint is what makes the
+//!   stop safe, so it is never skipped.
+//! - **Dying with the daemon**: with `--exit-with-parent`, the kernel kills the worker when the
+//!   daemon dies (`PR_SET_PDEATHSIG`), and a watch thread does the same if the parent changes
+//!   anyway. A `kill -9` of the daemon must never leave a worker training a job that the next
+//!   daemon will start again.
+//! - **One worker per run**: an exclusive `flock` on `<state dir>.lock`, held for the process's
+//!   life and released by the kernel when it dies however it dies.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    STOP_REQUESTED.store(true, Ordering::SeqCst);
+}
+
+/// Installs the SIGTERM/SIGINT handlers that turn a signal into a stop request.
+pub fn install_stop_handlers() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(SigHandler::Handler(on_stop_signal), SaFlags::SA_RESTART, SigSet::empty());
+    for signal in [Signal::SIGTERM, Signal::SIGINT] {
+        // SAFETY: the handler only stores to an atomic.
+        if let Err(error) = unsafe { sigaction(signal, &action) } {
+            tracing::warn!(%error, ?signal, "cannot install the stop handler; the signal will kill the worker");
+        }
+    }
+}
+
+/// Whether a stop was requested.
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED.load(Ordering::SeqCst)
+}
+
+/// Makes this process die with `parent` (the daemon's pid): SIGKILL when it dies.
+pub fn exit_with_parent(parent: u32) {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; no memory is passed.
+    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if set != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "PR_SET_PDEATHSIG failed; relying on the watch thread");
+    }
+    // The parent may have died before the prctl: then we were reparented already.
+    check_parent(parent);
+    // PDEATHSIG fires when the *thread* that forked us exits, and a subreaper changes what
+    // getppid says: the watch thread covers both.
+    let _ = std::thread::Builder::new().name("parent-watch".into()).spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            check_parent(parent);
+        }
+    });
+}
+
+fn check_parent(parent: u32) {
+    // SAFETY: getppid cannot fail.
+    let now = unsafe { libc::getppid() } as u32;
+    if now != parent {
+        eprintln!("rlvr-worker: the daemon (pid {parent}) is gone; stopping at once");
+        // SAFETY: _exit ends the process without running destructors, as SIGKILL would: the last
+        // checkpoint is what the next worker resumes from.
+        unsafe { libc::_exit(137) };
+    }
+}
+
+/// The lock that makes one process at a time run a state directory.
+pub struct RunLock {
+    _file: File,
+}
+
+/// Why the lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The lock file could not be opened.
+    #[error("{path}: {source}")]
+    Open { path: PathBuf, source: std::io::Error },
+    /// Another process holds it still.
+    #[error("{path}: another worker runs this job (pid {holder}); waited {waited_s} s")]
+    Held { path: PathBuf, holder: String, waited_s: u64 },
+}
+
+/// Takes the exclusive lock of `state_dir`, waiting up to `wait` for a previous holder to exit
+/// (a worker of a killed daemon takes a moment to be killed in turn).
+pub fn lock_run(state_dir: &Path, wait: Duration) -> Result<RunLock, LockError> {
+    let mut name = state_dir.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    if let Some(parent) = path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let open = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| LockError::Open { path: path.clone(), source })
+    };
+    let file = open()?;
+    let started = Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let _ = file.set_len(0);
+            let _ = std::fs::write(&path, format!("{}\n", std::process::id()));
+            return Ok(RunLock { _file: file });
+        }
+        if started.elapsed() >= wait {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default().trim().to_owned();
+            return Err(LockError::Held { path, holder, waited_s: wait.as_secs() });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_waits_then_is_refused_with_the_first_ones_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let first = lock_run(&run, Duration::ZERO).unwrap();
+        // flock locks belong to the open file description: a second open in this process
+        // conflicts just as another process would.
+        let error = lock_run(&run, Duration::from_millis(300)).err().expect("held");
+        let message = error.to_string();
+        assert!(message.contains(&format!("pid {}", std::process::id())), "{message}");
+        drop(first);
+        lock_run(&run, Duration::ZERO).expect("free again once dropped");
+    }
+}

@@ -1,0 +1,711 @@
+//! One training step.
+//!
+//! Online (GRPO, RLOO, PPO): choose prompts → sample G completions each (no grad) → score them
+//! with the verifiers → old, reference (and value) passes without grad, once per batch → the
+//! plugin's advantages → μ updates, each over every micro-batch (the plugin's loss is the
+//! micro-batch's share of the batch's, so the summed gradients equal one pass over the whole
+//! batch) → clip → AdamW. With μ = 1 the old log-probabilities are the sampler's own.
+//! Offline (SFT, DPO): the next records → the same update with the plugin's loss.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use rlvr_model::logprobs::{SequenceBatch, completion_logprobs};
+use rlvr_model::sample::{Finish, Sampled, generate};
+use rlvr_plugin_api::{
+    AdvantageInputs, DataMode, GroupOutcome, LossInputs, LossScale, RResult, RString, TensorHandle,
+};
+use rlvr_plugin_tensor::TensorHandleExt;
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor};
+use tracing::{info, warn};
+
+use super::data::PromptRecord;
+use super::grants::Grant;
+use super::reward::{Scored, ToScore};
+use super::{Job, TrainData};
+use rlvr_protocol::grants::Phase;
+
+/// What a step produced.
+pub struct StepOutput {
+    /// The metrics line.
+    pub metrics: Value,
+    /// One rollout record per completion (online).
+    pub records: Vec<Value>,
+    pub tokens_generated: u64,
+}
+
+/// Rows of one update: prompt and completion tokens per row, group ids and, online, rewards.
+struct Rows {
+    prompts: Vec<Vec<i64>>,
+    completions: Vec<Vec<i64>>,
+}
+
+impl Rows {
+    fn len(&self) -> usize {
+        self.completions.len()
+    }
+
+    fn width(&self, range: std::ops::Range<usize>) -> usize {
+        self.completions[range].iter().map(Vec::len).max().unwrap_or(0).max(1)
+    }
+
+    fn batch(
+        &self,
+        range: std::ops::Range<usize>,
+        pad_id: i64,
+        device: Device,
+    ) -> Result<SequenceBatch, String> {
+        let pairs: Vec<(&[i64], &[i64])> =
+            range.map(|i| (self.prompts[i].as_slice(), self.completions[i].as_slice())).collect();
+        SequenceBatch::new(&pairs, pad_id, device).map_err(|error| error.to_string())
+    }
+}
+
+/// The first phase of a step, whose grant the step is started with: the rollout, or for offline
+/// data the update (offline steps are one device phase).
+pub fn first_phase(job: &Job) -> Phase {
+    match job.optimizer_info.data_mode {
+        DataMode::OnlineGroups | DataMode::OnlineWithCritic => Phase::Rollout,
+        DataMode::OfflineSft | DataMode::OfflinePairs => Phase::Update,
+    }
+}
+
+/// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
+/// `grant` holds the devices for [`first_phase`]; the step asks for the others itself.
+pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, String> {
+    match job.optimizer_info.data_mode {
+        DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
+        DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
+    }
+}
+
+fn online_step(
+    job: &mut Job,
+    step: u64,
+    weights_step: u64,
+    rollout_grant: Grant,
+) -> Result<StepOutput, String> {
+    let step_started = Instant::now();
+    let count = job.spec.rollout.prompts_per_step as usize;
+    let group_size = job.spec.optimizer.group_size as usize;
+
+    // Rollout and verification: the step's prompts, then — with dynamic sampling — more rounds
+    // while groups that teach nothing (all pass or all fail) leave the batch short.
+    let first = sample_round(job, step, 0, count, rollout_grant)?;
+    let (mut rollout_s, mut verify_s) = (first.rollout_s, first.verify_s);
+    let mut outcomes = first.outcomes(group_size);
+    let first_groups = outcomes.len();
+    let mut tokens_sampled = first.tokens();
+    let rounds = job.spec.rollout.dynamic_sampling_rounds;
+    let mut extra_rounds = 0;
+    let batch = if rounds == 0 {
+        first
+    } else {
+        let mut kept = Round::default();
+        kept.take_informative(&first, group_size, count);
+        while kept.picked.len() < count && extra_rounds < rounds {
+            extra_rounds += 1;
+            let grant = job.grants.hold(Phase::Rollout)?;
+            let more = sample_round(job, step, extra_rounds, count - kept.picked.len(), grant)?;
+            rollout_s += more.rollout_s;
+            verify_s += more.verify_s;
+            tokens_sampled += more.tokens();
+            outcomes.extend(more.outcomes(group_size));
+            kept.take_informative(&more, group_size, count);
+        }
+        // Nothing informative within the budget: train on the first round (zero advantages).
+        if kept.picked.is_empty() { first } else { kept }
+    };
+    let Round { picked, prompt_tokens, sampled, scored, completion_ids, .. } = batch;
+
+    // Update.
+    let _update_grant = job.grants.hold(Phase::Update)?;
+    let update_started = Instant::now();
+    let rows = Rows {
+        prompts: sampled.iter().map(|s| prompt_tokens[s.prompt_index].clone()).collect(),
+        completions: sampled.iter().map(|s| s.tokens.clone()).collect(),
+    };
+    let rewards: Vec<f64> = scored.iter().map(|s| s.reward).collect();
+    let group_ids: Vec<u64> = sampled.iter().map(|s| s.prompt_index as u64).collect();
+    let width = rows.width(0..rows.len());
+    let mask =
+        padded(&rows.completions.iter().map(|c| vec![1f32; c.len()]).collect::<Vec<_>>(), width, job.device);
+    let sampling_logprobs =
+        padded(&sampled.iter().map(|s| s.logprobs.clone()).collect::<Vec<_>>(), width, job.device);
+    let needs_values = job.optimizer_info.needs_value_head;
+    let temperature = job.spec.rollout.temperature.max(f64::MIN_POSITIVE);
+    let (old_logprobs, old_values) = if job.spec.optimizer.mu == 1 && !needs_values {
+        (sampling_logprobs.shallow_clone(), None)
+    } else {
+        let (logprobs, values) = no_grad_pass(job, &rows, width, true)?;
+        // With μ = 1 the sampler's log-probabilities are the old ones even when values are needed.
+        let logprobs = if job.spec.optimizer.mu == 1 { sampling_logprobs.shallow_clone() } else { logprobs };
+        (logprobs, values)
+    };
+    let ref_logprobs = match job.reference.is_some() {
+        true => Some(no_grad_pass(job, &rows, width, false)?.0),
+        false => None,
+    };
+    let advantages = job
+        .optimizer
+        .advantages(&AdvantageInputs {
+            rewards: rewards.as_slice().into(),
+            group_ids: group_ids.as_slice().into(),
+            old_logprobs: TensorHandle::borrow(&old_logprobs),
+            ref_logprobs: ref_logprobs.as_ref().map(TensorHandle::borrow).into(),
+            mask: TensorHandle::borrow(&mask),
+            values: old_values.as_ref().map(TensorHandle::borrow).into(),
+        })
+        .into_result()
+        .map_err(|error| format!("optimizer advantages: {error}"))?;
+    // SAFETY: the plugin hands these tensors over (LossOutput/AdvantageOutput contract).
+    let advantage_tensor = unsafe { advantages.advantages.into_tensor() };
+    let returns = advantages.returns.into_option().map(|handle| unsafe { handle.into_tensor() });
+    let mut metrics = BTreeMap::new();
+    for metric in &advantages.metrics {
+        metrics.insert(format!("opt.{}", metric.name), metric.value);
+    }
+    let tensors = BatchTensors {
+        mask: &mask,
+        old_logprobs: Some(&old_logprobs),
+        ref_logprobs: ref_logprobs.as_ref(),
+        advantages: Some(&advantage_tensor),
+        old_values: old_values.as_ref(),
+        returns: returns.as_ref(),
+    };
+    let update = update(job, &rows, &tensors, step, temperature)?;
+    metrics.extend(update.metrics.clone());
+    let update_s = update_started.elapsed().as_secs_f64();
+
+    // Curriculum and records: every group sampled, the dropped ones too, tells the curriculum
+    // about its prompt; the fractions are the first round's, what the policy faced.
+    let groups = first_groups;
+    let all_pass = outcomes[..first_groups].iter().filter(|o| o.passed == o.total).count();
+    let all_fail = outcomes[..first_groups].iter().filter(|o| o.passed == 0).count();
+    if let Some(curriculum) = &mut job.curriculum {
+        curriculum
+            .observe(outcomes.as_slice().into())
+            .into_result()
+            .map_err(|e| format!("curriculum: {e}"))?;
+    }
+    // Said on the first such step and every tenth after, not on every step.
+    if all_fail == groups && (step == 1 || step % 10 == 0) {
+        warn!(
+            groups,
+            "every group is all-fail: every advantage is zero and nothing is learned; start from an SFT \
+             cold start, add a format reward, or choose easier prompts"
+        );
+    }
+    let advantage_rows = row_means(&advantage_tensor, &mask);
+    let old_sums = row_sums(&old_logprobs, &mask);
+    let ref_sums = ref_logprobs.as_ref().map(|r| row_sums(r, &mask));
+    let verifier_ids = job.rewarder.ids();
+    let records: Vec<Value> = sampled
+        .iter()
+        .enumerate()
+        .map(|(i, sample)| {
+            let prompt = &picked[sample.prompt_index];
+            json!({
+                "step": step,
+                "checkpoint_step": weights_step,
+                "prompt_id": prompt.id,
+                "group_id": format!("{step}-{}", sample.prompt_index),
+                "completion_id": completion_ids[i],
+                "prompt": prompt.prompt,
+                "completion": sample.text,
+                "prompt_tokens": prompt_tokens[sample.prompt_index].len(),
+                "completion_tokens": sample.tokens.len(),
+                "finish": finish_name(sample.finish),
+                "reward": scored[i].reward,
+                "passed": scored[i].passed,
+                "components": components_json(&scored[i].components),
+                "extracted": scored[i].extracted.iter().map(|(n, e)| (n.clone(), json!(e))).collect::<serde_json::Map<_, _>>(),
+                "errors": scored[i].errors,
+                "verifiers": verifier_ids,
+                "advantage": advantage_rows[i],
+                "logprob": {"policy": update.policy_sums.get(i).copied(), "old": old_sums[i], "reference": ref_sums.as_ref().map(|r| r[i])},
+                "sampling": {
+                    "temperature": job.spec.rollout.temperature,
+                    "top_p": job.spec.rollout.top_p,
+                    "top_k": job.spec.rollout.top_k,
+                    "max_new_tokens": job.spec.rollout.max_new_tokens,
+                },
+            })
+        })
+        .collect();
+
+    // Metrics (of the batch trained on; tokens of every round sampled).
+    let tokens = tokens_sampled;
+    let lengths: Vec<f64> = sampled.iter().map(|s| s.tokens.len() as f64).collect();
+    let cut = sampled.iter().filter(|s| s.finish == Finish::Length).count();
+    let (reward_mean, reward_std) = mean_std(&rewards);
+    let mut line = json!({
+        "step": step,
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "passed_frac": scored.iter().filter(|s| s.passed).count() as f64 / scored.len().max(1) as f64,
+        "components": component_means(&scored),
+        "all_pass_frac": all_pass as f64 / groups.max(1) as f64,
+        "all_fail_frac": all_fail as f64 / groups.max(1) as f64,
+        "completion_len_mean": mean_std(&lengths).0,
+        "completion_len_max": lengths.iter().copied().fold(0.0, f64::max),
+        "cut_frac": cut as f64 / sampled.len().max(1) as f64,
+        "tokens_generated": tokens,
+        // E[-log p(x)] over sampled tokens estimates the sampling distribution's entropy.
+        "entropy": -masked_mean(&sampling_logprobs, &mask),
+        "kl_ref": ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
+        "verified": scored.len(),
+        "verifier_timeouts": scored.iter().map(|s| u64::from(s.timeouts)).sum::<u64>(),
+        "verifier_errors": scored.iter().filter(|s| !s.errors.is_empty()).count(),
+    });
+    if rounds > 0 {
+        line["dynamic_sampling"] = json!({
+            "extra_rounds": extra_rounds,
+            "groups_sampled": outcomes.len(),
+            "groups_trained": picked.len(),
+        });
+    }
+    add_update_metrics(&mut line, &metrics, &update);
+    line["time"] = json!({
+        "rollout_s": rollout_s,
+        "verify_s": verify_s,
+        "update_s": update_s,
+        "step_s": step_started.elapsed().as_secs_f64(),
+        "generation_tokens_per_s": tokens as f64 / rollout_s.max(1e-9),
+        "verifier_latency_us": latency_json(&scored),
+    });
+    Ok(StepOutput { metrics: line, records, tokens_generated: tokens })
+}
+
+/// One round of a step's sampling: its prompts (one per group, in group order), their tokens,
+/// the G completions of each (group-contiguous) and their scores.
+#[derive(Default)]
+struct Round {
+    picked: Vec<PromptRecord>,
+    prompt_tokens: Vec<Vec<i64>>,
+    sampled: Vec<Sampled>,
+    scored: Vec<Scored>,
+    completion_ids: Vec<String>,
+    rollout_s: f64,
+    verify_s: f64,
+}
+
+impl Round {
+    fn tokens(&self) -> u64 {
+        self.sampled.iter().map(|s| s.tokens.len() as u64).sum()
+    }
+
+    /// Each group's passes, for the curriculum.
+    fn outcomes(&self, group_size: usize) -> Vec<GroupOutcome> {
+        self.picked
+            .iter()
+            .zip(self.scored.chunks(group_size))
+            .map(|(prompt, members)| GroupOutcome {
+                prompt_id: RString::from(prompt.id.as_str()),
+                passed: members.iter().filter(|s| s.passed).count() as u32,
+                total: members.len() as u32,
+            })
+            .collect()
+    }
+
+    /// Moves `other`'s groups whose completions neither all pass nor all fail into this
+    /// round, until it holds `limit` groups (DAPO's dynamic sampling).
+    fn take_informative(&mut self, other: &Round, group_size: usize, limit: usize) {
+        for (group, members) in other.scored.chunks(group_size).enumerate() {
+            if self.picked.len() >= limit {
+                return;
+            }
+            let passed = members.iter().filter(|s| s.passed).count();
+            if passed == 0 || passed == members.len() {
+                continue;
+            }
+            let rows = group * group_size..(group + 1) * group_size;
+            let index = self.picked.len();
+            self.picked.push(other.picked[group].clone());
+            self.prompt_tokens.push(other.prompt_tokens[group].clone());
+            self.sampled.extend(
+                other.sampled[rows.clone()].iter().map(|s| Sampled { prompt_index: index, ..s.clone() }),
+            );
+            self.scored.extend_from_slice(&other.scored[rows.clone()]);
+            self.completion_ids.extend_from_slice(&other.completion_ids[rows]);
+        }
+    }
+}
+
+/// Samples round `round` of step `step`: `count` prompts (the curriculum's, or the next of the
+/// epoch), G completions each on the devices of `grant` (given back before verification, which
+/// is CPU work), scored by the job's verifiers.
+fn sample_round(job: &mut Job, step: u64, round: u32, count: usize, grant: Grant) -> Result<Round, String> {
+    let TrainData::Prompts(prompts) = &job.train else { unreachable!("online jobs load prompts") };
+    let group_size = job.spec.optimizer.group_size as usize;
+    let chosen: Vec<usize> = match &mut job.curriculum {
+        Some(curriculum) => {
+            let mut seed_state = job.spec.job.seed ^ step.wrapping_mul(0xA076_1D64_78BD_642F);
+            // Round 0 draws as a step without dynamic sampling does.
+            seed_state ^= u64::from(round).wrapping_mul(0xE703_7ED1_A0B4_28DB);
+            let seed = rlvr_seeded::SplitMix64::new(seed_state).next_u64();
+            let ids = curriculum
+                .sample(count as u32, seed)
+                .into_result()
+                .map_err(|e| format!("curriculum: {e}"))?;
+            let index: BTreeMap<&str, usize> =
+                prompts.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
+            ids.iter()
+                .map(|id| {
+                    index
+                        .get(id.as_str())
+                        .copied()
+                        .ok_or_else(|| format!("curriculum chose unknown prompt id {id:?}"))
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => job.cursor.take(count, prompts.len(), job.spec.job.seed),
+    };
+    let picked: Vec<PromptRecord> = chosen.iter().map(|&index| prompts[index].clone()).collect();
+    let tokenizer = &job.policy.tokenizer;
+    let mut prompt_tokens = Vec::with_capacity(picked.len());
+    for prompt in &picked {
+        let rendered =
+            tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
+        prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
+    }
+
+    let rollout_started = Instant::now();
+    let sampled: Vec<Sampled> = tch::no_grad(|| {
+        generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
+    })
+    .map_err(|error| format!("sampling: {error}"))?;
+    let rollout_s = rollout_started.elapsed().as_secs_f64();
+    // Verification is CPU work: the devices serve another job's phase meanwhile.
+    drop(grant);
+
+    let verify_started = Instant::now();
+    let round_tag = if round == 0 { String::new() } else { format!("r{round}-") };
+    let completion_ids: Vec<String> = (0..sampled.len())
+        .map(|i| format!("{step}-{round_tag}{}-{}", i / group_size, i % group_size))
+        .collect();
+    let items: Vec<ToScore<'_>> = sampled
+        .iter()
+        .zip(&completion_ids)
+        .map(|(sample, id)| {
+            let prompt = &picked[sample.prompt_index];
+            ToScore {
+                id,
+                prompt: &prompt.prompt,
+                completion: &sample.text,
+                reference_json: &prompt.reference_json,
+            }
+        })
+        .collect();
+    let scored = job.rewarder.score(&items);
+    let verify_s = verify_started.elapsed().as_secs_f64();
+    Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s })
+}
+
+fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOutput, String> {
+    let step_started = Instant::now();
+    let count = job.spec.rollout.prompts_per_step as usize;
+    let seed = job.spec.job.seed;
+    let tokenizer = &job.policy.tokenizer;
+    let eos = tokenizer.eos_ids().first().copied();
+    let encode_prompt = |text: &str| -> Result<Vec<i64>, String> {
+        tokenizer
+            .encode(&tokenizer.render_prompt(text).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())
+    };
+    // A demonstration ends where the model should stop: with its end-of-sequence token.
+    let encode_completion = |text: &str| -> Result<Vec<i64>, String> {
+        let mut tokens = tokenizer.encode(text).map_err(|e| e.to_string())?;
+        tokens.extend(eos);
+        Ok(tokens)
+    };
+    let mut rows = Rows { prompts: Vec::new(), completions: Vec::new() };
+    match &job.train {
+        TrainData::Sft(records) => {
+            for index in job.cursor.take(count, records.len(), seed) {
+                let record = &records[index];
+                rows.prompts
+                    .push(encode_prompt(&record.prompt).map_err(|e| format!("record {}: {e}", record.id))?);
+                rows.completions.push(
+                    encode_completion(&record.completion)
+                        .map_err(|e| format!("record {}: {e}", record.id))?,
+                );
+            }
+        }
+        TrainData::Pairs(records) => {
+            for index in job.cursor.take(count, records.len(), seed) {
+                let record = &records[index];
+                let prompt =
+                    encode_prompt(&record.prompt).map_err(|e| format!("record {}: {e}", record.id))?;
+                for completion in [&record.chosen, &record.rejected] {
+                    rows.prompts.push(prompt.clone());
+                    rows.completions.push(
+                        encode_completion(completion).map_err(|e| format!("record {}: {e}", record.id))?,
+                    );
+                }
+            }
+        }
+        TrainData::Prompts(_) => unreachable!("offline jobs load demonstrations or pairs"),
+    }
+    let width = rows.width(0..rows.len());
+    let mask =
+        padded(&rows.completions.iter().map(|c| vec![1f32; c.len()]).collect::<Vec<_>>(), width, job.device);
+    let ref_logprobs = match job.reference.is_some() {
+        true => Some(no_grad_pass(job, &rows, width, false)?.0),
+        false => None,
+    };
+    let tensors = BatchTensors {
+        mask: &mask,
+        old_logprobs: None,
+        ref_logprobs: ref_logprobs.as_ref(),
+        advantages: None,
+        old_values: None,
+        returns: None,
+    };
+    let update = update(job, &rows, &tensors, step, 1.0)?;
+    let tokens: u64 = rows.completions.iter().map(|c| c.len() as u64).sum();
+    let mut line = json!({"step": step, "rows": rows.len(), "train_tokens": tokens});
+    add_update_metrics(&mut line, &update.metrics, &update);
+    line["time"] = json!({"update_s": step_started.elapsed().as_secs_f64(), "step_s": step_started.elapsed().as_secs_f64()});
+    Ok(StepOutput { metrics: line, records: Vec::new(), tokens_generated: 0 })
+}
+
+/// Batch-level tensors, `[B, width]`, that micro-batches slice.
+struct BatchTensors<'a> {
+    mask: &'a Tensor,
+    old_logprobs: Option<&'a Tensor>,
+    ref_logprobs: Option<&'a Tensor>,
+    advantages: Option<&'a Tensor>,
+    old_values: Option<&'a Tensor>,
+    returns: Option<&'a Tensor>,
+}
+
+struct UpdateResult {
+    metrics: BTreeMap<String, f64>,
+    loss: f64,
+    grad_norm: f64,
+    lr: f64,
+    /// Σ policy log-probability per row, from the first update's forward.
+    policy_sums: Vec<f64>,
+}
+
+/// μ optimizer updates over the rows, micro-batched.
+fn update(
+    job: &mut Job,
+    rows: &Rows,
+    tensors: &BatchTensors<'_>,
+    step: u64,
+    temperature: f64,
+) -> Result<UpdateResult, String> {
+    let total = rows.len();
+    let micro = job.spec.optimizer.micro_batch_size as usize;
+    let scale = LossScale {
+        batch_sequences: total as u64,
+        batch_tokens: rows.completions.iter().map(|c| c.len() as u64).sum(),
+        max_new_tokens: job.spec.rollout.max_new_tokens,
+    };
+    let lr = super::optim::learning_rate(
+        job.spec.optimizer.lr,
+        job.spec.optimizer.lr_schedule,
+        job.spec.optimizer.warmup_steps,
+        step - 1,
+        job.spec.budget.max_steps,
+    );
+    let mut metric_sums: BTreeMap<String, f64> = BTreeMap::new();
+    let mut loss_total = 0.0;
+    let mut grad_norm = 0.0;
+    let mut policy_sums = Vec::new();
+    let updates = if tensors.advantages.is_some() { job.spec.optimizer.mu } else { 1 };
+    for iteration in 0..updates {
+        job.adamw.zero_grad();
+        let mut start = 0;
+        while start < total {
+            let end = (start + micro).min(total);
+            let batch = rows.batch(start..end, job.policy.tokenizer.pad_id(), job.device)?;
+            let (logprobs, hidden) = completion_logprobs(&job.policy.model, &batch, temperature);
+            let columns = logprobs.size()[1];
+            let slice = |t: &Tensor| t.narrow(0, start as i64, (end - start) as i64).narrow(1, 0, columns);
+            let values = job.value_head.as_ref().map(|(_, head)| {
+                tch::nn::Module::forward(head, &hidden.to_kind(Kind::Float)).squeeze_dim(-1)
+            });
+            let mask = slice(tensors.mask);
+            let parts: [Option<Tensor>; 5] = [
+                tensors.old_logprobs.map(slice),
+                tensors.ref_logprobs.map(slice),
+                tensors.advantages.map(slice),
+                tensors.old_values.map(slice),
+                tensors.returns.map(slice),
+            ];
+            let [old, reference, advantages, old_values, returns] = &parts;
+            let inputs = LossInputs {
+                logprobs: TensorHandle::borrow(&logprobs),
+                mask: TensorHandle::borrow(&mask),
+                old_logprobs: old.as_ref().map(TensorHandle::borrow).into(),
+                ref_logprobs: reference.as_ref().map(TensorHandle::borrow).into(),
+                advantages: advantages.as_ref().map(TensorHandle::borrow).into(),
+                values: values.as_ref().map(TensorHandle::borrow).into(),
+                old_values: old_values.as_ref().map(TensorHandle::borrow).into(),
+                returns: returns.as_ref().map(TensorHandle::borrow).into(),
+                scale,
+            };
+            let output = match job.optimizer.loss(&inputs) {
+                RResult::ROk(output) => output,
+                RResult::RErr(error) => return Err(format!("optimizer loss: {error}")),
+            };
+            // SAFETY: the loss is handed over by the plugin (LossOutput contract).
+            let loss = unsafe { output.loss.into_tensor() };
+            let value = loss.double_value(&[]);
+            if !value.is_finite() {
+                return Err(format!("the loss is {value} (update {iteration}, rows {start}..{end})"));
+            }
+            loss.backward();
+            loss_total += value / f64::from(updates);
+            let weight = (end - start) as f64 / total as f64 / f64::from(updates);
+            for metric in output.metrics.iter() {
+                *metric_sums.entry(format!("opt.{}", metric.name)).or_default() += metric.value * weight;
+            }
+            if iteration == 0 {
+                policy_sums.extend(row_sums(&logprobs.detach(), &mask));
+            }
+            start = end;
+        }
+        grad_norm = job.adamw.clip_grad_norm(job.spec.optimizer.grad_clip);
+        if !grad_norm.is_finite() {
+            return Err(format!("the gradient norm is {grad_norm}; no update taken"));
+        }
+        job.adamw.step(lr);
+    }
+    Ok(UpdateResult { metrics: metric_sums, loss: loss_total, grad_norm, lr, policy_sums })
+}
+
+/// Log-probabilities (and values) of every row without grad, micro-batched, as `[B, width]`.
+fn no_grad_pass(
+    job: &Job,
+    rows: &Rows,
+    width: usize,
+    policy: bool,
+) -> Result<(Tensor, Option<Tensor>), String> {
+    let model = if policy { &job.policy.model } else { &job.reference.as_ref().expect("a reference").model };
+    let temperature = job.spec.rollout.temperature.max(f64::MIN_POSITIVE);
+    let micro = job.spec.optimizer.micro_batch_size as usize;
+    tch::no_grad(|| {
+        let mut logprob_parts = Vec::new();
+        let mut value_parts = Vec::new();
+        let mut start = 0;
+        while start < rows.len() {
+            let end = (start + micro).min(rows.len());
+            let batch = rows.batch(start..end, job.policy.tokenizer.pad_id(), job.device)?;
+            let (logprobs, hidden) = completion_logprobs(model, &batch, temperature);
+            let pad = width as i64 - logprobs.size()[1];
+            logprob_parts.push(logprobs.constant_pad_nd([0, pad]));
+            if policy && let Some((_, head)) = &job.value_head {
+                let values = tch::nn::Module::forward(head, &hidden.to_kind(Kind::Float)).squeeze_dim(-1);
+                value_parts.push(values.constant_pad_nd([0, pad]));
+            }
+            start = end;
+        }
+        let values = (!value_parts.is_empty()).then(|| Tensor::cat(&value_parts, 0));
+        Ok((Tensor::cat(&logprob_parts, 0), values))
+    })
+}
+
+/// Rows of unequal length as a zero-padded `[B, width]` f32 tensor.
+fn padded(rows: &[Vec<f32>], width: usize, device: Device) -> Tensor {
+    let mut flat = vec![0f32; rows.len() * width];
+    for (i, row) in rows.iter().enumerate() {
+        flat[i * width..i * width + row.len()].copy_from_slice(row);
+    }
+    Tensor::from_slice(&flat).view([rows.len() as i64, width as i64]).to_device(device)
+}
+
+fn row_sums(values: &Tensor, mask: &Tensor) -> Vec<f64> {
+    let sums =
+        (values.to_kind(Kind::Double) * mask.to_kind(Kind::Double)).sum_dim_intlist(-1, false, Kind::Double);
+    Vec::<f64>::try_from(sums.to_device(Device::Cpu)).unwrap_or_default()
+}
+
+fn row_means(values: &Tensor, mask: &Tensor) -> Vec<f64> {
+    let counts = mask.to_kind(Kind::Double).sum_dim_intlist(-1, false, Kind::Double).clamp_min(1.0);
+    let sums =
+        (values.to_kind(Kind::Double) * mask.to_kind(Kind::Double)).sum_dim_intlist(-1, false, Kind::Double);
+    Vec::<f64>::try_from((sums / counts).to_device(Device::Cpu)).unwrap_or_default()
+}
+
+fn masked_mean(values: &Tensor, mask: &Tensor) -> f64 {
+    let mask = mask.to_kind(Kind::Double);
+    let count = mask.sum(Kind::Double).double_value(&[]);
+    if count == 0.0 {
+        0.0
+    } else {
+        (values.to_kind(Kind::Double) * &mask).sum(Kind::Double).double_value(&[]) / count
+    }
+}
+
+/// The k3 estimate of KL(policy ‖ reference) per token (Schulman), averaged over tokens.
+fn k3_mean(logprobs: &Tensor, ref_logprobs: &Tensor, mask: &Tensor) -> f64 {
+    let delta = ref_logprobs.to_kind(Kind::Double) - logprobs.to_kind(Kind::Double);
+    masked_mean(&(delta.exp() - &delta - 1.0), mask)
+}
+
+fn mean_std(values: &[f64]) -> (f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
+    (mean, var.sqrt())
+}
+
+fn components_json(components: &[(String, f64)]) -> Value {
+    Value::Object(components.iter().map(|(name, value)| (name.clone(), json!(value))).collect())
+}
+
+fn component_means(scored: &[Scored]) -> Value {
+    let mut sums: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+    for item in scored {
+        for (name, value) in &item.components {
+            let entry = sums.entry(name).or_default();
+            entry.0 += value;
+            entry.1 += 1;
+        }
+    }
+    Value::Object(sums.into_iter().map(|(name, (sum, n))| (name.to_owned(), json!(sum / n as f64))).collect())
+}
+
+fn latency_json(scored: &[Scored]) -> Value {
+    let mut latencies: Vec<u64> = scored.iter().flat_map(|s| s.latencies_us.iter().copied()).collect();
+    latencies.sort_unstable();
+    let pick = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied();
+    json!({"p50": pick(0.5), "p99": pick(0.99)})
+}
+
+fn add_update_metrics(line: &mut Value, metrics: &BTreeMap<String, f64>, update: &UpdateResult) {
+    line["loss"] = json!(update.loss);
+    line["grad_norm"] = json!(update.grad_norm);
+    line["lr"] = json!(update.lr);
+    for (name, value) in metrics {
+        line[name] = json!(value);
+    }
+}
+
+fn finish_name(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Eos => "eos",
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    }
+}
+
+/// One human line per step on stderr: step k of N, reward, held-out, KL, tokens/s, ETA.
+pub fn log_progress(line: &Value, step: u64, max_steps: u64, eta_s: f64) {
+    info!(
+        reward = line.get("reward_mean").and_then(serde_json::Value::as_f64),
+        loss = line.get("loss").and_then(serde_json::Value::as_f64),
+        heldout = line.pointer("/heldout/accuracy").and_then(serde_json::Value::as_f64),
+        kl = line.get("kl_ref").and_then(serde_json::Value::as_f64),
+        tokens_per_s = line.pointer("/time/generation_tokens_per_s").and_then(serde_json::Value::as_f64),
+        eta_s = eta_s.round(),
+        "step {step}/{max_steps}"
+    );
+}
