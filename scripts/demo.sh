@@ -31,13 +31,18 @@ esac
 step "set-up (scripts/setup.sh)"
 rlvr_setup
 
-# RLVR_DEMO_PROFILE=debug uses the debug build (the test suite's, already built there).
+# RLVR_DEMO_PROFILE=debug uses the debug build (the test suite's, already built there). It
+# builds the whole workspace, as the suite does: Cargo unifies features over the packages a build
+# names, so building a subset would rebuild shared dependencies with other features and replace
+# the suite's binaries.
 profile=${RLVR_DEMO_PROFILE:-release}
 step "build ($profile)"
-profile_flag=()
-[ "$profile" = release ] && profile_flag=(--release)
-cargo build "${profile_flag[@]}" -p rlvr-daemon -p rlvr-worker -p rlvr-cli -p rlvr-verifier-format -p rlvr-verifier-math -p rlvr-optimizer-sft \
-    -p rlvr-optimizer-grpo -p rlvr-curriculum-frontier
+if [ "$profile" = release ]; then
+    cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-cli -p rlvr-verifier-format -p rlvr-verifier-math \
+        -p rlvr-optimizer-sft -p rlvr-optimizer-grpo -p rlvr-curriculum-frontier
+else
+    cargo build --workspace
+fi
 bin=$RLVR_ROOT/target/$profile
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-demo.XXXXXX")

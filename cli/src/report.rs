@@ -1,9 +1,10 @@
 //! A job's report: `index.html` with the job's summary, its gate table and six SVG charts of its
 //! metrics, written into one directory that a browser opens with no network and no fonts.
 //!
-//! The input is JSON as the API returns a job and as the trainer logs metrics, not typed structs:
-//! the report must render old jobs and SFT jobs whose lines lack most fields, so every field is
-//! optional here and a missing one costs a point or a chart, never the report.
+//! The input is the API's typed job and metrics lines (`rlvr_protocol`): every figure of a
+//! [`MetricsLine`] is optional, because SFT jobs and old jobs log few of them, so a missing one
+//! costs a point or a chart, never the report. Each criterion of the gate table shows its
+//! [`Status`] as `rlvrctl gates` does, by the same `Status::label`.
 //!
 //! Only SVG is written. A PNG needs plotters' bitmap backend, and drawing text on a bitmap needs a
 //! font: plotters' `ttf` feature finds system fonts through fontconfig (absent on a bare Debian
@@ -24,7 +25,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
-use serde_json::Value;
+use rlvr_protocol::gates::{GateReport, Status};
+use rlvr_protocol::job::JobView;
+use rlvr_protocol::worker::{Baseline, BaselineKind, MetricsLine};
 
 /// The files of one rendered report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +55,7 @@ pub enum ReportError {
     Plot { chart: &'static str, message: String },
 }
 
-/// Renders the report of `job` (the API's job object) and its `metrics` lines into `out`.
+/// Renders the report of `job` and its `metrics` lines into `out`.
 ///
 /// `out` is created if missing. Charts with no data at all are not written, and a plot of that
 /// name left by an earlier render is removed; the page says which charts had no data.
@@ -61,11 +64,11 @@ pub enum ReportError {
 ///
 /// When the directory cannot be created, a file cannot be written or a stale plot removed
 /// (`CreateDir`, `Write`, `Remove`, with the path), or plotters fails to draw a chart (`Plot`).
-/// Missing or malformed fields in `job` and `metrics` are never errors.
-pub fn write(out: &Path, job: &Value, metrics: &[Value]) -> Result<Report, ReportError> {
+/// Missing figures in `metrics` are never errors.
+pub fn write(out: &Path, job: &JobView, metrics: &[MetricsLine]) -> Result<Report, ReportError> {
     // Every chart spans the job's steps, so the charts line up one under the other and a held-out
     // score at step 0 alone is a point at the start, not a chart of its own scale.
-    let steps = axis_range(metrics.iter().filter_map(|line| number(line, &["step"])), 1.0);
+    let steps = axis_range(metrics.iter().map(|line| line.step as f64), 1.0);
     // Draw everything in memory first: a chart that fails to draw leaves the directory untouched.
     let mut rendered = Vec::with_capacity(Chart::ALL.len());
     for chart in Chart::ALL {
@@ -118,12 +121,17 @@ struct Series {
     spread: Vec<(f64, f64)>,
 }
 
+/// A figure of a metrics line, when the line has it.
+type Figure<'a> = Box<dyn Fn(&MetricsLine) -> Option<f64> + 'a>;
+
 impl Series {
-    /// The points of `path` (keys into nested objects) over `step`; lines missing either, or
-    /// holding a non-number, are skipped. `None` when no line has the field.
-    fn collect(metrics: &[Value], label: &str, path: &[&str]) -> Option<Series> {
-        let mut points: Vec<(f64, f64)> =
-            metrics.iter().filter_map(|line| Some((number(line, &["step"])?, number(line, path)?))).collect();
+    /// The points of `figure` over `step`; lines without the figure, or with a non-finite one,
+    /// are skipped. `None` when no line has it.
+    fn collect(metrics: &[MetricsLine], label: &str, figure: &Figure<'_>) -> Option<Series> {
+        let mut points: Vec<(f64, f64)> = metrics
+            .iter()
+            .filter_map(|line| Some((line.step as f64, figure(line).filter(|v| v.is_finite())?)))
+            .collect();
         if points.is_empty() {
             return None;
         }
@@ -133,15 +141,6 @@ impl Series {
         let Buckets { means, spread, size } = downsample(points, MAX_POINTS);
         Some(Series { label: label.to_owned(), points: means, bucket: size, spread })
     }
-}
-
-/// The finite number at `path` in `value`, if any.
-fn number(value: &Value, path: &[&str]) -> Option<f64> {
-    let mut at = value;
-    for key in path {
-        at = at.get(key)?;
-    }
-    at.as_f64().filter(|v| v.is_finite())
 }
 
 /// A series cut into buckets of consecutive points.
@@ -268,36 +267,46 @@ impl Chart {
     }
 
     /// The chart's series that have at least one point; empty when the chart has no data.
-    fn series(self, metrics: &[Value]) -> Vec<Series> {
-        let wanted: Vec<(String, Vec<&str>)> = match self {
+    fn series(self, metrics: &[MetricsLine]) -> Vec<Series> {
+        fn figure<'a>(pick: impl Fn(&MetricsLine) -> Option<f64> + 'a) -> Figure<'a> {
+            Box::new(pick)
+        }
+        let wanted: Vec<(String, Figure<'_>)> = match self {
             Chart::Reward => {
                 // One line per component any step reported: verifiers' totals and their parts.
                 let components: BTreeSet<&str> = metrics
                     .iter()
-                    .filter_map(|line| line.get("components")?.as_object())
+                    .filter_map(|line| line.components.as_ref())
                     .flat_map(|map| map.keys().map(String::as_str))
                     .collect();
-                let mut wanted = vec![("reward mean".to_owned(), vec!["reward_mean"])];
-                wanted.extend(components.into_iter().map(|name| (name.to_owned(), vec!["components", name])));
+                let mut wanted = vec![("reward mean".to_owned(), figure(|line| line.reward_mean))];
+                wanted.extend(components.into_iter().map(|name| {
+                    let pick = move |line: &MetricsLine| line.components.as_ref()?.get(name).copied();
+                    (name.to_owned(), figure(pick))
+                }));
                 wanted
             }
-            Chart::Heldout => vec![("held-out accuracy".to_owned(), vec!["heldout", "accuracy"])],
-            Chart::Kl => vec![("KL to reference".to_owned(), vec!["kl_ref"])],
-            Chart::CompletionLen => vec![("completion length mean".to_owned(), vec!["completion_len_mean"])],
+            Chart::Heldout => {
+                vec![("held-out accuracy".to_owned(), figure(|line| Some(line.heldout.as_ref()?.accuracy)))]
+            }
+            Chart::Kl => vec![("KL to reference".to_owned(), figure(|line| line.kl_ref))],
+            Chart::CompletionLen => {
+                vec![("completion length mean".to_owned(), figure(|line| line.completion_len_mean))]
+            }
             Chart::PassFail => vec![
-                ("all pass".to_owned(), vec!["all_pass_frac"]),
-                ("all fail".to_owned(), vec!["all_fail_frac"]),
+                ("all pass".to_owned(), figure(|line| line.all_pass_frac)),
+                ("all fail".to_owned(), figure(|line| line.all_fail_frac)),
             ],
             // Lines, not stacked areas: stacking needs every part at every step, and a line with
             // a missing part would draw a false dip. The total shows what the parts leave out.
             Chart::StepTime => vec![
-                ("step (total)".to_owned(), vec!["time", "step_s"]),
-                ("rollout".to_owned(), vec!["time", "rollout_s"]),
-                ("verify".to_owned(), vec!["time", "verify_s"]),
-                ("update".to_owned(), vec!["time", "update_s"]),
+                ("step (total)".to_owned(), figure(|line| Some(line.time.as_ref()?.step_s))),
+                ("rollout".to_owned(), figure(|line| line.time.as_ref()?.rollout_s)),
+                ("verify".to_owned(), figure(|line| line.time.as_ref()?.verify_s)),
+                ("update".to_owned(), figure(|line| Some(line.time.as_ref()?.update_s))),
             ],
         };
-        wanted.iter().filter_map(|(label, path)| Series::collect(metrics, label, path)).collect()
+        wanted.iter().filter_map(|(label, figure)| Series::collect(metrics, label, figure)).collect()
     }
 }
 
@@ -421,11 +430,7 @@ fn axis_range(values: impl Iterator<Item = f64>, half: f64) -> Range<f64> {
 
 /// `index.html`: summary, gates, then each chart or the reason it is missing. `charts` holds
 /// each chart with its downsampling bucket, `None` when it has no data.
-fn render_index(job: &Value, charts: &[(Chart, Option<usize>)]) -> String {
-    let id = text(job.get("id"));
-    let name = job.get("name").and_then(Value::as_str).map_or_else(|| id.clone(), str::to_owned);
-    let gates = job.get("gates").filter(|g| g.is_object());
-
+fn render_index(job: &JobView, charts: &[(Chart, Option<usize>)]) -> String {
     let mut html = String::with_capacity(8 * 1024);
     // `write!` to a String cannot fail; the results are ignored below for that reason.
     let _ = write!(
@@ -433,34 +438,33 @@ fn render_index(job: &Value, charts: &[(Chart, Option<usize>)]) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <title>{} ({}) — rlvr job report</title>\n<style>{CSS}</style>\n</head>\n<body>\n\
          <h1>{} <span class=\"id\">{}</span></h1>\n",
-        esc(&name),
-        esc(&id),
-        esc(&name),
-        esc(&id),
+        esc(&job.name),
+        esc(&job.id),
+        esc(&job.name),
+        esc(&job.id),
     );
 
-    let steps =
-        match (job.get("step").filter(|v| !v.is_null()), job.get("max_steps").filter(|v| !v.is_null())) {
-            (Some(step), Some(max)) => format!("{} / {}", text(Some(step)), text(Some(max))),
-            (step, _) => text(step),
-        };
+    let or_none = |text: &str| if text.is_empty() { NONE.to_owned() } else { text.to_owned() };
     let summary = [
-        ("state", text(job.get("state"))),
-        ("reason", text(job.get("reason"))),
-        ("team", text(job.get("team"))),
-        ("model line", text(job.get("model_line"))),
-        ("steps", steps),
-        ("created", text(job.get("created_at"))),
-        ("updated", text(job.get("updated_at"))),
-        ("published", text(job.get("published"))),
-        ("baseline", gates.and_then(|g| g.get("baseline")).map_or_else(|| NONE.to_owned(), baseline)),
+        ("state", job.state.to_string()),
+        ("reason", or_none(&job.reason)),
+        ("team", or_none(&job.team)),
+        ("model line", or_none(&job.model_line)),
+        ("steps", format!("{} / {}", job.step, job.max_steps)),
+        ("created", or_none(&job.created_at)),
+        ("updated", or_none(&job.updated_at)),
+        ("published", job.published.clone().unwrap_or_else(|| NONE.to_owned())),
+        (
+            "baseline",
+            job.gates.as_ref().and_then(|g| g.baseline.as_ref()).map_or_else(|| NONE.to_owned(), baseline),
+        ),
     ];
     html.push_str("<table class=\"summary\">\n");
     for (key, value) in summary {
         let _ = writeln!(html, "<tr><th>{key}</th><td>{}</td></tr>", esc(&value));
     }
     html.push_str("</table>\n\n<h2>Gates</h2>\n");
-    match gates {
+    match &job.gates {
         None => html.push_str("<p class=\"banner none\">no gate report for this job</p>\n"),
         Some(gates) => render_gates(&mut html, gates),
     }
@@ -495,30 +499,25 @@ fn render_index(job: &Value, charts: &[(Chart, Option<usize>)]) -> String {
     html
 }
 
-/// The verdict banner and one row per criterion.
-fn render_gates(html: &mut String, gates: &Value) {
-    let forced = gates.get("forced").filter(|f| f.is_object());
-    let (class, verdict) = match gates.get("passed").and_then(Value::as_bool) {
-        Some(true) => ("pass", "gates passed"),
-        Some(false) => ("fail", "gates failed"),
-        None => ("none", "gate verdict unknown"),
-    };
+/// The verdict banner and one row per criterion: its result is its [`Status`], in the words
+/// `rlvrctl gates` uses ([`Status::label`]), coloured by [`status_class`].
+fn render_gates(html: &mut String, gates: &GateReport) {
+    let (class, verdict) = if gates.passed { ("pass", "gates passed") } else { ("fail", "gates failed") };
     // A forced promotion colours the banner whatever the verdict: someone overrode the gates.
-    let class = if forced.is_some() { "forced" } else { class };
+    let class = if gates.forced.is_some() { "forced" } else { class };
     let _ = write!(html, "<p class=\"banner {class}\">{verdict}");
-    if let Some(forced) = forced {
+    if let Some(forced) = &gates.forced {
         let _ = write!(
             html,
             "; promoted by force by {} at {}: {}",
-            esc(&text(forced.get("by"))),
-            esc(&text(forced.get("at"))),
-            esc(&text(forced.get("reason"))),
+            esc(&forced.by),
+            esc(&forced.at),
+            esc(&forced.reason),
         );
     }
     html.push_str("</p>\n");
 
-    let criteria = gates.get("criteria").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    if criteria.is_empty() {
+    if gates.criteria.is_empty() {
         html.push_str("<p class=\"nodata\">no criteria in the gate report</p>\n");
         return;
     }
@@ -526,54 +525,47 @@ fn render_gates(html: &mut String, gates: &Value) {
         "<table class=\"gates\">\n<tr><th>criterion</th><th>result</th><th>measured</th>\
          <th>threshold</th><th>note</th></tr>\n",
     );
-    for criterion in criteria {
-        let measured = criterion.get("measured").and_then(Value::as_f64);
-        let threshold = criterion.get("threshold").and_then(Value::as_f64);
-        // Without both numbers the criterion was not evaluated (no baseline score, no held-out
-        // set), whatever its `passed` says.
-        let (class, result) = match (measured, threshold, criterion.get("passed").and_then(Value::as_bool)) {
-            (Some(_), Some(_), Some(true)) => ("pass", "PASS"),
-            (Some(_), Some(_), Some(false)) => ("fail", "FAIL"),
-            _ => ("unchecked", "not checked"),
-        };
-        let op = criterion.get("op").and_then(Value::as_str).unwrap_or("");
-        let threshold = threshold.map_or_else(|| NONE.to_owned(), |t| format!("{op} {}", fmt_num(t)));
+    for criterion in &gates.criteria {
+        let threshold = criterion
+            .threshold
+            .map_or_else(|| NONE.to_owned(), |t| format!("{} {}", criterion.op.as_str(), fmt_num(t)));
         let _ = writeln!(
             html,
-            "<tr class=\"{class}\"><td>{}</td><td>{result}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&text(criterion.get("name"))),
-            measured.map_or_else(|| NONE.to_owned(), fmt_num),
-            esc(threshold.trim()),
-            esc(&text(criterion.get("note"))),
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            status_class(criterion.status),
+            esc(&criterion.name),
+            esc(criterion.status.label()),
+            criterion.measured.map_or_else(|| NONE.to_owned(), fmt_num),
+            esc(&threshold),
+            esc(&criterion.note),
         );
     }
     html.push_str("</table>\n");
 }
 
+/// The CSS class of a criterion's row.
+fn status_class(status: Status) -> &'static str {
+    match status {
+        Status::Pass => "pass",
+        Status::Fail => "fail",
+        Status::NotChecked => "unchecked",
+    }
+}
+
 /// "published v3: <model>" or "start: <model>".
-fn baseline(baseline: &Value) -> String {
-    let kind = text(baseline.get("kind"));
-    let model = text(baseline.get("model"));
-    match baseline.get("version").and_then(Value::as_u64) {
-        Some(version) => format!("{kind} v{version}: {model}"),
-        None => format!("{kind}: {model}"),
+fn baseline(baseline: &Baseline) -> String {
+    let kind = match baseline.kind {
+        BaselineKind::Published => "published",
+        BaselineKind::Start => "start",
+    };
+    match baseline.version {
+        Some(version) => format!("{kind} v{version}: {}", baseline.model),
+        None => format!("{kind}: {}", baseline.model),
     }
 }
 
 /// What the page shows for a missing value.
 const NONE: &str = "—";
-
-/// A JSON value as page text (not yet escaped): strings bare, null and missing as `NONE`.
-fn text(value: Option<&Value>) -> String {
-    match value {
-        None | Some(Value::Null) => NONE.to_owned(),
-        Some(Value::String(s)) => s.clone(),
-        // Integers (steps, versions) as they are; fractions rounded like measured values.
-        Some(Value::Number(n)) if n.is_f64() => n.as_f64().map_or_else(|| n.to_string(), fmt_num),
-        Some(Value::Number(n)) => n.to_string(),
-        Some(other) => other.to_string(),
-    }
-}
 
 /// A tick of the step axis: whole steps as integers ("1500", not "1500.0").
 fn fmt_step(v: f64) -> String {
@@ -665,8 +657,12 @@ fn remove_stale(path: &Path) -> Result<(), ReportError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use rlvr_protocol::gates::{Criterion, Forced, Op};
+    use rlvr_protocol::job::JobState;
+    use rlvr_protocol::worker::{ScoreFigures, StepTimes};
     use serde_json::json;
+
+    use super::*;
 
     /// Lines 1–3 and 296 of a real 296-line metrics file (tiny-arith, 295 steps): the held-out
     /// score before training, two steps, the last step. That job had no reference model, so
@@ -680,7 +676,7 @@ mod tests {
     const WITH_KL: &str = r#"{"step":1,"kl_ref":0.0}
 {"step":2,"kl_ref":0.004}
 {"step":295,"kl_ref":0.031}
-{"step":295,"heldout":{"accuracy":0.43,"prompts":200}}"#;
+{"step":295,"heldout":{"accuracy":0.43,"completion_len_mean":3.0,"prompts":200,"reward_mean":0.43}}"#;
 
     /// An SFT job's lines: a loss, nothing the six charts plot.
     const SFT: &str = r#"{"step":1,"loss":2.31}
@@ -689,36 +685,81 @@ mod tests {
     const ALL: [&str; 6] =
         ["reward.svg", "heldout.svg", "kl.svg", "completion_len.svg", "pass_fail.svg", "step_time.svg"];
 
-    fn lines(jsonl: &str) -> Vec<Value> {
-        jsonl.lines().map(|l| serde_json::from_str(l).expect("test line is JSON")).collect()
+    /// Metrics lines as the worker writes them.
+    fn lines(jsonl: &str) -> Vec<MetricsLine> {
+        jsonl.lines().map(|l| serde_json::from_str(l).expect("test line is a metrics line")).collect()
     }
 
-    fn job() -> Value {
-        json!({
-            "id": "01J8ZK3Q", "name": "arith-grpo", "team": "math", "model_line": "tiny",
-            "state": "succeeded", "reason": null, "step": 295, "max_steps": 300,
-            "created_at": "2025-05-01T10:00:00Z", "updated_at": "2025-05-01T10:04:12Z",
-            "published": "/srv/registry/tiny/v4",
-            "gates": {
-                "passed": true,
-                "baseline": {"kind": "published", "model": "/srv/registry/tiny/v3", "version": 3},
-                "criteria": [
-                    {"name": "heldout_gain", "passed": true, "measured": 0.12, "threshold": 0.0, "op": ">=",
-                     "note": "held-out accuracy 0.31 → 0.43"},
-                    {"name": "canary_regressions", "passed": false, "measured": 2, "threshold": 0, "op": "<=",
-                     "note": "2 canaries regressed"},
-                    {"name": "reward_trend", "passed": true, "measured": null, "threshold": null,
-                     "note": "no trend: fewer than 20 steps"},
-                    {"name": "kl_budget", "passed": true, "measured": 0.031, "threshold": null, "op": "<=",
-                     "note": "no KL budget set"}
-                ],
-                "forced": null
-            }
-        })
+    /// One metrics line from its JSON.
+    fn line(json: serde_json::Value) -> MetricsLine {
+        serde_json::from_value(json).expect("a metrics line")
+    }
+
+    /// A gate report with a criterion of each status, judged the daemon's way.
+    fn gate_report() -> GateReport {
+        let criteria = vec![
+            Criterion::judged(
+                "heldout_gain",
+                Op::AtLeast,
+                Some(0.12),
+                Some(0.0),
+                "held-out accuracy 0.31 → 0.43".to_owned(),
+            ),
+            Criterion::judged(
+                "canary_regressions",
+                Op::AtMost,
+                Some(2.0),
+                Some(0.0),
+                "2 canaries regressed".to_owned(),
+            ),
+            Criterion::judged(
+                "reward_trend",
+                Op::AtLeast,
+                None,
+                None,
+                "no trend: fewer than 20 steps".to_owned(),
+            ),
+            Criterion::judged("kl_budget", Op::AtMost, Some(0.031), None, "no KL budget set".to_owned()),
+        ];
+        let baseline = Baseline {
+            kind: BaselineKind::Published,
+            model: "/srv/registry/tiny/v3".to_owned(),
+            version: Some(3),
+        };
+        // The verdict as stored, whatever the criteria say: the page shows what it is given.
+        GateReport { passed: true, ..GateReport::new(Some(baseline), criteria) }
+    }
+
+    fn job() -> JobView {
+        JobView {
+            id: "01J8ZK3Q".to_owned(),
+            team: "math".to_owned(),
+            name: "arith-grpo".to_owned(),
+            model_line: "tiny".to_owned(),
+            priority: "normal".to_owned(),
+            state: JobState::Published,
+            step: 295,
+            max_steps: 300,
+            reason: String::new(),
+            created_at: "2025-05-01T10:00:00Z".to_owned(),
+            updated_at: "2025-05-01T10:04:12Z".to_owned(),
+            crashes: 0,
+            cancel_requested: false,
+            devices: Vec::new(),
+            preemptions: 0,
+            grant: None,
+            progress: None,
+            heldout: Some(0.43),
+            result: None,
+            gates: Some(gate_report()),
+            published: Some("/srv/registry/tiny/v4".to_owned()),
+            webhook: None,
+            curriculum_version: None,
+        }
     }
 
     /// Renders into a fresh directory; returns it (keep it alive), the report and the page.
-    fn render(job: &Value, metrics: &[Value]) -> (tempfile::TempDir, Report, String) {
+    fn render(job: &JobView, metrics: &[MetricsLine]) -> (tempfile::TempDir, Report, String) {
         let dir = tempfile::tempdir().expect("tempdir");
         let report = write(&dir.path().join("report"), job, metrics).expect("report renders");
         let html = fs::read_to_string(&report.index).expect("index.html");
@@ -737,7 +778,7 @@ mod tests {
 
     /// Renders `metrics` and checks that exactly `plots` were drawn, each named by the page, and
     /// that the page says why each other chart is missing.
-    fn check(metrics: &[Value], plots: &[&str]) {
+    fn check(metrics: &[MetricsLine], plots: &[&str]) {
         let (_dir, report, html) = render(&job(), metrics);
         let written: Vec<&str> =
             report.plots.iter().map(|p| p.file_name().and_then(|n| n.to_str()).expect("name")).collect();
@@ -768,7 +809,7 @@ mod tests {
         full.extend(lines(WITH_KL));
         let mut sample_and_sft = lines(SAMPLE);
         sample_and_sft.extend(lines(SFT));
-        let cases: Vec<(&str, Vec<Value>, Vec<&str>)> = vec![
+        let cases: Vec<(&str, Vec<MetricsLine>, Vec<&str>)> = vec![
             ("sample with KL and later held-out", full, ALL.to_vec()),
             (
                 "sample as logged: no reference model",
@@ -785,29 +826,31 @@ mod tests {
             ),
             (
                 "one step: a line through one point",
-                vec![json!({"step": 1, "reward_mean": 0.5, "kl_ref": 0.0, "all_pass_frac": 0.0})],
+                vec![line(json!({"step": 1, "reward_mean": 0.5, "kl_ref": 0.0, "all_pass_frac": 0.0}))],
                 vec!["reward.svg", "kl.svg", "pass_fail.svg"],
             ),
             (
-                "lines that are not metrics, or lack a step, or hold strings",
+                "lines with a step and none of the charted figures",
                 vec![
-                    Value::Null,
-                    json!([1, 2]),
-                    json!("x"),
-                    json!({"reward_mean": 0.5}),
-                    json!({"step": "3", "reward_mean": 0.5}),
-                    json!({"step": 4, "reward_mean": "0.5", "components": {"math": null}, "time": 7}),
-                    json!({"step": 5, "heldout": null, "components": [0.1]}),
+                    line(json!({"step": 3})),
+                    line(json!({"step": 4, "components": {}, "opt.ratio_mean": 1.0, "lr": 0.1})),
+                    line(json!({"step": 5, "kl_ref": null, "loss": 0.2})),
                 ],
                 vec![],
             ),
             (
-                "values at the edge of f64, negative and repeated steps",
+                "values at the edge of f64, non-finite ones, and repeated steps out of order",
                 vec![
-                    json!({"step": -3, "reward_mean": -1.7e308, "kl_ref": 1e-300}),
-                    json!({"step": 1e15, "reward_mean": 1.7e308, "kl_ref": 1e-300}),
-                    json!({"step": 1e15, "reward_mean": 0.0, "completion_len_mean": 1e300}),
-                    json!({"step": 2, "completion_len_mean": 1e300}),
+                    line(
+                        json!({"step": 1_000_000_000_000_000u64, "reward_mean": -1.7e308, "kl_ref": 1e-300}),
+                    ),
+                    line(json!({"step": 0, "reward_mean": 1.7e308, "kl_ref": 1e-300})),
+                    line(
+                        json!({"step": 1_000_000_000_000_000u64, "reward_mean": 0.0, "completion_len_mean": 1e300}),
+                    ),
+                    line(json!({"step": 2, "completion_len_mean": 1e300})),
+                    MetricsLine { step: 7, all_pass_frac: Some(f64::NAN), ..MetricsLine::default() },
+                    MetricsLine { step: 8, all_fail_frac: Some(f64::INFINITY), ..MetricsLine::default() },
                 ],
                 vec!["reward.svg", "kl.svg", "completion_len.svg"],
             ),
@@ -837,22 +880,32 @@ mod tests {
 
     #[test]
     fn page_has_summary_and_gate_table() {
+        fn gates(job: &mut JobView) -> &mut GateReport {
+            job.gates.as_mut().expect("a gate report")
+        }
         let mut failed = job();
-        failed["gates"]["passed"] = json!(false);
-        failed["gates"]["forced"] =
-            json!({"by": "math", "reason": "canaries are flaky, see #412", "at": "2025-05-02T09:00:00Z"});
+        gates(&mut failed).passed = false;
+        gates(&mut failed).forced = Some(Forced {
+            by: "math".to_owned(),
+            reason: "canaries are flaky, see #412".to_owned(),
+            at: "2025-05-02T09:00:00Z".to_owned(),
+        });
         let mut start = job();
-        start["gates"]["baseline"] = json!({"kind": "start", "model": "builtin:tiny-arith", "version": null});
-        start["gates"]["passed"] = json!(false);
+        gates(&mut start).baseline = Some(Baseline {
+            kind: BaselineKind::Start,
+            model: "builtin:tiny-arith".to_owned(),
+            version: None,
+        });
+        gates(&mut start).passed = false;
         let mut no_gates = job();
-        no_gates.as_object_mut().expect("object").remove("gates");
-        let mut null_gates = job();
-        null_gates["gates"] = Value::Null;
+        no_gates.gates = None;
         let mut no_criteria = job();
-        no_criteria["gates"]["criteria"] = json!([]);
+        gates(&mut no_criteria).criteria.clear();
 
+        // Each result in `rlvrctl gates`'s words: a measured value without a threshold is not
+        // checked, not passed.
         let rows = [
-            "<tr class=\"pass\"><td>heldout_gain</td><td>PASS</td><td>0.12</td><td>&gt;= 0</td>\
+            "<tr class=\"pass\"><td>heldout_gain</td><td>pass</td><td>0.12</td><td>&gt;= 0</td>\
              <td>held-out accuracy 0.31 → 0.43</td></tr>",
             "<tr class=\"fail\"><td>canary_regressions</td><td>FAIL</td><td>2</td><td>&lt;= 0</td>\
              <td>2 canaries regressed</td></tr>",
@@ -863,13 +916,13 @@ mod tests {
         ];
         let summary = [
             "<title>arith-grpo (01J8ZK3Q) — rlvr job report</title>",
-            "<tr><th>state</th><td>succeeded</td></tr>",
+            "<tr><th>state</th><td>published</td></tr>",
             "<tr><th>reason</th><td>—</td></tr>",
             "<tr><th>model line</th><td>tiny</td></tr>",
             "<tr><th>steps</th><td>295 / 300</td></tr>",
             "<tr><th>published</th><td>/srv/registry/tiny/v4</td></tr>",
         ];
-        let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        let cases: Vec<(&str, JobView, Vec<&str>)> = vec![
             (
                 "passed",
                 job(),
@@ -904,13 +957,7 @@ mod tests {
                 no_gates,
                 vec!["<p class=\"banner none\">no gate report for this job</p>", "<td>—</td></tr>"],
             ),
-            ("null gate report", null_gates, vec!["no gate report for this job"]),
             ("no criteria", no_criteria, vec!["no criteria in the gate report"]),
-            (
-                "not a job at all",
-                json!("oops"),
-                vec!["<title>— (—) — rlvr job report</title>", "no gate report for this job"],
-            ),
         ];
         for (name, job, expected) in cases {
             let (_dir, _, html) = render(&job, &lines(SAMPLE));
@@ -920,21 +967,74 @@ mod tests {
         }
     }
 
+    /// The RESULT of each criterion in `rlvrctl gates`'s table, by name.
+    fn table_results(table: &str) -> Vec<(String, String)> {
+        let mut lines = table.lines().skip_while(|line| !line.starts_with("CRITERION"));
+        let header = lines.next().expect("the table's header");
+        let (result, measured) =
+            (header.find("RESULT").expect("RESULT"), header.find("MEASURED").expect("MEASURED"));
+        lines
+            .take_while(|line| !line.starts_with("forced by"))
+            .map(|line| {
+                let name = line.split_whitespace().next().expect("a name").to_owned();
+                (name, line[result..measured].trim().to_owned())
+            })
+            .collect()
+    }
+
+    /// The result cell of each criterion in the page's gate table, by name, with its row's class.
+    fn page_results(html: &str) -> Vec<(String, String, String)> {
+        html.lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("<tr class=\"")?;
+                let (class, rest) = rest.split_once("\"><td>")?;
+                let (name, rest) = rest.split_once("</td><td>")?;
+                let (result, _) = rest.split_once("</td>")?;
+                Some((name.to_owned(), result.to_owned(), class.to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rlvrctl_gates_and_the_report_say_the_same_result_for_every_criterion() {
+        // regression: `rlvrctl gates` said "pass" where the report said "not checked" for a
+        // criterion measured without a threshold.
+        let report = gate_report();
+        let statuses: Vec<Status> = report.criteria.iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [Status::Pass, Status::Fail, Status::NotChecked, Status::NotChecked]);
+        let table = table_results(&crate::render::gate_table("01J8ZK3Q", &report));
+        let (_dir, _, html) = render(&job(), &[]);
+        let page = page_results(&html);
+        assert_eq!(table.len(), report.criteria.len(), "{table:?}");
+        assert_eq!(page.len(), report.criteria.len(), "{html}");
+        for ((criterion, (name, shown)), (page_name, result, class)) in
+            report.criteria.iter().zip(&table).zip(&page)
+        {
+            assert_eq!((name, page_name), (&criterion.name, &criterion.name));
+            assert_eq!(shown, criterion.status.label(), "rlvrctl gates, {name}");
+            assert_eq!(result, shown, "the report and rlvrctl gates, {name}");
+            assert_eq!(class, status_class(criterion.status), "{name}");
+        }
+        let words: Vec<&str> = table.iter().map(|(_, result)| result.as_str()).collect();
+        assert_eq!(words, ["pass", "FAIL", "not checked", "not checked"]);
+    }
+
     #[test]
     fn user_text_is_escaped() {
         let attack = "<script>alert('x')</script>\"&";
         let escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&quot;&amp;";
         let mut job = job();
-        job["name"] = json!(attack);
-        job["id"] = json!(attack);
-        job["reason"] = json!(attack);
-        job["published"] = json!(attack);
-        job["gates"]["criteria"][0]["name"] = json!(attack);
-        job["gates"]["criteria"][0]["note"] = json!(attack);
-        job["gates"]["criteria"][0]["op"] = json!(attack);
-        job["gates"]["baseline"]["model"] = json!(attack);
-        job["gates"]["forced"] = json!({"by": attack, "reason": attack, "at": attack});
-        let metrics = vec![json!({"step": 1, "reward_mean": 0.5, "components": {attack: 0.5}})];
+        job.name = attack.to_owned();
+        job.id = attack.to_owned();
+        job.reason = attack.to_owned();
+        job.published = Some(attack.to_owned());
+        let gates = job.gates.as_mut().expect("a gate report");
+        gates.criteria[0].name = attack.to_owned();
+        gates.criteria[0].note = attack.to_owned();
+        gates.baseline.as_mut().expect("a baseline").model = attack.to_owned();
+        gates.forced =
+            Some(Forced { by: attack.to_owned(), reason: attack.to_owned(), at: attack.to_owned() });
+        let metrics = vec![line(json!({"step": 1, "reward_mean": 0.5, "components": {attack: 0.5}}))];
         let (_dir, report, html) = render(&job, &metrics);
         assert!(!html.contains("<script"), "{html}");
         assert!(html.matches(escaped).count() >= 10, "{html}");
@@ -945,21 +1045,35 @@ mod tests {
 
     #[test]
     fn large_job_is_downsampled_and_stays_small() {
-        let steps = 100_000;
-        let metrics: Vec<Value> = (1..=steps)
+        let steps: u32 = 100_000;
+        let metrics: Vec<MetricsLine> = (1..=steps)
             .map(|step| {
                 let t = f64::from(step) / f64::from(steps);
-                let mut line = json!({
-                    "step": step, "reward_mean": t + (f64::from(step) * 0.7).sin() * 0.1,
-                    "components": {"math": t, "math.correct": t, "format": 1.0 - t},
-                    "kl_ref": t * 0.05, "completion_len_mean": 100.0 + f64::from(step % 37),
-                    "all_pass_frac": t, "all_fail_frac": 1.0 - t,
-                    "time": {"rollout_s": 1.0, "verify_s": 0.1, "update_s": 0.5, "step_s": 1.7}
-                });
-                if step % 1000 == 0 {
-                    line["heldout"] = json!({"accuracy": t});
+                let components = [("math", t), ("math.correct", t), ("format", 1.0 - t)]
+                    .map(|(name, v)| (name.to_owned(), v));
+                MetricsLine {
+                    step: u64::from(step),
+                    reward_mean: Some(t + (f64::from(step) * 0.7).sin() * 0.1),
+                    components: Some(components.into()),
+                    kl_ref: Some(t * 0.05),
+                    completion_len_mean: Some(100.0 + f64::from(step % 37)),
+                    all_pass_frac: Some(t),
+                    all_fail_frac: Some(1.0 - t),
+                    time: Some(StepTimes {
+                        rollout_s: Some(1.0),
+                        verify_s: Some(0.1),
+                        update_s: 0.5,
+                        step_s: 1.7,
+                        ..StepTimes::default()
+                    }),
+                    heldout: (step % 1000 == 0).then_some(ScoreFigures {
+                        accuracy: t,
+                        reward_mean: t,
+                        completion_len_mean: 3.0,
+                        prompts: 200,
+                    }),
+                    ..MetricsLine::default()
                 }
-                line
             })
             .collect();
         let started = std::time::Instant::now();
@@ -1070,7 +1184,7 @@ mod tests {
     }
 
     #[test]
-    fn numbers_and_text() {
+    fn numbers() {
         let nums = [
             (0.12, "0.12"),
             (0.12000000000000001, "0.12"),
@@ -1083,18 +1197,6 @@ mod tests {
         ];
         for (v, s) in nums {
             assert_eq!(fmt_num(v), s, "{v}");
-        }
-        let texts = [
-            (None, "—"),
-            (Some(json!(null)), "—"),
-            (Some(json!("a")), "a"),
-            (Some(json!(300)), "300"),
-            (Some(json!(0.5)), "0.5"),
-            (Some(json!(true)), "true"),
-            (Some(json!({"a": 1})), "{\"a\":1}"),
-        ];
-        for (v, s) in texts {
-            assert_eq!(text(v.as_ref()), s, "{v:?}");
         }
     }
 }

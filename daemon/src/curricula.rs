@@ -35,8 +35,9 @@ pub use rlvr_protocol::curricula::{
     latest_number, load, valid_name,
 };
 use rlvr_protocol::curricula::{check_name, io_error};
-use serde::Deserialize;
-use serde_json::Value;
+use rlvr_protocol::jobdir::JobDir;
+use rlvr_protocol::spec::JobSpec;
+use rlvr_protocol::worker::RolloutRecord;
 
 /// How many times a refresh computes and tries to publish a version before it reports
 /// contention: each lost race means another refresh published in between.
@@ -171,8 +172,9 @@ fn scan_jobs(jobs_dir: &Path, name: &str, watermarks: &BTreeMap<&str, u64>) -> R
             }
             scan.skipped.push(SkippedJob { job: job.clone(), reason });
         };
-        let spec: Value = match fs::read(dir.join("spec.json")) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
+        let job_dir = JobDir::at(dir.clone());
+        let spec = match fs::read(job_dir.spec()) {
+            Ok(bytes) => match serde_json::from_slice::<JobSpec>(&bytes) {
                 Ok(spec) => spec,
                 Err(error) => {
                     skip(&mut scan, format!("spec.json: {error}"));
@@ -184,10 +186,10 @@ fn scan_jobs(jobs_dir: &Path, name: &str, watermarks: &BTreeMap<&str, u64>) -> R
                 continue;
             }
         };
-        if spec.pointer("/curriculum/name").and_then(Value::as_str) != Some(name) {
+        if spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) != Some(name) {
             continue;
         }
-        let path = dir.join("run").join("rollouts.jsonl");
+        let path = job_dir.run().rollouts();
         match read_rollouts(&path, watermark.unwrap_or(0)) {
             Ok((lines, tally)) => {
                 let from_line = watermark.unwrap_or(0);
@@ -214,13 +216,6 @@ enum RolloutError {
         line: u64,
         message: String,
     },
-}
-
-/// The fields of a rollout record a refresh uses; the others are ignored.
-#[derive(Deserialize)]
-struct RolloutRecord {
-    prompt_id: String,
-    passed: bool,
 }
 
 /// Counts the complete lines of `path` (none when it does not exist) and tallies the records
@@ -337,10 +332,15 @@ mod tests {
             let dir = self.jobs.join(id);
             fs::create_dir_all(dir.join("run")).unwrap();
             let section = match curriculum {
-                Some(name) => json!({"plugin": "frontier", "weight": 1.0, "name": name}),
-                None => json!({"plugin": "uniform", "weight": 1.0}),
+                Some(name) => format!("plugin = \"frontier\"\nname = \"{name}\""),
+                None => "plugin = \"uniform\"".to_owned(),
             };
-            let spec = json!({"job": {"name": id, "team": "t"}, "curriculum": section});
+            let spec = JobSpec::from_toml(&format!(
+                "[job]\nname = \"{id}\"\nteam = \"t\"\nmodel_line = \"line\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+                 [data]\ntrain = \"/t.jsonl\"\n[optimizer]\nplugin = \"grpo\"\n[[verifiers]]\nplugin = \"math\"\n\
+                 [budget]\nmax_steps = 2\n[curriculum]\n{section}\n"
+            ))
+            .unwrap();
             fs::write(dir.join("spec.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
             dir.join("run").join("rollouts.jsonl")
         }
@@ -361,12 +361,16 @@ mod tests {
             .enumerate()
             .map(|(i, outcome)| {
                 let (prompt, passed) = outcome.split_at(outcome.len() - 1);
-                let record = json!({
-                    "step": i / 4 + 1, "prompt_id": prompt, "group_id": format!("{}-0", i / 4 + 1),
-                    "passed": passed == "+", "reward": if passed == "+" { 1.0 } else { 0.0 },
-                    "completion": "Answer: 4\n",
-                });
-                format!("{record}\n")
+                let record = RolloutRecord {
+                    step: i as u64 / 4 + 1,
+                    prompt_id: prompt.to_owned(),
+                    group_id: format!("{}-0", i / 4 + 1),
+                    passed: passed == "+",
+                    reward: if passed == "+" { 1.0 } else { 0.0 },
+                    completion: "Answer: 4\n".to_owned(),
+                    ..RolloutRecord::default()
+                };
+                format!("{}\n", serde_json::to_string(&record).unwrap())
             })
             .collect()
     }
@@ -498,7 +502,7 @@ mod tests {
     fn a_malformed_line_fails_the_refresh_naming_file_and_line() {
         let cases = [
             (r#"{"prompt_id": "p1", "passed": true"#, "EOF while parsing an object (column 34)"),
-            (r#"{"prompt_id": "p1", "reward": 1.0}"#, "missing field `passed` (column 34)"),
+            (r#"{"prompt_id": "p1", "reward": 1.0}"#, "missing field `step` (column 34)"),
             (
                 r#"{"prompt_id": 7, "passed": true}"#,
                 "invalid type: integer `7`, expected a string (column 15)",

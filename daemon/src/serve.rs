@@ -16,6 +16,7 @@ use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use rlvr_protocol::fs::write_atomic;
 use rlvr_queue::store::JobStore;
 
 use crate::api::auth::Auth;
@@ -23,7 +24,7 @@ use crate::api::jobs::JobsState;
 use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::health::{PING_INTERVAL, RedisHealth};
-use crate::jobs::supervise::Supervisor;
+use crate::jobs::supervise::{Supervisor, SupervisorConfig};
 use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
 use crate::sched::inventory;
@@ -78,42 +79,46 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     std::fs::create_dir_all(&state_dir)
         .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     let metrics = Arc::new(Metrics::new());
-    let exe = worker_exe(config.daemon.worker_exe.as_deref())?;
-    tracing::info!(worker = %exe.display(), "worker executable");
+    let worker = worker_exe(config.daemon.worker_exe.as_deref())?;
+    tracing::info!(worker = %worker.display(), "worker executable");
     let registry = Arc::new(Registry::new(
         state_dir.join("plugin-cache"),
-        Isolation::Subprocess { exe: exe.clone(), timeout: PROBE_TIMEOUT },
+        Isolation::Subprocess { exe: worker.clone(), timeout: PROBE_TIMEOUT },
         metrics.plugins.clone(),
     )?);
-    let dirs = config.plugins.dirs.clone();
-    let first_scan = {
-        let registry = registry.clone();
-        let dirs = dirs.clone();
-        match tokio::task::spawn_blocking(move || registry.scan(&dirs, Duration::ZERO)).await {
-            Ok(summary) => summary,
-            Err(error) => {
-                // A panic in the scan is a bug of ours; the next scan tries again.
-                tracing::error!(%error, "initial plugin scan failed");
-                ScanSummary::default()
-            }
-        }
-    };
-    tracing::info!(
-        loaded = first_scan.loaded,
-        refused = first_scan.refused,
-        dirs = ?dirs,
-        "initial plugin scan finished"
-    );
-
+    first_scan(&registry, &config.plugins.dirs).await;
     let listener = TcpListener::bind(config.api.listen)
         .await
         .map_err(|source| ServeError::Listen { addr: config.api.listen, source })?;
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    write_addr_file(&state_dir, addr)
+    write_atomic(&state_dir.join(ADDR_FILE), format!("{addr}\n").as_bytes())
         .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
     tracing::info!(%addr, "api listening");
+    let scheduler = start_scheduler(&config, &metrics).await?;
+    let mut services = Services::start(&config, worker, listener, registry, metrics, scheduler, &shutdown)?;
+    let _ = sd_notify::notify(&[NotifyState::Ready]);
+    let outcome = services.main_loop(&config, &shutdown).await;
+    services.drain(&config, &shutdown).await;
+    let _ = std::fs::remove_file(state_dir.join(ADDR_FILE));
+    outcome
+}
 
-    // NVML calls block: off the async threads.
+/// The first scan of the plugin directories, before the API answers.
+async fn first_scan(registry: &Arc<Registry>, dirs: &[PathBuf]) {
+    let (scanning, scanned) = (registry.clone(), dirs.to_vec());
+    let summary = match tokio::task::spawn_blocking(move || scanning.scan(&scanned, Duration::ZERO)).await {
+        Ok(summary) => summary,
+        Err(error) => {
+            // A panic in the scan is a bug of ours; the next scan tries again.
+            tracing::error!(%error, "initial plugin scan failed");
+            ScanSummary::default()
+        }
+    };
+    tracing::info!(loaded = summary.loaded, refused = summary.refused, dirs = ?dirs, "initial plugin scan finished");
+}
+
+/// The device inventory (NVML calls block: off the async threads) and the scheduler over it.
+async fn start_scheduler(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<Scheduler>, ServeError> {
     let devices = config.devices.clone();
     let inventory = tokio::task::spawn_blocking(move || inventory::discover(&devices))
         .await
@@ -128,117 +133,146 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         starvation_after_s: config.scheduler.starvation_after_s as f64,
         fair_share_half_life_s: config.scheduler.fair_share_half_life_s as f64,
     };
-    let scheduler = Scheduler::new(inventory, policy_config, metrics.clone());
-    let grant_socket = state_dir.join(SOCKET_FILE);
-    let grants_stop = CancellationToken::new();
-    let grants = tokio::spawn(scheduler.clone().serve_grants(grant_socket.clone(), grants_stop.clone()));
+    Ok(Scheduler::new(inventory, policy_config, metrics.clone()))
+}
 
-    let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));
-    let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
-    let queues = Queues::new(store, &config.queue);
-    // Cancelled first on shutdown: workers checkpoint, jobs are requeued, event streams end.
-    let stopping = CancellationToken::new();
-    let jobs_state = Arc::new(JobsState {
-        queues: queues.clone(),
-        registry: registry.clone(),
-        auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
-        stopping: stopping.clone(),
-        max_body_bytes: config.api.max_body_bytes as usize,
-        scheduler: scheduler.clone(),
-        state_dir: config.daemon.state_dir.clone(),
-    });
-    let app = router(
-        AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
-        jobs_state,
-        config.api.max_body_bytes as usize,
-    );
-    let supervisor = Arc::new(Supervisor::new(
-        queues.clone(),
-        exe,
-        &state_dir,
-        dirs.clone(),
-        worker_threads(config.queue.worker_threads),
-        config.queue.max_crashes,
-        Duration::from_secs(config.queue.stop_timeout_s),
-        scheduler.clone(),
-        grant_socket,
-        Duration::from_secs(config.scheduler.preempt_grace_s),
-        stopping.clone(),
-    ));
-    let consumer = consumer::start(supervisor.clone(), &config.queue, stopping.clone());
-    let server_shutdown = shutdown.clone();
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
-    });
+/// What runs while the daemon serves, and what the shutdown waits for.
+struct Services {
+    registry: Arc<Registry>,
+    redis: Arc<RedisHealth>,
+    server: tokio::task::JoinHandle<io::Result<()>>,
+    consumer: consumer::Consumer,
+    grants: tokio::task::JoinHandle<io::Result<()>>,
+    grants_stop: CancellationToken,
+    /// Cancelled first on shutdown: workers checkpoint, jobs are requeued, event streams end.
+    stopping: CancellationToken,
+}
 
-    let _ = sd_notify::notify(&[NotifyState::Ready]);
-    let watchdog = sd_notify::watchdog_enabled().map(|interval| interval / 2);
-    let mut last_ping = Instant::now();
-    let mut scan: Option<tokio::task::JoinHandle<_>> = None;
-    let mut redis_check: Option<tokio::task::JoinHandle<()>> = None;
-    let mut last_redis_check: Option<Instant> = None;
-    let mut ticker = tokio::time::interval(Duration::from_millis(config.plugins.scan_interval_ms));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+impl Services {
+    /// Starts the grant socket, the HTTP server and the job consumers.
+    fn start(
+        config: &Config,
+        worker: PathBuf,
+        listener: TcpListener,
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        scheduler: Arc<Scheduler>,
+        shutdown: &CancellationToken,
+    ) -> Result<Services, ServeError> {
+        let state_dir = &config.daemon.state_dir;
+        let grant_socket = state_dir.join(SOCKET_FILE);
+        let grants_stop = CancellationToken::new();
+        let grants = tokio::spawn(scheduler.clone().serve_grants(grant_socket.clone(), grants_stop.clone()));
+        let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));
+        let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
+        let queues = Queues::new(store, &config.queue);
+        let stopping = CancellationToken::new();
+        let jobs_state = Arc::new(JobsState {
+            queues: queues.clone(),
+            registry: registry.clone(),
+            auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
+            stopping: stopping.clone(),
+            max_body_bytes: config.api.max_body_bytes as usize,
+            scheduler: scheduler.clone(),
+            state_dir: state_dir.clone(),
+        });
+        let app = router(
+            AppState { registry: registry.clone(), metrics, redis: redis.clone() },
+            jobs_state,
+            config.api.max_body_bytes as usize,
+        );
+        let supervisor = Arc::new(Supervisor::new(SupervisorConfig {
+            queues,
+            worker,
+            state_dir: state_dir.clone(),
+            plugin_dirs: config.plugins.dirs.clone(),
+            worker_threads: worker_threads(config.queue.worker_threads),
+            max_crashes: config.queue.max_crashes,
+            stop_timeout: Duration::from_secs(config.queue.stop_timeout_s),
+            scheduler,
+            grant_socket,
+            preempt_grace: Duration::from_secs(config.scheduler.preempt_grace_s),
+            stopping: stopping.clone(),
+        }));
+        let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
+        let server_shutdown = shutdown.clone();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
+        });
+        Ok(Services { registry, redis, server, consumer, grants, grants_stop, stopping })
+    }
 
-    let outcome = loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break Ok(()),
-            result = &mut server => {
-                // The server only returns before shutdown when it failed.
-                break match result {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(error)) => Err(ServeError::Http(error)),
-                    Err(join) => Err(ServeError::Http(io::Error::other(join.to_string()))),
-                };
+    /// Until `shutdown` (or the HTTP server fails): rescans plugins, pings Redis, feeds the
+    /// systemd watchdog. Nothing here blocks: scans and pings run in their own tasks.
+    async fn main_loop(&mut self, config: &Config, shutdown: &CancellationToken) -> Result<(), ServeError> {
+        let watchdog = sd_notify::watchdog_enabled().map(|interval| interval / 2);
+        let mut last_ping = Instant::now();
+        let mut scan: Option<tokio::task::JoinHandle<_>> = None;
+        let mut redis_check: Option<tokio::task::JoinHandle<()>> = None;
+        let mut last_redis_check: Option<Instant> = None;
+        let mut ticker = tokio::time::interval(Duration::from_millis(config.plugins.scan_interval_ms));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                result = &mut self.server => {
+                    // The server only returns before shutdown when it failed.
+                    return match result {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(error)) => Err(ServeError::Http(error)),
+                        Err(join) => Err(ServeError::Http(io::Error::other(join.to_string()))),
+                    };
+                }
+                _ = ticker.tick() => {}
             }
-            _ = ticker.tick() => {
-                if scan.as_ref().is_none_or(|handle| handle.is_finished()) {
-                    let registry = registry.clone();
-                    let dirs = dirs.clone();
-                    scan = Some(tokio::task::spawn_blocking(move || registry.scan(&dirs, SETTLE)));
-                }
-                if redis_check.as_ref().is_none_or(|handle| handle.is_finished())
-                    && last_redis_check.is_none_or(|at| at.elapsed() >= PING_INTERVAL)
-                {
-                    let redis = redis.clone();
-                    redis_check = Some(tokio::spawn(async move { redis.check().await }));
-                    last_redis_check = Some(Instant::now());
-                }
-                if let Some(interval) = watchdog
-                    && last_ping.elapsed() >= interval
-                {
-                    let _ = sd_notify::notify(&[NotifyState::Watchdog]);
-                    last_ping = Instant::now();
-                }
+            if scan.as_ref().is_none_or(|handle| handle.is_finished()) {
+                let (registry, dirs) = (self.registry.clone(), config.plugins.dirs.clone());
+                scan = Some(tokio::task::spawn_blocking(move || registry.scan(&dirs, SETTLE)));
+            }
+            if redis_check.as_ref().is_none_or(|handle| handle.is_finished())
+                && last_redis_check.is_none_or(|at| at.elapsed() >= PING_INTERVAL)
+            {
+                let redis = self.redis.clone();
+                redis_check = Some(tokio::spawn(async move { redis.check().await }));
+                last_redis_check = Some(Instant::now());
+            }
+            if let Some(interval) = watchdog
+                && last_ping.elapsed() >= interval
+            {
+                let _ = sd_notify::notify(&[NotifyState::Watchdog]);
+                last_ping = Instant::now();
             }
         }
-    };
+    }
 
-    tracing::info!("shutting down: no new jobs; running ones checkpoint and are requeued");
-    let _ = sd_notify::notify(&[NotifyState::Stopping]);
-    stopping.cancel();
-    // The supervisors give their workers queue.stop_timeout_s, then kill them; a little more
-    // for the requeue writes.
-    let drain = Duration::from_secs(config.queue.stop_timeout_s) + Duration::from_secs(10);
-    if tokio::time::timeout(drain, consumer.stopped()).await.is_err() {
-        tracing::warn!("jobs did not drain in time; their tasks come back to the next daemon");
-    }
-    grants_stop.cancel();
-    match grants.await {
-        Ok(Err(error)) => tracing::warn!(%error, "grant socket failed"),
-        Err(error) => tracing::warn!(%error, "grant socket task failed"),
-        Ok(Ok(())) => {}
-    }
-    shutdown.cancel();
-    if !server.is_finished() {
-        match server.await {
-            Ok(Err(error)) => tracing::warn!(%error, "http server stopped with an error"),
-            Err(error) => tracing::warn!(%error, "http server task failed"),
+    /// Stops taking work; running jobs checkpoint and are requeued (within
+    /// `queue.stop_timeout_s`); then the grant socket and the HTTP server stop.
+    async fn drain(self, config: &Config, shutdown: &CancellationToken) {
+        tracing::info!("shutting down: no new jobs; running ones checkpoint and are requeued");
+        let _ = sd_notify::notify(&[NotifyState::Stopping]);
+        self.stopping.cancel();
+        // The supervisors give their workers queue.stop_timeout_s, then kill them; a little more
+        // for the requeue writes.
+        let drain = Duration::from_secs(config.queue.stop_timeout_s) + Duration::from_secs(10);
+        if tokio::time::timeout(drain, self.consumer.stopped()).await.is_err() {
+            tracing::warn!("jobs did not drain in time; their tasks come back to the next daemon");
+        }
+        self.grants_stop.cancel();
+        match self.grants.await {
+            Ok(Err(error)) => tracing::warn!(%error, "grant socket failed"),
+            Err(error) => tracing::warn!(%error, "grant socket task failed"),
             Ok(Ok(())) => {}
         }
+        shutdown.cancel();
+        // Finished already when the main loop ended on its failure (and took its result).
+        if !self.server.is_finished() {
+            match self.server.await {
+                Ok(Err(error)) => tracing::warn!(%error, "http server stopped with an error"),
+                Err(error) => tracing::warn!(%error, "http server task failed"),
+                Ok(Ok(())) => {}
+            }
+        }
     }
-    let _ = std::fs::remove_file(state_dir.join(ADDR_FILE));
-    outcome
 }
 
 /// The worker's file name, found next to `rlvrd` when `daemon.worker_exe` is not set.
@@ -274,10 +308,4 @@ fn worker_threads(configured: u32) -> usize {
     } else {
         std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
     }
-}
-
-fn write_addr_file(state_dir: &std::path::Path, addr: SocketAddr) -> io::Result<()> {
-    let temp = state_dir.join(format!(".{ADDR_FILE}.tmp"));
-    std::fs::write(&temp, format!("{addr}\n"))?;
-    std::fs::rename(temp, state_dir.join(ADDR_FILE))
 }

@@ -12,7 +12,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+
+use crate::gates::GateReport;
+use crate::worker::{MetricsLine, Outcome, Progress};
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -150,19 +152,19 @@ pub struct JobView {
     /// The latest step's figures (reward, KL, tokens/s, ETA, …), when training has begun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
-    pub progress: Option<Value>,
+    pub progress: Option<Progress>,
     /// The latest held-out score, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heldout: Option<f64>,
     /// How training ended (steps, weights hash, held-out before and after, checkpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
-    pub result: Option<Value>,
+    pub result: Option<Outcome>,
     /// The gate report (design.md §6): `passed`, `baseline`, one line per criterion with its
     /// measured value and threshold, and `forced` when an admin promoted the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
-    pub gates: Option<Value>,
+    pub gates: Option<GateReport>,
     /// Where its checkpoint was published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published: Option<String>,
@@ -173,6 +175,15 @@ pub struct JobView {
     /// 0 when the curriculum had no version yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curriculum_version: Option<u64>,
+}
+
+/// `GET /v1/jobs/{id}/metrics` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MetricsHistory {
+    /// The job's metrics lines in order: one per step, and the held-out evaluations.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub lines: Vec<MetricsLine>,
 }
 
 /// One change of state, as stored on the job's event stream and sent over server-sent events.

@@ -1,6 +1,6 @@
 //! What crosses rlvr's process boundaries, as types both sides share, so that renaming a field is
 //! a compile error rather than a silent "not checked" (design.md §2). No IO beyond the job
-//! directory's own files; no Redis, no HTTP, no libtorch.
+//! directory's own files; no Redis, no HTTP, no libtorch: every program links it.
 //!
 //! - [`spec`]: the job spec of design.md §1, parsed from TOML or JSON, with errors that name the
 //!   field.
@@ -11,11 +11,17 @@
 //! - [`curricula`]: the shared curricula's versions, which the daemon writes and workers pin.
 //! - [`worker`]: the worker protocol — its arguments, exit statuses, outcome, metrics and
 //!   progress.
+//! - [`gates`]: the gate report, one status per criterion.
+//! - [`jobdir`]: where a job's files are.
+//! - [`fs`]: the one atomic file write.
 
 pub mod api;
 pub mod curricula;
+pub mod fs;
+pub mod gates;
 pub mod grants;
 pub mod job;
+pub mod jobdir;
 pub mod spec;
 pub mod time;
 pub mod worker;

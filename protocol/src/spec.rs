@@ -464,211 +464,16 @@ impl JobSpec {
         Ok(spec)
     }
 
-    /// Every range and consistency check a spec can make about itself.
+    /// Every range and consistency check a spec can make about itself: the names, the numeric
+    /// ranges of [`RULES`] and [`VERIFIER_RULES`], and the checks that relate two fields.
     pub fn validate(&self) -> Result<(), SpecErrors> {
-        let mut errors = Vec::new();
-        let mut check = |ok: bool, field: &str, message: String| {
-            if !ok {
-                errors.push(SpecError { field: field.to_owned(), message });
-            }
-        };
-        let name_ok = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 128
-                && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        };
-        check(
-            name_ok(&self.job.name),
-            "job.name",
-            format!("expected 1–128 of [A-Za-z0-9._-], got {:?}", self.job.name),
-        );
-        check(
-            name_ok(&self.job.team),
-            "job.team",
-            format!("expected 1–128 of [A-Za-z0-9._-], got {:?}", self.job.team),
-        );
-        check(
-            name_ok(&self.job.model_line) && !self.job.model_line.starts_with('.'),
-            "job.model_line",
-            format!("expected 1–128 of [A-Za-z0-9._-], not starting with '.', got {:?}", self.job.model_line),
-        );
-        check(
-            !self.model.policy.is_empty(),
-            "model.policy",
-            "expected a directory or builtin:tiny-arith".into(),
-        );
-        check(
-            self.optimizer.group_size >= 1 && self.optimizer.group_size <= 1024,
-            "optimizer.group_size",
-            format!("expected 1 to 1024, got {}", self.optimizer.group_size),
-        );
-        check(
-            (1..=64).contains(&self.optimizer.mu),
-            "optimizer.mu",
-            format!("expected 1 to 64, got {}", self.optimizer.mu),
-        );
-        check(
-            self.optimizer.lr.is_finite() && self.optimizer.lr > 0.0 && self.optimizer.lr <= 1.0,
-            "optimizer.lr",
-            format!("expected a number in (0, 1], got {}", self.optimizer.lr),
-        );
-        for (field, value) in [
-            ("optimizer.adam_beta1", self.optimizer.adam_beta1),
-            ("optimizer.adam_beta2", self.optimizer.adam_beta2),
-        ] {
-            check((0.0..1.0).contains(&value), field, format!("expected a number in [0, 1), got {value}"));
-        }
-        check(
-            self.optimizer.adam_eps.is_finite() && self.optimizer.adam_eps > 0.0,
-            "optimizer.adam_eps",
-            format!("expected a positive number, got {}", self.optimizer.adam_eps),
-        );
-        check(
-            self.optimizer.weight_decay.is_finite() && (0.0..=1.0).contains(&self.optimizer.weight_decay),
-            "optimizer.weight_decay",
-            format!("expected a number in [0, 1], got {}", self.optimizer.weight_decay),
-        );
-        check(
-            self.optimizer.grad_clip.is_finite() && self.optimizer.grad_clip >= 0.0,
-            "optimizer.grad_clip",
-            format!("expected a number ≥ 0 (0 = off), got {}", self.optimizer.grad_clip),
-        );
-        check(
-            self.optimizer.micro_batch_size >= 1,
-            "optimizer.micro_batch_size",
-            format!("expected at least 1, got {}", self.optimizer.micro_batch_size),
-        );
-        check(
-            self.optimizer.warmup_steps <= self.budget.max_steps,
-            "optimizer.warmup_steps",
-            format!(
-                "expected at most budget.max_steps ({}), got {}",
-                self.budget.max_steps, self.optimizer.warmup_steps
-            ),
-        );
+        let mut errors = names(self);
+        errors.extend(RULES.iter().filter_map(|rule| rule.check("", self)));
         for (i, verifier) in self.verifiers.iter().enumerate() {
-            check(
-                verifier.weight.is_finite() && verifier.weight >= 0.0,
-                &format!("verifiers[{i}].weight"),
-                format!("expected a number ≥ 0, got {}", verifier.weight),
-            );
+            let prefix = format!("verifiers[{i}].");
+            errors.extend(VERIFIER_RULES.iter().filter_map(|rule| rule.check(&prefix, verifier)));
         }
-        let rollout = &self.rollout;
-        check(
-            (1..=32768).contains(&rollout.max_new_tokens),
-            "rollout.max_new_tokens",
-            format!("expected 1 to 32768, got {}", rollout.max_new_tokens),
-        );
-        check(
-            rollout.temperature.is_finite() && (0.0..=10.0).contains(&rollout.temperature),
-            "rollout.temperature",
-            format!("expected a number in [0, 10] (0 = greedy), got {}", rollout.temperature),
-        );
-        check(
-            rollout.top_p.is_finite() && rollout.top_p > 0.0 && rollout.top_p <= 1.0,
-            "rollout.top_p",
-            format!("expected a number in (0, 1], got {}", rollout.top_p),
-        );
-        check(
-            (1..=4096).contains(&rollout.prompts_per_step),
-            "rollout.prompts_per_step",
-            format!("expected 1 to 4096, got {}", rollout.prompts_per_step),
-        );
-        check(
-            rollout.dynamic_sampling_rounds <= 16,
-            "rollout.dynamic_sampling_rounds",
-            format!("expected 0 to 16 extra rounds, got {}", rollout.dynamic_sampling_rounds),
-        );
-        check(
-            rollout.stop.iter().all(|s| !s.is_empty()),
-            "rollout.stop",
-            "expected non-empty strings".into(),
-        );
-        let stop = &self.stop;
-        let in_unit = |value: Option<f64>| value.is_none_or(|v| v.is_finite() && (0.0..=1.0).contains(&v));
-        check(
-            in_unit(stop.heldout_drop_max),
-            "stop.heldout_drop_max",
-            format!(
-                "expected a held-out score drop in [0, 1], got {}",
-                stop.heldout_drop_max.unwrap_or_default()
-            ),
-        );
-        check(
-            stop.length_growth_max.is_none_or(|v| v.is_finite() && v > 1.0),
-            "stop.length_growth_max",
-            format!("expected a factor > 1, got {}", stop.length_growth_max.unwrap_or_default()),
-        );
-        if let Some(curriculum) = &self.curriculum {
-            check(
-                curriculum.name.is_none() || !curriculum.options.contains_key("history"),
-                "curriculum.history",
-                "the pinned version of curriculum.name seeds the estimates; give one or the other".into(),
-            );
-        }
-        let gates = &self.gates;
-        check(
-            gates.heldout_gain_min.is_none_or(|v| v.is_finite() && (-1.0..=1.0).contains(&v)),
-            "gates.heldout_gain_min",
-            format!(
-                "expected a held-out score change in [-1, 1], got {}",
-                gates.heldout_gain_min.unwrap_or_default()
-            ),
-        );
-        for (field, value) in [("stop.kl_max", stop.kl_max), ("gates.kl_max", gates.kl_max)] {
-            check(
-                value.is_none_or(|v| v.is_finite() && v > 0.0),
-                field,
-                format!("expected a number > 0, got {}", value.unwrap_or_default()),
-            );
-        }
-        check(
-            gates.length_ratio_max.is_none_or(|v| v.is_finite() && v > 0.0),
-            "gates.length_ratio_max",
-            format!("expected a ratio > 0, got {}", gates.length_ratio_max.unwrap_or_default()),
-        );
-        for (field, value) in [
-            ("stop.verifier_timeout_rate_max", stop.verifier_timeout_rate_max),
-            ("stop.verifier_error_rate_max", stop.verifier_error_rate_max),
-            ("gates.verifier_timeout_rate_max", gates.verifier_timeout_rate_max),
-            ("gates.verifier_error_rate_max", gates.verifier_error_rate_max),
-        ] {
-            check(
-                in_unit(value),
-                field,
-                format!("expected a rate in [0, 1], got {}", value.unwrap_or_default()),
-            );
-        }
-        check(
-            (1..=10_000_000).contains(&self.budget.max_steps),
-            "budget.max_steps",
-            format!("expected 1 to 10000000, got {}", self.budget.max_steps),
-        );
-        check(
-            self.budget.max_wall_minutes.is_none_or(|m| m.is_finite() && m > 0.0),
-            "budget.max_wall_minutes",
-            "expected a positive number of minutes".into(),
-        );
-        check(
-            self.budget.max_generated_tokens.is_none_or(|t| t > 0),
-            "budget.max_generated_tokens",
-            "expected a positive number of tokens".into(),
-        );
-        check(
-            (1..=64).contains(&self.resources.devices),
-            "resources.devices",
-            format!("expected 1 to 64, got {}", self.resources.devices),
-        );
-        check(
-            self.resources.memory_gb.is_finite() && self.resources.memory_gb >= 0.0,
-            "resources.memory_gb",
-            format!("expected a number ≥ 0, got {}", self.resources.memory_gb),
-        );
-        check(
-            self.checkpoint.every_steps >= 1,
-            "checkpoint.every_steps",
-            format!("expected at least 1, got {}", self.checkpoint.every_steps),
-        );
+        errors.extend(relations(self));
         if errors.is_empty() { Ok(()) } else { Err(SpecErrors(errors)) }
     }
 
@@ -683,6 +488,275 @@ impl PluginSection {
     pub fn plugin_config(&self) -> String {
         Value::Object(self.options.clone()).to_string()
     }
+}
+
+/// A numeric field's value, as its rule reads it.
+#[derive(Debug, Clone, Copy)]
+enum Num {
+    Int(u64),
+    Real(f64),
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Num::Int(i) => write!(f, "{i}"),
+            Num::Real(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+/// One end of a range of reals.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    Open(f64),
+    Closed(f64),
+}
+
+/// What a numeric field may hold. Each is said one way (see [`Rule::expected`]), so a range is
+/// written once, here, and its message follows from it.
+#[derive(Debug, Clone, Copy)]
+enum Range {
+    /// Integers from one to the other: `1 to 1024`.
+    Ints(u64, u64),
+    /// Integers from this one up: `at least 1`.
+    IntsFrom(u64),
+    /// Finite reals between two bounds: `in (0, 1]`.
+    Reals(Bound, Bound),
+    /// Finite reals past a bound: `> 0`, `≥ 0`.
+    RealsFrom(Bound),
+    /// Finite reals > 0, said `positive`: for amounts (minutes, tokens) rather than thresholds.
+    Positive,
+}
+
+impl Range {
+    fn contains(self, value: Num) -> bool {
+        let x = match value {
+            Num::Int(i) => match self {
+                Range::Ints(lo, hi) => return (lo..=hi).contains(&i),
+                Range::IntsFrom(lo) => return i >= lo,
+                _ => i as f64,
+            },
+            Num::Real(x) => x,
+        };
+        let above = |bound| match bound {
+            Bound::Open(lo) => x > lo,
+            Bound::Closed(lo) => x >= lo,
+        };
+        let below = |bound| match bound {
+            Bound::Open(hi) => x < hi,
+            Bound::Closed(hi) => x <= hi,
+        };
+        x.is_finite()
+            && match self {
+                Range::Reals(lo, hi) => above(lo) && below(hi),
+                Range::RealsFrom(lo) => above(lo),
+                Range::Positive => x > 0.0,
+                Range::Ints(..) | Range::IntsFrom(_) => false,
+            }
+    }
+}
+
+/// A numeric field of `T`, its range and how its message names it.
+struct Rule<T> {
+    /// The field's path under `T`: `rollout.top_p`, or `weight` under a verifier.
+    field: &'static str,
+    /// The value; `None` when the field is unset (and so not checked).
+    get: fn(&T) -> Option<Num>,
+    range: Range,
+    /// What the value is: the noun of a real ("rate" in `a rate in [0, 1]`, "number" when
+    /// unset), or the unit after an integer range ("extra rounds" in `0 to 16 extra rounds`).
+    noun: Option<&'static str>,
+    /// Said after the range: `(0 = off)`.
+    note: Option<&'static str>,
+}
+
+impl<T> Rule<T> {
+    const fn new(field: &'static str, get: fn(&T) -> Option<Num>, range: Range) -> Self {
+        Rule { field, get, range, noun: None, note: None }
+    }
+
+    const fn noun(self, noun: &'static str) -> Self {
+        Rule { noun: Some(noun), ..self }
+    }
+
+    const fn note(self, note: &'static str) -> Self {
+        Rule { note: Some(note), ..self }
+    }
+
+    /// What the field must hold, in words: `a number in (0, 1]`, `1 to 64`, `a positive number of
+    /// minutes`, `a number ≥ 0 (0 = off)`.
+    fn expected(&self) -> String {
+        let noun = self.noun.unwrap_or("number");
+        let unit = self.noun.map(|noun| format!(" {noun}")).unwrap_or_default();
+        let range = match self.range {
+            Range::Ints(lo, hi) => format!("{lo} to {hi}{unit}"),
+            Range::IntsFrom(lo) => format!("at least {lo}{unit}"),
+            Range::Reals(lo, hi) => {
+                let (open, lo) = match lo {
+                    Bound::Open(x) => ('(', x),
+                    Bound::Closed(x) => ('[', x),
+                };
+                let (close, hi) = match hi {
+                    Bound::Open(x) => (')', x),
+                    Bound::Closed(x) => (']', x),
+                };
+                format!("a {noun} in {open}{lo}, {hi}{close}")
+            }
+            Range::RealsFrom(Bound::Open(lo)) => format!("a {noun} > {lo}"),
+            Range::RealsFrom(Bound::Closed(lo)) => format!("a {noun} ≥ {lo}"),
+            Range::Positive => format!("a positive {noun}"),
+        };
+        match self.note {
+            Some(note) => format!("{range} {note}"),
+            None => range,
+        }
+    }
+
+    /// The error of `value`'s field, if its value is out of range; `prefix` goes before the field.
+    fn check(&self, prefix: &str, value: &T) -> Option<SpecError> {
+        let found = (self.get)(value).filter(|found| !self.range.contains(*found))?;
+        Some(SpecError {
+            field: format!("{prefix}{}", self.field),
+            message: format!("expected {}, got {found}", self.expected()),
+        })
+    }
+}
+
+fn int(value: impl Into<u64>) -> Option<Num> {
+    Some(Num::Int(value.into()))
+}
+
+/// A real field's value, set (`f64`) or maybe unset (`Option<f64>`).
+fn real(value: impl Into<Option<f64>>) -> Option<Num> {
+    value.into().map(Num::Real)
+}
+
+/// `[0, 1]`: rates and score fractions.
+const UNIT: Range = Reals(Closed(0.0), Closed(1.0));
+
+/// A rate of verifier outcomes, in [`UNIT`].
+const fn rate(field: &'static str, get: fn(&JobSpec) -> Option<Num>) -> SpecRule {
+    SpecRule::new(field, get, UNIT).noun("rate")
+}
+
+use Bound::{Closed, Open};
+use Range::{Ints, IntsFrom, Positive, Reals, RealsFrom};
+
+/// A rule on a whole spec (naming `JobSpec` lets a row's closure know its argument's type).
+type SpecRule = Rule<JobSpec>;
+
+/// The numeric ranges of a spec, in the order of its sections.
+const RULES: &[SpecRule] = &[
+    SpecRule::new("optimizer.group_size", |s| int(s.optimizer.group_size), Ints(1, 1024)),
+    SpecRule::new("optimizer.mu", |s| int(s.optimizer.mu), Ints(1, 64)),
+    SpecRule::new("optimizer.lr", |s| real(s.optimizer.lr), Reals(Open(0.0), Closed(1.0))),
+    SpecRule::new("optimizer.adam_beta1", |s| real(s.optimizer.adam_beta1), Reals(Closed(0.0), Open(1.0))),
+    SpecRule::new("optimizer.adam_beta2", |s| real(s.optimizer.adam_beta2), Reals(Closed(0.0), Open(1.0))),
+    SpecRule::new("optimizer.adam_eps", |s| real(s.optimizer.adam_eps), Positive),
+    SpecRule::new("optimizer.weight_decay", |s| real(s.optimizer.weight_decay), UNIT),
+    SpecRule::new("optimizer.grad_clip", |s| real(s.optimizer.grad_clip), RealsFrom(Closed(0.0)))
+        .note("(0 = off)"),
+    SpecRule::new("optimizer.micro_batch_size", |s| int(s.optimizer.micro_batch_size), IntsFrom(1)),
+    SpecRule::new("rollout.max_new_tokens", |s| int(s.rollout.max_new_tokens), Ints(1, 32768)),
+    SpecRule::new("rollout.temperature", |s| real(s.rollout.temperature), Reals(Closed(0.0), Closed(10.0)))
+        .note("(0 = greedy)"),
+    SpecRule::new("rollout.top_p", |s| real(s.rollout.top_p), Reals(Open(0.0), Closed(1.0))),
+    SpecRule::new("rollout.prompts_per_step", |s| int(s.rollout.prompts_per_step), Ints(1, 4096)),
+    SpecRule::new("rollout.dynamic_sampling_rounds", |s| int(s.rollout.dynamic_sampling_rounds), Ints(0, 16))
+        .noun("extra rounds"),
+    SpecRule::new("stop.kl_max", |s| real(s.stop.kl_max), RealsFrom(Open(0.0))),
+    SpecRule::new("stop.heldout_drop_max", |s| real(s.stop.heldout_drop_max), UNIT)
+        .noun("held-out score drop"),
+    SpecRule::new("stop.length_growth_max", |s| real(s.stop.length_growth_max), RealsFrom(Open(1.0)))
+        .noun("factor"),
+    rate("stop.verifier_timeout_rate_max", |s| real(s.stop.verifier_timeout_rate_max)),
+    rate("stop.verifier_error_rate_max", |s| real(s.stop.verifier_error_rate_max)),
+    SpecRule::new(
+        "gates.heldout_gain_min",
+        |s| real(s.gates.heldout_gain_min),
+        Reals(Closed(-1.0), Closed(1.0)),
+    )
+    .noun("held-out score change"),
+    SpecRule::new("gates.kl_max", |s| real(s.gates.kl_max), RealsFrom(Open(0.0))),
+    SpecRule::new("gates.length_ratio_max", |s| real(s.gates.length_ratio_max), RealsFrom(Open(0.0)))
+        .noun("ratio"),
+    rate("gates.verifier_timeout_rate_max", |s| real(s.gates.verifier_timeout_rate_max)),
+    rate("gates.verifier_error_rate_max", |s| real(s.gates.verifier_error_rate_max)),
+    SpecRule::new("budget.max_steps", |s| int(s.budget.max_steps), Ints(1, 10_000_000)),
+    SpecRule::new("budget.max_generated_tokens", |s| s.budget.max_generated_tokens.map(Num::Int), Positive)
+        .noun("number of tokens"),
+    SpecRule::new("budget.max_wall_minutes", |s| real(s.budget.max_wall_minutes), Positive)
+        .noun("number of minutes"),
+    SpecRule::new("resources.devices", |s| int(s.resources.devices), Ints(1, 64)),
+    SpecRule::new("resources.memory_gb", |s| real(s.resources.memory_gb), RealsFrom(Closed(0.0))),
+    SpecRule::new("checkpoint.every_steps", |s| int(s.checkpoint.every_steps), IntsFrom(1)),
+];
+
+/// The numeric ranges of each `[[verifiers]]` entry.
+const VERIFIER_RULES: &[Rule<PluginSection>] =
+    &[Rule::new("weight", |v| real(v.weight), RealsFrom(Closed(0.0)))];
+
+/// Longest job, team and model line name.
+const MAX_NAME_CHARS: usize = 128;
+
+/// `job.name`, `job.team`, `job.model_line` (which also names a directory, so no leading `.`), and
+/// `model.policy`.
+fn names(spec: &JobSpec) -> Vec<SpecError> {
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= MAX_NAME_CHARS
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let names = [
+        ("job.name", &spec.job.name, false),
+        ("job.team", &spec.job.team, false),
+        ("job.model_line", &spec.job.model_line, true),
+    ];
+    let mut errors = Vec::new();
+    for (field, name, no_leading_dot) in names {
+        if !name_ok(name) || (no_leading_dot && name.starts_with('.')) {
+            let dot = if no_leading_dot { ", not starting with '.'" } else { "" };
+            let message = format!("expected 1–{MAX_NAME_CHARS} of [A-Za-z0-9._-]{dot}, got {name:?}");
+            errors.push(SpecError { field: field.to_owned(), message });
+        }
+    }
+    if spec.model.policy.is_empty() {
+        let message = format!("expected a directory or {BUILTIN_MODEL}");
+        errors.push(SpecError { field: "model.policy".to_owned(), message });
+    }
+    errors
+}
+
+/// The checks that are not one field's range: one field against another, or the items of a list.
+fn relations(spec: &JobSpec) -> Vec<SpecError> {
+    let mut errors = Vec::new();
+    let mut check = |ok: bool, field: &str, message: String| {
+        if !ok {
+            errors.push(SpecError { field: field.to_owned(), message });
+        }
+    };
+    check(
+        spec.optimizer.warmup_steps <= spec.budget.max_steps,
+        "optimizer.warmup_steps",
+        format!(
+            "expected at most budget.max_steps ({}), got {}",
+            spec.budget.max_steps, spec.optimizer.warmup_steps
+        ),
+    );
+    check(
+        spec.rollout.stop.iter().all(|s| !s.is_empty()),
+        "rollout.stop",
+        "expected non-empty strings".into(),
+    );
+    if let Some(curriculum) = &spec.curriculum {
+        check(
+            curriculum.name.is_none() || !curriculum.options.contains_key("history"),
+            "curriculum.history",
+            "the pinned version of curriculum.name seeds the estimates; give one or the other".into(),
+        );
+    }
+    errors
 }
 
 /// serde_path_to_error writes `?` for an unknown position and `.` at the root.
@@ -775,6 +849,168 @@ max_steps = 10
             };
             assert_eq!(error.field, *field, "{extra}: {error}");
             assert!(error.message.contains(message), "{extra}: {error}");
+        }
+    }
+
+    /// MINIMAL with `lines` added to its `[section]`, or in a new one when it has none.
+    fn with(section: &str, lines: &str) -> String {
+        let header = format!("\n[{section}]\n");
+        if MINIMAL.contains(&header) {
+            MINIMAL.replacen(&header, &format!("{header}{lines}\n"), 1)
+        } else {
+            format!("{MINIMAL}{header}{lines}\n")
+        }
+    }
+
+    /// Parses and validates `text`: `expected` is every error as displayed, in order; none when
+    /// the spec is valid.
+    fn check(text: &str, expected: &[&str]) {
+        let got: Vec<String> = match JobSpec::from_toml(text) {
+            Err(error) => vec![error.to_string()],
+            Ok(spec) => match spec.validate() {
+                Ok(()) => Vec::new(),
+                Err(errors) => errors.0.iter().map(ToString::to_string).collect(),
+            },
+        };
+        assert_eq!(got, expected, "{text}");
+    }
+
+    #[test]
+    fn each_rule_says_its_range() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("optimizer", "group_size = 0", "optimizer.group_size: expected 1 to 1024, got 0"),
+            ("optimizer", "mu = 65", "optimizer.mu: expected 1 to 64, got 65"),
+            ("optimizer", "lr = -1.0", "optimizer.lr: expected a number in (0, 1], got -1"),
+            ("optimizer", "adam_beta1 = 1.0", "optimizer.adam_beta1: expected a number in [0, 1), got 1"),
+            ("optimizer", "adam_beta2 = -0.5", "optimizer.adam_beta2: expected a number in [0, 1), got -0.5"),
+            ("optimizer", "adam_eps = 0.0", "optimizer.adam_eps: expected a positive number, got 0"),
+            (
+                "optimizer",
+                "weight_decay = 1.5",
+                "optimizer.weight_decay: expected a number in [0, 1], got 1.5",
+            ),
+            ("optimizer", "grad_clip = -1.0", "optimizer.grad_clip: expected a number ≥ 0 (0 = off), got -1"),
+            ("optimizer", "micro_batch_size = 0", "optimizer.micro_batch_size: expected at least 1, got 0"),
+            ("rollout", "max_new_tokens = 40000", "rollout.max_new_tokens: expected 1 to 32768, got 40000"),
+            (
+                "rollout",
+                "temperature = 11.0",
+                "rollout.temperature: expected a number in [0, 10] (0 = greedy), got 11",
+            ),
+            ("rollout", "top_p = nan", "rollout.top_p: expected a number in (0, 1], got NaN"),
+            ("rollout", "prompts_per_step = 0", "rollout.prompts_per_step: expected 1 to 4096, got 0"),
+            (
+                "rollout",
+                "dynamic_sampling_rounds = 17",
+                "rollout.dynamic_sampling_rounds: expected 0 to 16 extra rounds, got 17",
+            ),
+            ("stop", "kl_max = 0.0", "stop.kl_max: expected a number > 0, got 0"),
+            (
+                "stop",
+                "heldout_drop_max = 2.0",
+                "stop.heldout_drop_max: expected a held-out score drop in [0, 1], got 2",
+            ),
+            ("stop", "length_growth_max = 1.0", "stop.length_growth_max: expected a factor > 1, got 1"),
+            (
+                "stop",
+                "verifier_timeout_rate_max = inf",
+                "stop.verifier_timeout_rate_max: expected a rate in [0, 1], got inf",
+            ),
+            (
+                "gates",
+                "heldout_gain_min = -2.0",
+                "gates.heldout_gain_min: expected a held-out score change in [-1, 1], got -2",
+            ),
+            ("gates", "length_ratio_max = 0.0", "gates.length_ratio_max: expected a ratio > 0, got 0"),
+            (
+                "gates",
+                "verifier_error_rate_max = 1.5",
+                "gates.verifier_error_rate_max: expected a rate in [0, 1], got 1.5",
+            ),
+            // budget.max_steps: with the relations below (MINIMAL sets it).
+            (
+                "budget",
+                "max_generated_tokens = 0",
+                "budget.max_generated_tokens: expected a positive number of tokens, got 0",
+            ),
+            (
+                "budget",
+                "max_wall_minutes = -5.0",
+                "budget.max_wall_minutes: expected a positive number of minutes, got -5",
+            ),
+            ("resources", "devices = 65", "resources.devices: expected 1 to 64, got 65"),
+            ("resources", "memory_gb = -1.0", "resources.memory_gb: expected a number ≥ 0, got -1"),
+            ("checkpoint", "every_steps = 0", "checkpoint.every_steps: expected at least 1, got 0"),
+        ];
+        for (section, lines, expected) in cases {
+            check(&with(section, lines), &[expected]);
+        }
+        // The ends of each range are in it.
+        let edges = [
+            ("optimizer", "group_size = 1\nmu = 64\nlr = 1.0\nadam_beta1 = 0.0\nadam_eps = 1e-30"),
+            ("optimizer", "weight_decay = 1.0\ngrad_clip = 0.0\nmicro_batch_size = 1"),
+            (
+                "rollout",
+                "max_new_tokens = 32768\ntemperature = 0.0\ntop_p = 1.0\ndynamic_sampling_rounds = 16",
+            ),
+            ("stop", "heldout_drop_max = 0.0\nverifier_error_rate_max = 1.0\nlength_growth_max = 1.01"),
+            ("gates", "heldout_gain_min = -1.0\nkl_max = 1e-9"),
+            ("resources", "devices = 64\nmemory_gb = 0.0"),
+        ];
+        for (section, lines) in edges {
+            check(&with(section, lines), &[]);
+        }
+    }
+
+    #[test]
+    fn names_lists_and_relations() {
+        let cases: &[(String, &[&str])] = &[
+            (
+                MINIMAL.replace("name = \"arith\"", "name = \"\""),
+                &[r#"job.name: expected 1–128 of [A-Za-z0-9._-], got """#],
+            ),
+            (
+                MINIMAL
+                    .replace("team = \"math\"", "team = \"a b\"")
+                    .replace("model_line = \"tiny\"", "model_line = \".x\""),
+                &[
+                    r#"job.team: expected 1–128 of [A-Za-z0-9._-], got "a b""#,
+                    r#"job.model_line: expected 1–128 of [A-Za-z0-9._-], not starting with '.', got ".x""#,
+                ],
+            ),
+            (
+                MINIMAL.replace("policy = \"builtin:tiny-arith\"", "policy = \"\""),
+                &["model.policy: expected a directory or builtin:tiny-arith"],
+            ),
+            (
+                MINIMAL.replace(
+                    "[[verifiers]]\nplugin = \"math\"\n",
+                    "[[verifiers]]\nplugin = \"math\"\n[[verifiers]]\nplugin = \"code\"\nweight = -1.0\n",
+                ),
+                &["verifiers[1].weight: expected a number ≥ 0, got -1"],
+            ),
+            (
+                with("optimizer", "warmup_steps = 11"),
+                &["optimizer.warmup_steps: expected at most budget.max_steps (10), got 11"],
+            ),
+            (with("rollout", "stop = [\"\\n\", \"\"]"), &["rollout.stop: expected non-empty strings"]),
+            (
+                with("curriculum", "plugin = \"frontier\"\nname = \"shared\"\nhistory = []"),
+                &[
+                    "curriculum.history: the pinned version of curriculum.name seeds the estimates; give one or the other",
+                ],
+            ),
+            // Every problem at once, ranges before relations.
+            (
+                with("budget", "max_wall_minutes = 0.0").replace("max_steps = 10", "max_steps = 0"),
+                &[
+                    "budget.max_steps: expected 1 to 10000000, got 0",
+                    "budget.max_wall_minutes: expected a positive number of minutes, got 0",
+                ],
+            ),
+        ];
+        for (text, expected) in cases {
+            check(text, expected);
         }
     }
 

@@ -6,10 +6,19 @@
 //!   worker parses them with clap);
 //! - the job's spec: `spec.json` in the job directory ([`crate::spec::JobSpec`]);
 //! - its exit status: [`WorkerExit`];
+//! - its outcome, one JSON line on stdout when it finishes: [`Outcome`], with the gates'
+//!   evaluation ([`GateEvaluation`]) that the daemon judges;
+//! - its training log, `metrics.jsonl`: one [`MetricsLine`] per step and held-out evaluation;
+//! - its live state, `progress.json`: [`Progress`], rewritten after every step;
 //! - the grant socket: [`crate::grants`].
+//!
+//! Where these files are is [`crate::jobdir::JobDir`]'s.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
 
 /// The worker's arguments for one run of one job.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -157,6 +166,371 @@ impl WorkerExit {
     }
 }
 
+/// How a run ended: the worker's one stdout line when it exits [`WorkerExit::Finished`] or
+/// [`WorkerExit::Interrupted`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Steps completed.
+    pub steps: u64,
+    /// SHA-256 over the policy's tensors (names sorted, raw bytes): equal runs give equal hashes.
+    pub weights_sha256: String,
+    /// Held-out accuracy before the first step, when the job has a held-out set.
+    pub heldout_before: Option<f64>,
+    /// Held-out accuracy of the weights it ended with, when scored in this run.
+    pub heldout_after: Option<f64>,
+    /// The last checkpoint's directory (its `model/` is what gets published); empty when none.
+    pub checkpoint: PathBuf,
+    /// Why it ended before `budget.max_steps`, if it did.
+    pub stopped: Option<String>,
+    /// It stopped on a stop request (SIGTERM) with its state checkpointed: resume it to go on.
+    pub interrupted: bool,
+    /// Training's trend (first steps against the last), when it logged rewards.
+    pub training: Option<Trend>,
+    /// The gates' evaluation of the candidate against its baseline; not made for an interrupted
+    /// run, nor for a job with neither held-out set nor canaries.
+    pub evaluation: Option<GateEvaluation>,
+    /// The plugins it trained with.
+    pub plugins: Vec<PluginUse>,
+    /// SHA-256 of each data file, by name (`train`, `heldout`, `canaries`).
+    pub data_sha256: BTreeMap<String, String>,
+}
+
+/// A plugin a run used: what the manifest records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginUse {
+    /// `name@version`.
+    pub id: String,
+    /// SHA-256 of the library, hex.
+    pub sha256: String,
+}
+
+/// Training's trend: the mean of the first steps against the mean of the last ones (a window of
+/// five each), what the gates' reward-hacking and KL criteria read.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Trend {
+    /// Training steps that logged a reward.
+    pub steps: usize,
+    /// Mean reward of the first steps.
+    pub reward_first: f64,
+    /// Mean reward of the last steps.
+    pub reward_last: f64,
+    /// Mean `kl_ref` of the last steps that measured it; `None` when none did.
+    pub kl_last: Option<f64>,
+    /// Mean completion length of the first steps.
+    pub length_first: f64,
+    /// Mean completion length of the last steps.
+    pub length_last: f64,
+}
+
+/// What the candidate is compared with (design.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaselineKind {
+    /// The model line's published version when the run started.
+    Published,
+    /// The job's starting checkpoint (the line has no version yet, or a run by hand).
+    Start,
+}
+
+/// The candidate's baseline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// Published version or starting checkpoint.
+    pub kind: BaselineKind,
+    /// The model directory (or `builtin:…`) scored.
+    pub model: String,
+    /// The published version, for [`BaselineKind::Published`].
+    pub version: Option<u64>,
+}
+
+/// The gates' evaluation, made by the worker once training ends: held-out and canary scores of
+/// the candidate and of its baseline, the canaries the baseline passed and the candidate fails,
+/// and training's trend. The daemon judges it (`jobs::gate::judge`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateEvaluation {
+    /// What the candidate was compared with.
+    pub baseline: Baseline,
+    /// The trained model's scores.
+    pub candidate: ModelScores,
+    /// The baseline's scores.
+    pub baseline_scores: ModelScores,
+    /// Canaries the baseline passed and the candidate fails.
+    pub canary_regressions: CanaryRegressions,
+    /// Training's trend.
+    pub training: Option<Trend>,
+}
+
+/// One model's scores on the gates' sets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelScores {
+    /// On the held-out set (its first `eval.max_prompts`), when the job has one.
+    pub heldout: Option<GateScore>,
+    /// On the canaries, when the job has them.
+    pub canaries: Option<GateScore>,
+}
+
+/// A score as the gates see it: the figures, and how the verifiers fared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateScore {
+    /// Accuracy, reward, length, prompts.
+    #[serde(flatten)]
+    pub figures: ScoreFigures,
+    /// Verifier calls made.
+    pub verifier_calls: usize,
+    /// Calls that came back with an error (timeouts not included).
+    pub verifier_errors: usize,
+    /// Calls that timed out.
+    pub verifier_timeouts: usize,
+}
+
+/// A model's greedy score on a set of prompts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreFigures {
+    /// Fraction of prompts whose completion passed every weighted verifier.
+    pub accuracy: f64,
+    /// Mean weighted reward.
+    pub reward_mean: f64,
+    /// Mean completion length, in tokens.
+    pub completion_len_mean: f64,
+    /// Prompts scored.
+    pub prompts: usize,
+}
+
+/// The canaries that regressed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CanaryRegressions {
+    /// How many.
+    pub count: usize,
+    /// The first 20 ids.
+    pub ids: Vec<String>,
+}
+
+/// One line of `metrics.jsonl`: a training step's figures, a held-out evaluation, or both.
+///
+/// Not `deny_unknown_fields`, and every figure optional: a line is read by a newer daemon or
+/// report than the worker that wrote it. Figures an optimizer plugin reports under its own
+/// names (its loss terms, `opt.*` from its advantages) are in `optimizer`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetricsLine {
+    /// The step (0: before training).
+    pub step: u64,
+    /// Mean reward of the batch trained on (online training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_mean: Option<f64>,
+    /// Its standard deviation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_std: Option<f64>,
+    /// Fraction of completions that passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_frac: Option<f64>,
+    /// Mean score of each verifier, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub components: Option<BTreeMap<String, f64>>,
+    /// Fraction of the step's first round of groups whose completions all passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_pass_frac: Option<f64>,
+    /// … all failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_fail_frac: Option<f64>,
+    /// Mean completion length, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_len_mean: Option<f64>,
+    /// Longest completion, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_len_max: Option<f64>,
+    /// Fraction of completions cut at `rollout.max_new_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_frac: Option<f64>,
+    /// Completion tokens sampled this step, every round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_generated: Option<u64>,
+    /// Estimated entropy of the sampling distribution (mean −log p of sampled tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<f64>,
+    /// KL to the reference (k3 estimator), when the job has a reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_ref: Option<f64>,
+    /// Completions verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<usize>,
+    /// Verifier calls that timed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_timeouts: Option<u64>,
+    /// Completions with a verifier error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_errors: Option<usize>,
+    /// What dynamic sampling did, when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling: Option<DynamicSampling>,
+    /// Rows trained on (offline training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<usize>,
+    /// Completion tokens trained on (offline training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_tokens: Option<u64>,
+    /// The loss of the step's last update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// The gradient norm before clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// The learning rate of the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Where the step's time went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<StepTimes>,
+    /// The held-out score of the weights after this step (or before training, at step 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<ScoreFigures>,
+    /// The optimizer plugin's own figures, by the names it gives them (`null` where one was not
+    /// a finite number: JSON has no NaN).
+    #[serde(flatten)]
+    pub optimizer: BTreeMap<String, Option<f64>>,
+}
+
+impl MetricsLine {
+    /// Whether the line is a training step's (not a held-out evaluation alone).
+    pub fn is_step(&self) -> bool {
+        self.reward_mean.is_some() || self.loss.is_some()
+    }
+}
+
+/// One line of `rollouts.jsonl`: one sampled completion with everything that decided its reward
+/// and its update, so a run can be audited and replayed; the shared curricula's refresh reads the
+/// prompt and the verdict.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The step that trained on it.
+    pub step: u64,
+    /// The step whose weights sampled it.
+    pub checkpoint_step: u64,
+    /// The data record's id.
+    pub prompt_id: String,
+    /// `<step>-<group index>`: the completions of one prompt in one step.
+    pub group_id: String,
+    /// Unique per completion.
+    pub completion_id: String,
+    /// The prompt, as the data gave it.
+    pub prompt: String,
+    /// The completion's text.
+    pub completion: String,
+    /// Tokens of the rendered prompt.
+    pub prompt_tokens: usize,
+    /// Tokens of the completion.
+    pub completion_tokens: usize,
+    /// `eos`, `stop` or `length`.
+    pub finish: String,
+    /// The weighted reward.
+    pub reward: f64,
+    /// Whether it passed every weighted verifier.
+    pub passed: bool,
+    /// Each verifier's score, by name.
+    pub components: BTreeMap<String, f64>,
+    /// What each verifier graded, by name.
+    pub extracted: BTreeMap<String, Option<String>>,
+    /// Verifier errors, in words.
+    pub errors: Vec<String>,
+    /// The verifiers' `name@version`s.
+    pub verifiers: Vec<String>,
+    /// The advantage it was trained with (mean over its tokens).
+    pub advantage: f64,
+    /// Σ log-probability of its tokens.
+    pub logprob: RolloutLogprobs,
+    /// How it was sampled.
+    pub sampling: RolloutSampling,
+}
+
+/// A completion's summed log-probabilities.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutLogprobs {
+    /// Under the policy being trained, at its first update.
+    pub policy: Option<f64>,
+    /// At sampling time.
+    pub old: f64,
+    /// Under the reference, when there is one.
+    pub reference: Option<f64>,
+}
+
+/// The sampling settings of a completion.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutSampling {
+    /// `rollout.temperature`.
+    pub temperature: f64,
+    /// `rollout.top_p`.
+    pub top_p: f64,
+    /// `rollout.top_k`.
+    pub top_k: u32,
+    /// `rollout.max_new_tokens`.
+    pub max_new_tokens: u32,
+}
+
+/// What dynamic sampling did in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DynamicSampling {
+    /// Rounds sampled after the first.
+    pub extra_rounds: u32,
+    /// Groups sampled, every round.
+    pub groups_sampled: usize,
+    /// Groups trained on.
+    pub groups_trained: usize,
+}
+
+/// Where a step's time went, in seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTimes {
+    /// Sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_s: Option<f64>,
+    /// Verification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_s: Option<f64>,
+    /// Log-probabilities, losses and optimizer steps.
+    pub update_s: f64,
+    /// The whole step.
+    pub step_s: f64,
+    /// Sampled tokens per second of rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_tokens_per_s: Option<f64>,
+    /// Verifier latency quantiles, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_latency_us: Option<Latency>,
+}
+
+/// Latency quantiles; `None` when nothing was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: Option<u64>,
+    /// 99th percentile.
+    pub p99: Option<u64>,
+}
+
+/// A running job's live state: `progress.json`, rewritten (atomically) by the worker after each
+/// step and read by the daemon for the job record and its events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Steps completed.
+    pub step: u64,
+    /// `budget.max_steps`.
+    pub max_steps: u64,
+    /// The last step's mean reward (online training).
+    pub reward: Option<f64>,
+    /// The last step's loss.
+    pub loss: Option<f64>,
+    /// The last step's KL to the reference.
+    pub kl: Option<f64>,
+    /// The latest held-out accuracy.
+    pub heldout: Option<f64>,
+    /// The last step's sampling speed.
+    pub tokens_per_s: Option<f64>,
+    /// The last step's duration.
+    pub step_s: Option<f64>,
+    /// Seconds until the job ends: the steps left at this run's pace, capped by what is left of
+    /// `budget.max_wall_minutes`; `None` before this run's first step.
+    pub eta_s: Option<f64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +541,112 @@ mod tests {
             assert_eq!(WorkerExit::from_code(i32::from(exit.code())), Some(exit));
         }
         assert_eq!(WorkerExit::from_code(1), None);
+    }
+
+    /// Every file and stdout message of the worker, fully populated, written as the worker
+    /// writes it and read back as the daemon reads it: nothing is lost or renamed on the way.
+    #[test]
+    fn every_worker_message_round_trips() {
+        fn check<T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(message: T) {
+            let line = serde_json::to_string(&message).unwrap();
+            assert!(!line.contains('\n'), "one line: {line}");
+            assert_eq!(serde_json::from_str::<T>(&line).unwrap(), message, "{line}");
+        }
+        let figures = ScoreFigures { accuracy: 0.5, reward_mean: 0.625, completion_len_mean: 3.25, prompts: 8 };
+        let score = GateScore { figures: figures.clone(), verifier_calls: 16, verifier_errors: 1, verifier_timeouts: 2 };
+        let trend = Trend {
+            steps: 12,
+            reward_first: 0.1,
+            reward_last: 0.4,
+            kl_last: Some(0.02),
+            length_first: 3.0,
+            length_last: 3.5,
+        };
+        check(Outcome {
+            steps: 12,
+            weights_sha256: "ab".repeat(32),
+            heldout_before: Some(0.25),
+            heldout_after: None,
+            checkpoint: "/jobs/a/run/checkpoints/step-00000012".into(),
+            stopped: Some("budget.max_wall_minutes: 1 reached".into()),
+            interrupted: false,
+            training: Some(trend),
+            evaluation: Some(GateEvaluation {
+                baseline: Baseline { kind: BaselineKind::Published, model: "/registry/line/3".into(), version: Some(3) },
+                candidate: ModelScores { heldout: Some(score.clone()), canaries: Some(score.clone()) },
+                baseline_scores: ModelScores { heldout: Some(score), canaries: None },
+                canary_regressions: CanaryRegressions { count: 1, ids: vec!["c7".into()] },
+                training: Some(trend),
+            }),
+            plugins: vec![PluginUse { id: "grpo@0.1.0".into(), sha256: "cd".repeat(32) }],
+            data_sha256: [("train".to_owned(), "ef".repeat(32))].into(),
+        });
+        check(MetricsLine {
+            step: 3,
+            reward_mean: Some(0.5),
+            reward_std: Some(0.25),
+            passed_frac: Some(0.5),
+            components: Some([("math".to_owned(), 0.5)].into()),
+            all_pass_frac: Some(0.125),
+            all_fail_frac: Some(0.25),
+            completion_len_mean: Some(3.5),
+            completion_len_max: Some(5.0),
+            cut_frac: Some(0.0),
+            tokens_generated: Some(112),
+            entropy: Some(0.66),
+            kl_ref: Some(0.01),
+            verified: Some(32),
+            verifier_timeouts: Some(0),
+            verifier_errors: Some(1),
+            dynamic_sampling: Some(DynamicSampling { extra_rounds: 1, groups_sampled: 12, groups_trained: 8 }),
+            rows: None,
+            train_tokens: None,
+            loss: Some(-0.0125),
+            grad_norm: Some(0.75),
+            lr: Some(1e-3),
+            time: Some(StepTimes {
+                rollout_s: Some(0.05),
+                verify_s: Some(0.01),
+                update_s: 0.2,
+                step_s: 0.3,
+                generation_tokens_per_s: Some(2240.0),
+                verifier_latency_us: Some(Latency { p50: Some(13), p99: None }),
+            }),
+            heldout: Some(figures),
+            optimizer: [("opt.clip_frac_low".to_owned(), Some(0.0)), ("opt.ratio_mean".to_owned(), None)].into(),
+        });
+        check(MetricsLine { step: 2, rows: Some(64), train_tokens: Some(300), ..MetricsLine::default() });
+        check(Progress {
+            step: 3,
+            max_steps: 60,
+            reward: Some(0.5),
+            loss: None,
+            kl: Some(0.01),
+            heldout: Some(0.25),
+            tokens_per_s: Some(2240.0),
+            step_s: Some(0.3),
+            eta_s: Some(17.1),
+        });
+        check(RolloutRecord {
+            step: 3,
+            checkpoint_step: 2,
+            prompt_id: "p1".into(),
+            group_id: "3-0".into(),
+            completion_id: "3-0-1".into(),
+            prompt: "2+2=".into(),
+            completion: "4".into(),
+            prompt_tokens: 6,
+            completion_tokens: 2,
+            finish: "eos".into(),
+            reward: 1.0,
+            passed: true,
+            components: [("math".to_owned(), 1.0)].into(),
+            extracted: [("math".to_owned(), Some("4".to_owned())), ("format".to_owned(), None)].into(),
+            errors: vec!["http: timed out".into()],
+            verifiers: vec!["math@0.1.0".into()],
+            advantage: 0.5,
+            logprob: RolloutLogprobs { policy: Some(-1.5), old: -1.5, reference: None },
+            sampling: RolloutSampling { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 5 },
+        });
     }
 }

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use rlvr_protocol::job::{JobEvent, JobState, JobView};
 use rlvr_protocol::spec::JobSpec;
+use rlvr_protocol::worker::Progress;
 
 /// How long an `Idempotency-Key` is remembered: a client may retry a submit for a day.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -317,7 +318,7 @@ return {1, current}
     }
 
     /// Records the latest step and its figures, while the job runs.
-    pub async fn set_progress(&self, id: &str, step: u64, progress: &Value) -> Result<(), StoreError> {
+    pub async fn set_progress(&self, id: &str, progress: &Progress) -> Result<(), StoreError> {
         static PROGRESS: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
             Script::new(
                 r#"
@@ -329,12 +330,16 @@ return 1
 "#,
             )
         });
-        let heldout =
-            progress.get("heldout").and_then(Value::as_f64).map(|h| h.to_string()).unwrap_or_default();
+        let heldout = progress.heldout.map(|h| h.to_string()).unwrap_or_default();
+        let text = serde_json::to_string(progress).map_err(|error| StoreError::Corrupt {
+            id: id.to_owned(),
+            field: F_PROGRESS,
+            message: error.to_string(),
+        })?;
         let _: i64 = PROGRESS
             .key(job_key(id))
-            .arg(step)
-            .arg(progress.to_string())
+            .arg(progress.step)
+            .arg(text)
             .arg(heldout)
             .arg(now_ms())
             .invoke_async(&mut self.conn.clone())
@@ -502,7 +507,9 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
             }),
         }
     };
-    let json = |name: &str| fields.get(name).and_then(|text| serde_json::from_str::<Value>(text).ok());
+    fn json<T: serde::de::DeserializeOwned>(fields: &HashMap<String, String>, name: &str) -> Option<T> {
+        fields.get(name).and_then(|text| serde_json::from_str(text).ok())
+    }
     Ok(JobView {
         id: id.to_owned(),
         team: text("team"),
@@ -523,10 +530,10 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
             .unwrap_or_default(),
         preemptions: number(F_PREEMPTIONS)? as u32,
         grant: None,
-        progress: json(F_PROGRESS),
+        progress: json(fields, F_PROGRESS),
         heldout: fields.get(F_HELDOUT).and_then(|h| h.parse().ok()),
-        result: json(F_RESULT),
-        gates: json("gates"),
+        result: json(fields, F_RESULT),
+        gates: json(fields, "gates"),
         published: fields.get("published").cloned(),
         webhook: fields.get("webhook").cloned(),
         curriculum_version: fields.get("curriculum_version").and_then(|v| v.parse().ok()),

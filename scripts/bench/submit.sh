@@ -2,7 +2,8 @@
 # Queue benchmark: how fast jobs get in and get going, next to what this machine's Redis can do.
 # Release builds; one redis-server with configs/redis.conf's persistence (AOF, fsync every second)
 # and one `rlvrd serve` with its shipped defaults (poll 250 ms, heartbeat 2 s, one CPU slot),
-# except a rate limit high enough not to throttle; the load side is daemon/examples/submit_bench.rs.
+# except a rate limit high enough not to throttle; the load side is client/examples/submit_bench.rs
+# (through the API, with rlvr-client) and daemon/examples/push_bench.rs (straight into Redis).
 #
 #   1. latency   L jobs one after another on the idle daemon (1 step of builtin:tiny-arith, gate
 #                always passes), each followed to `published`: time from sending the POST to
@@ -48,12 +49,15 @@ done
 step "set-up (scripts/setup.sh)"
 rlvr_setup
 if [ "$build" = 1 ]; then
-    step "build (release): rlvrd, rlvrctl, the grpo and math plugins, submit_bench"
-    cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-cli --example submit_bench
+    step "build (release): rlvrd, rlvrctl, the grpo and math plugins, submit_bench, push_bench"
+    cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-cli
+    cargo build --release -p rlvr-client --example submit_bench
+    cargo build --release -p rlvr-daemon --example push_bench
     cargo build --release -p rlvr-optimizer-grpo -p rlvr-verifier-math
 fi
 bin=$RLVR_ROOT/target/release
 bench=$bin/examples/submit_bench
+push_bench=$bin/examples/push_bench
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-submit-bench.XXXXXX")
 # shellcheck source-path=SCRIPTDIR
@@ -106,7 +110,7 @@ expected=$((latency_jobs + 1 + rounds * 3 * api_jobs))
 
 step "3. bulk push: $push_tasks dispatch tasks in chunks of 1,000; $rounds rounds"
 for _ in $(seq "$rounds"); do
-    "$bench" push --redis "redis://127.0.0.1:$redis_port" --count "$push_tasks" >>"$work/push.jsonl"
+    "$push_bench" --redis "redis://127.0.0.1:$redis_port" --count "$push_tasks" >>"$work/push.jsonl"
 done
 
 step "4. redis-benchmark on the same server"

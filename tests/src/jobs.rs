@@ -1,5 +1,6 @@
 //! The job API of `rlvrd serve` as the tests use it: submit, read, wait, follow the events, and
-//! what the worker processes are doing.
+//! what the worker processes are doing. API calls go through `rlvr-client`, as `rlvrctl`'s do;
+//! [`client`] is for the requests it would never send (malformed or hostile ones).
 
 use std::fs;
 use std::path::Path;
@@ -9,29 +10,62 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::blocking::Client;
+use rlvr_client::{ClientConfig, HttpError, Settings, SpecFormat, Token, Url, View};
+use rlvr_protocol::job::{ErrorBody, JobEvent, JobView};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::{ADMIN_TOKEN, Daemon, TEAM_TOKEN, artifact};
 
-/// An HTTP client (rustls needs its provider installed first).
+/// A raw HTTP client, for requests `rlvr-client` would never send: malformed bodies, wrong
+/// methods, hostile headers (rustls needs its provider installed first).
 pub fn client() -> Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
-/// `POST /v1/jobs` with a TOML body: status and JSON answer.
-pub fn submit(daemon: &Daemon, token: &str, toml: &str, key: Option<&str>) -> (u16, Value) {
-    let mut request = client()
-        .post(format!("{}/v1/jobs", daemon.url))
-        .bearer_auth(token)
-        .header("content-type", "application/toml")
-        .body(toml.to_owned());
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
+/// The daemon's API acting with `token` (none: anonymous), as the tests want it: every answer
+/// seen as it is (no busy retries), 30 s for an answer.
+pub fn api(daemon: &Daemon, token: Option<&str>) -> rlvr_client::Client {
+    let server = Url::parse(&daemon.url).expect("the daemon's URL");
+    let settings = Settings::new(server, token.map(|token| Token::new(token, "the tests")));
+    let config =
+        ClientConfig { busy_retries: 0, timeout: Duration::from_secs(30), ..ClientConfig::default() };
+    rlvr_client::Client::with_config(settings, config).expect("an HTTP client")
+}
+
+/// The path segments of `/v1/jobs/ID`.
+pub(crate) fn segments(path: &str) -> Vec<&str> {
+    assert!(!path.contains('?'), "a path without a query: {path}");
+    path.trim_start_matches('/').split('/').collect()
+}
+
+/// An answer as the tests read it: its status and JSON body. An error status comes with the
+/// daemon's error body (`null` when the body was not the daemon's); no answer at all panics.
+fn answer<T: Serialize>(
+    daemon: &Daemon,
+    result: Result<T, HttpError>,
+    ok: impl Fn(&T) -> u16,
+) -> (u16, Value) {
+    match result {
+        Ok(value) => (ok(&value), serde_json::to_value(&value).expect("JSON")),
+        Err(HttpError::Status { status, error, from_daemon, .. }) => {
+            let body = if from_daemon {
+                serde_json::to_value(ErrorBody { error: *error }).expect("JSON")
+            } else {
+                Value::Null
+            };
+            (status.as_u16(), body)
+        }
+        Err(error) => panic!("{error}; daemon log:\n{}", daemon.log()),
     }
-    let response = request.send().unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().unwrap_or(Value::Null))
+}
+
+/// `POST /v1/jobs` with a TOML body: status and JSON answer. The client checks that a 201 says
+/// `created` and a 200 does not.
+pub fn submit(daemon: &Daemon, token: &str, toml: &str, key: Option<&str>) -> (u16, Value) {
+    let submitted = api(daemon, Some(token)).submit(toml, SpecFormat::Toml, key);
+    answer(daemon, submitted, |submitted| if submitted.created { 201 } else { 200 })
 }
 
 /// Submits as team `tests`, expecting 201; the job's id.
@@ -41,18 +75,16 @@ pub fn submit_ok(daemon: &Daemon, toml: &str) -> String {
     body["id"].as_str().unwrap().to_owned()
 }
 
-/// `GET path` with `token`: status and JSON answer.
+/// `GET path` (a JSON route) with `token`: status and JSON answer.
 pub fn get(daemon: &Daemon, token: &str, path: &str) -> (u16, Value) {
-    let response = client().get(format!("{}{path}", daemon.url)).bearer_auth(token).send().unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().unwrap_or(Value::Null))
+    // The client checks that a success is a 200.
+    answer(daemon, api(daemon, Some(token)).get::<Value>(&segments(path), &[]), |_| 200)
 }
 
 /// The job, as an admin sees it (any team's).
 pub fn job(daemon: &Daemon, id: &str) -> Value {
-    let (status, body) = get(daemon, ADMIN_TOKEN, &format!("/v1/jobs/{id}"));
-    assert_eq!(status, 200, "{body}");
-    body
+    let job = api(daemon, Some(ADMIN_TOKEN)).job(id).unwrap_or_else(|error| panic!("job {id}: {error}"));
+    serde_json::to_value(job).expect("JSON")
 }
 
 /// Waits until the job satisfies `done`; panics with its record and the daemon log otherwise.
@@ -73,21 +105,26 @@ pub fn ended(job: &Value) -> bool {
     ["published", "refused", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""))
 }
 
-/// The job's `state` events in order (`id`, `at`, `state`, `reason`, `step`); the stream ends
-/// after the final one, so call this once the job has ended.
+/// The `state` events of a followed job.
+#[derive(Default)]
+struct StateEvents(Vec<JobEvent>);
+
+impl View for StateEvents {
+    fn state(&mut self, event: &JobEvent, _: &str) {
+        self.0.push(event.clone());
+    }
+
+    fn progress(&mut self, _: &JobView, _: &str) {}
+}
+
+/// The job's `state` events in order (`id`, `at`, `state`, `reason`, `step`), read from its event
+/// stream to the final one: call this once the job has ended.
 pub fn state_events(daemon: &Daemon, id: &str) -> Vec<Value> {
-    let text = client()
-        .get(format!("{}/v1/jobs/{id}/events", daemon.url))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    text.split("\n\n")
-        .filter(|block| block.contains("event: state"))
-        .filter_map(|block| block.lines().find_map(|line| line.strip_prefix("data: ")))
-        .map(|data| serde_json::from_str::<Value>(data).unwrap())
-        .collect()
+    let mut events = StateEvents::default();
+    api(daemon, Some(ADMIN_TOKEN))
+        .follow(id, &mut events)
+        .unwrap_or_else(|error| panic!("events of {id}: {error}; daemon log:\n{}", daemon.log()));
+    events.0.iter().map(|event| serde_json::to_value(event).expect("JSON")).collect()
 }
 
 /// The job's states in order (see [`state_events`]).

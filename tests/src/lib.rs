@@ -297,7 +297,7 @@ impl Daemon {
         fs::read_to_string(self.dir.path().join("rlvrd.log")).unwrap_or_default()
     }
 
-    /// `GET path`: status and body.
+    /// `GET path` without a token, as raw text (`/metrics`, or a status alone): status and body.
     pub fn get(&self, path: &str) -> (u16, String) {
         let response = http_get(&format!("{}{path}", self.url))
             .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()));
@@ -305,11 +305,11 @@ impl Daemon {
         (status, response.text().expect("body"))
     }
 
-    /// `GET path` as JSON.
+    /// `GET path` (a JSON route) without a token, expecting 200.
     pub fn get_json(&self, path: &str) -> serde_json::Value {
-        let (status, body) = self.get(path);
-        assert_eq!(status, 200, "GET {path}: {body}");
-        serde_json::from_str(&body).expect("json")
+        jobs::api(self, None)
+            .get(&jobs::segments(path), &[])
+            .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()))
     }
 
     /// Stops the daemon with SIGTERM and returns its exit status.
@@ -332,8 +332,9 @@ impl Drop for Daemon {
     }
 }
 
-/// A blocking `GET url`. Tests use this rather than `reqwest::blocking::get`: the workspace's
-/// reqwest needs a TLS provider installed in the process first (see the root Cargo.toml).
+/// A raw blocking `GET url`, for what is not the daemon's JSON API. Tests use this rather than
+/// `reqwest::blocking::get`: the workspace's reqwest needs a TLS provider installed in the
+/// process first (see the root Cargo.toml).
 pub fn http_get(url: &str) -> reqwest::Result<reqwest::blocking::Response> {
     // Err only means a provider is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();

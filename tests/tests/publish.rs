@@ -4,7 +4,7 @@
 //! the job's retry publishes it exactly once.
 //!
 //! The publishers are this test binary run again as a child (`publisher` below, which does
-//! nothing unless `RLVR_TEST_PUBLISH` is set) calling the daemon's own `gate::publish`.
+//! nothing unless `RLVR_TEST_PUBLISH` is set) calling the daemon's own `publish::publish`.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -12,8 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rlvr_daemon::jobs::gate;
-use serde_json::{Value, json};
+use rlvr_daemon::jobs::publish;
+use rlvr_protocol::gates::{GateReport, Manifest, ManifestMetrics};
+use rlvr_protocol::spec::JobSpec;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// The child side: publishes `RLVR_TEST_PUBLISH_COUNT` versions as jobs `<prefix>-<i>`.
@@ -25,7 +27,30 @@ fn publisher() {
     let count: usize = std::env::var("RLVR_TEST_PUBLISH_COUNT").unwrap().parse().unwrap();
     for i in 0..count {
         let job = format!("{prefix}-{i}");
-        gate::publish(&line, &job, &model, json!({"job_id": job})).unwrap();
+        publish::publish(&line, &model, manifest(&job)).unwrap();
+    }
+}
+
+/// The manifest of job `job` (what publishing fills in: its version and files).
+fn manifest(job: &str) -> Manifest {
+    let spec = JobSpec::from_toml(
+        "[job]\nname = \"a\"\nteam = \"t\"\nmodel_line = \"line\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+         [data]\ntrain = \"/t.jsonl\"\n[optimizer]\nplugin = \"sft\"\n[budget]\nmax_steps = 2\n",
+    )
+    .unwrap();
+    Manifest {
+        job_id: job.to_owned(),
+        model_line: "line".into(),
+        version: 0,
+        step: 2,
+        weights_sha256: String::new(),
+        plugins: Vec::new(),
+        data_sha256: Default::default(),
+        metrics: ManifestMetrics { training: None, evaluation: None, stopped: None },
+        gates: GateReport::new(None, Vec::new()),
+        spec,
+        published_at: String::new(),
+        files: Default::default(),
     }
 }
 

@@ -486,3 +486,131 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
         assert!(!state.exists(), "{name}: the state dir was created");
     }
 }
+
+/// `text` as JSON and as the protocol type the daemon reads it with; the typed value written
+/// back must be the same JSON: no field the worker writes is unknown to the type.
+fn read_back<T: serde::de::DeserializeOwned + serde::Serialize>(what: &str, text: &str) -> T {
+    let raw: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+    let typed: T = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+    assert_eq!(serde_json::to_value(&typed).unwrap(), raw, "{what} loses a field");
+    typed
+}
+
+/// Each line of a JSONL file, through [`read_back`].
+fn read_back_lines<T: serde::de::DeserializeOwned + serde::Serialize>(path: &Path) -> Vec<T> {
+    let text = fs::read_to_string(path).unwrap();
+    text.lines().map(|line| read_back(&path.display().to_string(), line)).collect()
+}
+
+/// The worker protocol end to end: a real worker writes its outcome (stdout), `metrics.jsonl`,
+/// `rollouts.jsonl` and `progress.json` and exits with its status; each reads back, as the
+/// daemon reads it, as the protocol's type, with nothing lost; the grant messages it exchanged
+/// with the grant socket were the protocol's too (`grant_peer`).
+#[test]
+fn every_worker_message_reads_back_as_the_protocols_type() {
+    use rlvr_protocol::jobdir::RunDir;
+    use rlvr_protocol::worker::{MetricsLine, Outcome, Progress, RolloutRecord, WorkerExit};
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "32", "--heldout", "8", "--sft", "0"]);
+    let spec = grpo_spec(dir.path(), &data, 2, 1);
+    let state = dir.path().join("state");
+    let socket = dir.path().join("sched.sock");
+    let peer = grant_peer(&socket, None);
+    let output = run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
+    assert_eq!(output.status.code(), Some(i32::from(WorkerExit::Finished.code())), "{}", String::from_utf8_lossy(&output.stderr));
+    let requests = peer.join().unwrap();
+
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let outcome: Outcome = read_back("the outcome line", stdout.trim());
+    assert_eq!(outcome.steps, 2);
+    assert!(outcome.evaluation.is_some(), "the gates' evaluation: {stdout}");
+    let run_dir = RunDir::at(state.clone());
+    let metrics: Vec<MetricsLine> = read_back_lines(&run_dir.metrics());
+    assert_eq!(run_dir.read_metrics().unwrap(), metrics, "the daemon's reader sees every line");
+    assert_eq!(metrics.iter().filter(|line| line.is_step()).count(), 2);
+    assert!(metrics.iter().all(|line| line.optimizer.keys().all(|key| key.starts_with("opt."))), "{metrics:?}");
+    let records: Vec<RolloutRecord> = read_back_lines(&run_dir.rollouts());
+    assert!(!records.is_empty() && records.iter().all(|record| record.verifiers[0].starts_with("math@")));
+    let progress: Progress = read_back("progress.json", &fs::read_to_string(run_dir.progress()).unwrap());
+    assert_eq!((progress.step, progress.max_steps), (2, 2));
+    assert_eq!(run_dir.read_progress(), Some(progress));
+    // Per step a rollout and an update, and the held-out and gates' evaluations: acquired and
+    // released, every one.
+    assert_eq!(requests[0], "job J1");
+    assert!(requests.iter().any(|r| r == "acquire rollout") && requests.iter().any(|r| r == "acquire update"));
+    let acquired = requests.iter().filter(|r| r.starts_with("acquire")).count();
+    assert_eq!(requests.iter().filter(|r| *r == "release").count(), acquired, "{requests:?}");
+}
+
+/// A device-grant failure in the middle of a step (the daemon closes the grant socket when the
+/// worker asks for the update phase) is not the job's fault: the worker exits `Transient` (70),
+/// which the daemon counts as a crash and requeues (`supervise::classify`), never `JobError`
+/// (2), which would fail the job. It used to exit 2 (regression).
+#[test]
+fn a_grant_failure_inside_a_step_exits_transient_so_the_job_is_requeued() {
+    use rlvr_protocol::grants::Phase;
+    use rlvr_protocol::worker::WorkerExit;
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "32", "--heldout", "8", "--sft", "0"]);
+    let spec = grpo_spec(dir.path(), &data, 2, 1);
+    let state = dir.path().join("state");
+    let socket = dir.path().join("sched.sock");
+    let peer = grant_peer(&socket, Some(Phase::Update));
+    let output = run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(i32::from(WorkerExit::Transient.code())), "{stderr}");
+    assert!(stderr.contains("grant socket"), "{stderr}");
+    let requests = peer.join().unwrap();
+    assert_eq!(requests.last().map(String::as_str), Some("acquire update"), "{requests:?}");
+    // The step was not finished: nothing of it was logged or checkpointed.
+    assert!(fs::read_to_string(state.join("metrics.jsonl")).unwrap().lines().all(|line| !line.contains("\"loss\"")));
+}
+
+/// The daemon's side of the grant socket, for one worker: grants every phase at once, records
+/// the requests (`job ID`, `acquire PHASE`, `release`), and closes the connection instead of
+/// answering when the worker asks for `fail_at`. It speaks the protocol's own types.
+fn grant_peer(
+    socket: &Path,
+    fail_at: Option<rlvr_protocol::grants::Phase>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    use std::io::{BufRead, BufReader, Write};
+
+    use rlvr_protocol::grants::{Answer, Request};
+
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        let mut requests = Vec::new();
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            let answer = match serde_json::from_str::<Request>(&line).unwrap() {
+                Request::Job(id) => {
+                    requests.push(format!("job {id}"));
+                    Answer::Ok
+                }
+                Request::Acquire(phase) => {
+                    requests.push(format!("acquire {phase}"));
+                    if Some(phase) == fail_at {
+                        break;
+                    }
+                    Answer::Granted(phase)
+                }
+                Request::Release => {
+                    requests.push("release".to_owned());
+                    Answer::Released
+                }
+            };
+            let mut text = serde_json::to_string(&answer).unwrap();
+            text.push('\n');
+            if writer.write_all(text.as_bytes()).is_err() {
+                break;
+            }
+        }
+        requests
+    })
+}

@@ -3,12 +3,15 @@
 //! Greedy, so a score depends on the weights only — and uses no randomness that resume tracks.
 
 use rlvr_model::{LoadedModel, SamplerRng, SamplingParams, generate, load as load_model};
-use serde_json::{Value, json};
+use rlvr_protocol::worker::{
+    Baseline, CanaryRegressions, GateEvaluation, GateScore, ModelScores, ScoreFigures, Trend,
+};
 use tch::{Kind, Tensor};
 
 use super::Job;
 use super::data::PromptRecord;
 use super::reward::ToScore;
+use super::step::StepError;
 use rlvr_protocol::grants::Phase;
 
 /// Prompts generated at once.
@@ -32,22 +35,23 @@ pub struct HeldoutScore {
 
 impl HeldoutScore {
     /// The figures of a metrics line (the per-prompt verdicts stay out of the log).
-    pub fn to_json(&self) -> Value {
-        json!({
-            "accuracy": self.accuracy,
-            "reward_mean": self.reward_mean,
-            "completion_len_mean": self.completion_len_mean,
-            "prompts": self.prompts,
-        })
+    pub fn figures(&self) -> ScoreFigures {
+        ScoreFigures {
+            accuracy: self.accuracy,
+            reward_mean: self.reward_mean,
+            completion_len_mean: self.completion_len_mean,
+            prompts: self.prompts,
+        }
     }
 
     /// The figures the gates judge.
-    pub fn to_gate_json(&self) -> Value {
-        let mut value = self.to_json();
-        value["verifier_calls"] = json!(self.verifier_calls);
-        value["verifier_errors"] = json!(self.verifier_errors);
-        value["verifier_timeouts"] = json!(self.verifier_timeouts);
-        value
+    pub fn gate_score(&self) -> GateScore {
+        GateScore {
+            figures: self.figures(),
+            verifier_calls: self.verifier_calls,
+            verifier_errors: self.verifier_errors,
+            verifier_timeouts: self.verifier_timeouts,
+        }
     }
 }
 
@@ -59,22 +63,10 @@ fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
 }
 
 /// Scores the policy on the held-out set (or its first `eval.max_prompts`).
-pub fn heldout(job: &Job) -> Result<HeldoutScore, String> {
+pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     let records = heldout_records(job)?;
     let _grant = job.grants.hold(Phase::Eval)?;
-    score(job, &job.policy, records, "held-out")
-}
-
-/// Where the candidate is compared from: the model line's published version, or the job's
-/// starting checkpoint when the line has none yet (design.md §6).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Baseline {
-    /// `published` or `start`.
-    pub kind: String,
-    /// The model directory (or `builtin:…`) scored.
-    pub model: String,
-    /// The published version, for `published`.
-    pub version: Option<u64>,
+    Ok(score(job, &job.policy, records, "held-out")?)
 }
 
 /// The gates' evaluation of the candidate (the policy as trained) and of `baseline`: held-out
@@ -84,8 +76,8 @@ pub fn for_gates(
     job: &Job,
     baseline: &Baseline,
     canaries: Option<&[PromptRecord]>,
-    trend: Option<super::stop::Trend>,
-) -> Result<Value, String> {
+    trend: Option<Trend>,
+) -> Result<GateEvaluation, StepError> {
     let _grant = job.grants.hold(Phase::Eval)?;
     let heldout = job.heldout.as_ref().map(|_| heldout_records(job)).transpose()?;
     let scores = |model: &LoadedModel| -> Result<(Option<HeldoutScore>, Option<HeldoutScore>), String> {
@@ -101,28 +93,29 @@ pub fn for_gates(
         model.vs.freeze();
         scores(&model)?
     };
-    let regressions: Vec<&str> = match (canaries, &candidate.1, &before.1) {
+    let regressions: Vec<String> = match (canaries, &candidate.1, &before.1) {
         (Some(records), Some(now), Some(then)) => records
             .iter()
             .zip(now.passed.iter().zip(&then.passed))
             .filter(|(_, (now, then))| **then && !**now)
-            .map(|(record, _)| record.id.as_str())
+            .map(|(record, _)| record.id.clone())
             .collect(),
         _ => Vec::new(),
     };
-    let json_of = |(heldout, canaries): &(Option<HeldoutScore>, Option<HeldoutScore>)| {
-        json!({
-            "heldout": heldout.as_ref().map(HeldoutScore::to_gate_json),
-            "canaries": canaries.as_ref().map(HeldoutScore::to_gate_json),
-        })
+    let scores_of = |(heldout, canaries): &(Option<HeldoutScore>, Option<HeldoutScore>)| ModelScores {
+        heldout: heldout.as_ref().map(HeldoutScore::gate_score),
+        canaries: canaries.as_ref().map(HeldoutScore::gate_score),
     };
-    Ok(json!({
-        "baseline": baseline,
-        "candidate": json_of(&candidate),
-        "baseline_scores": json_of(&before),
-        "canary_regressions": {"count": regressions.len(), "ids": regressions.iter().take(20).collect::<Vec<_>>()},
-        "training": trend,
-    }))
+    Ok(GateEvaluation {
+        baseline: baseline.clone(),
+        candidate: scores_of(&candidate),
+        baseline_scores: scores_of(&before),
+        canary_regressions: CanaryRegressions {
+            count: regressions.len(),
+            ids: regressions.into_iter().take(20).collect(),
+        },
+        training: trend,
+    })
 }
 
 /// Greedy completions of `records` by `model`, scored by the job's verifiers.

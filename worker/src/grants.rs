@@ -18,6 +18,12 @@ use rlvr_protocol::grants::{Answer, Request};
 
 use super::lifecycle;
 
+/// The grant socket failed: the daemon closed it, answered nonsense, or refused a request. Not
+/// the job's fault: the worker exits `Transient` and the daemon requeues the job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("grant socket: {0}")]
+pub struct GrantError(String);
+
 /// How often a wait for a grant looks at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
@@ -38,27 +44,27 @@ pub struct Grant {
 }
 
 impl Connection {
-    fn send(&mut self, request: &Request) -> Result<(), String> {
-        let mut line = serde_json::to_string(request).map_err(|error| error.to_string())?;
+    fn send(&mut self, request: &Request) -> Result<(), GrantError> {
+        let mut line = serde_json::to_string(request).map_err(|error| GrantError(error.to_string()))?;
         line.push('\n');
-        self.writer.write_all(line.as_bytes()).map_err(|error| format!("grant socket: {error}"))
+        self.writer.write_all(line.as_bytes()).map_err(|error| GrantError(error.to_string()))
     }
 
     /// The next answer; `None` when the read timed out (a wait goes on).
-    fn answer(&mut self) -> Result<Option<Answer>, String> {
+    fn answer(&mut self) -> Result<Option<Answer>, GrantError> {
         let mut line = String::new();
         match self.reader.read_line(&mut line) {
-            Ok(0) => Err("grant socket: the daemon closed it".to_owned()),
+            Ok(0) => Err(GrantError("the daemon closed it".to_owned())),
             Ok(_) => serde_json::from_str(&line)
                 .map(Some)
-                .map_err(|error| format!("grant socket: unreadable answer {line:?}: {error}")),
+                .map_err(|error| GrantError(format!("unreadable answer {line:?}: {error}"))),
             Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Ok(None),
-            Err(error) => Err(format!("grant socket: {error}")),
+            Err(error) => Err(GrantError(error.to_string())),
         }
     }
 
     /// Waits for an answer, however long.
-    fn wait_answer(&mut self) -> Result<Answer, String> {
+    fn wait_answer(&mut self) -> Result<Answer, GrantError> {
         loop {
             if let Some(answer) = self.answer()? {
                 return Ok(answer);
@@ -74,39 +80,43 @@ impl Grants {
     }
 
     /// Connects to the daemon's grant socket as job `job`.
-    pub fn connect(path: &Path, job: &str) -> Result<Self, String> {
+    pub fn connect(path: &Path, job: &str) -> Result<Self, GrantError> {
         let stream =
-            UnixStream::connect(path).map_err(|error| format!("grant socket {}: {error}", path.display()))?;
-        stream.set_read_timeout(Some(STOP_POLL)).map_err(|error| format!("grant socket: {error}"))?;
-        let writer = stream.try_clone().map_err(|error| format!("grant socket: {error}"))?;
+            UnixStream::connect(path).map_err(|error| GrantError(format!("{}: {error}", path.display())))?;
+        stream.set_read_timeout(Some(STOP_POLL)).map_err(|error| GrantError(error.to_string()))?;
+        let writer = stream.try_clone().map_err(|error| GrantError(error.to_string()))?;
         let mut connection = Connection { reader: BufReader::new(stream), writer };
         connection.send(&Request::Job(job.to_owned()))?;
         match connection.wait_answer()? {
             Answer::Ok => Ok(Grants { connection: Some(Arc::new(Mutex::new(connection))) }),
-            Answer::Error(message) => Err(format!("grant socket: {message}")),
-            other => Err(format!("grant socket: unexpected answer {other:?}")),
+            Answer::Error(message) => Err(GrantError(message)),
+            other => Err(GrantError(format!("unexpected answer {other:?}"))),
         }
     }
 
     /// Waits for this job's devices for `phase`.
-    pub fn hold(&self, phase: Phase) -> Result<Grant, String> {
+    pub fn hold(&self, phase: Phase) -> Result<Grant, GrantError> {
         self.acquire(phase, false).map(|grant| grant.expect("only a boundary wait is cut short"))
     }
 
     /// As [`Grants::hold`] at a step boundary: `None` when a stop was requested while waiting.
-    pub fn hold_at_boundary(&self, phase: Phase) -> Result<Option<Grant>, String> {
+    pub fn hold_at_boundary(&self, phase: Phase) -> Result<Option<Grant>, GrantError> {
         self.acquire(phase, true)
     }
 
-    fn acquire(&self, phase: Phase, stoppable: bool) -> Result<Option<Grant>, String> {
+    fn acquire(&self, phase: Phase, stoppable: bool) -> Result<Option<Grant>, GrantError> {
         let Some(shared) = &self.connection else { return Ok(Some(Grant { connection: None })) };
         let mut connection = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         connection.send(&Request::Acquire(phase))?;
         loop {
             match connection.answer()? {
                 Some(Answer::Granted(_)) => return Ok(Some(Grant { connection: Some(shared.clone()) })),
-                Some(Answer::Error(message)) => return Err(format!("grant for {phase}: {message}")),
-                Some(other) => return Err(format!("grant for {phase}: unexpected answer {other:?}")),
+                Some(Answer::Error(message)) => {
+                    return Err(GrantError(format!("grant for {phase}: {message}")));
+                }
+                Some(other) => {
+                    return Err(GrantError(format!("grant for {phase}: unexpected answer {other:?}")));
+                }
                 None if stoppable && lifecycle::stop_requested() => {
                     // Withdraw the request. A grant that crossed it is given back by the same
                     // release: the daemon reads it after sending the grant.
@@ -114,7 +124,9 @@ impl Grants {
                     loop {
                         match connection.wait_answer()? {
                             Answer::Released => return Ok(None),
-                            Answer::Error(message) => return Err(format!("grant for {phase}: {message}")),
+                            Answer::Error(message) => {
+                                return Err(GrantError(format!("grant for {phase}: {message}")));
+                            }
                             Answer::Granted(_) | Answer::Ok => {}
                         }
                     }

@@ -1,34 +1,32 @@
-//! What a run leaves in its state directory, and how it is written so a kill at any moment leaves
-//! either the old state or the new one, never half of either.
+//! What a run leaves in its state directory (`rlvr_protocol::jobdir::RunDir` has the layout), and
+//! how it is written so that a kill at any moment leaves either the old state or the new one,
+//! never half of either.
 //!
-//! ```text
-//! STATE_DIR/
-//!   job.json                 the spec as started, pinned plugin name@versions, reference identity
-//!   metrics.jsonl            one line per step (and per held-out evaluation)
-//!   rollouts.jsonl           one line per completion
-//!   checkpoints/LATEST       the name of the newest complete checkpoint
-//!   checkpoints/step-00000010/
-//!       model/               config.json, model.safetensors, tokenizer.json: a loadable HF dir
-//!       value_head.safetensors   (optimizers with a value head)
-//!       optimizer.safetensors    AdamW moments
-//!       state.json           step, RNG, data cursor, curriculum, byte lengths of the JSONL files
-//! ```
-//! A checkpoint is written under a temporary name, fsynced and renamed; then `LATEST` is replaced
-//! the same way. On resume the JSONL files are cut back to the lengths the checkpoint recorded, so
-//! lines a killed run wrote after its last checkpoint are written again, identically.
+//! A checkpoint (`checkpoints/step-N/`: `model/`, a loadable HF directory; `value_head.safetensors`
+//! for optimizers with a value head; `optimizer.safetensors`, the AdamW moments; `state.json`,
+//! [`TrainState`]) is written under a temporary name, fsynced and renamed; then `LATEST` is
+//! replaced atomically. On resume the JSONL files are cut back to the lengths the checkpoint
+//! recorded, so lines a killed run wrote after its last checkpoint are written again, identically.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 
+use rlvr_model::{SamplerRng, save_pretrained};
+use rlvr_protocol::fs::{write_atomic, write_json_atomic};
+use rlvr_protocol::jobdir::{RunDir, checkpoint_name};
 use serde::{Deserialize, Serialize};
+use tch::{Tensor, nn};
+use tracing::info;
 
-use super::data::Cursor;
+use crate::data::Cursor;
+use crate::{Job, WorkerError};
 
 /// How many complete checkpoints stay on disk; older ones are removed after a new one lands.
 pub const KEEP_CHECKPOINTS: usize = 2;
 
-/// The run's identity, written once when it starts.
+/// The run's identity, written once when it starts (`job.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
     /// SHA-256 of the spec file's bytes: a resume must use the same spec.
@@ -45,15 +43,40 @@ pub struct JobRecord {
     pub threads: usize,
 }
 
-/// Everything besides tensors that a checkpoint restores.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+impl JobRecord {
+    /// The record of an earlier run, if the run has started.
+    pub fn read(run: &RunDir) -> io::Result<Option<JobRecord>> {
+        match fs::read(run.job_record()) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(io::Error::other),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Creates the run: its checkpoints directory and `job.json`.
+    pub fn create(&self, run: &RunDir) -> io::Result<()> {
+        fs::create_dir_all(run.checkpoints())?;
+        write_json_atomic(&run.job_record(), self)
+    }
+
+    /// The pinned `name@version`s, in the order of [`TrainState::plugins`].
+    pub fn plugin_ids(&self) -> Vec<String> {
+        std::iter::once(self.optimizer.clone())
+            .chain(self.verifiers.iter().cloned())
+            .chain(self.curriculum.clone())
+            .collect()
+    }
+}
+
+/// Everything besides tensors that a checkpoint restores (`state.json`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
     /// Steps completed.
     pub step: u64,
     /// AdamW updates taken (μ per step).
     pub optimizer_updates: i64,
     /// The sampler's RNG.
-    pub sampler_rng: serde_json::Value,
+    pub sampler_rng: Option<SamplerRng>,
     /// Where the training data order stands.
     pub cursor: Cursor,
     /// The curriculum plugin's own state.
@@ -71,118 +94,150 @@ pub struct TrainState {
     pub plugins: Vec<String>,
 }
 
-/// Paths of one run.
-#[derive(Debug, Clone)]
-pub struct StateDir {
-    pub root: PathBuf,
-}
-
-impl StateDir {
-    pub fn job(&self) -> PathBuf {
-        self.root.join("job.json")
-    }
-    pub fn metrics(&self) -> PathBuf {
-        self.root.join("metrics.jsonl")
-    }
-    pub fn rollouts(&self) -> PathBuf {
-        self.root.join("rollouts.jsonl")
-    }
-    pub fn checkpoints(&self) -> PathBuf {
-        self.root.join("checkpoints")
-    }
-
-    /// The newest complete checkpoint, if any.
-    pub fn latest(&self) -> io::Result<Option<PathBuf>> {
-        match fs::read_to_string(self.checkpoints().join("LATEST")) {
-            Ok(name) => Ok(Some(self.checkpoints().join(name.trim()))),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(error),
-        }
-    }
-
-    /// Reads job.json, if the run has started.
-    pub fn read_job(&self) -> io::Result<Option<JobRecord>> {
-        match fs::read(self.job()) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(io::Error::other),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(error),
-        }
-    }
-
-    /// Writes job.json atomically.
-    pub fn write_job(&self, job: &JobRecord) -> io::Result<()> {
-        fs::create_dir_all(&self.root)?;
-        write_atomic(&self.job(), &serde_json::to_vec_pretty(job).map_err(io::Error::other)?)
-    }
-
-    /// The step of a checkpoint directory (`step-00000010` → 10).
-    pub fn checkpoint_step(path: &Path) -> Option<u64> {
-        path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
-    }
-
-    /// Makes `checkpoints/step-N` from a directory the caller filled (see [`StateDir::staging`]),
-    /// points LATEST at it and removes checkpoints beyond [`KEEP_CHECKPOINTS`].
-    pub fn commit_checkpoint(&self, staging: &Path, step: u64) -> io::Result<PathBuf> {
-        let name = format!("step-{step:08}");
-        let target = self.checkpoints().join(&name);
-        sync_tree(staging)?;
-        if target.exists() {
-            // A run killed between this rename and LATEST's left it; it is not referenced.
-            fs::remove_dir_all(&target)?;
-        }
-        fs::rename(staging, &target)?;
-        write_atomic(&self.checkpoints().join("LATEST"), name.as_bytes())?;
-        self.prune(&name)?;
-        Ok(target)
-    }
-
-    /// A fresh temporary directory inside checkpoints/ to write a checkpoint into.
-    pub fn staging(&self, step: u64) -> io::Result<PathBuf> {
-        let path = self.checkpoints().join(format!(".staging-step-{step:08}-{}", std::process::id()));
-        if path.exists() {
-            fs::remove_dir_all(&path)?;
-        }
-        fs::create_dir_all(&path)?;
-        Ok(path)
-    }
-
-    fn prune(&self, latest: &str) -> io::Result<()> {
-        let mut complete = Vec::new();
-        for entry in fs::read_dir(self.checkpoints())? {
-            let name = entry?.file_name().to_string_lossy().into_owned();
-            if name.starts_with("step-") {
-                complete.push(name);
-            } else if name.starts_with(".staging-") {
-                // Left by a killed run.
-                fs::remove_dir_all(self.checkpoints().join(&name))?;
-            }
-        }
-        complete.sort();
-        let keep_from = complete.len().saturating_sub(KEEP_CHECKPOINTS);
-        for name in &complete[..keep_from] {
-            if name != latest {
-                fs::remove_dir_all(self.checkpoints().join(name))?;
-            }
-        }
-        Ok(())
+impl TrainState {
+    /// The state of the checkpoint at `checkpoint`.
+    pub fn read(checkpoint: &Path) -> Result<TrainState, String> {
+        let path = checkpoint.join("state.json");
+        fs::read(&path)
+            .map_err(|error| error.to_string())
+            .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|error| error.to_string()))
+            .map_err(|message| format!("{}: {message}", path.display()))
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file, fsync and rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let parent = path.parent().unwrap_or(Path::new("."));
-    let temp = parent.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-        std::process::id()
-    ));
-    {
-        let mut file = File::create(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
+/// Restores the tensors and generators of `checkpoint` into `job` (the models were loaded from
+/// it already): the optimizer's moments, the sampler's RNG, the curriculum's state.
+pub fn restore(job: &mut Job, checkpoint: &Path, saved: &TrainState) -> Result<(), WorkerError> {
+    let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
+    let tensors = Tensor::read_safetensors(checkpoint.join("optimizer.safetensors"))
+        .map_err(|error| fail(format!("optimizer.safetensors: {error}")))?;
+    job.adamw
+        .load_state(tensors.into_iter().collect::<HashMap<_, _>>(), saved.optimizer_updates)
+        .map_err(|message| fail(format!("optimizer.safetensors: {message}")))?;
+    job.rng = saved.sampler_rng.clone().ok_or_else(|| fail("state.json has no sampler_rng".into()))?;
+    job.cursor = saved.cursor;
+    if let (Some(curriculum), Some(saved)) = (&mut job.curriculum, &saved.curriculum) {
+        curriculum
+            .load_state(saved.as_str().into())
+            .into_result()
+            .map_err(|error| fail(format!("curriculum state: {error}")))?;
     }
-    fs::rename(&temp, path)?;
-    File::open(parent)?.sync_all()
+    Ok(())
+}
+
+/// The run's two logs.
+pub struct Logs {
+    /// `metrics.jsonl`.
+    pub metrics: JsonlLog,
+    /// `rollouts.jsonl`.
+    pub rollouts: JsonlLog,
+}
+
+impl Logs {
+    /// Opens both logs, cut back to the lengths `state` recorded.
+    pub fn open(run: &RunDir, state: &TrainState) -> Result<Logs, String> {
+        Ok(Logs {
+            metrics: JsonlLog::open(&run.metrics(), state.metrics_bytes)
+                .map_err(|error| format!("metrics.jsonl: {error}"))?,
+            rollouts: JsonlLog::open(&run.rollouts(), state.rollouts_bytes)
+                .map_err(|error| format!("rollouts.jsonl: {error}"))?,
+        })
+    }
+}
+
+/// Writes a checkpoint of `job` at `state.step` (recording the logs' lengths); returns its
+/// directory.
+pub fn write_checkpoint(
+    job: &Job,
+    run: &RunDir,
+    state: &mut TrainState,
+    logs: &mut Logs,
+) -> Result<PathBuf, WorkerError> {
+    let fail = |message: String| WorkerError::State {
+        path: run.path().to_owned(),
+        message: format!("checkpoint: {message}"),
+    };
+    let staging = staging(run, state.step).map_err(|error| fail(error.to_string()))?;
+    save_pretrained(&job.policy, &staging.join("model")).map_err(|error| fail(error.to_string()))?;
+    if let Some((vs, _)) = &job.value_head {
+        save_sorted(vs, &staging.join("value_head.safetensors")).map_err(fail)?;
+    }
+    Tensor::write_safetensors(&job.adamw.state_tensors(), staging.join("optimizer.safetensors"))
+        .map_err(|error| fail(error.to_string()))?;
+    state.optimizer_updates = job.adamw.steps();
+    state.sampler_rng = Some(job.rng.clone());
+    state.cursor = job.cursor;
+    state.curriculum = match &job.curriculum {
+        Some(curriculum) => Some(
+            curriculum
+                .save_state()
+                .into_result()
+                .map_err(|error| fail(format!("curriculum: {error}")))?
+                .into(),
+        ),
+        None => None,
+    };
+    state.metrics_bytes = logs.metrics.synced_len().map_err(|error| fail(error.to_string()))?;
+    state.rollouts_bytes = logs.rollouts.synced_len().map_err(|error| fail(error.to_string()))?;
+    let bytes = serde_json::to_vec_pretty(&state).map_err(|error| fail(error.to_string()))?;
+    fs::write(staging.join("state.json"), bytes).map_err(|error| fail(error.to_string()))?;
+    let path = commit(run, &staging, state.step).map_err(|error| fail(error.to_string()))?;
+    info!(step = state.step, path = %path.display(), "checkpoint written");
+    Ok(path)
+}
+
+/// Writes a VarStore's tensors (names sorted) to a safetensors file.
+fn save_sorted(vs: &nn::VarStore, path: &Path) -> Result<(), String> {
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    Tensor::write_safetensors(&named, path).map_err(|error| error.to_string())
+}
+
+/// A fresh temporary directory inside checkpoints/ to write step `step`'s checkpoint into.
+fn staging(run: &RunDir, step: u64) -> io::Result<PathBuf> {
+    let path = run.checkpoints().join(format!(".staging-{}-{}", checkpoint_name(step), std::process::id()));
+    if path.exists() {
+        fs::remove_dir_all(&path)?;
+    }
+    fs::create_dir_all(&path)?;
+    Ok(path)
+}
+
+/// Makes `checkpoints/step-N` from a filled staging directory, points LATEST at it and removes
+/// checkpoints beyond [`KEEP_CHECKPOINTS`].
+fn commit(run: &RunDir, staging: &Path, step: u64) -> io::Result<PathBuf> {
+    let name = checkpoint_name(step);
+    let target = run.checkpoint(step);
+    sync_tree(staging)?;
+    if target.exists() {
+        // A run killed between this rename and LATEST's left it; it is not referenced.
+        fs::remove_dir_all(&target)?;
+    }
+    fs::rename(staging, &target)?;
+    write_atomic(&run.latest_file(), name.as_bytes())?;
+    prune(run, &name)?;
+    Ok(target)
+}
+
+fn prune(run: &RunDir, latest: &str) -> io::Result<()> {
+    let mut complete = Vec::new();
+    for entry in fs::read_dir(run.checkpoints())? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with("step-") {
+            complete.push(name);
+        } else if name.starts_with(".staging-") {
+            // Left by a killed run.
+            fs::remove_dir_all(run.checkpoints().join(&name))?;
+        }
+    }
+    complete.sort();
+    let keep_from = complete.len().saturating_sub(KEEP_CHECKPOINTS);
+    for name in &complete[..keep_from] {
+        if name != latest {
+            fs::remove_dir_all(run.checkpoints().join(name))?;
+        }
+    }
+    Ok(())
 }
 
 /// fsyncs every file under `dir` and the directories themselves.
@@ -195,7 +250,7 @@ fn sync_tree(dir: &Path) -> io::Result<()> {
             File::open(entry.path())?.sync_all()?;
         }
     }
-    File::open(dir)?.sync_all()
+    rlvr_protocol::fs::sync_dir(dir)
 }
 
 /// An append-only JSONL file whose length is known, so a checkpoint can record it.
@@ -219,13 +274,12 @@ impl JsonlLog {
         file.set_len(keep)?;
         let mut log = JsonlLog { file, bytes: keep };
         log.file.sync_all()?;
-        use std::io::Seek;
         log.file.seek(io::SeekFrom::End(0))?;
         Ok(log)
     }
 
     /// Appends one line.
-    pub fn append(&mut self, value: &serde_json::Value) -> io::Result<()> {
+    pub fn append<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
         let mut line = serde_json::to_vec(value).map_err(io::Error::other)?;
         line.push(b'\n');
         self.file.write_all(&line)?;

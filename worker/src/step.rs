@@ -16,23 +16,42 @@ use rlvr_plugin_api::{
     AdvantageInputs, DataMode, GroupOutcome, LossInputs, LossScale, RResult, RString, TensorHandle,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
-use serde_json::{Value, json};
+use rlvr_protocol::grants::Phase;
+use rlvr_protocol::worker::{
+    DynamicSampling, Latency, MetricsLine, RolloutLogprobs, RolloutRecord, RolloutSampling, StepTimes,
+};
 use tch::{Device, Kind, Tensor};
 use tracing::{info, warn};
 
 use super::data::PromptRecord;
-use super::grants::Grant;
+use super::grants::{Grant, GrantError};
 use super::reward::{Scored, ToScore};
 use super::{Job, TrainData};
-use rlvr_protocol::grants::Phase;
 
 /// What a step produced.
 pub struct StepOutput {
     /// The metrics line.
-    pub metrics: Value,
+    pub metrics: MetricsLine,
     /// One rollout record per completion (online).
-    pub records: Vec<Value>,
+    pub records: Vec<RolloutRecord>,
     pub tokens_generated: u64,
+}
+
+/// Why a step (or a held-out evaluation) could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The daemon's grant socket failed: not the job's fault; the job is requeued.
+    #[error(transparent)]
+    Grants(#[from] GrantError),
+    /// The job's fault or the model's: a plugin error, a non-finite loss, a bad record.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for StepError {
+    fn from(message: String) -> Self {
+        StepError::Failed(message)
+    }
 }
 
 /// Rows of one update: prompt and completion tokens per row, group ids and, online, rewards.
@@ -73,7 +92,7 @@ pub fn first_phase(job: &Job) -> Phase {
 
 /// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
 /// `grant` holds the devices for [`first_phase`]; the step asks for the others itself.
-pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, String> {
+pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, StepError> {
     match job.optimizer_info.data_mode {
         DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
         DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
@@ -85,43 +104,102 @@ fn online_step(
     step: u64,
     weights_step: u64,
     rollout_grant: Grant,
-) -> Result<StepOutput, String> {
+) -> Result<StepOutput, StepError> {
     let step_started = Instant::now();
+    let sampled = sample_step(job, step, rollout_grant)?;
+    let update_grant = job.grants.hold(Phase::Update)?;
+    let update_started = Instant::now();
+    let trained = train_online(job, &sampled.batch, step)?;
+    drop(update_grant);
+    let update_s = update_started.elapsed().as_secs_f64();
+    observe_groups(job, step, &sampled)?;
+    let records = rollout_records(job, step, weights_step, &sampled.batch, &trained);
+    let mut metrics = online_metrics(step, &sampled, &trained);
+    metrics.time = Some(StepTimes {
+        rollout_s: Some(sampled.rollout_s),
+        verify_s: Some(sampled.verify_s),
+        update_s,
+        step_s: step_started.elapsed().as_secs_f64(),
+        generation_tokens_per_s: Some(sampled.tokens as f64 / sampled.rollout_s.max(1e-9)),
+        verifier_latency_us: Some(latency(&sampled.batch.scored)),
+    });
+    Ok(StepOutput { metrics, records, tokens_generated: sampled.tokens })
+}
+
+/// A step's sampling: the batch trained on, and what every round sampled.
+struct SampledStep {
+    /// The groups trained on (with dynamic sampling, the informative ones of every round).
+    batch: Round,
+    /// Every group sampled, every round, for the curriculum.
+    outcomes: Vec<GroupOutcome>,
+    /// Groups of the first round: the fractions of all-pass and all-fail groups are theirs, what
+    /// the policy faced.
+    first_groups: usize,
+    /// Completion tokens sampled, every round.
+    tokens: u64,
+    /// Rounds after the first; `None` without dynamic sampling.
+    extra_rounds: Option<u32>,
+    rollout_s: f64,
+    verify_s: f64,
+}
+
+/// The step's prompts, then — with dynamic sampling — more rounds while groups that teach
+/// nothing (all pass or all fail) leave the batch short.
+fn sample_step(job: &mut Job, step: u64, rollout_grant: Grant) -> Result<SampledStep, StepError> {
     let count = job.spec.rollout.prompts_per_step as usize;
     let group_size = job.spec.optimizer.group_size as usize;
-
-    // Rollout and verification: the step's prompts, then — with dynamic sampling — more rounds
-    // while groups that teach nothing (all pass or all fail) leave the batch short.
     let first = sample_round(job, step, 0, count, rollout_grant)?;
-    let (mut rollout_s, mut verify_s) = (first.rollout_s, first.verify_s);
-    let mut outcomes = first.outcomes(group_size);
-    let first_groups = outcomes.len();
-    let mut tokens_sampled = first.tokens();
-    let rounds = job.spec.rollout.dynamic_sampling_rounds;
-    let mut extra_rounds = 0;
-    let batch = if rounds == 0 {
-        first
-    } else {
-        let mut kept = Round::default();
-        kept.take_informative(&first, group_size, count);
-        while kept.picked.len() < count && extra_rounds < rounds {
-            extra_rounds += 1;
-            let grant = job.grants.hold(Phase::Rollout)?;
-            let more = sample_round(job, step, extra_rounds, count - kept.picked.len(), grant)?;
-            rollout_s += more.rollout_s;
-            verify_s += more.verify_s;
-            tokens_sampled += more.tokens();
-            outcomes.extend(more.outcomes(group_size));
-            kept.take_informative(&more, group_size, count);
-        }
-        // Nothing informative within the budget: train on the first round (zero advantages).
-        if kept.picked.is_empty() { first } else { kept }
+    let mut sampled = SampledStep {
+        outcomes: first.outcomes(group_size),
+        first_groups: first.picked.len(),
+        tokens: first.tokens(),
+        extra_rounds: None,
+        rollout_s: first.rollout_s,
+        verify_s: first.verify_s,
+        batch: Round::default(),
     };
-    let Round { picked, prompt_tokens, sampled, scored, completion_ids, .. } = batch;
+    let rounds = job.spec.rollout.dynamic_sampling_rounds;
+    if rounds == 0 {
+        sampled.batch = first;
+        return Ok(sampled);
+    }
+    let mut kept = Round::default();
+    kept.take_informative(&first, group_size, count);
+    let mut extra_rounds = 0;
+    while kept.picked.len() < count && extra_rounds < rounds {
+        extra_rounds += 1;
+        let grant = job.grants.hold(Phase::Rollout)?;
+        let more = sample_round(job, step, extra_rounds, count - kept.picked.len(), grant)?;
+        sampled.rollout_s += more.rollout_s;
+        sampled.verify_s += more.verify_s;
+        sampled.tokens += more.tokens();
+        sampled.outcomes.extend(more.outcomes(group_size));
+        kept.take_informative(&more, group_size, count);
+    }
+    sampled.extra_rounds = Some(extra_rounds);
+    // Nothing informative within the budget: train on the first round (zero advantages).
+    sampled.batch = if kept.picked.is_empty() { first } else { kept };
+    Ok(sampled)
+}
 
-    // Update.
-    let _update_grant = job.grants.hold(Phase::Update)?;
-    let update_started = Instant::now();
+/// What the update of an online step measured.
+struct OnlineUpdate {
+    update: UpdateResult,
+    /// The plugin's figures, advantages' and losses' (`opt.*`).
+    metrics: BTreeMap<String, f64>,
+    /// Per row: mean advantage, Σ old log-probability, Σ reference log-probability.
+    advantage_rows: Vec<f64>,
+    old_sums: Vec<f64>,
+    ref_sums: Option<Vec<f64>>,
+    /// Estimated entropy of the sampling distribution.
+    entropy: f64,
+    /// KL to the reference (k3), when there is one.
+    kl_ref: Option<f64>,
+}
+
+/// The update phase: old, reference (and value) passes, the plugin's advantages, μ updates.
+fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate, StepError> {
+    let Round { prompt_tokens, sampled, scored, .. } = batch;
     let rows = Rows {
         prompts: sampled.iter().map(|s| prompt_tokens[s.prompt_index].clone()).collect(),
         completions: sampled.iter().map(|s| s.tokens.clone()).collect(),
@@ -176,106 +254,129 @@ fn online_step(
     };
     let update = update(job, &rows, &tensors, step, temperature)?;
     metrics.extend(update.metrics.clone());
-    let update_s = update_started.elapsed().as_secs_f64();
+    Ok(OnlineUpdate {
+        update,
+        metrics,
+        advantage_rows: row_means(&advantage_tensor, &mask),
+        old_sums: row_sums(&old_logprobs, &mask),
+        ref_sums: ref_logprobs.as_ref().map(|r| row_sums(r, &mask)),
+        // E[-log p(x)] over sampled tokens estimates the sampling distribution's entropy.
+        entropy: -masked_mean(&sampling_logprobs, &mask),
+        kl_ref: ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
+    })
+}
 
-    // Curriculum and records: every group sampled, the dropped ones too, tells the curriculum
-    // about its prompt; the fractions are the first round's, what the policy faced.
-    let groups = first_groups;
-    let all_pass = outcomes[..first_groups].iter().filter(|o| o.passed == o.total).count();
-    let all_fail = outcomes[..first_groups].iter().filter(|o| o.passed == 0).count();
+/// Tells the curriculum about every group sampled (the dropped ones too), and warns when every
+/// group failed: nothing is learned then.
+fn observe_groups(job: &mut Job, step: u64, sampled: &SampledStep) -> Result<(), StepError> {
     if let Some(curriculum) = &mut job.curriculum {
         curriculum
-            .observe(outcomes.as_slice().into())
+            .observe(sampled.outcomes.as_slice().into())
             .into_result()
             .map_err(|e| format!("curriculum: {e}"))?;
     }
+    let first = &sampled.outcomes[..sampled.first_groups];
     // Said on the first such step and every tenth after, not on every step.
-    if all_fail == groups && (step == 1 || step % 10 == 0) {
+    if first.iter().all(|o| o.passed == 0) && (step == 1 || step % 10 == 0) {
         warn!(
-            groups,
+            groups = sampled.first_groups,
             "every group is all-fail: every advantage is zero and nothing is learned; start from an SFT \
              cold start, add a format reward, or choose easier prompts"
         );
     }
-    let advantage_rows = row_means(&advantage_tensor, &mask);
-    let old_sums = row_sums(&old_logprobs, &mask);
-    let ref_sums = ref_logprobs.as_ref().map(|r| row_sums(r, &mask));
-    let verifier_ids = job.rewarder.ids();
-    let records: Vec<Value> = sampled
-        .iter()
-        .enumerate()
-        .map(|(i, sample)| {
-            let prompt = &picked[sample.prompt_index];
-            json!({
-                "step": step,
-                "checkpoint_step": weights_step,
-                "prompt_id": prompt.id,
-                "group_id": format!("{step}-{}", sample.prompt_index),
-                "completion_id": completion_ids[i],
-                "prompt": prompt.prompt,
-                "completion": sample.text,
-                "prompt_tokens": prompt_tokens[sample.prompt_index].len(),
-                "completion_tokens": sample.tokens.len(),
-                "finish": finish_name(sample.finish),
-                "reward": scored[i].reward,
-                "passed": scored[i].passed,
-                "components": components_json(&scored[i].components),
-                "extracted": scored[i].extracted.iter().map(|(n, e)| (n.clone(), json!(e))).collect::<serde_json::Map<_, _>>(),
-                "errors": scored[i].errors,
-                "verifiers": verifier_ids,
-                "advantage": advantage_rows[i],
-                "logprob": {"policy": update.policy_sums.get(i).copied(), "old": old_sums[i], "reference": ref_sums.as_ref().map(|r| r[i])},
-                "sampling": {
-                    "temperature": job.spec.rollout.temperature,
-                    "top_p": job.spec.rollout.top_p,
-                    "top_k": job.spec.rollout.top_k,
-                    "max_new_tokens": job.spec.rollout.max_new_tokens,
-                },
-            })
-        })
-        .collect();
+    Ok(())
+}
 
-    // Metrics (of the batch trained on; tokens of every round sampled).
-    let tokens = tokens_sampled;
-    let lengths: Vec<f64> = sampled.iter().map(|s| s.tokens.len() as f64).collect();
-    let cut = sampled.iter().filter(|s| s.finish == Finish::Length).count();
+/// One record per completion trained on.
+fn rollout_records(
+    job: &Job,
+    step: u64,
+    weights_step: u64,
+    batch: &Round,
+    trained: &OnlineUpdate,
+) -> Vec<RolloutRecord> {
+    let verifiers = job.rewarder.ids();
+    let rollout = &job.spec.rollout;
+    let sampling = RolloutSampling {
+        temperature: rollout.temperature,
+        top_p: rollout.top_p,
+        top_k: rollout.top_k,
+        max_new_tokens: rollout.max_new_tokens,
+    };
+    batch
+        .sampled
+        .iter()
+        .zip(&batch.scored)
+        .zip(&batch.completion_ids)
+        .enumerate()
+        .map(|(i, ((sample, scored), completion_id))| {
+            let prompt = &batch.picked[sample.prompt_index];
+            RolloutRecord {
+                step,
+                checkpoint_step: weights_step,
+                prompt_id: prompt.id.clone(),
+                group_id: format!("{step}-{}", sample.prompt_index),
+                completion_id: completion_id.clone(),
+                prompt: prompt.prompt.clone(),
+                completion: sample.text.clone(),
+                prompt_tokens: batch.prompt_tokens[sample.prompt_index].len(),
+                completion_tokens: sample.tokens.len(),
+                finish: finish_name(sample.finish).to_owned(),
+                reward: scored.reward,
+                passed: scored.passed,
+                components: scored.components.iter().cloned().collect(),
+                extracted: scored.extracted.iter().cloned().collect(),
+                errors: scored.errors.clone(),
+                verifiers: verifiers.clone(),
+                advantage: trained.advantage_rows[i],
+                logprob: RolloutLogprobs {
+                    policy: trained.update.policy_sums.get(i).copied(),
+                    old: trained.old_sums[i],
+                    reference: trained.ref_sums.as_ref().map(|sums| sums[i]),
+                },
+                sampling: sampling.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The metrics of an online step: of the batch trained on; tokens of every round sampled.
+fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> MetricsLine {
+    let Round { sampled: samples, scored, picked, .. } = &sampled.batch;
+    let groups = sampled.first_groups.max(1) as f64;
+    let first = &sampled.outcomes[..sampled.first_groups];
+    let rewards: Vec<f64> = scored.iter().map(|s| s.reward).collect();
+    let lengths: Vec<f64> = samples.iter().map(|s| s.tokens.len() as f64).collect();
     let (reward_mean, reward_std) = mean_std(&rewards);
-    let mut line = json!({
-        "step": step,
-        "reward_mean": reward_mean,
-        "reward_std": reward_std,
-        "passed_frac": scored.iter().filter(|s| s.passed).count() as f64 / scored.len().max(1) as f64,
-        "components": component_means(&scored),
-        "all_pass_frac": all_pass as f64 / groups.max(1) as f64,
-        "all_fail_frac": all_fail as f64 / groups.max(1) as f64,
-        "completion_len_mean": mean_std(&lengths).0,
-        "completion_len_max": lengths.iter().copied().fold(0.0, f64::max),
-        "cut_frac": cut as f64 / sampled.len().max(1) as f64,
-        "tokens_generated": tokens,
-        // E[-log p(x)] over sampled tokens estimates the sampling distribution's entropy.
-        "entropy": -masked_mean(&sampling_logprobs, &mask),
-        "kl_ref": ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
-        "verified": scored.len(),
-        "verifier_timeouts": scored.iter().map(|s| u64::from(s.timeouts)).sum::<u64>(),
-        "verifier_errors": scored.iter().filter(|s| !s.errors.is_empty()).count(),
-    });
-    if rounds > 0 {
-        line["dynamic_sampling"] = json!({
-            "extra_rounds": extra_rounds,
-            "groups_sampled": outcomes.len(),
-            "groups_trained": picked.len(),
-        });
-    }
-    add_update_metrics(&mut line, &metrics, &update);
-    line["time"] = json!({
-        "rollout_s": rollout_s,
-        "verify_s": verify_s,
-        "update_s": update_s,
-        "step_s": step_started.elapsed().as_secs_f64(),
-        "generation_tokens_per_s": tokens as f64 / rollout_s.max(1e-9),
-        "verifier_latency_us": latency_json(&scored),
-    });
-    Ok(StepOutput { metrics: line, records, tokens_generated: tokens })
+    let mut line = MetricsLine {
+        step,
+        reward_mean: Some(reward_mean),
+        reward_std: Some(reward_std),
+        passed_frac: Some(scored.iter().filter(|s| s.passed).count() as f64 / scored.len().max(1) as f64),
+        components: Some(component_means(scored)),
+        all_pass_frac: Some(first.iter().filter(|o| o.passed == o.total).count() as f64 / groups),
+        all_fail_frac: Some(first.iter().filter(|o| o.passed == 0).count() as f64 / groups),
+        completion_len_mean: Some(mean_std(&lengths).0),
+        completion_len_max: Some(lengths.iter().copied().fold(0.0, f64::max)),
+        cut_frac: Some(
+            samples.iter().filter(|s| s.finish == Finish::Length).count() as f64
+                / samples.len().max(1) as f64,
+        ),
+        tokens_generated: Some(sampled.tokens),
+        entropy: Some(trained.entropy),
+        kl_ref: trained.kl_ref,
+        verified: Some(scored.len()),
+        verifier_timeouts: Some(scored.iter().map(|s| u64::from(s.timeouts)).sum()),
+        verifier_errors: Some(scored.iter().filter(|s| !s.errors.is_empty()).count()),
+        dynamic_sampling: sampled.extra_rounds.map(|extra_rounds| DynamicSampling {
+            extra_rounds,
+            groups_sampled: sampled.outcomes.len(),
+            groups_trained: picked.len(),
+        }),
+        ..MetricsLine::default()
+    };
+    add_update_metrics(&mut line, &trained.metrics, &trained.update);
+    line
 }
 
 /// One round of a step's sampling: its prompts (one per group, in group order), their tokens,
@@ -336,7 +437,13 @@ impl Round {
 /// Samples round `round` of step `step`: `count` prompts (the curriculum's, or the next of the
 /// epoch), G completions each on the devices of `grant` (given back before verification, which
 /// is CPU work), scored by the job's verifiers.
-fn sample_round(job: &mut Job, step: u64, round: u32, count: usize, grant: Grant) -> Result<Round, String> {
+fn sample_round(
+    job: &mut Job,
+    step: u64,
+    round: u32,
+    count: usize,
+    grant: Grant,
+) -> Result<Round, StepError> {
     let TrainData::Prompts(prompts) = &job.train else { unreachable!("online jobs load prompts") };
     let group_size = job.spec.optimizer.group_size as usize;
     let chosen: Vec<usize> = match &mut job.curriculum {
@@ -403,7 +510,7 @@ fn sample_round(job: &mut Job, step: u64, round: u32, count: usize, grant: Grant
     Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s })
 }
 
-fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOutput, String> {
+fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOutput, StepError> {
     let step_started = Instant::now();
     let count = job.spec.rollout.prompts_per_step as usize;
     let seed = job.spec.job.seed;
@@ -465,9 +572,11 @@ fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOu
     };
     let update = update(job, &rows, &tensors, step, 1.0)?;
     let tokens: u64 = rows.completions.iter().map(|c| c.len() as u64).sum();
-    let mut line = json!({"step": step, "rows": rows.len(), "train_tokens": tokens});
+    let mut line =
+        MetricsLine { step, rows: Some(rows.len()), train_tokens: Some(tokens), ..MetricsLine::default() };
     add_update_metrics(&mut line, &update.metrics, &update);
-    line["time"] = json!({"update_s": step_started.elapsed().as_secs_f64(), "step_s": step_started.elapsed().as_secs_f64()});
+    let step_s = step_started.elapsed().as_secs_f64();
+    line.time = Some(StepTimes { update_s: step_s, step_s, ..StepTimes::default() });
     Ok(StepOutput { metrics: line, records: Vec::new(), tokens_generated: 0 })
 }
 
@@ -657,11 +766,8 @@ fn mean_std(values: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-fn components_json(components: &[(String, f64)]) -> Value {
-    Value::Object(components.iter().map(|(name, value)| (name.clone(), json!(value))).collect())
-}
-
-fn component_means(scored: &[Scored]) -> Value {
+/// Each verifier component's mean over the scored completions.
+fn component_means(scored: &[Scored]) -> BTreeMap<String, f64> {
     let mut sums: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
     for item in scored {
         for (name, value) in &item.components {
@@ -670,23 +776,23 @@ fn component_means(scored: &[Scored]) -> Value {
             entry.1 += 1;
         }
     }
-    Value::Object(sums.into_iter().map(|(name, (sum, n))| (name.to_owned(), json!(sum / n as f64))).collect())
+    sums.into_iter().map(|(name, (sum, n))| (name.to_owned(), sum / n as f64)).collect()
 }
 
-fn latency_json(scored: &[Scored]) -> Value {
+fn latency(scored: &[Scored]) -> Latency {
     let mut latencies: Vec<u64> = scored.iter().flat_map(|s| s.latencies_us.iter().copied()).collect();
     latencies.sort_unstable();
     let pick = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied();
-    json!({"p50": pick(0.5), "p99": pick(0.99)})
+    Latency { p50: pick(0.5), p99: pick(0.99) }
 }
 
-fn add_update_metrics(line: &mut Value, metrics: &BTreeMap<String, f64>, update: &UpdateResult) {
-    line["loss"] = json!(update.loss);
-    line["grad_norm"] = json!(update.grad_norm);
-    line["lr"] = json!(update.lr);
-    for (name, value) in metrics {
-        line[name] = json!(value);
-    }
+fn add_update_metrics(line: &mut MetricsLine, metrics: &BTreeMap<String, f64>, update: &UpdateResult) {
+    line.loss = Some(update.loss);
+    line.grad_norm = Some(update.grad_norm);
+    line.lr = Some(update.lr);
+    // JSON has no NaN: a figure that is not finite is written as null.
+    line.optimizer
+        .extend(metrics.iter().map(|(name, value)| (name.clone(), Some(*value).filter(|v| v.is_finite()))));
 }
 
 fn finish_name(finish: Finish) -> &'static str {
@@ -698,14 +804,15 @@ fn finish_name(finish: Finish) -> &'static str {
 }
 
 /// One human line per step on stderr: step k of N, reward, held-out, KL, tokens/s, ETA.
-pub fn log_progress(line: &Value, step: u64, max_steps: u64, eta_s: f64) {
+pub fn log_progress(line: &MetricsLine, max_steps: u64, eta_s: Option<f64>) {
     info!(
-        reward = line.get("reward_mean").and_then(serde_json::Value::as_f64),
-        loss = line.get("loss").and_then(serde_json::Value::as_f64),
-        heldout = line.pointer("/heldout/accuracy").and_then(serde_json::Value::as_f64),
-        kl = line.get("kl_ref").and_then(serde_json::Value::as_f64),
-        tokens_per_s = line.pointer("/time/generation_tokens_per_s").and_then(serde_json::Value::as_f64),
-        eta_s = eta_s.round(),
-        "step {step}/{max_steps}"
+        reward = line.reward_mean,
+        loss = line.loss,
+        heldout = line.heldout.as_ref().map(|heldout| heldout.accuracy),
+        kl = line.kl_ref,
+        tokens_per_s = line.time.as_ref().and_then(|time| time.generation_tokens_per_s),
+        eta_s = eta_s.map(f64::round),
+        "step {}/{max_steps}",
+        line.step
     );
 }

@@ -17,7 +17,8 @@
 use std::collections::VecDeque;
 
 use rlvr_protocol::spec::StopSection;
-use serde_json::Value;
+use rlvr_protocol::worker::MetricsLine;
+pub use rlvr_protocol::worker::Trend;
 
 /// Steps averaged for the trends and rates.
 pub const WINDOW: usize = 5;
@@ -31,18 +32,6 @@ struct Figures {
     timeouts: f64,
     errors: f64,
     kl: Option<f64>,
-}
-
-/// Training's trend as the gates read it: the first [`WINDOW`] steps against the last.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Trend {
-    pub steps: usize,
-    pub reward_first: f64,
-    pub reward_last: f64,
-    /// Mean `kl_ref` of the last steps that measured it; `None` when none did.
-    pub kl_last: Option<f64>,
-    pub length_first: f64,
-    pub length_last: f64,
 }
 
 /// What tripped.
@@ -82,21 +71,20 @@ impl StopWatch {
     }
 
     /// Takes in a metrics line without judging it (history on resume, the step-0 evaluation).
-    pub fn observe(&mut self, line: &Value) {
-        let number = |key: &str| line.get(key).and_then(Value::as_f64);
-        if let Some(accuracy) = line.pointer("/heldout/accuracy").and_then(Value::as_f64)
+    pub fn observe(&mut self, line: &MetricsLine) {
+        if let Some(heldout) = &line.heldout
             && self.heldout_before.is_none()
         {
-            self.heldout_before = Some(accuracy);
+            self.heldout_before = Some(heldout.accuracy);
         }
-        let Some(reward) = number("reward_mean") else { return };
+        let Some(reward) = line.reward_mean else { return };
         let figures = Figures {
             reward,
-            length: number("completion_len_mean").unwrap_or(0.0),
-            verified: number("verified").unwrap_or(0.0),
-            timeouts: number("verifier_timeouts").unwrap_or(0.0),
-            errors: number("verifier_errors").unwrap_or(0.0),
-            kl: number("kl_ref"),
+            length: line.completion_len_mean.unwrap_or(0.0),
+            verified: line.verified.unwrap_or(0) as f64,
+            timeouts: line.verifier_timeouts.unwrap_or(0) as f64,
+            errors: line.verifier_errors.unwrap_or(0) as f64,
+            kl: line.kl_ref,
         };
         self.steps += 1;
         if self.first.len() < WINDOW {
@@ -126,11 +114,11 @@ impl StopWatch {
     }
 
     /// Takes in step `step`'s metrics line and judges it: the first condition it trips, if any.
-    pub fn check(&mut self, step: u64, line: &Value) -> Option<Tripped> {
+    pub fn check(&mut self, step: u64, line: &MetricsLine) -> Option<Tripped> {
         self.observe(line);
         let config = &self.config;
         let at = format!("at step {step}");
-        if let (Some(max), Some(kl)) = (config.kl_max, line.get("kl_ref").and_then(Value::as_f64))
+        if let (Some(max), Some(kl)) = (config.kl_max, line.kl_ref)
             && kl > max
         {
             return Some(Tripped {
@@ -143,7 +131,7 @@ impl StopWatch {
         if let (Some(max), Some(before), Some(now)) = (
             config.heldout_drop_max,
             self.heldout_before,
-            line.pointer("/heldout/accuracy").and_then(Value::as_f64),
+            line.heldout.as_ref().map(|heldout| heldout.accuracy),
         ) && before - now > max
             && recent_reward > first_reward
         {
@@ -213,21 +201,36 @@ mod tests {
         toml::from_str(toml).unwrap()
     }
 
-    fn step(reward: f64, length: f64, kl: f64) -> Value {
-        json!({"reward_mean": reward, "completion_len_mean": length, "kl_ref": kl, "verified": 16,
-               "verifier_timeouts": 0, "verifier_errors": 0})
+    fn line(value: serde_json::Value) -> MetricsLine {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn step(reward: f64, length: f64, kl: f64) -> MetricsLine {
+        line(
+            json!({"step": 0, "reward_mean": reward, "completion_len_mean": length, "kl_ref": kl, "verified": 16,
+               "verifier_timeouts": 0, "verifier_errors": 0}),
+        )
+    }
+
+    fn heldout(accuracy: f64) -> Option<rlvr_protocol::worker::ScoreFigures> {
+        Some(rlvr_protocol::worker::ScoreFigures {
+            accuracy,
+            reward_mean: 0.0,
+            completion_len_mean: 0.0,
+            prompts: 1,
+        })
     }
 
     /// Feeds lines from step 1; the first trip, as (step, message).
-    fn run(config: &str, lines: &[Value]) -> Option<(u64, String)> {
+    fn run(config: &str, lines: &[MetricsLine]) -> Option<(u64, String)> {
         let mut watch = StopWatch::new(&stop(config));
-        watch.observe(&json!({"step": 0, "heldout": {"accuracy": 0.5}}));
+        watch.observe(&MetricsLine { heldout: heldout(0.5), ..MetricsLine::default() });
         lines.iter().zip(1..).find_map(|(line, n)| watch.check(n, line).map(|tripped| (n, tripped.message)))
     }
 
     #[test]
     fn each_condition_trips_on_its_own_figure_and_says_what_it_measured() {
-        let steady: Vec<Value> = (0..12).map(|_| step(0.5, 20.0, 0.01)).collect();
+        let steady: Vec<MetricsLine> = (0..12).map(|_| step(0.5, 20.0, 0.01)).collect();
         for config in [
             "",
             "kl_max = 0.1",
@@ -239,13 +242,13 @@ mod tests {
             assert_eq!(run(config, &steady), None, "{config}: a steady run never stops");
         }
         let mut kl = steady.clone();
-        kl[6]["kl_ref"] = json!(0.25);
+        kl[6].kl_ref = Some(0.25);
         assert_eq!(
             run("kl_max = 0.1", &kl),
             Some((7, "stop.kl_max: KL to the reference 0.2500 > 0.1 at step 7".into()))
         );
 
-        let growing: Vec<Value> = (0..12).map(|n| step(0.5, 20.0 + 4.0 * f64::from(n), 0.01)).collect();
+        let growing: Vec<MetricsLine> = (0..12).map(|n| step(0.5, 20.0 + 4.0 * f64::from(n), 0.01)).collect();
         let (at, message) = run("length_growth_max = 1.5", &growing).unwrap();
         assert_eq!(at, 9, "{message}");
         assert!(
@@ -253,8 +256,9 @@ mod tests {
             "{message}"
         );
 
-        let mut hacked: Vec<Value> = (0..10).map(|n| step(0.3 + 0.05 * f64::from(n), 20.0, 0.01)).collect();
-        hacked[9]["heldout"] = json!({"accuracy": 0.35});
+        let mut hacked: Vec<MetricsLine> =
+            (0..10).map(|n| step(0.3 + 0.05 * f64::from(n), 20.0, 0.01)).collect();
+        hacked[9].heldout = heldout(0.35);
         let (at, message) = run("heldout_drop_max = 0.1", &hacked).unwrap();
         assert_eq!(at, 10);
         assert!(
@@ -266,12 +270,12 @@ mod tests {
         // The same drop with a falling reward is not reward hacking: no stop.
         let mut falling = hacked.clone();
         for (n, line) in falling.iter_mut().enumerate() {
-            line["reward_mean"] = json!(0.8 - 0.05 * n as f64);
+            line.reward_mean = Some(0.8 - 0.05 * n as f64);
         }
         assert_eq!(run("heldout_drop_max = 0.1", &falling), None);
 
         let mut timeouts = steady.clone();
-        timeouts[3]["verifier_timeouts"] = json!(8);
+        timeouts[3].verifier_timeouts = Some(8);
         let (at, message) = run("verifier_timeout_rate_max = 0.05", &timeouts).unwrap();
         assert_eq!(
             (at, message.as_str()),
@@ -281,7 +285,7 @@ mod tests {
             )
         );
         let mut errors = steady;
-        errors[0]["verifier_errors"] = json!(2);
+        errors[0].verifier_errors = Some(2);
         let (at, message) = run("verifier_error_rate_max = 0.05", &errors).unwrap();
         assert_eq!(
             (at, message.as_str()),
@@ -294,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_watch_rebuilt_from_the_log_judges_as_the_uninterrupted_one() {
-        let lines: Vec<Value> = (0..12).map(|n| step(0.5, 20.0 + 4.0 * f64::from(n), 0.01)).collect();
+        let lines: Vec<MetricsLine> = (0..12).map(|n| step(0.5, 20.0 + 4.0 * f64::from(n), 0.01)).collect();
         let config = stop("length_growth_max = 1.5");
         let mut straight = StopWatch::new(&config);
         let mut resumed = StopWatch::new(&config);

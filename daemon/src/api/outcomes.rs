@@ -6,13 +6,13 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use rlvr_protocol::job::{ErrorBody, JobState, JobView};
+use rlvr_protocol::gates::Forced;
+use rlvr_protocol::job::{ErrorBody, JobState, JobView, MetricsHistory};
+use rlvr_protocol::jobdir::JobsDir;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::jobs::{Answer, Failure, JobsState, visible_job};
-use crate::jobs::gate::{self, Forced, Verdict};
-use crate::jobs::webhook;
+use crate::jobs::publish::{self, Verdict};
 
 /// Longest promotion reason kept (it goes into the manifest and the job's reason).
 const MAX_REASON: usize = 2000;
@@ -99,12 +99,13 @@ pub async fn promote(
     };
     let registry = state.state_dir.join("registry");
     let (spec2, id2) = (spec.clone(), id.clone());
-    let verdict =
-        tokio::task::spawn_blocking(move || gate::evaluate(&spec2, &id2, &outcome, &registry, Some(forced)))
-            .await
-            .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
-            .map_err(|message| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", message))?;
-    let Verdict::Published { version, path, report, manifest } = verdict else {
+    let verdict = tokio::task::spawn_blocking(move || {
+        publish::gate_and_publish(&spec2, &id2, &outcome, &registry, Some(forced))
+    })
+    .await
+    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
+    .map_err(|message| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", message))?;
+    let Verdict::Published(published) = verdict else {
         return Err(Failure::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
@@ -112,37 +113,19 @@ pub async fn promote(
         ));
     };
     let why = format!(
-        "promoted by admin team {} over the gates ({reason}); published {} version {version} at {}",
+        "promoted by admin team {} over the gates ({reason}); published {} version {} at {}",
         caller.team,
         spec.job.model_line,
-        path.display()
+        published.version,
+        published.path.display()
     );
-    let fields = [("gates", json!(report).to_string()), ("published", path.display().to_string())];
-    match state.queues.store.transition(&id, JobState::Published, &why, &fields).await {
-        Ok(_) => {}
-        // A concurrent promotion won; the publish above found its version.
-        Err(rlvr_queue::store::StoreError::Conflict { .. }) => {}
-        Err(error) => return Err(error.into()),
-    }
-    tracing::warn!(job = %id, by = %caller.team, %reason, version, "promoted over the gates");
-    if let Some(url) = spec.publish.as_ref().and_then(|p| p.webhook.clone()) {
-        let (store, id) = (state.queues.store.clone(), id.clone());
-        tokio::spawn(async move {
-            let fields = [("webhook", webhook::deliver(&url, &manifest).await)];
-            if let Err(error) = store.set_fields(&id, &fields).await {
-                tracing::warn!(%error, "cannot record the webhook's answer");
-            }
-        });
-    }
+    publish::record(&state.queues.store, &id, &published, &why).await?;
+    tracing::warn!(job = %id, by = %caller.team, %reason, version = published.version, "promoted over the gates");
+    // The answer does not wait for the webhook's retries: the job is published already.
+    let store = state.queues.store.clone();
+    let (hook_id, hook_spec) = (id.clone(), spec.clone());
+    tokio::spawn(async move { publish::deliver_webhook(&store, &hook_id, &hook_spec, &published).await });
     Ok(Json(state.queues.store.get(&id).await?))
-}
-
-/// `GET /v1/jobs/{id}/metrics` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct MetricsHistory {
-    /// The job's metrics lines in order: one per step, and the held-out evaluations.
-    #[schema(value_type = Vec<Object>)]
-    pub lines: Vec<Value>,
 }
 
 /// `GET /v1/jobs/{id}/metrics`: every metrics line the job's worker logged (empty before its
@@ -165,20 +148,17 @@ pub async fn metrics(
 ) -> Answer<Json<MetricsHistory>> {
     let caller = state.auth.check(&headers)?;
     visible_job(&state, &caller, &id).await?;
-    let path = state.state_dir.join("jobs").join(&id).join("run/metrics.jsonl");
-    let text = match tokio::fs::read_to_string(&path).await {
-        Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(error) => {
-            return Err(Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "unreadable",
-                format!("{}: {error}", path.display()),
-            ));
-        }
-    };
-    // A line being written has no newline yet: only complete lines.
-    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-    let lines = complete.lines().filter_map(|line| serde_json::from_str(line).ok()).collect();
+    let run = JobsDir::of_state_dir(&state.state_dir).job(&id).run();
+    let lines =
+        tokio::task::spawn_blocking(move || run.read_metrics().map_err(|error| (run.metrics(), error)))
+            .await
+            .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
+            .map_err(|(path, error)| {
+                Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "unreadable",
+                    format!("{}: {error}", path.display()),
+                )
+            })?;
     Ok(Json(MetricsHistory { lines }))
 }

@@ -36,6 +36,10 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Print the documented example config, rendered from the config's field table: what
+    /// configs/rlvrd.toml holds (`rlvrd config-example > configs/rlvrd.toml` after changing a key).
+    #[command(hide = true)]
+    ConfigExample,
     /// Replay a trace of jobs (their phases' durations) through the scheduling policy, next to a
     /// first-come-first-served baseline that gives each job whole devices for its whole run; print
     /// each device's busy fraction and each job's wait and completion.
@@ -104,6 +108,10 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::ConfigExample => {
+            print!("{}", config::example_toml());
+            ExitCode::SUCCESS
+        }
         Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad } } => {
             let ops = match rlvr_daemon::arith::Op::parse_list(&ops) {
                 Ok(ops) => ops,

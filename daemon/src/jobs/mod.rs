@@ -7,12 +7,15 @@
 //! - [`supervise`]: one job's run — admission, the worker process, progress, cancel, requeue,
 //!   crash counting and dead letters.
 //! - [`consumer`]: the apalis workers that fetch dispatch tasks and hand them to `supervise`.
-//! - [`gate`]: the end of training — evaluation against the job's gates, and publishing.
+//! - [`gate`]: the gates — the worker's evaluation judged, one criterion at a time (pure).
+//! - [`publish`]: the one publish path (a finished job's, an admin's forced promotion): judge,
+//!   copy into the model line, manifest, record, webhook.
 //! - [`webhook`]: the published manifest POSTed to the job's webhook, retried with backoff.
 
 pub mod checks;
 pub mod consumer;
 pub mod gate;
+pub mod publish;
 pub mod supervise;
 pub mod webhook;
 

@@ -21,7 +21,6 @@
 //!   `cancelled`.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -35,19 +34,42 @@ use crate::sched::inventory::DeviceKind;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
 use rlvr_queue::store::StoreError;
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
-use super::gate::{self, Verdict};
-use super::webhook;
-use rlvr_protocol::worker::{WorkerArgs, WorkerExit};
+use super::publish::{self, Verdict};
+use rlvr_protocol::fs::write_json_atomic;
+use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
+use rlvr_protocol::worker::{Outcome, Progress, WorkerArgs, WorkerExit};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// How often a job waiting for admission looks whether it was cancelled meanwhile.
 const ADMISSION_RECHECK: Duration = Duration::from_secs(1);
+
+/// What a [`Supervisor`] is made from.
+pub struct SupervisorConfig {
+    pub queues: Queues,
+    /// The worker executable, started as `rlvr-worker run` for each job.
+    pub worker: PathBuf,
+    /// The daemon's state directory: jobs, the default registry and the curricula are in it.
+    pub state_dir: PathBuf,
+    pub plugin_dirs: Vec<PathBuf>,
+    /// libtorch threads of each worker.
+    pub worker_threads: usize,
+    /// Crashes of a job's worker before the job is dead-lettered.
+    pub max_crashes: u32,
+    /// How long a worker gets to checkpoint when the daemon stops.
+    pub stop_timeout: Duration,
+    pub scheduler: Arc<Scheduler>,
+    /// The scheduler's grant socket, passed to each worker.
+    pub grant_socket: PathBuf,
+    /// How long a preempted worker gets to checkpoint before it is killed.
+    pub preempt_grace: Duration,
+    /// Cancelled on SIGTERM: workers checkpoint and jobs are requeued.
+    pub stopping: CancellationToken,
+}
 
 /// What the daemon's supervisors share.
 pub struct Supervisor {
@@ -55,7 +77,7 @@ pub struct Supervisor {
     /// The worker executable, started as `rlvr-worker run` for each job.
     pub exe: PathBuf,
     /// `<state_dir>/jobs`: one directory per job (spec, run state, worker log).
-    pub jobs_dir: PathBuf,
+    pub jobs_dir: JobsDir,
     /// Where gated checkpoints go when a job names no `[publish] registry`.
     pub default_registry: PathBuf,
     /// `<state_dir>/curricula`: the shared curricula's versions.
@@ -78,8 +100,8 @@ pub struct Supervisor {
 /// Why a worker process ended, as the supervisor sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkerEnd {
-    /// Trained to its end; the worker's outcome JSON.
-    Finished(Value),
+    /// Trained to its end; the worker's outcome.
+    Finished(Box<Outcome>),
     /// Checkpointed and stopped on request (the daemon stopping).
     Interrupted,
     /// Stopped to make room for job `for_job`: checkpointed, or killed after the grace period.
@@ -93,34 +115,21 @@ pub enum WorkerEnd {
 }
 
 impl Supervisor {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        queues: Queues,
-        exe: PathBuf,
-        state_dir: &Path,
-        plugin_dirs: Vec<PathBuf>,
-        worker_threads: usize,
-        max_crashes: u32,
-        stop_timeout: Duration,
-        scheduler: Arc<Scheduler>,
-        grant_socket: PathBuf,
-        preempt_grace: Duration,
-        stopping: CancellationToken,
-    ) -> Self {
+    pub fn new(config: SupervisorConfig) -> Self {
         Supervisor {
-            queues,
-            exe,
-            jobs_dir: state_dir.join("jobs"),
-            default_registry: state_dir.join("registry"),
-            curricula_dir: state_dir.join("curricula"),
-            plugin_dirs,
-            worker_threads,
-            max_crashes,
-            stop_timeout,
-            stopping,
-            scheduler,
-            grant_socket,
-            preempt_grace,
+            queues: config.queues,
+            exe: config.worker,
+            jobs_dir: JobsDir::of_state_dir(&config.state_dir),
+            default_registry: config.state_dir.join("registry"),
+            curricula_dir: config.state_dir.join("curricula"),
+            plugin_dirs: config.plugin_dirs,
+            worker_threads: config.worker_threads,
+            max_crashes: config.max_crashes,
+            stop_timeout: config.stop_timeout,
+            stopping: config.stopping,
+            scheduler: config.scheduler,
+            grant_socket: config.grant_socket,
+            preempt_grace: config.preempt_grace,
             active: Mutex::new(HashMap::new()),
         }
     }
@@ -169,8 +178,10 @@ impl Supervisor {
 
         if job.state.is_active() {
             // Its task came back while the record says a daemon holds it: that daemon died.
-            if job.state == JobState::Evaluating && job.result.is_some() {
-                self.finish(id, &spec, job.result.clone().unwrap_or_default()).await;
+            if job.state == JobState::Evaluating
+                && let Some(outcome) = job.result.clone()
+            {
+                self.finish(id, &spec, outcome).await;
                 return;
             }
             let reason = format!("the daemon running it stopped ({} at step {})", job.state, job.step);
@@ -277,54 +288,11 @@ impl Supervisor {
         seat: &mut Seat,
         devices: &[DeviceKind],
     ) -> WorkerEnd {
-        let dir = self.jobs_dir.join(id);
-        let prepared = prepare_job_dir(&dir, spec);
-        let log_path = dir.join("worker.log");
-        let spawned = prepared.and_then(|()| {
-            let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-            // The gates compare with the line's version published when this run started.
-            let baseline = gate::latest_version(spec, &self.default_registry);
-            let curriculum = curriculum_version.filter(|version| *version > 0);
-            let args = WorkerArgs {
-                spec: dir.join("spec.json"),
-                state_dir: dir.join("run"),
-                resume: true,
-                plugin_dirs: self.plugin_dirs.clone(),
-                threads: Some(self.worker_threads),
-                exit_with_parent: Some(std::process::id()),
-                grant_socket: Some(self.grant_socket.clone()),
-                job_id: Some(id.to_owned()),
-                baseline_version: baseline.as_ref().map(|(version, _)| *version),
-                baseline: baseline.map(|(_, path)| path),
-                curricula_dir: curriculum.map(|_| self.curricula_dir.clone()),
-                curriculum_version: curriculum,
-                device: Some(if devices.iter().any(|kind| matches!(kind, DeviceKind::Cuda { .. })) {
-                    "cuda".to_owned()
-                } else {
-                    "cpu".to_owned()
-                }),
-                ..WorkerArgs::default()
-            };
-            let mut command = tokio::process::Command::new(&self.exe);
-            command.arg("run").args(args.to_args());
-            let gpus: Vec<String> = devices
-                .iter()
-                .filter_map(|kind| match kind {
-                    DeviceKind::Cuda { index } => Some(index.to_string()),
-                    DeviceKind::Cpu { .. } => None,
-                })
-                .collect();
-            if !gpus.is_empty() {
-                // NVML's indexes are PCI order; CUDA's are too under this setting.
-                command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));
-            }
-            command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
-            command.spawn()
-        });
-        let mut child = match spawned {
+        let dir = self.jobs_dir.job(id);
+        let mut child = match self.spawn_worker(&dir, id, spec, curriculum_version, devices) {
             Ok(child) => child,
             Err(error) => {
-                return WorkerEnd::Crashed(format!("cannot start the worker in {}: {error}", dir.display()));
+                return WorkerEnd::Crashed(format!("cannot start the worker in {}: {error}", dir.path().display()));
             }
         };
         let pid = child.id().unwrap_or(0);
@@ -346,66 +314,124 @@ impl Supervisor {
             }
             text
         });
-        let mut progress = ProgressTail::new(dir.join("run/metrics.jsonl"), spec.budget.max_steps);
-        let mut cancelled = false;
-        let mut stop_deadline: Option<Instant> = None;
-        let mut preempted_for: Option<String> = None;
-        let mut killed = false;
-        let status: ExitStatus = loop {
+        let mut watch = WorkerWatch { pid, progress: ProgressWatch::new(dir.run()), ..WorkerWatch::default() };
+        let status = match self.watch_worker(id, &mut child, seat, &mut watch).await {
+            Ok(status) => status,
+            Err(error) => return WorkerEnd::Crashed(format!("waiting for the worker: {error}")),
+        };
+        let stdout = output.await.unwrap_or_default();
+        if watch.cancelled {
+            return WorkerEnd::Cancelled;
+        }
+        let mut end = classify(status, &stdout, &dir.worker_log());
+        // Asked to stop (SIGTERM) and ended by it before its handler was in place, or killed for
+        // being slow to stop: not a crash; it resumes from its last checkpoint.
+        if watch.stop_deadline.is_some() && (watch.killed || died_of(status, nix::sys::signal::Signal::SIGTERM)) {
+            end = WorkerEnd::Interrupted;
+        }
+        match (watch.preempted_for, end) {
+            (Some(for_job), WorkerEnd::Interrupted) => WorkerEnd::Preempted { for_job, killed: watch.killed },
+            (_, end) => end,
+        }
+    }
+
+    /// Starts `rlvr-worker run` for job `id` in `dir` (its spec written first, its stderr to the
+    /// job's log), on `devices`.
+    fn spawn_worker(
+        &self,
+        dir: &JobDir,
+        id: &str,
+        spec: &JobSpec,
+        curriculum_version: Option<u64>,
+        devices: &[DeviceKind],
+    ) -> std::io::Result<tokio::process::Child> {
+        prepare_job_dir(dir, spec)?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.worker_log())?;
+        // The gates compare with the line's version published when this run started.
+        let baseline = publish::latest_version(spec, &self.default_registry);
+        let curriculum = curriculum_version.filter(|version| *version > 0);
+        let gpus: Vec<String> = devices
+            .iter()
+            .filter_map(|kind| match kind {
+                DeviceKind::Cuda { index } => Some(index.to_string()),
+                DeviceKind::Cpu { .. } => None,
+            })
+            .collect();
+        let args = WorkerArgs {
+            spec: dir.spec(),
+            state_dir: dir.run().path().to_owned(),
+            resume: true,
+            plugin_dirs: self.plugin_dirs.clone(),
+            threads: Some(self.worker_threads),
+            exit_with_parent: Some(std::process::id()),
+            grant_socket: Some(self.grant_socket.clone()),
+            job_id: Some(id.to_owned()),
+            baseline_version: baseline.as_ref().map(|(version, _)| *version),
+            baseline: baseline.map(|(_, path)| path),
+            curricula_dir: curriculum.map(|_| self.curricula_dir.clone()),
+            curriculum_version: curriculum,
+            device: Some(if gpus.is_empty() { "cpu" } else { "cuda" }.to_owned()),
+            ..WorkerArgs::default()
+        };
+        let mut command = tokio::process::Command::new(&self.exe);
+        command.arg("run").args(args.to_args());
+        if !gpus.is_empty() {
+            // NVML's indexes are PCI order; CUDA's are too under this setting.
+            command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));
+        }
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
+        command.spawn()
+    }
+
+    /// Waits for the worker to exit, recording its progress and passing on a cancel (kill), the
+    /// daemon's stop and a preemption (SIGTERM, then a kill past the grace period).
+    async fn watch_worker(
+        &self,
+        id: &str,
+        child: &mut tokio::process::Child,
+        seat: &mut Seat,
+        watch: &mut WorkerWatch,
+    ) -> std::io::Result<ExitStatus> {
+        let pid = watch.pid;
+        let status = loop {
             tokio::select! {
-                status = child.wait() => match status {
-                    Ok(status) => break status,
-                    Err(error) => return WorkerEnd::Crashed(format!("waiting for the worker: {error}")),
-                },
-                for_job = seat.preempted(), if preempted_for.is_none() && stop_deadline.is_none() && !cancelled => {
+                status = child.wait() => break status?,
+                for_job = seat.preempted(), if watch.preempted_for.is_none() && watch.stop_deadline.is_none() && !watch.cancelled => {
                     info!(pid, for_job = %for_job, "preempted: asking the worker to checkpoint and leave");
                     signal(pid, nix::sys::signal::Signal::SIGTERM);
-                    stop_deadline = Some(Instant::now() + self.preempt_grace);
-                    preempted_for = Some(for_job);
+                    watch.stop_deadline = Some(Instant::now() + self.preempt_grace);
+                    watch.preempted_for = Some(for_job);
                 }
                 _ = tokio::time::sleep(WATCH_INTERVAL) => {}
             }
-            if let Some((step, figures)) = progress.poll()
-                && let Err(error) = self.queues.store.set_progress(id, step, &figures).await
-            {
-                warn!(%error, "cannot record progress; will try with the next step");
-            }
-            if !cancelled && self.queues.store.cancel_requested(id).await.unwrap_or(false) {
+            self.record_progress(id, &mut watch.progress).await;
+            if !watch.cancelled && self.queues.store.cancel_requested(id).await.unwrap_or(false) {
                 info!(pid, "cancel requested: killing the worker");
-                cancelled = true;
+                watch.cancelled = true;
                 let _ = child.start_kill();
             }
-            if self.stopping.is_cancelled() && stop_deadline.is_none() && !cancelled {
+            if self.stopping.is_cancelled() && watch.stop_deadline.is_none() && !watch.cancelled {
                 info!(pid, "daemon stopping: asking the worker to checkpoint");
                 signal(pid, nix::sys::signal::Signal::SIGTERM);
-                stop_deadline = Some(Instant::now() + self.stop_timeout);
+                watch.stop_deadline = Some(Instant::now() + self.stop_timeout);
             }
-            if stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                warn!(
-                    pid,
-                    "the worker did not stop in time: killing it; it resumes from its last checkpoint"
-                );
+            if watch.stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                warn!(pid, "the worker did not stop in time: killing it; it resumes from its last checkpoint");
                 let _ = child.start_kill();
-                killed = true;
-                stop_deadline = Some(Instant::now() + Duration::from_secs(3600));
+                watch.killed = true;
+                watch.stop_deadline = Some(Instant::now() + Duration::from_secs(3600));
             }
         };
-        if let Some((step, figures)) = progress.poll() {
-            let _ = self.queues.store.set_progress(id, step, &figures).await;
-        }
-        let stdout = output.await.unwrap_or_default();
-        if cancelled {
-            return WorkerEnd::Cancelled;
-        }
-        let mut end = classify(status, &stdout, &log_path);
-        // Asked to stop (SIGTERM) and ended by it before its handler was in place, or killed for
-        // being slow to stop: not a crash; it resumes from its last checkpoint.
-        if stop_deadline.is_some() && (killed || died_of(status, nix::sys::signal::Signal::SIGTERM)) {
-            end = WorkerEnd::Interrupted;
-        }
-        match (preempted_for, end) {
-            (Some(for_job), WorkerEnd::Interrupted) => WorkerEnd::Preempted { for_job, killed },
-            (_, end) => end,
+        self.record_progress(id, &mut watch.progress).await;
+        Ok(status)
+    }
+
+    /// Copies the worker's progress to the job record, when it changed.
+    async fn record_progress(&self, id: &str, watch: &mut ProgressWatch) {
+        if let Some(progress) = watch.poll()
+            && let Err(error) = self.queues.store.set_progress(id, &progress).await
+        {
+            warn!(%error, "cannot record progress; will try with the next step");
         }
     }
 
@@ -414,13 +440,13 @@ impl Supervisor {
         let priority = spec.job.priority;
         match end {
             WorkerEnd::Finished(outcome) => {
-                let extra = [("result", outcome.to_string())];
+                let extra = [("result", serde_json::to_string(&outcome).unwrap_or_default())];
                 if self
                     .transition(id, JobState::Evaluating, "training ended; gating the candidate", &extra)
                     .await
                     .is_some()
                 {
-                    self.finish(id, spec, outcome).await;
+                    self.finish(id, spec, *outcome).await;
                 }
             }
             WorkerEnd::Interrupted => {
@@ -485,28 +511,33 @@ impl Supervisor {
 
     /// Gates a finished job and records the verdict; a published one's manifest then goes to
     /// the job's webhook, if it names one.
-    async fn finish(&self, id: &str, spec: &JobSpec, outcome: Value) {
+    async fn finish(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
         let (spec2, id2, registry) = (spec.clone(), id.to_owned(), self.default_registry.clone());
-        let verdict =
-            tokio::task::spawn_blocking(move || gate::evaluate(&spec2, &id2, &outcome, &registry, None))
-                .await;
+        let verdict = tokio::task::spawn_blocking(move || {
+            publish::gate_and_publish(&spec2, &id2, &outcome, &registry, None)
+        })
+        .await;
         match verdict {
-            Ok(Ok(Verdict::Published { version, path, report, manifest })) => {
-                let reason =
-                    format!("published {} version {version} at {}", spec.job.model_line, path.display());
-                let extra = [("gates", json!(report).to_string()), ("published", path.display().to_string())];
-                if self.transition(id, JobState::Published, &reason, &extra).await.is_some()
-                    && let Some(url) = spec.publish.as_ref().and_then(|p| p.webhook.clone())
+            Ok(Ok(Verdict::Published(published))) => {
+                let reason = format!(
+                    "published {} version {} at {}",
+                    spec.job.model_line,
+                    published.version,
+                    published.path.display()
+                );
+                if self
+                    .persist("record the publication", || {
+                        publish::record(&self.queues.store, id, &published, &reason)
+                    })
+                    .await
+                    .is_some()
                 {
-                    let fields = [("webhook", webhook::deliver(&url, &manifest).await)];
-                    self.persist("record the webhook's answer", || self.queues.store.set_fields(id, &fields))
-                        .await;
+                    publish::deliver_webhook(&self.queues.store, id, spec, &published).await;
                 }
             }
             Ok(Ok(Verdict::Refused { reason, report })) => {
-                let _ = self
-                    .transition(id, JobState::Refused, &reason, &[("gates", json!(report).to_string())])
-                    .await;
+                let report = serde_json::to_string(&report).unwrap_or_default();
+                let _ = self.transition(id, JobState::Refused, &reason, &[("gates", report)]).await;
             }
             Ok(Err(message)) => {
                 let _ = self.transition(id, JobState::Failed, &message, &[]).await;
@@ -609,14 +640,11 @@ impl Supervisor {
     }
 }
 
-/// Writes the job's spec (once: the worker checks it never changes under a run) and run dir.
-fn prepare_job_dir(dir: &Path, spec: &JobSpec) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("spec.json");
-    if !path.exists() {
-        let temp = dir.join(".spec.json.tmp");
-        std::fs::write(&temp, serde_json::to_vec_pretty(spec).map_err(std::io::Error::other)?)?;
-        std::fs::rename(temp, &path)?;
+/// Writes the job's spec (once: the worker checks it never changes under a run).
+fn prepare_job_dir(dir: &JobDir, spec: &JobSpec) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir.path())?;
+    if !dir.spec().exists() {
+        write_json_atomic(&dir.spec(), spec)?;
     }
     Ok(())
 }
@@ -638,8 +666,8 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(0), _) => {
-            match stdout.lines().rev().find_map(|line| serde_json::from_str::<Value>(line).ok()) {
-                Some(outcome) => WorkerEnd::Finished(outcome),
+            match stdout.lines().rev().find_map(|line| serde_json::from_str::<Outcome>(line).ok()) {
+                Some(outcome) => WorkerEnd::Finished(Box::new(outcome)),
                 None => WorkerEnd::Crashed("the worker exited 0 without its outcome line".into()),
             }
         }
@@ -672,61 +700,41 @@ fn last_error_line(log: &Path) -> String {
         .collect()
 }
 
-/// Follows a run's metrics.jsonl for the latest step's figures.
-struct ProgressTail {
-    path: PathBuf,
-    offset: u64,
-    max_steps: u64,
-    started: Instant,
-    first_step: Option<u64>,
-    heldout: Option<f64>,
+/// What the supervision of one worker process saw.
+#[derive(Default)]
+struct WorkerWatch {
+    pid: u32,
+    progress: ProgressWatch,
+    /// Killed because its job was cancelled.
+    cancelled: bool,
+    /// When a worker asked to stop (SIGTERM) is killed if it has not exited.
+    stop_deadline: Option<Instant>,
+    /// Asked to leave to make room for this job.
+    preempted_for: Option<String>,
+    /// Killed after its stop deadline.
+    killed: bool,
 }
 
-impl ProgressTail {
-    fn new(path: PathBuf, max_steps: u64) -> Self {
-        ProgressTail { path, offset: 0, max_steps, started: Instant::now(), first_step: None, heldout: None }
+/// Follows a run's `progress.json`: the worker's own figures after each step.
+#[derive(Default)]
+struct ProgressWatch {
+    run: Option<RunDir>,
+    last: Option<Progress>,
+}
+
+impl ProgressWatch {
+    fn new(run: RunDir) -> Self {
+        ProgressWatch { run: Some(run), last: None }
     }
 
-    /// The newest step and its figures, when a new one was logged since the last call.
-    fn poll(&mut self) -> Option<(u64, Value)> {
-        let mut file = std::fs::File::open(&self.path).ok()?;
-        file.seek(std::io::SeekFrom::Start(self.offset)).ok()?;
-        let mut reader = std::io::BufReader::new(file);
-        let mut newest = None;
-        let mut line = String::new();
-        while reader.read_line(&mut line).ok()? > 0 {
-            if !line.ends_with('\n') {
-                break; // half-written: next time
-            }
-            self.offset += line.len() as u64;
-            if let Ok(value) = serde_json::from_str::<Value>(&line) {
-                if let Some(accuracy) = value.pointer("/heldout/accuracy").and_then(Value::as_f64) {
-                    self.heldout = Some(accuracy);
-                }
-                if value.get("reward_mean").is_some() || value.get("loss").is_some() {
-                    newest = Some(value);
-                }
-            }
-            line.clear();
+    /// The progress, when it changed since the last call.
+    fn poll(&mut self) -> Option<Progress> {
+        let progress = self.run.as_ref()?.read_progress()?;
+        if self.last.as_ref() == Some(&progress) {
+            return None;
         }
-        let newest = newest?;
-        let step = newest.get("step").and_then(Value::as_u64)?;
-        let first = *self.first_step.get_or_insert(step.saturating_sub(1));
-        let done_here = step.saturating_sub(first).max(1);
-        let eta_s = self.started.elapsed().as_secs_f64() / done_here as f64
-            * self.max_steps.saturating_sub(step) as f64;
-        let figures = json!({
-            "step": step,
-            "max_steps": self.max_steps,
-            "reward": newest.get("reward_mean"),
-            "loss": newest.get("loss"),
-            "kl": newest.get("kl_ref"),
-            "heldout": self.heldout,
-            "tokens_per_s": newest.pointer("/time/generation_tokens_per_s"),
-            "step_s": newest.pointer("/time/step_s"),
-            "eta_s": eta_s.round(),
-        });
-        Some((step, figures))
+        self.last = Some(progress.clone());
+        Some(progress)
     }
 }
 
@@ -736,5 +744,45 @@ pub fn priority_of(job: &JobView) -> Priority {
         "high" => Priority::High,
         "low" => Priority::Low,
         _ => Priority::Normal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    /// How each way a worker can end is read, from its exit status (`WorkerExit`), its stdout
+    /// and the last word in its log: `Crashed` is counted and requeued, `JobError` fails the job.
+    #[test]
+    fn each_worker_exit_becomes_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker.log");
+        std::fs::write(&log, "noise\nrlvr-worker: optimizer.lr: expected a number\n").unwrap();
+        let exit = |exit: WorkerExit| ExitStatus::from_raw(i32::from(exit.code()) << 8);
+        let outcome = serde_json::to_string(&Outcome { steps: 3, ..Outcome::default() }).unwrap();
+        let cases = [
+            (exit(WorkerExit::Finished), outcome.as_str(), "Finished"),
+            (exit(WorkerExit::Finished), "", "Crashed: the worker exited 0 without its outcome line"),
+            (exit(WorkerExit::Interrupted), "", "Interrupted"),
+            (exit(WorkerExit::JobError), "", "JobError: optimizer.lr: expected a number"),
+            // A grant failure anywhere, a panic: not the job's fault, requeued.
+            (exit(WorkerExit::Transient), "", "Crashed: the worker exited with status 70: optimizer.lr: expected a number"),
+            (ExitStatus::from_raw(9), "", "Crashed: the worker was killed by SIGKILL"),
+        ];
+        for (status, stdout, expected) in cases {
+            let end = match classify(status, stdout, &log) {
+                WorkerEnd::Finished(outcome) => {
+                    assert_eq!(outcome.steps, 3);
+                    "Finished".to_owned()
+                }
+                WorkerEnd::Interrupted => "Interrupted".to_owned(),
+                WorkerEnd::JobError(why) => format!("JobError: {why}"),
+                WorkerEnd::Crashed(why) => format!("Crashed: {why}"),
+                other => format!("{other:?}"),
+            };
+            assert_eq!(end, expected, "{status:?}");
+        }
     }
 }

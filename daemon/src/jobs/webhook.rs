@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use rlvr_protocol::gates::Manifest;
 use tracing::{info, warn};
 
 /// Tries per delivery; the waits between them double from [`FIRST_BACKOFF`]: 0.5 + 1 + 2 + 4 s,
@@ -17,7 +17,7 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// POSTs `manifest` to `url` until a 2xx answer or [`ATTEMPTS`] tries; returns what happened,
 /// in words, for the job record.
-pub async fn deliver(url: &str, manifest: &Value) -> String {
+pub async fn deliver(url: &str, manifest: &Manifest) -> String {
     let client = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).build() {
         Ok(client) => client,
         Err(error) => return format!("not delivered: cannot build an HTTP client: {error}"),

@@ -1,0 +1,231 @@
+//! `rlvrctl submit`'s side of a spec: the file read, its relative paths made absolute against
+//! its own directory (the daemon reads them, and it does not run where the user does), and a
+//! fresh idempotency key so that the client's own retries never make a second job.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rlvr_client::SpecFormat;
+use rlvr_client::settings::toml_error_line;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::BadInput;
+
+/// A spec ready to send.
+pub(crate) struct PreparedSpec {
+    /// The spec's text, paths made absolute.
+    pub(crate) body: String,
+    pub(crate) format: SpecFormat,
+}
+
+/// Reads a spec file and makes its paths absolute (see [`prepare_spec`]).
+pub(crate) fn read_spec(file: &Path) -> Result<PreparedSpec, BadInput> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|error| BadInput(format!("cannot read {}: {error}", file.display())))?;
+    let absolute = std::path::absolute(file)
+        .map_err(|error| BadInput(format!("cannot resolve {}: {error}", file.display())))?;
+    let base = absolute.parent().unwrap_or(Path::new("/"));
+    let format = if file.extension().is_some_and(|ext| ext.eq_ignore_ascii_case("json")) {
+        SpecFormat::Json
+    } else {
+        SpecFormat::Toml
+    };
+    let home = std::env::var_os("HOME").filter(|home| !home.is_empty()).map(PathBuf::from);
+    let body = prepare_spec(&text, format, base, home.as_deref())
+        .map_err(|message| BadInput(format!("{}: {message}", file.display())))?;
+    Ok(PreparedSpec { body, format })
+}
+
+/// The spec fields that name files or directories, as (section, key).
+const PATH_FIELDS: [(&str, &str); 6] = [
+    ("data", "train"),
+    ("data", "heldout"),
+    ("data", "canaries"),
+    ("model", "policy"),
+    ("model", "reference"),
+    ("publish", "registry"),
+];
+
+/// The spec's text with every relative path of [`PATH_FIELDS`] made absolute against `base`
+/// (the spec file's directory), in the same format. Everything else is left for the daemon to
+/// judge, wrong types included.
+fn prepare_spec(text: &str, format: SpecFormat, base: &Path, home: Option<&Path>) -> Result<String, String> {
+    match format {
+        SpecFormat::Toml => {
+            let mut table: toml::Table = text.parse().map_err(|error: toml::de::Error| {
+                let line =
+                    toml_error_line(text, &error).map(|line| format!(" (line {line})")).unwrap_or_default();
+                format!("not valid TOML{line}: {}", error.message())
+            })?;
+            for (section, key) in PATH_FIELDS {
+                if let Some(toml::Value::String(value)) =
+                    table.get_mut(section).and_then(|section| section.get_mut(key))
+                    && let Some(absolute) = absolute_path(section, value, base, home)?
+                {
+                    *value = absolute;
+                }
+            }
+            toml::to_string(&table).map_err(|error| format!("cannot write the spec back as TOML: {error}"))
+        }
+        SpecFormat::Json => {
+            let mut spec: Value =
+                serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
+            for (section, key) in PATH_FIELDS {
+                if let Some(Value::String(value)) = spec.pointer_mut(&format!("/{section}/{key}"))
+                    && let Some(absolute) = absolute_path(section, value, base, home)?
+                {
+                    *value = absolute;
+                }
+            }
+            Ok(spec.to_string())
+        }
+    }
+}
+
+/// The absolute form of one path field's value, or `None` to leave it as it is: already
+/// absolute, empty, a URL, or (for `model.*`) `same` or `builtin:…`.
+fn absolute_path(
+    section: &str,
+    value: &str,
+    base: &Path,
+    home: Option<&Path>,
+) -> Result<Option<String>, String> {
+    if value.is_empty() || value.contains("://") {
+        return Ok(None);
+    }
+    if section == "model" && (value == "same" || value.starts_with("builtin:")) {
+        return Ok(None);
+    }
+    let path = if value == "~" {
+        home.map(Path::to_path_buf)
+    } else if let Some(rest) = value.strip_prefix("~/") {
+        home.map(|home| home.join(rest))
+    } else if Path::new(value).is_absolute() {
+        None
+    } else {
+        Some(base.join(value))
+    };
+    let Some(path) = path else { return Ok(None) };
+    // Drops `.` components (`./data/x` → `/base/data/x`); `..` stays (symlinks make it unsafe to fold).
+    let path: PathBuf = path.components().collect();
+    path.to_str()
+        .map(|path| Some(path.to_owned()))
+        .ok_or_else(|| format!("the absolute path of {value:?} is not UTF-8: {}", path.display()))
+}
+
+/// A key no other submit will use, so that rlvrctl's own retries are safe.
+pub(crate) fn fresh_idempotency_key(file: &Path) -> String {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let mut hash = Sha256::new();
+    hash.update(std::process::id().to_le_bytes());
+    hash.update(now.as_nanos().to_le_bytes());
+    hash.update(file.as_os_str().as_encoded_bytes());
+    format!("rlvrctl-{}", hex::encode(&hash.finalize()[..16]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_paths(format: SpecFormat, spec: &str, expected: &str) {
+        let prepared =
+            prepare_spec(spec, format, Path::new("/jobs/team-a"), Some(Path::new("/home/me"))).unwrap();
+        match format {
+            SpecFormat::Toml => {
+                let got: toml::Table = prepared.parse().unwrap();
+                let want: toml::Table = expected.parse().unwrap();
+                assert_eq!(got, want, "sent:\n{prepared}");
+            }
+            SpecFormat::Json => {
+                let got: Value = serde_json::from_str(&prepared).unwrap();
+                let want: Value = serde_json::from_str(expected).unwrap();
+                assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
+    fn relative_paths_become_absolute_against_the_spec_files_directory() {
+        check_paths(
+            SpecFormat::Toml,
+            r#"
+            [job]
+            name = "x"
+            [model]
+            policy = "models/base"
+            reference = "./ref"
+            [data]
+            train = "data/train.jsonl"
+            heldout = "../shared/heldout.jsonl"
+            canaries = "/abs/canaries.jsonl"
+            [publish]
+            registry = "~/registry"
+            webhook = "relative/not/a/path"
+            [[verifiers]]
+            plugin = "math"
+            "#,
+            r#"
+            [job]
+            name = "x"
+            [model]
+            policy = "/jobs/team-a/models/base"
+            reference = "/jobs/team-a/ref"
+            [data]
+            train = "/jobs/team-a/data/train.jsonl"
+            heldout = "/jobs/team-a/../shared/heldout.jsonl"
+            canaries = "/abs/canaries.jsonl"
+            [publish]
+            registry = "/home/me/registry"
+            webhook = "relative/not/a/path"
+            [[verifiers]]
+            plugin = "math"
+            "#,
+        );
+    }
+
+    #[test]
+    fn builtin_models_same_urls_and_wrong_types_are_left_for_the_daemon() {
+        let untouched = r#"
+            [model]
+            policy = "builtin:tiny-arith"
+            reference = "same"
+            [data]
+            train = 5
+            heldout = ""
+            [publish]
+            registry = "s3://bucket/models"
+        "#;
+        check_paths(SpecFormat::Toml, untouched, untouched);
+        // `same` and `builtin:` mean something only under [model].
+        check_paths(SpecFormat::Toml, "[data]\ntrain = \"same\"", "[data]\ntrain = \"/jobs/team-a/same\"");
+    }
+
+    #[test]
+    fn json_specs_are_resolved_and_sent_as_json() {
+        check_paths(
+            SpecFormat::Json,
+            r#"{"model": {"policy": "m", "reference": "same"}, "data": {"train": "t.jsonl"}, "budget": {"max_steps": 3}}"#,
+            r#"{"model": {"policy": "/jobs/team-a/m", "reference": "same"}, "data": {"train": "/jobs/team-a/t.jsonl"}, "budget": {"max_steps": 3}}"#,
+        );
+    }
+
+    #[test]
+    fn a_spec_that_does_not_parse_names_the_line() {
+        let error =
+            prepare_spec("[job]\nname = \"x\"\nname = \"y\"\n", SpecFormat::Toml, Path::new("/"), None)
+                .unwrap_err();
+        assert!(error.starts_with("not valid TOML (line 3): "), "{error}");
+        let error = prepare_spec("{", SpecFormat::Json, Path::new("/"), None).unwrap_err();
+        assert!(error.starts_with("not valid JSON: "), "{error}");
+    }
+
+    #[test]
+    fn home_is_left_alone_without_a_home() {
+        assert_eq!(absolute_path("data", "~/x", Path::new("/b"), None), Ok(None));
+        assert_eq!(
+            absolute_path("data", "~", Path::new("/b"), Some(Path::new("/h"))),
+            Ok(Some("/h".to_owned()))
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! The config's field table: every key once, with its kind (which carries its range and its
+//! default) and its doc.
+//!
+//! Everything else about a key is read from here: the validator (`check.rs`) takes the known keys,
+//! ranges and "expected …" texts; the built-in defaults layer and so `Config::default()` take the
+//! defaults; the documented example `configs/rlvrd.toml` (`example.rs`) takes all of it. The serde
+//! structs in `mod.rs` only name the fields for the rest of the daemon, and a test checks that
+//! they agree with the table.
+
+use figment::value::{Dict, Value};
+use rlvr_plugin_host::dirs::DEFAULT_PLUGIN_DIR;
+
+use super::check::{float_of, integer_of};
+
+/// A `[section]`: the sections in the order messages list them and the example shows them.
+pub(super) struct Section {
+    pub name: &'static str,
+    /// What the section is for, under its header in the example; empty for nothing.
+    pub doc: &'static str,
+}
+
+/// One key.
+pub(super) struct Field {
+    /// `section.key`; in the fields of a [`Kind::Tables`] entry, just the key.
+    pub path: &'static str,
+    pub kind: Kind,
+    /// What the key means, for the example; its range and default are not repeated here (the kind
+    /// has them).
+    pub doc: &'static str,
+    pub example: Example,
+}
+
+/// How the example file shows a key.
+pub(super) enum Example {
+    /// `key = <default>`.
+    Default,
+    /// These TOML lines, commented out: the key is not set by default, this is how one sets it.
+    Commented(&'static str),
+    /// These TOML lines as they are: entries the example ships with.
+    Live(&'static str),
+}
+
+/// What a key may hold. Each variant carries the key's default where it has one; `None` means
+/// not set (the serde field is an `Option`). In a [`Kind::Tables`] entry, a key without a
+/// default is required.
+pub(super) enum Kind {
+    /// An absolute path.
+    AbsolutePath(Option<&'static str>),
+    /// A url starting with one of `schemes`, something after it and no whitespace.
+    Url {
+        schemes: &'static [&'static str],
+        default: &'static str,
+    },
+    /// `IP:PORT`: a host name is not resolved.
+    SocketAddr(&'static str),
+    Integer(Integers),
+    Number(Positive),
+    /// A list of non-empty paths, relative or absolute; they need not exist.
+    Dirs(&'static [&'static str]),
+    TeamName,
+    /// The hex sha256 of a secret: never quoted back.
+    Sha256,
+    Bool(bool),
+    /// `[[path]]`: a list of tables with these `fields`; no two entries share `unique`'s key. None
+    /// by default.
+    Tables {
+        fields: &'static [Field],
+        unique: Unique,
+    },
+    /// `[path]`: team name → a [`SHARE`] of the capacity, summing to at most 1. None by default.
+    Shares,
+}
+
+/// An integer from `min` to `max`.
+pub(super) struct Integers {
+    pub min: u64,
+    /// `None`: as large as the field's type allows, which is `u32` for every such key.
+    pub max: Option<u64>,
+    /// Said after the range: `(milliseconds)`.
+    pub unit: Option<&'static str>,
+    pub default: Option<u64>,
+}
+
+/// A finite number greater than 0 and at most `max`.
+pub(super) struct Positive {
+    /// The noun with its article: "a number of gigabytes".
+    pub what: &'static str,
+    pub max: Option<f64>,
+    pub default: Option<f64>,
+}
+
+/// The key no two entries of a [`Kind::Tables`] may share, and what is said when two do:
+/// `{first}` stands for the earlier entry's path, `{value}` for the value (never for a secret's).
+pub(super) struct Unique {
+    pub key: &'static str,
+    pub message: &'static str,
+}
+
+/// What a team name is, for messages: `[[auth.tokens]]` teams and `[scheduler.shares]` keys alike.
+pub(super) const TEAM_NAME: &str = "a team name of lowercase letters, digits, '_' and '-'";
+/// What a sha256 is, for messages and the example.
+const SHA256: &str =
+    "the hex sha256 of the token (64 lowercase hex characters: printf %s \"$TOKEN\" | sha256sum)";
+/// Each value of `[scheduler.shares]`.
+pub(super) const SHARE: Positive =
+    Positive { what: "a fraction of the capacity", max: Some(1.0), default: None };
+const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None, default: None };
+const MS: Option<&str> = Some("milliseconds");
+const SECONDS: Option<&str> = Some("seconds");
+
+pub(super) const SECTIONS: [Section; 8] = [
+    Section { name: "daemon", doc: "" },
+    Section { name: "redis", doc: "" },
+    Section { name: "api", doc: "" },
+    Section { name: "plugins", doc: "" },
+    Section { name: "auth", doc: "" },
+    Section { name: "devices", doc: "The devices the scheduler packs jobs onto." },
+    Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
+    Section { name: "scheduler", doc: "How jobs share the devices (design.md §7)." },
+];
+
+/// Shorthand for the table's rows that show their default.
+const fn field(path: &'static str, kind: Kind, doc: &'static str) -> Field {
+    Field { path, kind, doc, example: Example::Default }
+}
+
+const fn integer(min: u64, max: u64, unit: Option<&'static str>, default: u64) -> Kind {
+    Kind::Integer(Integers { min, max: Some(max), unit, default: Some(default) })
+}
+
+/// Every key, by section in [`SECTIONS`] order; within a section, in the order messages list them.
+pub(super) const FIELDS: &[Field] = &[
+    field(
+        "daemon.state_dir",
+        Kind::AbsolutePath(Some("/var/lib/rlvr")),
+        "Where the daemon keeps job state, checkpoints and its copies of loaded plugins.",
+    ),
+    Field {
+        path: "daemon.worker_exe",
+        kind: Kind::AbsolutePath(None),
+        doc: "The worker executable, which runs each job and probes plugins. Not set: rlvr-worker next \
+              to rlvrd.",
+        example: Example::Commented("worker_exe = \"/usr/local/bin/rlvr-worker\""),
+    },
+    field(
+        "redis.url",
+        Kind::Url { schemes: &["redis://", "rediss://", "unix://"], default: "redis://127.0.0.1:6379" },
+        "The Redis that holds the job queues: rediss:// is TLS, unix:///PATH/TO/redis.sock a socket.",
+    ),
+    field(
+        "api.listen",
+        Kind::SocketAddr("127.0.0.1:8470"),
+        "Address of the HTTP API; a host name is not accepted.",
+    ),
+    field(
+        "api.max_body_bytes",
+        integer(1024, 64 << 20, Some("bytes"), 1 << 20),
+        "Largest request body accepted; larger ones get 413.",
+    ),
+    field(
+        "api.rate_limit_per_minute",
+        integer(1, 1_000_000, None, 600),
+        "Requests per minute each team may make to the job routes; more get 429 with Retry-After. A \
+         team may spend a whole minute's allowance at once.",
+    ),
+    field(
+        "plugins.dirs",
+        Kind::Dirs(&[DEFAULT_PLUGIN_DIR]),
+        "Directories watched for plugin libraries (*.so). A directory that does not exist is not an \
+         error: the registry warns when it scans.",
+    ),
+    field(
+        "plugins.scan_interval_ms",
+        integer(100, 60_000, MS, 1000),
+        "How often those directories are scanned for new plugins.",
+    ),
+    Field {
+        path: "auth.tokens",
+        kind: Kind::Tables {
+            fields: TOKEN_FIELDS,
+            unique: Unique {
+                key: "sha256",
+                message: "same sha256 as {first}, every token must be different",
+            },
+        },
+        doc: "Bearer tokens, one [[auth.tokens]] entry per token; with none, no one can submit jobs. The \
+              token itself never goes in this file, only its sha256. Give each team its own token; a \
+              team may have several (to rotate them).",
+        example: Example::Live(
+            "# EXAMPLE TOKENS ONLY — their tokens are written right here, so replace both entries.
+[[auth.tokens]]
+# sha256 of the token \"research-example-token\".
+team = \"research\"
+sha256 = \"fc370c33546204391aad5a828b0b76a2b8cc73c1f3a2b6d6b437574760089ab4\"
+admin = false
+
+[[auth.tokens]]
+# sha256 of the token \"admin-example-token\".
+team = \"admin\"
+sha256 = \"47276e0703c50cdecbe34a9ca7d1d202246b0ca57271aacc86a9b7bb24e939a0\"
+admin = true",
+        ),
+    },
+    Field {
+        path: "devices.cpu_slots",
+        kind: Kind::Integer(Integers { min: 1, max: None, unit: None, default: None }),
+        doc: "CPU slots, used when no GPU is found or when set: how many jobs' device phases may run on \
+              the CPU at once. Not set: the GPUs NVML finds, else one slot.",
+        example: Example::Commented("cpu_slots = 2"),
+    },
+    Field {
+        path: "devices.cpu_slot_memory_gb",
+        kind: Kind::Number(GIGABYTES),
+        doc: "Memory of each CPU slot. Not set: the machine's memory divided among the slots.",
+        example: Example::Commented("cpu_slot_memory_gb = 8"),
+    },
+    Field {
+        path: "devices.gpus",
+        kind: Kind::Tables {
+            fields: GPU_FIELDS,
+            unique: Unique { key: "index", message: "gpu {value} is already listed at {first}" },
+        },
+        doc: "GPUs, to override what NVML reports: one [[devices.gpus]] entry per GPU; with none, the \
+              GPUs are what NVML reports.",
+        example: Example::Commented("[[devices.gpus]]\nindex = 0\nmemory_gb = 80"),
+    },
+    field(
+        "queue.poll_interval_ms",
+        integer(50, 10_000, MS, 250),
+        "How often an idle daemon looks for new jobs.",
+    ),
+    field("queue.heartbeat_ms", integer(200, 60_000, MS, 2000), "The daemon's heartbeat on Redis."),
+    field(
+        "queue.missed_heartbeats",
+        integer(2, 100, None, 3),
+        "Heartbeats missed before a daemon counts as dead and its jobs go to another daemon or to its \
+         own restart: a killed daemon's running job resumes after heartbeat_ms × missed_heartbeats.",
+    ),
+    field(
+        "queue.max_crashes",
+        integer(1, 100, None, 3),
+        "Crashes of a job's worker (signal, panic, or the daemon dying under it) before the job is \
+         dead-lettered: it ends failed with the last crash as its reason.",
+    ),
+    field(
+        "queue.stop_timeout_s",
+        integer(1, 3600, SECONDS, 100),
+        "On SIGTERM, how long running jobs get to checkpoint at a step boundary before their workers \
+         are killed. Keep it under systemd's TimeoutStopSec (120 s in systemd/rlvrd.service).",
+    ),
+    field(
+        "queue.worker_threads",
+        integer(0, 1024, None, 0),
+        "libtorch threads of each worker; 0 = every core.",
+    ),
+    field(
+        "scheduler.starvation_after_s",
+        integer(1, 604_800, SECONDS, 600),
+        "A job that has waited this long stops smaller jobs from backfilling past it: nothing behind it \
+         starts until it runs.",
+    ),
+    field(
+        "scheduler.fair_share_half_life_s",
+        integer(1, 2_592_000, SECONDS, 3600),
+        "How fast a team's past device use fades from its fair-share standing: the half-life.",
+    ),
+    field(
+        "scheduler.preempt_grace_s",
+        integer(1, 3600, SECONDS, 120),
+        "How long a preempted job's worker gets to checkpoint at its next step boundary before it is \
+         killed. The job is requeued and resumes from that checkpoint.",
+    ),
+    Field {
+        path: "scheduler.shares",
+        kind: Kind::Shares,
+        doc: "Guaranteed shares of the devices' capacity (memory, summed over devices), by team (named as \
+              in [[auth.tokens]]); with none, no team has a guaranteed share. A team may borrow idle \
+              capacity beyond its share; borrowed capacity is taken back (its jobs preempted) when \
+              another team claims its share.",
+        example: Example::Commented("[scheduler.shares]\nresearch = 0.5\nadmin = 0.25"),
+    },
+];
+
+/// The keys of an `[[auth.tokens]]` entry.
+const TOKEN_FIELDS: &[Field] = &[
+    field("team", Kind::TeamName, "The team the token acts for."),
+    field("sha256", Kind::Sha256, "The token's sha256; never the token itself."),
+    field("admin", Kind::Bool(false), "Admin tokens may also force a promotion (rlvrctl promote --force)."),
+];
+
+/// The keys of a `[[devices.gpus]]` entry.
+const GPU_FIELDS: &[Field] = &[
+    field(
+        "index",
+        Kind::Integer(Integers { min: 0, max: None, unit: None, default: None }),
+        "CUDA device index.",
+    ),
+    field("memory_gb", Kind::Number(GIGABYTES), "Usable memory."),
+];
+
+impl Field {
+    /// The section of a top-level key: `queue` of `queue.poll_interval_ms`.
+    pub fn section(&self) -> &'static str {
+        self.path.split_once('.').map_or("", |(section, _)| section)
+    }
+
+    /// The key within its section or entry: `poll_interval_ms`.
+    pub fn key(&self) -> &'static str {
+        self.path.split_once('.').map_or(self.path, |(_, key)| key)
+    }
+}
+
+/// The fields of `section`, in table order.
+pub(super) fn in_section(section: &str) -> impl Iterator<Item = &'static Field> + '_ {
+    FIELDS.iter().filter(move |field| field.section() == section)
+}
+
+/// The key paths of the secrets ([`Kind::Sha256`]), by their keys: `["auth", "tokens", "sha256"]`.
+pub(super) fn secret_paths() -> impl Iterator<Item = Vec<&'static str>> {
+    FIELDS.iter().flat_map(|field| {
+        let entry_fields = match &field.kind {
+            Kind::Tables { fields, .. } => *fields,
+            _ => &[],
+        };
+        let own = matches!(field.kind, Kind::Sha256).then(|| vec![field.section(), field.key()]);
+        let in_entries = entry_fields
+            .iter()
+            .filter(|entry_field| matches!(entry_field.kind, Kind::Sha256))
+            .map(|entry_field| vec![field.section(), field.key(), entry_field.path]);
+        own.into_iter().chain(in_entries)
+    })
+}
+
+/// Whether an env var setting `path` is taken as text rather than parsed as a TOML value, so that
+/// `RLVR__REDIS__URL=...` never turns into a number: the keys whose kind is a string.
+pub(super) fn takes_text(path: &str) -> bool {
+    FIELDS.iter().any(|field| {
+        field.path == path
+            && matches!(field.kind, Kind::AbsolutePath(_) | Kind::Url { .. } | Kind::SocketAddr(_))
+    })
+}
+
+impl Kind {
+    /// What the key must hold, for "expected …": its type and range in words. `path` names a
+    /// [`Kind::Tables`] key in its own text.
+    pub fn what(&self, path: &str) -> String {
+        match self {
+            Kind::AbsolutePath(_) => "an absolute path".to_owned(),
+            Kind::Url { schemes, .. } => format!("a url starting with {}", or_list(schemes)),
+            Kind::SocketAddr(default) => format!("a socket address like {default}"),
+            Kind::Integer(integers) => integers.what(),
+            Kind::Number(positive) => positive.what(),
+            Kind::Dirs(default) => format!("a list of directories like {}", toml_text(&dirs_value(default))),
+            Kind::TeamName => TEAM_NAME.to_owned(),
+            Kind::Sha256 => SHA256.to_owned(),
+            Kind::Bool(_) => "true or false".to_owned(),
+            Kind::Tables { .. } => format!("a list of tables ([[{path}]])"),
+            Kind::Shares => "a table".to_owned(),
+        }
+    }
+
+    /// The built-in default, as the defaults layer holds it; `None`: not set (or, in an entry,
+    /// required).
+    pub fn default_value(&self) -> Option<Value> {
+        match self {
+            Kind::AbsolutePath(default) => default.map(Value::from),
+            Kind::Url { default, .. } | Kind::SocketAddr(default) => Some(Value::from(*default)),
+            Kind::Integer(integers) => integers.default.map(Value::from),
+            Kind::Number(positive) => positive.default.map(Value::from),
+            Kind::Dirs(default) => Some(dirs_value(default)),
+            Kind::Bool(default) => Some(Value::from(*default)),
+            Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
+            Kind::Shares => Some(Value::from(Dict::new())),
+            Kind::TeamName | Kind::Sha256 => None,
+        }
+    }
+
+    /// Whether the key has a default. One without is not set by default (its serde field is an
+    /// `Option`) or, in an entry of a [`Kind::Tables`], required.
+    pub fn has_default(&self) -> bool {
+        self.default_value().is_some()
+    }
+}
+
+impl Integers {
+    /// The largest value the key takes.
+    pub fn max(&self) -> u64 {
+        self.max.unwrap_or(u64::from(u32::MAX))
+    }
+
+    fn what(&self) -> String {
+        let unit = self.unit.map(|unit| format!(" ({unit})")).unwrap_or_default();
+        match self.max {
+            Some(max) => format!("an integer from {} to {max}{unit}", self.min),
+            None => format!("an integer of at least {}{unit}", self.min),
+        }
+    }
+}
+
+impl Positive {
+    pub fn contains(&self, x: f64) -> bool {
+        x.is_finite() && x > 0.0 && self.max.is_none_or(|max| x <= max)
+    }
+
+    pub fn what(&self) -> String {
+        match self.max {
+            Some(max) => format!("{} greater than 0 and at most {max}", self.what),
+            None => format!("{} greater than 0", self.what),
+        }
+    }
+}
+
+/// The built-in defaults layer: every key that has a default, by section.
+pub(super) fn defaults() -> Dict {
+    let mut root = Dict::new();
+    for section in &SECTIONS {
+        let dict: Dict = in_section(section.name)
+            .filter_map(|field| Some((field.key().to_owned(), field.kind.default_value()?)))
+            .collect();
+        root.insert(section.name.to_owned(), Value::from(dict));
+    }
+    root
+}
+
+fn dirs_value(dirs: &[&str]) -> Value {
+    Value::from(dirs.iter().map(|dir| Value::from(*dir)).collect::<Vec<_>>())
+}
+
+/// `a, b or c`.
+fn or_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// A default as TOML writes it: `"text"`, `250`, `["a", "b"]`.
+pub(super) fn toml_text(value: &Value) -> String {
+    to_toml(value).map(|value| value.to_string()).unwrap_or_default()
+}
+
+fn to_toml(value: &Value) -> Option<toml::Value> {
+    Some(match value {
+        Value::String(_, s) => toml::Value::String(s.clone()),
+        Value::Bool(_, b) => toml::Value::Boolean(*b),
+        Value::Num(_, n) => match integer_of(*n) {
+            Some(i) => toml::Value::Integer(i64::try_from(i).ok()?),
+            None => toml::Value::Float(float_of(*n)),
+        },
+        Value::Array(_, items) => toml::Value::Array(items.iter().map(to_toml).collect::<Option<_>>()?),
+        Value::Dict(_, dict) => toml::Value::Table(
+            dict.iter().map(|(k, v)| Some((k.clone(), to_toml(v)?))).collect::<Option<_>>()?,
+        ),
+        Value::Char(..) | Value::Empty(..) => return None,
+    })
+}

@@ -1,0 +1,232 @@
+//! Daemon configuration (`rlvrd.toml`): one field table, the layers it is read from, a validator
+//! that reports every problem, and the documented example rendered from the table.
+//!
+//! Layers, lowest first: built-in defaults, the config file, env vars `RLVR__SECTION__KEY`. They are
+//! merged with figment, whose tags remember which layer every value came from (`layers.rs`).
+//! Validation then walks the merged tree itself instead of stopping at serde's first error
+//! (`check.rs`): every known key is checked on its own, unknown keys are found by comparing
+//! against the table, and each problem names its key and where the value came from (`file
+//! /etc/rlvr/rlvrd.toml`, `env RLVR__API__LISTEN`, `built-in default`). `rlvrd validate` prints
+//! them all at once.
+//!
+//! The field table (`fields.rs`) is the one place a key is described: its dotted path, its kind
+//! (type, range, default) and its doc. The validator, the defaults layer (and so
+//! [`Config::default`]) and `configs/rlvrd.toml` ([`example_toml`]) all come from it. The serde
+//! structs below only give the rest of the daemon typed fields: once the validator has accepted the
+//! merged tree, serde builds the `Config` from it.
+
+mod check;
+mod example;
+mod fields;
+mod layers;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use example::example_toml;
+pub use layers::{ENV_PREFIX, load, load_from};
+/// The config file `rlvrd` reads when no `--config` is given, and only if it exists.
+pub use rlvr_plugin_host::dirs::DEFAULT_CONFIG_PATH;
+
+/// The daemon's configuration. Its keys, ranges and defaults are documented in
+/// `configs/rlvrd.toml`, which is rendered from the field table.
+//
+// No `#[serde(default)]` on these structs: the merged tree always holds the defaults layer, and
+// serde calls a container's `Default` before it reads anything, which would recurse here, where
+// the defaults are themselves deserialized from the table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub daemon: DaemonConfig,
+    pub redis: RedisConfig,
+    pub api: ApiConfig,
+    pub plugins: PluginsConfig,
+    pub auth: AuthConfig,
+    pub devices: DevicesConfig,
+    pub queue: QueueConfig,
+    pub scheduler: SchedulerConfig,
+}
+
+/// `[daemon]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Where the daemon keeps job state, checkpoints and loaded plugin copies. Absolute.
+    pub state_dir: PathBuf,
+    /// The worker executable (`rlvr-worker`); unset: `rlvr-worker` next to `rlvrd`. Absolute.
+    pub worker_exe: Option<PathBuf>,
+}
+
+/// `[redis]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://`, `rediss://` or `unix://` url of the queue's Redis.
+    pub url: String,
+}
+
+/// `[api]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: u64,
+    /// Per team, on the job routes; more get 429.
+    pub rate_limit_per_minute: u32,
+}
+
+/// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConfig {
+    pub poll_interval_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Before a daemon counts as dead and its jobs go to another.
+    pub missed_heartbeats: u32,
+    /// Crashes of a job's worker before the job is dead-lettered.
+    pub max_crashes: u32,
+    /// On SIGTERM, how long running jobs get to checkpoint before their workers are killed.
+    pub stop_timeout_s: u64,
+    /// libtorch threads of each worker; 0 = every core.
+    pub worker_threads: u32,
+}
+
+/// `[scheduler]`: the settings of the scheduling policy (design.md §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    pub starvation_after_s: u64,
+    pub fair_share_half_life_s: u64,
+    pub preempt_grace_s: u64,
+    /// `[scheduler.shares]`: team name → guaranteed fraction of the inventory's capacity.
+    pub shares: BTreeMap<String, f64>,
+}
+
+/// `[plugins]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Directories watched for plugin libraries; they need not exist.
+    pub dirs: Vec<PathBuf>,
+    pub scan_interval_ms: u64,
+}
+
+/// `[auth]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `[[auth.tokens]]`: one entry per bearer token.
+    pub tokens: Vec<TokenConfig>,
+}
+
+/// One `[[auth.tokens]]` entry. The token itself is never in the config, only its hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub team: String,
+    /// Hex sha256 of the token, 64 lowercase hex characters.
+    pub sha256: String,
+    /// Admin tokens may force promotions.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+/// `[devices]`: the device inventory the scheduler packs jobs onto.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesConfig {
+    /// CPU slots, used when no GPU is found or when set.
+    pub cpu_slots: Option<u32>,
+    pub cpu_slot_memory_gb: Option<f64>,
+    /// `[[devices.gpus]]`: overrides what NVML reports.
+    pub gpus: Vec<GpuConfig>,
+}
+
+/// One `[[devices.gpus]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// CUDA device index; unique.
+    pub index: u32,
+    pub memory_gb: f64,
+}
+
+impl Default for Config {
+    /// The field table's defaults.
+    fn default() -> Self {
+        // The table is a constant; `defaults_are_the_tables` runs this, so it cannot fail in a
+        // build whose tests pass.
+        figment::value::Value::from(fields::defaults())
+            .deserialize()
+            .unwrap_or_else(|error| panic!("the config field table's defaults do not fit Config: {error}"))
+    }
+}
+
+/// Each section's default is the table's, through [`Config::default`].
+macro_rules! section_defaults {
+    ($($section:ident: $type:ty),* $(,)?) => {$(
+        impl Default for $type {
+            fn default() -> Self {
+                Config::default().$section
+            }
+        }
+    )*};
+}
+
+section_defaults!(
+    daemon: DaemonConfig,
+    redis: RedisConfig,
+    api: ApiConfig,
+    plugins: PluginsConfig,
+    auth: AuthConfig,
+    devices: DevicesConfig,
+    queue: QueueConfig,
+    scheduler: SchedulerConfig,
+);
+
+/// Every problem found in a config, at once. Displays a count, then one problem per line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("config has {} problem(s):\n{}", .problems.len(), lines(.problems))]
+pub struct ConfigErrors {
+    pub problems: Vec<ConfigProblem>,
+}
+
+/// One problem: which key, what is wrong, and where the value came from.
+///
+/// Displays as `{key}: {message} (from {source})`; problems about the file as a whole (missing,
+/// unreadable, bad TOML syntax) have an empty `key` and display as `{message} (from {source})`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Dotted path of the key, e.g. `api.listen` or `auth.tokens[1].sha256`; empty for the whole file.
+    pub key: String,
+    /// What is wrong, lowercase, without a trailing period.
+    pub message: String,
+    /// Where the value came from: `file PATH`, `env NAME` or `built-in default`.
+    pub source: String,
+}
+
+impl ConfigProblem {
+    fn new(key: impl Into<String>, message: impl Into<String>, source: impl Into<String>) -> Self {
+        ConfigProblem { key: key.into(), message: message.into(), source: source.into() }
+    }
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.key.is_empty() {
+            write!(f, "{}: ", self.key)?;
+        }
+        write!(f, "{} (from {})", self.message, self.source)
+    }
+}
+
+fn lines(problems: &[ConfigProblem]) -> String {
+    problems.iter().map(|problem| format!("  {problem}")).collect::<Vec<_>>().join("\n")
+}

@@ -1,0 +1,272 @@
+//! Publishing a gated checkpoint (design.md §1 "Published checkpoint", §6): the one path both a
+//! finished job ([`super::supervise`]) and an admin's forced promotion (`api::outcomes`) take —
+//! judge, copy into the model line, write the manifest, record it on the job, deliver the
+//! manifest to the job's webhook.
+//!
+//! Publishing is a copy into `<registry>/<model_line>/.staging-<job>/`, a manifest, then a
+//! `rename` to the next free version number: a reader never sees half a checkpoint, two jobs of
+//! one line never take the same version (the rename onto an existing version fails, and the
+//! loser takes the next), and a job gated twice (its daemon died mid-publish) finds its own
+//! version instead of publishing again.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use rlvr_protocol::gates::{Forced, GateReport, Manifest, ManifestMetrics};
+use rlvr_protocol::job::JobState;
+use rlvr_protocol::spec::JobSpec;
+use rlvr_protocol::worker::Outcome;
+use rlvr_queue::store::{JobStore, StoreError};
+use sha2::{Digest, Sha256};
+
+use super::gate::judge;
+use super::webhook;
+
+/// What the gates decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Published.
+    Published(Box<Published>),
+    /// Refused: the failing criteria, one line each.
+    Refused { reason: String, report: GateReport },
+}
+
+/// A published version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    /// Its number in the model line.
+    pub version: u64,
+    /// Its directory.
+    pub path: PathBuf,
+    /// The manifest written there (its report, with the override of a forced promotion).
+    pub manifest: Manifest,
+}
+
+impl Published {
+    /// The job record's fields that say it: the gate report and the path.
+    pub fn record_fields(&self) -> [(&'static str, String); 2] {
+        let report = serde_json::to_string(&self.manifest.gates).unwrap_or_default();
+        [("gates", report), ("published", self.path.display().to_string())]
+    }
+}
+
+/// Where a job publishes: its `[publish] registry`, or the daemon's default.
+pub fn registry_of(spec: &JobSpec, default_registry: &Path) -> PathBuf {
+    spec.publish.as_ref().map_or_else(|| default_registry.to_owned(), |p| p.registry.clone())
+}
+
+/// The model line's newest published version, if any: the baseline of the next candidate.
+pub fn latest_version(spec: &JobSpec, default_registry: &Path) -> Option<(u64, PathBuf)> {
+    let line = registry_of(spec, default_registry).join(&spec.job.model_line);
+    versions(&line).ok()?.pop()
+}
+
+/// Judges `outcome` and, when every criterion passes (or an admin forced it), publishes its
+/// checkpoint.
+pub fn gate_and_publish(
+    spec: &JobSpec,
+    job_id: &str,
+    outcome: &Outcome,
+    default_registry: &Path,
+    forced: Option<Forced>,
+) -> Result<Verdict, String> {
+    let mut report = judge(spec, outcome);
+    if !report.passed && forced.is_none() {
+        return Ok(Verdict::Refused { reason: report.refusal(), report });
+    }
+    report.forced = forced;
+    if outcome.checkpoint.as_os_str().is_empty() {
+        return Err("the worker reported no checkpoint to publish".to_owned());
+    }
+    let registry = registry_of(spec, default_registry);
+    let manifest = Manifest {
+        job_id: job_id.to_owned(),
+        model_line: spec.job.model_line.clone(),
+        version: 0,
+        step: outcome.steps,
+        weights_sha256: outcome.weights_sha256.clone(),
+        plugins: outcome.plugins.clone(),
+        data_sha256: outcome.data_sha256.clone(),
+        metrics: ManifestMetrics {
+            training: outcome.training,
+            evaluation: outcome.evaluation.clone(),
+            stopped: outcome.stopped.clone(),
+        },
+        gates: report,
+        spec: spec.clone(),
+        published_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        files: Default::default(),
+    };
+    let line = registry.join(&spec.job.model_line);
+    let (version, path) = publish(&line, &outcome.checkpoint.join("model"), manifest)
+        .map_err(|error| format!("publishing to {}: {error}", registry.display()))?;
+    let manifest = fs::read(path.join("manifest.json"))
+        .map_err(|error| error.to_string())
+        .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|error| error.to_string()))
+        .map_err(|error| format!("{}: {error}", path.join("manifest.json").display()))?;
+    Ok(Verdict::Published(Box::new(Published { version, path, manifest })))
+}
+
+/// Records `published` on job `id`: `published`, with `reason`. A concurrent promotion that won
+/// already is no error.
+pub async fn record(
+    store: &JobStore,
+    id: &str,
+    published: &Published,
+    reason: &str,
+) -> Result<(), StoreError> {
+    match store.transition(id, JobState::Published, reason, &published.record_fields()).await {
+        Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Delivers the manifest of `published` to the job's webhook, if it names one, and records the
+/// answer on the job (retried with backoff; a failed delivery never un-publishes).
+pub async fn deliver_webhook(store: &JobStore, id: &str, spec: &JobSpec, published: &Published) {
+    let Some(url) = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref()) else { return };
+    let answer = webhook::deliver(url, &published.manifest).await;
+    if let Err(error) = store.set_fields(id, &[("webhook", answer)]).await {
+        tracing::warn!(%error, "cannot record the webhook's answer");
+    }
+}
+
+/// Copies `model` into the next version of `line` with `manifest` (its version and each file's
+/// sha256 filled in).
+///
+/// Publishers of one line take turns (an exclusive `flock` on `<line>/.publish.lock`, released
+/// by the kernel if the process dies): the check for the job's own version and the publish are
+/// one step, so a job gated twice at once (a forced promotion racing another) publishes once.
+pub fn publish(line: &Path, model: &Path, mut manifest: Manifest) -> io::Result<(u64, PathBuf)> {
+    fs::create_dir_all(line)?;
+    let lock =
+        fs::OpenOptions::new().create(true).truncate(false).write(true).open(line.join(".publish.lock"))?;
+    // SAFETY: flock on a descriptor we own; it is released when `lock` is dropped (closed).
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if let Some(found) = published_by(line, &manifest.job_id)? {
+        return Ok(found);
+    }
+    let staging = line.join(format!(".staging-{}", manifest.job_id));
+    if staging.exists() {
+        fs::remove_dir_all(&staging)?;
+    }
+    fs::create_dir(&staging)?;
+    let mut entries: Vec<_> = fs::read_dir(model)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|entry| entry.file_name());
+    for entry in entries {
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        let name = entry.file_name();
+        let target = staging.join(&name);
+        fs::copy(entry.path(), &target)?;
+        fs::File::open(&target)?.sync_all()?;
+        manifest
+            .files
+            .insert(name.to_string_lossy().into_owned(), hex::encode(Sha256::digest(fs::read(&target)?)));
+    }
+    let mut version = next_version(line)?;
+    loop {
+        manifest.version = version;
+        let mut file = fs::File::create(staging.join("manifest.json"))?;
+        file.write_all(serde_json::to_string_pretty(&manifest).map_err(io::Error::other)?.as_bytes())?;
+        file.sync_all()?;
+        let target = line.join(version.to_string());
+        // rename(2) onto an existing non-empty directory fails: a concurrent publisher took it.
+        match fs::rename(&staging, &target) {
+            Ok(()) => {
+                rlvr_protocol::fs::sync_dir(line)?;
+                return Ok((version, target));
+            }
+            Err(error) if target.exists() => {
+                tracing::debug!(%error, version, "version taken by another publisher; trying the next");
+                version += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Published versions of a line, by number.
+fn versions(line: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(line)? {
+        let entry = entry?;
+        if let Some(version) = entry.file_name().to_str().and_then(|name| name.parse::<u64>().ok()) {
+            found.push((version, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+fn next_version(line: &Path) -> io::Result<u64> {
+    Ok(versions(line)?.last().map_or(1, |(version, _)| version + 1))
+}
+
+/// The version this job published already, if it did.
+fn published_by(line: &Path, job_id: &str) -> io::Result<Option<(u64, PathBuf)>> {
+    /// The one field looked at: a manifest of another release still says which job made it.
+    #[derive(serde::Deserialize)]
+    struct MadeBy {
+        job_id: String,
+    }
+    for (version, path) in versions(line)? {
+        let made_by = fs::read(path.join("manifest.json"))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<MadeBy>(&bytes).ok());
+        if made_by.is_some_and(|made_by| made_by.job_id == job_id) {
+            return Ok(Some((version, path)));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(job_id: &str) -> Manifest {
+        let spec = JobSpec::from_toml(
+            "[job]\nname = \"a\"\nteam = \"t\"\nmodel_line = \"line\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+             [data]\ntrain = \"/t.jsonl\"\n[optimizer]\nplugin = \"sft\"\n[budget]\nmax_steps = 2\n",
+        )
+        .unwrap();
+        Manifest {
+            job_id: job_id.to_owned(),
+            model_line: "line".into(),
+            version: 0,
+            step: 2,
+            weights_sha256: String::new(),
+            plugins: Vec::new(),
+            data_sha256: Default::default(),
+            metrics: ManifestMetrics { training: None, evaluation: None, stopped: None },
+            gates: GateReport::new(None, Vec::new()),
+            spec,
+            published_at: String::new(),
+            files: Default::default(),
+        }
+    }
+
+    #[test]
+    fn two_publishers_of_one_line_get_two_versions_and_a_second_gating_finds_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        fs::create_dir(&model).unwrap();
+        fs::write(model.join("config.json"), "{}").unwrap();
+        let line = dir.path().join("registry/line");
+        let (first, _) = publish(&line, &model, manifest("JOB1")).unwrap();
+        let (second, path) = publish(&line, &model, manifest("JOB2")).unwrap();
+        assert_eq!((first, second), (1, 2));
+        let written: Manifest =
+            serde_json::from_slice(&fs::read(path.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(written.version, 2);
+        assert_eq!(written.files["config.json"], hex::encode(Sha256::digest(b"{}")));
+        assert_eq!(publish(&line, &model, manifest("JOB1")).unwrap().0, 1);
+        let names: Vec<_> = fs::read_dir(&line).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names.len(), 3, "two versions and the lock file, no staging left behind: {names:?}");
+    }
+}

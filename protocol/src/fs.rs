@@ -1,0 +1,72 @@
+//! Writing files so that a crash at any moment leaves the old content or the new, never half:
+//! the one way rlvr replaces a file (checkpoints' state, the job's spec, progress, the address
+//! file, curricula, reports, plugin copies).
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+/// Writes `bytes` to `path` through a temporary file in the same directory, fsync and rename,
+/// then fsyncs the directory. The temporary name starts with `.` and ends with `.tmp-<pid>`, so
+/// readers that list the directory can tell it from a published file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default();
+    let temp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let written = (|| {
+        let mut file = File::create(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&temp, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    written?;
+    sync_dir(parent)
+}
+
+/// [`write_atomic`] of `value` as pretty JSON.
+pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<()> {
+    write_atomic(path, &serde_json::to_vec_pretty(value).map_err(io::Error::other)?)
+}
+
+/// fsyncs a directory, so that the names created or renamed in it survive a crash.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_replaced_whole_and_no_temporary_file_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        write_atomic(&path, b"old").unwrap();
+        write_json_atomic(&path, &serde_json::json!({"step": 2})).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "{\n  \"step\": 2\n}");
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into())
+            .collect();
+        assert_eq!(names, ["state.json"]);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        write_atomic(&path, b"old").unwrap();
+        // A directory where the file's temporary name would go makes the write fail.
+        fs::create_dir(dir.path().join(format!(".f.tmp-{}", std::process::id()))).unwrap();
+        assert!(write_atomic(&path, b"new").is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"old");
+    }
+}

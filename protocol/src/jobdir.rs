@@ -1,0 +1,192 @@
+//! Where a job's files are: the one owner of the job directory's layout, which the daemon (it
+//! writes the spec and reads progress, metrics and logs), the worker (it writes the run) and the
+//! curricula refresh (it reads rollouts) all go through.
+//!
+//! ```text
+//! <state_dir>/jobs/<job id>/          JobDir
+//!   spec.json                         the spec, written once by the daemon before the first run
+//!   worker.log                        the workers' stderr, every run appended
+//!   run/                              RunDir: the worker's state (`rlvr-worker run --state-dir`)
+//!     job.json                        the run's identity: spec hash, pinned plugins, reference
+//!     metrics.jsonl                   one `MetricsLine` per step and held-out evaluation
+//!     rollouts.jsonl                  one line per completion
+//!     progress.json                   the live `Progress`, replaced after every step
+//!     checkpoints/LATEST              the name of the newest complete checkpoint
+//!     checkpoints/step-00000010/      model/ (a loadable HF directory), optimizer state, state.json
+//! ```
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::worker::{MetricsLine, Progress};
+
+/// `<state_dir>/jobs`: every job's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsDir {
+    root: PathBuf,
+}
+
+impl JobsDir {
+    /// The jobs directory of a daemon whose state directory is `state_dir`.
+    pub fn of_state_dir(state_dir: &Path) -> Self {
+        JobsDir { root: state_dir.join("jobs") }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Job `id`'s directory (it may not exist yet).
+    pub fn job(&self, id: &str) -> JobDir {
+        JobDir { root: self.root.join(id) }
+    }
+}
+
+/// One job's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobDir {
+    root: PathBuf,
+}
+
+impl JobDir {
+    /// The job directory at `root`.
+    pub fn at(root: PathBuf) -> Self {
+        JobDir { root }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// `spec.json`.
+    pub fn spec(&self) -> PathBuf {
+        self.root.join("spec.json")
+    }
+
+    /// `worker.log`.
+    pub fn worker_log(&self) -> PathBuf {
+        self.root.join("worker.log")
+    }
+
+    /// `run/`, the worker's state directory.
+    pub fn run(&self) -> RunDir {
+        RunDir { root: self.root.join("run") }
+    }
+}
+
+/// A worker's state directory: one run of one job, resumable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// The state directory at `root` (`rlvr-worker run --state-dir`).
+    pub fn at(root: PathBuf) -> Self {
+        RunDir { root }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// `job.json`.
+    pub fn job_record(&self) -> PathBuf {
+        self.root.join("job.json")
+    }
+
+    /// `metrics.jsonl`.
+    pub fn metrics(&self) -> PathBuf {
+        self.root.join("metrics.jsonl")
+    }
+
+    /// `rollouts.jsonl`.
+    pub fn rollouts(&self) -> PathBuf {
+        self.root.join("rollouts.jsonl")
+    }
+
+    /// `progress.json`.
+    pub fn progress(&self) -> PathBuf {
+        self.root.join("progress.json")
+    }
+
+    /// `checkpoints/`.
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// `checkpoints/LATEST`.
+    pub fn latest_file(&self) -> PathBuf {
+        self.checkpoints().join("LATEST")
+    }
+
+    /// `checkpoints/step-00000010` for step 10.
+    pub fn checkpoint(&self, step: u64) -> PathBuf {
+        self.checkpoints().join(checkpoint_name(step))
+    }
+
+    /// The newest complete checkpoint, if any.
+    pub fn latest_checkpoint(&self) -> io::Result<Option<PathBuf>> {
+        match fs::read_to_string(self.latest_file()) {
+            Ok(name) => Ok(Some(self.checkpoints().join(name.trim()))),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The live progress, when a step has finished.
+    pub fn read_progress(&self) -> Option<Progress> {
+        serde_json::from_slice(&fs::read(self.progress()).ok()?).ok()
+    }
+
+    /// Every complete line of `metrics.jsonl`, in order; an unreadable line is skipped (a newer
+    /// worker's, say), a missing file is no lines.
+    pub fn read_metrics(&self) -> io::Result<Vec<MetricsLine>> {
+        let text = match fs::read_to_string(self.metrics()) {
+            Ok(text) => text,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        Ok(complete.lines().filter_map(|line| serde_json::from_str(line).ok()).collect())
+    }
+}
+
+/// `step-00000010` for step 10: names sort by step.
+pub fn checkpoint_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+/// The step of a checkpoint directory (`…/step-00000010` → 10).
+pub fn checkpoint_step(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_and_its_readers() {
+        let state = tempfile::tempdir().unwrap();
+        let job = JobsDir::of_state_dir(state.path()).job("01J");
+        assert_eq!(job.spec(), state.path().join("jobs/01J/spec.json"));
+        let run = job.run();
+        assert_eq!(run.metrics(), state.path().join("jobs/01J/run/metrics.jsonl"));
+        assert_eq!(run.latest_checkpoint().unwrap(), None);
+        assert_eq!(run.read_metrics().unwrap(), []);
+        fs::create_dir_all(run.checkpoints()).unwrap();
+        fs::write(run.latest_file(), checkpoint_name(10)).unwrap();
+        let latest = run.latest_checkpoint().unwrap().unwrap();
+        assert_eq!(checkpoint_step(&latest), Some(10));
+        // The last line is half-written: not read yet.
+        fs::write(run.metrics(), "{\"step\": 1, \"loss\": 0.5}\nnot json\n{\"step\": 2, \"lo").unwrap();
+        let lines = run.read_metrics().unwrap();
+        assert_eq!(lines.len(), 1);
+        assert_eq!((lines[0].step, lines[0].loss), (1, Some(0.5)));
+    }
+}

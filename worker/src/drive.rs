@@ -1,0 +1,286 @@
+//! The step loop: steps until the budget ends or a stop is asked for, held-out evaluations,
+//! the `[stop]` conditions, progress, checkpoints.
+//!
+//! The loop's rule for logs: what a run writes up to a checkpoint is exactly what an
+//! uninterrupted run writes, so a stop request only checkpoints (no scoring, no extra line).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rlvr_protocol::fs::write_json_atomic;
+use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
+use rlvr_protocol::worker::{MetricsLine, Outcome, Progress};
+use tracing::{info, info_span, warn};
+
+use crate::models::weights_sha256;
+use crate::state::{Logs, TrainState, write_checkpoint};
+use crate::step::{self, StepError};
+use crate::stop::StopWatch;
+use crate::{Job, WorkerError, eval, lifecycle};
+
+/// Why the loop ended before `budget.max_steps`.
+enum Ending {
+    /// A stop request (SIGTERM) at a step boundary: checkpoint and resume later.
+    Interrupted,
+    /// A budget ran out: score where it got to, checkpoint, end.
+    Budget(String),
+}
+
+/// One run of the loop: what it has done, and its clocks.
+struct Loop<'a> {
+    job: &'a mut Job,
+    run: &'a RunDir,
+    state: &'a mut TrainState,
+    logs: &'a mut Logs,
+    stop_watch: StopWatch,
+    /// When this process's loop started, and the wall-clock spent before it (earlier runs).
+    started: Instant,
+    elapsed_before: f64,
+    /// The step this process started from: the ETA is this run's pace.
+    first_step: u64,
+    last_checkpoint: Option<PathBuf>,
+    /// The latest held-out accuracy, and the step whose weights it scored in this process.
+    heldout: Option<f64>,
+    scored_step: Option<u64>,
+}
+
+/// Runs the steps of `job` from `state` to its end; see the module docs.
+pub fn drive(
+    job: &mut Job,
+    run: &RunDir,
+    state: &mut TrainState,
+    logs: &mut Logs,
+) -> Result<Outcome, WorkerError> {
+    // A resumed run's history is its log up to the checkpoint: the conditions judge as they would
+    // have in one run.
+    let mut stop_watch = StopWatch::new(&job.spec.stop);
+    let mut heldout = None;
+    for line in run.read_metrics().unwrap_or_default() {
+        stop_watch.observe(&line);
+        heldout = line.heldout.map(|score| score.accuracy).or(heldout);
+    }
+    let mut run_loop = Loop {
+        stop_watch,
+        started: Instant::now(),
+        elapsed_before: state.elapsed_s,
+        first_step: state.step,
+        last_checkpoint: run.latest_checkpoint().ok().flatten(),
+        heldout,
+        scored_step: None,
+        job,
+        run,
+        state,
+        logs,
+    };
+    run_loop.write_progress(None, None)?;
+    if run_loop.state.step == 0 && run_loop.job.heldout.is_some() {
+        run_loop.score_before_training()?;
+    }
+    let ending = run_loop.steps()?;
+    run_loop.end(ending)
+}
+
+impl Loop<'_> {
+    /// The held-out score of the starting weights: the baseline of every later one.
+    fn score_before_training(&mut self) -> Result<(), WorkerError> {
+        let score = eval::heldout(self.job).map_err(|error| WorkerError::from_step(0, error))?;
+        info!(accuracy = score.accuracy, reward = score.reward_mean, "held-out before training");
+        self.state.heldout_baseline = Some(score.accuracy);
+        self.heldout = Some(score.accuracy);
+        let line = MetricsLine { step: 0, heldout: Some(score.figures()), ..MetricsLine::default() };
+        self.stop_watch.observe(&line);
+        self.append_metrics(&line)
+    }
+
+    /// Steps until `budget.max_steps`, a budget or a stop request; `None` at `max_steps`.
+    fn steps(&mut self) -> Result<Option<Ending>, WorkerError> {
+        let max_steps = self.job.spec.budget.max_steps;
+        while self.state.step < max_steps {
+            if let Some(ending) = self.budget_ending() {
+                return Ok(Some(ending));
+            }
+            let step = self.state.step + 1;
+            let span = info_span!("step", step);
+            let _entered = span.enter();
+            // The step's first device phase; a stop asked for while waiting for it leaves here.
+            let grant = self.job.grants.hold_at_boundary(step::first_phase(self.job))?;
+            let Some(grant) = grant else { return Ok(Some(Ending::Interrupted)) };
+            let output = step::run_step(self.job, step, self.state.step, grant)
+                .map_err(|error| WorkerError::from_step(step, error))?;
+            self.state.step = step;
+            self.state.tokens_generated += output.tokens_generated;
+            let mut line = output.metrics;
+            let eval_every = self.job.spec.eval.every_steps;
+            let last = step == max_steps;
+            if self.job.heldout.is_some() && (last || (eval_every > 0 && step % eval_every == 0)) {
+                line.heldout = Some(self.score_heldout(step)?);
+            }
+            if let Some(tripped) = self.stop_watch.check(step, &line) {
+                // The line that tripped stays in the log for the report; this step's weights are
+                // not checkpointed.
+                self.append_metrics(&line)?;
+                let kept = self.last_checkpoint.as_deref().and_then(checkpoint_step);
+                let kept = kept.map_or_else(|| "none yet".to_owned(), |at| format!("step {at}"));
+                warn!(condition = tripped.condition, "stopped: {}", tripped.message);
+                return Err(WorkerError::Stopped(format!(
+                    "{}; the last good checkpoint is {kept}",
+                    tripped.message
+                )));
+            }
+            self.append_metrics(&line)?;
+            for record in &output.records {
+                self.logs
+                    .rollouts
+                    .append(record)
+                    .map_err(|error| self.state_error(format!("rollouts.jsonl: {error}")))?;
+            }
+            let eta_s = self.eta_s(step);
+            step::log_progress(&line, max_steps, Some(eta_s));
+            self.write_progress(Some(&line), Some(eta_s))?;
+            if last || step % self.job.spec.checkpoint.every_steps == 0 {
+                self.checkpoint()?;
+            }
+        }
+        Ok(None)
+    }
+
+    /// The budget that ran out before the next step, if one did; a stop request counts too.
+    fn budget_ending(&self) -> Option<Ending> {
+        if lifecycle::stop_requested() {
+            return Some(Ending::Interrupted);
+        }
+        let budget = &self.job.spec.budget;
+        if let Some(limit) = budget.max_generated_tokens
+            && self.state.tokens_generated >= limit
+        {
+            return Some(Ending::Budget(format!(
+                "budget.max_generated_tokens: {} ≥ {limit}",
+                self.state.tokens_generated
+            )));
+        }
+        if let Some(minutes) = budget.max_wall_minutes
+            && self.elapsed_s() >= minutes * 60.0
+        {
+            return Some(Ending::Budget(format!("budget.max_wall_minutes: {minutes} reached")));
+        }
+        None
+    }
+
+    /// Wall-clock seconds spent on the job, over every run.
+    fn elapsed_s(&self) -> f64 {
+        self.elapsed_before + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Seconds until the job ends after `step`: the steps left at this process's pace, capped by
+    /// what is left of `budget.max_wall_minutes`. The one ETA: logged, and in `progress.json`.
+    fn eta_s(&self, step: u64) -> f64 {
+        let per_step = self.started.elapsed().as_secs_f64() / (step - self.first_step).max(1) as f64;
+        let mut eta_s = per_step * self.job.spec.budget.max_steps.saturating_sub(step) as f64;
+        if let Some(minutes) = self.job.spec.budget.max_wall_minutes {
+            eta_s = eta_s.min((minutes * 60.0 - self.elapsed_s()).max(0.0));
+        }
+        eta_s
+    }
+
+    fn score_heldout(&mut self, step: u64) -> Result<rlvr_protocol::worker::ScoreFigures, WorkerError> {
+        let score = eval::heldout(self.job).map_err(|error| WorkerError::from_step(step, error))?;
+        self.heldout = Some(score.accuracy);
+        self.scored_step = Some(step);
+        Ok(score.figures())
+    }
+
+    /// After the loop: a stop request only checkpoints; a budget scores the weights it ends with
+    /// (as the last step does, so every job reports where it got to) and checkpoints.
+    fn end(mut self, ending: Option<Ending>) -> Result<Outcome, WorkerError> {
+        let mut stopped = None;
+        let mut interrupted = false;
+        match ending {
+            None => {}
+            Some(Ending::Interrupted) => {
+                interrupted = true;
+                stopped = Some("stopped on request (SIGTERM) at a step boundary".to_owned());
+                // Only a checkpoint: scoring or logging anything here would make the resumed
+                // run's logs differ from an uninterrupted one's.
+                let at = self.last_checkpoint.as_deref().and_then(checkpoint_step);
+                if self.state.step > 0 && at != Some(self.state.step) {
+                    self.checkpoint()?;
+                }
+            }
+            Some(Ending::Budget(reason)) if self.state.step > 0 => {
+                // Not when this process ran no step (a resume of a job already stopped): that
+                // process scored them.
+                let step = self.state.step;
+                if self.job.heldout.is_some() && step > self.first_step && self.scored_step != Some(step) {
+                    let figures = self.score_heldout(step)?;
+                    info!(accuracy = figures.accuracy, step, "held-out at the stop");
+                    self.append_metrics(&MetricsLine {
+                        step,
+                        heldout: Some(figures),
+                        ..MetricsLine::default()
+                    })?;
+                }
+                self.checkpoint()?;
+                stopped = Some(reason);
+            }
+            Some(Ending::Budget(reason)) => stopped = Some(reason),
+        }
+        if let Some(reason) = &stopped {
+            warn!(%reason, step = self.state.step, "stopped before max_steps");
+        }
+        Ok(Outcome {
+            steps: self.state.step,
+            weights_sha256: weights_sha256(&self.job.policy.vs),
+            heldout_before: self.state.heldout_baseline,
+            heldout_after: self.scored_step.and(self.heldout),
+            checkpoint: self.last_checkpoint.clone().unwrap_or_default(),
+            stopped,
+            interrupted,
+            training: self.stop_watch.trend(),
+            evaluation: None,
+            plugins: Vec::new(),
+            data_sha256: Default::default(),
+        })
+    }
+
+    fn checkpoint(&mut self) -> Result<(), WorkerError> {
+        self.state.elapsed_s = self.elapsed_s();
+        self.last_checkpoint = Some(write_checkpoint(self.job, self.run, self.state, self.logs)?);
+        Ok(())
+    }
+
+    fn append_metrics(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
+        self.logs.metrics.append(line).map_err(|error| self.state_error(format!("metrics.jsonl: {error}")))
+    }
+
+    /// Replaces `progress.json` with where the job stands after `line`'s step (before the first
+    /// step of this run: the step it starts from).
+    fn write_progress(&self, line: Option<&MetricsLine>, eta_s: Option<f64>) -> Result<(), WorkerError> {
+        let progress = Progress {
+            step: self.state.step,
+            max_steps: self.job.spec.budget.max_steps,
+            reward: line.and_then(|line| line.reward_mean),
+            loss: line.and_then(|line| line.loss),
+            kl: line.and_then(|line| line.kl_ref),
+            heldout: self.heldout,
+            tokens_per_s: line.and_then(|line| line.time.as_ref()?.generation_tokens_per_s),
+            step_s: line.and_then(|line| line.time.as_ref().map(|time| time.step_s)),
+            eta_s,
+        };
+        write_json_atomic(&self.run.progress(), &progress)
+            .map_err(|error| self.state_error(format!("progress.json: {error}")))
+    }
+
+    fn state_error(&self, message: String) -> WorkerError {
+        WorkerError::State { path: self.run.path().to_owned(), message }
+    }
+}
+
+impl WorkerError {
+    /// A step's error: the grant socket's is not the job's fault; anything else is, at `step`.
+    pub fn from_step(step: u64, error: StepError) -> WorkerError {
+        match error {
+            StepError::Grants(error) => WorkerError::Grants(error),
+            StepError::Failed(message) => WorkerError::Step { step, message },
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The job's models on its device: the policy (from the spec, or the checkpoint resumed), the
+//! frozen reference when the optimizer reads one, and the value head of optimizers with a critic.
+
+use std::path::Path;
+
+use rlvr_model::{LoadedModel, load as load_model};
+use rlvr_plugin_api::OptimizerBox;
+use rlvr_plugin_api::OptimizerInfo;
+use rlvr_protocol::spec::{Dtype, JobSpec};
+use sha2::{Digest, Sha256};
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::data::PromptRecord;
+use crate::{TrainData, WorkerError};
+
+/// A value head: a linear layer over the policy's hidden states, in its own VarStore.
+pub type ValueHead = (nn::VarStore, nn::Linear);
+
+/// The models of one run.
+pub struct Models {
+    /// The model being trained.
+    pub policy: LoadedModel,
+    /// The frozen reference, when the optimizer reads one.
+    pub reference: Option<LoadedModel>,
+    /// Where the reference came from and the SHA-256 of its weights: a resume checks it.
+    pub reference_identity: Option<String>,
+    /// The critic, for optimizers with a value head.
+    pub value_head: Option<ValueHead>,
+}
+
+impl Models {
+    /// Loads the models on `device`: the policy from `checkpoint` when resuming, else from the
+    /// spec; the reference only when `optimizer` reads it (GRPO with `kl_beta = 0` does not).
+    pub fn load(
+        spec: &JobSpec,
+        checkpoint: Option<&Path>,
+        device: Device,
+        info: &OptimizerInfo,
+        optimizer: &OptimizerBox,
+    ) -> Result<Models, WorkerError> {
+        let kind = weight_kind(spec.model.dtype, device)?;
+        let policy_source = match checkpoint {
+            Some(path) => path.join("model").to_string_lossy().into_owned(),
+            None => spec.model.policy.clone(),
+        };
+        let policy = load_model(&policy_source, device, kind)
+            .map_err(|error| WorkerError::Model { field: "model.policy", message: error.to_string() })?;
+        let reference_source =
+            if spec.model.reference == "same" { &spec.model.policy } else { &spec.model.reference };
+        let reference = if info.needs_reference && optimizer.uses_reference() {
+            let mut reference = load_model(reference_source, device, kind).map_err(|error| {
+                WorkerError::Model { field: "model.reference", message: error.to_string() }
+            })?;
+            reference.vs.freeze();
+            if reference.tokenizer.vocab_size() != policy.tokenizer.vocab_size() {
+                return Err(WorkerError::Model {
+                    field: "model.reference",
+                    message: format!(
+                        "tokenizer mismatch: the reference has {} tokens, the policy {}",
+                        reference.tokenizer.vocab_size(),
+                        policy.tokenizer.vocab_size()
+                    ),
+                });
+            }
+            Some(reference)
+        } else {
+            None
+        };
+        let reference_identity = reference
+            .as_ref()
+            .map(|reference| format!("{reference_source} sha256:{}", weights_sha256(&reference.vs)));
+        let value_head = info.needs_value_head.then(|| value_head(&policy, device));
+        if let (Some(path), Some((vs, _))) = (checkpoint, &value_head) {
+            vs.read_safetensors(path.join("value_head.safetensors")).map_err(|error| WorkerError::State {
+                path: path.to_owned(),
+                message: format!("value_head.safetensors: {error}"),
+            })?;
+        }
+        Ok(Models { policy, reference, reference_identity, value_head })
+    }
+
+    /// Every trainable tensor (policy, then value head), sorted by name: the optimizer's fixed
+    /// order.
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        let mut params: Vec<(String, Tensor)> = self.policy.vs.variables().into_iter().collect();
+        if let Some((vs, _)) = &self.value_head {
+            params.extend(vs.variables());
+        }
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        params
+    }
+}
+
+/// The weights' kind for `model.dtype` on `device`.
+fn weight_kind(dtype: Dtype, device: Device) -> Result<Kind, WorkerError> {
+    match dtype {
+        Dtype::F32 => Ok(Kind::Float),
+        Dtype::Bf16 if device.is_cuda() => Ok(Kind::BFloat16),
+        Dtype::Bf16 => Err(WorkerError::Model {
+            field: "model.dtype",
+            message: "bf16 is for CUDA devices; this worker runs on the CPU (use f32)".into(),
+        }),
+    }
+}
+
+/// A zero-initialized value head over the policy's hidden states: deterministic, and its first
+/// values predict nothing.
+fn value_head(policy: &LoadedModel, device: Device) -> ValueHead {
+    let vs = nn::VarStore::new(device);
+    let config =
+        nn::LinearConfig { ws_init: nn::Init::Const(0.0), bs_init: Some(nn::Init::Const(0.0)), bias: true };
+    let head = nn::linear(vs.root() / "value_head", policy.model.hidden_size(), 1, config);
+    (vs, head)
+}
+
+/// Refuses data whose prompt (and completion, offline) would run past the model's positions, naming
+/// the first record that does: found at start, not at the step that draws it.
+pub fn check_lengths(
+    spec: &JobSpec,
+    policy: &LoadedModel,
+    train: &TrainData,
+    heldout: Option<&[PromptRecord]>,
+) -> Result<(), WorkerError> {
+    let Some(limit) = policy.config.max_position_embeddings else { return Ok(()) };
+    let tokenizer = &policy.tokenizer;
+    let budget = i64::from(spec.rollout.max_new_tokens);
+    let prompt_len = |text: &str| -> Result<i64, String> {
+        let rendered = tokenizer.render_prompt(text).map_err(|e| e.to_string())?;
+        Ok(tokenizer.encode(&rendered).map_err(|e| e.to_string())?.len() as i64)
+    };
+    let text_len = |text: &str| -> Result<i64, String> {
+        // The completion, and the end-of-sequence token the trainer appends.
+        Ok(tokenizer.encode(text).map_err(|e| e.to_string())?.len() as i64 + 1)
+    };
+    let mut records: Vec<(&'static str, &str, Result<i64, String>)> = Vec::new();
+    match train {
+        TrainData::Prompts(prompts) => {
+            records.extend(
+                prompts
+                    .iter()
+                    .map(|p| ("data.train", p.id.as_str(), prompt_len(&p.prompt).map(|n| n + budget))),
+            );
+        }
+        TrainData::Sft(items) => records.extend(items.iter().map(|r| {
+            (
+                "data.train",
+                r.id.as_str(),
+                prompt_len(&r.prompt).and_then(|p| Ok(p + text_len(&r.completion)?)),
+            )
+        })),
+        TrainData::Pairs(items) => records.extend(items.iter().map(|r| {
+            let longest = |p: i64| Ok(p + text_len(&r.chosen)?.max(text_len(&r.rejected)?));
+            ("data.train", r.id.as_str(), prompt_len(&r.prompt).and_then(longest))
+        })),
+    }
+    for record in heldout.unwrap_or_default() {
+        records.push(("data.heldout", record.id.as_str(), prompt_len(&record.prompt).map(|n| n + budget)));
+    }
+    for (field, id, length) in records {
+        match length {
+            Ok(length) if length <= limit => {}
+            Ok(length) => {
+                return Err(WorkerError::Model {
+                    field,
+                    message: format!(
+                        "record {id:?} needs {length} positions (prompt, completion or rollout.max_new_tokens), \
+                         more than the model's max_position_embeddings ({limit})"
+                    ),
+                });
+            }
+            Err(message) => {
+                return Err(WorkerError::Model { field, message: format!("record {id:?}: {message}") });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SHA-256 over a VarStore's tensors: names sorted, each name then its raw bytes.
+pub fn weights_sha256(vs: &nn::VarStore) -> String {
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut hasher = Sha256::new();
+    for (name, tensor) in named {
+        hasher.update(name.as_bytes());
+        let tensor = tensor.to_device(Device::Cpu).contiguous();
+        let mut buffer = vec![0u8; tensor.numel() * tensor.kind().elt_size_in_bytes()];
+        tensor.copy_data_u8(&mut buffer, tensor.numel());
+        hasher.update(&buffer);
+    }
+    hex::encode(hasher.finalize())
+}

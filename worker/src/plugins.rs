@@ -1,0 +1,236 @@
+//! The job's plugins: found in the plugin directories (the versions a resumed run pinned, else
+//! the newest), created with the spec's options, and checked against each other before anything
+//! is written.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rlvr_plugin_api::{CurriculumBox, OptimizerBox, OptimizerInfo, PluginInstance, PluginKind};
+use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
+use rlvr_plugin_host::metrics::PluginMetrics;
+use rlvr_plugin_host::{Isolation, LoadedPlugin, Registry};
+use rlvr_protocol::spec::{CurriculumSection, JobSpec};
+use rlvr_protocol::worker::PluginUse;
+use tracing::{info, warn};
+
+use crate::WorkerError;
+use crate::data::PromptRecord;
+use crate::reward::WeightedVerifier;
+use crate::state::JobRecord;
+
+/// Prefix of the temp directory holding a worker's content-addressed plugin copies, followed by
+/// the worker's pid and `-`.
+const PLUGIN_COPIES_PREFIX: &str = "rlvrd-worker-plugins-";
+
+/// The plugins of one run.
+pub struct JobPlugins {
+    /// The optimizer, created with `[optimizer]`'s keys.
+    pub optimizer: OptimizerBox,
+    /// What it needs.
+    pub optimizer_info: OptimizerInfo,
+    /// Its `name@version`.
+    pub optimizer_id: String,
+    /// The verifiers, in the spec's order, with their weights.
+    pub verifiers: Vec<WeightedVerifier>,
+    /// Every plugin used so far, for the manifest (the curriculum joins when created).
+    pub uses: Vec<PluginUse>,
+    registry: Registry,
+    plugin_dirs: Vec<PathBuf>,
+    /// The libraries' copies; removed when the run ends (mapped code stays valid).
+    _copies: tempfile::TempDir,
+}
+
+impl JobPlugins {
+    /// Loads the optimizer and the verifiers of `spec` (the versions `pinned` records, on a
+    /// resume) and checks that they fit the spec.
+    pub fn load(
+        spec: &JobSpec,
+        pinned: Option<&JobRecord>,
+        plugin_dirs: &[PathBuf],
+    ) -> Result<Self, WorkerError> {
+        sweep_stale_plugin_copies(&std::env::temp_dir());
+        let temp_error = |message: String| WorkerError::Plugin { field: "plugins".into(), message };
+        let copies = tempfile::Builder::new()
+            .prefix(&format!("{PLUGIN_COPIES_PREFIX}{}-", std::process::id()))
+            .tempdir()
+            .map_err(|error| temp_error(format!("cannot create a temp dir for plugins: {error}")))?;
+        let registry =
+            Registry::new(copies.path().to_owned(), Isolation::InProcess, PluginMetrics::unexported())
+                .map_err(|error| temp_error(error.to_string()))?;
+        registry.scan(plugin_dirs, std::time::Duration::ZERO);
+        let pin = pinned.map(|record| record.optimizer.as_str());
+        let optimizer = find(
+            &registry,
+            plugin_dirs,
+            "optimizer.plugin",
+            &spec.optimizer.plugin,
+            pin,
+            PluginKind::Optimizer,
+        )?;
+        let optimizer_info = optimizer_needs(&optimizer.meta).ok_or_else(|| WorkerError::Plugin {
+            field: "optimizer.plugin".into(),
+            message: format!("{} reports no data mode this worker knows", optimizer.id()),
+        })?;
+        let created = match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[])? {
+            PluginInstance::Optimizer(created) => created,
+            other => return Err(created_other(&optimizer, "optimizer.plugin", &other)),
+        };
+        let mut plugins = JobPlugins {
+            optimizer: created,
+            optimizer_info,
+            optimizer_id: optimizer.id(),
+            verifiers: Vec::new(),
+            uses: vec![use_of(&optimizer)],
+            registry,
+            plugin_dirs: plugin_dirs.to_vec(),
+            _copies: copies,
+        };
+        for (i, section) in spec.verifiers.iter().enumerate() {
+            let pin = pinned.and_then(|record| record.verifiers.get(i)).map(String::as_str);
+            let field = format!("verifiers[{i}].plugin");
+            let plugin = plugins.find(&field, &section.plugin, pin, PluginKind::Verifier)?;
+            let verifier =
+                plugin.verifier(&section.plugin_config()).map_err(|error| WorkerError::Plugin {
+                    field: format!("verifiers[{i}]"),
+                    message: format!("{} refused its options: {error}", plugin.id()),
+                })?;
+            plugins.verifiers.push(WeightedVerifier {
+                name: plugin.meta.name.clone(),
+                id: plugin.id(),
+                weight: section.weight,
+                verifier: Arc::new(verifier),
+            });
+            plugins.uses.push(use_of(&plugin));
+        }
+        if let Some((field, message)) =
+            fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id).into_iter().next()
+        {
+            return Err(WorkerError::Plugin { field, message });
+        }
+        Ok(plugins)
+    }
+
+    /// Creates the job's curriculum over the training prompts: its keys, plus `history` from
+    /// the version of the shared curriculum the daemon pinned (`pinned_version`: the curricula
+    /// directory and the number), when the job names one.
+    pub fn curriculum(
+        &mut self,
+        section: &CurriculumSection,
+        prompts: &[PromptRecord],
+        pinned: Option<&JobRecord>,
+        pinned_version: Option<&(PathBuf, u64)>,
+    ) -> Result<(String, CurriculumBox), WorkerError> {
+        let pin = pinned.and_then(|record| record.curriculum.as_deref());
+        let plugin = self.find("curriculum.plugin", &section.plugin, pin, PluginKind::Curriculum)?;
+        let ids: Vec<String> = prompts.iter().map(|prompt| prompt.id.clone()).collect();
+        let config = curriculum_config(section, pinned_version)?;
+        let curriculum = match create(&plugin, "curriculum", &config, &ids)? {
+            PluginInstance::Curriculum(created) => created,
+            other => return Err(created_other(&plugin, "curriculum.plugin", &other)),
+        };
+        self.uses.push(use_of(&plugin));
+        Ok((plugin.id(), curriculum))
+    }
+
+    fn find(
+        &self,
+        field: &str,
+        wanted: &str,
+        pin: Option<&str>,
+        kind: PluginKind,
+    ) -> Result<Arc<LoadedPlugin>, WorkerError> {
+        find(&self.registry, &self.plugin_dirs, field, wanted, pin, kind)
+    }
+}
+
+/// The plugin of `kind` named `wanted`, or the pinned `name@version`; a miss names the spec's
+/// `field` and the directories looked in.
+fn find(
+    registry: &Registry,
+    plugin_dirs: &[PathBuf],
+    field: &str,
+    wanted: &str,
+    pin: Option<&str>,
+    kind: PluginKind,
+) -> Result<Arc<LoadedPlugin>, WorkerError> {
+    registry.find(pin.unwrap_or(wanted), Some(kind)).map_err(|error| WorkerError::Plugin {
+        field: field.to_owned(),
+        message: format!(
+            "{error} (looked in {})",
+            plugin_dirs.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+fn use_of(plugin: &LoadedPlugin) -> PluginUse {
+    PluginUse { id: plugin.id(), sha256: plugin.sha256.clone() }
+}
+
+/// Creates `plugin` with its options; a refusal names the spec section (`field`).
+fn create(
+    plugin: &LoadedPlugin,
+    field: &str,
+    config: &str,
+    prompt_ids: &[String],
+) -> Result<PluginInstance, WorkerError> {
+    plugin.create(config, prompt_ids).map_err(|error| WorkerError::Plugin {
+        field: field.to_owned(),
+        message: format!("{} refused its options: {error}", plugin.id()),
+    })
+}
+
+fn created_other(plugin: &LoadedPlugin, field: &str, created: &PluginInstance) -> WorkerError {
+    WorkerError::Plugin {
+        field: field.to_owned(),
+        message: format!("{} created a {}", plugin.id(), created.kind().as_str()),
+    }
+}
+
+/// The curriculum plugin's keys, with `history` from the pinned version of the shared
+/// curriculum when the job names one and the daemon pinned a version.
+fn curriculum_config(
+    section: &CurriculumSection,
+    pinned: Option<&(PathBuf, u64)>,
+) -> Result<String, WorkerError> {
+    let (Some(name), Some((dir, version))) = (&section.name, pinned) else {
+        return Ok(section.plugin_config());
+    };
+    let version = rlvr_protocol::curricula::load(dir, name, *version).map_err(|error| {
+        WorkerError::Plugin { field: "curriculum.name".into(), message: error.to_string() }
+    })?;
+    let mut options = section.options.clone();
+    options.insert("history".into(), version.history());
+    info!(curriculum = %name, version = version.version, prompts = version.prompts.len(), "curriculum pinned");
+    Ok(serde_json::Value::Object(options).to_string())
+}
+
+/// Removes plugin-copy directories left in `temp` by workers that no longer run.
+///
+/// A worker removes its own when it returns, but one killed (SIGKILL, OOM, a cancelled job)
+/// cannot, and each holds a copy of every plugin it loaded (about 150 MB for four plugins): a
+/// machine that kills workers as a matter of course would fill its temp dir. A directory is
+/// stale when the pid in its name has no `/proc` entry; names without a pid are left alone.
+fn sweep_stale_plugin_copies(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PLUGIN_COPIES_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => {
+                    info!(path = %entry.path().display(), pid, "removed the plugin copies of a worker that is gone")
+                }
+                Err(error) => {
+                    warn!(path = %entry.path().display(), %error, "cannot remove a stale plugin-copy directory")
+                }
+            }
+        }
+    }
+}
