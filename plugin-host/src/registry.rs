@@ -375,9 +375,7 @@ impl Registry {
         if fs::metadata(&target).is_ok_and(|metadata| metadata.len() == bytes.len() as u64) {
             return Ok(target);
         }
-        let temp = self.cache_dir.join(format!(".{stem}-{sha256}.so.{}.tmp", std::process::id()));
-        fs::write(&temp, bytes)?;
-        fs::rename(&temp, &target)?;
+        rlvr_protocol::fs::write_atomic(&target, bytes)?;
         Ok(target)
     }
 

@@ -518,8 +518,14 @@ fn every_worker_message_reads_back_as_the_protocols_type() {
     let state = dir.path().join("state");
     let socket = dir.path().join("sched.sock");
     let peer = grant_peer(&socket, None);
-    let output = run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
-    assert_eq!(output.status.code(), Some(i32::from(WorkerExit::Finished.code())), "{}", String::from_utf8_lossy(&output.stderr));
+    let output =
+        run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(WorkerExit::Finished.code())),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let requests = peer.join().unwrap();
 
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -530,7 +536,10 @@ fn every_worker_message_reads_back_as_the_protocols_type() {
     let metrics: Vec<MetricsLine> = read_back_lines(&run_dir.metrics());
     assert_eq!(run_dir.read_metrics().unwrap(), metrics, "the daemon's reader sees every line");
     assert_eq!(metrics.iter().filter(|line| line.is_step()).count(), 2);
-    assert!(metrics.iter().all(|line| line.optimizer.keys().all(|key| key.starts_with("opt."))), "{metrics:?}");
+    assert!(
+        metrics.iter().all(|line| line.optimizer.keys().all(|key| key.starts_with("opt."))),
+        "{metrics:?}"
+    );
     let records: Vec<RolloutRecord> = read_back_lines(&run_dir.rollouts());
     assert!(!records.is_empty() && records.iter().all(|record| record.verifiers[0].starts_with("math@")));
     let progress: Progress = read_back("progress.json", &fs::read_to_string(run_dir.progress()).unwrap());
@@ -539,7 +548,9 @@ fn every_worker_message_reads_back_as_the_protocols_type() {
     // Per step a rollout and an update, and the held-out and gates' evaluations: acquired and
     // released, every one.
     assert_eq!(requests[0], "job J1");
-    assert!(requests.iter().any(|r| r == "acquire rollout") && requests.iter().any(|r| r == "acquire update"));
+    assert!(
+        requests.iter().any(|r| r == "acquire rollout") && requests.iter().any(|r| r == "acquire update")
+    );
     let acquired = requests.iter().filter(|r| r.starts_with("acquire")).count();
     assert_eq!(requests.iter().filter(|r| *r == "release").count(), acquired, "{requests:?}");
 }
@@ -560,14 +571,20 @@ fn a_grant_failure_inside_a_step_exits_transient_so_the_job_is_requeued() {
     let state = dir.path().join("state");
     let socket = dir.path().join("sched.sock");
     let peer = grant_peer(&socket, Some(Phase::Update));
-    let output = run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
+    let output =
+        run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(i32::from(WorkerExit::Transient.code())), "{stderr}");
     assert!(stderr.contains("grant socket"), "{stderr}");
     let requests = peer.join().unwrap();
     assert_eq!(requests.last().map(String::as_str), Some("acquire update"), "{requests:?}");
     // The step was not finished: nothing of it was logged or checkpointed.
-    assert!(fs::read_to_string(state.join("metrics.jsonl")).unwrap().lines().all(|line| !line.contains("\"loss\"")));
+    assert!(
+        fs::read_to_string(state.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .all(|line| !line.contains("\"loss\""))
+    );
 }
 
 /// The daemon's side of the grant socket, for one worker: grants every phase at once, records

@@ -292,7 +292,10 @@ impl Supervisor {
         let mut child = match self.spawn_worker(&dir, id, spec, curriculum_version, devices) {
             Ok(child) => child,
             Err(error) => {
-                return WorkerEnd::Crashed(format!("cannot start the worker in {}: {error}", dir.path().display()));
+                return WorkerEnd::Crashed(format!(
+                    "cannot start the worker in {}: {error}",
+                    dir.path().display()
+                ));
             }
         };
         let pid = child.id().unwrap_or(0);
@@ -314,7 +317,8 @@ impl Supervisor {
             }
             text
         });
-        let mut watch = WorkerWatch { pid, progress: ProgressWatch::new(dir.run()), ..WorkerWatch::default() };
+        let mut watch =
+            WorkerWatch { pid, progress: ProgressWatch::new(dir.run()), ..WorkerWatch::default() };
         let status = match self.watch_worker(id, &mut child, seat, &mut watch).await {
             Ok(status) => status,
             Err(error) => return WorkerEnd::Crashed(format!("waiting for the worker: {error}")),
@@ -326,7 +330,9 @@ impl Supervisor {
         let mut end = classify(status, &stdout, &dir.worker_log());
         // Asked to stop (SIGTERM) and ended by it before its handler was in place, or killed for
         // being slow to stop: not a crash; it resumes from its last checkpoint.
-        if watch.stop_deadline.is_some() && (watch.killed || died_of(status, nix::sys::signal::Signal::SIGTERM)) {
+        if watch.stop_deadline.is_some()
+            && (watch.killed || died_of(status, nix::sys::signal::Signal::SIGTERM))
+        {
             end = WorkerEnd::Interrupted;
         }
         match (watch.preempted_for, end) {
@@ -416,7 +422,10 @@ impl Supervisor {
                 watch.stop_deadline = Some(Instant::now() + self.stop_timeout);
             }
             if watch.stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                warn!(pid, "the worker did not stop in time: killing it; it resumes from its last checkpoint");
+                warn!(
+                    pid,
+                    "the worker did not stop in time: killing it; it resumes from its last checkpoint"
+                );
                 let _ = child.start_kill();
                 watch.killed = true;
                 watch.stop_deadline = Some(Instant::now() + Duration::from_secs(3600));
@@ -768,7 +777,11 @@ mod tests {
             (exit(WorkerExit::Interrupted), "", "Interrupted"),
             (exit(WorkerExit::JobError), "", "JobError: optimizer.lr: expected a number"),
             // A grant failure anywhere, a panic: not the job's fault, requeued.
-            (exit(WorkerExit::Transient), "", "Crashed: the worker exited with status 70: optimizer.lr: expected a number"),
+            (
+                exit(WorkerExit::Transient),
+                "",
+                "Crashed: the worker exited with status 70: optimizer.lr: expected a number",
+            ),
             (ExitStatus::from_raw(9), "", "Crashed: the worker was killed by SIGKILL"),
         ];
         for (status, stdout, expected) in cases {
