@@ -552,7 +552,7 @@ fn status_class(status: Status) -> &'static str {
     }
 }
 
-/// "published v3: <model>" or "start: <model>".
+/// `published v3: MODEL` or `start: MODEL`.
 fn baseline(baseline: &Baseline) -> String {
     let kind = match baseline.kind {
         BaselineKind::Published => "published",

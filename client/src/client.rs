@@ -6,11 +6,10 @@ use std::time::Duration;
 use reqwest::blocking::{RequestBuilder, Response};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
-use rlvr_protocol::api::{Health, PluginList};
+use rlvr_protocol::api::{Health, PluginList, PromoteRequest, Refreshed};
 use rlvr_protocol::job::{ApiError, ErrorBody, JobList, JobState, JobView, MetricsHistory, Submitted};
 use rlvr_protocol::worker::MetricsLine;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{HttpError, reqwest_detail, status_code_name};
 use crate::settings::Settings;
@@ -100,32 +99,6 @@ impl JobQuery {
         query.extend(self.limit.map(|limit| ("limit", limit.to_string())));
         query
     }
-}
-
-/// `POST /v1/curricula/{name}/refresh` answer.
-// FIXME: the daemon's `api::curricula::Refreshed`, mirrored; it belongs in rlvr-protocol.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Refreshed {
-    /// The curriculum.
-    pub name: String,
-    /// The UTC date the refresh counts for.
-    pub date: String,
-    /// This request ran the refresh; false when an earlier one today did (or runs now).
-    pub ran: bool,
-    /// The version written today; `None` while another asker's refresh still runs.
-    pub version: Option<u64>,
-    /// Rollout records the version added (when this request ran it).
-    pub records: Option<u64>,
-    /// What happened, in words.
-    pub message: String,
-}
-
-/// `POST /v1/jobs/{id}/promote` body.
-// FIXME: the daemon's `api::outcomes::PromoteRequest`, mirrored; it belongs in rlvr-protocol.
-#[derive(Serialize)]
-struct PromoteRequest<'a> {
-    force: bool,
-    reason: &'a str,
 }
 
 /// The daemon's API, with this caller's token. Blocking; one per thread or shared (`&self`).
@@ -328,7 +301,7 @@ impl Client {
     /// its gates, recording `reason`.
     pub fn promote(&self, id: &str, reason: &str) -> Result<JobView, HttpError> {
         let url = self.url(&["v1", "jobs", id, "promote"], &[]);
-        let body = serde_json::to_string(&PromoteRequest { force: true, reason })
+        let body = serde_json::to_string(&PromoteRequest { force: true, reason: reason.to_owned() })
             .map_err(|error| HttpError::Request { url: url.to_string(), detail: error.to_string() })?;
         self.call(Method::POST, url, Some(body))
     }

@@ -24,7 +24,7 @@ pub mod events;
 pub mod settings;
 
 pub use client::{
-    BUSY_RETRIES, BUSY_WAIT_MAX, CONNECT_TIMEOUT, Client, ClientConfig, JobQuery, REQUEST_TIMEOUT, Refreshed,
+    BUSY_RETRIES, BUSY_WAIT_MAX, CONNECT_TIMEOUT, Client, ClientConfig, JobQuery, REQUEST_TIMEOUT,
     STREAM_SILENCE, SpecFormat,
 };
 pub use error::{Exit, HttpError, api_error_text};

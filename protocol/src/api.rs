@@ -1,5 +1,5 @@
 //! The daemon's own wire types on the HTTP API (jobs' are in [`crate::job`]): what `rlvrd serve`
-//! answers and `rlvrctl` reads.
+//! answers and reads, and what `rlvr-client` sends and reads.
 
 use serde::{Deserialize, Serialize};
 
@@ -68,4 +68,33 @@ pub struct PluginList {
     pub plugins: Vec<PluginView>,
     /// Refused files that are still present.
     pub refused: Vec<RefusedView>,
+}
+
+/// `POST /v1/jobs/{id}/promote` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PromoteRequest {
+    /// Must be true: a promotion overrides the gates.
+    pub force: bool,
+    /// Why; recorded in the manifest with the admin's team and the time.
+    pub reason: String,
+}
+
+/// `POST /v1/curricula/{name}/refresh` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Refreshed {
+    /// The curriculum.
+    pub name: String,
+    /// The UTC date the refresh counts for.
+    pub date: String,
+    /// This request ran the refresh; false when an earlier one today did (or runs now).
+    pub ran: bool,
+    /// The version written today; `None` while another asker's refresh still runs.
+    pub version: Option<u64>,
+    /// Rollout records the version added (when this request ran it).
+    pub records: Option<u64>,
+    /// What happened, in words.
+    pub message: String,
 }

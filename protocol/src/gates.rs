@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::JobSpec;
-use crate::worker::{Baseline, GateEvaluation, PluginUse, Trend};
+use crate::worker::{Baseline, GateEvaluation, Outcome, PluginUse, Trend};
 
 /// How a criterion's measured value must compare with its threshold to pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,6 +221,31 @@ pub struct Manifest {
     pub published_at: String,
     /// SHA-256 of every file of the version, by name (set when it is published).
     pub files: BTreeMap<String, String>,
+}
+
+impl Manifest {
+    /// The manifest of `outcome`'s checkpoint, trained by job `job_id` of `spec` and let through
+    /// by `gates`; publishing fills in its `version` and `files`.
+    pub fn new(job_id: &str, spec: &JobSpec, outcome: &Outcome, gates: GateReport, published_at: String) -> Self {
+        Manifest {
+            job_id: job_id.to_owned(),
+            model_line: spec.job.model_line.clone(),
+            version: 0,
+            step: outcome.steps,
+            weights_sha256: outcome.weights_sha256.clone(),
+            plugins: outcome.plugins.clone(),
+            data_sha256: outcome.data_sha256.clone(),
+            metrics: ManifestMetrics {
+                training: outcome.training,
+                evaluation: outcome.evaluation.clone(),
+                stopped: outcome.stopped.clone(),
+            },
+            gates,
+            spec: spec.clone(),
+            published_at,
+            files: BTreeMap::new(),
+        }
+    }
 }
 
 /// The figures a manifest keeps.

@@ -67,13 +67,11 @@ fn webhook_receiver() -> (String, mpsc::Receiver<Value>) {
     (url, received)
 }
 
+/// Each criterion of the job's gate report (read as the protocol's type) and whether it lets the
+/// candidate through (passed, or not checked).
 fn criteria(job: &Value) -> Vec<(String, bool)> {
-    job["gates"]["criteria"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (c["name"].as_str().unwrap().to_owned(), c["passed"].as_bool().unwrap()))
-        .collect()
+    let report: rlvr_protocol::gates::GateReport = serde_json::from_value(job["gates"].clone()).unwrap();
+    report.criteria.iter().map(|criterion| (criterion.name.clone(), criterion.allows())).collect()
 }
 
 #[test]

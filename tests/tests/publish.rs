@@ -13,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rlvr_daemon::jobs::publish;
-use rlvr_protocol::gates::{GateReport, Manifest, ManifestMetrics};
+use rlvr_protocol::gates::{GateReport, Manifest};
+use rlvr_protocol::worker::Outcome;
 use rlvr_protocol::spec::JobSpec;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -31,27 +32,15 @@ fn publisher() {
     }
 }
 
-/// The manifest of job `job` (what publishing fills in: its version and files).
+/// The manifest of job `job`, of a run that trained nothing (publishing fills in its version and
+/// files).
 fn manifest(job: &str) -> Manifest {
     let spec = JobSpec::from_toml(
         "[job]\nname = \"a\"\nteam = \"t\"\nmodel_line = \"line\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
          [data]\ntrain = \"/t.jsonl\"\n[optimizer]\nplugin = \"sft\"\n[budget]\nmax_steps = 2\n",
     )
     .unwrap();
-    Manifest {
-        job_id: job.to_owned(),
-        model_line: "line".into(),
-        version: 0,
-        step: 2,
-        weights_sha256: String::new(),
-        plugins: Vec::new(),
-        data_sha256: Default::default(),
-        metrics: ManifestMetrics { training: None, evaluation: None, stopped: None },
-        gates: GateReport::new(None, Vec::new()),
-        spec,
-        published_at: String::new(),
-        files: Default::default(),
-    }
+    Manifest::new(job, &spec, &Outcome::default(), GateReport::new(None, Vec::new()), String::new())
 }
 
 fn spawn_publisher(line: &Path, model: &Path, prefix: &str, count: usize) -> Child {

@@ -512,14 +512,8 @@ fn every_worker_message_reads_back_as_the_protocols_type() {
     use rlvr_protocol::worker::{MetricsLine, Outcome, Progress, RolloutRecord, WorkerExit};
 
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
-    let data = arith_data(dir.path(), &["--train", "32", "--heldout", "8", "--sft", "0"]);
-    let spec = grpo_spec(dir.path(), &data, 2, 1);
+    let (output, peer) = run_with_grant_peer(dir.path(), None);
     let state = dir.path().join("state");
-    let socket = dir.path().join("sched.sock");
-    let peer = grant_peer(&socket, None);
-    let output =
-        run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
     assert_eq!(
         output.status.code(),
         Some(i32::from(WorkerExit::Finished.code())),
@@ -565,14 +559,8 @@ fn a_grant_failure_inside_a_step_exits_transient_so_the_job_is_requeued() {
     use rlvr_protocol::worker::WorkerExit;
 
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
-    let data = arith_data(dir.path(), &["--train", "32", "--heldout", "8", "--sft", "0"]);
-    let spec = grpo_spec(dir.path(), &data, 2, 1);
+    let (output, peer) = run_with_grant_peer(dir.path(), Some(Phase::Update));
     let state = dir.path().join("state");
-    let socket = dir.path().join("sched.sock");
-    let peer = grant_peer(&socket, Some(Phase::Update));
-    let output =
-        run(worker(&spec, &state, &plugins, &[]).arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(i32::from(WorkerExit::Transient.code())), "{stderr}");
     assert!(stderr.contains("grant socket"), "{stderr}");
@@ -585,6 +573,22 @@ fn a_grant_failure_inside_a_step_exits_transient_so_the_job_is_requeued() {
             .lines()
             .all(|line| !line.contains("\"loss\""))
     );
+}
+
+/// A two-step GRPO job in `dir` run by a worker whose grant socket is a [`grant_peer`] failing at
+/// `fail_at`; the worker's output and the peer, which returns the requests it saw.
+fn run_with_grant_peer(
+    dir: &Path,
+    fail_at: Option<rlvr_protocol::grants::Phase>,
+) -> (Output, std::thread::JoinHandle<Vec<String>>) {
+    let plugins = plugin_dir(dir);
+    let data = arith_data(dir, &["--train", "32", "--heldout", "8", "--sft", "0"]);
+    let spec = grpo_spec(dir, &data, 2, 1);
+    let socket = dir.join("sched.sock");
+    let peer = grant_peer(&socket, fail_at);
+    let mut command = worker(&spec, &dir.join("state"), &plugins, &[]);
+    let output = run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
+    (output, peer)
 }
 
 /// The daemon's side of the grant socket, for one worker: grants every phase at once, records

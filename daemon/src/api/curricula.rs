@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use rlvr_protocol::api::Refreshed;
 use rlvr_protocol::job::ErrorBody;
-use serde::{Deserialize, Serialize};
 
 use super::jobs::{Answer, Failure, JobsState};
 use crate::curricula;
@@ -26,22 +26,6 @@ pub const REFRESH_DECAY: f64 = 0.5;
 const RUNNING_CLAIM: Duration = Duration::from_secs(3600);
 /// How long the day's claim remembers the version written: past the end of the day anywhere.
 const DONE_CLAIM: Duration = Duration::from_secs(2 * 86_400);
-
-/// `POST /v1/curricula/{name}/refresh` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Refreshed {
-    pub name: String,
-    /// The UTC date the refresh counts for.
-    pub date: String,
-    /// This request ran the refresh; false when an earlier one today did (or runs now).
-    pub ran: bool,
-    /// The version written today; `None` while another asker's refresh still runs.
-    pub version: Option<u64>,
-    /// Rollout records the version added (when this request ran it).
-    pub records: Option<u64>,
-    /// What happened, in words.
-    pub message: String,
-}
 
 /// `POST /v1/curricula/{name}/refresh`: recompute per-prompt difficulty from the recent rollout
 /// records of the jobs naming curriculum `name` and write its next version — once a day.

@@ -6,26 +6,16 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use rlvr_protocol::api::PromoteRequest;
 use rlvr_protocol::gates::Forced;
 use rlvr_protocol::job::{ErrorBody, JobState, JobView, MetricsHistory};
 use rlvr_protocol::jobdir::JobsDir;
-use serde::{Deserialize, Serialize};
 
 use super::jobs::{Answer, Failure, JobsState, visible_job};
 use crate::jobs::publish::{self, Verdict};
 
 /// Longest promotion reason kept (it goes into the manifest and the job's reason).
 const MAX_REASON: usize = 2000;
-
-/// `POST /v1/jobs/{id}/promote` body.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PromoteRequest {
-    /// Must be true: a promotion overrides the gates.
-    pub force: bool,
-    /// Why; recorded in the manifest with the admin's team and the time.
-    pub reason: String,
-}
 
 /// `POST /v1/jobs/{id}/promote`: publishes a refused job's candidate over its gates. Admin tokens
 /// only; the override (who, why, when) is recorded in the manifest and the job's gate report.

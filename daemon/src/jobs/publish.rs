@@ -13,7 +13,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use rlvr_protocol::gates::{Forced, GateReport, Manifest, ManifestMetrics};
+use rlvr_protocol::gates::{Forced, GateReport, Manifest};
 use rlvr_protocol::job::JobState;
 use rlvr_protocol::spec::JobSpec;
 use rlvr_protocol::worker::Outcome;
@@ -80,24 +80,8 @@ pub fn gate_and_publish(
         return Err("the worker reported no checkpoint to publish".to_owned());
     }
     let registry = registry_of(spec, default_registry);
-    let manifest = Manifest {
-        job_id: job_id.to_owned(),
-        model_line: spec.job.model_line.clone(),
-        version: 0,
-        step: outcome.steps,
-        weights_sha256: outcome.weights_sha256.clone(),
-        plugins: outcome.plugins.clone(),
-        data_sha256: outcome.data_sha256.clone(),
-        metrics: ManifestMetrics {
-            training: outcome.training,
-            evaluation: outcome.evaluation.clone(),
-            stopped: outcome.stopped.clone(),
-        },
-        gates: report,
-        spec: spec.clone(),
-        published_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        files: Default::default(),
-    };
+    let published_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let manifest = Manifest::new(job_id, spec, outcome, report, published_at);
     let line = registry.join(&spec.job.model_line);
     let (version, path) = publish(&line, &outcome.checkpoint.join("model"), manifest)
         .map_err(|error| format!("publishing to {}: {error}", registry.display()))?;
@@ -235,20 +219,7 @@ mod tests {
              [data]\ntrain = \"/t.jsonl\"\n[optimizer]\nplugin = \"sft\"\n[budget]\nmax_steps = 2\n",
         )
         .unwrap();
-        Manifest {
-            job_id: job_id.to_owned(),
-            model_line: "line".into(),
-            version: 0,
-            step: 2,
-            weights_sha256: String::new(),
-            plugins: Vec::new(),
-            data_sha256: Default::default(),
-            metrics: ManifestMetrics { training: None, evaluation: None, stopped: None },
-            gates: GateReport::new(None, Vec::new()),
-            spec,
-            published_at: String::new(),
-            files: Default::default(),
-        }
+        Manifest::new(job_id, &spec, &Outcome::default(), GateReport::new(None, Vec::new()), String::new())
     }
 
     #[test]
