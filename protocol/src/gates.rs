@@ -226,7 +226,13 @@ pub struct Manifest {
 impl Manifest {
     /// The manifest of `outcome`'s checkpoint, trained by job `job_id` of `spec` and let through
     /// by `gates`; publishing fills in its `version` and `files`.
-    pub fn new(job_id: &str, spec: &JobSpec, outcome: &Outcome, gates: GateReport, published_at: String) -> Self {
+    pub fn new(
+        job_id: &str,
+        spec: &JobSpec,
+        outcome: &Outcome,
+        gates: GateReport,
+        published_at: String,
+    ) -> Self {
         Manifest {
             job_id: job_id.to_owned(),
             model_line: spec.job.model_line.clone(),

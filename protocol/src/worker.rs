@@ -552,8 +552,14 @@ mod tests {
             assert!(!line.contains('\n'), "one line: {line}");
             assert_eq!(serde_json::from_str::<T>(&line).unwrap(), message, "{line}");
         }
-        let figures = ScoreFigures { accuracy: 0.5, reward_mean: 0.625, completion_len_mean: 3.25, prompts: 8 };
-        let score = GateScore { figures: figures.clone(), verifier_calls: 16, verifier_errors: 1, verifier_timeouts: 2 };
+        let figures =
+            ScoreFigures { accuracy: 0.5, reward_mean: 0.625, completion_len_mean: 3.25, prompts: 8 };
+        let score = GateScore {
+            figures: figures.clone(),
+            verifier_calls: 16,
+            verifier_errors: 1,
+            verifier_timeouts: 2,
+        };
         let trend = Trend {
             steps: 12,
             reward_first: 0.1,
@@ -572,7 +578,11 @@ mod tests {
             interrupted: false,
             training: Some(trend),
             evaluation: Some(GateEvaluation {
-                baseline: Baseline { kind: BaselineKind::Published, model: "/registry/line/3".into(), version: Some(3) },
+                baseline: Baseline {
+                    kind: BaselineKind::Published,
+                    model: "/registry/line/3".into(),
+                    version: Some(3),
+                },
                 candidate: ModelScores { heldout: Some(score.clone()), canaries: Some(score.clone()) },
                 baseline_scores: ModelScores { heldout: Some(score), canaries: None },
                 canary_regressions: CanaryRegressions { count: 1, ids: vec!["c7".into()] },
@@ -598,7 +608,11 @@ mod tests {
             verified: Some(32),
             verifier_timeouts: Some(0),
             verifier_errors: Some(1),
-            dynamic_sampling: Some(DynamicSampling { extra_rounds: 1, groups_sampled: 12, groups_trained: 8 }),
+            dynamic_sampling: Some(DynamicSampling {
+                extra_rounds: 1,
+                groups_sampled: 12,
+                groups_trained: 8,
+            }),
             rows: None,
             train_tokens: None,
             loss: Some(-0.0125),
@@ -613,7 +627,8 @@ mod tests {
                 verifier_latency_us: Some(Latency { p50: Some(13), p99: None }),
             }),
             heldout: Some(figures),
-            optimizer: [("opt.clip_frac_low".to_owned(), Some(0.0)), ("opt.ratio_mean".to_owned(), None)].into(),
+            optimizer: [("opt.clip_frac_low".to_owned(), Some(0.0)), ("opt.ratio_mean".to_owned(), None)]
+                .into(),
         });
         check(MetricsLine { step: 2, rows: Some(64), train_tokens: Some(300), ..MetricsLine::default() });
         check(Progress {

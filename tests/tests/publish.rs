@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use rlvr_daemon::jobs::publish;
 use rlvr_protocol::gates::{GateReport, Manifest};
-use rlvr_protocol::worker::Outcome;
 use rlvr_protocol::spec::JobSpec;
+use rlvr_protocol::worker::Outcome;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
