@@ -217,6 +217,8 @@ fn main() -> ExitCode {
     ExitCode::from(exit.code())
 }
 
+/// Runs one command. Long because it is the command table: one short arm per subcommand, each
+/// calling the module that does the work; splitting it would only scatter the table.
 fn run(cli: Cli) -> anyhow::Result<Exit> {
     let Cli { server, token, json, command } = cli;
     let connect = |auth: Auth| -> anyhow::Result<Client> {

@@ -19,9 +19,8 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::ops::Range;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
@@ -628,20 +627,12 @@ figcaption{color:#777;font-size:90%}\
 // ---------------------------------------------------------------------------------------------
 // Files
 
-/// Writes `contents` to `dir/name` through a temporary file in `dir` renamed into place.
+/// Writes `contents` to `dir/name` atomically (`rlvr_protocol::fs::write_atomic`: a reader sees
+/// the old file or the new one, never half).
 fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> Result<PathBuf, ReportError> {
     let path = dir.join(name);
-    let fail = |source| ReportError::Write { path: path.clone(), source };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        // tempfile creates 0600; a report is for whoever may read the directory (umask applies).
-        .permissions(fs::Permissions::from_mode(0o644))
-        .tempfile_in(dir)
-        .map_err(fail)?;
-    tmp.write_all(contents).map_err(fail)?;
-    // On error the temporary file is deleted when dropped, so none is left behind.
-    tmp.persist(&path).map_err(|e| fail(e.error))?;
+    rlvr_protocol::fs::write_atomic(&path, contents)
+        .map_err(|source| ReportError::Write { path: path.clone(), source })?;
     Ok(path)
 }
 
@@ -661,6 +652,8 @@ mod tests {
     use rlvr_protocol::job::JobState;
     use rlvr_protocol::worker::{ScoreFigures, StepTimes};
     use serde_json::json;
+
+    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 
@@ -1129,7 +1122,7 @@ mod tests {
         let err = write(&out, &job(), &full).expect_err("kl.svg is a directory");
         assert!(matches!(&err, ReportError::Write { path, .. } if *path == out.join("kl.svg")), "{err:?}");
         let mut names = listing(&out);
-        names.retain(|n| n.ends_with(".tmp"));
+        names.retain(|n| n.contains(".tmp"));
         assert_eq!(names, Vec::<String>::new(), "no temp file left after a failed write");
     }
 

@@ -209,6 +209,8 @@ pub struct Job {
     pub cursor: Cursor,
     pub sampling: SamplingParams,
     pub grants: grants::Grants,
+    /// Where the plugins' code comes from, kept for the run.
+    pub libraries: plugins::Libraries,
 }
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
@@ -352,6 +354,7 @@ fn assemble(
         adamw,
         cursor: Cursor::default(),
         grants,
+        libraries: plugins.libraries,
         spec,
     };
     let state = match (&checkpoint, saved) {

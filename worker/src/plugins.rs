@@ -34,9 +34,16 @@ pub struct JobPlugins {
     pub verifiers: Vec<WeightedVerifier>,
     /// Every plugin used so far, for the manifest (the curriculum joins when created).
     pub uses: Vec<PluginUse>,
-    registry: Registry,
+    /// The libraries the plugins' code comes from: kept for the whole run.
+    pub libraries: Libraries,
     plugin_dirs: Vec<PathBuf>,
-    /// The libraries' copies; removed when the run ends (mapped code stays valid).
+}
+
+/// The registry and the content-addressed copies of the libraries it loaded. The copies stay
+/// while the run lasts and are removed when it returns (a killed worker's are swept by the next
+/// worker: [`sweep_stale_plugin_copies`]).
+pub struct Libraries {
+    registry: Registry,
     _copies: tempfile::TempDir,
 }
 
@@ -81,9 +88,8 @@ impl JobPlugins {
             optimizer_id: optimizer.id(),
             verifiers: Vec::new(),
             uses: vec![use_of(&optimizer)],
-            registry,
+            libraries: Libraries { registry, _copies: copies },
             plugin_dirs: plugin_dirs.to_vec(),
-            _copies: copies,
         };
         for (i, section) in spec.verifiers.iter().enumerate() {
             let pin = pinned.and_then(|record| record.verifiers.get(i)).map(String::as_str);
@@ -139,7 +145,7 @@ impl JobPlugins {
         pin: Option<&str>,
         kind: PluginKind,
     ) -> Result<Arc<LoadedPlugin>, WorkerError> {
-        find(&self.registry, &self.plugin_dirs, field, wanted, pin, kind)
+        find(&self.libraries.registry, &self.plugin_dirs, field, wanted, pin, kind)
     }
 }
 

@@ -94,7 +94,7 @@ pub async fn promote(
     })
     .await
     .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
-    .map_err(|message| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", message))?;
+    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", error.to_string()))?;
     let Verdict::Published(published) = verdict else {
         return Err(Failure::new(
             StatusCode::INTERNAL_SERVER_ERROR,

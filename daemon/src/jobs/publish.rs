@@ -51,6 +51,30 @@ impl Published {
     }
 }
 
+/// Why a candidate the gates let through could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The worker's outcome names no checkpoint.
+    #[error("the worker reported no checkpoint to publish")]
+    NoCheckpoint,
+    /// Copying into the model line failed.
+    #[error("publishing to {registry}: {source}")]
+    Io {
+        /// The registry published to.
+        registry: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The manifest just written cannot be read back.
+    #[error("{path}: {message}")]
+    Manifest {
+        /// `manifest.json`.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+}
+
 /// Where a job publishes: its `[publish] registry`, or the daemon's default.
 pub fn registry_of(spec: &JobSpec, default_registry: &Path) -> PathBuf {
     spec.publish.as_ref().map_or_else(|| default_registry.to_owned(), |p| p.registry.clone())
@@ -70,25 +94,26 @@ pub fn gate_and_publish(
     outcome: &Outcome,
     default_registry: &Path,
     forced: Option<Forced>,
-) -> Result<Verdict, String> {
+) -> Result<Verdict, PublishError> {
     let mut report = judge(spec, outcome);
     if !report.passed && forced.is_none() {
         return Ok(Verdict::Refused { reason: report.refusal(), report });
     }
     report.forced = forced;
     if outcome.checkpoint.as_os_str().is_empty() {
-        return Err("the worker reported no checkpoint to publish".to_owned());
+        return Err(PublishError::NoCheckpoint);
     }
     let registry = registry_of(spec, default_registry);
     let published_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let manifest = Manifest::new(job_id, spec, outcome, report, published_at);
     let line = registry.join(&spec.job.model_line);
     let (version, path) = publish(&line, &outcome.checkpoint.join("model"), manifest)
-        .map_err(|error| format!("publishing to {}: {error}", registry.display()))?;
-    let manifest = fs::read(path.join("manifest.json"))
+        .map_err(|source| PublishError::Io { registry: registry.clone(), source })?;
+    let manifest_path = path.join("manifest.json");
+    let manifest = fs::read(&manifest_path)
         .map_err(|error| error.to_string())
         .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|error| error.to_string()))
-        .map_err(|error| format!("{}: {error}", path.join("manifest.json").display()))?;
+        .map_err(|message| PublishError::Manifest { path: manifest_path, message })?;
     Ok(Verdict::Published(Box::new(Published { version, path, manifest })))
 }
 

@@ -548,8 +548,8 @@ impl Supervisor {
                 let report = serde_json::to_string(&report).unwrap_or_default();
                 let _ = self.transition(id, JobState::Refused, &reason, &[("gates", report)]).await;
             }
-            Ok(Err(message)) => {
-                let _ = self.transition(id, JobState::Failed, &message, &[]).await;
+            Ok(Err(error)) => {
+                let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
             }
             Err(error) => {
                 let _ =
