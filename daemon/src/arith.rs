@@ -2,9 +2,6 @@
 //! so nothing is downloaded. `rlvrd data arith --out DIR` writes:
 //!
 //! - `sft.jsonl` — `{"id", "prompt": "12+7=", "completion": "19"}` demonstrations (cold start);
-//!   with `hedge`, that fraction of them hedges (`"19 or 20"`, `"19 or 18"`): a habit the cold
-//!   start learns and the math verifier refuses, so reinforcement learning has something to
-//!   unlearn that shows on held-out prompts too (the demo's story);
 //! - `train.jsonl`, `heldout.jsonl` — `{"id", "prompt", "reference": {"answer": "19"}}` for the
 //!   math verifier; held-out problems never appear in the training files.
 //!
@@ -35,8 +32,6 @@ pub struct ArithOptions {
     pub ops: Vec<Op>,
     /// Zero-pad operands to the width of `max_operand - 1`.
     pub pad: bool,
-    /// The fraction of demonstrations that hedge between their answer and a neighbour, in [0, 1].
-    pub hedge: f64,
 }
 
 /// An operation of a problem.
@@ -78,7 +73,6 @@ impl Default for ArithOptions {
             max_operand: 50,
             ops: vec![Op::Add, Op::Sub],
             pad: false,
-            hedge: 0.0,
         }
     }
 }
@@ -116,26 +110,9 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
             problems.push((format!("{a:0width$}{sign}{b:0width$}="), answer.to_string()));
         }
     }
-    if !(0.0..=1.0).contains(&options.hedge) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "hedge: expected a fraction in [0, 1]"));
-    }
     fs::create_dir_all(out)?;
     let (heldout, rest) = problems.split_at(options.heldout);
     let (train, sft) = rest.split_at(options.train);
-    // Drawn after the problems, so the problems a seed makes do not depend on `hedge`.
-    let sft: Vec<(String, String)> = sft
-        .iter()
-        .map(|(prompt, answer)| {
-            let hedged = ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < options.hedge;
-            let neighbour = if rng.next_u64() % 2 == 0 { 1 } else { -1 };
-            if hedged {
-                let other = answer.parse::<i64>().unwrap_or_default() + neighbour;
-                (prompt.clone(), format!("{answer} or {other}"))
-            } else {
-                (prompt.clone(), answer.clone())
-            }
-        })
-        .collect();
     let lines = |prefix: &str, items: &[(String, String)], sft: bool| -> String {
         items
             .iter()
@@ -150,7 +127,7 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
             })
             .collect()
     };
-    fs::write(out.join("sft.jsonl"), lines("sft", &sft, true))?;
+    fs::write(out.join("sft.jsonl"), lines("sft", sft, true))?;
     fs::write(out.join("train.jsonl"), lines("train", train, false))?;
     fs::write(out.join("heldout.jsonl"), lines("heldout", heldout, false))?;
     Ok([sft.len(), train.len(), heldout.len()])

@@ -84,10 +84,6 @@ enum DataKind {
         /// Zero-pad operands to the width of `max-operand - 1` (`07+31=`).
         #[arg(long)]
         pad: bool,
-        /// The fraction of demonstrations that hedge (`19 or 20`), in [0, 1]: a habit for
-        /// reinforcement learning to remove.
-        #[arg(long, default_value_t = 0.0)]
-        hedge: f64,
     },
 }
 
@@ -116,9 +112,7 @@ fn main() -> ExitCode {
             print!("{}", config::example_toml());
             ExitCode::SUCCESS
         }
-        Command::Data {
-            kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad, hedge },
-        } => {
+        Command::Data { kind: DataKind::Arith { out, seed, sft, train, heldout, max_operand, ops, pad } } => {
             let ops = match rlvr_daemon::arith::Op::parse_list(&ops) {
                 Ok(ops) => ops,
                 Err(error) => {
@@ -127,7 +121,7 @@ fn main() -> ExitCode {
                 }
             };
             let options =
-                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad, hedge };
+                rlvr_daemon::arith::ArithOptions { seed, sft, train, heldout, max_operand, ops, pad };
             match rlvr_daemon::arith::write(&out, &options) {
                 Ok([sft, train, heldout]) => {
                     println!("{}: {sft} sft, {train} train, {heldout} held-out problems", out.display());
