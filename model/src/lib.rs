@@ -1,8 +1,9 @@
-//! The tensor side of the trainer: Llama-family models from Hugging Face directories or the
-//! built-in `builtin:tiny-arith`, their tokenizers and chat templates, batched sampling with a
+//! Models on libtorch: Llama-family models from Hugging Face directories or the built-in
+//! `builtin:tiny-arith`, their tokenizers and chat templates, batched sampling with a
 //! shared-prefix KV cache, and completion log-probabilities for the losses.
 //!
-//! No job orchestration lives here: the worker (`daemon/src/worker/`) drives these pieces.
+//! No job orchestration and no training live here: the worker (`worker/`, `rlvr-worker`) drives
+//! these pieces.
 //! Start at [`load`], then [`generate`] and [`completion_logprobs`].
 
 pub mod builtin;

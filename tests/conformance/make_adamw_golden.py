@@ -6,7 +6,7 @@ the field trains with: `torch.optim.AdamW` (its default single-tensor path on CP
 and `torch.nn.utils.clip_grad_norm_`, in float32 as the worker runs. Each case gives float32
 parameters, a gradient per update, the hyper-parameters and the learning rate of each update;
 the expected values are the parameters, both moments and the pre-clipping gradient norm after
-each update. `daemon/src/worker/optim.rs` replays them.
+each update. `worker/src/optim.rs` replays them.
 
 Run with the project's venv:  $RLVR_VENV/bin/python tests/conformance/make_adamw_golden.py
 """
