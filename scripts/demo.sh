@@ -13,7 +13,8 @@
 # What it publishes and reports stays under target/demo/<time>/ (RLVR_DEMO_OUT to choose);
 # everything else is stopped and removed — on success, failure or Ctrl-C.
 #
-# First run: about 4 minutes on 2 cores (torch download, release build); later runs about 30 s.
+# First run on 2 cores: about 6 minutes with torch in the cache (the release build), plus the torch
+# download on a new machine; later runs about 40 s.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
