@@ -14,3 +14,4 @@ pub mod jobs;
 pub mod metrics;
 pub mod sched;
 pub mod serve;
+pub mod state_dir;

@@ -29,16 +29,14 @@ use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
 use crate::sched::inventory;
 use crate::sched::policy::PolicyConfig;
-use crate::sched::service::{SOCKET_FILE, Scheduler};
+use crate::sched::service::Scheduler;
+use crate::state_dir::StateDir;
 use rlvr_plugin_host::registry::{Isolation, Registry, RegistryError, ScanSummary};
 
 /// How long a new library may take to load and self-test in the probe process.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Files modified more recently than this are left for the next scan: they may still be copied.
 const SETTLE: Duration = Duration::from_millis(500);
-/// The file in the state directory that holds the API's bound address, for tools and tests
-/// that start the daemon on port 0.
-pub const ADDR_FILE: &str = "rlvrd.addr";
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -75,14 +73,14 @@ pub enum ServeError {
 
 /// Runs the daemon until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
-    let state_dir = config.daemon.state_dir.clone();
-    std::fs::create_dir_all(&state_dir)
-        .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
+    let state_dir = StateDir::new(config.daemon.state_dir.clone());
+    std::fs::create_dir_all(state_dir.path())
+        .map_err(|source| ServeError::StateDir { path: state_dir.path().to_owned(), source })?;
     let metrics = Arc::new(Metrics::new());
     let worker = worker_exe(config.daemon.worker_exe.as_deref())?;
     tracing::info!(worker = %worker.display(), "worker executable");
     let registry = Arc::new(Registry::new(
-        state_dir.join("plugin-cache"),
+        state_dir.plugin_cache(),
         Isolation::Subprocess { exe: worker.clone(), timeout: PROBE_TIMEOUT },
         metrics.plugins.clone(),
     )?);
@@ -91,15 +89,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .await
         .map_err(|source| ServeError::Listen { addr: config.api.listen, source })?;
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    write_atomic(&state_dir.join(ADDR_FILE), format!("{addr}\n").as_bytes())
-        .map_err(|source| ServeError::StateDir { path: state_dir.clone(), source })?;
+    write_atomic(&state_dir.addr_file(), format!("{addr}\n").as_bytes())
+        .map_err(|source| ServeError::StateDir { path: state_dir.path().to_owned(), source })?;
     tracing::info!(%addr, "api listening");
     let scheduler = start_scheduler(&config, &metrics).await?;
-    let mut services = Services::start(&config, worker, listener, registry, metrics, scheduler, &shutdown)?;
+    let parts = Parts { worker, listener, registry, metrics, scheduler };
+    let mut services = Services::start(&config, &state_dir, parts, &shutdown)?;
     let _ = sd_notify::notify(&[NotifyState::Ready]);
     let outcome = services.main_loop(&config, &shutdown).await;
     services.drain(&config, &shutdown).await;
-    let _ = std::fs::remove_file(state_dir.join(ADDR_FILE));
+    let _ = std::fs::remove_file(state_dir.addr_file());
     outcome
 }
 
@@ -136,6 +135,15 @@ async fn start_scheduler(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<
     Ok(Scheduler::new(inventory, policy_config, metrics.clone()))
 }
 
+/// What the services are started from.
+struct Parts {
+    worker: PathBuf,
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    scheduler: Arc<Scheduler>,
+}
+
 /// What runs while the daemon serves, and what the shutdown waits for.
 struct Services {
     registry: Arc<Registry>,
@@ -152,15 +160,12 @@ impl Services {
     /// Starts the grant socket, the HTTP server and the job consumers.
     fn start(
         config: &Config,
-        worker: PathBuf,
-        listener: TcpListener,
-        registry: Arc<Registry>,
-        metrics: Arc<Metrics>,
-        scheduler: Arc<Scheduler>,
+        state_dir: &StateDir,
+        parts: Parts,
         shutdown: &CancellationToken,
     ) -> Result<Services, ServeError> {
-        let state_dir = &config.daemon.state_dir;
-        let grant_socket = state_dir.join(SOCKET_FILE);
+        let Parts { worker, listener, registry, metrics, scheduler } = parts;
+        let grant_socket = state_dir.grant_socket();
         let grants_stop = CancellationToken::new();
         let grants = tokio::spawn(scheduler.clone().serve_grants(grant_socket.clone(), grants_stop.clone()));
         let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));

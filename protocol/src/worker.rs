@@ -2,8 +2,8 @@
 //!
 //! The worker (`rlvr-worker run`) crosses the process boundary on these channels, each typed here
 //! and used by both sides:
-//! - its arguments: [`WorkerArgs`] (the daemon writes them with [`WorkerArgs::to_args`], the
-//!   worker parses them with clap);
+//! - its arguments: [`WorkerArgs`] (the daemon writes them with [`WorkerArgs::command_line`],
+//!   the worker parses them with clap);
 //! - the job's spec: `spec.json` in the job directory ([`crate::spec::JobSpec`]);
 //! - its exit status: [`WorkerExit`];
 //! - its outcome, one JSON line on stdout when it finishes: [`Outcome`], with the gates'
@@ -77,9 +77,10 @@ pub struct WorkerArgs {
 }
 
 impl WorkerArgs {
-    /// The command line that parses back into `self`, after the `run` subcommand.
-    pub fn to_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = Vec::new();
+    /// The worker's command line (after the program's name) that parses back into `self`: the
+    /// `run` subcommand and its flags.
+    pub fn command_line(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["run".into()];
         let mut flag = |name: &str, value: OsString| {
             args.push(format!("--{name}").into());
             args.push(value);

@@ -93,7 +93,7 @@ mod tests {
 
     use super::*;
 
-    /// The daemon writes the arguments ([`WorkerArgs::to_args`]) and this binary parses them:
+    /// The daemon writes the arguments ([`WorkerArgs::command_line`]) and this binary parses them:
     /// every field survives.
     #[test]
     fn the_arguments_round_trip_through_the_command_line() {
@@ -116,7 +116,7 @@ mod tests {
         };
         let bare = WorkerArgs { spec: "s.toml".into(), state_dir: "run".into(), ..WorkerArgs::default() };
         for args in [full, bare] {
-            let line = ["rlvr-worker", "run"].into_iter().map(OsString::from).chain(args.to_args());
+            let line = std::iter::once(OsString::from("rlvr-worker")).chain(args.command_line());
             match Cli::try_parse_from(line).unwrap().command {
                 Command::Run(parsed) => assert_eq!(*parsed, args),
                 Command::ProbePlugin { .. } => panic!("parsed as probe-plugin"),

@@ -70,7 +70,7 @@ pub async fn refresh(
         return Ok(Json(Refreshed { name, date, ran: false, version, records: None, message }));
     }
     let (jobs_dir, curricula_dir, name2) =
-        (state.state_dir.join("jobs"), state.state_dir.join("curricula"), name.clone());
+        (state.state_dir.jobs().path().to_owned(), state.state_dir.curricula(), name.clone());
     let outcome = tokio::task::spawn_blocking(move || {
         curricula::refresh(&jobs_dir, &curricula_dir, &name2, REFRESH_DECAY, now).map_err(|e| e.to_string())
     })

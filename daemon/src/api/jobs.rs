@@ -39,8 +39,8 @@ pub struct JobsState {
     pub max_body_bytes: usize,
     /// This daemon's scheduler: submit checks the inventory; views show devices and grants.
     pub scheduler: Arc<crate::sched::service::Scheduler>,
-    /// `<state_dir>`: the jobs' directories (metrics) and the default registry.
-    pub state_dir: std::path::PathBuf,
+    /// The jobs' directories (metrics), the default registry, the curricula.
+    pub state_dir: crate::state_dir::StateDir,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.

@@ -9,7 +9,6 @@ use axum::http::{HeaderMap, StatusCode};
 use rlvr_protocol::api::PromoteRequest;
 use rlvr_protocol::gates::Forced;
 use rlvr_protocol::job::{ErrorBody, JobState, JobView, MetricsHistory};
-use rlvr_protocol::jobdir::JobsDir;
 
 use super::jobs::{Answer, Failure, JobsState, visible_job};
 use crate::jobs::publish::{self, Verdict};
@@ -87,7 +86,7 @@ pub async fn promote(
         reason: reason.to_owned(),
         at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     };
-    let registry = state.state_dir.join("registry");
+    let registry = state.state_dir.default_registry();
     let (spec2, id2) = (spec.clone(), id.clone());
     let verdict = tokio::task::spawn_blocking(move || {
         publish::gate_and_publish(&spec2, &id2, &outcome, &registry, Some(forced))
@@ -138,7 +137,7 @@ pub async fn metrics(
 ) -> Answer<Json<MetricsHistory>> {
     let caller = state.auth.check(&headers)?;
     visible_job(&state, &caller, &id).await?;
-    let run = JobsDir::of_state_dir(&state.state_dir).job(&id).run();
+    let run = state.state_dir.jobs().job(&id).run();
     let lines =
         tokio::task::spawn_blocking(move || run.read_metrics().map_err(|error| (run.metrics(), error)))
             .await

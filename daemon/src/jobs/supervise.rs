@@ -40,6 +40,8 @@ use tracing::{Instrument, info, info_span, warn};
 use super::Queues;
 use super::publish::{self, Verdict};
 use rlvr_protocol::fs::write_json_atomic;
+
+use crate::state_dir::StateDir;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
 use rlvr_protocol::worker::{Outcome, Progress, WorkerArgs, WorkerExit};
 
@@ -54,7 +56,7 @@ pub struct SupervisorConfig {
     /// The worker executable, started as `rlvr-worker run` for each job.
     pub worker: PathBuf,
     /// The daemon's state directory: jobs, the default registry and the curricula are in it.
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     pub plugin_dirs: Vec<PathBuf>,
     /// libtorch threads of each worker.
     pub worker_threads: usize,
@@ -119,9 +121,9 @@ impl Supervisor {
         Supervisor {
             queues: config.queues,
             exe: config.worker,
-            jobs_dir: JobsDir::of_state_dir(&config.state_dir),
-            default_registry: config.state_dir.join("registry"),
-            curricula_dir: config.state_dir.join("curricula"),
+            jobs_dir: config.state_dir.jobs(),
+            default_registry: config.state_dir.default_registry(),
+            curricula_dir: config.state_dir.curricula(),
             plugin_dirs: config.plugin_dirs,
             worker_threads: config.worker_threads,
             max_crashes: config.max_crashes,
@@ -380,7 +382,7 @@ impl Supervisor {
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
-        command.arg("run").args(args.to_args());
+        command.args(args.command_line());
         if !gpus.is_empty() {
             // NVML's indexes are PCI order; CUDA's are too under this setting.
             command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));

@@ -1,0 +1,68 @@
+//! The daemon's state directory (`daemon.state_dir`): the one place that knows what is where in
+//! it. The jobs' own directories are `rlvr_protocol::jobdir`'s (the worker writes in them too).
+//!
+//! ```text
+//! <state_dir>/
+//!   jobs/<job id>/     JobDir: spec.json, worker.log, run/
+//!   registry/          the default registry of published model lines (`[publish] registry`)
+//!   curricula/<name>/  the shared curricula's versions
+//!   plugin-cache/      content-addressed copies of the plugin libraries loaded
+//!   rlvrd.addr         the API's bound address (for `listen = "…:0"`), while serving
+//!   sched.sock         the grant socket the workers ask for their devices on
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use rlvr_protocol::jobdir::JobsDir;
+
+/// The file that holds the API's bound address, for tools and tests that start the daemon on
+/// port 0.
+pub const ADDR_FILE: &str = "rlvrd.addr";
+
+/// A daemon's state directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    /// The state directory at `root`.
+    pub fn new(root: PathBuf) -> Self {
+        StateDir { root }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// `jobs/`: every job's directory.
+    pub fn jobs(&self) -> JobsDir {
+        JobsDir::of_state_dir(&self.root)
+    }
+
+    /// `registry/`: where gated checkpoints go when a job names no `[publish] registry`.
+    pub fn default_registry(&self) -> PathBuf {
+        self.root.join("registry")
+    }
+
+    /// `curricula/`: the shared curricula's versions.
+    pub fn curricula(&self) -> PathBuf {
+        self.root.join("curricula")
+    }
+
+    /// `plugin-cache/`: the registry's copies of plugin libraries.
+    pub fn plugin_cache(&self) -> PathBuf {
+        self.root.join("plugin-cache")
+    }
+
+    /// `rlvrd.addr`.
+    pub fn addr_file(&self) -> PathBuf {
+        self.root.join(ADDR_FILE)
+    }
+
+    /// `sched.sock`.
+    pub fn grant_socket(&self) -> PathBuf {
+        self.root.join(rlvr_protocol::grants::SOCKET_FILE)
+    }
+}
