@@ -1,6 +1,6 @@
-//! Writing files so that a crash at any moment leaves the old content or the new, never half:
-//! the one way rlvr replaces a file (checkpoints' state, the job's spec, progress, the address
-//! file, curricula, reports, plugin copies).
+//! Writing files so that a reader, or a crash at any moment, sees the old content or the new,
+//! never half: the one way rlvr replaces a file (checkpoints' state, the job's spec, progress,
+//! the address file, reports, plugin copies).
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -12,6 +12,25 @@ use serde::Serialize;
 /// then fsyncs the directory. The temporary name starts with `.` and ends with `.tmp-<pid>`, so
 /// readers that list the directory can tell it from a published file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, Durability::Synced)
+}
+
+/// [`write_atomic`] without the fsyncs: readers never see half the file, but a crash may lose the
+/// new content. For what is rewritten often and is worth nothing after a crash (a job's live
+/// progress, once a step): two fsyncs a step would be paid on the training loop for nothing.
+pub fn replace_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, Durability::Unsynced)
+}
+
+/// Whether a replaced file must survive a crash.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Synced,
+    Unsynced,
+}
+
+fn replace(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
+    let synced = durability == Durability::Synced;
     let parent = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -21,14 +40,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let written = (|| {
         let mut file = File::create(&temp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if synced {
+            file.sync_all()?;
+        }
         fs::rename(&temp, path)
     })();
     if written.is_err() {
         let _ = fs::remove_file(&temp);
     }
     written?;
-    sync_dir(parent)
+    if synced { sync_dir(parent) } else { Ok(()) }
 }
 
 /// [`write_atomic`] of `value` as pretty JSON.
@@ -57,6 +78,16 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into())
             .collect();
         assert_eq!(names, ["state.json"]);
+    }
+
+    #[test]
+    fn an_unsynced_replace_is_whole_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("progress.json");
+        replace_atomic(&path, b"{\"step\": 1}").unwrap();
+        replace_atomic(&path, b"{\"step\": 2}").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{\"step\": 2}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file stays");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use rlvr_protocol::fs::write_json_atomic;
+use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
 use rlvr_protocol::worker::{MetricsLine, Outcome, Progress};
 use tracing::{info, info_span, warn};
@@ -266,7 +266,10 @@ impl Loop<'_> {
             step_s: line.and_then(|line| line.time.as_ref().map(|time| time.step_s)),
             eta_s,
         };
-        write_json_atomic(&self.run.progress(), &progress)
+        // Live figures only: readers never see half a file, and a crash may lose the last one.
+        serde_json::to_vec_pretty(&progress)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| replace_atomic(&self.run.progress(), &bytes))
             .map_err(|error| self.state_error(format!("progress.json: {error}")))
     }
 

@@ -319,8 +319,7 @@ impl Supervisor {
             }
             text
         });
-        let mut watch =
-            WorkerWatch { pid, progress: ProgressWatch::new(dir.run()), ..WorkerWatch::default() };
+        let mut watch = WorkerWatch::new(pid, dir.run());
         let status = match self.watch_worker(id, &mut child, seat, &mut watch).await {
             Ok(status) => status,
             Err(error) => return WorkerEnd::Crashed(format!("waiting for the worker: {error}")),
@@ -712,7 +711,6 @@ fn last_error_line(log: &Path) -> String {
 }
 
 /// What the supervision of one worker process saw.
-#[derive(Default)]
 struct WorkerWatch {
     pid: u32,
     progress: ProgressWatch,
@@ -726,21 +724,29 @@ struct WorkerWatch {
     killed: bool,
 }
 
+impl WorkerWatch {
+    fn new(pid: u32, run: RunDir) -> Self {
+        WorkerWatch {
+            pid,
+            progress: ProgressWatch { run, last: None },
+            cancelled: false,
+            stop_deadline: None,
+            preempted_for: None,
+            killed: false,
+        }
+    }
+}
+
 /// Follows a run's `progress.json`: the worker's own figures after each step.
-#[derive(Default)]
 struct ProgressWatch {
-    run: Option<RunDir>,
+    run: RunDir,
     last: Option<Progress>,
 }
 
 impl ProgressWatch {
-    fn new(run: RunDir) -> Self {
-        ProgressWatch { run: Some(run), last: None }
-    }
-
     /// The progress, when it changed since the last call.
     fn poll(&mut self) -> Option<Progress> {
-        let progress = self.run.as_ref()?.read_progress()?;
+        let progress = self.run.read_progress()?;
         if self.last.as_ref() == Some(&progress) {
             return None;
         }
