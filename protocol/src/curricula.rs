@@ -19,9 +19,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-/// What a curriculum name must look like (it is a directory name).
-pub const NAME_RULE: &str =
-    "1 to 64 characters among letters, digits, '-', '_' and '.', not starting with '.'";
+pub use crate::names::{NAME_RULE, valid_name};
 
 /// One version of a curriculum: `<curricula_dir>/<name>/<version>.json`.
 ///
@@ -140,12 +138,6 @@ pub fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CurriculaError + '_ {
     move |source| CurriculaError::Io { path: path.to_owned(), source }
 }
 
-/// Whether `name` may name a curriculum: see [`NAME_RULE`].
-pub fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
 
 pub fn check_name(name: &str) -> Result<(), CurriculaError> {
     if valid_name(name) { Ok(()) } else { Err(CurriculaError::InvalidName { name: name.to_owned() }) }

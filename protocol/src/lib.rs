@@ -14,6 +14,8 @@
 //! - [`gates`]: the gate report, one status per criterion.
 //! - [`jobdir`]: where a job's files are.
 //! - [`fs`]: the one atomic file write.
+//! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
+//!   their rule.
 
 pub mod api;
 pub mod curricula;
@@ -22,6 +24,7 @@ pub mod gates;
 pub mod grants;
 pub mod job;
 pub mod jobdir;
+pub mod names;
 pub mod spec;
 pub mod time;
 pub mod worker;

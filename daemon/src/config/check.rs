@@ -14,7 +14,7 @@ use figment::value::{Dict, Num, Tag, Value};
 use figment::{Figment, Metadata, Profile};
 
 use super::ConfigProblem;
-use super::fields::{self, Field, Integers, Kind, Positive, SECTIONS, SHARE, TEAM_NAME, Unique};
+use super::fields::{self, Field, Integers, Item, Kind, Positive, SECTIONS, SHARE, TEAM_NAME, Unique};
 use super::layers::{DEFAULT_SOURCE, ENV_LAYER_NAME, file_source};
 
 /// Longest string quoted back in a message; longer ones are cut.
@@ -203,7 +203,7 @@ impl Checker<'_> {
         let mut passed = Vec::new();
         for field in fields {
             let key = path.key(field.key());
-            let required = entry && !field.kind.has_default();
+            let required = entry && field.kind.required_in_entry();
             let Some(v) = dict.get(field.key()) else {
                 if required {
                     self.report(&key, value.tag(), "missing required key");
@@ -241,7 +241,17 @@ impl Checker<'_> {
                 let is_bool = matches!(value, Value::Bool(..));
                 self.passed(Some(is_bool), path, value, &what)
             }
-            Kind::Tables { fields, unique } => self.tables(path, value, fields, unique, &what),
+            Kind::Tables { fields, unique, one_of } => self.tables(path, value, fields, unique, one_of, &what),
+            Kind::Name => {
+                let valid = self.string(path, value, &what).map(rlvr_protocol::names::valid_name);
+                self.passed(valid, path, value, &what)
+            }
+            Kind::EnvName => {
+                let valid = self.string(path, value, &what).map(is_env_name);
+                self.passed(valid, path, value, &what)
+            }
+            Kind::List { item, .. } => self.list(path, value, *item, &what),
+            Kind::Optional(kind) => self.value(path, kind, value),
             Kind::Shares => self.shares(path, value),
         }
     }
@@ -309,6 +319,24 @@ impl Checker<'_> {
         ok
     }
 
+    /// A list whose every item is an `item`.
+    fn list(&mut self, path: &KeyPath, value: &Value, item: Item, what: &str) -> bool {
+        let Some(items) = self.array(path, value, what) else { return false };
+        let mut ok = true;
+        for (i, v) in items.iter().enumerate() {
+            let path = path.index(i);
+            let passed = match item {
+                Item::TeamName => self.team(&path, v),
+                Item::Priority => {
+                    let valid = self.string(&path, v, PRIORITY).map(|s| matches!(s, "low" | "normal" | "high"));
+                    self.passed(valid, &path, v, PRIORITY)
+                }
+            };
+            ok &= passed;
+        }
+        ok
+    }
+
     fn team(&mut self, path: &KeyPath, value: &Value) -> bool {
         let valid = self.string(path, value, TEAM_NAME).map(is_team_name);
         self.passed(valid, path, value, TEAM_NAME)
@@ -338,6 +366,7 @@ impl Checker<'_> {
         value: &Value,
         fields: &[Field],
         unique: &Unique,
+        one_of: &[&str],
         what: &str,
     ) -> bool {
         let Some(items) = self.array(path, value, what) else { return false };
@@ -346,6 +375,15 @@ impl Checker<'_> {
         let mut first_with: HashMap<String, usize> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             let Some(passed) = self.fields(&path.index(i), item, &fields, true) else { continue };
+            if !one_of.is_empty() {
+                // Counted among the keys written, valid or not: a bad value is its own problem.
+                let written = |key: &str| matches!(item, Value::Dict(_, dict) if dict.contains_key(key));
+                let set = one_of.iter().filter(|key| written(key)).count();
+                if set != 1 {
+                    let message = format!("expected exactly one of {} to be set, found {set}", one_of.join(", "));
+                    self.report(&path.index(i), item.tag(), message);
+                }
+            }
             let Some((_, key)) = passed.iter().find(|(key, _)| *key == unique.key) else { continue };
             let key = unique_text(key);
             match first_with.get(&key) {
@@ -398,6 +436,15 @@ fn unique_text(value: &Value) -> String {
         Value::String(_, s) => s.clone(),
         other => describe(other),
     }
+}
+
+/// What a priority is, for messages.
+const PRIORITY: &str = "\"low\", \"normal\" or \"high\"";
+
+/// An environment variable's name as the config may give one: `[A-Z_][A-Z0-9_]*`.
+fn is_env_name(name: &str) -> bool {
+    name.chars().next().is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// Team names, wherever the config names a team: lowercase letters, digits, `_` and `-`.

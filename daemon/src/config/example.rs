@@ -90,9 +90,6 @@ fn key(out: &mut String, field: &Field) {
                 let _ = writeln!(out, "# {line}");
             }
         }
-        Example::Live(lines) => {
-            let _ = writeln!(out, "\n{lines}");
-        }
     }
 }
 
@@ -111,6 +108,7 @@ fn what(field: &Field) -> String {
 fn default_text(kind: &Kind, in_entry: bool) -> String {
     match (kind, kind.default_value()) {
         (Kind::Tables { .. } | Kind::Shares, _) => "none".to_owned(),
+        (Kind::Optional(_), _) => "Optional".to_owned(),
         (_, Some(value)) if in_entry => format!("Default: {}", toml_text(&value)),
         (_, Some(value)) => toml_text(&value),
         (_, None) if in_entry => "Required".to_owned(),

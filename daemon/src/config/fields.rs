@@ -36,8 +36,6 @@ pub(super) enum Example {
     Default,
     /// These TOML lines, commented out: the key is not set by default, this is how one sets it.
     Commented(&'static str),
-    /// These TOML lines as they are: entries the example ships with.
-    Live(&'static str),
 }
 
 /// What a key may hold. Each variant carries the key's default where it has one; `None` means
@@ -61,14 +59,45 @@ pub(super) enum Kind {
     /// The hex sha256 of a secret: never quoted back.
     Sha256,
     Bool(bool),
-    /// `[[path]]`: a list of tables with these `fields`; no two entries share `unique`'s key. None
-    /// by default.
+    /// `[[path]]`: a list of tables with these `fields`; no two entries share `unique`'s key, and
+    /// each sets exactly one of the keys in `one_of` (when not empty). None by default.
     Tables {
         fields: &'static [Field],
         unique: Unique,
+        one_of: &'static [&'static str],
     },
+    /// A name of something the operator declares (a secret, a base model, a data root): see
+    /// [`rlvr_protocol::names::NAME_RULE`].
+    Name,
+    /// The name of an environment variable of the daemon's: uppercase letters, digits and `_`.
+    EnvName,
+    /// A list of `item`s; `default` when not set (`None`: not set, or required in an entry).
+    List {
+        item: Item,
+        default: Option<&'static [&'static str]>,
+    },
+    /// An entry's key that may be left out (its serde field is an `Option`): `kind` when set.
+    Optional(&'static Kind),
     /// `[path]`: team name → a [`SHARE`] of the capacity, summing to at most 1. None by default.
     Shares,
+}
+
+/// What a [`Kind::List`] holds.
+#[derive(Clone, Copy)]
+pub(super) enum Item {
+    TeamName,
+    /// `low`, `normal` or `high`.
+    Priority,
+}
+
+impl Item {
+    /// The items' kind in words, plural.
+    pub fn what(self) -> &'static str {
+        match self {
+            Item::TeamName => "team names",
+            Item::Priority => "priorities (\"low\", \"normal\", \"high\")",
+        }
+    }
 }
 
 /// An integer from `min` to `max`.
@@ -98,6 +127,8 @@ pub(super) struct Unique {
 
 /// What a team name is, for messages: `[[auth.tokens]]` teams and `[scheduler.shares]` keys alike.
 pub(super) const TEAM_NAME: &str = "a team name of lowercase letters, digits, '_' and '-'";
+/// What an environment variable name is, for messages.
+pub(super) const ENV_NAME: &str = "an environment variable name of uppercase letters, digits and '_'";
 /// What a sha256 is, for messages and the example.
 const SHA256: &str =
     "the hex sha256 of the token (64 lowercase hex characters: printf %s \"$TOKEN\" | sha256sum)";
@@ -108,12 +139,19 @@ const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None,
 const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
 
-pub(super) const SECTIONS: [Section; 8] = [
+pub(super) const SECTIONS: [Section; 9] = [
     Section { name: "daemon", doc: "" },
     Section { name: "redis", doc: "" },
     Section { name: "api", doc: "" },
     Section { name: "plugins", doc: "" },
     Section { name: "auth", doc: "" },
+    Section {
+        name: "tenancy",
+        doc: "What each team may name in a job spec, and how much it may ask for (SECURITY.md). A spec \
+              names datasets, model lines and curricula inside its team's namespace, and the base \
+              models, data roots and secrets declared here that are granted to its team; never a \
+              server path or an environment variable.",
+    },
     Section { name: "devices", doc: "The devices the scheduler packs jobs onto." },
     Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
     Section { name: "scheduler", doc: "How jobs share the devices (design.md §7)." },
@@ -141,6 +179,13 @@ pub(super) const FIELDS: &[Field] = &[
         doc: "The worker executable, which runs each job and probes plugins. Not set: rlvr-worker next \
               to rlvrd.",
         example: Example::Commented("worker_exe = \"/usr/local/bin/rlvr-worker\""),
+    },
+    Field {
+        path: "daemon.registry",
+        kind: Kind::AbsolutePath(None),
+        doc: "Where gated checkpoints are published, one directory per model line. Set by the operator \
+              only: a job spec cannot name a registry. Not set: STATE_DIR/registry.",
+        example: Example::Commented("registry = \"/srv/rlvr/registry\""),
     },
     field(
         "redis.url",
@@ -182,23 +227,95 @@ pub(super) const FIELDS: &[Field] = &[
                 key: "sha256",
                 message: "same sha256 as {first}, every token must be different",
             },
+            one_of: &[],
         },
         doc: "Bearer tokens, one [[auth.tokens]] entry per token; with none, no one can submit jobs. The \
               token itself never goes in this file, only its sha256. Give each team its own token; a \
-              team may have several (to rotate them).",
-        example: Example::Live(
-            "# EXAMPLE TOKENS ONLY — their tokens are written right here, so replace both entries.
-[[auth.tokens]]
-# sha256 of the token \"research-example-token\".
+              team may have several (to rotate them). `rlvrd token new --team NAME [--admin]` makes a \
+              token and prints the entry to paste here.",
+        // No working token in an example: a copied example must not let anyone in.
+        example: Example::Commented(
+            "[[auth.tokens]]
 team = \"research\"
-sha256 = \"fc370c33546204391aad5a828b0b76a2b8cc73c1f3a2b6d6b437574760089ab4\"
-admin = false
-
-[[auth.tokens]]
-# sha256 of the token \"admin-example-token\".
-team = \"admin\"
-sha256 = \"47276e0703c50cdecbe34a9ca7d1d202246b0ca57271aacc86a9b7bb24e939a0\"
-admin = true",
+sha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"
+admin = false",
+        ),
+    },
+    field(
+        "tenancy.max_dataset_bytes",
+        Kind::Integer(Integers { min: 1024, max: Some(1 << 36), unit: Some("bytes"), default: Some(256 << 20) }),
+        "Largest dataset a team may upload (PUT /v1/datasets/NAME); larger ones get 413.",
+    ),
+    field(
+        "tenancy.max_datasets_per_team",
+        integer(1, 100_000, None, 1000),
+        "How many named datasets each team may keep.",
+    ),
+    field(
+        "tenancy.max_queued_per_team",
+        integer(1, 100_000, None, 100),
+        "How many jobs a team may have waiting (queued or preempted) at once, unless its \
+         [[tenancy.teams]] entry says otherwise; more get 429.",
+    ),
+    field(
+        "tenancy.priorities",
+        Kind::List { item: Item::Priority, default: Some(&["low", "normal"]) },
+        "The priorities a team may give its jobs, unless its [[tenancy.teams]] entry says otherwise. \
+         A job of a higher priority may preempt a lower one's, so high is for teams given it.",
+    ),
+    Field {
+        path: "tenancy.teams",
+        kind: Kind::Tables {
+            fields: TEAM_FIELDS,
+            unique: Unique { key: "name", message: "team {value} is already listed at {first}" },
+            one_of: &[],
+        },
+        doc: "Per-team allowances, one [[tenancy.teams]] entry per team that differs from the defaults \
+              above. A team's guaranteed share of the devices is [scheduler.shares].",
+        example: Example::Commented(
+            "[[tenancy.teams]]\nname = \"research\"\npriorities = [\"low\", \"normal\", \"high\"]\nmax_queued = 20",
+        ),
+    },
+    Field {
+        path: "tenancy.base_models",
+        kind: Kind::Tables {
+            fields: BASE_MODEL_FIELDS,
+            unique: Unique { key: "name", message: "base model {value} is already listed at {first}" },
+            one_of: &[],
+        },
+        doc: "Base models a spec may start from as model.policy = \"base:NAME\": Hugging Face model \
+              directories on this host.",
+        example: Example::Commented(
+            "[[tenancy.base_models]]\nname = \"smollm2-135m\"\npath = \"/srv/models/SmolLM2-135M-Instruct\"",
+        ),
+    },
+    Field {
+        path: "tenancy.data_roots",
+        kind: Kind::Tables {
+            fields: DATA_ROOT_FIELDS,
+            unique: Unique { key: "name", message: "data root {value} is already listed at {first}" },
+            one_of: &[],
+        },
+        doc: "Directories of JSONL files some teams may train on without uploading them: a spec names \
+              a file in one as \"root:NAME/relative/path.jsonl\". Nothing outside the directory is \
+              reachable through it (no '..', symbolic links are resolved and must stay inside).",
+        example: Example::Commented(
+            "[[tenancy.data_roots]]\nname = \"research-data\"\npath = \"/srv/data/research\"\nteams = [\"research\"]",
+        ),
+    },
+    Field {
+        path: "tenancy.secrets",
+        kind: Kind::Tables {
+            fields: SECRET_FIELDS,
+            unique: Unique { key: "name", message: "secret {value} is already listed at {first}" },
+            one_of: &["env", "file"],
+        },
+        doc: "Secrets plugins may use on behalf of the teams granted them, named in plugin options by \
+              name (e.g. the http verifier's bearer_token_secret). The value comes from the daemon's \
+              environment variable env or from file; it is handed to the job's worker only, never \
+              written to the job's directory or echoed.",
+        example: Example::Commented(
+            "[[tenancy.secrets]]\nname = \"grader-token\"\nteams = [\"research\"]\nenv = \"RLVR_GRADER_TOKEN\"",
         ),
     },
     Field {
@@ -219,6 +336,7 @@ admin = true",
         kind: Kind::Tables {
             fields: GPU_FIELDS,
             unique: Unique { key: "index", message: "gpu {value} is already listed at {first}" },
+            one_of: &[],
         },
         doc: "GPUs, to override what NVML reports: one [[devices.gpus]] entry per GPU; with none, the \
               GPUs are what NVML reports.",
@@ -288,6 +406,55 @@ const TOKEN_FIELDS: &[Field] = &[
     field("admin", Kind::Bool(false), "Admin tokens may also force a promotion (rlvrctl promote --force)."),
 ];
 
+/// The keys of a `[[tenancy.teams]]` entry.
+const TEAM_FIELDS: &[Field] = &[
+    field("name", Kind::TeamName, "The team, as named in [[auth.tokens]]."),
+    field(
+        "priorities",
+        Kind::Optional(&Kind::List { item: Item::Priority, default: None }),
+        "The priorities its jobs may have. Not set: tenancy.priorities.",
+    ),
+    field(
+        "max_queued",
+        Kind::Optional(&Kind::Integer(Integers { min: 1, max: Some(100_000), unit: None, default: None })),
+        "How many of its jobs may wait at once. Not set: tenancy.max_queued_per_team.",
+    ),
+];
+
+/// The keys of a `[[tenancy.base_models]]` entry.
+const BASE_MODEL_FIELDS: &[Field] = &[
+    field("name", Kind::Name, "What a spec calls it: model.policy = \"base:NAME\"."),
+    field("path", Kind::AbsolutePath(None), "The Hugging Face model directory."),
+    field(
+        "teams",
+        Kind::Optional(&Kind::List { item: Item::TeamName, default: None }),
+        "The teams that may use it. Not set: every team.",
+    ),
+];
+
+/// The keys of a `[[tenancy.data_roots]]` entry.
+const DATA_ROOT_FIELDS: &[Field] = &[
+    field("name", Kind::Name, "What a spec calls it: \"root:NAME/…\"."),
+    field("path", Kind::AbsolutePath(None), "The directory."),
+    field("teams", Kind::List { item: Item::TeamName, default: None }, "The teams that may read it."),
+];
+
+/// The keys of a `[[tenancy.secrets]]` entry.
+const SECRET_FIELDS: &[Field] = &[
+    field("name", Kind::Name, "What plugin options call it."),
+    field("teams", Kind::List { item: Item::TeamName, default: None }, "The teams whose jobs may use it."),
+    field(
+        "env",
+        Kind::Optional(&Kind::EnvName),
+        "The daemon's environment variable holding the value (set exactly one of env and file).",
+    ),
+    field(
+        "file",
+        Kind::Optional(&Kind::AbsolutePath(None)),
+        "A file holding the value; a trailing newline is not part of it.",
+    ),
+];
+
 /// The keys of a `[[devices.gpus]]` entry.
 const GPU_FIELDS: &[Field] = &[
     field(
@@ -352,6 +519,10 @@ impl Kind {
             Kind::Number(positive) => positive.what(),
             Kind::Dirs(default) => format!("a list of directories like {}", toml_text(&dirs_value(default))),
             Kind::TeamName => TEAM_NAME.to_owned(),
+            Kind::Name => format!("a name of {}", rlvr_protocol::names::NAME_RULE),
+            Kind::EnvName => ENV_NAME.to_owned(),
+            Kind::List { item, .. } => format!("a list of {}", item.what()),
+            Kind::Optional(kind) => kind.what(path),
             Kind::Sha256 => SHA256.to_owned(),
             Kind::Bool(_) => "true or false".to_owned(),
             Kind::Tables { .. } => format!("a list of tables ([[{path}]])"),
@@ -371,8 +542,15 @@ impl Kind {
             Kind::Bool(default) => Some(Value::from(*default)),
             Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Shares => Some(Value::from(Dict::new())),
-            Kind::TeamName | Kind::Sha256 => None,
+            Kind::List { default, .. } => default.map(|items| dirs_value(items)),
+            Kind::TeamName | Kind::Sha256 | Kind::Name | Kind::EnvName | Kind::Optional(_) => None,
         }
+    }
+
+    /// Whether an entry of a [`Kind::Tables`] must set the key: it has no default and may not be
+    /// left out.
+    pub fn required_in_entry(&self) -> bool {
+        !self.has_default() && !matches!(self, Kind::Optional(_))
     }
 
     /// Whether the key has a default. One without is not set by default (its serde field is an

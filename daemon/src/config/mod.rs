@@ -27,6 +27,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use rlvr_protocol::spec::Priority;
 use serde::{Deserialize, Serialize};
 
 pub use example::example_toml;
@@ -48,6 +49,7 @@ pub struct Config {
     pub api: ApiConfig,
     pub plugins: PluginsConfig,
     pub auth: AuthConfig,
+    pub tenancy: TenancyConfig,
     pub devices: DevicesConfig,
     pub queue: QueueConfig,
     pub scheduler: SchedulerConfig,
@@ -61,6 +63,8 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// The worker executable (`rlvr-worker`); unset: `rlvr-worker` next to `rlvrd`. Absolute.
     pub worker_exe: Option<PathBuf>,
+    /// Where model lines are published; unset: `<state_dir>/registry`. Absolute.
+    pub registry: Option<PathBuf>,
 }
 
 /// `[redis]`
@@ -138,6 +142,70 @@ pub struct TokenConfig {
     pub admin: bool,
 }
 
+/// `[tenancy]`: what each team may name and ask for (SECURITY.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenancyConfig {
+    pub max_dataset_bytes: u64,
+    pub max_datasets_per_team: u32,
+    /// Waiting jobs per team unless its entry says otherwise.
+    pub max_queued_per_team: u32,
+    /// The priorities a team may use unless its entry says otherwise.
+    pub priorities: Vec<Priority>,
+    /// `[[tenancy.teams]]`: per-team allowances.
+    pub teams: Vec<TeamConfig>,
+    /// `[[tenancy.base_models]]`.
+    pub base_models: Vec<BaseModelConfig>,
+    /// `[[tenancy.data_roots]]`.
+    pub data_roots: Vec<DataRootConfig>,
+    /// `[[tenancy.secrets]]`.
+    pub secrets: Vec<SecretConfig>,
+}
+
+/// One `[[tenancy.teams]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamConfig {
+    pub name: String,
+    #[serde(default)]
+    pub priorities: Option<Vec<Priority>>,
+    #[serde(default)]
+    pub max_queued: Option<u32>,
+}
+
+/// One `[[tenancy.base_models]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaseModelConfig {
+    pub name: String,
+    pub path: PathBuf,
+    /// `None`: every team.
+    #[serde(default)]
+    pub teams: Option<Vec<String>>,
+}
+
+/// One `[[tenancy.data_roots]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataRootConfig {
+    pub name: String,
+    pub path: PathBuf,
+    pub teams: Vec<String>,
+}
+
+/// One `[[tenancy.secrets]]` entry: where its value is, never the value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretConfig {
+    pub name: String,
+    pub teams: Vec<String>,
+    /// Exactly one of `env` and `file` is set (the checker says so).
+    #[serde(default)]
+    pub env: Option<String>,
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+}
+
 /// `[devices]`: the device inventory the scheduler packs jobs onto.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -186,6 +254,7 @@ section_defaults!(
     api: ApiConfig,
     plugins: PluginsConfig,
     auth: AuthConfig,
+    tenancy: TenancyConfig,
     devices: DevicesConfig,
     queue: QueueConfig,
     scheduler: SchedulerConfig,

@@ -161,6 +161,23 @@ fn file_overrides_default() {
         team = "ops-2"
         sha256 = "{SHA_B}"
         admin = true
+        [tenancy]
+        max_queued_per_team = 7
+        priorities = ["low"]
+        [[tenancy.teams]]
+        name = "research"
+        priorities = ["low", "normal", "high"]
+        [[tenancy.base_models]]
+        name = "smollm2"
+        path = "/srv/models/smollm2"
+        [[tenancy.data_roots]]
+        name = "shared"
+        path = "/srv/data"
+        teams = ["research", "ops-2"]
+        [[tenancy.secrets]]
+        name = "grader-token"
+        teams = ["research"]
+        file = "/etc/rlvr/grader-token"
         [devices]
         cpu_slots = 3
         cpu_slot_memory_gb = 8
@@ -179,7 +196,7 @@ fn file_overrides_default() {
     );
     let config = check(Some(&toml), &[], &[]);
     let expected = Config {
-        daemon: DaemonConfig { state_dir: "/srv/rlvr".into(), worker_exe: None },
+        daemon: DaemonConfig { state_dir: "/srv/rlvr".into(), worker_exe: None, registry: None },
         redis: RedisConfig { url: "unix:///run/redis.sock".into() },
         api: ApiConfig { listen: "0.0.0.0:9000".parse().unwrap(), ..ApiConfig::default() },
         plugins: PluginsConfig { dirs: vec!["/a".into(), "relative/b".into()], scan_interval_ms: 100 },
@@ -188,6 +205,32 @@ fn file_overrides_default() {
                 TokenConfig { team: "research".into(), sha256: SHA_A.into(), admin: false },
                 TokenConfig { team: "ops-2".into(), sha256: SHA_B.into(), admin: true },
             ],
+        },
+        tenancy: TenancyConfig {
+            max_queued_per_team: 7,
+            priorities: vec![Priority::Low],
+            teams: vec![TeamConfig {
+                name: "research".into(),
+                priorities: Some(vec![Priority::Low, Priority::Normal, Priority::High]),
+                max_queued: None,
+            }],
+            base_models: vec![BaseModelConfig {
+                name: "smollm2".into(),
+                path: "/srv/models/smollm2".into(),
+                teams: None,
+            }],
+            data_roots: vec![DataRootConfig {
+                name: "shared".into(),
+                path: "/srv/data".into(),
+                teams: vec!["research".into(), "ops-2".into()],
+            }],
+            secrets: vec![SecretConfig {
+                name: "grader-token".into(),
+                teams: vec!["research".into()],
+                env: None,
+                file: Some("/etc/rlvr/grader-token".into()),
+            }],
+            ..TenancyConfig::default()
         },
         devices: DevicesConfig {
             cpu_slots: Some(3),
@@ -342,8 +385,8 @@ fn unknown_sections_and_keys() {
         Some("[apii]\nlisten = \"127.0.0.1:1\"\n[devices]\ncpu = 1\n"),
         &[("RLVR__METRICS__PORT", "9")],
         &[
-            "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue, scheduler (from file {file})",
-            "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue, scheduler (from env RLVR__METRICS__PORT)",
+            "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, devices, queue, scheduler (from file {file})",
+            "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, devices, queue, scheduler (from env RLVR__METRICS__PORT)",
             "devices.cpu: unknown key, expected one of: cpu_slots, cpu_slot_memory_gb, gpus (from file {file})",
         ],
     );
@@ -351,7 +394,7 @@ fn unknown_sections_and_keys() {
         Some("\"a.b\" = 1\n[api]\n\"with space\" = 2\n"),
         &[],
         &[
-            r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, devices, queue, scheduler (from file {file})"#,
+            r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, devices, queue, scheduler (from file {file})"#,
             r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {file})"#,
         ],
     );
@@ -367,8 +410,8 @@ fn example_config_loads() {
     // not turn its GPUs into CPU slots.
     assert_eq!(config.devices, DevicesConfig::default());
     assert_eq!(config.scheduler, SchedulerConfig::default());
-    let teams: Vec<(&str, bool)> = config.auth.tokens.iter().map(|t| (t.team.as_str(), t.admin)).collect();
-    assert_eq!(teams, [("research", false), ("admin", true)]);
+    // regression: the example config shipped a working admin token (admin-example-token)
+    assert!(config.auth.tokens.is_empty(), "the example config must not let anyone in");
     check(Some(&std::fs::read_to_string(EXAMPLE).unwrap()), &[], &[]);
 }
 
@@ -502,6 +545,38 @@ fn device_and_scheduler_problems() {
         (
             "[scheduler.shares]\nresearch = 0.7\nvision = 0.2\nops = 0.2",
             "scheduler.shares: expected shares summing to at most 1, found 1.1 (ops 0.2, research 0.7, vision 0.2)",
+        ),
+    ];
+    check_file_problems(cases);
+}
+
+#[test]
+fn tenancy_problems() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[tenancy]\npriorities = [\"urgent\"]\nmax_queued_per_team = 0",
+            "tenancy.max_queued_per_team: expected an integer from 1 to 100000, found 0\n\
+             tenancy.priorities[0]: expected \"low\", \"normal\" or \"high\", found \"urgent\"",
+        ),
+        (
+            "[[tenancy.secrets]]\nname = \"t\"\nteams = [\"a\"]\nenv = \"X\"\nfile = \"/f\"\n\
+             [[tenancy.secrets]]\nname = \"u\"\nteams = [\"a\"]\n\
+             [[tenancy.secrets]]\nname = \"../v\"\nteams = [\"A\"]\nenv = \"lower\"",
+            "tenancy.secrets[0]: expected exactly one of env, file to be set, found 2\n\
+             tenancy.secrets[1]: expected exactly one of env, file to be set, found 0\n\
+             tenancy.secrets[2].name: expected a name of 1 to 64 characters among letters, digits, '-', '_' and '.', not starting with '.', found \"../v\"\n\
+             tenancy.secrets[2].teams[0]: expected a team name of lowercase letters, digits, '_' and '-', found \"A\"\n\
+             tenancy.secrets[2].env: expected an environment variable name of uppercase letters, digits and '_', found \"lower\"",
+        ),
+        (
+            "[[tenancy.data_roots]]\nname = \"d\"\npath = \"relative\"\n",
+            "tenancy.data_roots[0].path: expected an absolute path, found \"relative\"\n\
+             tenancy.data_roots[0].teams: missing required key",
+        ),
+        (
+            "[[tenancy.teams]]\nname = \"a\"\n[[tenancy.teams]]\nname = \"a\"\nmax_queued = 0",
+            "tenancy.teams[1].max_queued: expected an integer from 1 to 100000, found 0\n\
+             tenancy.teams[1].name: team a is already listed at tenancy.teams[0]",
         ),
     ];
     check_file_problems(cases);
