@@ -138,7 +138,6 @@ pub fn io_error(path: &Path) -> impl FnOnce(io::Error) -> CurriculaError + '_ {
     move |source| CurriculaError::Io { path: path.to_owned(), source }
 }
 
-
 pub fn check_name(name: &str) -> Result<(), CurriculaError> {
     if valid_name(name) { Ok(()) } else { Err(CurriculaError::InvalidName { name: name.to_owned() }) }
 }

@@ -26,6 +26,16 @@ pub fn valid_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// What a team name must look like, wherever the config or a tool names a team.
+pub const TEAM_RULE: &str = "a team name of lowercase letters, digits, '_' and '-'";
+
+/// Whether `team` follows [`TEAM_RULE`].
+pub fn valid_team_name(team: &str) -> bool {
+    !team.is_empty()
+        && team.len() <= 64
+        && team.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
 /// Whether `text` is a sha256 as we write them: 64 lowercase hex characters.
 pub fn valid_sha256(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -76,7 +86,7 @@ impl DataRef {
                 && !path.contains(['\0', '\\']);
             if !parts_ok {
                 return Err(
-                    "expected a relative path inside the root: no empty, '.' or '..' parts, no '\\\\'".into()
+                    "expected a relative path inside the root: no empty, '.' or '..' parts, no '\\\\'".into(),
                 );
             }
             return Ok(DataRef::Root { root: root.to_owned(), path: path.to_owned() });

@@ -14,6 +14,24 @@ use sha2::{Digest, Sha256};
 
 use crate::config::AuthConfig;
 
+/// A fresh token: `rlvr_` and 32 random bytes in hex, from the OS's CSPRNG.
+pub struct NewToken {
+    /// The token, shown once to whoever hands it to the team.
+    pub token: String,
+    /// The `[[auth.tokens]]` entry to paste into the config: its sha256, never the token.
+    pub entry: String,
+}
+
+/// Makes a token for `team` (an admin token when `admin`). Errors: the OS has no randomness.
+pub fn new_token(team: &str, admin: bool) -> Result<NewToken, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    let token = format!("rlvr_{}", hex::encode(bytes));
+    let sha256 = hex::encode(Sha256::digest(token.as_bytes()));
+    let entry = format!("[[auth.tokens]]\nteam = \"{team}\"\nsha256 = \"{sha256}\"\nadmin = {admin}\n");
+    Ok(NewToken { token, entry })
+}
+
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
@@ -129,6 +147,20 @@ mod tests {
         assert_eq!(auth.check(&HeaderMap::new()), Err(AuthError::Missing));
         let math = Caller { team: "math".into(), admin: false };
         assert!(math.may_act_for("math") && !math.may_act_for("ops"));
+    }
+
+    #[test]
+    fn a_new_token_is_fresh_and_its_entry_lets_it_in() {
+        let first = new_token("vision", true).unwrap();
+        let second = new_token("vision", true).unwrap();
+        assert_ne!(first.token, second.token);
+        assert!(first.token.starts_with("rlvr_") && first.token.len() == 5 + 64);
+        assert!(!first.entry.contains(&first.token), "the entry holds the hash, never the token");
+        let config: AuthConfig =
+            toml::from_str(&first.entry.replace("[[auth.tokens]]", "[[tokens]]")).unwrap();
+        let auth = Auth::new(&config, 100);
+        let caller = auth.check(&headers(&format!("Bearer {}", first.token))).unwrap();
+        assert_eq!(caller, Caller { team: "vision".into(), admin: true });
     }
 
     #[test]

@@ -52,10 +52,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// API tokens.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
     /// Write synthetic data sets for the built-in model (no download).
     Data {
         #[command(subcommand)]
         kind: DataKind,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenAction {
+    /// Make a fresh token for a team: prints the token (give it to the team; it is not stored
+    /// anywhere) on stdout and, on stderr, the [[auth.tokens]] entry to paste into the config.
+    New {
+        /// The team the token acts for: lowercase letters, digits, '_' and '-'.
+        #[arg(long)]
+        team: String,
+        /// An admin token: sees every team's jobs and may force promotions.
+        #[arg(long)]
+        admin: bool,
     },
 }
 
@@ -108,6 +127,24 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Token { action: TokenAction::New { team, admin } } => {
+            if !rlvr_protocol::names::valid_team_name(&team) {
+                eprintln!("--team: expected {}, got {team:?}", rlvr_protocol::names::TEAM_RULE);
+                return ExitCode::from(2);
+            }
+            match rlvr_daemon::api::auth::new_token(&team, admin) {
+                Ok(new) => {
+                    println!("{}", new.token);
+                    eprintln!();
+                    eprintln!("# paste into the daemon's config, then restart it:\n{}", new.entry);
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("cannot get randomness from the OS: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::ConfigExample => {
             print!("{}", config::example_toml());
             ExitCode::SUCCESS

@@ -241,7 +241,9 @@ impl Checker<'_> {
                 let is_bool = matches!(value, Value::Bool(..));
                 self.passed(Some(is_bool), path, value, &what)
             }
-            Kind::Tables { fields, unique, one_of } => self.tables(path, value, fields, unique, one_of, &what),
+            Kind::Tables { fields, unique, one_of } => {
+                self.tables(path, value, fields, unique, one_of, &what)
+            }
             Kind::Name => {
                 let valid = self.string(path, value, &what).map(rlvr_protocol::names::valid_name);
                 self.passed(valid, path, value, &what)
@@ -328,7 +330,8 @@ impl Checker<'_> {
             let passed = match item {
                 Item::TeamName => self.team(&path, v),
                 Item::Priority => {
-                    let valid = self.string(&path, v, PRIORITY).map(|s| matches!(s, "low" | "normal" | "high"));
+                    let valid =
+                        self.string(&path, v, PRIORITY).map(|s| matches!(s, "low" | "normal" | "high"));
                     self.passed(valid, &path, v, PRIORITY)
                 }
             };
@@ -380,7 +383,8 @@ impl Checker<'_> {
                 let written = |key: &str| matches!(item, Value::Dict(_, dict) if dict.contains_key(key));
                 let set = one_of.iter().filter(|key| written(key)).count();
                 if set != 1 {
-                    let message = format!("expected exactly one of {} to be set, found {set}", one_of.join(", "));
+                    let message =
+                        format!("expected exactly one of {} to be set, found {set}", one_of.join(", "));
                     self.report(&path.index(i), item.tag(), message);
                 }
             }
@@ -447,11 +451,7 @@ fn is_env_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// Team names, wherever the config names a team: lowercase letters, digits, `_` and `-`.
-fn is_team_name(team: &str) -> bool {
-    !team.is_empty()
-        && team.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
-}
+use rlvr_protocol::names::valid_team_name as is_team_name;
 
 /// `x` with at most 6 decimals, so that a sum like `0.1 + 0.2` reads `0.3`.
 fn short_number(x: f64) -> String {

@@ -126,7 +126,7 @@ pub(super) struct Unique {
 }
 
 /// What a team name is, for messages: `[[auth.tokens]]` teams and `[scheduler.shares]` keys alike.
-pub(super) const TEAM_NAME: &str = "a team name of lowercase letters, digits, '_' and '-'";
+pub(super) const TEAM_NAME: &str = rlvr_protocol::names::TEAM_RULE;
 /// What an environment variable name is, for messages.
 pub(super) const ENV_NAME: &str = "an environment variable name of uppercase letters, digits and '_'";
 /// What a sha256 is, for messages and the example.
@@ -243,7 +243,12 @@ admin = false",
     },
     field(
         "tenancy.max_dataset_bytes",
-        Kind::Integer(Integers { min: 1024, max: Some(1 << 36), unit: Some("bytes"), default: Some(256 << 20) }),
+        Kind::Integer(Integers {
+            min: 1024,
+            max: Some(1 << 36),
+            unit: Some("bytes"),
+            default: Some(256 << 20),
+        }),
         "Largest dataset a team may upload (PUT /v1/datasets/NAME); larger ones get 413.",
     ),
     field(
