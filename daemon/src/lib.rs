@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod sched;
 pub mod serve;
 pub mod state_dir;
+pub mod tenancy;

@@ -172,6 +172,7 @@ impl Services {
         let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
         let queues = Queues::new(store, &config.queue);
         let stopping = CancellationToken::new();
+        let tenancy = Arc::new(crate::tenancy::Tenancy::new(config, state_dir));
         let jobs_state = Arc::new(JobsState {
             queues: queues.clone(),
             registry: registry.clone(),
@@ -180,6 +181,7 @@ impl Services {
             max_body_bytes: config.api.max_body_bytes as usize,
             scheduler: scheduler.clone(),
             state_dir: state_dir.clone(),
+            tenancy: tenancy.clone(),
         });
         let app = router(
             AppState { registry: registry.clone(), metrics, redis: redis.clone() },
@@ -198,6 +200,7 @@ impl Services {
             grant_socket,
             preempt_grace: Duration::from_secs(config.scheduler.preempt_grace_s),
             stopping: stopping.clone(),
+            tenancy,
         }));
         let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
         let server_shutdown = shutdown.clone();

@@ -4,8 +4,10 @@
 //! ```text
 //! <state_dir>/
 //!   jobs/<job id>/     JobDir: spec.json, worker.log, run/
-//!   registry/          the default registry of published model lines (`[publish] registry`)
-//!   curricula/<name>/  the shared curricula's versions
+//!   registry/          the registry of published model lines unless `daemon.registry` says
+//!                      otherwise
+//!   datasets/<team>/   the teams' uploaded datasets (`tenancy::datasets`)
+//!   curricula/<team>/<name>/  each team's curricula's versions
 //!   plugin-cache/      content-addressed copies of the plugin libraries loaded
 //!   rlvrd.addr         the API's bound address (for `listen = "…:0"`), while serving
 //!   sched.sock         the grant socket the workers ask for their devices on
@@ -41,9 +43,14 @@ impl StateDir {
         JobsDir::of_state_dir(&self.root)
     }
 
-    /// `registry/`: where gated checkpoints go when a job names no `[publish] registry`.
+    /// `registry/`: where gated checkpoints go unless `daemon.registry` names another place.
     pub fn default_registry(&self) -> PathBuf {
         self.root.join("registry")
+    }
+
+    /// `datasets/`: the teams' uploaded datasets (`tenancy::datasets`).
+    pub fn datasets(&self) -> PathBuf {
+        self.root.join("datasets")
     }
 
     /// `curricula/`: the shared curricula's versions.

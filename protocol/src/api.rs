@@ -98,3 +98,71 @@ pub struct Refreshed {
     /// What happened, in words.
     pub message: String,
 }
+
+/// A team's dataset (`PUT /v1/datasets/{name}`, `GET /v1/datasets`): a name pointing at content,
+/// which a spec names as `dataset:NAME` (pinned at submit to `dataset:NAME@SHA256`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Dataset {
+    pub name: String,
+    /// The content's sha256, hex.
+    pub sha256: String,
+    pub bytes: u64,
+    /// JSON records (non-empty lines).
+    pub records: u64,
+    /// RFC 3339.
+    pub uploaded_at: String,
+}
+
+/// `GET /v1/datasets`: the caller's team's datasets, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DatasetList {
+    pub datasets: Vec<Dataset>,
+}
+
+/// A model line: who owns it, who may read and publish into it, its gate policy (a floor jobs
+/// may tighten, never loosen) and its published versions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelLine {
+    pub name: String,
+    /// The team that owns it: it publishes, reads and sets the rest.
+    pub owner: String,
+    /// Other teams that may start jobs from its versions (`model.policy = "line:NAME@N"`).
+    #[serde(default)]
+    pub readers: Vec<String>,
+    /// Other teams that may publish into it (under its policy).
+    #[serde(default)]
+    pub publishers: Vec<String>,
+    /// The floor of every job's `[gates]` publishing here.
+    #[serde(default)]
+    pub policy: crate::spec::GatesSection,
+    /// Published version numbers, oldest first.
+    #[serde(default)]
+    pub versions: Vec<u64>,
+}
+
+/// `PUT /v1/model-lines/{name}`: creates the line (owned by the caller's team, or by `owner` when
+/// an admin says so) or changes it (its owner or an admin). Fields left out stay as they are.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ModelLineUpdate {
+    /// Admins only: hand the line to this team.
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub readers: Option<Vec<String>>,
+    #[serde(default)]
+    pub publishers: Option<Vec<String>>,
+    #[serde(default)]
+    pub policy: Option<crate::spec::GatesSection>,
+}
+
+/// `GET /v1/model-lines`: the lines the caller's team may read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelLineList {
+    pub lines: Vec<ModelLine>,
+}

@@ -310,13 +310,113 @@ pub struct GatesSection {
     pub refuse_reward_hacking: Option<bool>,
 }
 
-/// `[publish]`: where a gated checkpoint goes.
+/// One criterion of [`GatesSection`] seen as a number, and which way is stricter: what a model
+/// line's policy floor needs to compare a job's gates with the line's.
+struct GateBound {
+    key: &'static str,
+    /// `true`: a larger value is stricter (a minimum); `false`: a smaller one is (a maximum).
+    larger_is_stricter: bool,
+    get: fn(&GatesSection) -> Option<f64>,
+    set: fn(&mut GatesSection, f64),
+}
+
+const GATE_BOUNDS: &[GateBound] = &[
+    GateBound {
+        key: "heldout_gain_min",
+        larger_is_stricter: true,
+        get: |g| g.heldout_gain_min,
+        set: |g, x| g.heldout_gain_min = Some(x),
+    },
+    GateBound {
+        key: "canary_regressions_max",
+        larger_is_stricter: false,
+        get: |g| g.canary_regressions_max.map(f64::from),
+        set: |g, x| g.canary_regressions_max = Some(x as u32),
+    },
+    GateBound { key: "kl_max", larger_is_stricter: false, get: |g| g.kl_max, set: |g, x| g.kl_max = Some(x) },
+    GateBound {
+        key: "length_ratio_max",
+        larger_is_stricter: false,
+        get: |g| g.length_ratio_max,
+        set: |g, x| g.length_ratio_max = Some(x),
+    },
+    GateBound {
+        key: "verifier_error_rate_max",
+        larger_is_stricter: false,
+        get: |g| g.verifier_error_rate_max,
+        set: |g, x| g.verifier_error_rate_max = Some(x),
+    },
+    GateBound {
+        key: "verifier_timeout_rate_max",
+        larger_is_stricter: false,
+        get: |g| g.verifier_timeout_rate_max,
+        set: |g, x| g.verifier_timeout_rate_max = Some(x),
+    },
+    GateBound {
+        key: "refuse_reward_hacking",
+        larger_is_stricter: true,
+        get: |g| g.refuse_reward_hacking.map(|b| if b { 1.0 } else { 0.0 }),
+        set: |g, x| g.refuse_reward_hacking = Some(x > 0.5),
+    },
+];
+
+impl GateBound {
+    /// Whether `job` is looser than `floor`.
+    fn looser(&self, job: f64, floor: f64) -> bool {
+        if self.larger_is_stricter { job < floor } else { job > floor }
+    }
+}
+
+impl GatesSection {
+    /// The criteria a model line's `policy` floor forbids this job's `[gates]` to set: each as
+    /// `(field, message)`. A job may leave a criterion unset (it then takes the floor) or tighten
+    /// it, never loosen it.
+    pub fn loosened_against(&self, policy: &GatesSection) -> Vec<SpecError> {
+        GATE_BOUNDS
+            .iter()
+            .filter_map(|bound| {
+                let (job, floor) = ((bound.get)(self)?, (bound.get)(policy)?);
+                bound.looser(job, floor).then(|| SpecError {
+                    field: format!("gates.{}", bound.key),
+                    message: format!(
+                        "the model line's policy sets {} {}; a job may tighten the line's gates, not loosen them",
+                        if bound.larger_is_stricter { "at least" } else { "at most" },
+                        show_bound(bound.key, floor)
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// These gates held to `policy`: each criterion the stricter of the two, the policy's where
+    /// the job sets none. What the gates judge at publish, so a policy tightened after submit
+    /// still holds.
+    pub fn within(&self, policy: &GatesSection) -> GatesSection {
+        let mut effective = self.clone();
+        for bound in GATE_BOUNDS {
+            let Some(floor) = (bound.get)(policy) else { continue };
+            match (bound.get)(self) {
+                Some(job) if !bound.looser(job, floor) => {}
+                _ => (bound.set)(&mut effective, floor),
+            }
+        }
+        effective
+    }
+}
+
+fn show_bound(key: &str, value: f64) -> String {
+    match key {
+        "refuse_reward_hacking" => (value > 0.5).to_string(),
+        _ => value.to_string(),
+    }
+}
+
+/// `[publish]`: who is told when a gated checkpoint is published. Where it goes is the operator's
+/// registry and the job's `job.model_line`, never a spec's choice: there is no `registry` key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PublishSection {
-    #[cfg_attr(feature = "openapi", schema(value_type = String))]
-    pub registry: PathBuf,
     #[serde(default)]
     pub webhook: Option<String>,
 }
@@ -1022,5 +1122,35 @@ max_steps = 10
         let error = JobSpec::from_json(r#"{"job": 3}"#).unwrap_err();
         assert_eq!(error.field, "job", "{error}");
         assert!(JobSpec::from_json("{").unwrap_err().message.starts_with("not valid JSON"));
+    }
+}
+
+#[cfg(test)]
+mod gate_floor_tests {
+    use super::GatesSection;
+
+    fn gates(toml: &str) -> GatesSection {
+        toml::from_str(toml).unwrap()
+    }
+
+    #[test]
+    fn a_job_may_tighten_a_lines_gates_but_not_loosen_them() {
+        let policy = gates("heldout_gain_min = 0.0\nkl_max = 0.5\nrefuse_reward_hacking = true");
+        let cases: &[(&str, &[&str])] = &[
+            ("", &[]),
+            ("heldout_gain_min = 0.05\nkl_max = 0.1", &[]),
+            // regression: a team published into a line with heldout_gain_min = -1
+            ("heldout_gain_min = -1.0", &["gates.heldout_gain_min"]),
+            ("kl_max = 2.0\nrefuse_reward_hacking = false", &["gates.kl_max", "gates.refuse_reward_hacking"]),
+            ("length_ratio_max = 100.0", &[]),
+        ];
+        for (job, expected) in cases {
+            let fields: Vec<String> =
+                gates(job).loosened_against(&policy).into_iter().map(|error| error.field).collect();
+            assert_eq!(fields, *expected, "{job}");
+        }
+        let effective = gates("heldout_gain_min = -1.0\nkl_max = 0.1").within(&policy);
+        assert_eq!(effective, gates("heldout_gain_min = 0.0\nkl_max = 0.1\nrefuse_reward_hacking = true"));
+        assert_eq!(gates("kl_max = 3.0").within(&GatesSection::default()), gates("kl_max = 3.0"));
     }
 }

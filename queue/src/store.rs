@@ -246,6 +246,30 @@ return {1, ARGV[1]}
             .collect()
     }
 
+    /// How many of `team`'s jobs wait to run (queued or preempted), counting up to `limit`: what
+    /// the per-team queue limit is checked against. Reads only states, newest jobs first, in
+    /// pipelined pages; a team's history of finished jobs costs a page per 500.
+    pub async fn waiting(&self, team: &str, limit: usize) -> Result<usize, StoreError> {
+        let ids: Vec<String> = self.conn.clone().zrevrange(team_key(team), 0, -1).await?;
+        let mut waiting = 0;
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.hget(job_key(id), F_STATE);
+            }
+            let states: Vec<Option<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+            waiting += states
+                .iter()
+                .flatten()
+                .filter(|state| matches!(state.parse(), Ok(JobState::Queued | JobState::Preempted)))
+                .count();
+            if waiting >= limit {
+                break;
+            }
+        }
+        Ok(waiting)
+    }
+
     /// Ids of jobs in `state`, oldest first, at most `limit` (for recovery sweeps).
     pub async fn ids_in_state(&self, state: JobState, limit: usize) -> Result<Vec<String>, StoreError> {
         // The index is by time; states are read in pages. Fine for the sweeps at start-up.

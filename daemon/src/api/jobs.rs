@@ -39,8 +39,10 @@ pub struct JobsState {
     pub max_body_bytes: usize,
     /// This daemon's scheduler: submit checks the inventory; views show devices and grants.
     pub scheduler: Arc<crate::sched::service::Scheduler>,
-    /// The jobs' directories (metrics), the default registry, the curricula.
+    /// The jobs' directories (metrics), the curricula.
     pub state_dir: crate::state_dir::StateDir,
+    /// What each team may name: datasets, model lines, base models, data roots, secrets.
+    pub tenancy: Arc<crate::tenancy::Tenancy>,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -205,14 +207,38 @@ pub async fn submit(
     let checked = spec.clone();
     // Reads files and the registry: off the async threads.
     let scheduler = state.scheduler.clone();
-    let problems =
-        tokio::task::spawn_blocking(move || checks::check_runnable(&checked, &registry, &scheduler))
-            .await
-            .map_err(|error| {
-                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string())
-            })?;
-    if !problems.is_empty() {
-        return Err(Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems));
+    let tenancy = state.tenancy.clone();
+    let admitted = tokio::task::spawn_blocking(move || {
+        let mut problems = checks::check_runnable(&checked, &registry, &scheduler);
+        match crate::tenancy::resolve::admit(&tenancy, &checked, false) {
+            Ok(pinned) if problems.is_empty() => Ok(pinned),
+            Ok(_) => Err(problems),
+            Err(more) => {
+                problems.extend(more);
+                Err(problems)
+            }
+        }
+    })
+    .await
+    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
+    let spec = admitted.map_err(|problems| {
+        let forbidden = problems.iter().any(|p| p.field == "job.priority" || p.field == "job.model_line");
+        let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNPROCESSABLE_ENTITY };
+        Failure::spec(status, "cannot_run", problems)
+    })?;
+    let allowance = state.tenancy.allowance(&spec.job.team);
+    let waiting = state.queues.store.waiting(&spec.job.team, allowance.max_queued as usize + 1).await?;
+    if waiting >= allowance.max_queued as usize {
+        return Err(Failure::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            format!(
+                "team {} has {waiting} jobs waiting, its limit (tenancy.max_queued_per_team or its [[tenancy.teams]] entry); \
+                 submit again when one starts",
+                spec.job.team
+            ),
+        )
+        .retry(30));
     }
 
     let id = new_task_id();

@@ -86,10 +86,10 @@ pub async fn promote(
         reason: reason.to_owned(),
         at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     };
-    let registry = state.state_dir.default_registry();
+    let tenancy = state.tenancy.clone();
     let (spec2, id2) = (spec.clone(), id.clone());
     let verdict = tokio::task::spawn_blocking(move || {
-        publish::gate_and_publish(&spec2, &id2, &outcome, &registry, Some(forced))
+        publish::gate_and_publish(&spec2, &id2, &outcome, &tenancy.lines, Some(forced))
     })
     .await
     .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?

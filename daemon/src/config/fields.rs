@@ -547,7 +547,7 @@ impl Kind {
             Kind::Bool(default) => Some(Value::from(*default)),
             Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Shares => Some(Value::from(Dict::new())),
-            Kind::List { default, .. } => default.map(|items| dirs_value(items)),
+            Kind::List { default, .. } => default.map(dirs_value),
             Kind::TeamName | Kind::Sha256 | Kind::Name | Kind::EnvName | Kind::Optional(_) => None,
         }
     }

@@ -1,10 +1,8 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
 //! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
-//! other and the data (the rules the worker applies at start, `rlvr_plugin_host::fit`), the
-//! files it names are readable by the daemon, its budget is sane, and its `[resources]` fit this
-//! daemon's devices.
-
-use std::path::Path;
+//! other and the data (the rules the worker applies at start, `rlvr_plugin_host::fit`), its budget
+//! is sane, and its `[resources]` fit this daemon's devices. What its names reach (datasets,
+//! models, the model line) is `tenancy::resolve`'s.
 
 use rlvr_plugin_api::PluginKind;
 use rlvr_protocol::spec::{JobSpec, SpecError};
@@ -77,26 +75,10 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler
         }
     }
 
-    // Files the worker will read, as the daemon's user.
-    readable_file(&mut problem, "data.train", &spec.data.train);
-    if let Some(path) = &spec.data.heldout {
-        readable_file(&mut problem, "data.heldout", path);
-    }
-    if let Some(path) = &spec.data.canaries {
-        readable_file(&mut problem, "data.canaries", path);
-    }
-    model_source(&mut problem, "model.policy", &spec.model.policy);
-    if spec.model.reference != "same" {
-        model_source(&mut problem, "model.reference", &spec.model.reference);
-    }
-    if let Some(publish) = &spec.publish
-        && !publish.registry.is_absolute()
-    {
-        problem(
-            "publish.registry",
-            format!("expected an absolute path, got {:?}", publish.registry.display().to_string()),
-        );
-    }
+    // The built-in model's name; the data and the other models are the team's names, which
+    // `tenancy::resolve` checks.
+    builtin_model(&mut problem, "model.policy", &spec.model.policy);
+    builtin_model(&mut problem, "model.reference", &spec.model.reference);
 
     // Budgets and resources within what a daemon can honour.
     if let Some(minutes) = spec.budget.max_wall_minutes
@@ -114,42 +96,9 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler
     problems
 }
 
-fn readable_file(problem: &mut impl FnMut(&str, String), field: &str, path: &Path) {
-    if !path.is_absolute() {
-        problem(
-            field,
-            format!(
-                "expected an absolute path (the daemon's working directory is not yours), got {:?}",
-                path.display().to_string()
-            ),
-        );
-        return;
-    }
-    match std::fs::File::open(path).and_then(|file| file.metadata()) {
-        Ok(meta) if meta.is_file() => {}
-        Ok(_) => problem(field, format!("{} is not a file", path.display())),
-        Err(error) => problem(field, format!("the daemon cannot read {}: {error}", path.display())),
-    }
-}
-
-fn model_source(problem: &mut impl FnMut(&str, String), field: &str, source: &str) {
-    if source.starts_with("builtin:") {
-        if rlvr_protocol::spec::builtin_seed(source).is_none() {
-            let name = rlvr_protocol::spec::BUILTIN_MODEL;
-            problem(field, format!("expected {name} or {name}?seed=N, got {source:?}"));
-        }
-        return;
-    }
-    let dir = Path::new(source);
-    if !dir.is_absolute() {
-        problem(field, format!("expected builtin:NAME or an absolute directory, got {source:?}"));
-        return;
-    }
-    let config = dir.join("config.json");
-    if let Err(error) = std::fs::File::open(&config) {
-        problem(
-            field,
-            format!("expected a Hugging Face model directory; cannot read {}: {error}", config.display()),
-        );
+fn builtin_model(problem: &mut impl FnMut(&str, String), field: &str, source: &str) {
+    if source.starts_with("builtin:") && rlvr_protocol::spec::builtin_seed(source).is_none() {
+        let name = rlvr_protocol::spec::BUILTIN_MODEL;
+        problem(field, format!("expected {name} or {name}?seed=N, got {source:?}"));
     }
 }

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use super::gate::judge;
 use super::webhook;
+use crate::tenancy::lines::{self, LineError, Lines};
 
 /// What the gates decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,27 +76,37 @@ pub enum PublishError {
     },
 }
 
-/// Where a job publishes: its `[publish] registry`, or the daemon's default.
-pub fn registry_of(spec: &JobSpec, default_registry: &Path) -> PathBuf {
-    spec.publish.as_ref().map_or_else(|| default_registry.to_owned(), |p| p.registry.clone())
-}
-
 /// The model line's newest published version, if any: the baseline of the next candidate.
-pub fn latest_version(spec: &JobSpec, default_registry: &Path) -> Option<(u64, PathBuf)> {
-    let line = registry_of(spec, default_registry).join(&spec.job.model_line);
-    versions(&line).ok()?.pop()
+pub fn latest_version(spec: &JobSpec, lines: &Lines) -> Option<(u64, PathBuf)> {
+    lines::versions(&lines.dir(&spec.job.model_line).ok()?).ok()?.pop()
 }
 
 /// Judges `outcome` and, when every criterion passes (or an admin forced it), publishes its
-/// checkpoint.
+/// checkpoint into the job's model line.
+///
+/// The gates judged are the job's held to the line's policy as it is now (a policy tightened
+/// after submit still holds), and the job's team must still be allowed to publish there: an
+/// owner who took that right away after submit is obeyed.
 pub fn gate_and_publish(
     spec: &JobSpec,
     job_id: &str,
     outcome: &Outcome,
-    default_registry: &Path,
+    lines: &Lines,
     forced: Option<Forced>,
 ) -> Result<Verdict, PublishError> {
-    let mut report = judge(spec, outcome);
+    let line_name = &spec.job.model_line;
+    let io = |source: io::Error| PublishError::Io { registry: lines.registry().to_owned(), source };
+    let policy = match lines.publisher(&spec.job.team, line_name, true) {
+        Ok(policy) => policy,
+        Err(LineError::Io(error)) => return Err(io(error)),
+        Err(refused) => {
+            let report = GateReport::new(None, Vec::new());
+            return Ok(Verdict::Refused { reason: format!("job.model_line: {refused}"), report });
+        }
+    };
+    let mut held = spec.clone();
+    held.gates = spec.gates.within(&policy);
+    let mut report = judge(&held, outcome);
     if !report.passed && forced.is_none() {
         return Ok(Verdict::Refused { reason: report.refusal(), report });
     }
@@ -103,12 +114,10 @@ pub fn gate_and_publish(
     if outcome.checkpoint.as_os_str().is_empty() {
         return Err(PublishError::NoCheckpoint);
     }
-    let registry = registry_of(spec, default_registry);
     let published_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let manifest = Manifest::new(job_id, spec, outcome, report, published_at);
-    let line = registry.join(&spec.job.model_line);
-    let (version, path) = publish(&line, &outcome.checkpoint.join("model"), manifest)
-        .map_err(|source| PublishError::Io { registry: registry.clone(), source })?;
+    let line = lines.dir(line_name).map_err(|error| io(io::Error::other(error.to_string())))?;
+    let (version, path) = publish(&line, &outcome.checkpoint.join("model"), manifest).map_err(io)?;
     let manifest_path = path.join("manifest.json");
     let manifest = fs::read(&manifest_path)
         .map_err(|error| error.to_string())
@@ -149,12 +158,7 @@ pub async fn deliver_webhook(store: &JobStore, id: &str, spec: &JobSpec, publish
 /// one step, so a job gated twice at once (a forced promotion racing another) publishes once.
 pub fn publish(line: &Path, model: &Path, mut manifest: Manifest) -> io::Result<(u64, PathBuf)> {
     fs::create_dir_all(line)?;
-    let lock =
-        fs::OpenOptions::new().create(true).truncate(false).write(true).open(line.join(".publish.lock"))?;
-    // SAFETY: flock on a descriptor we own; it is released when `lock` is dropped (closed).
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let _lock = lines::lock(line)?;
     if let Some(found) = published_by(line, &manifest.job_id)? {
         return Ok(found);
     }
@@ -199,21 +203,8 @@ pub fn publish(line: &Path, model: &Path, mut manifest: Manifest) -> io::Result<
     }
 }
 
-/// Published versions of a line, by number.
-fn versions(line: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let mut found = Vec::new();
-    for entry in fs::read_dir(line)? {
-        let entry = entry?;
-        if let Some(version) = entry.file_name().to_str().and_then(|name| name.parse::<u64>().ok()) {
-            found.push((version, entry.path()));
-        }
-    }
-    found.sort();
-    Ok(found)
-}
-
 fn next_version(line: &Path) -> io::Result<u64> {
-    Ok(versions(line)?.last().map_or(1, |(version, _)| version + 1))
+    Ok(lines::versions(line)?.last().map_or(1, |(version, _)| version + 1))
 }
 
 /// The version this job published already, if it did.
@@ -223,7 +214,7 @@ fn published_by(line: &Path, job_id: &str) -> io::Result<Option<(u64, PathBuf)>>
     struct MadeBy {
         job_id: String,
     }
-    for (version, path) in versions(line)? {
+    for (version, path) in lines::versions(line)? {
         let made_by = fs::read(path.join("manifest.json"))
             .ok()
             .and_then(|bytes| serde_json::from_slice::<MadeBy>(&bytes).ok());

@@ -42,6 +42,7 @@ use super::publish::{self, Verdict};
 use rlvr_protocol::fs::write_json_atomic;
 
 use crate::state_dir::StateDir;
+use crate::tenancy::Tenancy;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
 use rlvr_protocol::worker::{Outcome, Progress, WorkerArgs, WorkerExit};
 
@@ -71,6 +72,8 @@ pub struct SupervisorConfig {
     pub preempt_grace: Duration,
     /// Cancelled on SIGTERM: workers checkpoint and jobs are requeued.
     pub stopping: CancellationToken,
+    /// Resolves a job's names into the paths its worker reads; the model lines it publishes to.
+    pub tenancy: Arc<Tenancy>,
 }
 
 /// What the daemon's supervisors share.
@@ -80,8 +83,8 @@ pub struct Supervisor {
     pub exe: PathBuf,
     /// `<state_dir>/jobs`: one directory per job (spec, run state, worker log).
     pub jobs_dir: JobsDir,
-    /// Where gated checkpoints go when a job names no `[publish] registry`.
-    pub default_registry: PathBuf,
+    /// Resolves a job's names into the paths its worker reads; the model lines it publishes to.
+    pub tenancy: Arc<Tenancy>,
     /// `<state_dir>/curricula`: the shared curricula's versions.
     pub curricula_dir: PathBuf,
     pub plugin_dirs: Vec<PathBuf>,
@@ -122,7 +125,7 @@ impl Supervisor {
             queues: config.queues,
             exe: config.worker,
             jobs_dir: config.state_dir.jobs(),
-            default_registry: config.state_dir.default_registry(),
+            tenancy: config.tenancy,
             curricula_dir: config.state_dir.curricula(),
             plugin_dirs: config.plugin_dirs,
             worker_threads: config.worker_threads,
@@ -293,7 +296,8 @@ impl Supervisor {
         let dir = self.jobs_dir.job(id);
         let mut child = match self.spawn_worker(&dir, id, spec, curriculum_version, devices) {
             Ok(child) => child,
-            Err(error) => {
+            Err(SpawnError::Refused(reason)) => return WorkerEnd::JobError(reason),
+            Err(SpawnError::Io(error)) => {
                 return WorkerEnd::Crashed(format!(
                     "cannot start the worker in {}: {error}",
                     dir.path().display()
@@ -351,11 +355,17 @@ impl Supervisor {
         spec: &JobSpec,
         curriculum_version: Option<u64>,
         devices: &[DeviceKind],
-    ) -> std::io::Result<tokio::process::Child> {
-        prepare_job_dir(dir, spec)?;
+    ) -> Result<tokio::process::Child, SpawnError> {
+        if !dir.spec().exists() {
+            // The names the team wrote, as the server's paths; written once, so every resume
+            // reads what the first run read.
+            let resolved =
+                crate::tenancy::resolve::worker_spec(&self.tenancy, spec).map_err(SpawnError::Refused)?;
+            prepare_job_dir(dir, &resolved)?;
+        }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.worker_log())?;
         // The gates compare with the line's version published when this run started.
-        let baseline = publish::latest_version(spec, &self.default_registry);
+        let baseline = publish::latest_version(spec, &self.tenancy.lines);
         let curriculum = curriculum_version.filter(|version| *version > 0);
         let gpus: Vec<String> = devices
             .iter()
@@ -382,12 +392,15 @@ impl Supervisor {
         };
         let mut command = tokio::process::Command::new(&self.exe);
         command.args(args.command_line());
+        // The worker and the plugins it loads see none of the daemon's environment but what a
+        // process needs to run: secrets reach them by name only (SECURITY.md).
+        command.env_clear().envs(worker_environment(std::env::vars_os()));
         if !gpus.is_empty() {
             // NVML's indexes are PCI order; CUDA's are too under this setting.
             command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));
         }
         command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
-        command.spawn()
+        Ok(command.spawn()?)
     }
 
     /// Waits for the worker to exit, recording its progress and passing on a cancel (kill), the
@@ -522,9 +535,9 @@ impl Supervisor {
     /// Gates a finished job and records the verdict; a published one's manifest then goes to
     /// the job's webhook, if it names one.
     async fn finish(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
-        let (spec2, id2, registry) = (spec.clone(), id.to_owned(), self.default_registry.clone());
+        let (spec2, id2, tenancy) = (spec.clone(), id.to_owned(), self.tenancy.clone());
         let verdict = tokio::task::spawn_blocking(move || {
-            publish::gate_and_publish(&spec2, &id2, &outcome, &registry, None)
+            publish::gate_and_publish(&spec2, &id2, &outcome, &tenancy.lines, None)
         })
         .await;
         match verdict {
@@ -648,6 +661,47 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// Why a worker could not be started.
+#[derive(Debug, thiserror::Error)]
+enum SpawnError {
+    /// The job's fault: something its spec names is gone or no longer granted.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The variables of the daemon's environment a worker gets: what finding libraries, logging,
+/// temporary files, certificates and the accelerator need, by exact name or prefix. Everything
+/// else (tokens, `RLVR__…` config overrides, a team's grader credentials) stays in the daemon.
+const WORKER_ENV: &[&str] = &[
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "HOME",
+    "TMPDIR",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "RLVR_LOG",
+    "RLVR_CPU_MATMUL",
+    "RUST_BACKTRACE",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+];
+const WORKER_ENV_PREFIXES: &[&str] = &["CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_"];
+
+/// The entries of `vars` a worker inherits ([`WORKER_ENV`]).
+fn worker_environment(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    vars.filter(|(name, _)| {
+        name.to_str().is_some_and(|name| {
+            WORKER_ENV.contains(&name) || WORKER_ENV_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+        })
+    })
+    .collect()
 }
 
 /// Writes the job's spec (once: the worker checks it never changes under a run).

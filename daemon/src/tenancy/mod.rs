@@ -1,0 +1,216 @@
+//! The tenancy boundary (SECURITY.md, design.md §8): every name a team writes is resolved inside
+//! that team's namespace, or refused with the field that named it.
+//!
+//! - [`datasets`]: the teams' uploaded datasets, content-addressed, per team.
+//! - [`lines`]: model lines with an owner, readers, publishers and a gate-policy floor.
+//! - [`resolve`]: a submitted spec checked against all of it and pinned (`dataset:NAME` becomes
+//!   `dataset:NAME@SHA256`, `line:L` becomes `line:L@N`), and, when its worker starts, turned
+//!   into the spec the worker reads, with server paths in place of names.
+//!
+//! The operator's config is trusted ([`crate::config::TenancyConfig`]): base models, data roots,
+//! secrets and per-team allowances. A team is whatever its token says ([`crate::api::auth`]).
+
+pub mod datasets;
+pub mod lines;
+pub mod resolve;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rlvr_protocol::spec::{Priority, SpecError};
+
+use crate::config::{Config, SecretConfig};
+use crate::state_dir::StateDir;
+
+pub use datasets::Datasets;
+pub use lines::Lines;
+
+/// What the config lets each team do and name.
+#[derive(Debug, Clone)]
+pub struct Tenancy {
+    config: crate::config::TenancyConfig,
+    /// The teams' datasets.
+    pub datasets: Datasets,
+    /// The registry's model lines.
+    pub lines: Lines,
+}
+
+/// A team's allowance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowance {
+    pub priorities: Vec<Priority>,
+    pub max_queued: u32,
+}
+
+/// Where a secret's value is, for the worker of a job whose team may use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    Env(String),
+    File(PathBuf),
+}
+
+/// Why a secret's value could not be read: said to the operator (the daemon's log), never to the
+/// team, whose message only says the secret is not available.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("secret {name}: environment variable {variable} is not set or not UTF-8")]
+    Env { name: String, variable: String },
+    #[error("secret {name}: cannot read {path}: {source}")]
+    File { name: String, path: PathBuf, source: std::io::Error },
+}
+
+impl Tenancy {
+    /// From the daemon's config and state directory.
+    pub fn new(config: &Config, state_dir: &StateDir) -> Self {
+        let registry = config.daemon.registry.clone().unwrap_or_else(|| state_dir.default_registry());
+        Tenancy {
+            config: config.tenancy.clone(),
+            datasets: Datasets::new(state_dir.datasets(), config.tenancy.max_dataset_bytes),
+            lines: Lines::new(registry),
+        }
+    }
+
+    /// The priorities and queue length `team` may use.
+    pub fn allowance(&self, team: &str) -> Allowance {
+        let entry = self.config.teams.iter().find(|entry| entry.name == team);
+        Allowance {
+            priorities: entry
+                .and_then(|entry| entry.priorities.clone())
+                .unwrap_or_else(|| self.config.priorities.clone()),
+            max_queued: entry.and_then(|entry| entry.max_queued).unwrap_or(self.config.max_queued_per_team),
+        }
+    }
+
+    /// How many datasets a team may keep.
+    pub fn max_datasets(&self) -> u32 {
+        self.config.max_datasets_per_team
+    }
+
+    /// The directory of base model `name`, if `team` may use it. One message for "no such base
+    /// model" and "not yours": a team learns nothing about what it may not use.
+    pub fn base_model(&self, team: &str, name: &str) -> Result<&Path, String> {
+        self.config
+            .base_models
+            .iter()
+            .find(|model| {
+                model.name == name && model.teams.as_ref().is_none_or(|teams| teams.iter().any(|t| t == team))
+            })
+            .map(|model| model.path.as_path())
+            .ok_or_else(|| format!("no base model {name:?} is available to team {team}"))
+    }
+
+    /// The directory of data root `name`, if `team` may read it.
+    pub fn data_root(&self, team: &str, name: &str) -> Result<&Path, String> {
+        self.config
+            .data_roots
+            .iter()
+            .find(|root| root.name == name && root.teams.iter().any(|t| t == team))
+            .map(|root| root.path.as_path())
+            .ok_or_else(|| format!("no data root {name:?} is available to team {team}"))
+    }
+
+    /// Where secret `name` is, if `team` may use it.
+    pub fn secret(&self, team: &str, name: &str) -> Result<SecretSource, String> {
+        self.config
+            .secrets
+            .iter()
+            .find(|secret| secret.name == name && secret.teams.iter().any(|t| t == team))
+            .and_then(source_of)
+            .ok_or_else(|| format!("no secret {name:?} is available to team {team}"))
+    }
+
+    /// The values of `names` for a job of `team`, read now (from the daemon's environment or the
+    /// files): what its worker is handed. A name the team may not use is an error, as is a value
+    /// that cannot be read.
+    pub fn secret_values(&self, team: &str, names: &[String]) -> Result<BTreeMap<String, String>, String> {
+        let mut values = BTreeMap::new();
+        for name in names {
+            let source = self.secret(team, name)?;
+            let value = read_secret(name, &source).map_err(|error| {
+                tracing::error!(%error, "a secret cannot be read");
+                format!("secret {name:?} cannot be read by the daemon; the operator has been told in its log")
+            })?;
+            values.insert(name.clone(), value);
+        }
+        Ok(values)
+    }
+}
+
+fn source_of(secret: &SecretConfig) -> Option<SecretSource> {
+    match (&secret.env, &secret.file) {
+        (Some(variable), None) => Some(SecretSource::Env(variable.clone())),
+        (None, Some(path)) => Some(SecretSource::File(path.clone())),
+        _ => None,
+    }
+}
+
+/// A secret's value: the variable's, or the file's without one trailing newline.
+pub fn read_secret(name: &str, source: &SecretSource) -> Result<String, SecretError> {
+    match source {
+        SecretSource::Env(variable) => std::env::var(variable)
+            .ok()
+            .filter(|value| !value.is_empty())
+            .ok_or_else(|| SecretError::Env { name: name.to_owned(), variable: variable.clone() }),
+        SecretSource::File(path) => std::fs::read_to_string(path)
+            .map(|text| text.strip_suffix('\n').unwrap_or(&text).to_owned())
+            .map_err(|source| SecretError::File { name: name.to_owned(), path: path.clone(), source }),
+    }
+}
+
+/// A refusal naming its field.
+pub(crate) fn refuse(field: &str, message: impl Into<String>) -> SpecError {
+    SpecError { field: field.to_owned(), message: message.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BaseModelConfig, DataRootConfig, TeamConfig};
+
+    fn tenancy() -> Tenancy {
+        let mut config = Config::default();
+        config.tenancy.teams = vec![TeamConfig {
+            name: "research".into(),
+            priorities: Some(vec![Priority::Low, Priority::Normal, Priority::High]),
+            max_queued: Some(3),
+        }];
+        config.tenancy.base_models = vec![
+            BaseModelConfig { name: "open".into(), path: "/m/open".into(), teams: None },
+            BaseModelConfig {
+                name: "closed".into(),
+                path: "/m/closed".into(),
+                teams: Some(vec!["research".into()]),
+            },
+        ];
+        config.tenancy.data_roots =
+            vec![DataRootConfig { name: "shared".into(), path: "/d".into(), teams: vec!["research".into()] }];
+        config.tenancy.secrets = vec![SecretConfig {
+            name: "token".into(),
+            teams: vec!["research".into()],
+            env: Some("RLVR_TEST_NEVER_SET_VARIABLE".into()),
+            file: None,
+        }];
+        Tenancy::new(&config, &StateDir::new("/state".into()))
+    }
+
+    #[test]
+    fn each_team_reaches_only_what_it_was_granted() {
+        let tenancy = tenancy();
+        assert_eq!(tenancy.allowance("research").max_queued, 3);
+        // regression: any team preempted any other by writing priority = "high"
+        assert_eq!(tenancy.allowance("vision").priorities, [Priority::Low, Priority::Normal]);
+        assert_eq!(tenancy.base_model("vision", "open"), Ok(Path::new("/m/open")));
+        assert_eq!(tenancy.base_model("research", "closed"), Ok(Path::new("/m/closed")));
+        // Not granted and not there read the same.
+        assert_eq!(
+            tenancy.base_model("vision", "closed").unwrap_err().replace("closed", "X"),
+            tenancy.base_model("vision", "missing").unwrap_err().replace("missing", "X")
+        );
+        assert!(tenancy.data_root("vision", "shared").is_err());
+        assert_eq!(tenancy.data_root("research", "shared"), Ok(Path::new("/d")));
+        assert!(tenancy.secret("vision", "token").is_err());
+        // An unset variable says nothing to the team about the variable.
+        let message = tenancy.secret_values("research", &["token".into()]).unwrap_err();
+        assert!(!message.contains("RLVR_TEST_NEVER_SET_VARIABLE"), "{message}");
+    }
+}

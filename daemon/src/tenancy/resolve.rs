@@ -1,0 +1,195 @@
+//! A spec's names, resolved inside its team's namespace: at submit ([`admit`]: checked and
+//! pinned, what the job record keeps) and when its worker starts ([`worker_spec`]: the spec the
+//! worker reads, with the server's paths in place of the names).
+//!
+//! Messages name the field as the spec writes it and never show a server path: a team learns
+//! whether a name is available to it, nothing about the host.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rlvr_protocol::names::{DataRef, ModelRef};
+use rlvr_protocol::spec::{JobSpec, SpecError};
+
+use super::lines::LineError;
+use super::{Tenancy, refuse};
+
+/// The data fields of a spec, as `(field, value)`.
+fn data_fields(spec: &JobSpec) -> Vec<(&'static str, &Path)> {
+    let mut fields = vec![("data.train", spec.data.train.as_path())];
+    fields.extend(spec.data.heldout.as_deref().map(|path| ("data.heldout", path)));
+    fields.extend(spec.data.canaries.as_deref().map(|path| ("data.canaries", path)));
+    fields
+}
+
+fn data_field_mut<'a>(spec: &'a mut JobSpec, field: &str) -> Option<&'a mut PathBuf> {
+    match field {
+        "data.train" => Some(&mut spec.data.train),
+        "data.heldout" => spec.data.heldout.as_mut(),
+        "data.canaries" => spec.data.canaries.as_mut(),
+        _ => None,
+    }
+}
+
+/// The model fields of a spec that name a model, as `(field, value)`.
+fn model_fields(spec: &JobSpec) -> Vec<(&'static str, String)> {
+    let mut fields = vec![("model.policy", spec.model.policy.clone())];
+    if spec.model.reference != "same" {
+        fields.push(("model.reference", spec.model.reference.clone()));
+    }
+    fields
+}
+
+fn model_field_mut<'a>(spec: &'a mut JobSpec, field: &str) -> Option<&'a mut String> {
+    match field {
+        "model.policy" => Some(&mut spec.model.policy),
+        "model.reference" => Some(&mut spec.model.reference),
+        _ => None,
+    }
+}
+
+/// Checks what `spec` names against its team's namespace and returns it pinned: every
+/// `dataset:NAME` with its content's sha256, every `line:L` with its newest version. The model
+/// line is claimed for the team when nobody owns it yet (not on a dry run). Every problem, each
+/// naming its field.
+pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec, Vec<SpecError>> {
+    let team = spec.job.team.as_str();
+    let mut pinned = spec.clone();
+    let mut problems = Vec::new();
+
+    let allowance = tenancy.allowance(team);
+    if !allowance.priorities.contains(&spec.job.priority) {
+        let allowed: Vec<String> =
+            allowance.priorities.iter().map(|p| format!("{p:?}").to_lowercase()).collect();
+        problems.push(refuse(
+            "job.priority",
+            format!("team {team} may use priorities {}; the operator grants others", allowed.join(", ")),
+        ));
+    }
+
+    for (field, value) in data_fields(spec) {
+        match data_file(tenancy, team, value) {
+            Ok((reference, _)) => {
+                if let Some(slot) = data_field_mut(&mut pinned, field) {
+                    *slot = PathBuf::from(reference.to_string());
+                }
+            }
+            Err(message) => problems.push(refuse(field, message)),
+        }
+    }
+
+    for (field, value) in model_fields(spec) {
+        match model_dir(tenancy, team, &value) {
+            Ok((reference, _)) => {
+                if let Some(slot) = model_field_mut(&mut pinned, field) {
+                    *slot = reference.to_string();
+                }
+            }
+            Err(message) => problems.push(refuse(field, message)),
+        }
+    }
+
+    match tenancy.lines.publisher(team, &spec.job.model_line, !dry_run) {
+        Ok(policy) => problems.extend(spec.gates.loosened_against(&policy)),
+        Err(LineError::Io(error)) => {
+            tracing::error!(%error, "cannot read the registry");
+            problems.push(refuse("job.model_line", "the registry cannot be read now; retry later"));
+        }
+        Err(error) => problems.push(refuse("job.model_line", error.to_string())),
+    }
+
+    if problems.is_empty() { Ok(pinned) } else { Err(problems) }
+}
+
+/// The spec `spec`'s worker reads: its names replaced by the server's paths. Fails (the job's
+/// fault) when something it names went away since submit or is no longer granted.
+pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<JobSpec, String> {
+    let team = spec.job.team.as_str();
+    let mut resolved = spec.clone();
+    for (field, value) in data_fields(spec) {
+        let (_, path) = data_file(tenancy, team, value).map_err(|message| format!("{field}: {message}"))?;
+        if let Some(slot) = data_field_mut(&mut resolved, field) {
+            *slot = path;
+        }
+    }
+    for (field, value) in model_fields(spec) {
+        let (_, dir) = model_dir(tenancy, team, &value).map_err(|message| format!("{field}: {message}"))?;
+        if let (Some(slot), Some(dir)) = (model_field_mut(&mut resolved, field), dir) {
+            *slot = dir.display().to_string();
+        }
+    }
+    Ok(resolved)
+}
+
+/// A data field's reference, pinned, and the file it names.
+fn data_file(tenancy: &Tenancy, team: &str, value: &Path) -> Result<(DataRef, PathBuf), String> {
+    let text = value.to_str().ok_or("expected UTF-8 text")?;
+    let reference = DataRef::parse(text)?;
+    match reference {
+        DataRef::Dataset { name, sha256 } => {
+            let (sha256, path) =
+                tenancy.datasets.resolve(team, &name, sha256.as_deref()).map_err(|error| {
+                    let message = error.to_string();
+                    format!("{message}; upload it with PUT /v1/datasets/{name} (rlvrctl dataset put)")
+                })?;
+            Ok((DataRef::Dataset { name, sha256: Some(sha256) }, path))
+        }
+        DataRef::Root { root, path } => {
+            let dir = tenancy.data_root(team, &root)?;
+            let file = file_in_root(dir, &path, tenancy.datasets.max_bytes())
+                .map_err(|why| format!("root:{root}/{path}: {why}"))?;
+            Ok((DataRef::Root { root, path }, file))
+        }
+    }
+}
+
+/// `relative` inside `root`, after following every symbolic link: a regular file no larger than
+/// `max_bytes`. The reasons never show the root's path.
+fn file_in_root(root: &Path, relative: &str, max_bytes: u64) -> Result<PathBuf, String> {
+    let root = root.canonicalize().map_err(|_| "the data root is not available now".to_owned())?;
+    let file = root.join(relative).canonicalize().map_err(|_| "no such file in the data root".to_owned())?;
+    if !file.starts_with(&root) {
+        return Err("leads outside the data root".into());
+    }
+    let meta = fs::metadata(&file).map_err(|_| "no such file in the data root".to_owned())?;
+    if !meta.is_file() {
+        return Err("not a file".into());
+    }
+    if meta.len() > max_bytes {
+        return Err(format!("over {max_bytes} bytes (tenancy.max_dataset_bytes)"));
+    }
+    Ok(file)
+}
+
+/// A model field's reference, pinned, and its directory (none for the built-in model).
+fn model_dir(tenancy: &Tenancy, team: &str, value: &str) -> Result<(ModelRef, Option<PathBuf>), String> {
+    let reference = ModelRef::parse(value)?;
+    match reference {
+        ModelRef::Builtin(_) => Ok((reference, None)),
+        ModelRef::Base(ref name) => {
+            let dir = tenancy.base_model(team, name)?.to_owned();
+            has_config(&dir)?;
+            Ok((reference, Some(dir)))
+        }
+        ModelRef::Line { line, version } => {
+            let (version, dir) =
+                tenancy.lines.version(team, &line, version).map_err(|error| match error {
+                    LineError::Io(error) => {
+                        tracing::error!(%error, "cannot read the registry");
+                        "the registry cannot be read now; retry later".to_owned()
+                    }
+                    error => error.to_string(),
+                })?;
+            has_config(&dir)?;
+            Ok((ModelRef::Line { line, version: Some(version) }, Some(dir)))
+        }
+    }
+}
+
+fn has_config(dir: &Path) -> Result<(), String> {
+    if dir.join("config.json").is_file() {
+        Ok(())
+    } else {
+        Err("the model has no config.json; ask the operator (base models) or the line's owner".into())
+    }
+}
