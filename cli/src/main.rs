@@ -232,7 +232,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             let spec = read_spec(&file)?;
             let api = connect(Auth::Token)?;
             let key = idempotency_key.unwrap_or_else(|| fresh_idempotency_key(&file));
-            let submitted = api.submit(&spec.body, spec.format, Some(&key))?;
+            // Local data files become the team's datasets; the spec then names them.
+            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+            let submitted = api.submit(&body, spec.format, Some(&key))?;
             if json {
                 println!("{}", serde_json::to_string(&submitted)?);
             } else {

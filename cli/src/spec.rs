@@ -1,6 +1,7 @@
-//! `rlvrctl submit`'s side of a spec: the file read, its relative paths made absolute against
-//! its own directory (the daemon reads them, and it does not run where the user does), and a
-//! fresh idempotency key so that the client's own retries never make a second job.
+//! `rlvrctl submit`'s side of a spec: the file read, its data files' relative paths made absolute
+//! against its own directory (they are uploaded as the team's datasets before the submit:
+//! `rlvr_client::Client::upload_spec_data`; the daemon reads no path a spec writes), and a fresh
+//! idempotency key so that the client's own retries never make a second job.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -37,15 +38,9 @@ pub(crate) fn read_spec(file: &Path) -> Result<PreparedSpec, BadInput> {
     Ok(PreparedSpec { body, format })
 }
 
-/// The spec fields that name files or directories, as (section, key).
-const PATH_FIELDS: [(&str, &str); 6] = [
-    ("data", "train"),
-    ("data", "heldout"),
-    ("data", "canaries"),
-    ("model", "policy"),
-    ("model", "reference"),
-    ("publish", "registry"),
-];
+/// The spec fields that may name local files, as (section, key): the data, uploaded at submit.
+/// Models are names (`builtin:`, `base:`, `line:`), never local paths.
+const PATH_FIELDS: [(&str, &str); 3] = [("data", "train"), ("data", "heldout"), ("data", "canaries")];
 
 /// The spec's text with every relative path of [`PATH_FIELDS`] made absolute against `base`
 /// (the spec file's directory), in the same format. Everything else is left for the daemon to
@@ -84,7 +79,7 @@ fn prepare_spec(text: &str, format: SpecFormat, base: &Path, home: Option<&Path>
 }
 
 /// The absolute form of one path field's value, or `None` to leave it as it is: already
-/// absolute, empty, a URL, or (for `model.*`) `same` or `builtin:…`.
+/// absolute, empty, a URL, or a dataset or data-root name.
 fn absolute_path(
     section: &str,
     value: &str,
@@ -94,7 +89,7 @@ fn absolute_path(
     if value.is_empty() || value.contains("://") {
         return Ok(None);
     }
-    if section == "model" && (value == "same" || value.starts_with("builtin:")) {
+    if section == "data" && (value.starts_with("dataset:") || value.starts_with("root:")) {
         return Ok(None);
     }
     let path = if value == "~" {
@@ -169,14 +164,14 @@ mod tests {
             [job]
             name = "x"
             [model]
-            policy = "/jobs/team-a/models/base"
-            reference = "/jobs/team-a/ref"
+            policy = "models/base"
+            reference = "./ref"
             [data]
             train = "/jobs/team-a/data/train.jsonl"
             heldout = "/jobs/team-a/../shared/heldout.jsonl"
             canaries = "/abs/canaries.jsonl"
             [publish]
-            registry = "/home/me/registry"
+            registry = "~/registry"
             webhook = "relative/not/a/path"
             [[verifiers]]
             plugin = "math"
@@ -206,7 +201,7 @@ mod tests {
         check_paths(
             SpecFormat::Json,
             r#"{"model": {"policy": "m", "reference": "same"}, "data": {"train": "t.jsonl"}, "budget": {"max_steps": 3}}"#,
-            r#"{"model": {"policy": "/jobs/team-a/m", "reference": "same"}, "data": {"train": "/jobs/team-a/t.jsonl"}, "budget": {"max_steps": 3}}"#,
+            r#"{"model": {"policy": "m", "reference": "same"}, "data": {"train": "/jobs/team-a/t.jsonl"}, "budget": {"max_steps": 3}}"#,
         );
     }
 

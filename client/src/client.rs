@@ -6,7 +6,12 @@ use std::time::Duration;
 use reqwest::blocking::{RequestBuilder, Response};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
-use rlvr_protocol::api::{Health, PluginList, PromoteRequest, Refreshed};
+use rlvr_protocol::api::{
+    Dataset, DatasetList, Health, ModelLine, ModelLineList, ModelLineUpdate, PluginList, PromoteRequest,
+    Refreshed,
+};
+
+use crate::spec_data::SpecDataError;
 use rlvr_protocol::job::{ApiError, ErrorBody, JobList, JobState, JobView, MetricsHistory, Submitted};
 use rlvr_protocol::worker::MetricsLine;
 use serde::de::DeserializeOwned;
@@ -326,6 +331,63 @@ impl Client {
     /// however many ask.
     pub fn curriculum_refresh(&self, name: &str) -> Result<Refreshed, HttpError> {
         self.call(Method::POST, self.url(&["v1", "curricula", name, "refresh"], &[]), None)
+    }
+
+    /// `PUT /v1/datasets/{name}`: `content` (JSONL) becomes the team's dataset `name`.
+    pub fn put_dataset(&self, name: &str, content: &[u8]) -> Result<Dataset, HttpError> {
+        let url = self.url(&["v1", "datasets", name], &[]);
+        let response = self.send(&url, || {
+            self.request(Method::PUT, &url)
+                .header(CONTENT_TYPE, "application/x-ndjson")
+                .body(content.to_vec())
+        })?;
+        Ok(self.read(&url, response)?.1)
+    }
+
+    /// `GET /v1/datasets`: the team's datasets.
+    pub fn datasets(&self) -> Result<DatasetList, HttpError> {
+        self.get(&["v1", "datasets"], &[])
+    }
+
+    /// `DELETE /v1/datasets/{name}`.
+    pub fn delete_dataset(&self, name: &str) -> Result<(), HttpError> {
+        let url = self.url(&["v1", "datasets", name], &[]);
+        self.send(&url, || self.request(Method::DELETE, &url))?;
+        Ok(())
+    }
+
+    /// `GET /v1/model-lines`: the lines the team owns or was granted.
+    pub fn model_lines(&self) -> Result<ModelLineList, HttpError> {
+        self.get(&["v1", "model-lines"], &[])
+    }
+
+    /// `GET /v1/model-lines/{name}`.
+    pub fn model_line(&self, name: &str) -> Result<ModelLine, HttpError> {
+        self.get(&["v1", "model-lines", name], &[])
+    }
+
+    /// `PUT /v1/model-lines/{name}`: creates the line for the team or changes it.
+    pub fn put_model_line(&self, name: &str, update: &ModelLineUpdate) -> Result<ModelLine, HttpError> {
+        let url = self.url(&["v1", "model-lines", name], &[]);
+        let body = serde_json::to_string(update)
+            .map_err(|error| HttpError::Request { url: url.to_string(), detail: error.to_string() })?;
+        let response = self.send(&url, || {
+            self.request(Method::PUT, &url).header(CONTENT_TYPE, "application/json").body(body.clone())
+        })?;
+        Ok(self.read(&url, response)?.1)
+    }
+
+    /// Uploads the local files a spec's data fields name (anything but `dataset:…` and
+    /// `root:…`, read relative to `base_dir`) as the team's datasets, named after each file, and
+    /// returns the spec naming them pinned (`dataset:NAME@SHA256`), in the same format. What
+    /// `rlvrctl submit` does, so a spec may keep naming files on the submitter's machine.
+    pub fn upload_spec_data(
+        &self,
+        spec: &str,
+        format: SpecFormat,
+        base_dir: &std::path::Path,
+    ) -> Result<String, SpecDataError> {
+        crate::spec_data::upload(self, spec, format, base_dir)
     }
 }
 

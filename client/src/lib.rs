@@ -4,7 +4,8 @@
 //! - [`settings`]: where the daemon is and who we are — the server URL and the team's token from
 //!   flags, the environment (`RLVR_SERVER`, `RLVR_TOKEN`) or `~/.config/rlvr/cli.toml`.
 //! - [`Client`]: one typed method per route (`submit`, `job`, `jobs`, `cancel`, `promote`,
-//!   `metrics`, `plugins`, `health`, `curriculum_refresh`), reading and writing the wire types
+//!   `metrics`, `plugins`, `health`, `curriculum_refresh`, datasets, model lines), reading and
+//!   writing the wire types
 //!   of [`rlvr_protocol`]; busy answers (429, 503 with Retry-After) waited out a few times.
 //! - [`HttpError`]: every failure, classified as the exit status a program ends with
 //!   ([`Exit`]): refused (4xx, input on this side) or unreachable (no answer, 5xx, an answer
@@ -22,6 +23,7 @@ mod client;
 mod error;
 pub mod events;
 pub mod settings;
+mod spec_data;
 
 pub use client::{
     BUSY_RETRIES, BUSY_WAIT_MAX, CONNECT_TIMEOUT, Client, ClientConfig, JobQuery, REQUEST_TIMEOUT,
@@ -31,3 +33,4 @@ pub use error::{Exit, HttpError, api_error_text};
 pub use events::View;
 pub use reqwest::{StatusCode, Url};
 pub use settings::{Auth, Settings, SettingsError, Token};
+pub use spec_data::SpecDataError;

@@ -15,6 +15,7 @@ pub mod auth;
 pub mod curricula;
 pub mod jobs;
 pub mod outcomes;
+pub mod tenancy;
 
 use std::sync::Arc;
 
@@ -52,6 +53,17 @@ pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize
         .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
         .route("/v1/jobs/{id}/metrics", get(outcomes::metrics))
         .route("/v1/curricula/{name}/refresh", axum::routing::post(curricula::refresh))
+        .route("/v1/datasets", get(tenancy::list_datasets))
+        .route(
+            "/v1/datasets/{name}",
+            get(tenancy::get_dataset)
+                .put(tenancy::put_dataset)
+                .delete(tenancy::delete_dataset)
+                // The upload streams to disk and counts against tenancy.max_dataset_bytes itself.
+                .layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/model-lines", get(tenancy::list_lines))
+        .route("/v1/model-lines/{name}", get(tenancy::get_line).put(tenancy::put_line))
         .with_state(jobs);
     Router::new()
         .route("/healthz", get(healthz))
@@ -69,7 +81,9 @@ pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize
     info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
     paths(
         healthz, metrics, plugins, openapi, jobs::submit, jobs::list, jobs::show, jobs::cancel, jobs::events,
-        outcomes::promote, outcomes::metrics, curricula::refresh
+        outcomes::promote, outcomes::metrics, curricula::refresh,
+        tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
+        tenancy::list_lines, tenancy::get_line, tenancy::put_line
     ),
     modifiers(&BearerAuth),
     tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "daemon", description = "Health, metrics, plugins"))

@@ -248,7 +248,10 @@ pub fn count_records(path: &Path) -> Result<u64, DatasetError> {
         match serde_json::from_slice::<serde_json::Value>(&line) {
             Ok(serde_json::Value::Object(_)) => records += 1,
             Ok(_) => {
-                return Err(DatasetError::NotJsonl { line: number, message: "expected a JSON object".into() });
+                return Err(DatasetError::NotJsonl {
+                    line: number,
+                    message: "expected a JSON object".into(),
+                });
             }
             Err(error) => return Err(DatasetError::NotJsonl { line: number, message: error.to_string() }),
         }

@@ -1,0 +1,258 @@
+//! The routes of a team's namespace: its datasets (`PUT|GET|DELETE /v1/datasets/{name}`,
+//! `GET /v1/datasets`) and the model lines it owns or was granted (`GET /v1/model-lines`,
+//! `GET|PUT /v1/model-lines/{name}`).
+//!
+//! The team is always the token's: no request names a team's namespace, so none can reach
+//! another's. Another team's line is "not found", as another team's job is.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use futures::StreamExt;
+use rlvr_protocol::api::{Dataset, DatasetList, ModelLine, ModelLineList, ModelLineUpdate};
+use rlvr_protocol::job::ErrorBody;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use super::jobs::{Answer, Failure, JobsState};
+use crate::tenancy::datasets::DatasetError;
+use crate::tenancy::lines::{Actor, LineError};
+
+impl From<DatasetError> for Failure {
+    fn from(error: DatasetError) -> Self {
+        let (status, code, field) = match &error {
+            DatasetError::BadName => (StatusCode::BAD_REQUEST, "invalid_name", "name"),
+            DatasetError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", ""),
+            DatasetError::NotJsonl { .. } | DatasetError::Empty => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_dataset", "")
+            }
+            DatasetError::TooMany { .. } => (StatusCode::CONFLICT, "too_many_datasets", ""),
+            DatasetError::NotFound { .. } | DatasetError::Gone { .. } => {
+                (StatusCode::NOT_FOUND, "not_found", "name")
+            }
+            DatasetError::Io(io) => {
+                tracing::error!(error = %io, "the dataset store");
+                return Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the dataset store failed; retry later",
+                );
+            }
+        };
+        Failure::new(status, code, error.to_string()).field(field)
+    }
+}
+
+impl From<LineError> for Failure {
+    fn from(error: LineError) -> Self {
+        let (status, code, field) = match &error {
+            LineError::BadName => (StatusCode::BAD_REQUEST, "invalid_name", "name"),
+            LineError::BadTeam { field, .. } => (StatusCode::BAD_REQUEST, "invalid_team", *field),
+            LineError::NotFound(_) | LineError::NoVersion { .. } | LineError::NoVersions { .. } => {
+                (StatusCode::NOT_FOUND, "not_found", "name")
+            }
+            LineError::NotPublisher { .. } | LineError::NotOwner { .. } | LineError::OwnerNeedsAdmin => {
+                (StatusCode::FORBIDDEN, "forbidden", "")
+            }
+            LineError::Unowned { .. } => (StatusCode::CONFLICT, "unowned", "name"),
+            LineError::Io(io) => {
+                tracing::error!(error = %io, "the registry");
+                return Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the registry failed; retry later",
+                );
+            }
+        };
+        Failure::new(status, code, error.to_string()).field(field)
+    }
+}
+
+fn join_error(error: tokio::task::JoinError) -> Failure {
+    Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string())
+}
+
+/// `PUT /v1/datasets/{name}`: the body (JSONL) becomes dataset `name` of the caller's team.
+#[utoipa::path(
+    put,
+    path = "/v1/datasets/{name}",
+    params(("name" = String, Path, description = "Dataset name")),
+    request_body(content = String, description = "JSONL: one JSON object per line", content_type = "application/x-ndjson"),
+    responses(
+        (status = 201, description = "A new name", body = Dataset),
+        (status = 200, description = "The name now points at this content", body = Dataset),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "datasets"
+)]
+pub async fn put_dataset(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Answer<(StatusCode, Json<Dataset>)> {
+    let caller = state.auth.check(&headers)?;
+    if !rlvr_protocol::names::valid_name(&name) {
+        return Err(DatasetError::BadName.into());
+    }
+    let datasets = &state.tenancy.datasets;
+    let incoming = datasets.incoming(&caller.team).map_err(DatasetError::from)?;
+    let received = receive(body, &incoming, datasets.max_bytes()).await;
+    let (sha256, bytes) = match received {
+        Ok(received) => received,
+        Err(failure) => {
+            let _ = tokio::fs::remove_file(&incoming).await;
+            return Err(failure);
+        }
+    };
+    let tenancy = state.tenancy.clone();
+    let team = caller.team.clone();
+    let (dataset, created) = tokio::task::spawn_blocking(move || {
+        tenancy.datasets.finish(&team, &name, &incoming, &sha256, bytes, tenancy.max_datasets())
+    })
+    .await
+    .map_err(join_error)??;
+    tracing::info!(team = %caller.team, dataset = %dataset.name, bytes, "dataset uploaded");
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(dataset)))
+}
+
+/// Streams `body` into `file`, hashing it; at most `limit` bytes.
+async fn receive(body: Body, file: &std::path::Path, limit: u64) -> Answer<(String, u64)> {
+    let mut out = tokio::fs::File::create(file).await.map_err(DatasetError::from)?;
+    let mut hasher = Sha256::new();
+    let mut bytes = 0u64;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| {
+            Failure::new(StatusCode::BAD_REQUEST, "bad_body", format!("cannot read the body: {error}"))
+        })?;
+        bytes = bytes.saturating_add(chunk.len() as u64);
+        if bytes > limit {
+            return Err(DatasetError::TooLarge { limit }.into());
+        }
+        hasher.update(&chunk);
+        out.write_all(&chunk).await.map_err(DatasetError::from)?;
+    }
+    out.flush().await.map_err(DatasetError::from)?;
+    Ok((hex::encode(hasher.finalize()), bytes))
+}
+
+/// `GET /v1/datasets`: the caller's team's datasets.
+#[utoipa::path(get, path = "/v1/datasets", responses((status = 200, body = DatasetList), (status = 401, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
+pub async fn list_datasets(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+) -> Answer<Json<DatasetList>> {
+    let caller = state.auth.check(&headers)?;
+    let tenancy = state.tenancy.clone();
+    let datasets = tokio::task::spawn_blocking(move || tenancy.datasets.list(&caller.team))
+        .await
+        .map_err(join_error)??;
+    Ok(Json(DatasetList { datasets }))
+}
+
+/// `GET /v1/datasets/{name}`.
+#[utoipa::path(get, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 200, body = Dataset), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
+pub async fn get_dataset(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Answer<Json<Dataset>> {
+    let caller = state.auth.check(&headers)?;
+    let tenancy = state.tenancy.clone();
+    let team = caller.team.clone();
+    let found = tokio::task::spawn_blocking(move || tenancy.datasets.get(&team, &name).map(|d| (d, name)))
+        .await
+        .map_err(join_error)??;
+    match found {
+        (Some(dataset), _) => Ok(Json(dataset)),
+        (None, name) => Err(DatasetError::NotFound { team: caller.team, name }.into()),
+    }
+}
+
+/// `DELETE /v1/datasets/{name}`: jobs already submitted keep their pinned content only while
+/// another name points at it.
+#[utoipa::path(delete, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
+pub async fn delete_dataset(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Answer<StatusCode> {
+    let caller = state.auth.check(&headers)?;
+    let tenancy = state.tenancy.clone();
+    tokio::task::spawn_blocking(move || tenancy.datasets.delete(&caller.team, &name))
+        .await
+        .map_err(join_error)??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/model-lines`: the lines the caller's team owns or was granted (every line for admins).
+#[utoipa::path(get, path = "/v1/model-lines", responses((status = 200, body = ModelLineList), (status = 401, body = ErrorBody)), security(("bearer" = [])), tag = "model lines")]
+pub async fn list_lines(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+) -> Answer<Json<ModelLineList>> {
+    let caller = state.auth.check(&headers)?;
+    let tenancy = state.tenancy.clone();
+    let lines = tokio::task::spawn_blocking(move || {
+        tenancy.lines.list(Actor { team: &caller.team, admin: caller.admin })
+    })
+    .await
+    .map_err(join_error)??;
+    Ok(Json(ModelLineList { lines }))
+}
+
+/// `GET /v1/model-lines/{name}`.
+#[utoipa::path(get, path = "/v1/model-lines/{name}", params(("name" = String, Path, description = "Model line")), responses((status = 200, body = ModelLine), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "model lines")]
+pub async fn get_line(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Answer<Json<ModelLine>> {
+    let caller = state.auth.check(&headers)?;
+    let tenancy = state.tenancy.clone();
+    let line = tokio::task::spawn_blocking(move || {
+        tenancy.lines.get(Actor { team: &caller.team, admin: caller.admin }, &name)
+    })
+    .await
+    .map_err(join_error)??;
+    Ok(Json(line))
+}
+
+/// `PUT /v1/model-lines/{name}`: creates the line for the caller's team, or changes its readers,
+/// publishers or gate policy (its owner or an admin; only an admin hands it to another team).
+#[utoipa::path(
+    put,
+    path = "/v1/model-lines/{name}",
+    params(("name" = String, Path, description = "Model line")),
+    request_body = ModelLineUpdate,
+    responses(
+        (status = 201, description = "Created", body = ModelLine), (status = 200, description = "Changed", body = ModelLine),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "model lines"
+)]
+pub async fn put_line(
+    State(state): State<Arc<JobsState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    update: Result<Json<ModelLineUpdate>, axum::extract::rejection::JsonRejection>,
+) -> Answer<(StatusCode, Json<ModelLine>)> {
+    let caller = state.auth.check(&headers)?;
+    let Json(update) = update
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "invalid_body", rejection.body_text()))?;
+    let tenancy = state.tenancy.clone();
+    let (line, created) = tokio::task::spawn_blocking(move || {
+        tenancy.lines.update(Actor { team: &caller.team, admin: caller.admin }, &name, update)
+    })
+    .await
+    .map_err(join_error)??;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(line)))
+}
