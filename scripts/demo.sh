@@ -76,6 +76,10 @@ free_port() {
     "$RLVR_VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# What the demo keeps: the published model lines (the daemon's registry) and the report.
+out=${RLVR_DEMO_OUT:-$RLVR_ROOT/target/demo}/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$out"
+
 step "private Redis and rlvrd serve in $work"
 mkdir -p "$work/redis" "$work/state" "$work/plugins"
 redis_port=$(free_port)
@@ -92,6 +96,7 @@ token_sha256=$(printf %s "$RLVR_TOKEN" | sha256sum | cut -d' ' -f1)
 cat >"$work/rlvrd.toml" <<TOML
 [daemon]
 state_dir = "$work/state"
+registry = "$out/registry"
 [redis]
 url = "redis://127.0.0.1:$redis_port"
 [api]
@@ -122,8 +127,6 @@ echo "rlvrd is serving on $RLVR_SERVER"
 step "rlvrctl plugins"
 "$bin/rlvrctl" plugins
 
-out=${RLVR_DEMO_OUT:-$RLVR_ROOT/target/demo}/$(date -u +%Y%m%dT%H%M%SZ)
-mkdir -p "$out"
 step "synthetic data (rlvrd data arith; nothing is downloaded)"
 # Addition with zero-padded operands below 50 (each digit in a fixed place): 300 demonstrations,
 # 2,000 prompts for GRPO and 100 held-out prompts, no problem in two files. GRPO learns from
@@ -170,13 +173,13 @@ max_new_tokens = 4
 max_steps = 250
 [eval]
 every_steps = 50
-[publish]
-registry = "$out/registry"
 TOML
 sft=$(run_job "$work/sft.toml")
 sft_model=$(job_field "$sft" published)
 [ -n "$sft_model" ] || { "$bin/rlvrctl" status "$sft" >&2; echo "the cold start was not published" >&2; exit 1; }
 echo "cold start published at $sft_model"
+# The next job starts from that version, named in the team's model line (never by its path).
+sft_version=$(basename "$sft_model")
 
 if [ "$refuse" = 1 ]; then
     lr=1e-9
@@ -192,7 +195,7 @@ team = "demo"
 model_line = "tiny-arith"
 seed = 7
 [model]
-policy = "$sft_model"
+policy = "line:tiny-arith-sft@$sft_version"
 [data]
 train = "$work/data/train.jsonl"
 heldout = "$work/data/heldout.jsonl"
@@ -226,8 +229,6 @@ every_steps = 20
 # four CPU matmul paths — oneDNN, BLAS, each held to AVX2: +0.10 to +0.36.)
 [gates]
 heldout_gain_min = 0.02
-[publish]
-registry = "$out/registry"
 TOML
 grpo=$(run_job "$work/grpo.toml")
 

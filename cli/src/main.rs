@@ -63,9 +63,10 @@ struct Cli {
 enum Command {
     /// Submit a job spec (TOML, or JSON when FILE ends in .json) and print the job's id.
     ///
-    /// Relative paths in data.train, data.heldout, data.canaries, model.policy, model.reference
-    /// and publish.registry are made absolute against FILE's directory before the spec is sent:
-    /// the daemon reads them, and it does not run where you do. `~/` is your home directory.
+    /// Local files named by data.train, data.heldout and data.canaries (relative to FILE's
+    /// directory; `~/` is your home directory) are uploaded first as your team's datasets,
+    /// named after each file, and the spec sent names them by content (`dataset:NAME@SHA256`):
+    /// the daemon reads no path a spec writes.
     Submit {
         /// The job spec.
         file: PathBuf,
@@ -145,6 +146,16 @@ enum Command {
         #[command(subcommand)]
         command: CurriculumCommand,
     },
+    /// Your team's datasets: upload, list, delete.
+    Dataset {
+        #[command(subcommand)]
+        command: DatasetCommand,
+    },
+    /// Model lines your team owns or was granted: list, show, create or change.
+    Line {
+        #[command(subcommand)]
+        command: LineCommand,
+    },
     /// List the daemon's loaded plugins and the files it refused, with why.
     Plugins,
     /// Verify JSONL items with a verifier plugin, loaded here (no daemon needed).
@@ -191,6 +202,50 @@ enum CurriculumCommand {
     Refresh {
         /// The curriculum (`[curriculum] name` of the jobs).
         name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum DatasetCommand {
+    /// Upload FILE (JSONL) as dataset NAME of your team; a spec then names it `dataset:NAME`.
+    /// Uploading a name again points it at the new content; jobs already submitted keep theirs.
+    Put {
+        /// The dataset's name: letters, digits, '-', '_', '.'.
+        name: String,
+        /// The JSONL file.
+        file: PathBuf,
+    },
+    /// List your team's datasets.
+    List,
+    /// Delete dataset NAME.
+    Rm {
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum LineCommand {
+    /// The model lines your team may see.
+    List,
+    /// One line: owner, readers, publishers, gate policy, versions.
+    Show { name: String },
+    /// Create line NAME for your team, or change it (its owner or an admin): who may read it,
+    /// who may publish into it, and its gate policy (a TOML [gates] table's keys as JSON,
+    /// e.g. '{"heldout_gain_min": 0.01}'), which jobs may tighten but never loosen.
+    Set {
+        name: String,
+        /// Teams that may start jobs from its versions (replaces the list).
+        #[arg(long, value_delimiter = ',')]
+        readers: Option<Vec<String>>,
+        /// Teams that may publish into it (replaces the list).
+        #[arg(long, value_delimiter = ',')]
+        publishers: Option<Vec<String>>,
+        /// The gate policy, as JSON.
+        #[arg(long)]
+        policy: Option<String>,
+        /// Admins: hand the line to this team.
+        #[arg(long)]
+        owner: Option<String>,
     },
 }
 
@@ -327,8 +382,69 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             }
             Ok(Exit::Done)
         }
+        Command::Dataset { command } => {
+            let api = connect(Auth::Token)?;
+            match command {
+                DatasetCommand::Put { name, file } => {
+                    let content = std::fs::read(&file)
+                        .map_err(|error| BadInput(format!("cannot read {}: {error}", file.display())))?;
+                    let dataset = api.put_dataset(&name, &content)?;
+                    if json {
+                        println!("{}", serde_json::to_string(&dataset)?);
+                    } else {
+                        println!(
+                            "dataset:{}@{} ({} records, {} bytes)",
+                            dataset.name, dataset.sha256, dataset.records, dataset.bytes
+                        );
+                    }
+                }
+                DatasetCommand::List => {
+                    let list = api.datasets()?;
+                    if json {
+                        println!("{}", serde_json::to_string(&list)?);
+                    } else {
+                        for d in &list.datasets {
+                            println!("{}\t{}\t{} records\t{} bytes\t{}", d.name, d.sha256, d.records, d.bytes, d.uploaded_at);
+                        }
+                    }
+                }
+                DatasetCommand::Rm { name } => api.delete_dataset(&name)?,
+            }
+            Ok(Exit::Done)
+        }
+        Command::Line { command } => {
+            let api = connect(Auth::Token)?;
+            let lines = match command {
+                LineCommand::List => api.model_lines()?.lines,
+                LineCommand::Show { name } => vec![api.model_line(&name)?],
+                LineCommand::Set { name, readers, publishers, policy, owner } => {
+                    let policy = policy
+                        .map(|text| serde_json::from_str(&text))
+                        .transpose()
+                        .map_err(|error| BadInput(format!("--policy: {error}")))?;
+                    let update = rlvr_protocol::api::ModelLineUpdate { owner, readers, publishers, policy };
+                    vec![api.put_model_line(&name, &update)?]
+                }
+            };
+            for line in &lines {
+                if json {
+                    println!("{}", serde_json::to_string(line)?);
+                } else {
+                    println!(
+                        "{}\towner {}\treaders [{}]\tpublishers [{}]\tversions {:?}\tpolicy {}",
+                        line.name,
+                        line.owner,
+                        line.readers.join(","),
+                        line.publishers.join(","),
+                        line.versions,
+                        serde_json::to_string(&line.policy)?
+                    );
+                }
+            }
+            Ok(Exit::Done)
+        }
         Command::Plugins => {
-            let list = connect(Auth::Anonymous)?.plugins()?;
+            let list = connect(Auth::Token)?.plugins()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {

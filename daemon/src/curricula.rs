@@ -43,9 +43,9 @@ use rlvr_protocol::worker::RolloutRecord;
 /// contention: each lost race means another refresh published in between.
 pub const PUBLISH_ATTEMPTS: u32 = 8;
 
-/// Writes the next version of curriculum `name` from the latest one (its counts × `decay`) and
-/// the records the jobs of `jobs_dir` whose spec names `name` (`curriculum.name`) appended since,
-/// and returns it.
+/// Writes the next version of `team`'s curriculum `name` (in `curricula_dir`, that team's
+/// directory) from the latest one (its counts × `decay`) and the records the jobs of `team` in
+/// `jobs_dir` whose spec names `name` (`curriculum.name`) appended since, and returns it.
 ///
 /// A refresh that finds no new records still writes a version (`records.count` 0, the counts
 /// decayed): the nightly run is recorded, and the version says when the curriculum was last
@@ -55,6 +55,7 @@ pub const PUBLISH_ATTEMPTS: u32 = 8;
 pub fn refresh(
     jobs_dir: &Path,
     curricula_dir: &Path,
+    team: &str,
     name: &str,
     decay: f64,
     now: SystemTime,
@@ -75,7 +76,7 @@ pub fn refresh(
             .flat_map(|version| &version.records.jobs)
             .map(|lines| (lines.job.as_str(), lines.to_line))
             .collect();
-        let scan = scan_jobs(jobs_dir, name, &watermarks)?;
+        let scan = scan_jobs(jobs_dir, team, name, &watermarks)?;
         let next = next_version(name, previous.as_ref(), decay, now, scan);
         if publish(&dir, &next)? {
             return Ok(next);
@@ -144,7 +145,7 @@ struct JobReading {
 
 /// Reads, for each job dir of `jobs_dir` (by id) whose spec names curriculum `name`, the
 /// complete lines of its rollouts file from its watermark on (line 0 for a job new to it).
-fn scan_jobs(jobs_dir: &Path, name: &str, watermarks: &BTreeMap<&str, u64>) -> Result<Scan, CurriculaError> {
+fn scan_jobs(jobs_dir: &Path, team: &str, name: &str, watermarks: &BTreeMap<&str, u64>) -> Result<Scan, CurriculaError> {
     let mut scan = Scan::default();
     let entries = match fs::read_dir(jobs_dir) {
         Ok(entries) => entries,
@@ -186,7 +187,10 @@ fn scan_jobs(jobs_dir: &Path, name: &str, watermarks: &BTreeMap<&str, u64>) -> R
                 continue;
             }
         };
-        if spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) != Some(name) {
+        // A team's curriculum learns from that team's jobs only.
+        if spec.job.team != team
+            || spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) != Some(name)
+        {
             continue;
         }
         let path = job_dir.run().rollouts();
@@ -327,8 +331,13 @@ mod tests {
             Dirs { jobs, curricula, _root: root }
         }
 
-        /// A job whose spec names `curriculum` (none: no `[curriculum]` name).
+        /// A job of team `t` whose spec names `curriculum` (none: no `[curriculum]` name).
         fn job(&self, id: &str, curriculum: Option<&str>) -> PathBuf {
+            self.job_of("t", id, curriculum)
+        }
+
+        /// A job of `team` whose spec names `curriculum`.
+        fn job_of(&self, team: &str, id: &str, curriculum: Option<&str>) -> PathBuf {
             let dir = self.jobs.join(id);
             fs::create_dir_all(dir.join("run")).unwrap();
             let section = match curriculum {
@@ -336,7 +345,7 @@ mod tests {
                 None => "plugin = \"uniform\"".to_owned(),
             };
             let spec = JobSpec::from_toml(&format!(
-                "[job]\nname = \"{id}\"\nteam = \"t\"\nmodel_line = \"line\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+                "[job]\nname = \"{id}\"\nteam = \"{team}\"\nmodel_line = \"line\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
                  [data]\ntrain = \"/t.jsonl\"\n[optimizer]\nplugin = \"grpo\"\n[[verifiers]]\nplugin = \"math\"\n\
                  [budget]\nmax_steps = 2\n[curriculum]\n{section}\n"
             ))
@@ -346,7 +355,7 @@ mod tests {
         }
 
         fn refresh(&self, decay: f64) -> Result<CurriculumVersion, CurriculaError> {
-            refresh(&self.jobs, &self.curricula, "arith", decay, at(0))
+            refresh(&self.jobs, &self.curricula, "t", "arith", decay, at(0))
         }
     }
 
@@ -402,6 +411,8 @@ mod tests {
         fs::write(dirs.job("job-c", Some("poetry")), lines("p1- p1- p1-")).unwrap();
         fs::write(dirs.job("job-d", None), lines("p1- p1-")).unwrap();
         dirs.job("job-e", Some("arith")); // admitted, no rollouts yet
+        // regression: every team's rollouts fed every other team's difficulty estimates
+        fs::write(dirs.job_of("u", "job-f", Some("arith")), lines("p3+ p3+")).unwrap();
 
         let version = dirs.refresh(0.5).unwrap();
         assert_eq!((version.version, version.previous, version.records.count), (1, None, 9));
@@ -428,7 +439,7 @@ mod tests {
         append(&a, &lines("p1- p2+"));
         fs::write(dirs.job("job-b", Some("arith")), lines("p2+")).unwrap();
 
-        let version = refresh(&dirs.jobs, &dirs.curricula, "arith", 0.5, at(86_400)).unwrap();
+        let version = refresh(&dirs.jobs, &dirs.curricula, "t", "arith", 0.5, at(86_400)).unwrap();
         assert_eq!((version.version, version.previous, version.records.count), (2, Some(1), 3));
         assert_eq!(ranges(&version), [("job-a", 4, 6), ("job-b", 0, 1)]);
         // p1: (4 attempts, 3 passes) × 0.5 + 1 failed attempt.
@@ -647,7 +658,7 @@ mod tests {
         for &(name, valid) in cases {
             assert_eq!(valid_name(name), valid, "{name:?}");
             if !valid {
-                let refused = refresh(&dirs.jobs, &dirs.curricula, name, 0.5, at(0)).unwrap_err();
+                let refused = refresh(&dirs.jobs, &dirs.curricula, "t", name, 0.5, at(0)).unwrap_err();
                 assert_eq!(
                     refused.to_string(),
                     format!(

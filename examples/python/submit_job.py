@@ -8,9 +8,10 @@ The server defaults to $RLVR_SERVER (else http://127.0.0.1:8470), the token to $
 Needs Python 3.11 or newer (tomllib). A spec ending in .json is read as JSON.
 
 What it does, as `rlvrctl submit --wait` does:
-  1. reads the spec and makes the relative paths in data.train, data.heldout, data.canaries,
-     model.policy, model.reference (unless `same` or `builtin:...`) and publish.registry
-     absolute against the spec file's directory: the daemon reads them, from elsewhere;
+  1. reads the spec and uploads the local files named by data.train, data.heldout and
+     data.canaries (relative to the spec file's directory) as the team's datasets
+     (PUT /v1/datasets/NAME), naming them `dataset:NAME@SHA256` in the spec: the daemon reads no
+     path a spec writes;
   2. POSTs it to /v1/jobs as JSON (the standard library reads TOML but cannot write it), with an
      Idempotency-Key, so that a retried submit never makes a second job; prints the job id;
   3. follows GET /v1/jobs/{id}/events (server-sent events), printing each change of state and
@@ -33,15 +34,8 @@ import urllib.parse
 import urllib.request
 
 DEFAULT_SERVER = "http://127.0.0.1:8470"
-# The spec fields that name files or directories, as (section, key).
-PATH_FIELDS = [
-    ("data", "train"),
-    ("data", "heldout"),
-    ("data", "canaries"),
-    ("model", "policy"),
-    ("model", "reference"),
-    ("publish", "registry"),
-]
+# The spec fields that may name local files: uploaded as datasets before the submit.
+DATA_KEYS = ["train", "heldout", "canaries"]
 TERMINAL = {"published", "refused", "failed", "cancelled"}
 # The daemon sends a keep-alive every 10 s: a stream silent this long is dead.
 STREAM_SILENCE_S = 35
@@ -76,24 +70,22 @@ class Unreachable(Exception):
     """No answer from the daemon (exit 3)."""
 
 
-def absolute_path(section, value, base):
-    """The absolute form of one path field, or None to leave it as it is."""
-    if not isinstance(value, str) or not value or "://" in value:
+def local_file(value, base):
+    """The local file a data field names, or None for a dataset or data-root name."""
+    if not isinstance(value, str) or not value or value.startswith(("dataset:", "root:")):
         return None
-    if section == "model" and (value == "same" or value.startswith("builtin:")):
-        return None
-    if value == "~" or value.startswith("~/"):
-        return os.path.expanduser(value)
-    if os.path.isabs(value):
-        return None
-    while value.startswith("./"):
-        value = value[2:]
-    # `..` is kept, not folded: with symlinks, folding it can name another file.
-    return os.path.join(base, value)
+    return os.path.join(base, os.path.expanduser(value))
+
+
+def dataset_name(path, key):
+    """The dataset name for a local file: its stem, with characters outside the name rule as '-'."""
+    stem = os.path.splitext(os.path.basename(path))[0].lstrip(".")
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "-" for c in stem)[:64]
+    return name or key
 
 
 def read_spec(path):
-    """The spec as a dict, its relative paths made absolute against its file's directory."""
+    """The spec as a dict, and the directory its relative data paths are read from."""
     with open(path, "rb") as file:
         if path.endswith(".json"):
             spec = json.load(file)
@@ -103,14 +95,26 @@ def read_spec(path):
             except ImportError:
                 sys.exit("submit_job.py: reading TOML needs Python 3.11 or newer (tomllib)")
             spec = tomllib.load(file)
-    base = os.path.dirname(os.path.abspath(path))
-    for section, key in PATH_FIELDS:
-        table = spec.get(section)
-        if isinstance(table, dict) and key in table:
-            resolved = absolute_path(section, table[key], base)
-            if resolved is not None:
-                table[key] = resolved
-    return spec
+    return spec, os.path.dirname(os.path.abspath(path))
+
+
+def upload_data(server, token, spec, base):
+    """Uploads the spec's local data files as the team's datasets and names them in the spec."""
+    data = spec.get("data")
+    if not isinstance(data, dict):
+        return
+    for key in DATA_KEYS:
+        path = local_file(data.get(key), base)
+        if path is None:
+            continue
+        with open(path, "rb") as file:
+            content = file.read()
+        name = dataset_name(path, key)
+        headers = {"Content-Type": "application/x-ndjson"}
+        quoted = urllib.parse.quote(name, safe="")
+        with request(server, token, "PUT", f"/v1/datasets/{quoted}", content, headers) as response:
+            dataset = json.load(response)
+        data[key] = f"dataset:{dataset['name']}@{dataset['sha256']}"
 
 
 def request(server, token, method, path, body=None, headers=None, timeout=60):
@@ -251,12 +255,17 @@ def main():
         print("submit_job.py: no token: pass --token or set RLVR_TOKEN", file=sys.stderr)
         return 2
     try:
-        spec = read_spec(args.spec)
+        spec, base = read_spec(args.spec)
     except (OSError, ValueError) as error:  # tomllib.TOMLDecodeError and JSONDecodeError are ValueErrors
         print(f"submit_job.py: {args.spec}: {error}", file=sys.stderr)
         return 2
     key = args.idempotency_key or "submit_job-" + os.urandom(16).hex()
     try:
+        try:
+            upload_data(args.server, args.token, spec, base)
+        except OSError as error:
+            print(f"submit_job.py: {args.spec}: {error}", file=sys.stderr)
+            return 2
         submitted = submit(args.server, args.token, spec, key)
         print(submitted["id"], flush=True)
         if not submitted.get("created", True):

@@ -62,9 +62,13 @@ fn answer<T: Serialize>(
 }
 
 /// `POST /v1/jobs` with a TOML body: status and JSON answer. The client checks that a 201 says
-/// `created` and a 200 does not.
+/// `created` and a 200 does not. Data files the spec names by path are uploaded first as the
+/// team's datasets, as `rlvrctl submit` does; a spec whose files cannot be uploaded is sent as it
+/// is, for the daemon to refuse.
 pub fn submit(daemon: &Daemon, token: &str, toml: &str, key: Option<&str>) -> (u16, Value) {
-    let submitted = api(daemon, Some(token)).submit(toml, SpecFormat::Toml, key);
+    let api = api(daemon, Some(token));
+    let toml = api.upload_spec_data(toml, SpecFormat::Toml, Path::new("/")).unwrap_or_else(|_| toml.to_owned());
+    let submitted = api.submit(&toml, SpecFormat::Toml, key);
     answer(daemon, submitted, |submitted| if submitted.created { 201 } else { 200 })
 }
 

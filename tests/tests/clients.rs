@@ -13,6 +13,7 @@ use rlvr_tests::{
     Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact, wait_until,
 };
 use serde_json::Value;
+use sha2::Digest;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
@@ -59,15 +60,14 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     let flags = ["--server", server.as_str(), "--token", TEAM_TOKEN, "--json"];
     let status = json(&run(&rlvrctl, &[&flags[..], &["status", &id]].concat(), cwd, &[]));
     assert_eq!((status["state"].as_str(), status["step"].as_u64()), (Some("published"), Some(6)), "{status}");
-    let data = fs::canonicalize(cwd.join("data")).unwrap();
-    let sent: Value =
+    // The spec's relative data paths were read from its directory and uploaded as the team's
+    // datasets: its worker read those bytes, by content.
+    let sha = hex::encode(sha2::Sha256::digest(fs::read(cwd.join("data/train.jsonl")).unwrap()));
+    let read: Value =
         serde_json::from_slice(&fs::read(daemon.state.join(format!("jobs/{id}/spec.json"))).unwrap())
             .unwrap();
-    assert_eq!(
-        sent["data"]["train"].as_str(),
-        Some(data.join("train.jsonl").to_str().unwrap()),
-        "relative paths are sent absolute: {sent}"
-    );
+    let blob = daemon.state.join(format!("datasets/tests/blobs/{sha}.jsonl"));
+    assert_eq!(read["data"]["train"].as_str(), blob.to_str(), "{read}");
     let list = json(&run(&rlvrctl, &[&flags[..], &["list", "--state", "published"]].concat(), cwd, &[]));
     let ids: Vec<&str> =
         list["jobs"].as_array().unwrap().iter().filter_map(|job| job["id"].as_str()).collect();

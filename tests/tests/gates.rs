@@ -92,8 +92,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
             "first",
             6,
             &format!(
-                "{PERMISSIVE_GATES}[publish]\nregistry = {:?}\nwebhook = {url:?}\n",
-                dir.path().join("registry").display().to_string()
+                "{PERMISSIVE_GATES}[publish]\nwebhook = {url:?}\n",
             ),
         ),
     );
@@ -120,7 +119,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
 
     // The manifest: job, spec, plugins with their hashes, data hashes, step, metrics, gates, files.
     let published = Path::new(done["published"].as_str().unwrap());
-    assert_eq!(published, dir.path().join("registry/tiny-arith/1"));
+    assert_eq!(published, daemon.state.join("registry/tiny-arith/1"));
     let manifest: Value =
         serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["job_id"], first.as_str());
@@ -181,8 +180,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
             "second",
             4,
             &format!(
-                "{PERMISSIVE_GATES}[publish]\nregistry = {:?}\nwebhook = \"http://127.0.0.1:1/down\"\n",
-                dir.path().join("registry").display().to_string()
+                "{PERMISSIVE_GATES}[publish]\nwebhook = \"http://127.0.0.1:1/down\"\n",
             ),
         ),
     );
@@ -201,7 +199,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
         "{webhook}"
     );
     assert_eq!(later["state"], "published");
-    assert!(dir.path().join("registry/tiny-arith/2/manifest.json").is_file());
+    assert!(daemon.state.join("registry/tiny-arith/2/manifest.json").is_file());
 }
 
 #[test]
@@ -314,7 +312,7 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
          [optimizer]\nplugin = \"grpo\"\ngroup_size = 8\nlr = 1e-3\nkl_beta = 0.04\nmicro_batch_size = 32\n\
          [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n[rollout]\nprompts_per_step = 8\nmax_new_tokens = 5\n\
          [budget]\nmax_steps = 60\n[gates]\nheldout_gain_min = -1.0\n",
-        policy = cold["published"].as_str().unwrap(),
+        policy = "line:tiny-arith-sft@1",
         train = shifted.display().to_string(),
         heldout = data.join("heldout.jsonl").display().to_string(),
     );

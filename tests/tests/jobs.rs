@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rlvr_tests::jobs::{
-    WorkerWatch, client, ended, get, job, states, submit, submit_ok, uninterrupted_weights, wait_job,
+    WorkerWatch, api, client, ended, get, job, states, submit, submit_ok, uninterrupted_weights, wait_job,
     workers_of,
 };
 use rlvr_tests::{
@@ -84,7 +84,8 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
             documented.insert(format!("{} {path}", method.to_uppercase()));
         }
     }
-    // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh.
+    // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh, and the
+    // team's namespace: datasets and model lines.
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
         "GET /v1/jobs/{id}",
@@ -98,6 +99,13 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         "POST /v1/jobs/{id}/promote",
         "GET /v1/jobs/{id}/metrics",
         "POST /v1/curricula/{name}/refresh",
+        "PUT /v1/datasets/{name}",
+        "GET /v1/datasets/{name}",
+        "DELETE /v1/datasets/{name}",
+        "GET /v1/datasets",
+        "GET /v1/model-lines",
+        "GET /v1/model-lines/{name}",
+        "PUT /v1/model-lines/{name}",
     ]
     .map(str::to_owned)
     .into();
@@ -110,6 +118,7 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         let request = match method {
             "GET" => client().get(&url),
             "POST" => client().post(&url).header("content-type", "application/json").body("{}"),
+            "PUT" => client().put(&url).header("content-type", "application/json").body("{}\n"),
             _ => client().delete(&url),
         };
         let response = request.bearer_auth(TEAM_TOKEN).send().unwrap();
@@ -130,6 +139,8 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let good = spec(&data, "good", 2, "");
+    let train = fs::read(data.join("train.jsonl")).unwrap();
+    api(&daemon, Some(TEAM_TOKEN)).put_dataset("train", &train).unwrap();
     let with = |from: &str, to: &str| {
         assert!(good.contains(from), "{from}");
         good.replacen(from, to, 1)
@@ -196,7 +207,7 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             with("policy = \"builtin:tiny-arith\"", "policy = \"/nonexistent/model\""),
             422,
             "model.policy",
-            "config.json",
+            "cannot name a server path",
         ),
         (
             with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:tiny-arith\"\ndtype = \"f8\""),
@@ -208,15 +219,20 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             with(&format!("{}/train.jsonl", data.display()), "/nonexistent/train.jsonl"),
             422,
             "data.train",
-            "cannot read",
+            "cannot name a server path",
         ),
-        (with(&format!("{}/train.jsonl", data.display()), "train.jsonl"), 422, "data.train", "absolute path"),
+        (with(&format!("{}/train.jsonl", data.display()), "train.jsonl"), 422, "data.train", "server path"),
+        // regression: a spec trained on another team's files by naming their absolute paths
         (
-            with(&format!("{}/heldout.jsonl", data.display()), &data.display().to_string()),
+            with(&format!("{}/heldout.jsonl", data.display()), &data.display().to_string())
+                .replace(&format!("{}/train.jsonl", data.display()), "dataset:train"),
             422,
             "data.heldout",
-            "not a file",
+            "cannot name a server path",
         ),
+        (with(&format!("{}/train.jsonl", data.display()), "dataset:missing"), 422, "data.train", "no dataset"),
+        (with(&format!("{}/train.jsonl", data.display()), "root:nope/x.jsonl"), 422, "data.train", "no data root"),
+        (with("seed = 7", "seed = 7\npriority = \"high\""), 403, "job.priority", "may use priorities low, normal"),
         (with("plugin = \"grpo\"", "plugin = \"nope\""), 422, "optimizer.plugin", "grpo@0.1.0"),
         (with("plugin = \"grpo\"", "plugin = \"math\""), 422, "optimizer.plugin", "loaded optimizer plugins"),
         (
@@ -269,10 +285,11 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "never fit here: this daemon has 1",
         ),
         (
-            format!("{good}\n[publish]\nregistry = \"relative/dir\"\n"),
-            422,
+            // regression: a spec wrote into another team's registry with [publish] registry
+            format!("{good}\n[publish]\nregistry = \"/etc\"\n"),
+            400,
             "publish.registry",
-            "absolute path",
+            "unknown field",
         ),
         (
             format!("{good}\n[curriculum]\nplugin = \"frontier\"\n"),

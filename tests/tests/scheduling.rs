@@ -16,11 +16,13 @@ use serde_json::Value;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 
-/// `slots` CPU slots of 8 GB; the teams' shares, if any.
+/// `slots` CPU slots of 8 GB; the teams' shares, if any. Team `tests` may use every priority
+/// (the operator's grant); `others` the default low and normal.
 fn config(slots: u32, shares: &str) -> String {
     format!(
         "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n\
          [devices]\ncpu_slots = {slots}\ncpu_slot_memory_gb = 8\n\
+         [[tenancy.teams]]\nname = \"tests\"\npriorities = [\"low\", \"normal\", \"high\"]\n\
          [scheduler]\npreempt_grace_s = 60\n{shares}"
     )
 }
@@ -28,8 +30,10 @@ fn config(slots: u32, shares: &str) -> String {
 /// A GRPO job of `team` at `priority` (gate always passes); `memory_gb` per device, or whole
 /// devices when `None`.
 fn spec(data: &Path, name: &str, team: &str, priority: &str, steps: u32, memory_gb: Option<f64>) -> String {
+    // Each team publishes into its own line: a line belongs to the team that made it.
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5)
-        .replace("team = \"tests\"", &format!("team = \"{team}\"\npriority = \"{priority}\""));
+        .replace("team = \"tests\"", &format!("team = \"{team}\"\npriority = \"{priority}\""))
+        .replace("model_line = \"tiny-arith\"", &format!("model_line = \"tiny-arith-{team}\""));
     let resources = memory_gb.map(|gb| format!("[resources]\nmemory_gb = {gb}\n")).unwrap_or_default();
     format!("{base}\n{PERMISSIVE_GATES}{resources}")
 }

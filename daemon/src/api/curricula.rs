@@ -58,7 +58,8 @@ pub async fn refresh(
     }
     let now = SystemTime::now();
     let date = rlvr_protocol::time::utc_date(now);
-    let key = format!("rlvr:curriculum-refresh:{name}:{date}");
+    // Curricula are the team's: its refresh, its day's claim.
+    let key = format!("rlvr:curriculum-refresh:{}:{name}:{date}", caller.team);
     let store = &state.queues.store;
     let me = format!("running on {} pid {} for team {}", host_name(), std::process::id(), caller.team);
     if let Some(holder) = store.claim(&key, &me, RUNNING_CLAIM).await? {
@@ -69,10 +70,14 @@ pub async fn refresh(
         };
         return Ok(Json(Refreshed { name, date, ran: false, version, records: None, message }));
     }
-    let (jobs_dir, curricula_dir, name2) =
-        (state.state_dir.jobs().path().to_owned(), state.state_dir.curricula(), name.clone());
+    let (jobs_dir, curricula_dir, name2, team) = (
+        state.state_dir.jobs().path().to_owned(),
+        state.state_dir.curricula().join(&caller.team),
+        name.clone(),
+        caller.team.clone(),
+    );
     let outcome = tokio::task::spawn_blocking(move || {
-        curricula::refresh(&jobs_dir, &curricula_dir, &name2, REFRESH_DECAY, now).map_err(|e| e.to_string())
+        curricula::refresh(&jobs_dir, &curricula_dir, &team, &name2, REFRESH_DECAY, now).map_err(|e| e.to_string())
     })
     .await
     .unwrap_or_else(|panic| Err(format!("the refresh panicked: {panic}")));

@@ -85,7 +85,7 @@ pub struct Supervisor {
     pub jobs_dir: JobsDir,
     /// Resolves a job's names into the paths its worker reads; the model lines it publishes to.
     pub tenancy: Arc<Tenancy>,
-    /// `<state_dir>/curricula`: the shared curricula's versions.
+    /// `<state_dir>/curricula`: each team's curricula's versions, in `<team>/<name>/`.
     pub curricula_dir: PathBuf,
     pub plugin_dirs: Vec<PathBuf>,
     pub worker_threads: usize,
@@ -270,7 +270,7 @@ impl Supervisor {
         if pinned.is_some() {
             return Ok(pinned);
         }
-        let latest = crate::curricula::latest_number(&self.curricula_dir, name)
+        let latest = crate::curricula::latest_number(&self.curricula_dir.join(&spec.job.team), name)
             .map_err(|error| format!("curriculum.name: cannot pin a version of {name}: {error}"))?;
         Ok(Some(latest.unwrap_or(0)))
     }
@@ -385,7 +385,7 @@ impl Supervisor {
             job_id: Some(id.to_owned()),
             baseline_version: baseline.as_ref().map(|(version, _)| *version),
             baseline: baseline.map(|(_, path)| path),
-            curricula_dir: curriculum.map(|_| self.curricula_dir.clone()),
+            curricula_dir: curriculum.map(|_| self.curricula_dir.join(&spec.job.team)),
             curriculum_version: curriculum,
             device: Some(if gpus.is_empty() { "cpu" } else { "cuda" }.to_owned()),
             ..WorkerArgs::default()
