@@ -328,7 +328,11 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
         assert_eq!(answer["error"]["field"].as_str().unwrap_or(""), field, "{answer}");
     }
     // 10 MB: refused by size, in the API's error shape.
-    let huge = format!("{good}\n# {}\n", "x".repeat(10 << 20));
+    // (Data by dataset name: the harness sends the spec as it is, comment included.)
+    let by_name = good
+        .replace(&format!("{}/train.jsonl", data.display()), "dataset:train")
+        .replace(&format!("{}/heldout.jsonl", data.display()), "dataset:train");
+    let huge = format!("{by_name}\n# {}\n", "x".repeat(10 << 20));
     let (status, answer) = submit(&daemon, TEAM_TOKEN, &huge, None);
     assert_eq!((status, answer["error"]["code"].as_str()), (413, Some("body_too_large")), "{answer}");
     // No token, bad idempotency key.
