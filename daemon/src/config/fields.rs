@@ -57,6 +57,12 @@ pub(super) enum Kind {
     Number(Positive),
     /// A list of non-empty paths, relative or absolute; they need not exist.
     Dirs(&'static [&'static str]),
+    /// A list of strings, each `item` (for messages: "a host, host:port, …") and passing `check`,
+    /// whose error says why one does not. Empty by default.
+    Strings {
+        item: &'static str,
+        check: fn(&str) -> Result<(), String>,
+    },
     TeamName,
     /// The hex sha256 of a secret: never quoted back.
     Sha256,
@@ -108,12 +114,18 @@ const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None,
 const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
 
-pub(super) const SECTIONS: [Section; 8] = [
+pub(super) const SECTIONS: [Section; 9] = [
     Section { name: "daemon", doc: "" },
     Section { name: "redis", doc: "" },
     Section { name: "api", doc: "" },
     Section { name: "plugins", doc: "" },
     Section { name: "auth", doc: "" },
+    Section {
+        name: "outbound",
+        doc: "Where the daemon's outbound requests (a job's [publish] webhook) may go. Only http and https, \
+              never a redirect, never through a proxy; each destination is checked when the job is \
+              submitted and each address its host resolves to again when the request is made.",
+    },
     Section { name: "devices", doc: "The devices the scheduler packs jobs onto." },
     Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
     Section { name: "scheduler", doc: "How jobs share the devices (design.md §7)." },
@@ -202,6 +214,24 @@ admin = true",
         ),
     },
     Field {
+        path: "outbound.allow",
+        kind: Kind::Strings { item: rlvr_outbound::ENTRY_FORMS, check: outbound_entry },
+        doc: "Destinations outbound requests may go to: a host (any port), host:port, *.example.com (every \
+              subdomain, not example.com itself), an IP address, IP:port, or a CIDR network. Empty, the \
+              default: no outbound request at all (a spec naming a webhook is refused at submit).",
+        example: Example::Commented(
+            "allow = [\"hooks.example.com\", \"*.graders.example.com:443\", \"203.0.113.0/24\"]",
+        ),
+    },
+    field(
+        "outbound.allow_private",
+        Kind::Bool(false),
+        "Whether a listed destination may be a private, loopback, link-local or other non-public address \
+         (IPv6 forms of them included). Off: such an address is reached only through an IP or CIDR entry \
+         inside its range (\"127.0.0.1/32\", \"10.20.0.0/16\"), and a listed host name that resolves to one \
+         is refused. The daemon's own API on loopback is thus out of reach unless an entry names it.",
+    ),
+    Field {
         path: "devices.cpu_slots",
         kind: Kind::Integer(Integers { min: 1, max: None, unit: None, default: None }),
         doc: "CPU slots, used when no GPU is found or when set: how many jobs' device phases may run on \
@@ -281,6 +311,11 @@ admin = true",
     },
 ];
 
+/// An `[outbound] allow` entry: parsed as the daemon will use it.
+fn outbound_entry(entry: &str) -> Result<(), String> {
+    entry.parse::<rlvr_outbound::AllowEntry>().map(drop).map_err(|error| error.to_string())
+}
+
 /// The keys of an `[[auth.tokens]]` entry.
 const TOKEN_FIELDS: &[Field] = &[
     field("team", Kind::TeamName, "The team the token acts for."),
@@ -351,6 +386,7 @@ impl Kind {
             Kind::Integer(integers) => integers.what(),
             Kind::Number(positive) => positive.what(),
             Kind::Dirs(default) => format!("a list of directories like {}", toml_text(&dirs_value(default))),
+            Kind::Strings { item, .. } => format!("a list of strings, each {item}"),
             Kind::TeamName => TEAM_NAME.to_owned(),
             Kind::Sha256 => SHA256.to_owned(),
             Kind::Bool(_) => "true or false".to_owned(),
@@ -368,6 +404,7 @@ impl Kind {
             Kind::Integer(integers) => integers.default.map(Value::from),
             Kind::Number(positive) => positive.default.map(Value::from),
             Kind::Dirs(default) => Some(dirs_value(default)),
+            Kind::Strings { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Bool(default) => Some(Value::from(*default)),
             Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Shares => Some(Value::from(Dict::new())),

@@ -48,6 +48,7 @@ pub struct Config {
     pub api: ApiConfig,
     pub plugins: PluginsConfig,
     pub auth: AuthConfig,
+    pub outbound: OutboundConfig,
     pub devices: DevicesConfig,
     pub queue: QueueConfig,
     pub scheduler: SchedulerConfig,
@@ -138,6 +139,24 @@ pub struct TokenConfig {
     pub admin: bool,
 }
 
+/// `[outbound]`: where outbound requests (webhooks) may go; read by `rlvr_outbound::Policy::new`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// Allow-list entries (host, host:port, `*.domain`, IP, IP:port, CIDR); empty: none.
+    pub allow: Vec<String>,
+    /// Whether listed destinations may be non-public addresses.
+    pub allow_private: bool,
+}
+
+impl OutboundConfig {
+    /// The policy outbound requests go through. The validator has parsed every entry already,
+    /// so this fails only for a config built in code.
+    pub fn policy(&self) -> Result<rlvr_outbound::Policy, rlvr_outbound::PolicyError> {
+        rlvr_outbound::Policy::new(&self.allow, self.allow_private)
+    }
+}
+
 /// `[devices]`: the device inventory the scheduler packs jobs onto.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -186,6 +205,7 @@ section_defaults!(
     api: ApiConfig,
     plugins: PluginsConfig,
     auth: AuthConfig,
+    outbound: OutboundConfig,
     devices: DevicesConfig,
     queue: QueueConfig,
     scheduler: SchedulerConfig,
