@@ -41,6 +41,8 @@ pub struct JobsState {
     pub scheduler: Arc<crate::sched::service::Scheduler>,
     /// The jobs' directories (metrics), the default registry, the curricula.
     pub state_dir: crate::state_dir::StateDir,
+    /// The client webhooks go through; its policy checks a spec's webhook at submit.
+    pub outbound: rlvr_outbound::Client,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -205,12 +207,12 @@ pub async fn submit(
     let checked = spec.clone();
     // Reads files and the registry: off the async threads.
     let scheduler = state.scheduler.clone();
-    let problems =
-        tokio::task::spawn_blocking(move || checks::check_runnable(&checked, &registry, &scheduler))
-            .await
-            .map_err(|error| {
-                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string())
-            })?;
+    let outbound = state.outbound.clone();
+    let problems = tokio::task::spawn_blocking(move || {
+        checks::check_runnable(&checked, &registry, &scheduler, outbound.policy())
+    })
+    .await
+    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
     if !problems.is_empty() {
         return Err(Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems));
     }

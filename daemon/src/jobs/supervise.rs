@@ -71,6 +71,8 @@ pub struct SupervisorConfig {
     pub preempt_grace: Duration,
     /// Cancelled on SIGTERM: workers checkpoint and jobs are requeued.
     pub stopping: CancellationToken,
+    /// The client webhooks go through (`[outbound]`).
+    pub outbound: rlvr_outbound::Client,
 }
 
 /// What the daemon's supervisors share.
@@ -95,6 +97,8 @@ pub struct Supervisor {
     pub grant_socket: PathBuf,
     /// How long a preempted worker gets to checkpoint before it is killed.
     pub preempt_grace: Duration,
+    /// The client webhooks go through (`[outbound]`).
+    pub outbound: rlvr_outbound::Client,
     /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
     active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
 }
@@ -132,6 +136,7 @@ impl Supervisor {
             scheduler: config.scheduler,
             grant_socket: config.grant_socket,
             preempt_grace: config.preempt_grace,
+            outbound: config.outbound,
             active: Mutex::new(HashMap::new()),
         }
     }
@@ -542,7 +547,7 @@ impl Supervisor {
                     .await
                     .is_some()
                 {
-                    publish::deliver_webhook(&self.queues.store, id, spec, &published).await;
+                    publish::deliver_webhook(&self.queues.store, &self.outbound, id, spec, &published).await;
                 }
             }
             Ok(Ok(Verdict::Refused { reason, report })) => {
