@@ -70,7 +70,7 @@ pub enum Refusal {
         destination: String,
     },
     /// The url's host is an address that is not public.
-    #[error("{address} is a {what} address; outbound requests go only to public addresses")]
+    #[error("{address} is {} {what} address; outbound requests go only to public addresses", article(what))]
     NonPublicAddress {
         /// The url's address.
         address: IpAddr,
@@ -253,6 +253,12 @@ impl fmt::Display for Policy {
         let entries: Vec<String> = self.entries.iter().map(ToString::to_string).collect();
         write!(f, "allow = [{}], allow_private = {}", entries.join(", "), self.allow_private)
     }
+}
+
+/// "a" or "an" before `what`, one of the names of the non-public ranges.
+fn article(what: &str) -> &'static str {
+    // "unique-local" starts with a vowel and takes "a"; of the names, only these take "an".
+    if what.starts_with("unspecified") { "an" } else { "a" }
 }
 
 /// `text`, cut at [`MAX_SHOWN`] characters.

@@ -42,7 +42,8 @@ fn not_listed(destination: &str) -> String {
 }
 
 fn non_public(address: &str, what: &str) -> String {
-    format!("{address} is a {what} address; outbound requests go only to public addresses")
+    let article = if what == "unspecified" { "an" } else { "a" };
+    format!("{address} is {article} {what} address; outbound requests go only to public addresses")
 }
 
 fn resolves_non_public(host: &str) -> String {
@@ -204,7 +205,7 @@ fn non_public_addresses_in_urls_are_refused() {
             ("http://2130706433/", &non_public("127.0.0.1", "loopback")),
             ("http://0177.0.0.1/", &non_public("127.0.0.1", "loopback")),
             ("http://127.0.0.1./", &non_public("127.0.0.1", "loopback")),
-            ("http://0/", &non_public("0.0.0.0", "unspecified")),
+            ("http://0/", "0.0.0.0 is an unspecified address; outbound requests go only to public addresses"),
             ("http://10.0.0.5/", &non_public("10.0.0.5", "private")),
             ("http://192.168.1.1/", &non_public("192.168.1.1", "private")),
             ("http://100.64.0.1/", &non_public("100.64.0.1", "shared (carrier-grade NAT)")),
