@@ -218,9 +218,7 @@ enum DatasetCommand {
     /// List your team's datasets.
     List,
     /// Delete dataset NAME.
-    Rm {
-        name: String,
-    },
+    Rm { name: String },
 }
 
 #[derive(Subcommand)]
@@ -404,7 +402,10 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                         println!("{}", serde_json::to_string(&list)?);
                     } else {
                         for d in &list.datasets {
-                            println!("{}\t{}\t{} records\t{} bytes\t{}", d.name, d.sha256, d.records, d.bytes, d.uploaded_at);
+                            println!(
+                                "{}\t{}\t{} records\t{} bytes\t{}",
+                                d.name, d.sha256, d.records, d.bytes, d.uploaded_at
+                            );
                         }
                     }
                 }

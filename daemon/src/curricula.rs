@@ -145,7 +145,12 @@ struct JobReading {
 
 /// Reads, for each job dir of `jobs_dir` (by id) whose spec names curriculum `name`, the
 /// complete lines of its rollouts file from its watermark on (line 0 for a job new to it).
-fn scan_jobs(jobs_dir: &Path, team: &str, name: &str, watermarks: &BTreeMap<&str, u64>) -> Result<Scan, CurriculaError> {
+fn scan_jobs(
+    jobs_dir: &Path,
+    team: &str,
+    name: &str,
+    watermarks: &BTreeMap<&str, u64>,
+) -> Result<Scan, CurriculaError> {
     let mut scan = Scan::default();
     let entries = match fs::read_dir(jobs_dir) {
         Ok(entries) => entries,

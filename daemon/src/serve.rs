@@ -69,6 +69,10 @@ pub enum ServeError {
     /// The worker executable (it runs jobs and probes plugins) could not be found.
     #[error("{0}")]
     WorkerExe(String),
+    /// `[outbound]` holds an entry that is not a destination (only a config built in code can:
+    /// the validator refuses one from a file), or the client could not be built.
+    #[error("outbound: {0}")]
+    Outbound(String),
 }
 
 /// Runs the daemon until `shutdown` is cancelled.
@@ -114,6 +118,14 @@ async fn first_scan(registry: &Arc<Registry>, dirs: &[PathBuf]) {
         }
     };
     tracing::info!(loaded = summary.loaded, refused = summary.refused, dirs = ?dirs, "initial plugin scan finished");
+}
+
+/// The client every webhook goes through, under the `[outbound]` policy.
+fn outbound_client(config: &Config) -> Result<rlvr_outbound::Client, ServeError> {
+    let policy = config.outbound.policy().map_err(|error| ServeError::Outbound(error.to_string()))?;
+    tracing::info!(%policy, "outbound policy");
+    rlvr_outbound::Client::new(policy, crate::jobs::webhook::client_builder())
+        .map_err(|error| ServeError::Outbound(error.to_string()))
 }
 
 /// The device inventory (NVML calls block: off the async threads) and the scheduler over it.
@@ -173,6 +185,7 @@ impl Services {
         let queues = Queues::new(store, &config.queue);
         let stopping = CancellationToken::new();
         let tenancy = Arc::new(crate::tenancy::Tenancy::new(config, state_dir));
+        let outbound = outbound_client(config)?;
         let jobs_state = Arc::new(JobsState {
             queues: queues.clone(),
             registry: registry.clone(),
@@ -182,6 +195,7 @@ impl Services {
             scheduler: scheduler.clone(),
             state_dir: state_dir.clone(),
             tenancy: tenancy.clone(),
+            outbound: outbound.clone(),
         });
         let app = router(
             AppState { registry: registry.clone(), metrics, redis: redis.clone() },
@@ -201,6 +215,7 @@ impl Services {
             preempt_grace: Duration::from_secs(config.scheduler.preempt_grace_s),
             stopping: stopping.clone(),
             tenancy,
+            outbound,
         }));
         let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
         let server_shutdown = shutdown.clone();

@@ -67,7 +67,8 @@ fn answer<T: Serialize>(
 /// is, for the daemon to refuse.
 pub fn submit(daemon: &Daemon, token: &str, toml: &str, key: Option<&str>) -> (u16, Value) {
     let api = api(daemon, Some(token));
-    let toml = api.upload_spec_data(toml, SpecFormat::Toml, Path::new("/")).unwrap_or_else(|_| toml.to_owned());
+    let toml =
+        api.upload_spec_data(toml, SpecFormat::Toml, Path::new("/")).unwrap_or_else(|_| toml.to_owned());
     let submitted = api.submit(&toml, SpecFormat::Toml, key);
     answer(daemon, submitted, |submitted| if submitted.created { 201 } else { 200 })
 }

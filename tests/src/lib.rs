@@ -201,6 +201,11 @@ pub const OTHER_TOKEN: &str = "others-team-token";
 /// An admin's bearer token.
 pub const ADMIN_TOKEN: &str = "ops-admin-token";
 
+/// Config that lets a daemon's outbound requests (webhooks) reach servers the tests run on
+/// 127.0.0.1: the default `[outbound]` allows nothing, and loopback only through an entry inside
+/// it. Append it with [`Daemon::start_with`].
+pub const OUTBOUND_LOOPBACK: &str = "[outbound]\nallow = [\"127.0.0.1/32\"]\n";
+
 /// Hex SHA-256 of `text`.
 pub fn sha256_hex(text: &str) -> String {
     use sha2::Digest;

@@ -13,8 +13,8 @@ use std::time::Duration;
 use rlvr_tests::cli::{run, text};
 use rlvr_tests::jobs::{ended, job, submit_ok, wait_job};
 use rlvr_tests::{
-    ADMIN_TOKEN, Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact,
-    plugin_lib, sha256_hex, wait_until,
+    ADMIN_TOKEN, Daemon, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
+    artifact, plugin_lib, sha256_hex, wait_until,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -77,7 +77,8 @@ fn criteria(job: &Value) -> Vec<(String, bool)> {
 #[test]
 fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its_webhook_called() {
     let redis = Redis::start();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    // Its webhook receiver is on 127.0.0.1, which the operator must allow.
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &format!("{QUEUE}{OUTBOUND_LOOPBACK}"));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let (url, received) = webhook_receiver();
@@ -87,14 +88,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
     // The first of its model line: compared with its starting checkpoint.
     let first = submit_ok(
         &daemon,
-        &spec(
-            &data,
-            "first",
-            6,
-            &format!(
-                "{PERMISSIVE_GATES}[publish]\nwebhook = {url:?}\n",
-            ),
-        ),
+        &spec(&data, "first", 6, &format!("{PERMISSIVE_GATES}[publish]\nwebhook = {url:?}\n",)),
     );
     let done = wait_job(&daemon, &first, Duration::from_secs(180), ended);
     assert_eq!(done["state"], "published", "{done}");
@@ -179,9 +173,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
             &data,
             "second",
             4,
-            &format!(
-                "{PERMISSIVE_GATES}[publish]\nwebhook = \"http://127.0.0.1:1/down\"\n",
-            ),
+            &format!("{PERMISSIVE_GATES}[publish]\nwebhook = \"http://127.0.0.1:1/down\"\n",),
         ),
     );
     let done = wait_job(&daemon, &second, Duration::from_secs(180), ended);

@@ -230,9 +230,24 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "data.heldout",
             "cannot name a server path",
         ),
-        (with(&format!("{}/train.jsonl", data.display()), "dataset:missing"), 422, "data.train", "no dataset"),
-        (with(&format!("{}/train.jsonl", data.display()), "root:nope/x.jsonl"), 422, "data.train", "no data root"),
-        (with("seed = 7", "seed = 7\npriority = \"high\""), 403, "job.priority", "may use priorities low, normal"),
+        (
+            with(&format!("{}/train.jsonl", data.display()), "dataset:missing"),
+            422,
+            "data.train",
+            "no dataset",
+        ),
+        (
+            with(&format!("{}/train.jsonl", data.display()), "root:nope/x.jsonl"),
+            422,
+            "data.train",
+            "no data root",
+        ),
+        (
+            with("seed = 7", "seed = 7\npriority = \"high\""),
+            403,
+            "job.priority",
+            "may use priorities low, normal",
+        ),
         (with("plugin = \"grpo\"", "plugin = \"nope\""), 422, "optimizer.plugin", "grpo@0.1.0"),
         (with("plugin = \"grpo\"", "plugin = \"math\""), 422, "optimizer.plugin", "loaded optimizer plugins"),
         (

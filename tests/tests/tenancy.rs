@@ -11,7 +11,8 @@ use rlvr_client::HttpError;
 use rlvr_protocol::api::ModelLineUpdate;
 use rlvr_tests::jobs::{api, ended, get, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
-    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, wait_until,
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -88,15 +89,24 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     let registry = ours.replace("model_line = \"others-line\"", "model_line = \"cron.d\"")
         + "[publish]\nregistry = \"/etc\"\n";
     refused(&daemon, &registry, 400, "publish.registry", "unknown field");
-    refused(&daemon, &ours.replace("model_line = \"others-line\"", "model_line = \"../x\""), 422, "job.model_line", "");
+    refused(
+        &daemon,
+        &ours.replace("model_line = \"others-line\"", "model_line = \"../x\""),
+        422,
+        "job.model_line",
+        "",
+    );
     // regression: any team preempted any other by writing priority = "high"
     let high = ours.replace("seed = 7", "seed = 7\npriority = \"high\"");
     refused(&daemon, &high, 403, "job.priority", "may use priorities low, normal");
     // The victim's own root works for the victim, and a link out of it does not.
-    let (status, body) = submit(&daemon, TEAM_TOKEN, &job(&data, "escape", "tests", "tiny-arith", 2).replace(
-        &format!("train = {train:?}"),
-        "train = \"root:tests-data/escape.jsonl\"",
-    ), None);
+    let (status, body) = submit(
+        &daemon,
+        TEAM_TOKEN,
+        &job(&data, "escape", "tests", "tiny-arith", 2)
+            .replace(&format!("train = {train:?}"), "train = \"root:tests-data/escape.jsonl\""),
+        None,
+    );
     assert_eq!((status, body["error"]["field"].as_str()), (422, Some("data.train")), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("outside the data root"), "{body}");
 
@@ -105,12 +115,20 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     let after: Vec<_> = fs::read_dir(&line).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(after, before, "the victim's line is as it was");
     let attacker = api(&daemon, Some(OTHER_TOKEN));
-    assert!(attacker.datasets().unwrap().datasets.is_empty());
-    assert!(matches!(attacker.model_line("tiny-arith"), Err(HttpError::Status { status, .. }) if status == 404));
+    // Its own uploads (the harness uploads the files its specs name) are all it has.
+    let names: Vec<String> = attacker.datasets().unwrap().datasets.into_iter().map(|d| d.name).collect();
+    assert!(names.iter().all(|name| name == "train" || name == "heldout"), "{names:?}");
+    assert!(
+        matches!(attacker.model_line("tiny-arith"), Err(HttpError::Status { status, .. }) if status == 404)
+    );
     assert!(attacker.model_lines().unwrap().lines.is_empty());
     let change = ModelLineUpdate { publishers: Some(vec!["others".into()]), ..ModelLineUpdate::default() };
-    assert!(matches!(attacker.put_model_line("tiny-arith", &change), Err(HttpError::Status { status, .. }) if status == 404));
-    assert!(matches!(attacker.delete_dataset("secret-train"), Err(HttpError::Status { status, .. }) if status == 404));
+    assert!(
+        matches!(attacker.put_model_line("tiny-arith", &change), Err(HttpError::Status { status, .. }) if status == 404)
+    );
+    assert!(
+        matches!(attacker.delete_dataset("secret-train"), Err(HttpError::Status { status, .. }) if status == 404)
+    );
     assert_eq!(victim.datasets().unwrap().datasets.len(), 1);
 
     // The owner's gate policy is a floor its own jobs may tighten, never loosen.
@@ -128,7 +146,8 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     assert_eq!(wait_job(&daemon, &from_victims, Duration::from_secs(120), ended)["state"], "published");
     refused(&daemon, &into_victims, 403, "job.model_line", "belongs to another team");
     // An admin hands the line over; the old owner is then a stranger to it.
-    let handover = ModelLineUpdate { owner: Some("others".into()), readers: Some(vec![]), ..ModelLineUpdate::default() };
+    let handover =
+        ModelLineUpdate { owner: Some("others".into()), readers: Some(vec![]), ..ModelLineUpdate::default() };
     assert!(victim.put_model_line("tiny-arith", &handover).is_err());
     api(&daemon, Some(ADMIN_TOKEN)).put_model_line("tiny-arith", &handover).unwrap();
     assert_eq!(attacker.model_line("tiny-arith").unwrap().owner, "others");
@@ -164,7 +183,8 @@ fn a_workers_environment_holds_none_of_the_daemons_secrets_and_a_team_queue_is_b
     // At most 3 of `others`' jobs wait (one runs; this daemon has one slot).
     let mut waiting = 0;
     let refusal = loop {
-        let (status, body) = submit(&daemon, OTHER_TOKEN, &job(&data, "more", "others", "others-line", 2), None);
+        let (status, body) =
+            submit(&daemon, OTHER_TOKEN, &job(&data, "more", "others", "others-line", 2), None);
         if status != 201 {
             break (status, body);
         }
@@ -191,6 +211,7 @@ fn curricula_are_each_teams_own() {
     assert_eq!((ours.version, theirs.version), (Some(1), Some(1)));
     assert!(daemon.state.join("curricula/tests/arith/1.json").is_file());
     assert!(daemon.state.join("curricula/others/arith/1.json").is_file());
-    let again: Value = serde_json::to_value(api(&daemon, Some(TEAM_TOKEN)).curriculum_refresh("arith").unwrap()).unwrap();
+    let again: Value =
+        serde_json::to_value(api(&daemon, Some(TEAM_TOKEN)).curriculum_refresh("arith").unwrap()).unwrap();
     assert_eq!(again["ran"], false);
 }

@@ -77,7 +77,8 @@ pub async fn refresh(
         caller.team.clone(),
     );
     let outcome = tokio::task::spawn_blocking(move || {
-        curricula::refresh(&jobs_dir, &curricula_dir, &team, &name2, REFRESH_DECAY, now).map_err(|e| e.to_string())
+        curricula::refresh(&jobs_dir, &curricula_dir, &team, &name2, REFRESH_DECAY, now)
+            .map_err(|e| e.to_string())
     })
     .await
     .unwrap_or_else(|panic| Err(format!("the refresh panicked: {panic}")));

@@ -43,6 +43,8 @@ pub struct JobsState {
     pub state_dir: crate::state_dir::StateDir,
     /// What each team may name: datasets, model lines, base models, data roots, secrets.
     pub tenancy: Arc<crate::tenancy::Tenancy>,
+    /// The client webhooks go through; its policy checks a spec's webhook at submit.
+    pub outbound: rlvr_outbound::Client,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -208,8 +210,9 @@ pub async fn submit(
     // Reads files and the registry: off the async threads.
     let scheduler = state.scheduler.clone();
     let tenancy = state.tenancy.clone();
+    let outbound = state.outbound.clone();
     let admitted = tokio::task::spawn_blocking(move || {
-        let mut problems = checks::check_runnable(&checked, &registry, &scheduler);
+        let mut problems = checks::check_runnable(&checked, &registry, &scheduler, outbound.policy());
         match crate::tenancy::resolve::admit(&tenancy, &checked, false) {
             Ok(pinned) if problems.is_empty() => Ok(pinned),
             Ok(_) => Err(problems),

@@ -111,9 +111,11 @@ pub async fn promote(
     publish::record(&state.queues.store, &id, &published, &why).await?;
     tracing::warn!(job = %id, by = %caller.team, %reason, version = published.version, "promoted over the gates");
     // The answer does not wait for the webhook's retries: the job is published already.
-    let store = state.queues.store.clone();
+    let (store, outbound) = (state.queues.store.clone(), state.outbound.clone());
     let (hook_id, hook_spec) = (id.clone(), spec.clone());
-    tokio::spawn(async move { publish::deliver_webhook(&store, &hook_id, &hook_spec, &published).await });
+    tokio::spawn(async move {
+        publish::deliver_webhook(&store, &outbound, &hook_id, &hook_spec, &published).await;
+    });
     Ok(Json(state.queues.store.get(&id).await?))
 }
 

@@ -235,6 +235,7 @@ impl Checker<'_> {
             Kind::Integer(integers) => self.integer(path, value, integers, &what).is_some(),
             Kind::Number(positive) => self.positive(path, value, positive).is_some(),
             Kind::Dirs(_) => self.dirs(path, value, &what),
+            Kind::Strings { item, check } => self.strings(path, value, item, *check, &what),
             Kind::TeamName => self.team(path, value),
             Kind::Sha256 => self.sha256(path, value),
             Kind::Bool(_) => {
@@ -336,6 +337,31 @@ impl Checker<'_> {
                 }
             };
             ok &= passed;
+        }
+        ok
+    }
+
+    /// Each item a string that `check` accepts; each refused one reported with its index.
+    fn strings(
+        &mut self,
+        path: &KeyPath,
+        value: &Value,
+        item: &str,
+        check: fn(&str) -> Result<(), String>,
+        what: &str,
+    ) -> bool {
+        let Some(items) = self.array(path, value, what) else { return false };
+        let mut ok = true;
+        for (i, v) in items.iter().enumerate() {
+            let path = path.index(i);
+            let Some(text) = self.string(&path, v, item) else {
+                ok = false;
+                continue;
+            };
+            if let Err(why) = check(text) {
+                self.report(&path, v.tag(), format!("expected {item}, found {} ({why})", quote(text)));
+                ok = false;
+            }
         }
         ok
     }

@@ -55,6 +55,12 @@ pub(super) enum Kind {
     Number(Positive),
     /// A list of non-empty paths, relative or absolute; they need not exist.
     Dirs(&'static [&'static str]),
+    /// A list of strings, each `item` (for messages: "a host, host:port, …") and passing `check`,
+    /// whose error says why one does not. Empty by default.
+    Strings {
+        item: &'static str,
+        check: fn(&str) -> Result<(), String>,
+    },
     TeamName,
     /// The hex sha256 of a secret: never quoted back.
     Sha256,
@@ -139,7 +145,7 @@ const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None,
 const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
 
-pub(super) const SECTIONS: [Section; 9] = [
+pub(super) const SECTIONS: [Section; 10] = [
     Section { name: "daemon", doc: "" },
     Section { name: "redis", doc: "" },
     Section { name: "api", doc: "" },
@@ -151,6 +157,12 @@ pub(super) const SECTIONS: [Section; 9] = [
               names datasets, model lines and curricula inside its team's namespace, and the base \
               models, data roots and secrets declared here that are granted to its team; never a \
               server path or an environment variable.",
+    },
+    Section {
+        name: "outbound",
+        doc: "Where the daemon's outbound requests (a job's [publish] webhook) may go. Only http and https, \
+              never a redirect, never through a proxy; each destination is checked when the job is \
+              submitted and each address its host resolves to again when the request is made.",
     },
     Section { name: "devices", doc: "The devices the scheduler packs jobs onto." },
     Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
@@ -324,6 +336,24 @@ admin = false",
         ),
     },
     Field {
+        path: "outbound.allow",
+        kind: Kind::Strings { item: rlvr_outbound::ENTRY_FORMS, check: outbound_entry },
+        doc: "Destinations outbound requests may go to: a host (any port), host:port, *.example.com (every \
+              subdomain, not example.com itself), an IP address, IP:port, or a CIDR network. Empty, the \
+              default: no outbound request at all (a spec naming a webhook is refused at submit).",
+        example: Example::Commented(
+            "allow = [\"hooks.example.com\", \"*.graders.example.com:443\", \"203.0.113.0/24\"]",
+        ),
+    },
+    field(
+        "outbound.allow_private",
+        Kind::Bool(false),
+        "Whether a listed destination may be a private, loopback, link-local or other non-public address \
+         (IPv6 forms of them included). Off: such an address is reached only through an IP or CIDR entry \
+         inside its range (\"127.0.0.1/32\", \"10.20.0.0/16\"), and a listed host name that resolves to one \
+         is refused. The daemon's own API on loopback is thus out of reach unless an entry names it.",
+    ),
+    Field {
         path: "devices.cpu_slots",
         kind: Kind::Integer(Integers { min: 1, max: None, unit: None, default: None }),
         doc: "CPU slots, used when no GPU is found or when set: how many jobs' device phases may run on \
@@ -403,6 +433,11 @@ admin = false",
         example: Example::Commented("[scheduler.shares]\nresearch = 0.5\nadmin = 0.25"),
     },
 ];
+
+/// An `[outbound] allow` entry: parsed as the daemon will use it.
+fn outbound_entry(entry: &str) -> Result<(), String> {
+    entry.parse::<rlvr_outbound::AllowEntry>().map(drop).map_err(|error| error.to_string())
+}
 
 /// The keys of an `[[auth.tokens]]` entry.
 const TOKEN_FIELDS: &[Field] = &[
@@ -523,6 +558,7 @@ impl Kind {
             Kind::Integer(integers) => integers.what(),
             Kind::Number(positive) => positive.what(),
             Kind::Dirs(default) => format!("a list of directories like {}", toml_text(&dirs_value(default))),
+            Kind::Strings { item, .. } => format!("a list of strings, each {item}"),
             Kind::TeamName => TEAM_NAME.to_owned(),
             Kind::Name => format!("a name of {}", rlvr_protocol::names::NAME_RULE),
             Kind::EnvName => ENV_NAME.to_owned(),
@@ -544,6 +580,7 @@ impl Kind {
             Kind::Integer(integers) => integers.default.map(Value::from),
             Kind::Number(positive) => positive.default.map(Value::from),
             Kind::Dirs(default) => Some(dirs_value(default)),
+            Kind::Strings { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Bool(default) => Some(Value::from(*default)),
             Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Shares => Some(Value::from(Dict::new())),

@@ -50,6 +50,7 @@ pub struct Config {
     pub plugins: PluginsConfig,
     pub auth: AuthConfig,
     pub tenancy: TenancyConfig,
+    pub outbound: OutboundConfig,
     pub devices: DevicesConfig,
     pub queue: QueueConfig,
     pub scheduler: SchedulerConfig,
@@ -206,6 +207,24 @@ pub struct SecretConfig {
     pub file: Option<PathBuf>,
 }
 
+/// `[outbound]`: where outbound requests (webhooks) may go; read by `rlvr_outbound::Policy::new`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboundConfig {
+    /// Allow-list entries (host, host:port, `*.domain`, IP, IP:port, CIDR); empty: none.
+    pub allow: Vec<String>,
+    /// Whether listed destinations may be non-public addresses.
+    pub allow_private: bool,
+}
+
+impl OutboundConfig {
+    /// The policy outbound requests go through. The validator has parsed every entry already,
+    /// so this fails only for a config built in code.
+    pub fn policy(&self) -> Result<rlvr_outbound::Policy, rlvr_outbound::PolicyError> {
+        rlvr_outbound::Policy::new(&self.allow, self.allow_private)
+    }
+}
+
 /// `[devices]`: the device inventory the scheduler packs jobs onto.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -255,6 +274,7 @@ section_defaults!(
     plugins: PluginsConfig,
     auth: AuthConfig,
     tenancy: TenancyConfig,
+    outbound: OutboundConfig,
     devices: DevicesConfig,
     queue: QueueConfig,
     scheduler: SchedulerConfig,

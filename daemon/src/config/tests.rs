@@ -178,6 +178,9 @@ fn file_overrides_default() {
         name = "grader-token"
         teams = ["research"]
         file = "/etc/rlvr/grader-token"
+        [outbound]
+        allow = ["hooks.example.com", "*.graders.example.com:443", "127.0.0.1/32"]
+        allow_private = true
         [devices]
         cpu_slots = 3
         cpu_slot_memory_gb = 8
@@ -232,6 +235,14 @@ fn file_overrides_default() {
             }],
             ..TenancyConfig::default()
         },
+        outbound: OutboundConfig {
+            allow: vec![
+                "hooks.example.com".into(),
+                "*.graders.example.com:443".into(),
+                "127.0.0.1/32".into(),
+            ],
+            allow_private: true,
+        },
         devices: DevicesConfig {
             cpu_slots: Some(3),
             cpu_slot_memory_gb: Some(8.0),
@@ -268,6 +279,7 @@ fn env_overrides_file() {
         ("RLVR__DAEMON__WORKER_EXE", "/opt/rlvr/rlvr-worker"),
         ("RLVR__SCHEDULER__PREEMPT_GRACE_S", "30"),
         ("RLVR__SCHEDULER__SHARES", "{research = 0.6, ci = 0.4}"),
+        ("RLVR__OUTBOUND__ALLOW", r#"["hooks.example.com:443"]"#),
         ("OTHER__API__LISTEN", "nonsense"),
     ];
     let config = check(Some(toml), &env, &[]);
@@ -282,6 +294,7 @@ fn env_overrides_file() {
     assert_eq!(config.daemon.state_dir, Path::new("/quoted/dir"));
     assert_eq!(config.daemon.worker_exe.as_deref(), Some(Path::new("/opt/rlvr/rlvr-worker")));
     assert_eq!(config.scheduler.preempt_grace_s, 30);
+    assert_eq!(config.outbound.allow, ["hooks.example.com:443"]);
     assert_eq!(config.scheduler.starvation_after_s, 600);
     assert_eq!(
         config.scheduler.shares,
@@ -385,8 +398,8 @@ fn unknown_sections_and_keys() {
         Some("[apii]\nlisten = \"127.0.0.1:1\"\n[devices]\ncpu = 1\n"),
         &[("RLVR__METRICS__PORT", "9")],
         &[
-            "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, devices, queue, scheduler (from file {file})",
-            "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, devices, queue, scheduler (from env RLVR__METRICS__PORT)",
+            "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler (from file {file})",
+            "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler (from env RLVR__METRICS__PORT)",
             "devices.cpu: unknown key, expected one of: cpu_slots, cpu_slot_memory_gb, gpus (from file {file})",
         ],
     );
@@ -394,7 +407,7 @@ fn unknown_sections_and_keys() {
         Some("\"a.b\" = 1\n[api]\n\"with space\" = 2\n"),
         &[],
         &[
-            r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, devices, queue, scheduler (from file {file})"#,
+            r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler (from file {file})"#,
             r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {file})"#,
         ],
     );
@@ -583,6 +596,42 @@ fn tenancy_problems() {
 }
 
 #[test]
+fn outbound_problems_name_each_bad_entry() {
+    let what =
+        "a host, host:port, *.domain (its subdomains), an IP address, IP:port or a CIDR like 10.1.0.0/16";
+    let cases: &[(&str, &str)] = &[
+        (
+            "[outbound]\nallow = [\"hooks.example.com\", \"https://x.example.com/hook\", \"10.0.0.0/33\", 3, \"\"]",
+            &format!(
+                "outbound.allow[1]: expected {what}, found \"https://x.example.com/hook\" (a url, not a destination: write its host (and port) alone)\n\
+                 outbound.allow[2]: expected {what}, found \"10.0.0.0/33\" (not a CIDR network: invalid IP address syntax)\n\
+                 outbound.allow[3]: expected {what}, found 3\n\
+                 outbound.allow[4]: expected {what}, found \"\" (an empty entry)"
+            ),
+        ),
+        (
+            "[outbound]\nallow = \"hooks.example.com\"\nallow_private = \"no\"",
+            &format!(
+                "outbound.allow: expected a list of strings, each {what}, found \"hooks.example.com\"\n\
+                 outbound.allow_private: expected true or false, found \"no\""
+            ),
+        ),
+    ];
+    check_file_problems(cases);
+}
+
+#[test]
+fn outbound_allows_nothing_by_default_and_builds_its_policy() {
+    let config = Config::default();
+    assert!(config.outbound.allow.is_empty());
+    assert!(!config.outbound.allow_private);
+    let policy = config.outbound.policy().unwrap();
+    assert!(policy.check_url("https://hooks.example.com/").is_err());
+    let config = check(Some("[outbound]\nallow = [\"hooks.example.com\"]\n"), &[], &[]);
+    assert!(config.outbound.policy().unwrap().check_url("https://hooks.example.com/").is_ok());
+}
+
+#[test]
 fn shares_that_sum_to_one_in_decimals_are_accepted() {
     // 0.1 + 0.2 + 0.7 is 1.0000000000000002 in f64.
     let config = check(Some("[scheduler.shares]\na = 0.1\nb = 0.2\nc = 0.7\n"), &[], &[]);
@@ -760,6 +809,8 @@ fn never_panics_on_odd_env_values() {
         "RLVR__SCHEDULER__STARVATION_AFTER_S",
         "RLVR__SCHEDULER__SHARES",
         "RLVR__SCHEDULER__SHARES__A",
+        "RLVR__OUTBOUND__ALLOW",
+        "RLVR__OUTBOUND__ALLOW_PRIVATE",
         "RLVR__SCHEDULER",
         "RLVR__X",
     ];

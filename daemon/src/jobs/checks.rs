@@ -1,8 +1,9 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
 //! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
-//! other and the data (the rules the worker applies at start, `rlvr_plugin_host::fit`), its budget
-//! is sane, and its `[resources]` fit this daemon's devices. What its names reach (datasets,
-//! models, the model line) is `tenancy::resolve`'s.
+//! other and the data (the rules the worker applies at start, `rlvr_plugin_host::fit`), its
+//! webhook is a destination the operator's `[outbound]` policy allows, its budget is sane, and its
+//! `[resources]` fit this daemon's devices. What its names reach (datasets, models, the model
+//! line) is `tenancy::resolve`'s.
 
 use rlvr_plugin_api::PluginKind;
 use rlvr_protocol::spec::{JobSpec, SpecError};
@@ -16,7 +17,12 @@ use crate::sched::service::Scheduler;
 const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
 
 /// Every problem found, each naming its field.
-pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler) -> Vec<SpecError> {
+pub fn check_runnable(
+    spec: &JobSpec,
+    registry: &Registry,
+    scheduler: &Scheduler,
+    outbound: &rlvr_outbound::Policy,
+) -> Vec<SpecError> {
     let mut problems = Vec::new();
     let mut problem =
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
@@ -79,6 +85,13 @@ pub fn check_runnable(spec: &JobSpec, registry: &Registry, scheduler: &Scheduler
     // `tenancy::resolve` checks.
     builtin_model(&mut problem, "model.policy", &spec.model.policy);
     builtin_model(&mut problem, "model.reference", &spec.model.reference);
+
+    // The webhook: checked again, with DNS, when it is called.
+    if let Some(url) = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref())
+        && let Err(refusal) = outbound.check_url(url)
+    {
+        problem("publish.webhook", refusal.to_string());
+    }
 
     // Budgets and resources within what a daemon can honour.
     if let Some(minutes) = spec.budget.max_wall_minutes

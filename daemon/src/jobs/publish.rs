@@ -140,11 +140,18 @@ pub async fn record(
     }
 }
 
-/// Delivers the manifest of `published` to the job's webhook, if it names one, and records the
-/// answer on the job (retried with backoff; a failed delivery never un-publishes).
-pub async fn deliver_webhook(store: &JobStore, id: &str, spec: &JobSpec, published: &Published) {
+/// Delivers the manifest of `published` to the job's webhook, if it names one, through the
+/// daemon's `outbound` client, and records the answer on the job (retried with backoff; a failed
+/// delivery never un-publishes).
+pub async fn deliver_webhook(
+    store: &JobStore,
+    outbound: &rlvr_outbound::Client,
+    id: &str,
+    spec: &JobSpec,
+    published: &Published,
+) {
     let Some(url) = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref()) else { return };
-    let answer = webhook::deliver(url, &published.manifest).await;
+    let answer = webhook::deliver(outbound, url, &published.manifest).await;
     if let Err(error) = store.set_fields(id, &[("webhook", answer)]).await {
         tracing::warn!(%error, "cannot record the webhook's answer");
     }

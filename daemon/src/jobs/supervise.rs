@@ -74,6 +74,8 @@ pub struct SupervisorConfig {
     pub stopping: CancellationToken,
     /// Resolves a job's names into the paths its worker reads; the model lines it publishes to.
     pub tenancy: Arc<Tenancy>,
+    /// The client webhooks go through (`[outbound]`).
+    pub outbound: rlvr_outbound::Client,
 }
 
 /// What the daemon's supervisors share.
@@ -98,6 +100,8 @@ pub struct Supervisor {
     pub grant_socket: PathBuf,
     /// How long a preempted worker gets to checkpoint before it is killed.
     pub preempt_grace: Duration,
+    /// The client webhooks go through (`[outbound]`).
+    pub outbound: rlvr_outbound::Client,
     /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
     active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
 }
@@ -135,6 +139,7 @@ impl Supervisor {
             scheduler: config.scheduler,
             grant_socket: config.grant_socket,
             preempt_grace: config.preempt_grace,
+            outbound: config.outbound,
             active: Mutex::new(HashMap::new()),
         }
     }
@@ -555,7 +560,7 @@ impl Supervisor {
                     .await
                     .is_some()
                 {
-                    publish::deliver_webhook(&self.queues.store, id, spec, &published).await;
+                    publish::deliver_webhook(&self.queues.store, &self.outbound, id, spec, &published).await;
                 }
             }
             Ok(Ok(Verdict::Refused { reason, report })) => {
