@@ -18,11 +18,11 @@ use serde_json::Value;
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 const QUEUE: &str = "[queue]\nworker_threads = 1\n";
 
-/// A two-step job that publishes into `dir/registry` whatever it learns, calling `webhook`.
-fn spec(data: &Path, dir: &Path, name: &str, webhook: &str) -> String {
+/// A two-step job that publishes into the daemon's registry whatever it learns, calling
+/// `webhook`.
+fn spec(data: &Path, _dir: &Path, name: &str, webhook: &str) -> String {
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", 2, 2);
-    let registry = dir.join("registry").display().to_string();
-    format!("{base}\n{PERMISSIVE_GATES}[publish]\nregistry = {registry:?}\nwebhook = {webhook:?}\n")
+    format!("{base}\n{PERMISSIVE_GATES}[publish]\nwebhook = {webhook:?}\n")
 }
 
 /// An HTTP server on 127.0.0.1 that counts requests and answers each with `answer`.
@@ -127,7 +127,7 @@ fn webhooks_to_non_public_or_unlisted_destinations_are_refused_at_submit() {
         refused(&daemon, &data, dir.path(), webhook, expected);
     }
     assert_eq!(queued_jobs(&daemon), Vec::<Value>::new(), "nothing was queued");
-    assert!(!dir.path().join("registry").exists(), "nothing was published");
+    assert!(!daemon.state.join("registry/tiny-arith/1").exists(), "nothing was published");
 
     // With no [outbound] section, no webhook at all.
     let default = Daemon::start(&PLUGINS, &redis.url());

@@ -89,13 +89,25 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
         }
     }
 
-    match tenancy.lines.publisher(team, &spec.job.model_line, !dry_run) {
-        Ok(policy) => problems.extend(spec.gates.loosened_against(&policy)),
-        Err(LineError::Io(error)) => {
+    // The line is claimed for the team only by a job that is taken: a refused submit leaves
+    // nothing behind.
+    let line_problem = |error: LineError| match error {
+        LineError::Io(error) => {
             tracing::error!(%error, "cannot read the registry");
-            problems.push(refuse("job.model_line", "the registry cannot be read now; retry later"));
+            refuse("job.model_line", "the registry cannot be read now; retry later")
         }
-        Err(error) => problems.push(refuse("job.model_line", error.to_string())),
+        error => refuse("job.model_line", error.to_string()),
+    };
+    match tenancy.lines.publisher(team, &spec.job.model_line, false) {
+        Ok(policy) => problems.extend(spec.gates.loosened_against(&policy)),
+        Err(error) => problems.push(line_problem(error)),
+    }
+    if problems.is_empty() && !dry_run {
+        match tenancy.lines.publisher(team, &spec.job.model_line, true) {
+            // Another team's job took the name a moment ago.
+            Err(error) => problems.push(line_problem(error)),
+            Ok(policy) => problems.extend(spec.gates.loosened_against(&policy)),
+        }
     }
 
     if problems.is_empty() { Ok(pinned) } else { Err(problems) }
