@@ -203,17 +203,18 @@ pub async fn submit(
     let idempotency_key = idempotency_key(&headers)?;
     let registry = state.registry.clone();
     let checked = spec.clone();
-    // Reads files and the registry: off the async threads.
     let scheduler = state.scheduler.clone();
-    let problems =
+    // Reads files and the registry, and may wait for a worker process asking an optimizer about
+    // its options: off the async threads.
+    let checked =
         tokio::task::spawn_blocking(move || checks::check_runnable(&checked, &registry, &scheduler))
             .await
             .map_err(|error| {
                 Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string())
             })?;
-    if !problems.is_empty() {
-        return Err(Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems));
-    }
+    // What the options refer to: for the team's secret grants and the outbound allow-list.
+    let _refs = checked
+        .map_err(|problems| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems))?;
 
     let id = new_task_id();
     let task_id = new_task_id();
