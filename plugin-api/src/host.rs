@@ -17,14 +17,18 @@
 //! ```
 //!
 //! - `secrets`: name → value, only those the job's team may use and its options name.
-//! - `outbound_allow`: the destinations plugins may send requests to: host names
-//!   (`grader.example.com`), `*.example.com` for its subdomains, or `*` for any host.
-//!   Empty: none.
+//! - `outbound_allow`: the destinations plugins may send requests to, as the operator's outbound
+//!   allow-list writes them: a host, `host:port`, `*.domain` (its subdomains), an IP address,
+//!   `IP:port` or a CIDR. Empty: none.
 //! - `outbound_allow_private`: whether private, loopback and link-local addresses may be reached
 //!   (checked again after name resolution).
+//! - `outbound_unrestricted`: no outbound policy at all — only for a program run by hand on its
+//!   user's behalf ([`HostContext::unrestricted`]); the daemon never sets it. A key of its own
+//!   rather than a wildcard entry: the allow-list has no entry for "anywhere", and a missing key
+//!   must mean the restricted default.
 //!
-//! Every key may be absent (its default: none, none, false), and keys a plugin does not know are
-//! ignored, so a newer host can add one without breaking older plugins.
+//! Every key may be absent (its default: none, none, false, false), and keys a plugin does not
+//! know are ignored, so a newer host can add one without breaking older plugins.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -45,17 +49,16 @@ pub struct HostContext {
     /// Whether private, loopback and link-local addresses may be reached.
     #[serde(default)]
     pub outbound_allow_private: bool,
+    /// No outbound policy at all: a program run by hand ([`HostContext::unrestricted`]).
+    #[serde(default)]
+    pub outbound_unrestricted: bool,
 }
 
 impl HostContext {
     /// No secrets and no restriction on outbound requests: a program run by hand, on its user's
     /// own behalf (`rlvr-worker run` without `--host-context-stdin`, `rlvrctl verify`).
     pub fn unrestricted() -> Self {
-        HostContext {
-            secrets: BTreeMap::new(),
-            outbound_allow: vec!["*".to_owned()],
-            outbound_allow_private: true,
-        }
+        HostContext { outbound_unrestricted: true, ..HostContext::default() }
     }
 
     /// The secret named `name`, if this job may use it. The answer is the same whether no such
@@ -144,10 +147,14 @@ mod tests {
         let json = context.to_json();
         assert_eq!(
             json,
-            r#"{"secrets":{"grader-token":"s3cret"},"outbound_allow":["grader.example.com"],"outbound_allow_private":false}"#
+            r#"{"secrets":{"grader-token":"s3cret"},"outbound_allow":["grader.example.com"],"outbound_allow_private":false,"outbound_unrestricted":false}"#
         );
         assert_eq!(HostContext::from_json(&json).unwrap(), context);
         assert_eq!(HostContext::from_json("{}").unwrap(), HostContext::default());
+        // Absent keys are the restricted defaults: no destination at all.
+        let default = HostContext::default();
+        assert!(default.outbound_allow.is_empty() && !default.outbound_allow_private);
+        assert!(!default.outbound_unrestricted && HostContext::unrestricted().outbound_unrestricted);
         assert_eq!(HostContext::from_json(" ").unwrap(), HostContext::default());
         // A newer host's key is ignored by an older plugin.
         assert_eq!(HostContext::from_json(r#"{"later_key": 1}"#).unwrap(), HostContext::default());

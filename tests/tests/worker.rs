@@ -561,7 +561,7 @@ fn plugins_get_their_secrets_from_the_host_context_on_stdin_and_never_from_the_e
     let good = fs::read_to_string(grpo_spec(dir.path(), &data, 1, 1)).unwrap();
     let http = format!("plugin = \"http\"\nurl = \"{url}\"\nbearer_token_secret = \"grader-token\"");
     fs::write(&spec, good.replace("plugin = \"math\"\nfallback = \"last\"", &http)).unwrap();
-    let context = r#"{"secrets": {"grader-token": "s3cret-value"}, "outbound_allow": ["*"], "outbound_allow_private": true}"#;
+    let context = r#"{"secrets": {"grader-token": "s3cret-value"}, "outbound_allow": ["127.0.0.1/32"], "outbound_allow_private": true}"#;
 
     // The daemon's line on stdin: the token reaches the grader, and nothing prints it.
     let state = dir.path().join("state");

@@ -86,8 +86,9 @@ enum Stop {
 }
 
 /// OUTBOUND POLICY: the one place where this verifier's requests meet the host's outbound
-/// policy (`host.outbound_allow`, `host.outbound_allow_private`), for the one destination its
-/// options name (`url`). Every request the verifier makes goes through the client built here.
+/// policy (`host.outbound_allow`, `host.outbound_allow_private`; none when
+/// `host.outbound_unrestricted`, a run by hand), for the one destination its options name
+/// (`url`). Every request the verifier makes goes through the client built here.
 ///
 /// Always: no redirects (a redirect would reach a destination nobody checked; a redirected POST
 /// also turns into a GET on 301/302, and a verdict from wherever that lands would be wrong — a
@@ -98,7 +99,7 @@ enum Stop {
 /// `OptionError` at key `url`) and give the builder the policy's resolver, which checks every
 /// address a name resolves to again. Until then the destination is not restricted.
 pub fn outbound(builder: ClientBuilder, url: &Url, host: &HostContext) -> Result<ClientBuilder, OptionError> {
-    let _ = (url, &host.outbound_allow, host.outbound_allow_private);
+    let _ = (url, &host.outbound_allow, host.outbound_allow_private, host.outbound_unrestricted);
     Ok(builder.redirect(reqwest::redirect::Policy::none()).no_proxy())
 }
 
