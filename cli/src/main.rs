@@ -190,6 +190,11 @@ enum Command {
         /// Add an "explanation" to each line: what was extracted and why it matched or not.
         #[arg(long)]
         explain: bool,
+        /// Give the verifier the secret NAME (what an option such as the http verifier's
+        /// `bearer_token_secret` names) with the value of your environment variable ENV_VAR
+        /// (repeatable). A job gets its secrets from the daemon's operator instead.
+        #[arg(long = "secret", value_name = "NAME=ENV_VAR", value_parser = parse_secret_arg)]
+        secrets: Vec<(String, String)>,
     },
 }
 
@@ -248,6 +253,18 @@ enum LineCommand {
 }
 
 /// `--idempotency-key`: what the daemon accepts (it goes into a header).
+/// `NAME=ENV_VAR` of `rlvrctl verify --secret`.
+fn parse_secret_arg(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, variable)) if !name.is_empty() && !variable.is_empty() => {
+            Ok((name.to_owned(), variable.to_owned()))
+        }
+        _ => Err(format!(
+            "expected NAME=ENV_VAR (a secret name, then the environment variable holding it), got {text:?}"
+        )),
+    }
+}
+
 fn parse_idempotency_key(key: &str) -> Result<String, String> {
     if valid_idempotency_key(key) {
         Ok(key.to_owned())
@@ -462,6 +479,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             parallel,
             deadline_ms,
             explain,
+            secrets,
         } => {
             let parallel = parallel
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
@@ -470,6 +488,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 parallel,
                 deadline: Duration::from_millis(deadline_ms),
                 explain,
+                secrets,
             };
             verify(&plugin, jsonl, plugin_dirs, config, options)?;
             Ok(Exit::Done)

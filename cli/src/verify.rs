@@ -1,5 +1,6 @@
 //! `rlvrctl verify`: JSONL items judged by a verifier plugin loaded in this process, through the
-//! plugin host's batch engine; no daemon needed.
+//! plugin host's batch engine; no daemon needed. The plugin runs on its user's behalf: it gets
+//! the secrets they pass (`--secret NAME=ENV_VAR`) and no restriction on where it sends requests.
 
 use std::fs::File;
 use std::io::{self, BufReader};
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use rlvr_plugin_api::PluginKind;
+use rlvr_plugin_api::{HostContext, PluginKind, Secret};
 use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::verify::{BatchOptions, run_batch};
 use rlvr_plugin_host::{Isolation, Registry};
@@ -21,6 +22,23 @@ pub(crate) struct VerifyOptions {
     pub(crate) parallel: usize,
     pub(crate) deadline: Duration,
     pub(crate) explain: bool,
+    /// `(secret name, environment variable)` pairs of `--secret`.
+    pub(crate) secrets: Vec<(String, String)>,
+}
+
+/// The plugin's host context: the user's own secrets, read from their environment, and no
+/// outbound restriction (it runs as they do).
+fn host_context(secrets: &[(String, String)]) -> Result<HostContext, BadInput> {
+    let mut host = HostContext::unrestricted();
+    for (name, variable) in secrets {
+        let value = std::env::var(variable).map_err(|_| {
+            BadInput(format!(
+                "--secret {name}={variable}: the environment variable {variable} is not set (or not UTF-8)"
+            ))
+        })?;
+        host.secrets.insert(name.clone(), Secret::new(value));
+    }
+    Ok(host)
 }
 
 pub(crate) fn verify(
@@ -43,8 +61,12 @@ pub(crate) fn verify(
             dirs.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(", ")
         )
     })?;
-    let verifier =
-        Arc::new(loaded.verifier(&options.plugin_config).with_context(|| format!("plugin {}", loaded.id()))?);
+    let host = host_context(&options.secrets)?;
+    let verifier = Arc::new(
+        loaded
+            .verifier_in(&options.plugin_config, &host)
+            .with_context(|| format!("plugin {}", loaded.id()))?,
+    );
     let batch = BatchOptions {
         verifier_id: loaded.id(),
         parallel: options.parallel,

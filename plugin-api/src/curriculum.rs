@@ -4,7 +4,7 @@ use abi_stable::StableAbi;
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, RResult, RSlice, RStr, RString, RVec};
 
-use crate::{CurriculumInfo, Metadata, PluginError};
+use crate::{CurriculumInfo, HostContext, Metadata, OptionError, OptionsReport, PluginError};
 
 /// How one prompt's group fared in a step.
 #[repr(C)]
@@ -49,7 +49,25 @@ pub trait CurriculumPlugin: Sized + Send + 'static {
     fn requirements() -> CurriculumInfo;
 
     /// Builds a curriculum over `prompt_ids` from its keys of the job spec, as a JSON object.
+    /// Errors are [`PluginError::invalid_config`] with the message `"<key>: <problem>"`.
     fn from_config(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError>;
+
+    /// [`from_config`](Self::from_config) with the host's context; the default ignores it.
+    fn from_config_in(
+        config_json: &str,
+        prompt_ids: &[RString],
+        host: &HostContext,
+    ) -> Result<Self, PluginError> {
+        let _ = host;
+        Self::from_config(config_json, prompt_ids)
+    }
+
+    /// Checks the options without the job's prompts and without creating anything (see
+    /// [`crate::options`]); the daemon calls it at submit. The default creates the curriculum
+    /// over no prompts and reports nothing.
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Self::from_config(config_json, &[]).map(|_| OptionsReport::default()).map_err(OptionError::from)
+    }
 
     /// Chooses `count` prompt ids, deterministically from `seed`.
     fn sample(&mut self, count: u32, seed: u64) -> Result<RVec<RString>, PluginError>;

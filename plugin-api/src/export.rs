@@ -15,9 +15,9 @@ use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 
 use crate::{
     API_VERSION, AdvantageInputs, AdvantageOutput, Curriculum, Curriculum_TO, CurriculumPlugin, GroupOutcome,
-    LIBTORCH_VERSION, LossInputs, LossOutput, Metadata, Optimizer, Optimizer_TO, OptimizerPlugin,
-    PluginError, PluginErrorKind, PluginInfo, PluginInstance, PluginKind, PluginMod, PluginModRef, Verdict,
-    Verifier, Verifier_TO, VerifierPlugin, VerifyItem,
+    HostContext, LIBTORCH_VERSION, LossInputs, LossOutput, Metadata, Optimizer, Optimizer_TO,
+    OptimizerPlugin, OptionError, OptionsReport, PluginError, PluginErrorKind, PluginInfo, PluginInstance,
+    PluginKind, PluginMod, PluginModRef, Verdict, Verifier, Verifier_TO, VerifierPlugin, VerifyItem,
 };
 
 /// Runs `call`, turning a panic into a [`PluginError`] that names where it happened.
@@ -40,6 +40,21 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     } else {
         "non-string panic payload".to_owned()
     }
+}
+
+/// `check_options`' answer as it crosses the boundary: the report as JSON, or the refusal as an
+/// `InvalidConfig` error reading `"<key>: <problem>"`.
+fn report_json(checked: Result<OptionsReport, OptionError>) -> Result<RString, PluginError> {
+    let report = checked.map_err(PluginError::from)?;
+    serde_json::to_string(&report)
+        .map(RString::from)
+        .map_err(|error| PluginError::internal(format!("cannot encode the options report: {error}")))
+}
+
+/// The host's context from its JSON text; a host that sent something unreadable is the host's
+/// problem, and the message never quotes the text (it holds secrets).
+fn host_context(host_json: RStr<'_>) -> Result<HostContext, PluginError> {
+    HostContext::from_json(host_json.as_str()).map_err(|error| PluginError::internal(error.to_string()))
 }
 
 fn base_info(kind: PluginKind, metadata: Metadata) -> PluginInfo {
@@ -91,10 +106,33 @@ extern "C" fn verifier_create<T: VerifierPlugin>(
     })
 }
 
+extern "C" fn verifier_check_options<T: VerifierPlugin>(
+    config_json: RStr<'_>,
+) -> RResult<RString, PluginError> {
+    guard("check_options()", || report_json(T::check_options(config_json.as_str())))
+}
+
+extern "C" fn verifier_create_in<T: VerifierPlugin>(
+    config_json: RStr<'_>,
+    _prompt_ids: RSlice<'_, RString>,
+    host_json: RStr<'_>,
+) -> RResult<PluginInstance, PluginError> {
+    guard("from_config_in()", || {
+        let plugin = T::from_config_in(config_json.as_str(), &host_context(host_json)?)?;
+        Ok(PluginInstance::Verifier(Verifier_TO::from_value(VerifierAdapter(plugin), TD_Opaque)))
+    })
+}
+
 /// The root module of a verifier plugin; used by [`export_verifier!`](crate::export_verifier).
 pub fn verifier_module<T: VerifierPlugin>() -> PluginModRef {
-    PluginMod { info: verifier_info::<T>, self_test: verifier_self_test::<T>, create: verifier_create::<T> }
-        .leak_into_prefix()
+    PluginMod {
+        info: verifier_info::<T>,
+        self_test: verifier_self_test::<T>,
+        create: verifier_create::<T>,
+        check_options: verifier_check_options::<T>,
+        create_in: verifier_create_in::<T>,
+    }
+    .leak_into_prefix()
 }
 
 // --- optimizers ------------------------------------------------------------------------------
@@ -140,12 +178,31 @@ extern "C" fn optimizer_create<T: OptimizerPlugin>(
     })
 }
 
+extern "C" fn optimizer_check_options<T: OptimizerPlugin>(
+    config_json: RStr<'_>,
+) -> RResult<RString, PluginError> {
+    guard("check_options()", || report_json(T::check_options(config_json.as_str())))
+}
+
+extern "C" fn optimizer_create_in<T: OptimizerPlugin>(
+    config_json: RStr<'_>,
+    _prompt_ids: RSlice<'_, RString>,
+    host_json: RStr<'_>,
+) -> RResult<PluginInstance, PluginError> {
+    guard("from_config_in()", || {
+        let plugin = T::from_config_in(config_json.as_str(), &host_context(host_json)?)?;
+        Ok(PluginInstance::Optimizer(Optimizer_TO::from_value(OptimizerAdapter(plugin), TD_Opaque)))
+    })
+}
+
 /// The root module of an optimizer plugin; used by [`export_optimizer!`](crate::export_optimizer).
 pub fn optimizer_module<T: OptimizerPlugin>() -> PluginModRef {
     PluginMod {
         info: optimizer_info::<T>,
         self_test: optimizer_self_test::<T>,
         create: optimizer_create::<T>,
+        check_options: optimizer_check_options::<T>,
+        create_in: optimizer_create_in::<T>,
     }
     .leak_into_prefix()
 }
@@ -194,6 +251,24 @@ extern "C" fn curriculum_create<T: CurriculumPlugin>(
     })
 }
 
+extern "C" fn curriculum_check_options<T: CurriculumPlugin>(
+    config_json: RStr<'_>,
+) -> RResult<RString, PluginError> {
+    guard("check_options()", || report_json(T::check_options(config_json.as_str())))
+}
+
+extern "C" fn curriculum_create_in<T: CurriculumPlugin>(
+    config_json: RStr<'_>,
+    prompt_ids: RSlice<'_, RString>,
+    host_json: RStr<'_>,
+) -> RResult<PluginInstance, PluginError> {
+    guard("from_config_in()", || {
+        let host = host_context(host_json)?;
+        let plugin = T::from_config_in(config_json.as_str(), prompt_ids.as_slice(), &host)?;
+        Ok(PluginInstance::Curriculum(Curriculum_TO::from_value(CurriculumAdapter(plugin), TD_Opaque)))
+    })
+}
+
 /// The root module of a curriculum plugin; used by
 /// [`export_curriculum!`](crate::export_curriculum).
 pub fn curriculum_module<T: CurriculumPlugin>() -> PluginModRef {
@@ -201,6 +276,8 @@ pub fn curriculum_module<T: CurriculumPlugin>() -> PluginModRef {
         info: curriculum_info::<T>,
         self_test: curriculum_self_test::<T>,
         create: curriculum_create::<T>,
+        check_options: curriculum_check_options::<T>,
+        create_in: curriculum_create_in::<T>,
     }
     .leak_into_prefix()
 }

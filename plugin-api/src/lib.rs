@@ -13,12 +13,30 @@
 //! every call in `catch_unwind` — a panic that unwinds across `extern "C"` would abort the whole
 //! daemon — and turns panics into [`PluginError`]s. Nobody writes abi_stable glue by hand.
 //!
+//! # Options, secrets and destinations
+//!
+//! A plugin's options are its keys of the job spec, handed over as a JSON object. Parse them
+//! with [`parse_options`] into a `#[serde(deny_unknown_fields)]` struct: a refusal then names
+//! the key (`fallbak: unknown key; expected one of fallback, precision_digits, work_budget`).
+//! Each trait's `check_options` checks them without creating anything and reports the secret
+//! names and URLs they refer to ([`OptionsReport`]); the daemon calls it at submit, so a typo
+//! is a 4xx naming `verifiers[1].fallbak` instead of a failed job. The default creates the plugin
+//! and reports nothing; override it when creating has a cost or side effects, or when an option
+//! names a secret or a destination (module [`options`]).
+//!
+//! Credentials never come from the environment. An option names a secret
+//! (`bearer_token_secret = "grader-token"`) and `from_config_in` receives the host's
+//! [`HostContext`]: the values of the secrets this job may use (a [`Secret`], whose `Debug`
+//! is redacted) and the destinations it may reach. See module [`host`] for its JSON form.
+//!
 //! # Stability rules
 //!
 //! - Loading checks layouts (abi_stable) and then [`API_VERSION`] (the daemon). A plugin built
 //!   against another `API_VERSION` is refused with a message that names the file.
 //! - This crate is append-only: new fields go after the last prefix field, nothing is reordered,
-//!   and a change that breaks old plugins bumps [`API_VERSION`].
+//!   and a change that breaks old plugins bumps [`API_VERSION`]. `check_options` and `create_in`
+//!   were appended to [`PluginMod`]: a plugin built before them loads, is created with `create`
+//!   and no context, and its options are checked when the worker creates it.
 //! - Optimizer plugins exchange tensors as [`TensorHandle`]s, pointers into the one libtorch that
 //!   host and plugin both link dynamically; never a `tch::Tensor` by value. They also report the
 //!   libtorch version they were built against ([`LIBTORCH_VERSION`]), which the daemon checks.
@@ -32,9 +50,11 @@
 mod curriculum;
 mod error;
 pub mod export;
+pub mod host;
 mod info;
 mod module;
 mod optimizer;
+pub mod options;
 mod verifier;
 
 pub use abi_stable;
@@ -42,6 +62,7 @@ pub use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 
 pub use crate::curriculum::{Curriculum, Curriculum_TO, CurriculumBox, CurriculumPlugin, GroupOutcome};
 pub use crate::error::{PluginError, PluginErrorKind};
+pub use crate::host::{HostContext, HostContextError, Secret};
 pub use crate::info::{
     API_VERSION, CurriculumInfo, DataMode, LIBTORCH_VERSION, Metadata, OptimizerInfo, PluginInfo, PluginKind,
     VerifierInfo,
@@ -51,6 +72,7 @@ pub use crate::optimizer::{
     AdvantageInputs, AdvantageOutput, LossInputs, LossOutput, LossScale, Metric, Optimizer, Optimizer_TO,
     OptimizerBox, OptimizerPlugin, TensorHandle,
 };
+pub use crate::options::{OptionError, OptionsReport, SecretRef, UrlRef, parse_options};
 pub use crate::verifier::{
     Component, Verdict, Verifier, Verifier_TO, VerifierBox, VerifierPlugin, VerifyItem, check_known_answers,
 };

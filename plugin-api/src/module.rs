@@ -33,6 +33,11 @@ impl PluginInstance {
 }
 
 /// The functions a plugin library exports. Built by the `export_*!` macros; append-only.
+///
+/// The fields after `create` were appended later: a library built before them has none, and
+/// their accessors return `None` for it (`#[sabi(missing_field(option))]`). A host then checks
+/// the plugin's options only when it creates it, and creates it with `create`, without a
+/// [`HostContext`](crate::HostContext).
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginModRef)))]
@@ -48,6 +53,19 @@ pub struct PluginMod {
     pub create: extern "C" fn(
         config_json: RStr<'_>,
         prompt_ids: RSlice<'_, RString>,
+    ) -> RResult<PluginInstance, PluginError>,
+    /// Checks a configuration without creating anything; returns an
+    /// [`OptionsReport`](crate::OptionsReport) as JSON text, or an `InvalidConfig` error whose
+    /// message is `"<key>: <problem>"` (see [`crate::options`]).
+    #[sabi(missing_field(option))]
+    pub check_options: extern "C" fn(config_json: RStr<'_>) -> RResult<RString, PluginError>,
+    /// [`create`](Self::create) with the host's context, a [`HostContext`](crate::HostContext)
+    /// as JSON text: the job's secrets and where the plugin may send requests.
+    #[sabi(missing_field(option))]
+    pub create_in: extern "C" fn(
+        config_json: RStr<'_>,
+        prompt_ids: RSlice<'_, RString>,
+        host_json: RStr<'_>,
     ) -> RResult<PluginInstance, PluginError>,
 }
 

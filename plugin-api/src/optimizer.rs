@@ -10,7 +10,7 @@ use abi_stable::StableAbi;
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RString, RVec};
 
-use crate::{Metadata, OptimizerInfo, PluginError};
+use crate::{HostContext, Metadata, OptimizerInfo, OptionError, OptionsReport, PluginError};
 
 /// An opaque pointer to a libtorch tensor (`C_tensor*`), passed across the ABI boundary.
 ///
@@ -169,7 +169,21 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
     fn requirements() -> OptimizerInfo;
 
     /// Builds an optimizer from its keys of the job spec's `[optimizer]`, as a JSON object.
+    /// Errors are [`PluginError::invalid_config`] with the message `"<key>: <problem>"`.
     fn from_config(config_json: &str) -> Result<Self, PluginError>;
+
+    /// [`from_config`](Self::from_config) with the host's context; the default ignores it.
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        let _ = host;
+        Self::from_config(config_json)
+    }
+
+    /// Checks the options without creating anything (see [`crate::options`]); the daemon asks
+    /// at submit, through a worker process. The default creates the optimizer and reports
+    /// nothing.
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Self::from_config(config_json).map(|_| OptionsReport::default()).map_err(OptionError::from)
+    }
 
     /// Whether this instance reads reference log-probabilities. [`OptimizerInfo::needs_reference`]
     /// says whether any configuration may; override this when the options decide (e.g. a KL

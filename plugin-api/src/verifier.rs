@@ -4,7 +4,7 @@ use abi_stable::StableAbi;
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RResult, RStr, RString, RVec};
 
-use crate::{Metadata, PluginError};
+use crate::{HostContext, Metadata, OptionError, OptionsReport, PluginError};
 
 /// One item to verify. Borrowed from the host for the duration of the call.
 #[repr(C)]
@@ -158,8 +158,25 @@ pub trait VerifierPlugin: Sized + Send + Sync + 'static {
     }
 
     /// Builds a verifier from the plugin's own keys of the job spec, as a JSON object (`{}` for
-    /// defaults). Rejects unknown keys and bad values with [`PluginError::invalid_config`].
+    /// defaults). Rejects unknown keys and bad values with [`PluginError::invalid_config`],
+    /// its message `"<key>: <problem>"` (an [`OptionError`] converts into one).
     fn from_config(config_json: &str) -> Result<Self, PluginError>;
+
+    /// [`from_config`](Self::from_config) with the host's context: the secrets this job may use
+    /// and where it may send requests. Override it when an option names a secret or a
+    /// destination; the default ignores the context.
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        let _ = host;
+        Self::from_config(config_json)
+    }
+
+    /// Checks the options without creating anything, and reports the secret names and URLs they
+    /// refer to (see [`crate::options`]); the daemon calls it at submit, in its own process.
+    /// The default creates the verifier and reports nothing: override it when creating is not
+    /// cheap and free of side effects, or when an option names a secret or a URL.
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Self::from_config(config_json).map(|_| OptionsReport::default()).map_err(OptionError::from)
+    }
 
     /// Judges one item.
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError>;

@@ -6,15 +6,20 @@
 //! - [`registry`]: the set of loaded `name@version`s over plugin directories, content-addressed
 //!   copies, the child-process probe, refusals.
 //! - [`verify`]: the JSONL batch engine of `rlvrctl verify` and of the worker's rewards.
+//! - [`options`]: a plugin's answer about its options before a job runs (in this process, or
+//!   in a worker process for an optimizer the daemon only probed), in the spec's terms.
+//! - [`child`]: the short-lived helper processes (`probe-plugin`, `check-options`).
 //! - [`dirs`]: where a program that loads plugins itself finds them.
 //! - [`fit`]: whether a job's optimizer fits the rest of its spec (submit and start).
 //! - [`events`], [`metrics`]: what the registry logs and counts.
 
+pub mod child;
 pub mod dirs;
 pub mod events;
 pub mod fit;
 pub mod loader;
 pub mod metrics;
+pub mod options;
 pub mod registry;
 pub mod verify;
 

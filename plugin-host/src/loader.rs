@@ -148,6 +148,9 @@ mod kind_serde {
     }
 }
 
+/// The note of a plugin built before `check_options` was appended to the root module.
+pub const NOT_CHECKED_AT_SUBMIT: &str = "options not checked at submit: built before check_options, so its options are checked when a worker creates it";
+
 /// Checks that `bytes` are a whole shared library for this machine before anything maps them.
 ///
 /// `dlopen` maps each loadable segment straight from the file and trusts the program headers: a
@@ -196,7 +199,7 @@ pub fn check_elf(bytes: &[u8]) -> Result<(), LoadRefusal> {
 /// has passed the file's bytes through [`check_elf`] first.
 pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRefusal> {
     let module = open(path)?;
-    let meta = match module.info()() {
+    let mut meta = match module.info()() {
         RResult::ROk(info) => check_info(&info)?,
         RResult::RErr(error) if error.kind == PluginErrorKind::Panic => {
             return Err(LoadRefusal::new(RefusalReason::Crashed, error.message.to_string()));
@@ -205,6 +208,10 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
             return Err(LoadRefusal::new(RefusalReason::InvalidMetadata, format!("info() failed: {error}")));
         }
     };
+    if module.check_options().is_none() {
+        // Listed with the plugin (`rlvrctl plugins`, `GET /v1/plugins`) and logged at load.
+        meta.notes.push(NOT_CHECKED_AT_SUBMIT.to_owned());
+    }
     match module.self_test()() {
         RResult::ROk(()) => Ok((module, meta)),
         RResult::RErr(error) if error.kind == PluginErrorKind::Panic => {
@@ -214,6 +221,24 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
             RefusalReason::SelfTestFailed,
             format!("self-test failed: {}", error.message),
         )),
+    }
+}
+
+/// Loads the library at `path` to ask it about options (`rlvr-worker check-options`): ELF-checked
+/// and its info checked, but not self-tested again — the registry's probe did that for these
+/// bytes, and a self-test per submit would cost what the check is meant to save.
+pub fn load_for_options(path: &Path) -> Result<PluginModRef, LoadRefusal> {
+    let bytes = std::fs::read(path).map_err(|error| {
+        LoadRefusal::new(RefusalReason::Unreadable, format!("cannot read the file: {error}"))
+    })?;
+    check_elf(&bytes)?;
+    drop(bytes);
+    let module = open(path)?;
+    match module.info()() {
+        RResult::ROk(info) => check_info(&info).map(|_| module),
+        RResult::RErr(error) => {
+            Err(LoadRefusal::new(RefusalReason::InvalidMetadata, format!("info() failed: {error}")))
+        }
     }
 }
 

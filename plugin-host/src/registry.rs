@@ -14,22 +14,34 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::process::Command;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use rlvr_plugin_api::abi_stable::std_types::{RResult, RString};
-use rlvr_plugin_api::{PluginError, PluginInstance, PluginKind, PluginModRef, VerifierBox};
+use rlvr_plugin_api::{
+    HostContext, OptionsReport, PluginError, PluginInstance, PluginKind, PluginModRef, VerifierBox,
+};
 use rlvr_protocol::api::{PluginList, PluginView, RefusedView};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::child::{self, ChildError};
 use crate::events::{PluginLoaded, PluginRefused};
 use crate::loader;
 pub use crate::loader::{LoadRefusal, PluginMeta, RefusalReason};
 use crate::metrics::PluginMetrics as Metrics;
+use crate::options::{self, OptionsCache, OptionsProblem};
+
+/// Answers of worker processes about options kept (by library and options): one a submit of
+/// the same options does not pay for again.
+const OPTIONS_CACHE_ANSWERS: usize = 512;
+
+/// Worker processes asking about options at once. Each maps libtorch (about 160 MB resident): a
+/// burst of submits with new options waits its turn instead of starting one each.
+const OPTIONS_CHECKS_AT_ONCE: usize = 2;
 
 /// How new libraries are loaded.
 #[derive(Debug, Clone)]
@@ -67,6 +79,9 @@ pub struct LoadedPlugin {
     pub source: PathBuf,
     /// SHA-256 of the library's bytes, hex.
     pub sha256: String,
+    /// The content-addressed copy that was loaded (or probed): what a worker process asked
+    /// about this plugin loads, whatever happened to `source` since.
+    pub library: PathBuf,
     /// When it was loaded.
     pub loaded_at: SystemTime,
     /// The library's root module; `None` for an optimizer a [`Isolation::Subprocess`] registry
@@ -90,25 +105,65 @@ impl LoadedPlugin {
         self.meta.id()
     }
 
-    /// Creates a plugin object from its configuration (a JSON object) and, for curricula, the
-    /// job's prompt ids.
-    pub fn create(&self, config_json: &str, prompt_ids: &[String]) -> Result<PluginInstance, PluginError> {
-        let Some(module) = &self.module else {
-            return Err(PluginError::internal(format!(
+    fn module(&self) -> Result<&PluginModRef, PluginError> {
+        self.module.as_ref().ok_or_else(|| {
+            PluginError::internal(format!(
                 "plugin {} was only probed by this process, not loaded: create it in a worker",
                 self.id()
-            )));
-        };
+            ))
+        })
+    }
+
+    /// Creates a plugin object from its configuration (a JSON object) and, for curricula, the
+    /// job's prompt ids, with the most restricted host context (no secrets, no destinations).
+    pub fn create(&self, config_json: &str, prompt_ids: &[String]) -> Result<PluginInstance, PluginError> {
+        self.create_in(config_json, prompt_ids, &HostContext::default())
+    }
+
+    /// Creates a plugin object with the host's context: the job's secrets and outbound policy.
+    /// A plugin built before `create_in` is created with `create` and never sees the context.
+    pub fn create_in(
+        &self,
+        config_json: &str,
+        prompt_ids: &[String],
+        host: &HostContext,
+    ) -> Result<PluginInstance, PluginError> {
+        let module = self.module()?;
         let prompt_ids: Vec<RString> = prompt_ids.iter().map(|id| RString::from(id.as_str())).collect();
-        match module.create()(config_json.into(), prompt_ids.as_slice().into()) {
+        let created = match module.create_in() {
+            Some(create_in) => {
+                create_in(config_json.into(), prompt_ids.as_slice().into(), host.to_json().as_str().into())
+            }
+            None => module.create()(config_json.into(), prompt_ids.as_slice().into()),
+        };
+        match created {
             RResult::ROk(instance) => Ok(instance),
             RResult::RErr(error) => Err(error),
         }
     }
 
+    /// Asks the plugin, loaded in this process, about `options_json` without creating it:
+    /// `Ok(None)` when the plugin predates `check_options`. For an optimizer a daemon only
+    /// probed, ask through [`Registry::check_options`].
+    pub fn check_options(&self, options_json: &str) -> Result<Option<OptionsReport>, OptionsProblem> {
+        let module =
+            self.module().map_err(|error| OptionsProblem::Unavailable { message: error.message.into() })?;
+        options::check_in_process(module, options_json)
+    }
+
+    /// Whether the library has `check_options`: `None` when this process only probed it.
+    pub fn checks_options(&self) -> Option<bool> {
+        self.module.as_ref().map(|module| module.check_options().is_some())
+    }
+
     /// Creates a verifier object; an error when this plugin is not a verifier.
     pub fn verifier(&self, config_json: &str) -> Result<VerifierBox, PluginError> {
-        match self.create(config_json, &[])? {
+        self.verifier_in(config_json, &HostContext::default())
+    }
+
+    /// [`verifier`](Self::verifier) with the host's context.
+    pub fn verifier_in(&self, config_json: &str, host: &HostContext) -> Result<VerifierBox, PluginError> {
+        match self.create_in(config_json, &[], host)? {
             PluginInstance::Verifier(verifier) => Ok(verifier),
             other => Err(PluginError::internal(format!(
                 "plugin {} created a {} where a verifier was expected",
@@ -198,6 +253,11 @@ pub struct Registry {
     /// Serialises scans and loads; `state` is only locked briefly so listings never wait on a
     /// self-test.
     load_lock: Mutex<()>,
+    /// What worker processes said of optimizers' options: each answer costs a process start
+    /// (and libtorch's load) that a submit should not pay twice for the same options.
+    options_cache: Mutex<OptionsCache>,
+    /// Free slots for those worker processes ([`OPTIONS_CHECKS_AT_ONCE`]).
+    options_slots: (Mutex<usize>, Condvar),
 }
 
 impl Registry {
@@ -205,7 +265,15 @@ impl Registry {
     pub fn new(cache_dir: PathBuf, isolation: Isolation, metrics: Metrics) -> Result<Self, RegistryError> {
         fs::create_dir_all(&cache_dir)
             .map_err(|source| RegistryError::CacheDir { path: cache_dir.clone(), source })?;
-        Ok(Registry { cache_dir, isolation, metrics, state: Mutex::default(), load_lock: Mutex::default() })
+        Ok(Registry {
+            cache_dir,
+            isolation,
+            metrics,
+            state: Mutex::default(),
+            load_lock: Mutex::default(),
+            options_cache: Mutex::new(OptionsCache::new(OPTIONS_CACHE_ANSWERS)),
+            options_slots: (Mutex::new(OPTIONS_CHECKS_AT_ONCE), Condvar::new()),
+        })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -340,6 +408,7 @@ impl Registry {
             meta,
             source: path.to_owned(),
             sha256: sha256.clone(),
+            library,
             loaded_at: SystemTime::now(),
             module,
         });
@@ -377,6 +446,46 @@ impl Registry {
         }
         rlvr_protocol::fs::write_atomic(&target, bytes)?;
         Ok(target)
+    }
+
+    /// Asks `plugin` about `options_json` without creating it: in this process when it is loaded
+    /// here, else (an optimizer a [`Isolation::Subprocess`] registry only probed) in a worker
+    /// process (`rlvr-worker check-options`), whose answers are cached by library and options.
+    /// Blocks for as long as that process runs: call it off an async runtime's threads.
+    pub fn check_options(
+        &self,
+        plugin: &LoadedPlugin,
+        options_json: &str,
+    ) -> Result<Option<OptionsReport>, OptionsProblem> {
+        let Isolation::Subprocess { exe, timeout } = &self.isolation else {
+            return plugin.check_options(options_json);
+        };
+        if plugin.module.is_some() {
+            return plugin.check_options(options_json);
+        }
+        let cache = || self.options_cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(answer) = cache().get(&plugin.sha256, options_json) {
+            return answer;
+        }
+        let _slot = self.options_slot();
+        // Another submit of the same options may have asked while this one waited.
+        if let Some(answer) = cache().get(&plugin.sha256, options_json) {
+            return answer;
+        }
+        let answer = options::check_in_child(exe, &plugin.library, options_json, *timeout);
+        cache().put(&plugin.sha256, options_json, &answer);
+        answer
+    }
+
+    /// Waits for a free slot for an options-checking worker process; it is freed when dropped.
+    fn options_slot(&self) -> OptionsSlot<'_> {
+        let (free, freed) = &self.options_slots;
+        let mut free = free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        while *free == 0 {
+            free = freed.wait(free).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *free -= 1;
+        OptionsSlot { slots: &self.options_slots }
     }
 
     /// Every loaded plugin, by name then version.
@@ -449,6 +558,19 @@ impl From<&Refused> for RefusedView {
     }
 }
 
+/// A slot taken by [`Registry::options_slot`], given back when dropped.
+struct OptionsSlot<'a> {
+    slots: &'a (Mutex<usize>, Condvar),
+}
+
+impl Drop for OptionsSlot<'_> {
+    fn drop(&mut self) {
+        let (free, freed) = self.slots;
+        *free.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) += 1;
+        freed.notify_one();
+    }
+}
+
 /// What one scan did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ScanSummary {
@@ -461,72 +583,21 @@ pub struct ScanSummary {
 /// Loads `library` in a child process and reads its report.
 fn probe(exe: &Path, library: &Path, timeout: Duration) -> Result<PluginMeta, LoadRefusal> {
     let crashed = |message: String| LoadRefusal::new(RefusalReason::Crashed, message);
-    let mut child = Command::new(exe)
-        .arg("probe-plugin")
-        .arg(library)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|error| crashed(format!("cannot start the probe process {}: {error}", exe.display())))?;
-    let mut stdout = child.stdout.take().expect("stdout is piped");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    let out_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(10)),
-            Ok(None) | Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(crashed(format!(
-                    "loading and self-test did not finish within {} s; the probe process was killed",
-                    timeout.as_secs()
-                )));
-            }
+    let mut command = Command::new(exe);
+    command.arg("probe-plugin").arg(library);
+    let output = child::run(command, timeout).map_err(|error| match error {
+        ChildError::Spawn { exe, source } => {
+            crashed(format!("cannot start the probe process {}: {source}", exe.display()))
         }
-    };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    if let Some(line) = stdout.lines().rev().find(|line| !line.trim().is_empty())
-        && let Ok(report) = serde_json::from_str::<ProbeReport>(line)
-    {
-        return match report {
-            ProbeReport::Loaded(meta) => Ok(meta),
-            ProbeReport::Refused(refusal) => Err(refusal),
-        };
-    }
-    let tail: String = {
-        let trimmed = stderr.trim();
-        let start = trimmed.char_indices().rev().nth(400).map_or(0, |(at, _)| at);
-        trimmed[start..].to_owned()
-    };
-    Err(crashed(format!(
-        "the library crashed the probe process ({}){}",
-        describe_exit(status),
-        if tail.is_empty() { String::new() } else { format!("; its last words: {tail}") }
-    )))
-}
-
-fn describe_exit(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (_, Some(signal)) => match nix::sys::signal::Signal::try_from(signal) {
-            Ok(signal) => format!("killed by {signal}"),
-            Err(_) => format!("killed by signal {signal}"),
-        },
-        (Some(code), _) => format!("exit code {code}"),
-        _ => "unknown exit".to_owned(),
+        ChildError::Timeout { limit } => crashed(format!(
+            "loading and self-test did not finish within {} s; the probe process was killed",
+            limit.as_secs()
+        )),
+    })?;
+    match output.last_line::<ProbeReport>() {
+        Some(ProbeReport::Loaded(meta)) => Ok(meta),
+        Some(ProbeReport::Refused(refusal)) => Err(refusal),
+        None => Err(crashed(format!("the library crashed the probe process ({})", output.describe()))),
     }
 }
 

@@ -10,7 +10,12 @@
 //!   evaluation ([`GateEvaluation`]) that the daemon judges;
 //! - its training log, `metrics.jsonl`: one [`MetricsLine`] per step and held-out evaluation;
 //! - its live state, `progress.json`: [`Progress`], rewritten after every step;
-//! - the grant socket: [`crate::grants`].
+//! - the grant socket: [`crate::grants`];
+//! - with `--host-context-stdin`, its first stdin line: the [`HostContext`] its plugins are
+//!   created with (the job's secrets, the outbound policy);
+//! - `rlvr-worker check-options`' one stdout line: [`OptionsCheck`], a plugin's answer about
+//!   its options, for the daemon's submit checks (optimizer plugins are never loaded in the
+//!   daemon).
 //!
 //! Where these files are is [`crate::jobdir::JobDir`]'s.
 
@@ -18,6 +23,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+pub use rlvr_plugin_api::{HostContext, OptionsReport, Secret};
 use serde::{Deserialize, Serialize};
 
 /// The worker's arguments for one run of one job.
@@ -74,6 +80,11 @@ pub struct WorkerArgs {
     /// The version of `[curriculum] name` pinned at admission: the estimates start from it.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N", requires = "curricula_dir"))]
     pub curriculum_version: Option<u64>,
+    /// Read the plugins' host context (the job's secrets, where plugins may send requests) as
+    /// one JSON line from stdin before anything else (the daemon writes it). Without it: no
+    /// secrets and no restriction on outbound requests, as for a run by hand.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub host_context_stdin: bool,
 }
 
 impl WorkerArgs {
@@ -126,8 +137,40 @@ impl WorkerArgs {
         if self.resume {
             args.push("--resume".into());
         }
+        if self.host_context_stdin {
+            args.push("--host-context-stdin".into());
+        }
         args
     }
+}
+
+/// `rlvr-worker check-options`' one stdout line: what a plugin said of a configuration. The
+/// daemon asks a worker process for optimizer plugins, whose code it never maps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptionsCheck {
+    /// Accepted; the secret names and URLs the options refer to.
+    Checked(OptionsReport),
+    /// The plugin was built before `check_options`: its options are checked when a worker
+    /// creates it.
+    NotChecked,
+    /// Refused: the key path inside the plugin's options (empty: the whole object) and why.
+    Refused {
+        /// The key path, e.g. `kl_bta`.
+        key: String,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// The plugin failed to answer (it panicked, or reported something unreadable).
+    Failed {
+        /// What happened.
+        message: String,
+    },
+    /// The check could not be made: the library did not load in the worker process.
+    Unavailable {
+        /// Why.
+        message: String,
+    },
 }
 
 /// How a worker process ends: its exit status, which the daemon turns into the job's next state.

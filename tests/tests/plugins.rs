@@ -43,6 +43,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             "rlvr-fixture-optimizer-centred",
             "rlvr-fixture-curriculum-cycle",
             "rlvr-fixture-stall",
+            "rlvr-fixture-legacy-verifier",
         ],
         NO_REDIS,
     );
@@ -68,6 +69,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             ("grpo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("http@0.1.0".to_owned(), "verifier".to_owned()),
             ("ifeval@0.1.0".to_owned(), "verifier".to_owned()),
+            ("legacy@1.0.0".to_owned(), "verifier".to_owned()),
             ("math@0.1.0".to_owned(), "verifier".to_owned()),
             ("ppo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("rloo@0.1.0".to_owned(), "optimizer".to_owned()),

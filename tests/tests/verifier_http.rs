@@ -275,12 +275,13 @@ fn config(service: &Service) -> Value {
 fn verdicts_components_and_the_request_as_the_service_sees_it() {
     let service = Service::start();
     let mut config = config(&service);
-    config["bearer_token_env"] = json!("HTTP_TEST_TOKEN");
+    config["bearer_token_secret"] = json!("grader-token");
     config["headers"] = json!({"X-Team": "math"});
     let (_dir, plugins) = plugin_dir();
     let input = [item("ok-right", " 4\n"), item("ok-wrong", "5"), item("echo-1", "completion text")].concat();
     let output = run(
-        command(&plugins, &config, &["--parallel", "1"]).env("HTTP_TEST_TOKEN", "s3cret-token"),
+        command(&plugins, &config, &["--parallel", "1", "--secret", "grader-token=HTTP_TEST_TOKEN"])
+            .env("HTTP_TEST_TOKEN", "s3cret-token"),
         input.as_bytes(),
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -311,25 +312,58 @@ fn verdicts_components_and_the_request_as_the_service_sees_it() {
     );
     assert!(!stderr.contains("s3cret"), "the token leaked: {stderr}");
 
-    // The token's variable unset: the config is refused and the error names the key.
-    let output = run(&mut command(&plugins, &config, &[]), b"");
+    // The secret not given: the config is refused naming the key, not the environment.
+    let output = run(command(&plugins, &config, &[]).env("HTTP_TEST_TOKEN", "s3cret-token"), b"");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
-        stderr.contains("bearer_token_env: environment variable HTTP_TEST_TOKEN is not set or empty"),
+        stderr.contains("bearer_token_secret: no secret named \"grader-token\" is available to this job"),
         "{stderr}"
     );
+    assert!(!stderr.contains("s3cret"), "the token leaked: {stderr}");
+}
+
+// regression: a spec's bearer_token_env sent any variable of the daemon's environment to any
+// server, and "environment variable X is not set" told which variables exist
+#[test]
+fn an_environment_variable_is_never_a_token_and_the_refusal_says_nothing_of_the_environment() {
+    let service = Service::start();
+    let (_dir, plugins) = plugin_dir();
+    let refusal = |variable: &str| {
+        let mut config = config(&service);
+        config["bearer_token_env"] = json!(variable);
+        let output = run(command(&plugins, &config, &[]).env("HTTP_TEST_TOKEN", "s3cret-token"), b"");
+        assert!(!output.status.success(), "{variable}");
+        String::from_utf8_lossy(&output.stderr).replace(variable, "VARIABLE")
+    };
+    let (set, unset) = (refusal("HTTP_TEST_TOKEN"), refusal("RLVR_TEST_NO_SUCH_VARIABLE"));
+    assert_eq!(set, unset);
+    assert!(
+        set.contains(
+            "bearer_token_env: environment variable names are not accepted; ask the daemon's operator"
+        ),
+        "{set}"
+    );
+    assert!(!set.contains("s3cret"), "{set}");
+    // Nothing reached the service.
+    assert_eq!(service.stats().0, json!({}));
 }
 
 #[test]
 fn config_errors_name_the_key() {
     let (_dir, plugins) = plugin_dir();
     let cases: &[(Value, &str)] = &[
-        (json!({}), "http verifier config: url: missing (expected the service's http:// or https:// URL)"),
+        (json!({}), "url: missing (expected the service's http:// or https:// URL)"),
         (json!({"url": "ftp://h/"}), "url: expected an http:// or https:// URL, got scheme \"ftp\""),
-        (json!({"url": "http://h/", "retry_on": ["4xx"]}), "retry_on[0]: unknown variant `4xx`"),
+        (
+            json!({"url": "http://h/", "retry_on": ["4xx"]}),
+            "retry_on[0]: expected one of connect, timeout, 5xx, 429, got \"4xx\"",
+        ),
         (json!({"url": "http://h/", "timeout_ms": 20000}), "exceeds the 25000 ms cap"),
-        (json!({"url": "http://h/", "time_out": 1}), "unknown field `time_out`"),
+        (
+            json!({"url": "http://h/", "time_out": 1}),
+            "time_out: unknown key; expected one of url, timeout_ms",
+        ),
     ];
     for (config, message) in cases {
         let output = run(&mut command(&plugins, config, &[]), b"");

@@ -202,7 +202,19 @@ fn clear_errors_for_a_missing_plugin_bad_options_and_missing_files() {
 
     let (_, stderr, ok) = verify(&["--plugin", "format", "--plugin-config", r#"{"think_tag":"x"}"#], b"");
     assert!(!ok);
-    assert!(stderr.contains("unknown field `think_tag`"), "{stderr}");
+    assert!(stderr.contains("think_tag: unknown key; expected one of think_open, think_close"), "{stderr}");
+
+    // `--secret NAME=ENV_VAR`: the user's own environment, so naming the variable is fine here.
+    let (_, stderr, ok) = verify(&["--plugin", "format", "--secret", "grader-token"], b"");
+    assert!(!ok);
+    assert!(stderr.contains("expected NAME=ENV_VAR"), "{stderr}");
+    let (_, stderr, ok) =
+        verify(&["--plugin", "format", "--secret", "grader-token=RLVR_TEST_NO_SUCH_VARIABLE"], b"");
+    assert!(!ok);
+    assert!(
+        stderr.contains("--secret grader-token=RLVR_TEST_NO_SUCH_VARIABLE: the environment variable"),
+        "{stderr}"
+    );
 
     let (_, stderr, ok) = verify(&["--plugin", "format", "--jsonl", "/nonexistent/items.jsonl"], b"");
     assert!(!ok);

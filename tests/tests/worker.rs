@@ -452,7 +452,21 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
         ),
         ("unknown key", good.replace("[rollout]", "[rollout]\ntemprature = 1.0"), "rollout.temprature"),
         ("unknown plugin", good.replace("plugin = \"grpo\"", "plugin = \"nope\""), "optimizer.plugin"),
-        ("plugin refuses its options", good.replace("kl_beta = 0.04", "kl_beta = -1.0"), "kl_beta"),
+        (
+            "plugin refuses its options",
+            good.replace("kl_beta = 0.04", "kl_beta = -1.0"),
+            "optimizer.kl_beta: expected a number ≥ 0, got -1 (grpo@0.1.0)",
+        ),
+        (
+            "unknown optimizer key",
+            good.replace("kl_beta = 0.04", "kl_bta = 0.04"),
+            "optimizer.kl_bta: unknown key; expected one of scale_rewards,",
+        ),
+        (
+            "unknown verifier key",
+            good.replace("fallback = \"last\"", "fallbak = \"last\""),
+            "verifiers[0].fallbak: unknown key; expected one of fallback, precision_digits, work_budget",
+        ),
         ("group too small", good.replace("group_size = 4", "group_size = 1"), "optimizer.group_size"),
         ("missing data", good.replace("train.jsonl", "absent.jsonl"), "data.train"),
         (
@@ -483,6 +497,127 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{name}: {stderr}");
         assert!(stderr.contains(expected), "{name}: expected {expected:?} in {stderr}");
+        assert!(!state.exists(), "{name}: the state dir was created");
+    }
+}
+
+/// A one-request-per-connection HTTP grader on a real socket: answers every POST with a pass and
+/// keeps each request's `Authorization` header (empty when absent).
+fn grader() -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/grade", listener.local_addr().unwrap());
+    let (seen, headers) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut reader = BufReader::new(stream);
+            let (mut length, mut authorization) = (0, String::new());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(value) = lower.strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap_or(0);
+                } else if lower.starts_with("authorization:") {
+                    authorization = line["authorization:".len()..].trim().to_owned();
+                }
+            }
+            let _ = reader.read_exact(&mut vec![0; length]);
+            let body = r#"{"score": 1, "passed": true}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = reader.get_mut().write_all(answer.as_bytes());
+            let _ = seen.send(authorization);
+        }
+    });
+    (url, headers)
+}
+
+/// Runs `command` with `stdin` written to it and closed.
+fn run_with_stdin(command: &mut Command, stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child =
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// (name, worker flags, stdin, exit status, what stderr says)
+type StartCase<'a> = (&'a str, &'a [&'a str], &'a [u8], Option<i32>, &'a str);
+
+#[test]
+fn plugins_get_their_secrets_from_the_host_context_on_stdin_and_never_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    drop_in(&plugin_lib("rlvr-verifier-http"), &plugins, "librlvr_verifier_http.so");
+    let data = arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
+    let (url, headers) = grader();
+    let spec = dir.path().join("http.toml");
+    let good = fs::read_to_string(grpo_spec(dir.path(), &data, 1, 1)).unwrap();
+    let http = format!("plugin = \"http\"\nurl = \"{url}\"\nbearer_token_secret = \"grader-token\"");
+    fs::write(&spec, good.replace("plugin = \"math\"\nfallback = \"last\"", &http)).unwrap();
+    let context = r#"{"secrets": {"grader-token": "s3cret-value"}, "outbound_allow": ["127.0.0.1/32"], "outbound_allow_private": true}"#;
+
+    // The daemon's line on stdin: the token reaches the grader, and nothing prints it.
+    let state = dir.path().join("state");
+    let output = run_with_stdin(
+        worker(&spec, &state, &plugins, &["--host-context-stdin"])
+            .env("GRADER_TOKEN", "from-the-environment"),
+        format!("{context}\n").as_bytes(),
+    );
+    let result = outcome(&output);
+    assert_eq!(result["steps"], 1, "{result}");
+    let seen: Vec<String> = headers.try_iter().collect();
+    assert!(!seen.is_empty() && seen.iter().all(|header| header == "Bearer s3cret-value"), "{seen:?}");
+    let everything =
+        [&output.stdout[..], &output.stderr[..], &fs::read(state.join("metrics.jsonl")).unwrap()].concat();
+    assert!(!String::from_utf8_lossy(&everything).contains("s3cret"), "a secret value was printed");
+
+    // Refusals at start, each naming the problem; none creates the state dir.
+    let cases: [StartCase; 4] = [
+        (
+            "stdin closed",
+            &["--host-context-stdin"],
+            b"",
+            Some(70),
+            "--host-context-stdin: stdin closed before the host context line",
+        ),
+        (
+            "cut short",
+            &["--host-context-stdin"],
+            br#"{"secrets": {"grader-token": "s3cr"#,
+            Some(70),
+            "--host-context-stdin: stdin closed before the end of the host context line",
+        ),
+        (
+            "secret not granted",
+            &["--host-context-stdin"],
+            b"{\"secrets\": {\"other\": \"s3cret-value\"}}\n",
+            Some(2),
+            "verifiers[0].bearer_token_secret: no secret named \"grader-token\" is available to this job (http@0.1.0)",
+        ),
+        // By hand, no context: no secrets, whatever the environment holds.
+        (
+            "by hand",
+            &[],
+            b"",
+            Some(2),
+            "verifiers[0].bearer_token_secret: no secret named \"grader-token\" is available to this job",
+        ),
+    ];
+    for (name, flags, stdin, code, expected) in cases {
+        let state = dir.path().join(format!("state-{}", name.replace(' ', "-")));
+        let output =
+            run_with_stdin(worker(&spec, &state, &plugins, flags).env("GRADER_TOKEN", "s3cret-env"), stdin);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), code, "{name}: {stderr}");
+        assert!(stderr.contains(expected), "{name}: expected {expected:?} in {stderr}");
+        assert!(!stderr.contains("s3cr"), "{name}: a secret value was printed: {stderr}");
         assert!(!state.exists(), "{name}: the state dir was created");
     }
 }

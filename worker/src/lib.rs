@@ -16,11 +16,13 @@
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
 //! - [`grants`]: the daemon's device grants, asked for before each device phase.
 //! - [`lifecycle`]: stop requests, dying with the daemon, the run's lock.
+//! - [`host`]: the plugins' host context, read from stdin (`--host-context-stdin`).
 
 pub mod data;
 pub mod drive;
 pub mod eval;
 pub mod grants;
+pub mod host;
 pub mod lifecycle;
 pub mod models;
 pub mod optim;
@@ -35,7 +37,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use rlvr_model::{LoadedModel, SamplerRng, SamplingParams};
-use rlvr_plugin_api::{CurriculumBox, DataMode, OptimizerBox, OptimizerInfo};
+use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo};
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::spec::JobSpec;
 pub use rlvr_protocol::worker::Outcome;
@@ -76,12 +78,16 @@ pub struct WorkerOptions {
     /// The directory of shared curricula and the version of `[curriculum] name` the daemon
     /// pinned at admission: the curriculum's estimates start from its counts.
     pub curriculum_version: Option<(PathBuf, u64)>,
+    /// What every plugin is created with: the job's secrets and the outbound policy. The
+    /// daemon's line on stdin (`--host-context-stdin`); a run by hand gets
+    /// [`HostContext::unrestricted`] (no secrets, no outbound restriction).
+    pub host: HostContext,
 }
 
 impl WorkerOptions {
     /// The options of `rlvr-worker run`: plugin directories resolved, the device parsed, cores as
-    /// the defaults.
-    pub fn from_args(args: WorkerArgs) -> Result<Self, WorkerError> {
+    /// the defaults; `host` is the context read from stdin, or `None` for a run by hand.
+    pub fn from_args(args: WorkerArgs, host: Option<HostContext>) -> Result<Self, WorkerError> {
         let plugin_dirs =
             rlvr_plugin_host::dirs::plugin_dirs(args.config.as_deref(), args.plugin_dirs).map_err(
                 |error| WorkerError::Plugin { field: "plugins.dirs".into(), message: error.to_string() },
@@ -99,6 +105,7 @@ impl WorkerOptions {
             grants: args.grant_socket.zip(args.job_id),
             baseline: args.baseline.zip(args.baseline_version),
             curriculum_version: args.curricula_dir.zip(args.curriculum_version),
+            host: host.unwrap_or_else(HostContext::unrestricted),
         })
     }
 }
@@ -140,6 +147,10 @@ pub enum WorkerError {
     /// A `[stop]` condition tripped: what, the measured value, the step, the checkpoint kept.
     #[error("{0}")]
     Stopped(String),
+    /// `--host-context-stdin` and no readable context on stdin: the daemon's side failed, not
+    /// the job (the worker exits 70 and the daemon requeues the job).
+    #[error("--host-context-stdin: {0}")]
+    HostContext(String),
 }
 
 impl WorkerError {
@@ -147,7 +158,7 @@ impl WorkerError {
     /// requeues it); everything else is.
     pub fn exit(&self) -> WorkerExit {
         match self {
-            WorkerError::Grants(_) => WorkerExit::Transient,
+            WorkerError::Grants(_) | WorkerError::HostContext(_) => WorkerExit::Transient,
             _ => WorkerExit::JobError,
         }
     }
@@ -226,7 +237,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let span = info_span!("job", name = %start.spec.job.name, team = %start.spec.job.team);
     let _entered = span.enter();
 
-    let mut plugins = JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugin_dirs)?;
+    let mut plugins =
+        JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugin_dirs, &options.host)?;
     let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode)?;
     let curriculum = match (&start.spec.curriculum, &data.train) {
         (Some(section), TrainData::Prompts(prompts)) => Some(plugins.curriculum(

@@ -1,12 +1,14 @@
 //! `rlvr-worker`: one job's training process, started by `rlvrd serve` for each admitted job (or
 //! by hand, without Redis). `run` trains; `probe-plugin` loads one plugin library for the
-//! daemon's registry, in a process that can crash without harm.
+//! daemon's registry, and `check-options` asks one about a job's options at submit, each in a
+//! process that can crash without harm (and that may link libtorch, which the daemon never does).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use rlvr_protocol::worker::{WorkerArgs, WorkerExit};
 use rlvr_startup::logging::{self, LogFormat};
+use rlvr_worker::host::read_host_context;
 use rlvr_worker::{Outcome, WorkerError, WorkerOptions, lifecycle};
 
 /// The rlvr worker: trains one job end to end (rollout, verification, updates, checkpoints).
@@ -32,6 +34,18 @@ enum Command {
         /// The library.
         library: std::path::PathBuf,
     },
+    /// Ask one plugin library whether it accepts a configuration (its `check_options`); print
+    /// the answer as one JSON line. The daemon runs this at submit for optimizer plugins, whose
+    /// code it never loads.
+    #[command(hide = true)]
+    CheckOptions {
+        /// The library (the daemon's content-addressed copy, already probed).
+        #[arg(long)]
+        plugin_path: std::path::PathBuf,
+        /// The plugin's options, as the JSON object it would be created with.
+        #[arg(long)]
+        options_json: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -39,19 +53,12 @@ fn main() -> ExitCode {
     // The http verifier's client needs a rustls provider in the process that loads it.
     rlvr_startup::install_crypto_provider();
     match cli.command {
+        // stdout carries the answer; logs stay off it.
         Command::ProbePlugin { library } => {
-            // stdout carries the report; logs stay off it.
-            let report = rlvr_plugin_host::registry::probe_main(&library);
-            match serde_json::to_string(&report) {
-                Ok(line) => {
-                    println!("{line}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("rlvr-worker probe-plugin: cannot encode the report: {error}");
-                    ExitCode::FAILURE
-                }
-            }
+            print_line("probe-plugin", &rlvr_plugin_host::registry::probe_main(&library))
+        }
+        Command::CheckOptions { plugin_path, options_json } => {
+            print_line("check-options", &rlvr_plugin_host::options::check_main(&plugin_path, &options_json))
         }
         Command::Run(args) => {
             logging::init(cli.log_format, "info");
@@ -60,14 +67,36 @@ fn main() -> ExitCode {
     }
 }
 
+/// A helper command's answer: one JSON line on stdout.
+fn print_line(command: &str, answer: &impl serde::Serialize) -> ExitCode {
+    match serde_json::to_string(answer) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("rlvr-worker {command}: cannot encode the answer: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Trains, prints the outcome and says how the process ends.
 fn run(args: WorkerArgs) -> WorkerExit {
+    // Before anything else: the daemon writes the line as soon as the process starts.
+    let host = match args.host_context_stdin.then(|| read_host_context(std::io::stdin().lock())).transpose() {
+        Ok(host) => host,
+        Err(error) => {
+            eprintln!("rlvr-worker: {error}");
+            return error.exit();
+        }
+    };
     if let Some(parent) = args.exit_with_parent {
         lifecycle::exit_with_parent(parent);
     }
     lifecycle::install_stop_handlers();
     let train = || -> Result<Outcome, WorkerError> {
-        let options = WorkerOptions::from_args(args)?;
+        let options = WorkerOptions::from_args(args, host)?;
         rlvr_worker::run(&options)
     };
     // A panic in libtorch glue is a bug, but it still ends as one line and an exit status.
@@ -113,13 +142,16 @@ mod tests {
             baseline_version: Some(3),
             curricula_dir: Some("/state/curricula".into()),
             curriculum_version: Some(5),
+            host_context_stdin: true,
         };
         let bare = WorkerArgs { spec: "s.toml".into(), state_dir: "run".into(), ..WorkerArgs::default() };
         for args in [full, bare] {
             let line = std::iter::once(OsString::from("rlvr-worker")).chain(args.command_line());
             match Cli::try_parse_from(line).unwrap().command {
                 Command::Run(parsed) => assert_eq!(*parsed, args),
-                Command::ProbePlugin { .. } => panic!("parsed as probe-plugin"),
+                Command::ProbePlugin { .. } | Command::CheckOptions { .. } => {
+                    panic!("parsed as another command")
+                }
             }
         }
     }

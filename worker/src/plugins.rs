@@ -5,9 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rlvr_plugin_api::{CurriculumBox, OptimizerBox, OptimizerInfo, PluginInstance, PluginKind};
+use rlvr_plugin_api::{
+    CurriculumBox, HostContext, OptimizerBox, OptimizerInfo, OptionError, PluginError, PluginErrorKind,
+    PluginInstance, PluginKind,
+};
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
 use rlvr_plugin_host::metrics::PluginMetrics;
+use rlvr_plugin_host::options::spec_field;
 use rlvr_plugin_host::{Isolation, LoadedPlugin, Registry};
 use rlvr_protocol::spec::{CurriculumSection, JobSpec};
 use rlvr_protocol::worker::PluginUse;
@@ -37,6 +41,8 @@ pub struct JobPlugins {
     /// The libraries the plugins' code comes from: kept for the whole run.
     pub libraries: Libraries,
     plugin_dirs: Vec<PathBuf>,
+    /// What every plugin of the run is created with.
+    host: HostContext,
 }
 
 /// The registry and the content-addressed copies of the libraries it loaded. The copies stay
@@ -49,11 +55,12 @@ pub struct Libraries {
 
 impl JobPlugins {
     /// Loads the optimizer and the verifiers of `spec` (the versions `pinned` records, on a
-    /// resume) and checks that they fit the spec.
+    /// resume), creates them with the host's context, and checks that they fit the spec.
     pub fn load(
         spec: &JobSpec,
         pinned: Option<&JobRecord>,
         plugin_dirs: &[PathBuf],
+        host: &HostContext,
     ) -> Result<Self, WorkerError> {
         sweep_stale_plugin_copies(&std::env::temp_dir());
         let temp_error = |message: String| WorkerError::Plugin { field: "plugins".into(), message };
@@ -78,7 +85,7 @@ impl JobPlugins {
             field: "optimizer.plugin".into(),
             message: format!("{} reports no data mode this worker knows", optimizer.id()),
         })?;
-        let created = match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[])? {
+        let created = match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[], host)? {
             PluginInstance::Optimizer(created) => created,
             other => return Err(created_other(&optimizer, "optimizer.plugin", &other)),
         };
@@ -90,16 +97,15 @@ impl JobPlugins {
             uses: vec![use_of(&optimizer)],
             libraries: Libraries { registry, _copies: copies },
             plugin_dirs: plugin_dirs.to_vec(),
+            host: host.clone(),
         };
         for (i, section) in spec.verifiers.iter().enumerate() {
             let pin = pinned.and_then(|record| record.verifiers.get(i)).map(String::as_str);
             let field = format!("verifiers[{i}].plugin");
             let plugin = plugins.find(&field, &section.plugin, pin, PluginKind::Verifier)?;
-            let verifier =
-                plugin.verifier(&section.plugin_config()).map_err(|error| WorkerError::Plugin {
-                    field: format!("verifiers[{i}]"),
-                    message: format!("{} refused its options: {error}", plugin.id()),
-                })?;
+            let verifier = plugin
+                .verifier_in(&section.plugin_config(), host)
+                .map_err(|error| refused(&plugin, &format!("verifiers[{i}]"), error))?;
             plugins.verifiers.push(WeightedVerifier {
                 name: plugin.meta.name.clone(),
                 id: plugin.id(),
@@ -130,7 +136,7 @@ impl JobPlugins {
         let plugin = self.find("curriculum.plugin", &section.plugin, pin, PluginKind::Curriculum)?;
         let ids: Vec<String> = prompts.iter().map(|prompt| prompt.id.clone()).collect();
         let config = curriculum_config(section, pinned_version)?;
-        let curriculum = match create(&plugin, "curriculum", &config, &ids)? {
+        let curriculum = match create(&plugin, "curriculum", &config, &ids, &self.host)? {
             PluginInstance::Curriculum(created) => created,
             other => return Err(created_other(&plugin, "curriculum.plugin", &other)),
         };
@@ -172,17 +178,31 @@ fn use_of(plugin: &LoadedPlugin) -> PluginUse {
     PluginUse { id: plugin.id(), sha256: plugin.sha256.clone() }
 }
 
-/// Creates `plugin` with its options; a refusal names the spec section (`field`).
+/// Creates `plugin` with its options and the host's context; a refusal names the spec's field.
 fn create(
     plugin: &LoadedPlugin,
-    field: &str,
+    section: &str,
     config: &str,
     prompt_ids: &[String],
+    host: &HostContext,
 ) -> Result<PluginInstance, WorkerError> {
-    plugin.create(config, prompt_ids).map_err(|error| WorkerError::Plugin {
-        field: field.to_owned(),
+    plugin.create_in(config, prompt_ids, host).map_err(|error| refused(plugin, section, error))
+}
+
+/// A plugin's refusal of its options at `section`, in the spec's terms the daemon uses at
+/// submit: `verifiers[1].fallbak: unknown key; expected one of … (math@0.1.0)`.
+fn refused(plugin: &LoadedPlugin, section: &str, error: PluginError) -> WorkerError {
+    if error.kind == PluginErrorKind::InvalidConfig {
+        let OptionError { key, message } = OptionError::from(error);
+        return WorkerError::Plugin {
+            field: spec_field(section, &key),
+            message: format!("{message} ({})", plugin.id()),
+        };
+    }
+    WorkerError::Plugin {
+        field: section.to_owned(),
         message: format!("{} refused its options: {error}", plugin.id()),
-    })
+    }
 }
 
 fn created_other(plugin: &LoadedPlugin, field: &str, created: &PluginInstance) -> WorkerError {

@@ -207,12 +207,17 @@ pub async fn submit(
     let idempotency_key = idempotency_key(&headers)?;
     let registry = state.registry.clone();
     let checked = spec.clone();
-    // Reads files and the registry: off the async threads.
     let scheduler = state.scheduler.clone();
     let tenancy = state.tenancy.clone();
     let outbound = state.outbound.clone();
+    // Reads files and the registry, and may wait for a worker process asking an optimizer about
+    // its options: off the async threads.
     let admitted = tokio::task::spawn_blocking(move || {
-        let mut problems = checks::check_runnable(&checked, &registry, &scheduler, outbound.policy());
+        let mut problems = match checks::check_runnable(&checked, &registry, &scheduler, outbound.policy()) {
+            // The secrets the options name must be the team's.
+            Ok(refs) => tenancy.ungranted_secrets(&checked.job.team, &refs.secrets),
+            Err(problems) => problems,
+        };
         match crate::tenancy::resolve::admit(&tenancy, &checked, false) {
             Ok(pinned) if problems.is_empty() => Ok(pinned),
             Ok(_) => Err(problems),

@@ -1,14 +1,17 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
-//! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, they fit each
-//! other and the data (the rules the worker applies at start, `rlvr_plugin_host::fit`), its
-//! webhook is a destination the operator's `[outbound]` policy allows, its budget is sane, and its
-//! `[resources]` fit this daemon's devices. What its names reach (datasets, models, the model
-//! line) is `tenancy::resolve`'s.
+//! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, their options
+//! are what they accept (each plugin's `check_options`, its keys named as the spec writes them:
+//! `verifiers[1].fallbak`), the URLs those options and its webhook name are destinations the
+//! operator's `[outbound]` policy allows, they fit each other and the data (the rules the worker
+//! applies at start, `rlvr_plugin_host::fit`), its budget is sane, and its `[resources]` fit this
+//! daemon's devices. A runnable job's [`PluginRefs`] say which secrets its options name. What its
+//! names reach (datasets, models, the model line, secrets) is `tenancy`'s.
 
 use rlvr_plugin_api::PluginKind;
-use rlvr_protocol::spec::{JobSpec, SpecError};
+use rlvr_plugin_host::options::{OptionsProblem, spec_field};
+use rlvr_plugin_host::{LoadedPlugin, Registry};
+use rlvr_protocol::spec::{JobSpec, OptimizerSection, SpecError};
 
-use rlvr_plugin_host::Registry;
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
 
 use crate::sched::service::Scheduler;
@@ -16,14 +19,32 @@ use crate::sched::service::Scheduler;
 /// Longest wall-clock budget a job may ask for: 30 days.
 const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
 
-/// Every problem found, each naming its field.
+/// What a runnable job's plugin options refer to, each with the spec's field that names it: the
+/// secrets to check against the team's grants and the URLs against the operator's outbound
+/// allow-list. Complete only for the plugins that checked their options: a section in
+/// `unchecked` (a plugin built before `check_options`, or one that could not be asked) may name
+/// more, which only show when a worker creates the plugin.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginRefs {
+    /// `(field, secret name)`, e.g. `("verifiers[0].bearer_token_secret", "grader-token")`.
+    pub secrets: Vec<(String, String)>,
+    /// `(field, url)`, e.g. `("verifiers[0].url", "https://grader.example/v1")`.
+    pub urls: Vec<(String, String)>,
+    /// Sections whose options were not checked at submit (`verifiers[2]`, `optimizer`).
+    pub unchecked: Vec<String>,
+}
+
+/// Every problem found, each naming its field; or, for a job that can run, what its plugins'
+/// options refer to. Blocks while a worker process checks the optimizer's options (once per
+/// plugin build and options: the answers are cached): call it off the async threads.
 pub fn check_runnable(
     spec: &JobSpec,
     registry: &Registry,
     scheduler: &Scheduler,
     outbound: &rlvr_outbound::Policy,
-) -> Vec<SpecError> {
+) -> Result<PluginRefs, Vec<SpecError>> {
     let mut problems = Vec::new();
+    let mut refs = PluginRefs::default();
     let mut problem =
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
 
@@ -44,21 +65,44 @@ pub fn check_runnable(
         })
     };
     let optimizer = match find(&spec.optimizer.plugin, PluginKind::Optimizer) {
-        Ok(plugin) => Some(plugin),
+        Ok(plugin) => {
+            let options = spec.optimizer_plugin_config();
+            check_options(registry, &plugin, "optimizer", &options, &mut refs, &mut problem);
+            Some(plugin)
+        }
         Err(message) => {
             problem("optimizer.plugin", message);
             None
         }
     };
     for (i, verifier) in spec.verifiers.iter().enumerate() {
-        if let Err(message) = find(&verifier.plugin, PluginKind::Verifier) {
-            problem(&format!("verifiers[{i}].plugin"), message);
+        match find(&verifier.plugin, PluginKind::Verifier) {
+            Ok(plugin) => {
+                let section = format!("verifiers[{i}]");
+                check_options(
+                    registry,
+                    &plugin,
+                    &section,
+                    &verifier.plugin_config(),
+                    &mut refs,
+                    &mut problem,
+                );
+            }
+            Err(message) => problem(&format!("verifiers[{i}].plugin"), message),
         }
     }
-    if let Some(curriculum) = &spec.curriculum
-        && let Err(message) = find(&curriculum.plugin, PluginKind::Curriculum)
-    {
-        problem("curriculum.plugin", message);
+    if let Some(curriculum) = &spec.curriculum {
+        match find(&curriculum.plugin, PluginKind::Curriculum) {
+            Ok(plugin) => check_options(
+                registry,
+                &plugin,
+                "curriculum",
+                &curriculum.plugin_config(),
+                &mut refs,
+                &mut problem,
+            ),
+            Err(message) => problem("curriculum.plugin", message),
+        }
     }
     if let Some(name) = spec.curriculum.as_ref().and_then(|c| c.name.as_deref())
         && !crate::curricula::valid_name(name)
@@ -86,11 +130,15 @@ pub fn check_runnable(
     builtin_model(&mut problem, "model.policy", &spec.model.policy);
     builtin_model(&mut problem, "model.reference", &spec.model.reference);
 
-    // The webhook: checked again, with DNS, when it is called.
-    if let Some(url) = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref())
-        && let Err(refusal) = outbound.check_url(url)
-    {
-        problem("publish.webhook", refusal.to_string());
+    // The webhook and the URLs the plugins' options name: checked again, with DNS, when each is
+    // called (the worker gets the same policy).
+    let webhook = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref());
+    let urls = webhook.map(|url| ("publish.webhook", url)).into_iter();
+    let urls = urls.chain(refs.urls.iter().map(|(field, url)| (field.as_str(), url.as_str())));
+    for (field, url) in urls {
+        if let Err(refusal) = outbound.check_url(url) {
+            problem(field, refusal.to_string());
+        }
     }
 
     // Budgets and resources within what a daemon can honour.
@@ -106,7 +154,47 @@ pub fn check_runnable(
     if let Err(why) = scheduler.can_ever_fit(&demand) {
         problem(why.field, why.message);
     }
-    problems
+    if problems.is_empty() { Ok(refs) } else { Err(problems) }
+}
+
+/// Asks `plugin` (at the spec's `section`) about `options`: a refusal is a problem at the key it
+/// names, an acceptance adds what the options refer to. A plugin built before `check_options`
+/// is checked when a worker creates it, as before; so is one that could not be asked (the
+/// worker process failed), with a warning: its secrets are unknown, so none is granted for it.
+fn check_options(
+    registry: &Registry,
+    plugin: &LoadedPlugin,
+    section: &str,
+    options: &str,
+    refs: &mut PluginRefs,
+    problem: &mut impl FnMut(&str, String),
+) {
+    match registry.check_options(plugin, options) {
+        Ok(Some(report)) => {
+            let field = |key: &str| spec_field(section, key);
+            refs.secrets.extend(report.secrets.into_iter().map(|secret| (field(&secret.key), secret.name)));
+            refs.urls.extend(report.urls.into_iter().map(|url| (field(&url.key), url.url)));
+        }
+        Ok(None) => refs.unchecked.push(section.to_owned()),
+        Err(OptionsProblem::Refused(error)) => {
+            let mut message = error.message;
+            if section == "optimizer" && message.starts_with("unknown key") {
+                // The plugin lists its own keys; the trainer's share the table.
+                message.push_str(&format!(
+                    " (or one of the trainer's: {})",
+                    OptimizerSection::TRAINER_KEYS.join(", ")
+                ));
+            }
+            problem(&spec_field(section, &error.key), message);
+        }
+        Err(OptionsProblem::Failed { message }) => {
+            problem(section, format!("{} failed checking its options: {message}", plugin.id()))
+        }
+        Err(OptionsProblem::Unavailable { message }) => {
+            tracing::warn!(plugin = %plugin.id(), section, %message, "plugin options not checked at submit; the worker checks them");
+            refs.unchecked.push(section.to_owned());
+        }
+    }
 }
 
 fn builtin_model(problem: &mut impl FnMut(&str, String), field: &str, source: &str) {

@@ -44,7 +44,7 @@ use rlvr_protocol::fs::write_json_atomic;
 use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
-use rlvr_protocol::worker::{Outcome, Progress, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{HostContext, Outcome, Progress, WorkerArgs, WorkerExit};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
@@ -368,6 +368,14 @@ impl Supervisor {
                 crate::tenancy::resolve::worker_spec(&self.tenancy, spec).map_err(SpawnError::Refused)?;
             prepare_job_dir(dir, &resolved)?;
         }
+        // What the job's plugins may use: its team's secrets and the operator's outbound policy.
+        let policy = self.outbound.policy();
+        let host = HostContext {
+            secrets: self.tenancy.team_secrets(&spec.job.team).map_err(SpawnError::Refused)?,
+            outbound_allow: policy.entries().iter().map(ToString::to_string).collect(),
+            outbound_allow_private: policy.allow_private(),
+            outbound_unrestricted: false,
+        };
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.worker_log())?;
         // The gates compare with the line's version published when this run started.
         let baseline = publish::latest_version(spec, &self.tenancy.lines);
@@ -393,6 +401,7 @@ impl Supervisor {
             curricula_dir: curriculum.map(|_| self.curricula_dir.join(&spec.job.team)),
             curriculum_version: curriculum,
             device: Some(if gpus.is_empty() { "cpu" } else { "cuda" }.to_owned()),
+            host_context_stdin: true,
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
@@ -404,8 +413,19 @@ impl Supervisor {
             // NVML's indexes are PCI order; CUDA's are too under this setting.
             command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));
         }
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
-        Ok(command.spawn()?)
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
+        let mut child = command.spawn()?;
+        // The context goes on the worker's standard input, never into its arguments, environment
+        // or job directory; the worker reads one line before anything else.
+        if let Some(mut stdin) = child.stdin.take() {
+            let line = host.to_json() + "\n";
+            tokio::spawn(async move {
+                if let Err(error) = tokio::io::AsyncWriteExt::write_all(&mut stdin, line.as_bytes()).await {
+                    warn!(%error, "cannot hand the worker its host context; it exits and the job is retried");
+                }
+            });
+        }
+        Ok(child)
     }
 
     /// Waits for the worker to exit, recording its progress and passing on a cancel (kill), the

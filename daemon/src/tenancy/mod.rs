@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::spec::{Priority, SpecError};
+use rlvr_protocol::worker::Secret;
 
 use crate::config::{Config, SecretConfig};
 use crate::state_dir::StateDir;
@@ -119,18 +120,32 @@ impl Tenancy {
             .ok_or_else(|| format!("no secret {name:?} is available to team {team}"))
     }
 
-    /// The values of `names` for a job of `team`, read now (from the daemon's environment or the
-    /// files): what its worker is handed. A name the team may not use is an error, as is a value
-    /// that cannot be read.
-    pub fn secret_values(&self, team: &str, names: &[String]) -> Result<BTreeMap<String, String>, String> {
+    /// A refusal for each `(field, secret name)` the team may not use: one message whether the
+    /// secret does not exist or is another team's.
+    pub fn ungranted_secrets(&self, team: &str, named: &[(String, String)]) -> Vec<SpecError> {
+        named
+            .iter()
+            .filter_map(|(field, name)| self.secret(team, name).err().map(|message| refuse(field, message)))
+            .collect()
+    }
+
+    /// The values of every secret granted to `team`, read now (from the daemon's environment or
+    /// files): what a job's worker is handed on its standard input. A team's job may name any
+    /// of its team's secrets, so the worker gets them all and nothing else. A value that cannot
+    /// be read is the operator's problem, said in the daemon's log; the job hears only that the
+    /// secret is not available.
+    pub fn team_secrets(&self, team: &str) -> Result<BTreeMap<String, Secret>, String> {
         let mut values = BTreeMap::new();
-        for name in names {
-            let source = self.secret(team, name)?;
-            let value = read_secret(name, &source).map_err(|error| {
+        for secret in self.config.secrets.iter().filter(|secret| secret.teams.iter().any(|t| t == team)) {
+            let Some(source) = source_of(secret) else { continue };
+            let value = read_secret(&secret.name, &source).map_err(|error| {
                 tracing::error!(%error, "a secret cannot be read");
-                format!("secret {name:?} cannot be read by the daemon; the operator has been told in its log")
+                format!(
+                    "secret {:?} cannot be read by the daemon; the operator has been told in its log",
+                    secret.name
+                )
             })?;
-            values.insert(name.clone(), value);
+            values.insert(secret.name.clone(), Secret::new(value));
         }
         Ok(values)
     }
@@ -210,7 +225,11 @@ mod tests {
         assert_eq!(tenancy.data_root("research", "shared"), Ok(Path::new("/d")));
         assert!(tenancy.secret("vision", "token").is_err());
         // An unset variable says nothing to the team about the variable.
-        let message = tenancy.secret_values("research", &["token".into()]).unwrap_err();
+        let named = [("verifiers[0].bearer_token_secret".to_owned(), "token".to_owned())];
+        assert!(tenancy.ungranted_secrets("research", &named).is_empty());
+        let refused = tenancy.ungranted_secrets("vision", &named);
+        assert_eq!(refused[0].field, "verifiers[0].bearer_token_secret");
+        let message = tenancy.team_secrets("research").unwrap_err();
         assert!(!message.contains("RLVR_TEST_NEVER_SET_VARIABLE"), "{message}");
     }
 }

@@ -16,23 +16,32 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::{self, Display};
 
-use rlvr_plugin_api::{GroupOutcome, PluginError, RString};
+use rlvr_plugin_api::{GroupOutcome, OptionError, PluginError, RString, parse_options};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// The seeded generator of every pick (`rlvr-seeded`), so a step's choice depends only on the seed.
 pub use rlvr_seeded::SplitMix64;
 
-/// Parses a plugin's keys of `[curriculum]` (`config_json`, blank = none) into `T`; errors are
-/// [`PluginError::invalid_config`] naming the key.
-pub fn parse_config<T: DeserializeOwned>(plugin: &str, config_json: &str) -> Result<T, PluginError> {
-    let text = if config_json.trim().is_empty() { "{}" } else { config_json };
-    let refuse =
-        |error: &dyn Display| PluginError::invalid_config(format!("{plugin} curriculum config: {error}"));
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    let config = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| refuse(&error))?;
-    deserializer.end().map_err(|error| refuse(&error))?;
-    Ok(config)
+/// Parses a plugin's keys of `[curriculum]` (`config_json`, blank = none) into `T`; errors name
+/// the key in the spec's terms (the daemon prefixes `curriculum.`).
+pub fn parse_config<T: DeserializeOwned>(config_json: &str) -> Result<T, OptionError> {
+    parse_options(config_json)
+}
+
+/// Refuses the first key of `config_json` (an object) that is not in `known`, listing them. For
+/// a config that flattens another: serde refuses an unknown key there without the outer keys.
+pub fn known_keys(config_json: &str, known: &[&str]) -> Result<(), OptionError> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str(config_json) else {
+        // Not an object: `parse_config` says what is wrong with it.
+        return Ok(());
+    };
+    match map.keys().find(|key| !known.contains(&key.as_str())) {
+        Some(key) => {
+            Err(OptionError::new(key.as_str(), format!("unknown key; expected one of {}", known.join(", "))))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Refuses `value` of `key` unless `ok`.
@@ -78,6 +87,9 @@ impl Default for EstimateConfig {
 }
 
 impl EstimateConfig {
+    /// Its keys, for a config that flattens it ([`known_keys`]).
+    pub const KEYS: [&'static str; 4] = ["prior_passes", "prior_fails", "decay", "history"];
+
     pub fn check(&self) -> Result<(), PluginError> {
         require("prior_passes", self.prior_passes, self.prior_passes > 0.0, "a number > 0")?;
         require("prior_fails", self.prior_fails, self.prior_fails > 0.0, "a number > 0")?;
@@ -357,8 +369,14 @@ mod tests {
         let bad = EstimateConfig { decay: 0.0, ..EstimateConfig::default() };
         let error = PassRates::new(bad, &ids(1)).unwrap_err();
         assert_eq!(error.message.as_str(), "decay: expected a number in (0, 1], got 0");
-        let error = parse_config::<EstimateConfig>("frontier", r#"{"decai": 0.5}"#).unwrap_err();
-        assert!(error.message.starts_with("frontier curriculum config: decai: unknown field"), "{error:?}");
+        let error = parse_config::<EstimateConfig>(r#"{"decai": 0.5}"#).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "decai: unknown key; expected one of prior_passes, prior_fails, decay, history"
+        );
+        let error = known_keys(r#"{"band": [0, 1], "decai": 0.5}"#, &["band", "decay"]).unwrap_err();
+        assert_eq!(error.to_string(), "decai: unknown key; expected one of band, decay");
+        assert!(known_keys(r#"{"band": [0, 1]}"#, &["band"]).is_ok());
     }
 
     #[test]
@@ -395,7 +413,7 @@ mod tests {
             r#"{{"prior_passes": {}, "prior_fails": {}, "history": {history_json}}}"#,
             prior.0, prior.1
         );
-        let config: EstimateConfig = parse_config("uniform", &json).unwrap();
+        let config: EstimateConfig = parse_config(&json).unwrap();
         let rates = PassRates::new(config, &ids(prompts)).unwrap();
         for &(id, estimate) in expected {
             let index = rates.prompts().iter().position(|p| p == id).unwrap();
@@ -440,7 +458,7 @@ mod tests {
     fn history_of_prompts_outside_the_data_is_ignored_and_counted() {
         let json = r#"{"history": {"p1": {"passes": 2, "attempts": 2}, "elsewhere": {"passes": 1, "attempts": 9},
                        "p9": {"passes": 0, "attempts": 1}}}"#;
-        let config: EstimateConfig = parse_config("frontier", json).unwrap();
+        let config: EstimateConfig = parse_config(json).unwrap();
         let rates = PassRates::new(config, &ids(2)).unwrap();
         assert_eq!(rates.history_use(), HistoryUse { seeded: 1, ignored: 2 });
         assert_eq!(rates.estimate(0), 0.5);
@@ -453,13 +471,10 @@ mod tests {
     fn bad_history_is_refused_naming_the_key() {
         let error = |history: &str| {
             let json = format!(r#"{{"history": {history}}}"#);
-            let refused = match parse_config::<EstimateConfig>("uniform", &json) {
-                Ok(config) => PassRates::new(config, &ids(1)).unwrap_err(),
-                Err(error) => error,
-            };
-            // Where in the JSON text serde stopped says nothing more than the key does.
-            let message = refused.message.to_string();
-            message.split(" at line 1 column ").next().unwrap().to_owned()
+            match parse_config::<EstimateConfig>(&json) {
+                Ok(config) => PassRates::new(config, &ids(1)).unwrap_err().message.to_string(),
+                Err(error) => error.to_string(),
+            }
         };
         let cases = [
             (
@@ -474,17 +489,16 @@ mod tests {
                 r#"{"p0": {"passes": 0, "attempts": -2}}"#,
                 "history.p0.attempts: expected a number >= 0, got -2",
             ),
-            (r#"{"zz": {"passes": 1}}"#, "uniform curriculum config: history.zz: missing field `attempts`"),
+            (r#"{"zz": {"passes": 1}}"#, "history.zz.attempts: missing; this key is required"),
             (
                 r#"{"p0": {"passes": 1, "attempts": 2, "pass_rate": 0.5}}"#,
-                "uniform curriculum config: history.p0.pass_rate: unknown field `pass_rate`, expected `passes` or \
-                 `attempts`",
+                "history.p0.pass_rate: unknown key; expected one of passes, attempts",
             ),
             (
                 r#"{"p0": {"passes": "1", "attempts": 2}}"#,
-                "uniform curriculum config: history.p0.passes: invalid type: string \"1\", expected f64",
+                "history.p0.passes: expected f64, got string \"1\"",
             ),
-            (r#"[1]"#, "uniform curriculum config: history: invalid type: sequence, expected a map"),
+            (r#"[1]"#, "history: expected a map, got sequence"),
         ];
         for (history, expected) in cases {
             assert_eq!(error(history), expected, "{history}");

@@ -8,9 +8,10 @@
 //! `prior_fails`, `decay`, `history` (see `EstimateConfig`). Its state (estimates and step
 //! count) is saved with each checkpoint and resumes exactly.
 
-use rlvr_curriculum_common::{EstimateConfig, PassRates, parse_config, require};
+use rlvr_curriculum_common::{EstimateConfig, PassRates, known_keys, parse_config, require};
 use rlvr_plugin_api::{
-    CurriculumInfo, CurriculumPlugin, GroupOutcome, Metadata, PluginError, RString, RVec, export_curriculum,
+    CurriculumInfo, CurriculumPlugin, GroupOutcome, Metadata, OptionError, OptionsReport, PluginError,
+    RString, RVec, export_curriculum,
 };
 use serde::Deserialize;
 
@@ -34,12 +35,26 @@ pub struct Frontier {
     rates: PassRates,
 }
 
-impl Frontier {
-    fn new(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError> {
-        let config: FrontierConfig = parse_config("frontier", config_json)?;
+impl FrontierConfig {
+    /// Its keys with the estimator's: `#[serde(flatten)]` loses the list an unknown key's
+    /// refusal should give.
+    const KEYS: [&'static str; 5] = ["band", "prior_passes", "prior_fails", "decay", "history"];
+
+    /// Parsed and checked; nothing depends on the job's prompts.
+    fn parse(config_json: &str) -> Result<Self, PluginError> {
+        known_keys(config_json, &Self::KEYS)?;
+        let config: FrontierConfig = parse_config(config_json)?;
         let [low, high] = config.band;
         require("band[0]", low, (0.0..1.0).contains(&low), "a pass rate in [0, 1)")?;
         require("band[1]", high, high > low && high <= 1.0, "a pass rate above band[0], at most 1")?;
+        config.estimates.check()?;
+        Ok(config)
+    }
+}
+
+impl Frontier {
+    fn new(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError> {
+        let config = FrontierConfig::parse(config_json)?;
         Ok(Frontier { band: config.band, rates: PassRates::new(config.estimates, prompt_ids)? })
     }
 
@@ -65,6 +80,11 @@ impl CurriculumPlugin for Frontier {
 
     fn from_config(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError> {
         Frontier::new(config_json, prompt_ids)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        FrontierConfig::parse(config_json)?;
+        Ok(OptionsReport::default())
     }
 
     fn sample(&mut self, count: u32, seed: u64) -> Result<RVec<RString>, PluginError> {
@@ -116,6 +136,45 @@ export_curriculum!(Frontier);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` (no prompts) and `from_config` (two prompts) alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let prompts = [RString::from("p0"), RString::from("p1")];
+        let checked = Frontier::check_options(json);
+        let created = Frontier::from_config(json, &prompts)
+            .map(|_| OptionsReport::default())
+            .map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key_without_the_prompts() {
+        check("{}", Ok(()));
+        check(r#"{"band": [0.2, 0.8], "decay": 0.5}"#, Ok(()));
+        check(
+            r#"{"decai": 0.5}"#,
+            Err(("decai", "unknown key; expected one of band, prior_passes, prior_fails, decay, history")),
+        );
+        check(
+            r#"{"band": [0.8, 0.2]}"#,
+            Err(("band[1]", "expected a pass rate above band[0], at most 1, got 0.2")),
+        );
+        check(r#"{"band": [0.1]}"#, Err(("band", "expected an array of length 2, got length 1")));
+        check(r#"{"decay": 0}"#, Err(("decay", "expected a number in (0, 1], got 0")));
+        check(
+            r#"{"history": {"p0": {"passes": 3, "attempts": 2}}}"#,
+            Err(("history.p0.passes", "expected a number in [0, attempts] (attempts = 2), got 3")),
+        );
+    }
 
     fn ids(n: usize) -> Vec<RString> {
         (0..n).map(|i| RString::from(format!("p{i}"))).collect()
@@ -191,10 +250,9 @@ mod tests {
             "band[1]: expected a pass rate above band[0], at most 1, got 0.1"
         );
         assert_eq!(error(r#"{"band": [-0.1, 0.5]}"#), "band[0]: expected a pass rate in [0, 1), got -0.1");
-        assert!(
-            error(r#"{"bands": [0.1, 0.9]}"#).contains("unknown field `bands`"),
-            "{}",
-            error(r#"{"bands": 1}"#)
+        assert_eq!(
+            error(r#"{"bands": [0.1, 0.9]}"#),
+            "bands: unknown key; expected one of band, prior_passes, prior_fails, decay, history"
         );
         assert_eq!(Frontier::self_test(), Ok(()));
     }

@@ -6,7 +6,8 @@
 
 use rlvr_curriculum_common::{EstimateConfig, PassRates, parse_config};
 use rlvr_plugin_api::{
-    CurriculumInfo, CurriculumPlugin, GroupOutcome, Metadata, PluginError, RString, RVec, export_curriculum,
+    CurriculumInfo, CurriculumPlugin, GroupOutcome, Metadata, OptionError, OptionsReport, PluginError,
+    RString, RVec, export_curriculum,
 };
 
 /// The uniform curriculum.
@@ -29,8 +30,13 @@ impl CurriculumPlugin for Uniform {
     }
 
     fn from_config(config_json: &str, prompt_ids: &[RString]) -> Result<Self, PluginError> {
-        let config: EstimateConfig = parse_config("uniform", config_json)?;
+        let config: EstimateConfig = parse_config(config_json)?;
         Ok(Uniform { rates: PassRates::new(config, prompt_ids)? })
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        parse_config::<EstimateConfig>(config_json)?.check()?;
+        Ok(OptionsReport::default())
     }
 
     fn sample(&mut self, count: u32, seed: u64) -> Result<RVec<RString>, PluginError> {
@@ -70,6 +76,35 @@ export_curriculum!(Uniform);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` (no prompts) and `from_config` (two prompts) alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let prompts = [RString::from("p0"), RString::from("p1")];
+        let checked = Uniform::check_options(json);
+        let created =
+            Uniform::from_config(json, &prompts).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key_without_the_prompts() {
+        check("{}", Ok(()));
+        check(r#"{"prior_passes": 2}"#, Ok(()));
+        check(
+            r#"{"prior_pass": 2}"#,
+            Err(("prior_pass", "unknown key; expected one of prior_passes, prior_fails, decay, history")),
+        );
+        check(r#"{"prior_fails": 0}"#, Err(("prior_fails", "expected a number > 0, got 0")));
+    }
 
     #[test]
     fn it_covers_the_prompts_evenly_and_passes_its_self_test() {

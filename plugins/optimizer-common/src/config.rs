@@ -7,19 +7,14 @@
 
 use std::fmt::Display;
 
-use rlvr_plugin_api::PluginError;
+use rlvr_plugin_api::{OptionError, PluginError, parse_options};
 use serde::de::DeserializeOwned;
 
-/// Parses `config_json` into `T`; blank text is an empty table. Errors are
-/// [`PluginError::invalid_config`] and name the key (`kl_estimator: unknown variant "k4", ...`).
-pub fn parse<T: DeserializeOwned>(plugin: &str, config_json: &str) -> Result<T, PluginError> {
-    let text = if config_json.trim().is_empty() { "{}" } else { config_json };
-    let refuse =
-        |error: &dyn Display| PluginError::invalid_config(format!("{plugin} optimizer config: {error}"));
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    let config = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| refuse(&error))?;
-    deserializer.end().map_err(|error| refuse(&error))?;
-    Ok(config)
+/// Parses `config_json` into `T`; blank text is an empty table. Errors name the key in the
+/// spec's terms (`kl_estimator: expected one of k1, k2, k3, got "k4"`); the daemon prefixes
+/// `optimizer.`.
+pub fn parse<T: DeserializeOwned>(config_json: &str) -> Result<T, OptionError> {
+    parse_options(config_json)
 }
 
 /// Refuses `value` of `key` unless `ok`: `"{key}: expected {expected}, got {value}"`.
@@ -69,25 +64,21 @@ mod tests {
         }
     }
 
-    fn message(result: Result<Keys, PluginError>) -> String {
-        let error = result.unwrap_err();
-        assert_eq!(error.kind, rlvr_plugin_api::PluginErrorKind::InvalidConfig);
-        error.message.into()
+    fn message(result: Result<Keys, OptionError>) -> String {
+        PluginError::from(result.unwrap_err()).message.into()
     }
 
     #[test]
     fn blank_is_the_defaults() {
-        assert_eq!(parse::<Keys>("x", "").unwrap(), Keys { beta: 0.1 });
-        assert_eq!(parse::<Keys>("x", "{}").unwrap(), Keys { beta: 0.1 });
+        assert_eq!(parse::<Keys>("").unwrap(), Keys { beta: 0.1 });
+        assert_eq!(parse::<Keys>("{}").unwrap(), Keys { beta: 0.1 });
     }
 
     #[test]
     fn errors_name_the_key() {
-        assert!(message(parse("x", r#"{"bogus": 1}"#)).contains("unknown field `bogus`"));
-        assert!(
-            message(parse("x", r#"{"beta": "high"}"#)).starts_with("x optimizer config: beta: invalid type")
-        );
-        assert!(message(parse("x", r#"{"beta": 1} junk"#)).contains("trailing characters"));
+        assert_eq!(message(parse(r#"{"bogus": 1}"#)), "bogus: unknown key; expected one of beta");
+        assert_eq!(message(parse(r#"{"beta": "high"}"#)), "beta: expected f64, got string \"high\"");
+        assert!(message(parse(r#"{"beta": 1} junk"#)).contains("trailing characters"));
         assert_eq!(
             require("clip_eps_high", 0.1, false, "a number ≥ clip_eps_low (0.2)").unwrap_err().message,
             "clip_eps_high: expected a number ≥ clip_eps_low (0.2), got 0.1"

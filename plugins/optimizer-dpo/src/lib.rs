@@ -12,8 +12,8 @@ use rlvr_optimizer_common::inputs::Like;
 use rlvr_optimizer_common::losses::check_scale;
 use rlvr_optimizer_common::{expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
-    DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo, OptimizerPlugin, PluginError,
-    ROption, TensorHandle, export_optimizer,
+    DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo, OptimizerPlugin, OptionError,
+    OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -77,7 +77,12 @@ impl OptimizerPlugin for Dpo {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        Dpo::new(config::parse("dpo", config_json)?)
+        Dpo::new(config::parse(config_json)?)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Dpo::new(config::parse(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
@@ -149,6 +154,30 @@ export_optimizer!(Dpo);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = Dpo::check_options(json);
+        let created = Dpo::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"beta": 0.5}"#, Ok(()));
+        check(r#"{"bta": 0.5}"#, Err(("bta", "unknown key; expected one of beta, label_smoothing")));
+        check(r#"{"beta": 0}"#, Err(("beta", "expected a number > 0, got 0")));
+    }
 
     #[test]
     fn self_test_passes() {

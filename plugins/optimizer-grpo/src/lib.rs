@@ -14,7 +14,7 @@ use rlvr_optimizer_common::rewards::{self, OnlineBatch, StdKind};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
-    OptimizerPlugin, PluginError, ROption, TensorHandle, export_optimizer,
+    OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -145,7 +145,12 @@ impl OptimizerPlugin for Grpo {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        Grpo::new(config::parse("grpo", config_json)?)
+        Grpo::new(config::parse(config_json)?)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Grpo::new(config::parse(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     /// The reference only enters through the KL term.
@@ -243,6 +248,43 @@ export_optimizer!(Grpo);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = Grpo::check_options(json);
+        let created = Grpo::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"kl_beta": 0, "clip_eps_high": 0.28, "loss_agg": "token-mean"}"#, Ok(()));
+        // regression: `kl_bta` passed submit and failed after the job started
+        check(
+            r#"{"kl_bta": 0.1}"#,
+            Err((
+                "kl_bta",
+                "unknown key; expected one of scale_rewards, std, eps, clip_eps_low, clip_eps_high, kl_beta, \
+                 kl_estimator, kl_in, loss_agg",
+            )),
+        );
+        check(r#"{"kl_estimator": "k4"}"#, Err(("kl_estimator", "expected one of k1, k2, k3, got \"k4\"")));
+        check(
+            r#"{"clip_eps_high": 0.1}"#,
+            Err(("clip_eps_high", "expected a number ≥ clip_eps_low (0.2), got 0.1")),
+        );
+        check(r#"{"kl_beta": -1}"#, Err(("kl_beta", "expected a number ≥ 0, got -1")));
+    }
 
     #[test]
     fn self_test_passes() {

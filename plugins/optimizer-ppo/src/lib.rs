@@ -15,7 +15,7 @@ use rlvr_optimizer_common::rewards::{self, OnlineBatch};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
-    OptimizerPlugin, PluginError, ROption, TensorHandle, export_optimizer,
+    OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -120,7 +120,12 @@ impl OptimizerPlugin for Ppo {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        Ppo::new(config::parse("ppo", config_json)?)
+        Ppo::new(config::parse(config_json)?)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Ppo::new(config::parse(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     /// The reference only enters through the KL term.
@@ -261,6 +266,36 @@ export_optimizer!(Ppo);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = Ppo::check_options(json);
+        let created = Ppo::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"gamma": 0.99, "lam": 0.95}"#, Ok(()));
+        check(
+            r#"{"lambda": 0.9}"#,
+            Err((
+                "lambda",
+                "unknown key; expected one of gamma, lam, clip_eps, vf_clip, vf_coef, kl_beta, kl_estimator, whiten_advantages",
+            )),
+        );
+        check(r#"{"lam": 2}"#, Err(("lam", "expected a number in [0, 1], got 2")));
+    }
 
     #[test]
     fn self_test_passes() {

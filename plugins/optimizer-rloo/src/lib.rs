@@ -13,7 +13,7 @@ use rlvr_optimizer_common::rewards::{self, OnlineBatch};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
-    OptimizerPlugin, PluginError, ROption, TensorHandle, export_optimizer,
+    OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -98,7 +98,12 @@ impl OptimizerPlugin for Rloo {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        Rloo::new(config::parse("rloo", config_json)?)
+        Rloo::new(config::parse(config_json)?)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Rloo::new(config::parse(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     /// The reference only enters through the KL term.
@@ -188,6 +193,36 @@ export_optimizer!(Rloo);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = Rloo::check_options(json);
+        let created = Rloo::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"normalize_advantages": true}"#, Ok(()));
+        check(
+            r#"{"normalise_advantages": true}"#,
+            Err((
+                "normalise_advantages",
+                "unknown key; expected one of kl_beta, kl_estimator, clip_eps, normalize_advantages, loss_agg",
+            )),
+        );
+        check(r#"{"clip_eps": 1.5}"#, Err(("clip_eps", "expected a number in (0, 1), got 1.5")));
+    }
 
     #[test]
     fn self_test_passes() {

@@ -7,8 +7,8 @@ use rlvr_optimizer_common::inputs::Like;
 use rlvr_optimizer_common::losses::{LossAgg, check_scale};
 use rlvr_optimizer_common::{expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
-    DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo, OptimizerPlugin, PluginError,
-    ROption, TensorHandle, export_optimizer,
+    DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo, OptimizerPlugin, OptionError,
+    OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -73,7 +73,12 @@ impl OptimizerPlugin for Sft {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        Ok(Sft { config: config::parse("sft", config_json)? })
+        Ok(Sft { config: config::parse(config_json)? })
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        config::parse::<SftConfig>(config_json)?;
+        Ok(OptionsReport::default())
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
@@ -119,6 +124,28 @@ export_optimizer!(Sft);
 mod tests {
     use super::*;
 
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = Sft::check_options(json);
+        let created = Sft::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"loss_ag": "token-mean"}"#, Err(("loss_ag", "unknown key; expected one of loss_agg")));
+    }
+
     #[test]
     fn self_test_passes() {
         Sft::self_test().unwrap();
@@ -127,10 +154,7 @@ mod tests {
     #[test]
     fn the_constant_normaliser_is_refused_by_name() {
         let error = Sft::from_config(r#"{"loss_agg": "seq-mean-token-sum-norm"}"#).unwrap_err();
-        assert!(
-            error.message.contains("loss_agg: unknown variant `seq-mean-token-sum-norm`"),
-            "{}",
-            error.message
-        );
+        assert!(error.message.starts_with("loss_agg: expected one of "), "{}", error.message);
+        assert!(error.message.ends_with(", got \"seq-mean-token-sum-norm\""), "{}", error.message);
     }
 }

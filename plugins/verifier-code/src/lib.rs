@@ -27,7 +27,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use rlvr_plugin_api::{
-    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+    Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
+    check_known_answers, export_verifier, parse_options,
 };
 use serde::Deserialize;
 
@@ -301,42 +302,50 @@ pub fn check_layers(available: LayerSet, allowed_missing: LayerSet) -> Result<La
     }
 }
 
+/// The checks of `config` that need nothing from the host: ranges and relations of its numbers.
+/// (`python`, `work_root` and `allow_missing_layers` are checked against the host when the
+/// verifier is created.)
+pub fn check_limits(config: &CodeConfig) -> Result<(), OptionError> {
+    let positive = [
+        ("max_parallel", config.max_parallel as u64),
+        ("timeout_ms", config.timeout_ms),
+        ("max_timeout_ms", config.max_timeout_ms),
+        ("run_budget_ms", config.run_budget_ms),
+        ("memory_mb", config.memory_mb),
+        ("max_processes", config.max_processes),
+        ("max_file_mb", config.max_file_mb),
+        ("max_open_files", config.max_open_files),
+        ("max_output_bytes", config.max_output_bytes as u64),
+        ("max_reply_bytes", config.max_reply_bytes as u64),
+        ("max_code_bytes", config.max_code_bytes as u64),
+    ];
+    for (key, value) in positive {
+        if value == 0 {
+            return Err(OptionError::new(key, "expected a positive number"));
+        }
+    }
+    if config.timeout_ms > config.max_timeout_ms {
+        return Err(OptionError::new(
+            "timeout_ms",
+            format!("expected at most max_timeout_ms ({}), got {}", config.max_timeout_ms, config.timeout_ms),
+        ));
+    }
+    for (key, value) in [("memory_mb", config.memory_mb), ("evaluator_memory_mb", config.evaluator_memory_mb)]
+    {
+        if value < 64 {
+            return Err(OptionError::new(
+                key,
+                format!("expected at least 64 (python needs ~30 MiB), got {value}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl CodeVerifier {
     /// A verifier with `config`, checked against what this host allows.
     pub fn new(config: CodeConfig) -> Result<Self, PluginError> {
-        let positive = [
-            ("max_parallel", config.max_parallel as u64),
-            ("timeout_ms", config.timeout_ms),
-            ("max_timeout_ms", config.max_timeout_ms),
-            ("run_budget_ms", config.run_budget_ms),
-            ("memory_mb", config.memory_mb),
-            ("max_processes", config.max_processes),
-            ("max_file_mb", config.max_file_mb),
-            ("max_open_files", config.max_open_files),
-            ("max_output_bytes", config.max_output_bytes as u64),
-            ("max_reply_bytes", config.max_reply_bytes as u64),
-            ("max_code_bytes", config.max_code_bytes as u64),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(PluginError::invalid_config(format!("{field}: expected a positive number")));
-            }
-        }
-        if config.timeout_ms > config.max_timeout_ms {
-            return Err(PluginError::invalid_config(format!(
-                "timeout_ms: expected at most max_timeout_ms ({}), got {}",
-                config.max_timeout_ms, config.timeout_ms
-            )));
-        }
-        for (field, value) in
-            [("memory_mb", config.memory_mb), ("evaluator_memory_mb", config.evaluator_memory_mb)]
-        {
-            if value < 64 {
-                return Err(PluginError::invalid_config(format!(
-                    "{field}: expected at least 64 (python needs ~30 MiB), got {value}"
-                )));
-            }
-        }
+        check_limits(&config)?;
         let work_root = config.work_root.clone().unwrap_or_else(std::env::temp_dir);
         if !work_root.is_dir() {
             return Err(PluginError::invalid_config(format!(
@@ -455,9 +464,14 @@ impl VerifierPlugin for CodeVerifier {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        let config: CodeConfig = serde_json::from_str(config_json)
-            .map_err(|error| PluginError::invalid_config(format!("code verifier config: {error}")))?;
-        CodeVerifier::new(config)
+        CodeVerifier::new(parse_options(config_json)?)
+    }
+
+    /// Keys and numbers only: creating the verifier runs `python` and probes the kernel's
+    /// isolation layers, which a check in the daemon at submit must not do.
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        check_limits(&parse_options(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
@@ -536,6 +550,42 @@ export_verifier!(CodeVerifier);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, start of the message))`.
+    fn check_options(json: &str, expected: Result<(), (&str, &str)>) {
+        match (CodeVerifier::check_options(json), expected) {
+            (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+            (Err(error), Err((key, message))) => {
+                assert_eq!(error.key, key, "{json}: {error}");
+                assert!(error.message.starts_with(message), "{json}: {error}");
+            }
+            (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key_without_running_anything() {
+        check_options("{}", Ok(()));
+        // Not run or looked at by the check: the worker does that when it creates the verifier.
+        check_options(r#"{"python": "/nonexistent/python", "work_root": "/nonexistent"}"#, Ok(()));
+        check_options(
+            r#"{"timeout_m": 1}"#,
+            Err(("timeout_m", "unknown key; expected one of python, scoring, ")),
+        );
+        check_options(r#"{"max_processes": 0}"#, Err(("max_processes", "expected a positive number")));
+        check_options(
+            r#"{"timeout_ms": 20000}"#,
+            Err(("timeout_ms", "expected at most max_timeout_ms (10000), got 20000")),
+        );
+        check_options(
+            r#"{"memory_mb": 10}"#,
+            Err(("memory_mb", "expected at least 64 (python needs ~30 MiB), got 10")),
+        );
+        check_options(
+            r#"{"scoring": "half"}"#,
+            Err(("scoring", "expected one of fraction, all_or_nothing, got \"half\"")),
+        );
+    }
 
     /// (available, accepted missing, the missing layers run without or the refusal)
     type PolicyCase<'a> = (&'a [Layer], &'a [Layer], Result<&'a str, &'a str>);

@@ -11,7 +11,8 @@
 //! completion is answered in milliseconds.
 
 use rlvr_plugin_api::{
-    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+    Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
+    check_known_answers, export_verifier, parse_options,
 };
 use serde::Deserialize;
 
@@ -57,22 +58,24 @@ pub struct FormatCheck<'a> {
 
 impl FormatVerifier {
     /// A verifier with `config`, checked for empty or half-given tags.
-    pub fn new(config: FormatConfig) -> Result<Self, PluginError> {
-        for (field, tag) in [("think_open", &config.think_open), ("think_close", &config.think_close)] {
+    pub fn new(config: FormatConfig) -> Result<Self, OptionError> {
+        for (key, tag) in [("think_open", &config.think_open), ("think_close", &config.think_close)] {
             if tag.trim().is_empty() {
-                return Err(PluginError::invalid_config(format!("{field}: expected a non-empty tag")));
+                return Err(OptionError::new(key, "expected a non-empty tag"));
             }
         }
         if config.think_open == config.think_close {
-            return Err(PluginError::invalid_config("think_open, think_close: expected two different tags"));
+            return Err(OptionError::new("think_close", "expected a tag other than think_open's"));
         }
+        let blank = |tag: &Option<String>| tag.as_deref().is_some_and(|tag| tag.trim().is_empty());
         match (&config.answer_open, &config.answer_close) {
-            (Some(open), Some(close)) if !open.trim().is_empty() && !close.trim().is_empty() => {}
-            (None, None) => {}
-            _ => {
-                return Err(PluginError::invalid_config(
-                    "answer_open, answer_close: expected both non-empty tags or neither",
-                ));
+            (Some(_), Some(_)) | (None, None) => {}
+            (Some(_), None) => return Err(OptionError::new("answer_close", "missing; set with answer_open")),
+            (None, Some(_)) => return Err(OptionError::new("answer_open", "missing; set with answer_close")),
+        }
+        for (key, tag) in [("answer_open", &config.answer_open), ("answer_close", &config.answer_close)] {
+            if blank(tag) {
+                return Err(OptionError::new(key, "expected a non-empty tag"));
             }
         }
         Ok(FormatVerifier { config })
@@ -113,9 +116,12 @@ impl VerifierPlugin for FormatVerifier {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        let config: FormatConfig = serde_json::from_str(config_json)
-            .map_err(|error| PluginError::invalid_config(format!("format verifier config: {error}")))?;
-        FormatVerifier::new(config)
+        Ok(FormatVerifier::new(parse_options(config_json)?)?)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        FormatVerifier::new(parse_options(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
@@ -205,14 +211,46 @@ mod tests {
         }
     }
 
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check_options(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = FormatVerifier::check_options(json);
+        let created =
+            FormatVerifier::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
     #[test]
-    fn config_errors_name_the_field() {
-        let error = FormatVerifier::from_config(r#"{"think_opn": "<t>"}"#).unwrap_err();
-        assert!(error.message.contains("unknown field `think_opn`"), "{error}");
-        let error = FormatVerifier::from_config(r#"{"think_open": " "}"#).unwrap_err();
-        assert!(error.message.starts_with("think_open:"), "{error}");
-        let error = FormatVerifier::from_config(r#"{"answer_open": "<a>"}"#).unwrap_err();
-        assert!(error.message.contains("answer_close"), "{error}");
+    fn options_are_checked_naming_the_key() {
+        check_options("{}", Ok(()));
+        check_options(r#"{"answer_open": "<a>", "answer_close": "</a>"}"#, Ok(()));
+        check_options(
+            r#"{"think_opn": "<t>"}"#,
+            Err((
+                "think_opn",
+                "unknown key; expected one of think_open, think_close, answer_open, answer_close",
+            )),
+        );
+        check_options(r#"{"think_open": " "}"#, Err(("think_open", "expected a non-empty tag")));
+        check_options(
+            r#"{"think_close": "<think>"}"#,
+            Err(("think_close", "expected a tag other than think_open's")),
+        );
+        check_options(r#"{"answer_open": "<a>"}"#, Err(("answer_close", "missing; set with answer_open")));
+        check_options(r#"{"answer_close": "</a>"}"#, Err(("answer_open", "missing; set with answer_close")));
+        check_options(
+            r#"{"answer_open": "<a>", "answer_close": ""}"#,
+            Err(("answer_close", "expected a non-empty tag")),
+        );
+        check_options(r#"{"think_open": 1}"#, Err(("think_open", "expected a string, got integer `1`")));
     }
 
     #[test]

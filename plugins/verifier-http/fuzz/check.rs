@@ -1,11 +1,12 @@
 //! The body of the http verifier's fuzz target, shared with the stable replay test
 //! (`tests/replay.rs`) so both check exactly the same things. The first byte picks the parser:
 //! even, the rest is a service's response body for `response::parse_response`; odd, it is the
-//! plugin's JSON config for `config::parse` (environment variables read as their own name, but
-//! `UNSET` as unset). Must never panic; an accepted response or config must hold what the
-//! validation promises.
+//! plugin's JSON config for `config::parse`, then `Options::settings` with a host context that
+//! holds the named secret (its value is its own name), unless it is named `UNSET`. Must never
+//! panic; an accepted response or config must hold what the validation promises.
 
-use rlvr_verifier_http::{config, response};
+use rlvr_verifier_http::config::{self, HostContext, Secret};
+use rlvr_verifier_http::response;
 
 /// The parse result as text, to check that results repeat; `None` for inputs the target skips.
 pub fn parse(data: &[u8]) -> Option<String> {
@@ -24,8 +25,13 @@ pub fn parse(data: &[u8]) -> Option<String> {
         Some(format!("{parsed:?}"))
     } else {
         let json = std::str::from_utf8(rest).ok()?;
-        let env = |name: &str| (name != "UNSET").then(|| name.to_owned());
-        let parsed = config::parse(json, env);
+        let parsed = config::parse(json).and_then(|options| {
+            let mut host = HostContext::default();
+            for secret in options.report().secrets.into_iter().filter(|secret| secret.name != "UNSET") {
+                host.secrets.insert(secret.name.clone(), Secret::new(secret.name));
+            }
+            options.settings(&host)
+        });
         if let Ok(settings) = &parsed {
             assert!(settings.item_budget().as_millis() <= u128::from(config::MAX_ITEM_BUDGET_MS));
             assert!(settings.retries <= config::MAX_RETRIES);

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
-use reqwest::blocking::{Client, Response};
+use reqwest::blocking::Response;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 
 use crate::config::{RetryOn, Settings};
@@ -86,14 +86,16 @@ impl Failure {
 
 /// Sends `body` once, with at most `limit` for the whole exchange, and validates the answer.
 pub fn send(
-    client: &Client,
+    client: &crate::Sender,
     settings: &Settings,
     body: &[u8],
     limit: Duration,
 ) -> Result<ServiceVerdict, Failure> {
     let deadline = Instant::now() + limit;
-    let response = client
-        .post(settings.url.clone())
+    let request = client
+        .post(&settings.url)
+        .ok_or_else(|| Failure::Invalid("the outbound policy refuses the url".to_owned()))?;
+    let response = request
         // The request timeout covers connecting, sending and the whole body; `read_bounded` checks
         // the deadline between reads as well.
         .timeout(limit)

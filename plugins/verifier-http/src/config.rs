@@ -1,5 +1,11 @@
 //! The plugin's keys (`url`, `timeout_ms`, ...), their defaults, and the checks that keep every
 //! item's total time under [`MAX_ITEM_BUDGET_MS`].
+//!
+//! Two steps, so the daemon can check a job's options at submit without its secrets: [`parse`]
+//! checks every key and says what the options refer to ([`Options::report`]: the URL and the
+//! secret's name); [`Options::settings`] then takes the bearer token from the host's context.
+//! A token never comes from the environment: `bearer_token_env` is refused without looking at
+//! the environment, so the message is the same whether the variable exists or not.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,6 +14,9 @@ use reqwest::Url;
 use reqwest::header::{
     AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderMap, HeaderName, HeaderValue,
 };
+/// What [`Options::settings`] takes the bearer token from.
+pub use rlvr_plugin_api::{HostContext, Secret};
+use rlvr_plugin_api::{OptionError, OptionsReport, parse_options};
 use serde::Deserialize;
 
 /// The most one item may take, retries and backoff included, in the worst case the config allows.
@@ -63,9 +72,9 @@ pub struct HttpConfig {
     pub breaker_cooldown_ms: u64,
     /// Extra request headers, e.g. `{"X-Team": "math"}`.
     pub headers: BTreeMap<String, String>,
-    /// The name of an environment variable holding a bearer token, sent as
-    /// `Authorization: Bearer <token>`; read once when the verifier is created, never logged.
-    pub bearer_token_env: Option<String>,
+    /// The name of a secret (declared by the daemon's operator for the job's team) holding a
+    /// bearer token, sent as `Authorization: Bearer <token>`; never logged.
+    pub bearer_token_secret: Option<String>,
     /// The largest response body accepted.
     pub max_response_bytes: u64,
 }
@@ -82,7 +91,7 @@ impl Default for HttpConfig {
             breaker_failures: 5,
             breaker_cooldown_ms: 5_000,
             headers: BTreeMap::new(),
-            bearer_token_env: None,
+            bearer_token_secret: None,
             max_response_bytes: 1024 * 1024,
         }
     }
@@ -125,113 +134,164 @@ impl Settings {
     }
 }
 
-/// Parses and checks the JSON config. `env` reads an environment variable (a parameter so tests
-/// need not touch the process environment). Every error names the key and what was expected.
-pub fn parse(json: &str, env: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(json).map_err(|error| format!("expected a JSON object, {error}"))?;
-    if !value.is_object() {
-        return Err(format!("expected a JSON object of the plugin's keys, got {value}"));
-    }
-    let config: HttpConfig = serde_path_to_error::deserialize(value).map_err(|error| {
-        let message = error.inner().to_string();
-        let path = error.path().to_string();
-        // For an unknown key the path ends with that key, which the message already names.
-        if path == "." || message.starts_with("unknown field") {
-            message
-        } else {
-            format!("{path}: {message}")
-        }
-    })?;
-    check(config, env)
+/// Options that passed every check but the secret's: what [`parse`] gives.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The settings, without the bearer token.
+    settings: Settings,
+    /// `url` as written, for the report.
+    url: String,
+    /// `bearer_token_secret`: the secret's name.
+    bearer_token_secret: Option<String>,
 }
 
-fn check(config: HttpConfig, env: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
+/// The key that once named an environment variable; refused before anything else is read.
+pub const BEARER_TOKEN_ENV: &str = "bearer_token_env";
+
+/// Parses and checks the JSON config. Every error names the key and what was expected; none
+/// depends on the process environment.
+pub fn parse(json: &str) -> Result<Options, OptionError> {
+    let value = serde_json::from_str::<serde_json::Value>(json).ok();
+    if value.is_some_and(|value| value.get(BEARER_TOKEN_ENV).is_some()) {
+        return Err(OptionError::new(
+            BEARER_TOKEN_ENV,
+            "environment variable names are not accepted; ask the daemon's operator for the name of a \
+             secret your team may use and set bearer_token_secret to it",
+        ));
+    }
+    check(parse_options(json)?)
+}
+
+impl Options {
+    /// What the options refer to outside the plugin: the service's URL and the token's secret.
+    pub fn report(&self) -> OptionsReport {
+        let report = OptionsReport::default().url("url", &self.url);
+        match &self.bearer_token_secret {
+            Some(name) => report.secret("bearer_token_secret", name),
+            None => report,
+        }
+    }
+
+    /// The settings, with the bearer token from `host`. A missing secret reads the same whether
+    /// it does not exist or the job's team may not use it, and no message shows a value.
+    pub fn settings(self, host: &HostContext) -> Result<Settings, OptionError> {
+        let mut settings = self.settings;
+        if let Some(name) = &self.bearer_token_secret {
+            let refuse = |message: String| OptionError::new("bearer_token_secret", message);
+            let secret = host
+                .secret(name)
+                .ok_or_else(|| refuse(format!("no secret named {name:?} is available to this job")))?;
+            let token = secret.expose().trim();
+            if token.is_empty() {
+                return Err(refuse(format!("the secret {name:?} is empty")));
+            }
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                refuse(format!("the secret {name:?} is not valid in a header (visible ASCII only)"))
+            })?;
+            value.set_sensitive(true);
+            settings.headers.insert(AUTHORIZATION, value);
+        }
+        Ok(settings)
+    }
+}
+
+fn check(config: HttpConfig) -> Result<Options, OptionError> {
+    let refuse = |key: &str, message: String| OptionError::new(key, message);
     let url = check_url(config.url.as_deref())?;
     if !(1..=60_000).contains(&config.timeout_ms) {
-        return Err(format!("timeout_ms: expected 1 to 60000, got {}", config.timeout_ms));
+        return Err(refuse("timeout_ms", format!("expected 1 to 60000, got {}", config.timeout_ms)));
     }
     if config.retries > MAX_RETRIES {
-        return Err(format!("retries: expected 0 to {MAX_RETRIES}, got {}", config.retries));
+        return Err(refuse("retries", format!("expected 0 to {MAX_RETRIES}, got {}", config.retries)));
     }
     if config.backoff_ms > config.backoff_max_ms {
-        return Err(format!(
-            "backoff_ms: expected at most backoff_max_ms ({}), got {}",
-            config.backoff_max_ms, config.backoff_ms
+        return Err(refuse(
+            "backoff_ms",
+            format!("expected at most backoff_max_ms ({}), got {}", config.backoff_max_ms, config.backoff_ms),
         ));
     }
     let worst = u64::from(config.retries + 1) * config.timeout_ms
         + u64::from(config.retries).saturating_mul(config.backoff_max_ms);
     if worst > MAX_ITEM_BUDGET_MS {
-        return Err(format!(
-            "timeout_ms, retries, backoff_max_ms: the worst case per item, (retries + 1) × timeout_ms + \
-             retries × backoff_max_ms = {worst} ms, exceeds the {MAX_ITEM_BUDGET_MS} ms cap"
+        return Err(refuse(
+            "timeout_ms",
+            format!(
+                "the worst case per item, (retries + 1) × timeout_ms + retries × backoff_max_ms = {worst} ms, \
+                 exceeds the {MAX_ITEM_BUDGET_MS} ms cap"
+            ),
         ));
     }
     if config.breaker_failures > 0 && !(1..=600_000).contains(&config.breaker_cooldown_ms) {
-        return Err(format!("breaker_cooldown_ms: expected 1 to 600000, got {}", config.breaker_cooldown_ms));
+        return Err(refuse(
+            "breaker_cooldown_ms",
+            format!("expected 1 to 600000, got {}", config.breaker_cooldown_ms),
+        ));
     }
     if !(1..=MAX_RESPONSE_BYTES_LIMIT).contains(&config.max_response_bytes) {
-        return Err(format!(
-            "max_response_bytes: expected 1 to {MAX_RESPONSE_BYTES_LIMIT}, got {}",
-            config.max_response_bytes
+        return Err(refuse(
+            "max_response_bytes",
+            format!("expected 1 to {MAX_RESPONSE_BYTES_LIMIT}, got {}", config.max_response_bytes),
+        ));
+    }
+    if config.bearer_token_secret.as_deref().is_some_and(|name| name.trim().is_empty()) {
+        return Err(refuse(
+            "bearer_token_secret",
+            "expected the name of a secret, got an empty string".into(),
         ));
     }
     let mut headers = HeaderMap::new();
     for (name, value) in &config.headers {
+        let key = format!("headers.{name}");
         let header = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("headers: {name:?} is not a valid header name"))?;
+            .map_err(|_| refuse("headers", format!("{name:?} is not a valid header name")))?;
         if [CONTENT_TYPE, CONTENT_LENGTH, HOST].contains(&header) {
-            return Err(format!("headers.{name}: set by the plugin itself, expected another header"));
+            return Err(refuse(&key, "set by the plugin itself, expected another header".into()));
         }
-        if header == AUTHORIZATION && config.bearer_token_env.is_some() {
-            return Err(format!("headers.{name}: expected either this header or bearer_token_env, not both"));
+        if header == AUTHORIZATION && config.bearer_token_secret.is_some() {
+            return Err(refuse(&key, "expected either this header or bearer_token_secret, not both".into()));
         }
         // The value is never echoed: headers often carry credentials.
         let mut value = HeaderValue::from_str(value)
-            .map_err(|_| format!("headers.{name}: expected a value of visible ASCII characters"))?;
+            .map_err(|_| refuse(&key, "expected a value of visible ASCII characters".into()))?;
         value.set_sensitive(true);
         headers.insert(header, value);
     }
-    if let Some(variable) = &config.bearer_token_env {
-        let token = env(variable).filter(|token| !token.trim().is_empty()).ok_or_else(|| {
-            format!("bearer_token_env: environment variable {variable} is not set or empty")
-        })?;
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", token.trim())).map_err(|_| {
-            format!("bearer_token_env: the token in {variable} is not valid in a header (visible ASCII only)")
-        })?;
-        value.set_sensitive(true);
-        headers.insert(AUTHORIZATION, value);
-    }
-    Ok(Settings {
-        url,
-        timeout: Duration::from_millis(config.timeout_ms),
-        retries: config.retries,
-        backoff: Duration::from_millis(config.backoff_ms),
-        backoff_max: Duration::from_millis(config.backoff_max_ms),
-        retry_on: config.retry_on,
-        breaker_failures: config.breaker_failures,
-        breaker_cooldown: Duration::from_millis(config.breaker_cooldown_ms),
-        headers,
-        max_response_bytes: config.max_response_bytes,
+    Ok(Options {
+        url: config.url.clone().unwrap_or_default(),
+        bearer_token_secret: config.bearer_token_secret,
+        settings: Settings {
+            url,
+            timeout: Duration::from_millis(config.timeout_ms),
+            retries: config.retries,
+            backoff: Duration::from_millis(config.backoff_ms),
+            backoff_max: Duration::from_millis(config.backoff_max_ms),
+            retry_on: config.retry_on,
+            breaker_failures: config.breaker_failures,
+            breaker_cooldown: Duration::from_millis(config.breaker_cooldown_ms),
+            headers,
+            max_response_bytes: config.max_response_bytes,
+        },
     })
 }
 
-fn check_url(url: Option<&str>) -> Result<Url, String> {
+fn check_url(url: Option<&str>) -> Result<Url, OptionError> {
+    let refuse = |message: String| OptionError::new("url", message);
     let Some(text) = url else {
-        return Err("url: missing (expected the service's http:// or https:// URL)".to_owned());
+        return Err(refuse("missing (expected the service's http:// or https:// URL)".to_owned()));
     };
     let url = Url::parse(text)
-        .map_err(|error| format!("url: expected an http:// or https:// URL, got {text:?} ({error})"))?;
+        .map_err(|error| refuse(format!("expected an http:// or https:// URL, got {text:?} ({error})")))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!("url: expected an http:// or https:// URL, got scheme {:?}", url.scheme()));
+        return Err(refuse(format!("expected an http:// or https:// URL, got scheme {:?}", url.scheme())));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("url: expected a host in {text:?}"));
+        return Err(refuse(format!("expected a host in {text:?}")));
     }
     // Credentials in a URL end up in logs and process listings; the message does not repeat them.
     if !url.username().is_empty() || url.password().is_some() {
-        return Err("url: expected no user:password in the URL, use headers or bearer_token_env".to_owned());
+        return Err(refuse(
+            "expected no user:password in the URL, use headers or bearer_token_secret".to_owned(),
+        ));
     }
     Ok(url)
 }
@@ -240,19 +300,23 @@ fn check_url(url: Option<&str>) -> Result<Url, String> {
 mod tests {
     use super::*;
 
-    fn env(name: &str) -> Option<String> {
-        match name {
-            "TOKEN" => Some("s3cret".to_owned()),
-            "EMPTY" => Some(" ".to_owned()),
-            _ => None,
-        }
+    /// The host context of the tests: the secret `token` is `s3cret`, `blank` is blank.
+    fn host() -> HostContext {
+        let mut host = HostContext::default();
+        host.secrets.insert("token".into(), Secret::new("s3cret"));
+        host.secrets.insert("blank".into(), Secret::new(" "));
+        host
     }
 
-    /// `expected`: `Ok(())` or the start of the error message.
+    /// `expected`: `Ok(())` or the start of the error, `"<key>: <message>"`.
     fn check(json: &str, expected: Result<(), &str>) {
-        match (parse(json, env), expected) {
+        let parsed = parse(json).and_then(|options| options.settings(&host()));
+        match (parsed, expected) {
             (Ok(_), Ok(())) => {}
-            (Err(got), Err(want)) => assert!(got.starts_with(want), "{json}: got {got:?}, want {want:?}…"),
+            (Err(got), Err(want)) => {
+                let got = got.to_string();
+                assert!(got.starts_with(want), "{json}: got {got:?}, want {want:?}…")
+            }
             (got, want) => panic!("{json}: got {got:?}, want {want:?}"),
         }
     }
@@ -264,7 +328,7 @@ mod tests {
             (r#"{"url": "https://verifier.example/v1"}"#, Ok(())),
             (
                 r#"{"url": "http://h/", "timeout_ms": 200, "retries": 0, "retry_on": ["timeout", "5xx"],
-                    "headers": {"X-Team": "math"}, "bearer_token_env": "TOKEN"}"#,
+                    "headers": {"X-Team": "math"}, "bearer_token_secret": "token"}"#,
                 Ok(()),
             ),
             (r#"{"url": "http://h/", "breaker_failures": 0, "breaker_cooldown_ms": 0}"#, Ok(())),
@@ -272,14 +336,17 @@ mod tests {
             (r#"{"url": "ftp://h/"}"#, Err("url: expected an http:// or https:// URL, got scheme \"ftp\"")),
             (r#"{"url": "not a url"}"#, Err("url: expected an http:// or https:// URL, got \"not a url\"")),
             (r#"{"url": "http://u:p@h/"}"#, Err("url: expected no user:password")),
-            (r#"{"url": 7}"#, Err("url: invalid type: integer `7`, expected a string")),
-            (r#"{"url": "http://h/", "timeout": 5}"#, Err("unknown field `timeout`, expected one of")),
+            (r#"{"url": 7}"#, Err("url: expected a string, got integer `7`")),
+            (
+                r#"{"url": "http://h/", "timeout": 5}"#,
+                Err("timeout: unknown key; expected one of url, timeout_ms"),
+            ),
             (r#"{"url": "http://h/", "timeout_ms": 0}"#, Err("timeout_ms: expected 1 to 60000, got 0")),
-            (r#"{"url": "http://h/", "timeout_ms": -1}"#, Err("timeout_ms: invalid value: integer `-1`")),
+            (r#"{"url": "http://h/", "timeout_ms": -1}"#, Err("timeout_ms: expected u64, got integer `-1`")),
             (r#"{"url": "http://h/", "retries": 11}"#, Err("retries: expected 0 to 10, got 11")),
             (
                 r#"{"url": "http://h/", "retry_on": ["connect", "4xx"]}"#,
-                Err("retry_on[1]: unknown variant `4xx`, expected one of `connect`, `timeout`, `5xx`, `429`"),
+                Err("retry_on[1]: expected one of connect, timeout, 5xx, 429, got \"4xx\""),
             ),
             (
                 r#"{"url": "http://h/", "backoff_ms": 500, "backoff_max_ms": 100}"#,
@@ -288,8 +355,8 @@ mod tests {
             (
                 r#"{"url": "http://h/", "timeout_ms": 10000, "retries": 2}"#,
                 Err(
-                    "timeout_ms, retries, backoff_max_ms: the worst case per item, (retries + 1) × timeout_ms + \
-                     retries × backoff_max_ms = 32000 ms, exceeds the 25000 ms cap",
+                    "timeout_ms: the worst case per item, (retries + 1) × timeout_ms + retries × backoff_max_ms = \
+                     32000 ms, exceeds the 25000 ms cap",
                 ),
             ),
             (
@@ -313,33 +380,87 @@ mod tests {
                 Err("headers.X-A: expected a value of visible"),
             ),
             (
-                r#"{"url": "http://h/", "headers": {"Authorization": "x"}, "bearer_token_env": "TOKEN"}"#,
-                Err("headers.Authorization: expected either this header or bearer_token_env, not both"),
+                r#"{"url": "http://h/", "headers": {"Authorization": "x"}, "bearer_token_secret": "token"}"#,
+                Err("headers.Authorization: expected either this header or bearer_token_secret, not both"),
             ),
             (
-                r#"{"url": "http://h/", "bearer_token_env": "MISSING"}"#,
-                Err("bearer_token_env: environment variable MISSING is not set or empty"),
+                r#"{"url": "http://h/", "bearer_token_secret": "other-teams-token"}"#,
+                Err("bearer_token_secret: no secret named \"other-teams-token\" is available to this job"),
             ),
             (
-                r#"{"url": "http://h/", "bearer_token_env": "EMPTY"}"#,
-                Err("bearer_token_env: environment variable"),
+                r#"{"url": "http://h/", "bearer_token_secret": "blank"}"#,
+                Err("bearer_token_secret: the secret \"blank\" is empty"),
             ),
-            ("[]", Err("expected a JSON object of the plugin's keys, got []")),
-            ("{", Err("expected a JSON object, EOF while parsing an object at line 1 column 1")),
+            (
+                r#"{"url": "http://h/", "bearer_token_secret": ""}"#,
+                Err("bearer_token_secret: expected the name of a secret"),
+            ),
+            (
+                r#"{"url": "http://h/", "bearer_token_env": "HOME"}"#,
+                Err(
+                    "bearer_token_env: environment variable names are not accepted; ask the daemon's operator",
+                ),
+            ),
+            ("[]", Err("expected a JSON object of the plugin's options, got []")),
+            ("{", Err("expected a JSON object of the plugin's options: EOF while parsing an object")),
         ];
         for (json, expected) in cases {
             check(json, *expected);
         }
     }
 
+    // regression: "environment variable X is not set" told a tenant which variables the daemon has
     #[test]
-    fn defaults_fit_the_cap_and_the_token_is_sensitive() {
-        let settings = parse(r#"{"url": "http://h/", "bearer_token_env": "TOKEN"}"#, env).unwrap();
+    fn bearer_token_env_is_refused_alike_whether_the_variable_exists_or_not() {
+        let set = std::env::vars().next().map(|(name, _)| name).unwrap_or_else(|| "PATH".to_owned());
+        let unset = "RLVR_NO_SUCH_VARIABLE_4F2A";
+        assert!(std::env::var_os(unset).is_none());
+        let refusal = |name: &str| {
+            parse(&format!(r#"{{"url": "http://h/", "bearer_token_env": "{name}"}}"#)).unwrap_err()
+        };
+        let (with_set, with_unset) = (refusal(&set), refusal(unset));
+        assert_eq!(with_set, with_unset);
+        assert!(!with_set.to_string().contains(&set) && !with_unset.to_string().contains(unset));
+    }
+
+    #[test]
+    fn the_report_names_the_url_and_the_secret_and_the_token_comes_from_the_host_only() {
+        let options = parse(r#"{"url": "https://g.example/v1", "bearer_token_secret": "token"}"#).unwrap();
+        assert_eq!(
+            options.report(),
+            OptionsReport::default()
+                .url("url", "https://g.example/v1")
+                .secret("bearer_token_secret", "token")
+        );
+        assert_eq!(
+            parse(r#"{"url": "http://h/"}"#).unwrap().report(),
+            OptionsReport::default().url("url", "http://h/")
+        );
+        let settings = options.clone().settings(&host()).unwrap();
         assert_eq!(settings.item_budget(), Duration::from_millis(3 * 5_000 + 2 * 1_000));
         assert!(settings.item_budget() <= Duration::from_millis(MAX_ITEM_BUDGET_MS));
         let authorization = &settings.headers[AUTHORIZATION];
+        assert_eq!(authorization.to_str().unwrap(), "Bearer s3cret");
         assert!(authorization.is_sensitive());
         assert!(!format!("{settings:?}").contains("s3cret"), "the token leaks through Debug");
         assert!(settings.retries_on(RetryOn::ServerError) && !settings.retries_on(RetryOn::Timeout));
+        // Without the secret in the context: refused, the value nowhere in the message.
+        let error = options.settings(&HostContext::default()).unwrap_err().to_string();
+        assert_eq!(error, "bearer_token_secret: no secret named \"token\" is available to this job");
+    }
+
+    #[test]
+    fn no_message_shows_a_secret_value() {
+        let mut host = host();
+        host.secrets.insert("bad".into(), Secret::new("s3cret\nvalue"));
+        let error = parse(r#"{"url": "http://h/", "bearer_token_secret": "bad"}"#)
+            .unwrap()
+            .settings(&host)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "bearer_token_secret: the secret \"bad\" is not valid in a header (visible ASCII only)"
+        );
     }
 }

@@ -12,6 +12,11 @@
 //! Components: the service's own, unprefixed (names starting with `http_` are refused), then
 //! `http_attempts`, the number of requests the item took.
 //!
+//! Secrets and destinations: the bearer token is a secret the host passes by name
+//! (`bearer_token_secret`, [`rlvr_plugin_api::HostContext`]), never an environment variable.
+//! Requests follow no redirect and use no proxy; the host's outbound policy meets the client in
+//! one place, [`outbound`].
+//!
 //! Threads: `reqwest::blocking::Client` runs its own runtime thread; the plugin library links its
 //! own copy of tokio, so calling `verify` from any host thread — a tokio `spawn_blocking` thread
 //! included — cannot meet the host's runtime. (A host must not call it on an async worker thread,
@@ -25,8 +30,12 @@ pub mod response;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use reqwest::blocking::Client;
-use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, export_verifier};
+use reqwest::Url;
+use reqwest::blocking::{Client, ClientBuilder};
+use rlvr_plugin_api::{
+    HostContext, Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
+    export_verifier,
+};
 use serde_json::{Value, json};
 
 use crate::attempt::{Failure, backoff, jitter_unit};
@@ -41,7 +50,7 @@ pub const ATTEMPTS_COMPONENT: &str = "http_attempts";
 #[derive(Debug)]
 pub struct HttpVerifier {
     settings: Settings,
-    client: Client,
+    client: Sender,
     /// Shared by every thread verifying with this config: the service's health is one fact, and
     /// a breaker per thread would let N threads each pile N failures onto a service that is down.
     breaker: Mutex<Breaker>,
@@ -76,26 +85,62 @@ enum Stop {
     BreakerOpened,
 }
 
+/// The client the verifier posts with, under the host's outbound policy.
+///
+/// Always: no redirects (a redirect would reach a destination nobody checked; a redirected POST
+/// also turns into a GET on 301/302, and a verdict from wherever that lands would be wrong — a
+/// 3xx is reported instead) and no proxy from the environment (the worker's environment is not
+/// the job's to choose, and a proxy would see every request). Under the daemon, `url` must be on
+/// the operator's allow-list (a refusal is an `OptionError` at key `url`) and every address its
+/// host resolves to is checked again when it connects (`rlvr_outbound`). A run by hand
+/// (`rlvrctl verify`, a worker without a daemon) is unrestricted.
+pub fn outbound(builder: ClientBuilder, url: &Url, host: &HostContext) -> Result<Sender, OptionError> {
+    let build_error = |error: &dyn std::fmt::Display| {
+        OptionError::new("url", format!("cannot build an HTTP client: {error}"))
+    };
+    if host.outbound_unrestricted {
+        let client = builder.redirect(reqwest::redirect::Policy::none()).no_proxy().build();
+        return client.map(Sender::Unrestricted).map_err(|error| build_error(&error));
+    }
+    let policy = rlvr_outbound::Policy::new(&host.outbound_allow, host.outbound_allow_private)
+        .map_err(|error| OptionError::new("url", format!("the host's outbound policy: {error}")))?;
+    policy.check_url(url.as_str()).map_err(|refusal| OptionError::new("url", refusal.to_string()))?;
+    let client =
+        rlvr_outbound::blocking::Client::new(policy, builder).map_err(|error| build_error(&error))?;
+    Ok(Sender::Checked(client))
+}
+
+/// What requests go out through: the outbound policy's client, or, run by hand, a plain one.
+#[derive(Debug)]
+pub enum Sender {
+    Checked(rlvr_outbound::blocking::Client),
+    Unrestricted(Client),
+}
+
+impl Sender {
+    /// `POST url`; `None` when the policy refuses it (never for the url checked at creation).
+    pub fn post(&self, url: &Url) -> Option<reqwest::blocking::RequestBuilder> {
+        match self {
+            Sender::Checked(client) => client.post(url.as_str()).ok(),
+            Sender::Unrestricted(client) => Some(client.post(url.clone())),
+        }
+    }
+}
+
 impl HttpVerifier {
-    /// A verifier with checked `settings`.
-    pub fn new(settings: Settings) -> Result<Self, PluginError> {
+    /// A verifier with checked `settings`, its requests under `host`'s outbound policy.
+    pub fn new(settings: Settings, host: &HostContext) -> Result<Self, PluginError> {
         // The plugin links rustls without a default provider; ring is the one it ships. Installing
         // twice (a second config) is refused by rustls and harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = Client::builder()
+        let builder = Client::builder()
             .timeout(settings.timeout)
             .connect_timeout(settings.timeout)
-            // A redirected POST turns into a GET on 301/302: a verdict from wherever that lands
-            // would be wrong. A 3xx is reported instead.
-            .redirect(reqwest::redirect::Policy::none())
             // Retries are ours alone, so `http_attempts` counts every request the service saw.
             .retry(reqwest::retry::never())
             .default_headers(settings.headers.clone())
-            .user_agent(concat!("rlvr-verifier-http/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|error| {
-                PluginError::invalid_config(format!("url: cannot build an HTTP client: {error}"))
-            })?;
+            .user_agent(concat!("rlvr-verifier-http/", env!("CARGO_PKG_VERSION")));
+        let client = outbound(builder, &settings.url, host)?;
         let breaker = Breaker::new(settings.breaker_failures, settings.breaker_cooldown, settings.timeout);
         Ok(HttpVerifier { settings, client, breaker: Mutex::new(breaker) })
     }
@@ -247,10 +292,18 @@ impl VerifierPlugin for HttpVerifier {
         notes
     }
 
+    /// Without a host context: no secrets, so a `bearer_token_secret` is refused.
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        let settings = config::parse(config_json, |name| std::env::var(name).ok())
-            .map_err(|message| PluginError::invalid_config(format!("http verifier config: {message}")))?;
-        HttpVerifier::new(settings)
+        Self::from_config_in(config_json, &HostContext::default())
+    }
+
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        let settings = config::parse(config_json)?.settings(host)?;
+        HttpVerifier::new(settings, host)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        Ok(config::parse(config_json)?.report())
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
@@ -284,7 +337,7 @@ impl VerifierPlugin for HttpVerifier {
         if breaker.admit(start) != Admission::Refused {
             return fail("the breaker did not open after its threshold".to_owned());
         }
-        if config::parse("{}", |_| None).is_ok() {
+        if config::parse("{}").is_ok() {
             return fail("a config without url was accepted".to_owned());
         }
         Ok(())
@@ -312,16 +365,70 @@ mod tests {
     #[test]
     fn config_errors_name_the_key() {
         let error = HttpVerifier::from_config(r#"{"url": "http://127.0.0.1:1/", "retrys": 1}"#).unwrap_err();
-        assert!(
-            error.message.starts_with("http verifier config: unknown field `retrys`, expected one of `url`"),
-            "{error}"
-        );
+        assert!(error.message.starts_with("retrys: unknown key; expected one of url, timeout_ms"), "{error}");
         assert!(!error.message.contains("line 1"), "{error}");
         let error = HttpVerifier::from_config("{}").unwrap_err();
+        assert_eq!(error.message.as_str(), "url: missing (expected the service's http:// or https:// URL)");
+    }
+
+    /// `check_options` of the export layer: options → their report, or the refused key.
+    fn check(json: &str, expected: Result<OptionsReport, (&str, &str)>) {
+        match (HttpVerifier::check_options(json), expected) {
+            (Ok(report), Ok(expected)) => assert_eq!(report, expected, "{json}"),
+            (Err(error), Err((key, start))) => {
+                assert_eq!(error.key, key, "{json}: {error}");
+                assert!(error.message.starts_with(start), "{json}: {error}");
+            }
+            (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn check_options_reports_the_url_and_the_secret_name_and_refuses_env_names() {
+        let report = OptionsReport::default();
+        check(r#"{"url": "https://g.example/v1"}"#, Ok(report.clone().url("url", "https://g.example/v1")));
+        check(
+            r#"{"url": "http://h/", "bearer_token_secret": "grader-token"}"#,
+            Ok(report.url("url", "http://h/").secret("bearer_token_secret", "grader-token")),
+        );
+        check(
+            r#"{"url": "http://h/", "bearer_token_env": "HOME"}"#,
+            Err(("bearer_token_env", "environment variable names are not accepted")),
+        );
+        check(r#"{"url": "http://h/", "retries": 99}"#, Err(("retries", "expected 0 to 10, got 99")));
+        check(r#"{"urll": "http://h/"}"#, Err(("urll", "unknown key; expected one of url, ")));
+        check("{}", Err(("url", "missing")));
+    }
+
+    #[test]
+    fn the_token_comes_from_the_host_context_only() {
+        let config = r#"{"url": "http://127.0.0.1:1/", "bearer_token_secret": "grader-token"}"#;
+        let error = HttpVerifier::from_config(config).unwrap_err();
         assert_eq!(
             error.message.as_str(),
-            "http verifier config: url: missing (expected the service's http:// or https:// URL)"
+            "bearer_token_secret: no secret named \"grader-token\" is available to this job"
         );
+        let mut host = loopback();
+        host.secrets.insert("grader-token".into(), rlvr_plugin_api::Secret::new("s3cret"));
+        let verifier = HttpVerifier::from_config_in(config, &host).unwrap();
+        assert!(!format!("{verifier:?}").contains("s3cret"));
+    }
+
+    /// A host context whose operator allows loopback only (the test servers').
+    fn loopback() -> HostContext {
+        HostContext { outbound_allow: vec!["127.0.0.1/32".into()], ..HostContext::default() }
+    }
+
+    #[test]
+    fn the_url_must_be_on_the_operators_allow_list() {
+        let config = r#"{"url": "http://127.0.0.1:1/"}"#;
+        // regression: the http verifier sent requests to any url a spec named
+        let refused = HttpVerifier::from_config_in(config, &HostContext::default()).unwrap_err();
+        assert!(refused.message.starts_with("url: "), "{refused}");
+        let elsewhere = r#"{"url": "http://169.254.169.254/latest/meta-data/"}"#;
+        assert!(HttpVerifier::from_config_in(elsewhere, &loopback()).is_err());
+        HttpVerifier::from_config_in(config, &loopback()).unwrap();
+        HttpVerifier::from_config_in(elsewhere, &HostContext::unrestricted()).unwrap();
     }
 
     /// A one-connection-per-answer HTTP server on a real socket that plays `answers` in order.
@@ -366,7 +473,7 @@ mod tests {
         let verdict = runtime
             .block_on(async move {
                 tokio::task::spawn_blocking(move || {
-                    let verifier = HttpVerifier::from_config(&config).unwrap();
+                    let verifier = HttpVerifier::from_config_in(&config, &loopback()).unwrap();
                     verifier.verify(&VerifyItem::new("a", "p", "c", "{}")).unwrap()
                 })
                 .await
@@ -382,7 +489,8 @@ mod tests {
 
     #[test]
     fn a_malformed_reference_is_an_input_error() {
-        let verifier = HttpVerifier::from_config(r#"{"url": "http://127.0.0.1:1/"}"#).unwrap();
+        let verifier =
+            HttpVerifier::from_config_in(r#"{"url": "http://127.0.0.1:1/"}"#, &loopback()).unwrap();
         let error = verifier.verify(&VerifyItem::new("a", "p", "c", "{not json")).unwrap_err();
         assert_eq!(error.kind, rlvr_plugin_api::PluginErrorKind::InvalidInput);
         assert!(error.message.starts_with("reference: expected JSON"), "{error}");

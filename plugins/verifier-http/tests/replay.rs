@@ -38,6 +38,7 @@ const TOKENS: &[&str] = &[
     "\"backoff_max_ms\":",
     "\"retry_on\":",
     "\"headers\":",
+    "\"bearer_token_secret\":",
     "\"bearer_token_env\":",
     "\"max_response_bytes\":",
     "\"5xx\"",

@@ -20,7 +20,8 @@ mod reference;
 mod treebank;
 
 use rlvr_plugin_api::{
-    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+    Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
+    check_known_answers, export_verifier, parse_options,
 };
 use serde::Deserialize;
 
@@ -137,11 +138,17 @@ impl VerifierPlugin for IfevalVerifier {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        let config: IfevalConfig = serde_json::from_str(config_json)
-            .map_err(|error| PluginError::invalid_config(format!("ifeval verifier config: {error}")))?;
+        let config: IfevalConfig = parse_options(config_json)?;
         punkt::warm_up();
         lang::warm_up();
         Ok(IfevalVerifier::new(config))
+    }
+
+    /// Parsing only: creating warms up the sentence splitter and the language detector, which a
+    /// check at submit has no use for.
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        parse_options::<IfevalConfig>(config_json)?;
+        Ok(OptionsReport::default())
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
@@ -198,3 +205,29 @@ impl VerifierPlugin for IfevalVerifier {
 }
 
 export_verifier!(IfevalVerifier);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        match (IfevalVerifier::check_options(json), expected) {
+            (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+            (Err(error), Err((key, message))) => {
+                assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+            }
+            (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"mode": "loose", "think_close": ""}"#, Ok(()));
+        check(r#"{"mod": "loose"}"#, Err(("mod", "unknown key; expected one of mode, think_close")));
+        check(r#"{"mode": "lenient"}"#, Err(("mode", "expected one of strict, loose, got \"lenient\"")));
+        let error = IfevalVerifier::from_config(r#"{"think_close": 5}"#).unwrap_err();
+        assert_eq!(error.message.as_str(), "think_close: expected a string, got integer `5`");
+    }
+}

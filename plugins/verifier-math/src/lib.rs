@@ -27,7 +27,8 @@ pub mod numeric;
 pub mod parse;
 
 use rlvr_plugin_api::{
-    Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem, check_known_answers, export_verifier,
+    Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
+    check_known_answers, export_verifier, parse_options,
 };
 use serde::Deserialize;
 
@@ -81,18 +82,18 @@ const MAX_PRECISION_DIGITS: u32 = 1000;
 
 impl MathVerifier {
     /// A verifier with `config`, checked.
-    pub fn new(config: MathConfig) -> Result<Self, PluginError> {
+    pub fn new(config: MathConfig) -> Result<Self, OptionError> {
         if config.precision_digits > MAX_PRECISION_DIGITS {
-            return Err(PluginError::invalid_config(format!(
-                "precision_digits: expected at most {MAX_PRECISION_DIGITS}, got {}",
-                config.precision_digits
-            )));
+            return Err(OptionError::new(
+                "precision_digits",
+                format!("expected at most {MAX_PRECISION_DIGITS}, got {}", config.precision_digits),
+            ));
         }
         if config.work_budget < 10_000 {
-            return Err(PluginError::invalid_config(format!(
-                "work_budget: expected at least 10000 units, got {}",
-                config.work_budget
-            )));
+            return Err(OptionError::new(
+                "work_budget",
+                format!("expected at least 10000 units, got {}", config.work_budget),
+            ));
         }
         Ok(MathVerifier { config })
     }
@@ -224,9 +225,12 @@ impl VerifierPlugin for MathVerifier {
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
-        let config: MathConfig = serde_json::from_str(config_json)
-            .map_err(|error| PluginError::invalid_config(format!("math verifier config: {error}")))?;
-        MathVerifier::new(config)
+        Ok(MathVerifier::new(parse_options(config_json)?)?)
+    }
+
+    fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
+        MathVerifier::new(parse_options(config_json)?)?;
+        Ok(OptionsReport::default())
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
@@ -272,17 +276,36 @@ export_verifier!(MathVerifier);
 mod tests {
     use super::*;
 
+    /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`, through
+    /// `check_options` and `from_config` alike.
+    fn check(json: &str, expected: Result<(), (&str, &str)>) {
+        let checked = MathVerifier::check_options(json);
+        let created =
+            MathVerifier::from_config(json).map(|_| OptionsReport::default()).map_err(OptionError::from);
+        for got in [checked, created] {
+            match (got, expected) {
+                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
+                (Err(error), Err((key, message))) => {
+                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+                }
+                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    // regression: a typo'd key passed submit and failed at start pointing at "line 1 column 9"
     #[test]
-    fn config_errors_name_the_field() {
-        let error = MathVerifier::from_config(r#"{"fallbak": "last"}"#).unwrap_err();
-        assert!(error.message.contains("unknown field `fallbak`"), "{error}");
-        let error = MathVerifier::from_config(r#"{"fallback": "first"}"#).unwrap_err();
-        assert!(error.message.contains("unknown variant `first`"), "{error}");
-        let error = MathVerifier::from_config(r#"{"precision_digits": 5000}"#).unwrap_err();
-        assert!(error.message.starts_with("precision_digits:"), "{error}");
-        let error = MathVerifier::from_config(r#"{"work_budget": 5}"#).unwrap_err();
-        assert!(error.message.starts_with("work_budget:"), "{error}");
-        assert!(MathVerifier::from_config(r#"{"fallback": "last", "precision_digits": 4}"#).is_ok());
+    fn options_are_checked_naming_the_key() {
+        check("{}", Ok(()));
+        check(r#"{"fallback": "last", "precision_digits": 4}"#, Ok(()));
+        check(
+            r#"{"fallbak": "last"}"#,
+            Err(("fallbak", "unknown key; expected one of fallback, precision_digits, work_budget")),
+        );
+        check(r#"{"fallback": "first"}"#, Err(("fallback", "expected one of none, last, got \"first\"")));
+        check(r#"{"precision_digits": 5000}"#, Err(("precision_digits", "expected at most 1000, got 5000")));
+        check(r#"{"precision_digits": -1}"#, Err(("precision_digits", "expected u32, got integer `-1`")));
+        check(r#"{"work_budget": 5}"#, Err(("work_budget", "expected at least 10000 units, got 5")));
     }
 
     #[test]

@@ -6,6 +6,11 @@ use rlvr_plugin_api::{Metadata, PluginError, Verdict, VerifierPlugin, VerifyItem
 
 pub struct ExactMatch;
 
+/// Its keys in a job's `[[verifiers]]`: none yet; unknown ones are refused by name.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {}
+
 impl VerifierPlugin for ExactMatch {
     fn metadata() -> Metadata {
         Metadata {
@@ -19,8 +24,8 @@ impl VerifierPlugin for ExactMatch {
         r#"{"answer": "<expected text>"}"#
     }
 
-    fn from_config(_config_json: &str) -> Result<Self, PluginError> {
-        Ok(ExactMatch)
+    fn from_config(config_json: &str) -> Result<Self, PluginError> {
+        rlvr_plugin_api::parse_options::<Options>(config_json).map(|_| ExactMatch).map_err(Into::into)
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {

@@ -1,12 +1,14 @@
 //! Shared pieces of the fixture plugins: a hand-written root module for fixtures that must report
 //! what the export macros never would (another API version, an unknown kind, another libtorch),
-//! and the `echo` verifier that two fixtures export under two versions.
+//! the root module as a library built before `check_options` and `create_in` has it, and the
+//! `echo` verifier that two fixtures export under two versions.
 
-use rlvr_plugin_api::abi_stable::prefix_type::PrefixTypeTrait;
+use rlvr_plugin_api::abi_stable::StableAbi;
+use rlvr_plugin_api::abi_stable::prefix_type::{PrefixRefTrait, PrefixTypeTrait};
 use rlvr_plugin_api::abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString};
 use rlvr_plugin_api::{
-    Metadata, OptimizerInfo, PluginError, PluginInfo, PluginInstance, PluginMod, PluginModRef, Verdict,
-    VerifierPlugin, VerifyItem,
+    Metadata, OptimizerInfo, PluginError, PluginInfo, PluginInstance, PluginModRef, Verdict, VerifierPlugin,
+    VerifyItem,
 };
 
 /// The info a hand-written fixture reports.
@@ -37,7 +39,35 @@ extern "C" fn create(
 
 /// A root module around the fixture's own `info` function.
 pub fn handwritten_module(info: extern "C" fn() -> RResult<PluginInfo, PluginError>) -> PluginModRef {
-    PluginMod { info, self_test, create }.leak_into_prefix()
+    legacy_module(LegacyMod { info, self_test, create })
+}
+
+/// `PluginMod` as it was before `check_options` and `create_in` were appended: its prefix
+/// fields only. What a plugin library built against that `rlvr-plugin-api` exports.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = LegacyModRef)))]
+#[sabi(missing_field(panic))]
+pub struct LegacyMod {
+    /// What the plugin is.
+    pub info: extern "C" fn() -> RResult<PluginInfo, PluginError>,
+    /// Its self-test.
+    pub self_test: extern "C" fn() -> RResult<(), PluginError>,
+    /// Creates a plugin object.
+    #[sabi(last_prefix_field)]
+    pub create: extern "C" fn(RStr<'_>, RSlice<'_, RString>) -> RResult<PluginInstance, PluginError>,
+}
+
+/// The root module of an old library: `module`'s three functions, with the field accessibility
+/// of a three-field `PluginMod`, so the host's accessors of the appended fields answer `None`
+/// as they do for a library built before them.
+pub fn legacy_module(module: LegacyMod) -> PluginModRef {
+    let legacy: LegacyModRef = module.leak_into_prefix();
+    // SAFETY: `LegacyMod` is `PluginMod`'s prefix, field for field (same types, same order,
+    // `repr(C)`): the memory an old library's root module has. Its metadata marks only those
+    // three fields accessible, so no accessor reads past them.
+    let prefix = unsafe { legacy.0.cast::<<PluginModRef as PrefixRefTrait>::PrefixFields>() };
+    PluginModRef::from_prefix_ref(prefix)
 }
 
 /// The `echo` verifier, version `MAJOR`.0.0: scores every item `MAJOR`, so a test can tell which
