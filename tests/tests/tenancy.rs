@@ -11,8 +11,8 @@ use rlvr_client::HttpError;
 use rlvr_protocol::api::ModelLineUpdate;
 use rlvr_tests::jobs::{api, ended, get, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
-    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
-    wait_until,
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data,
+    arith_grpo_spec, wait_until,
 };
 use serde_json::Value;
 
@@ -217,4 +217,119 @@ fn curricula_are_each_teams_own() {
     let again: Value =
         serde_json::to_value(api(&daemon, Some(TEAM_TOKEN)).curriculum_refresh("arith").unwrap()).unwrap();
     assert_eq!(again["ran"], false);
+}
+
+/// A grader on loopback answering every item `{"score": 1, "passed": true}` (one request per
+/// connection); the `Authorization` headers it received.
+fn grader() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/grade", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let (mut length, mut auth) = (0, String::new());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(value) = lower.strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+                if lower.starts_with("authorization:") {
+                    auth = line["authorization:".len()..].trim().to_owned();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let _ = reader.read_exact(&mut vec![0; length]);
+            record.lock().unwrap().push(auth);
+            let body = r#"{"score": 1, "passed": true}"#;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = reader.get_mut().write_all(response.as_bytes());
+        }
+    });
+    (url, seen)
+}
+
+#[test]
+fn a_secret_reaches_only_its_teams_grader_by_name_and_graders_only_allowed_destinations() {
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("grader-token");
+    fs::write(&secret_file, "s3cret-grader-value\n").unwrap();
+    let config = format!(
+        "[queue]\nworker_threads = 1\n{OUTBOUND_LOOPBACK}\
+         [[tenancy.secrets]]\nname = \"grader-token\"\nteams = [\"tests\"]\nfile = {file:?}\n",
+        file = secret_file.display().to_string()
+    );
+    let daemon = Daemon::start_with(&["rlvr-optimizer-grpo", "rlvr-verifier-http"], &redis.url(), &config);
+    let data = arith_data(dir.path(), &[]);
+    let (url, seen) = grader();
+    let with_grader = |team: &str, line: &str, url: &str| {
+        job(&data, "graded", team, line, 2).replace(
+            "[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"",
+            &format!(
+                "[[verifiers]]\nplugin = \"http\"\nurl = {url:?}\nbearer_token_secret = \"grader-token\""
+            ),
+        )
+    };
+    // regression: one team's spec sent another team's verifier token to a server of its choosing
+    refused(
+        &daemon,
+        &with_grader("others", "others-line", &url),
+        422,
+        "verifiers[0].bearer_token_secret",
+        "no secret",
+    );
+    // regression: the http verifier posted to any url a spec named
+    let (status, body) =
+        submit(&daemon, TEAM_TOKEN, &with_grader("tests", "graded", "http://169.254.169.254/latest/"), None);
+    assert_eq!((status, body["error"]["field"].as_str()), (422, Some("verifiers[0].url")), "{body}");
+    let env = with_grader("tests", "graded", &url)
+        .replace("bearer_token_secret = \"grader-token\"", "bearer_token_env = \"PATH\"");
+    let (status, body) = submit(&daemon, TEAM_TOKEN, &env, None);
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (422, Some("verifiers[0].bearer_token_env")),
+        "{body}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "nothing reached the grader");
+
+    // The owner's job: its grader gets the token, handed to the worker on its standard input only.
+    let id = submit_ok_as(&daemon, TEAM_TOKEN, &with_grader("tests", "graded", &url));
+    let done = wait_job(&daemon, &id, Duration::from_secs(120), ended);
+    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
+    let received = seen.lock().unwrap().clone();
+    assert!(
+        !received.is_empty() && received.iter().all(|auth| auth == "Bearer s3cret-grader-value"),
+        "{received:?}"
+    );
+    for file in walk(&daemon.state.join(format!("jobs/{id}"))) {
+        let text = fs::read(&file).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("s3cret-grader-value"),
+            "{} holds the secret",
+            file.display()
+        );
+    }
+    assert!(!daemon.log().contains("s3cret-grader-value"));
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
 }
