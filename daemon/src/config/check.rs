@@ -14,7 +14,7 @@ use figment::value::{Dict, Num, Tag, Value};
 use figment::{Figment, Metadata, Profile};
 
 use super::ConfigProblem;
-use super::fields::{self, Field, Integers, Item, Kind, Positive, SECTIONS, SHARE, TEAM_NAME, Unique};
+use super::fields::{self, Field, Integers, Kind, Positive, SECTIONS, SHARE, TEAM_NAME, Unique};
 use super::layers::{DEFAULT_SOURCE, ENV_LAYER_NAME, file_source};
 
 /// Longest string quoted back in a message; longer ones are cut.
@@ -235,7 +235,7 @@ impl Checker<'_> {
             Kind::Integer(integers) => self.integer(path, value, integers, &what).is_some(),
             Kind::Number(positive) => self.positive(path, value, positive).is_some(),
             Kind::Dirs(_) => self.dirs(path, value, &what),
-            Kind::Strings { item, check } => self.strings(path, value, item, *check, &what),
+            Kind::Strings { item, check, .. } => self.strings(path, value, item, *check, &what),
             Kind::TeamName => self.team(path, value),
             Kind::Sha256 => self.sha256(path, value),
             Kind::Bool(_) => {
@@ -253,7 +253,6 @@ impl Checker<'_> {
                 let valid = self.string(path, value, &what).map(is_env_name);
                 self.passed(valid, path, value, &what)
             }
-            Kind::List { item, .. } => self.list(path, value, *item, &what),
             Kind::Optional(kind) => self.value(path, kind, value),
             Kind::Shares => self.shares(path, value),
         }
@@ -322,25 +321,6 @@ impl Checker<'_> {
         ok
     }
 
-    /// A list whose every item is an `item`.
-    fn list(&mut self, path: &KeyPath, value: &Value, item: Item, what: &str) -> bool {
-        let Some(items) = self.array(path, value, what) else { return false };
-        let mut ok = true;
-        for (i, v) in items.iter().enumerate() {
-            let path = path.index(i);
-            let passed = match item {
-                Item::TeamName => self.team(&path, v),
-                Item::Priority => {
-                    let valid =
-                        self.string(&path, v, PRIORITY).map(|s| matches!(s, "low" | "normal" | "high"));
-                    self.passed(valid, &path, v, PRIORITY)
-                }
-            };
-            ok &= passed;
-        }
-        ok
-    }
-
     /// Each item a string that `check` accepts; each refused one reported with its index.
     fn strings(
         &mut self,
@@ -359,7 +339,8 @@ impl Checker<'_> {
                 continue;
             };
             if let Err(why) = check(text) {
-                self.report(&path, v.tag(), format!("expected {item}, found {} ({why})", quote(text)));
+                let why = if why.is_empty() { why } else { format!(" ({why})") };
+                self.report(&path, v.tag(), format!("expected {item}, found {}{why}", quote(text)));
                 ok = false;
             }
         }
@@ -467,9 +448,6 @@ fn unique_text(value: &Value) -> String {
         other => describe(other),
     }
 }
-
-/// What a priority is, for messages.
-const PRIORITY: &str = "\"low\", \"normal\" or \"high\"";
 
 /// An environment variable's name as the config may give one: `[A-Z_][A-Z0-9_]*`.
 fn is_env_name(name: &str) -> bool {

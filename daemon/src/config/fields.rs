@@ -56,10 +56,12 @@ pub(super) enum Kind {
     /// A list of non-empty paths, relative or absolute; they need not exist.
     Dirs(&'static [&'static str]),
     /// A list of strings, each `item` (for messages: "a host, host:port, …") and passing `check`,
-    /// whose error says why one does not. Empty by default.
+    /// whose error says why one does not (empty: nothing more to say). `default` when not set
+    /// (`None`: empty, or required in a [`Kind::Tables`] entry).
     Strings {
         item: &'static str,
         check: fn(&str) -> Result<(), String>,
+        default: Option<&'static [&'static str]>,
     },
     TeamName,
     /// The hex sha256 of a secret: never quoted back.
@@ -77,33 +79,10 @@ pub(super) enum Kind {
     Name,
     /// The name of an environment variable of the daemon's: uppercase letters, digits and `_`.
     EnvName,
-    /// A list of `item`s; `default` when not set (`None`: not set, or required in an entry).
-    List {
-        item: Item,
-        default: Option<&'static [&'static str]>,
-    },
     /// An entry's key that may be left out (its serde field is an `Option`): `kind` when set.
     Optional(&'static Kind),
     /// `[path]`: team name → a [`SHARE`] of the capacity, summing to at most 1. None by default.
     Shares,
-}
-
-/// What a [`Kind::List`] holds.
-#[derive(Clone, Copy)]
-pub(super) enum Item {
-    TeamName,
-    /// `low`, `normal` or `high`.
-    Priority,
-}
-
-impl Item {
-    /// The items' kind in words, plural.
-    pub fn what(self) -> &'static str {
-        match self {
-            Item::TeamName => "team names",
-            Item::Priority => "priorities (\"low\", \"normal\", \"high\")",
-        }
-    }
 }
 
 /// An integer from `min` to `max`.
@@ -276,7 +255,7 @@ admin = false",
     ),
     field(
         "tenancy.priorities",
-        Kind::List { item: Item::Priority, default: Some(&["low", "normal"]) },
+        PRIORITIES.with_default(&["low", "normal"]),
         "The priorities a team may give its jobs, unless its [[tenancy.teams]] entry says otherwise. \
          A job of a higher priority may preempt a lower one's, so high is for teams given it.",
     ),
@@ -337,7 +316,7 @@ admin = false",
     },
     Field {
         path: "outbound.allow",
-        kind: Kind::Strings { item: rlvr_outbound::ENTRY_FORMS, check: outbound_entry },
+        kind: Kind::Strings { item: rlvr_outbound::ENTRY_FORMS, check: outbound_entry, default: Some(&[]) },
         doc: "Destinations outbound requests may go to: a host (any port), host:port, *.example.com (every \
               subdomain, not example.com itself), an IP address, IP:port, or a CIDR network. Empty, the \
               default: no outbound request at all (a spec naming a webhook is refused at submit).",
@@ -435,6 +414,31 @@ admin = false",
 ];
 
 /// An `[outbound] allow` entry: parsed as the daemon will use it.
+/// A list of team names.
+const TEAM_NAMES: Kind = Kind::Strings { item: TEAM_NAME, check: team_name, default: None };
+/// A list of priorities.
+const PRIORITIES: Kind = Kind::Strings { item: PRIORITY, check: priority, default: None };
+/// What a priority is, for messages.
+const PRIORITY: &str = "\"low\", \"normal\" or \"high\"";
+
+impl Kind {
+    /// This list kind with `default` as its default.
+    const fn with_default(self, default: &'static [&'static str]) -> Kind {
+        match self {
+            Kind::Strings { item, check, .. } => Kind::Strings { item, check, default: Some(default) },
+            other => other,
+        }
+    }
+}
+
+fn team_name(name: &str) -> Result<(), String> {
+    if rlvr_protocol::names::valid_team_name(name) { Ok(()) } else { Err(String::new()) }
+}
+
+fn priority(name: &str) -> Result<(), String> {
+    if matches!(name, "low" | "normal" | "high") { Ok(()) } else { Err(String::new()) }
+}
+
 fn outbound_entry(entry: &str) -> Result<(), String> {
     entry.parse::<rlvr_outbound::AllowEntry>().map(drop).map_err(|error| error.to_string())
 }
@@ -451,7 +455,7 @@ const TEAM_FIELDS: &[Field] = &[
     field("name", Kind::TeamName, "The team, as named in [[auth.tokens]]."),
     field(
         "priorities",
-        Kind::Optional(&Kind::List { item: Item::Priority, default: None }),
+        Kind::Optional(&PRIORITIES),
         "The priorities its jobs may have. Not set: tenancy.priorities.",
     ),
     field(
@@ -467,7 +471,7 @@ const BASE_MODEL_FIELDS: &[Field] = &[
     field("path", Kind::AbsolutePath(None), "The Hugging Face model directory."),
     field(
         "teams",
-        Kind::Optional(&Kind::List { item: Item::TeamName, default: None }),
+        Kind::Optional(&TEAM_NAMES),
         "The teams that may use it. Not set: every team.",
     ),
 ];
@@ -476,13 +480,13 @@ const BASE_MODEL_FIELDS: &[Field] = &[
 const DATA_ROOT_FIELDS: &[Field] = &[
     field("name", Kind::Name, "What a spec calls it: \"root:NAME/…\"."),
     field("path", Kind::AbsolutePath(None), "The directory."),
-    field("teams", Kind::List { item: Item::TeamName, default: None }, "The teams that may read it."),
+    field("teams", TEAM_NAMES, "The teams that may read it."),
 ];
 
 /// The keys of a `[[tenancy.secrets]]` entry.
 const SECRET_FIELDS: &[Field] = &[
     field("name", Kind::Name, "What plugin options call it."),
-    field("teams", Kind::List { item: Item::TeamName, default: None }, "The teams whose jobs may use it."),
+    field("teams", TEAM_NAMES, "The teams whose jobs may use it."),
     field(
         "env",
         Kind::Optional(&Kind::EnvName),
@@ -557,12 +561,11 @@ impl Kind {
             Kind::SocketAddr(default) => format!("a socket address like {default}"),
             Kind::Integer(integers) => integers.what(),
             Kind::Number(positive) => positive.what(),
-            Kind::Dirs(default) => format!("a list of directories like {}", toml_text(&dirs_value(default))),
+            Kind::Dirs(default) => format!("a list of directories like {}", toml_text(&string_list(default))),
             Kind::Strings { item, .. } => format!("a list of strings, each {item}"),
             Kind::TeamName => TEAM_NAME.to_owned(),
             Kind::Name => format!("a name of {}", rlvr_protocol::names::NAME_RULE),
             Kind::EnvName => ENV_NAME.to_owned(),
-            Kind::List { item, .. } => format!("a list of {}", item.what()),
             Kind::Optional(kind) => kind.what(path),
             Kind::Sha256 => SHA256.to_owned(),
             Kind::Bool(_) => "true or false".to_owned(),
@@ -579,12 +582,11 @@ impl Kind {
             Kind::Url { default, .. } | Kind::SocketAddr(default) => Some(Value::from(*default)),
             Kind::Integer(integers) => integers.default.map(Value::from),
             Kind::Number(positive) => positive.default.map(Value::from),
-            Kind::Dirs(default) => Some(dirs_value(default)),
-            Kind::Strings { .. } => Some(Value::from(Vec::<Value>::new())),
+            Kind::Dirs(default) => Some(string_list(default)),
+            Kind::Strings { default, .. } => default.map(string_list),
             Kind::Bool(default) => Some(Value::from(*default)),
             Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Shares => Some(Value::from(Dict::new())),
-            Kind::List { default, .. } => default.map(dirs_value),
             Kind::TeamName | Kind::Sha256 | Kind::Name | Kind::EnvName | Kind::Optional(_) => None,
         }
     }
@@ -642,7 +644,7 @@ pub(super) fn defaults() -> Dict {
     root
 }
 
-fn dirs_value(dirs: &[&str]) -> Value {
+fn string_list(dirs: &[&str]) -> Value {
     Value::from(dirs.iter().map(|dir| Value::from(*dir)).collect::<Vec<_>>())
 }
 
