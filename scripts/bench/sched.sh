@@ -70,7 +70,10 @@ listen = \"127.0.0.1:0\"
 worker_threads = 1
 [devices]
 cpu_slots = 1
-cpu_slot_memory_gb = 8" librlvr_optimizer_grpo.so librlvr_verifier_http.so
+cpu_slot_memory_gb = 8
+# The slow verifier listens on loopback: the operator lets graders reach it.
+[outbound]
+allow = [\"127.0.0.1/32\"]" librlvr_optimizer_grpo.so librlvr_verifier_http.so
 server=$RLVR_SERVER
 
 # A job spec; $2 is its [resources] section.

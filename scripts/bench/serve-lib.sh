@@ -62,6 +62,9 @@ TOML
     [ -s "$work/state/rlvrd.addr" ] || { tail -20 "$work/rlvrd.log" >&2; exit 1; }
     RLVR_SERVER=http://$(cat "$work/state/rlvrd.addr")
     export RLVR_SERVER RLVR_TOKEN
+    # A spec names the team's datasets, never a server path.
+    "$bin/rlvrctl" dataset put train "$work/data/train.jsonl" >/dev/null
+    "$bin/rlvrctl" dataset put heldout "$work/data/heldout.jsonl" >/dev/null
 }
 
 # A GRPO job spec of team "bench" on builtin:tiny-arith and the arithmetic data, whose gate always
@@ -76,8 +79,8 @@ seed = 7
 [model]
 policy = "builtin:tiny-arith"
 [data]
-train = "$work/data/train.jsonl"
-heldout = "$work/data/heldout.jsonl"
+train = "dataset:train"
+heldout = "dataset:heldout"
 [optimizer]
 plugin = "grpo"
 group_size = 4

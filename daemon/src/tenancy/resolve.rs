@@ -57,6 +57,11 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
     let mut pinned = spec.clone();
     let mut problems = Vec::new();
 
+    // A team's name is a directory of its namespace: only an admin submits for another team,
+    // and even an admin's must be a team name.
+    if !rlvr_protocol::names::valid_team_name(team) {
+        problems.push(refuse("job.team", format!("expected {}", rlvr_protocol::names::TEAM_RULE)));
+    }
     let allowance = tenancy.allowance(team);
     if !allowance.priorities.contains(&spec.job.priority) {
         let allowed: Vec<String> =
