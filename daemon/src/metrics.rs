@@ -2,8 +2,9 @@
 //!
 //! The plugin counters are the plugin host's (`rlvr_plugin_host::metrics`), incremented only by
 //! its events, which log and count in one place so logs and metrics never drift apart; the
-//! scheduler's are kept by `sched::service`. Labels are bounded (kinds, reasons, devices, teams from the config,
-//! priorities), never a job id or a file name.
+//! scheduler's are kept by `sched::service`. Labels are bounded (kinds, reasons, devices,
+//! priorities), never a job id, a file name or a team: `/metrics` needs no token, and a team's
+//! name and activity are not every caller's to read.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use std::sync::atomic::AtomicU64;
@@ -22,18 +23,10 @@ pub struct DeviceLabel {
     pub device: String,
 }
 
-/// `team` label.
+/// `priority` label: `high`, `normal` or `low`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TeamLabel {
-    pub team: String,
-}
-
-/// `team` and `priority` labels of a queue wait.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WaitLabel {
-    pub team: String,
-    /// `high`, `normal` or `low`.
-    pub priority: String,
+pub struct PriorityLabel {
+    pub priority: &'static str,
 }
 
 /// Every metric the daemon exports.
@@ -49,10 +42,11 @@ pub struct Metrics {
     /// `rlvr_grant_waits_total`: grant requests that had to wait (another job's phase had the
     /// devices, or a more urgent request came first).
     pub grant_waits: Counter,
-    /// `rlvr_preemptions_total{team}`: jobs asked to leave to make room, by the victim's team.
-    pub preemptions: Family<TeamLabel, Counter>,
-    /// `rlvr_queue_wait_seconds{team,priority}`: from queueing on this daemon to admission.
-    pub queue_wait_seconds: Family<WaitLabel, Histogram>,
+    /// `rlvr_preemptions_total{priority}`: jobs asked to leave to make room, by the victim's
+    /// priority.
+    pub preemptions: Family<PriorityLabel, Counter>,
+    /// `rlvr_queue_wait_seconds{priority}`: from queueing on this daemon to admission.
+    pub queue_wait_seconds: Family<PriorityLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -80,15 +74,19 @@ impl Metrics {
         );
         let grant_waits = Counter::default();
         registry.register("rlvr_grant_waits", "Device grant requests that had to wait", grant_waits.clone());
-        let preemptions = Family::<TeamLabel, Counter>::default();
-        registry.register("rlvr_preemptions", "Jobs preempted to make room, by team", preemptions.clone());
+        let preemptions = Family::<PriorityLabel, Counter>::default();
+        registry.register(
+            "rlvr_preemptions",
+            "Jobs preempted to make room, by the victim's priority",
+            preemptions.clone(),
+        );
         // 0.1 s to about 1.8 days.
-        let queue_wait_seconds = Family::<WaitLabel, Histogram>::new_with_constructor(|| {
+        let queue_wait_seconds = Family::<PriorityLabel, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.1, 4.0, 12))
         });
         registry.register(
             "rlvr_queue_wait_seconds",
-            "Time from queueing on this daemon to admission, by team and priority",
+            "Time from queueing on this daemon to admission, by priority",
             queue_wait_seconds.clone(),
         );
         Metrics {
