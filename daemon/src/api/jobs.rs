@@ -434,7 +434,8 @@ pub struct EventsQuery {
 
 /// `GET /v1/jobs/{id}/events`: server-sent events. `state` events (a [`JobEvent`]) from the first
 /// one (or after `Last-Event-ID`), `progress` events (the [`JobView`]) when the step or figures
-/// change; the stream ends after the job's final state.
+/// change; the stream ends once the job has ended and no event is left after the client's
+/// position, whatever that position is (one past the last event included).
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/events",
@@ -470,7 +471,15 @@ pub async fn events(
         )
         .field("after"));
     }
-    let follower = Follower { state, id, after, last_progress: None, pending: Vec::new(), ended: false };
+    let follower = Follower {
+        state,
+        id,
+        after,
+        last_progress: None,
+        pending: Vec::new(),
+        ended: false,
+        job_ended: false,
+    };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
         let event = follower.next().await?;
         Some((Ok(event), follower))
@@ -478,14 +487,15 @@ pub async fn events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))))
 }
 
+/// A Redis stream id, `MS-SEQ` or `MS`, each part a decimal `u64`: what `XREAD` takes. Anything
+/// else would fail in Redis on every poll, and since Redis errors end no stream, it would never
+/// end.
 fn valid_stream_id(id: &str) -> bool {
-    let mut parts = id.splitn(2, '-');
-    let ms = parts.next().unwrap_or("");
-    let seq = parts.next().unwrap_or("0");
-    !ms.is_empty()
-        && ms.len() <= 20
-        && ms.bytes().all(|b| b.is_ascii_digit())
-        && seq.bytes().all(|b| b.is_ascii_digit())
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    let number = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) && part.parse::<u64>().is_ok()
+    };
+    number(ms) && number(seq)
 }
 
 /// Follows one job for an event stream.
@@ -496,7 +506,10 @@ struct Follower {
     /// `(step, updated_at)` of the last progress sent.
     last_progress: Option<(u64, String)>,
     pending: Vec<JobEvent>,
+    /// The job's final state was sent.
     ended: bool,
+    /// The job was seen in a final state: once no event is left after `after`, none will come.
+    job_ended: bool,
 }
 
 impl Follower {
@@ -514,17 +527,29 @@ impl Follower {
             if self.ended {
                 return None;
             }
-            // Redis errors end nothing: the client keeps its stream, and we try again.
-            if let Ok(mut events) = self.state.queues.store.events(&self.id, &self.after).await
-                && !events.is_empty()
-            {
-                events.reverse();
-                self.pending = events;
+            match self.state.queues.store.events(&self.id, &self.after).await {
+                Ok(mut events) if !events.is_empty() => {
+                    events.reverse();
+                    self.pending = events;
+                    continue;
+                }
+                // The client is at or past the last event (a `Last-Event-ID` beyond the end
+                // included) of a job that had ended before this read.
+                Ok(_) if self.job_ended => return None,
+                // Redis errors end nothing: the client keeps its stream, and we try again.
+                _ => {}
+            }
+            let Ok(job) = self.state.queues.store.get(&self.id).await else {
+                self.wait().await?;
+                continue;
+            };
+            if job.state.is_terminal() && !self.job_ended {
+                // A state and its event are written by one script, so the events read next
+                // hold every event up to the final state's.
+                self.job_ended = true;
                 continue;
             }
-            if let Ok(job) = self.state.queues.store.get(&self.id).await
-                && job.state == JobState::Running
-            {
+            if job.state == JobState::Running {
                 let mark = (job.step, job.updated_at.clone());
                 if self.last_progress.as_ref() != Some(&mark) {
                     self.last_progress = Some(mark);
@@ -532,10 +557,46 @@ impl Follower {
                     return Some(Event::default().event("progress").data(data));
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(FOLLOW_POLL) => {}
-                _ = self.state.stopping.cancelled() => return None,
-            }
+            self.wait().await?;
+        }
+    }
+
+    /// Until the next poll; `None` when the daemon stops.
+    async fn wait(&self) -> Option<()> {
+        tokio::select! {
+            _ = tokio::time::sleep(FOLLOW_POLL) => Some(()),
+            _ = self.state.stopping.cancelled() => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_stream_id;
+
+    // regression: an event id of 20 digits passed and failed in Redis on every poll, so its
+    // stream never ended
+    #[test]
+    fn event_ids_are_what_redis_takes() {
+        let check = |id: &str, expected: bool| assert_eq!(valid_stream_id(id), expected, "{id:?}");
+        for id in ["0", "1700000000000-0", "1700000000000", "18446744073709551615-18446744073709551615"] {
+            check(id, true);
+        }
+        for id in [
+            "",
+            "-",
+            "1-",
+            "-1",
+            "+1-0",
+            "1-+0",
+            "1-2-3",
+            "a-0",
+            "18446744073709551616-0",
+            "1-99999999999999999999",
+            "1 -0",
+            "１-0",
+        ] {
+            check(id, false);
         }
     }
 }
