@@ -2,7 +2,7 @@
 //!
 //! The job commands (`submit`, `status`, `list`, `watch`, `cancel`, `gates`, `promote`, `report`,
 //! `curriculum refresh`) speak the daemon's HTTP API through `rlvr-client` with the team's bearer
-//! token; `plugins` needs no token; `verify` needs no daemon at all. This crate keeps the
+//! token, and so does `plugins`; `verify` needs no daemon at all. This crate keeps the
 //! commands and what they print: `render` (tables, status block, figures), `watch` (the views of
 //! a followed job), `spec` (a spec file made ready to send), `report` (the HTML report),
 //! `verify`.
@@ -326,7 +326,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Ok(Exit::Done)
         }
         Command::Plugins => {
-            let list = connect(Auth::Anonymous)?.plugins()?;
+            let list = connect(Auth::Token)?.plugins()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {

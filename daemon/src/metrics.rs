@@ -2,9 +2,9 @@
 //!
 //! The plugin counters are the plugin host's (`rlvr_plugin_host::metrics`), incremented only by
 //! its events, which log and count in one place so logs and metrics never drift apart; the
-//! scheduler's are kept by `sched::service`. Labels are bounded (kinds, reasons, devices,
-//! priorities), never a job id, a file name or a team: `/metrics` needs no token, and a team's
-//! name and activity are not every caller's to read.
+//! scheduler's are kept by `sched::service`, the API's by `api::auth`. Labels are bounded (kinds,
+//! reasons, devices, priorities), never a job id, a file name or a team: `/metrics` needs no
+//! token, and a team's name and activity are not every caller's to read.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use std::sync::atomic::AtomicU64;
@@ -29,6 +29,12 @@ pub struct PriorityLabel {
     pub priority: &'static str,
 }
 
+/// `reason` label, one of a fixed set each metric documents.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
@@ -47,6 +53,10 @@ pub struct Metrics {
     pub preemptions: Family<PriorityLabel, Counter>,
     /// `rlvr_queue_wait_seconds{priority}`: from queueing on this daemon to admission.
     pub queue_wait_seconds: Family<PriorityLabel, Histogram>,
+    /// `rlvr_api_auth_refusals_total{reason}`: requests refused before their handler: `missing`,
+    /// `malformed`, `unknown` (token), `too_many_failures` (the client address's failed
+    /// authentications), `rate_limited` (the team's allowance).
+    pub api_auth_refusals: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -89,6 +99,12 @@ impl Metrics {
             "Time from queueing on this daemon to admission, by priority",
             queue_wait_seconds.clone(),
         );
+        let api_auth_refusals = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "rlvr_api_auth_refusals",
+            "Requests refused by the token check or a rate limit before their handler, by reason",
+            api_auth_refusals.clone(),
+        );
         Metrics {
             registry,
             plugins,
@@ -97,6 +113,7 @@ impl Metrics {
             grant_waits,
             preemptions,
             queue_wait_seconds,
+            api_auth_refusals,
         }
     }
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use rlvr_protocol::fs::write_atomic;
 use rlvr_queue::store::JobStore;
 
-use crate::api::auth::Auth;
+use crate::api::auth::{self, Auth};
 use crate::api::jobs::JobsState;
 use crate::api::{AppState, router};
 use crate::config::Config;
@@ -172,10 +172,17 @@ impl Services {
         let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
         let queues = Queues::new(store, &config.queue);
         let stopping = CancellationToken::new();
+        let auth = Arc::new(Auth::new(
+            &config.auth,
+            auth::Limits {
+                per_team: config.api.rate_limit_per_minute,
+                failures_per_address: config.api.auth_failures_per_minute,
+            },
+            metrics.api_auth_refusals.clone(),
+        ));
         let jobs_state = Arc::new(JobsState {
             queues: queues.clone(),
             registry: registry.clone(),
-            auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
             stopping: stopping.clone(),
             max_body_bytes: config.api.max_body_bytes as usize,
             scheduler: scheduler.clone(),
@@ -184,6 +191,7 @@ impl Services {
         let app = router(
             AppState { registry: registry.clone(), metrics, redis: redis.clone() },
             jobs_state,
+            auth,
             config.api.max_body_bytes as usize,
         );
         let supervisor = Arc::new(Supervisor::new(SupervisorConfig {
@@ -202,6 +210,8 @@ impl Services {
         let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
         let server_shutdown = shutdown.clone();
         let server = tokio::spawn(async move {
+            // The client's address: the failed-authentication limit counts by it.
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
         });
         Ok(Services { registry, redis, server, consumer, grants, grants_stop, stopping })

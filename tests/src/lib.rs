@@ -305,9 +305,10 @@ impl Daemon {
         (status, response.text().expect("body"))
     }
 
-    /// `GET path` (a JSON route) without a token, expecting 200.
+    /// `GET path` (a JSON route) with team `tests`' token (the open `/healthz` ignores it),
+    /// expecting 200.
     pub fn get_json(&self, path: &str) -> serde_json::Value {
-        jobs::api(self, None)
+        jobs::api(self, Some(TEAM_TOKEN))
             .get(&jobs::segments(path), &[])
             .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()))
     }

@@ -49,7 +49,7 @@ fn validate_reports_every_problem_with_where_it_came_from() {
     let expected = [
         "config has 7 problem(s):".to_owned(),
         format!(
-            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute (from file {shown})"
+            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute (from file {shown})"
         ),
         format!(
             "api.listen: expected a socket address like 127.0.0.1:8470, found \"nonsense\" (from file {shown})"

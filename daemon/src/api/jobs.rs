@@ -1,7 +1,8 @@
 //! The job routes of design.md §1: submit, list, show, cancel, and follow a job's events.
 //!
-//! Every route needs a bearer token ([`super::auth`]); a team sees and cancels only its own jobs
-//! (another team's job is "not found", so ids leak nothing) and admins see all. Every refusal is
+//! Every route needs a bearer token, checked before the handler runs ([`super::auth::require_token`],
+//! which leaves the [`Caller`] in the request's extensions); a team sees and cancels only its own
+//! jobs (another team's job is "not found", so ids leak nothing) and admins see all. Every refusal is
 //! `{"error": {"code", "message", "field"}}` with a 4xx status, and 503 while Redis is away.
 
 use std::convert::Infallible;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +25,7 @@ use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::store::{CancelOutcome, StoreError, SubmitOutcome};
 use serde::Deserialize;
 
-use super::auth::{Auth, AuthError, Caller};
+use super::auth::{AuthError, Caller};
 use crate::jobs::{Queues, checks};
 use rlvr_plugin_host::Registry;
 
@@ -32,7 +33,6 @@ use rlvr_plugin_host::Registry;
 pub struct JobsState {
     pub queues: Queues,
     pub registry: Arc<Registry>,
-    pub auth: Auth,
     /// Cancelled when the daemon stops: event streams end so the server can.
     pub stopping: tokio_util::sync::CancellationToken,
     /// `api.max_body_bytes`: the largest job spec taken.
@@ -104,6 +104,15 @@ impl From<AuthError> for Failure {
                 "unauthorized",
                 "the bearer token is not in the daemon's config",
             ),
+            AuthError::TooManyFailures { retry_after_s } => Failure::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_failures",
+                format!(
+                    "too many requests without a valid token from this address \
+                     (api.auth_failures_per_minute); retry in {retry_after_s} s"
+                ),
+            )
+            .retry(retry_after_s),
             AuthError::RateLimited { retry_after_s } => {
                 let mut failure = Failure::new(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -177,13 +186,13 @@ pub(super) type Answer<T> = Result<T, Failure>;
 )]
 pub async fn submit(
     State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer<(StatusCode, Json<Submitted>)> {
-    // The body is read (or drained) before any answer, refusals included: see `read_body`.
-    let body = read_body(body, state.max_body_bytes).await;
-    let caller = state.auth.check(&headers)?;
-    let body = body?;
+    // The body is read (or drained) before any answer, refusals included: see `read_body`. (An
+    // unauthenticated one never gets here: its body is not worth reading.)
+    let body = read_body(body, state.max_body_bytes).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -309,16 +318,18 @@ pub struct ListQuery {
     get,
     path = "/v1/jobs",
     params(ListQuery),
-    responses((status = 200, body = JobList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    responses(
+        (status = 200, body = JobList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 429, body = ErrorBody),
+    ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn list(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Json<JobList>> {
-    let caller = state.auth.check(&headers)?;
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     let wanted_state = query
@@ -359,16 +370,18 @@ pub async fn list(
     get,
     path = "/v1/jobs/{id}",
     params(("id" = String, Path, description = "Job id")),
-    responses((status = 200, body = JobView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses(
+        (status = 200, body = JobView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 429, body = ErrorBody),
+    ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn show(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    let caller = state.auth.check(&headers)?;
     Ok(Json(visible_job(&state, &caller, &id).await?))
 }
 
@@ -399,16 +412,16 @@ fn valid_id(id: &str) -> bool {
         (status = 200, description = "Cancelled, or being cancelled (cancel_requested)", body = JobView),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "It had ended already", body = ErrorBody),
+        (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn cancel(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    let caller = state.auth.check(&headers)?;
     visible_job(&state, &caller, &id).await?;
     let reason = format!("cancelled by team {}", caller.team);
     match state.queues.store.cancel(&id, &reason).await? {
@@ -442,18 +455,19 @@ pub struct EventsQuery {
     params(("id" = String, Path, description = "Job id"), EventsQuery),
     responses(
         (status = 200, description = "text/event-stream of `state` (JobEvent) and `progress` (JobView) events", content_type = "text/event-stream", body = JobEvent),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 400, description = "Not an event id", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn events(
     State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let caller = state.auth.check(&headers)?;
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible_job(&state, &caller, &id).await?;

@@ -160,8 +160,15 @@ pub(super) const FIELDS: &[Field] = &[
     field(
         "api.rate_limit_per_minute",
         integer(1, 1_000_000, None, 600),
-        "Requests per minute each team may make to the job routes; more get 429 with Retry-After. A \
-         team may spend a whole minute's allowance at once.",
+        "Requests per minute each team may make to the API (every route but /healthz and /metrics); \
+         more get 429 with Retry-After. A team may spend a whole minute's allowance at once.",
+    ),
+    field(
+        "api.auth_failures_per_minute",
+        integer(1, 10_000, None, 10),
+        "Requests with a missing, malformed or unknown token each client address (an IPv6 /64) may \
+         make per minute, all at once at most; more get 429 with Retry-After instead of 401. A \
+         valid token is never held back by this, so one client cannot lock another out.",
     ),
     field(
         "plugins.dirs",

@@ -78,8 +78,10 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     /// Larger request bodies get 413.
     pub max_body_bytes: u64,
-    /// Per team, on the job routes; more get 429.
+    /// Per team, on every route but `/healthz` and `/metrics`; more get 429.
     pub rate_limit_per_minute: u32,
+    /// Per client address: requests with a missing, malformed or unknown token; more get 429.
+    pub auth_failures_per_minute: u32,
 }
 
 /// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.
