@@ -2,9 +2,9 @@
 //!
 //! The plugin counters are the plugin host's (`rlvr_plugin_host::metrics`), incremented only by
 //! its events, which log and count in one place so logs and metrics never drift apart; the
-//! scheduler's are kept by `sched::service`, the API's by `api::auth`. Labels are bounded (kinds,
-//! reasons, devices, priorities), never a job id, a file name or a team: `/metrics` needs no
-//! token, and a team's name and activity are not every caller's to read.
+//! scheduler's are kept by `sched::service`, the API's by `api::server` and `api::auth`. Labels
+//! are bounded (kinds, reasons, devices, priorities), never a job id, a file name or a team:
+//! `/metrics` needs no token, and a team's name and activity are not every caller's to read.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use std::sync::atomic::AtomicU64;
@@ -53,6 +53,12 @@ pub struct Metrics {
     pub preemptions: Family<PriorityLabel, Counter>,
     /// `rlvr_queue_wait_seconds{priority}`: from queueing on this daemon to admission.
     pub queue_wait_seconds: Family<PriorityLabel, Histogram>,
+    /// `rlvr_api_connections`: open API connections now.
+    pub api_connections: Gauge,
+    /// `rlvr_api_connections_closed_total{reason}`: connections the server closed on a client:
+    /// `idle_timeout`, `header_timeout`, `body_timeout`, `evicted` (to make room at
+    /// `api.max_connections`).
+    pub api_connections_closed: Family<ReasonLabel, Counter>,
     /// `rlvr_api_auth_refusals_total{reason}`: requests refused before their handler: `missing`,
     /// `malformed`, `unknown` (token), `too_many_failures` (the client address's failed
     /// authentications), `rate_limited` (the team's allowance).
@@ -99,6 +105,14 @@ impl Metrics {
             "Time from queueing on this daemon to admission, by priority",
             queue_wait_seconds.clone(),
         );
+        let api_connections = Gauge::default();
+        registry.register("rlvr_api_connections", "Open API connections", api_connections.clone());
+        let api_connections_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "rlvr_api_connections_closed",
+            "API connections closed by the server on a slow, idle or surplus client, by reason",
+            api_connections_closed.clone(),
+        );
         let api_auth_refusals = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "rlvr_api_auth_refusals",
@@ -113,6 +127,8 @@ impl Metrics {
             grant_waits,
             preemptions,
             queue_wait_seconds,
+            api_connections,
+            api_connections_closed,
             api_auth_refusals,
         }
     }

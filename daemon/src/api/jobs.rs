@@ -176,6 +176,7 @@ pub(super) type Answer<T> = Result<T, Failure>;
         (status = 200, description = "The job an earlier submit with this Idempotency-Key made", body = Submitted),
         (status = 400, description = "Not a spec (syntax, types, unknown fields)", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 408, description = "The body came slower than api.body_timeout_s", body = ErrorBody),
         (status = 409, description = "Idempotency-Key reused for another spec", body = ErrorBody),
         (status = 413, body = ErrorBody),
         (status = 422, description = "A spec that cannot run here (values, plugins, files)", body = ErrorBody),

@@ -8,6 +8,9 @@
 //!   ([`auth::require_token`]) before any extractor reads the request, so a refused request's body
 //!   is never read: the job routes of [`jobs`], `GET /v1/plugins`, `GET /v1/openapi.json`.
 //!
+//! [`server`] serves the router: HTTP/1.1 with header, body and idle timeouts and a connection
+//! limit.
+//!
 //! The wire types live in `rlvr-protocol` (`job` for the job routes, `api` for health and the
 //! plugin listing), which rlvrctl reads too. The OpenAPI document is generated from the handlers' annotations and the
 //! types' derives ([`ApiDoc`]), so it cannot drift from the routes; a test compares the two.
@@ -16,6 +19,7 @@ pub mod auth;
 pub mod curricula;
 pub mod jobs;
 pub mod outcomes;
+pub mod server;
 
 use std::sync::Arc;
 

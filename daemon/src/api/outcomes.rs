@@ -29,6 +29,7 @@ const MAX_REASON: usize = 2000;
         (status = 401, body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Not a refused job", body = ErrorBody),
+        (status = 408, description = "The body came slower than api.body_timeout_s", body = ErrorBody),
         (status = 422, description = "force is not true, or no reason", body = ErrorBody),
         (status = 429, body = ErrorBody),
     ),
