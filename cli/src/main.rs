@@ -2,7 +2,7 @@
 //!
 //! The job commands (`submit`, `status`, `list`, `watch`, `cancel`, `gates`, `promote`, `report`,
 //! `curriculum refresh`) speak the daemon's HTTP API through `rlvr-client` with the team's bearer
-//! token; `plugins` needs no token; `verify` needs no daemon at all. This crate keeps the
+//! token, and so does `plugins`; `verify` needs no daemon at all. This crate keeps the
 //! commands and what they print: `render` (tables, status block, figures), `watch` (the views of
 //! a followed job), `spec` (a spec file made ready to send), `report` (the HTML report),
 //! `verify`.

@@ -126,7 +126,7 @@ fn env_var(key: &str) -> Option<String> {
 pub enum Auth {
     /// Look for the team's token (the job API).
     Token,
-    /// No token, none read, not even from the config file (`GET /v1/plugins`).
+    /// No token, none read, not even from the config file (the open routes: `GET /healthz`).
     Anonymous,
 }
 
@@ -135,7 +135,7 @@ pub enum Auth {
 pub struct Settings {
     /// The daemon's API (a path prefix is kept: `https://host/rlvr/`).
     pub server: Url,
-    /// Absent: requests go without `Authorization` (fine for `plugins`).
+    /// Absent: requests go without `Authorization` (only `/healthz` and `/metrics` answer them).
     pub token: Option<Token>,
     /// The config file consulted (or that would be), for hints in errors.
     pub config_path: Option<PathBuf>,
@@ -368,7 +368,7 @@ mod tests {
             "http://file:1/",
             Some(("file-token", "/home/me/.config/rlvr/cli.toml")),
         );
-        // No token wanted (plugins): none is read, not even from the file.
+        // No token wanted (the open routes): none is read, not even from the file.
         check_settings(settings((None, None), &env, Some(FILE), Auth::Anonymous), "http://env:1/", None);
     }
 

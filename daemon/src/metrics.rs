@@ -2,8 +2,9 @@
 //!
 //! The plugin counters are the plugin host's (`rlvr_plugin_host::metrics`), incremented only by
 //! its events, which log and count in one place so logs and metrics never drift apart; the
-//! scheduler's are kept by `sched::service`. Labels are bounded (kinds, reasons, devices, teams from the config,
-//! priorities), never a job id or a file name.
+//! scheduler's are kept by `sched::service`, the API's by `api::server` and `api::auth`. Labels
+//! are bounded (kinds, reasons, devices, priorities), never a job id, a file name or a team:
+//! `/metrics` needs no token, and a team's name and activity are not every caller's to read.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use std::sync::atomic::AtomicU64;
@@ -22,18 +23,16 @@ pub struct DeviceLabel {
     pub device: String,
 }
 
-/// `team` label.
+/// `priority` label: `high`, `normal` or `low`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TeamLabel {
-    pub team: String,
+pub struct PriorityLabel {
+    pub priority: &'static str,
 }
 
-/// `team` and `priority` labels of a queue wait.
+/// `reason` label, one of a fixed set each metric documents.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WaitLabel {
-    pub team: String,
-    /// `high`, `normal` or `low`.
-    pub priority: String,
+pub struct ReasonLabel {
+    pub reason: &'static str,
 }
 
 /// Every metric the daemon exports.
@@ -49,10 +48,21 @@ pub struct Metrics {
     /// `rlvr_grant_waits_total`: grant requests that had to wait (another job's phase had the
     /// devices, or a more urgent request came first).
     pub grant_waits: Counter,
-    /// `rlvr_preemptions_total{team}`: jobs asked to leave to make room, by the victim's team.
-    pub preemptions: Family<TeamLabel, Counter>,
-    /// `rlvr_queue_wait_seconds{team,priority}`: from queueing on this daemon to admission.
-    pub queue_wait_seconds: Family<WaitLabel, Histogram>,
+    /// `rlvr_preemptions_total{priority}`: jobs asked to leave to make room, by the victim's
+    /// priority.
+    pub preemptions: Family<PriorityLabel, Counter>,
+    /// `rlvr_queue_wait_seconds{priority}`: from queueing on this daemon to admission.
+    pub queue_wait_seconds: Family<PriorityLabel, Histogram>,
+    /// `rlvr_api_connections`: open API connections now.
+    pub api_connections: Gauge,
+    /// `rlvr_api_connections_closed_total{reason}`: connections the server closed on a client:
+    /// `idle_timeout`, `header_timeout`, `body_timeout`, `evicted` (to make room at
+    /// `api.max_connections`).
+    pub api_connections_closed: Family<ReasonLabel, Counter>,
+    /// `rlvr_api_auth_refusals_total{reason}`: requests refused before their handler: `missing`,
+    /// `malformed`, `unknown` (token), `too_many_failures` (the client address's failed
+    /// authentications), `rate_limited` (the team's allowance).
+    pub api_auth_refusals: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -80,16 +90,34 @@ impl Metrics {
         );
         let grant_waits = Counter::default();
         registry.register("rlvr_grant_waits", "Device grant requests that had to wait", grant_waits.clone());
-        let preemptions = Family::<TeamLabel, Counter>::default();
-        registry.register("rlvr_preemptions", "Jobs preempted to make room, by team", preemptions.clone());
+        let preemptions = Family::<PriorityLabel, Counter>::default();
+        registry.register(
+            "rlvr_preemptions",
+            "Jobs preempted to make room, by the victim's priority",
+            preemptions.clone(),
+        );
         // 0.1 s to about 1.8 days.
-        let queue_wait_seconds = Family::<WaitLabel, Histogram>::new_with_constructor(|| {
+        let queue_wait_seconds = Family::<PriorityLabel, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.1, 4.0, 12))
         });
         registry.register(
             "rlvr_queue_wait_seconds",
-            "Time from queueing on this daemon to admission, by team and priority",
+            "Time from queueing on this daemon to admission, by priority",
             queue_wait_seconds.clone(),
+        );
+        let api_connections = Gauge::default();
+        registry.register("rlvr_api_connections", "Open API connections", api_connections.clone());
+        let api_connections_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "rlvr_api_connections_closed",
+            "API connections closed by the server on a slow, idle or surplus client, by reason",
+            api_connections_closed.clone(),
+        );
+        let api_auth_refusals = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "rlvr_api_auth_refusals",
+            "Requests refused by the token check or a rate limit before their handler, by reason",
+            api_auth_refusals.clone(),
         );
         Metrics {
             registry,
@@ -99,6 +127,9 @@ impl Metrics {
             grant_waits,
             preemptions,
             queue_wait_seconds,
+            api_connections,
+            api_connections_closed,
+            api_auth_refusals,
         }
     }
 

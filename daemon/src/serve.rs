@@ -1,7 +1,8 @@
 //! `rlvrd serve`: the control plane's main loop.
 //!
 //! `run` takes the config and a shutdown token, so tests run the whole server in-process. It
-//! loads the plugins, serves the API, rescans the plugin directories every
+//! raises the open-file limit (or refuses to start when `api.max_connections` cannot fit under
+//! it), loads the plugins, serves the API (`api::server`), rescans the plugin directories every
 //! `plugins.scan_interval_ms`, and tells systemd it is ready and alive (sd_notify). The watchdog
 //! is fed from the main loop itself: if the loop stalls, systemd stops getting pings and restarts
 //! the daemon.
@@ -19,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 use rlvr_protocol::fs::write_atomic;
 use rlvr_queue::store::JobStore;
 
-use crate::api::auth::Auth;
+use crate::api::auth::{self, Auth};
 use crate::api::jobs::JobsState;
+use crate::api::server::{self as http, FdLimitError};
 use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::health::{PING_INTERVAL, RedisHealth};
@@ -63,6 +65,9 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("http server: {0}")]
     Http(io::Error),
+    /// `api.max_connections` does not fit under the open-file limit.
+    #[error(transparent)]
+    FdLimit(#[from] FdLimitError),
     /// The Redis URL could not be used.
     #[error("redis.url: {0}")]
     Redis(rlvr_queue::store::StoreError),
@@ -77,6 +82,7 @@ pub enum ServeError {
 
 /// Runs the daemon until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
+    http::raise_fd_limit(u64::from(config.api.max_connections))?;
     let state_dir = StateDir::new(config.daemon.state_dir.clone());
     std::fs::create_dir_all(state_dir.path())
         .map_err(|source| ServeError::StateDir { path: state_dir.path().to_owned(), source })?;
@@ -160,7 +166,7 @@ struct Parts {
 struct Services {
     registry: Arc<Registry>,
     redis: Arc<RedisHealth>,
-    server: tokio::task::JoinHandle<io::Result<()>>,
+    server: tokio::task::JoinHandle<()>,
     consumer: consumer::Consumer,
     grants: tokio::task::JoinHandle<io::Result<()>>,
     grants_stop: CancellationToken,
@@ -186,10 +192,17 @@ impl Services {
         let stopping = CancellationToken::new();
         let tenancy = Arc::new(crate::tenancy::Tenancy::new(config, state_dir));
         let outbound = outbound_client(config)?;
+        let auth = Arc::new(Auth::new(
+            &config.auth,
+            auth::Limits {
+                per_team: config.api.rate_limit_per_minute,
+                failures_per_address: config.api.auth_failures_per_minute,
+            },
+            metrics.api_auth_refusals.clone(),
+        ));
         let jobs_state = Arc::new(JobsState {
             queues: queues.clone(),
             registry: registry.clone(),
-            auth: Auth::new(&config.auth, config.api.rate_limit_per_minute),
             stopping: stopping.clone(),
             max_body_bytes: config.api.max_body_bytes as usize,
             scheduler: scheduler.clone(),
@@ -198,8 +211,9 @@ impl Services {
             outbound: outbound.clone(),
         });
         let app = router(
-            AppState { registry: registry.clone(), metrics, redis: redis.clone() },
+            AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
             jobs_state,
+            auth,
             config.api.max_body_bytes as usize,
         );
         let supervisor = Arc::new(Supervisor::new(SupervisorConfig {
@@ -218,10 +232,13 @@ impl Services {
             outbound,
         }));
         let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
-        let server_shutdown = shutdown.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).with_graceful_shutdown(server_shutdown.cancelled_owned()).await
-        });
+        let server = tokio::spawn(http::serve(
+            listener,
+            app,
+            http::Limits::new(&config.api),
+            metrics,
+            shutdown.clone(),
+        ));
         Ok(Services { registry, redis, server, consumer, grants, grants_stop, stopping })
     }
 
@@ -239,12 +256,8 @@ impl Services {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 result = &mut self.server => {
-                    // The server only returns before shutdown when it failed.
-                    return match result {
-                        Ok(Ok(())) => Ok(()),
-                        Ok(Err(error)) => Err(ServeError::Http(error)),
-                        Err(join) => Err(ServeError::Http(io::Error::other(join.to_string()))),
-                    };
+                    // The server only returns before shutdown when its task failed.
+                    return result.map_err(|join| ServeError::Http(io::Error::other(join.to_string())));
                 }
                 _ = ticker.tick() => {}
             }
@@ -288,12 +301,10 @@ impl Services {
         }
         shutdown.cancel();
         // Finished already when the main loop ended on its failure (and took its result).
-        if !self.server.is_finished() {
-            match self.server.await {
-                Ok(Err(error)) => tracing::warn!(%error, "http server stopped with an error"),
-                Err(error) => tracing::warn!(%error, "http server task failed"),
-                Ok(Ok(())) => {}
-            }
+        if !self.server.is_finished()
+            && let Err(error) = self.server.await
+        {
+            tracing::warn!(%error, "http server task failed");
         }
     }
 }

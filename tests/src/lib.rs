@@ -222,6 +222,12 @@ impl Daemon {
     /// have). The token [`TEAM_TOKEN`] acts for team `tests`, [`OTHER_TOKEN`] for team `others`,
     /// [`ADMIN_TOKEN`] is an admin's.
     pub fn start_with(plugins: &[&str], redis_url: &str, extra_config: &str) -> Daemon {
+        Daemon::start_with_api(plugins, redis_url, "", extra_config)
+    }
+
+    /// As [`Daemon::start_with`], with `api_keys` (lines such as `idle_timeout_s = 1`) added to
+    /// the config's `[api]` section, which a section in `extra_config` cannot repeat.
+    pub fn start_with_api(plugins: &[&str], redis_url: &str, api_keys: &str, extra_config: &str) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let plugins_dir = dir.path().join("plugins");
         let state_dir = dir.path().join("state");
@@ -236,7 +242,7 @@ impl Daemon {
         };
         let toml = format!(
             "[daemon]\nstate_dir = {state:?}\n[redis]\nurl = {redis_url:?}\n[api]\nlisten = \"127.0.0.1:0\"\n\
-             [plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n{tokens}{extra_config}\n",
+             {api_keys}\n[plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n{tokens}{extra_config}\n",
             state = state_dir.display().to_string(),
             plugins = plugins_dir.display().to_string(),
             tokens = token("tests", TEAM_TOKEN, false)
@@ -310,9 +316,10 @@ impl Daemon {
         (status, response.text().expect("body"))
     }
 
-    /// `GET path` (a JSON route) without a token, expecting 200.
+    /// `GET path` (a JSON route) with team `tests`' token (the open `/healthz` ignores it),
+    /// expecting 200.
     pub fn get_json(&self, path: &str) -> serde_json::Value {
-        jobs::api(self, None)
+        jobs::api(self, Some(TEAM_TOKEN))
             .get(&jobs::segments(path), &[])
             .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()))
     }

@@ -4,7 +4,7 @@
 use std::fs;
 use std::time::Duration;
 
-use rlvr_tests::{Daemon, drop_bytes, drop_in, plugin_lib, rlvrctl, wait_until};
+use rlvr_tests::{Daemon, TEAM_TOKEN, drop_bytes, drop_in, plugin_lib, rlvrctl, wait_until};
 use serde_json::Value;
 
 const NO_REDIS: &str = "redis://127.0.0.1:1";
@@ -92,7 +92,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
     assert_eq!(stall["notes"], serde_json::json!([note]), "{stall}");
     assert!(format.get("notes").is_none(), "{format}");
     assert!(daemon.log().contains(note), "{}", daemon.log());
-    let table = rlvrctl(&["--server", &daemon.url, "plugins"], b"");
+    let table = rlvrctl(&["--server", &daemon.url, "--token", TEAM_TOKEN, "plugins"], b"");
     let (table, stderr) = (String::from_utf8_lossy(&table.stdout), String::from_utf8_lossy(&table.stderr));
     assert!(
         table.lines().any(|line| line.starts_with("stall@0.1.0") && line.ends_with(note)),
@@ -266,7 +266,7 @@ fn every_bad_library_is_refused_by_name_and_the_daemon_serves_on() {
     assert!(metrics.contains("rlvr_plugin_loads_total{kind=\"verifier\"} 1"), "{metrics}");
 
     // `rlvrctl plugins` shows both tables.
-    let output = rlvrctl(&["--server", &daemon.url, "plugins"], b"");
+    let output = rlvrctl(&["--server", &daemon.url, "--token", TEAM_TOKEN, "plugins"], b"");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use rlvr_tests::{Daemon, drop_in, json_lines, rlvrctl, target_dir, wait_until, workspace_root};
+use rlvr_tests::{Daemon, TEAM_TOKEN, drop_in, json_lines, rlvrctl, target_dir, wait_until, workspace_root};
 
 #[test]
 fn the_guide_builds_drops_in_and_uses_the_template_verifier() {
@@ -29,7 +29,7 @@ fn the_guide_builds_drops_in_and_uses_the_template_verifier() {
 
     // Step 4: `rlvrctl plugins` lists it.
     let listed = wait_until(Duration::from_secs(20), || {
-        let output = rlvrctl(&["--server", &daemon.url, "plugins"], b"");
+        let output = rlvrctl(&["--server", &daemon.url, "--token", TEAM_TOKEN, "plugins"], b"");
         String::from_utf8_lossy(&output.stdout)
             .lines()
             .any(|line| line.starts_with("exact-match ") && line.contains("verifier"))

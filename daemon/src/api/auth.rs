@@ -1,18 +1,39 @@
-//! Bearer tokens and per-team rate limits of the job routes.
+//! Bearer tokens, the per-team rate limit and the per-address limit on failed authentications:
+//! checked once, by [`require_token`], before any handler or extractor of a token route runs.
 //!
 //! The config holds only each token's SHA-256 (`[[auth.tokens]]`); a request's token is hashed
 //! and looked up, so the daemon never holds a token and never logs one. Rate limits are per team,
 //! so one team's runaway script cannot starve another's tools.
+//!
+//! Failed authentications (no token, a malformed header, an unknown token) are limited per client
+//! address: past `api.auth_failures_per_minute` they get 429 with Retry-After instead of 401. A
+//! valid token is never held back by that limit, even from an address over it: behind the default
+//! loopback listener or a reverse proxy every client shares one address, and a limit that refused
+//! valid tokens would let any one of them lock every team out. The tokens are long random secrets,
+//! so it is not this limit that makes them unguessable; it bounds what a scan costs and makes it
+//! show (`rlvr_api_auth_refusals_total`).
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use sha2::{Digest, Sha256};
 
+use super::jobs::Failure;
 use crate::config::AuthConfig;
+use crate::metrics::ReasonLabel;
 
 /// A fresh token: `rlvr_` and 32 random bytes in hex, from the OS's CSPRNG.
 pub struct NewToken {
@@ -57,19 +78,51 @@ pub enum AuthError {
     Malformed,
     /// A token not in the config.
     Unknown,
+    /// Too many failed authentications from this client address; retry after this many seconds.
+    TooManyFailures { retry_after_s: u64 },
     /// Over the team's rate limit; retry after this many seconds.
     RateLimited { retry_after_s: u64 },
 }
 
-/// The configured tokens and the per-team limiter.
+impl AuthError {
+    /// The `reason` label of `rlvr_api_auth_refusals_total`.
+    fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing",
+            AuthError::Malformed => "malformed",
+            AuthError::Unknown => "unknown",
+            AuthError::TooManyFailures { .. } => "too_many_failures",
+            AuthError::RateLimited { .. } => "rate_limited",
+        }
+    }
+}
+
+/// The rates [`Auth`] allows, per minute.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// `api.rate_limit_per_minute`: requests per team.
+    pub per_team: u32,
+    /// `api.auth_failures_per_minute`: failed authentications per client address.
+    pub failures_per_address: u32,
+}
+
+/// How often the failure limiter forgets addresses whose allowance is full again: it is keyed by
+/// whoever connects, so it would otherwise grow with every address ever seen.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
+
+/// The configured tokens and the limiters.
 pub struct Auth {
     by_hash: HashMap<[u8; 32], Caller>,
-    limiter: DefaultKeyedRateLimiter<String>,
+    per_team: DefaultKeyedRateLimiter<String>,
+    failures: DefaultKeyedRateLimiter<IpAddr>,
+    last_forget: Mutex<Instant>,
+    refusals: Family<ReasonLabel, Counter>,
 }
 
 impl Auth {
-    /// From `[auth]` (hashes already checked by the config loader) and the per-minute limit.
-    pub fn new(config: &AuthConfig, per_minute: u32) -> Self {
+    /// From `[auth]` (hashes already checked by the config loader) and the limits; each refusal
+    /// is counted in `refusals` by its reason.
+    pub fn new(config: &AuthConfig, limits: Limits, refusals: Family<ReasonLabel, Counter>) -> Self {
         let by_hash = config
             .tokens
             .iter()
@@ -78,14 +131,42 @@ impl Auth {
                 Some((bytes, Caller { team: token.team.clone(), admin: token.admin }))
             })
             .collect();
-        let per_minute = NonZeroU32::new(per_minute).unwrap_or(NonZeroU32::MIN);
-        // The whole minute's allowance may come at once (a bulk submit), then it refills evenly.
-        let quota = Quota::per_minute(per_minute).allow_burst(per_minute);
-        Auth { by_hash, limiter: RateLimiter::keyed(quota) }
+        Auth {
+            by_hash,
+            per_team: RateLimiter::keyed(whole_minute_at_once(limits.per_team)),
+            failures: RateLimiter::keyed(whole_minute_at_once(limits.failures_per_address)),
+            last_forget: Mutex::new(Instant::now()),
+            refusals,
+        }
     }
 
-    /// The caller of a request, within its team's rate limit.
-    pub fn check(&self, headers: &HeaderMap) -> Result<Caller, AuthError> {
+    /// The caller of a request from `peer`, within its team's rate limit; a failure counts
+    /// against `peer`'s allowance.
+    pub fn check(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Caller, AuthError> {
+        let checked = match self.identify(headers) {
+            Ok(caller) => match self.per_team.check_key(&caller.team) {
+                Ok(()) => Ok(caller),
+                Err(not_until) => Err(AuthError::RateLimited { retry_after_s: retry_after(&not_until) }),
+            },
+            Err(failure) => {
+                self.forget_now_and_then();
+                match self.failures.check_key(&address_key(peer)) {
+                    Ok(()) => Err(failure),
+                    Err(not_until) => {
+                        Err(AuthError::TooManyFailures { retry_after_s: retry_after(&not_until) })
+                    }
+                }
+            }
+        };
+        if let Err(error) = &checked {
+            self.refusals.get_or_create(&ReasonLabel { reason: error.reason() }).inc();
+            tracing::debug!(%peer, reason = error.reason(), "request refused before its handler");
+        }
+        checked
+    }
+
+    /// The token's caller, without any limit.
+    fn identify(&self, headers: &HeaderMap) -> Result<Caller, AuthError> {
         let value = headers.get(AUTHORIZATION).ok_or(AuthError::Missing)?;
         let text = value.to_str().map_err(|_| AuthError::Malformed)?;
         let token = text
@@ -95,13 +176,61 @@ impl Auth {
             .filter(|token| !token.is_empty())
             .ok_or(AuthError::Malformed)?;
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let caller = self.by_hash.get(&hash).cloned().ok_or(AuthError::Unknown)?;
-        if let Err(not_until) = self.limiter.check_key(&caller.team) {
-            let wait = not_until
-                .wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
-            return Err(AuthError::RateLimited { retry_after_s: wait.as_secs().max(1) });
+        self.by_hash.get(&hash).cloned().ok_or(AuthError::Unknown)
+    }
+
+    fn forget_now_and_then(&self) {
+        let mut last = self.last_forget.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if last.elapsed() >= FORGET_EVERY {
+            *last = Instant::now();
+            self.failures.retain_recent();
+            self.failures.shrink_to_fit();
         }
-        Ok(caller)
+    }
+}
+
+/// `per_minute` a minute, the whole minute's allowance at once (a bulk submit), then refilling
+/// evenly.
+fn whole_minute_at_once(per_minute: u32) -> Quota {
+    let per_minute = NonZeroU32::new(per_minute).unwrap_or(NonZeroU32::MIN);
+    Quota::per_minute(per_minute).allow_burst(per_minute)
+}
+
+fn retry_after(not_until: &NotUntil<<DefaultClock as Clock>::Instant>) -> u64 {
+    not_until.wait_time_from(DefaultClock::default().now()).as_secs().max(1)
+}
+
+/// The key a client address's failures count under: an IPv4 address, or an IPv6 address's /64,
+/// since one host is commonly given a whole /64 and could otherwise take a fresh allowance from
+/// each of its addresses.
+fn address_key(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !(u128::from(u64::MAX));
+                IpAddr::V6(Ipv6Addr::from(prefix))
+            }
+        },
+    }
+}
+
+/// The middleware of every route but `/healthz` and `/metrics`: the token is checked (and the
+/// limits) before any extractor runs, so a refused request's body is never read; the handler
+/// finds the [`Caller`] in the request's extensions.
+pub async fn require_token(
+    State(auth): State<Arc<Auth>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match auth.check(peer.ip(), request.headers()) {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(error) => Failure::from(error).into_response(),
     }
 }
 
@@ -111,7 +240,7 @@ mod tests {
     use crate::config::TokenConfig;
     use axum::http::HeaderValue;
 
-    fn auth(per_minute: u32) -> Auth {
+    fn auth(per_team: u32, failures_per_address: u32) -> Auth {
         let token = |team: &str, secret: &str, admin| TokenConfig {
             team: team.into(),
             sha256: hex::encode(Sha256::digest(secret.as_bytes())),
@@ -121,30 +250,52 @@ mod tests {
             &AuthConfig {
                 tokens: vec![token("math", "math-secret", false), token("ops", "ops-secret", true)],
             },
-            per_minute,
+            Limits { per_team, failures_per_address },
+            Family::default(),
         )
     }
 
-    fn headers(value: &str) -> HeaderMap {
+    fn headers(value: Option<&str>) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert(AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        if let Some(value) = value {
+            headers.insert(AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        }
         headers
+    }
+
+    const HOME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    /// Checks each header in turn from `peer` against what `auth` answers.
+    fn check(auth: &Auth, cases: &[(IpAddr, Option<&str>, Result<Caller, AuthError>)]) {
+        for (peer, header, expected) in cases {
+            let got = auth.check(*peer, &headers(*header)).map_err(|error| match error {
+                // The wait depends on the clock; its presence is what is checked.
+                AuthError::TooManyFailures { .. } => AuthError::TooManyFailures { retry_after_s: 1 },
+                AuthError::RateLimited { .. } => AuthError::RateLimited { retry_after_s: 1 },
+                other => other,
+            });
+            assert_eq!(&got, expected, "{peer} {header:?}");
+        }
+    }
+
+    fn caller(team: &str, admin: bool) -> Result<Caller, AuthError> {
+        Ok(Caller { team: team.into(), admin })
     }
 
     #[test]
     fn tokens_map_to_their_team_and_anything_else_is_refused_by_kind() {
-        let auth = auth(100);
-        let cases: &[(&str, Result<Caller, AuthError>)] = &[
-            ("Bearer math-secret", Ok(Caller { team: "math".into(), admin: false })),
-            ("Bearer ops-secret", Ok(Caller { team: "ops".into(), admin: true })),
-            ("Bearer wrong", Err(AuthError::Unknown)),
-            ("Basic bWF0aDpzZWNyZXQ=", Err(AuthError::Malformed)),
-            ("Bearer ", Err(AuthError::Malformed)),
-        ];
-        for (header, expected) in cases {
-            assert_eq!(&auth.check(&headers(header)), expected, "{header}");
-        }
-        assert_eq!(auth.check(&HeaderMap::new()), Err(AuthError::Missing));
+        let auth = auth(100, 100);
+        check(
+            &auth,
+            &[
+                (HOME, Some("Bearer math-secret"), caller("math", false)),
+                (HOME, Some("Bearer ops-secret"), caller("ops", true)),
+                (HOME, Some("Bearer wrong"), Err(AuthError::Unknown)),
+                (HOME, Some("Basic bWF0aDpzZWNyZXQ="), Err(AuthError::Malformed)),
+                (HOME, Some("Bearer "), Err(AuthError::Malformed)),
+                (HOME, None, Err(AuthError::Missing)),
+            ],
+        );
         let math = Caller { team: "math".into(), admin: false };
         assert!(math.may_act_for("math") && !math.may_act_for("ops"));
     }
@@ -158,18 +309,64 @@ mod tests {
         assert!(!first.entry.contains(&first.token), "the entry holds the hash, never the token");
         let config: AuthConfig =
             toml::from_str(&first.entry.replace("[[auth.tokens]]", "[[tokens]]")).unwrap();
-        let auth = Auth::new(&config, 100);
-        let caller = auth.check(&headers(&format!("Bearer {}", first.token))).unwrap();
+        let auth = Auth::new(&config, Limits { per_team: 100, failures_per_address: 100 }, Family::default());
+        let caller = auth.check(HOME, &headers(Some(&format!("Bearer {}", first.token)))).unwrap();
         assert_eq!(caller, Caller { team: "vision".into(), admin: true });
     }
 
     #[test]
     fn each_team_has_its_own_allowance() {
-        let auth = auth(3);
-        for _ in 0..3 {
-            auth.check(&headers("Bearer math-secret")).unwrap();
+        let auth = auth(3, 100);
+        let math = (HOME, Some("Bearer math-secret"), caller("math", false));
+        let limited = Err(AuthError::RateLimited { retry_after_s: 1 });
+        check(
+            &auth,
+            &[
+                math.clone(),
+                math.clone(),
+                math,
+                (HOME, Some("Bearer math-secret"), limited),
+                // Another team is not held back.
+                (HOME, Some("Bearer ops-secret"), caller("ops", true)),
+            ],
+        );
+    }
+
+    // regression: failed logins were not rate-limited
+    #[test]
+    fn failures_are_limited_per_address_and_never_hold_back_a_valid_token() {
+        let auth = auth(100, 3);
+        let other: IpAddr = "192.0.2.7".parse().unwrap();
+        let too_many = Err(AuthError::TooManyFailures { retry_after_s: 1 });
+        check(
+            &auth,
+            &[
+                // Every kind of failure counts.
+                (HOME, None, Err(AuthError::Missing)),
+                (HOME, Some("Basic x"), Err(AuthError::Malformed)),
+                (HOME, Some("Bearer guess"), Err(AuthError::Unknown)),
+                (HOME, Some("Bearer guess"), too_many.clone()),
+                (HOME, None, too_many),
+                // A valid token from the same address still works, and so does another address.
+                (HOME, Some("Bearer math-secret"), caller("math", false)),
+                (other, Some("Bearer guess"), Err(AuthError::Unknown)),
+                (other, Some("Bearer ops-secret"), caller("ops", true)),
+            ],
+        );
+    }
+
+    #[test]
+    fn failures_count_per_ipv4_address_and_per_ipv6_64() {
+        let cases = [
+            ("192.0.2.7", "192.0.2.7"),
+            ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", "2001:db8:1:2::"),
+            ("2001:db8:1:2::1", "2001:db8:1:2::"),
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("::1", "::"),
+        ];
+        for (peer, key) in cases {
+            let key: IpAddr = key.parse().unwrap();
+            assert_eq!(address_key(peer.parse().unwrap()), key, "{peer}");
         }
-        assert!(matches!(auth.check(&headers("Bearer math-secret")), Err(AuthError::RateLimited { .. })));
-        auth.check(&headers("Bearer ops-secret")).expect("another team is not held back");
     }
 }

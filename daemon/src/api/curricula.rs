@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
 use rlvr_protocol::api::Refreshed;
 use rlvr_protocol::job::ErrorBody;
 
+use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState};
 use crate::curricula;
 
@@ -35,7 +36,7 @@ const DONE_CLAIM: Duration = Duration::from_secs(2 * 86_400);
     params(("name" = String, Path, description = "Curriculum name")),
     responses(
         (status = 200, body = Refreshed),
-        (status = 401, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 429, body = ErrorBody),
         (status = 422, description = "Not a curriculum name", body = ErrorBody),
         (status = 500, description = "The refresh failed (the next request retries)", body = ErrorBody),
     ),
@@ -44,10 +45,9 @@ const DONE_CLAIM: Duration = Duration::from_secs(2 * 86_400);
 )]
 pub async fn refresh(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Answer<Json<Refreshed>> {
-    let caller = state.auth.check(&headers)?;
     if !curricula::valid_name(&name) {
         return Err(Failure::new(
             StatusCode::UNPROCESSABLE_ENTITY,

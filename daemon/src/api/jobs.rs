@@ -1,7 +1,8 @@
 //! The job routes of design.md §1: submit, list, show, cancel, and follow a job's events.
 //!
-//! Every route needs a bearer token ([`super::auth`]); a team sees and cancels only its own jobs
-//! (another team's job is "not found", so ids leak nothing) and admins see all. Every refusal is
+//! Every route needs a bearer token, checked before the handler runs ([`super::auth::require_token`],
+//! which leaves the [`Caller`] in the request's extensions); a team sees and cancels only its own
+//! jobs (another team's job is "not found", so ids leak nothing) and admins see all. Every refusal is
 //! `{"error": {"code", "message", "field"}}` with a 4xx status, and 503 while Redis is away.
 
 use std::convert::Infallible;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +25,7 @@ use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::store::{CancelOutcome, StoreError, SubmitOutcome};
 use serde::Deserialize;
 
-use super::auth::{Auth, AuthError, Caller};
+use super::auth::{AuthError, Caller};
 use crate::jobs::{Queues, checks};
 use rlvr_plugin_host::Registry;
 
@@ -32,7 +33,6 @@ use rlvr_plugin_host::Registry;
 pub struct JobsState {
     pub queues: Queues,
     pub registry: Arc<Registry>,
-    pub auth: Auth,
     /// Cancelled when the daemon stops: event streams end so the server can.
     pub stopping: tokio_util::sync::CancellationToken,
     /// `api.max_body_bytes`: the largest job spec taken.
@@ -108,6 +108,15 @@ impl From<AuthError> for Failure {
                 "unauthorized",
                 "the bearer token is not in the daemon's config",
             ),
+            AuthError::TooManyFailures { retry_after_s } => Failure::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_failures",
+                format!(
+                    "too many requests without a valid token from this address \
+                     (api.auth_failures_per_minute); retry in {retry_after_s} s"
+                ),
+            )
+            .retry(retry_after_s),
             AuthError::RateLimited { retry_after_s } => {
                 let mut failure = Failure::new(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -171,6 +180,7 @@ pub(super) type Answer<T> = Result<T, Failure>;
         (status = 200, description = "The job an earlier submit with this Idempotency-Key made", body = Submitted),
         (status = 400, description = "Not a spec (syntax, types, unknown fields)", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 408, description = "The body came slower than api.body_timeout_s", body = ErrorBody),
         (status = 409, description = "Idempotency-Key reused for another spec", body = ErrorBody),
         (status = 413, body = ErrorBody),
         (status = 422, description = "A spec that cannot run here (values, plugins, files)", body = ErrorBody),
@@ -181,13 +191,13 @@ pub(super) type Answer<T> = Result<T, Failure>;
 )]
 pub async fn submit(
     State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Answer<(StatusCode, Json<Submitted>)> {
-    // The body is read (or drained) before any answer, refusals included: see `read_body`.
-    let body = read_body(body, state.max_body_bytes).await;
-    let caller = state.auth.check(&headers)?;
-    let body = body?;
+    // The body is read (or drained) before any answer, refusals included: see `read_body`. (An
+    // unauthenticated one never gets here: its body is not worth reading.)
+    let body = read_body(body, state.max_body_bytes).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -343,16 +353,18 @@ pub struct ListQuery {
     get,
     path = "/v1/jobs",
     params(ListQuery),
-    responses((status = 200, body = JobList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    responses(
+        (status = 200, body = JobList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 429, body = ErrorBody),
+    ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn list(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Json<JobList>> {
-    let caller = state.auth.check(&headers)?;
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     let wanted_state = query
@@ -393,16 +405,18 @@ pub async fn list(
     get,
     path = "/v1/jobs/{id}",
     params(("id" = String, Path, description = "Job id")),
-    responses((status = 200, body = JobView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses(
+        (status = 200, body = JobView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 429, body = ErrorBody),
+    ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn show(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    let caller = state.auth.check(&headers)?;
     Ok(Json(visible_job(&state, &caller, &id).await?))
 }
 
@@ -433,16 +447,16 @@ fn valid_id(id: &str) -> bool {
         (status = 200, description = "Cancelled, or being cancelled (cancel_requested)", body = JobView),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "It had ended already", body = ErrorBody),
+        (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn cancel(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    let caller = state.auth.check(&headers)?;
     visible_job(&state, &caller, &id).await?;
     let reason = format!("cancelled by team {}", caller.team);
     match state.queues.store.cancel(&id, &reason).await? {
@@ -468,25 +482,27 @@ pub struct EventsQuery {
 
 /// `GET /v1/jobs/{id}/events`: server-sent events. `state` events (a [`JobEvent`]) from the first
 /// one (or after `Last-Event-ID`), `progress` events (the [`JobView`]) when the step or figures
-/// change; the stream ends after the job's final state.
+/// change; the stream ends once the job has ended and no event is left after the client's
+/// position, whatever that position is (one past the last event included).
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/events",
     params(("id" = String, Path, description = "Job id"), EventsQuery),
     responses(
         (status = 200, description = "text/event-stream of `state` (JobEvent) and `progress` (JobView) events", content_type = "text/event-stream", body = JobEvent),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 400, description = "Not an event id", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn events(
     State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let caller = state.auth.check(&headers)?;
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible_job(&state, &caller, &id).await?;
@@ -504,7 +520,15 @@ pub async fn events(
         )
         .field("after"));
     }
-    let follower = Follower { state, id, after, last_progress: None, pending: Vec::new(), ended: false };
+    let follower = Follower {
+        state,
+        id,
+        after,
+        last_progress: None,
+        pending: Vec::new(),
+        ended: false,
+        job_ended: false,
+    };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
         let event = follower.next().await?;
         Some((Ok(event), follower))
@@ -512,14 +536,15 @@ pub async fn events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))))
 }
 
+/// A Redis stream id, `MS-SEQ` or `MS`, each part a decimal `u64`: what `XREAD` takes. Anything
+/// else would fail in Redis on every poll, and since Redis errors end no stream, it would never
+/// end.
 fn valid_stream_id(id: &str) -> bool {
-    let mut parts = id.splitn(2, '-');
-    let ms = parts.next().unwrap_or("");
-    let seq = parts.next().unwrap_or("0");
-    !ms.is_empty()
-        && ms.len() <= 20
-        && ms.bytes().all(|b| b.is_ascii_digit())
-        && seq.bytes().all(|b| b.is_ascii_digit())
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    let number = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) && part.parse::<u64>().is_ok()
+    };
+    number(ms) && number(seq)
 }
 
 /// Follows one job for an event stream.
@@ -530,7 +555,10 @@ struct Follower {
     /// `(step, updated_at)` of the last progress sent.
     last_progress: Option<(u64, String)>,
     pending: Vec<JobEvent>,
+    /// The job's final state was sent.
     ended: bool,
+    /// The job was seen in a final state: once no event is left after `after`, none will come.
+    job_ended: bool,
 }
 
 impl Follower {
@@ -548,17 +576,29 @@ impl Follower {
             if self.ended {
                 return None;
             }
-            // Redis errors end nothing: the client keeps its stream, and we try again.
-            if let Ok(mut events) = self.state.queues.store.events(&self.id, &self.after).await
-                && !events.is_empty()
-            {
-                events.reverse();
-                self.pending = events;
+            match self.state.queues.store.events(&self.id, &self.after).await {
+                Ok(mut events) if !events.is_empty() => {
+                    events.reverse();
+                    self.pending = events;
+                    continue;
+                }
+                // The client is at or past the last event (a `Last-Event-ID` beyond the end
+                // included) of a job that had ended before this read.
+                Ok(_) if self.job_ended => return None,
+                // Redis errors end nothing: the client keeps its stream, and we try again.
+                _ => {}
+            }
+            let Ok(job) = self.state.queues.store.get(&self.id).await else {
+                self.wait().await?;
+                continue;
+            };
+            if job.state.is_terminal() && !self.job_ended {
+                // A state and its event are written by one script, so the events read next
+                // hold every event up to the final state's.
+                self.job_ended = true;
                 continue;
             }
-            if let Ok(job) = self.state.queues.store.get(&self.id).await
-                && job.state == JobState::Running
-            {
+            if job.state == JobState::Running {
                 let mark = (job.step, job.updated_at.clone());
                 if self.last_progress.as_ref() != Some(&mark) {
                     self.last_progress = Some(mark);
@@ -566,10 +606,46 @@ impl Follower {
                     return Some(Event::default().event("progress").data(data));
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(FOLLOW_POLL) => {}
-                _ = self.state.stopping.cancelled() => return None,
-            }
+            self.wait().await?;
+        }
+    }
+
+    /// Until the next poll; `None` when the daemon stops.
+    async fn wait(&self) -> Option<()> {
+        tokio::select! {
+            _ = tokio::time::sleep(FOLLOW_POLL) => Some(()),
+            _ = self.state.stopping.cancelled() => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_stream_id;
+
+    // regression: an event id of 20 digits passed and failed in Redis on every poll, so its
+    // stream never ended
+    #[test]
+    fn event_ids_are_what_redis_takes() {
+        let check = |id: &str, expected: bool| assert_eq!(valid_stream_id(id), expected, "{id:?}");
+        for id in ["0", "1700000000000-0", "1700000000000", "18446744073709551615-18446744073709551615"] {
+            check(id, true);
+        }
+        for id in [
+            "",
+            "-",
+            "1-",
+            "-1",
+            "+1-0",
+            "1-+0",
+            "1-2-3",
+            "a-0",
+            "18446744073709551616-0",
+            "1-99999999999999999999",
+            "1 -0",
+            "１-0",
+        ] {
+            check(id, false);
         }
     }
 }

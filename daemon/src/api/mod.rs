@@ -3,9 +3,13 @@
 //! (`POST /v1/curricula/{name}/refresh`) that `rlvrctl promote`, `report` and `curriculum refresh`
 //! need.
 //!
-//! - open: `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/plugins`,
-//!   `GET /v1/openapi.json`;
-//! - bearer token per team ([`auth`]): the job routes of [`jobs`].
+//! - open: `GET /healthz`, `GET /metrics` (Prometheus text);
+//! - every other route needs a team's bearer token, checked by one middleware
+//!   ([`auth::require_token`]) before any extractor reads the request, so a refused request's body
+//!   is never read: the job routes of [`jobs`], `GET /v1/plugins`, `GET /v1/openapi.json`.
+//!
+//! [`server`] serves the router: HTTP/1.1 with header, body and idle timeouts and a connection
+//! limit.
 //!
 //! The wire types live in `rlvr-protocol` (`job` for the job routes, `api` for health and the
 //! plugin listing), which rlvrctl reads too. The OpenAPI document is generated from the handlers' annotations and the
@@ -15,6 +19,7 @@ pub mod auth;
 pub mod curricula;
 pub mod jobs;
 pub mod outcomes;
+pub mod server;
 pub mod tenancy;
 
 use std::sync::Arc;
@@ -24,10 +29,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::header;
+use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use rlvr_plugin_host::Registry;
 use rlvr_protocol::api::{Health, PluginList};
+use rlvr_protocol::job::ErrorBody;
 use utoipa::OpenApi;
 
 use crate::health::RedisHealth;
@@ -44,8 +51,14 @@ pub struct AppState {
     pub redis: Arc<RedisHealth>,
 }
 
-/// The API's routes; request bodies above `max_body_bytes` get 413.
-pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize) -> Router {
+/// The API's routes; request bodies above `max_body_bytes` get 413. Every route but `/healthz`
+/// and `/metrics` goes through `auth`'s check first.
+pub fn router(
+    state: AppState,
+    jobs: Arc<jobs::JobsState>,
+    auth: Arc<auth::Auth>,
+    max_body_bytes: usize,
+) -> Router {
     let job_routes = Router::new()
         .route("/v1/jobs", get(jobs::list).post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
@@ -65,13 +78,19 @@ pub fn router(state: AppState, jobs: Arc<jobs::JobsState>, max_body_bytes: usize
         .route("/v1/model-lines", get(tenancy::list_lines))
         .route("/v1/model-lines/{name}", get(tenancy::get_line).put(tenancy::put_line))
         .with_state(jobs);
+    let token_routes = Router::new()
+        .route("/v1/plugins", get(plugins))
+        .route("/v1/openapi.json", get(openapi))
+        .with_state(state.clone())
+        .merge(job_routes)
+        // Per route, not around the router: a route added above is covered, and no path that is
+        // not a route runs it.
+        .route_layer(from_fn_with_state(auth, auth::require_token));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route("/v1/plugins", get(plugins))
-        .route("/v1/openapi.json", get(openapi))
         .with_state(state)
-        .merge(job_routes)
+        .merge(token_routes)
         .layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
@@ -104,7 +123,13 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// `GET /v1/openapi.json`.
-#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "This document")), tag = "daemon")]
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    responses((status = 200, description = "This document"), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody)),
+    security(("bearer" = [])),
+    tag = "daemon"
+)]
 async fn openapi() -> impl IntoResponse {
     Json(ApiDoc::openapi())
 }
@@ -124,7 +149,39 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.encode())
 }
 
-#[utoipa::path(get, path = "/v1/plugins", responses((status = 200, body = PluginList)), tag = "daemon")]
+#[utoipa::path(
+    get,
+    path = "/v1/plugins",
+    responses((status = 200, body = PluginList), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody)),
+    security(("bearer" = [])),
+    tag = "daemon"
+)]
 async fn plugins(State(state): State<AppState>) -> Json<PluginList> {
     Json(state.registry.listing())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ApiDoc;
+    use utoipa::OpenApi;
+
+    // regression: GET /v1/plugins needed no token though the README said it did
+    #[test]
+    fn every_route_but_health_and_metrics_declares_the_bearer_token() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let mut seen = Vec::new();
+        for (path, methods) in document["paths"].as_object().unwrap() {
+            for (method, operation) in methods.as_object().unwrap() {
+                let bearer = operation["security"]
+                    .as_array()
+                    .is_some_and(|list| list.iter().any(|requirement| requirement.get("bearer").is_some()));
+                seen.push((format!("{} {path}", method.to_uppercase()), bearer));
+            }
+        }
+        for (route, bearer) in &seen {
+            let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
+            assert_eq!(*bearer, !open, "{route}");
+        }
+        assert_eq!(seen.len(), 19, "{seen:?}");
+    }
 }

@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
 use rlvr_protocol::api::PromoteRequest;
 use rlvr_protocol::gates::Forced;
 use rlvr_protocol::job::{ErrorBody, JobState, JobView, MetricsHistory};
 
+use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState, visible_job};
 use crate::jobs::publish::{self, Verdict};
 
@@ -28,18 +29,19 @@ const MAX_REASON: usize = 2000;
         (status = 401, body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Not a refused job", body = ErrorBody),
+        (status = 408, description = "The body came slower than api.body_timeout_s", body = ErrorBody),
         (status = 422, description = "force is not true, or no reason", body = ErrorBody),
+        (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn promote(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Result<Json<PromoteRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Answer<Json<JobView>> {
-    let caller = state.auth.check(&headers)?;
     let job = visible_job(&state, &caller, &id).await?;
     if !caller.admin {
         return Err(Failure::new(
@@ -127,17 +129,16 @@ pub async fn promote(
     params(("id" = String, Path, description = "Job id")),
     responses(
         (status = 200, body = MetricsHistory),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "jobs"
 )]
 pub async fn metrics(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<MetricsHistory>> {
-    let caller = state.auth.check(&headers)?;
     visible_job(&state, &caller, &id).await?;
     let run = state.state_dir.jobs().job(&id).run();
     let lines =

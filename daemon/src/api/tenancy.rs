@@ -9,14 +9,15 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
 use futures::StreamExt;
 use rlvr_protocol::api::{Dataset, DatasetList, ModelLine, ModelLineList, ModelLineUpdate};
 use rlvr_protocol::job::ErrorBody;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
+use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState};
 use crate::tenancy::datasets::DatasetError;
 use crate::tenancy::lines::{Actor, LineError};
@@ -92,15 +93,22 @@ fn join_error(error: tokio::task::JoinError) -> Failure {
 )]
 pub async fn put_dataset(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
     Path(name): Path<String>,
     body: Body,
 ) -> Answer<(StatusCode, Json<Dataset>)> {
-    let caller = state.auth.check(&headers)?;
     if !rlvr_protocol::names::valid_name(&name) {
         return Err(DatasetError::BadName.into());
     }
     let datasets = &state.tenancy.datasets;
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > datasets.max_bytes()) {
+        // Refused before a byte is read.
+        return Err(DatasetError::TooLarge { limit: datasets.max_bytes() }.into());
+    }
     let incoming = datasets.incoming(&caller.team).map_err(DatasetError::from)?;
     let received = receive(body, &incoming, datasets.max_bytes()).await;
     let (sha256, bytes) = match received {
@@ -146,9 +154,8 @@ async fn receive(body: Body, file: &std::path::Path, limit: u64) -> Answer<(Stri
 #[utoipa::path(get, path = "/v1/datasets", responses((status = 200, body = DatasetList), (status = 401, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
 pub async fn list_datasets(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Answer<Json<DatasetList>> {
-    let caller = state.auth.check(&headers)?;
     let tenancy = state.tenancy.clone();
     let datasets = tokio::task::spawn_blocking(move || tenancy.datasets.list(&caller.team))
         .await
@@ -160,10 +167,9 @@ pub async fn list_datasets(
 #[utoipa::path(get, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 200, body = Dataset), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
 pub async fn get_dataset(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Answer<Json<Dataset>> {
-    let caller = state.auth.check(&headers)?;
     let tenancy = state.tenancy.clone();
     let team = caller.team.clone();
     let found = tokio::task::spawn_blocking(move || tenancy.datasets.get(&team, &name).map(|d| (d, name)))
@@ -180,10 +186,9 @@ pub async fn get_dataset(
 #[utoipa::path(delete, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
 pub async fn delete_dataset(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Answer<StatusCode> {
-    let caller = state.auth.check(&headers)?;
     let tenancy = state.tenancy.clone();
     tokio::task::spawn_blocking(move || tenancy.datasets.delete(&caller.team, &name))
         .await
@@ -195,9 +200,8 @@ pub async fn delete_dataset(
 #[utoipa::path(get, path = "/v1/model-lines", responses((status = 200, body = ModelLineList), (status = 401, body = ErrorBody)), security(("bearer" = [])), tag = "model lines")]
 pub async fn list_lines(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Answer<Json<ModelLineList>> {
-    let caller = state.auth.check(&headers)?;
     let tenancy = state.tenancy.clone();
     let lines = tokio::task::spawn_blocking(move || {
         tenancy.lines.list(Actor { team: &caller.team, admin: caller.admin })
@@ -211,10 +215,9 @@ pub async fn list_lines(
 #[utoipa::path(get, path = "/v1/model-lines/{name}", params(("name" = String, Path, description = "Model line")), responses((status = 200, body = ModelLine), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "model lines")]
 pub async fn get_line(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Answer<Json<ModelLine>> {
-    let caller = state.auth.check(&headers)?;
     let tenancy = state.tenancy.clone();
     let line = tokio::task::spawn_blocking(move || {
         tenancy.lines.get(Actor { team: &caller.team, admin: caller.admin }, &name)
@@ -241,11 +244,10 @@ pub async fn get_line(
 )]
 pub async fn put_line(
     State(state): State<Arc<JobsState>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     update: Result<Json<ModelLineUpdate>, axum::extract::rejection::JsonRejection>,
 ) -> Answer<(StatusCode, Json<ModelLine>)> {
-    let caller = state.auth.check(&headers)?;
     let Json(update) = update
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "invalid_body", rejection.body_text()))?;
     let tenancy = state.tenancy.clone();

@@ -196,8 +196,43 @@ pub(super) const FIELDS: &[Field] = &[
     field(
         "api.rate_limit_per_minute",
         integer(1, 1_000_000, None, 600),
-        "Requests per minute each team may make to the job routes; more get 429 with Retry-After. A \
-         team may spend a whole minute's allowance at once.",
+        "Requests per minute each team may make to the API (every route but /healthz and /metrics); \
+         more get 429 with Retry-After. A team may spend a whole minute's allowance at once.",
+    ),
+    field(
+        "api.auth_failures_per_minute",
+        integer(1, 10_000, None, 10),
+        "Requests with a missing, malformed or unknown token each client address (an IPv6 /64) may \
+         make per minute, all at once at most; more get 429 with Retry-After instead of 401. A \
+         valid token is never held back by this, so one client cannot lock another out.",
+    ),
+    field(
+        "api.max_connections",
+        integer(16, 1_000_000, None, 512),
+        "Open API connections at most, event streams included. At the limit a new connection closes \
+         the one idle (or sending its request head) longest; when every one is busy, new ones wait \
+         in the listen backlog. rlvrd raises its soft open-file limit to the hard one at start and \
+         refuses to start when this plus 256 (Redis, workers, plugins, files) does not fit under it: \
+         see LimitNOFILE= in systemd/rlvrd.service.",
+    ),
+    field(
+        "api.header_timeout_s",
+        integer(1, 300, SECONDS, 10),
+        "From a request's first byte to the end of its head (request line and headers); a slower \
+         client is disconnected. A head is at most a few kilobytes.",
+    ),
+    field(
+        "api.body_timeout_s",
+        integer(1, 3600, SECONDS, 30),
+        "From the end of a request's head to the end of its body; a slower body gets 408 and the \
+         connection closes. 30 s moves the default max_body_bytes at 35 kB/s; raise it with \
+         max_body_bytes for slow links.",
+    ),
+    field(
+        "api.idle_timeout_s",
+        integer(1, 3600, SECONDS, 60),
+        "How long a connection may wait for its next request (keep-alive) before it is closed. A \
+         request in flight, such as an event stream, is never idle.",
     ),
     field(
         "plugins.dirs",
@@ -469,11 +504,7 @@ const TEAM_FIELDS: &[Field] = &[
 const BASE_MODEL_FIELDS: &[Field] = &[
     field("name", Kind::Name, "What a spec calls it: model.policy = \"base:NAME\"."),
     field("path", Kind::AbsolutePath(None), "The Hugging Face model directory."),
-    field(
-        "teams",
-        Kind::Optional(&TEAM_NAMES),
-        "The teams that may use it. Not set: every team.",
-    ),
+    field("teams", Kind::Optional(&TEAM_NAMES), "The teams that may use it. Not set: every team."),
 ];
 
 /// The keys of a `[[tenancy.data_roots]]` entry.

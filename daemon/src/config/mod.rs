@@ -83,8 +83,18 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     /// Larger request bodies get 413.
     pub max_body_bytes: u64,
-    /// Per team, on the job routes; more get 429.
+    /// Per team, on every route but `/healthz` and `/metrics`; more get 429.
     pub rate_limit_per_minute: u32,
+    /// Per client address: requests with a missing, malformed or unknown token; more get 429.
+    pub auth_failures_per_minute: u32,
+    /// Open connections at most; must fit under the open-file limit.
+    pub max_connections: u32,
+    /// From a request's first byte to the end of its head.
+    pub header_timeout_s: u64,
+    /// From the end of a request's head to the end of its body.
+    pub body_timeout_s: u64,
+    /// Between requests on a kept-alive connection.
+    pub idle_timeout_s: u64,
 }
 
 /// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.

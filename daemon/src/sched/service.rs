@@ -29,7 +29,7 @@ use super::inventory::{Inventory, InventoryDevice};
 use rlvr_protocol::spec::JobSpec;
 
 use super::policy::{Decision, Demand, FitProblem, Phase, Policy, PolicyConfig, PolicyError};
-use crate::metrics::{DeviceLabel, Metrics, TeamLabel, WaitLabel};
+use crate::metrics::{DeviceLabel, Metrics, PriorityLabel};
 
 pub use rlvr_protocol::grants::{Answer, Request, SOCKET_FILE};
 
@@ -50,7 +50,6 @@ struct State {
 
 /// What the scheduler keeps for a job it knows.
 struct Seated {
-    team: String,
     priority: rlvr_protocol::spec::Priority,
     queued: Instant,
     admitted: Option<oneshot::Sender<Vec<usize>>>,
@@ -116,7 +115,6 @@ impl Scheduler {
         let job = demand.job.clone();
         let mut state = self.lock();
         let seated = Seated {
-            team: demand.team.clone(),
             priority: demand.priority,
             queued: Instant::now(),
             admitted: Some(admitted_tx),
@@ -199,15 +197,12 @@ impl Scheduler {
                 match decision {
                     Decision::Admit { job, devices } => {
                         let sender = state.jobs.get_mut(&job).and_then(|seated| seated.admitted.take());
-                        let waited = state
-                            .jobs
-                            .get(&job)
-                            .map(|seated| (seated.queued.elapsed(), seated.team.clone(), seated.priority));
+                        let waited =
+                            state.jobs.get(&job).map(|seated| (seated.queued.elapsed(), seated.priority));
                         match sender.map(|sender| sender.send(devices)) {
                             Some(Ok(())) => {
-                                if let Some((waited, team, priority)) = waited {
-                                    let label =
-                                        WaitLabel { team, priority: priority_name(priority).to_owned() };
+                                if let Some((waited, priority)) = waited {
+                                    let label = PriorityLabel { priority: priority_name(priority) };
                                     self.metrics
                                         .queue_wait_seconds
                                         .get_or_create(&label)
@@ -242,7 +237,7 @@ impl Scheduler {
                             info!(job = %job, for_job = %for_job, "preempting");
                             self.metrics
                                 .preemptions
-                                .get_or_create(&TeamLabel { team: seated.team.clone() })
+                                .get_or_create(&PriorityLabel { priority: priority_name(seated.priority) })
                                 .inc();
                             let _ = seated.preempted.send(Some(for_job));
                         }

@@ -1,0 +1,415 @@
+//! `rlvrd serve` against hostile HTTP clients (issue 17, finding 5 and its companions): slow
+//! heads, slow bodies, idle sockets, more connections than allowed, requests without a token,
+//! guessed tokens, event streams resumed past their end, and team names in `/metrics`. Each test
+//! runs a real daemon with short bounds, and speaks raw TCP where a well-behaved client would not.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rlvr_tests::jobs::{client, ended, submit_ok, wait_job};
+use rlvr_tests::{
+    Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, wait_until,
+};
+use serde_json::Value;
+
+const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
+/// Bounds short enough for tests of seconds, each different so a test sees which one acted.
+const SHORT: &str = "header_timeout_s = 1\nbody_timeout_s = 1\nidle_timeout_s = 3\n";
+const A_JOB_ID: &str = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+
+fn addr(daemon: &Daemon) -> SocketAddr {
+    daemon.url.trim_start_matches("http://").parse().expect("the daemon's address")
+}
+
+fn connect(daemon: &Daemon) -> TcpStream {
+    let stream = TcpStream::connect(addr(daemon)).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    stream
+}
+
+/// Reads until the server closes the connection or `limit` passes: what was read, and after how
+/// long it closed (`None`: still open).
+fn read_until_closed(mut stream: &TcpStream, limit: Duration) -> (String, Option<Duration>) {
+    let started = Instant::now();
+    let mut read = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while started.elapsed() < limit {
+        match stream.read(&mut buffer) {
+            Ok(0) => return (String::from_utf8_lossy(&read).into_owned(), Some(started.elapsed())),
+            Ok(n) => read.extend_from_slice(&buffer[..n]),
+            Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return (String::from_utf8_lossy(&read).into_owned(), Some(started.elapsed())),
+        }
+    }
+    (String::from_utf8_lossy(&read).into_owned(), None)
+}
+
+/// The status of a raw HTTP response, 0 for none.
+fn status_of(response: &str) -> u16 {
+    response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
+}
+
+/// A counter or gauge sample of `/metrics`, 0 when absent.
+fn sample(daemon: &Daemon, line_start: &str) -> f64 {
+    let (_, text) = daemon.get("/metrics");
+    text.lines()
+        .find(|line| line.starts_with(line_start))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+// regression: slow headers stayed open for more than 75 s
+#[test]
+fn a_slow_request_head_is_disconnected_after_the_header_timeout() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with_api(&[], &redis.url(), SHORT, "");
+    let mut stream = connect(&daemon);
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: rlvrd\r\n").unwrap();
+    let (read, closed) = read_until_closed(&stream, Duration::from_secs(10));
+    let closed = closed.expect("a slow head is disconnected");
+    // The header timeout (1 s), not the idle one (3 s), and nothing answered.
+    assert!(closed >= Duration::from_millis(800) && closed < Duration::from_millis(2500), "{closed:?}");
+    assert_eq!(read, "");
+    assert_eq!(sample(&daemon, "rlvr_api_connections_closed_total{reason=\"header_timeout\"}"), 1.0);
+}
+
+// regression: idle sockets stayed open for more than 75 s
+#[test]
+fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with_api(&[], &redis.url(), SHORT, "");
+    // A connection that never sends a byte, and one kept alive after an answer.
+    let silent = connect(&daemon);
+    let silent = std::thread::spawn(move || read_until_closed(&silent, Duration::from_secs(10)).1);
+    let mut kept = connect(&daemon);
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: rlvrd\r\n\r\n").unwrap();
+    let (answer, kept_closed) = read_until_closed(&kept, Duration::from_secs(10));
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let kept_closed = kept_closed.expect("an idle kept-alive connection is closed");
+    let silent_closed = silent.join().unwrap().expect("a silent connection is closed");
+    // The idle timeout (3 s) for both: the header timeout (1 s) starts at a request's first byte.
+    for closed in [kept_closed, silent_closed] {
+        assert!(closed >= Duration::from_millis(2500) && closed < Duration::from_millis(5500), "{closed:?}");
+    }
+    assert_eq!(sample(&daemon, "rlvr_api_connections_closed_total{reason=\"idle_timeout\"}"), 2.0);
+}
+
+// regression: slow bodies stayed open for more than 75 s
+#[test]
+fn a_slow_body_is_cut_with_408_after_the_body_timeout_even_when_it_trickles() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with_api(&[], &redis.url(), SHORT, "");
+    let mut stream = connect(&daemon);
+    let head = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: rlvrd\r\nAuthorization: Bearer {TEAM_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    // A byte every 300 ms: never a pause as long as the timeout, but far too slow in all.
+    let mut writer = stream.try_clone().unwrap();
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..30 {
+            std::thread::sleep(Duration::from_millis(300));
+            if writer.write_all(b" ").is_err() {
+                return;
+            }
+        }
+    });
+    let (answer, closed) = read_until_closed(&stream, Duration::from_secs(10));
+    let closed = closed.expect("a slow body is cut");
+    assert!(closed >= Duration::from_millis(800) && closed < Duration::from_millis(3000), "{closed:?}");
+    assert_eq!(status_of(&answer), 408, "{answer}");
+    assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
+    trickle.join().unwrap();
+    assert_eq!(sample(&daemon, "rlvr_api_connections_closed_total{reason=\"body_timeout\"}"), 1.0);
+}
+
+// regression: 1,100 idle connections exhausted the file descriptors and /healthz timed out
+#[test]
+fn connections_beyond_max_connections_make_room_and_healthz_answers_at_once() {
+    let redis = Redis::start();
+    // Timeouts far away: room must come from the limit itself, not from them.
+    let api = "max_connections = 16\nheader_timeout_s = 60\nidle_timeout_s = 60\n";
+    let daemon = Daemon::start_with_api(&[], &redis.url(), api, "");
+    let held: Vec<TcpStream> = (0..24)
+        .map(|i| {
+            let mut stream = connect(&daemon);
+            if i % 2 == 0 {
+                stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: rlvrd\r\n").unwrap();
+            }
+            stream
+        })
+        .collect();
+    let started = Instant::now();
+    let (status, _) = daemon.get("/healthz");
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < Duration::from_secs(2), "/healthz took {:?}", started.elapsed());
+    // The quiet ones were closed to make room; never more than the limit open.
+    let evicted = wait_until(Duration::from_secs(5), || {
+        sample(&daemon, "rlvr_api_connections_closed_total{reason=\"evicted\"}") >= 9.0
+    });
+    assert!(evicted, "{}", daemon.get("/metrics").1);
+    assert!(sample(&daemon, "rlvr_api_connections ") <= 16.0);
+    let closed = held
+        .iter()
+        .filter(|stream| read_until_closed(stream, Duration::from_millis(100)).1.is_some())
+        .count();
+    assert!(closed >= 9, "{closed} of 24 closed");
+}
+
+// regression: busy connections at the limit kept /healthz out for as long as they lasted
+#[test]
+fn when_every_connection_is_busy_healthz_answers_once_the_body_timeout_frees_one() {
+    let redis = Redis::start();
+    let api = "max_connections = 16\nheader_timeout_s = 60\nbody_timeout_s = 2\nidle_timeout_s = 60\n";
+    let daemon = Daemon::start_with_api(&[], &redis.url(), api, "");
+    let head = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: rlvrd\r\nAuthorization: Bearer {TEAM_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+    );
+    let _busy: Vec<TcpStream> = (0..16)
+        .map(|_| {
+            let mut stream = connect(&daemon);
+            stream.write_all(head.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let (status, _) = daemon.get("/healthz");
+    assert_eq!(status, 200);
+    // It waited for the first 408 (no busy connection is closed for room), and no longer.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(4), "/healthz took {took:?}");
+    assert_eq!(sample(&daemon, "rlvr_api_connections_closed_total{reason=\"evicted\"}"), 0.0);
+    assert!(sample(&daemon, "rlvr_api_connections_closed_total{reason=\"body_timeout\"}") >= 1.0);
+}
+
+/// Every route that needs a token, with a path that names something.
+const TOKEN_ROUTES: [(&str, &str); 11] = [
+    ("GET", "/v1/plugins"),
+    ("GET", "/v1/openapi.json"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs"),
+    ("GET", "/v1/jobs/{id}"),
+    ("DELETE", "/v1/jobs/{id}"),
+    ("GET", "/v1/jobs/{id}/events"),
+    ("POST", "/v1/jobs/{id}/promote"),
+    ("GET", "/v1/jobs/{id}/metrics"),
+    ("POST", "/v1/curricula/{name}/refresh"),
+    ("GET", "/v1/jobs?limit=1"),
+];
+
+// regression: GET /v1/plugins needed no token though the README said it did
+#[test]
+fn every_route_but_healthz_and_metrics_needs_a_token_and_the_document_says_so() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with_api(&[], &redis.url(), "auth_failures_per_minute = 1000\n", "");
+    for (method, path) in TOKEN_ROUTES {
+        let url = format!("{}{}", daemon.url, path.replace("{id}", A_JOB_ID).replace("{name}", "arith"));
+        for token in [None, Some("not-a-token")] {
+            let request = match method {
+                "GET" => client().get(&url),
+                "POST" => client().post(&url).header("content-type", "application/json").body("{}"),
+                _ => client().delete(&url),
+            };
+            let request = match token {
+                Some(token) => request.bearer_auth(token),
+                None => request,
+            };
+            let response = request.send().unwrap();
+            let status = response.status().as_u16();
+            let body: Value = response.json().unwrap_or(Value::Null);
+            assert_eq!(
+                (status, &body["error"]["code"]),
+                (401, &Value::from("unauthorized")),
+                "{method} {path}"
+            );
+        }
+    }
+    for open in ["/healthz", "/metrics"] {
+        assert_eq!(daemon.get(open).0, 200, "{open}");
+    }
+    let document = daemon.get_json("/v1/openapi.json");
+    for (path, methods) in document["paths"].as_object().unwrap() {
+        for (method, operation) in methods.as_object().unwrap() {
+            let secured = operation["security"].as_array().is_some_and(|list| !list.is_empty());
+            assert_eq!(secured, !["/healthz", "/metrics"].contains(&path.as_str()), "{method} {path}");
+        }
+    }
+}
+
+// regression: an unauthenticated body was read before the 401
+#[test]
+fn an_unauthenticated_body_is_never_read_and_its_401_comes_at_once() {
+    let redis = Redis::start();
+    let daemon = Daemon::start(&[], &redis.url());
+    for authorization in ["", "Authorization: Bearer not-a-token\r\n"] {
+        let mut stream = connect(&daemon);
+        let head = format!(
+            "POST /v1/jobs HTTP/1.1\r\nHost: rlvrd\r\n{authorization}Content-Type: application/json\r\n\
+             Content-Length: 100000000\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        // No body byte is ever sent: the old daemon waited for them (30 s and more).
+        let (answer, closed) = read_until_closed(&stream, Duration::from_secs(10));
+        assert_eq!(status_of(&answer), 401, "{authorization:?}: {answer}");
+        let closed = closed.expect("the connection closes: its body was left unread");
+        assert!(closed < Duration::from_secs(2), "{authorization:?}: {closed:?}");
+    }
+}
+
+/// A blocking client whose connections come from `source`, for a second client address on
+/// loopback.
+fn client_from(source: &str) -> reqwest::blocking::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let source: IpAddr = source.parse().unwrap();
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .local_address(source)
+        .build()
+        .unwrap()
+}
+
+// regression: failed logins were not rate-limited
+#[test]
+fn failed_logins_get_429_per_address_and_never_lock_out_a_valid_token() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with_api(&[], &redis.url(), "auth_failures_per_minute = 5\n", "");
+    let url = format!("{}/v1/jobs", daemon.url);
+    let attacker = client_from("127.0.0.1");
+    let status = |client: &reqwest::blocking::Client, token: Option<&str>| {
+        let request = client.get(&url);
+        let request = match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        request.send().unwrap()
+    };
+    // Missing, malformed and unknown tokens all count.
+    for token in [None, Some("guess-1"), Some("guess-2"), Some("guess-3"), Some("guess-4")] {
+        assert_eq!(status(&attacker, token).status().as_u16(), 401, "{token:?}");
+    }
+    for token in [Some("guess-5"), None] {
+        let refused = status(&attacker, token);
+        assert_eq!(refused.status().as_u16(), 429, "{token:?}");
+        let retry_after: u64 =
+            refused.headers()["retry-after"].to_str().unwrap().parse().expect("Retry-After in seconds");
+        assert!((1..=60).contains(&retry_after), "{retry_after}");
+        let body: Value = refused.json().unwrap();
+        assert_eq!(body["error"]["code"], "too_many_failures", "{body}");
+    }
+    // A valid token works from the same address (every loopback client shares it) and from
+    // another; another address has its own allowance for failures.
+    assert_eq!(status(&attacker, Some(TEAM_TOKEN)).status().as_u16(), 200);
+    let neighbour = client_from("127.0.0.2");
+    assert_eq!(status(&neighbour, Some(OTHER_TOKEN)).status().as_u16(), 200);
+    assert_eq!(status(&neighbour, Some("guess-6")).status().as_u16(), 401);
+    assert_eq!(sample(&daemon, "rlvr_api_auth_refusals_total{reason=\"too_many_failures\"}"), 2.0);
+}
+
+/// A GRPO job long enough to be cancelled while it runs.
+fn long_spec(data: &Path) -> String {
+    format!("{}\n{PERMISSIVE_GATES}", arith_grpo_spec(data, "long", "builtin:tiny-arith", 100_000, 1000))
+}
+
+/// `GET /v1/jobs/{id}/events` with `Last-Event-ID: last` (none: from the start): the status, the
+/// body once the stream ended, and how long that took (the client gives up after 15 s).
+fn resume(daemon: &Daemon, id: &str, last: Option<&str>) -> (u16, String, Duration) {
+    let request = client().get(format!("{}/v1/jobs/{id}/events", daemon.url)).bearer_auth(TEAM_TOKEN);
+    let request = match last {
+        Some(last) => request.header("last-event-id", last),
+        None => request,
+    };
+    let started = Instant::now();
+    let response = request.timeout(Duration::from_secs(15)).send().unwrap();
+    let status = response.status().as_u16();
+    let body = response.text().expect("the stream ends");
+    (status, body, started.elapsed())
+}
+
+/// The ids of a stream's `state` events.
+fn state_ids(body: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut is_state = false;
+    for line in body.lines() {
+        if line == "event: state" {
+            is_state = true;
+        } else if let Some(id) = line.strip_prefix("id: ")
+            && is_state
+        {
+            ids.push(id.to_owned());
+        } else if line.is_empty() {
+            is_state = false;
+        }
+    }
+    ids
+}
+
+// regression: the event stream never ended when resumed past a finished job's last event
+// regression: team names appeared in metric labels
+#[test]
+fn an_event_stream_outlives_the_timeouts_and_ends_after_a_final_state_whatever_last_event_id_says() {
+    let redis = Redis::start();
+    let queue = "[queue]\nworker_threads = 1\n";
+    let daemon = Daemon::start_with_api(&PLUGINS, &redis.url(), SHORT, queue);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let id = submit_ok(&daemon, &long_spec(&data));
+    wait_job(&daemon, &id, Duration::from_secs(60), |job| job["state"] == "running");
+
+    // A live stream is busy, not idle: it outlasts the idle (3 s) and body (1 s) timeouts.
+    let follower = {
+        let (daemon_url, id) = (daemon.url.clone(), id.clone());
+        std::thread::spawn(move || {
+            let response = client()
+                .get(format!("{daemon_url}/v1/jobs/{id}/events"))
+                .bearer_auth(TEAM_TOKEN)
+                .timeout(Duration::from_secs(60))
+                .send()
+                .unwrap();
+            let started = Instant::now();
+            let body = response.text().expect("the stream ends after the final state");
+            (body, started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(!follower.is_finished(), "the stream was cut while the job ran");
+    let cancelled =
+        client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap();
+    assert_eq!(cancelled.status().as_u16(), 200);
+    let (body, lasted) = follower.join().unwrap();
+    assert!(lasted >= Duration::from_secs(5), "{lasted:?}");
+    let done = wait_job(&daemon, &id, Duration::from_secs(30), ended);
+    assert_eq!(done["state"], "cancelled", "{done}");
+    let ids = state_ids(&body);
+    let last = ids.last().expect("state events").clone();
+    assert!(body.contains("\"state\":\"cancelled\""), "{body}");
+
+    // Resumed at, or anywhere past, the final event: it ends at once, with nothing.
+    for position in [last.as_str(), "18446744073709551615-18446744073709551615", "99999999999999"] {
+        let (status, body, took) = resume(&daemon, &id, Some(position));
+        assert_eq!(status, 200, "{position}");
+        assert!(state_ids(&body).is_empty(), "{position}: {body}");
+        assert!(took < Duration::from_secs(3), "{position}: the stream took {took:?}");
+    }
+    // From the start: every state again, then the end.
+    let (status, body, took) = resume(&daemon, &id, None);
+    assert_eq!((status, state_ids(&body)), (200, ids.clone()));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // An id Redis would refuse on every poll is refused before the stream starts.
+    for malformed in ["99999999999999999999-0", "1-99999999999999999999", "1-", "latest"] {
+        let (status, body, _) = resume(&daemon, &id, Some(malformed));
+        assert_eq!(status, 400, "{malformed}: {body}");
+    }
+
+    // The queue wait was measured, by priority and by no team.
+    let (_, metrics) = daemon.get("/metrics");
+    assert!(metrics.contains("rlvr_queue_wait_seconds_count{priority=\"normal\"} 1"), "{metrics}");
+    for team in ["team=", "\"tests\"", "\"others\"", "\"ops\""] {
+        assert!(!metrics.contains(team), "{team} in:\n{metrics}");
+    }
+}
