@@ -72,7 +72,7 @@ pub use crate::optimizer::{
     AdvantageInputs, AdvantageOutput, LossInputs, LossOutput, LossScale, Metric, Optimizer, Optimizer_TO,
     OptimizerBox, OptimizerPlugin, TensorHandle,
 };
-pub use crate::options::{OptionError, OptionsReport, SecretRef, UrlRef, parse_options};
+pub use crate::options::{OptionError, OptionsReport, PathRef, SecretRef, UrlRef, parse_options};
 pub use crate::verifier::{
     Component, Verdict, Verifier, Verifier_TO, VerifierBox, VerifierPlugin, VerifyItem, check_known_answers,
 };

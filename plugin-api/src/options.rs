@@ -7,8 +7,8 @@
 //! keys of its spec section) and either
 //! - accepts it, returning an [`OptionsReport`] as JSON text:
 //!   `{"secrets": [{"key": "bearer_token_secret", "name": "grader-token"}],
-//!   "urls": [{"key": "url", "url": "https://grader.example/v1"}]}` — every secret name and
-//!   every outbound URL the options refer to, each with the key that names it, so the host can
+//!   "urls": [{"key": "url", "url": "https://grader.example/v1"}], "paths": [{"key": "work_root",
+//!   "path": "/srv/x"}]}` — every secret name, outbound URL and server path the options refer to, each with the key that names it, so the host can
 //!   check them against the team's grants and the operator's allow-list without knowing the
 //!   plugin (both lists may be empty or absent); or
 //! - refuses it with a [`PluginError`] of kind `InvalidConfig` whose message is
@@ -37,6 +37,20 @@ pub struct OptionsReport {
     /// Destinations the plugin will send requests to.
     #[serde(default)]
     pub urls: Vec<UrlRef>,
+    /// Server paths the options name (an interpreter, a directory to read or write): the host
+    /// refuses them in a tenant's job, where only the operator chooses paths. Appended; absent in
+    /// the reports of plugins built before it.
+    #[serde(default)]
+    pub paths: Vec<PathRef>,
+}
+
+/// A server path named by an option.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathRef {
+    /// The option's key path, e.g. `work_root` or `read_paths[0]`.
+    pub key: String,
+    /// The path as written.
+    pub path: String,
 }
 
 /// A secret named by an option.
@@ -61,6 +75,12 @@ impl OptionsReport {
     /// Adds a secret name used by option `key`.
     pub fn secret(mut self, key: &str, name: &str) -> Self {
         self.secrets.push(SecretRef { key: key.to_owned(), name: name.to_owned() });
+        self
+    }
+
+    /// Adds a server path named by option `key`.
+    pub fn path(mut self, key: &str, path: &str) -> Self {
+        self.paths.push(PathRef { key: key.to_owned(), path: path.to_owned() });
         self
     }
 

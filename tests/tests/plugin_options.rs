@@ -136,6 +136,7 @@ fn submit_refuses_bad_plugin_options_naming_the_key_as_the_spec_writes_it() {
             "rlvr-optimizer-grpo",
             "rlvr-verifier-math",
             "rlvr-verifier-http",
+            "rlvr-verifier-code",
             "rlvr-curriculum-frontier",
             "rlvr-fixture-legacy-verifier",
         ],
@@ -182,6 +183,18 @@ fn submit_refuses_bad_plugin_options_naming_the_key_as_the_spec_writes_it() {
             http_first(&data, "bearer_token_env = \"HOME\""),
             "verifiers[0].bearer_token_env",
             "verifiers[0].bearer_token_env: environment variable names are not accepted; ask the daemon's operator",
+        ),
+        // regression: the code verifier's options let a spec choose the interpreter the worker
+        // runs and the directories it reads and writes
+        (
+            spec(&data, "[[verifiers]]\nplugin = \"code\"\nweight = 0.0\nwork_root = \"/etc\"\n"),
+            "verifiers[2].work_root",
+            "verifiers[2].work_root: a job spec cannot name a server path",
+        ),
+        (
+            spec(&data, "[[verifiers]]\nplugin = \"code\"\nweight = 0.0\npython = \"/bin/sh\"\n"),
+            "verifiers[2].python",
+            "verifiers[2].python: a job spec cannot name a server path",
         ),
         (
             spec(&data, "[curriculum]\nplugin = \"frontier\"\ndecai = 0.5\n"),

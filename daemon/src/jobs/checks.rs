@@ -174,6 +174,16 @@ fn check_options(
             let field = |key: &str| spec_field(section, key);
             refs.secrets.extend(report.secrets.into_iter().map(|secret| (field(&secret.key), secret.name)));
             refs.urls.extend(report.urls.into_iter().map(|url| (field(&url.key), url.url)));
+            // regression: the code verifier's python, read_paths and work_root let a spec choose
+            // the interpreter the worker runs and the directories it reads and writes
+            for path in report.paths {
+                problem(
+                    &field(&path.key),
+                    "a job spec cannot name a server path; under the daemon the plugin uses its \
+                     defaults on the daemon's host"
+                        .to_owned(),
+                );
+            }
         }
         Ok(None) => refs.unchecked.push(section.to_owned()),
         Err(OptionsProblem::Refused(error)) => {

@@ -470,8 +470,22 @@ impl VerifierPlugin for CodeVerifier {
     /// Keys and numbers only: creating the verifier runs `python` and probes the kernel's
     /// isolation layers, which a check in the daemon at submit must not do.
     fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
-        check_limits(&parse_options(config_json)?)?;
-        Ok(OptionsReport::default())
+        let config: CodeConfig = parse_options(config_json)?;
+        check_limits(&config)?;
+        // The interpreter and the directories are the host's: reported when the options set
+        // them, so a daemon refuses them in a tenant's job.
+        let written: serde_json::Value = serde_json::from_str(config_json).unwrap_or_default();
+        let mut report = OptionsReport::default();
+        if written.get("python").is_some() {
+            report = report.path("python", &config.python.display().to_string());
+        }
+        if let Some(root) = config.work_root.as_ref().filter(|_| written.get("work_root").is_some()) {
+            report = report.path("work_root", &root.display().to_string());
+        }
+        for (i, path) in config.read_paths.iter().enumerate() {
+            report = report.path(&format!("read_paths[{i}]"), &path.display().to_string());
+        }
+        Ok(report)
     }
 
     fn verify(&self, item: &VerifyItem<'_>) -> Result<Verdict, PluginError> {
@@ -566,8 +580,14 @@ mod tests {
     #[test]
     fn options_are_checked_naming_the_key_without_running_anything() {
         check_options("{}", Ok(()));
-        // Not run or looked at by the check: the worker does that when it creates the verifier.
-        check_options(r#"{"python": "/nonexistent/python", "work_root": "/nonexistent"}"#, Ok(()));
+        // Not run or looked at by the check (the worker does that when it creates the verifier),
+        // but reported: they are server paths.
+        let report = CodeVerifier::check_options(
+            r#"{"python": "/x/python", "work_root": "/w", "read_paths": ["/r"]}"#,
+        )
+        .unwrap();
+        let keys: Vec<&str> = report.paths.iter().map(|path| path.key.as_str()).collect();
+        assert_eq!(keys, ["python", "work_root", "read_paths[0]"]);
         check_options(
             r#"{"timeout_m": 1}"#,
             Err(("timeout_m", "unknown key; expected one of python, scoring, ")),
