@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 
 pub mod cli;
 pub mod jobs;
+pub mod peer;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

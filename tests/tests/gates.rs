@@ -4,14 +4,12 @@
 //! an admin's forced promotion.
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::Path;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use rlvr_tests::cli::{run, text};
 use rlvr_tests::jobs::{ended, job, submit_ok, wait_job};
+use rlvr_tests::peer::Peer;
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
     artifact, plugin_lib, sha256_hex, wait_until,
@@ -35,38 +33,6 @@ fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
     format!("{base}\n{extra}")
 }
 
-/// An HTTP receiver on 127.0.0.1 that answers 200 to every request and hands over its body.
-fn webhook_receiver() -> (String, mpsc::Receiver<Value>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/published", listener.local_addr().unwrap());
-    let (sender, received) = mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream);
-            let mut length = 0usize;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some((name, value)) = line.split_once(':')
-                    && name.eq_ignore_ascii_case("content-length")
-                {
-                    length = value.trim().parse().unwrap_or(0);
-                }
-            }
-            let mut body = vec![0; length];
-            if reader.read_exact(&mut body).is_err() {
-                continue;
-            }
-            let mut stream = reader.into_inner();
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-            let _ = sender.send(serde_json::from_slice(&body).unwrap_or(Value::Null));
-        }
-    });
-    (url, received)
-}
-
 /// Each criterion of the job's gate report (read as the protocol's type) and whether it lets the
 /// candidate through (passed, or not checked).
 fn criteria(job: &Value) -> Vec<(String, bool)> {
@@ -81,7 +47,8 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &format!("{QUEUE}{OUTBOUND_LOOPBACK}"));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let (url, received) = webhook_receiver();
+    let receiver = Peer::ok("");
+    let url = receiver.url("/published");
     let rlvrctl = artifact("rlvrctl");
     let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
 
@@ -143,7 +110,8 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
     }
 
     // The webhook got the manifest; the job says so.
-    let delivered = received.recv_timeout(Duration::from_secs(30)).expect("the webhook was called");
+    let delivered = receiver.first(Duration::from_secs(30)).expect("the webhook was called");
+    let delivered: Value = serde_json::from_slice(&delivered.body).unwrap_or(Value::Null);
     assert_eq!(delivered, manifest);
     wait_until(Duration::from_secs(10), || job(&daemon, &first)["webhook"].is_string());
     let webhook = job(&daemon, &first)["webhook"].as_str().unwrap().to_owned();

@@ -2,14 +2,11 @@
 //! followed redirects): a spec's `publish.webhook` is checked against the operator's `[outbound]`
 //! policy at submit, and delivered without redirects, with each resolved address checked again.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rlvr_tests::jobs::{ended, get, job, submit, submit_ok, wait_job};
+use rlvr_tests::peer::Peer;
 use rlvr_tests::{
     Daemon, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, wait_until,
 };
@@ -23,57 +20,6 @@ const QUEUE: &str = "[queue]\nworker_threads = 1\n";
 fn spec(data: &Path, _dir: &Path, name: &str, webhook: &str) -> String {
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", 2, 2);
     format!("{base}\n{PERMISSIVE_GATES}[publish]\nwebhook = {webhook:?}\n")
-}
-
-/// An HTTP server on 127.0.0.1 that counts requests and answers each with `answer`.
-struct Server {
-    port: u16,
-    requests: Arc<AtomicUsize>,
-}
-
-impl Server {
-    fn start(answer: String) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let requests = Arc::new(AtomicUsize::new(0));
-        let counted = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let mut reader = BufReader::new(stream);
-                let mut length = 0usize;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    if let Some((name, value)) = line.split_once(':')
-                        && name.eq_ignore_ascii_case("content-length")
-                    {
-                        length = value.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0; length];
-                let _ = reader.read_exact(&mut body);
-                let _ = reader.into_inner().write_all(answer.as_bytes());
-            }
-        });
-        Server { port, requests }
-    }
-
-    fn ok() -> Server {
-        Server::start("HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned())
-    }
-
-    fn redirecting_to(location: &str) -> Server {
-        Server::start(format!(
-            "HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-        ))
-    }
-
-    fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
-    }
 }
 
 /// Submits `webhook`, expecting a 4xx naming `publish.webhook` (its only problem) whose message
@@ -142,9 +88,9 @@ fn a_webhook_answering_a_redirect_is_not_delivered_and_its_target_gets_nothing()
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &format!("{QUEUE}{OUTBOUND_LOOPBACK}"));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let target = Server::ok();
-    let redirect = Server::redirecting_to(&format!("http://127.0.0.1:{}/stolen", target.port));
-    let url = format!("http://127.0.0.1:{}/published", redirect.port);
+    let target = Peer::ok("");
+    let redirect = Peer::redirecting_to(&target.url("/stolen"));
+    let url = redirect.url("/published");
 
     let id = submit_ok(&daemon, &spec(&data, dir.path(), "redirected", &url));
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
@@ -155,7 +101,7 @@ fn a_webhook_answering_a_redirect_is_not_delivered_and_its_target_gets_nothing()
         format!("not delivered to {url}: the webhook answered a redirect (HTTP 302), which is not followed")
     );
     // Asked once (a redirect is an answer, not a failure to retry); the target never.
-    assert_eq!((redirect.requests(), target.requests()), (1, 0));
+    assert_eq!((redirect.received().len(), target.received().len()), (1, 0));
 }
 
 // regression: an allowed name that resolves to a loopback address was called
@@ -166,8 +112,8 @@ fn a_listed_name_that_resolves_to_loopback_is_checked_again_at_delivery_and_not_
         Daemon::start_with(&PLUGINS, &redis.url(), &format!("{QUEUE}[outbound]\nallow = [\"localhost\"]\n"));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let server = Server::ok();
-    let url = format!("http://localhost:{}/published", server.port);
+    let server = Peer::ok("");
+    let url = server.url("/published").replace("127.0.0.1", "localhost");
 
     // The name is on the list: submit cannot know where it will resolve when the job ends.
     let id = submit_ok(&daemon, &spec(&data, dir.path(), "rebound", &url));
@@ -181,5 +127,5 @@ fn a_listed_name_that_resolves_to_loopback_is_checked_again_at_delivery_and_not_
              link-local or reserved); outbound requests go only to public addresses"
         )
     );
-    assert_eq!(server.requests(), 0);
+    assert_eq!(server.received().len(), 0);
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use rlvr_client::HttpError;
 use rlvr_protocol::api::ModelLineUpdate;
 use rlvr_tests::jobs::{api, ended, get, submit, submit_ok, wait_job, worker_pids};
+use rlvr_tests::peer::Peer;
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OTHER_TOKEN, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data,
     arith_grpo_spec, wait_until,
@@ -219,47 +220,6 @@ fn curricula_are_each_teams_own() {
     assert_eq!(again["ran"], false);
 }
 
-/// A grader on loopback answering every item `{"score": 1, "passed": true}` (one request per
-/// connection); the `Authorization` headers it received.
-fn grader() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/grade", listener.local_addr().unwrap());
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream);
-            let (mut length, mut auth) = (0, String::new());
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                let lower = line.to_ascii_lowercase();
-                if let Some(value) = lower.strip_prefix("content-length:") {
-                    length = value.trim().parse().unwrap_or(0);
-                }
-                if lower.starts_with("authorization:") {
-                    auth = line["authorization:".len()..].trim().to_owned();
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let _ = reader.read_exact(&mut vec![0; length]);
-            record.lock().unwrap().push(auth);
-            let body = r#"{"score": 1, "passed": true}"#;
-            let response = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = reader.get_mut().write_all(response.as_bytes());
-        }
-    });
-    (url, seen)
-}
-
 #[test]
 fn a_secret_reaches_only_its_teams_grader_by_name_and_graders_only_allowed_destinations() {
     let redis = Redis::start();
@@ -273,7 +233,15 @@ fn a_secret_reaches_only_its_teams_grader_by_name_and_graders_only_allowed_desti
     );
     let daemon = Daemon::start_with(&["rlvr-optimizer-grpo", "rlvr-verifier-http"], &redis.url(), &config);
     let data = arith_data(dir.path(), &[]);
-    let (url, seen) = grader();
+    let grader = Peer::ok(r#"{"score": 1, "passed": true}"#);
+    let url = grader.url("/grade");
+    let seen = || {
+        grader
+            .received()
+            .iter()
+            .map(|r| r.header("authorization").unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    };
     let with_grader = |team: &str, line: &str, url: &str| {
         job(&data, "graded", team, line, 2).replace(
             "[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"",
@@ -302,13 +270,13 @@ fn a_secret_reaches_only_its_teams_grader_by_name_and_graders_only_allowed_desti
         (422, Some("verifiers[0].bearer_token_env")),
         "{body}"
     );
-    assert!(seen.lock().unwrap().is_empty(), "nothing reached the grader");
+    assert!(seen().is_empty(), "nothing reached the grader");
 
     // The owner's job: its grader gets the token, handed to the worker on its standard input only.
     let id = submit_ok_as(&daemon, TEAM_TOKEN, &with_grader("tests", "graded", &url));
     let done = wait_job(&daemon, &id, Duration::from_secs(120), ended);
     assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
-    let received = seen.lock().unwrap().clone();
+    let received = seen();
     assert!(
         !received.is_empty() && received.iter().all(|auth| auth == "Bearer s3cret-grader-value"),
         "{received:?}"
