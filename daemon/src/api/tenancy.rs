@@ -171,14 +171,12 @@ pub async fn get_dataset(
     Path(name): Path<String>,
 ) -> Answer<Json<Dataset>> {
     let tenancy = state.tenancy.clone();
-    let team = caller.team.clone();
-    let found = tokio::task::spawn_blocking(move || tenancy.datasets.get(&team, &name).map(|d| (d, name)))
-        .await
-        .map_err(join_error)??;
-    match found {
-        (Some(dataset), _) => Ok(Json(dataset)),
-        (None, name) => Err(DatasetError::NotFound { team: caller.team, name }.into()),
-    }
+    let dataset = tokio::task::spawn_blocking(move || {
+        tenancy.datasets.get(&caller.team, &name)?.ok_or(DatasetError::NotFound { team: caller.team, name })
+    })
+    .await
+    .map_err(join_error)??;
+    Ok(Json(dataset))
 }
 
 /// `DELETE /v1/datasets/{name}`: jobs already submitted keep their pinned content only while
