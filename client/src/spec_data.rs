@@ -108,7 +108,8 @@ mod tests {
             ("/x/train.jsonl", "train"),
             ("a b.jsonl", "a-b"),
             (".hidden.jsonl", "hidden"),
-            ("/x/.jsonl", "train"),
+            ("/x/.jsonl", "jsonl"),
+            ("/x/...", "train"),
         ];
         for (path, expected) in cases {
             assert_eq!(dataset_name(Path::new(path), "train"), expected, "{path}");

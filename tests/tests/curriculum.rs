@@ -69,14 +69,15 @@ fn a_refresh_asked_twice_the_same_day_runs_once_and_later_jobs_pin_its_version()
         said.contains("curriculum arith was refreshed already on ") && said.contains(": version 1"),
         "{said}"
     );
-    let versions: Vec<String> = fs::read_dir(daemon.state.join("curricula/arith"))
+    let versions: Vec<String> = fs::read_dir(daemon.state.join("curricula/tests/arith"))
         .unwrap()
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(versions, ["1.json"], "one version, no temporary file left");
     let version: Value =
-        serde_json::from_slice(&fs::read(daemon.state.join("curricula/arith/1.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(daemon.state.join("curricula/tests/arith/1.json")).unwrap())
+            .unwrap();
     assert_eq!(version["records"]["jobs"][0]["job"], first.as_str());
     assert_eq!(version["records"]["jobs"][0]["to_line"], records);
 
