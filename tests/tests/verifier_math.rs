@@ -281,5 +281,8 @@ fn bad_references_and_configs_name_the_field() {
     assert!(errors[2].starts_with("reference.answer: expected a string or a number"), "{errors:?}");
     let (_, stderr, ok) = verify(r#"{"fallbak": "last"}"#, "", &[]);
     assert!(!ok);
-    assert!(stderr.contains("unknown field `fallbak`"), "{stderr}");
+    assert!(
+        stderr.contains("fallbak: unknown key; expected one of fallback, precision_digits, work_budget"),
+        "{stderr}"
+    );
 }
