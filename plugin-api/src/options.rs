@@ -40,7 +40,7 @@ pub struct OptionsReport {
     /// Server paths the options name (an interpreter, a directory to read or write): the host
     /// refuses them in a tenant's job, where only the operator chooses paths. Appended; absent in
     /// the reports of plugins built before it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathRef>,
 }
 
@@ -356,5 +356,9 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<OptionsReport>(&json).unwrap(), report);
         assert_eq!(serde_json::from_str::<OptionsReport>("{}").unwrap(), OptionsReport::default());
+        let with_path = OptionsReport::default().path("work_root", "/w");
+        let json = serde_json::to_string(&with_path).unwrap();
+        assert_eq!(json, r#"{"secrets":[],"urls":[],"paths":[{"key":"work_root","path":"/w"}]}"#);
+        assert_eq!(serde_json::from_str::<OptionsReport>(&json).unwrap(), with_path);
     }
 }
