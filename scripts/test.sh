@@ -2,8 +2,8 @@
 # Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh). On a clean clone with torch in the cache, about 14 minutes on 2 cores
-# (measured 2026-11-24: 14 min 3 s, 342 tests).
+# (scripts/setup.sh). On a clean clone with torch in the cache, about 15 minutes on 2 cores
+# (measured 2026-11-24: 15 min 13 s, 428 tests).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
