@@ -57,7 +57,7 @@ fn answer<T: Serialize>(
             };
             (status.as_u16(), body)
         }
-        Err(error) => panic!("{error}; daemon log:\n{}", daemon.log()),
+        Err(error) => panic!("{error}; daemon log:\n{}\n(again, after the log: {error})", daemon.log()),
     }
 }
 
@@ -126,9 +126,12 @@ impl View for StateEvents {
 /// stream to the final one: call this once the job has ended.
 pub fn state_events(daemon: &Daemon, id: &str) -> Vec<Value> {
     let mut events = StateEvents::default();
-    api(daemon, Some(ADMIN_TOKEN))
-        .follow(id, &mut events)
-        .unwrap_or_else(|error| panic!("events of {id}: {error}; daemon log:\n{}", daemon.log()));
+    api(daemon, Some(ADMIN_TOKEN)).follow(id, &mut events).unwrap_or_else(|error| {
+        panic!(
+            "events of {id}: {error}; daemon log:\n{}\n(again, after the log: events of {id}: {error})",
+            daemon.log()
+        )
+    });
     events.0.iter().map(|event| serde_json::to_value(event).expect("JSON")).collect()
 }
 

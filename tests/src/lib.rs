@@ -311,8 +311,12 @@ impl Daemon {
 
     /// `GET path` without a token, as raw text (`/metrics`, or a status alone): status and body.
     pub fn get(&self, path: &str) -> (u16, String) {
-        let response = http_get(&format!("{}{path}", self.url))
-            .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()));
+        let response = http_get(&format!("{}{path}", self.url)).unwrap_or_else(|error| {
+            panic!(
+                "GET {path}: {error}; daemon log:\n{}\n(again, after the log: GET {path}: {error})",
+                self.log()
+            )
+        });
         let status = response.status().as_u16();
         (status, response.text().expect("body"))
     }
@@ -320,9 +324,12 @@ impl Daemon {
     /// `GET path` (a JSON route) with team `tests`' token (the open `/healthz` ignores it),
     /// expecting 200.
     pub fn get_json(&self, path: &str) -> serde_json::Value {
-        jobs::api(self, Some(TEAM_TOKEN))
-            .get(&jobs::segments(path), &[])
-            .unwrap_or_else(|error| panic!("GET {path}: {error}; daemon log:\n{}", self.log()))
+        jobs::api(self, Some(TEAM_TOKEN)).get(&jobs::segments(path), &[]).unwrap_or_else(|error| {
+            panic!(
+                "GET {path}: {error}; daemon log:\n{}\n(again, after the log: GET {path}: {error})",
+                self.log()
+            )
+        })
     }
 
     /// Stops the daemon with SIGTERM and returns its exit status.

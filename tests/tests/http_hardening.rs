@@ -262,6 +262,36 @@ fn an_unauthenticated_body_is_never_read_and_its_401_comes_at_once() {
     }
 }
 
+// regression: a refusal before the body was read (a 401, a 429) reached a client still sending a
+// large body as "broken pipe" instead of the answer
+#[test]
+fn a_refusal_before_the_body_is_read_reaches_a_client_still_sending_it() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with_api(&[], &redis.url(), "rate_limit_per_minute = 10\n", "");
+    let body = format!("# {}\n", "x".repeat(10 << 20));
+    let http = client();
+    let post = |token: Option<&str>| {
+        let request = http.post(format!("{}/v1/jobs", daemon.url)).header("content-type", "application/toml");
+        let request = match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let answer = request.body(body.clone()).send().unwrap_or_else(|error| panic!("{token:?}: {error:?}"));
+        let status = answer.status().as_u16();
+        let answer: Value = answer.json().unwrap();
+        (status, answer["error"]["code"].as_str().unwrap_or_default().to_owned())
+    };
+    // The race is lost now and then, not every time: each refusal is tried several times.
+    for _ in 0..8 {
+        assert_eq!(post(Some(TEAM_TOKEN)).0, 413);
+        assert_eq!(post(None).0, 401);
+    }
+    // Team `others` spends its 10 requests a minute (a few more come back while this runs).
+    let statuses: Vec<u16> = (0..24).map(|_| post(Some(OTHER_TOKEN)).0).collect();
+    assert!(statuses.iter().all(|status| [413, 429].contains(status)), "{statuses:?}");
+    assert!(statuses.iter().filter(|&&status| status == 429).count() >= 8, "{statuses:?}");
+}
+
 /// A blocking client whose connections come from `source`, for a second client address on
 /// loopback.
 fn client_from(source: &str) -> reqwest::blocking::Client {

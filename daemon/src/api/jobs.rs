@@ -195,8 +195,8 @@ pub async fn submit(
     headers: HeaderMap,
     body: Body,
 ) -> Answer<(StatusCode, Json<Submitted>)> {
-    // The body is read (or drained) before any answer, refusals included: see `read_body`. (An
-    // unauthenticated one never gets here: its body is not worth reading.)
+    // What a refusal leaves of the body unread, the server drains before answering (see
+    // `server::after_draining`).
     let body = read_body(body, state.max_body_bytes).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
@@ -286,38 +286,23 @@ pub async fn submit(
     }
 }
 
-/// Past the limit, how much more of a body is read and thrown away, and for how long, before the
-/// connection is closed on it.
-const DRAIN_MAX_BYTES: usize = 64 << 20;
-const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
-
-/// Reads a request body of at most `limit` bytes. A longer one is drained (up to
-/// [`DRAIN_MAX_BYTES`] or [`DRAIN_MAX_TIME`]) before the 413: a server that answers and closes
-/// while the client is still sending resets the connection, and the client then sees "connection
-/// reset" instead of the answer (what happened to 10 MB submits before; nginx's lingering close
-/// does the same for the same reason).
+/// Reads a request body of at most `limit` bytes; past it, a 413 (the server drains the rest
+/// before the answer goes out: see `server::after_draining`).
 async fn read_body(body: Body, limit: usize) -> Answer<Bytes> {
     let mut stream = body.into_data_stream();
     let mut kept = Vec::new();
-    let mut seen = 0usize;
-    let started = tokio::time::Instant::now();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|error| {
             Failure::new(StatusCode::BAD_REQUEST, "bad_body", format!("cannot read the body: {error}"))
         })?;
-        seen = seen.saturating_add(chunk.len());
-        if seen <= limit {
-            kept.extend_from_slice(&chunk);
-        } else if seen > limit.saturating_add(DRAIN_MAX_BYTES) || started.elapsed() > DRAIN_MAX_TIME {
-            break;
+        if kept.len().saturating_add(chunk.len()) > limit {
+            return Err(Failure::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is over {limit} bytes (api.max_body_bytes sets the limit)"),
+            ));
         }
-    }
-    if seen > limit {
-        return Err(Failure::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!("the body is over {limit} bytes (api.max_body_bytes sets the limit)"),
-        ));
+        kept.extend_from_slice(&chunk);
     }
     Ok(Bytes::from(kept))
 }

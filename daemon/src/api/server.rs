@@ -37,13 +37,14 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
 use axum::response::IntoResponse;
+use futures::StreamExt;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -405,7 +406,8 @@ fn body_deadline(body_timeout: Duration, headers: &axum::http::HeaderMap) -> Dur
 }
 
 /// One request: the client's address and the body deadline in, a 408 out when the body came too
-/// slowly, and the connection busy until the response body ends.
+/// slowly, and the connection busy until the response body ends. A body the handler left unread
+/// (a refusal before reading it, a 413 at the limit) is drained beside the answer.
 async fn handle(
     app: Router,
     conn: Arc<Conn>,
@@ -418,23 +420,62 @@ async fn handle(
     let expired = Arc::new(AtomicBool::new(false));
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(ConnectInfo(peer));
+    let (unread_tx, mut unread_rx) = oneshot::channel();
     let body = if body.is_end_stream() {
         Body::new(body)
     } else {
         let deadline = body_deadline(body_timeout, &parts.headers);
-        Body::new(Deadline { body, timer: Box::pin(tokio::time::sleep(deadline)), expired: expired.clone() })
+        Body::new(Deadline {
+            body: Some(body),
+            timer: Box::pin(tokio::time::sleep(deadline)),
+            expired: expired.clone(),
+            unread: Some(unread_tx),
+        })
     };
     let response = match app.oneshot(Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
-    let response = if expired.load(Ordering::Relaxed) {
+    let mut response = if expired.load(Ordering::Relaxed) {
         Closed::BodyTimeout.emit(&metrics, peer);
         body_timed_out(body_timeout)
     } else {
         response
     };
+    // Not waited for: a body still held (by a response that streams, say) is not drained.
+    if let Ok(unread) = unread_rx.try_recv() {
+        if unread.size_hint().lower() > DRAIN_MAX_BYTES {
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        } else {
+            tokio::spawn(drain(unread));
+        }
+    }
     Ok(response.map(|body| Body::new(Tracked { body, _in_flight: in_flight })))
+}
+
+/// The most of a request body its handler left unread that is still read and thrown away, and
+/// for how long. A server that answers and closes while the client is still sending resets the
+/// connection, and the client then sees "broken pipe" instead of the answer (a 413, a 401, a 429
+/// to a large submit); nginx's lingering close drains for the same reason. A body declared longer
+/// is not drained: its answer comes with `Connection: close`, and the client may see the reset.
+const DRAIN_MAX_BYTES: u64 = 64 << 20;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
+
+/// Reads `unread` to its end, or for [`DRAIN_MAX_TIME`] at most, while its answer is written:
+/// hyper sends a response before its request's body has ended, and reads the body on as long as
+/// someone holds it. Dropped early, the connection closes.
+async fn drain(unread: Incoming) {
+    let mut chunks = Body::new(unread).into_data_stream();
+    let _ = tokio::time::timeout(DRAIN_MAX_TIME, async {
+        let mut seen = 0u64;
+        while let Some(Ok(chunk)) = chunks.next().await {
+            seen = seen.saturating_add(chunk.len() as u64);
+            if seen > DRAIN_MAX_BYTES {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 /// Whatever the handler made of a body that timed out (a 400 of its reader, most likely), the
@@ -457,11 +498,14 @@ struct BodyTimedOut;
 
 /// A request body that fails once its deadline has passed. tower-http's `RequestBodyTimeout`
 /// does not fit: it bounds the wait for each frame, so a body trickled a byte at a time just
-/// under that bound would never end.
+/// under that bound would never end. Dropped before its end, it hands the rest back to
+/// [`handle`] through `unread`, to be drained.
 struct Deadline {
-    body: Incoming,
+    /// `None` only once dropped.
+    body: Option<Incoming>,
     timer: Pin<Box<Sleep>>,
     expired: Arc<AtomicBool>,
+    unread: Option<oneshot::Sender<Incoming>>,
 }
 
 impl HttpBody for Deadline {
@@ -473,7 +517,8 @@ impl HttpBody for Deadline {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+        let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
+        if let Poll::Ready(frame) = Pin::new(body).poll_frame(cx) {
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
         if this.timer.as_mut().poll(cx).is_ready() {
@@ -484,11 +529,23 @@ impl HttpBody for Deadline {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        self.body.as_ref().map(Incoming::size_hint).unwrap_or_default()
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        // A body that timed out is not drained: its connection closes (see `body_timed_out`).
+        if let (Some(body), Some(unread)) = (self.body.take(), self.unread.take())
+            && !body.is_end_stream()
+            && !self.expired.load(Ordering::Relaxed)
+        {
+            let _ = unread.send(body);
+        }
     }
 }
 
