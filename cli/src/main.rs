@@ -208,6 +208,17 @@ enum CurriculumCommand {
         /// The curriculum (`[curriculum] name` of the jobs).
         name: String,
     },
+    /// Your team's curricula and those other teams shared with yours (a job names one of those
+    /// `TEAM/NAME`).
+    List,
+    /// Share your team's curriculum NAME with other teams (replaces the list; no --readers takes
+    /// every grant back). Their jobs start from its versions and never feed it.
+    Share {
+        name: String,
+        /// The teams that may start jobs from it.
+        #[arg(long, value_delimiter = ',')]
+        readers: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -394,6 +405,30 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 println!("{}", serde_json::to_string(&answer)?);
             } else {
                 println!("{}", answer.message);
+            }
+            Ok(Exit::Done)
+        }
+        Command::Curriculum { command: CurriculumCommand::List } => {
+            let list = connect(Auth::Token)?.curricula()?;
+            if json {
+                println!("{}", serde_json::to_string(&list)?);
+            } else {
+                for c in &list.curricula {
+                    let version =
+                        c.latest_version.map_or("no version yet".to_owned(), |v| format!("version {v}"));
+                    println!("{}/{}	{version}	readers [{}]", c.owner, c.name, c.readers.join(","));
+                }
+            }
+            Ok(Exit::Done)
+        }
+        Command::Curriculum { command: CurriculumCommand::Share { name, readers } } => {
+            let shared = connect(Auth::Token)?.share_curriculum(&name, &readers)?;
+            if json {
+                println!("{}", serde_json::to_string(&shared)?);
+            } else if shared.readers.is_empty() {
+                println!("curriculum {name} is your team's alone");
+            } else {
+                println!("curriculum {name} is shared with {}", shared.readers.join(", "));
             }
             Ok(Exit::Done)
         }

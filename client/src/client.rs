@@ -7,8 +7,8 @@ use reqwest::blocking::{RequestBuilder, Response};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use rlvr_protocol::api::{
-    Dataset, DatasetList, Health, ModelLine, ModelLineList, ModelLineUpdate, PluginList, PromoteRequest,
-    Refreshed,
+    CurriculumList, CurriculumUpdate, Dataset, DatasetList, Health, ModelLine, ModelLineList,
+    ModelLineUpdate, PluginList, PromoteRequest, Refreshed,
 };
 
 use crate::spec_data::SpecDataError;
@@ -331,6 +331,23 @@ impl Client {
     /// however many ask.
     pub fn curriculum_refresh(&self, name: &str) -> Result<Refreshed, HttpError> {
         self.call(Method::POST, self.url(&["v1", "curricula", name, "refresh"], &[]), None)
+    }
+
+    /// `GET /v1/curricula`: the team's curricula and those shared with it.
+    pub fn curricula(&self) -> Result<CurriculumList, HttpError> {
+        self.get(&["v1", "curricula"], &[])
+    }
+
+    /// `PUT /v1/curricula/{name}`: the teams the team shares its curriculum `name` with (replacing
+    /// the list); the list as stored.
+    pub fn share_curriculum(&self, name: &str, readers: &[String]) -> Result<CurriculumUpdate, HttpError> {
+        let url = self.url(&["v1", "curricula", name], &[]);
+        let body = serde_json::to_string(&CurriculumUpdate { readers: readers.to_vec() })
+            .map_err(|error| HttpError::Request { url: url.to_string(), detail: error.to_string() })?;
+        let response = self.send(&url, || {
+            self.request(Method::PUT, &url).header(CONTENT_TYPE, "application/json").body(body.clone())
+        })?;
+        Ok(self.read(&url, response)?.1)
     }
 
     /// `PUT /v1/datasets/{name}`: `content` (JSONL) becomes the team's dataset `name`.

@@ -192,9 +192,12 @@ fn scan_jobs(
                 continue;
             }
         };
-        // A team's curriculum learns from that team's jobs only.
+        // A team's curriculum learns from that team's jobs only: a reader's job (`TEAM/NAME`)
+        // starts from it and never feeds it.
+        let named = spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref());
+        let reference = named.and_then(|named| rlvr_protocol::names::CurriculumRef::parse(named).ok());
         if spec.job.team != team
-            || spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) != Some(name)
+            || reference.is_none_or(|reference| reference.owner_for(team) != team || reference.name != name)
         {
             continue;
         }

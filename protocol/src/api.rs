@@ -160,6 +160,37 @@ pub struct ModelLineUpdate {
     pub policy: Option<crate::spec::GatesSection>,
 }
 
+/// A team's curriculum (`GET /v1/curricula`): a job of its team names it `NAME`, a job of a reader
+/// team `OWNER/NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Curriculum {
+    /// The team whose jobs feed it and who refreshes it.
+    pub owner: String,
+    pub name: String,
+    /// The teams it is shared with (shown to its owner only).
+    #[serde(default)]
+    pub readers: Vec<String>,
+    /// Its newest version, none before its first refresh.
+    pub latest_version: Option<u64>,
+}
+
+/// `PUT /v1/curricula/{name}`: the teams the caller's team shares its curriculum with (replacing
+/// the list; `[]` takes every grant back).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CurriculumUpdate {
+    pub readers: Vec<String>,
+}
+
+/// `GET /v1/curricula`: the caller's team's curricula and those shared with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CurriculumList {
+    pub curricula: Vec<Curriculum>,
+}
+
 /// `GET /v1/model-lines`: the lines the caller's team may read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -10,7 +10,9 @@
 //!   team);
 //! - models (`model.policy`, `model.reference`): `builtin:tiny-arith[?seed=N]`, `base:NAME` (an
 //!   operator-declared base model), or `line:LINE@VERSION` / `line:LINE` (the newest version of
-//!   a model line the team may read).
+//!   a model line the team may read);
+//! - a shared curriculum (`curriculum.name`): `NAME` (the team's own) or `TEAM/NAME` (another
+//!   team's, which that team shared with it).
 
 use std::fmt;
 
@@ -156,9 +158,64 @@ impl fmt::Display for ModelRef {
     }
 }
 
+/// A curriculum a job starts from: its own team's (`owner` `None`, or the job's team) or
+/// another team's that shared it (`TEAM/NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurriculumRef {
+    pub owner: Option<String>,
+    pub name: String,
+}
+
+impl CurriculumRef {
+    /// Parses `curriculum.name`; the error says what was expected.
+    pub fn parse(text: &str) -> Result<CurriculumRef, String> {
+        let (owner, name) = match text.split_once('/') {
+            Some((owner, name)) => (Some(owner), name),
+            None => (None, text),
+        };
+        if owner.is_some_and(|owner| !valid_team_name(owner)) || !valid_name(name) {
+            return Err(format!(
+                "expected NAME (your team's curriculum) or TEAM/NAME (one shared with your team), \
+                 NAME of {NAME_RULE} and TEAM {TEAM_RULE}"
+            ));
+        }
+        Ok(CurriculumRef { owner: owner.map(str::to_owned), name: name.to_owned() })
+    }
+
+    /// The team whose curriculum it is, for a job of `team`.
+    pub fn owner_for<'a>(&'a self, team: &'a str) -> &'a str {
+        self.owner.as_deref().unwrap_or(team)
+    }
+}
+
+impl fmt::Display for CurriculumRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.owner {
+            Some(owner) => write!(f, "{owner}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn curriculum_references_are_a_name_or_a_team_and_a_name() {
+        for (text, owner, name) in [("arith", None, "arith"), ("math/arith", Some("math"), "arith")] {
+            let parsed = CurriculumRef::parse(text).unwrap();
+            assert_eq!((parsed.owner.as_deref(), parsed.name.as_str()), (owner, name));
+            assert_eq!(parsed.to_string(), text);
+        }
+        assert_eq!(CurriculumRef::parse("arith").unwrap().owner_for("vision"), "vision");
+        assert_eq!(CurriculumRef::parse("math/arith").unwrap().owner_for("vision"), "math");
+        for bad in
+            ["", "a/b/c", "../arith", "math/..", "Math/arith", "/arith", "math/", "math/.hidden", "a b"]
+        {
+            assert!(CurriculumRef::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 
     fn check_data(text: &str, expected: Result<&str, &str>) {
         let got = DataRef::parse(text).map(|r| r.to_string());

@@ -221,6 +221,81 @@ fn curricula_are_each_teams_own() {
 }
 
 #[test]
+fn a_curriculum_is_shared_only_by_its_owners_grant_and_its_readers_never_feed_it() {
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = ["rlvr-optimizer-grpo", "rlvr-verifier-math", "rlvr-curriculum-frontier"];
+    let daemon = Daemon::start_with(&plugins, &redis.url(), "[queue]\nworker_threads = 1\n");
+    let data = arith_data(dir.path(), &[]);
+    let (owner, reader) = (api(&daemon, Some(TEAM_TOKEN)), api(&daemon, Some(OTHER_TOKEN)));
+    let with_curriculum = |toml: String, name: &str| {
+        toml + &format!("\n[curriculum]\nplugin = \"frontier\"\nname = {name:?}\n")
+    };
+    let starting_from = |name: &str| with_curriculum(job(&data, "curious", "others", "others-line", 2), name);
+    // Not shared, and not there, read the same; a path is no name.
+    refused(
+        &daemon,
+        &starting_from("tests/arith"),
+        422,
+        "curriculum.name",
+        "no curriculum tests/arith is shared",
+    );
+    refused(
+        &daemon,
+        &starting_from("tests/nope"),
+        422,
+        "curriculum.name",
+        "no curriculum tests/nope is shared",
+    );
+    refused(&daemon, &starting_from("../tests/arith"), 422, "curriculum.name", "TEAM/NAME");
+    assert!(reader.curricula().unwrap().curricula.iter().all(|c| c.owner != "tests"));
+    // Only the owner's token shares its own (another team's PUT makes its own curriculum).
+    let bad = owner.share_curriculum("arith", &["others".into(), "Not A Team".into()]).unwrap_err();
+    assert!(bad.to_string().contains("readers[1]"), "{bad}");
+    // Shared before its first version.
+    assert_eq!(owner.share_curriculum("arith", &["others".into()]).unwrap().readers, ["others"]);
+    let seen = reader.curricula().unwrap().curricula;
+    let shared = seen.iter().find(|c| c.owner == "tests" && c.name == "arith").expect("shared with others");
+    assert_eq!((shared.latest_version, shared.readers.len()), (None, 0), "readers are the owner's to see");
+
+    // The owner's job and the reader's both start from it ...
+    let own = submit_ok_as(
+        &daemon,
+        TEAM_TOKEN,
+        &with_curriculum(job(&data, "own", "tests", "tiny-arith", 2), "arith"),
+    );
+    let read = submit_ok_as(&daemon, OTHER_TOKEN, &starting_from("tests/arith"));
+    for id in [&own, &read] {
+        let done = wait_job(&daemon, id, Duration::from_secs(120), ended);
+        assert_eq!(
+            (done["state"].as_str(), done["curriculum_version"].as_u64()),
+            (Some("published"), Some(0)),
+            "{done}"
+        );
+    }
+    // ... and only the owner's feeds it; the reader's feeds its own of the same name neither.
+    let refreshed = owner.curriculum_refresh("arith").unwrap();
+    assert!(refreshed.records.unwrap() > 0, "{refreshed:?}");
+    let version: Value =
+        serde_json::from_slice(&fs::read(daemon.state.join("curricula/tests/arith/1.json")).unwrap())
+            .unwrap();
+    let fed_by: Vec<&str> =
+        version["records"]["jobs"].as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap()).collect();
+    assert_eq!(fed_by, [own.as_str()], "{version}");
+    assert_eq!(reader.curriculum_refresh("arith").unwrap().records, Some(0));
+
+    // Taken back: refused again.
+    assert!(owner.share_curriculum("arith", &[]).unwrap().readers.is_empty());
+    refused(
+        &daemon,
+        &starting_from("tests/arith"),
+        422,
+        "curriculum.name",
+        "no curriculum tests/arith is shared",
+    );
+}
+
+#[test]
 fn a_secret_reaches_only_its_teams_grader_by_name_and_graders_only_allowed_destinations() {
     let redis = Redis::start();
     let dir = tempfile::tempdir().unwrap();

@@ -221,9 +221,12 @@ fn curriculum_config(
     let (Some(name), Some((dir, version))) = (&section.name, pinned) else {
         return Ok(section.plugin_config());
     };
-    let version = rlvr_protocol::curricula::load(dir, name, *version).map_err(|error| {
-        WorkerError::Plugin { field: "curriculum.name".into(), message: error.to_string() }
-    })?;
+    let field_error = |message: String| WorkerError::Plugin { field: "curriculum.name".into(), message };
+    // `dir` is the owner's curricula directory (another team's for `TEAM/NAME`), chosen by the
+    // daemon; the name picks the curriculum in it.
+    let reference = rlvr_protocol::names::CurriculumRef::parse(name).map_err(field_error)?;
+    let version = rlvr_protocol::curricula::load(dir, &reference.name, *version)
+        .map_err(|error| field_error(error.to_string()))?;
     let mut options = section.options.clone();
     options.insert("history".into(), version.history());
     info!(curriculum = %name, version = version.version, prompts = version.prompts.len(), "curriculum pinned");

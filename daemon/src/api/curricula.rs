@@ -1,5 +1,7 @@
-//! `POST /v1/curricula/{name}/refresh` (issue 7): the nightly update of a shared curriculum,
-//! run at most once per curriculum and UTC date however many hosts or timers ask.
+//! A team's curricula: `GET /v1/curricula` (its own and those shared with it),
+//! `PUT /v1/curricula/{name}` (the teams it shares one with), and
+//! `POST /v1/curricula/{name}/refresh`, the nightly update, run at most once per curriculum and
+//! UTC date however many hosts or timers ask.
 //!
 //! The first asker of the day claims `rlvr:curriculum-refresh:{name}:{date}` in Redis and runs
 //! [`crate::curricula::refresh`]; the claim then holds the version it wrote for two days. Later
@@ -13,12 +15,87 @@ use std::time::{Duration, SystemTime};
 use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
-use rlvr_protocol::api::Refreshed;
+use rlvr_protocol::api::{CurriculumList, CurriculumUpdate, Refreshed};
 use rlvr_protocol::job::ErrorBody;
 
 use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState};
 use crate::curricula;
+use crate::tenancy::curricula::CurriculumError;
+
+impl From<CurriculumError> for Failure {
+    fn from(error: CurriculumError) -> Self {
+        match &error {
+            CurriculumError::BadName(_) => {
+                Failure::new(StatusCode::BAD_REQUEST, "invalid_name", error.to_string()).field("name")
+            }
+            CurriculumError::BadReader { index, .. } => {
+                Failure::new(StatusCode::BAD_REQUEST, "invalid_team", error.to_string())
+                    .field(&format!("readers[{index}]"))
+            }
+            CurriculumError::Io(io) => {
+                tracing::error!(error = %io, "the curricula directory");
+                Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the curricula cannot be read now; retry later",
+                )
+            }
+        }
+    }
+}
+
+fn join_error(error: tokio::task::JoinError) -> Failure {
+    Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("the request failed: {error}"))
+}
+
+/// `GET /v1/curricula`: the caller's team's curricula and those other teams shared with it
+/// (every team's for an admin).
+#[utoipa::path(get, path = "/v1/curricula", responses((status = 200, body = CurriculumList), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody)), security(("bearer" = [])), tag = "curricula")]
+pub async fn list(
+    State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
+) -> Answer<Json<CurriculumList>> {
+    let tenancy = state.tenancy.clone();
+    let curricula = tokio::task::spawn_blocking(move || tenancy.curricula.list(&caller.team, caller.admin))
+        .await
+        .map_err(join_error)??;
+    Ok(Json(CurriculumList { curricula }))
+}
+
+/// `PUT /v1/curricula/{name}`: the teams the caller's team shares its curriculum `name` with.
+/// Their jobs may start from it (`[curriculum] name = "TEAM/NAME"`); they never feed it.
+#[utoipa::path(
+    put,
+    path = "/v1/curricula/{name}",
+    params(("name" = String, Path, description = "Curriculum name")),
+    request_body = CurriculumUpdate,
+    responses(
+        (status = 201, description = "Shared before its first version", body = CurriculumUpdate),
+        (status = 200, description = "Changed", body = CurriculumUpdate),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 429, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "curricula"
+)]
+pub async fn share(
+    State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    update: Result<Json<CurriculumUpdate>, axum::extract::rejection::JsonRejection>,
+) -> Answer<(StatusCode, Json<CurriculumUpdate>)> {
+    let Json(update) = update
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "invalid_body", rejection.body_text()))?;
+    let tenancy = state.tenancy.clone();
+    let (created, readers) = tokio::task::spawn_blocking(move || {
+        let created = tenancy.curricula.set_readers(&caller.team, &name, &update.readers)?;
+        tracing::info!(team = %caller.team, curriculum = %name, readers = ?update.readers, "curriculum shared");
+        Ok::<_, CurriculumError>((created, tenancy.curricula.readers(&caller.team, &name)?))
+    })
+    .await
+    .map_err(join_error)??;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(CurriculumUpdate { readers })))
+}
 
 /// Old evidence's weight at each refresh: a prompt's counts halve every night, so the
 /// difficulty follows the models trained on it within days.

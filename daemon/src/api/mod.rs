@@ -65,6 +65,8 @@ pub fn router(
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
         .route("/v1/jobs/{id}/metrics", get(outcomes::metrics))
+        .route("/v1/curricula", get(curricula::list))
+        .route("/v1/curricula/{name}", axum::routing::put(curricula::share))
         .route("/v1/curricula/{name}/refresh", axum::routing::post(curricula::refresh))
         .route("/v1/datasets", get(tenancy::list_datasets))
         .route(
@@ -100,7 +102,7 @@ pub fn router(
     info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
     paths(
         healthz, metrics, plugins, openapi, jobs::submit, jobs::list, jobs::show, jobs::cancel, jobs::events,
-        outcomes::promote, outcomes::metrics, curricula::refresh,
+        outcomes::promote, outcomes::metrics, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
         tenancy::list_lines, tenancy::get_line, tenancy::put_line
     ),
@@ -182,6 +184,6 @@ mod tests {
             let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
             assert_eq!(*bearer, !open, "{route}");
         }
-        assert_eq!(seen.len(), 19, "{seen:?}");
+        assert_eq!(seen.len(), 21, "{seen:?}");
     }
 }

@@ -105,9 +105,9 @@ pub fn check_runnable(
         }
     }
     if let Some(name) = spec.curriculum.as_ref().and_then(|c| c.name.as_deref())
-        && !crate::curricula::valid_name(name)
+        && let Err(message) = rlvr_protocol::names::CurriculumRef::parse(name)
     {
-        problem("curriculum.name", format!("expected {}, got {name:?}", crate::curricula::NAME_RULE));
+        problem("curriculum.name", format!("{message}, got {name:?}"));
     }
 
     // The optimizer's needs against the rest of the spec: the worker's own rules.

@@ -87,8 +87,6 @@ pub struct Supervisor {
     pub jobs_dir: JobsDir,
     /// Resolves a job's names into the paths its worker reads; the model lines it publishes to.
     pub tenancy: Arc<Tenancy>,
-    /// `<state_dir>/curricula`: each team's curricula's versions, in `<team>/<name>/`.
-    pub curricula_dir: PathBuf,
     pub plugin_dirs: Vec<PathBuf>,
     pub worker_threads: usize,
     pub max_crashes: u32,
@@ -130,7 +128,6 @@ impl Supervisor {
             exe: config.worker,
             jobs_dir: config.state_dir.jobs(),
             tenancy: config.tenancy,
-            curricula_dir: config.state_dir.curricula(),
             plugin_dirs: config.plugin_dirs,
             worker_threads: config.worker_threads,
             max_crashes: config.max_crashes,
@@ -271,11 +268,12 @@ impl Supervisor {
     /// The version of the job's shared curriculum it runs with: the one pinned before, else the
     /// latest (0 when there is none yet); `None` when the job names no shared curriculum.
     fn pin_curriculum(&self, spec: &JobSpec, pinned: Option<u64>) -> Result<Option<u64>, String> {
-        let Some(name) = spec.curriculum.as_ref().and_then(|c| c.name.as_deref()) else { return Ok(None) };
+        // Checked on every start: a grant taken back stops the reader's next run.
+        let Some((dir, name)) = self.tenancy.curricula.for_job(spec)? else { return Ok(None) };
         if pinned.is_some() {
             return Ok(pinned);
         }
-        let latest = crate::curricula::latest_number(&self.curricula_dir.join(&spec.job.team), name)
+        let latest = crate::curricula::latest_number(&dir, &name)
             .map_err(|error| format!("curriculum.name: cannot pin a version of {name}: {error}"))?;
         Ok(Some(latest.unwrap_or(0)))
     }
@@ -398,7 +396,12 @@ impl Supervisor {
             job_id: Some(id.to_owned()),
             baseline_version: baseline.as_ref().map(|(version, _)| *version),
             baseline: baseline.map(|(_, path)| path),
-            curricula_dir: curriculum.map(|_| self.curricula_dir.join(&spec.job.team)),
+            curricula_dir: match curriculum {
+                Some(_) => {
+                    self.tenancy.curricula.for_job(spec).map_err(SpawnError::Refused)?.map(|(dir, _)| dir)
+                }
+                None => None,
+            },
             curriculum_version: curriculum,
             device: Some(if gpus.is_empty() { "cpu" } else { "cuda" }.to_owned()),
             host_context_stdin: true,

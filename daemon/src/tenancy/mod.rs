@@ -3,6 +3,7 @@
 //!
 //! - [`datasets`]: the teams' uploaded datasets, content-addressed, per team.
 //! - [`lines`]: model lines with an owner, readers, publishers and a gate-policy floor.
+//! - [`curricula`]: each team's curricula, and the teams it shared each with.
 //! - [`resolve`]: a submitted spec checked against all of it and pinned (`dataset:NAME` becomes
 //!   `dataset:NAME@SHA256`, `line:L` becomes `line:L@N`), and, when its worker starts, turned
 //!   into the spec the worker reads, with server paths in place of names.
@@ -10,6 +11,7 @@
 //! The operator's config is trusted ([`crate::config::TenancyConfig`]): base models, data roots,
 //! secrets and per-team allowances. A team is whatever its token says ([`crate::api::auth`]).
 
+pub mod curricula;
 pub mod datasets;
 pub mod lines;
 pub mod resolve;
@@ -23,6 +25,7 @@ use rlvr_protocol::worker::Secret;
 use crate::config::{Config, SecretConfig};
 use crate::state_dir::StateDir;
 
+pub use curricula::Curricula;
 pub use datasets::Datasets;
 pub use lines::Lines;
 
@@ -34,6 +37,8 @@ pub struct Tenancy {
     pub datasets: Datasets,
     /// The registry's model lines.
     pub lines: Lines,
+    /// The teams' curricula.
+    pub curricula: Curricula,
 }
 
 /// A team's allowance.
@@ -68,6 +73,7 @@ impl Tenancy {
             config: config.tenancy.clone(),
             datasets: Datasets::new(state_dir.datasets(), config.tenancy.max_dataset_bytes),
             lines: Lines::new(registry),
+            curricula: Curricula::new(state_dir.curricula()),
         }
     }
 

@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use rlvr_protocol::names::{DataRef, ModelRef};
+use rlvr_protocol::names::{CurriculumRef, DataRef, ModelRef};
 use rlvr_protocol::spec::{JobSpec, SpecError};
 
 use super::lines::LineError;
@@ -91,6 +91,15 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
                 }
             }
             Err(message) => problems.push(refuse(field, message)),
+        }
+    }
+
+    if let Some(name) = spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) {
+        // Its syntax is check_runnable's to refuse.
+        if let Ok(reference) = CurriculumRef::parse(name)
+            && let Err(message) = tenancy.curricula.dir_for(team, &reference)
+        {
+            problems.push(refuse("curriculum.name", message));
         }
     }
 
