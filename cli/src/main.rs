@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use rlvr_client::settings::{Sources, read_config_text, resolve_settings};
-use rlvr_client::{Auth, Client, ClientConfig, Exit, HttpError, JobQuery, SettingsError, StatusCode};
+use rlvr_client::{
+    Auth, Client, ClientConfig, Exit, HttpError, JobQuery, SettingsError, SpecDataError, StatusCode,
+};
 use rlvr_protocol::job::{IDEMPOTENCY_KEY_RULE, JobState, valid_idempotency_key};
 use rlvr_startup::logging::{self, LogFormat};
 
@@ -550,6 +552,12 @@ fn exit_status(error: &anyhow::Error) -> Exit {
         if let Some(http) = cause.downcast_ref::<HttpError>() {
             return http.exit();
         }
+        // A spec's data file that cannot be read is bad input; its upload fails as any request.
+        match cause.downcast_ref::<SpecDataError>() {
+            Some(SpecDataError::Upload { source, .. }) => return source.exit(),
+            Some(SpecDataError::Read { .. } | SpecDataError::Parse(_)) => return Exit::Refused,
+            None => {}
+        }
         if cause.is::<BadInput>() || cause.is::<SettingsError>() {
             return Exit::Refused;
         }
@@ -583,6 +591,12 @@ mod tests {
         assert_eq!(code(anyhow::Error::new(BadInput("x".to_owned())).context("reading")), 2);
         assert_eq!(code(SettingsError::Token { from: "--token".to_owned() }.into()), 2);
         assert_eq!(code(anyhow::anyhow!("plugin not found")), 1);
+        let unreadable = SpecDataError::Read {
+            key: "train".into(),
+            path: "/dev/zero".into(),
+            source: std::io::Error::other("not a regular file"),
+        };
+        assert_eq!(code(unreadable.into()), 2);
         assert!(client_config().user_agent.starts_with("rlvrctl/"));
     }
 

@@ -59,11 +59,13 @@ pub(crate) fn upload(
                 continue;
             }
             let path = base_dir.join(text);
-            let content = std::fs::read(&path).map_err(|source| SpecDataError::Read {
-                key: key.to_owned(),
-                path: path.clone(),
-                source,
-            })?;
+            let read_error = |source| SpecDataError::Read { key: key.to_owned(), path: path.clone(), source };
+            // Only a regular file: `/dev/zero` or a FIFO would be read until memory runs out.
+            let meta = std::fs::metadata(&path).map_err(read_error)?;
+            if !meta.is_file() {
+                return Err(read_error(std::io::Error::other("not a regular file")));
+            }
+            let content = std::fs::read(&path).map_err(read_error)?;
             let name = dataset_name(&path, key);
             let dataset = client.put_dataset(&name, &content).map_err(|source| SpecDataError::Upload {
                 key: key.to_owned(),

@@ -136,6 +136,54 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     assert_eq!(unreachable.status.code(), Some(3), "{}", text(&unreachable));
 }
 
+// The attacker's variations through rlvrctl: a spec's data paths are the submitter's own files,
+// read on its side and uploaded as its team's datasets; the daemon never receives a path.
+#[test]
+fn rlvrctl_sends_no_path_a_spec_writes_and_refuses_what_is_not_a_readable_file() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    let rlvrctl = artifact("rlvrctl");
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+    let good = fs::read_to_string(job_file(cwd, "variant", 2)).unwrap();
+    // (train as written, words of the refusal)
+    let cases = [
+        ("../elsewhere/train.jsonl", "data.train: cannot read"),
+        ("/nonexistent/train.jsonl", "data.train: cannot read"),
+        ("data", "not a regular file"),
+        // regression: a device was read until memory ran out
+        ("/dev/zero", "not a regular file"),
+        ("dataset:../train", "data.train"),
+        ("root:../etc/passwd", "data.train"),
+    ];
+    for (train, words) in cases {
+        fs::write(cwd.join("variant.toml"), good.replace("\"data/train.jsonl\"", &format!("{train:?}")))
+            .unwrap();
+        let mut child = command(&rlvrctl, &["submit", "variant.toml"], cwd, &env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ended = wait_until(Duration::from_secs(30), || child.try_wait().unwrap().is_some());
+        if !ended {
+            child.kill().unwrap();
+        }
+        let output = child.wait_with_output().unwrap();
+        assert!(ended, "{train}: rlvrctl did not return\n{}", text(&output));
+        assert_eq!(output.status.code(), Some(2), "{train}: {}", text(&output));
+        assert!(String::from_utf8_lossy(&output.stderr).contains(words), "{train}: {}", text(&output));
+    }
+    // Nothing was queued; only the spec's own heldout file (read before train failed, or not)
+    // may have become a dataset.
+    let list = json(&run(&rlvrctl, &["--json", "list"], cwd, &env));
+    assert_eq!(list["jobs"].as_array().map(Vec::len), Some(0), "{list}");
+    let datasets = json(&run(&rlvrctl, &["--json", "dataset", "list"], cwd, &env));
+    for dataset in datasets["datasets"].as_array().unwrap() {
+        assert_eq!(dataset["name"], "heldout", "{datasets}");
+    }
+}
+
 #[test]
 fn the_python_example_submits_a_toml_job_and_follows_it_to_published() {
     let redis = Redis::start();

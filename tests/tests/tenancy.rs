@@ -83,6 +83,14 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     refused(&daemon, &policy(&line.join("1").display().to_string()), 422, "model.policy", "server path");
     refused(&daemon, &policy("line:tiny-arith@1"), 422, "model.policy", "no model line");
     refused(&daemon, &policy("base:anything"), 422, "model.policy", "no base model");
+    // A name that is a path, wherever a name goes.
+    refused(&daemon, &policy("line:../tiny-arith"), 422, "model.policy", "model line name");
+    refused(&daemon, &policy("base:../../etc"), 422, "model.policy", "base model name");
+    let reference = ours.replace(
+        "policy = \"builtin:tiny-arith\"",
+        "policy = \"builtin:tiny-arith\"\nreference = \"/srv/tests/checkpoint\"",
+    );
+    refused(&daemon, &reference, 422, "model.reference", "server path");
     // regression: one team published into another team's line, once with heldout_gain_min = -1
     let into_victims = ours.replace("model_line = \"others-line\"", "model_line = \"tiny-arith\"");
     refused(&daemon, &into_victims, 403, "job.model_line", "belongs to another team");
@@ -130,6 +138,10 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     assert!(
         matches!(attacker.delete_dataset("secret-train"), Err(HttpError::Status { status, .. }) if status == 404)
     );
+    for name in ["../tests/secret-train", "tests/secret-train", ".hidden"] {
+        let put = attacker.put_dataset(name, b"{}\n");
+        assert!(matches!(put, Err(HttpError::Status { status, .. }) if status == 400), "{name}: {put:?}");
+    }
     assert!(
         victim.datasets().unwrap().datasets.iter().any(|d| d.name == "secret-train"),
         "the victim's dataset is intact"
