@@ -3,6 +3,8 @@
 #
 # Idempotent: a second run checks, finds everything in place, and takes seconds with no download.
 #   - a Python venv in the project cache with torch==2.11.0 from PyPI (libtorch for tch 0.24)
+#   - a second venv with schemathesis==4.32.5 from PyPI (the API's schema test runs its CLI); its
+#     own, so nothing it pulls in can change the Python the binaries link
 #   - redis-server from Debian's packages, when none is on PATH
 #   - g++ (for the libtorch bindings) and systemd-analyze (for the unit's test), when missing
 # The env file ($RLVR_CACHE_DIR/env.sh) exports LIBTORCH_USE_PYTORCH=1, the venv on PATH and the
@@ -10,8 +12,10 @@
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
+SCHEMATHESIS_VERSION=4.32.5
 CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}  # keep in step with scripts/lib.sh
 VENV=$CACHE_DIR/venv
+SCHEMATHESIS_VENV=$CACHE_DIR/venvs/schemathesis
 ENV_FILE=$CACHE_DIR/env.sh
 
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -32,6 +36,20 @@ if [ ! -x /usr/bin/python3 ]; then
 fi
 python_bin=${RLVR_PYTHON:-$(command -v python3 || echo /usr/bin/python3)}
 
+# Creates the venv $1 unless it has a python, installing python3-venv when `-m venv` fails.
+make_venv() {
+    [ -x "$1/bin/python" ] && return 0
+    say "creating venv $1"
+    mkdir -p "$(dirname "$1")"
+    if ! "$python_bin" -m venv "$1" 2>/dev/null; then
+        say "python3 -m venv failed: installing python3-venv from Debian's packages"
+        as_root apt-get update -qq
+        as_root apt-get install -y -qq python3-venv
+        rm -rf "$1"
+        "$python_bin" -m venv "$1"
+    fi
+}
+
 torch_installed() {
     [ -x "$VENV/bin/python" ] &&
         [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$TORCH_VERSION" ]
@@ -40,22 +58,28 @@ torch_installed() {
 if torch_installed; then
     say "torch $TORCH_VERSION already in $VENV"
 else
-    if [ ! -x "$VENV/bin/python" ]; then
-        say "creating venv $VENV"
-        if ! "$python_bin" -m venv "$VENV" 2>/dev/null; then
-            say "python3 -m venv failed: installing python3-venv from Debian's packages"
-            as_root apt-get update -qq
-            as_root apt-get install -y -qq python3-venv
-            rm -rf "$VENV"
-            "$python_bin" -m venv "$VENV"
-        fi
-    fi
+    make_venv "$VENV"
     say "installing torch==$TORCH_VERSION from PyPI into $VENV (about a minute, ~5 GB)"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
     torch_installed || { say "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
 fi
 torch_lib=$(cd "$VENV" && echo "$VENV"/lib/python3*/site-packages/torch/lib)
 [ -d "$torch_lib" ] || { say "expected libtorch under $torch_lib, found nothing"; exit 1; }
+
+# --- Schemathesis, in a venv of its own ------------------------------------------------------------
+schemathesis_installed() {
+    [ -x "$SCHEMATHESIS_VENV/bin/st" ] &&
+        [ "$("$SCHEMATHESIS_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("schemathesis"))' 2>/dev/null)" = "$SCHEMATHESIS_VERSION" ]
+}
+
+if schemathesis_installed; then
+    say "schemathesis $SCHEMATHESIS_VERSION already in $SCHEMATHESIS_VENV"
+else
+    make_venv "$SCHEMATHESIS_VENV"
+    say "installing schemathesis==$SCHEMATHESIS_VERSION from PyPI into $SCHEMATHESIS_VENV"
+    "$SCHEMATHESIS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
+    schemathesis_installed || { say "schemathesis $SCHEMATHESIS_VERSION did not install into $SCHEMATHESIS_VENV"; exit 1; }
+fi
 
 # --- Redis ------------------------------------------------------------------------------------
 redis_bin=${RLVR_REDIS_SERVER:-$(command -v redis-server || true)}
@@ -90,6 +114,7 @@ cat >"$tmp" <<ENV
 export RLVR_CACHE_DIR="$CACHE_DIR"
 export RLVR_VENV="$VENV"
 export RLVR_REDIS_SERVER="$redis_bin"
+export RLVR_SCHEMATHESIS="$SCHEMATHESIS_VENV/bin/st"
 export LIBTORCH_USE_PYTORCH=1
 export PYTHON_SYS_EXECUTABLE="$VENV/bin/python"
 export PATH="$VENV/bin:\$PATH"
