@@ -106,7 +106,7 @@ pub fn router(
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
         tenancy::list_lines, tenancy::get_line, tenancy::put_line
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &TokenAnswers),
     tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "daemon", description = "Health, metrics, plugins"))
 )]
 pub struct ApiDoc;
@@ -121,6 +121,44 @@ impl utoipa::Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// What `auth::require_token` may answer on every token route before its handler runs: 401
+/// (no token, or an unknown one) and 429 (over the team's rate limit, or too many failed
+/// authentications from the client's address). Added to each operation that names a security
+/// requirement, so that no route's document can forget them.
+struct TokenAnswers;
+
+impl utoipa::Modify for TokenAnswers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let error = || ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+        let answers = [
+            ("401", "No token, or one the daemon does not know"),
+            (
+                "429",
+                "Over the team's api.rate_limit_per_minute, or too many failed authentications from \
+                 this address (api.auth_failures_per_minute); Retry-After says when to come back",
+            ),
+        ];
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for operation in operations.into_iter().flatten() {
+                if operation.security.as_ref().is_none_or(Vec::is_empty) {
+                    continue;
+                }
+                for (status, description) in answers {
+                    operation.responses.responses.entry(status.to_owned()).or_insert_with(|| {
+                        ResponseBuilder::new()
+                            .description(description)
+                            .content("application/json", error())
+                            .build()
+                            .into()
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -185,5 +223,26 @@ mod tests {
             assert_eq!(*bearer, !open, "{route}");
         }
         assert_eq!(seen.len(), 21, "{seen:?}");
+    }
+
+    // regression: a request without a valid token past api.auth_failures_per_minute, or a team
+    // over api.rate_limit_per_minute, got a 429 that the datasets' and model lines' routes did not
+    // document
+    #[test]
+    fn every_token_route_documents_the_401_and_429_of_the_token_check() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let error_body = serde_json::json!({"$ref": "#/components/schemas/ErrorBody"});
+        for (path, methods) in document["paths"].as_object().unwrap() {
+            for (method, operation) in methods.as_object().unwrap() {
+                let route = format!("{} {path}", method.to_uppercase());
+                if matches!(route.as_str(), "GET /healthz" | "GET /metrics") {
+                    continue;
+                }
+                for status in ["401", "429"] {
+                    let schema = &operation["responses"][status]["content"]["application/json"]["schema"];
+                    assert_eq!(schema, &error_body, "{route} {status}");
+                }
+            }
+        }
     }
 }
