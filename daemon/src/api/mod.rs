@@ -225,6 +225,13 @@ mod tests {
         assert_eq!(seen.len(), 21, "{seen:?}");
     }
 
+    /// The statuses the document lists for `route` (`"GET /v1/jobs"`).
+    fn documented(document: &serde_json::Value, route: &str) -> Vec<String> {
+        let (method, path) = route.split_once(' ').unwrap();
+        let responses = &document["paths"][path][method.to_lowercase()]["responses"];
+        responses.as_object().unwrap_or_else(|| panic!("{route} is not documented")).keys().cloned().collect()
+    }
+
     // regression: a request without a valid token past api.auth_failures_per_minute, or a team
     // over api.rate_limit_per_minute, got a 429 that the datasets' and model lines' routes did not
     // document
@@ -243,6 +250,23 @@ mod tests {
                     assert_eq!(schema, &error_body, "{route} {status}");
                 }
             }
+        }
+    }
+
+    // regression: a name that cannot be one (`GET /v1/datasets/%C3%9A`) is 400 invalid_name,
+    // and a promotion whose body is not JSON 400 bad_request, which the document did not list
+    #[test]
+    fn the_400s_of_names_and_bodies_are_documented() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        for route in [
+            "GET /v1/datasets/{name}",
+            "PUT /v1/datasets/{name}",
+            "DELETE /v1/datasets/{name}",
+            "GET /v1/model-lines/{name}",
+            "PUT /v1/model-lines/{name}",
+            "POST /v1/jobs/{id}/promote",
+        ] {
+            assert!(documented(&document, route).contains(&"400".to_owned()), "{route}");
         }
     }
 }

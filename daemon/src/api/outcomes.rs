@@ -26,6 +26,7 @@ const MAX_REASON: usize = 2000;
     request_body = PromoteRequest,
     responses(
         (status = 200, description = "Published", body = JobView),
+        (status = 400, description = "Not a PromoteRequest as JSON", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, description = "Not an admin token", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Not a refused job", body = ErrorBody),

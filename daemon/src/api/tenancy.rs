@@ -164,7 +164,7 @@ pub async fn list_datasets(
 }
 
 /// `GET /v1/datasets/{name}`.
-#[utoipa::path(get, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 200, body = Dataset), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
+#[utoipa::path(get, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 200, body = Dataset), (status = 400, description = "Not a dataset name", body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
 pub async fn get_dataset(
     State(state): State<Arc<JobsState>>,
     Extension(caller): Extension<Caller>,
@@ -181,7 +181,7 @@ pub async fn get_dataset(
 
 /// `DELETE /v1/datasets/{name}`: jobs already submitted keep their pinned content only while
 /// another name points at it.
-#[utoipa::path(delete, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 204, description = "Deleted"), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
+#[utoipa::path(delete, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 204, description = "Deleted"), (status = 400, description = "Not a dataset name", body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
 pub async fn delete_dataset(
     State(state): State<Arc<JobsState>>,
     Extension(caller): Extension<Caller>,
@@ -210,7 +210,7 @@ pub async fn list_lines(
 }
 
 /// `GET /v1/model-lines/{name}`.
-#[utoipa::path(get, path = "/v1/model-lines/{name}", params(("name" = String, Path, description = "Model line")), responses((status = 200, body = ModelLine), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "model lines")]
+#[utoipa::path(get, path = "/v1/model-lines/{name}", params(("name" = String, Path, description = "Model line")), responses((status = 200, body = ModelLine), (status = 400, description = "Not a model line name", body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "model lines")]
 pub async fn get_line(
     State(state): State<Arc<JobsState>>,
     Extension(caller): Extension<Caller>,
