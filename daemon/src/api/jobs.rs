@@ -474,7 +474,7 @@ pub struct EventsQuery {
     path = "/v1/jobs/{id}/events",
     params(("id" = String, Path, description = "Job id"), EventsQuery),
     responses(
-        (status = 200, description = "text/event-stream of `state` (JobEvent) and `progress` (JobView) events", content_type = "text/event-stream", body = JobEvent),
+        (status = 200, description = "text/event-stream of `state` (JobEvent) and `progress` (JobView) events", content_type = "text/event-stream", body = StreamEvent),
         (status = 400, description = "Not an event id", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody),
     ),
@@ -519,6 +519,58 @@ pub async fn events(
         Some((Ok(event), follower))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))))
+}
+
+/// One event of `GET /v1/jobs/{id}/events` as the OpenAPI document describes it, for the
+/// document only (the handler writes axum's `Event`s): an object of the event's fields, as OpenAPI
+/// 3.2 models an event stream, whose `data` is the JSON text of a [`JobEvent`] (`event: state`,
+/// with its `id`) or of a [`JobView`] (`event: progress`; a client that tracks the last event id
+/// sees the last state's).
+pub struct StreamEvent;
+
+impl utoipa::PartialSchema for StreamEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::extensions::Extensions;
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        // utoipa's schema types have no `contentMediaType`/`contentSchema` (JSON Schema 2020-12,
+        // which OpenAPI 3.1 documents are): they go in as extra keys, which it writes as they are.
+        let data = |payload: &str| {
+            let keywords = [
+                ("contentMediaType", serde_json::json!("application/json")),
+                ("contentSchema", serde_json::json!({ "$ref": format!("#/components/schemas/{payload}") })),
+            ];
+            string()
+                .description(Some(format!("A {payload} as JSON")))
+                .extensions(Some(Extensions::from_iter(keywords)))
+        };
+        let event = |name: &str, payload: &str, id_required: bool| {
+            let object = ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property("event", string().enum_values(Some([name])))
+                .required("event")
+                .property("id", string().description(Some("The state event's stream id (`<ms>-<seq>`)")))
+                .property("data", data(payload))
+                .required("data");
+            if id_required { object.required("id") } else { object }
+        };
+        OneOfBuilder::new()
+            .item(event("state", "JobEvent", true))
+            .item(event("progress", "JobView", false))
+            .description(Some("One server-sent event: a state change, or the job's progress"))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for StreamEvent {
+    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>) {
+        // The payloads `contentSchema` names, which utoipa cannot see through the extra keys.
+        use utoipa::PartialSchema;
+        schemas.push(("JobEvent".to_owned(), JobEvent::schema()));
+        <JobEvent as utoipa::ToSchema>::schemas(schemas);
+        schemas.push(("JobView".to_owned(), JobView::schema()));
+        <JobView as utoipa::ToSchema>::schemas(schemas);
+    }
 }
 
 /// A Redis stream id, `MS-SEQ` or `MS`, each part a decimal `u64`: what `XREAD` takes. Anything

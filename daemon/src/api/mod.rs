@@ -269,4 +269,70 @@ mod tests {
             assert!(documented(&document, route).contains(&"400".to_owned()), "{route}");
         }
     }
+
+    // regression: the event stream was documented as bare JobEvents, while each event is
+    // `event`, `id` and `data` (a JobEvent or, for `progress`, a JobView, as JSON text)
+    #[test]
+    fn the_event_stream_documents_each_event_and_its_json_payload() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let content = &document["paths"]["/v1/jobs/{id}/events"]["get"]["responses"]["200"]["content"];
+        assert_eq!(content["text/event-stream"]["schema"]["$ref"], "#/components/schemas/StreamEvent");
+        let events = document["components"]["schemas"]["StreamEvent"]["oneOf"].as_array().unwrap();
+        let summary: Vec<_> = events
+            .iter()
+            .map(|event| {
+                (
+                    event["properties"]["event"]["enum"][0].as_str().unwrap(),
+                    event["required"].to_string(),
+                    event["properties"]["data"]["contentMediaType"].as_str().unwrap(),
+                    event["properties"]["data"]["contentSchema"]["$ref"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (
+                    "state",
+                    r#"["event","data","id"]"#.to_owned(),
+                    "application/json",
+                    "#/components/schemas/JobEvent"
+                ),
+                (
+                    "progress",
+                    r#"["event","data"]"#.to_owned(),
+                    "application/json",
+                    "#/components/schemas/JobView"
+                ),
+            ]
+        );
+    }
+
+    /// Every `$ref` in `value`.
+    fn refs<'a>(value: &'a serde_json::Value, found: &mut Vec<&'a str>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(target)) = map.get("$ref") {
+                    found.push(target);
+                }
+                map.values().for_each(|value| refs(value, found));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|value| refs(value, found)),
+            _ => {}
+        }
+    }
+
+    // The references written by hand (the event stream's `contentSchema`) are invisible to
+    // utoipa: each must still name a schema the document has.
+    #[test]
+    fn every_reference_names_a_schema_of_the_document() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let mut found = Vec::new();
+        refs(&document, &mut found);
+        assert!(found.contains(&"#/components/schemas/JobEvent"), "{found:?}");
+        for target in found {
+            let name = target.strip_prefix("#/components/schemas/").unwrap_or_else(|| panic!("{target}"));
+            assert!(document["components"]["schemas"].get(name).is_some(), "{target} is not in the document");
+        }
+    }
 }
