@@ -118,6 +118,26 @@ impl OptionError {
     }
 }
 
+/// For a plugin's tests: each of `answers` about options `json` (what `check_options` said, and
+/// what creating the plugin said, as `created.map(|_| OptionsReport::default())
+/// .map_err(OptionError::from)`) is `expected`: accepted with nothing to report, or refused at
+/// `(key, message)`. Panics with `json` in the message otherwise.
+pub fn assert_answers(
+    json: &str,
+    answers: impl IntoIterator<Item = Result<OptionsReport, OptionError>>,
+    expected: Result<(), (&str, &str)>,
+) {
+    for got in answers {
+        match (got, expected) {
+            (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default(), "{json}"),
+            (Err(error), Err((key, message))) => {
+                assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
+            }
+            (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
+        }
+    }
+}
+
 /// Whether `text` reads as a key path: non-empty, no whitespace, no `:`.
 fn is_key_path(text: &str) -> bool {
     !text.is_empty() && !text.chars().any(|c| c.is_whitespace() || c == ':' || c == ',')

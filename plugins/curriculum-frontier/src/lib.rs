@@ -145,15 +145,7 @@ mod tests {
         let created = Frontier::from_config(json, &prompts)
             .map(|_| OptionsReport::default())
             .map_err(OptionError::from);
-        for got in [checked, created] {
-            match (got, expected) {
-                (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
-                (Err(error), Err((key, message))) => {
-                    assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
-                }
-                (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
-            }
-        }
+        rlvr_plugin_api::options::assert_answers(json, [checked, created], expected);
     }
 
     #[test]

@@ -212,13 +212,7 @@ mod tests {
 
     /// Options → `Ok(())` (accepted, nothing to report) or `Err((key, message))`.
     fn check(json: &str, expected: Result<(), (&str, &str)>) {
-        match (IfevalVerifier::check_options(json), expected) {
-            (Ok(report), Ok(())) => assert_eq!(report, OptionsReport::default()),
-            (Err(error), Err((key, message))) => {
-                assert_eq!((error.key.as_str(), error.message.as_str()), (key, message), "{json}")
-            }
-            (got, expected) => panic!("{json}: got {got:?}, expected {expected:?}"),
-        }
+        rlvr_plugin_api::options::assert_answers(json, [IfevalVerifier::check_options(json)], expected);
     }
 
     #[test]
