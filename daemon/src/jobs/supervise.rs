@@ -244,38 +244,39 @@ impl Supervisor {
         let reason = format!("admitted to {}", names.join(", "));
         let mut fields = vec![("devices", names.join(","))];
         // The shared curriculum's version is pinned at the first admission and kept on resumes.
-        let curriculum_version = match self.pin_curriculum(&spec, job.curriculum_version) {
-            Ok(version) => version,
+        let curriculum = match self.pin_curriculum(&spec, job.curriculum_version) {
+            Ok(pinned) => pinned,
             Err(message) => {
                 let _ = self.transition(id, JobState::Failed, &message, &[]).await;
                 return;
             }
         };
         if job.curriculum_version.is_none()
-            && let Some(version) = curriculum_version
+            && let Some((_, version)) = &curriculum
         {
             fields.push(("curriculum_version", version.to_string()));
         }
         if self.transition(id, JobState::Admitted, &reason, &fields).await.is_none() {
             return;
         }
-        let end = self.run_worker(id, &spec, job.step, curriculum_version, &mut seat, &kinds).await;
+        let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &kinds).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
         self.conclude(id, &spec, end).await;
     }
 
-    /// The version of the job's shared curriculum it runs with: the one pinned before, else the
-    /// latest (0 when there is none yet); `None` when the job names no shared curriculum.
-    fn pin_curriculum(&self, spec: &JobSpec, pinned: Option<u64>) -> Result<Option<u64>, String> {
+    /// The curricula directory of the job's shared curriculum and the version it runs with: the
+    /// one pinned before, else the latest (0 when there is none yet); `None` when the job names no
+    /// shared curriculum.
+    fn pin_curriculum(&self, spec: &JobSpec, pinned: Option<u64>) -> Result<Option<(PathBuf, u64)>, String> {
         // Checked on every start: a grant taken back stops the reader's next run.
         let Some((dir, name)) = self.tenancy.curricula.for_job(spec)? else { return Ok(None) };
-        if pinned.is_some() {
-            return Ok(pinned);
+        if let Some(version) = pinned {
+            return Ok(Some((dir, version)));
         }
         let latest = crate::curricula::latest_number(&dir, &name)
             .map_err(|error| format!("curriculum.name: cannot pin a version of {name}: {error}"))?;
-        Ok(Some(latest.unwrap_or(0)))
+        Ok(Some((dir, latest.unwrap_or(0))))
     }
 
     /// What the job asks the scheduler for; its age counts from its submission.
@@ -292,12 +293,12 @@ impl Supervisor {
         id: &str,
         spec: &JobSpec,
         from_step: u64,
-        curriculum_version: Option<u64>,
+        curriculum: Option<(PathBuf, u64)>,
         seat: &mut Seat,
         devices: &[DeviceKind],
     ) -> WorkerEnd {
         let dir = self.jobs_dir.job(id);
-        let mut child = match self.spawn_worker(&dir, id, spec, curriculum_version, devices) {
+        let mut child = match self.spawn_worker(&dir, id, spec, curriculum, devices) {
             Ok(child) => child,
             Err(SpawnError::Refused(reason)) => return WorkerEnd::JobError(reason),
             Err(SpawnError::Io(error)) => {
@@ -356,7 +357,7 @@ impl Supervisor {
         dir: &JobDir,
         id: &str,
         spec: &JobSpec,
-        curriculum_version: Option<u64>,
+        curriculum: Option<(PathBuf, u64)>,
         devices: &[DeviceKind],
     ) -> Result<tokio::process::Child, SpawnError> {
         if !dir.spec().exists() {
@@ -377,7 +378,8 @@ impl Supervisor {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.worker_log())?;
         // The gates compare with the line's version published when this run started.
         let baseline = publish::latest_version(spec, &self.tenancy.lines);
-        let curriculum = curriculum_version.filter(|version| *version > 0);
+        // Version 0 (none yet): the plugin starts from its own prior.
+        let curriculum = curriculum.filter(|(_, version)| *version > 0);
         let gpus: Vec<String> = devices
             .iter()
             .filter_map(|kind| match kind {
@@ -396,13 +398,8 @@ impl Supervisor {
             job_id: Some(id.to_owned()),
             baseline_version: baseline.as_ref().map(|(version, _)| *version),
             baseline: baseline.map(|(_, path)| path),
-            curricula_dir: match curriculum {
-                Some(_) => {
-                    self.tenancy.curricula.for_job(spec).map_err(SpawnError::Refused)?.map(|(dir, _)| dir)
-                }
-                None => None,
-            },
-            curriculum_version: curriculum,
+            curricula_dir: curriculum.as_ref().map(|(dir, _)| dir.clone()),
+            curriculum_version: curriculum.map(|(_, version)| version),
             device: Some(if gpus.is_empty() { "cpu" } else { "cuda" }.to_owned()),
             host_context_stdin: true,
             ..WorkerArgs::default()
