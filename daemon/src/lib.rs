@@ -9,6 +9,7 @@ pub mod api;
 pub mod arith;
 pub mod config;
 pub mod curricula;
+pub mod doctor;
 pub mod health;
 pub mod jobs;
 pub mod metrics;

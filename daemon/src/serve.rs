@@ -25,6 +25,7 @@ use crate::api::jobs::JobsState;
 use crate::api::server::{self as http, FdLimitError};
 use crate::api::{AppState, router};
 use crate::config::Config;
+use crate::doctor::Doctor;
 use crate::health::{PING_INTERVAL, RedisHealth};
 use crate::jobs::supervise::{Supervisor, SupervisorConfig};
 use crate::jobs::{Queues, consumer};
@@ -74,6 +75,9 @@ pub enum ServeError {
     /// The worker executable (it runs jobs and probes plugins) could not be found.
     #[error("{0}")]
     WorkerExe(String),
+    /// The devices are GPUs and the worker cannot use CUDA (`rlvrd doctor` says why).
+    #[error("devices: {0}")]
+    Devices(String),
     /// `[outbound]` holds an entry that is not a destination (only a config built in code can:
     /// the validator refuses one from a file), or the client could not be built.
     #[error("outbound: {0}")]
@@ -102,7 +106,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     write_atomic(&state_dir.addr_file(), format!("{addr}\n").as_bytes())
         .map_err(|source| ServeError::StateDir { path: state_dir.path().to_owned(), source })?;
     tracing::info!(%addr, "api listening");
-    let scheduler = start_scheduler(&config, &metrics).await?;
+    let scheduler = start_scheduler(&config, &metrics, &worker).await?;
     let parts = Parts { worker, listener, registry, metrics, scheduler };
     let mut services = Services::start(&config, &state_dir, parts, &shutdown)?;
     let _ = sd_notify::notify(&[NotifyState::Ready]);
@@ -135,7 +139,13 @@ fn outbound_client(config: &Config) -> Result<rlvr_outbound::Client, ServeError>
 }
 
 /// The device inventory (NVML calls block: off the async threads) and the scheduler over it.
-async fn start_scheduler(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<Scheduler>, ServeError> {
+/// With GPUs, the worker is asked first whether it can use them ([`Doctor`]); without, what it
+/// answers is only logged, off the start's path.
+async fn start_scheduler(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    worker: &std::path::Path,
+) -> Result<Arc<Scheduler>, ServeError> {
     let devices = config.devices.clone();
     let inventory = tokio::task::spawn_blocking(move || inventory::discover(&devices))
         .await
@@ -145,12 +155,49 @@ async fn start_scheduler(config: &Config, metrics: &Arc<Metrics>) -> Result<Arc<
     }
     let names: Vec<&str> = inventory.devices.iter().map(|device| device.name.as_str()).collect();
     tracing::info!(devices = ?names, source = ?inventory.source, "device inventory");
+    let gpus =
+        inventory.devices.iter().any(|device| matches!(device.kind, inventory::DeviceKind::Cuda { .. }));
+    let (asked, examined) = (worker.to_owned(), inventory.clone());
+    let doctor = tokio::task::spawn_blocking(move || {
+        let doctor = Doctor::examine(&asked, &examined);
+        log_doctor(&doctor);
+        doctor
+    });
+    if gpus {
+        let doctor = doctor.await.map_err(|error| ServeError::Http(io::Error::other(error.to_string())))?;
+        if let Some(problem) = doctor.gpu_problem() {
+            return Err(ServeError::Devices(problem));
+        }
+    }
     let policy_config = PolicyConfig {
         shares: config.scheduler.shares.clone(),
         starvation_after_s: config.scheduler.starvation_after_s as f64,
         fair_share_half_life_s: config.scheduler.fair_share_half_life_s as f64,
     };
     Ok(Scheduler::new(inventory, policy_config, metrics.clone()))
+}
+
+/// The worker's libtorch, in the start's log.
+fn log_doctor(doctor: &Doctor) {
+    match (&doctor.torch, &doctor.torch_error) {
+        (Some(torch), _) => tracing::info!(
+            libtorch = torch.libtorch_version.as_deref().unwrap_or("unknown"),
+            cuda_loaded = torch.cuda_loaded,
+            cuda_available = torch.cuda_available,
+            cuda_devices = torch.cuda_devices,
+            cuda_runtime = torch.cuda_runtime.as_deref().unwrap_or("none"),
+            cuda_driver = torch.cuda_driver.as_deref().unwrap_or("none"),
+            cudnn = torch.cudnn.as_deref().unwrap_or("none"),
+            nccl = torch.nccl.as_deref().unwrap_or("none"),
+            cpu_matmul = %torch.cpu_matmul,
+            problems = ?torch.problems,
+            "worker libtorch"
+        ),
+        (None, error) => tracing::warn!(
+            error = error.as_deref().unwrap_or(""),
+            "cannot ask the worker what its libtorch can do"
+        ),
+    }
 }
 
 /// What the services are started from.
@@ -313,7 +360,7 @@ impl Services {
 pub const WORKER_EXE: &str = "rlvr-worker";
 
 /// `daemon.worker_exe`, else `rlvr-worker` next to this executable; it must be a file.
-fn worker_exe(configured: Option<&std::path::Path>) -> Result<PathBuf, ServeError> {
+pub fn worker_exe(configured: Option<&std::path::Path>) -> Result<PathBuf, ServeError> {
     let exe = match configured {
         Some(path) => path.to_owned(),
         None => {

@@ -14,6 +14,8 @@
 //! - [`gates`]: the gate report, one status per criterion.
 //! - [`jobdir`]: where a job's files are.
 //! - [`fs`]: the one atomic file write.
+//! - [`runtime`]: what the worker's libtorch can do on this host (`rlvr-worker doctor`), and the
+//!   platform a run recorded.
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
 
@@ -25,6 +27,7 @@ pub mod grants;
 pub mod job;
 pub mod jobdir;
 pub mod names;
+pub mod runtime;
 pub mod spec;
 pub mod time;
 pub mod worker;

@@ -28,6 +28,7 @@ pub mod models;
 pub mod optim;
 pub mod plugins;
 pub mod reward;
+pub mod runtime;
 pub mod start;
 pub mod state;
 pub mod step;
@@ -44,7 +45,7 @@ pub use rlvr_protocol::worker::Outcome;
 use rlvr_protocol::worker::{Baseline, BaselineKind, WorkerArgs, WorkerExit};
 use sha2::{Digest, Sha256};
 use tch::Device;
-use tracing::{info, info_span};
+use tracing::{info, info_span, warn};
 
 use self::data::{Cursor, PairRecord, PromptRecord, SftRecord};
 use self::models::{Models, ValueHead};
@@ -151,6 +152,11 @@ pub enum WorkerError {
     /// the job (the worker exits 70 and the daemon requeues the job).
     #[error("--host-context-stdin: {0}")]
     HostContext(String),
+    /// The device the run was given cannot be used here (CUDA missing, no driver, no such
+    /// device): the host's fault, not the job's (the worker exits 70). The daemon refuses to
+    /// start when its GPUs are out of its worker's reach, so this is a host that changed.
+    #[error("--device: {0}")]
+    Device(String),
 }
 
 impl WorkerError {
@@ -158,7 +164,9 @@ impl WorkerError {
     /// requeues it); everything else is.
     pub fn exit(&self) -> WorkerExit {
         match self {
-            WorkerError::Grants(_) | WorkerError::HostContext(_) => WorkerExit::Transient,
+            WorkerError::Grants(_) | WorkerError::HostContext(_) | WorkerError::Device(_) => {
+                WorkerExit::Transient
+            }
             _ => WorkerExit::JobError,
         }
     }
@@ -251,6 +259,18 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         _ => None,
     };
     let device = options.device.unwrap_or_else(Device::cuda_if_available);
+    let torch = runtime::report();
+    runtime::check_device(device, &torch)?;
+    let platform = runtime::platform(device, &torch);
+    if let Some(earlier) = start.previous.as_ref().and_then(|previous| previous.platform.as_ref()) {
+        let differences = platform.differences(earlier);
+        if !differences.is_empty() {
+            warn!(
+                differences = %differences.join("; "),
+                "resuming on another device or other libraries: results will differ from an uninterrupted run"
+            );
+        }
+    }
     let models = Models::load(
         &start.spec,
         start.checkpoint.as_deref(),
@@ -270,6 +290,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         curriculum: curriculum.as_ref().map(|(id, _)| id.clone()),
         reference: models.reference_identity.clone(),
         threads: options.threads,
+        platform: Some(platform),
     };
     if start.previous.is_none() {
         record
@@ -284,7 +305,9 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     info!(
         policy = %job.spec.model.policy,
         device = ?device,
-        cpu_matmul = %cpu_matmul(),
+        libtorch = torch.libtorch_version.as_deref().unwrap_or("unknown"),
+        cuda = torch.cuda_runtime.as_deref().unwrap_or("none"),
+        cpu_matmul = %torch.cpu_matmul,
         plugins = ?state.plugins,
         from_step = state.step,
         "worker starting"
@@ -390,14 +413,6 @@ fn baseline(options: &WorkerOptions, spec: &JobSpec) -> Baseline {
             version: Some(*version),
         },
         None => Baseline { kind: BaselineKind::Start, model: spec.model.policy.clone(), version: None },
-    }
-}
-
-/// How float32 linear layers run on the CPU, for the start line.
-fn cpu_matmul() -> String {
-    match rlvr_model::onednn::status() {
-        Ok(()) => "onednn".to_owned(),
-        Err(reason) => format!("blas ({reason})"),
     }
 }
 

@@ -1,7 +1,8 @@
 //! `rlvr-worker`: one job's training process, started by `rlvrd serve` for each admitted job (or
 //! by hand, without Redis). `run` trains; `probe-plugin` loads one plugin library for the
 //! daemon's registry, and `check-options` asks one about a job's options at submit, each in a
-//! process that can crash without harm (and that may link libtorch, which the daemon never does).
+//! process that can crash without harm (and that may link libtorch, which the daemon never does);
+//! `doctor` reports what its libtorch can do on this host.
 
 use std::process::ExitCode;
 
@@ -46,6 +47,11 @@ enum Command {
         #[arg(long)]
         options_json: String,
     },
+    /// Report what this process's libtorch can do: its version and directory, whether CUDA is
+    /// loaded and available, the CUDA runtime, driver, cuDNN, NCCL and cuBLAS versions, the CPU
+    /// matmul path, and what is wrong; one JSON line (`rlvrd doctor` prints it for people).
+    #[command(hide = true)]
+    Doctor,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +66,7 @@ fn main() -> ExitCode {
         Command::CheckOptions { plugin_path, options_json } => {
             print_line("check-options", &rlvr_plugin_host::options::check_main(&plugin_path, &options_json))
         }
+        Command::Doctor => print_line("doctor", &rlvr_worker::runtime::report()),
         Command::Run(args) => {
             logging::init(cli.log_format, "info");
             ExitCode::from(run(*args).code())
@@ -149,7 +156,7 @@ mod tests {
             let line = std::iter::once(OsString::from("rlvr-worker")).chain(args.command_line());
             match Cli::try_parse_from(line).unwrap().command {
                 Command::Run(parsed) => assert_eq!(*parsed, args),
-                Command::ProbePlugin { .. } | Command::CheckOptions { .. } => {
+                Command::ProbePlugin { .. } | Command::CheckOptions { .. } | Command::Doctor => {
                     panic!("parsed as another command")
                 }
             }

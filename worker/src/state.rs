@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use rlvr_model::{SamplerRng, save_pretrained};
 use rlvr_protocol::fs::{write_atomic, write_json_atomic};
 use rlvr_protocol::jobdir::{RunDir, checkpoint_name};
+use rlvr_protocol::runtime::RunPlatform;
 use serde::{Deserialize, Serialize};
 use tch::{Tensor, nn};
 use tracing::info;
@@ -41,6 +42,10 @@ pub struct JobRecord {
     pub reference: Option<String>,
     /// libtorch CPU threads of the run (see `WorkerOptions::threads`).
     pub threads: usize,
+    /// The device and libraries the run started on; a resume on others is warned about. Absent
+    /// in runs started before it was recorded.
+    #[serde(default)]
+    pub platform: Option<RunPlatform>,
 }
 
 impl JobRecord {

@@ -52,6 +52,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the devices this daemon would schedule over and what its worker's libtorch can do
+    /// with them: libtorch and CUDA versions, whether CUDA is built in, loaded and available,
+    /// cuDNN, NCCL and cuBLAS, the CPU matmul path, and every problem found. Exits 1 when the
+    /// devices are GPUs the worker cannot use (`rlvrd serve` refuses to start then).
+    Doctor {
+        /// Config file [default: /etc/rlvr/rlvrd.toml when it exists].
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -145,6 +157,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Doctor { config, json } => doctor(config, json),
         Command::ConfigExample => {
             print!("{}", config::example_toml());
             ExitCode::SUCCESS
@@ -201,6 +214,40 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `rlvrd doctor`: the report on stdout; exit 2 on a bad config, 1 when the GPUs are out of the
+/// worker's reach.
+fn doctor(config_path: Option<PathBuf>, json: bool) -> ExitCode {
+    let config = match config::load(config_path.as_deref()) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let worker = match rlvr_daemon::serve::worker_exe(config.daemon.worker_exe.as_deref()) {
+        Ok(worker) => worker,
+        Err(error) => {
+            eprintln!("rlvrd doctor: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!("asking {} what its libtorch can do (loads libtorch and CUDA)...", worker.display());
+    let inventory = rlvr_daemon::sched::inventory::discover(&config.devices);
+    let report = rlvr_daemon::doctor::Doctor::examine(&worker, &inventory);
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("rlvrd doctor: cannot encode the report: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", report.render());
+    }
+    if report.gpu_problem().is_some() { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }
 
 fn serve(config_path: Option<PathBuf>) -> anyhow::Result<()> {

@@ -715,10 +715,10 @@ const WORKER_ENV: &[&str] = &[
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
 ];
-const WORKER_ENV_PREFIXES: &[&str] = &["CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_"];
+const WORKER_ENV_PREFIXES: &[&str] = &["CUDA_", "CUBLAS_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_"];
 
 /// The entries of `vars` a worker inherits ([`WORKER_ENV`]).
-fn worker_environment(
+pub(crate) fn worker_environment(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     vars.filter(|(name, _)| {
