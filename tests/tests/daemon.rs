@@ -132,8 +132,23 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
         // regression: the unit set no LimitNOFILE, and 1,100 idle connections ran the daemon out
         // of file descriptors
         "LimitNOFILE=",
+        // regression: the GPUs' major was allowed only by its proprietary-driver name; NVIDIA's
+        // open kernel modules (the default since R560) register it as "nvidia"
+        "DeviceAllow=char-nvidia-frontend rw",
+        "DeviceAllow=char-nvidia rw",
+        "DeviceAllow=char-nvidia-uvm rw",
+        // nvidia-uvm is loaded, and the nodes made, by a unit outside this one's sandbox, first
+        "Wants=network-online.target nvidia-persistenced.service rlvr-nvidia-devices.service",
+        "After=network-online.target redis-server.service nvidia-persistenced.service rlvr-nvidia-devices.service",
+        // libtorch through the unit's environment, not the builder's home
+        "Environment=LD_LIBRARY_PATH=",
     ] {
         assert!(unit.contains(required), "rlvrd.service lacks {required}");
+    }
+    let devices =
+        std::fs::read_to_string(workspace_root().join("systemd/rlvr-nvidia-devices.service")).unwrap();
+    for required in ["Type=oneshot", "Before=rlvrd.service", "ExecStart=/usr/bin/nvidia-modprobe -u -c=0"] {
+        assert!(devices.contains(required), "rlvr-nvidia-devices.service lacks {required}");
     }
     assert!(
         !unit.lines().any(|line| line.starts_with("PrivateDevices=")),
@@ -143,15 +158,26 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("rlvrd.service");
     std::fs::write(&copy, unit.replace("/usr/local/bin/rlvrd", artifact("rlvrd").to_str().unwrap())).unwrap();
+    // No NVIDIA driver here: any executable stands in for nvidia-modprobe.
+    let devices_copy = dir.path().join("rlvr-nvidia-devices.service");
+    std::fs::write(
+        &devices_copy,
+        devices.replace("/usr/bin/nvidia-modprobe", artifact("rlvrd").to_str().unwrap()),
+    )
+    .unwrap();
     let output = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&copy)
+        .arg(&devices_copy)
         .output()
         .expect("systemd-analyze (Debian package systemd; scripts/setup.sh installs it)");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "systemd-analyze verify failed:\n{stderr}");
     // Warnings (an unknown setting, a bad value) do not fail the command; they fail this test.
-    let ours: Vec<&str> = stderr.lines().filter(|line| line.contains("rlvrd.service")).collect();
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("rlvrd.service") || line.contains("rlvr-nvidia-devices"))
+        .collect();
     assert!(ours.is_empty(), "systemd-analyze verify warned:\n{stderr}");
 }
 
