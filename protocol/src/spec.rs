@@ -429,11 +429,17 @@ pub struct CheckpointSection {
     /// A checkpoint every this many steps, and always at the end.
     #[serde(default = "defaults::checkpoint_every")]
     pub every_steps: u64,
+    /// A run resumed from a checkpoint ends bit-identically to an uninterrupted one (on the same
+    /// device and libraries). On CUDA this takes libtorch's deterministic algorithms, which cost
+    /// speed; `false` lets CUDA pick faster kernels whose sums vary from run to run. The CPU is
+    /// deterministic either way.
+    #[serde(default = "defaults::yes")]
+    pub exact_resume: bool,
 }
 
 impl Default for CheckpointSection {
     fn default() -> Self {
-        CheckpointSection { every_steps: defaults::checkpoint_every() }
+        CheckpointSection { every_steps: defaults::checkpoint_every(), exact_resume: true }
     }
 }
 
@@ -481,6 +487,10 @@ mod defaults {
     pub fn prompts_per_step() -> u32 {
         8
     }
+    pub fn yes() -> bool {
+        true
+    }
+
     pub fn checkpoint_every() -> u64 {
         10
     }

@@ -54,7 +54,18 @@ enum Command {
     Doctor,
 }
 
+/// cuBLAS picks a reduction order per call from its workspace unless its workspace is fixed:
+/// with this setting (NVIDIA's documented one for reproducible results, 8 buffers of 4 MiB per
+/// handle) and libtorch's deterministic algorithms, a CUDA run repeats to the bit.
+const CUBLAS_WORKSPACE: (&str, &str) = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+
 fn main() -> ExitCode {
+    // First, while the process has one thread, and before any cuBLAS handle exists; an
+    // operator's own setting stands.
+    if std::env::var_os(CUBLAS_WORKSPACE.0).is_none() {
+        // SAFETY: no other thread exists yet to read the environment concurrently.
+        unsafe { std::env::set_var(CUBLAS_WORKSPACE.0, CUBLAS_WORKSPACE.1) };
+    }
     let cli = Cli::parse();
     // The http verifier's client needs a rustls provider in the process that loads it.
     rlvr_startup::install_crypto_provider();
