@@ -86,7 +86,11 @@ impl Inventory {
     pub fn policy_devices(&self) -> Vec<Device> {
         self.devices
             .iter()
-            .map(|device| Device { name: device.kind.to_string(), memory_gb: device.memory_gb })
+            .map(|device| Device {
+                name: device.kind.to_string(),
+                memory_gb: device.memory_gb,
+                exclusive: false,
+            })
             .collect()
     }
 }
