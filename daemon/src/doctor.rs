@@ -40,12 +40,16 @@ pub struct DoctorDevice {
     pub name: String,
     pub memory_gb: f64,
     pub gpu: bool,
+    /// A GPU's or MIG instance's UUID (what a worker's `CUDA_VISIBLE_DEVICES` names).
+    pub uuid: Option<String>,
+    /// For people: UUID, model, memory, compute mode and MIG state.
+    pub summary: String,
 }
 
 impl Doctor {
     /// Asks `worker` and takes `inventory` as found.
     pub fn examine(worker: &Path, inventory: &Inventory) -> Doctor {
-        let (torch, torch_error) = match ask_worker(worker) {
+        let (torch, torch_error) = match ask_worker(worker, inventory) {
             Ok(torch) => (Some(torch), None),
             Err(error) => (None, Some(error)),
         };
@@ -61,6 +65,8 @@ impl Doctor {
                     name: device.name.clone(),
                     memory_gb: device.memory_gb,
                     gpu: matches!(device.kind, DeviceKind::Cuda { .. }),
+                    uuid: device.gpu.as_ref().map(|gpu| gpu.uuid.clone()),
+                    summary: device.to_string(),
                 })
                 .collect(),
             device_notes: inventory.notes.clone(),
@@ -132,7 +138,7 @@ impl Doctor {
         }
         let _ = writeln!(out, "devices");
         for device in &self.devices {
-            let _ = writeln!(out, "  {:<8} {:>8.1} GB  {}", device.id, device.memory_gb, device.name);
+            let _ = writeln!(out, "  {}", device.summary);
         }
         for note in &self.device_notes {
             let _ = writeln!(out, "  note: {note}");
@@ -144,11 +150,13 @@ impl Doctor {
     }
 }
 
-/// `rlvr-worker doctor`'s answer.
-fn ask_worker(worker: &Path) -> Result<TorchRuntime, String> {
+/// `rlvr-worker doctor`'s answer, asked as a job on every device of `inventory` would be.
+fn ask_worker(worker: &Path, inventory: &Inventory) -> Result<TorchRuntime, String> {
     let mut command = Command::new(worker);
     command.arg("doctor");
-    command.env_clear().envs(crate::jobs::supervise::worker_environment(std::env::vars_os()));
+    command
+        .env_clear()
+        .envs(crate::jobs::supervise::worker_environment(std::env::vars_os(), &inventory.devices));
     let output = rlvr_plugin_host::child::run(command, WORKER_DOCTOR_TIMEOUT)
         .map_err(|error| format!("{} doctor: {error}", worker.display()))?;
     output

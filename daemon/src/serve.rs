@@ -153,6 +153,9 @@ async fn start_scheduler(
     for note in &inventory.notes {
         tracing::info!("devices: {note}");
     }
+    for device in &inventory.devices {
+        tracing::info!("device: {device}");
+    }
     let names: Vec<&str> = inventory.devices.iter().map(|device| device.name.as_str()).collect();
     tracing::info!(devices = ?names, source = ?inventory.source, "device inventory");
     let gpus =

@@ -627,7 +627,7 @@ enum Bound {
 /// written once, here, and its message follows from it.
 #[derive(Debug, Clone, Copy)]
 enum Range {
-    /// Integers from one to the other: `1 to 1024`.
+    /// Integers from one to the other: `1 to 1024`; `1` when they are the same.
     Ints(u64, u64),
     /// Integers from this one up: `at least 1`.
     IntsFrom(u64),
@@ -700,6 +700,7 @@ impl<T> Rule<T> {
         let noun = self.noun.unwrap_or("number");
         let unit = self.noun.map(|noun| format!(" {noun}")).unwrap_or_default();
         let range = match self.range {
+            Range::Ints(lo, hi) if lo == hi => format!("{lo}{unit}"),
             Range::Ints(lo, hi) => format!("{lo} to {hi}{unit}"),
             Range::IntsFrom(lo) => format!("at least {lo}{unit}"),
             Range::Reals(lo, hi) => {
@@ -798,7 +799,9 @@ const RULES: &[SpecRule] = &[
         .noun("number of tokens"),
     SpecRule::new("budget.max_wall_minutes", |s| real(s.budget.max_wall_minutes), Positive)
         .noun("number of minutes"),
-    SpecRule::new("resources.devices", |s| int(s.resources.devices), Ints(1, 64)),
+    // Until a job can use more: the worker runs on one device, and more would be held idle.
+    SpecRule::new("resources.devices", |s| int(s.resources.devices), Ints(1, 1))
+        .note("(one device per job: that is what the worker uses today)"),
     SpecRule::new("resources.memory_gb", |s| real(s.resources.memory_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("checkpoint.every_steps", |s| int(s.checkpoint.every_steps), IntsFrom(1)),
 ];
@@ -948,7 +951,7 @@ max_steps = 10
             ("[rollout]\ntop_q = 2.0\n", "rollout.top_q", "unknown field `top_q`"),
             ("[rollout]\nmax_new_tokens = -3\n", "rollout.max_new_tokens", "invalid value"),
             ("[rollout]\nmax_new_tokens = \"many\"\n", "rollout.max_new_tokens", "invalid type"),
-            ("[resources]\ndevices = 0\n", "resources.devices", "expected 1 to 64"),
+            ("[resources]\ndevices = 0\n", "resources.devices", "expected 1 (one device per job"),
             ("[stop]\nkl = 1.0\n", "stop.kl", "unknown field `kl`"),
         ];
         for (extra, field, message) in cases {
@@ -1048,7 +1051,11 @@ max_steps = 10
                 "max_wall_minutes = -5.0",
                 "budget.max_wall_minutes: expected a positive number of minutes, got -5",
             ),
-            ("resources", "devices = 65", "resources.devices: expected 1 to 64, got 65"),
+            (
+                "resources",
+                "devices = 2",
+                "resources.devices: expected 1 (one device per job: that is what the worker uses today), got 2",
+            ),
             ("resources", "memory_gb = -1.0", "resources.memory_gb: expected a number ≥ 0, got -1"),
             ("checkpoint", "every_steps = 0", "checkpoint.every_steps: expected at least 1, got 0"),
         ];
@@ -1065,7 +1072,7 @@ max_steps = 10
             ),
             ("stop", "heldout_drop_max = 0.0\nverifier_error_rate_max = 1.0\nlength_growth_max = 1.01"),
             ("gates", "heldout_gain_min = -1.0\nkl_max = 1e-9"),
-            ("resources", "devices = 64\nmemory_gb = 0.0"),
+            ("resources", "devices = 1\nmemory_gb = 0.0"),
         ];
         for (section, lines) in edges {
             check(&with(section, lines), &[]);

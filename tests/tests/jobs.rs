@@ -271,7 +271,12 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
         ),
         (with("[[verifiers]]", "[[verifiers]]\nweight = -1.0"), 422, "verifiers[0].weight", "≥ 0"),
         (with("every_steps = 5", "every_steps = 0"), 422, "checkpoint.every_steps", "at least 1"),
-        (format!("{good}\n[resources]\ndevices = 0\n"), 422, "resources.devices", "expected 1 to 64"),
+        (
+            format!("{good}\n[resources]\ndevices = 0\n"),
+            422,
+            "resources.devices",
+            "expected 1 (one device per job",
+        ),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
         (format!("{good}\n[stop]\nkl_max = -1.0\n"), 422, "stop.kl_max", "expected a number > 0"),
         (format!("{good}\n[stop]\nlength_growth_max = 0.5\n"), 422, "stop.length_growth_max", "a factor > 1"),
@@ -294,12 +299,12 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "[0, 1]",
         ),
         (good.replace("[gates]\n", "[gates]\nkl = 1\n"), 400, "gates.kl", "unknown field"),
-        // This daemon has one CPU slot.
+        // One device per job, whatever the daemon has: the worker uses one.
         (
             format!("{good}\n[resources]\ndevices = 2\n"),
             422,
             "resources.devices",
-            "never fit here: this daemon has 1",
+            "expected 1 (one device per job: that is what the worker uses today), got 2",
         ),
         (
             // regression: a spec wrote into another team's registry with [publish] registry

@@ -253,6 +253,10 @@ impl Checker<'_> {
                 let valid = self.string(path, value, &what).map(is_env_name);
                 self.passed(valid, path, value, &what)
             }
+            Kind::GpuUuid => {
+                let valid = self.string(path, value, &what).map(is_gpu_uuid);
+                self.passed(valid, path, value, &what)
+            }
             Kind::Optional(kind) => self.value(path, kind, value),
             Kind::Shares => self.shares(path, value),
         }
@@ -453,6 +457,13 @@ fn unique_text(value: &Value) -> String {
 fn is_env_name(name: &str) -> bool {
     name.chars().next().is_some_and(|c| c.is_ascii_uppercase() || c == '_')
         && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// A GPU's or MIG instance's UUID, or a prefix of one: `GPU-` or `MIG-`, then letters, digits and
+/// `-` (the old `MIG-GPU-…/GI/CI` form is not read).
+fn is_gpu_uuid(uuid: &str) -> bool {
+    ["GPU-", "MIG-"].iter().any(|prefix| uuid.len() > prefix.len() && uuid.starts_with(prefix))
+        && uuid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 use rlvr_protocol::names::valid_team_name as is_team_name;

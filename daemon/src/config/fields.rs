@@ -79,6 +79,8 @@ pub(super) enum Kind {
     Name,
     /// The name of an environment variable of the daemon's: uppercase letters, digits and `_`.
     EnvName,
+    /// A GPU's `GPU-…` or a MIG instance's `MIG-…` UUID, or a prefix of one: letters, digits, `-`.
+    GpuUuid,
     /// An entry's key that may be left out (its serde field is an `Option`): `kind` when set.
     Optional(&'static Kind),
     /// `[path]`: team name → a [`SHARE`] of the capacity, summing to at most 1. None by default.
@@ -114,6 +116,8 @@ pub(super) struct Unique {
 pub(super) const TEAM_NAME: &str = rlvr_protocol::names::TEAM_RULE;
 /// What an environment variable name is, for messages.
 pub(super) const ENV_NAME: &str = "an environment variable name of uppercase letters, digits and '_'";
+/// What a GPU's UUID is, for messages.
+const GPU_UUID: &str = "a GPU-… or MIG-… UUID as nvidia-smi -L prints it, or a prefix of one";
 /// What a sha256 is, for messages and the example.
 const SHA256: &str =
     "the hex sha256 of the token (64 lowercase hex characters: printf %s \"$TOKEN\" | sha256sum)";
@@ -143,7 +147,16 @@ pub(super) const SECTIONS: [Section; 10] = [
               never a redirect, never through a proxy; each destination is checked when the job is \
               submitted and each address its host resolves to again when the request is made.",
     },
-    Section { name: "devices", doc: "The devices the scheduler packs jobs onto." },
+    Section {
+        name: "devices",
+        doc: "The devices the scheduler packs jobs onto: [[devices.gpus]] when set, else cpu_slots when \
+              set, else the GPUs NVML reports, else one CPU slot. When the daemon's CUDA_VISIBLE_DEVICES \
+              is set, only the GPUs it leaves are used (GPU-… and MIG-… UUIDs; indexes only under \
+              CUDA_DEVICE_ORDER=PCI_BUS_ID or naming every GPU; empty or -1: none). A GPU in MIG mode is \
+              used as its MIG instances, one in compute mode Prohibited not at all, one in \
+              ExclusiveProcess by one job at a time. A worker is given its GPU by UUID. rlvrd logs the \
+              devices at start, with a note for each one it skipped.",
+    },
     Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
     Section { name: "scheduler", doc: "How jobs share the devices (design.md §7)." },
 ];
@@ -385,11 +398,15 @@ admin = false",
         kind: Kind::Tables {
             fields: GPU_FIELDS,
             unique: Unique { key: "index", message: "gpu {value} is already listed at {first}" },
-            one_of: &[],
+            one_of: &["index", "uuid"],
         },
-        doc: "GPUs, to override what NVML reports: one [[devices.gpus]] entry per GPU; with none, the \
-              GPUs are what NVML reports.",
-        example: Example::Commented("[[devices.gpus]]\nindex = 0\nmemory_gb = 80"),
+        doc: "The GPUs to use, with the memory jobs may use on each, instead of every GPU NVML reports: \
+              one [[devices.gpus]] entry per GPU or MIG instance, by its index or its UUID. An entry \
+              that cannot be used (unknown, outside CUDA_VISIBLE_DEVICES, a GPU in MIG mode) is \
+              skipped, with a note in the log.",
+        example: Example::Commented(
+            "[[devices.gpus]]\nindex = 0\nmemory_gb = 80\n[[devices.gpus]]\nuuid = \"MIG-8932f937-d72c-4106-c12f-20bd9faed9f6\"\nmemory_gb = 40",
+        ),
     },
     field(
         "queue.poll_interval_ms",
@@ -534,10 +551,16 @@ const SECRET_FIELDS: &[Field] = &[
 const GPU_FIELDS: &[Field] = &[
     field(
         "index",
-        Kind::Integer(Integers { min: 0, max: None, unit: None, default: None }),
-        "CUDA device index.",
+        Kind::Optional(&Kind::Integer(Integers { min: 0, max: None, unit: None, default: None })),
+        "The GPU's index as NVML and nvidia-smi number GPUs (set exactly one of index and uuid).",
     ),
-    field("memory_gb", Kind::Number(GIGABYTES), "Usable memory."),
+    field(
+        "uuid",
+        Kind::Optional(&Kind::GpuUuid),
+        "The UUID of a GPU (GPU-…) or of a MIG instance (MIG-…), as nvidia-smi -L prints it; a prefix \
+         only it has will do.",
+    ),
+    field("memory_gb", Kind::Number(GIGABYTES), "Memory jobs may use on it."),
 ];
 
 impl Field {
@@ -597,6 +620,7 @@ impl Kind {
             Kind::TeamName => TEAM_NAME.to_owned(),
             Kind::Name => format!("a name of {}", rlvr_protocol::names::NAME_RULE),
             Kind::EnvName => ENV_NAME.to_owned(),
+            Kind::GpuUuid => GPU_UUID.to_owned(),
             Kind::Optional(kind) => kind.what(path),
             Kind::Sha256 => SHA256.to_owned(),
             Kind::Bool(_) => "true or false".to_owned(),
@@ -618,7 +642,12 @@ impl Kind {
             Kind::Bool(default) => Some(Value::from(*default)),
             Kind::Tables { .. } => Some(Value::from(Vec::<Value>::new())),
             Kind::Shares => Some(Value::from(Dict::new())),
-            Kind::TeamName | Kind::Sha256 | Kind::Name | Kind::EnvName | Kind::Optional(_) => None,
+            Kind::TeamName
+            | Kind::Sha256
+            | Kind::Name
+            | Kind::EnvName
+            | Kind::GpuUuid
+            | Kind::Optional(_) => None,
         }
     }
 

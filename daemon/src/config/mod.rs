@@ -242,16 +242,21 @@ pub struct DevicesConfig {
     /// CPU slots, used when no GPU is found or when set.
     pub cpu_slots: Option<u32>,
     pub cpu_slot_memory_gb: Option<f64>,
-    /// `[[devices.gpus]]`: overrides what NVML reports.
+    /// `[[devices.gpus]]`: the GPUs to use, with their memory, instead of every GPU NVML reports.
     pub gpus: Vec<GpuConfig>,
 }
 
-/// One `[[devices.gpus]]` entry.
+/// One `[[devices.gpus]]` entry: one GPU or MIG instance, by exactly one of `index` and `uuid`
+/// (the checker says so).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuConfig {
-    /// CUDA device index; unique.
-    pub index: u32,
+    /// NVML's (nvidia-smi's) index of a GPU; unique.
+    #[serde(default)]
+    pub index: Option<u32>,
+    /// A GPU's `GPU-…` or a MIG instance's `MIG-…` UUID, in full or a prefix only it has.
+    #[serde(default)]
+    pub uuid: Option<String>,
     pub memory_gb: f64,
 }
 

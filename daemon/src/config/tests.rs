@@ -105,7 +105,7 @@ fn defaults_are_the_tables() {
     assert_eq!(from_structs, from_table);
 
     let token = TokenConfig { team: "a".into(), sha256: SHA_A.into(), admin: false };
-    let gpu = GpuConfig { index: 0, memory_gb: 1.0 };
+    let gpu = GpuConfig { index: Some(0), uuid: Some("GPU-0".into()), memory_gb: 1.0 };
     let entries = [
         ("auth.tokens", figment::value::Value::serialize(token).unwrap()),
         ("devices.gpus", figment::value::Value::serialize(gpu).unwrap()),
@@ -187,6 +187,9 @@ fn file_overrides_default() {
         [[devices.gpus]]
         index = 1
         memory_gb = 79.5
+        [[devices.gpus]]
+        uuid = "MIG-8932f937"
+        memory_gb = 20
         [scheduler]
         starvation_after_s = 1
         fair_share_half_life_s = 2592000
@@ -246,7 +249,10 @@ fn file_overrides_default() {
         devices: DevicesConfig {
             cpu_slots: Some(3),
             cpu_slot_memory_gb: Some(8.0),
-            gpus: vec![GpuConfig { index: 1, memory_gb: 79.5 }],
+            gpus: vec![
+                GpuConfig { index: Some(1), uuid: None, memory_gb: 79.5 },
+                GpuConfig { index: None, uuid: Some("MIG-8932f937".into()), memory_gb: 20.0 },
+            ],
         },
         queue: QueueConfig::default(),
         scheduler: SchedulerConfig {
@@ -288,7 +294,7 @@ fn env_overrides_file() {
     assert_eq!(config.plugins.scan_interval_ms, 1000);
     assert_eq!(config.devices.cpu_slots, Some(4));
     assert_eq!(config.devices.cpu_slot_memory_gb, Some(8.1));
-    assert_eq!(config.devices.gpus, [GpuConfig { index: 0, memory_gb: 80.5 }]);
+    assert_eq!(config.devices.gpus, [GpuConfig { index: Some(0), uuid: None, memory_gb: 80.5 }]);
     assert_eq!(config.auth.tokens, [TokenConfig { team: "ci".into(), sha256: SHA_A.into(), admin: true }]);
     assert_eq!(config.redis.url, "rediss://cache.internal:6380");
     assert_eq!(config.daemon.state_dir, Path::new("/quoted/dir"));
@@ -533,11 +539,18 @@ fn device_and_scheduler_problems() {
         ),
         (
             "[[devices.gpus]]\nindex = 0\nmemory_gb = 80\n[[devices.gpus]]\nindex = 0\nmemory_gb = 40\n[[devices.gpus]]\nmemory_gb = \"80\"",
-            "devices.gpus[1].index: gpu 0 is already listed at devices.gpus[0]\ndevices.gpus[2].index: missing required key\ndevices.gpus[2].memory_gb: expected a number of gigabytes greater than 0, found \"80\"",
+            "devices.gpus[1].index: gpu 0 is already listed at devices.gpus[0]\ndevices.gpus[2].memory_gb: expected a number of gigabytes greater than 0, found \"80\"\ndevices.gpus[2]: expected exactly one of index, uuid to be set, found 0",
         ),
         (
             "[[devices.gpus]]\nindex = -1\nmemory_gb = 1",
             "devices.gpus[0].index: expected an integer of at least 0, found -1",
+        ),
+        (
+            "[[devices.gpus]]\nuuid = \"0\"\nmemory_gb = 1\n[[devices.gpus]]\nuuid = \"MIG-GPU-1/1/0\"\nmemory_gb = 1\n\
+             [[devices.gpus]]\nindex = 1\nuuid = \"GPU-1\"\nmemory_gb = 1",
+            "devices.gpus[0].uuid: expected a GPU-… or MIG-… UUID as nvidia-smi -L prints it, or a prefix of one, found \"0\"\n\
+             devices.gpus[1].uuid: expected a GPU-… or MIG-… UUID as nvidia-smi -L prints it, or a prefix of one, found \"MIG-GPU-1/1/0\"\n\
+             devices.gpus[2]: expected exactly one of index, uuid to be set, found 2",
         ),
         (
             "[scheduler]\nstarvation_after_s = 0\nfair_share_half_life_s = 2592001\npreempt_grace_s = 1.5\npreempt = 1",

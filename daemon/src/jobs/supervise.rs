@@ -30,7 +30,7 @@ use rlvr_protocol::job::{JobState, JobView};
 use rlvr_protocol::spec::{JobSpec, Priority};
 use rlvr_queue::dispatch::new_task_id;
 
-use crate::sched::inventory::DeviceKind;
+use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
 use rlvr_queue::store::StoreError;
@@ -238,9 +238,11 @@ impl Supervisor {
                 }
             }
         };
-        let kinds: Vec<DeviceKind> =
-            self.scheduler.inventory_devices(&devices).iter().map(|device| device.kind).collect();
-        let names: Vec<String> = kinds.iter().map(ToString::to_string).collect();
+        let devices = self.scheduler.inventory_devices(&devices);
+        let names: Vec<String> = devices.iter().map(|device| device.kind.to_string()).collect();
+        let uuids: Vec<&str> =
+            devices.iter().filter_map(|device| device.gpu.as_ref()).map(|gpu| gpu.uuid.as_str()).collect();
+        info!(devices = %names.join(","), uuids = %uuids.join(","), "admitted");
         let reason = format!("admitted to {}", names.join(", "));
         let mut fields = vec![("devices", names.join(","))];
         // The shared curriculum's version is pinned at the first admission and kept on resumes.
@@ -259,7 +261,7 @@ impl Supervisor {
         if self.transition(id, JobState::Admitted, &reason, &fields).await.is_none() {
             return;
         }
-        let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &kinds).await;
+        let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &devices).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
         self.conclude(id, &spec, end).await;
@@ -295,7 +297,7 @@ impl Supervisor {
         from_step: u64,
         curriculum: Option<(PathBuf, u64)>,
         seat: &mut Seat,
-        devices: &[DeviceKind],
+        devices: &[InventoryDevice],
     ) -> WorkerEnd {
         let dir = self.jobs_dir.job(id);
         let mut child = match self.spawn_worker(&dir, id, spec, curriculum, devices) {
@@ -358,7 +360,7 @@ impl Supervisor {
         id: &str,
         spec: &JobSpec,
         curriculum: Option<(PathBuf, u64)>,
-        devices: &[DeviceKind],
+        devices: &[InventoryDevice],
     ) -> Result<tokio::process::Child, SpawnError> {
         if !dir.spec().exists() {
             // The names the team wrote, as the server's paths; written once, so every resume
@@ -380,13 +382,7 @@ impl Supervisor {
         let baseline = publish::latest_version(spec, &self.tenancy.lines);
         // Version 0 (none yet): the plugin starts from its own prior.
         let curriculum = curriculum.filter(|(_, version)| *version > 0);
-        let gpus: Vec<String> = devices
-            .iter()
-            .filter_map(|kind| match kind {
-                DeviceKind::Cuda { index } => Some(index.to_string()),
-                DeviceKind::Cpu { .. } => None,
-            })
-            .collect();
+        let on_gpu = devices.iter().any(|device| device.gpu.is_some());
         let args = WorkerArgs {
             spec: dir.spec(),
             state_dir: dir.run().path().to_owned(),
@@ -400,19 +396,15 @@ impl Supervisor {
             baseline: baseline.map(|(_, path)| path),
             curricula_dir: curriculum.as_ref().map(|(dir, _)| dir.clone()),
             curriculum_version: curriculum.map(|(_, version)| version),
-            device: Some(if gpus.is_empty() { "cpu" } else { "cuda" }.to_owned()),
+            device: Some(if on_gpu { "cuda" } else { "cpu" }.to_owned()),
             host_context_stdin: true,
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
         command.args(args.command_line());
         // The worker and the plugins it loads see none of the daemon's environment but what a
-        // process needs to run: secrets reach them by name only (SECURITY.md).
-        command.env_clear().envs(worker_environment(std::env::vars_os()));
-        if !gpus.is_empty() {
-            // NVML's indexes are PCI order; CUDA's are too under this setting.
-            command.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env("CUDA_VISIBLE_DEVICES", gpus.join(","));
-        }
+        // process needs to run: secrets reach them by name only (SECURITY.md). Its GPUs by UUID.
+        command.env_clear().envs(worker_environment(std::env::vars_os(), devices));
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
         let mut child = command.spawn()?;
         // The context goes on the worker's standard input, never into its arguments, environment
@@ -717,16 +709,32 @@ const WORKER_ENV: &[&str] = &[
 ];
 const WORKER_ENV_PREFIXES: &[&str] = &["CUDA_", "CUBLAS_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_"];
 
-/// The entries of `vars` a worker inherits ([`WORKER_ENV`]).
+/// The variable that names a worker's GPUs.
+const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// The daemon's own, about which GPUs it sees and how it numbers them: never a worker's.
+const DAEMON_ONLY_ENV: &[&str] = &[CUDA_VISIBLE_DEVICES, "CUDA_DEVICE_ORDER"];
+
+/// A worker's environment on `devices`: the entries of `vars` it inherits ([`WORKER_ENV`]), but for
+/// the daemon's own `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`, and `CUDA_VISIBLE_DEVICES`
+/// naming its GPUs by UUID (`GPU-…`, `MIG-…`), so no ordering decides which GPU it gets; empty
+/// on CPU slots, so it sees no GPU at all.
 pub(crate) fn worker_environment(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    devices: &[InventoryDevice],
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    vars.filter(|(name, _)| {
-        name.to_str().is_some_and(|name| {
-            WORKER_ENV.contains(&name) || WORKER_ENV_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+    let mut environment: Vec<_> = vars
+        .filter(|(name, _)| {
+            name.to_str().is_some_and(|name| {
+                (WORKER_ENV.contains(&name)
+                    || WORKER_ENV_PREFIXES.iter().any(|prefix| name.starts_with(prefix)))
+                    && !DAEMON_ONLY_ENV.contains(&name)
+            })
         })
-    })
-    .collect()
+        .collect();
+    let uuids: Vec<&str> =
+        devices.iter().filter_map(|device| device.gpu.as_ref()).map(|gpu| gpu.uuid.as_str()).collect();
+    environment.push((CUDA_VISIBLE_DEVICES.into(), uuids.join(",").into()));
+    environment
 }
 
 /// Writes the job's spec (once: the worker checks it never changes under a run).
@@ -847,7 +855,68 @@ pub fn priority_of(job: &JobView) -> Priority {
 mod tests {
     use std::os::unix::process::ExitStatusExt;
 
+    use expect_test::expect;
+
     use super::*;
+    use crate::sched::inventory::{ComputeMode, DeviceKind, GpuInfo, MigState};
+
+    // regression: an operator who started rlvrd with CUDA_VISIBLE_DEVICES=2,3 got jobs on GPU 0
+    #[test]
+    fn a_worker_gets_its_gpus_by_uuid_whatever_the_daemons_cuda_variables() {
+        let daemon = [
+            ("PATH", "/usr/bin"),
+            ("CUDA_VISIBLE_DEVICES", "2,3"),
+            ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+            ("CUDA_CACHE_PATH", "/var/cache/cuda"),
+            ("RLVR__AUTH__TOKENS", "not for workers"),
+        ];
+        let gpu = |kind: DeviceKind, uuid: &str, mig: MigState| InventoryDevice {
+            kind,
+            name: kind.to_string(),
+            memory_gb: 40.0,
+            gpu: Some(GpuInfo {
+                uuid: uuid.to_owned(),
+                model: None,
+                total_memory_gb: None,
+                compute_mode: Some(ComputeMode::Default),
+                mig: Some(mig),
+            }),
+        };
+        let cases = [
+            vec![gpu(
+                DeviceKind::Cuda { index: 2 },
+                "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6",
+                MigState::Disabled,
+            )],
+            vec![gpu(
+                DeviceKind::Mig { gpu: 3, instance: 1 },
+                "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f",
+                MigState::Instance { parent: "GPU-1".to_owned() },
+            )],
+            vec![InventoryDevice {
+                kind: DeviceKind::Cpu { slot: 0 },
+                name: "cpu:0".to_owned(),
+                memory_gb: 8.0,
+                gpu: None,
+            }],
+        ];
+        let mut shown = String::new();
+        for devices in cases {
+            let vars = daemon.iter().map(|(name, value)| (name.into(), value.into()));
+            let mut environment: Vec<String> = worker_environment(vars, &devices)
+                .into_iter()
+                .map(|(name, value)| format!("{}={}", name.to_string_lossy(), value.to_string_lossy()))
+                .collect();
+            environment.sort();
+            let names: Vec<String> = devices.iter().map(|device| device.kind.to_string()).collect();
+            shown.push_str(&format!("{}: {}\n", names.join(","), environment.join(" ")));
+        }
+        expect![[r#"
+            cuda:2: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES=GPU-8932f937-d72c-4106-c12f-20bd9faed9f6 PATH=/usr/bin
+            cuda:3/mig:1: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES=MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f PATH=/usr/bin
+            cpu:0: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES= PATH=/usr/bin
+        "#]].assert_eq(&shown);
+    }
 
     /// How each way a worker can end is read, from its exit status (`WorkerExit`), its stdout
     /// and the last word in its log: `Crashed` is counted and requeued, `JobError` fails the job.

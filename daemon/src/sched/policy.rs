@@ -6,7 +6,8 @@
 //! `rlvrd simulate` drive this same type, so the simulator's figures are the policy's.
 //!
 //! - **Admission**: a job asks for `devices` devices with `memory_gb` on each (none: whole
-//!   devices). It is admitted when all of them fit at once (best-fit memory packing), most urgent
+//!   devices; on an exclusive device, always the whole device). It is admitted when all of them
+//!   fit at once (best-fit memory packing), most urgent
 //!   first, then the team furthest below its fair share, then the oldest. A team's fair-share
 //!   standing is the capacity it holds now plus its recent use, over its weight; use is capacity
 //!   held plus devices granted, fading with a half-life of `fair_share_half_life_s`. So after one
@@ -39,6 +40,9 @@ const EPSILON: f64 = 1e-9;
 pub struct Device {
     pub name: String,
     pub memory_gb: f64,
+    /// One job at a time, whatever its memory: a GPU in exclusive-process compute mode, where a
+    /// second worker could not open the device. Its job holds all of it.
+    pub exclusive: bool,
 }
 
 /// What a job asks for.
@@ -425,15 +429,22 @@ impl Policy {
 
     /// The fraction of the inventory's capacity an admitted job holds.
     fn usage(&self, admitted: &Admitted) -> f64 {
-        let held: f64 =
-            admitted.devices.iter().map(|&d| admitted.memory_gb / self.devices[d].memory_gb).sum();
-        held / self.devices.len() as f64
+        self.held(admitted.memory_gb, &admitted.devices)
     }
 
     /// What `demand` would hold, placed on `devices`.
     fn usage_on(&self, demand: &Demand, devices: &[usize]) -> f64 {
-        let memory = self.memory_per_device(demand, devices);
-        devices.iter().map(|&d| memory / self.devices[d].memory_gb).sum::<f64>() / self.devices.len() as f64
+        self.held(self.memory_per_device(demand, devices), devices)
+    }
+
+    /// The fraction of the inventory's capacity `memory_gb` on each of `devices` holds: all of an
+    /// exclusive device.
+    fn held(&self, memory_gb: f64, devices: &[usize]) -> f64 {
+        let fraction = |d: usize| {
+            let device = &self.devices[d];
+            if device.exclusive { 1.0 } else { memory_gb / device.memory_gb }
+        };
+        devices.iter().map(|&d| fraction(d)).sum::<f64>() / self.devices.len() as f64
     }
 
     /// The memory a job holds on each of its devices: what it asked for, or a whole device.
@@ -493,6 +504,7 @@ impl Policy {
         }
         let mut candidates: Vec<usize> = (0..self.devices.len())
             .filter(|&d| match demand.memory_gb {
+                _ if self.devices[d].exclusive && used[d] => false,
                 Some(memory) => free[d] + EPSILON >= memory,
                 None => !used[d],
             })

@@ -3,7 +3,8 @@
 //! rewrites them; read the diff before committing it).
 //!
 //! Script lines:
-//!   devices 80 80           the inventory: one device per number (its memory in GB), dev0, dev1, …
+//!   devices 80 80!          the inventory: one device per number (its memory in GB), dev0, dev1, …;
+//!                           `!`: exclusive (one job at a time)
 //!   share TEAM FRACTION     a guaranteed share
 //!   starve SECONDS          starvation_after_s (default 600)
 //!   half-life SECONDS       fair_share_half_life_s (default 3600)
@@ -47,7 +48,11 @@ fn run(script: &str) -> String {
                     devices = words[1..]
                         .iter()
                         .enumerate()
-                        .map(|(n, gb)| Device { name: format!("dev{n}"), memory_gb: gb.parse().unwrap() })
+                        .map(|(n, gb)| Device {
+                            name: format!("dev{n}"),
+                            memory_gb: gb.trim_end_matches('!').parse().unwrap(),
+                            exclusive: gb.ends_with('!'),
+                        })
                         .collect();
                 }
                 "share" => {
@@ -151,6 +156,52 @@ fn memory_packs_best_fit_and_whole_device_jobs_need_an_empty_device() {
             @1 admit a2 on dev0
             @3 admit a4 on dev0
             @4 admit a3 on dev1
+        "#]],
+    );
+}
+
+#[test]
+fn an_exclusive_device_takes_one_job_at_a_time_whatever_its_memory() {
+    // dev0 is a GPU in exclusive-process mode: a second worker could not open it.
+    check(
+        "
+        devices 80! 40
+        @0 submit a1 a normal 1x20
+        @1 submit a2 a normal 1x30
+        @2 submit a3 a normal 1x10
+        @3 submit a4 a normal 1x10
+        @4 submit a5 a normal 1x10
+        @5 leave a2
+        ",
+        expect![[r#"
+            @0 admit a1 on dev1
+            @1 admit a2 on dev0
+            @2 admit a3 on dev1
+            @3 admit a4 on dev1
+            @5 admit a5 on dev0
+        "#]],
+    );
+}
+
+#[test]
+fn a_job_on_an_exclusive_device_holds_all_of_it_for_quotas() {
+    // a1 takes 10 GB of dev0 but keeps everyone else off it: it fills team a's half, so a2 is
+    // borrowing and makes room for b's job within b's share.
+    check(
+        "
+        devices 80! 80
+        share a 0.5
+        share b 0.5
+        @0 submit a1 a normal 1x10
+        @1 submit a2 a normal 1x10
+        @2 submit b1 b normal 1x80
+        @3 leave a2
+        ",
+        expect![[r#"
+            @0 admit a1 on dev0
+            @1 admit a2 on dev1
+            @2 preempt a2 for b1
+            @3 admit b1 on dev1
         "#]],
     );
 }

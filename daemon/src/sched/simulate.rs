@@ -156,7 +156,7 @@ impl Trace {
         let devices = self
             .devices
             .iter()
-            .map(|device| Device { name: device.name.clone(), memory_gb: device.memory_gb })
+            .map(|device| Device { name: device.name.clone(), memory_gb: device.memory_gb, exclusive: false })
             .collect();
         let config = PolicyConfig {
             shares: self.scheduler.shares.clone(),
