@@ -79,20 +79,32 @@ pub struct ModelSection {
     /// `same` (a frozen copy of the starting policy) or a directory.
     #[serde(default = "same")]
     pub reference: String,
+    /// The weights' and activations' dtype. With `bf16` the optimizer keeps f32 master weights,
+    /// f32 moments and f32 gradient sums (mixed precision), and checkpoints the master weights
+    /// in `optimizer.safetensors`; the checkpoint's `model/` holds the bf16 weights. On CPU
+    /// bf16 works but is slower than f32 unless the CPU has bf16 matrix instructions.
     #[serde(default)]
     pub dtype: Dtype,
+    /// Lets CUDA run f32 matrix products on TF32 tensor cores (10-bit mantissa inputs, f32
+    /// sums): faster, less precise. For `dtype = "f32"` only (bf16 products are bf16 already);
+    /// on a CPU it changes nothing.
+    #[serde(default)]
+    pub tf32: bool,
 }
 
 fn same() -> String {
     "same".to_owned()
 }
 
+/// `model.dtype`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
+    /// Everything in f32.
     #[default]
     F32,
+    /// bf16 weights and activations; the optimizer's state in f32 (mixed precision).
     Bf16,
 }
 
@@ -858,6 +870,11 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
         ),
     );
     check(
+        !spec.model.tf32 || spec.model.dtype == Dtype::F32,
+        "model.tf32",
+        "TF32 is for f32 matrix products; with model.dtype = \"bf16\" they are bf16 already".into(),
+    );
+    check(
         spec.rollout.stop.iter().all(|s| !s.is_empty()),
         "rollout.stop",
         "expected non-empty strings".into(),
@@ -939,6 +956,7 @@ max_steps = 10
         assert_eq!(spec.optimizer.mu, 1);
         assert_eq!(spec.rollout.max_new_tokens, 256);
         assert_eq!(spec.model.reference, "same");
+        assert_eq!((spec.model.dtype, spec.model.tf32), (Dtype::F32, false));
         assert_eq!(spec.optimizer_plugin_config(), r#"{"clip_eps_high":0.28}"#);
         assert_eq!(spec.verifiers[0].plugin_config(), "{}");
         assert_eq!(spec.verifiers[0].weight, 1.0);
@@ -1111,6 +1129,15 @@ max_steps = 10
                 &["optimizer.warmup_steps: expected at most budget.max_steps (10), got 11"],
             ),
             (with("rollout", "stop = [\"\\n\", \"\"]"), &["rollout.stop: expected non-empty strings"]),
+            (
+                with("model", "dtype = \"bf16\"\ntf32 = true"),
+                &[
+                    r#"model.tf32: TF32 is for f32 matrix products; with model.dtype = "bf16" they are bf16 already"#,
+                ],
+            ),
+            (with("model", "dtype = \"bf16\"\ntf32 = false"), &[]),
+            (with("model", "tf32 = true"), &[]),
+            (with("model", "tf32 = 1"), &["model.tf32: invalid type: integer `1`, expected a boolean"]),
             (
                 with("curriculum", "plugin = \"frontier\"\nname = \"shared\"\nhistory = []"),
                 &[
