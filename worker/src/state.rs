@@ -3,7 +3,8 @@
 //! never half of either.
 //!
 //! A checkpoint (`checkpoints/step-N/`: `model/`, a loadable HF directory; `value_head.safetensors`
-//! for optimizers with a value head; `optimizer.safetensors`, the AdamW moments; `state.json`,
+//! for optimizers with a value head; `optimizer.safetensors`, the AdamW moments and, for bf16
+//! weights, their f32 master copy (the model's bf16 weights have lost its low bits); `state.json`,
 //! [`TrainState`]) is written under a temporary name, fsynced and renamed; then `LATEST` is
 //! replaced atomically. On resume the JSONL files are cut back to the lengths the checkpoint
 //! recorded, so lines a killed run wrote after its last checkpoint are written again, identically.
@@ -111,7 +112,8 @@ impl TrainState {
 }
 
 /// Restores the tensors and generators of `checkpoint` into `job` (the models were loaded from
-/// it already): the optimizer's moments, the sampler's RNG, the curriculum's state.
+/// it already): the optimizer's moments and master weights, the sampler's RNG, the curriculum's
+/// state.
 pub fn restore(job: &mut Job, checkpoint: &Path, saved: &TrainState) -> Result<(), WorkerError> {
     let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
     let tensors = Tensor::read_safetensors(checkpoint.join("optimizer.safetensors"))

@@ -4,7 +4,8 @@
 //! with the verifiers → old, reference (and value) passes without grad, once per batch → the
 //! plugin's advantages → μ updates, each over every micro-batch (the plugin's loss is the
 //! micro-batch's share of the batch's, so the summed gradients equal one pass over the whole
-//! batch) → clip → AdamW. With μ = 1 the old log-probabilities are the sampler's own.
+//! batch; a bf16 model's are summed in f32, by `AdamW::backward`) → clip → AdamW. With μ = 1 the
+//! old log-probabilities are the sampler's own.
 //! Offline (SFT, DPO): the next records → the same update with the plugin's loss.
 
 use std::collections::BTreeMap;
@@ -668,7 +669,7 @@ fn update(
             if !value.is_finite() {
                 return Err(format!("the loss is {value} (update {iteration}, rows {start}..{end})"));
             }
-            loss.backward();
+            job.adamw.backward(&loss);
             loss_total += value / f64::from(updates);
             let weight = (end - start) as f64 / total as f64 / f64::from(updates);
             for metric in output.metrics.iter() {
