@@ -38,7 +38,13 @@ impl Models {
         info: &OptimizerInfo,
         optimizer: &OptimizerBox,
     ) -> Result<Models, WorkerError> {
-        let kind = weight_kind(spec.model.dtype, device)?;
+        let kind = weight_kind(spec.model.dtype);
+        // Process-wide, and set before the first product. libtorch's default (off) stands
+        // otherwise; on a CPU it would change nothing.
+        if spec.model.tf32 && device.is_cuda() {
+            rlvr_model::cuda_settings::set_tf32(true)
+                .map_err(|error| WorkerError::Model { field: "model.tf32", message: error.to_string() })?;
+        }
         let policy_source = match checkpoint {
             Some(path) => path.join("model").to_string_lossy().into_owned(),
             None => spec.model.policy.clone(),
@@ -91,15 +97,13 @@ impl Models {
     }
 }
 
-/// The weights' kind for `model.dtype` on `device`.
-fn weight_kind(dtype: Dtype, device: Device) -> Result<Kind, WorkerError> {
+/// The weights' kind for `model.dtype`, on any device: with bf16 the optimizer keeps the f32
+/// master weights (`optim`), and the products run on libtorch's bf16 kernels (the oneDNN f32
+/// path is for f32 only).
+fn weight_kind(dtype: Dtype) -> Kind {
     match dtype {
-        Dtype::F32 => Ok(Kind::Float),
-        Dtype::Bf16 if device.is_cuda() => Ok(Kind::BFloat16),
-        Dtype::Bf16 => Err(WorkerError::Model {
-            field: "model.dtype",
-            message: "bf16 is for CUDA devices; this worker runs on the CPU (use f32)".into(),
-        }),
+        Dtype::F32 => Kind::Float,
+        Dtype::Bf16 => Kind::BFloat16,
     }
 }
 
