@@ -89,46 +89,9 @@ step "data: arith_words.py (seed $seed)"
 "$python" scripts/bench/arith_words.py --out "$work/data" --seed "$seed"
 
 # Runs a command with a wall-clock limit, its output on our stderr; writes {rc, wall_s,
-# peak_rss_mb, timed_out} to $1. The peak is the child's ru_maxrss (the largest process waited for).
+# peak_rss_mb, timed_out} to $1 (scripts/bench/run_measured.py).
 run_measured() {
-    local result=$1 limit=$2
-    shift 2
-    "$python" - "$result" "$limit" "$@" <<'PY'
-import json, os, resource, signal, subprocess, sys, time
-result, limit, command = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-start = time.perf_counter()
-# Its own process group, so a timeout or Ctrl-C ends everything it started and nothing else.
-child = subprocess.Popen(command, stdout=sys.stderr, start_new_session=True)
-
-
-def stop(sig):
-    try:
-        os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-timed_out = False
-try:
-    rc = child.wait(timeout=limit)
-except subprocess.TimeoutExpired:
-    timed_out = True
-    stop(signal.SIGTERM)
-    try:
-        child.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        stop(signal.SIGKILL)
-        child.wait()
-    stop(signal.SIGKILL)
-    rc = 124
-except KeyboardInterrupt:
-    stop(signal.SIGTERM)
-    child.wait()
-    raise
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-with open(result, "w") as f:
-    json.dump({"rc": rc, "wall_s": time.perf_counter() - start, "peak_rss_mb": round(peak, 1), "timed_out": timed_out}, f)
-PY
+    "$python" scripts/bench/run_measured.py "$@"
 }
 
 # The job spec: trainer-job.toml with its @NAME@ placeholders replaced by the TOML values given
@@ -166,78 +129,8 @@ if [ "$only" != trl ]; then
         target/release/rlvr-worker run --spec "$work/job.toml" --state-dir "$work/state" \
         --plugin-dir "$work/plugins" --device cpu --threads "$threads"
     rlvr_json=$work/rlvr.json
-    if ! "$python" - "$work/rlvr-run.json" "$work/state/metrics.jsonl" "$warmup" "$steps" >"$rlvr_json" <<'PY'
-import json, statistics, sys
-run_path, metrics_path, warmup, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-run = json.load(open(run_path))
-if run["timed_out"]:
-    sys.exit(f"our worker did not finish within the limit (killed after {run['wall_s']:.0f} s)")
-if run["rc"] != 0:
-    sys.exit(f"our worker failed: exit status {run['rc']} after {run['wall_s']:.0f} s")
-
-def flat(record, prefix=""):
-    out = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-try:
-    lines = [flat(json.loads(line)) for line in open(metrics_path) if line.strip()]
-except FileNotFoundError:
-    sys.exit(f"our worker exited 0 but wrote no {metrics_path}")
-step_lines = [line for line in lines if line.get("time.step_s") is not None]
-if len(step_lines) < warmup + steps:
-    sys.exit(f"our worker exited 0 but {metrics_path} has {len(step_lines)} step lines, expected {warmup + steps}")
-measured = step_lines[warmup : warmup + steps]
-
-def number(line, key):
-    value = line.get(key)
-    if value is None:
-        sys.exit(f"{metrics_path}: step {line.get('step', '?')} has no {key}")
-    return float(value)
-
-per_step = []
-for line in measured:
-    step = {
-        "step": line.get("step"),
-        "step_s": number(line, "time.step_s"),
-        "rollout_s": number(line, "time.rollout_s"),
-        "verify_s": number(line, "time.verify_s"),
-        "reported_update_s": number(line, "time.update_s"),
-        "tokens": int(number(line, "tokens_generated")),
-    }
-    step["update_s"] = step["step_s"] - step["rollout_s"] - step["verify_s"]
-    reported = line.get("time.generation_tokens_per_s")
-    step["generation_tokens_per_s"] = float(reported) if reported is not None else step["tokens"] / step["rollout_s"]
-    step["update_tokens_per_s"] = step["tokens"] / step["update_s"] if step["update_s"] > 0 else None
-    per_step.append(step)
-
-def median(key):
-    values = [s[key] for s in per_step if s[key] is not None]
-    return statistics.median(values) if values else None
-
-accuracy = [line["heldout.accuracy"] for line in lines if line.get("heldout.accuracy") is not None]
-print(json.dumps({
-    "framework": "rlvr",
-    "warmup_steps": warmup,
-    "measured_steps": steps,
-    "median_step_s": median("step_s"),
-    "median_rollout_s": median("rollout_s"),
-    "median_verify_s": median("verify_s"),
-    "median_update_s": median("update_s"),
-    "median_reported_update_s": median("reported_update_s"),
-    "median_tokens": median("tokens"),
-    "median_generation_tokens_per_s": median("generation_tokens_per_s"),
-    "median_update_tokens_per_s": median("update_tokens_per_s"),
-    "peak_rss_mb": run["peak_rss_mb"],
-    "wall_s": run["wall_s"],
-    "heldout_accuracy": accuracy,
-    "per_step": per_step,
-}))
-PY
+    # Medians over the measured steps, or the reason there are none (scripts/bench/worker_metrics.py).
+    if ! "$python" scripts/bench/worker_metrics.py "$work/rlvr-run.json" "$work/state/metrics.jsonl" "$warmup" "$steps" >"$rlvr_json"
     then
         echo "error: see our worker's output above; job spec and state in $work (kept)" >&2
         keep=1

@@ -6,11 +6,16 @@ The job, step for step the one scripts/bench/trainer-job.toml gives our worker:
   - one prompt per step, num_generations = 8 completions of at most 64 new tokens each
     (per_device_train_batch_size 8, gradient_accumulation_steps 1, so generation_batch_size 8,
     steps_per_generation 1: one optimizer step = the 8 completions of one group);
+    with --prompts-per-step P, P prompts per step: gradient_accumulation_steps P, so
+    generation_batch_size 8P, generated at once, and one optimizer step over the P micro-batches
+    of 8 rows (our worker's micro_batch_size 8), the loss normalised over all their tokens;
   - beta 0.04 (k3 KL to a frozen reference, in the loss), num_iterations (μ) 1, lr 1e-6 constant,
     temperature 1.0, top_p 1.0, top_k off; the loss as TRL defaults it (loss_type "dapo",
     scale_rewards "group", epsilon 0.2, Bessel std, + 1e-4), max_grad_norm 1.0, AdamW (TRL's
     Trainer defaults: betas 0.9/0.999, eps 1e-8, no weight decay);
   - CPU, float32, bf16 off, gradient checkpointing off (TRL turns both on by default), no vLLM;
+    --device cuda trains on the GPU, and --dtype bf16 loads the model in bfloat16 with bf16=True
+    (scripts/bench/gpu.sh);
   - prompts are conversational (one user message): TRL applies the model's chat template with the
     generation prompt, as our worker does with the same template;
   - reward: 1 when the completion's answer is the reference integer, else 0, the answer found
@@ -33,8 +38,13 @@ process's ru_maxrss (policy, reference, optimizer state, activations).
 
 Installs the pinned TRL into this interpreter's environment (it must be $RLVR_VENV) if missing:
 TRL_PINS below; pip adds pandas, pyarrow, dill, multiprocess, xxhash, python-dateutil, tzdata.
+--no-install (a machine with no network) installs nothing: a missing TRL pin ends the run with
+exit 3 naming it, and REQUIRED versions that differ are only reported (the result has them).
+On CUDA each timed span starts and ends with torch.cuda.synchronize().
 
 Usage: trl_grpo.py --model DIR --train FILE [--steps N] [--warmup W] [--seed S] [--threads T]
+                   [--device cpu|cuda] [--dtype f32|bf16] [--prompts-per-step P]
+                   [--max-new-tokens T] [--no-install]
 """
 
 import argparse
@@ -74,8 +84,11 @@ def version_ok(spec):
         return False
 
 
-def ensure_installed():
+def ensure_installed(install=True):
     missing = [spec for spec in TRL_PINS if not version_ok(spec)]
+    if missing and not install:
+        log(f"not installed: {' '.join(missing)} (--no-install)")
+        sys.exit(3)
     if missing:
         venv = os.environ.get("RLVR_VENV")
         if venv and os.path.realpath(sys.prefix) != os.path.realpath(venv):
@@ -87,7 +100,9 @@ def ensure_installed():
             stdout=sys.stderr,
         )
     wrong = [spec for spec in REQUIRED if not version_ok(spec)]
-    if wrong:
+    if wrong and not install:
+        log(f"other versions than {', '.join(wrong)}: the result records the ones used")
+    elif wrong:
         sys.exit(f"trl_grpo: expected {', '.join(wrong)} (scripts/fetch-smollm2.sh installs them)")
 
 
@@ -139,10 +154,12 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(times, key, method, on_result=None):
+def timed(times, key, method, on_result=None, sync=lambda: None):
     def wrapper(*args, **kwargs):
+        sync()
         start = time.perf_counter()
         result = method(*args, **kwargs)
+        sync()
         times.add(key, time.perf_counter() - start)
         if on_result is not None:
             on_result(result)
@@ -161,9 +178,13 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts-per-step", type=int, default=1, help="prompts (groups) per optimizer step (default 1)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    parser.add_argument("--no-install", action="store_true", help="install nothing (exit 3 when TRL is missing)")
     args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0:
-        sys.exit("trl_grpo: --steps must be ≥ 1 and --warmup ≥ 0")
+    if args.steps < 1 or args.warmup < 0 or args.prompts_per_step < 1:
+        sys.exit("trl_grpo: --steps and --prompts-per-step must be ≥ 1 and --warmup ≥ 0")
 
     for key, value in {
         "HF_HUB_OFFLINE": "1",
@@ -176,7 +197,7 @@ def main():
         "WANDB_DISABLED": "true",
     }.items():
         os.environ.setdefault(key, value)
-    ensure_installed()
+    ensure_installed(install=not args.no_install)
 
     import torch
     import transformers
@@ -187,6 +208,11 @@ def main():
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("trl_grpo: --device cuda but torch.cuda.is_available() is False")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     rows = []
     with open(args.train, encoding="utf-8") as f:
         for line in f:
@@ -204,9 +230,11 @@ def main():
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, _args, state, control, **kwargs):
+            sync()
             times.current = {"step": state.global_step + 1, "start": time.perf_counter(), "cpu_start": cpu_seconds()}
 
         def on_step_end(self, _args, state, control, **kwargs):
+            sync()
             step = times.current
             step["step_s"] = time.perf_counter() - step.pop("start")
             step["cpu_s"] = cpu_seconds() - step.pop("cpu_start")
@@ -224,7 +252,7 @@ def main():
             output_dir=output_dir,
             max_steps=total_steps,
             per_device_train_batch_size=args.group_size,
-            gradient_accumulation_steps=1,
+            gradient_accumulation_steps=args.prompts_per_step,
             num_generations=args.group_size,
             max_completion_length=args.max_new_tokens,
             temperature=1.0,
@@ -235,12 +263,12 @@ def main():
             learning_rate=1e-6,
             lr_scheduler_type="constant",
             warmup_steps=0,
-            use_cpu=True,
-            bf16=False,
+            use_cpu=not cuda,
+            bf16=args.dtype == "bf16",
             fp16=False,
             gradient_checkpointing=False,
             use_vllm=False,
-            model_init_kwargs={"dtype": torch.float32},
+            model_init_kwargs={"dtype": dtype},
             seed=args.seed,
             data_seed=args.seed,
             report_to="none",
@@ -270,9 +298,9 @@ def main():
                 if times.current is not None:
                     times.current["reward_mean"] = float(rewards_per_func.nansum(dim=1).mean())
 
-            trainer._generate = timed(times, "rollout_s", trainer._generate, count_tokens)
-            trainer._generate_single_turn = timed(times, "generate_s", trainer._generate_single_turn)
-            trainer._calculate_rewards = timed(times, "verify_s", trainer._calculate_rewards, note_rewards)
+            trainer._generate = timed(times, "rollout_s", trainer._generate, count_tokens, sync)
+            trainer._generate_single_turn = timed(times, "generate_s", trainer._generate_single_turn, sync=sync)
+            trainer._calculate_rewards = timed(times, "verify_s", trainer._calculate_rewards, note_rewards, sync)
             trainer.train()
 
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -311,6 +339,8 @@ def main():
         "peak_rss_mb": round(peak_rss_mb, 1),
         "setup_s": round(setup_s, 2),
         "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": args.dtype,
         "versions": {
             "trl": trl.__version__,
             "transformers": transformers.__version__,
@@ -323,7 +353,7 @@ def main():
             "model": args.model,
             "train": args.train,
             "completions_per_step": args.group_size,
-            "prompts_per_step": 1,
+            "prompts_per_step": args.prompts_per_step,
             "max_new_tokens": args.max_new_tokens,
             "beta": config.beta,
             "num_iterations": config.num_iterations,
