@@ -149,6 +149,28 @@ impl KvCache {
     }
 }
 
+/// Whether an attention mask has padding: what [`Llama::forward_with`] is told instead of
+/// reading the mask back from the device (a read waits for every kernel queued before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Padding {
+    /// Every position is a real token: the mask is all ones.
+    Absent,
+    /// At least one position is padding.
+    Present,
+}
+
+impl Padding {
+    /// `Present` when `padded`.
+    pub fn from_bool(padded: bool) -> Padding {
+        if padded { Padding::Present } else { Padding::Absent }
+    }
+
+    /// Reads the mask (`[B, S]`, 1 real, 0 padding) back from its device: one wait on a GPU.
+    pub fn of_mask(attention_mask: &Tensor) -> Padding {
+        Padding::from_bool(attention_mask.numel() > 0 && attention_mask.min().int64_value(&[]) == 0)
+    }
+}
+
 /// How attention is masked in one forward pass.
 enum Mask {
     /// Every key is visible (one new token, no padding).
@@ -256,11 +278,29 @@ impl Llama {
     /// Hidden states after the final norm, `[B, T, hidden]`. `attention_mask` is
     /// `[B, T_past + T]` (1 real, 0 padding, left padding allowed); `positions` `[B, T]`.
     /// With a cache, appends this call's K/V.
+    ///
+    /// Reads the mask's values to learn whether it has padding: on a GPU that waits for every
+    /// kernel queued before. A caller that knows it from the lengths it padded to says so with
+    /// [`Llama::forward_with`].
     pub fn forward(
         &self,
         input_ids: &Tensor,
         positions: &Tensor,
         attention_mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.forward_with(input_ids, positions, attention_mask, Padding::of_mask(attention_mask), cache)
+    }
+
+    /// [`Llama::forward`] with the mask's padding as the caller knows it, so that nothing is read
+    /// back from the device. `padding` must be the truth (the attention kernel chosen depends on
+    /// it, and with it the rounding); debug builds check it on CPU.
+    pub fn forward_with(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attention_mask: &Tensor,
+        padding: Padding,
         mut cache: Option<&mut KvCache>,
     ) -> Tensor {
         let (b, t) = input_ids.size2().expect("input_ids is [B, T]");
@@ -272,7 +312,10 @@ impl Llama {
             past + t
         );
         assert_eq!(positions.size(), [b, t], "positions must be [B, T] = [{b}, {t}]");
-        let mask = build_mask(attention_mask, past, t, self.spec.sliding_window);
+        if cfg!(debug_assertions) && attention_mask.device() == Device::Cpu {
+            assert_eq!(padding, Padding::of_mask(attention_mask), "the caller's padding is not the mask's");
+        }
+        let mask = build_mask(attention_mask, padding, past, t, self.spec.sliding_window);
         let (cos, sin) = self.rope(positions);
         let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
         for (i, layer) in self.layers.iter().enumerate() {
@@ -350,11 +393,10 @@ fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, rep: i64) -> Tenso
     sdpa(q, &expand(k), &expand(v))
 }
 
-fn build_mask(attention_mask: &Tensor, past: i64, t: i64, window: Option<i64>) -> Mask {
+fn build_mask(attention_mask: &Tensor, padding: Padding, past: i64, t: i64, window: Option<i64>) -> Mask {
     let (b, s) = attention_mask.size2().expect("attention_mask is [B, S]");
-    let all_real = attention_mask.min().int64_value(&[]) != 0;
     let windowed = window.is_some_and(|w| s > w);
-    if all_real && !windowed {
+    if padding == Padding::Absent && !windowed {
         if t == 1 {
             return Mask::None;
         }

@@ -1,12 +1,15 @@
 //! Sampling and log-probabilities on the built-in model: batching with left padding, the
 //! shared prompt prefix, agreement of the sampler's logprobs with `completion_logprobs`, stop
-//! strings and EOS, and bit-exact resume of the sampler's RNG.
+//! strings and EOS, and bit-exact resume of the sampler's RNG. Then the decoding loop against
+//! the one it replaced (on the built-in model and SmolLM2), nucleus sampling against a sort of
+//! the whole vocabulary, greedy decoding against the model's argmax, and stop strings found in
+//! decoded tails against a full decode.
 
 mod common;
 
 use rlvr_model::{
-    Finish, LoadedModel, SamplerRng, SamplingParams, SequenceBatch, completion_logprobs, generate, load,
-    save_pretrained,
+    Finish, LlamaConfig, LoadedModel, SamplerRng, SamplingParams, SequenceBatch, StopScan, Tokenizer,
+    completion_logprobs, generate, load, logprob_temperature, sample_logits, save_pretrained,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -261,4 +264,482 @@ fn invalid_requests_are_refused() {
         .unwrap();
     assert!(none.iter().all(|s| s.tokens.is_empty() && s.finish == Finish::Length));
     assert!(SequenceBatch::new::<Vec<i64>, Vec<i64>>(&[], 0, Device::Cpu).is_err());
+}
+
+// --- The decoding loop against the one it replaced -------------------------------------------
+
+/// The sampler as it was before its decoding loop read one thing per token from the device: a
+/// full decode of every completion after each token for stop strings, a whole-vocabulary sort
+/// for nucleus sampling, tokens and log-probabilities read back at every step, the mask's
+/// padding read from the device at every forward pass. Kept as the reference the new loop must
+/// equal, token for token and bit for bit.
+mod legacy {
+    use rlvr_model::{
+        Finish, KvCache, Llama, Sampled, SamplerRng, SamplingParams, Tokenizer, positions_from_mask,
+    };
+    use tch::{Kind, Tensor};
+
+    pub fn generate(
+        model: &Llama,
+        tokenizer: &Tokenizer,
+        prompts: &[Vec<i64>],
+        group_size: usize,
+        params: &SamplingParams,
+        rng: &mut SamplerRng,
+    ) -> Vec<Sampled> {
+        let n = prompts.len() * group_size;
+        let mut row_rngs: Vec<SamplerRng> = (0..n).map(|_| rng.fork()).collect();
+        let mut out: Vec<Sampled> = (0..n)
+            .map(|r| Sampled {
+                prompt_index: r / group_size,
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                text: String::new(),
+                finish: Finish::Length,
+            })
+            .collect();
+        tch::no_grad(|| sample_loop(model, tokenizer, prompts, group_size, params, &mut row_rngs, &mut out));
+        out
+    }
+
+    fn left_pad(prompts: &[&[i64]], pad_id: i64, device: tch::Device) -> (Tensor, Tensor) {
+        let len = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(prompts.len() * len);
+        let mut mask = Vec::with_capacity(prompts.len() * len);
+        for p in prompts {
+            let pad = len - p.len();
+            ids.extend(std::iter::repeat_n(pad_id, pad).chain(p.iter().copied()));
+            mask.extend(std::iter::repeat_n(0i64, pad).chain(std::iter::repeat_n(1i64, p.len())));
+        }
+        let shape = [prompts.len() as i64, len as i64];
+        (
+            Tensor::from_slice(&ids).view(shape).to_device(device),
+            Tensor::from_slice(&mask).view(shape).to_device(device),
+        )
+    }
+
+    fn sample_loop(
+        model: &Llama,
+        tokenizer: &Tokenizer,
+        prompts: &[Vec<i64>],
+        group_size: usize,
+        params: &SamplingParams,
+        row_rngs: &mut [SamplerRng],
+        out: &mut [Sampled],
+    ) {
+        let device = model.device();
+        let g = group_size as i64;
+        let max_new = params.max_new_tokens;
+        let refs: Vec<&[i64]> = prompts.iter().map(Vec::as_slice).collect();
+        let (ids, mask) = left_pad(&refs, tokenizer.pad_id(), device);
+        let plen = ids.size()[1];
+
+        // Prefill each distinct prompt once, then share its cache with its group.
+        let mut cache = KvCache::new();
+        let hidden = model.forward(&ids, &positions_from_mask(&mask), &mask, Some(&mut cache));
+        let mut logits = model.logits(&hidden.select(1, plen - 1)).to_kind(Kind::Float);
+        let mut mask = mask;
+        let mut next_pos =
+            Tensor::from_slice(&prompts.iter().map(|p| p.len() as i64).collect::<Vec<_>>()).to_device(device);
+        // Room for the completions first, on the P prompt rows: the expansion copies it along.
+        cache.reserve(max_new as i64);
+        if g > 1 {
+            cache = cache.repeat_interleave(g);
+            logits = logits.repeat_interleave_self_int(g, 0, None::<i64>);
+            mask = mask.repeat_interleave_self_int(g, 0, None::<i64>);
+            next_pos = next_pos.repeat_interleave_self_int(g, 0, None::<i64>);
+        }
+
+        // rows[b] = which completion batch row b is.
+        let mut rows: Vec<usize> = (0..out.len()).collect();
+        let mut done = vec![false; out.len()];
+        let max_stop = params.stop.iter().map(String::len).max().unwrap_or(0);
+        for step in 0..max_new {
+            let uniforms: Vec<f64> = if params.temperature > 0.0 {
+                rows.iter().map(|&r| row_rngs[r].next_f64()).collect()
+            } else {
+                Vec::new()
+            };
+            let (tokens, logprobs) = sample_step(&logits, params, &uniforms);
+            let token_vec = Vec::<i64>::try_from(&tokens).expect("int64 tokens");
+            let logprob_vec = Vec::<f32>::try_from(&logprobs).expect("f32 logprobs");
+            for (b, &r) in rows.iter().enumerate() {
+                if done[r] {
+                    continue;
+                }
+                let row = &mut out[r];
+                row.tokens.push(token_vec[b]);
+                row.logprobs.push(logprob_vec[b]);
+                if tokenizer.is_eos(token_vec[b]) {
+                    row.finish = Finish::Eos;
+                    done[r] = true;
+                } else if max_stop > 0 {
+                    let text = tokenizer.decode(&row.tokens);
+                    // Only a match that ends in this token's text is new: search the tail.
+                    let from = floor_char_boundary(&text, text.len().saturating_sub(max_stop + 32));
+                    let hit = params
+                        .stop
+                        .iter()
+                        .filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i + s.len()))
+                        .min();
+                    if let Some(end) = hit {
+                        row.text = text[..end].to_owned();
+                        row.finish = Finish::Stop;
+                        done[r] = true;
+                    }
+                }
+                if !done[r] && step + 1 == max_new {
+                    row.finish = Finish::Length;
+                    done[r] = true;
+                }
+            }
+            let active: Vec<usize> = (0..rows.len()).filter(|&b| !done[rows[b]]).collect();
+            if active.is_empty() {
+                break;
+            }
+            let mut tokens = tokens;
+            if active.len() * 2 <= rows.len() {
+                // Compact: drop finished rows from the batch (and their cache).
+                let idx = Tensor::from_slice(&active.iter().map(|&b| b as i64).collect::<Vec<_>>())
+                    .to_device(device);
+                cache = cache.index_select(&idx);
+                mask = mask.index_select(0, &idx);
+                next_pos = next_pos.index_select(0, &idx);
+                tokens = tokens.index_select(0, &idx);
+                rows = active.iter().map(|&b| rows[b]).collect();
+            }
+            let nb = rows.len() as i64;
+            mask = Tensor::cat(&[&mask, &Tensor::ones([nb, 1], (Kind::Int64, device))], 1);
+            let hidden =
+                model.forward(&tokens.view([nb, 1]), &next_pos.view([nb, 1]), &mask, Some(&mut cache));
+            logits = model.logits(&hidden.squeeze_dim(1)).to_kind(Kind::Float);
+            next_pos += 1;
+        }
+        for row in out.iter_mut() {
+            match row.finish {
+                Finish::Stop => {}
+                // The EOS token is not text, special token or not.
+                Finish::Eos => row.text = tokenizer.decode(&row.tokens[..row.tokens.len() - 1]),
+                Finish::Length => row.text = tokenizer.decode(&row.tokens),
+            }
+        }
+    }
+
+    fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+        while i > 0 && !s.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    }
+
+    /// One token per row from `logits [N, V]` (f32): the token and its log-probability under
+    /// `log_softmax(logits / T)` (T = 1 for greedy).
+    pub fn sample_step(logits: &Tensor, params: &SamplingParams, uniforms: &[f64]) -> (Tensor, Tensor) {
+        if params.temperature == 0.0 {
+            let tokens = logits.argmax(-1, false);
+            let logprobs =
+                logits.log_softmax(-1, Kind::Float).gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
+            return (tokens, logprobs);
+        }
+        let device = logits.device();
+        let vocab = logits.size()[1];
+        let scaled = logits / params.temperature;
+        let logp = scaled.log_softmax(-1, Kind::Float);
+        let top_k = params.top_k as i64;
+        let filter = (top_k > 0 && top_k < vocab) || params.top_p < 1.0;
+        // The candidates, most likely first when filtering, and their probabilities.
+        let (probs, order) = if filter {
+            let (values, order) = if top_k > 0 && top_k < vocab {
+                scaled.topk(top_k, -1, true, true)
+            } else {
+                scaled.sort(-1, true)
+            };
+            let mut probs = values.softmax(-1, Kind::Double);
+            if params.top_p < 1.0 {
+                // Keep a token while the mass before it is below top_p (the first always stays).
+                let before = probs.cumsum(-1, Kind::Double) - &probs;
+                probs *= before.lt(params.top_p).to_kind(Kind::Double);
+            }
+            (probs, Some(order))
+        } else {
+            (logp.to_kind(Kind::Double).exp(), None)
+        };
+        // Inverse CDF: the first index whose cumulative mass exceeds u · total.
+        let cdf = probs.cumsum(-1, Kind::Double);
+        let width = cdf.size()[1];
+        let total = cdf.select(1, width - 1);
+        let u = Tensor::from_slice(uniforms).to_device(device);
+        let target = (u * &total).unsqueeze(1);
+        // Binary search: the number of entries ≤ target (first index whose mass exceeds it).
+        let mut idx = target.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1);
+        // u · total rounding up to total would point past the end: take the last token with mass.
+        let last = cdf.argmax(-1, false);
+        idx = last.where_self(&idx.ge(width), &idx);
+        let tokens = match order {
+            Some(order) => order.gather(1, &idx.unsqueeze(1), false).squeeze_dim(1),
+            None => idx,
+        };
+        let logprobs = logp.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
+        (tokens, logprobs)
+    }
+}
+
+/// Both loops on the same inputs: identical completions, log-probabilities to the bit.
+fn check_same_as_legacy(m: &LoadedModel, texts: &[&str], group: usize, params: &SamplingParams, seed: u64) {
+    let ps = prompts(m, texts);
+    let new = generate(&m.model, &m.tokenizer, &ps, group, params, &mut SamplerRng::new(seed)).unwrap();
+    let old = legacy::generate(&m.model, &m.tokenizer, &ps, group, params, &mut SamplerRng::new(seed));
+    assert_eq!(new.len(), old.len());
+    for (r, (a, b)) in new.iter().zip(&old).enumerate() {
+        let what = format!("{params:?}, group {group}, row {r}");
+        assert_eq!((a.prompt_index, &a.tokens, a.finish), (b.prompt_index, &b.tokens, b.finish), "{what}");
+        assert_eq!(a.text, b.text, "{what}");
+        let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.logprobs), bits(&b.logprobs), "{what}");
+    }
+    let finishes = |f: Finish| new.iter().filter(|s| s.finish == f).count();
+    println!(
+        "{params:?} × {group}: {} completions, {} tokens, stop/eos/length {}/{}/{}",
+        new.len(),
+        new.iter().map(|s| s.tokens.len()).sum::<usize>(),
+        finishes(Finish::Stop),
+        finishes(Finish::Eos),
+        finishes(Finish::Length)
+    );
+}
+
+#[test]
+fn the_decoding_loop_equals_the_one_it_replaced() {
+    let stop = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let p = |max_new_tokens, temperature, top_p, top_k, stop: Vec<String>| SamplingParams {
+        max_new_tokens,
+        temperature,
+        top_p,
+        top_k,
+        stop,
+    };
+    // (model seed, prompts, group, params, sampler seed); prompts of unequal length are left-padded.
+    let cases: Vec<(u64, &[&str], usize, SamplingParams, u64)> = vec![
+        (0, &TEXTS, 1, p(24, 0.0, 1.0, 0, vec![]), 1),
+        (1, &TEXTS, 4, p(20, 1.0, 1.0, 0, vec![]), 9),
+        (2, &TEXTS, 4, p(16, 0.7, 0.9, 0, vec![]), 4),
+        (2, &TEXTS, 2, p(12, 1.3, 1.0, 5, vec![]), 4),
+        (0, &TEXTS, 2, p(16, 0.9, 0.8, 20, vec![]), 42),
+        // Rows stopping at different steps: the batch is compacted.
+        (6, &TEXTS, 8, p(30, 1.0, 1.0, 0, stop(&["1", "e"])), 11),
+        // Prompts of one length: no padding anywhere.
+        (3, &["1+1=", "2+2=", "9-9="], 3, p(20, 1.0, 0.95, 0, vec![]), 5),
+        // Past the 64 steps of one copy of random numbers, compacting on the way.
+        (4, &TEXTS, 3, p(100, 1.0, 0.95, 0, stop(&["7"])), 3),
+    ];
+    for (model_seed, texts, group, params, seed) in cases {
+        check_same_as_legacy(&model(model_seed), texts, group, &params, seed);
+    }
+    // Stop strings of several tokens (one character each), taken from completions sampled
+    // without them so that they are met.
+    let m = model(6);
+    let free = p(40, 1.0, 0.95, 0, vec![]);
+    let out =
+        legacy::generate(&m.model, &m.tokenizer, &prompts(&m, &TEXTS), 4, &free, &mut SamplerRng::new(12));
+    let pieces: Vec<String> = out
+        .iter()
+        .step_by(3)
+        .filter_map(|s| s.text.get(12..12 + 2 + s.tokens.len() % 2).map(str::to_owned))
+        .collect();
+    check_same_as_legacy(&m, &TEXTS, 4, &SamplingParams { stop: pieces, ..free }, 12);
+}
+
+/// SmolLM2's 49,152-token vocabulary (byte-level BPE): nucleus sampling ranks 256 candidates
+/// (more when a nucleus is wider: likely at T = 1.2, top-p 0.98) instead of sorting, and a stop
+/// string is found across a token boundary in decoded tails.
+#[test]
+fn on_a_byte_level_bpe_model_the_decoding_loop_equals_the_one_it_replaced() {
+    let dir = common::smollm2_dir();
+    let m = load(dir.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    let texts = ["What is 2+3?", "Name a prime number larger than ten, and say why.", "Hi"];
+    let free = SamplingParams { max_new_tokens: 12, temperature: 1.2, top_p: 0.98, ..Default::default() };
+    check_same_as_legacy(&m, &texts, 2, &free, 0);
+    // A stop string that spans a token boundary in the first completion's text.
+    let ps = prompts(&m, &texts);
+    let first = generate(&m.model, &m.tokenizer, &ps, 2, &free, &mut SamplerRng::new(0)).unwrap().remove(0);
+    let chars: Vec<char> = first.text.chars().collect();
+    let spanning = (0..chars.len().saturating_sub(6))
+        .map(|i| chars[i..i + 6].iter().collect::<String>())
+        .find(|s| !first.tokens.iter().any(|&t| m.tokenizer.decode(&[t]).contains(s.as_str())))
+        .expect("a 6-character piece of the text no one token holds");
+    println!("stop string {spanning:?} in {:?}", first.text);
+    let stopped = SamplingParams { stop: vec![spanning, "\n\n".into()], ..free.clone() };
+    check_same_as_legacy(&m, &texts, 2, &stopped, 0);
+}
+
+// --- Nucleus sampling without a sort of the vocabulary ----------------------------------------
+
+/// Nucleus sampling by a stable descending sort of the whole row: ties in token-id order,
+/// probabilities the row's softmax (f64), a token kept while the mass before it is below top_p,
+/// then the inverse CDF of `u`.
+fn full_sort_nucleus(logits: &Tensor, temperature: f64, top_p: f64, uniforms: &[f64]) -> Vec<i64> {
+    let scaled = logits / temperature;
+    let (_, order) = scaled.sort_stable(true, -1, true);
+    let probs = scaled.softmax(-1, Kind::Double).gather(1, &order, false);
+    let before = probs.cumsum(-1, Kind::Double) - &probs;
+    let probs = probs * before.lt(top_p).to_kind(Kind::Double);
+    let cdf = probs.cumsum(-1, Kind::Double);
+    let width = cdf.size()[1];
+    let target = (Tensor::from_slice(uniforms) * cdf.select(1, width - 1)).unsqueeze(1);
+    let idx = target.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1);
+    let idx = cdf.argmax(-1, false).where_self(&idx.ge(width), &idx);
+    Vec::<i64>::try_from(order.gather(1, &idx.unsqueeze(1), false).squeeze_dim(1)).unwrap()
+}
+
+/// How many tokens the nucleus of each row keeps.
+fn nucleus_sizes(logits: &Tensor, temperature: f64, top_p: f64) -> Vec<i64> {
+    let (values, _) = (logits / temperature).sort(-1, true);
+    let probs = values.softmax(-1, Kind::Double);
+    let before = probs.cumsum(-1, Kind::Double) - &probs;
+    Vec::<i64>::try_from(before.lt(top_p).sum_dim_intlist(1, false, Kind::Int64)).unwrap()
+}
+
+#[test]
+fn nucleus_sampling_gives_the_tokens_of_a_sort_of_the_whole_vocabulary() {
+    let (rows, vocab) = (32, 3000);
+    let mut rng = SamplerRng::new(17);
+    let (mut draws, mut wide, mut legacy_compared, mut legacy_differ) = (0, 0, 0, 0);
+    for seed in 0..2 {
+        tch::manual_seed(seed);
+        let normal = Tensor::randn([rows, vocab], (Kind::Float, Device::Cpu));
+        // Sharp to flat distributions; bf16-rounded logits have many equal values.
+        for (scale, bf16) in
+            [(8.0, false), (2.0, false), (0.5, false), (0.05, false), (2.0, true), (0.5, true)]
+        {
+            let mut logits = &normal * scale;
+            if bf16 {
+                logits = logits.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+            }
+            for top_p in [0.05, 0.5, 0.9, 0.95, 0.999, 1.0 - 1e-12] {
+                let temperature = if bf16 { 1.0 } else { 0.8 };
+                let mut uniforms: Vec<f64> = (0..rows).map(|_| rng.next_f64()).collect();
+                // The ends of [0, 1).
+                uniforms[0] = 0.0;
+                uniforms[1] = 1.0 - f64::EPSILON / 2.0;
+                let params = SamplingParams { temperature, top_p, ..Default::default() };
+                let (tokens, logprobs) = sample_logits(&logits, &params, &uniforms).unwrap();
+                let expected = full_sort_nucleus(&logits, temperature, top_p, &uniforms);
+                assert_eq!(tokens, expected, "seed {seed}, scale {scale}, bf16 {bf16}, top_p {top_p}");
+                let logp = (&logits / temperature).log_softmax(-1, Kind::Float);
+                let picked = logp.gather(1, &Tensor::from_slice(&tokens).unsqueeze(1), false).squeeze_dim(1);
+                assert_eq!(logprobs, Vec::<f32>::try_from(picked).unwrap());
+                draws += rows as usize;
+                wide += nucleus_sizes(&logits, temperature, top_p).iter().filter(|&&k| k > 256).count();
+                // Against the sampler as it was (an unstable sort, the softmax of the sorted
+                // row), where no two logits of a row are equal.
+                if !bf16 {
+                    let (old, _) = legacy::sample_step(&logits, &params, &uniforms);
+                    let old = Vec::<i64>::try_from(old).unwrap();
+                    legacy_compared += rows as usize;
+                    legacy_differ += old.iter().zip(&tokens).filter(|(a, b)| a != b).count();
+                }
+            }
+        }
+    }
+    println!(
+        "{draws} draws equal to the full sort's, {wide} of them with a nucleus wider than 256 tokens; \
+         {legacy_differ} of {legacy_compared} differ from the former sampler's"
+    );
+    assert!(wide > draws / 10, "the test must reach nuclei wider than the first candidates");
+    assert_eq!(legacy_differ, 0);
+}
+
+// --- Greedy decoding ---------------------------------------------------------------------------
+
+#[test]
+fn greedy_decoding_takes_the_argmax_with_untempered_logprobs() {
+    assert_eq!(logprob_temperature(0.0), 1.0);
+    assert_eq!(logprob_temperature(0.7), 0.7);
+    let m = model(5);
+    let ps = prompts(&m, &TEXTS);
+    // top_p and top_k are ignored when greedy.
+    let params =
+        SamplingParams { max_new_tokens: 16, temperature: 0.0, top_p: 0.5, top_k: 3, ..Default::default() };
+    let out = generate(&m.model, &m.tokenizer, &ps, 2, &params, &mut SamplerRng::new(0)).unwrap();
+    for s in &out {
+        let prompt = &ps[s.prompt_index];
+        let full: Vec<i64> = prompt.iter().chain(&s.tokens).copied().collect();
+        let logits = common::our_logits(&m.model, &[full]).squeeze_dim(0);
+        for (i, (&token, &logprob)) in s.tokens.iter().zip(&s.logprobs).enumerate() {
+            let row = logits.get(prompt.len() as i64 - 1 + i as i64);
+            assert_eq!(row.argmax(-1, false).int64_value(&[]), token, "position {i}");
+            let untempered = row.log_softmax(-1, Kind::Float).double_value(&[token]) as f32;
+            assert!((untempered - logprob).abs() <= 1e-5, "position {i}: {untempered} vs {logprob}");
+        }
+    }
+    // The completions of a group are the same.
+    assert!(out.chunks(2).all(|g| g[0] == g[1]));
+
+    // One step on its own: exactly the argmax and the log-softmax at temperature 1.
+    tch::manual_seed(3);
+    let logits = Tensor::randn([16, 500], (Kind::Float, Device::Cpu)) * 3.0;
+    let (tokens, logprobs) = sample_logits(&logits, &params, &[]).unwrap();
+    assert_eq!(tokens, Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap());
+    let picked =
+        logits.log_softmax(-1, Kind::Float).gather(1, &Tensor::from_slice(&tokens).unsqueeze(1), false);
+    assert_eq!(logprobs, Vec::<f32>::try_from(picked.squeeze_dim(1)).unwrap());
+}
+
+// --- Stop strings from decoded tails -----------------------------------------------------------
+
+/// The rule applied to the full decode of `tokens`: where the first stop string found in the
+/// last `longest + 32` bytes ends, and the text up to there.
+fn full_decode_rule(tokenizer: &Tokenizer, tokens: &[i64], stops: &[String]) -> Option<String> {
+    let text = tokenizer.decode(tokens);
+    let tail = stops.iter().map(String::len).max().unwrap_or(0) + 32;
+    let mut from = text.len().saturating_sub(tail);
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    let end = stops.iter().filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i + s.len())).min()?;
+    Some(text[..end].to_owned())
+}
+
+/// `text`'s tokens fed to a [`StopScan`] one at a time stop where a full decode after each token
+/// stops, with the same text.
+fn check_stop_scan(tokenizer: &Tokenizer, text: &str, stops: &[&str]) {
+    let tokens = tokenizer.encode(text).unwrap();
+    let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+    let expected =
+        (1..=tokens.len()).find_map(|n| full_decode_rule(tokenizer, &tokens[..n], &stops).map(|t| (n, t)));
+    let mut scan = StopScan::new(&stops, 1);
+    let found = (1..=tokens.len()).find_map(|n| scan.check(tokenizer, 0, &tokens[..n]).map(|t| (n, t)));
+    assert_eq!(found, expected, "{text:?} ({} tokens), stops {stops:?}", tokens.len());
+}
+
+#[test]
+fn stop_strings_found_in_decoded_tails_are_those_of_a_full_decode() {
+    let dir = common::smollm2_dir();
+    let config = LlamaConfig::from_file(&dir.join("config.json")).unwrap();
+    let smollm2 = Tokenizer::from_dir(&dir, &config).unwrap();
+    let tiny = model(0);
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    let emoji = "naïve café — 東京 🙂 and 🙂🙂 again, ".repeat(6);
+    let cases: Vec<(&Tokenizer, String, Vec<&str>)> = vec![
+        // Across token boundaries.
+        (&smollm2, "The answer is 42.\n\nQuestion: what next?".into(), vec!["\n\nQuestion"]),
+        (&smollm2, "The answer is 42.\n\nQuestion: what next?".into(), vec!["42.\n", "never"]),
+        // Multi-byte characters split across byte-level tokens.
+        (&smollm2, emoji.clone(), vec!["🙂🙂"]),
+        (&smollm2, emoji.clone(), vec!["京 🙂 and 🙂🙂 a"]),
+        (&smollm2, emoji.clone(), vec!["é", "🙂"]),
+        // Far into a long completion: only its tail is decoded.
+        (&smollm2, format!("{long}and then STOP-HERE it ended"), vec!["STOP-HERE"]),
+        (&smollm2, format!("{long}{emoji}"), vec!["東京 🙂 and 🙂🙂 again, naï"]),
+        (&smollm2, long.clone(), vec!["nowhere"]),
+        // A skipped special token between the two halves of a stop string.
+        (&smollm2, "say hello<|im_end|> world now".into(), vec!["hello world"]),
+        // One character per token.
+        (&tiny.tokenizer, "12+7=19 and 3*3=9 so".into(), vec!["=9"]),
+        (&tiny.tokenizer, format!("{}bc", "a".repeat(120)), vec!["abc", "zz"]),
+        (&tiny.tokenizer, "x".repeat(200), vec!["y"]),
+    ];
+    for (tokenizer, text, stops) in &cases {
+        check_stop_scan(tokenizer, text, stops);
+    }
 }
