@@ -394,6 +394,16 @@ pub struct MetricsLine {
     /// KL to the reference (k3 estimator), when the job has a reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kl_ref: Option<f64>,
+    /// The first update's importance ratio against the sampler: the mean over the batch's
+    /// tokens of exp(training log-probability − sampler's), 1 where the two computations agree.
+    /// With μ = 1 the sampler's log-probabilities are the old policy's, so this is the ratio the
+    /// first clipped objective starts from; decoding and training kernels round differently (on
+    /// a GPU, in bf16 most of all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_first_update_mean: Option<f64>,
+    /// … the largest |training − sampler's log-probability| over those tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_ratio_first_update_max_abs: Option<f64>,
     /// Completions verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<usize>,
@@ -649,6 +659,8 @@ mod tests {
             tokens_generated: Some(112),
             entropy: Some(0.66),
             kl_ref: Some(0.01),
+            ratio_first_update_mean: Some(1.0000003),
+            log_ratio_first_update_max_abs: Some(2.4e-6),
             verified: Some(32),
             verifier_timeouts: Some(0),
             verifier_errors: Some(1),

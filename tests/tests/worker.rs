@@ -219,6 +219,51 @@ fn a_job_stopped_by_its_budget_scores_and_checkpoints_where_it_stopped() {
     );
 }
 
+/// `rollout.temperature = 0` is greedy decoding, its log-probabilities the untempered model's
+/// in the sampler and in every pass for training alike. Every logit used to be divided by
+/// `f64::MIN_POSITIVE` in the training passes, and step 1 failed: "the loss is NaN"
+/// (regression). Each step also says how far the first update's log-probabilities are from the
+/// sampler's (the μ = 1 old policy's).
+#[test]
+fn a_grpo_job_at_temperature_zero_decodes_greedily_and_trains_with_a_finite_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data = arith_data(dir.path(), &["--train", "32", "--heldout", "8", "--sft", "0"]);
+    for (name, temperature) in [("greedy", "0.0"), ("sampled", "1.0")] {
+        let spec = dir.path().join(format!("{name}.toml"));
+        let text = arith_grpo_spec(&data, name, "builtin:tiny-arith", 2, 2)
+            .replace("[rollout]\n", &format!("[rollout]\ntemperature = {temperature}\n"));
+        fs::write(&spec, text).unwrap();
+        let state = dir.path().join(name);
+        let result = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+        assert_eq!(result["steps"], 2, "{result}");
+        let metrics = metrics_without_time(&state);
+        for line in &metrics[1..] {
+            for key in ["loss", "kl_ref", "grad_norm", "entropy"] {
+                assert!(line[key].as_f64().is_some_and(f64::is_finite), "{name}: {key} in {line}");
+            }
+            let mean = line["ratio_first_update_mean"].as_f64().unwrap();
+            let max_abs = line["log_ratio_first_update_max_abs"].as_f64().unwrap();
+            println!("{name}: step {}: ratio mean {mean:.9}, max |log-ratio| {max_abs:.3e}", line["step"]);
+            assert!((mean - 1.0).abs() < 1e-4 && max_abs < 1e-4, "{name}: {line}");
+        }
+        let records: Vec<Value> = fs::read_to_string(state.join("rollouts.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(records.iter().all(|r| r["logprob"]["old"].as_f64().is_some_and(f64::is_finite)));
+        let same = |group: &[Value]| group.iter().all(|r| r["completion"] == group[0]["completion"]);
+        if name == "greedy" {
+            // Greedy: the completions of a group are one completion, hence zero advantages.
+            assert!(records.chunks(4).all(same), "{records:?}");
+            assert!(records.iter().all(|r| r["advantage"] == 0.0));
+        } else {
+            assert!(!records.chunks(4).all(same));
+        }
+    }
+}
+
 #[test]
 fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -719,10 +764,15 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
 /// A one-request-per-connection HTTP grader on a real socket: answers every POST with a pass and
 /// keeps each request's `Authorization` header (empty when absent).
 fn grader() -> (String, std::sync::mpsc::Receiver<String>) {
+    let (seen, headers) = std::sync::mpsc::channel();
+    (grader_into(seen), headers)
+}
+
+/// [`grader`], sending each request's `Authorization` header to `seen`; its URL.
+fn grader_into(seen: std::sync::mpsc::Sender<String>) -> String {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/grade", listener.local_addr().unwrap());
-    let (seen, headers) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
@@ -746,11 +796,12 @@ fn grader() -> (String, std::sync::mpsc::Receiver<String>) {
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = reader.get_mut().write_all(answer.as_bytes());
+            // Recorded before the answer: the worker's next request comes after it.
             let _ = seen.send(authorization);
+            let _ = reader.get_mut().write_all(answer.as_bytes());
         }
     });
-    (url, headers)
+    url
 }
 
 /// Runs `command` with `stdin` written to it and closed.
@@ -925,6 +976,52 @@ fn a_grant_failure_inside_a_step_exits_transient_so_the_job_is_requeued() {
     );
 }
 
+/// Verifiers are CPU work: the devices serve another job's phase meanwhile. A step's rollout, a
+/// held-out evaluation and the gates' evaluation give their grant back before their completions
+/// are scored; evaluations used to hold theirs through their verifiers (regression). The grader
+/// and the grant socket write one log, each entry before its answer.
+#[test]
+fn verifiers_score_after_the_device_grant_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    drop_in(&plugin_lib("rlvr-verifier-http"), &plugins, "librlvr_verifier_http.so");
+    let data = arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
+    let (log, events) = std::sync::mpsc::channel();
+    let url = grader_into(log.clone());
+    let spec = dir.path().join("http.toml");
+    let text = fs::read_to_string(grpo_spec(dir.path(), &data, 1, 1)).unwrap();
+    fs::write(
+        &spec,
+        text.replace(
+            "plugin = \"math\"\nfallback = \"last\"",
+            &format!("plugin = \"http\"\nurl = \"{url}\""),
+        ),
+    )
+    .unwrap();
+    let socket = dir.path().join("sched.sock");
+    let peer = grant_peer(&socket, None, Some(log));
+    let mut command = worker(&spec, &dir.path().join("state"), &plugins, &[]);
+    let result = outcome(&run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"])));
+    assert_eq!(result["steps"], 1, "{result}");
+    peer.join().unwrap();
+    // Grant requests are named; the grader's entries are its requests' (empty) Authorization.
+    let events: Vec<String> = events.try_iter().collect();
+    let mut held: Option<&str> = None;
+    let mut scored = Vec::new();
+    for event in &events {
+        match event.split_once(' ') {
+            Some(("acquire", phase)) => held = Some(phase),
+            _ if event == "release" => held = None,
+            Some(("job", _)) => {}
+            _ => scored.push(held),
+        }
+    }
+    // Held-out before training (4 prompts), the step's 4 × 4 completions, held-out after it,
+    // and the gates' evaluation (the candidate's held-out and its baseline's).
+    assert_eq!(scored.len(), 4 + 16 + 4 + 2 * 4, "{events:?}");
+    assert!(scored.iter().all(Option::is_none), "scored while holding a grant: {events:?}");
+}
+
 /// A two-step GRPO job in `dir` run by a worker whose grant socket is a [`grant_peer`] failing at
 /// `fail_at`; the worker's output and the peer, which returns the requests it saw.
 fn run_with_grant_peer(
@@ -935,18 +1032,20 @@ fn run_with_grant_peer(
     let data = arith_data(dir, &["--train", "32", "--heldout", "8", "--sft", "0"]);
     let spec = grpo_spec(dir, &data, 2, 1);
     let socket = dir.join("sched.sock");
-    let peer = grant_peer(&socket, fail_at);
+    let peer = grant_peer(&socket, fail_at, None);
     let mut command = worker(&spec, &dir.join("state"), &plugins, &[]);
     let output = run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
     (output, peer)
 }
 
 /// The daemon's side of the grant socket, for one worker: grants every phase at once, records
-/// the requests (`job ID`, `acquire PHASE`, `release`), and closes the connection instead of
-/// answering when the worker asks for `fail_at`. It speaks the protocol's own types.
+/// the requests (`job ID`, `acquire PHASE`, `release`; each also sent to `log` before it is
+/// answered), and closes the connection instead of answering when the worker asks for
+/// `fail_at`. It speaks the protocol's own types.
 fn grant_peer(
     socket: &Path,
     fail_at: Option<rlvr_protocol::grants::Phase>,
+    log: Option<std::sync::mpsc::Sender<String>>,
 ) -> std::thread::JoinHandle<Vec<String>> {
     use std::io::{BufRead, BufReader, Write};
 
@@ -959,6 +1058,7 @@ fn grant_peer(
         let mut requests = Vec::new();
         for line in BufReader::new(stream).lines() {
             let Ok(line) = line else { break };
+            let seen = requests.len();
             let answer = match serde_json::from_str::<Request>(&line).unwrap() {
                 Request::Job(id) => {
                     requests.push(format!("job {id}"));
@@ -976,6 +1076,9 @@ fn grant_peer(
                     Answer::Released
                 }
             };
+            if let Some(log) = &log {
+                requests[seen..].iter().for_each(|request| drop(log.send(request.clone())));
+            }
             let mut text = serde_json::to_string(&answer).unwrap();
             text.push('\n');
             if writer.write_all(text.as_bytes()).is_err() {

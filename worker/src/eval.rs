@@ -1,8 +1,10 @@
 //! Held-out scoring: greedy completions of the held-out prompts, scored by the job's verifiers;
 //! and the gates' evaluation of the candidate against its baseline on held-out and canaries.
 //! Greedy, so a score depends on the weights only — and uses no randomness that resume tracks.
+//! Every completion of an evaluation is generated first, and the device grant given back before
+//! the verifiers (CPU work) score them.
 
-use rlvr_model::{LoadedModel, SamplerRng, SamplingParams, generate, load as load_model};
+use rlvr_model::{LoadedModel, Sampled, SamplerRng, SamplingParams, generate, load as load_model};
 use rlvr_protocol::worker::{
     Baseline, CanaryRegressions, GateEvaluation, GateScore, ModelScores, ScoreFigures, Trend,
 };
@@ -11,7 +13,7 @@ use tch::{Kind, Tensor};
 use super::Job;
 use super::data::PromptRecord;
 use super::reward::ToScore;
-use super::step::StepError;
+use super::step::{StepError, release};
 use rlvr_protocol::grants::Phase;
 
 /// Prompts generated at once.
@@ -65,8 +67,10 @@ fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
 /// Scores the policy on the held-out set (or its first `eval.max_prompts`).
 pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     let records = heldout_records(job)?;
-    let _grant = job.grants.hold(Phase::Eval)?;
-    Ok(score(job, &job.policy, records, "held-out")?)
+    let grant = job.grants.hold(Phase::Eval)?;
+    let sampled = complete(job, &job.policy, records, "held-out")?;
+    release(grant, job.device);
+    Ok(score(job, records, &sampled))
 }
 
 /// The gates' evaluation of the candidate (the policy as trained) and of `baseline`: held-out
@@ -78,21 +82,30 @@ pub fn for_gates(
     canaries: Option<&[PromptRecord]>,
     trend: Option<Trend>,
 ) -> Result<GateEvaluation, StepError> {
-    let _grant = job.grants.hold(Phase::Eval)?;
+    let grant = job.grants.hold(Phase::Eval)?;
     let heldout = job.heldout.as_ref().map(|_| heldout_records(job)).transpose()?;
-    let scores = |model: &LoadedModel| -> Result<(Option<HeldoutScore>, Option<HeldoutScore>), String> {
-        let heldout = heldout.map(|records| score(job, model, records, "held-out")).transpose()?;
-        let canaries = canaries.map(|records| score(job, model, records, "canary")).transpose()?;
+    type Completions = (Option<Vec<Sampled>>, Option<Vec<Sampled>>);
+    let completions = |model: &LoadedModel| -> Result<Completions, String> {
+        let heldout = heldout.map(|records| complete(job, model, records, "held-out")).transpose()?;
+        let canaries = canaries.map(|records| complete(job, model, records, "canary")).transpose()?;
         Ok((heldout, canaries))
     };
-    let candidate = scores(&job.policy)?;
+    let candidate = completions(&job.policy)?;
     let before = {
         let kind = job.policy.vs.variables().values().next().map_or(Kind::Float, Tensor::kind);
         let mut model = load_model(&baseline.model, job.device, kind)
             .map_err(|error| format!("the gates' baseline {}: {error}", baseline.model))?;
         model.vs.freeze();
-        scores(&model)?
+        completions(&model)?
     };
+    // The baseline's weights left the device with its block; the verifiers need no device.
+    release(grant, job.device);
+    let scores = |(heldout_done, canaries_done): &Completions| {
+        let heldout = heldout.zip(heldout_done.as_ref()).map(|(records, done)| score(job, records, done));
+        let canaries = canaries.zip(canaries_done.as_ref()).map(|(records, done)| score(job, records, done));
+        (heldout, canaries)
+    };
+    let (candidate, before) = (scores(&candidate), scores(&before));
     let regressions: Vec<String> = match (canaries, &candidate.1, &before.1) {
         (Some(records), Some(now), Some(then)) => records
             .iter()
@@ -118,21 +131,19 @@ pub fn for_gates(
     })
 }
 
-/// Greedy completions of `records` by `model`, scored by the job's verifiers.
-fn score(
+/// Greedy completions of `records` by `model`, in their order (device work).
+fn complete(
     job: &Job,
     model: &LoadedModel,
     records: &[PromptRecord],
     what: &str,
-) -> Result<HeldoutScore, String> {
+) -> Result<Vec<Sampled>, String> {
     let params = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..job.sampling.clone() };
     // Greedy decoding draws nothing; a throwaway generator keeps the training one untouched.
     let mut rng = SamplerRng::new(0);
     let tokenizer = &model.tokenizer;
-    let (mut reward, mut length) = (0.0, 0usize);
-    let mut passed = Vec::with_capacity(records.len());
-    let (mut errors, mut timeouts) = (0usize, 0usize);
-    for chunk in records.chunks(EVAL_BATCH) {
+    let mut completions = Vec::with_capacity(records.len());
+    for (chunk_index, chunk) in records.chunks(EVAL_BATCH).enumerate() {
         let mut prompts = Vec::with_capacity(chunk.len());
         for record in chunk {
             let rendered =
@@ -141,19 +152,31 @@ fn score(
         }
         let sampled = tch::no_grad(|| generate(&model.model, tokenizer, &prompts, 1, &params, &mut rng))
             .map_err(|error| format!("{what} sampling: {error}"))?;
-        let items: Vec<ToScore<'_>> = sampled
+        let offset = chunk_index * EVAL_BATCH;
+        completions
+            .extend(sampled.into_iter().map(|s| Sampled { prompt_index: offset + s.prompt_index, ..s }));
+    }
+    Ok(completions)
+}
+
+/// `records` scored by the job's verifiers on their completions (`completions[i]` is record i's).
+fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> HeldoutScore {
+    let (mut reward, mut length) = (0.0, 0usize);
+    let mut passed = Vec::with_capacity(records.len());
+    let (mut errors, mut timeouts) = (0usize, 0usize);
+    // In batches as before: a verifier's parallelism and limits are per call.
+    for (chunk, sampled) in records.chunks(EVAL_BATCH).zip(completions.chunks(EVAL_BATCH)) {
+        let items: Vec<ToScore<'_>> = chunk
             .iter()
-            .map(|sample| {
-                let record = &chunk[sample.prompt_index];
-                ToScore {
-                    id: &record.id,
-                    prompt: &record.prompt,
-                    completion: &sample.text,
-                    reference_json: &record.reference_json,
-                }
+            .zip(sampled)
+            .map(|(record, sample)| ToScore {
+                id: &record.id,
+                prompt: &record.prompt,
+                completion: &sample.text,
+                reference_json: &record.reference_json,
             })
             .collect();
-        for (scored, sample) in job.rewarder.score(&items).iter().zip(&sampled) {
+        for (scored, sample) in job.rewarder.score(&items).iter().zip(sampled) {
             passed.push(scored.passed);
             reward += scored.reward;
             length += sample.tokens.len();
@@ -162,7 +185,7 @@ fn score(
         }
     }
     let n = records.len().max(1) as f64;
-    Ok(HeldoutScore {
+    HeldoutScore {
         accuracy: passed.iter().filter(|p| **p).count() as f64 / n,
         reward_mean: reward / n,
         completion_len_mean: length as f64 / n,
@@ -171,5 +194,5 @@ fn score(
         verifier_calls: records.len() * job.rewarder.verifiers.len(),
         verifier_errors: errors,
         verifier_timeouts: timeouts,
-    })
+    }
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use rlvr_model::logprobs::{SequenceBatch, completion_logprobs};
-use rlvr_model::sample::{Finish, Sampled, generate};
+use rlvr_model::sample::{Finish, Sampled, generate, logprob_temperature};
 use rlvr_plugin_api::{
     AdvantageInputs, DataMode, GroupOutcome, LossInputs, LossScale, RResult, RString, TensorHandle,
 };
@@ -111,7 +111,7 @@ fn online_step(
     let update_grant = job.grants.hold(Phase::Update)?;
     let update_started = Instant::now();
     let trained = train_online(job, &sampled.batch, step)?;
-    drop(update_grant);
+    release(update_grant, job.device);
     let update_s = update_started.elapsed().as_secs_f64();
     observe_groups(job, step, &sampled)?;
     let records = rollout_records(job, step, weights_step, &sampled.batch, &trained);
@@ -196,6 +196,8 @@ struct OnlineUpdate {
     entropy: f64,
     /// KL to the reference (k3), when there is one.
     kl_ref: Option<f64>,
+    /// The first update's log-probabilities against the sampler's: mean ratio, largest |log-ratio|.
+    sampler_ratio: (f64, f64),
 }
 
 /// The update phase: old, reference (and value) passes, the plugin's advantages, μ updates.
@@ -213,7 +215,7 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
     let sampling_logprobs =
         padded(&sampled.iter().map(|s| s.logprobs.clone()).collect::<Vec<_>>(), width, job.device);
     let needs_values = job.optimizer_info.needs_value_head;
-    let temperature = job.spec.rollout.temperature.max(f64::MIN_POSITIVE);
+    let temperature = logprob_temperature(job.spec.rollout.temperature);
     let (old_logprobs, old_values) = if job.spec.optimizer.mu == 1 && !needs_values {
         (sampling_logprobs.shallow_clone(), None)
     } else {
@@ -255,6 +257,7 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
     };
     let update = update(job, &rows, &tensors, step, temperature)?;
     metrics.extend(update.metrics.clone());
+    let sampler_ratio = sampler_ratio(&update.first_logprobs, &sampling_logprobs, &mask);
     Ok(OnlineUpdate {
         update,
         metrics,
@@ -264,6 +267,7 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
         // E[-log p(x)] over sampled tokens estimates the sampling distribution's entropy.
         entropy: -masked_mean(&sampling_logprobs, &mask),
         kl_ref: ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
+        sampler_ratio,
     })
 }
 
@@ -366,6 +370,8 @@ fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> M
         tokens_generated: Some(sampled.tokens),
         entropy: Some(trained.entropy),
         kl_ref: trained.kl_ref,
+        ratio_first_update_mean: Some(trained.sampler_ratio.0),
+        log_ratio_first_update_max_abs: Some(trained.sampler_ratio.1),
         verified: Some(scored.len()),
         verifier_timeouts: Some(scored.iter().map(|s| u64::from(s.timeouts)).sum()),
         verifier_errors: Some(scored.iter().filter(|s| !s.errors.is_empty()).count()),
@@ -486,7 +492,7 @@ fn sample_round(
     .map_err(|error| format!("sampling: {error}"))?;
     let rollout_s = rollout_started.elapsed().as_secs_f64();
     // Verification is CPU work: the devices serve another job's phase meanwhile.
-    drop(grant);
+    release(grant, job.device);
 
     let verify_started = Instant::now();
     let round_tag = if round == 0 { String::new() } else { format!("r{round}-") };
@@ -511,7 +517,7 @@ fn sample_round(
     Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s })
 }
 
-fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOutput, StepError> {
+fn offline_step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOutput, StepError> {
     let step_started = Instant::now();
     let count = job.spec.rollout.prompts_per_step as usize;
     let seed = job.spec.job.seed;
@@ -572,6 +578,7 @@ fn offline_step(job: &mut Job, step: u64, _update_grant: Grant) -> Result<StepOu
         returns: None,
     };
     let update = update(job, &rows, &tensors, step, 1.0)?;
+    release(update_grant, job.device);
     let tokens: u64 = rows.completions.iter().map(|c| c.len() as u64).sum();
     let mut line =
         MetricsLine { step, rows: Some(rows.len()), train_tokens: Some(tokens), ..MetricsLine::default() };
@@ -598,6 +605,8 @@ struct UpdateResult {
     lr: f64,
     /// Σ policy log-probability per row, from the first update's forward.
     policy_sums: Vec<f64>,
+    /// The first update's log-probabilities, per micro-batch (`[rows, its width]`, no grad).
+    first_logprobs: Vec<Tensor>,
 }
 
 /// μ optimizer updates over the rows, micro-batched.
@@ -626,6 +635,7 @@ fn update(
     let mut loss_total = 0.0;
     let mut grad_norm = 0.0;
     let mut policy_sums = Vec::new();
+    let mut first_logprobs = Vec::new();
     let updates = if tensors.advantages.is_some() { job.spec.optimizer.mu } else { 1 };
     for iteration in 0..updates {
         job.adamw.zero_grad();
@@ -677,6 +687,7 @@ fn update(
             }
             if iteration == 0 {
                 policy_sums.extend(row_sums(&logprobs.detach(), &mask));
+                first_logprobs.push(logprobs.detach());
             }
             start = end;
         }
@@ -686,7 +697,32 @@ fn update(
         }
         job.adamw.step(lr);
     }
-    Ok(UpdateResult { metrics: metric_sums, loss: loss_total, grad_norm, lr, policy_sums })
+    Ok(UpdateResult { metrics: metric_sums, loss: loss_total, grad_norm, lr, policy_sums, first_logprobs })
+}
+
+/// Gives `grant`'s devices back once the work queued on `device` has run. CUDA kernels run
+/// after the calls that launch them return: a grant given back with kernels still queued would
+/// let the next phase (another job's) start on a device still busy with this one's, and its
+/// timings and memory would carry this phase's tail.
+pub(crate) fn release(grant: Grant, device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+    drop(grant);
+}
+
+/// The first update's log-probabilities (per micro-batch, in row order) against the sampler's
+/// (`[B, width]`), over the tokens of `mask`: the mean of exp(training − sampler's) and the
+/// largest |training − sampler's|.
+fn sampler_ratio(first: &[Tensor], sampler: &Tensor, mask: &Tensor) -> (f64, f64) {
+    let width = sampler.size()[1];
+    let parts: Vec<Tensor> = first
+        .iter()
+        .map(|part| part.to_kind(Kind::Double).constant_pad_nd([0, width - part.size()[1]]))
+        .collect();
+    let log_ratio = (Tensor::cat(&parts, 0) - sampler.to_kind(Kind::Double)) * mask.to_kind(Kind::Double);
+    let max_abs = if log_ratio.numel() == 0 { 0.0 } else { log_ratio.abs().max().double_value(&[]) };
+    (masked_mean(&log_ratio.exp(), mask), max_abs)
 }
 
 /// Log-probabilities (and values) of every row without grad, micro-batched, as `[B, width]`.
@@ -697,7 +733,7 @@ fn no_grad_pass(
     policy: bool,
 ) -> Result<(Tensor, Option<Tensor>), String> {
     let model = if policy { &job.policy.model } else { &job.reference.as_ref().expect("a reference").model };
-    let temperature = job.spec.rollout.temperature.max(f64::MIN_POSITIVE);
+    let temperature = logprob_temperature(job.spec.rollout.temperature);
     let micro = job.spec.optimizer.micro_batch_size as usize;
     tch::no_grad(|| {
         let mut logprob_parts = Vec::new();
