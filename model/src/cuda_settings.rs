@@ -61,6 +61,13 @@ pub fn set_deterministic(on: bool) -> Result<()> {
     checked("set deterministic algorithms", status, error)
 }
 
+/// Whether `message` (a libtorch error, or a panic carrying one) is the refusal of an operation
+/// that has no deterministic implementation while [`set_deterministic`] is on. libtorch words
+/// every such refusal the same way (`Context::alertNotDeterministic`).
+pub fn is_determinism_refusal(message: &str) -> bool {
+    message.contains("does not have a deterministic implementation")
+}
+
 /// Whether only deterministic algorithms may run.
 pub fn deterministic() -> Result<bool> {
     let (mut on, mut error) = (0, std::ptr::null_mut());
@@ -85,6 +92,15 @@ mod tests {
             set_deterministic(on).unwrap();
             assert_eq!(deterministic().unwrap(), on);
         }
+        // With it on, an operation without a deterministic kernel fails (`put_` without
+        // accumulation, on a CPU too) in the words the worker recognises.
+        set_deterministic(true).unwrap();
+        let target = tch::Tensor::zeros([4], (tch::Kind::Float, tch::Device::Cpu));
+        let refusal = target
+            .f_put(&tch::Tensor::from_slice(&[1i64]), &tch::Tensor::from_slice(&[2f32]), false)
+            .expect_err("put_ is refused");
+        assert!(is_determinism_refusal(&refusal.to_string()), "{refusal}");
+        assert!(!is_determinism_refusal("the loss is NaN"));
         set_tf32(before.0).unwrap();
         set_deterministic(before.1).unwrap();
         assert_eq!((tf32().unwrap(), deterministic().unwrap()), before);

@@ -127,11 +127,36 @@ fn run(args: WorkerArgs) -> WorkerExit {
             eprintln!("rlvr-worker: {error}");
             error.exit()
         }
-        Err(_) => {
-            eprintln!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
-            WorkerExit::Transient
-        }
+        Err(payload) => match determinism_refusal(&payload) {
+            // The job's choice, not our bug: a retry would meet the same operation.
+            Some(message) => {
+                eprintln!("rlvr-worker: {message}");
+                WorkerExit::JobError
+            }
+            None => {
+                eprintln!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
+                WorkerExit::Transient
+            }
+        },
     }
+}
+
+/// The line for a panic that is libtorch refusing an operation without a deterministic kernel,
+/// which `[checkpoint] exact_resume` asked for on CUDA.
+fn determinism_refusal(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    rlvr_model::cuda_settings::is_determinism_refusal(text).then(|| {
+        let operation = text.split(" does not have").next().unwrap_or_default();
+        let operation = operation.rsplit(['"', '(']).next().unwrap_or(operation);
+        format!(
+            "checkpoint.exact_resume: `{operation}` has no deterministic implementation on this device; \
+             set [checkpoint] exact_resume = false to let it run (a resumed run then no longer ends \
+             bit-identically); the last checkpoint is intact"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -139,6 +164,24 @@ mod tests {
     use std::ffi::OsString;
 
     use super::*;
+
+    /// A panic that is libtorch refusing an operation under deterministic algorithms (as a tch
+    /// wrapper panics: `put_` without accumulation is refused on a CPU too) names the operation
+    /// and the spec key, and is the job's error; any other panic is not recognised.
+    #[test]
+    fn a_determinism_refusal_names_the_operation_and_exact_resume() {
+        let target = tch::Tensor::zeros([4], (tch::Kind::Float, tch::Device::Cpu));
+        rlvr_model::cuda_settings::set_deterministic(true).unwrap();
+        let refused = std::panic::catch_unwind(|| {
+            target.put(&tch::Tensor::from_slice(&[1i64]), &tch::Tensor::from_slice(&[2f32]), false)
+        });
+        rlvr_model::cuda_settings::set_deterministic(false).unwrap();
+        let message = determinism_refusal(&*refused.expect_err("put_ panics")).expect("recognised");
+        assert!(message.starts_with("checkpoint.exact_resume: `put_` has no deterministic"), "{message}");
+        assert!(message.contains("exact_resume = false"), "{message}");
+        let other = std::panic::catch_unwind(|| panic!("index out of bounds")).unwrap_err();
+        assert_eq!(determinism_refusal(&*other), None);
+    }
 
     /// The daemon writes the arguments ([`WorkerArgs::command_line`]) and this binary parses them:
     /// every field survives.

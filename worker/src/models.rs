@@ -45,6 +45,14 @@ impl Models {
             rlvr_model::cuda_settings::set_tf32(true)
                 .map_err(|error| WorkerError::Model { field: "model.tf32", message: error.to_string() })?;
         }
+        // cuBLAS's workspace is fixed by `main` before any handle exists; the CPU's kernels are
+        // deterministic already.
+        if spec.checkpoint.exact_resume && device.is_cuda() {
+            rlvr_model::cuda_settings::set_deterministic(true).map_err(|error| WorkerError::Model {
+                field: "checkpoint.exact_resume",
+                message: error.to_string(),
+            })?;
+        }
         let policy_source = match checkpoint {
             Some(path) => path.join("model").to_string_lossy().into_owned(),
             None => spec.model.policy.clone(),
