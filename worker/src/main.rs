@@ -134,7 +134,9 @@ fn run(args: WorkerArgs) -> WorkerExit {
                 WorkerExit::JobError
             }
             None => {
-                eprintln!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
+                eprintln!(
+                    "rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact"
+                );
                 WorkerExit::Transient
             }
         },
