@@ -15,3 +15,19 @@ rlvr_setup() {
 step() {
     printf '\n\033[1m== %s\033[0m\n' "$*" >&2
 }
+
+# A scratch directory for a benchmark, in $work: removed when the script exits, or kept (and
+# named) when $keep is 1 (`--keep`).
+bench_work_dir() {
+    work=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+    trap bench_work_dir_cleanup EXIT
+}
+
+# shellcheck disable=SC2317  # run by the EXIT trap
+bench_work_dir_cleanup() {
+    if [ "${keep:-0}" = 1 ]; then
+        echo "work directory kept: $work" >&2
+    else
+        rm -rf "$work"
+    fi
+}

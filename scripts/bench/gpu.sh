@@ -206,16 +206,7 @@ if [ -n "$pack" ]; then
     exit 0
 fi
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench-gpu.XXXXXX")
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-    if [ "$keep" = 1 ]; then
-        echo "work directory kept: $work" >&2
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
+bench_work_dir rlvr-bench-gpu
 results=$work/results
 mkdir -p "$results" "$work/runs" "$work/plugins" "$work/tmp"
 # Workers copy their plugins into TMPDIR; a killed one leaves its copies there.

@@ -147,15 +147,8 @@ import json, os, statistics, sys
 
 state_dir, minutes, sft_minutes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
-
-def flat(record, prefix=""):
-    out = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
+sys.path.insert(0, "scripts/bench")
+from worker_metrics import flat  # noqa: E402
 
 
 def stage(name):

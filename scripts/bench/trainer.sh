@@ -75,15 +75,7 @@ load_at_start=$(cut -d' ' -f1-3 /proc/loadavg)
 step "SmolLM2-135M-Instruct (scripts/fetch-smollm2.sh)"
 model=$(scripts/fetch-smollm2.sh)
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench-trainer.XXXXXX")
-cleanup() {
-    if [ "$keep" = 1 ]; then
-        echo "work directory kept: $work" >&2
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
+bench_work_dir rlvr-bench-trainer
 
 step "data: arith_words.py (seed $seed)"
 "$python" scripts/bench/arith_words.py --out "$work/data" --seed "$seed"
