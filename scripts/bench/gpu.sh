@@ -19,7 +19,7 @@
 #               c. temperature 0: 2 GRPO steps, every loss finite.
 #   3. smollm2  the trainer benchmark's GRPO job (scripts/bench/trainer-job.toml) on
 #               SmolLM2-135M-Instruct at --prompts × 8 completions × --max-new-tokens, in f32, bf16,
-#               and f32 with `[model] tf32 = true` (shown as refused while the spec has no such key):
+#               and f32 with `[model] tf32 = true`:
 #               W warm-up + N measured steps; medians of step, rollout and update time, generation
 #               and update tokens/s, and update MFU = 6 × parameters × trained tokens per second of
 #               update time / the GPU's dense peak for the dtype (trained tokens: prompt + completion
@@ -69,7 +69,7 @@
 #   --pack DIR           copy what --bin-dir must hold (5 files) into DIR without their symbol
 #                        tables (for a machine that has no build), print their size, and exit
 # On 2 busy CPU cores with a debug build (--allow-cpu --bin-dir target/debug --prompts 1
-# --max-new-tokens 8 --steps 1) a whole run took 9 min 14 s (2026-11-24).
+# --max-new-tokens 8 --steps 1 --warmup 0) a whole run took 72 s (2026-11-24).
 set -euo pipefail
 bench=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source-path=SCRIPTDIR
