@@ -2,7 +2,7 @@
 # Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh). On a clean clone with torch in the cache, about 15 minutes on 2 cores
+# (scripts/setup.sh). On a clean clone with torch in the cache, about 16 minutes on 2 cores
 # (measured 2026-11-24: 16 min 4 s, 468 tests).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

@@ -113,8 +113,29 @@ fn load_builtin(seed: u64, device: Device, kind: Kind) -> Result<LoadedModel> {
     Ok(LoadedModel { vs, model, tokenizer, config, source: format!("{}?seed={seed}", builtin::NAME) })
 }
 
-/// Writes a checkpoint of `model` to `dir`: `config.json`, `model.safetensors` (Hugging Face
-/// names, contiguous, the model's dtype), `tokenizer.json`, `tokenizer_config.json`, and
+/// `model`'s config with its dtype the weights' own: a bf16 job's checkpoint of a model loaded
+/// from f32 weights says `bfloat16`, so that transformers (`torch_dtype="auto"`) and other
+/// readers take the weights as they are. Transformers 5 writes `dtype`, 4 `torch_dtype`: the keys
+/// the config has are updated, or `torch_dtype` (which both read) added.
+fn config_as_saved(model: &LoadedModel) -> LlamaConfig {
+    let mut config = model.config.clone();
+    let kind = model.vs.variables().values().next().map(Tensor::kind);
+    let name = match kind {
+        Some(Kind::BFloat16) => "bfloat16",
+        Some(Kind::Half) => "float16",
+        Some(Kind::Float) => "float32",
+        _ => return config,
+    };
+    let keys: Vec<&str> =
+        ["dtype", "torch_dtype"].into_iter().filter(|key| config.extra.contains_key(*key)).collect();
+    for key in if keys.is_empty() { vec!["torch_dtype"] } else { keys } {
+        config.extra.insert(key.to_owned(), serde_json::Value::from(name));
+    }
+    config
+}
+
+/// Writes a checkpoint of `model` to `dir`: `config.json` (its dtype the weights'),
+/// `model.safetensors` (Hugging Face names, contiguous, the model's dtype), `tokenizer.json`, `tokenizer_config.json`, and
 /// `chat_template.jinja` / `generation_config.json` when the model has them.
 ///
 /// Atomic: everything is written and fsynced in a temporary directory next to `dir`, which is
@@ -140,7 +161,7 @@ pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
         f.write_all(text.as_bytes()).map_err(io_err(&path))?;
         f.sync_all().map_err(io_err(&path))
     };
-    write("config.json", &model.config.to_json())?;
+    write("config.json", &config_as_saved(model).to_json())?;
     let files = &model.tokenizer.files;
     write("tokenizer.json", &files.tokenizer_json)?;
     if let Some(text) = &files.tokenizer_config {

@@ -99,6 +99,38 @@ fn checkpoint_round_trip_gives_identical_logits() {
     }
 }
 
+/// A checkpoint's config names the dtype of the weights it holds, in the keys the model's config
+/// had (transformers 5's `dtype`, 4's `torch_dtype`), whatever the source said: bf16 weights of an
+/// f32 source said `float32`.
+#[test]
+fn a_checkpoints_config_names_its_weights_dtype() {
+    // (weights' kind, the source config's dtype keys, what the checkpoint's config then has)
+    let cases: [(Kind, &[&str], &[(&str, &str)]); 4] = [
+        (Kind::Float, &["torch_dtype"], &[("torch_dtype", "float32")]),
+        (Kind::BFloat16, &["torch_dtype"], &[("torch_dtype", "bfloat16")]),
+        (Kind::BFloat16, &["dtype"], &[("dtype", "bfloat16")]),
+        (Kind::BFloat16, &[], &[("torch_dtype", "bfloat16")]),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (kind, keys, expected)) in cases.into_iter().enumerate() {
+        let mut m = load("builtin:tiny-arith?seed=2", Device::Cpu, kind).unwrap();
+        m.config.extra.remove("torch_dtype");
+        for key in keys {
+            m.config.extra.insert(key.to_string(), json!("float32"));
+        }
+        let dir = tmp.path().join(format!("case-{i}"));
+        save_pretrained(&m, &dir).unwrap();
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        for key in ["dtype", "torch_dtype"] {
+            let want = expected.iter().find(|(k, _)| *k == key).map(|(_, v)| json!(v));
+            assert_eq!(config.get(key), want.as_ref(), "case {i}: {key} in {config}");
+        }
+        let back = load(dir.to_str().unwrap(), Device::Cpu, kind).unwrap();
+        assert_eq!(weights_hash(&m), weights_hash(&back), "case {i}");
+    }
+}
+
 fn safetensors_names(path: &Path) -> Vec<String> {
     let bytes = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
