@@ -104,8 +104,9 @@ fn checkpoint_round_trip_gives_identical_logits() {
 /// f32 source said `float32`.
 #[test]
 fn a_checkpoints_config_names_its_weights_dtype() {
-    // (weights' kind, the source config's dtype keys, what the checkpoint's config then has)
-    let cases: [(Kind, &[&str], &[(&str, &str)]); 4] = [
+    /// The weights' kind, the source config's dtype keys, what the checkpoint's config then has.
+    type Case = (Kind, &'static [&'static str], &'static [(&'static str, &'static str)]);
+    let cases: [Case; 4] = [
         (Kind::Float, &["torch_dtype"], &[("torch_dtype", "float32")]),
         (Kind::BFloat16, &["torch_dtype"], &[("torch_dtype", "bfloat16")]),
         (Kind::BFloat16, &["dtype"], &[("dtype", "bfloat16")]),
