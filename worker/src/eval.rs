@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 use super::Job;
 use super::data::PromptRecord;
 use super::reward::ToScore;
-use super::step::{StepError, release};
+use super::step::StepError;
 use rlvr_protocol::grants::Phase;
 
 /// Prompts generated at once.
@@ -69,7 +69,7 @@ pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     let records = heldout_records(job)?;
     let grant = job.grants.hold(Phase::Eval)?;
     let sampled = complete(job, &job.policy, records, "held-out")?;
-    release(grant, job.device);
+    grant.release(job.device);
     Ok(score(job, records, &sampled))
 }
 
@@ -99,7 +99,7 @@ pub fn for_gates(
         completions(&model)?
     };
     // The baseline's weights left the device with its block; the verifiers need no device.
-    release(grant, job.device);
+    grant.release(job.device);
     let scores = |(heldout_done, canaries_done): &Completions| {
         let heldout = heldout.zip(heldout_done.as_ref()).map(|(records, done)| score(job, records, done));
         let canaries = canaries.zip(canaries_done.as_ref()).map(|(records, done)| score(job, records, done));

@@ -137,6 +137,19 @@ impl Grants {
     }
 }
 
+impl Grant {
+    /// Gives the devices back once the work queued on `device` has run. CUDA kernels run after
+    /// the calls that launch them return: a grant given back with kernels still queued would let
+    /// the next phase (another job's) start on a device still busy with this one's, and its
+    /// timings and memory would carry this phase's tail. (Not in `drop`: a grant dropped while
+    /// an error unwinds must not wait on, or fail in, a CUDA call.)
+    pub fn release(self, device: tch::Device) {
+        if let tch::Device::Cuda(index) = device {
+            tch::Cuda::synchronize(index as i64);
+        }
+    }
+}
+
 impl Drop for Grant {
     fn drop(&mut self) {
         let Some(shared) = self.connection.take() else { return };

@@ -111,7 +111,7 @@ fn online_step(
     let update_grant = job.grants.hold(Phase::Update)?;
     let update_started = Instant::now();
     let trained = train_online(job, &sampled.batch, step)?;
-    release(update_grant, job.device);
+    update_grant.release(job.device);
     let update_s = update_started.elapsed().as_secs_f64();
     observe_groups(job, step, &sampled)?;
     let records = rollout_records(job, step, weights_step, &sampled.batch, &trained);
@@ -492,7 +492,7 @@ fn sample_round(
     .map_err(|error| format!("sampling: {error}"))?;
     let rollout_s = rollout_started.elapsed().as_secs_f64();
     // Verification is CPU work: the devices serve another job's phase meanwhile.
-    release(grant, job.device);
+    grant.release(job.device);
 
     let verify_started = Instant::now();
     let round_tag = if round == 0 { String::new() } else { format!("r{round}-") };
@@ -578,7 +578,7 @@ fn offline_step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOut
         returns: None,
     };
     let update = update(job, &rows, &tensors, step, 1.0)?;
-    release(update_grant, job.device);
+    update_grant.release(job.device);
     let tokens: u64 = rows.completions.iter().map(|c| c.len() as u64).sum();
     let mut line =
         MetricsLine { step, rows: Some(rows.len()), train_tokens: Some(tokens), ..MetricsLine::default() };
@@ -698,17 +698,6 @@ fn update(
         job.adamw.step(lr);
     }
     Ok(UpdateResult { metrics: metric_sums, loss: loss_total, grad_norm, lr, policy_sums, first_logprobs })
-}
-
-/// Gives `grant`'s devices back once the work queued on `device` has run. CUDA kernels run
-/// after the calls that launch them return: a grant given back with kernels still queued would
-/// let the next phase (another job's) start on a device still busy with this one's, and its
-/// timings and memory would carry this phase's tail.
-pub(crate) fn release(grant: Grant, device: Device) {
-    if let Device::Cuda(index) = device {
-        tch::Cuda::synchronize(index as i64);
-    }
-    drop(grant);
 }
 
 /// The first update's log-probabilities (per micro-batch, in row order) against the sampler's
