@@ -130,10 +130,22 @@ pub fn init_tensor(seed: u64, name: &str, shape: &[i64], device: Device, kind: K
     if name.ends_with("norm.weight") {
         return Tensor::ones(shape, (kind, device));
     }
+    // uniform(-a, a) has std a/√3; a = 0.02·√3.
+    seeded_uniform(seed, name, shape, 0.02 * 3f32.sqrt(), device, kind)
+}
+
+/// Tensor `name` of `shape` drawn uniformly from (-bound, bound) by its own [`SamplerRng`] stream
+/// seeded from (seed, name): the same bits on every machine.
+pub(crate) fn seeded_uniform(
+    seed: u64,
+    name: &str,
+    shape: &[i64],
+    bound: f32,
+    device: Device,
+    kind: Kind,
+) -> Tensor {
     let n: i64 = shape.iter().product();
     let mut rng = SamplerRng::new(seed ^ fnv1a(name).rotate_left(17));
-    // uniform(-a, a) has std a/√3; a = 0.02·√3.
-    let a = 0.02f32 * 3f32.sqrt();
-    let values: Vec<f32> = (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * a).collect();
+    let values: Vec<f32> = (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * bound).collect();
     Tensor::from_slice(&values).view(shape).to_device(device).to_kind(kind)
 }

@@ -5,21 +5,66 @@
 //! libtorch's `scaled_dot_product_attention`; padding is handled with a boolean mask in which
 //! every query may also see itself, so rows of pure left padding stay finite instead of NaN.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
 use crate::config::{ModelSpec, RopeScaling};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+use crate::lora::{LoraConfig, LoraTarget};
 use crate::onednn;
 
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    adapter: Option<Adapter>,
+}
+
+/// A LoRA adapter on a linear layer: `x ↦ scaling · B·A·dropout(x)`, added to the layer's output.
+struct Adapter {
+    /// `[rank, in]`.
+    a: Tensor,
+    /// `[out, rank]`.
+    b: Tensor,
+    scaling: f64,
+    dropout: f64,
+}
+
+/// How a forward pass treats adapters: whether they are on, and whether it trains (dropout).
+#[derive(Clone, Copy)]
+struct Mode {
+    adapters: bool,
+    training: bool,
 }
 
 impl Linear {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        linear(x, &self.weight, self.bias.as_ref())
+    fn forward(&self, x: &Tensor, mode: Mode) -> Tensor {
+        let y = linear(x, &self.weight, self.bias.as_ref());
+        match &self.adapter {
+            Some(adapter) if mode.adapters => {
+                // PEFT's order: dropout, A, B, then the scale.
+                let x = if mode.training && adapter.dropout > 0.0 {
+                    x.dropout(adapter.dropout, true)
+                } else {
+                    x.shallow_clone()
+                };
+                y + x.linear(&adapter.a, None::<Tensor>).linear(&adapter.b, None::<Tensor>) * adapter.scaling
+            }
+            _ => y,
+        }
+    }
+
+    /// The weight with the adapter merged in (`W + scaling · B·A`, summed in f32), or the weight.
+    fn merged_weight(&self) -> Tensor {
+        match &self.adapter {
+            None => self.weight.shallow_clone(),
+            Some(adapter) => tch::no_grad(|| {
+                let delta =
+                    adapter.b.to_kind(Kind::Float).matmul(&adapter.a.to_kind(Kind::Float)) * adapter.scaling;
+                (self.weight.to_kind(Kind::Float) + delta).to_kind(self.weight.kind())
+            }),
+        }
     }
 }
 
@@ -40,6 +85,33 @@ struct Layer {
     gate: Linear,
     up: Linear,
     down: Linear,
+}
+
+impl Layer {
+    /// The linear layers LoRA can adapt, with their targets.
+    fn modules(&self) -> [(LoraTarget, &Linear); 7] {
+        [
+            (LoraTarget::QProj, &self.q),
+            (LoraTarget::KProj, &self.k),
+            (LoraTarget::VProj, &self.v),
+            (LoraTarget::OProj, &self.o),
+            (LoraTarget::GateProj, &self.gate),
+            (LoraTarget::UpProj, &self.up),
+            (LoraTarget::DownProj, &self.down),
+        ]
+    }
+
+    fn module_mut(&mut self, target: LoraTarget) -> &mut Linear {
+        match target {
+            LoraTarget::QProj => &mut self.q,
+            LoraTarget::KProj => &mut self.k,
+            LoraTarget::VProj => &mut self.v,
+            LoraTarget::OProj => &mut self.o,
+            LoraTarget::GateProj => &mut self.gate,
+            LoraTarget::UpProj => &mut self.up,
+            LoraTarget::DownProj => &mut self.down,
+        }
+    }
 }
 
 /// Keys and values of every layer for the tokens seen so far: per layer K and V of shape
@@ -194,6 +266,11 @@ pub struct Llama {
     inv_freq: Tensor,
     device: Device,
     kind: Kind,
+    /// Whether LoRA adapters (when attached) take part in forward passes: off, the model is its
+    /// base, which is how a LoRA job's reference is computed without a second copy.
+    adapters_on: AtomicBool,
+    /// Whether forward passes train: adapter dropout applies.
+    training: AtomicBool,
 }
 
 impl Llama {
@@ -205,19 +282,13 @@ impl Llama {
         kind: Kind,
         mut get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
     ) -> Result<Llama> {
-        let root = vs.root();
-        let mut param = |name: &str, shape: &[i64]| -> Result<Tensor> {
-            let t = get(name, shape)?;
-            // tch names a variable by its path components joined with '.': the HF name.
-            let (dir, leaf) = name.rsplit_once('.').unwrap_or(("", name));
-            let path = dir.split('.').filter(|c| !c.is_empty()).fold(root.clone(), |p, c| p.sub(c));
-            Ok(path.add(leaf, t, true))
-        };
+        let mut param =
+            |name: &str, shape: &[i64]| -> Result<Tensor> { Ok(add_variable(vs, name, get(name, shape)?)) };
         let p = &mut param as &mut dyn FnMut(&str, &[i64]) -> Result<Tensor>;
         fn linear(p: Param<'_>, name: &str, out: i64, inp: i64, bias: bool) -> Result<Linear> {
             let weight = p(&format!("{name}.weight"), &[out, inp])?;
             let bias = if bias { Some(p(&format!("{name}.bias"), &[out])?) } else { None };
-            Ok(Linear { weight, bias })
+            Ok(Linear { weight, bias, adapter: None })
         }
         let (h, d, ff) = (spec.hidden_size, spec.head_dim, spec.intermediate_size);
         let (nq, nkv) = (spec.num_heads * d, spec.num_kv_heads * d);
@@ -242,7 +313,96 @@ impl Llama {
             if spec.tie_word_embeddings { None } else { Some(p("lm_head.weight", &[spec.vocab_size, h])?) };
         let device = embed.device();
         let inv_freq = inv_freq(spec, device);
-        Ok(Llama { spec: spec.clone(), embed, layers, norm, lm_head, inv_freq, device, kind })
+        Ok(Llama {
+            spec: spec.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+            device,
+            kind,
+            adapters_on: AtomicBool::new(true),
+            training: AtomicBool::new(false),
+        })
+    }
+
+    /// Attaches LoRA adapters to the layers `config` targets, their tensors variables of `vs`
+    /// (trainable) under PEFT's names without its prefix (`model.layers.0.self_attn.q_proj.lora_A.weight`),
+    /// each taken by name and shape from `get`. Fails if the model has adapters already.
+    pub fn attach_lora(
+        &mut self,
+        vs: &VarStore,
+        config: &LoraConfig,
+        mut get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
+    ) -> Result<()> {
+        if self.has_adapters() {
+            return Err(ModelError::InvalidInput("the model has LoRA adapters already".into()));
+        }
+        let scaling = config.scaling();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            for &target in &config.target_modules {
+                let name = format!("model.layers.{i}.{}", crate::lora::module_path(target));
+                let module = layer.module_mut(target);
+                let (out, inp) = module.weight.size2().expect("a linear weight is 2-D");
+                let mut add = |leaf: &str, shape: &[i64]| -> Result<Tensor> {
+                    let full = format!("{name}.{leaf}.weight");
+                    Ok(add_variable(vs, &full, get(&full, shape)?))
+                };
+                let a = add("lora_A", &[config.rank, inp])?;
+                let b = add("lora_B", &[out, config.rank])?;
+                module.adapter = Some(Adapter { a, b, scaling, dropout: config.dropout });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether LoRA adapters are attached.
+    pub fn has_adapters(&self) -> bool {
+        self.layers.iter().any(|layer| layer.modules().iter().any(|(_, m)| m.adapter.is_some()))
+    }
+
+    /// Runs `f` with the adapters off (the base model), then turns them back on.
+    pub fn without_adapters<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct On<'a>(&'a AtomicBool);
+        impl Drop for On<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        self.adapters_on.store(false, Ordering::Relaxed);
+        let _on = On(&self.adapters_on);
+        f()
+    }
+
+    /// Whether forward passes train (adapter dropout applies); off by default. Dropout masks come
+    /// from libtorch's generator: seed it (`tch::manual_seed`) before a pass to make them repeatable.
+    pub fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+    }
+
+    /// Every weight under its Hugging Face name with the adapters merged in: what a merged model
+    /// directory holds. Without adapters, the weights themselves.
+    pub fn merged_weights(&self, vs: &VarStore) -> Vec<(String, Tensor)> {
+        let mut merged: std::collections::HashMap<String, Tensor> = vs.variables();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (target, module) in layer.modules() {
+                if module.adapter.is_some() {
+                    let name = format!("model.layers.{i}.{}.weight", crate::lora::module_path(target));
+                    merged.insert(name, module.merged_weight());
+                }
+            }
+        }
+        let mut merged: Vec<(String, Tensor)> = merged.into_iter().collect();
+        merged.sort_by(|a, b| a.0.cmp(&b.0));
+        merged
+    }
+
+    fn mode(&self) -> Mode {
+        Mode {
+            adapters: self.adapters_on.load(Ordering::Relaxed),
+            training: self.training.load(Ordering::Relaxed),
+        }
     }
 
     /// The resolved architecture.
@@ -317,10 +477,11 @@ impl Llama {
         }
         let mask = build_mask(attention_mask, padding, past, t, self.spec.sliding_window);
         let (cos, sin) = self.rope(positions);
+        let mode = self.mode();
         let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
         for (i, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_deref_mut().map(|c| (c, i));
-            x = self.layer_forward(layer, &x, &cos, &sin, &mask, kv);
+            x = self.layer_forward(layer, &x, (&cos, &sin), &mask, kv, mode);
         }
         if let Some(c) = cache {
             c.len += t;
@@ -344,17 +505,17 @@ impl Llama {
         &self,
         layer: &Layer,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
         mask: &Mask,
         cache: Option<(&mut KvCache, usize)>,
+        mode: Mode,
     ) -> Tensor {
         let (b, t, _) = x.size3().expect("hidden is [B, T, H]");
         let (nh, nkv, d) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let h = rms_norm(x, &layer.input_norm, self.spec.rms_norm_eps);
-        let q = layer.q.forward(&h).view([b, t, nh, d]).transpose(1, 2);
-        let k = layer.k.forward(&h).view([b, t, nkv, d]).transpose(1, 2);
-        let v = layer.v.forward(&h).view([b, t, nkv, d]).transpose(1, 2);
+        let q = layer.q.forward(&h, mode).view([b, t, nh, d]).transpose(1, 2);
+        let k = layer.k.forward(&h, mode).view([b, t, nkv, d]).transpose(1, 2);
+        let v = layer.v.forward(&h, mode).view([b, t, nkv, d]).transpose(1, 2);
         let q = apply_rope(&q, cos, sin);
         let k = apply_rope(&k, cos, sin);
         let (k, v) = match cache {
@@ -363,11 +524,20 @@ impl Llama {
         };
         let attn = attention(&q, &k, &v, mask, nh / nkv);
         let attn = attn.transpose(1, 2).reshape([b, t, nh * d]);
-        let x = x + layer.o.forward(&attn);
+        let x = x + layer.o.forward(&attn, mode);
         let h = rms_norm(&x, &layer.post_norm, self.spec.rms_norm_eps);
-        let mlp = layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
+        let mlp =
+            layer.down.forward(&(layer.gate.forward(&h, mode).silu() * layer.up.forward(&h, mode)), mode);
         x + mlp
     }
+}
+
+/// Adds `tensor` to `vs` as a trainable variable named `name`: tch names a variable by its path
+/// components joined with '.', so the variable's name is the Hugging Face one.
+fn add_variable(vs: &VarStore, name: &str, tensor: Tensor) -> Tensor {
+    let (dir, leaf) = name.rsplit_once('.').unwrap_or(("", name));
+    let path = dir.split('.').filter(|c| !c.is_empty()).fold(vs.root(), |p, c| p.sub(c));
+    path.add(leaf, tensor, true)
 }
 
 /// Attention of `q [B, H, T, D]` over `k, v [B, KV, S, D]`, `rep = H / KV`; returns `[B, H, T, D]`.

@@ -10,6 +10,7 @@ use tch::{Device, Kind, Tensor};
 use crate::builtin;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result, io_err};
+use crate::lora::{self, LoraConfig};
 use crate::model::Llama;
 use crate::tokenizer::{Tokenizer, TokenizerFiles};
 use crate::weights::{WeightFiles, write_safetensors};
@@ -22,8 +23,18 @@ pub struct LoadedModel {
     pub model: Llama,
     pub tokenizer: Tokenizer,
     pub config: LlamaConfig,
-    /// Where it came from: `builtin:tiny-arith?seed=0` or the directory's path.
+    /// Where it came from: `builtin:tiny-arith?seed=0` or the directory's path (for an adapter
+    /// directory, its base's).
     pub source: String,
+    /// LoRA adapters on the weights, when attached: then only they train.
+    pub adapters: Option<Adapters>,
+}
+
+/// A model's LoRA adapters: their tensors (trainable, under PEFT's names without its prefix) and
+/// configuration.
+pub struct Adapters {
+    pub vs: VarStore,
+    pub config: LoraConfig,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -33,6 +44,7 @@ impl std::fmt::Debug for LoadedModel {
             .field("device", &self.model.device())
             .field("kind", &self.model.kind())
             .field("params", &self.num_parameters())
+            .field("lora", &self.adapters.as_ref().map(|a| &a.config))
             .finish_non_exhaustive()
     }
 }
@@ -41,6 +53,43 @@ impl LoadedModel {
     /// Number of parameters (tied embeddings counted once).
     pub fn num_parameters(&self) -> i64 {
         self.vs.variables().values().map(Tensor::numel).sum::<usize>() as i64
+    }
+
+    /// Attaches fresh LoRA adapters (`A` seeded from `seed`, `B` zero: the model computes as
+    /// before) in the model's device and kind; from then on the base weights are frozen.
+    pub fn attach_lora(&mut self, config: &LoraConfig, seed: u64) -> Result<()> {
+        let (device, kind) = (self.model.device(), self.model.kind());
+        self.attach_lora_with(config, |name, shape| Ok(lora::initial_tensor(seed, name, shape, device, kind)))
+    }
+
+    /// Attaches the adapters of a PEFT adapter directory (its `adapter_config.json` and
+    /// `adapter_model.safetensors`); the directory's base is not read (this model is the base).
+    pub fn attach_lora_from(&mut self, dir: &Path) -> Result<LoraConfig> {
+        let (config, _) = LoraConfig::read_peft(&dir.join(lora::CONFIG_FILE))?;
+        let (device, kind) = (self.model.device(), self.model.kind());
+        let weights = WeightFiles::open_file(&dir.join(lora::WEIGHTS_FILE))?;
+        self.attach_lora_with(&config, |name, shape| {
+            weights.get(&format!("{}{name}", lora::PEFT_PREFIX), shape, device, kind)
+        })?;
+        Ok(config)
+    }
+
+    fn attach_lora_with(
+        &mut self,
+        config: &LoraConfig,
+        get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
+    ) -> Result<()> {
+        let vs = VarStore::new(self.model.device());
+        self.model.attach_lora(&vs, config, get)?;
+        self.vs.freeze();
+        self.adapters = Some(Adapters { vs, config: config.clone() });
+        Ok(())
+    }
+
+    /// The tensors that train: the adapters' when there are adapters, else every weight.
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        let vs = self.adapters.as_ref().map_or(&self.vs, |adapters| &adapters.vs);
+        vs.variables().into_iter().collect()
     }
 
     /// A copy of this model with its own weights (e.g. the frozen reference when
@@ -60,12 +109,23 @@ impl LoadedModel {
             vs.freeze();
         }
         let tokenizer = Tokenizer::from_files(self.tokenizer.files.clone(), &self.config)?;
-        Ok(LoadedModel { vs, model, tokenizer, config: self.config.clone(), source: self.source.clone() })
+        if self.adapters.is_some() {
+            return Err(ModelError::InvalidInput("a model with LoRA adapters is not duplicated".into()));
+        }
+        Ok(LoadedModel {
+            vs,
+            model,
+            tokenizer,
+            config: self.config.clone(),
+            source: self.source.clone(),
+            adapters: None,
+        })
     }
 }
 
-/// Loads `source` — `builtin:tiny-arith` (seed 0), `builtin:tiny-arith?seed=N`, or a directory
-/// with `config.json`, safetensors weights and `tokenizer.json` — onto `device` in `kind`
+/// Loads `source` — `builtin:tiny-arith` (seed 0), `builtin:tiny-arith?seed=N`, a directory
+/// with `config.json`, safetensors weights and `tokenizer.json`, or a PEFT adapter directory
+/// (its base loaded, the adapters attached) — onto `device` in `kind`
 /// (`Kind::Float` or `Kind::BFloat16`; bf16 works on CPU but is slower than f32 there unless
 /// the CPU has native bf16 matrix units).
 pub fn load(source: &str, device: Device, kind: Kind) -> Result<LoadedModel, ModelError> {
@@ -85,6 +145,20 @@ pub fn load(source: &str, device: Device, kind: Kind) -> Result<LoadedModel, Mod
             ModelError::MissingFile { path: dir.to_owned() }
         });
     }
+    if lora::is_adapter_dir(dir) {
+        let (_, base) = LoraConfig::read_peft(&dir.join(lora::CONFIG_FILE))?;
+        let base = lora::base_of(dir, &base);
+        if lora::is_adapter_dir(Path::new(&base)) {
+            return Err(ModelError::InvalidField {
+                file: dir.join(lora::CONFIG_FILE),
+                field: "base_model_name_or_path".into(),
+                message: format!("{base} is an adapter directory itself, not a model"),
+            });
+        }
+        let mut model = load(&base, device, kind)?;
+        model.attach_lora_from(dir)?;
+        return Ok(model);
+    }
     let config_path = dir.join("config.json");
     let config = LlamaConfig::from_file(&config_path)?;
     let spec = config.spec(&config_path)?;
@@ -92,7 +166,7 @@ pub fn load(source: &str, device: Device, kind: Kind) -> Result<LoadedModel, Mod
     let weights = WeightFiles::open(dir)?;
     let vs = VarStore::new(device);
     let model = Llama::build(&vs, &spec, kind, |name, shape| weights.get(name, shape, device, kind))?;
-    Ok(LoadedModel { vs, model, tokenizer, config, source: source.to_owned() })
+    Ok(LoadedModel { vs, model, tokenizer, config, source: source.to_owned(), adapters: None })
 }
 
 fn load_builtin(seed: u64, device: Device, kind: Kind) -> Result<LoadedModel> {
@@ -110,7 +184,14 @@ fn load_builtin(seed: u64, device: Device, kind: Kind) -> Result<LoadedModel> {
     let model = Llama::build(&vs, &spec, kind, |name, shape| {
         Ok(builtin::init_tensor(seed, name, shape, device, kind))
     })?;
-    Ok(LoadedModel { vs, model, tokenizer, config, source: format!("{}?seed={seed}", builtin::NAME) })
+    Ok(LoadedModel {
+        vs,
+        model,
+        tokenizer,
+        config,
+        source: format!("{}?seed={seed}", builtin::NAME),
+        adapters: None,
+    })
 }
 
 /// `model`'s config with its dtype the weights' own: a bf16 job's checkpoint of a model loaded
@@ -135,12 +216,74 @@ fn config_as_saved(model: &LoadedModel) -> LlamaConfig {
 }
 
 /// Writes a checkpoint of `model` to `dir`: `config.json` (its dtype the weights'),
-/// `model.safetensors` (Hugging Face names, contiguous, the model's dtype), `tokenizer.json`, `tokenizer_config.json`, and
+/// `model.safetensors` (Hugging Face names, contiguous, the model's dtype; with LoRA adapters,
+/// merged into the weights), `tokenizer.json`, `tokenizer_config.json`, and
 /// `chat_template.jinja` / `generation_config.json` when the model has them.
 ///
 /// Atomic: everything is written and fsynced in a temporary directory next to `dir`, which is
 /// then renamed to `dir`; a reader sees no checkpoint or a whole one. `dir` must not exist.
 pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
+    write_dir_atomically(dir, |tmp| {
+        write_text(tmp, "config.json", &config_as_saved(model).to_json())?;
+        write_tokenizer(model, tmp)?;
+        write_weights(&tmp.join("model.safetensors"), &model.model.merged_weights(&model.vs))
+    })
+}
+
+/// Writes `model`'s LoRA adapters to `dir` as a PEFT adapter directory over `base` (the path or
+/// name written as `base_model_name_or_path`): `adapter_config.json`, `adapter_model.safetensors`
+/// (PEFT's tensor names), and the tokenizer's files, so the directory is all a reader needs besides
+/// the base. Atomic like [`save_pretrained`].
+pub fn save_adapter(model: &LoadedModel, base: &str, dir: &Path) -> Result<()> {
+    let adapters = model
+        .adapters
+        .as_ref()
+        .ok_or_else(|| ModelError::InvalidInput("the model has no LoRA adapters to save".into()))?;
+    write_dir_atomically(dir, |tmp| {
+        write_text(tmp, lora::CONFIG_FILE, &adapters.config.to_peft_json(base))?;
+        write_tokenizer(model, tmp)?;
+        let mut tensors: Vec<(String, Tensor)> = adapters
+            .vs
+            .variables()
+            .into_iter()
+            .map(|(name, tensor)| (format!("{}{name}", lora::PEFT_PREFIX), tensor))
+            .collect();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        write_weights(&tmp.join(lora::WEIGHTS_FILE), &tensors)
+    })
+}
+
+fn write_text(dir: &Path, file: &str, text: &str) -> Result<()> {
+    let path = dir.join(file);
+    let mut f = std::fs::File::create(&path).map_err(io_err(&path))?;
+    f.write_all(text.as_bytes()).map_err(io_err(&path))?;
+    f.sync_all().map_err(io_err(&path))
+}
+
+fn write_tokenizer(model: &LoadedModel, dir: &Path) -> Result<()> {
+    let files = &model.tokenizer.files;
+    write_text(dir, "tokenizer.json", &files.tokenizer_json)?;
+    let optional = [
+        ("tokenizer_config.json", &files.tokenizer_config),
+        ("generation_config.json", &files.generation_config),
+        ("chat_template.jinja", &files.chat_template_jinja),
+    ];
+    for (file, text) in optional {
+        if let Some(text) = text {
+            write_text(dir, file, text)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_weights(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    write_safetensors(path, tensors)?;
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(io_err(path))
+}
+
+/// Fills a temporary directory next to `dir` with `fill`, then renames it to `dir` and fsyncs the
+/// parent: a reader sees no directory or a whole one. `dir` must not exist.
+fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if dir.exists() {
         return Err(ModelError::AlreadyExists { path: dir.to_owned() });
     }
@@ -155,29 +298,7 @@ pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
         .prefix(&format!(".{}.tmp-", name.to_string_lossy()))
         .tempdir_in(&parent)
         .map_err(io_err(&parent))?;
-    let write = |file: &str, text: &str| -> Result<()> {
-        let path = tmp.path().join(file);
-        let mut f = std::fs::File::create(&path).map_err(io_err(&path))?;
-        f.write_all(text.as_bytes()).map_err(io_err(&path))?;
-        f.sync_all().map_err(io_err(&path))
-    };
-    write("config.json", &config_as_saved(model).to_json())?;
-    let files = &model.tokenizer.files;
-    write("tokenizer.json", &files.tokenizer_json)?;
-    if let Some(text) = &files.tokenizer_config {
-        write("tokenizer_config.json", text)?;
-    }
-    if let Some(text) = &files.generation_config {
-        write("generation_config.json", text)?;
-    }
-    if let Some(text) = &files.chat_template_jinja {
-        write("chat_template.jinja", text)?;
-    }
-    let mut tensors: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    let weights = tmp.path().join("model.safetensors");
-    write_safetensors(&weights, &tensors)?;
-    std::fs::File::open(&weights).and_then(|f| f.sync_all()).map_err(io_err(&weights))?;
+    fill(tmp.path())?;
     let tmp = tmp.keep();
     if let Err(e) = std::fs::rename(&tmp, dir) {
         let _ = std::fs::remove_dir_all(&tmp);

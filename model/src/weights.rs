@@ -89,6 +89,11 @@ impl WeightFiles {
         }
     }
 
+    /// Maps one safetensors file.
+    pub fn open_file(path: &Path) -> Result<WeightFiles> {
+        Self::map_files(vec![path.to_owned()], path.to_owned())
+    }
+
     fn map_files(paths: Vec<PathBuf>, named_by: PathBuf) -> Result<WeightFiles> {
         let mut files = Vec::with_capacity(paths.len());
         let mut entries = HashMap::new();

@@ -90,6 +90,93 @@ pub struct ModelSection {
     /// on a CPU it changes nothing.
     #[serde(default)]
     pub tf32: bool,
+    /// Trains low-rank adapters instead of the weights: only the adapters (and a value head)
+    /// train, the reference is the base with the adapters off, and checkpoints hold the
+    /// adapters as a PEFT adapter directory.
+    #[serde(default)]
+    pub lora: Option<LoraSection>,
+    /// Keeps only each decoder layer's input during a training forward pass and recomputes the
+    /// layer in the backward pass: the same gradients for about one more forward pass of compute,
+    /// and activation memory of one layer instead of all of them.
+    #[serde(default)]
+    pub activation_checkpointing: bool,
+}
+
+/// `[model] lora`: LoRA adapters (Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language
+/// Models"), as Hugging Face PEFT defines them: each targeted linear layer computes
+/// `W·x + (alpha / rank)·B·A·dropout(x)` with `A` `[rank × in]`, `B` `[out × rank]`, B zero at the
+/// start so training starts from the base model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LoraSection {
+    /// The adapters' rank r.
+    pub rank: u32,
+    /// The scale's numerator: updates are scaled by `alpha / rank`. Defaults to the rank (scale 1).
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// Dropout on the adapters' input during training passes.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Which linear layers get adapters, by their Hugging Face names; all seven by default.
+    #[serde(default = "LoraTarget::all")]
+    pub target_modules: Vec<LoraTarget>,
+}
+
+impl LoraSection {
+    /// `alpha`, or the rank when unset.
+    pub fn alpha(&self) -> f64 {
+        self.alpha.unwrap_or(f64::from(self.rank))
+    }
+}
+
+/// A linear layer of a Llama-family decoder layer that LoRA can adapt, named as in Hugging Face.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    QProj,
+    KProj,
+    VProj,
+    OProj,
+    GateProj,
+    UpProj,
+    DownProj,
+}
+
+impl LoraTarget {
+    /// Every target, in a decoder layer's order.
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::QProj,
+        LoraTarget::KProj,
+        LoraTarget::VProj,
+        LoraTarget::OProj,
+        LoraTarget::GateProj,
+        LoraTarget::UpProj,
+        LoraTarget::DownProj,
+    ];
+
+    fn all() -> Vec<LoraTarget> {
+        Self::ALL.to_vec()
+    }
+
+    /// The module's Hugging Face name: `q_proj`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoraTarget::QProj => "q_proj",
+            LoraTarget::KProj => "k_proj",
+            LoraTarget::VProj => "v_proj",
+            LoraTarget::OProj => "o_proj",
+            LoraTarget::GateProj => "gate_proj",
+            LoraTarget::UpProj => "up_proj",
+            LoraTarget::DownProj => "down_proj",
+        }
+    }
+
+    /// The target of a Hugging Face module name.
+    pub fn from_name(name: &str) -> Option<LoraTarget> {
+        Self::ALL.into_iter().find(|target| target.name() == name)
+    }
 }
 
 fn same() -> String {
@@ -431,6 +518,10 @@ fn show_bound(key: &str, value: f64) -> String {
 pub struct PublishSection {
     #[serde(default)]
     pub webhook: Option<String>,
+    /// With `[model] lora`: publish the base with the adapters merged into its weights (a plain
+    /// model directory) instead of the PEFT adapter directory that names its base.
+    #[serde(default)]
+    pub merge_lora: bool,
 }
 
 /// `[checkpoint]`: how often state is saved.
@@ -591,6 +682,9 @@ impl JobSpec {
     pub fn validate(&self) -> Result<(), SpecErrors> {
         let mut errors = names(self);
         errors.extend(RULES.iter().filter_map(|rule| rule.check("", self)));
+        if let Some(lora) = &self.model.lora {
+            errors.extend(LORA_RULES.iter().filter_map(|rule| rule.check("model.lora.", lora)));
+        }
         for (i, verifier) in self.verifiers.iter().enumerate() {
             let prefix = format!("verifiers[{i}].");
             errors.extend(VERIFIER_RULES.iter().filter_map(|rule| rule.check(&prefix, verifier)));
@@ -818,6 +912,13 @@ const RULES: &[SpecRule] = &[
     SpecRule::new("checkpoint.every_steps", |s| int(s.checkpoint.every_steps), IntsFrom(1)),
 ];
 
+/// The ranges of `[model] lora`, when it is there.
+const LORA_RULES: &[Rule<LoraSection>] = &[
+    Rule::new("rank", |l: &LoraSection| int(l.rank), Ints(1, 4096)),
+    Rule::new("alpha", |l: &LoraSection| real(l.alpha), Positive),
+    Rule::new("dropout", |l: &LoraSection| real(l.dropout), Reals(Closed(0.0), Open(1.0))).noun("rate"),
+];
+
 /// The numeric ranges of each `[[verifiers]]` entry.
 const VERIFIER_RULES: &[Rule<PluginSection>] =
     &[Rule::new("weight", |v| real(v.weight), RealsFrom(Closed(0.0)))];
@@ -873,6 +974,22 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
         !spec.model.tf32 || spec.model.dtype == Dtype::F32,
         "model.tf32",
         "TF32 is for f32 matrix products; with model.dtype = \"bf16\" they are bf16 already".into(),
+    );
+    if let Some(lora) = &spec.model.lora {
+        let mut targets = lora.target_modules.clone();
+        targets.sort();
+        targets.dedup();
+        check(
+            !lora.target_modules.is_empty() && targets.len() == lora.target_modules.len(),
+            "model.lora.target_modules",
+            "expected a non-empty list without repeats of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+                .into(),
+        );
+    }
+    check(
+        spec.publish.as_ref().is_none_or(|publish| !publish.merge_lora) || spec.model.lora.is_some(),
+        "publish.merge_lora",
+        "merges LoRA adapters: it needs [model] lora".into(),
     );
     check(
         spec.rollout.stop.iter().all(|s| !s.is_empty()),
@@ -1138,6 +1255,45 @@ max_steps = 10
             (with("model", "dtype = \"bf16\"\ntf32 = false"), &[]),
             (with("model", "tf32 = true"), &[]),
             (with("model", "tf32 = 1"), &["model.tf32: invalid type: integer `1`, expected a boolean"]),
+            (with("model", "lora = { rank = 8 }"), &[]),
+            (
+                with(
+                    "model",
+                    "lora = { rank = 8, alpha = 16.0, dropout = 0.05, target_modules = [\"q_proj\", \"v_proj\"] }",
+                ),
+                &[],
+            ),
+            (
+                with("model", "lora = { rank = 0, alpha = -1.0, dropout = 1.0 }"),
+                &[
+                    "model.lora.rank: expected 1 to 4096, got 0",
+                    "model.lora.alpha: expected a positive number, got -1",
+                    "model.lora.dropout: expected a rate in [0, 1), got 1",
+                ],
+            ),
+            (
+                with("model", "lora = { rank = 8, target_modules = [] }"),
+                &[
+                    "model.lora.target_modules: expected a non-empty list without repeats of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+                ],
+            ),
+            (
+                with("model", "lora = { rank = 8, target_modules = [\"q_proj\", \"q_proj\"] }"),
+                &[
+                    "model.lora.target_modules: expected a non-empty list without repeats of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+                ],
+            ),
+            (
+                with("model", "lora = { rank = 8, target_modules = [\"lm_head\"] }"),
+                &[
+                    "model.lora.target_modules[0]: unknown variant `lm_head`, expected one of `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`",
+                ],
+            ),
+            (with("model", "activation_checkpointing = true"), &[]),
+            (
+                with("publish", "merge_lora = true"),
+                &["publish.merge_lora: merges LoRA adapters: it needs [model] lora"],
+            ),
             (
                 with("curriculum", "plugin = \"frontier\"\nname = \"shared\"\nhistory = []"),
                 &[

@@ -86,3 +86,30 @@ pub fn our_logits(model: &rlvr_model::Llama, ids: &[Vec<i64>]) -> Tensor {
     let pos = rlvr_model::positions_from_mask(&mask);
     tch::no_grad(|| model.logits(&model.forward(&input, &pos, &mask, None)).to_kind(Kind::Float))
 }
+
+/// The PEFT venv's python (scripts/peft-venv.sh makes it once per test binary).
+pub fn peft_python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let out = Command::new("bash")
+                .arg(repo_root().join("scripts/peft-venv.sh"))
+                .output()
+                .expect("run scripts/peft-venv.sh");
+            assert!(out.status.success(), "peft-venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        })
+        .clone()
+}
+
+/// Runs `peft_reference.py ARGS` and parses its JSON answer.
+pub fn peft_reference(args: &[&str]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peft_reference.py");
+    let out = Command::new(peft_python()).arg(script).args(args).output().expect("run peft_reference.py");
+    assert!(
+        out.status.success(),
+        "peft_reference.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("peft_reference.py prints JSON")
+}
