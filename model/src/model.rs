@@ -357,6 +357,21 @@ impl Llama {
         Ok(())
     }
 
+    /// Merges the adapters into the weights they adapt and removes them: the model computes the
+    /// same (to rounding) with plain weights.
+    pub fn merge_adapters(&mut self) {
+        for layer in &mut self.layers {
+            for target in LoraTarget::ALL {
+                let module = layer.module_mut(target);
+                if module.adapter.is_some() {
+                    let merged = module.merged_weight();
+                    tch::no_grad(|| module.weight.copy_(&merged));
+                    module.adapter = None;
+                }
+            }
+        }
+    }
+
     /// Whether LoRA adapters are attached.
     pub fn has_adapters(&self) -> bool {
         self.layers.iter().any(|layer| layer.modules().iter().any(|(_, m)| m.adapter.is_some()))

@@ -86,6 +86,15 @@ impl LoadedModel {
         Ok(())
     }
 
+    /// Merges the adapters (if any) into the weights and drops them: a plain model again, every
+    /// weight trainable.
+    pub fn merge_adapters(&mut self) {
+        if self.adapters.take().is_some() {
+            self.model.merge_adapters();
+            self.vs.unfreeze();
+        }
+    }
+
     /// The tensors that train: the adapters' when there are adapters, else every weight.
     pub fn trainable(&self) -> Vec<(String, Tensor)> {
         let vs = self.adapters.as_ref().map_or(&self.vs, |adapters| &adapters.vs);

@@ -1088,3 +1088,68 @@ fn grant_peer(
         requests
     })
 }
+
+/// The cold-started GRPO job (KL to the reference on) with `[model] lora` of `lora`, and `extra`
+/// sections appended.
+fn lora_grpo_spec(dir: &Path, lora: &str, extra: &str) -> (PathBuf, PathBuf) {
+    let (plugins, base) = cold_started_grpo_spec(dir, 2);
+    let text = base.replacen("\n[data]", &format!("lora = {lora}\n\n[data]"), 1);
+    let spec = dir.join("lora.toml");
+    fs::write(&spec, format!("{text}\n{extra}")).unwrap();
+    (plugins, spec)
+}
+
+#[test]
+fn a_lora_job_trains_only_its_adapters_against_its_base_and_resumes_exactly_with_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, spec) = lora_grpo_spec(dir.path(), "{ rank = 4, alpha = 8.0, dropout = 0.1 }", "");
+    let straight = straight_and_killed_at_step_5_then_resumed(dir.path(), &spec, &plugins);
+    let checkpoint = straight.join("checkpoints/step-00000008");
+    // What is published is the PEFT adapter directory over the spec's base; `adapter/` resumes.
+    for dir in ["model", "adapter"] {
+        let config: Value =
+            serde_json::from_slice(&fs::read(checkpoint.join(dir).join("adapter_config.json")).unwrap())
+                .unwrap();
+        assert_eq!((config["peft_type"].as_str(), config["r"].as_i64()), (Some("LORA"), Some(4)), "{dir}");
+        assert!(config["base_model_name_or_path"].as_str().unwrap().ends_with("/model"), "{config}");
+        assert!(!checkpoint.join(dir).join("model.safetensors").exists(), "no copy of the base in {dir}");
+    }
+    // The optimizer's state is the adapters' alone: A and B of 7 modules in 4 layers, 3 tensors each.
+    let optimizer = tensors(&checkpoint.join("optimizer.safetensors"));
+    assert!(
+        optimizer.keys().all(|name| name.contains(".lora_A.") || name.contains(".lora_B.")),
+        "{:?}",
+        optimizer.keys()
+    );
+    assert_eq!(optimizer.len(), 4 * 7 * 2 * 2);
+    // The reference is the base (the policy with its adapters off): KL starts at 0 (B = 0; to
+    // the rounding of a pass with grad against one without) and moves.
+    let kl: Vec<f64> =
+        metrics_without_time(&straight).iter().filter_map(|line| line["kl_ref"].as_f64()).collect();
+    assert!(kl.first().is_some_and(|&first| first < 1e-9), "{kl:?}");
+    assert!(kl.last().is_some_and(|&last| last > 1e-6), "{kl:?}");
+}
+
+#[test]
+fn a_lora_job_with_merge_lora_publishes_a_plain_model_that_loads_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, spec) = lora_grpo_spec(
+        dir.path(),
+        "{ rank = 2, target_modules = [\"q_proj\", \"v_proj\"] }",
+        "[publish]\nmerge_lora = true\n",
+    );
+    let state = dir.path().join("state");
+    let done = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+    let model = Path::new(done["checkpoint"].as_str().unwrap()).join("model");
+    assert!(model.join("config.json").is_file() && model.join("model.safetensors").is_file());
+    assert!(!model.join("adapter_config.json").exists());
+    let weights = tensors(&model.join("model.safetensors"));
+    assert!(weights.keys().all(|name| !name.contains("lora")), "merged: no adapter tensors");
+    // The merged model computes what base + adapters computed: its held-out score is the job's.
+    let sft = tensors(&dir.path().join("sft/checkpoints/step-00000030/model/model.safetensors"));
+    let moved = |name: &str| !weights[name].equal(&sft[name]);
+    assert!(
+        moved("model.layers.0.self_attn.q_proj.weight") && moved("model.layers.3.self_attn.v_proj.weight")
+    );
+    assert!(!moved("model.layers.0.self_attn.k_proj.weight") && !moved("model.layers.0.mlp.up_proj.weight"));
+}

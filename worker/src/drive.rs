@@ -12,7 +12,7 @@ use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
 use rlvr_protocol::worker::{MetricsLine, Outcome, Progress};
 use tracing::{info, info_span, warn};
 
-use crate::models::weights_sha256;
+use crate::models::model_sha256;
 use crate::state::{Logs, TrainState, write_checkpoint};
 use crate::step::{self, StepError};
 use crate::stop::StopWatch;
@@ -229,7 +229,7 @@ impl Loop<'_> {
         }
         Ok(Outcome {
             steps: self.state.step,
-            weights_sha256: weights_sha256(&self.job.policy.vs),
+            weights_sha256: model_sha256(&self.job.policy),
             heldout_before: self.state.heldout_baseline,
             heldout_after: self.scored_step.and(self.heldout),
             checkpoint: self.last_checkpoint.clone().unwrap_or_default(),

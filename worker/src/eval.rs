@@ -6,7 +6,7 @@
 
 use rlvr_model::{LoadedModel, Sampled, SamplerRng, SamplingParams, generate, load as load_model};
 use rlvr_protocol::worker::{
-    Baseline, CanaryRegressions, GateEvaluation, GateScore, ModelScores, ScoreFigures, Trend,
+    Baseline, BaselineKind, CanaryRegressions, GateEvaluation, GateScore, ModelScores, ScoreFigures, Trend,
 };
 use tch::{Kind, Tensor};
 
@@ -91,7 +91,10 @@ pub fn for_gates(
         Ok((heldout, canaries))
     };
     let candidate = completions(&job.policy)?;
-    let before = {
+    let before = if baseline.kind == BaselineKind::Start && job.policy.adapters.is_some() {
+        // The start of a LoRA job is its base: the policy with its adapters off, no third copy.
+        job.policy.model.without_adapters(|| completions(&job.policy))?
+    } else {
         let kind = job.policy.vs.variables().values().next().map_or(Kind::Float, Tensor::kind);
         let mut model = load_model(&baseline.model, job.device, kind)
             .map_err(|error| format!("the gates' baseline {}: {error}", baseline.model))?;

@@ -215,7 +215,7 @@ pub struct Job {
     pub spec: JobSpec,
     pub device: Device,
     pub policy: LoadedModel,
-    pub reference: Option<LoadedModel>,
+    pub reference: Option<models::Reference>,
     pub value_head: Option<ValueHead>,
     pub optimizer: OptimizerBox,
     pub optimizer_info: OptimizerInfo,
@@ -399,7 +399,9 @@ fn assemble(
         }
         _ => TrainState::default(),
     };
-    job.policy.vs.unfreeze();
+    if job.policy.adapters.is_none() {
+        job.policy.vs.unfreeze();
+    }
     Ok((job, state))
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use rlvr_model::{LoadedModel, load as load_model};
+use rlvr_model::{LoadedModel, LoraConfig, load as load_model};
 use rlvr_plugin_api::OptimizerBox;
 use rlvr_plugin_api::OptimizerInfo;
 use rlvr_protocol::spec::{Dtype, JobSpec};
@@ -13,15 +13,27 @@ use tch::{Device, Kind, Tensor, nn};
 use crate::data::PromptRecord;
 use crate::{TrainData, WorkerError};
 
+/// Where a LoRA job's checkpoint keeps its adapters (a PEFT adapter directory): what a resume
+/// attaches to the base. `model/` beside it is what is published (the same adapters, or merged).
+pub const ADAPTER_DIR: &str = "adapter";
+
 /// A value head: a linear layer over the policy's hidden states, in its own VarStore.
 pub type ValueHead = (nn::VarStore, nn::Linear);
 
+/// The frozen reference of a job whose optimizer reads one.
+pub enum Reference {
+    /// A model of its own.
+    Model(LoadedModel),
+    /// The policy with its LoRA adapters off: the base it started from, with no second copy.
+    PolicyBase,
+}
+
 /// The models of one run.
 pub struct Models {
-    /// The model being trained.
+    /// The model being trained (with `[model] lora`, the base with adapters: only they train).
     pub policy: LoadedModel,
     /// The frozen reference, when the optimizer reads one.
-    pub reference: Option<LoadedModel>,
+    pub reference: Option<Reference>,
     /// Where the reference came from and the SHA-256 of its weights: a resume checks it.
     pub reference_identity: Option<String>,
     /// The critic, for optimizers with a value head.
@@ -53,18 +65,46 @@ impl Models {
                 message: error.to_string(),
             })?;
         }
-        let policy_source = match checkpoint {
-            Some(path) => path.join("model").to_string_lossy().into_owned(),
-            None => spec.model.policy.clone(),
+        let lora = spec.model.lora.as_ref().map(LoraConfig::from_spec);
+        let policy_error = |error: rlvr_model::ModelError| WorkerError::Model {
+            field: "model.policy",
+            message: error.to_string(),
         };
-        let policy = load_model(&policy_source, device, kind)
-            .map_err(|error| WorkerError::Model { field: "model.policy", message: error.to_string() })?;
+        // A LoRA job's checkpoint holds its adapters (`adapter/`); the base is the spec's.
+        let policy_source = match (checkpoint, &lora) {
+            (Some(path), None) => path.join("model").to_string_lossy().into_owned(),
+            _ => spec.model.policy.clone(),
+        };
+        let mut policy = load_model(&policy_source, device, kind).map_err(policy_error)?;
+        // A policy that is itself an adapter directory (a published LoRA version) starts as the
+        // model it computes: its adapters merged, every weight its own.
+        policy.merge_adapters();
+        if let Some(config) = &lora {
+            match checkpoint {
+                Some(path) => {
+                    let adapter = path.join(ADAPTER_DIR);
+                    policy.attach_lora_from(&adapter).map_err(|error| WorkerError::State {
+                        path: adapter.clone(),
+                        message: error.to_string(),
+                    })?;
+                }
+                None => policy.attach_lora(config, spec.job.seed).map_err(|error| WorkerError::Model {
+                    field: "model.lora",
+                    message: error.to_string(),
+                })?,
+            }
+        }
         let reference_source =
             if spec.model.reference == "same" { &spec.model.policy } else { &spec.model.reference };
-        let reference = if info.needs_reference && optimizer.uses_reference() {
+        let reference = if !(info.needs_reference && optimizer.uses_reference()) {
+            None
+        } else if lora.is_some() && spec.model.reference == "same" {
+            Some(Reference::PolicyBase)
+        } else {
             let mut reference = load_model(reference_source, device, kind).map_err(|error| {
                 WorkerError::Model { field: "model.reference", message: error.to_string() }
             })?;
+            reference.merge_adapters();
             reference.vs.freeze();
             if reference.tokenizer.vocab_size() != policy.tokenizer.vocab_size() {
                 return Err(WorkerError::Model {
@@ -76,13 +116,15 @@ impl Models {
                     ),
                 });
             }
-            Some(reference)
-        } else {
-            None
+            Some(Reference::Model(reference))
         };
-        let reference_identity = reference
-            .as_ref()
-            .map(|reference| format!("{reference_source} sha256:{}", weights_sha256(&reference.vs)));
+        let reference_identity = reference.as_ref().map(|reference| {
+            let weights = match reference {
+                Reference::Model(model) => &model.vs,
+                Reference::PolicyBase => &policy.vs,
+            };
+            format!("{reference_source} sha256:{}", weights_sha256(weights))
+        });
         let value_head = info.needs_value_head.then(|| value_head(&policy, device));
         if let (Some(path), Some((vs, _))) = (checkpoint, &value_head) {
             vs.read_safetensors(path.join("value_head.safetensors")).map_err(|error| WorkerError::State {
@@ -93,10 +135,10 @@ impl Models {
         Ok(Models { policy, reference, reference_identity, value_head })
     }
 
-    /// Every trainable tensor (policy, then value head), sorted by name: the optimizer's fixed
-    /// order.
+    /// Every trainable tensor (the policy's weights or its LoRA adapters, then the value head),
+    /// sorted by name: the optimizer's fixed order.
     pub fn trainable(&self) -> Vec<(String, Tensor)> {
-        let mut params: Vec<(String, Tensor)> = self.policy.vs.variables().into_iter().collect();
+        let mut params = self.policy.trainable();
         if let Some((vs, _)) = &self.value_head {
             params.extend(vs.variables());
         }
@@ -186,6 +228,19 @@ pub fn check_lengths(
         }
     }
     Ok(())
+}
+
+/// SHA-256 of what a model computes with: its weights, then its LoRA adapters when it has them.
+pub fn model_sha256(model: &LoadedModel) -> String {
+    match &model.adapters {
+        None => weights_sha256(&model.vs),
+        Some(adapters) => {
+            let mut hasher = Sha256::new();
+            hasher.update(weights_sha256(&model.vs));
+            hasher.update(weights_sha256(&adapters.vs));
+            hex::encode(hasher.finalize())
+        }
+    }
 }
 
 /// SHA-256 over a VarStore's tensors: names sorted, each name then its raw bytes.

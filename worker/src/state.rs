@@ -2,7 +2,8 @@
 //! how it is written so that a kill at any moment leaves either the old state or the new one,
 //! never half of either.
 //!
-//! A checkpoint (`checkpoints/step-N/`: `model/`, a loadable HF directory; `value_head.safetensors`
+//! A checkpoint (`checkpoints/step-N/`: `model/`, a loadable HF directory (with LoRA, a PEFT
+//! adapter directory or the merged model), and for LoRA `adapter/`; `value_head.safetensors`
 //! for optimizers with a value head; `optimizer.safetensors`, the AdamW moments and, for bf16
 //! weights, their f32 master copy (the model's bf16 weights have lost its low bits); `state.json`,
 //! [`TrainState`]) is written under a temporary name, fsynced and renamed; then `LATEST` is
@@ -14,7 +15,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use rlvr_model::{SamplerRng, save_pretrained};
+use rlvr_model::{SamplerRng, save_adapter, save_pretrained};
 use rlvr_protocol::fs::{write_atomic, write_json_atomic};
 use rlvr_protocol::jobdir::{RunDir, checkpoint_name};
 use rlvr_protocol::runtime::RunPlatform;
@@ -165,7 +166,7 @@ pub fn write_checkpoint(
         message: format!("checkpoint: {message}"),
     };
     let staging = staging(run, state.step).map_err(|error| fail(error.to_string()))?;
-    save_pretrained(&job.policy, &staging.join("model")).map_err(|error| fail(error.to_string()))?;
+    write_model(job, &staging).map_err(|error| fail(error.to_string()))?;
     if let Some((vs, _)) = &job.value_head {
         save_sorted(vs, &staging.join("value_head.safetensors")).map_err(fail)?;
     }
@@ -191,6 +192,23 @@ pub fn write_checkpoint(
     let path = commit(run, &staging, state.step).map_err(|error| fail(error.to_string()))?;
     info!(step = state.step, path = %path.display(), "checkpoint written");
     Ok(path)
+}
+
+/// The checkpoint's models: `model/`, what is published (the policy's weights; with LoRA its
+/// PEFT adapter directory over the spec's base, or with `[publish] merge_lora` the base with the
+/// adapters merged), and for LoRA `adapter/`, what a resume attaches to the base.
+fn write_model(job: &Job, staging: &Path) -> Result<(), rlvr_model::ModelError> {
+    let model = staging.join("model");
+    if job.policy.adapters.is_none() {
+        return save_pretrained(&job.policy, &model);
+    }
+    let base = &job.spec.model.policy;
+    save_adapter(&job.policy, base, &staging.join(crate::models::ADAPTER_DIR))?;
+    if job.spec.publish.as_ref().is_some_and(|publish| publish.merge_lora) {
+        save_pretrained(&job.policy, &model)
+    } else {
+        save_adapter(&job.policy, base, &model)
+    }
 }
 
 /// Writes a VarStore's tensors (names sorted) to a safetensors file.

@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use super::data::PromptRecord;
 use super::grants::{Grant, GrantError};
+use super::models::Reference;
 use super::reward::{Scored, ToScore};
 use super::{Job, TrainData};
 
@@ -643,7 +644,14 @@ fn update(
         while start < total {
             let end = (start + micro).min(total);
             let batch = rows.batch(start..end, job.policy.tokenizer.pad_id(), job.device)?;
+            if job.policy.adapters.as_ref().is_some_and(|adapters| adapters.config.dropout > 0.0) {
+                // LoRA dropout draws from libtorch's generator: seeded from where the pass is in
+                // the job, so a resumed run draws the masks an uninterrupted one would.
+                tch::manual_seed(dropout_seed(job.spec.job.seed, step, iteration, start) as i64);
+            }
+            job.policy.model.set_training(true);
             let (logprobs, hidden) = completion_logprobs(&job.policy.model, &batch, temperature);
+            job.policy.model.set_training(false);
             let columns = logprobs.size()[1];
             let slice = |t: &Tensor| t.narrow(0, start as i64, (end - start) as i64).narrow(1, 0, columns);
             let values = job.value_head.as_ref().map(|(_, head)| {
@@ -714,6 +722,16 @@ fn sampler_ratio(first: &[Tensor], sampler: &Tensor, mask: &Tensor) -> (f64, f64
     (masked_mean(&log_ratio.exp(), mask), max_abs)
 }
 
+/// The seed of the LoRA dropout masks of one training pass: a function of the job's seed, the
+/// step, the update within it and the micro-batch's first row (SplitMix64 over them).
+fn dropout_seed(seed: u64, step: u64, iteration: u32, first_row: usize) -> u64 {
+    let mut mixer = rlvr_seeded::SplitMix64::new(seed ^ 0x6c6f_7261_5f64_726f);
+    [step, u64::from(iteration), first_row as u64]
+        .into_iter()
+        .fold(mixer.next_u64(), |acc, part| rlvr_seeded::SplitMix64::new(acc ^ part).next_u64())
+        >> 1
+}
+
 /// Log-probabilities (and values) of every row without grad, micro-batched, as `[B, width]`.
 fn no_grad_pass(
     job: &Job,
@@ -721,10 +739,16 @@ fn no_grad_pass(
     width: usize,
     policy: bool,
 ) -> Result<(Tensor, Option<Tensor>), String> {
-    let model = if policy { &job.policy.model } else { &job.reference.as_ref().expect("a reference").model };
+    // The reference's pass runs the policy with its adapters off when that is the reference.
+    let (model, base) = match (policy, &job.reference) {
+        (true, _) => (&job.policy.model, false),
+        (false, Some(Reference::Model(reference))) => (&reference.model, false),
+        (false, Some(Reference::PolicyBase)) => (&job.policy.model, true),
+        (false, None) => return Err("a reference pass without a reference".into()),
+    };
     let temperature = logprob_temperature(job.spec.rollout.temperature);
     let micro = job.spec.optimizer.micro_batch_size as usize;
-    tch::no_grad(|| {
+    let pass = || {
         let mut logprob_parts = Vec::new();
         let mut value_parts = Vec::new();
         let mut start = 0;
@@ -742,7 +766,8 @@ fn no_grad_pass(
         }
         let values = (!value_parts.is_empty()).then(|| Tensor::cat(&value_parts, 0));
         Ok((Tensor::cat(&logprob_parts, 0), values))
-    })
+    };
+    tch::no_grad(|| if base { model.without_adapters(pass) } else { pass() })
 }
 
 /// Rows of unequal length as a zero-padded `[B, width]` f32 tensor.
