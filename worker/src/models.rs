@@ -23,7 +23,7 @@ pub type ValueHead = (nn::VarStore, nn::Linear);
 /// The frozen reference of a job whose optimizer reads one.
 pub enum Reference {
     /// A model of its own.
-    Model(LoadedModel),
+    Model(Box<LoadedModel>),
     /// The policy with its LoRA adapters off: the base it started from, with no second copy.
     PolicyBase,
 }
@@ -116,7 +116,7 @@ impl Models {
                     ),
                 });
             }
-            Some(Reference::Model(reference))
+            Some(Reference::Model(Box::new(reference)))
         };
         let reference_identity = reference.as_ref().map(|reference| {
             let weights = match reference {
