@@ -17,6 +17,9 @@ fn plugin_dir(dir: &Path) -> PathBuf {
     for name in [
         "rlvr-optimizer-grpo",
         "rlvr-optimizer-sft",
+        "rlvr-optimizer-dpo",
+        "rlvr-optimizer-rloo",
+        "rlvr-optimizer-ppo",
         "rlvr-verifier-math",
         "rlvr-verifier-format",
         "rlvr-curriculum-frontier",
@@ -1152,4 +1155,57 @@ fn a_lora_job_with_merge_lora_publishes_a_plain_model_that_loads_anywhere() {
         moved("model.layers.0.self_attn.q_proj.weight") && moved("model.layers.3.self_attn.v_proj.weight")
     );
     assert!(!moved("model.layers.0.self_attn.k_proj.weight") && !moved("model.layers.0.mlp.up_proj.weight"));
+}
+
+#[test]
+fn lora_trains_with_every_optimizer_plugin_and_ppo_trains_its_value_head_fully() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let data =
+        arith_data(dir.path(), &["--train", "16", "--heldout", "4", "--sft", "16", "--max-operand", "10"]);
+    let pairs = dir.path().join("pairs.jsonl");
+    let lines: Vec<String> = (0..8)
+        .map(|i| format!(r#"{{"prompt": "{i}+1=", "chosen": "{}", "rejected": "{}"}}"#, i + 1, i + 2))
+        .collect();
+    fs::write(&pairs, lines.join("\n") + "\n").unwrap();
+    // (plugin, its [optimizer] keys, the training data)
+    let cases = [
+        ("sft", "", data.join("sft.jsonl")),
+        ("dpo", "beta = 0.1", pairs.clone()),
+        ("rloo", "", data.join("train.jsonl")),
+        ("ppo", "", data.join("train.jsonl")),
+    ];
+    for (plugin, keys, train) in cases {
+        let base = arith_grpo_spec(&data, &format!("lora-{plugin}"), "builtin:tiny-arith", 2, 1);
+        let optimizer = base.split("[optimizer]").nth(1).unwrap().split("[[verifiers]]").next().unwrap();
+        let text = base
+            .replace(
+                optimizer,
+                &format!("\nplugin = \"{plugin}\"\ngroup_size = 2\nmicro_batch_size = 4\n{keys}\n\n"),
+            )
+            .replace(&format!("{}/train.jsonl", data.display()), train.to_str().unwrap())
+            .replacen("\n[data]", "lora = { rank = 2 }\n\n[data]", 1);
+        let spec = dir.path().join(format!("{plugin}.toml"));
+        fs::write(&spec, text).unwrap();
+        let state = dir.path().join(plugin);
+        let done = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+        let checkpoint = Path::new(done["checkpoint"].as_str().unwrap());
+        assert!(checkpoint.join("adapter/adapter_model.safetensors").is_file(), "{plugin}");
+        let optimizer = tensors(&checkpoint.join("optimizer.safetensors"));
+        let value_head: Vec<&String> = optimizer.keys().filter(|name| name.contains("value_head")).collect();
+        let adapters = optimizer.keys().filter(|name| name.contains(".lora_")).count();
+        assert_eq!(
+            adapters + value_head.len(),
+            optimizer.len(),
+            "{plugin}: only adapters and a value head train"
+        );
+        assert!(adapters > 0, "{plugin}");
+        if plugin == "ppo" {
+            assert!(!value_head.is_empty(), "PPO's value head trains fully: {:?}", optimizer.keys());
+            let head = tensors(&checkpoint.join("value_head.safetensors"));
+            assert!(head.values().any(|t| t.abs().sum(tch::Kind::Float).double_value(&[]) > 0.0), "it moved");
+        } else {
+            assert!(value_head.is_empty(), "{plugin}");
+        }
+    }
 }
