@@ -135,6 +135,9 @@ pub fn completion_logprobs(model: &Llama, batch: &SequenceBatch, temperature: f6
 
 /// Hidden states `[B, C, H]` at the positions predicting each completion token.
 fn predicting_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
+    if model.checkpoints_activations() {
+        return predicting_hidden_in_one_pass(model, batch);
+    }
     let device = model.device();
     let (b, c) = (batch.len() as i64, batch.completion_width());
     let plen = batch.prompt_ids.size()[1];
@@ -165,4 +168,20 @@ fn predicting_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
     let positions = prompt_lens.unsqueeze(1) + Tensor::arange(c - 1, (Kind::Int64, device)).unsqueeze(0);
     let hidden = model.forward(&inputs, &positions, &mask, Some(&mut cache));
     Tensor::cat(&[&last, &hidden], 1)
+}
+
+/// [`predicting_hidden`] as one pass over each row's prompt and completion, with no KV cache:
+/// what a checkpointed training pass needs (a cache shared between two passes would carry the
+/// prompt's part of the graph, which checkpointing does not record). Each row runs its prompt.
+fn predicting_hidden_in_one_pass(model: &Llama, batch: &SequenceBatch) -> Tensor {
+    let c = batch.completion_width();
+    let plen = batch.prompt_ids.size()[1];
+    let prompt_ids = batch.prompt_ids.index_select(0, &batch.prompt_of_row);
+    let prompt_mask = batch.prompt_mask.index_select(0, &batch.prompt_of_row);
+    let fed = (c - 1).max(0);
+    let inputs = Tensor::cat(&[&prompt_ids, &batch.completion_ids.narrow(1, 0, fed)], 1);
+    let comp_mask = batch.mask.narrow(1, 0, fed).to_kind(prompt_mask.kind());
+    let mask = Tensor::cat(&[&prompt_mask, &comp_mask], 1);
+    let hidden = model.forward(&inputs, &positions_from_mask(&mask), &mask, None);
+    hidden.narrow(1, plen - 1, c.min(1) + fed)
 }

@@ -5,6 +5,7 @@
 //! libtorch's `scaled_dot_product_attention`; padding is handled with a boolean mask in which
 //! every query may also see itself, so rows of pure left padding stay finite instead of NaN.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::nn::VarStore;
@@ -36,6 +37,9 @@ struct Adapter {
 struct Mode {
     adapters: bool,
     training: bool,
+    /// Seeds libtorch's generator before each layer of a training pass (`seed + layer`), so the
+    /// dropout masks of a layer are the same when a checkpointed pass recomputes it.
+    seed: Option<u64>,
 }
 
 impl Linear {
@@ -269,8 +273,27 @@ pub struct Llama {
     /// Whether LoRA adapters (when attached) take part in forward passes: off, the model is its
     /// base, which is how a LoRA job's reference is computed without a second copy.
     adapters_on: AtomicBool,
-    /// Whether forward passes train: adapter dropout applies.
+    /// Whether forward passes train: adapter dropout applies, and with checkpointing on, layers
+    /// keep only their inputs.
     training: AtomicBool,
+    /// The dropout seed of the training pass (see [`Mode::seed`]).
+    training_seed: Mutex<Option<u64>>,
+    /// Whether training passes checkpoint activations per decoder layer.
+    checkpointing: AtomicBool,
+    /// What the checkpointed training passes since the last [`Llama::backward_checkpointed`] kept.
+    recompute: Mutex<Vec<Recompute>>,
+}
+
+/// What a checkpointed forward pass keeps for its backward pass: each decoder layer's input and
+/// what the layers read besides it; the layers' output is cut from the graph at a leaf (`top`),
+/// whose gradient the sweep back through the recomputed layers starts from.
+struct Recompute {
+    inputs: Vec<Tensor>,
+    top: Tensor,
+    input_ids: Tensor,
+    rope: (Tensor, Tensor),
+    mask: Mask,
+    mode: Mode,
 }
 
 impl Llama {
@@ -324,6 +347,9 @@ impl Llama {
             kind,
             adapters_on: AtomicBool::new(true),
             training: AtomicBool::new(false),
+            training_seed: Mutex::new(None),
+            checkpointing: AtomicBool::new(false),
+            recompute: Mutex::new(Vec::new()),
         })
     }
 
@@ -390,10 +416,58 @@ impl Llama {
         f()
     }
 
-    /// Whether forward passes train (adapter dropout applies); off by default. Dropout masks come
-    /// from libtorch's generator: seed it (`tch::manual_seed`) before a pass to make them repeatable.
-    pub fn set_training(&self, training: bool) {
-        self.training.store(training, Ordering::Relaxed);
+    /// Whether forward passes train; off by default. In a training pass adapter dropout applies,
+    /// its masks drawn from libtorch's generator seeded with `seed + layer` before each layer (so
+    /// repeatable, and the same when a checkpointed layer is recomputed), and with
+    /// [`Llama::set_activation_checkpointing`] the layers keep only their inputs. Turning
+    /// training on drops what earlier checkpointed passes kept and no backward pass used.
+    pub fn set_training(&self, training: Option<u64>) {
+        if training.is_some() {
+            self.recompute.lock().expect("recompute lock").clear();
+        }
+        *self.training_seed.lock().expect("seed lock") = training;
+        self.training.store(training.is_some(), Ordering::Relaxed);
+    }
+
+    /// Activation checkpointing per decoder layer in training passes: a pass without a KV cache
+    /// runs its layers without recording a graph, keeping each layer's input, and
+    /// [`Llama::backward_checkpointed`] recomputes each layer (last first) to back-propagate
+    /// through it. Gradients are those of the plain pass (to rounding); activation memory is one
+    /// layer's instead of every layer's, for about one more forward pass of compute.
+    pub fn set_activation_checkpointing(&self, on: bool) {
+        self.checkpointing.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the next training pass without a cache checkpoints its layers.
+    pub fn checkpoints_activations(&self) -> bool {
+        self.checkpointing.load(Ordering::Relaxed) && self.training.load(Ordering::Relaxed)
+    }
+
+    /// Finishes the backward pass of the checkpointed training passes since training was turned
+    /// on: call it after `loss.backward()`, which stopped at each pass's cut. Each layer is
+    /// recomputed from its kept input with the pass's dropout masks and back-propagated with the
+    /// gradient of its output, last layer first, then the embeddings. A pass whose output the
+    /// loss did not use is skipped.
+    pub fn backward_checkpointed(&self) {
+        let passes = std::mem::take(&mut *self.recompute.lock().expect("recompute lock"));
+        for pass in passes.into_iter().rev() {
+            let mut grad = pass.top.grad();
+            if !grad.defined() {
+                continue;
+            }
+            let rope = (&pass.rope.0, &pass.rope.1);
+            for (i, input) in pass.inputs.iter().enumerate().rev() {
+                let x = input.detach().set_requires_grad(true);
+                let y = self.layer_forward(&self.layers[i], &x, rope, &pass.mask, None, pass.mode, i);
+                // d/dy Σ(y·g) = g: back-propagates exactly the output's gradient.
+                (y * &grad).sum(Kind::Float).backward();
+                grad = x.grad();
+            }
+            if self.embed.requires_grad() {
+                let embedded = Tensor::embedding(&self.embed, &pass.input_ids, -1, false, false);
+                (embedded * &grad).sum(Kind::Float).backward();
+            }
+        }
     }
 
     /// Every weight under its Hugging Face name with the adapters merged in: what a merged model
@@ -414,10 +488,12 @@ impl Llama {
     }
 
     fn mode(&self) -> Mode {
-        Mode {
-            adapters: self.adapters_on.load(Ordering::Relaxed),
-            training: self.training.load(Ordering::Relaxed),
-        }
+        let training = self.training.load(Ordering::Relaxed);
+        let dropout = self.layers.iter().any(|layer| {
+            layer.modules().iter().any(|(_, m)| m.adapter.as_ref().is_some_and(|a| a.dropout > 0.0))
+        });
+        let seed = if training && dropout { *self.training_seed.lock().expect("seed lock") } else { None };
+        Mode { adapters: self.adapters_on.load(Ordering::Relaxed), training, seed }
     }
 
     /// The resolved architecture.
@@ -493,15 +569,44 @@ impl Llama {
         let mask = build_mask(attention_mask, padding, past, t, self.spec.sliding_window);
         let (cos, sin) = self.rope(positions);
         let mode = self.mode();
+        if cache.is_none() && self.checkpoints_activations() {
+            return self.forward_checkpointed(input_ids, (cos, sin), mask, mode);
+        }
         let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
         for (i, layer) in self.layers.iter().enumerate() {
             let kv = cache.as_deref_mut().map(|c| (c, i));
-            x = self.layer_forward(layer, &x, (&cos, &sin), &mask, kv, mode);
+            x = self.layer_forward(layer, &x, (&cos, &sin), &mask, kv, mode, i);
         }
         if let Some(c) = cache {
             c.len += t;
         }
         rms_norm(&x, &self.norm, self.spec.rms_norm_eps)
+    }
+
+    /// The layers without a graph, each one's input kept, the output cut at a leaf that the final
+    /// norm (and whatever the caller computes) is recorded from: see [`Llama::backward_checkpointed`].
+    fn forward_checkpointed(
+        &self,
+        input_ids: &Tensor,
+        rope: (Tensor, Tensor),
+        mask: Mask,
+        mode: Mode,
+    ) -> Tensor {
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let top = tch::no_grad(|| {
+            let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
+            for (i, layer) in self.layers.iter().enumerate() {
+                let next = self.layer_forward(layer, &x, (&rope.0, &rope.1), &mask, None, mode, i);
+                inputs.push(x);
+                x = next;
+            }
+            x
+        })
+        .set_requires_grad(true);
+        let out = rms_norm(&top, &self.norm, self.spec.rms_norm_eps);
+        let pass = Recompute { inputs, top, input_ids: input_ids.shallow_clone(), rope, mask, mode };
+        self.recompute.lock().expect("recompute lock").push(pass);
+        out
     }
 
     /// Logits of hidden states `[..., hidden]` → `[..., vocab]`, in the model's dtype.
@@ -524,7 +629,11 @@ impl Llama {
         mask: &Mask,
         cache: Option<(&mut KvCache, usize)>,
         mode: Mode,
+        index: usize,
     ) -> Tensor {
+        if let Some(seed) = mode.seed {
+            tch::manual_seed(seed.wrapping_add(index as u64) as i64);
+        }
         let (b, t, _) = x.size3().expect("hidden is [B, T, H]");
         let (nh, nkv, d) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let h = rms_norm(x, &layer.input_norm, self.spec.rms_norm_eps);

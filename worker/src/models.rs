@@ -76,6 +76,7 @@ impl Models {
             _ => spec.model.policy.clone(),
         };
         let mut policy = load_model(&policy_source, device, kind).map_err(policy_error)?;
+        policy.model.set_activation_checkpointing(spec.model.activation_checkpointing);
         // A policy that is itself an adapter directory (a published LoRA version) starts as the
         // model it computes: its adapters merged, every weight its own.
         policy.merge_adapters();

@@ -127,11 +127,14 @@ impl AdamW {
     }
 
     /// Back-propagates `loss` (a scalar) into the gradients the next update reads: call it once
-    /// per micro-batch between [`AdamW::zero_grad`] and the update. An f32 parameter's `.grad`
+    /// per micro-batch between [`AdamW::zero_grad`] and the update. `finish` runs right after
+    /// `loss.backward()`, for the part of the backward pass autograd did not record (the
+    /// recomputed layers of activation checkpointing). An f32 parameter's `.grad`
     /// sums the micro-batches itself; a bf16 parameter's micro-batch gradient is added to its
     /// f32 sum and its `.grad` cleared, so micro-batches are summed in f32, not in bf16.
-    pub fn backward(&mut self, loss: &Tensor) {
+    pub fn backward(&mut self, loss: &Tensor, finish: impl FnOnce()) {
         loss.backward();
+        finish();
         tch::no_grad(|| {
             for slot in &mut self.slots {
                 let Some(mixed) = &mut slot.mixed else { continue };
@@ -468,7 +471,7 @@ mod tests {
         /// which is what a bf16 parameter's gradient is).
         fn backward(&mut self, grad: &Tensor) {
             let loss = (self.param.to_kind(Kind::Float) * grad).sum(Kind::Float);
-            self.adamw.backward(&loss);
+            self.adamw.backward(&loss, || ());
         }
 
         /// One update over micro-batches with gradients `grads`.
@@ -668,7 +671,7 @@ mod tests {
                         (p.to_kind(Kind::Float) * grad).sum(Kind::Float)
                     })
                     .fold(Tensor::from(0f32), |a, b| a + b);
-                adamw.backward(&loss);
+                adamw.backward(&loss, || ());
             }
             adamw.clip_grad_norm(1.0);
             adamw.step(1e-5);

@@ -644,14 +644,11 @@ fn update(
         while start < total {
             let end = (start + micro).min(total);
             let batch = rows.batch(start..end, job.policy.tokenizer.pad_id(), job.device)?;
-            if job.policy.adapters.as_ref().is_some_and(|adapters| adapters.config.dropout > 0.0) {
-                // LoRA dropout draws from libtorch's generator: seeded from where the pass is in
-                // the job, so a resumed run draws the masks an uninterrupted one would.
-                tch::manual_seed(dropout_seed(job.spec.job.seed, step, iteration, start) as i64);
-            }
-            job.policy.model.set_training(true);
+            // LoRA dropout draws from libtorch's generator, seeded from where the pass is in the
+            // job: a resumed run draws the masks an uninterrupted one would.
+            job.policy.model.set_training(Some(dropout_seed(job.spec.job.seed, step, iteration, start)));
             let (logprobs, hidden) = completion_logprobs(&job.policy.model, &batch, temperature);
-            job.policy.model.set_training(false);
+            job.policy.model.set_training(None);
             let columns = logprobs.size()[1];
             let slice = |t: &Tensor| t.narrow(0, start as i64, (end - start) as i64).narrow(1, 0, columns);
             let values = job.value_head.as_ref().map(|(_, head)| {
@@ -687,7 +684,7 @@ fn update(
             if !value.is_finite() {
                 return Err(format!("the loss is {value} (update {iteration}, rows {start}..{end})"));
             }
-            job.adamw.backward(&loss);
+            job.adamw.backward(&loss, || job.policy.model.backward_checkpointed());
             loss_total += value / f64::from(updates);
             let weight = (end - start) as f64 / total as f64 / f64::from(updates);
             for metric in output.metrics.iter() {
@@ -722,8 +719,8 @@ fn sampler_ratio(first: &[Tensor], sampler: &Tensor, mask: &Tensor) -> (f64, f64
     (masked_mean(&log_ratio.exp(), mask), max_abs)
 }
 
-/// The seed of the LoRA dropout masks of one training pass: a function of the job's seed, the
-/// step, the update within it and the micro-batch's first row (SplitMix64 over them).
+/// The seed of the dropout masks of one training pass (LoRA's): a function of the job's seed,
+/// the step, the update within it and the micro-batch's first row (SplitMix64 over them).
 fn dropout_seed(seed: u64, step: u64, iteration: u32, first_row: usize) -> u64 {
     let mut mixer = rlvr_seeded::SplitMix64::new(seed ^ 0x6c6f_7261_5f64_726f);
     [step, u64::from(iteration), first_row as u64]
