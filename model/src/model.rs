@@ -458,7 +458,7 @@ impl Llama {
             let rope = (&pass.rope.0, &pass.rope.1);
             for (i, input) in pass.inputs.iter().enumerate().rev() {
                 let x = input.detach().set_requires_grad(true);
-                let y = self.layer_forward(&self.layers[i], &x, rope, &pass.mask, None, pass.mode, i);
+                let y = self.layer_forward(i, &x, rope, &pass.mask, None, pass.mode);
                 // d/dy Σ(y·g) = g: back-propagates exactly the output's gradient.
                 (y * &grad).sum(Kind::Float).backward();
                 grad = x.grad();
@@ -573,9 +573,9 @@ impl Llama {
             return self.forward_checkpointed(input_ids, (cos, sin), mask, mode);
         }
         let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
-        for (i, layer) in self.layers.iter().enumerate() {
+        for i in 0..self.layers.len() {
             let kv = cache.as_deref_mut().map(|c| (c, i));
-            x = self.layer_forward(layer, &x, (&cos, &sin), &mask, kv, mode, i);
+            x = self.layer_forward(i, &x, (&cos, &sin), &mask, kv, mode);
         }
         if let Some(c) = cache {
             c.len += t;
@@ -595,8 +595,8 @@ impl Llama {
         let mut inputs = Vec::with_capacity(self.layers.len());
         let top = tch::no_grad(|| {
             let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
-            for (i, layer) in self.layers.iter().enumerate() {
-                let next = self.layer_forward(layer, &x, (&rope.0, &rope.1), &mask, None, mode, i);
+            for i in 0..self.layers.len() {
+                let next = self.layer_forward(i, &x, (&rope.0, &rope.1), &mask, None, mode);
                 inputs.push(x);
                 x = next;
             }
@@ -621,16 +621,17 @@ impl Llama {
         (emb.cos().to_kind(self.kind).unsqueeze(1), emb.sin().to_kind(self.kind).unsqueeze(1))
     }
 
+    /// Decoder layer `index` over `x`.
     fn layer_forward(
         &self,
-        layer: &Layer,
+        index: usize,
         x: &Tensor,
         (cos, sin): (&Tensor, &Tensor),
         mask: &Mask,
         cache: Option<(&mut KvCache, usize)>,
         mode: Mode,
-        index: usize,
     ) -> Tensor {
+        let layer = &self.layers[index];
         if let Some(seed) = mode.seed {
             tch::manual_seed(seed.wrapping_add(index as u64) as i64);
         }
