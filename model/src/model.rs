@@ -273,6 +273,8 @@ pub struct Llama {
     /// Whether LoRA adapters (when attached) take part in forward passes: off, the model is its
     /// base, which is how a LoRA job's reference is computed without a second copy.
     adapters_on: AtomicBool,
+    /// Whether attached adapters apply dropout in training passes (their config's `dropout > 0`).
+    adapter_dropout: bool,
     /// Whether forward passes train: adapter dropout applies, and with checkpointing on, layers
     /// keep only their inputs.
     training: AtomicBool,
@@ -346,6 +348,7 @@ impl Llama {
             device,
             kind,
             adapters_on: AtomicBool::new(true),
+            adapter_dropout: false,
             training: AtomicBool::new(false),
             training_seed: Mutex::new(None),
             checkpointing: AtomicBool::new(false),
@@ -380,6 +383,7 @@ impl Llama {
                 module.adapter = Some(Adapter { a, b, scaling, dropout: config.dropout });
             }
         }
+        self.adapter_dropout = config.dropout > 0.0;
         Ok(())
     }
 
@@ -396,6 +400,7 @@ impl Llama {
                 }
             }
         }
+        self.adapter_dropout = false;
     }
 
     /// Whether LoRA adapters are attached.
@@ -489,10 +494,11 @@ impl Llama {
 
     fn mode(&self) -> Mode {
         let training = self.training.load(Ordering::Relaxed);
-        let dropout = self.layers.iter().any(|layer| {
-            layer.modules().iter().any(|(_, m)| m.adapter.as_ref().is_some_and(|a| a.dropout > 0.0))
-        });
-        let seed = if training && dropout { *self.training_seed.lock().expect("seed lock") } else { None };
+        let seed = if training && self.adapter_dropout {
+            *self.training_seed.lock().expect("seed lock")
+        } else {
+            None
+        };
         Mode { adapters: self.adapters_on.load(Ordering::Relaxed), training, seed }
     }
 

@@ -104,6 +104,9 @@ impl LoadedModel {
     /// A copy of this model with its own weights (e.g. the frozen reference when
     /// `reference = "same"`); `trainable = false` makes every parameter require no grad.
     pub fn duplicate(&self, trainable: bool) -> Result<LoadedModel> {
+        if self.adapters.is_some() {
+            return Err(ModelError::InvalidInput("a model with LoRA adapters is not duplicated".into()));
+        }
         let vars = self.vs.variables();
         let spec = self.model.spec().clone();
         let mut vs = VarStore::new(self.model.device());
@@ -118,9 +121,6 @@ impl LoadedModel {
             vs.freeze();
         }
         let tokenizer = Tokenizer::from_files(self.tokenizer.files.clone(), &self.config)?;
-        if self.adapters.is_some() {
-            return Err(ModelError::InvalidInput("a model with LoRA adapters is not duplicated".into()));
-        }
         Ok(LoadedModel {
             vs,
             model,

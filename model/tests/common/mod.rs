@@ -24,35 +24,41 @@ pub fn python() -> PathBuf {
     venv.join("bin/python")
 }
 
-/// The SmolLM2-135M-Instruct directory, made by scripts/fetch-smollm2.sh once per test binary.
-pub fn smollm2_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+/// The path a set-up script of `scripts/` prints, the script run once per test binary.
+fn set_up(once: &'static OnceLock<PathBuf>, script: &str) -> PathBuf {
+    once.get_or_init(|| {
         let out = Command::new("bash")
-            .arg(repo_root().join("scripts/fetch-smollm2.sh"))
+            .arg(repo_root().join("scripts").join(script))
             .output()
-            .expect("run scripts/fetch-smollm2.sh");
-        assert!(out.status.success(), "fetch-smollm2.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            .unwrap_or_else(|e| panic!("run scripts/{script}: {e}"));
+        assert!(out.status.success(), "{script} failed:\n{}", String::from_utf8_lossy(&out.stderr));
         PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
     })
     .clone()
 }
 
+/// Runs `python tests/SCRIPT ARGS` (with `env`) and parses its one JSON answer.
+fn reference(python: PathBuf, script: &str, args: &[&str], env: &[(&str, PathBuf)]) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+    let mut command = Command::new(python);
+    command.arg(path).args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(out.status.success(), "{script} {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script} prints JSON: {e}"))
+}
+
+/// The SmolLM2-135M-Instruct directory, made by scripts/fetch-smollm2.sh once per test binary.
+pub fn smollm2_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    set_up(&DIR, "fetch-smollm2.sh")
+}
+
 /// Runs `hf_reference.py ARGS` and parses its JSON answer.
 pub fn hf_reference(args: &[&str]) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf_reference.py");
-    let out = Command::new(python())
-        .arg(script)
-        .args(args)
-        .env("SMOLLM2_DIR", smollm2_dir())
-        .output()
-        .expect("run hf_reference.py");
-    assert!(
-        out.status.success(),
-        "hf_reference.py {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("hf_reference.py prints JSON")
+    reference(python(), "hf_reference.py", args, &[("SMOLLM2_DIR", smollm2_dir())])
 }
 
 /// A JSON array of numbers (any nesting) as a flat f32 tensor.
@@ -90,26 +96,10 @@ pub fn our_logits(model: &rlvr_model::Llama, ids: &[Vec<i64>]) -> Tensor {
 /// The PEFT venv's python (scripts/peft-venv.sh makes it once per test binary).
 pub fn peft_python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let out = Command::new("bash")
-                .arg(repo_root().join("scripts/peft-venv.sh"))
-                .output()
-                .expect("run scripts/peft-venv.sh");
-            assert!(out.status.success(), "peft-venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-        })
-        .clone()
+    set_up(&PYTHON, "peft-venv.sh")
 }
 
 /// Runs `peft_reference.py ARGS` and parses its JSON answer.
 pub fn peft_reference(args: &[&str]) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peft_reference.py");
-    let out = Command::new(peft_python()).arg(script).args(args).output().expect("run peft_reference.py");
-    assert!(
-        out.status.success(),
-        "peft_reference.py {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("peft_reference.py prints JSON")
+    reference(peft_python(), "peft_reference.py", args, &[])
 }
