@@ -1210,10 +1210,28 @@ fn lora_trains_with_every_optimizer_plugin_and_ppo_trains_its_value_head_fully()
     }
 }
 
-/// The largest peak resident size (KiB) of this process's waited-for children so far.
-fn children_peak_rss_kib() -> i64 {
-    use nix::sys::resource::{UsageWho, getrusage};
-    getrusage(UsageWho::RUSAGE_CHILDREN).expect("getrusage").max_rss()
+/// Runs `command` to its end and returns its output with its own peak resident size (KiB), from
+/// `wait4`: the child's figure alone, whatever other tests of this binary run meanwhile.
+#[allow(clippy::zombie_processes, reason = "the child is reaped by wait4, which also gives its rusage")]
+fn run_measuring_peak(command: &mut Command, dir: &Path) -> (Output, i64) {
+    use std::os::unix::process::ExitStatusExt;
+    let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
+    let child = command
+        .stdout(fs::File::create(&stdout).unwrap())
+        .stderr(fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: wait4 fills the status and the rusage it is given, for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    let output = Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout: fs::read(&stdout).unwrap(),
+        stderr: fs::read(&stderr).unwrap(),
+    };
+    (output, usage.ru_maxrss)
 }
 
 #[test]
@@ -1236,11 +1254,15 @@ fn activation_checkpointing_lowers_a_long_sft_steps_peak_memory() {
         fs::write(&path, text).unwrap();
         path
     };
-    // Checkpointed first: the children's peak is a maximum, so the plain run can only raise it.
-    outcome(&run(&mut worker(&spec(true), &dir.path().join("ckpt"), &plugins, &[])));
-    let checkpointed_kib = children_peak_rss_kib();
-    outcome(&run(&mut worker(&spec(false), &dir.path().join("plain"), &plugins, &[])));
-    let plain_kib = children_peak_rss_kib();
+    let measured = |checkpointing: bool, name: &str| {
+        let state = dir.path().join(name);
+        let (output, peak_kib) =
+            run_measuring_peak(&mut worker(&spec(checkpointing), &state, &plugins, &[]), dir.path());
+        outcome(&output);
+        peak_kib
+    };
+    let checkpointed_kib = measured(true, "ckpt");
+    let plain_kib = measured(false, "plain");
     println!(
         "peak RSS of a 32 × 390-token SFT step: {plain_kib} KiB plain, {checkpointed_kib} KiB checkpointed"
     );
