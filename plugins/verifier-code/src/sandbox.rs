@@ -201,7 +201,12 @@ impl Sandbox {
             None
         };
         let landlock_fd = if layers.contains(Layer::LandlockFs) {
-            let fd = crate::layers::landlock_ruleset(self.landlock_abi, layers, &self.read_paths, workdir)?;
+            let ruleset =
+                crate::layers::landlock_ruleset(self.landlock_abi, layers, &self.read_paths, workdir)?;
+            // Above the fds the child's `dup2`s write, as the pipes are: a ruleset that the kernel
+            // numbered 3, 4 or 5 would be replaced by a pipe before `landlock_restrict_self`
+            // reads it (EBADFD, seen in parallel runs).
+            let fd = fdio::dup_high(&ruleset)?;
             let raw = fd.as_raw_fd();
             keep.push(fd);
             raw
