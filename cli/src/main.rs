@@ -82,6 +82,15 @@ enum Command {
         #[arg(long, value_name = "KEY", value_parser = parse_idempotency_key)]
         idempotency_key: Option<String>,
     },
+    /// Print a job spec's memory estimate on the daemon's devices, part by part: what it holds
+    /// between phases (weights, reference, optimizer state) and what each phase adds (KV cache,
+    /// activations, logits, the gates' baseline). Submit fills `[resources] memory_gb` and
+    /// `resident_gb` with it when the spec leaves `memory_gb` out. Local data files are uploaded
+    /// first, as `submit` does (their lengths count). Queues nothing.
+    Estimate {
+        /// The job spec.
+        file: PathBuf,
+    },
     /// Show one job: state, step, reason, the latest step's figures and the result.
     Status {
         /// The job's id (as `submit` printed it).
@@ -329,6 +338,18 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 }
             }
             if wait { watch::watch(&api, &submitted.id, json) } else { Ok(Exit::Done) }
+        }
+        Command::Estimate { file } => {
+            let spec = read_spec(&file)?;
+            let api = connect(Auth::Token)?;
+            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+            let answer = api.estimate(&body, spec.format)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&answer)?);
+            } else {
+                print!("{}", render::estimate_table(&answer));
+            }
+            Ok(Exit::Done)
         }
         Command::Status { id } => {
             let job = connect(Auth::Token)?.job(&id)?;

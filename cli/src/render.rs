@@ -4,7 +4,8 @@
 
 use rlvr_protocol::api::PluginList;
 use rlvr_protocol::gates::{GateReport, Status};
-use rlvr_protocol::job::{JobEvent, JobState, JobView};
+use rlvr_protocol::job::{Estimate, JobEvent, JobState, JobView};
+use rlvr_protocol::memory::{BYTES_PER_GB, DeviceKind};
 use rlvr_protocol::worker::{Baseline, BaselineKind, Outcome, Progress};
 
 /// `rlvrctl gates`: the verdict, the baseline, then one row per criterion.
@@ -42,6 +43,38 @@ pub(crate) fn gate_table(id: &str, report: &GateReport) -> String {
     text.push_str(&format_table(["CRITERION", "RESULT", "MEASURED", "THRESHOLD", "NOTE"], &rows));
     if let Some(forced) = &report.forced {
         text.push_str(&format!("forced by admin team {} at {}: {}\n", forced.by, forced.at, forced.reason));
+    }
+    text
+}
+
+/// `rlvrctl estimate`: the job's memory on each device, part by part, and what submit fills.
+pub(crate) fn estimate_table(answer: &Estimate) -> String {
+    let gb = |bytes: u64| format!("{:.2}", bytes as f64 / BYTES_PER_GB);
+    let estimate = &answer.estimate;
+    let device = match estimate.device {
+        DeviceKind::Cpu => "a CPU slot",
+        DeviceKind::Cuda => "a GPU",
+    };
+    let mut rows: Vec<[String; 3]> = vec![["resident".into(), String::new(), gb(estimate.resident_bytes())]];
+    rows.extend(estimate.resident.iter().map(|part| [String::new(), part.name.clone(), gb(part.bytes)]));
+    for phase in &estimate.phases {
+        rows.push([format!("{} (+)", phase.phase), String::new(), gb(phase.bytes())]);
+        rows.extend(phase.parts.iter().map(|part| [String::new(), part.name.clone(), gb(part.bytes)]));
+    }
+    let mut text = format!(
+        "memory on {device}: {:.2} GB at the peak ({} phase), {:.2} GB between phases\n",
+        estimate.total_bytes() as f64 / BYTES_PER_GB,
+        estimate.largest_phase().map_or("no", |phase| phase.phase.as_str()),
+        estimate.resident_bytes() as f64 / BYTES_PER_GB,
+    );
+    text.push_str(&format_table(["PART", "", "GB"], &rows));
+    text.push_str(&format!(
+        "submit fills [resources] memory_gb = {} and resident_gb = {} when the spec leaves memory_gb out\n",
+        answer.memory_gb, answer.resident_gb
+    ));
+    match &answer.fits {
+        None => text.push_str("it fits a device of this daemon\n"),
+        Some(why) => text.push_str(&format!("it fits no device of this daemon: {why}\n")),
     }
     text
 }

@@ -12,7 +12,9 @@ use rlvr_protocol::api::{
 };
 
 use crate::spec_data::SpecDataError;
-use rlvr_protocol::job::{ApiError, ErrorBody, JobList, JobState, JobView, MetricsHistory, Submitted};
+use rlvr_protocol::job::{
+    ApiError, ErrorBody, Estimate, JobList, JobState, JobView, MetricsHistory, Submitted,
+};
 use rlvr_protocol::worker::MetricsLine;
 use serde::de::DeserializeOwned;
 
@@ -285,6 +287,17 @@ impl Client {
         let expected = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
         expect_status(&url, status, expected)?;
         Ok(submitted)
+    }
+
+    /// `POST /v1/estimate`: the spec's memory estimate on the daemon's devices; queues nothing.
+    pub fn estimate(&self, spec: &str, format: SpecFormat) -> Result<Estimate, HttpError> {
+        let url = self.url(&["v1", "estimate"], &[]);
+        let response = self.send(&url, || {
+            self.request(Method::POST, &url).header(CONTENT_TYPE, format.content_type()).body(spec.to_owned())
+        })?;
+        let (status, estimate): (StatusCode, Estimate) = self.read(&url, response)?;
+        expect_status(&url, status, StatusCode::OK)?;
+        Ok(estimate)
     }
 
     /// `GET /v1/jobs/{id}`.

@@ -216,6 +216,21 @@ pub struct Submitted {
     pub created: bool,
 }
 
+/// `POST /v1/estimate` answer: a spec's memory on each of its devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Estimate {
+    /// What submit would fill `[resources] memory_gb` with: resident plus the largest phase, in
+    /// GB rounded up to a tenth.
+    pub memory_gb: f64,
+    /// And `resident_gb`.
+    pub resident_gb: f64,
+    /// Why it fits no device of this daemon; `None` when it fits one.
+    pub fits: Option<String>,
+    /// The parts.
+    pub estimate: crate::memory::MemoryEstimate,
+}
+
 /// `GET /v1/jobs` answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -16,6 +16,8 @@
 //! - [`fs`]: the one atomic file write.
 //! - [`runtime`]: what the worker's libtorch can do on this host (`rlvr-worker doctor`), and the
 //!   platform a run recorded.
+//! - [`memory`]: a job's memory estimate (resident and per phase) from its model's shape and
+//!   its spec.
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
 
@@ -26,6 +28,7 @@ pub mod gates;
 pub mod grants;
 pub mod job;
 pub mod jobdir;
+pub mod memory;
 pub mod names;
 pub mod runtime;
 pub mod spec;

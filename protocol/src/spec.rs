@@ -373,13 +373,29 @@ pub struct BudgetSection {
 pub struct ResourcesSection {
     #[serde(default = "defaults::one")]
     pub devices: u32,
+    /// Memory the job needs on each device at its peak, in GB (GiB): what it holds all along plus
+    /// its largest phase. Unset (0): submit fills it from the job's memory estimate
+    /// (`rlvrctl estimate`), or takes whole devices when it cannot estimate.
     #[serde(default)]
     pub memory_gb: f64,
+    /// Of `memory_gb`, what the job holds between its device phases (weights, reference,
+    /// optimizer state); the rest it needs only while a phase runs. Jobs sharing a device need
+    /// the sum of their resident parts plus the largest of their phases (a device serves one
+    /// phase at a time). Unset: all of `memory_gb`, or the estimate's when submit fills it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_gb: Option<f64>,
+}
+
+impl ResourcesSection {
+    /// `resident_gb`, or all of `memory_gb`.
+    pub fn resident(&self) -> f64 {
+        self.resident_gb.unwrap_or(self.memory_gb)
+    }
 }
 
 impl Default for ResourcesSection {
     fn default() -> Self {
-        ResourcesSection { devices: 1, memory_gb: 0.0 }
+        ResourcesSection { devices: 1, memory_gb: 0.0, resident_gb: None }
     }
 }
 
@@ -909,6 +925,7 @@ const RULES: &[SpecRule] = &[
     SpecRule::new("resources.devices", |s| int(s.resources.devices), Ints(1, 1))
         .note("(one device per job: that is what the worker uses today)"),
     SpecRule::new("resources.memory_gb", |s| real(s.resources.memory_gb), RealsFrom(Closed(0.0))),
+    SpecRule::new("resources.resident_gb", |s| real(s.resources.resident_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("checkpoint.every_steps", |s| int(s.checkpoint.every_steps), IntsFrom(1)),
 ];
 
@@ -991,6 +1008,14 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
         "publish.merge_lora",
         "merges LoRA adapters: it needs [model] lora".into(),
     );
+    if let Some(resident) = spec.resources.resident_gb {
+        let memory = spec.resources.memory_gb;
+        check(
+            memory > 0.0 && resident <= memory,
+            "resources.resident_gb",
+            format!("expected at most resources.memory_gb ({memory}, which it is a part of), got {resident}"),
+        );
+    }
     check(
         spec.rollout.stop.iter().all(|s| !s.is_empty()),
         "rollout.stop",
@@ -1192,6 +1217,16 @@ max_steps = 10
                 "resources.devices: expected 1 (one device per job: that is what the worker uses today), got 2",
             ),
             ("resources", "memory_gb = -1.0", "resources.memory_gb: expected a number ≥ 0, got -1"),
+            (
+                "resources",
+                "memory_gb = 4.0\nresident_gb = 4.5",
+                "resources.resident_gb: expected at most resources.memory_gb (4, which it is a part of), got 4.5",
+            ),
+            (
+                "resources",
+                "resident_gb = 1.0",
+                "resources.resident_gb: expected at most resources.memory_gb (0, which it is a part of), got 1",
+            ),
             ("checkpoint", "every_steps = 0", "checkpoint.every_steps: expected at least 1, got 0"),
         ];
         for (section, lines, expected) in cases {
@@ -1208,6 +1243,7 @@ max_steps = 10
             ("stop", "heldout_drop_max = 0.0\nverifier_error_rate_max = 1.0\nlength_growth_max = 1.01"),
             ("gates", "heldout_gain_min = -1.0\nkl_max = 1e-9"),
             ("resources", "devices = 1\nmemory_gb = 0.0"),
+            ("resources", "memory_gb = 2.0\nresident_gb = 2.0"),
         ];
         for (section, lines) in edges {
             check(&with(section, lines), &[]);

@@ -17,8 +17,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use rlvr_protocol::job::{
-    ApiError, ErrorBody, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView, Submitted,
-    valid_idempotency_key,
+    ApiError, ErrorBody, Estimate, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView,
+    Submitted, valid_idempotency_key,
 };
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use rlvr_queue::dispatch::new_task_id;
@@ -195,25 +195,7 @@ pub async fn submit(
     headers: HeaderMap,
     body: Body,
 ) -> Answer<(StatusCode, Json<Submitted>)> {
-    // What a refusal leaves of the body unread, the server drains before answering (see
-    // `server::after_draining`).
-    let body = read_body(body, state.max_body_bytes).await?;
-    let text = std::str::from_utf8(&body)
-        .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let is_toml = content_type.starts_with("application/toml") || content_type.starts_with("text/toml");
-    let parsed = if is_toml { JobSpec::from_toml(text) } else { JobSpec::from_json(text) };
-    let spec = parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
-    spec.validate()
-        .map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
-    if !caller.may_act_for(&spec.job.team) {
-        return Err(Failure::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!("this token submits for team {:?}, not {:?}", caller.team, spec.job.team),
-        )
-        .field("job.team"));
-    }
+    let spec = read_spec(&state, &caller, &headers, body).await?;
     let idempotency_key = idempotency_key(&headers)?;
     let registry = state.registry.clone();
     let checked = spec.clone();
@@ -228,7 +210,16 @@ pub async fn submit(
             Ok(refs) => tenancy.ungranted_secrets(&checked.job.team, &refs.secrets),
             Err(problems) => problems,
         };
-        match crate::tenancy::resolve::admit(&tenancy, &checked, false) {
+        let mut checked = checked;
+        if problems.is_empty()
+            && let Err(problem) =
+                crate::jobs::estimate::fill_at_submit(&mut checked, &tenancy, &registry, &scheduler)
+        {
+            problems.push(problem);
+        }
+        // The model line is claimed only for a job that is otherwise taken: a refused submit
+        // leaves nothing behind.
+        match crate::tenancy::resolve::admit(&tenancy, &checked, !problems.is_empty()) {
             Ok(pinned) if problems.is_empty() => Ok(pinned),
             Ok(_) => Err(problems),
             Err(more) => {
@@ -284,6 +275,83 @@ pub async fn submit(
             Ok((StatusCode::OK, Json(Submitted { id, created: false })))
         }
     }
+}
+
+/// The spec of a request body (JSON, or TOML with `Content-Type: application/toml`), valid and
+/// of a team the caller may act for.
+async fn read_spec(state: &JobsState, caller: &Caller, headers: &HeaderMap, body: Body) -> Answer<JobSpec> {
+    // What a refusal leaves of the body unread, the server drains before answering (see
+    // `server::after_draining`).
+    let body = read_body(body, state.max_body_bytes).await?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let is_toml = content_type.starts_with("application/toml") || content_type.starts_with("text/toml");
+    let parsed = if is_toml { JobSpec::from_toml(text) } else { JobSpec::from_json(text) };
+    let spec = parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
+    spec.validate()
+        .map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
+    if !caller.may_act_for(&spec.job.team) {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token submits for team {:?}, not {:?}", caller.team, spec.job.team),
+        )
+        .field("job.team"));
+    }
+    Ok(spec)
+}
+
+/// `POST /v1/estimate`: a spec's memory estimate on this daemon's devices — what submit fills
+/// `[resources] memory_gb` and `resident_gb` with when the spec leaves them out — and whether
+/// it fits a device here. Queues nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/estimate",
+    request_body(content = JobSpec, description = "The job spec, as JSON or as TOML with Content-Type: application/toml"),
+    responses(
+        (status = 200, description = "The estimate", body = Estimate),
+        (status = 400, description = "Not a spec", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "A spec whose models, data or optimizer cannot be read", body = ErrorBody),
+        (status = 429, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "jobs"
+)]
+pub async fn estimate(
+    State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Answer<Json<Estimate>> {
+    let spec = read_spec(&state, &caller, &headers, body).await?;
+    let (registry, scheduler, tenancy) =
+        (state.registry.clone(), state.scheduler.clone(), state.tenancy.clone());
+    let answer = tokio::task::spawn_blocking(move || {
+        // Names resolve as at submit (a dry run claims no model line).
+        let pinned = crate::tenancy::resolve::admit(&tenancy, &spec, true)?;
+        let resolved = crate::tenancy::resolve::worker_spec(&tenancy, &pinned)
+            .map_err(|message| vec![SpecError { field: "model.policy".into(), message }])?;
+        let device = scheduler.device_kind();
+        let estimate =
+            crate::jobs::estimate::estimate(&resolved, &registry, device).map_err(|problem| vec![problem])?;
+        let mut filled = pinned;
+        crate::jobs::estimate::fill_resources(&mut filled, &estimate);
+        let fits = scheduler.can_ever_fit(&scheduler.demand("estimate", &filled, Duration::ZERO));
+        Ok::<_, Vec<SpecError>>(Estimate {
+            memory_gb: filled.resources.memory_gb,
+            resident_gb: filled.resources.resident(),
+            fits: fits.as_ref().err().map(|why| why.message.clone()),
+            estimate,
+        })
+    })
+    .await
+    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
+    answer
+        .map(Json)
+        .map_err(|problems| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems))
 }
 
 /// Reads a request body of at most `limit` bytes; past it, a 413 (the server drains the rest

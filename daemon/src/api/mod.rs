@@ -61,6 +61,7 @@ pub fn router(
 ) -> Router {
     let job_routes = Router::new()
         .route("/v1/jobs", get(jobs::list).post(jobs::submit))
+        .route("/v1/estimate", axum::routing::post(jobs::estimate))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
@@ -101,7 +102,7 @@ pub fn router(
 #[openapi(
     info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
     paths(
-        healthz, metrics, plugins, openapi, jobs::submit, jobs::list, jobs::show, jobs::cancel, jobs::events,
+        healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, jobs::list, jobs::show, jobs::cancel, jobs::events,
         outcomes::promote, outcomes::metrics, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
         tenancy::list_lines, tenancy::get_line, tenancy::put_line
@@ -222,7 +223,7 @@ mod tests {
             let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
             assert_eq!(*bearer, !open, "{route}");
         }
-        assert_eq!(seen.len(), 21, "{seen:?}");
+        assert_eq!(seen.len(), 22, "{seen:?}");
     }
 
     /// The statuses the document lists for `route` (`"GET /v1/jobs"`).

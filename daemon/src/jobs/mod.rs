@@ -6,6 +6,7 @@
 //!   job goes through [`Queues::enqueue`].
 //! - [`supervise`]: one job's run — admission, the worker process, progress, cancel, requeue,
 //!   crash counting and dead letters.
+//! - [`estimate`]: a submitted job's memory estimate from its models' configs and its data.
 //! - [`consumer`]: the apalis workers that fetch dispatch tasks and hand them to `supervise`.
 //! - [`gate`]: the gates — the worker's evaluation judged, one criterion at a time (pure).
 //! - [`publish`]: the one publish path (a finished job's, an admin's forced promotion): judge,
@@ -14,6 +15,7 @@
 
 pub mod checks;
 pub mod consumer;
+pub mod estimate;
 pub mod gate;
 pub mod publish;
 pub mod supervise;

@@ -5,9 +5,11 @@
 //! out ([`Policy::decide`]); time is a parameter; no IO, no clock. The daemon's scheduler and
 //! `rlvrd simulate` drive this same type, so the simulator's figures are the policy's.
 //!
-//! - **Admission**: a job asks for `devices` devices with `memory_gb` on each (none: whole
-//!   devices; on an exclusive device, always the whole device). It is admitted when all of them
-//!   fit at once (best-fit memory packing), most urgent
+//! - **Admission**: a job asks for `devices` devices with `memory_gb` on each at its peak, of
+//!   which it holds `resident_gb` between phases (none: whole devices; on an exclusive device,
+//!   always the whole device). Since a device serves one phase at a time, the jobs on a device
+//!   need their resident parts plus the largest of their phase parts. A job is admitted when all
+//!   its devices fit at once (best-fit memory packing), most urgent
 //!   first, then the team furthest below its fair share, then the oldest. A team's fair-share
 //!   standing is the capacity it holds now plus its recent use, over its weight; use is capacity
 //!   held plus devices granted, fading with a half-life of `fair_share_half_life_s`. So after one
@@ -53,8 +55,11 @@ pub struct Demand {
     pub priority: Priority,
     /// Devices it needs at once.
     pub devices: u32,
-    /// Memory it needs on each; `None` takes whole devices.
+    /// Memory it needs on each at its peak; `None` takes whole devices.
     pub memory_gb: Option<f64>,
+    /// Of `memory_gb`, what it holds between its phases; the rest only while a phase of its runs
+    /// (a device serves one phase at a time). `None`: all of `memory_gb`.
+    pub resident_gb: Option<f64>,
     /// When it was first queued, in seconds: the age order. A preempted job keeps its own.
     pub queued_at: f64,
 }
@@ -124,8 +129,10 @@ impl Ord for Rank {
 struct Admitted {
     demand: Demand,
     devices: Vec<usize>,
-    /// Memory held on each of its devices.
+    /// Memory it needs on each of its devices at its peak.
     memory_gb: f64,
+    /// Of that, what it holds between phases.
+    resident_gb: f64,
     admitted_at: f64,
     /// Asked to leave (preempted); its room is not free until it has.
     leaving: bool,
@@ -316,12 +323,14 @@ impl Policy {
         {
             if let Some(devices) = self.place(&demand, &BTreeSet::new(), false) {
                 let memory_gb = self.memory_per_device(&demand, &devices);
+                let resident_gb = demand.resident_gb.map_or(memory_gb, |resident| resident.min(memory_gb));
                 self.waiting.remove(&demand.job);
                 decisions.push(Decision::Admit { job: demand.job.clone(), devices: devices.clone() });
                 let admitted = Admitted {
                     demand,
                     devices,
                     memory_gb,
+                    resident_gb,
                     admitted_at: now,
                     leaving: false,
                     granted: None,
@@ -490,22 +499,32 @@ impl Policy {
 
     /// Devices for `demand`: best fit (the least free memory that is enough), all or none.
     /// `ignoring`: admitted jobs counted as gone; `leaving_gone`: jobs asked to leave too.
+    ///
+    /// A device serves one phase at a time, so its jobs need the sum of what each holds between
+    /// phases (resident) plus the largest of what one phase adds (peak − resident).
     fn place(&self, demand: &Demand, ignoring: &BTreeSet<String>, leaving_gone: bool) -> Option<Vec<usize>> {
-        let mut free: Vec<f64> = self.devices.iter().map(|device| device.memory_gb).collect();
-        let mut used = vec![false; self.devices.len()];
+        let count = self.devices.len();
+        let (mut resident, mut phase, mut used) = (vec![0.0; count], vec![0.0f64; count], vec![false; count]);
         for (job, admitted) in &self.admitted {
             if ignoring.contains(job) || (leaving_gone && admitted.leaving) {
                 continue;
             }
             for &device in &admitted.devices {
-                free[device] -= admitted.memory_gb;
+                resident[device] += admitted.resident_gb;
+                phase[device] = phase[device].max(admitted.memory_gb - admitted.resident_gb);
                 used[device] = true;
             }
         }
-        let mut candidates: Vec<usize> = (0..self.devices.len())
+        let free: Vec<f64> = (0..count).map(|d| self.devices[d].memory_gb - resident[d] - phase[d]).collect();
+        let fits = |d: usize, memory: f64| {
+            let own_resident = demand.resident_gb.map_or(memory, |r| r.min(memory));
+            let needed = resident[d] + own_resident + phase[d].max(memory - own_resident);
+            needed <= self.devices[d].memory_gb + EPSILON
+        };
+        let mut candidates: Vec<usize> = (0..count)
             .filter(|&d| match demand.memory_gb {
                 _ if self.devices[d].exclusive && used[d] => false,
-                Some(memory) => free[d] + EPSILON >= memory,
+                Some(memory) => fits(d, memory),
                 None => !used[d],
             })
             .collect();

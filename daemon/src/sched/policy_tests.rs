@@ -9,7 +9,7 @@
 //!   starve SECONDS          starvation_after_s (default 600)
 //!   half-life SECONDS       fair_share_half_life_s (default 3600)
 //!   fit DEVICESxGB          can_ever_fit of such a job (`-` for whole devices)
-//!   @T submit JOB TEAM PRIORITY DEVICESxGB [queued=T0]
+//!   @T submit JOB TEAM PRIORITY DEVICESxGB[/RESIDENT] [queued=T0]
 //!   @T request JOB PHASE    the worker asks for its devices
 //!   @T release JOB          it gives them back
 //!   @T leave JOB            the job ends (or a preempted one has left)
@@ -28,11 +28,16 @@ fn priority(text: &str) -> Priority {
     }
 }
 
-/// `2x40` → (2, Some(40.0)); `1x-` → (1, None).
-fn size(text: &str) -> (u32, Option<f64>) {
+/// `2x40` → (2, Some(40.0), None); `1x-` → (1, None, None); `1x40/25` → 40 GB at its peak, 25
+/// of them resident.
+fn size(text: &str) -> (u32, Option<f64>, Option<f64>) {
     let (devices, memory) = text.split_once('x').expect("DEVICESxGB");
+    let (memory, resident) = match memory.split_once('/') {
+        Some((memory, resident)) => (memory, Some(resident.parse().expect("resident GB"))),
+        None => (memory, None),
+    };
     let memory = (memory != "-").then(|| memory.parse().expect("GB"));
-    (devices.parse().expect("devices"), memory)
+    (devices.parse().expect("devices"), memory, resident)
 }
 
 fn run(script: &str) -> String {
@@ -61,13 +66,14 @@ fn run(script: &str) -> String {
                 "starve" => config.starvation_after_s = words[1].parse().unwrap(),
                 "half-life" => config.fair_share_half_life_s = words[1].parse().unwrap(),
                 "fit" => {
-                    let (count, memory_gb) = size(words[1]);
+                    let (count, memory_gb, resident_gb) = size(words[1]);
                     let demand = Demand {
                         job: "j".to_owned(),
                         team: "t".to_owned(),
                         priority: Priority::Normal,
                         devices: count,
                         memory_gb,
+                        resident_gb,
                         queued_at: 0.0,
                     };
                     let policy = Policy::new(devices.clone(), config.clone());
@@ -84,7 +90,7 @@ fn run(script: &str) -> String {
         let policy = policy.get_or_insert_with(|| Policy::new(devices.clone(), config.clone()));
         let result = match words[1] {
             "submit" => {
-                let (count, memory_gb) = size(words[5]);
+                let (count, memory_gb, resident_gb) = size(words[5]);
                 let queued_at =
                     words.get(6).and_then(|w| w.strip_prefix("queued=")).map_or(now, |t| t.parse().unwrap());
                 let demand = Demand {
@@ -93,6 +99,7 @@ fn run(script: &str) -> String {
                     priority: priority(words[4]),
                     devices: count,
                     memory_gb,
+                    resident_gb,
                     queued_at,
                 };
                 policy.enqueue(demand, now)
@@ -156,6 +163,27 @@ fn memory_packs_best_fit_and_whole_device_jobs_need_an_empty_device() {
             @1 admit a2 on dev0
             @3 admit a4 on dev0
             @4 admit a3 on dev1
+        "#]],
+    );
+}
+
+#[test]
+fn jobs_on_a_device_need_their_resident_parts_plus_the_largest_phase() {
+    // A device serves one phase at a time: a1 (30 resident, 50 at its peak) and a2 (20, 45)
+    // need 30 + 20 + max(20, 25) = 75 of 80, where their peaks would sum to 95. a3 (10 of 10)
+    // would make it 85: it waits for a1. Without a resident part a job holds all of its memory.
+    check(
+        "
+        devices 80
+        @0 submit a1 a normal 1x50/30
+        @1 submit a2 a normal 1x45/20
+        @2 submit a3 a normal 1x10
+        @3 leave a1
+        ",
+        expect![[r#"
+            @0 admit a1 on dev0
+            @1 admit a2 on dev0
+            @3 admit a3 on dev0
         "#]],
     );
 }

@@ -93,8 +93,9 @@ impl Scheduler {
             team: spec.job.team.clone(),
             priority: spec.job.priority,
             devices: spec.resources.devices,
-            // 0 (unset): whole devices.
+            // 0 (unset, and submit could not estimate it): whole devices.
             memory_gb: (memory > 0.0).then_some(memory),
+            resident_gb: spec.resources.resident_gb,
             queued_at: self.now() - age.as_secs_f64(),
         }
     }
@@ -178,6 +179,12 @@ impl Scheduler {
         seated
             .asking
             .map(|(phase, since)| format!("waiting for {phase} ({:.1} s)", since.elapsed().as_secs_f64()))
+    }
+
+    /// What a job's memory estimate counts this daemon's devices as: CUDA when it has a GPU.
+    pub fn device_kind(&self) -> rlvr_protocol::memory::DeviceKind {
+        let gpu = self.inventory.devices.iter().any(|device| device.gpu.is_some());
+        if gpu { rlvr_protocol::memory::DeviceKind::Cuda } else { rlvr_protocol::memory::DeviceKind::Cpu }
     }
 
     /// The inventory's devices for the worker of an admitted job.

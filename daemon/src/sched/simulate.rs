@@ -66,8 +66,11 @@ pub struct TraceJob {
     pub submit_s: f64,
     #[serde(default = "one")]
     pub devices: u32,
-    /// Per device; absent: whole devices.
+    /// Per device, at the job's peak; absent: whole devices.
     pub memory_gb: Option<f64>,
+    /// Of `memory_gb`, what it holds between phases; absent: all of it.
+    #[serde(default)]
+    pub resident_gb: Option<f64>,
     pub steps: u32,
     pub rollout_s: f64,
     /// CPU time between rollout and update: the devices are free for others meanwhile.
@@ -174,6 +177,7 @@ fn demand(job: &TraceJob) -> Demand {
         priority: job.priority,
         devices: job.devices,
         memory_gb: job.memory_gb,
+        resident_gb: job.resident_gb,
         queued_at: job.submit_s,
     }
 }

@@ -1,0 +1,467 @@
+//! What a job needs in memory on its device, known before it runs: an estimate from the model's
+//! shape and the spec, split into what the job holds all along (**resident**: weights, the
+//! reference, optimizer state) and what one phase adds while it runs (**phase peak**: the KV
+//! cache of a rollout, the activations and logits of an update, the gates' baseline of an
+//! evaluation).
+//!
+//! A device serves one phase at a time (`sched`'s grants), so jobs sharing a device need the sum
+//! of their resident parts plus the largest of their phase peaks: that is how the scheduler packs
+//! them, and how submit fills `[resources] memory_gb` (resident + largest peak) and
+//! `resident_gb` when the spec leaves them out.
+//!
+//! Pure: the caller reads `config.json` and the data; no IO, no libtorch. The figures follow
+//! what the worker allocates (`rlvr-worker`'s models, AdamW with f32 moments and, for bf16, f32
+//! master weights and gradient sums; generation with a KV cache per row; log-probabilities from
+//! hidden states at the completion positions), with constants measured against the worker's
+//! peak resident size on CPU (`tests/tests/estimate.rs`); the README has the figures.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::spec::{Dtype, JobSpec, LoraTarget};
+
+/// Bytes in one GB of the spec's and the inventory's figures (a GiB, as NVML and `free -g`).
+pub const BYTES_PER_GB: f64 = (1u64 << 30) as f64;
+
+/// What libtorch, the plugins and the worker's own code take in a CPU worker's resident size
+/// before any model: its libraries' pages and allocator arenas. Measured on the worker's
+/// `--device cpu` runs (tests/tests/estimate.rs prints it).
+pub const CPU_RUNTIME_BYTES: u64 = 600 << 20;
+
+/// What a CUDA context and libtorch's kernels take on a GPU before any tensor (not counted by
+/// libtorch's allocator, but by the device): about 500 MiB with CUDA 13 on an H100.
+pub const CUDA_CONTEXT_BYTES: u64 = 512 << 20;
+
+/// Prompts an evaluation generates at once (the worker's `eval::EVAL_BATCH`).
+pub const EVAL_BATCH: u64 = 64;
+
+/// Tokens a chat template may add around a prompt, beyond its own text: an allowance, since
+/// submit does not render templates.
+pub const TEMPLATE_TOKENS: u64 = 32;
+
+/// The shape of a Llama-family model: what its memory depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelShape {
+    pub hidden: u64,
+    pub intermediate: u64,
+    pub layers: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub vocab: u64,
+    pub tied_embeddings: bool,
+    /// Biases on q, k and v (Qwen2, Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// `max_position_embeddings`, when the config has it.
+    pub max_positions: Option<u64>,
+}
+
+impl ModelShape {
+    /// `builtin:tiny-arith` (its `config.json`: `rlvr_model::builtin::config`; a test there
+    /// checks they agree).
+    pub const BUILTIN: ModelShape = ModelShape {
+        hidden: 128,
+        intermediate: 384,
+        layers: 4,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+        vocab: 101,
+        tied_embeddings: true,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        max_positions: Some(512),
+    };
+
+    /// The shape a `config.json` describes, with transformers' defaults (Qwen2's q/k/v biases,
+    /// `head_dim = hidden / heads`, as many KV heads as heads, tied embeddings off).
+    pub fn from_config_json(text: &str) -> Result<ModelShape, String> {
+        let value: Value = serde_json::from_str(text).map_err(|error| format!("not JSON: {error}"))?;
+        let count = |key: &str| -> Result<Option<u64>, String> {
+            match value.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(number) => match number.as_u64() {
+                    Some(n) if n > 0 => Ok(Some(n)),
+                    _ => Err(format!("{key}: expected a positive integer, got {number}")),
+                },
+            }
+        };
+        let required = |key: &str| count(key)?.ok_or_else(|| format!("{key}: missing"));
+        let flag = |key: &str| value.get(key).and_then(Value::as_bool);
+        let hidden = required("hidden_size")?;
+        let heads = required("num_attention_heads")?;
+        let qwen2 = value.get("model_type").and_then(Value::as_str) == Some("qwen2");
+        let attention_bias = flag("attention_bias").unwrap_or(false);
+        Ok(ModelShape {
+            hidden,
+            intermediate: required("intermediate_size")?,
+            layers: required("num_hidden_layers")?,
+            heads,
+            kv_heads: count("num_key_value_heads")?.unwrap_or(heads),
+            head_dim: count("head_dim")?.unwrap_or(hidden / heads),
+            vocab: required("vocab_size")?,
+            tied_embeddings: flag("tie_word_embeddings").unwrap_or(false),
+            qkv_bias: qwen2 || attention_bias,
+            o_bias: attention_bias,
+            mlp_bias: flag("mlp_bias").unwrap_or(false),
+            max_positions: count("max_position_embeddings")?,
+        })
+    }
+
+    /// `[in, out]` of each linear layer of one decoder layer, by LoRA target.
+    fn linears(&self) -> [(LoraTarget, u64, u64); 7] {
+        let (h, i) = (self.hidden, self.intermediate);
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        [
+            (LoraTarget::QProj, h, q),
+            (LoraTarget::KProj, h, kv),
+            (LoraTarget::VProj, h, kv),
+            (LoraTarget::OProj, q, h),
+            (LoraTarget::GateProj, h, i),
+            (LoraTarget::UpProj, h, i),
+            (LoraTarget::DownProj, i, h),
+        ]
+    }
+
+    /// Parameters: embeddings, the LM head unless tied, each layer's linears, biases and norms,
+    /// the final norm.
+    pub fn parameters(&self) -> u64 {
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut layer: u64 = self.linears().iter().map(|(_, i, o)| i * o).sum::<u64>() + 2 * self.hidden;
+        if self.qkv_bias {
+            layer += q + 2 * kv;
+        }
+        if self.o_bias {
+            layer += self.hidden;
+        }
+        if self.mlp_bias {
+            layer += 2 * self.intermediate + self.hidden;
+        }
+        let head = if self.tied_embeddings { 0 } else { self.vocab * self.hidden };
+        self.vocab * self.hidden + head + self.layers * layer + self.hidden
+    }
+
+    /// LoRA's parameters at `rank` on `targets`: `rank × (in + out)` per adapted linear.
+    pub fn lora_parameters(&self, rank: u64, targets: &[LoraTarget]) -> u64 {
+        let per_layer: u64 = self
+            .linears()
+            .iter()
+            .filter(|(t, _, _)| targets.contains(t))
+            .map(|(_, i, o)| rank * (i + o))
+            .sum();
+        self.layers * per_layer
+    }
+
+    /// The largest single tensor, in elements (AdamW's scratch buffers are this large).
+    fn largest_tensor(&self) -> u64 {
+        let linear = self.linears().iter().map(|(_, i, o)| i * o).max().unwrap_or(0);
+        linear.max(self.vocab * self.hidden)
+    }
+}
+
+/// Where the job runs: what the device holds besides the job's tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+/// What the optimizer plugin keeps beside the policy (its `OptimizerInfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OptimizerNeeds {
+    pub reference: bool,
+    pub value_head: bool,
+    /// Offline preference pairs (DPO): each row is a chosen and a rejected completion.
+    pub pairs: bool,
+    /// Offline (SFT, DPO): completions come from the data, not from sampling.
+    pub offline: bool,
+}
+
+/// Token lengths the job's data can reach, as submit bounds them (a token is at least one byte
+/// of text, so a record's bytes bound its tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DataLengths {
+    /// The longest prompt.
+    pub prompt_tokens: u64,
+    /// The longest completion of an offline record (chosen or rejected for pairs); 0 online.
+    pub completion_tokens: u64,
+    /// The longest held-out prompt; 0 without a held-out set.
+    pub heldout_prompt_tokens: u64,
+}
+
+impl DataLengths {
+    /// Reads the longest `prompt` and completion (`completion`, `chosen`, `rejected`) of a
+    /// JSONL file's records, in bytes; lines that are not records are skipped (the worker
+    /// refuses them with their line number).
+    pub fn scan_jsonl(text: &str) -> (u64, u64) {
+        let (mut prompt, mut completion) = (0u64, 0u64);
+        for line in text.lines() {
+            let Ok(Value::Object(record)) = serde_json::from_str::<Value>(line) else { continue };
+            let bytes = |key: &str| record.get(key).and_then(Value::as_str).map_or(0, |s| s.len() as u64);
+            prompt = prompt.max(bytes("prompt"));
+            completion = completion.max(bytes("completion")).max(bytes("chosen")).max(bytes("rejected"));
+        }
+        (prompt, completion)
+    }
+}
+
+/// One part of an estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Part {
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// What one phase adds on top of the resident part while it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PhasePeak {
+    /// `rollout`, `update` or `eval`.
+    pub phase: String,
+    pub parts: Vec<Part>,
+}
+
+impl PhasePeak {
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|part| part.bytes).sum()
+    }
+}
+
+/// A job's memory on each of its devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MemoryEstimate {
+    pub device: DeviceKind,
+    /// Held from start to end.
+    pub resident: Vec<Part>,
+    /// Added by each phase while it runs.
+    pub phases: Vec<PhasePeak>,
+}
+
+impl MemoryEstimate {
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident.iter().map(|part| part.bytes).sum()
+    }
+
+    /// The largest phase, and what it adds.
+    pub fn largest_phase(&self) -> Option<&PhasePeak> {
+        self.phases.iter().max_by_key(|phase| phase.bytes())
+    }
+
+    /// What the job needs alone: resident plus its largest phase.
+    pub fn total_bytes(&self) -> u64 {
+        self.resident_bytes() + self.largest_phase().map_or(0, PhasePeak::bytes)
+    }
+
+    /// [`Self::resident_bytes`] in GB, rounded up to a tenth: the spec's `resident_gb`.
+    pub fn resident_gb(&self) -> f64 {
+        round_up_gb(self.resident_bytes())
+    }
+
+    /// [`Self::total_bytes`] in GB, rounded up to a tenth: the spec's `memory_gb`.
+    pub fn total_gb(&self) -> f64 {
+        round_up_gb(self.total_bytes())
+    }
+}
+
+/// `bytes` in GB, rounded up to a tenth.
+pub fn round_up_gb(bytes: u64) -> f64 {
+    (bytes as f64 / BYTES_PER_GB * 10.0).ceil() / 10.0
+}
+
+/// What the estimate is made from, besides the spec.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Inputs {
+    pub policy: ModelShape,
+    /// The reference's shape when it is a model of its own (`model.reference` not `same`).
+    pub reference: Option<ModelShape>,
+    /// The gates' baseline when it is a model loaded for the evaluation (a line's published
+    /// version, or the start when the policy has no adapters to switch off).
+    pub baseline: Option<ModelShape>,
+    pub needs: OptimizerNeeds,
+    pub data: DataLengths,
+    pub device: DeviceKind,
+}
+
+/// Bytes saved per token per decoder layer for the backward pass, in units of the model's
+/// element size: the norms' inputs and outputs, q, k, v before and after RoPE, attention's
+/// output and o_proj's, the MLP's gate, up, their activation and product, and the residual
+/// sums. Measured against the worker (tests/tests/estimate.rs); see `activation_elements`.
+const SAVED_HIDDEN: u64 = 8;
+const SAVED_ATTENTION: u64 = 5;
+const SAVED_MLP: u64 = 5;
+
+/// f32 copies of a logits row alive at once in a training pass: the logits, their f32 copy and
+/// the log-sum-exp's saved input, and the gradient of one of them in backward.
+const LOGITS_COPIES: u64 = 4;
+
+/// The estimate for `spec` run with `inputs`.
+pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
+    let shape = &inputs.policy;
+    let element: u64 = match spec.model.dtype {
+        Dtype::F32 => 4,
+        Dtype::Bf16 => 2,
+    };
+    let part = |name: &str, bytes: u64| Part { name: name.to_owned(), bytes };
+    let mut resident = vec![match inputs.device {
+        DeviceKind::Cpu => part("runtime (libtorch, plugins)", CPU_RUNTIME_BYTES),
+        DeviceKind::Cuda => part("CUDA context", CUDA_CONTEXT_BYTES),
+    }];
+
+    // Weights and what trains.
+    let parameters = shape.parameters();
+    resident.push(part("policy weights", parameters * element));
+    let (trainable, largest) = match &spec.model.lora {
+        Some(lora) => {
+            let adapters = shape.lora_parameters(u64::from(lora.rank), &lora.target_modules);
+            resident.push(part("LoRA adapters", adapters * element));
+            let widest = shape.linears().iter().map(|(_, i, o)| i.max(o)).max().copied().unwrap_or(0);
+            (adapters, widest * u64::from(lora.rank))
+        }
+        None => (parameters, shape.largest_tensor()),
+    };
+    let value_head = if inputs.needs.value_head { shape.hidden + 1 } else { 0 };
+    if value_head > 0 {
+        resident.push(part("value head", value_head * 4));
+    }
+    let trained = trainable + value_head;
+    // f32 moments; f32 gradients (bf16: the parameter's own gradient, an f32 sum and an f32
+    // master copy); two f32 scratch buffers the size of the largest parameter.
+    let per_trained = match spec.model.dtype {
+        Dtype::F32 => 4 + 4 + 4,
+        Dtype::Bf16 => 4 + 4 + 2 + 4 + 4,
+    };
+    resident.push(part("optimizer (AdamW state, gradients)", trained * per_trained + 2 * 4 * largest));
+
+    let reference_copy =
+        inputs.needs.reference && !(spec.model.lora.is_some() && spec.model.reference == "same");
+    if reference_copy {
+        let reference = inputs.reference.unwrap_or(*shape);
+        resident.push(part("reference weights", reference.parameters() * element));
+    }
+
+    // Sequence lengths.
+    let new_tokens = u64::from(spec.rollout.max_new_tokens);
+    let prompt = inputs.data.prompt_tokens + TEMPLATE_TOKENS;
+    let completion = if inputs.needs.offline { inputs.data.completion_tokens + 1 } else { new_tokens };
+    let kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * element;
+
+    let mut phases = Vec::new();
+    // Rollout: every row of the step generated at once, each with its own KV cache.
+    if !inputs.needs.offline {
+        let rows = u64::from(spec.rollout.prompts_per_step) * u64::from(spec.optimizer.group_size);
+        phases.push(PhasePeak {
+            phase: "rollout".into(),
+            parts: vec![
+                part("KV cache", rows * (prompt + new_tokens) * kv_per_token),
+                part("prompt pass", rows * prompt * layer_step_elements(shape) * element),
+                part("sampling (logits, top-p)", rows * shape.vocab * 4 * 4),
+            ],
+        });
+    }
+
+    // Update: one micro-batch's forward and backward at a time.
+    let rows_per_micro = u64::from(spec.optimizer.micro_batch_size) * if inputs.needs.pairs { 2 } else { 1 };
+    let sequence = prompt + completion;
+    let tokens = rows_per_micro * sequence;
+    let saved_layers = if spec.model.activation_checkpointing {
+        // Each layer's input, and one layer recomputed with its activations.
+        shape.layers * tokens * shape.hidden + tokens * activation_elements(shape)
+    } else {
+        shape.layers * tokens * activation_elements(shape)
+    };
+    let mut update = vec![
+        part("activations", saved_layers * element),
+        part("logits", rows_per_micro * completion * shape.vocab * 4 * LOGITS_COPIES),
+        part("attention scores", rows_per_micro * shape.heads * sequence * sequence * element),
+    ];
+    if spec.model.lora.is_some() {
+        // A full-weight gradient passes through each adapted layer's input in backward; only
+        // the adapters keep theirs.
+        update.push(part("transient gradients", shape.largest_tensor() * element));
+    }
+    phases.push(PhasePeak { phase: "update".into(), parts: update });
+
+    // Evaluation: held-out prompts generated greedily, a batch at a time, beside the gates'
+    // baseline when it is a model of its own.
+    if spec.data.heldout.is_some() || spec.data.canaries.is_some() {
+        let heldout_prompt =
+            inputs.data.heldout_prompt_tokens.max(inputs.data.prompt_tokens) + TEMPLATE_TOKENS;
+        let mut parts = vec![
+            part("KV cache", EVAL_BATCH * (heldout_prompt + new_tokens) * kv_per_token),
+            part("sampling (logits)", EVAL_BATCH * shape.vocab * 4 * 2),
+        ];
+        if let Some(baseline) = &inputs.baseline {
+            parts.push(part("gates' baseline weights", baseline.parameters() * element));
+        }
+        phases.push(PhasePeak { phase: "eval".into(), parts });
+    }
+    MemoryEstimate { device: inputs.device, resident, phases }
+}
+
+/// Elements saved per token of one decoder layer in a training forward pass.
+fn activation_elements(shape: &ModelShape) -> u64 {
+    let attention = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+    SAVED_HIDDEN * shape.hidden + SAVED_ATTENTION * attention + SAVED_MLP * shape.intermediate
+}
+
+/// Elements alive per token while one layer of a no-grad pass runs (a prompt's prefill).
+fn layer_step_elements(shape: &ModelShape) -> u64 {
+    3 * shape.hidden + (shape.heads + 2 * shape.kv_heads) * shape.head_dim + 3 * shape.intermediate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parameter counts of known models, from their configs (counts as transformers reports
+    /// them: `model.num_parameters()`).
+    #[test]
+    fn parameters_of_known_shapes() {
+        assert_eq!(ModelShape::BUILTIN.parameters(), 800_512, "builtin.rs says 800 512");
+        // SmolLM2-135M: hidden 576, 30 layers, 9 heads over 3 KV heads of 64, MLP 1536,
+        // vocabulary 49152, tied.
+        let smollm2 = r#"{"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+            "tie_word_embeddings": true, "model_type": "llama", "max_position_embeddings": 8192}"#;
+        let shape = ModelShape::from_config_json(smollm2).unwrap();
+        assert_eq!(shape.head_dim, 64);
+        assert_eq!(shape.parameters(), 134_515_008);
+        // Qwen2.5-0.5B: q/k/v biases, tied; 494 032 768 parameters.
+        let qwen = r#"{"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+            "tie_word_embeddings": true, "model_type": "qwen2"}"#;
+        assert_eq!(ModelShape::from_config_json(qwen).unwrap().parameters(), 494_032_768);
+    }
+
+    #[test]
+    fn a_config_missing_a_size_is_refused_naming_it() {
+        let error = ModelShape::from_config_json(r#"{"hidden_size": 8}"#).unwrap_err();
+        assert!(error.starts_with("num_attention_heads: missing"), "{error}");
+        let error = ModelShape::from_config_json(r#"{"hidden_size": -8}"#).unwrap_err();
+        assert!(error.starts_with("hidden_size: expected a positive integer"), "{error}");
+    }
+
+    #[test]
+    fn lora_counts_rank_times_in_plus_out() {
+        let shape = ModelShape::BUILTIN;
+        // q: 128→128, k, v: 128→64, o: 128→128, gate, up: 128→384, down: 384→128.
+        let per_layer = 256 + 192 + 192 + 256 + 512 + 512 + 512;
+        assert_eq!(shape.lora_parameters(1, &LoraTarget::ALL), 4 * per_layer);
+        assert_eq!(shape.lora_parameters(8, &[LoraTarget::QProj]), 4 * 8 * 256);
+    }
+
+    #[test]
+    fn data_lengths_read_the_longest_fields() {
+        let text = "{\"prompt\": \"abc\", \"completion\": \"de\"}\nnot json\n{\"prompt\": \"a\", \"chosen\": \"12345\", \"rejected\": \"1\"}\n";
+        assert_eq!(DataLengths::scan_jsonl(text), (3, 5));
+    }
+}
