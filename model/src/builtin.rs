@@ -149,3 +149,16 @@ pub(crate) fn seeded_uniform(
     let values: Vec<f32> = (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * bound).collect();
     Tensor::from_slice(&values).view(shape).to_device(device).to_kind(kind)
 }
+
+#[cfg(test)]
+mod tests {
+    use rlvr_protocol::memory::ModelShape;
+
+    /// The memory estimate's copy of this model's shape (the daemon links no libtorch) is this
+    /// config's.
+    #[test]
+    fn the_estimates_shape_is_this_config() {
+        let shape = ModelShape::from_config_json(&super::config(0).to_json()).unwrap();
+        assert_eq!(shape, ModelShape::BUILTIN);
+    }
+}

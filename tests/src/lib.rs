@@ -454,3 +454,61 @@ max_prompts = 16
         data = data.display()
     )
 }
+
+/// A plugin dir holding the libraries the worker tests' jobs use.
+pub fn worker_plugins(dir: &Path) -> PathBuf {
+    let plugins = dir.join("plugins");
+    fs::create_dir_all(&plugins).unwrap();
+    for name in [
+        "rlvr-optimizer-grpo",
+        "rlvr-optimizer-sft",
+        "rlvr-optimizer-dpo",
+        "rlvr-optimizer-rloo",
+        "rlvr-optimizer-ppo",
+        "rlvr-verifier-math",
+        "rlvr-verifier-format",
+        "rlvr-curriculum-frontier",
+    ] {
+        drop_in(&plugin_lib(name), &plugins, &format!("lib{}.so", name.replace('-', "_")));
+    }
+    plugins
+}
+
+/// `rlvr-worker run` of `spec` on the CPU, its state in `state`, its plugins from `plugins`.
+pub fn worker_command(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(artifact("rlvr-worker"));
+    command
+        .args(["run", "--device", "cpu", "--spec"])
+        .arg(spec)
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--plugin-dir")
+        .arg(plugins)
+        .args(extra)
+        .env("RLVR_LOG", "warn");
+    command
+}
+
+/// Runs `command` to its end and returns its output with its own peak resident size (KiB), from
+/// `wait4`: the child's figure alone, whatever other tests of this binary run meanwhile.
+#[allow(clippy::zombie_processes, reason = "the child is reaped by wait4, which also gives its rusage")]
+pub fn run_measuring_peak(command: &mut Command, dir: &Path) -> (Output, i64) {
+    use std::os::unix::process::ExitStatusExt;
+    let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
+    let child = command
+        .stdout(fs::File::create(&stdout).unwrap())
+        .stderr(fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: wait4 fills the status and the rusage it is given, for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    let output = Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout: fs::read(&stdout).unwrap(),
+        stderr: fs::read(&stderr).unwrap(),
+    };
+    (output, usage.ru_maxrss)
+}

@@ -27,14 +27,15 @@ fn config(slots: u32, shares: &str) -> String {
     )
 }
 
-/// A GRPO job of `team` at `priority` (gate always passes); `memory_gb` per device, or whole
-/// devices when `None`.
+/// A GRPO job of `team` at `priority` (gate always passes); `memory_gb` per device, or a whole
+/// 8 GB slot when `None` (left out, submit would fill in the job's estimate, and the jobs of a
+/// test would share a slot).
 fn spec(data: &Path, name: &str, team: &str, priority: &str, steps: u32, memory_gb: Option<f64>) -> String {
     // Each team publishes into its own line: a line belongs to the team that made it.
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5)
         .replace("team = \"tests\"", &format!("team = \"{team}\"\npriority = \"{priority}\""))
         .replace("model_line = \"tiny-arith\"", &format!("model_line = \"tiny-arith-{team}\""));
-    let resources = memory_gb.map(|gb| format!("[resources]\nmemory_gb = {gb}\n")).unwrap_or_default();
+    let resources = format!("[resources]\nmemory_gb = {}\n", memory_gb.unwrap_or(8.0));
     format!("{base}\n{PERMISSIVE_GATES}{resources}")
 }
 

@@ -7,41 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use rlvr_tests::{arith_data, arith_grpo_spec, artifact, drop_in, plugin_lib, wait_until};
+use rlvr_tests::{
+    arith_data, arith_grpo_spec, drop_in, plugin_lib, run_measuring_peak, wait_until, worker_command,
+    worker_plugins,
+};
 use serde_json::Value;
-
-/// A plugin dir holding the libraries these jobs use.
-fn plugin_dir(dir: &Path) -> PathBuf {
-    let plugins = dir.join("plugins");
-    fs::create_dir_all(&plugins).unwrap();
-    for name in [
-        "rlvr-optimizer-grpo",
-        "rlvr-optimizer-sft",
-        "rlvr-optimizer-dpo",
-        "rlvr-optimizer-rloo",
-        "rlvr-optimizer-ppo",
-        "rlvr-verifier-math",
-        "rlvr-verifier-format",
-        "rlvr-curriculum-frontier",
-    ] {
-        drop_in(&plugin_lib(name), &plugins, &format!("lib{}.so", name.replace('-', "_")));
-    }
-    plugins
-}
-
-fn worker(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command {
-    let mut command = Command::new(artifact("rlvr-worker"));
-    command
-        .args(["run", "--device", "cpu", "--spec"])
-        .arg(spec)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--plugin-dir")
-        .arg(plugins)
-        .args(extra)
-        .env("RLVR_LOG", "warn");
-    command
-}
 
 /// SmolLM2-135M-Instruct as a Hugging Face directory (scripts/fetch-smollm2.sh, cached).
 fn smollm2_dir() -> PathBuf {
@@ -95,11 +65,11 @@ fn grpo_spec_from(dir: &Path, data: &Path, policy: &str, steps: u32, every: u32)
 #[test]
 fn a_grpo_job_runs_with_every_plugin_through_the_real_loader_and_writes_its_records() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
     let spec = grpo_spec(dir.path(), &data, 3, 2);
     let state = dir.path().join("state");
-    let result = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+    let result = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
     assert_eq!(result["steps"], 3, "{result}");
     assert_eq!(result["weights_sha256"].as_str().unwrap().len(), 64);
 
@@ -199,14 +169,14 @@ max_steps = {steps}
 #[test]
 fn a_job_stopped_by_its_budget_scores_and_checkpoints_where_it_stopped() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
     let spec = grpo_spec(dir.path(), &data, 50, 100);
     let text =
         fs::read_to_string(&spec).unwrap().replace("[budget]\n", "[budget]\nmax_generated_tokens = 100\n");
     fs::write(&spec, text).unwrap();
     let state = dir.path().join("state");
-    let result = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+    let result = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
     let steps = result["steps"].as_u64().unwrap();
     assert!((1..50).contains(&steps), "{result}");
     assert!(result["stopped"].as_str().unwrap().contains("budget.max_generated_tokens"), "{result}");
@@ -230,7 +200,7 @@ fn a_job_stopped_by_its_budget_scores_and_checkpoints_where_it_stopped() {
 #[test]
 fn a_grpo_job_at_temperature_zero_decodes_greedily_and_trains_with_a_finite_loss() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data = arith_data(dir.path(), &["--train", "32", "--heldout", "8", "--sft", "0"]);
     for (name, temperature) in [("greedy", "0.0"), ("sampled", "1.0")] {
         let spec = dir.path().join(format!("{name}.toml"));
@@ -238,7 +208,7 @@ fn a_grpo_job_at_temperature_zero_decodes_greedily_and_trains_with_a_finite_loss
             .replace("[rollout]\n", &format!("[rollout]\ntemperature = {temperature}\n"));
         fs::write(&spec, text).unwrap();
         let state = dir.path().join(name);
-        let result = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+        let result = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
         assert_eq!(result["steps"], 2, "{result}");
         let metrics = metrics_without_time(&state);
         for line in &metrics[1..] {
@@ -270,23 +240,27 @@ fn a_grpo_job_at_temperature_zero_decodes_greedily_and_trains_with_a_finite_loss
 #[test]
 fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data =
         arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
     // A short cold start, so some completions pass and GRPO's updates are not all zero.
-    let sft =
-        outcome(&run(&mut worker(&sft_spec(dir.path(), &data, 30), &dir.path().join("sft"), &plugins, &[])));
+    let sft = outcome(&run(&mut worker_command(
+        &sft_spec(dir.path(), &data, 30),
+        &dir.path().join("sft"),
+        &plugins,
+        &[],
+    )));
     let policy = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
     let spec = grpo_spec_from(dir.path(), &data, policy.to_str().unwrap(), 6, 2);
 
     let straight = dir.path().join("straight");
-    let reference = outcome(&run(&mut worker(&spec, &straight, &plugins, &[])));
+    let reference = outcome(&run(&mut worker_command(&spec, &straight, &plugins, &[])));
 
     let killed = dir.path().join("killed");
     // The workers' temp dir, to see what a killed one leaves there.
     let temp = dir.path().join("tmp");
     fs::create_dir(&temp).unwrap();
-    let mut child = worker(&spec, &killed, &plugins, &[])
+    let mut child = worker_command(&spec, &killed, &plugins, &[])
         .env("TMPDIR", &temp)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -311,7 +285,7 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
     assert!(left_by_killed(), "a killed worker leaves its plugin copies behind");
 
     // Without --resume the state dir is refused, untouched.
-    let refused = run(worker(&spec, &killed, &plugins, &[]).env("TMPDIR", &temp));
+    let refused = run(worker_command(&spec, &killed, &plugins, &[]).env("TMPDIR", &temp));
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("--resume"),
@@ -319,7 +293,7 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
         String::from_utf8_lossy(&refused.stderr)
     );
 
-    let resumed = outcome(&run(worker(&spec, &killed, &plugins, &["--resume"]).env("TMPDIR", &temp)));
+    let resumed = outcome(&run(worker_command(&spec, &killed, &plugins, &["--resume"]).env("TMPDIR", &temp)));
     assert!(!left_by_killed(), "the worker that resumes removes the plugin copies of the killed one");
     let left: Vec<_> = fs::read_dir(&temp).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "workers that returned leave nothing in their temp dir: {left:?}");
@@ -370,7 +344,7 @@ fn last_losses_mean(state: &Path, n: usize) -> f64 {
 #[test]
 fn a_bf16_sft_job_learns_within_a_few_points_of_f32_and_its_master_weights_move_as_f32_weights_do() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data = arith_data(
         dir.path(),
         &[
@@ -430,7 +404,8 @@ every_steps = 1000
     };
     let run_job = |dtype: &str, steps: u32| {
         let state = dir.path().join(format!("{dtype}-{steps}"));
-        let result = outcome(&run(&mut worker(&spec(dtype, steps), &state, &plugins, &["--threads", "1"])));
+        let result =
+            outcome(&run(&mut worker_command(&spec(dtype, steps), &state, &plugins, &["--threads", "1"])));
         let checkpoint = PathBuf::from(result["checkpoint"].as_str().unwrap());
         (result["heldout_after"].as_f64().unwrap(), state, checkpoint)
     };
@@ -552,14 +527,14 @@ fn a_bf16_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted
 /// A short SFT cold start on the arithmetic data, so some GRPO completions pass and updates are
 /// not all zero: the policy directory it ends with.
 fn cold_start(dir: &Path, plugins: &Path, data: &Path) -> PathBuf {
-    let sft = outcome(&run(&mut worker(&sft_spec(dir, data, 30), &dir.join("sft"), plugins, &[])));
+    let sft = outcome(&run(&mut worker_command(&sft_spec(dir, data, 30), &dir.join("sft"), plugins, &[])));
     Path::new(sft["checkpoint"].as_str().unwrap()).join("model")
 }
 
 /// The plugin directory and the text of an 8-step GRPO job (checkpoints every `every` steps) from
 /// a cold start, on 32 training problems with operands below 10.
 fn cold_started_grpo_spec(dir: &Path, every: u32) -> (PathBuf, String) {
-    let plugins = plugin_dir(dir);
+    let plugins = worker_plugins(dir);
     let data = arith_data(dir, &["--train", "32", "--heldout", "16", "--sft", "120", "--max-operand", "10"]);
     let policy = cold_start(dir, &plugins, &data);
     let base = fs::read_to_string(grpo_spec_from(dir, &data, policy.to_str().unwrap(), 8, every)).unwrap();
@@ -574,7 +549,7 @@ fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() 
     // The first update moves the policy off the reference: step 2's KL is above any tiny bound.
     fs::write(&spec, format!("{base}\n[stop]\nkl_max = 1e-9\n")).unwrap();
     let state = dir.path().join("state");
-    let output = run(&mut worker(&spec, &state, &plugins, &[]));
+    let output = run(&mut worker_command(&spec, &state, &plugins, &[]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("stop.kl_max: KL to the reference"), "{stderr}");
@@ -590,17 +565,20 @@ fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() 
 /// with equal weights and equal rollout records. Returns the straight run's state dir.
 fn straight_and_killed_at_step_5_then_resumed(dir: &Path, spec: &Path, plugins: &Path) -> PathBuf {
     let straight = dir.join("straight");
-    let reference = outcome(&run(&mut worker(spec, &straight, plugins, &[])));
+    let reference = outcome(&run(&mut worker_command(spec, &straight, plugins, &[])));
     let killed = dir.join("killed");
-    let mut child =
-        worker(spec, &killed, plugins, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = worker_command(spec, &killed, plugins, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let past_step_5 = wait_until(Duration::from_secs(300), || {
         fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 6)
     });
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(past_step_5, "the run never reached step 5");
-    let resumed = outcome(&run(&mut worker(spec, &killed, plugins, &["--resume"])));
+    let resumed = outcome(&run(&mut worker_command(spec, &killed, plugins, &["--resume"])));
     assert_eq!(resumed["weights_sha256"], reference["weights_sha256"], "weights differ after resume");
     let rollouts = |state: &Path| fs::read_to_string(state.join("rollouts.jsonl")).unwrap();
     assert_eq!(rollouts(&killed), rollouts(&straight), "the resumed run chose or sampled otherwise");
@@ -698,7 +676,7 @@ fn the_frontier_curriculum_chooses_near_the_frontier_and_resumes_exactly() {
 #[test]
 fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data = arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
     let good = fs::read_to_string(grpo_spec(dir.path(), &data, 1, 1)).unwrap();
     let not_a_model = dir.path().join("not-a-model");
@@ -756,7 +734,7 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
         let spec = dir.path().join(format!("{}.toml", name.replace(' ', "-")));
         fs::write(&spec, text).unwrap();
         let state = dir.path().join(format!("state-{}", name.replace(' ', "-")));
-        let output = run(&mut worker(&spec, &state, &plugins, &[]));
+        let output = run(&mut worker_command(&spec, &state, &plugins, &[]));
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{name}: {stderr}");
         assert!(stderr.contains(expected), "{name}: expected {expected:?} in {stderr}");
@@ -822,7 +800,7 @@ type StartCase<'a> = (&'a str, &'a [&'a str], &'a [u8], Option<i32>, &'a str);
 #[test]
 fn plugins_get_their_secrets_from_the_host_context_on_stdin_and_never_from_the_environment() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     drop_in(&plugin_lib("rlvr-verifier-http"), &plugins, "librlvr_verifier_http.so");
     let data = arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
     let (url, headers) = grader();
@@ -835,7 +813,7 @@ fn plugins_get_their_secrets_from_the_host_context_on_stdin_and_never_from_the_e
     // The daemon's line on stdin: the token reaches the grader, and nothing prints it.
     let state = dir.path().join("state");
     let output = run_with_stdin(
-        worker(&spec, &state, &plugins, &["--host-context-stdin"])
+        worker_command(&spec, &state, &plugins, &["--host-context-stdin"])
             .env("GRADER_TOKEN", "from-the-environment"),
         format!("{context}\n").as_bytes(),
     );
@@ -881,8 +859,10 @@ fn plugins_get_their_secrets_from_the_host_context_on_stdin_and_never_from_the_e
     ];
     for (name, flags, stdin, code, expected) in cases {
         let state = dir.path().join(format!("state-{}", name.replace(' ', "-")));
-        let output =
-            run_with_stdin(worker(&spec, &state, &plugins, flags).env("GRADER_TOKEN", "s3cret-env"), stdin);
+        let output = run_with_stdin(
+            worker_command(&spec, &state, &plugins, flags).env("GRADER_TOKEN", "s3cret-env"),
+            stdin,
+        );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), code, "{name}: {stderr}");
         assert!(stderr.contains(expected), "{name}: expected {expected:?} in {stderr}");
@@ -986,7 +966,7 @@ fn a_grant_failure_inside_a_step_exits_transient_so_the_job_is_requeued() {
 #[test]
 fn verifiers_score_after_the_device_grant_is_given_back() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     drop_in(&plugin_lib("rlvr-verifier-http"), &plugins, "librlvr_verifier_http.so");
     let data = arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
     let (log, events) = std::sync::mpsc::channel();
@@ -1003,7 +983,7 @@ fn verifiers_score_after_the_device_grant_is_given_back() {
     .unwrap();
     let socket = dir.path().join("sched.sock");
     let peer = grant_peer(&socket, None, Some(log));
-    let mut command = worker(&spec, &dir.path().join("state"), &plugins, &[]);
+    let mut command = worker_command(&spec, &dir.path().join("state"), &plugins, &[]);
     let result = outcome(&run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"])));
     assert_eq!(result["steps"], 1, "{result}");
     peer.join().unwrap();
@@ -1031,12 +1011,12 @@ fn run_with_grant_peer(
     dir: &Path,
     fail_at: Option<rlvr_protocol::grants::Phase>,
 ) -> (Output, std::thread::JoinHandle<Vec<String>>) {
-    let plugins = plugin_dir(dir);
+    let plugins = worker_plugins(dir);
     let data = arith_data(dir, &["--train", "32", "--heldout", "8", "--sft", "0"]);
     let spec = grpo_spec(dir, &data, 2, 1);
     let socket = dir.join("sched.sock");
     let peer = grant_peer(&socket, fail_at, None);
-    let mut command = worker(&spec, &dir.join("state"), &plugins, &[]);
+    let mut command = worker_command(&spec, &dir.join("state"), &plugins, &[]);
     let output = run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
     (output, peer)
 }
@@ -1142,7 +1122,7 @@ fn a_lora_job_with_merge_lora_publishes_a_plain_model_that_loads_anywhere() {
         "[publish]\nmerge_lora = true\n",
     );
     let state = dir.path().join("state");
-    let done = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+    let done = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
     let model = Path::new(done["checkpoint"].as_str().unwrap()).join("model");
     assert!(model.join("config.json").is_file() && model.join("model.safetensors").is_file());
     assert!(!model.join("adapter_config.json").exists());
@@ -1160,7 +1140,7 @@ fn a_lora_job_with_merge_lora_publishes_a_plain_model_that_loads_anywhere() {
 #[test]
 fn lora_trains_with_every_optimizer_plugin_and_ppo_trains_its_value_head_fully() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data =
         arith_data(dir.path(), &["--train", "16", "--heldout", "4", "--sft", "16", "--max-operand", "10"]);
     let pairs = dir.path().join("pairs.jsonl");
@@ -1188,7 +1168,7 @@ fn lora_trains_with_every_optimizer_plugin_and_ppo_trains_its_value_head_fully()
         let spec = dir.path().join(format!("{plugin}.toml"));
         fs::write(&spec, text).unwrap();
         let state = dir.path().join(plugin);
-        let done = outcome(&run(&mut worker(&spec, &state, &plugins, &[])));
+        let done = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
         let checkpoint = Path::new(done["checkpoint"].as_str().unwrap());
         assert!(checkpoint.join("adapter/adapter_model.safetensors").is_file(), "{plugin}");
         let optimizer = tensors(&checkpoint.join("optimizer.safetensors"));
@@ -1210,34 +1190,10 @@ fn lora_trains_with_every_optimizer_plugin_and_ppo_trains_its_value_head_fully()
     }
 }
 
-/// Runs `command` to its end and returns its output with its own peak resident size (KiB), from
-/// `wait4`: the child's figure alone, whatever other tests of this binary run meanwhile.
-#[allow(clippy::zombie_processes, reason = "the child is reaped by wait4, which also gives its rusage")]
-fn run_measuring_peak(command: &mut Command, dir: &Path) -> (Output, i64) {
-    use std::os::unix::process::ExitStatusExt;
-    let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
-    let child = command
-        .stdout(fs::File::create(&stdout).unwrap())
-        .stderr(fs::File::create(&stderr).unwrap())
-        .spawn()
-        .unwrap();
-    let mut status = 0;
-    // SAFETY: wait4 fills the status and the rusage it is given, for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
-    let output = Output {
-        status: std::process::ExitStatus::from_raw(status),
-        stdout: fs::read(&stdout).unwrap(),
-        stderr: fs::read(&stderr).unwrap(),
-    };
-    (output, usage.ru_maxrss)
-}
-
 #[test]
 fn activation_checkpointing_lowers_a_long_sft_steps_peak_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let plugins = plugin_dir(dir.path());
+    let plugins = worker_plugins(dir.path());
     let data = dir.path().join("long.jsonl");
     let lines: Vec<String> = (0..32)
         .map(|i| format!(r#"{{"prompt": "{i}:", "completion": "{}"}}"#, "0123456789+-=".repeat(30)))
@@ -1257,7 +1213,7 @@ fn activation_checkpointing_lowers_a_long_sft_steps_peak_memory() {
     let measured = |checkpointing: bool, name: &str| {
         let state = dir.path().join(name);
         let (output, peak_kib) =
-            run_measuring_peak(&mut worker(&spec(checkpointing), &state, &plugins, &[]), dir.path());
+            run_measuring_peak(&mut worker_command(&spec(checkpointing), &state, &plugins, &[]), dir.path());
         outcome(&output);
         peak_kib
     };
