@@ -99,6 +99,11 @@ pub(crate) fn status_block(job: &JobView) -> String {
     if let Some(devices) = current_devices(job) {
         lines.push(("devices", devices));
     }
+    if job.memory_gb > 0.0 {
+        let resident =
+            job.resident_gb.map(|gb| format!(", {gb} GB of it between phases")).unwrap_or_default();
+        lines.push(("memory", format!("{} GB a device at its peak{resident}", job.memory_gb)));
+    }
     if let Some(grant) = &job.grant {
         lines.push(("grant", grant.clone()));
     }
@@ -405,6 +410,8 @@ mod tests {
             published: None,
             webhook: None,
             curriculum_version: None,
+            memory_gb: 0.0,
+            resident_gb: None,
         }
     }
 

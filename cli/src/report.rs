@@ -748,6 +748,8 @@ mod tests {
             published: Some("/srv/registry/tiny/v4".to_owned()),
             webhook: None,
             curriculum_version: None,
+            memory_gb: 0.0,
+            resident_gb: None,
         }
     }
 

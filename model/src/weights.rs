@@ -161,9 +161,23 @@ impl WeightFiles {
                 });
             }
         };
-        let bytes = &self.files[entry.file].1[entry.range.0..entry.range.1];
+        let map = &self.files[entry.file].1;
+        let bytes = &map[entry.range.0..entry.range.1];
         let t = Tensor::f_from_data_size(bytes, shape, stored)
             .map_err(torch_err(format!("tensor {name} in {}", file.display())))?;
+        // The tensor owns a copy now: its pages of the mapping leave this process's resident
+        // memory, so loading a model (or a resume's optimizer state) holds one tensor of the
+        // file at a time beside what it loaded, not the whole file. Advice only: on failure the
+        // pages stay until the mapping is dropped.
+        // SAFETY: a read-only file mapping nothing writes; a later read of those pages faults them in
+        // again from the file, unchanged.
+        let _ = unsafe {
+            map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                entry.range.0,
+                entry.range.1 - entry.range.0,
+            )
+        };
         Ok(t.to_device(device).to_kind(kind))
     }
 }

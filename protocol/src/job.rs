@@ -175,6 +175,13 @@ pub struct JobView {
     /// 0 when the curriculum had no version yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curriculum_version: Option<u64>,
+    /// Memory it asks for on each device at its peak, in GB (`[resources] memory_gb`, as its
+    /// spec wrote it or submit filled it from its estimate); 0: whole devices.
+    #[serde(default)]
+    pub memory_gb: f64,
+    /// Of that, what it holds between phases (`[resources] resident_gb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_gb: Option<f64>,
 }
 
 /// `GET /v1/jobs/{id}/metrics` answer.

@@ -177,7 +177,8 @@ pub enum DeviceKind {
 pub struct OptimizerNeeds {
     pub reference: bool,
     pub value_head: bool,
-    /// Offline preference pairs (DPO): each row is a chosen and a rejected completion.
+    /// Offline preference pairs (DPO): each record is two rows, its chosen and its rejected
+    /// completion.
     pub pairs: bool,
     /// Offline (SFT, DPO): completions come from the data, not from sampling.
     pub offline: bool,
@@ -368,8 +369,15 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
         });
     }
 
-    // Update: one micro-batch's forward and backward at a time.
-    let rows_per_micro = u64::from(spec.optimizer.micro_batch_size) * if inputs.needs.pairs { 2 } else { 1 };
+    // Update: one micro-batch's forward and backward at a time, of `micro_batch_size` rows (a
+    // pair is two rows) or the step's rows when fewer.
+    let step_rows = u64::from(spec.rollout.prompts_per_step)
+        * match (inputs.needs.offline, inputs.needs.pairs) {
+            (false, _) => u64::from(spec.optimizer.group_size),
+            (true, true) => 2,
+            (true, false) => 1,
+        };
+    let rows_per_micro = u64::from(spec.optimizer.micro_batch_size).min(step_rows);
     let sequence = prompt + completion;
     let tokens = rows_per_micro * sequence;
     let saved_layers = if spec.model.activation_checkpointing {

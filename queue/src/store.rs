@@ -21,7 +21,7 @@ use redis::{AsyncCommands, Script, Value as RedisValue};
 use serde_json::Value;
 
 use rlvr_protocol::job::{JobEvent, JobState, JobView};
-use rlvr_protocol::spec::JobSpec;
+use rlvr_protocol::spec::{JobSpec, ResourcesSection};
 use rlvr_protocol::worker::Progress;
 
 /// How long an `Idempotency-Key` is remembered: a client may retry a submit for a day.
@@ -534,6 +534,11 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
     fn json<T: serde::de::DeserializeOwned>(fields: &HashMap<String, String>, name: &str) -> Option<T> {
         fields.get(name).and_then(|text| serde_json::from_str(text).ok())
     }
+    // What it asks the scheduler for, from its spec.
+    let resources = fields
+        .get(F_SPEC)
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .and_then(|spec| serde_json::from_value::<ResourcesSection>(spec.get("resources")?.clone()).ok());
     Ok(JobView {
         id: id.to_owned(),
         team: text("team"),
@@ -561,6 +566,8 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         published: fields.get("published").cloned(),
         webhook: fields.get("webhook").cloned(),
         curriculum_version: fields.get("curriculum_version").and_then(|v| v.parse().ok()),
+        memory_gb: resources.as_ref().map_or(0.0, |r| r.memory_gb),
+        resident_gb: resources.and_then(|r| r.resident_gb),
     })
 }
 

@@ -73,6 +73,16 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
         list["jobs"].as_array().unwrap().iter().filter_map(|job| job["id"].as_str()).collect();
     assert_eq!(ids, [id.as_str()]);
 
+    // estimate: the parts, and what submit filled in (the job shows the same).
+    let estimate = run(&rlvrctl, &["estimate", "by-rlvrctl.toml"], cwd, &env);
+    let printed = String::from_utf8_lossy(&estimate.stdout);
+    assert_eq!(estimate.status.code(), Some(0), "{}", text(&estimate));
+    for words in ["memory on a CPU slot", "policy weights", "KV cache", "activations", "it fits a device"] {
+        assert!(printed.contains(words), "{words}: {printed}");
+    }
+    let filled = format!("memory_gb = {} and resident_gb = {}", status["memory_gb"], status["resident_gb"]);
+    assert!(printed.contains(&filled), "{filled}: {printed}");
+
     // watch of an ended job returns at once with its outcome.
     let watched = run(&rlvrctl, &["--json", "watch", &id], cwd, &env);
     assert_eq!(watched.status.code(), Some(0), "{}", text(&watched));

@@ -59,6 +59,42 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     assert_eq!(get(&daemon, ADMIN_TOKEN, &format!("/v1/jobs/{id}")).0, 200);
     assert_eq!(get(&daemon, "not-a-token", "/v1/jobs").0, 401);
 
+    // Its spec left [resources] out: submit filled them from its memory estimate, which
+    // POST /v1/estimate shows.
+    let (_, view) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
+    let (memory, resident) = (view["memory_gb"].as_f64().unwrap(), view["resident_gb"].as_f64().unwrap());
+    assert!(0.0 < resident && resident < memory && memory < 4.0, "{view}");
+    let response = client()
+        .post(format!("{}/v1/estimate", daemon.url))
+        .bearer_auth(TEAM_TOKEN)
+        .header("content-type", "application/toml")
+        .body(toml.clone())
+        .send()
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let estimate: Value = response.json().unwrap();
+    assert_eq!(
+        (estimate["memory_gb"].as_f64(), estimate["resident_gb"].as_f64()),
+        (Some(memory), Some(resident))
+    );
+    assert_eq!(estimate["fits"], Value::Null, "{estimate}");
+    let phases: Vec<&str> = estimate["estimate"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|phase| phase["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, ["rollout", "update", "eval"]);
+    // Another team's token may not ask for this team's spec.
+    let response = client()
+        .post(format!("{}/v1/estimate", daemon.url))
+        .bearer_auth(OTHER_TOKEN)
+        .header("content-type", "application/toml")
+        .body(toml.clone())
+        .send()
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 403);
+
     let done = wait_job(&daemon, &id, Duration::from_secs(120), ended);
     assert_eq!(done["state"], "published", "{done}");
     assert_eq!(done["step"], 6);
@@ -88,6 +124,7 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
     // team's namespace: datasets and model lines.
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
+        "POST /v1/estimate",
         "GET /v1/jobs/{id}",
         "GET /v1/jobs",
         "DELETE /v1/jobs/{id}",
@@ -278,6 +315,15 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "expected 1 (one device per job",
         ),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
+        // Left out, memory_gb is the job's estimate: 4 prompts × 1024 completions, each with a
+        // KV cache of 32k tokens (2 KiB a token), is 256 GB at its rollout.
+        (
+            with("group_size = 4", "group_size = 1024")
+                .replace("max_new_tokens = 5", "max_new_tokens = 32768"),
+            422,
+            "resources.memory_gb",
+            "by its memory estimate (rlvrctl estimate shows the parts); 1 device(s) with ",
+        ),
         (format!("{good}\n[stop]\nkl_max = -1.0\n"), 422, "stop.kl_max", "expected a number > 0"),
         (format!("{good}\n[stop]\nlength_growth_max = 0.5\n"), 422, "stop.length_growth_max", "a factor > 1"),
         (

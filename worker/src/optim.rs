@@ -13,8 +13,9 @@
 //! N(0, 0.02) weights, most weights would never move. f32 parameters are their own master and
 //! their `.grad` their own sum: they take no extra copy or pass.
 
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 
+use rlvr_model::weights::WeightFiles;
 use rlvr_protocol::spec::{LrSchedule, OptimizerSection};
 use tch::{Kind, Tensor};
 
@@ -251,70 +252,67 @@ impl AdamW {
         tensors
     }
 
-    /// Restores a state saved by [`AdamW::state_tensors`] and the update count. The master
-    /// weights of a bf16 parameter come from here, not from the model's weights (which are
-    /// them rounded): they must be present, and round to the parameter as loaded. An f32
-    /// parameter must have none (the state of a bf16 run).
-    pub fn load_state(&mut self, mut tensors: HashMap<String, Tensor>, steps: i64) -> Result<(), String> {
+    /// Restores a state saved by [`AdamW::state_tensors`] (a safetensors file, mapped) and the
+    /// update count. Tensor by tensor: each is read from the mapping, moved to its parameter's
+    /// device and copied into the state already allocated there, so a resume holds one tensor in
+    /// host memory at a time — not the whole state (16 bytes a parameter: 113 GiB for 7B).
+    ///
+    /// The master weights of a bf16 parameter come from here, not from the model's weights
+    /// (which are them rounded): they must be present, and round to the parameter as loaded. An
+    /// f32 parameter must have none (the state of a bf16 run).
+    pub fn load_state(&mut self, saved: &WeightFiles, steps: i64) -> Result<(), String> {
+        let mut unused: BTreeSet<&str> = saved.names().collect();
         for slot in &mut self.slots {
             let name = &slot.name;
-            let missing = |key: String| move || format!("missing optimizer tensor {key}");
+            let mut read = |key: &str, into: &mut Tensor| -> Result<bool, String> {
+                if !unused.remove(key) {
+                    return Ok(false);
+                }
+                let tensor = saved
+                    .get(key, &into.size(), into.device(), Kind::Float)
+                    .map_err(|error| format!("optimizer tensor {key}: {error}"))?;
+                tch::no_grad(|| into.copy_(&tensor));
+                Ok(true)
+            };
             for (prefix, moment) in [("exp_avg", &mut slot.exp_avg), ("exp_avg_sq", &mut slot.exp_avg_sq)] {
                 let key = format!("{prefix}.{name}");
-                *moment = take_saved(&mut tensors, &key, &slot.param)?.ok_or_else(missing(key))?;
+                if !read(&key, moment)? {
+                    return Err(format!("missing optimizer tensor {key}"));
+                }
             }
             let key = format!("master.{name}");
             let kind = kind_name(slot.param.kind());
-            match (&mut slot.mixed, take_saved(&mut tensors, &key, &slot.param)?) {
-                (Some(_), None) => {
-                    return Err(format!(
-                        "no master weights ({key}) for the {kind} parameter {name}: the checkpoint was \
-                         written by a run whose weights were f32"
-                    ));
-                }
-                (Some(mixed), Some(master)) => {
-                    if !tch::no_grad(|| master.to_kind(slot.param.kind()).equal(&slot.param)) {
+            match &mut slot.mixed {
+                Some(mixed) => {
+                    if !read(&key, &mut mixed.master)? {
+                        return Err(format!(
+                            "no master weights ({key}) for the {kind} parameter {name}: the checkpoint was \
+                             written by a run whose weights were f32"
+                        ));
+                    }
+                    if !tch::no_grad(|| mixed.master.to_kind(slot.param.kind()).equal(&slot.param)) {
                         return Err(format!(
                             "{key} does not round to the model's {name}: the optimizer state and the \
                              model are not of the same checkpoint"
                         ));
                     }
-                    mixed.master = master;
                     mixed.summed = false;
                 }
-                (None, Some(_)) => {
+                None if saved.contains(&key) => {
                     return Err(format!(
                         "master weights ({key}) for the {kind} parameter {name}: the checkpoint was \
                          written by a run whose weights were not f32"
                     ));
                 }
-                (None, None) => {}
+                None => {}
             }
         }
-        if let Some(extra) = tensors.keys().next() {
+        if let Some(extra) = unused.first() {
             return Err(format!("optimizer tensor {extra} matches no parameter"));
         }
         self.steps = steps;
         Ok(())
     }
-}
-
-/// Removes `key` from a loaded optimizer state: an f32 tensor on `param`'s device, checked to have
-/// its shape; `None` when the state has no such tensor.
-fn take_saved(
-    tensors: &mut HashMap<String, Tensor>,
-    key: &str,
-    param: &Tensor,
-) -> Result<Option<Tensor>, String> {
-    let Some(saved) = tensors.remove(key) else { return Ok(None) };
-    if saved.size() != param.size() {
-        return Err(format!(
-            "optimizer tensor {key}: expected shape {:?}, found {:?}",
-            param.size(),
-            saved.size()
-        ));
-    }
-    Ok(Some(saved.to_device(param.device()).to_kind(Kind::Float)))
 }
 
 /// A dtype as a spec writes it (`model.dtype`).
@@ -687,8 +685,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("optimizer.safetensors");
         Tensor::write_safetensors(&straight.state_tensors(), &file).unwrap();
-        let saved = Tensor::read_safetensors(&file).unwrap();
-        let mut names: Vec<&str> = saved.iter().map(|(name, _)| name.as_str()).collect();
+        let saved = WeightFiles::open_file(&file).unwrap();
+        let mut names: Vec<&str> = saved.names().collect();
         names.sort_unstable();
         assert_eq!(names, ["exp_avg.head", "exp_avg.w", "exp_avg_sq.head", "exp_avg_sq.w", "master.w"]);
         // The model directory's weights: the bf16 weights as they are now.
@@ -697,7 +695,7 @@ mod tests {
             .map(|(name, p)| (name.clone(), p.detach().copy().set_requires_grad(true)))
             .collect();
         let mut resumed = AdamW::new(handles(&resumed_params), config);
-        resumed.load_state(saved.into_iter().collect(), straight.steps()).unwrap();
+        resumed.load_state(&saved, straight.steps()).unwrap();
         for step in 3..6 {
             update(&mut straight, &straight_params, step);
             update(&mut resumed, &resumed_params, step);
@@ -723,10 +721,12 @@ mod tests {
             run
         };
         let check = |saved_by: Precision, loaded_by: Precision, weights_seed: u64, expected: &str| {
-            let saved: HashMap<String, Tensor> =
-                trained(saved_by).adamw.state_tensors().into_iter().collect();
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("optimizer.safetensors");
+            Tensor::write_safetensors(&trained(saved_by).adamw.state_tensors(), &file).unwrap();
+            let saved = WeightFiles::open_file(&file).unwrap();
             let mut loading = Run::new(loaded_by, &bf16_normal(weights_seed, n, 0.02), config);
-            let error = loading.adamw.load_state(saved, 1).unwrap_err();
+            let error = loading.adamw.load_state(&saved, 1).unwrap_err();
             assert_eq!(error, expected, "saved by {saved_by:?}, loaded by {loaded_by:?}");
         };
         check(

@@ -10,11 +10,11 @@
 //! replaced atomically. On resume the JSONL files are cut back to the lengths the checkpoint
 //! recorded, so lines a killed run wrote after its last checkpoint are written again, identically.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 
+use rlvr_model::weights::WeightFiles;
 use rlvr_model::{SamplerRng, save_adapter, save_pretrained};
 use rlvr_protocol::fs::{write_atomic, write_json_atomic};
 use rlvr_protocol::jobdir::{RunDir, checkpoint_name};
@@ -117,10 +117,11 @@ impl TrainState {
 /// state.
 pub fn restore(job: &mut Job, checkpoint: &Path, saved: &TrainState) -> Result<(), WorkerError> {
     let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
-    let tensors = Tensor::read_safetensors(checkpoint.join("optimizer.safetensors"))
+    // Mapped, and read tensor by tensor into the optimizer's own state.
+    let tensors = WeightFiles::open_file(&checkpoint.join("optimizer.safetensors"))
         .map_err(|error| fail(format!("optimizer.safetensors: {error}")))?;
     job.adamw
-        .load_state(tensors.into_iter().collect::<HashMap<_, _>>(), saved.optimizer_updates)
+        .load_state(&tensors, saved.optimizer_updates)
         .map_err(|message| fail(format!("optimizer.safetensors: {message}")))?;
     job.rng = saved.sampler_rng.clone().ok_or_else(|| fail("state.json has no sampler_rng".into()))?;
     job.cursor = saved.cursor;
