@@ -64,15 +64,20 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     let (_, view) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
     let (memory, resident) = (view["memory_gb"].as_f64().unwrap(), view["resident_gb"].as_f64().unwrap());
     assert!(0.0 < resident && resident <= memory && memory < 4.0, "{view}");
+    // The spec as submit sent it: its data uploaded as the team's datasets.
+    let sent = rlvr_tests::jobs::api(&daemon, Some(TEAM_TOKEN))
+        .upload_spec_data(&toml, rlvr_client::SpecFormat::Toml, Path::new("/"))
+        .unwrap();
     let response = client()
         .post(format!("{}/v1/estimate", daemon.url))
         .bearer_auth(TEAM_TOKEN)
         .header("content-type", "application/toml")
-        .body(toml.clone())
+        .body(sent.clone())
         .send()
         .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
+    let status = response.status().as_u16();
     let estimate: Value = response.json().unwrap();
+    assert_eq!(status, 200, "{estimate}");
     assert_eq!(
         (estimate["memory_gb"].as_f64(), estimate["resident_gb"].as_f64()),
         (Some(memory), Some(resident))
@@ -90,7 +95,7 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
         .post(format!("{}/v1/estimate", daemon.url))
         .bearer_auth(OTHER_TOKEN)
         .header("content-type", "application/toml")
-        .body(toml.clone())
+        .body(sent)
         .send()
         .unwrap();
     assert_eq!(response.status().as_u16(), 403);
