@@ -199,17 +199,17 @@ pub struct DataLengths {
 
 impl DataLengths {
     /// Reads the longest `prompt` and completion (`completion`, `chosen`, `rejected`) of a
-    /// JSONL file's records, in bytes; lines that are not records are skipped (the worker
-    /// refuses them with their line number).
-    pub fn scan_jsonl(text: &str) -> (u64, u64) {
+    /// JSONL file's records, in bytes, a line at a time; lines that are not records are skipped
+    /// (the worker refuses them with their line number).
+    pub fn scan_jsonl(lines: impl std::io::BufRead) -> std::io::Result<(u64, u64)> {
         let (mut prompt, mut completion) = (0u64, 0u64);
-        for line in text.lines() {
-            let Ok(Value::Object(record)) = serde_json::from_str::<Value>(line) else { continue };
+        for line in lines.lines() {
+            let Ok(Value::Object(record)) = serde_json::from_str::<Value>(&line?) else { continue };
             let bytes = |key: &str| record.get(key).and_then(Value::as_str).map_or(0, |s| s.len() as u64);
             prompt = prompt.max(bytes("prompt"));
             completion = completion.max(bytes("completion")).max(bytes("chosen")).max(bytes("rejected"));
         }
-        (prompt, completion)
+        Ok((prompt, completion))
     }
 }
 
@@ -470,6 +470,6 @@ mod tests {
     #[test]
     fn data_lengths_read_the_longest_fields() {
         let text = "{\"prompt\": \"abc\", \"completion\": \"de\"}\nnot json\n{\"prompt\": \"a\", \"chosen\": \"12345\", \"rejected\": \"1\"}\n";
-        assert_eq!(DataLengths::scan_jsonl(text), (3, 5));
+        assert_eq!(DataLengths::scan_jsonl(text.as_bytes()).unwrap(), (3, 5));
     }
 }

@@ -487,13 +487,20 @@ fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
 #[test]
 fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     let redis = Redis::start();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    // One 8 GB slot, and jobs that ask for all of it (left out, each would get its estimate and
+    // both would share the slot).
+    let daemon = Daemon::start_with(
+        &PLUGINS,
+        &redis.url(),
+        &format!("{QUEUE}[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n"),
+    );
+    let whole_slot = "[resources]\nmemory_gb = 8\n";
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let running = submit_ok(&daemon, &spec(&data, "running", 100_000, ""));
+    let running = submit_ok(&daemon, &spec(&data, "running", 100_000, whole_slot));
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
     // The one slot is taken: this one waits (submitted together, either could have started).
-    let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, ""));
+    let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, whole_slot));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(job(&daemon, &waiting)["state"], "queued");
 
@@ -511,7 +518,7 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     assert!(asked.elapsed() < Duration::from_secs(10), "cancelled in {:?}", asked.elapsed());
     assert_eq!(cancel(&running).status().as_u16(), 409, "cancelling an ended job");
     // The slot is free: the next job runs.
-    let next = submit_ok(&daemon, &spec(&data, "next", 2, ""));
+    let next = submit_ok(&daemon, &spec(&data, "next", 2, whole_slot));
     assert_eq!(wait_job(&daemon, &next, Duration::from_secs(120), ended)["state"], "published");
 }
 

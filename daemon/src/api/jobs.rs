@@ -332,8 +332,11 @@ pub async fn estimate(
     let answer = tokio::task::spawn_blocking(move || {
         // Names resolve as at submit (a dry run claims no model line).
         let pinned = crate::tenancy::resolve::admit(&tenancy, &spec, true)?;
-        let resolved = crate::tenancy::resolve::worker_spec(&tenancy, &pinned)
-            .map_err(|message| vec![SpecError { field: "model.policy".into(), message }])?;
+        // `worker_spec` says `FIELD: why`.
+        let resolved = crate::tenancy::resolve::worker_spec(&tenancy, &pinned).map_err(|message| {
+            let (field, why) = message.split_once(": ").unwrap_or(("model.policy", &message));
+            vec![SpecError { field: field.to_owned(), message: why.to_owned() }]
+        })?;
         let device = scheduler.device_kind();
         let estimate =
             crate::jobs::estimate::estimate(&resolved, &registry, device).map_err(|problem| vec![problem])?;

@@ -46,11 +46,11 @@ pub fn estimate(
         "same" => None,
         source => Some(shape_of(source).map_err(|message| problem("model.reference", message))?),
     };
+    // A line at a time: a dataset may be as large as tenancy.max_dataset_bytes.
     let read_lengths = |field: &str, path: &Path| {
-        let text = std::fs::read_to_string(path).map_err(|error| {
-            problem(field, format!("cannot read the data for the memory estimate: {error}"))
-        })?;
-        Ok::<_, SpecError>(DataLengths::scan_jsonl(&text))
+        std::fs::File::open(path)
+            .and_then(|file| DataLengths::scan_jsonl(std::io::BufReader::new(file)))
+            .map_err(|error| problem(field, format!("cannot read the data for the memory estimate: {error}")))
     };
     let (prompt_tokens, completion_tokens) = read_lengths("data.train", &resolved.data.train)?;
     let heldout_prompt_tokens = match &resolved.data.heldout {
