@@ -24,15 +24,17 @@ use crate::spec::{Dtype, JobSpec, LoraTarget};
 pub const BYTES_PER_GB: f64 = (1u64 << 30) as f64;
 
 /// What libtorch, the plugins and the worker's own code take in a CPU worker's resident size
-/// before any model: its libraries' pages and allocator arenas. Measured on the worker's
-/// `--device cpu` runs (tests/tests/estimate.rs prints it).
+/// before any model: its libraries' pages and allocator arenas. About what a worker of the
+/// built-in model holds after loading it (0.5–0.7 GB); with it, tests/tests/estimate.rs's cases
+/// come within 7% of their measured peaks.
 pub const CPU_RUNTIME_BYTES: u64 = 600 << 20;
 
 /// What a CUDA context and libtorch's kernels take on a GPU before any tensor (not counted by
-/// libtorch's allocator, but by the device): about 500 MiB with CUDA 13 on an H100.
+/// libtorch's allocator, but by the device). An allowance, not yet measured: no GPU has run
+/// the estimate.
 pub const CUDA_CONTEXT_BYTES: u64 = 512 << 20;
 
-/// Prompts an evaluation generates at once (the worker's `eval::EVAL_BATCH`).
+/// Prompts an evaluation generates at once: the worker's batch, and the estimate's.
 pub const EVAL_BATCH: u64 = 64;
 
 /// Tokens a chat template may add around a prompt, beyond its own text: an allowance, since

@@ -17,7 +17,7 @@ use super::step::StepError;
 use rlvr_protocol::grants::Phase;
 
 /// Prompts generated at once.
-const EVAL_BATCH: usize = 64;
+const EVAL_BATCH: usize = rlvr_protocol::memory::EVAL_BATCH as usize;
 
 /// A model's score on a set of prompts.
 #[derive(Debug, Clone, PartialEq)]
