@@ -24,17 +24,21 @@ fn config(root: &Path) -> String {
     format!(
         "[queue]\nworker_threads = 1\n\
          [[tenancy.data_roots]]\nname = \"tests-data\"\npath = {root:?}\nteams = [\"tests\"]\n\
-         [[tenancy.teams]]\nname = \"others\"\nmax_queued = 3\n",
+         [[tenancy.teams]]\nname = \"others\"\nmax_queued = 3\n\
+         [devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n",
         root = root.display().to_string()
     )
 }
 
-/// A job of team `team` on `data` (paths, uploaded by the harness), publishing to `line`.
+/// A job of team `team` on `data` (paths, uploaded by the harness), publishing to `line`, on the
+/// whole 8 GB slot (left out, each job would get its estimate, and the jobs would share the slot
+/// instead of queueing).
 fn job(data: &Path, name: &str, team: &str, line: &str, steps: u32) -> String {
     arith_grpo_spec(data, name, "builtin:tiny-arith", steps, 5)
         .replace("team = \"tests\"", &format!("team = \"{team}\""))
         .replace("model_line = \"tiny-arith\"", &format!("model_line = \"{line}\""))
         + PERMISSIVE_GATES
+        + "[resources]\nmemory_gb = 8\n"
 }
 
 /// Submits as `others` and expects a refusal of `status` naming `field`, with `words` in it.
