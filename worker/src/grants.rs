@@ -105,6 +105,8 @@ impl Grants {
     }
 
     fn acquire(&self, phase: Phase, stoppable: bool) -> Result<Option<Grant>, GrantError> {
+        // An out-of-memory from here on is this phase's.
+        crate::memory::enter(phase);
         let Some(shared) = &self.connection else { return Ok(Some(Grant { connection: None })) };
         let mut connection = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         connection.send(&Request::Acquire(phase))?;

@@ -9,6 +9,10 @@
 //!   that dies (signal, panic) counts a crash and the job is requeued with a new task; at
 //!   `queue.max_crashes` it is dead-lettered (`failed`). A job found `running` when its task
 //!   comes back was running on a daemon that died: that counts too.
+//! - **Out of memory is not a crash.** A worker holds its job to `[resources] memory_gb` (on a
+//!   CPU its own watchdog, `--memory-cap`) and exits `OutOfMemory` past it; the job is requeued
+//!   once with a larger request, written into its record's spec, or fails naming the numbers
+//!   ([`super::out_of_memory`]).
 //! - **Nothing is lost to Redis being away.** Every write of an outcome is retried with backoff
 //!   until Redis takes it ([`Supervisor::persist`]).
 //! - **SIGTERM** (daemon stopping): the worker is asked to checkpoint at its next step boundary
@@ -33,18 +37,21 @@ use rlvr_queue::dispatch::new_task_id;
 use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
-use rlvr_queue::store::StoreError;
+use rlvr_queue::store::{JobStore, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
+use super::out_of_memory;
 use super::publish::{self, Verdict};
 use rlvr_protocol::fs::write_json_atomic;
 
 use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
-use rlvr_protocol::worker::{HostContext, Outcome, Progress, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{
+    BYTES_PER_GB, HostContext, OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit,
+};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
@@ -117,6 +124,9 @@ pub enum WorkerEnd {
     Cancelled,
     /// Refused its job (exit 2): the reason, from its log.
     JobError(String),
+    /// Ran out of memory (exit 71): its report, from its log's last line (`None` when that line
+    /// was not one).
+    OutOfMemory(Option<OutOfMemory>),
     /// Died: signal, panic, anything else.
     Crashed(String),
 }
@@ -225,7 +235,7 @@ impl Supervisor {
                 _ = self.stopping.cancelled() => {
                     drop(seat);
                     // Leave it queued under a new task for the next daemon: this one is stopping.
-                    self.requeue(id, priority, None, "the daemon stopped before admitting it").await;
+                    self.requeue(id, priority, None, "the daemon stopped before admitting it", &[]).await;
                     return;
                 }
                 devices = seat.admitted() => break devices,
@@ -264,7 +274,7 @@ impl Supervisor {
         let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &devices).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
-        self.conclude(id, &spec, end).await;
+        self.conclude(id, &spec, end, &names.join(",")).await;
     }
 
     /// The curricula directory of the job's shared curriculum and the version it runs with: the
@@ -383,6 +393,7 @@ impl Supervisor {
         // Version 0 (none yet): the plugin starts from its own prior.
         let curriculum = curriculum.filter(|(_, version)| *version > 0);
         let on_gpu = devices.iter().any(|device| device.gpu.is_some());
+        let memory_cap = memory_cap_bytes(spec.resources.memory_gb, devices);
         let args = WorkerArgs {
             spec: dir.spec(),
             state_dir: dir.run().path().to_owned(),
@@ -398,6 +409,7 @@ impl Supervisor {
             curriculum_version: curriculum.map(|(_, version)| version),
             device: Some(if on_gpu { "cuda" } else { "cpu" }.to_owned()),
             host_context_stdin: true,
+            memory_cap,
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
@@ -475,8 +487,8 @@ impl Supervisor {
         }
     }
 
-    /// Writes the end of a worker run to the job record.
-    async fn conclude(&self, id: &str, spec: &JobSpec, end: WorkerEnd) {
+    /// Writes the end of a worker run on `devices` (their names) to the job record.
+    async fn conclude(&self, id: &str, spec: &JobSpec, end: WorkerEnd, devices: &str) {
         let priority = spec.job.priority;
         match end {
             WorkerEnd::Finished(outcome) => {
@@ -505,6 +517,7 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         "requeued: resumes from its checkpoint",
+                        &[],
                     )
                     .await;
                 }
@@ -523,6 +536,7 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         "requeued: resumes from its last checkpoint",
+                        &[],
                     )
                     .await;
                 }
@@ -534,6 +548,7 @@ impl Supervisor {
             WorkerEnd::JobError(message) => {
                 let _ = self.transition(id, JobState::Failed, &message, &[]).await;
             }
+            WorkerEnd::OutOfMemory(report) => self.out_of_memory(id, spec, report.as_ref(), devices).await,
             WorkerEnd::Crashed(what) => {
                 warn!(%what, "worker crashed");
                 if !self.count_crash_or_dead_letter(id, &what).await {
@@ -542,9 +557,47 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         &format!("requeued after a crash: {what}"),
+                        &[],
                     )
                     .await;
                 }
+            }
+        }
+    }
+
+    /// A worker on `devices` ran out of memory: the job is requeued once with a larger
+    /// `[resources] memory_gb` (its record's spec changed with the requeue, so the scheduler and
+    /// the next worker's cap see it, after a restart too), or fails naming the numbers. Never a
+    /// crash.
+    async fn out_of_memory(&self, id: &str, spec: &JobSpec, report: Option<&OutOfMemory>, devices: &str) {
+        let Some(earlier) =
+            self.persist("read the memory requeues", || self.queues.store.memory_requeues(id)).await
+        else {
+            let reason = "out of memory, and the job's count of memory requeues cannot be read";
+            let _ = self.transition(id, JobState::Failed, reason, &[]).await;
+            return;
+        };
+        let ran = out_of_memory::Ran { memory_gb: spec.resources.memory_gb, earlier, report, devices };
+        let next = out_of_memory::next(&ran, |memory_gb| {
+            let grown = grown(spec, memory_gb);
+            let demand = self.scheduler.demand(id, &grown, Duration::ZERO);
+            self.scheduler.can_ever_fit(&demand).map_err(|why| why.to_string())
+        });
+        match next {
+            out_of_memory::Next::Requeue { memory_gb, reason } => {
+                warn!(%reason, "out of memory");
+                let fields = match JobStore::memory_requeue_fields(id, &grown(spec, memory_gb), earlier + 1) {
+                    Ok(fields) => fields,
+                    Err(error) => {
+                        let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
+                        return;
+                    }
+                };
+                self.requeue(id, spec.job.priority, Some(JobState::Queued), &reason, &fields).await;
+            }
+            out_of_memory::Next::Fail(reason) => {
+                warn!(%reason, "out of memory");
+                let _ = self.transition(id, JobState::Failed, &reason, &[]).await;
             }
         }
     }
@@ -605,10 +658,19 @@ impl Supervisor {
         true
     }
 
-    /// Gives the job a new dispatch task (moving it to `to`, when given) and pushes it.
-    async fn requeue(&self, id: &str, priority: Priority, to: Option<JobState>, reason: &str) {
+    /// Gives the job a new dispatch task (moving it to `to`, when given, with the `extra` record
+    /// fields) and pushes it.
+    async fn requeue(
+        &self,
+        id: &str,
+        priority: Priority,
+        to: Option<JobState>,
+        reason: &str,
+        extra: &[(&str, String)],
+    ) {
         let task_id = new_task_id();
-        let fields = [("task_id", task_id.clone())];
+        let mut fields = vec![("task_id", task_id.clone())];
+        fields.extend(extra.iter().cloned());
         let recorded = match to {
             Some(state) => self.transition(id, state, reason, &fields).await.is_some(),
             None => self
@@ -737,6 +799,27 @@ pub(crate) fn worker_environment(
     environment
 }
 
+/// The `--memory-cap` of a job of `memory_gb` on `devices`, in bytes: its request, or a whole
+/// device's memory for 0.
+fn memory_cap_bytes(memory_gb: f64, devices: &[InventoryDevice]) -> Option<u64> {
+    let gb = if memory_gb > 0.0 {
+        memory_gb
+    } else {
+        devices
+            .iter()
+            .map(|device| device.memory_gb)
+            .fold(None, |smallest: Option<f64>, gb| Some(smallest.map_or(gb, |s| s.min(gb))))?
+    };
+    Some((gb * BYTES_PER_GB).round() as u64)
+}
+
+/// `spec` asking for `memory_gb` per device.
+fn grown(spec: &JobSpec, memory_gb: f64) -> JobSpec {
+    let mut grown = spec.clone();
+    grown.resources.memory_gb = memory_gb;
+    grown
+}
+
 /// Writes the job's spec (once: the worker checks it never changes under a run).
 fn prepare_job_dir(dir: &JobDir, spec: &JobSpec) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.path())?;
@@ -771,6 +854,9 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
         (Some(code), _) => match WorkerExit::from_code(code) {
             Some(WorkerExit::Interrupted) => WorkerEnd::Interrupted,
             Some(WorkerExit::JobError) => WorkerEnd::JobError(last_error_line(log)),
+            Some(WorkerExit::OutOfMemory) => {
+                WorkerEnd::OutOfMemory(OutOfMemory::from_line(&last_error_line(log)))
+            }
             Some(WorkerExit::Finished | WorkerExit::Transient) | None => {
                 WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log)))
             }
@@ -953,5 +1039,14 @@ mod tests {
             };
             assert_eq!(end, expected, "{status:?}");
         }
+        // Out of memory: not a crash; its report is read back from the worker's last line (a
+        // line that is not one leaves the numbers unknown).
+        let line = "rlvr-worker: out of memory on cpu in the update phase: peak 1.02 GB (1095761920 bytes), \
+                    cap 1.00 GB (1073741824 bytes)";
+        std::fs::write(&log, format!("noise\nrlvr-worker: step 3: CUDA out of memory\n{line}\n")).unwrap();
+        let expected = OutOfMemory::from_line(line).expect("a report");
+        assert_eq!(classify(exit(WorkerExit::OutOfMemory), "", &log), WorkerEnd::OutOfMemory(Some(expected)));
+        std::fs::write(&log, "noise\n").unwrap();
+        assert_eq!(classify(exit(WorkerExit::OutOfMemory), "", &log), WorkerEnd::OutOfMemory(None));
     }
 }
