@@ -10,8 +10,9 @@
 //!   `queue.max_crashes` it is dead-lettered (`failed`). A job found `running` when its task
 //!   comes back was running on a daemon that died: that counts too.
 //! - **Out of memory is not a crash.** A worker holds its job to `[resources] memory_gb` (on a
-//!   CPU its own watchdog, `--memory-cap`) and exits `OutOfMemory` past it; the job is requeued
-//!   once with a larger request, written into its record's spec, or fails naming the numbers
+//!   CPU its own watchdog, `--memory-cap`; on CUDA libtorch's allocator, capped through
+//!   `PYTORCH_CUDA_ALLOC_CONF`) and exits `OutOfMemory` past it; the job is requeued once with a
+//!   larger request, written into its record's spec, or fails naming the numbers
 //!   ([`super::out_of_memory`]).
 //! - **Nothing is lost to Redis being away.** Every write of an outcome is retried with backoff
 //!   until Redis takes it ([`Supervisor::persist`]).
@@ -416,7 +417,7 @@ impl Supervisor {
         command.args(args.command_line());
         // The worker and the plugins it loads see none of the daemon's environment but what a
         // process needs to run: secrets reach them by name only (SECURITY.md). Its GPUs by UUID.
-        command.env_clear().envs(worker_environment(std::env::vars_os(), devices));
+        command.env_clear().envs(worker_environment(std::env::vars_os(), devices, spec.resources.memory_gb));
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
         let mut child = command.spawn()?;
         // The context goes on the worker's standard input, never into its arguments, environment
@@ -768,6 +769,8 @@ const WORKER_ENV: &[&str] = &[
     "RUST_BACKTRACE",
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
+    CUDA_ALLOC_CONF,
+    ALLOC_CONF,
 ];
 const WORKER_ENV_PREFIXES: &[&str] = &["CUDA_", "CUBLAS_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_"];
 
@@ -776,13 +779,25 @@ const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// The daemon's own, about which GPUs it sees and how it numbers them: never a worker's.
 const DAEMON_ONLY_ENV: &[&str] = &[CUDA_VISIBLE_DEVICES, "CUDA_DEVICE_ORDER"];
 
+/// libtorch's allocator settings: the CUDA allocator reads the first, and the second only when
+/// the first is not set.
+const CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
+const ALLOC_CONF: &str = "PYTORCH_ALLOC_CONF";
+/// The setting of [`CUDA_ALLOC_CONF`] that caps a process's allocator at a fraction of the
+/// device's memory (libtorch 2.11, `CUDAAllocatorConfig`; applied when the allocator first
+/// initialises a device).
+const MEMORY_FRACTION: &str = "per_process_memory_fraction";
+
 /// A worker's environment on `devices`: the entries of `vars` it inherits ([`WORKER_ENV`]), but for
 /// the daemon's own `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`, and `CUDA_VISIBLE_DEVICES`
 /// naming its GPUs by UUID (`GPU-…`, `MIG-…`), so no ordering decides which GPU it gets; empty
-/// on CPU slots, so it sees no GPU at all.
+/// on CPU slots, so it sees no GPU at all. On a GPU, a job asking for `memory_gb` (> 0, less than
+/// the device) gets libtorch's allocator capped at that share of the device
+/// ([`cuda_alloc_conf`]), after whatever allocator settings the operator gave.
 pub(crate) fn worker_environment(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
     devices: &[InventoryDevice],
+    memory_gb: f64,
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     let mut environment: Vec<_> = vars
         .filter(|(name, _)| {
@@ -796,7 +811,62 @@ pub(crate) fn worker_environment(
     let uuids: Vec<&str> =
         devices.iter().filter_map(|device| device.gpu.as_ref()).map(|gpu| gpu.uuid.as_str()).collect();
     environment.push((CUDA_VISIBLE_DEVICES.into(), uuids.join(",").into()));
+    if let Some(fraction) = memory_fraction(memory_gb, devices) {
+        let operator = |name: &str| {
+            environment
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.to_string_lossy().into_owned())
+        };
+        let conf =
+            cuda_alloc_conf(operator(CUDA_ALLOC_CONF).or_else(|| operator(ALLOC_CONF)).as_deref(), fraction);
+        environment.retain(|(key, _)| key != CUDA_ALLOC_CONF);
+        environment.push((CUDA_ALLOC_CONF.into(), conf.into()));
+    }
     environment
+}
+
+/// The share of its GPU a job of `memory_gb` may take: `memory_gb` over the device's total (as
+/// NVML reports it: CUDA's total, which the fraction multiplies; else the configured memory).
+/// `None` on CPU slots, for whole devices (0) and for a request the size of the device.
+fn memory_fraction(memory_gb: f64, devices: &[InventoryDevice]) -> Option<f64> {
+    if memory_gb <= 0.0 {
+        return None;
+    }
+    // One device per job (resources.devices = 1): the smallest, should there be more.
+    let total = devices
+        .iter()
+        .filter_map(|device| Some(device.gpu.as_ref()?.total_memory_gb.unwrap_or(device.memory_gb)))
+        .fold(None, |smallest: Option<f64>, total| Some(smallest.map_or(total, |s| s.min(total))))?;
+    let fraction = memory_gb / total;
+    (fraction > 0.0 && fraction < 1.0).then_some(fraction)
+}
+
+/// `PYTORCH_CUDA_ALLOC_CONF` for a worker: the operator's settings (`key:value` pairs, values
+/// possibly `[lists]`) with the job's `per_process_memory_fraction` in place of any the operator
+/// gave (the job's share is the daemon's to set).
+fn cuda_alloc_conf(operator: Option<&str>, fraction: f64) -> String {
+    let mut entries: Vec<String> = Vec::new();
+    let (mut entry, mut depth) = (String::new(), 0usize);
+    for c in operator.unwrap_or_default().chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                entries.push(std::mem::take(&mut entry));
+                continue;
+            }
+            _ => {}
+        }
+        entry.push(c);
+    }
+    entries.push(entry);
+    entries.retain(|entry| {
+        let key = entry.split(':').next().unwrap_or_default().trim();
+        !key.is_empty() && key != MEMORY_FRACTION
+    });
+    entries.push(format!("{MEMORY_FRACTION}:{fraction}"));
+    entries.join(",")
 }
 
 /// The `--memory-cap` of a job of `memory_gb` on `devices`, in bytes: its request, or a whole
@@ -989,7 +1059,7 @@ mod tests {
         let mut shown = String::new();
         for devices in cases {
             let vars = daemon.iter().map(|(name, value)| (name.into(), value.into()));
-            let mut environment: Vec<String> = worker_environment(vars, &devices)
+            let mut environment: Vec<String> = worker_environment(vars, &devices, 0.0)
                 .into_iter()
                 .map(|(name, value)| format!("{}={}", name.to_string_lossy(), value.to_string_lossy()))
                 .collect();
@@ -1002,6 +1072,81 @@ mod tests {
             cuda:3/mig:1: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES=MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f PATH=/usr/bin
             cpu:0: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES= PATH=/usr/bin
         "#]].assert_eq(&shown);
+    }
+
+    /// On a GPU a job's `memory_gb` caps libtorch's allocator at its share of the device, after
+    /// the operator's own allocator settings (from either variable), whose fraction it replaces;
+    /// a whole device, a CPU slot or a request the size of the device get no cap. The
+    /// `--memory-cap` is the request, or the whole device's memory.
+    #[test]
+    fn a_job_on_a_gpu_gets_its_share_of_the_allocator_after_the_operators_settings() {
+        let gpu = InventoryDevice {
+            kind: DeviceKind::Cuda { index: 0 },
+            name: "cuda:0".to_owned(),
+            memory_gb: 70.0,
+            gpu: Some(GpuInfo {
+                uuid: "GPU-1".to_owned(),
+                model: None,
+                total_memory_gb: Some(80.0),
+                compute_mode: Some(ComputeMode::Default),
+                mig: Some(MigState::Disabled),
+            }),
+        };
+        let cpu = InventoryDevice {
+            kind: DeviceKind::Cpu { slot: 0 },
+            name: "cpu:0".to_owned(),
+            memory_gb: 8.0,
+            gpu: None,
+        };
+        /// The daemon's variables.
+        type Vars = &'static [(&'static str, &'static str)];
+        let cases: [(Vars, &InventoryDevice, f64); 7] = [
+            (&[], &gpu, 10.0),
+            (&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")], &gpu, 20.0),
+            (
+                &[(
+                    "PYTORCH_CUDA_ALLOC_CONF",
+                    "roundup_power2_divisions:[256:1,512:2],per_process_memory_fraction:0.9, \
+                     garbage_collection_threshold:0.6",
+                )],
+                &gpu,
+                40.0,
+            ),
+            (&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")], &gpu, 8.0),
+            (&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")], &gpu, 0.0),
+            (&[], &gpu, 80.0),
+            (&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")], &cpu, 2.0),
+        ];
+        let mut shown = String::new();
+        for (daemon, device, memory_gb) in cases {
+            let vars = daemon.iter().map(|(name, value)| (name.into(), value.into()));
+            let mut environment: Vec<String> =
+                worker_environment(vars, std::slice::from_ref(device), memory_gb)
+                    .into_iter()
+                    .filter(|(name, _)| name.to_string_lossy().starts_with("PYTORCH_"))
+                    .map(|(name, value)| format!("{}={}", name.to_string_lossy(), value.to_string_lossy()))
+                    .collect();
+            environment.sort();
+            if environment.is_empty() {
+                environment.push("(no allocator settings)".to_owned());
+            }
+            let cap = memory_cap_bytes(memory_gb, std::slice::from_ref(device));
+            shown.push_str(&format!(
+                "{} {memory_gb} GB, cap {cap:?}: {}\n",
+                device.name,
+                environment.join(" ")
+            ));
+        }
+        expect![[r#"
+            cuda:0 10 GB, cap Some(10737418240): PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.125
+            cuda:0 20 GB, cap Some(21474836480): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,per_process_memory_fraction:0.25
+            cuda:0 40 GB, cap Some(42949672960): PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[256:1,512:2], garbage_collection_threshold:0.6,per_process_memory_fraction:0.5
+            cuda:0 8 GB, cap Some(8589934592): PYTORCH_ALLOC_CONF=max_split_size_mb:512 PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512,per_process_memory_fraction:0.1
+            cuda:0 0 GB, cap Some(75161927680): PYTORCH_ALLOC_CONF=max_split_size_mb:512
+            cuda:0 80 GB, cap Some(85899345920): (no allocator settings)
+            cpu:0 2 GB, cap Some(2147483648): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+        "#]]
+        .assert_eq(&shown);
     }
 
     /// How each way a worker can end is read, from its exit status (`WorkerExit`), its stdout
