@@ -3,8 +3,9 @@
 //!
 //! The rule: an out-of-memory is not a crash (it is never counted as one). The first one requeues
 //! the job with a larger `[resources] memory_gb` — 1.5 × the request, and at least 1.2 × the
-//! peak the worker reported, rounded up to 0.1 GB — when that fits a device of this daemon; the
-//! scheduler then admits it by the larger request, and its worker gets the larger cap. A second
+//! peak the worker reported, rounded up to 0.1 GB — and its `resident_gb`, when it has one,
+//! grown by the same factor, when that fits a device of this daemon; the scheduler then admits it
+//! by the larger request, and its worker gets the larger cap. A second
 //! one fails the job, naming the request, the peak, the cap and the phase. So does the first one
 //! of a job that had the whole device (`memory_gb = 0`: nothing larger to ask for), or whose
 //! larger request would fit no device here.
@@ -21,6 +22,8 @@ pub const PEAK_MARGIN: f64 = 1.2;
 pub struct Ran<'a> {
     /// The job's `[resources] memory_gb` for this run (0: whole devices).
     pub memory_gb: f64,
+    /// Its `[resources] resident_gb`, when it has one.
+    pub resident_gb: Option<f64>,
     /// Requeues with a larger request the job had before this run.
     pub earlier: u32,
     /// The worker's report; `None` when its last line was not one (the numbers are unknown).
@@ -32,15 +35,15 @@ pub struct Ran<'a> {
 /// What becomes of the job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
-    /// Requeue it once with this `memory_gb`; the reason for its events.
-    Requeue { memory_gb: f64, reason: String },
+    /// Requeue it once with this `memory_gb` and `resident_gb`; the reason for its events.
+    Requeue { memory_gb: f64, resident_gb: Option<f64>, reason: String },
     /// Fail it, for this reason.
     Fail(String),
 }
 
-/// The job's next step after `ran`; `fits` says whether a request of that many GB fits a device
-/// of this daemon (`Err`: why not).
-pub fn next(ran: &Ran<'_>, fits: impl FnOnce(f64) -> Result<(), String>) -> Next {
+/// The job's next step after `ran`; `fits` says whether a request of that `memory_gb` and
+/// `resident_gb` fits a device of this daemon (`Err`: why not).
+pub fn next(ran: &Ran<'_>, fits: impl FnOnce(f64, Option<f64>) -> Result<(), String>) -> Next {
     let place = where_and_how_much(ran);
     if ran.memory_gb <= 0.0 {
         return Next::Fail(format!(
@@ -56,11 +59,17 @@ pub fn next(ran: &Ran<'_>, fits: impl FnOnce(f64) -> Result<(), String>) -> Next
         ));
     }
     let larger = larger_request(ran.memory_gb, ran.report.map(|report| report.peak_bytes));
-    match fits(larger) {
+    let resident = ran.resident_gb.map(|resident| grown_resident(resident, ran.memory_gb, larger));
+    let resident_change = match (ran.resident_gb, resident) {
+        (Some(before), Some(after)) => format!(", resident_gb {before} → {after} GB"),
+        _ => String::new(),
+    };
+    match fits(larger, resident) {
         Ok(()) => Next::Requeue {
             memory_gb: larger,
+            resident_gb: resident,
             reason: format!(
-                "requeued after running out of memory {place}: resources.memory_gb {} → {larger} GB",
+                "requeued after running out of memory {place}: resources.memory_gb {} → {larger} GB{resident_change}",
                 ran.memory_gb
             ),
         },
@@ -76,9 +85,19 @@ pub fn next(ran: &Ran<'_>, fits: impl FnOnce(f64) -> Result<(), String>) -> Next
 /// peak, rounded up to 0.1 GB.
 pub fn larger_request(memory_gb: f64, peak_bytes: Option<u64>) -> f64 {
     let peak_gb = peak_bytes.map_or(0.0, |bytes| bytes as f64 / BYTES_PER_GB);
-    let wanted = (memory_gb * GROWTH).max(peak_gb * PEAK_MARGIN);
+    up_to_a_tenth((memory_gb * GROWTH).max(peak_gb * PEAK_MARGIN))
+}
+
+/// `resident_gb` grown as `memory_gb` grew to `larger` (rounded up to 0.1 GB), never past
+/// `larger`, of which it is a part.
+pub fn grown_resident(resident_gb: f64, memory_gb: f64, larger: f64) -> f64 {
+    up_to_a_tenth(resident_gb * larger / memory_gb).min(larger)
+}
+
+/// `gb` rounded up to a tenth, at least 0.1.
+fn up_to_a_tenth(gb: f64) -> f64 {
     // In tenths, less a hair, so 1.5 stays 1.5 rather than 1.6 for a product's last bit.
-    let tenths = (wanted * 10.0 - 1e-9).ceil().max(1.0);
+    let tenths = (gb * 10.0 - 1e-9).ceil().max(1.0);
     tenths / 10.0
 }
 
@@ -118,8 +137,21 @@ mod tests {
 
     /// One case: the run, the largest request that fits here, what the rule says.
     fn check(memory_gb: f64, earlier: u32, report: Option<&OutOfMemory>, largest_gb: f64, expected: Expect) {
-        let ran = Ran { memory_gb, earlier, report, devices: "cpu:0" };
-        let fits = |gb: f64| {
+        check_resident(memory_gb, None, earlier, report, largest_gb, expected);
+    }
+
+    /// [`check`] for a job with a `resident_gb`.
+    fn check_resident(
+        memory_gb: f64,
+        resident_gb: Option<f64>,
+        earlier: u32,
+        report: Option<&OutOfMemory>,
+        largest_gb: f64,
+        expected: Expect,
+    ) {
+        let ran = Ran { memory_gb, resident_gb, earlier, report, devices: "cpu:0" };
+        let fits = |gb: f64, resident: Option<f64>| {
+            assert!(resident.is_none_or(|resident| resident <= gb), "{resident:?} > {gb}");
             if gb <= largest_gb {
                 Ok(())
             } else {
@@ -127,7 +159,12 @@ mod tests {
             }
         };
         let shown = match next(&ran, fits) {
-            Next::Requeue { memory_gb, reason } => format!("requeue at {memory_gb}: {reason}"),
+            Next::Requeue { memory_gb, resident_gb: Some(resident), reason } => {
+                format!("requeue at {memory_gb} (resident {resident}): {reason}")
+            }
+            Next::Requeue { memory_gb, resident_gb: None, reason } => {
+                format!("requeue at {memory_gb}: {reason}")
+            }
             Next::Fail(reason) => format!("fail: {reason}"),
         };
         expected.assert_eq(&shown);
@@ -176,6 +213,28 @@ mod tests {
             8.0,
             expect![
                 "requeue at 1.1: requeued after running out of memory on cpu:0 (peak and cap not reported): resources.memory_gb 0.7 → 1.1 GB"
+            ],
+        );
+        // A resident part grows by the same factor (to the tenth, within the request).
+        check_resident(
+            1.2,
+            Some(0.6),
+            0,
+            Some(&update),
+            8.0,
+            expect![
+                "requeue at 1.8 (resident 0.9): requeued after running out of memory on cpu:0 in the update phase (peak 1.02 GB, cap 1.00 GB): resources.memory_gb 1.2 → 1.8 GB, resident_gb 0.6 → 0.9 GB"
+            ],
+        );
+        let loaded = report(450 << 20, 2 * GB / 5, None);
+        check_resident(
+            0.4,
+            Some(0.4),
+            0,
+            Some(&loaded),
+            8.0,
+            expect![
+                "requeue at 0.6 (resident 0.6): requeued after running out of memory on cpu:0 before its first device phase (peak 0.44 GB, cap 0.40 GB): resources.memory_gb 0.4 → 0.6 GB, resident_gb 0.4 → 0.6 GB"
             ],
         );
         // The second out-of-memory fails, naming the numbers.
@@ -248,6 +307,15 @@ mod tests {
         ];
         for (memory_gb, peak, expected) in cases {
             assert_eq!(larger_request(memory_gb, peak), expected, "{memory_gb} GB, peak {peak:?}");
+        }
+        for (resident, memory, larger, expected) in
+            [(0.6, 1.2, 1.8, 0.9), (0.55, 1.0, 1.5, 0.9), (1.0, 1.0, 1.5, 1.5), (0.01, 1.0, 3.0, 0.1)]
+        {
+            assert_eq!(
+                grown_resident(resident, memory, larger),
+                expected,
+                "{resident} of {memory} → {larger}"
+            );
         }
     }
 }

@@ -578,16 +578,24 @@ impl Supervisor {
             let _ = self.transition(id, JobState::Failed, reason, &[]).await;
             return;
         };
-        let ran = out_of_memory::Ran { memory_gb: spec.resources.memory_gb, earlier, report, devices };
-        let next = out_of_memory::next(&ran, |memory_gb| {
-            let grown = grown(spec, memory_gb);
+        let resources = &spec.resources;
+        let ran = out_of_memory::Ran {
+            memory_gb: resources.memory_gb,
+            resident_gb: resources.resident_gb,
+            earlier,
+            report,
+            devices,
+        };
+        let next = out_of_memory::next(&ran, |memory_gb, resident_gb| {
+            let grown = grown(spec, memory_gb, resident_gb);
             let demand = self.scheduler.demand(id, &grown, Duration::ZERO);
             self.scheduler.can_ever_fit(&demand).map_err(|why| why.to_string())
         });
         match next {
-            out_of_memory::Next::Requeue { memory_gb, reason } => {
+            out_of_memory::Next::Requeue { memory_gb, resident_gb, reason } => {
                 warn!(%reason, "out of memory");
-                let fields = match JobStore::memory_requeue_fields(id, &grown(spec, memory_gb), earlier + 1) {
+                let grown = grown(spec, memory_gb, resident_gb);
+                let fields = match JobStore::memory_requeue_fields(id, &grown, earlier + 1) {
                     Ok(fields) => fields,
                     Err(error) => {
                         let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
@@ -883,10 +891,11 @@ fn memory_cap_bytes(memory_gb: f64, devices: &[InventoryDevice]) -> Option<u64> 
     Some((gb * BYTES_PER_GB).round() as u64)
 }
 
-/// `spec` asking for `memory_gb` per device.
-fn grown(spec: &JobSpec, memory_gb: f64) -> JobSpec {
+/// `spec` asking for `memory_gb` per device, `resident_gb` of it between phases.
+fn grown(spec: &JobSpec, memory_gb: f64, resident_gb: Option<f64>) -> JobSpec {
     let mut grown = spec.clone();
     grown.resources.memory_gb = memory_gb;
+    grown.resources.resident_gb = resident_gb;
     grown
 }
 
