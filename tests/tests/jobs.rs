@@ -584,8 +584,8 @@ fn cap_bytes(gb: f64) -> u64 {
 }
 
 /// A job that asks for less memory than it uses ends `OutOfMemory` on its CPU slot; it is
-/// requeued once, not as a crash, with a larger request (1.5 ×, to the tenth of a GB) that its
-/// events name, that the next worker's cap is, and that a daemon restart keeps (the record's
+/// requeued once, not as a crash, with a larger request (1.5 ×, to the tenth of a GB, its
+/// resident part too) that its events name, that the next worker's cap is, and that a daemon restart keeps (the record's
 /// spec); then it either fits and trains to its end, or runs out again and fails naming the
 /// request, the peak, the cap and the phase. Long-completion SFT jobs (`long_sft_spec`): 0.4 GB
 /// loaded, 1.3–1.45 GB through their updates.
@@ -599,8 +599,9 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
     // 0.8 GB: out in its first update; 1.2 GB: out again, by its first update's end.
     let small = submit_ok(&daemon, &long_sft_spec(dir.path(), "too-small", 3, false, &resources(0.8)));
     // 1.2 GB: out by its first update's end, as the other's second run; 1.8 GB fits (1.5 GB
-    // measured, resumed from a checkpoint).
-    let grows = submit_ok(&daemon, &long_sft_spec(dir.path(), "grows", 3, false, &resources(1.2)));
+    // measured, resumed from a checkpoint). Its resident part grows with it.
+    let grows_resources = resources(1.2) + "resident_gb = 0.6\n";
+    let grows = submit_ok(&daemon, &long_sft_spec(dir.path(), "grows", 3, false, &grows_resources));
 
     // Its second worker runs with the larger cap; a daemon stopped and started meanwhile keeps it.
     let larger = cap_bytes(1.8);
@@ -634,7 +635,7 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
     assert!(
         reason.contains(" in the update phase (peak 1.")
             && reason.contains(", cap 1.2")
-            && reason.ends_with(" GB): resources.memory_gb 1.2 → 1.8 GB"),
+            && reason.ends_with(" GB): resources.memory_gb 1.2 → 1.8 GB, resident_gb 0.6 → 0.9 GB"),
         "{reason}"
     );
     assert_eq!(requeue["state"], "queued");
@@ -672,23 +673,27 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
     assert_eq!(shown.last().map(|(state, _)| *state), Some("failed"), "{shown:#?}");
 }
 
-/// A job that takes a whole CPU slot (no `memory_gb`) is held to the slot's memory, and running
-/// out of it fails the job at once: there is nothing larger to ask for.
+/// A job out of memory whose larger request would fit no device of this daemon fails at once,
+/// naming the request, the peak, the cap, the phase and the devices there are.
 #[test]
-fn a_job_out_of_memory_with_the_whole_device_fails_at_once() {
+fn a_job_out_of_memory_whose_larger_request_fits_nowhere_fails_at_once() {
     let redis = Redis::start();
     let config = QUEUE.to_owned() + "[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 0.8\n";
     let daemon = Daemon::start_with(&["rlvr-optimizer-sft"], &redis.url(), &config);
     let dir = tempfile::tempdir().unwrap();
-    let id = submit_ok(&daemon, &long_sft_spec(dir.path(), "whole", 2, false, ""));
+    let id =
+        submit_ok(&daemon, &long_sft_spec(dir.path(), "slot", 2, false, "[resources]\nmemory_gb = 0.8\n"));
     let failed = wait_job(&daemon, &id, Duration::from_secs(120), ended);
     assert_eq!((failed["state"].as_str(), failed["crashes"].as_u64()), (Some("failed"), Some(0)), "{failed}");
     let reason = failed["reason"].as_str().unwrap();
-    println!("whole: {reason}");
+    println!("slot: {reason}");
     assert!(
         reason.starts_with("out of memory on cpu:0 in the update phase (peak 0.")
             && reason.contains(", cap 0.8")
-            && reason.contains(" GB); it had the whole device (resources.memory_gb = 0)"),
+            && reason.contains(
+                " GB), with resources.memory_gb 0.8 GB; the larger request of 1.2 GB fits no device here: "
+            )
+            && reason.contains("(cpu:0 0.8 GB)"),
         "{reason}"
     );
     assert_eq!(states(&daemon, &id), ["queued", "admitted", "running", "failed"]);
