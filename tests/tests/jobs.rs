@@ -624,6 +624,8 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
     // Trained to its end (no held-out set: the gates check nothing and publish it).
     assert_eq!((done["state"].as_str(), done["step"].as_u64()), (Some("published"), Some(3)), "{done}");
     assert_eq!(done["crashes"], 0, "an out-of-memory is no crash: {done}");
+    // Its status shows the larger request.
+    assert_eq!((done["memory_gb"].as_f64(), done["resident_gb"].as_f64()), (Some(1.8), Some(0.9)), "{done}");
     assert!(done["result"]["peak_memory_bytes"].as_u64() > Some(cap_bytes(1.2)), "{done}");
     let events = state_events(&daemon, &grows);
     let requeue = events
@@ -642,7 +644,7 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
 
     let failed = wait_job(&daemon, &small, Duration::from_secs(180), ended);
     assert_eq!(failed["state"], "failed", "{failed}");
-    assert_eq!(failed["crashes"], 0, "{failed}");
+    assert_eq!((failed["crashes"].as_u64(), failed["memory_gb"].as_f64()), (Some(0), Some(1.2)), "{failed}");
     let reason = failed["reason"].as_str().unwrap();
     println!("too-small: {reason}");
     assert!(
