@@ -1,14 +1,16 @@
-//! Compiles `csrc/onednn_linear.cpp` (the oneDNN linear layer, see `src/onednn.rs`) and
-//! `csrc/cuda_settings.cpp` (TF32 and deterministic algorithms, see `src/cuda_settings.rs`)
-//! against the libtorch that torch-sys links: its headers sit next to its library directory, which
-//! torch-sys publishes to crates depending on it directly (`links = "tch"` →
-//! `DEP_TCH_LIBTORCH_LIB`). The C++ ABI flag must match libtorch's: torch 2.11's builds use the
+//! Compiles `csrc/onednn_linear.cpp` (the oneDNN linear layer, see `src/onednn.rs`),
+//! `csrc/cuda_settings.cpp` (TF32 and deterministic algorithms, see `src/cuda_settings.rs`) and
+//! `csrc/cuda_memory.cpp` (the CUDA caching allocator's cache and statistics, see
+//! `src/cuda_memory.rs`) against the libtorch that torch-sys links: its headers sit next to its
+//! library directory, which torch-sys publishes to crates depending on it directly
+//! (`links = "tch"` → `DEP_TCH_LIBTORCH_LIB`). The C++ ABI flag must match libtorch's: torch 2.11's builds use the
 //! C++11 ABI; `LIBTORCH_CXX11_ABI=0` (torch-sys's own variable) says otherwise.
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/onednn_linear.cpp");
     println!("cargo:rerun-if-changed=csrc/cuda_settings.cpp");
+    println!("cargo:rerun-if-changed=csrc/cuda_memory.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let lib = PathBuf::from(
@@ -22,6 +24,7 @@ fn main() {
         .cpp(true)
         .file("csrc/onednn_linear.cpp")
         .file("csrc/cuda_settings.cpp")
+        .file("csrc/cuda_memory.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

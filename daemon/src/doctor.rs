@@ -150,13 +150,16 @@ impl Doctor {
     }
 }
 
-/// `rlvr-worker doctor`'s answer, asked as a job on every device of `inventory` would be.
+/// `rlvr-worker doctor`'s answer, asked as a job on every device of `inventory` would be (a job
+/// taking the whole devices: no allocator cap).
 fn ask_worker(worker: &Path, inventory: &Inventory) -> Result<TorchRuntime, String> {
     let mut command = Command::new(worker);
     command.arg("doctor");
-    command
-        .env_clear()
-        .envs(crate::jobs::supervise::worker_environment(std::env::vars_os(), &inventory.devices));
+    command.env_clear().envs(crate::jobs::supervise::worker_environment(
+        std::env::vars_os(),
+        &inventory.devices,
+        0.0,
+    ));
     let output = rlvr_plugin_host::child::run(command, WORKER_DOCTOR_TIMEOUT)
         .map_err(|error| format!("{} doctor: {error}", worker.display()))?;
     output

@@ -9,6 +9,7 @@
 pub mod builtin;
 pub mod chat;
 pub mod config;
+pub mod cuda_memory;
 pub mod cuda_settings;
 pub mod error;
 pub mod logprobs;

@@ -22,6 +22,14 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase.
+    pub const ALL: [Phase; 3] = [Phase::Rollout, Phase::Update, Phase::Eval];
+
+    /// The phase of a name [`Phase::as_str`] gives.
+    pub fn from_name(name: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|phase| phase.as_str() == name)
+    }
+
     /// The phase's name on the wire and in logs.
     pub fn as_str(self) -> &'static str {
         match self {

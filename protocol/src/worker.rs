@@ -5,7 +5,8 @@
 //! - its arguments: [`WorkerArgs`] (the daemon writes them with [`WorkerArgs::command_line`],
 //!   the worker parses them with clap);
 //! - the job's spec: `spec.json` in the job directory ([`crate::spec::JobSpec`]);
-//! - its exit status: [`WorkerExit`];
+//! - its exit status: [`WorkerExit`], and for [`WorkerExit::OutOfMemory`] its last stderr line,
+//!   an [`OutOfMemory`] report;
 //! - its outcome, one JSON line on stdout when it finishes: [`Outcome`], with the gates'
 //!   evaluation ([`GateEvaluation`]) that the daemon judges;
 //! - its training log, `metrics.jsonl`: one [`MetricsLine`] per step and held-out evaluation;
@@ -85,6 +86,13 @@ pub struct WorkerArgs {
     /// secrets and no restriction on outbound requests, as for a run by hand.
     #[cfg_attr(feature = "cli", arg(long))]
     pub host_context_stdin: bool,
+    /// The memory the job may use on its device, in bytes (the daemon passes its
+    /// `[resources] memory_gb`, or the device's memory for a whole device). On a CPU the worker
+    /// ends itself with exit 71 (out of memory) once its resident size passes it; on CUDA the
+    /// daemon caps libtorch's allocator (`PYTORCH_CUDA_ALLOC_CONF`) and this names the cap in
+    /// the report. Without it: no cap.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "BYTES"))]
+    pub memory_cap: Option<u64>,
 }
 
 impl WorkerArgs {
@@ -133,6 +141,9 @@ impl WorkerArgs {
         }
         if let Some(version) = self.curriculum_version {
             flag("curriculum-version", version.to_string().into());
+        }
+        if let Some(bytes) = self.memory_cap {
+            flag("memory-cap", bytes.to_string().into());
         }
         if self.resume {
             args.push("--resume".into());
@@ -187,19 +198,37 @@ pub enum WorkerExit {
     /// Stopped on request (SIGTERM: the daemon is stopping, or preempted the job) after
     /// checkpointing at a step boundary: the job resumes later.
     Interrupted,
+    /// The job needed more memory than it may use on its device: its resident size passed
+    /// `--memory-cap` (CPU), or libtorch could not allocate (CUDA past the daemon's allocator
+    /// cap, or any allocation libtorch reports failed). The last stderr line is an
+    /// [`OutOfMemory`] report. Not a crash: the daemon asks for more memory once, or fails the
+    /// job naming the numbers.
+    OutOfMemory,
 }
 
 impl WorkerExit {
     /// Every exit.
-    pub const ALL: [WorkerExit; 4] =
-        [WorkerExit::Finished, WorkerExit::JobError, WorkerExit::Transient, WorkerExit::Interrupted];
+    pub const ALL: [WorkerExit; 5] = [
+        WorkerExit::Finished,
+        WorkerExit::JobError,
+        WorkerExit::Transient,
+        WorkerExit::Interrupted,
+        WorkerExit::OutOfMemory,
+    ];
 
     /// The process exit status (70 is sysexits' EX_SOFTWARE, 75 its EX_TEMPFAIL).
+    ///
+    /// Out of memory is 71, sysexits' EX_OSERR ("an operating system error … such as the
+    /// inability to fork"): the nearest of its kinds to a resource running out. Nothing else that
+    /// can end a worker gives 71: not the worker's other exits, not clap (2 for bad arguments),
+    /// Rust's runtime (101 for an uncaught panic), the dynamic loader (127) or a signal (128 + n
+    /// in a shell, a signal status otherwise); libtorch's own aborts are SIGABRT.
     pub fn code(self) -> u8 {
         match self {
             WorkerExit::Finished => 0,
             WorkerExit::JobError => 2,
             WorkerExit::Transient => 70,
+            WorkerExit::OutOfMemory => 71,
             WorkerExit::Interrupted => 75,
         }
     }
@@ -208,6 +237,74 @@ impl WorkerExit {
     pub fn from_code(code: i32) -> Option<WorkerExit> {
         WorkerExit::ALL.into_iter().find(|exit| i32::from(exit.code()) == code)
     }
+}
+
+/// Bytes in one GB of the spec's `[resources] memory_gb` and the daemon's inventory (a GiB).
+pub const BYTES_PER_GB: f64 = (1u64 << 30) as f64;
+
+/// What a worker that ran out of memory reports: its last stderr line (after `rlvr-worker: `)
+/// when it exits [`WorkerExit::OutOfMemory`], written with `Display` and read back with
+/// [`OutOfMemory::from_line`]:
+///
+/// ```text
+/// out of memory on cpu in the update phase: peak 1.02 GB (1095761920 bytes), cap 1.00 GB (1073741824 bytes)
+/// out of memory on cuda:0 before its first device phase: peak 0.31 GB (332800000 bytes), cap none
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// The device as the worker names it (`cpu`, `cuda:0`: its own view, under the daemon's
+    /// `CUDA_VISIBLE_DEVICES`).
+    pub device: String,
+    /// The device phase it was in, or the last one it began (verifying on the CPU after a
+    /// rollout counts to the rollout); `None` before its first (loading plugins, data and
+    /// models).
+    pub phase: Option<crate::grants::Phase>,
+    /// The most it held: its resident size on a CPU (sampled every 50 ms), libtorch's
+    /// allocator's peak on CUDA (`torch.cuda.max_memory_allocated`; the CUDA context is outside).
+    pub peak_bytes: u64,
+    /// `--memory-cap`; `None` when it ran without one.
+    pub cap_bytes: Option<u64>,
+}
+
+impl OutOfMemory {
+    /// Reads a report back from the line `Display` wrote (with or without `rlvr-worker: `).
+    pub fn from_line(line: &str) -> Option<OutOfMemory> {
+        let line = line.trim();
+        let line = line.strip_prefix("rlvr-worker: ").unwrap_or(line);
+        let rest = line.strip_prefix("out of memory on ")?;
+        let (device, rest) = rest.split_once(' ')?;
+        let (phase, rest) = match rest.strip_prefix("before its first device phase: ") {
+            Some(rest) => (None, rest),
+            None => {
+                let (name, rest) = rest.strip_prefix("in the ")?.split_once(" phase: ")?;
+                (Some(crate::grants::Phase::from_name(name)?), rest)
+            }
+        };
+        let (peak, cap) = rest.strip_prefix("peak ")?.split_once(", cap ")?;
+        let cap_bytes = if cap == "none" { None } else { Some(bytes_in(cap)?) };
+        Some(OutOfMemory { device: device.to_owned(), phase, peak_bytes: bytes_in(peak)?, cap_bytes })
+    }
+
+    /// Where it ran out, in words: `in the update phase`, `before its first device phase`.
+    pub fn when(&self) -> String {
+        match self.phase {
+            Some(phase) => format!("in the {phase} phase"),
+            None => "before its first device phase".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gb = |bytes: u64| format!("{:.2} GB ({bytes} bytes)", bytes as f64 / BYTES_PER_GB);
+        let cap = self.cap_bytes.map_or_else(|| "none".to_owned(), gb);
+        write!(f, "out of memory on {} {}: peak {}, cap {cap}", self.device, self.when(), gb(self.peak_bytes))
+    }
+}
+
+/// The byte count of `1.02 GB (1095761920 bytes)`.
+fn bytes_in(text: &str) -> Option<u64> {
+    text.split_once(" (")?.1.strip_suffix(" bytes)")?.parse().ok()
 }
 
 /// How a run ended: the worker's one stdout line when it exits [`WorkerExit::Finished`] or
@@ -237,6 +334,10 @@ pub struct Outcome {
     pub plugins: Vec<PluginUse>,
     /// SHA-256 of each data file, by name (`train`, `heldout`, `canaries`).
     pub data_sha256: BTreeMap<String, String>,
+    /// The most memory this run held on its device (as [`OutOfMemory::peak_bytes`] counts it):
+    /// what `[resources] memory_gb` must cover. `None` when it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
 }
 
 /// A plugin a run used: what the manifest records.
@@ -597,6 +698,57 @@ mod tests {
         assert_eq!(WorkerExit::from_code(1), None);
     }
 
+    /// The out-of-memory line reads back as the report it was written from, in every shape.
+    #[test]
+    fn an_out_of_memory_report_reads_back_from_its_line() {
+        use crate::grants::Phase;
+        let reports = [
+            OutOfMemory {
+                device: "cpu".into(),
+                phase: Some(Phase::Update),
+                peak_bytes: 1_095_761_920,
+                cap_bytes: Some(1 << 30),
+            },
+            OutOfMemory { device: "cuda:0".into(), phase: None, peak_bytes: 332_800_000, cap_bytes: None },
+            OutOfMemory {
+                device: "cpu".into(),
+                phase: Some(Phase::Rollout),
+                peak_bytes: 0,
+                cap_bytes: Some(0),
+            },
+            OutOfMemory {
+                device: "cuda:1".into(),
+                phase: Some(Phase::Eval),
+                peak_bytes: u64::MAX,
+                cap_bytes: None,
+            },
+        ];
+        for report in reports {
+            let line = report.to_string();
+            assert_eq!(OutOfMemory::from_line(&line), Some(report.clone()), "{line}");
+            assert_eq!(OutOfMemory::from_line(&format!("rlvr-worker: {line}\n")), Some(report), "{line}");
+        }
+        assert_eq!(
+            OutOfMemory {
+                device: "cpu".into(),
+                phase: Some(Phase::Update),
+                peak_bytes: 1_095_761_920,
+                cap_bytes: Some(1 << 30)
+            }
+            .to_string(),
+            "out of memory on cpu in the update phase: peak 1.02 GB (1095761920 bytes), cap 1.00 GB (1073741824 bytes)"
+        );
+        for other in [
+            "",
+            "internal error (a panic, reported above); the last checkpoint is intact",
+            "out of memory on cpu in the warmup phase: peak 1.00 GB (1 bytes), cap none",
+            "out of memory on cpu in the update phase: peak 1.00 GB (x bytes), cap none",
+            "out of memory on cpu in the update phase: peak 1.00 GB (1 bytes)",
+        ] {
+            assert_eq!(OutOfMemory::from_line(other), None, "{other}");
+        }
+    }
+
     /// Every file and stdout message of the worker, fully populated, written as the worker
     /// writes it and read back as the daemon reads it: nothing is lost or renamed on the way.
     #[test]
@@ -644,6 +796,7 @@ mod tests {
             }),
             plugins: vec![PluginUse { id: "grpo@0.1.0".into(), sha256: "cd".repeat(32) }],
             data_sha256: [("train".to_owned(), "ef".repeat(32))].into(),
+            peak_memory_bytes: Some(1_095_761_920),
         });
         check(MetricsLine {
             step: 3,

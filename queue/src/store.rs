@@ -7,7 +7,8 @@
 //! or a daemon and a cancel, racing on one job cannot both win.
 //!
 //! Keys (all under `rlvr:`):
-//! - `job:{id}` hash — the record (fields below, `F_*`);
+//! - `job:{id}` hash — the record (fields below, `F_*`); its `spec` is the submitted one, but for
+//!   `[resources]` grown by a requeue after an out-of-memory;
 //! - `events:{id}` stream — one entry per change of state: `state`, `reason`, `step`, `at` (ms);
 //! - `jobs` and `team:{team}:jobs` sorted sets — ids by creation time (ms);
 //! - `idem:{team}:{key}` string with a TTL — the job id a submit with that `Idempotency-Key` made;
@@ -42,6 +43,7 @@ const F_HELDOUT: &str = "heldout";
 const F_RESULT: &str = "result";
 const F_DEVICES: &str = "devices";
 const F_PREEMPTIONS: &str = "preemptions";
+const F_MEMORY_REQUEUES: &str = "memory_requeues";
 
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -210,7 +212,8 @@ return {1, ARGV[1]}
         view_from_fields(id, &fields)
     }
 
-    /// The job's spec as submitted.
+    /// The job's spec as submitted, with `[resources]` as a requeue after an out-of-memory grew
+    /// them ([`JobStore::memory_requeue_fields`]).
     pub async fn spec(&self, id: &str) -> Result<JobSpec, StoreError> {
         let text: Option<String> = self.conn.clone().hget(job_key(id), F_SPEC).await?;
         let text = text.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
@@ -413,6 +416,36 @@ return 1
     /// Counts one more preemption of the job; the new count.
     pub async fn count_preemption(&self, id: &str) -> Result<u32, StoreError> {
         Ok(self.conn.clone().hincr(job_key(id), F_PREEMPTIONS, 1).await?)
+    }
+
+    /// How often the job was requeued with a larger memory request after running out of memory.
+    pub async fn memory_requeues(&self, id: &str) -> Result<u32, StoreError> {
+        let count: Option<String> = self.conn.clone().hget(job_key(id), F_MEMORY_REQUEUES).await?;
+        match count {
+            None => Ok(0),
+            Some(text) => text.parse().map_err(|_| StoreError::Corrupt {
+                id: id.to_owned(),
+                field: F_MEMORY_REQUEUES,
+                message: format!("expected a whole number, got {text:?}"),
+            }),
+        }
+    }
+
+    /// The record fields of a requeue with a larger memory request, for the `extra` of the
+    /// [`JobStore::transition`] that requeues the job, so the change of state, the new spec and
+    /// the count are written at once: the spec (`[resources]` grown; what the scheduler admits by
+    /// from then on, across daemon restarts) and the count of such requeues, now `requeues`.
+    pub fn memory_requeue_fields(
+        id: &str,
+        spec: &JobSpec,
+        requeues: u32,
+    ) -> Result<[(&'static str, String); 2], StoreError> {
+        let spec_json = serde_json::to_string(spec).map_err(|error| StoreError::Corrupt {
+            id: id.to_owned(),
+            field: F_SPEC,
+            message: error.to_string(),
+        })?;
+        Ok([(F_SPEC, spec_json), (F_MEMORY_REQUEUES, requeues.to_string())])
     }
 
     /// Puts the job on the dead-letter set (its state is set by the caller: `failed`).

@@ -9,12 +9,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rlvr_tests::jobs::{
-    WorkerWatch, api, client, ended, get, job, states, submit, submit_ok, uninterrupted_weights, wait_job,
-    workers_of,
+    WorkerWatch, api, client, ended, get, job, state_events, states, submit, submit_ok,
+    uninterrupted_weights, wait_job, worker_pids, workers_of,
 };
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
-    plugin_lib, wait_until,
+    long_sft_spec, plugin_lib, wait_until,
 };
 use serde_json::Value;
 
@@ -574,4 +574,141 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     for id in &queued {
         assert_eq!(wait_job(&daemon, id, Duration::from_secs(120), ended)["state"], "published", "{id}");
     }
+}
+
+/// The `--memory-cap` of each worker running job `id` now, in bytes.
+fn memory_caps(id: &str) -> Vec<u64> {
+    worker_pids(id)
+        .into_iter()
+        .filter_map(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<String> =
+                cmdline.split(|b| *b == 0).map(|arg| String::from_utf8_lossy(arg).into_owned()).collect();
+            let at = args.iter().position(|arg| arg == "--memory-cap")?;
+            args.get(at + 1)?.parse().ok()
+        })
+        .collect()
+}
+
+/// `gb` as the worker's `--memory-cap`.
+fn cap_bytes(gb: f64) -> u64 {
+    (gb * (1u64 << 30) as f64).round() as u64
+}
+
+/// A job that asks for less memory than it uses ends `OutOfMemory` on its CPU slot; it is
+/// requeued once, not as a crash, with a larger request (1.5 ×, to the tenth of a GB, its
+/// resident part too) that its events name, that the next worker's cap is, and that a daemon restart keeps (the record's
+/// spec); then it either fits and trains to its end, or runs out again and fails naming the
+/// request, the peak, the cap and the phase. Long-completion SFT jobs (`long_sft_spec`): 0.4 GB
+/// loaded, 1.3–1.45 GB through their updates.
+#[test]
+fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails_naming_the_numbers() {
+    let redis = Redis::start();
+    let config = QUEUE.to_owned() + "[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n";
+    let mut daemon = Daemon::start_with(&["rlvr-optimizer-sft"], &redis.url(), &config);
+    let dir = tempfile::tempdir().unwrap();
+    let resources = |gb: f64| format!("[resources]\nmemory_gb = {gb}\n");
+    // 0.8 GB: out in its first update; 1.2 GB: out again, by its first update's end.
+    let small = submit_ok(&daemon, &long_sft_spec(dir.path(), "too-small", 3, false, &resources(0.8)));
+    // 1.2 GB: out by its first update's end, as the other's second run; 1.8 GB fits (1.5 GB
+    // measured, resumed from a checkpoint). Its resident part grows with it.
+    let grows_resources = resources(1.2) + "resident_gb = 0.6\n";
+    let grows = submit_ok(&daemon, &long_sft_spec(dir.path(), "grows", 3, false, &grows_resources));
+
+    // Its second worker runs with the larger cap; a daemon stopped and started meanwhile keeps it.
+    let larger = cap_bytes(1.8);
+    let second = wait_until(Duration::from_secs(120), || memory_caps(&grows).contains(&larger));
+    assert!(
+        second,
+        "no worker of {grows} with --memory-cap {larger}: {}\n{}",
+        job(&daemon, &grows),
+        daemon.log()
+    );
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.log());
+    daemon.restart();
+    let caps = std::cell::RefCell::new(BTreeSet::new());
+    let done = wait_job(&daemon, &grows, Duration::from_secs(180), |job| {
+        caps.borrow_mut().extend(memory_caps(&grows));
+        ended(job)
+    });
+    assert_eq!(caps.into_inner(), BTreeSet::from([larger]), "the caps after the restart");
+    // Trained to its end (no held-out set: the gates check nothing and publish it).
+    assert_eq!((done["state"].as_str(), done["step"].as_u64()), (Some("published"), Some(3)), "{done}");
+    assert_eq!(done["crashes"], 0, "an out-of-memory is no crash: {done}");
+    // Its status shows the larger request.
+    assert_eq!((done["memory_gb"].as_f64(), done["resident_gb"].as_f64()), (Some(1.8), Some(0.9)), "{done}");
+    assert!(done["result"]["peak_memory_bytes"].as_u64() > Some(cap_bytes(1.2)), "{done}");
+    let events = state_events(&daemon, &grows);
+    let requeue = events
+        .iter()
+        .find(|event| event["reason"].as_str().unwrap_or_default().starts_with("requeued after running out"))
+        .unwrap_or_else(|| panic!("no out-of-memory requeue: {events:#?}"));
+    let reason = requeue["reason"].as_str().unwrap();
+    println!("grows: {reason}");
+    assert!(
+        reason.contains(" in the update phase (peak 1.")
+            && reason.contains(", cap 1.2")
+            && reason.ends_with(" GB): resources.memory_gb 1.2 → 1.8 GB, resident_gb 0.6 → 0.9 GB"),
+        "{reason}"
+    );
+    assert_eq!(requeue["state"], "queued");
+
+    let failed = wait_job(&daemon, &small, Duration::from_secs(180), ended);
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!((failed["crashes"].as_u64(), failed["memory_gb"].as_f64()), (Some(0), Some(1.2)), "{failed}");
+    let reason = failed["reason"].as_str().unwrap();
+    println!("too-small: {reason}");
+    assert!(
+        reason.starts_with("out of memory again on cpu:")
+            && reason.contains(" in the update phase (peak 1.")
+            && reason.contains(", cap 1.2")
+            && reason.contains(" GB), with resources.memory_gb 1.2 GB, raised once already"),
+        "{reason}"
+    );
+    let events = state_events(&daemon, &small);
+    let shown: Vec<(&str, &str)> = events
+        .iter()
+        .map(|event| (event["state"].as_str().unwrap(), event["reason"].as_str().unwrap()))
+        .collect();
+    let requeues: Vec<&str> = shown
+        .iter()
+        .filter(|(_, reason)| reason.starts_with("requeued after running out of memory"))
+        .map(|(_, reason)| *reason)
+        .collect();
+    assert_eq!(requeues.len(), 1, "{shown:#?}");
+    assert!(
+        requeues[0].contains(" in the update phase (peak 0.8")
+            && requeues[0].contains(", cap 0.8")
+            && requeues[0].ends_with(" GB): resources.memory_gb 0.8 → 1.2 GB"),
+        "{}",
+        requeues[0]
+    );
+    assert_eq!(shown.last().map(|(state, _)| *state), Some("failed"), "{shown:#?}");
+}
+
+/// A job out of memory whose larger request would fit no device of this daemon fails at once,
+/// naming the request, the peak, the cap, the phase and the devices there are.
+#[test]
+fn a_job_out_of_memory_whose_larger_request_fits_nowhere_fails_at_once() {
+    let redis = Redis::start();
+    let config = QUEUE.to_owned() + "[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 0.8\n";
+    let daemon = Daemon::start_with(&["rlvr-optimizer-sft"], &redis.url(), &config);
+    let dir = tempfile::tempdir().unwrap();
+    let id =
+        submit_ok(&daemon, &long_sft_spec(dir.path(), "slot", 2, false, "[resources]\nmemory_gb = 0.8\n"));
+    let failed = wait_job(&daemon, &id, Duration::from_secs(120), ended);
+    assert_eq!((failed["state"].as_str(), failed["crashes"].as_u64()), (Some("failed"), Some(0)), "{failed}");
+    let reason = failed["reason"].as_str().unwrap();
+    println!("slot: {reason}");
+    assert!(
+        reason.starts_with("out of memory on cpu:0 in the update phase (peak 0.")
+            && reason.contains(", cap 0.8")
+            && reason.contains(
+                " GB), with resources.memory_gb 0.8 GB; the larger request of 1.2 GB fits no device here: "
+            )
+            && reason.contains("(cpu:0 0.8 GB)"),
+        "{reason}"
+    );
+    assert_eq!(states(&daemon, &id), ["queued", "admitted", "running", "failed"]);
 }

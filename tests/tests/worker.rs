@@ -8,8 +8,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use rlvr_tests::{
-    arith_data, arith_grpo_spec, drop_in, plugin_lib, run_measuring_peak, wait_until, worker_command,
-    worker_plugins,
+    arith_data, arith_grpo_spec, drop_in, long_sft_spec, plugin_lib, run_measuring_peak, wait_until,
+    worker_command, worker_plugins,
 };
 use serde_json::Value;
 
@@ -1190,30 +1190,22 @@ fn lora_trains_with_every_optimizer_plugin_and_ppo_trains_its_value_head_fully()
     }
 }
 
+/// `long_sft_spec` as a file.
+fn long_sft_file(dir: &Path, steps: u32, checkpointing: bool) -> PathBuf {
+    let path = dir.join(format!("long-{steps}-{checkpointing}.toml"));
+    fs::write(&path, long_sft_spec(dir, "long", steps, checkpointing, "")).unwrap();
+    path
+}
+
 #[test]
 fn activation_checkpointing_lowers_a_long_sft_steps_peak_memory() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = worker_plugins(dir.path());
-    let data = dir.path().join("long.jsonl");
-    let lines: Vec<String> = (0..32)
-        .map(|i| format!(r#"{{"prompt": "{i}:", "completion": "{}"}}"#, "0123456789+-=".repeat(30)))
-        .collect();
-    fs::write(&data, lines.join("\n") + "\n").unwrap();
-    let spec = |checkpointing: bool| {
-        let text = format!(
-            "[job]\nname = \"long\"\nteam = \"tests\"\nmodel_line = \"tiny\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
-             activation_checkpointing = {checkpointing}\n[data]\ntrain = \"{}\"\n[optimizer]\nplugin = \"sft\"\n\
-             micro_batch_size = 32\n[rollout]\nprompts_per_step = 32\n[budget]\nmax_steps = 1\n",
-            data.display()
-        );
-        let path = dir.path().join(format!("long-{checkpointing}.toml"));
-        fs::write(&path, text).unwrap();
-        path
-    };
     let measured = |checkpointing: bool, name: &str| {
         let state = dir.path().join(name);
+        let spec = long_sft_file(dir.path(), 1, checkpointing);
         let (output, peak_kib) =
-            run_measuring_peak(&mut worker_command(&spec(checkpointing), &state, &plugins, &[]), dir.path());
+            run_measuring_peak(&mut worker_command(&spec, &state, &plugins, &[]), dir.path());
         outcome(&output);
         peak_kib
     };
@@ -1233,4 +1225,64 @@ fn activation_checkpointing_lowers_a_long_sft_steps_peak_memory() {
     let loss = |state: &Path| metrics_without_time(state).last().unwrap()["loss"].as_f64().unwrap();
     let (a, b) = (loss(&dir.path().join("ckpt")), loss(&dir.path().join("plain")));
     assert!((a - b).abs() <= 1e-5 * b.abs(), "losses {a} and {b}");
+}
+
+/// The worker's out-of-memory line, read back as the protocol's type.
+fn out_of_memory_report(output: &Output) -> rlvr_protocol::worker::OutOfMemory {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    rlvr_protocol::worker::OutOfMemory::from_line(last)
+        .unwrap_or_else(|| panic!("the last line is not an out-of-memory report: {last}\n{stderr}"))
+}
+
+/// A CPU worker past its `--memory-cap` ends at once with `OutOfMemory` (71), its last line
+/// naming the device, the phase, the peak and the cap: before its first device phase when the cap
+/// is below what libtorch itself takes, in the update phase when it lies between the loaded job
+/// and its first update's peak. The run it leaves resumes without the cap to the end: nothing
+/// was left half-written. (What the daemon does with the line is `jobs.rs`'s.)
+#[test]
+fn a_worker_past_its_memory_cap_exits_out_of_memory_naming_the_numbers() {
+    use rlvr_protocol::grants::Phase;
+    use rlvr_protocol::worker::WorkerExit;
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+    let spec = long_sft_file(dir.path(), 2, false);
+    let exit_code = Some(i32::from(WorkerExit::OutOfMemory.code()));
+
+    let tiny = 50_000_000u64;
+    let output = run(&mut worker_command(
+        &spec,
+        &dir.path().join("tiny"),
+        &plugins,
+        &["--memory-cap", &tiny.to_string()],
+    ));
+    assert_eq!(output.status.code(), exit_code, "{}", String::from_utf8_lossy(&output.stderr));
+    let report = out_of_memory_report(&output);
+    assert_eq!(
+        (report.device.as_str(), report.phase, report.cap_bytes),
+        ("cpu", None, Some(tiny)),
+        "{report}"
+    );
+    assert!(report.peak_bytes > tiny, "{report}");
+
+    // 0.8 GB: above the loaded job (~0.4 GB), below its first update's peak.
+    let cap = 800u64 << 20;
+    let state = dir.path().join("update");
+    let output = run(&mut worker_command(&spec, &state, &plugins, &["--memory-cap", &cap.to_string()]));
+    assert_eq!(output.status.code(), exit_code, "{}", String::from_utf8_lossy(&output.stderr));
+    let report = out_of_memory_report(&output);
+    assert_eq!(
+        (report.device.as_str(), report.phase, report.cap_bytes),
+        ("cpu", Some(Phase::Update), Some(cap))
+    );
+    // Sampled every 50 ms: past the cap by what one interval allocates, at most.
+    assert!(report.peak_bytes > cap && report.peak_bytes < cap + (400 << 20), "{report}");
+    assert!(report.to_string().starts_with("out of memory on cpu in the update phase: peak 0."), "{report}");
+
+    let resumed = outcome(&run(&mut worker_command(&spec, &state, &plugins, &["--resume"])));
+    assert_eq!(resumed["steps"], 2, "{resumed}");
+    // The run reports its peak: past the cap it was stopped at.
+    let peak = resumed["peak_memory_bytes"].as_u64().expect("the run's peak");
+    assert!(peak > cap, "peak {peak} bytes");
 }

@@ -239,6 +239,7 @@ impl Loop<'_> {
             evaluation: None,
             plugins: Vec::new(),
             data_sha256: Default::default(),
+            peak_memory_bytes: None,
         })
     }
 

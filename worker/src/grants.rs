@@ -105,6 +105,8 @@ impl Grants {
     }
 
     fn acquire(&self, phase: Phase, stoppable: bool) -> Result<Option<Grant>, GrantError> {
+        // An out-of-memory from here on is this phase's.
+        crate::memory::enter(phase);
         let Some(shared) = &self.connection else { return Ok(Some(Grant { connection: None })) };
         let mut connection = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         connection.send(&Request::Acquire(phase))?;
@@ -138,14 +140,21 @@ impl Grants {
 }
 
 impl Grant {
-    /// Gives the devices back once the work queued on `device` has run. CUDA kernels run after
-    /// the calls that launch them return: a grant given back with kernels still queued would let
-    /// the next phase (another job's) start on a device still busy with this one's, and its
-    /// timings and memory would carry this phase's tail. (Not in `drop`: a grant dropped while
-    /// an error unwinds must not wait on, or fail in, a CUDA call.)
+    /// Gives the devices back once the work queued on `device` has run, and with them the
+    /// memory libtorch cached there. CUDA kernels run after the calls that launch them return:
+    /// a grant given back with kernels still queued would let the next phase (another job's)
+    /// start on a device still busy with this one's, and its timings and memory would carry
+    /// this phase's tail. The cache goes back too (`torch.cuda.empty_cache()`): the blocks this
+    /// phase freed would otherwise stay reserved for this process while the next job's phase
+    /// runs out of room. Only a daemon's grant: a run by hand shares its device with no one, and
+    /// keeps its cache. (Not in `drop`: a grant dropped while an error unwinds must not wait on,
+    /// or fail in, a CUDA call; the process ends then, and its memory with it.)
     pub fn release(self, device: tch::Device) {
         if let tch::Device::Cuda(index) = device {
             tch::Cuda::synchronize(index as i64);
+            if self.connection.is_some() {
+                crate::memory::release(device);
+            }
         }
     }
 }

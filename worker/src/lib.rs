@@ -15,6 +15,7 @@
 //!   [`reward`] the weighted verifier reward, [`optim`] AdamW and the schedule.
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
 //! - [`grants`]: the daemon's device grants, asked for before each device phase.
+//! - [`memory`]: the memory cap (`--memory-cap`), the run's peak, out-of-memory reports.
 //! - [`lifecycle`]: stop requests, dying with the daemon, the run's lock.
 //! - [`host`]: the plugins' host context, read from stdin (`--host-context-stdin`).
 
@@ -24,6 +25,7 @@ pub mod eval;
 pub mod grants;
 pub mod host;
 pub mod lifecycle;
+pub mod memory;
 pub mod models;
 pub mod optim;
 pub mod plugins;
@@ -83,6 +85,8 @@ pub struct WorkerOptions {
     /// daemon's line on stdin (`--host-context-stdin`); a run by hand gets
     /// [`HostContext::unrestricted`] (no secrets, no outbound restriction).
     pub host: HostContext,
+    /// The memory the job may use on its device, in bytes (`--memory-cap`); `None`: no cap.
+    pub memory_cap: Option<u64>,
 }
 
 impl WorkerOptions {
@@ -107,6 +111,7 @@ impl WorkerOptions {
             baseline: args.baseline.zip(args.baseline_version),
             curriculum_version: args.curricula_dir.zip(args.curriculum_version),
             host: host.unwrap_or_else(HostContext::unrestricted),
+            memory_cap: args.memory_cap,
         })
     }
 }
@@ -157,6 +162,9 @@ pub enum WorkerError {
     /// start when its GPUs are out of its worker's reach, so this is a host that changed.
     #[error("--device: {0}")]
     Device(String),
+    /// The memory watchdog could not start: the host's fault (the worker exits 70).
+    #[error("--memory-cap: {0}")]
+    MemoryWatch(String),
 }
 
 impl WorkerError {
@@ -164,9 +172,10 @@ impl WorkerError {
     /// requeues it); everything else is.
     pub fn exit(&self) -> WorkerExit {
         match self {
-            WorkerError::Grants(_) | WorkerError::HostContext(_) | WorkerError::Device(_) => {
-                WorkerExit::Transient
-            }
+            WorkerError::Grants(_)
+            | WorkerError::HostContext(_)
+            | WorkerError::Device(_)
+            | WorkerError::MemoryWatch(_) => WorkerExit::Transient,
             _ => WorkerExit::JobError,
         }
     }
@@ -234,6 +243,9 @@ pub struct Job {
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
 pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
+    let device = options.device.unwrap_or_else(Device::cuda_if_available);
+    // First: loading the plugins, the data and the models counts against the cap too.
+    memory::watch(device, options.memory_cap).map_err(|error| WorkerError::MemoryWatch(error.to_string()))?;
     // Held until the process ends: no second worker runs this directory meanwhile.
     let _lock = lifecycle::lock_run(&options.state_dir, RUN_LOCK_WAIT).map_err(|error| {
         WorkerError::State { path: options.state_dir.clone(), message: error.to_string() }
@@ -258,7 +270,6 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         // The fit rules refused a curriculum on offline data already.
         _ => None,
     };
-    let device = options.device.unwrap_or_else(Device::cuda_if_available);
     let torch = runtime::report();
     runtime::check_device(device, &torch)?;
     let platform = runtime::platform(device, &torch);
@@ -328,6 +339,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         );
         outcome.evaluation = Some(evaluation);
     }
+    outcome.peak_memory_bytes = memory::peak_bytes();
     Ok(outcome)
 }
 

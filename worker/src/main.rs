@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use rlvr_protocol::worker::{WorkerArgs, WorkerExit};
 use rlvr_startup::logging::{self, LogFormat};
 use rlvr_worker::host::read_host_context;
-use rlvr_worker::{Outcome, WorkerError, WorkerOptions, lifecycle};
+use rlvr_worker::{Outcome, WorkerError, WorkerOptions, lifecycle, memory};
 
 /// The rlvr worker: trains one job end to end (rollout, verification, updates, checkpoints).
 #[derive(Parser)]
@@ -125,31 +125,42 @@ fn run(args: WorkerArgs) -> WorkerExit {
         }
         Ok(Err(error)) => {
             eprintln!("rlvr-worker: {error}");
-            error.exit()
+            match memory::out_of_memory(&error.to_string()) {
+                // libtorch could not allocate: the job needs more memory than it has.
+                Some(report) => {
+                    eprintln!("rlvr-worker: {report}");
+                    WorkerExit::OutOfMemory
+                }
+                None => error.exit(),
+            }
         }
-        Err(payload) => match determinism_refusal(&payload) {
-            // The job's choice, not our bug: a retry would meet the same operation.
-            Some(message) => {
+        Err(payload) => {
+            if let Some(message) = determinism_refusal(&payload) {
+                // The job's choice, not our bug: a retry would meet the same operation.
                 eprintln!("rlvr-worker: {message}");
-                WorkerExit::JobError
+                return WorkerExit::JobError;
             }
-            None => {
-                eprintln!(
-                    "rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact"
-                );
-                WorkerExit::Transient
+            if let Some(report) = panic_text(&payload).and_then(memory::out_of_memory) {
+                // tch's unchecked calls panic with libtorch's error: an allocation failure is
+                // the job's size, not our bug.
+                eprintln!("rlvr-worker: {report}");
+                return WorkerExit::OutOfMemory;
             }
-        },
+            eprintln!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
+            WorkerExit::Transient
+        }
     }
+}
+
+/// A panic's message, when it carries one.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied())
 }
 
 /// The line for a panic that is libtorch refusing an operation without a deterministic kernel,
 /// which `[checkpoint] exact_resume` asked for on CUDA.
 fn determinism_refusal(payload: &(dyn std::any::Any + Send)) -> Option<String> {
-    let text = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    let text = panic_text(payload)?;
     rlvr_model::cuda_settings::is_determinism_refusal(text).then(|| {
         let operation = text.split(" does not have").next().unwrap_or_default();
         let operation = operation.rsplit(['"', '(']).next().unwrap_or(operation);
@@ -185,6 +196,24 @@ mod tests {
         assert_eq!(determinism_refusal(&*other), None);
     }
 
+    /// libtorch failing to allocate (a petabyte on the CPU), as a tch error and as the panic of
+    /// tch's unchecked call, is an out-of-memory report; other failures are not.
+    #[test]
+    fn a_libtorch_allocation_failure_is_an_out_of_memory_report() {
+        let huge = [1i64 << 48];
+        let error = tch::Tensor::f_empty(huge, (tch::Kind::Float, tch::Device::Cpu)).unwrap_err();
+        let report = memory::out_of_memory(&error.to_string()).expect("recognised");
+        // Nothing watched in this test binary: the device is unknown, the cap none.
+        assert_eq!(report.cap_bytes, None);
+        assert!(report.to_string().starts_with("out of memory on "), "{report}");
+        let panic =
+            std::panic::catch_unwind(|| tch::Tensor::empty(huge, (tch::Kind::Float, tch::Device::Cpu)))
+                .unwrap_err();
+        assert!(panic_text(&*panic).and_then(memory::out_of_memory).is_some());
+        let other = std::panic::catch_unwind(|| panic!("index out of bounds")).unwrap_err();
+        assert_eq!(panic_text(&*other).and_then(memory::out_of_memory), None);
+    }
+
     /// The daemon writes the arguments ([`WorkerArgs::command_line`]) and this binary parses them:
     /// every field survives.
     #[test]
@@ -206,6 +235,7 @@ mod tests {
             curricula_dir: Some("/state/curricula".into()),
             curriculum_version: Some(5),
             host_context_stdin: true,
+            memory_cap: Some(1 << 30),
         };
         let bare = WorkerArgs { spec: "s.toml".into(), state_dir: "run".into(), ..WorkerArgs::default() };
         for args in [full, bare] {

@@ -12,11 +12,13 @@
 //! - [`publish`]: the one publish path (a finished job's, an admin's forced promotion): judge,
 //!   copy into the model line, manifest, record, webhook.
 //! - [`webhook`]: the published manifest POSTed to the job's webhook, retried with backoff.
+//! - [`out_of_memory`]: a worker that ran out of memory — the larger request, once (pure).
 
 pub mod checks;
 pub mod consumer;
 pub mod estimate;
 pub mod gate;
+pub mod out_of_memory;
 pub mod publish;
 pub mod supervise;
 pub mod webhook;

@@ -9,6 +9,11 @@
 //!   that dies (signal, panic) counts a crash and the job is requeued with a new task; at
 //!   `queue.max_crashes` it is dead-lettered (`failed`). A job found `running` when its task
 //!   comes back was running on a daemon that died: that counts too.
+//! - **Out of memory is not a crash.** A worker holds its job to `[resources] memory_gb` (on a
+//!   CPU its own watchdog, `--memory-cap`; on CUDA libtorch's allocator, capped through
+//!   `PYTORCH_CUDA_ALLOC_CONF`) and exits `OutOfMemory` past it; the job is requeued once with a
+//!   larger request, written into its record's spec, or fails naming the numbers
+//!   ([`super::out_of_memory`]).
 //! - **Nothing is lost to Redis being away.** Every write of an outcome is retried with backoff
 //!   until Redis takes it ([`Supervisor::persist`]).
 //! - **SIGTERM** (daemon stopping): the worker is asked to checkpoint at its next step boundary
@@ -33,18 +38,21 @@ use rlvr_queue::dispatch::new_task_id;
 use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
-use rlvr_queue::store::StoreError;
+use rlvr_queue::store::{JobStore, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
+use super::out_of_memory;
 use super::publish::{self, Verdict};
 use rlvr_protocol::fs::write_json_atomic;
 
 use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
-use rlvr_protocol::worker::{HostContext, Outcome, Progress, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{
+    BYTES_PER_GB, HostContext, OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit,
+};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
@@ -117,6 +125,9 @@ pub enum WorkerEnd {
     Cancelled,
     /// Refused its job (exit 2): the reason, from its log.
     JobError(String),
+    /// Ran out of memory (exit 71): its report, from its log's last line (`None` when that line
+    /// was not one).
+    OutOfMemory(Option<OutOfMemory>),
     /// Died: signal, panic, anything else.
     Crashed(String),
 }
@@ -225,7 +236,7 @@ impl Supervisor {
                 _ = self.stopping.cancelled() => {
                     drop(seat);
                     // Leave it queued under a new task for the next daemon: this one is stopping.
-                    self.requeue(id, priority, None, "the daemon stopped before admitting it").await;
+                    self.requeue(id, priority, None, "the daemon stopped before admitting it", &[]).await;
                     return;
                 }
                 devices = seat.admitted() => break devices,
@@ -264,7 +275,7 @@ impl Supervisor {
         let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &devices).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
-        self.conclude(id, &spec, end).await;
+        self.conclude(id, &spec, end, &names.join(",")).await;
     }
 
     /// The curricula directory of the job's shared curriculum and the version it runs with: the
@@ -383,6 +394,7 @@ impl Supervisor {
         // Version 0 (none yet): the plugin starts from its own prior.
         let curriculum = curriculum.filter(|(_, version)| *version > 0);
         let on_gpu = devices.iter().any(|device| device.gpu.is_some());
+        let memory_cap = memory_cap_bytes(spec.resources.memory_gb, devices);
         let args = WorkerArgs {
             spec: dir.spec(),
             state_dir: dir.run().path().to_owned(),
@@ -398,13 +410,14 @@ impl Supervisor {
             curriculum_version: curriculum.map(|(_, version)| version),
             device: Some(if on_gpu { "cuda" } else { "cpu" }.to_owned()),
             host_context_stdin: true,
+            memory_cap,
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
         command.args(args.command_line());
         // The worker and the plugins it loads see none of the daemon's environment but what a
         // process needs to run: secrets reach them by name only (SECURITY.md). Its GPUs by UUID.
-        command.env_clear().envs(worker_environment(std::env::vars_os(), devices));
+        command.env_clear().envs(worker_environment(std::env::vars_os(), devices, spec.resources.memory_gb));
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
         let mut child = command.spawn()?;
         // The context goes on the worker's standard input, never into its arguments, environment
@@ -475,8 +488,8 @@ impl Supervisor {
         }
     }
 
-    /// Writes the end of a worker run to the job record.
-    async fn conclude(&self, id: &str, spec: &JobSpec, end: WorkerEnd) {
+    /// Writes the end of a worker run on `devices` (their names) to the job record.
+    async fn conclude(&self, id: &str, spec: &JobSpec, end: WorkerEnd, devices: &str) {
         let priority = spec.job.priority;
         match end {
             WorkerEnd::Finished(outcome) => {
@@ -505,6 +518,7 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         "requeued: resumes from its checkpoint",
+                        &[],
                     )
                     .await;
                 }
@@ -523,6 +537,7 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         "requeued: resumes from its last checkpoint",
+                        &[],
                     )
                     .await;
                 }
@@ -534,6 +549,7 @@ impl Supervisor {
             WorkerEnd::JobError(message) => {
                 let _ = self.transition(id, JobState::Failed, &message, &[]).await;
             }
+            WorkerEnd::OutOfMemory(report) => self.out_of_memory(id, spec, report.as_ref(), devices).await,
             WorkerEnd::Crashed(what) => {
                 warn!(%what, "worker crashed");
                 if !self.count_crash_or_dead_letter(id, &what).await {
@@ -542,9 +558,55 @@ impl Supervisor {
                         priority,
                         Some(JobState::Queued),
                         &format!("requeued after a crash: {what}"),
+                        &[],
                     )
                     .await;
                 }
+            }
+        }
+    }
+
+    /// A worker on `devices` ran out of memory: the job is requeued once with a larger
+    /// `[resources] memory_gb` (its record's spec changed with the requeue, so the scheduler and
+    /// the next worker's cap see it, after a restart too), or fails naming the numbers. Never a
+    /// crash.
+    async fn out_of_memory(&self, id: &str, spec: &JobSpec, report: Option<&OutOfMemory>, devices: &str) {
+        let Some(earlier) =
+            self.persist("read the memory requeues", || self.queues.store.memory_requeues(id)).await
+        else {
+            let reason = "out of memory, and the job's count of memory requeues cannot be read";
+            let _ = self.transition(id, JobState::Failed, reason, &[]).await;
+            return;
+        };
+        let resources = &spec.resources;
+        let ran = out_of_memory::Ran {
+            memory_gb: resources.memory_gb,
+            resident_gb: resources.resident_gb,
+            earlier,
+            report,
+            devices,
+        };
+        let next = out_of_memory::next(&ran, |memory_gb, resident_gb| {
+            let grown = grown(spec, memory_gb, resident_gb);
+            let demand = self.scheduler.demand(id, &grown, Duration::ZERO);
+            self.scheduler.can_ever_fit(&demand).map_err(|why| why.to_string())
+        });
+        match next {
+            out_of_memory::Next::Requeue { memory_gb, resident_gb, reason } => {
+                warn!(%reason, "out of memory");
+                let grown = grown(spec, memory_gb, resident_gb);
+                let fields = match JobStore::memory_requeue_fields(id, &grown, earlier + 1) {
+                    Ok(fields) => fields,
+                    Err(error) => {
+                        let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
+                        return;
+                    }
+                };
+                self.requeue(id, spec.job.priority, Some(JobState::Queued), &reason, &fields).await;
+            }
+            out_of_memory::Next::Fail(reason) => {
+                warn!(%reason, "out of memory");
+                let _ = self.transition(id, JobState::Failed, &reason, &[]).await;
             }
         }
     }
@@ -605,10 +667,19 @@ impl Supervisor {
         true
     }
 
-    /// Gives the job a new dispatch task (moving it to `to`, when given) and pushes it.
-    async fn requeue(&self, id: &str, priority: Priority, to: Option<JobState>, reason: &str) {
+    /// Gives the job a new dispatch task (moving it to `to`, when given, with the `extra` record
+    /// fields) and pushes it.
+    async fn requeue(
+        &self,
+        id: &str,
+        priority: Priority,
+        to: Option<JobState>,
+        reason: &str,
+        extra: &[(&str, String)],
+    ) {
         let task_id = new_task_id();
-        let fields = [("task_id", task_id.clone())];
+        let mut fields = vec![("task_id", task_id.clone())];
+        fields.extend(extra.iter().cloned());
         let recorded = match to {
             Some(state) => self.transition(id, state, reason, &fields).await.is_some(),
             None => self
@@ -706,6 +777,8 @@ const WORKER_ENV: &[&str] = &[
     "RUST_BACKTRACE",
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
+    CUDA_ALLOC_CONF,
+    ALLOC_CONF,
 ];
 const WORKER_ENV_PREFIXES: &[&str] = &["CUDA_", "CUBLAS_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_"];
 
@@ -714,13 +787,25 @@ const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// The daemon's own, about which GPUs it sees and how it numbers them: never a worker's.
 const DAEMON_ONLY_ENV: &[&str] = &[CUDA_VISIBLE_DEVICES, "CUDA_DEVICE_ORDER"];
 
+/// libtorch's allocator settings: the CUDA allocator reads the first, and the second only when
+/// the first is not set.
+const CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
+const ALLOC_CONF: &str = "PYTORCH_ALLOC_CONF";
+/// The setting of [`CUDA_ALLOC_CONF`] that caps a process's allocator at a fraction of the
+/// device's memory (libtorch 2.11, `CUDAAllocatorConfig`; applied when the allocator first
+/// initialises a device).
+const MEMORY_FRACTION: &str = "per_process_memory_fraction";
+
 /// A worker's environment on `devices`: the entries of `vars` it inherits ([`WORKER_ENV`]), but for
 /// the daemon's own `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`, and `CUDA_VISIBLE_DEVICES`
 /// naming its GPUs by UUID (`GPU-…`, `MIG-…`), so no ordering decides which GPU it gets; empty
-/// on CPU slots, so it sees no GPU at all.
+/// on CPU slots, so it sees no GPU at all. On a GPU, a job asking for `memory_gb` (> 0, less than
+/// the device) gets libtorch's allocator capped at that share of the device
+/// ([`cuda_alloc_conf`]), after whatever allocator settings the operator gave.
 pub(crate) fn worker_environment(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
     devices: &[InventoryDevice],
+    memory_gb: f64,
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     let mut environment: Vec<_> = vars
         .filter(|(name, _)| {
@@ -734,7 +819,84 @@ pub(crate) fn worker_environment(
     let uuids: Vec<&str> =
         devices.iter().filter_map(|device| device.gpu.as_ref()).map(|gpu| gpu.uuid.as_str()).collect();
     environment.push((CUDA_VISIBLE_DEVICES.into(), uuids.join(",").into()));
+    if let Some(fraction) = memory_fraction(memory_gb, devices) {
+        let operator = |name: &str| {
+            environment
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.to_string_lossy().into_owned())
+        };
+        let conf =
+            cuda_alloc_conf(operator(CUDA_ALLOC_CONF).or_else(|| operator(ALLOC_CONF)).as_deref(), fraction);
+        environment.retain(|(key, _)| key != CUDA_ALLOC_CONF);
+        environment.push((CUDA_ALLOC_CONF.into(), conf.into()));
+    }
     environment
+}
+
+/// The share of its GPU a job of `memory_gb` may take: `memory_gb` over the device's total (as
+/// NVML reports it: CUDA's total, which the fraction multiplies; else the configured memory).
+/// `None` on CPU slots, for whole devices (0) and for a request the size of the device.
+fn memory_fraction(memory_gb: f64, devices: &[InventoryDevice]) -> Option<f64> {
+    if memory_gb <= 0.0 {
+        return None;
+    }
+    // One device per job (resources.devices = 1): the smallest, should there be more.
+    let total = devices
+        .iter()
+        .filter_map(|device| Some(device.gpu.as_ref()?.total_memory_gb.unwrap_or(device.memory_gb)))
+        .fold(None, |smallest: Option<f64>, total| Some(smallest.map_or(total, |s| s.min(total))))?;
+    let fraction = memory_gb / total;
+    (fraction > 0.0 && fraction < 1.0).then_some(fraction)
+}
+
+/// `PYTORCH_CUDA_ALLOC_CONF` for a worker: the operator's settings (`key:value` pairs, values
+/// possibly `[lists]`) with the job's `per_process_memory_fraction` in place of any the operator
+/// gave (the job's share is the daemon's to set).
+fn cuda_alloc_conf(operator: Option<&str>, fraction: f64) -> String {
+    let mut entries: Vec<String> = Vec::new();
+    let (mut entry, mut depth) = (String::new(), 0usize);
+    for c in operator.unwrap_or_default().chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                entries.push(std::mem::take(&mut entry));
+                continue;
+            }
+            _ => {}
+        }
+        entry.push(c);
+    }
+    entries.push(entry);
+    entries.retain(|entry| {
+        let key = entry.split(':').next().unwrap_or_default().trim();
+        !key.is_empty() && key != MEMORY_FRACTION
+    });
+    entries.push(format!("{MEMORY_FRACTION}:{fraction}"));
+    entries.join(",")
+}
+
+/// The `--memory-cap` of a job of `memory_gb` on `devices`, in bytes: its request, or a whole
+/// device's memory for 0.
+fn memory_cap_bytes(memory_gb: f64, devices: &[InventoryDevice]) -> Option<u64> {
+    let gb = if memory_gb > 0.0 {
+        memory_gb
+    } else {
+        devices
+            .iter()
+            .map(|device| device.memory_gb)
+            .fold(None, |smallest: Option<f64>, gb| Some(smallest.map_or(gb, |s| s.min(gb))))?
+    };
+    Some((gb * BYTES_PER_GB).round() as u64)
+}
+
+/// `spec` asking for `memory_gb` per device, `resident_gb` of it between phases.
+fn grown(spec: &JobSpec, memory_gb: f64, resident_gb: Option<f64>) -> JobSpec {
+    let mut grown = spec.clone();
+    grown.resources.memory_gb = memory_gb;
+    grown.resources.resident_gb = resident_gb;
+    grown
 }
 
 /// Writes the job's spec (once: the worker checks it never changes under a run).
@@ -771,6 +933,9 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
         (Some(code), _) => match WorkerExit::from_code(code) {
             Some(WorkerExit::Interrupted) => WorkerEnd::Interrupted,
             Some(WorkerExit::JobError) => WorkerEnd::JobError(last_error_line(log)),
+            Some(WorkerExit::OutOfMemory) => {
+                WorkerEnd::OutOfMemory(OutOfMemory::from_line(&last_error_line(log)))
+            }
             Some(WorkerExit::Finished | WorkerExit::Transient) | None => {
                 WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log)))
             }
@@ -903,7 +1068,7 @@ mod tests {
         let mut shown = String::new();
         for devices in cases {
             let vars = daemon.iter().map(|(name, value)| (name.into(), value.into()));
-            let mut environment: Vec<String> = worker_environment(vars, &devices)
+            let mut environment: Vec<String> = worker_environment(vars, &devices, 0.0)
                 .into_iter()
                 .map(|(name, value)| format!("{}={}", name.to_string_lossy(), value.to_string_lossy()))
                 .collect();
@@ -916,6 +1081,81 @@ mod tests {
             cuda:3/mig:1: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES=MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f PATH=/usr/bin
             cpu:0: CUDA_CACHE_PATH=/var/cache/cuda CUDA_VISIBLE_DEVICES= PATH=/usr/bin
         "#]].assert_eq(&shown);
+    }
+
+    /// On a GPU a job's `memory_gb` caps libtorch's allocator at its share of the device, after
+    /// the operator's own allocator settings (from either variable), whose fraction it replaces;
+    /// a whole device, a CPU slot or a request the size of the device get no cap. The
+    /// `--memory-cap` is the request, or the whole device's memory.
+    #[test]
+    fn a_job_on_a_gpu_gets_its_share_of_the_allocator_after_the_operators_settings() {
+        let gpu = InventoryDevice {
+            kind: DeviceKind::Cuda { index: 0 },
+            name: "cuda:0".to_owned(),
+            memory_gb: 70.0,
+            gpu: Some(GpuInfo {
+                uuid: "GPU-1".to_owned(),
+                model: None,
+                total_memory_gb: Some(80.0),
+                compute_mode: Some(ComputeMode::Default),
+                mig: Some(MigState::Disabled),
+            }),
+        };
+        let cpu = InventoryDevice {
+            kind: DeviceKind::Cpu { slot: 0 },
+            name: "cpu:0".to_owned(),
+            memory_gb: 8.0,
+            gpu: None,
+        };
+        /// The daemon's variables.
+        type Vars = &'static [(&'static str, &'static str)];
+        let cases: [(Vars, &InventoryDevice, f64); 7] = [
+            (&[], &gpu, 10.0),
+            (&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")], &gpu, 20.0),
+            (
+                &[(
+                    "PYTORCH_CUDA_ALLOC_CONF",
+                    "roundup_power2_divisions:[256:1,512:2],per_process_memory_fraction:0.9, \
+                     garbage_collection_threshold:0.6",
+                )],
+                &gpu,
+                40.0,
+            ),
+            (&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")], &gpu, 8.0),
+            (&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")], &gpu, 0.0),
+            (&[], &gpu, 80.0),
+            (&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")], &cpu, 2.0),
+        ];
+        let mut shown = String::new();
+        for (daemon, device, memory_gb) in cases {
+            let vars = daemon.iter().map(|(name, value)| (name.into(), value.into()));
+            let mut environment: Vec<String> =
+                worker_environment(vars, std::slice::from_ref(device), memory_gb)
+                    .into_iter()
+                    .filter(|(name, _)| name.to_string_lossy().starts_with("PYTORCH_"))
+                    .map(|(name, value)| format!("{}={}", name.to_string_lossy(), value.to_string_lossy()))
+                    .collect();
+            environment.sort();
+            if environment.is_empty() {
+                environment.push("(no allocator settings)".to_owned());
+            }
+            let cap = memory_cap_bytes(memory_gb, std::slice::from_ref(device));
+            shown.push_str(&format!(
+                "{} {memory_gb} GB, cap {cap:?}: {}\n",
+                device.name,
+                environment.join(" ")
+            ));
+        }
+        expect![[r#"
+            cuda:0 10 GB, cap Some(10737418240): PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.125
+            cuda:0 20 GB, cap Some(21474836480): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,per_process_memory_fraction:0.25
+            cuda:0 40 GB, cap Some(42949672960): PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[256:1,512:2], garbage_collection_threshold:0.6,per_process_memory_fraction:0.5
+            cuda:0 8 GB, cap Some(8589934592): PYTORCH_ALLOC_CONF=max_split_size_mb:512 PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512,per_process_memory_fraction:0.1
+            cuda:0 0 GB, cap Some(75161927680): PYTORCH_ALLOC_CONF=max_split_size_mb:512
+            cuda:0 80 GB, cap Some(85899345920): (no allocator settings)
+            cpu:0 2 GB, cap Some(2147483648): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+        "#]]
+        .assert_eq(&shown);
     }
 
     /// How each way a worker can end is read, from its exit status (`WorkerExit`), its stdout
@@ -953,5 +1193,14 @@ mod tests {
             };
             assert_eq!(end, expected, "{status:?}");
         }
+        // Out of memory: not a crash; its report is read back from the worker's last line (a
+        // line that is not one leaves the numbers unknown).
+        let line = "rlvr-worker: out of memory on cpu in the update phase: peak 1.02 GB (1095761920 bytes), \
+                    cap 1.00 GB (1073741824 bytes)";
+        std::fs::write(&log, format!("noise\nrlvr-worker: step 3: CUDA out of memory\n{line}\n")).unwrap();
+        let expected = OutOfMemory::from_line(line).expect("a report");
+        assert_eq!(classify(exit(WorkerExit::OutOfMemory), "", &log), WorkerEnd::OutOfMemory(Some(expected)));
+        std::fs::write(&log, "noise\n").unwrap();
+        assert_eq!(classify(exit(WorkerExit::OutOfMemory), "", &log), WorkerEnd::OutOfMemory(None));
     }
 }
