@@ -1,12 +1,14 @@
 //! Times the trainer's tensor work on this machine: batched sampling and a policy
-//! forward+backward of `completion_logprobs`.
+//! forward+backward of `training_logprobs`.
 //!
 //! cargo run --release -p rlvr-model --example model_bench -- SOURCE PROMPTS GROUP MAX_NEW [THREADS [bf16]]
 //! e.g. `builtin:tiny-arith 8 8 32` (64 completions × 32 tokens) or `$(scripts/fetch-smollm2.sh) 1 8 64`.
 
 use std::time::Instant;
 
-use rlvr_model::{SamplerRng, SamplingParams, SequenceBatch, completion_logprobs, generate, load};
+use rlvr_model::{
+    SamplerRng, SamplingParams, SequenceBatch, completion_logprobs, generate, load, training_logprobs,
+};
 use tch::{Device, Kind};
 
 fn main() {
@@ -81,16 +83,19 @@ fn main() {
     let mut best_fb = f64::MAX;
     for _ in 0..3 {
         let t = Instant::now();
-        let _ = tch::no_grad(|| completion_logprobs(&m.model, &batch, 1.0));
+        let _ = completion_logprobs(&m.model, &batch, 1.0);
         best_nograd = best_nograd.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
-        let (lp, _) = completion_logprobs(&m.model, &batch, 1.0);
-        (lp * batch.mask()).sum(Kind::Float).backward();
+        let pass = training_logprobs(&m.model, &batch, 1.0);
+        (pass.logprobs() * batch.mask()).sum(Kind::Float).backward();
+        pass.backward();
         best_fb = best_fb.min(t.elapsed().as_secs_f64());
         for v in m.vs.trainable_variables() {
             let mut g = v.grad();
             let _ = g.zero_();
         }
     }
-    println!("completion_logprobs: no-grad {best_nograd:.3}s, forward+backward {best_fb:.3}s (best of 3)");
+    println!(
+        "completion_logprobs: no-grad {best_nograd:.3}s; training_logprobs: forward+backward {best_fb:.3}s (best of 3)"
+    );
 }

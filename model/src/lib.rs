@@ -4,7 +4,7 @@
 //!
 //! No job orchestration and no training live here: the worker (`worker/`, `rlvr-worker`) drives
 //! these pieces.
-//! Start at [`load`], then [`generate`] and [`completion_logprobs`].
+//! Start at [`load`], then [`generate`], [`completion_logprobs`] and [`training_logprobs`].
 
 pub mod builtin;
 pub mod chat;
@@ -25,7 +25,7 @@ pub mod weights;
 pub use chat::{ChatMessage, ChatTemplate, SpecialTokens};
 pub use config::{LlamaConfig, ModelSpec, RopeScaling};
 pub use error::{ModelError, Result};
-pub use logprobs::{SequenceBatch, completion_logprobs};
+pub use logprobs::{SequenceBatch, TrainingLogprobs, completion_logprobs, training_logprobs};
 pub use lora::{LoraConfig, LoraTarget};
 pub use model::{KvCache, Llama, Padding, positions_from_mask};
 pub use policy::{Adapters, LoadedModel, load, save_adapter, save_pretrained};

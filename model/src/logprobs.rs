@@ -5,6 +5,12 @@
 //! prompt shared by several rows (the completions of one group) is run once: its KV cache is
 //! expanded to its rows, under autograd too (the expansion is an `index_select`, so gradients
 //! of all its rows flow back into the one prompt pass).
+//!
+//! The logits themselves are computed a chunk of positions at a time ([`Llama::logits_chunk`],
+//! over the batch's positions flattened row by row), never as the whole `[B × C × V]`: without
+//! grad each chunk's logits are gone before the next chunk's, and a training pass
+//! ([`training_logprobs`]) cuts the graph at the hidden states and recomputes each chunk's logits
+//! in its backward pass, as activation checkpointing does for the layers.
 
 use std::collections::HashMap;
 
@@ -118,19 +124,225 @@ impl SequenceBatch {
     }
 }
 
+/// The f32 logits one chunk of a log-probability pass may hold: 64 MiB, which is 110 positions
+/// of a 152k vocabulary (Qwen2.5), 341 of a 49k one (SmolLM2), and every position a batch of the
+/// 101-token built-in model has (up to 166k). A chunk has a few times that alive at once (the
+/// logits in the model's dtype, their f32 copy, the tempered copy, logsumexp's exponentials; in
+/// a training pass's backward, that chunk's graph and its logits' gradient): a few hundred MiB,
+/// where the whole `[B × C × V]` is 1.1–1.4 GiB of f32 per 1k completion tokens, which a training
+/// pass's graph used to keep until its backward pass. Smaller chunks would save little more and
+/// cost more: each chunk reads the `lm_head` weight (`V × hidden`) twice and, when that weight
+/// (or the tied embeddings) trains, adds a gradient as large as it — a cost per chunk, not per
+/// position.
+pub const LOGITS_CHUNK_BYTES: i64 = 64 << 20;
+
+/// Positions per chunk for a vocabulary of `vocab` logits: [`LOGITS_CHUNK_BYTES`] of f32, at
+/// least one.
+pub fn default_logits_chunk(vocab: i64) -> i64 {
+    (LOGITS_CHUNK_BYTES / (4 * vocab.max(1))).max(1)
+}
+
 /// Log-probabilities of the completion tokens under `log_softmax(logits / temperature)`
 /// (`[B, C]` f32, 0 on padding) and the hidden states at the positions that predict them
 /// (`[B, C, hidden]`, in the model's dtype, for a value head). Temperature 0 counts as 1, as in
-/// sampling. Differentiable; wrap in `tch::no_grad` for old/reference passes. The log-softmax
-/// is computed in f32 whatever the model's dtype.
+/// sampling. Without grad (it runs under `tch::no_grad` whatever the caller's mode): the old,
+/// reference and value passes; a training pass is [`training_logprobs`]. The logits are
+/// computed [`Llama::logits_chunk`] positions at a time, never for the whole batch at once;
+/// the log-softmax is computed in f32 whatever the model's dtype.
 pub fn completion_logprobs(model: &Llama, batch: &SequenceBatch, temperature: f64) -> (Tensor, Tensor) {
+    tch::no_grad(|| {
+        let hidden = predicting_hidden(model, batch);
+        let logprobs = Positions::of(model, batch, &hidden, temperature).logprobs();
+        (logprobs, hidden)
+    })
+}
+
+/// The training pass: [`completion_logprobs`] with grad, with no more than
+/// [`Llama::logits_chunk`] positions' logits alive at once in the forward or the backward pass.
+///
+/// The log-probabilities are computed chunk by chunk without grad from a leaf copy of the hidden
+/// states, and are a leaf themselves: a loss built on them (and on [`TrainingLogprobs::hidden`],
+/// for a value head) back-propagates only to those two leaves. [`TrainingLogprobs::backward`],
+/// called right after `loss.backward()`, finishes the pass: each chunk's logits are recomputed
+/// with grad and back-propagated with its log-probabilities' gradient (which also reaches the
+/// `lm_head` or tied embedding weight), then the hidden states' summed gradient goes through the
+/// model once, and through [`Llama::backward_checkpointed`] for checkpointed layers.
+/// Gradients are those of one pass over the whole `[B × C × V]` logits, to rounding.
+pub fn training_logprobs<'m>(
+    model: &'m Llama,
+    batch: &SequenceBatch,
+    temperature: f64,
+) -> TrainingLogprobs<'m> {
     let hidden = predicting_hidden(model, batch);
-    let logits = model.logits(&hidden).to_kind(Kind::Float);
+    let leaf = hidden.detach().set_requires_grad(true);
+    let positions = tch::no_grad(|| Positions::of(model, batch, &leaf, temperature));
+    let logprobs = tch::no_grad(|| positions.logprobs()).set_requires_grad(true);
+    TrainingLogprobs { model_hidden: hidden, hidden: leaf, logprobs, positions, finished: false }
+}
+
+/// A training pass's log-probabilities and the backward pass they still owe: see
+/// [`training_logprobs`]. Dropped after `loss.backward()` without [`TrainingLogprobs::backward`],
+/// it panics, since the model's gradients would silently lack this pass.
+#[must_use = "the backward pass through the logits and the model runs in TrainingLogprobs::backward"]
+pub struct TrainingLogprobs<'m> {
+    /// The hidden states with the model's graph behind them.
+    model_hidden: Tensor,
+    /// `model_hidden` cut from that graph, a leaf: what the log-probabilities and a value head
+    /// read.
+    hidden: Tensor,
+    /// `[B, C]` f32, a leaf with grad.
+    logprobs: Tensor,
+    /// The leaf's positions (without its grad), which the backward pass recomputes.
+    positions: Positions<'m>,
+    /// Whether [`TrainingLogprobs::backward`] ran.
+    finished: bool,
+}
+
+impl TrainingLogprobs<'_> {
+    /// Log-probabilities of the completion tokens, `[B, C]` f32, 0 on padding: a leaf with grad.
+    pub fn logprobs(&self) -> &Tensor {
+        &self.logprobs
+    }
+
+    /// The hidden states at the positions predicting the completion tokens, `[B, C, hidden]` in
+    /// the model's dtype: a leaf with grad, for a value head, whose gradient joins the
+    /// log-probabilities' in [`TrainingLogprobs::backward`].
+    pub fn hidden(&self) -> &Tensor {
+        &self.hidden
+    }
+
+    /// Finishes the backward pass; call it right after `loss.backward()`. Recomputes each chunk's
+    /// logits with grad and back-propagates its log-probabilities' gradient into the `lm_head`
+    /// (or tied embedding) weight and that chunk of the hidden states, adds the value head's
+    /// gradient of the hidden states, back-propagates the sum through the model with one
+    /// backward pass, then runs [`Llama::backward_checkpointed`]. Chunks run in order, so the
+    /// gradients are the same on every run.
+    pub fn backward(mut self) {
+        self.finished = true;
+        let from_head = self.hidden.grad();
+        let grad = self.logprobs.grad();
+        let from_logprobs = grad.defined().then(|| self.positions.backward(&grad));
+        let grad = match (from_logprobs, from_head.defined()) {
+            (Some(logprobs), true) => Some(logprobs + from_head),
+            (Some(logprobs), false) => Some(logprobs),
+            (None, true) => Some(from_head),
+            (None, false) => None,
+        };
+        if let Some(grad) = grad
+            && self.model_hidden.requires_grad()
+        {
+            // d/dh Σ(h·g) = g: back-propagates exactly the hidden states' gradient.
+            (&self.model_hidden * grad).sum(Kind::Float).backward();
+        }
+        self.positions.model.backward_checkpointed();
+    }
+}
+
+impl Drop for TrainingLogprobs<'_> {
+    fn drop(&mut self) {
+        if self.finished || std::thread::panicking() {
+            return;
+        }
+        assert!(
+            !self.logprobs.grad().defined() && !self.hidden.grad().defined(),
+            "a training pass's log-probabilities were back-propagated, but TrainingLogprobs::backward \
+             never ran: the model's gradients lack this pass"
+        );
+    }
+}
+
+/// A batch's completion positions, flattened (row-major: a chunk may end inside one row and
+/// go on into the next), with what their log-probabilities read.
+struct Positions<'a> {
+    model: &'a Llama,
+    /// `[B · C, hidden]`.
+    hidden: Tensor,
+    ids: Tensor,
+    mask: Tensor,
+    /// `[B, C]`.
+    shape: [i64; 2],
+    temperature: f64,
+    /// Positions per chunk, the model's when these were made.
+    chunk: i64,
+}
+
+impl<'a> Positions<'a> {
+    fn of(model: &'a Llama, batch: &SequenceBatch, hidden: &Tensor, temperature: f64) -> Positions<'a> {
+        let width = hidden.size().last().copied().unwrap_or(0);
+        Positions {
+            model,
+            hidden: hidden.reshape([-1, width]),
+            ids: batch.completion_ids.reshape([-1]),
+            mask: batch.mask.reshape([-1]),
+            shape: [batch.len() as i64, batch.completion_width()],
+            temperature,
+            chunk: model.logits_chunk(),
+        }
+    }
+
+    /// `[B, C]` f32, chunk by chunk.
+    fn logprobs(&self) -> Tensor {
+        let parts: Vec<Tensor> = chunks(self.hidden.size()[0], self.chunk)
+            .map(|(start, len)| {
+                position_logprobs(
+                    self.model,
+                    &self.hidden.narrow(0, start, len),
+                    &self.ids.narrow(0, start, len),
+                    &self.mask.narrow(0, start, len),
+                    self.temperature,
+                )
+            })
+            .collect();
+        if parts.is_empty() {
+            return Tensor::zeros(self.shape, (Kind::Float, self.model.device()));
+        }
+        Tensor::cat(&parts, 0).view(self.shape)
+    }
+
+    /// The hidden states' gradient `[B, C, hidden]` from the log-probabilities' `grad` `[B, C]`:
+    /// each chunk recomputed with grad from its own leaf and back-propagated, in order; the
+    /// `lm_head` weight's gradient accumulates on the way.
+    fn backward(&self, grad: &Tensor) -> Tensor {
+        let grad = grad.reshape([-1]);
+        let parts: Vec<Tensor> = chunks(self.hidden.size()[0], self.chunk)
+            .map(|(start, len)| {
+                let x = self.hidden.narrow(0, start, len).detach().set_requires_grad(true);
+                let ids = self.ids.narrow(0, start, len);
+                let mask = self.mask.narrow(0, start, len);
+                let logprobs = position_logprobs(self.model, &x, &ids, &mask, self.temperature);
+                // d/dx Σ(logprobs·g) back-propagates exactly this chunk's gradient.
+                (logprobs * grad.narrow(0, start, len)).sum(Kind::Float).backward();
+                x.grad()
+            })
+            .collect();
+        let [b, c] = self.shape;
+        let shape = [b, c, self.hidden.size()[1]];
+        if parts.is_empty() {
+            return Tensor::zeros(shape, (self.hidden.kind(), self.hidden.device()));
+        }
+        Tensor::cat(&parts, 0).view(shape)
+    }
+}
+
+/// `(start, len)` of each chunk of `chunk` positions (the last one shorter) over `total`.
+fn chunks(total: i64, chunk: i64) -> impl Iterator<Item = (i64, i64)> {
+    (0..total).step_by(chunk as usize).map(move |start| (start, chunk.min(total - start)))
+}
+
+/// Log-probabilities `[N]` (f32, 0 where `mask` is) of `ids` `[N]` under
+/// `log_softmax(logits(hidden) / temperature)`, `hidden` `[N, H]`.
+fn position_logprobs(
+    model: &Llama,
+    hidden: &Tensor,
+    ids: &Tensor,
+    mask: &Tensor,
+    temperature: f64,
+) -> Tensor {
+    let logits = model.logits(hidden).to_kind(Kind::Float);
     let logits = if temperature > 0.0 && temperature != 1.0 { logits / temperature } else { logits };
-    // log_softmax(x)[t] = x[t] - logsumexp(x): no [B, C, V] log-softmax tensor is kept.
-    let picked = logits.gather(2, &batch.completion_ids.unsqueeze(-1), false).squeeze_dim(-1);
-    let logprobs = (picked - logits.logsumexp([-1], false)) * batch.mask();
-    (logprobs, hidden)
+    // log_softmax(x)[t] = x[t] - logsumexp(x): no [N, V] log-softmax tensor is kept.
+    let picked = logits.gather(1, &ids.unsqueeze(-1), false).squeeze_dim(-1);
+    (picked - logits.logsumexp([-1], false)) * mask
 }
 
 /// Hidden states `[B, C, H]` at the positions predicting each completion token.
@@ -184,4 +396,30 @@ fn predicting_hidden_in_one_pass(model: &Llama, batch: &SequenceBatch) -> Tensor
     let mask = Tensor::cat(&[&prompt_mask, &comp_mask], 1);
     let hidden = model.forward(&inputs, &positions_from_mask(&mask), &mask, None);
     hidden.narrow(1, plen - 1, c.min(1) + fed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_holds_64_mib_of_f32_logits() {
+        let check =
+            |vocab: i64, positions: i64| assert_eq!(default_logits_chunk(vocab), positions, "V={vocab}");
+        check(151_936, 110); // Qwen2.5
+        check(49_152, 341); // SmolLM2
+        check(101, 166_111); // builtin:tiny-arith
+        check(1 << 25, 1); // never none
+    }
+
+    #[test]
+    fn chunks_cover_every_position_once_in_order() {
+        let check = |total: i64, chunk: i64, expected: &[(i64, i64)]| {
+            assert_eq!(chunks(total, chunk).collect::<Vec<_>>(), expected, "{total} by {chunk}");
+        };
+        check(0, 3, &[]);
+        check(7, 3, &[(0, 3), (3, 3), (6, 1)]);
+        check(6, 3, &[(0, 3), (3, 3)]);
+        check(2, 110, &[(0, 2)]);
+    }
 }

@@ -6,7 +6,7 @@
 //! every query may also see itself, so rows of pure left padding stay finite instead of NaN.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -284,6 +284,9 @@ pub struct Llama {
     checkpointing: AtomicBool,
     /// What the checkpointed training passes since the last [`Llama::backward_checkpointed`] kept.
     recompute: Mutex<Vec<Recompute>>,
+    /// Positions whose logits the log-probability passes compute at once (see
+    /// [`crate::logprobs`]): from the byte budget unless set.
+    logits_chunk: AtomicI64,
 }
 
 /// What a checkpointed forward pass keeps for its backward pass: each decoder layer's input and
@@ -353,6 +356,7 @@ impl Llama {
             training_seed: Mutex::new(None),
             checkpointing: AtomicBool::new(false),
             recompute: Mutex::new(Vec::new()),
+            logits_chunk: AtomicI64::new(crate::logprobs::default_logits_chunk(spec.vocab_size)),
         })
     }
 
@@ -448,8 +452,22 @@ impl Llama {
         self.checkpointing.load(Ordering::Relaxed) && self.training.load(Ordering::Relaxed)
     }
 
+    /// How many positions' logits the log-probability passes compute at once: by default as many
+    /// as [`crate::logprobs::LOGITS_CHUNK_BYTES`] of f32 logits hold.
+    pub fn logits_chunk(&self) -> i64 {
+        self.logits_chunk.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Llama::logits_chunk`] (at least 1 position). Log-probabilities and gradients do
+    /// not depend on it beyond rounding; memory and the number of kernels do.
+    pub fn set_logits_chunk(&self, positions: i64) {
+        assert!(positions > 0, "a logits chunk holds at least one position, not {positions}");
+        self.logits_chunk.store(positions, Ordering::Relaxed);
+    }
+
     /// Finishes the backward pass of the checkpointed training passes since training was turned
-    /// on: call it after `loss.backward()`, which stopped at each pass's cut. Each layer is
+    /// on: call it after `loss.backward()`, which stopped at each pass's cut (for the passes of
+    /// [`crate::training_logprobs`], [`crate::TrainingLogprobs::backward`] calls it). Each layer is
     /// recomputed from its kept input with the pass's dropout masks and back-propagated with the
     /// gradient of its output, last layer first, then the embeddings. A pass whose output the
     /// loss did not use is skipped.

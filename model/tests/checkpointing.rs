@@ -4,7 +4,7 @@
 
 mod common;
 
-use rlvr_model::{LoadedModel, LoraConfig, LoraTarget, SequenceBatch, completion_logprobs, load};
+use rlvr_model::{LoadedModel, LoraConfig, LoraTarget, SequenceBatch, load, training_logprobs};
 use tch::{Device, Kind, Tensor};
 
 /// The gradients of `model`'s trainable tensors of Σ completion log-probabilities over a batch of
@@ -27,6 +27,7 @@ fn gradients(model: &LoadedModel, checkpointing: bool, whole: bool) -> Vec<(Stri
     }
     model.model.set_activation_checkpointing(checkpointing);
     model.model.set_training(Some(17));
+    let mut pass = None;
     let loss = if whole {
         let ids = Tensor::from_slice(&[1i64, 20, 23, 21, 30, 22, 31, 24, 1, 40, 41, 50, 51, 52, 53, 54])
             .view([2, 8]);
@@ -35,11 +36,14 @@ fn gradients(model: &LoadedModel, checkpointing: bool, whole: bool) -> Vec<(Stri
         let weights = Tensor::linspace(-1.0, 1.0, model.model.vocab_size(), (Kind::Float, Device::Cpu));
         (model.model.logits(&hidden) * weights).sum(Kind::Float)
     } else {
-        completion_logprobs(&model.model, &batch, 1.0).0.sum(Kind::Float)
+        pass.insert(training_logprobs(&model.model, &batch, 1.0)).logprobs().sum(Kind::Float)
     };
     model.model.set_training(None);
     loss.backward();
-    model.model.backward_checkpointed();
+    match pass {
+        Some(pass) => pass.backward(),
+        None => model.model.backward_checkpointed(),
+    }
     let mut grads: Vec<(String, Tensor)> = trainable.into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
     grads.sort_by(|a, b| a.0.cmp(&b.0));
     grads

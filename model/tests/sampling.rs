@@ -10,6 +10,7 @@ mod common;
 use rlvr_model::{
     Finish, LlamaConfig, LoadedModel, SamplerRng, SamplingParams, SequenceBatch, StopScan, Tokenizer,
     completion_logprobs, generate, load, logprob_temperature, sample_logits, save_pretrained,
+    training_logprobs,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -125,15 +126,16 @@ fn completion_logprobs_equal_sampler_logprobs() {
 }
 
 #[test]
-fn completion_logprobs_have_gradients() {
+fn training_logprobs_have_gradients() {
     let m = model(3);
     let ps = prompts(&m, &TEXTS[..2]);
     let pairs = vec![(ps[0].clone(), vec![20, 21, 22]), (ps[0].clone(), vec![30]), (ps[1].clone(), vec![])];
     let batch = SequenceBatch::new(&pairs, 0, Device::Cpu).unwrap();
-    let (lp, _) = completion_logprobs(&m.model, &batch, 1.0);
-    assert!(lp.requires_grad());
-    let loss = -(lp.sum(Kind::Float));
+    let pass = training_logprobs(&m.model, &batch, 1.0);
+    assert!(pass.logprobs().requires_grad());
+    let loss = -(pass.logprobs().sum(Kind::Float));
     loss.backward();
+    pass.backward();
     let grads: Vec<Tensor> = m.vs.trainable_variables().iter().map(|v| v.grad()).collect();
     assert!(grads.iter().all(|g| g.defined()));
     let total: f64 = grads.iter().map(|g| g.abs().sum(Kind::Float).double_value(&[])).sum();

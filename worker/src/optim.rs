@@ -129,8 +129,9 @@ impl AdamW {
 
     /// Back-propagates `loss` (a scalar) into the gradients the next update reads: call it once
     /// per micro-batch between [`AdamW::zero_grad`] and the update. `finish` runs right after
-    /// `loss.backward()`, for the part of the backward pass autograd did not record (the
-    /// recomputed layers of activation checkpointing). An f32 parameter's `.grad`
+    /// `loss.backward()`, for the part of the backward pass autograd did not record (a training
+    /// pass's `TrainingLogprobs::backward`: the logits recomputed chunk by chunk, the model, and
+    /// the recomputed layers of activation checkpointing). An f32 parameter's `.grad`
     /// sums the micro-batches itself; a bf16 parameter's micro-batch gradient is added to its
     /// f32 sum and its `.grad` cleared, so micro-batches are summed in f32, not in bf16.
     pub fn backward(&mut self, loss: &Tensor, finish: impl FnOnce()) {

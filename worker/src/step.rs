@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use rlvr_model::logprobs::{SequenceBatch, completion_logprobs};
+use rlvr_model::logprobs::{SequenceBatch, completion_logprobs, training_logprobs};
 use rlvr_model::sample::{Finish, Sampled, generate, logprob_temperature};
 use rlvr_plugin_api::{
     AdvantageInputs, DataMode, GroupOutcome, LossInputs, LossScale, RResult, RString, TensorHandle,
@@ -647,12 +647,15 @@ fn update(
             // LoRA dropout draws from libtorch's generator, seeded from where the pass is in the
             // job: a resumed run draws the masks an uninterrupted one would.
             job.policy.model.set_training(Some(dropout_seed(job.spec.job.seed, step, iteration, start)));
-            let (logprobs, hidden) = completion_logprobs(&job.policy.model, &batch, temperature);
+            // Log-probabilities and hidden states cut from the model's graph: the backward pass
+            // through the logits and the model is `pass.backward()`, after the loss's.
+            let pass = training_logprobs(&job.policy.model, &batch, temperature);
             job.policy.model.set_training(None);
+            let logprobs = pass.logprobs().shallow_clone();
             let columns = logprobs.size()[1];
             let slice = |t: &Tensor| t.narrow(0, start as i64, (end - start) as i64).narrow(1, 0, columns);
             let values = job.value_head.as_ref().map(|(_, head)| {
-                tch::nn::Module::forward(head, &hidden.to_kind(Kind::Float)).squeeze_dim(-1)
+                tch::nn::Module::forward(head, &pass.hidden().to_kind(Kind::Float)).squeeze_dim(-1)
             });
             let mask = slice(tensors.mask);
             let parts: [Option<Tensor>; 5] = [
@@ -684,7 +687,7 @@ fn update(
             if !value.is_finite() {
                 return Err(format!("the loss is {value} (update {iteration}, rows {start}..{end})"));
             }
-            job.adamw.backward(&loss, || job.policy.model.backward_checkpointed());
+            job.adamw.backward(&loss, || pass.backward());
             loss_total += value / f64::from(updates);
             let weight = (end - start) as f64 / total as f64 / f64::from(updates);
             for metric in output.metrics.iter() {
