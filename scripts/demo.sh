@@ -44,7 +44,7 @@ if [ "$profile" = release ]; then
 else
     cargo build --workspace
 fi
-bin=$RLVR_ROOT/target/$profile
+bin=${CARGO_TARGET_DIR:-$RLVR_ROOT/target}/$profile
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-demo.XXXXXX")
 pids=()

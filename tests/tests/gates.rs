@@ -223,9 +223,12 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
 }
 
 /// A misspecified reward, for real: the training set's references are off by one, so GRPO
-/// learns to answer `a+b+1`. The training reward climbs while the held-out score (true answers)
-/// falls, and the gates refuse the candidate as reward hacking, even with the held-out gain's
-/// own bound opened wide.
+/// learns to answer `a+b+1`. The training reward climbs while the held-out score falls, and the
+/// gates refuse the candidate as reward hacking, even with the held-out gain's own bound opened
+/// wide. The held-out set is the training problems with their true answers, which the cold start
+/// was taught: a model that learns the reward must lose them, whatever the noise of a tiny
+/// model's generalisation to unseen problems (on those, a few of 48 prompts moved either way
+/// with the seed).
 #[test]
 fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacking() {
     let redis = Redis::start();
@@ -238,19 +241,28 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
     let data =
         arith_data(dir.path(), &["--sft", "120", "--train", "32", "--heldout", "48", "--max-operand", "10"]);
     let shifted = data.join("train-off-by-one.jsonl");
-    let lines: Vec<String> = fs::read_to_string(data.join("train.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let mut record: Value = serde_json::from_str(line).unwrap();
-            let answer: i64 = record["reference"]["answer"].as_str().unwrap().parse().unwrap();
-            record["reference"]["answer"] = Value::String((answer + 1).to_string());
-            record.to_string()
-        })
-        .collect();
-    fs::write(&shifted, lines.join("\n") + "\n").unwrap();
+    let truth = data.join("train.jsonl");
+    let problems: Vec<Value> =
+        fs::read_to_string(&truth).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let answer = |record: &Value| record["reference"]["answer"].as_str().unwrap().parse::<i64>().unwrap();
+    let jsonl = |records: Vec<Value>| records.iter().map(|r| format!("{r}\n")).collect::<String>();
+    let off_by_one = problems.iter().map(|record| {
+        let mut record = record.clone();
+        record["reference"]["answer"] = Value::String((answer(&record) + 1).to_string());
+        record
+    });
+    fs::write(&shifted, jsonl(off_by_one.collect())).unwrap();
+    // The cold start's demonstrations: the generated ones and the training problems, true.
+    let demonstrations = data.join("sft-and-train.jsonl");
+    let taught = problems.iter().map(|record| {
+        serde_json::json!({"id": record["id"], "prompt": record["prompt"], "completion": answer(record).to_string()})
+    });
+    let generated = fs::read_to_string(data.join("sft.jsonl")).unwrap();
+    fs::write(&demonstrations, generated + &jsonl(taught.collect())).unwrap();
 
-    // A cold start good enough to have something to lose (held-out 0.17 here).
+    // A cold start that has something to lose: it answers some of the training problems truly
+    // (0.28 of them here; cold starts of seeds 4–8 answered 0.13–0.59, and from each of those
+    // above 0.2 the GRPO job below fell to 0.06–0.13).
     let sft = submit_ok(
         &daemon,
         &format!(
@@ -259,12 +271,13 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
              [optimizer]\nplugin = \"sft\"\nlr = 1e-2\nwarmup_steps = 5\nmicro_batch_size = 64\n\
              [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n[rollout]\nprompts_per_step = 64\nmax_new_tokens = 5\n\
              [budget]\nmax_steps = 400\n{PERMISSIVE_GATES}",
-            sft = data.join("sft.jsonl").display().to_string(),
-            heldout = data.join("heldout.jsonl").display().to_string(),
+            sft = demonstrations.display().to_string(),
+            heldout = truth.display().to_string(),
         ),
     );
     let cold = wait_job(&daemon, &sft, Duration::from_secs(600), ended);
     assert_eq!(cold["state"], "published", "{cold}");
+    assert!(cold["heldout"].as_f64().unwrap() >= 0.15, "a cold start with little to lose: {cold}");
 
     let grpo = format!(
         "[job]\nname = \"off-by-one\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
@@ -274,7 +287,7 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
          [budget]\nmax_steps = 60\n[gates]\nheldout_gain_min = -1.0\n",
         policy = "line:tiny-arith-sft@1",
         train = shifted.display().to_string(),
-        heldout = data.join("heldout.jsonl").display().to_string(),
+        heldout = truth.display().to_string(),
     );
     let id = submit_ok(&daemon, &grpo);
     let done = wait_job(&daemon, &id, Duration::from_secs(600), ended);
