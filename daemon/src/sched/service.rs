@@ -95,7 +95,13 @@ impl Scheduler {
             devices: spec.resources.devices,
             // 0 (unset, and submit could not estimate it): whole devices.
             memory_gb: (memory > 0.0).then_some(memory),
-            resident_gb: spec.resources.resident_gb,
+            // A CPU worker keeps what libtorch frees for its lifetime (the worker's
+            // `keep_freed_memory`), so after its first step it holds its peak between phases too:
+            // on CPU slots a job's resident part is all of its memory_gb.
+            resident_gb: match self.device_kind() {
+                rlvr_protocol::memory::DeviceKind::Cuda => spec.resources.resident_gb,
+                rlvr_protocol::memory::DeviceKind::Cpu => None,
+            },
             queued_at: self.now() - age.as_secs_f64(),
         }
     }
