@@ -5,7 +5,7 @@
 use rlvr_protocol::api::PluginList;
 use rlvr_protocol::gates::{GateReport, Status};
 use rlvr_protocol::job::{Estimate, JobEvent, JobState, JobView};
-use rlvr_protocol::memory::{BYTES_PER_GB, DeviceKind};
+use rlvr_protocol::memory::{BYTES_PER_GB, DeviceKind, HEADROOM};
 use rlvr_protocol::worker::{Baseline, BaselineKind, Outcome, Progress};
 
 /// `rlvrctl gates`: the verdict, the baseline, then one row per criterion.
@@ -69,8 +69,11 @@ pub(crate) fn estimate_table(answer: &Estimate) -> String {
     );
     text.push_str(&format_table(["PART", "", "GB"], &rows));
     text.push_str(&format!(
-        "submit fills [resources] memory_gb = {} and resident_gb = {} when the spec leaves memory_gb out\n",
-        answer.memory_gb, answer.resident_gb
+        "submit fills [resources] memory_gb = {} (the peak and {:.0}% headroom; the worker's cap) and resident_gb = {} \
+         when the spec leaves memory_gb out\n",
+        answer.memory_gb,
+        HEADROOM * 100.0,
+        answer.resident_gb
     ));
     match &answer.fits {
         None => text.push_str("it fits a device of this daemon\n"),

@@ -124,22 +124,12 @@ impl SequenceBatch {
     }
 }
 
-/// The f32 logits one chunk of a log-probability pass may hold: 64 MiB, which is 110 positions
-/// of a 152k vocabulary (Qwen2.5), 341 of a 49k one (SmolLM2), and every position a batch of the
-/// 101-token built-in model has (up to 166k). A chunk has a few times that alive at once (the
-/// logits in the model's dtype, their f32 copy, the tempered copy, logsumexp's exponentials; in
-/// a training pass's backward, that chunk's graph and its logits' gradient): a few hundred MiB,
-/// where the whole `[B × C × V]` is 1.1–1.4 GiB of f32 per 1k completion tokens, which a training
-/// pass's graph used to keep until its backward pass. Smaller chunks would save little more and
-/// cost more: each chunk reads the `lm_head` weight (`V × hidden`) twice and, when that weight
-/// (or the tied embeddings) trains, adds a gradient as large as it — a cost per chunk, not per
-/// position.
-pub const LOGITS_CHUNK_BYTES: i64 = 64 << 20;
-
-/// Positions per chunk for a vocabulary of `vocab` logits: [`LOGITS_CHUNK_BYTES`] of f32, at
-/// least one.
+/// Positions per chunk for a vocabulary of `vocab` logits:
+/// [`rlvr_protocol::memory::LOGITS_CHUNK_BYTES`] of f32 (why that much: there), at least one.
+/// The memory estimate counts the same chunk.
 pub fn default_logits_chunk(vocab: i64) -> i64 {
-    (LOGITS_CHUNK_BYTES / (4 * vocab.max(1))).max(1)
+    let positions = rlvr_protocol::memory::logits_chunk_positions(vocab.max(1).unsigned_abs());
+    i64::try_from(positions).unwrap_or(i64::MAX)
 }
 
 /// Log-probabilities of the completion tokens under `log_softmax(logits / temperature)`

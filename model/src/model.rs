@@ -453,7 +453,7 @@ impl Llama {
     }
 
     /// How many positions' logits the log-probability passes compute at once: by default as many
-    /// as [`crate::logprobs::LOGITS_CHUNK_BYTES`] of f32 logits hold.
+    /// as [`rlvr_protocol::memory::LOGITS_CHUNK_BYTES`] of f32 logits hold.
     pub fn logits_chunk(&self) -> i64 {
         self.logits_chunk.load(Ordering::Relaxed)
     }

@@ -34,12 +34,38 @@ pub const CPU_RUNTIME_BYTES: u64 = 600 << 20;
 /// the estimate.
 pub const CUDA_CONTEXT_BYTES: u64 = 512 << 20;
 
+/// What submit adds to the estimate's peak when it fills `memory_gb`: the worker is held to that
+/// figure (past it, it ends out of memory and is requeued larger), and the peak moves by what
+/// the estimate does not model: the allocator's arenas and fragmentation, libtorch's
+/// temporaries. In tests/tests/estimate.rs's cases the estimate came within −5% to +8% of one
+/// run's peak, and the same job's peak moved by up to 8% from run to run.
+pub const HEADROOM: f64 = 0.15;
+
 /// Prompts an evaluation generates at once: the worker's batch, and the estimate's.
 pub const EVAL_BATCH: u64 = 64;
 
 /// Tokens a chat template may add around a prompt, beyond its own text: an allowance, since
 /// submit does not render templates.
 pub const TEMPLATE_TOKENS: u64 = 32;
+
+/// The f32 logits one chunk of a log-probability pass may hold: 64 MiB, which is 110 positions
+/// of a 152k vocabulary (Qwen2.5), 341 of a 49k one (SmolLM2), and every position a batch of the
+/// 101-token built-in model has (up to 166k). A chunk has a few times that alive at once (the
+/// logits in the model's dtype, their f32 copy, the tempered copy, logsumexp's exponentials; in
+/// a training pass's backward, that chunk's graph and its logits' gradient): a few hundred MiB,
+/// where the whole `[B × C × V]` is 1.1–1.4 GiB of f32 per 1k completion tokens, which a training
+/// pass's graph used to keep until its backward pass. Smaller chunks would save little more and
+/// cost more: each chunk reads the `lm_head` weight (`V × hidden`) twice and, when that weight
+/// (or the tied embeddings) trains, adds a gradient as large as it — a cost per chunk, not per
+/// position.
+pub const LOGITS_CHUNK_BYTES: u64 = 64 << 20;
+
+/// Positions per chunk of logits for a vocabulary of `vocab`: [`LOGITS_CHUNK_BYTES`] of f32, at
+/// least one (the model's default `logits_chunk`).
+pub const fn logits_chunk_positions(vocab: u64) -> u64 {
+    let positions = LOGITS_CHUNK_BYTES / (4 * if vocab == 0 { 1 } else { vocab });
+    if positions == 0 { 1 } else { positions }
+}
 
 /// The shape of a Llama-family model: what its memory depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,9 +295,10 @@ impl MemoryEstimate {
         round_up_gb(self.resident_bytes())
     }
 
-    /// [`Self::total_bytes`] in GB, rounded up to a tenth: the spec's `memory_gb`.
+    /// [`Self::total_bytes`] plus [`HEADROOM`], in GB rounded up to a tenth: the spec's
+    /// `memory_gb`, which is also the worker's cap.
     pub fn total_gb(&self) -> f64 {
-        round_up_gb(self.total_bytes())
+        round_up_gb((self.total_bytes() as f64 * (1.0 + HEADROOM)) as u64)
     }
 }
 
@@ -302,9 +329,13 @@ const SAVED_HIDDEN: u64 = 8;
 const SAVED_ATTENTION: u64 = 5;
 const SAVED_MLP: u64 = 5;
 
-/// f32 copies of a logits row alive at once in a training pass: the logits, their f32 copy and
-/// the log-sum-exp's saved input, and the gradient of one of them in backward.
+/// f32 copies of a chunk of logits alive at once in a training pass: the logits, their f32 copy
+/// and the log-sum-exp's saved input, and the gradient of one of them in backward.
 const LOGITS_COPIES: u64 = 4;
+
+/// Copies of the hidden states at the completion positions a training pass holds beside the
+/// model's graph: the leaf the log-probabilities read, its gradient, and the gradient's chunks.
+const HIDDEN_COPIES: u64 = 3;
 
 /// The estimate for `spec` run with `inputs`.
 pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
@@ -372,16 +403,26 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     }
 
     // Update: one micro-batch's forward and backward at a time, of `micro_batch_size` rows (a
-    // pair is two rows) or the step's rows when fewer.
+    // pair is two rows) or the step's rows when fewer, and no more tokens than
+    // `micro_batch_tokens` (though never less than one unit of rows: the worker's micro-batches).
     let step_rows = u64::from(spec.rollout.prompts_per_step)
         * match (inputs.needs.offline, inputs.needs.pairs) {
             (false, _) => u64::from(spec.optimizer.group_size),
             (true, true) => 2,
             (true, false) => 1,
         };
-    let rows_per_micro = u64::from(spec.optimizer.micro_batch_size).min(step_rows);
+    let unit = if inputs.needs.pairs { 2 } else { 1 };
     let sequence = prompt + completion;
-    let tokens = rows_per_micro * sequence;
+    let rows_per_micro =
+        (u64::from(spec.optimizer.micro_batch_size) / unit * unit).max(unit).min(step_rows.max(unit));
+    // Padded tokens of one pass (its rows × the longest prompt and completion), completion
+    // positions among them: bounded by the rows, or by `micro_batch_tokens` — in tokens, not in
+    // rows of the longest sequence, since shorter rows pack more of them into the limit.
+    let mut tokens = rows_per_micro * sequence;
+    if let Some(max_tokens) = spec.optimizer.micro_batch_tokens {
+        tokens = tokens.min(max_tokens.max(unit * sequence));
+    }
+    let positions = (rows_per_micro * completion).min(tokens);
     let saved_layers = if spec.model.activation_checkpointing {
         // Each layer's input, and one layer recomputed with its activations.
         shape.layers * tokens * shape.hidden + tokens * activation_elements(shape)
@@ -390,14 +431,20 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     };
     let mut update = vec![
         part("activations", saved_layers * element),
-        part("logits", rows_per_micro * completion * shape.vocab * 4 * LOGITS_COPIES),
-        part("attention scores", rows_per_micro * shape.heads * sequence * sequence * element),
+        part(
+            "logits (in chunks)",
+            positions.min(logits_chunk_positions(shape.vocab)) * shape.vocab * 4 * LOGITS_COPIES
+                + positions * shape.hidden * element * HIDDEN_COPIES,
+        ),
+        // Rows × heads × sequence², as tokens × heads × sequence.
+        part("attention scores", tokens * shape.heads * sequence * element),
     ];
-    if spec.model.lora.is_some() {
-        // A full-weight gradient passes through each adapted layer's input in backward; only
-        // the adapters keep theirs.
-        update.push(part("transient gradients", shape.largest_tensor() * element));
-    }
+    // Gradients computed in backward before they are added to a parameter's own: with LoRA a
+    // full weight's passes through each adapted layer's input (only the adapters keep theirs);
+    // in full fine-tuning the embedding's and the lm_head's (or the tied one's two), dense and
+    // as large as the largest tensor.
+    let transient = if spec.model.lora.is_some() { 1 } else { 2 };
+    update.push(part("transient gradients", transient * shape.largest_tensor() * element));
     phases.push(PhasePeak { phase: "update".into(), parts: update });
 
     // Evaluation: held-out prompts generated greedily, a batch at a time, beside the gates'

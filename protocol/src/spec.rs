@@ -244,6 +244,12 @@ pub struct OptimizerSection {
     /// Rows per forward/backward pass; a batch is split into micro-batches of this size.
     #[serde(default = "defaults::micro_batch_size")]
     pub micro_batch_size: u32,
+    /// At most this many tokens per forward/backward pass (rows × the longest prompt plus the
+    /// longest completion among them, as the pass pads them), on top of `micro_batch_size`:
+    /// long completions get small micro-batches and short ones large, so a step's peak memory
+    /// follows its tokens, not its longest row times `micro_batch_size`. Unset: rows only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<u64>,
     /// The plugin's own keys, passed to it as a JSON object.
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
@@ -252,7 +258,7 @@ pub struct OptimizerSection {
 
 impl OptimizerSection {
     /// The trainer's keys: the plugin never sees them.
-    pub const TRAINER_KEYS: [&'static str; 12] = [
+    pub const TRAINER_KEYS: [&'static str; 13] = [
         "plugin",
         "group_size",
         "mu",
@@ -265,6 +271,7 @@ impl OptimizerSection {
         "adam_eps",
         "grad_clip",
         "micro_batch_size",
+        "micro_batch_tokens",
     ];
 }
 
@@ -891,6 +898,8 @@ const RULES: &[SpecRule] = &[
     SpecRule::new("optimizer.grad_clip", |s| real(s.optimizer.grad_clip), RealsFrom(Closed(0.0)))
         .note("(0 = off)"),
     SpecRule::new("optimizer.micro_batch_size", |s| int(s.optimizer.micro_batch_size), IntsFrom(1)),
+    SpecRule::new("optimizer.micro_batch_tokens", |s| s.optimizer.micro_batch_tokens.map(Num::Int), Positive)
+        .noun("number of tokens"),
     SpecRule::new("rollout.max_new_tokens", |s| int(s.rollout.max_new_tokens), Ints(1, 32768)),
     SpecRule::new("rollout.temperature", |s| real(s.rollout.temperature), Reals(Closed(0.0), Closed(10.0)))
         .note("(0 = greedy)"),
@@ -1164,6 +1173,11 @@ max_steps = 10
             ),
             ("optimizer", "grad_clip = -1.0", "optimizer.grad_clip: expected a number ≥ 0 (0 = off), got -1"),
             ("optimizer", "micro_batch_size = 0", "optimizer.micro_batch_size: expected at least 1, got 0"),
+            (
+                "optimizer",
+                "micro_batch_tokens = 0",
+                "optimizer.micro_batch_tokens: expected a positive number of tokens, got 0",
+            ),
             ("rollout", "max_new_tokens = 40000", "rollout.max_new_tokens: expected 1 to 32768, got 40000"),
             (
                 "rollout",

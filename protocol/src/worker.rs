@@ -523,6 +523,10 @@ pub struct MetricsLine {
     /// Completion tokens trained on (offline training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_tokens: Option<u64>,
+    /// Forward/backward passes of each update (`[optimizer] micro_batch_size` and
+    /// `micro_batch_tokens` decide them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batches: Option<usize>,
     /// The loss of the step's last update.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
@@ -824,6 +828,7 @@ mod tests {
             }),
             rows: None,
             train_tokens: None,
+            micro_batches: Some(2),
             loss: Some(-0.0125),
             grad_norm: Some(0.75),
             lr: Some(1e-3),

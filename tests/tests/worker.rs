@@ -11,7 +11,7 @@ use rlvr_tests::{
     arith_data, arith_grpo_spec, drop_in, long_sft_spec, plugin_lib, run_measuring_peak, wait_until,
     worker_command, worker_plugins,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// SmolLM2-135M-Instruct as a Hugging Face directory (scripts/fetch-smollm2.sh, cached).
 fn smollm2_dir() -> PathBuf {
@@ -1285,4 +1285,69 @@ fn a_worker_past_its_memory_cap_exits_out_of_memory_naming_the_numbers() {
     // The run reports its peak: past the cap it was stopped at.
     let peak = resumed["peak_memory_bytes"].as_u64().expect("the run's peak");
     assert!(peak > cap, "peak {peak} bytes");
+}
+
+/// Micro-batches bounded by tokens train as micro-batches bounded by rows: an SFT job of
+/// completions of many lengths and a DPO job (a pair's two rows kept together) end with the same
+/// weights either way, to rounding (each loss is scaled by the whole batch), in more passes per
+/// update; the passes are in each step's metrics.
+#[test]
+fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+    let data = dir.path().join("data");
+    fs::create_dir_all(&data).unwrap();
+    // Completions of 1 to 31 characters (the built-in tokenizer's tokens), so rows pad unevenly.
+    let answer = |i: usize| "1234567890".repeat(4)[..1 + (i * 7) % 31].to_owned();
+    let write = |name: &str, line: &dyn Fn(usize) -> Value| {
+        let lines: Vec<String> = (0..16).map(|i| line(i).to_string()).collect();
+        fs::write(data.join(name), lines.join("\n") + "\n").unwrap();
+        data.join(name)
+    };
+    let sft = write("sft.jsonl", &|i| json!({"prompt": format!("{i}+{i}="), "completion": answer(i)}));
+    let pairs = write(
+        "pairs.jsonl",
+        &|i| json!({"prompt": format!("{i}+1="), "chosen": answer(i), "rejected": answer(i + 3)}),
+    );
+    // (plugin, its keys, data, rows a step)
+    let cases = [("sft", "", &sft, 16), ("dpo", "beta = 0.1\n", &pairs, 8)];
+    for (plugin, keys, train, prompts) in cases {
+        let run_with = |name: &str, limits: &str| {
+            let spec = dir.path().join(format!("{plugin}-{name}.toml"));
+            let text = format!(
+                "[job]\nname = \"{plugin}-{name}\"\nteam = \"tests\"\nmodel_line = \"m\"\nseed = 5\n\
+                 [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = {train:?}\n\
+                 [optimizer]\nplugin = \"{plugin}\"\nlr = 1e-3\n{keys}{limits}\n\
+                 [rollout]\nprompts_per_step = {prompts}\n[budget]\nmax_steps = 2\n",
+                train = train.display().to_string(),
+            );
+            fs::write(&spec, text).unwrap();
+            let state = dir.path().join(format!("{plugin}-{name}"));
+            let done = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
+            let passes: Vec<u64> = metrics_without_time(&state)
+                .iter()
+                .filter_map(|line| line["micro_batches"].as_u64())
+                .collect();
+            let weights =
+                tensors(&Path::new(done["checkpoint"].as_str().unwrap()).join("model/model.safetensors"));
+            (passes, weights)
+        };
+        let (row_passes, by_rows) = run_with("rows", "micro_batch_size = 32\n");
+        let (token_passes, by_tokens) =
+            run_with("tokens", "micro_batch_size = 32\nmicro_batch_tokens = 60\n");
+        assert_eq!(row_passes, [1, 1], "{plugin}: one pass of every row");
+        assert!(
+            token_passes.len() == 2 && token_passes.iter().all(|&n| n >= 4),
+            "{plugin}: {token_passes:?}"
+        );
+        assert_eq!(by_rows.keys().collect::<Vec<_>>(), by_tokens.keys().collect::<Vec<_>>());
+        // AdamW moves a weight by about lr a step whatever its gradient's size, so rounding
+        // shows up to lr in weights whose gradients are near zero: allowed 1% of the 2 steps'
+        // 2e-3; a lost or split micro-batch moves weights by the whole of it.
+        for (name, a) in &by_rows {
+            let worst = (a - &by_tokens[name]).abs().max().double_value(&[]);
+            assert!(worst <= 2e-5, "{plugin}: {name} differs by {worst:e}");
+        }
+        println!("{plugin}: {row_passes:?} passes by rows, {token_passes:?} by tokens, same weights");
+    }
 }

@@ -26,6 +26,7 @@ pub mod grants;
 pub mod host;
 pub mod lifecycle;
 pub mod memory;
+pub mod micro_batches;
 pub mod models;
 pub mod optim;
 pub mod plugins;

@@ -71,6 +71,18 @@ impl Rows {
         self.completions[range].iter().map(Vec::len).max().unwrap_or(0).max(1)
     }
 
+    /// This step's micro-batches under the job's `[optimizer]` limits.
+    fn micro_batches(&self, job: &Job) -> Vec<std::ops::Range<usize>> {
+        let lengths: Vec<(usize, usize)> =
+            self.prompts.iter().zip(&self.completions).map(|(p, c)| (p.len(), c.len())).collect();
+        let limits = crate::micro_batches::Limits {
+            rows: job.spec.optimizer.micro_batch_size as usize,
+            tokens: job.spec.optimizer.micro_batch_tokens,
+            unit: if job.optimizer_info.data_mode == DataMode::OfflinePairs { 2 } else { 1 },
+        };
+        crate::micro_batches::split(&lengths, limits)
+    }
+
     fn batch(
         &self,
         range: std::ops::Range<usize>,
@@ -608,6 +620,8 @@ struct UpdateResult {
     policy_sums: Vec<f64>,
     /// The first update's log-probabilities, per micro-batch (`[rows, its width]`, no grad).
     first_logprobs: Vec<Tensor>,
+    /// Forward/backward passes per update.
+    micro_batches: usize,
 }
 
 /// μ optimizer updates over the rows, micro-batched.
@@ -619,7 +633,7 @@ fn update(
     temperature: f64,
 ) -> Result<UpdateResult, String> {
     let total = rows.len();
-    let micro = job.spec.optimizer.micro_batch_size as usize;
+    let micro_batches = rows.micro_batches(job);
     let scale = LossScale {
         batch_sequences: total as u64,
         batch_tokens: rows.completions.iter().map(|c| c.len() as u64).sum(),
@@ -640,9 +654,7 @@ fn update(
     let updates = if tensors.advantages.is_some() { job.spec.optimizer.mu } else { 1 };
     for iteration in 0..updates {
         job.adamw.zero_grad();
-        let mut start = 0;
-        while start < total {
-            let end = (start + micro).min(total);
+        for std::ops::Range { start, end } in micro_batches.iter().cloned() {
             let batch = rows.batch(start..end, job.policy.tokenizer.pad_id(), job.device)?;
             // LoRA dropout draws from libtorch's generator, seeded from where the pass is in the
             // job: a resumed run draws the masks an uninterrupted one would.
@@ -697,7 +709,6 @@ fn update(
                 policy_sums.extend(row_sums(&logprobs.detach(), &mask));
                 first_logprobs.push(logprobs.detach());
             }
-            start = end;
         }
         grad_norm = job.adamw.clip_grad_norm(job.spec.optimizer.grad_clip);
         if !grad_norm.is_finite() {
@@ -705,7 +716,15 @@ fn update(
         }
         job.adamw.step(lr);
     }
-    Ok(UpdateResult { metrics: metric_sums, loss: loss_total, grad_norm, lr, policy_sums, first_logprobs })
+    Ok(UpdateResult {
+        metrics: metric_sums,
+        loss: loss_total,
+        grad_norm,
+        lr,
+        policy_sums,
+        first_logprobs,
+        micro_batches: micro_batches.len(),
+    })
 }
 
 /// The first update's log-probabilities (per micro-batch, in row order) against the sampler's
@@ -747,14 +766,11 @@ fn no_grad_pass(
         (false, None) => return Err("a reference pass without a reference".into()),
     };
     let temperature = logprob_temperature(job.spec.rollout.temperature);
-    let micro = job.spec.optimizer.micro_batch_size as usize;
     let pass = || {
         let mut logprob_parts = Vec::new();
         let mut value_parts = Vec::new();
-        let mut start = 0;
-        while start < rows.len() {
-            let end = (start + micro).min(rows.len());
-            let batch = rows.batch(start..end, job.policy.tokenizer.pad_id(), job.device)?;
+        for range in rows.micro_batches(job) {
+            let batch = rows.batch(range, job.policy.tokenizer.pad_id(), job.device)?;
             let (logprobs, hidden) = completion_logprobs(model, &batch, temperature);
             let pad = width as i64 - logprobs.size()[1];
             logprob_parts.push(logprobs.constant_pad_nd([0, pad]));
@@ -762,7 +778,6 @@ fn no_grad_pass(
                 let values = tch::nn::Module::forward(head, &hidden.to_kind(Kind::Float)).squeeze_dim(-1);
                 value_parts.push(values.constant_pad_nd([0, pad]));
             }
-            start = end;
         }
         let values = (!value_parts.is_empty()).then(|| Tensor::cat(&value_parts, 0));
         Ok((Tensor::cat(&logprob_parts, 0), values))
@@ -839,6 +854,7 @@ fn latency(scored: &[Scored]) -> Latency {
 
 fn add_update_metrics(line: &mut MetricsLine, metrics: &BTreeMap<String, f64>, update: &UpdateResult) {
     line.loss = Some(update.loss);
+    line.micro_batches = Some(update.micro_batches);
     line.grad_norm = Some(update.grad_norm);
     line.lr = Some(update.lr);
     // JSON has no NaN: a figure that is not finite is written as null.
