@@ -834,9 +834,11 @@ pub(crate) fn worker_environment(
     environment
 }
 
-/// The share of its GPU a job of `memory_gb` may take: `memory_gb` over the device's total (as
-/// NVML reports it: CUDA's total, which the fraction multiplies; else the configured memory).
-/// `None` on CPU slots, for whole devices (0) and for a request the size of the device.
+/// The share of its GPU a job of `memory_gb` may take: `memory_gb` less the CUDA context's
+/// allowance (which the request counts, and which lies outside libtorch's allocator, the only
+/// thing the fraction caps) over the device's total (as NVML reports it: CUDA's total, which the
+/// fraction multiplies; else the configured memory). `None` on CPU slots, for whole devices (0)
+/// and for a request the size of the device.
 fn memory_fraction(memory_gb: f64, devices: &[InventoryDevice]) -> Option<f64> {
     if memory_gb <= 0.0 {
         return None;
@@ -846,8 +848,12 @@ fn memory_fraction(memory_gb: f64, devices: &[InventoryDevice]) -> Option<f64> {
         .iter()
         .filter_map(|device| Some(device.gpu.as_ref()?.total_memory_gb.unwrap_or(device.memory_gb)))
         .fold(None, |smallest: Option<f64>, total| Some(smallest.map_or(total, |s| s.min(total))))?;
-    let fraction = memory_gb / total;
-    (fraction > 0.0 && fraction < 1.0).then_some(fraction)
+    let context_gb = rlvr_protocol::memory::CUDA_CONTEXT_BYTES as f64 / rlvr_protocol::memory::BYTES_PER_GB;
+    if memory_gb >= total {
+        return None;
+    }
+    // A request too small to hold the context still gets half of itself for tensors.
+    Some((memory_gb - context_gb).max(memory_gb / 2.0) / total)
 }
 
 /// `PYTORCH_CUDA_ALLOC_CONF` for a worker: the operator's settings (`key:value` pairs, values
@@ -1147,10 +1153,10 @@ mod tests {
             ));
         }
         expect![[r#"
-            cuda:0 10 GB, cap Some(10737418240): PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.125
-            cuda:0 20 GB, cap Some(21474836480): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,per_process_memory_fraction:0.25
-            cuda:0 40 GB, cap Some(42949672960): PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[256:1,512:2], garbage_collection_threshold:0.6,per_process_memory_fraction:0.5
-            cuda:0 8 GB, cap Some(8589934592): PYTORCH_ALLOC_CONF=max_split_size_mb:512 PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512,per_process_memory_fraction:0.1
+            cuda:0 10 GB, cap Some(10737418240): PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.11875
+            cuda:0 20 GB, cap Some(21474836480): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,per_process_memory_fraction:0.24375
+            cuda:0 40 GB, cap Some(42949672960): PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[256:1,512:2], garbage_collection_threshold:0.6,per_process_memory_fraction:0.49375
+            cuda:0 8 GB, cap Some(8589934592): PYTORCH_ALLOC_CONF=max_split_size_mb:512 PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512,per_process_memory_fraction:0.09375
             cuda:0 0 GB, cap Some(75161927680): PYTORCH_ALLOC_CONF=max_split_size_mb:512
             cuda:0 80 GB, cap Some(85899345920): (no allocator settings)
             cpu:0 2 GB, cap Some(2147483648): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
