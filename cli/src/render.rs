@@ -69,11 +69,11 @@ pub(crate) fn estimate_table(answer: &Estimate) -> String {
     );
     text.push_str(&format_table(["PART", "", "GB"], &rows));
     text.push_str(&format!(
-        "submit fills [resources] memory_gb = {} (the peak and {:.0}% headroom; the worker's cap) and resident_gb = {} \
-         when the spec leaves memory_gb out\n",
+        "submit fills [resources] memory_gb = {} and resident_gb = {} when the spec leaves memory_gb out \
+         (memory_gb: the peak and {:.0}% headroom, and the worker's cap)\n",
         answer.memory_gb,
-        HEADROOM * 100.0,
-        answer.resident_gb
+        answer.resident_gb,
+        HEADROOM * 100.0
     ));
     match &answer.fits {
         None => text.push_str("it fits a device of this daemon\n"),
