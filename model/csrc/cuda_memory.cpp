@@ -14,33 +14,12 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
+
+#include "messages.h"
 
 namespace {
 
-char* copy_message(const char* text) {
-  auto length = std::strlen(text);
-  auto* out = static_cast<char*>(std::malloc(length + 1));
-  if (out != nullptr) std::memcpy(out, text, length + 1);
-  return out;
-}
-
-// Runs `body`; returns 0, or 1 with a malloc'd message in *error.
-template <typename F>
-int guarded(char** error, F body) {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception& e) {
-    *error = copy_message(e.what());
-    return 1;
-  } catch (...) {
-    *error = copy_message("unknown C++ exception");
-    return 1;
-  }
-}
+using rlvr::guarded;
 
 // The CUDA allocator in c10's registry, or nullptr when libtorch's CUDA half is not loaded (or
 // registered something that is not a device allocator). Unlike c10::getDeviceAllocator, which
@@ -107,6 +86,5 @@ int rlvr_cuda_reset_peak(int device, int* state, char** error) {
   });
 }
 
-void rlvr_cuda_memory_free_message(char* message) { std::free(message); }
 
 }  // extern "C"

@@ -9,30 +9,11 @@
 
 #include <ATen/Context.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <exception>
+#include "messages.h"
 
 namespace {
 
-char* copy_message(const char* text) {
-  auto length = std::strlen(text);
-  auto* out = static_cast<char*>(std::malloc(length + 1));
-  if (out != nullptr) std::memcpy(out, text, length + 1);
-  return out;
-}
-
-// Runs `body`; returns 0, or 1 with a malloc'd message in *error.
-template <typename F>
-int guarded(char** error, F body) {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception& e) {
-    *error = copy_message(e.what());
-    return 1;
-  }
-}
+using rlvr::guarded;
 
 }  // namespace
 
@@ -58,6 +39,5 @@ int rlvr_deterministic(int* on, char** error) {
   return guarded(error, [&] { *on = at::globalContext().deterministicAlgorithms() ? 1 : 0; });
 }
 
-void rlvr_cuda_settings_free_message(char* message) { std::free(message); }
 
 }  // extern "C"

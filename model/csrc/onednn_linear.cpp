@@ -17,10 +17,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <string>
+
+#include "messages.h"
 
 namespace {
 
@@ -81,27 +81,14 @@ struct OnednnLinear : public torch::autograd::Function<OnednnLinear> {
   }
 };
 
-char* copy_message(const char* text) {
-  auto length = std::strlen(text);
-  auto* out = static_cast<char*>(std::malloc(length + 1));
-  if (out != nullptr) std::memcpy(out, text, length + 1);
-  return out;
-}
-
 }  // namespace
 
 extern "C" {
 
 // Whether this libtorch has the oneDNN operator (and so whether `rlvr_onednn_linear` can work).
-// On failure writes a malloc'd message to *error (free it with `rlvr_onednn_free_message`).
+// On failure writes a malloc'd message to *error (free it with `rlvr_free_message`).
 int rlvr_onednn_available(char** error) {
-  try {
-    (void)linear_pointwise_op();
-    return 1;
-  } catch (const std::exception& e) {
-    *error = copy_message(e.what());
-    return 0;
-  }
+  return rlvr::guarded(error, [] { (void)linear_pointwise_op(); }) == 0 ? 1 : 0;
 }
 
 // *out = x · wᵀ (+ b), differentiable in x, w and b; x [..., K], w [N, K], b [N] or null.
@@ -109,17 +96,11 @@ int rlvr_onednn_available(char** error) {
 // malloc'd message in *error.
 int rlvr_onednn_linear(const at::Tensor* x, const at::Tensor* w, const at::Tensor* b, at::Tensor** out,
                        char** error) {
-  try {
+  return rlvr::guarded(error, [&] {
     std::optional<at::Tensor> bias;
     if (b != nullptr) bias = *b;
     *out = new at::Tensor(OnednnLinear::apply(*x, *w, bias));
-    return 0;
-  } catch (const std::exception& e) {
-    *error = copy_message(e.what());
-    return 1;
-  }
+  });
 }
-
-void rlvr_onednn_free_message(char* message) { std::free(message); }
 
 }  // extern "C"

@@ -7,9 +7,10 @@
 //! that has not used CUDA yet) has one that is not initialised, and only an initialised one is
 //! called. So every function is safe, and a no-op, on a CPU-only machine.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{c_char, c_int};
 
 use crate::error::{ModelError, Result};
+use crate::ffi::checked;
 
 unsafe extern "C" {
     fn rlvr_cuda_allocator_state(state: *mut c_int, error: *mut *mut c_char) -> c_int;
@@ -24,7 +25,6 @@ unsafe extern "C" {
         error: *mut *mut c_char,
     ) -> c_int;
     fn rlvr_cuda_reset_peak(device: c_int, state: *mut c_int, error: *mut *mut c_char) -> c_int;
-    fn rlvr_cuda_memory_free_message(message: *mut c_char);
 }
 
 /// What c10's registry holds for CUDA in this process.
@@ -61,22 +61,6 @@ pub struct DeviceMemory {
     pub reserved: u64,
     /// The most taken from the device (`torch.cuda.max_memory_reserved`).
     pub peak_reserved: u64,
-}
-
-/// Turns a C++ entry point's status and message into a result; frees the message.
-fn checked(what: &str, status: c_int, message: *mut c_char) -> Result<()> {
-    if status == 0 {
-        return Ok(());
-    }
-    let text = if message.is_null() {
-        "unknown error".to_owned()
-    } else {
-        // SAFETY: a NUL-terminated string malloc'd by the C++ side, freed once, here.
-        let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
-        unsafe { rlvr_cuda_memory_free_message(message) };
-        text
-    };
-    Err(ModelError::Torch { what: what.to_owned(), source: tch::TchError::Torch(text) })
 }
 
 fn device_index(device: usize) -> Result<c_int> {

@@ -5,32 +5,16 @@
 //! before its first tensor operation. They can be set and read without a GPU; on a CPU, TF32
 //! changes no result.
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{c_char, c_int};
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
+use crate::ffi::checked;
 
 unsafe extern "C" {
     fn rlvr_set_tf32(allow: c_int, error: *mut *mut c_char) -> c_int;
     fn rlvr_tf32(allowed: *mut c_int, error: *mut *mut c_char) -> c_int;
     fn rlvr_set_deterministic(on: c_int, error: *mut *mut c_char) -> c_int;
     fn rlvr_deterministic(on: *mut c_int, error: *mut *mut c_char) -> c_int;
-    fn rlvr_cuda_settings_free_message(message: *mut c_char);
-}
-
-/// Turns a C++ entry point's status and message into a result; frees the message.
-fn checked(what: &str, status: c_int, message: *mut c_char) -> Result<()> {
-    if status == 0 {
-        return Ok(());
-    }
-    let text = if message.is_null() {
-        "unknown error".to_owned()
-    } else {
-        // SAFETY: a NUL-terminated string malloc'd by the C++ side, freed once, here.
-        let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
-        unsafe { rlvr_cuda_settings_free_message(message) };
-        text
-    };
-    Err(ModelError::Torch { what: what.to_owned(), source: tch::TchError::Torch(text) })
 }
 
 /// Allows or forbids TF32 tensor cores for float32 matrix products on CUDA

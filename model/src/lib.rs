@@ -12,6 +12,7 @@ pub mod config;
 pub mod cuda_memory;
 pub mod cuda_settings;
 pub mod error;
+mod ffi;
 pub mod logprobs;
 pub mod lora;
 pub mod model;

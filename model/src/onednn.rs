@@ -10,11 +10,13 @@
 //! [`linear`] is used for float32 CPU tensors when [`enabled`]; everything else (CUDA, bf16)
 //! keeps `Tensor::linear`. `RLVR_CPU_MATMUL=blas` turns it off (to compare, or as a way out).
 
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;
 
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
+
+use crate::ffi::take_message;
 
 unsafe extern "C" {
     fn rlvr_onednn_available(error: *mut *mut c_char) -> c_int;
@@ -25,18 +27,6 @@ unsafe extern "C" {
         out: *mut *mut C_tensor,
         error: *mut *mut c_char,
     ) -> c_int;
-    fn rlvr_onednn_free_message(message: *mut c_char);
-}
-
-/// Takes a message written by the C++ side and frees it.
-fn take_message(message: *mut c_char) -> String {
-    if message.is_null() {
-        return "unknown error".to_owned();
-    }
-    // SAFETY: a NUL-terminated string malloc'd by the C++ side, freed once, here.
-    let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
-    unsafe { rlvr_onednn_free_message(message) };
-    text
 }
 
 /// Which products float32 CPU linear layers use, decided once per process: oneDNN, or
