@@ -304,7 +304,14 @@ impl MemoryEstimate {
 
 /// `bytes` in GB, rounded up to a tenth.
 pub fn round_up_gb(bytes: u64) -> f64 {
-    (bytes as f64 / BYTES_PER_GB * 10.0).ceil() / 10.0
+    up_to_a_tenth(bytes as f64 / BYTES_PER_GB)
+}
+
+/// `gb` rounded up to a tenth, at least 0.1: how the spec's memory figures are written.
+pub fn up_to_a_tenth(gb: f64) -> f64 {
+    // In tenths, less a hair, so 1.5 stays 1.5 rather than 1.6 for a product's last bit.
+    let tenths = (gb * 10.0 - 1e-9).ceil().max(1.0);
+    tenths / 10.0
 }
 
 /// What the estimate is made from, besides the spec.

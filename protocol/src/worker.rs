@@ -27,6 +27,8 @@ use std::path::PathBuf;
 pub use rlvr_plugin_api::{HostContext, OptionsReport, Secret};
 use serde::{Deserialize, Serialize};
 
+use crate::memory::BYTES_PER_GB;
+
 /// The worker's arguments for one run of one job.
 #[derive(Debug, Clone, PartialEq, Default)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
@@ -238,9 +240,6 @@ impl WorkerExit {
         WorkerExit::ALL.into_iter().find(|exit| i32::from(exit.code()) == code)
     }
 }
-
-/// Bytes in one GB of the spec's `[resources] memory_gb` and the daemon's inventory (a GiB).
-pub const BYTES_PER_GB: f64 = (1u64 << 30) as f64;
 
 /// What a worker that ran out of memory reports: its last stderr line (after `rlvr-worker: `)
 /// when it exits [`WorkerExit::OutOfMemory`], written with `Display` and read back with

@@ -10,7 +10,8 @@
 //! of a job that had the whole device (`memory_gb = 0`: nothing larger to ask for), or whose
 //! larger request would fit no device here.
 
-use rlvr_protocol::worker::{BYTES_PER_GB, OutOfMemory};
+use rlvr_protocol::memory::{BYTES_PER_GB, up_to_a_tenth};
+use rlvr_protocol::worker::OutOfMemory;
 
 /// How much larger the second request is than the first, at least.
 pub const GROWTH: f64 = 1.5;
@@ -92,13 +93,6 @@ pub fn larger_request(memory_gb: f64, peak_bytes: Option<u64>) -> f64 {
 /// `larger`, of which it is a part.
 pub fn grown_resident(resident_gb: f64, memory_gb: f64, larger: f64) -> f64 {
     up_to_a_tenth(resident_gb * larger / memory_gb).min(larger)
-}
-
-/// `gb` rounded up to a tenth, at least 0.1.
-fn up_to_a_tenth(gb: f64) -> f64 {
-    // In tenths, less a hair, so 1.5 stays 1.5 rather than 1.6 for a product's last bit.
-    let tenths = (gb * 10.0 - 1e-9).ceil().max(1.0);
-    tenths / 10.0
 }
 
 /// `on cpu:0 in the update phase (peak 1.02 GB, cap 1.00 GB)`.

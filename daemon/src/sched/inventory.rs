@@ -56,11 +56,11 @@ use std::fmt;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
+use rlvr_protocol::memory::BYTES_PER_GB;
+
 use crate::config::{DevicesConfig, GpuConfig};
 use crate::sched::policy::Device;
 
-/// Bytes in one GB, the memory unit of the inventory.
-const BYTES_PER_GB: f64 = (1u64 << 30) as f64;
 /// The machine's memory when /proc/meminfo cannot be read.
 const FALLBACK_MACHINE_MEMORY_GB: f64 = 16.0;
 const MEMINFO: &str = "/proc/meminfo";
