@@ -846,11 +846,11 @@ fn memory_fraction(memory_gb: f64, devices: &[InventoryDevice]) -> Option<f64> {
     let total = devices
         .iter()
         .filter_map(|device| Some(device.gpu.as_ref()?.total_memory_gb.unwrap_or(device.memory_gb)))
-        .fold(None, |smallest: Option<f64>, total| Some(smallest.map_or(total, |s| s.min(total))))?;
-    let context_gb = rlvr_protocol::memory::CUDA_CONTEXT_BYTES as f64 / rlvr_protocol::memory::BYTES_PER_GB;
+        .reduce(f64::min)?;
     if memory_gb >= total {
         return None;
     }
+    let context_gb = rlvr_protocol::memory::CUDA_CONTEXT_BYTES as f64 / BYTES_PER_GB;
     // A request too small to hold the context still gets half of itself for tensors.
     Some((memory_gb - context_gb).max(memory_gb / 2.0) / total)
 }
@@ -888,10 +888,7 @@ fn memory_cap_bytes(memory_gb: f64, devices: &[InventoryDevice]) -> Option<u64> 
     let gb = if memory_gb > 0.0 {
         memory_gb
     } else {
-        devices
-            .iter()
-            .map(|device| device.memory_gb)
-            .fold(None, |smallest: Option<f64>, gb| Some(smallest.map_or(gb, |s| s.min(gb))))?
+        devices.iter().map(|device| device.memory_gb).reduce(f64::min)?
     };
     Some((gb * BYTES_PER_GB).round() as u64)
 }
