@@ -656,7 +656,12 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
 
     let failed = wait_job(&daemon, &small, Duration::from_secs(180), ended);
     assert_eq!(failed["state"], "failed", "{failed}");
-    assert_eq!((failed["crashes"].as_u64(), failed["memory_gb"].as_f64()), (Some(0), Some(1.2)), "{failed}");
+    assert_eq!(
+        (failed["crashes"].as_u64(), failed["memory_gb"].as_f64()),
+        (Some(0), Some(1.2)),
+        "{failed}\n{:#?}",
+        state_events(&daemon, &small)
+    );
     let reason = failed["reason"].as_str().unwrap();
     println!("too-small: {reason}");
     assert!(
