@@ -349,10 +349,12 @@ impl Supervisor {
             return WorkerEnd::Cancelled;
         }
         let mut end = classify(status, &stdout, &dir.worker_log());
-        // Asked to stop (SIGTERM) and ended by it before its handler was in place, or killed for
-        // being slow to stop: not a crash; it resumes from its last checkpoint.
+        // Asked to stop (SIGTERM) and ended by it before its handler was in place, killed for
+        // being slow to stop, or ended `Transient` meanwhile (a worker still starting finds the
+        // stopping daemon's grant socket gone): not a crash; it resumes from its last checkpoint.
+        let transient = status.code() == Some(i32::from(WorkerExit::Transient.code()));
         if watch.stop_deadline.is_some()
-            && (watch.killed || died_of(status, nix::sys::signal::Signal::SIGTERM))
+            && (watch.killed || transient || died_of(status, nix::sys::signal::Signal::SIGTERM))
         {
             end = WorkerEnd::Interrupted;
         }
