@@ -437,8 +437,11 @@ mod tests {
         }
     }
 
+    /// `(content, model, usage)` of a completion.
+    type Fields<'a> = (&'a str, Option<&'a str>, Option<(f64, f64)>);
+
     /// `expected`: `Ok((content, model, usage))` or the start of the error.
-    fn envelope(body: &str, expected: Result<(&str, Option<&str>, Option<(f64, f64)>), &str>) {
+    fn envelope(body: &str, expected: Result<Fields<'_>, &str>) {
         match (parse_completion(body.as_bytes()), expected) {
             (Ok(got), Ok((content, model, usage))) => {
                 assert_eq!(
