@@ -311,6 +311,10 @@ pub fn parse(text: &str, budget: &mut Budget) -> Result<Expr, ParseError> {
     let repaired = repair_escapes(text);
     let mut toks = tokenize(&repaired, budget)?;
     split_glued_connectives(&mut toks);
+    // `= 11`, `\approx 11`: the right side of a relation whose left side the text already gave.
+    if toks.len() > 1 && matches!(toks[0], Tok::Rel(RelOp::Eq | RelOp::Approx)) {
+        toks.remove(0);
+    }
     if toks.is_empty() {
         return Err(ParseError::Syntax("empty answer".into()));
     }
