@@ -697,7 +697,7 @@ impl Lexer {
     /// Whether a bare comma right here is a decimal comma (ISO 80000-1 allows the comma as the
     /// decimal sign) rather than a thousands separator or a list separator. Only where no other
     /// reading is plausible, outside brackets: after a lone `0` (`0,111`: no thousands group
-    /// starts with 0), before a fraction that starts with `0` (`3,05`: no list item is written
+    /// starts with 0; `-0,5`: no list starts with −0), before a fraction that starts with `0` (`3,05`: no list item is written
     /// `05`), or after an integer part that cannot lead a thousands group — four or more
     /// ungrouped digits (`1000,99`) or one grouped by spaces (`1 000,5`) — unless three digits
     /// follow (`1234,567` stays the list 1234, 567). A short integer part before one, two or
@@ -714,7 +714,8 @@ impl Lexer {
             return false;
         }
         let starts_with_zero = self.peek(1) == Some('0');
-        (lead == "0" && ungrouped && fraction >= 2)
+        let negative = self.out.last() == Some(&Tok::Op('-'));
+        (lead == "0" && ungrouped && (fraction >= 2 || negative))
             || (starts_with_zero && fraction >= 2)
             || (fraction != 3 && ((ungrouped && lead.len() >= 4) || grouped_without_comma))
     }
@@ -857,6 +858,7 @@ mod tests {
             ("1 000,5", &["2001/2~"]),
             ("2,5", &["2", "5"]),
             ("0,5", &["0", "5"]),
+            ("-0,5", &["1/2~"]),
             ("1,234", &["1234"]),
             ("(1000,99)", &["1000", "99"]),
         ];
