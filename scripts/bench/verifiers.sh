@@ -37,11 +37,12 @@ fi
 step "build (release): rlvrctl and the math plugin"
 cargo build --release -p rlvr-cli
 cargo build --release -p rlvr-verifier-math
+release="${CARGO_TARGET_DIR:-$RLVR_ROOT/target}/release"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/plugins"
-cp target/release/librlvr_verifier_math.so "$work/plugins/"
+cp "$release/librlvr_verifier_math.so" "$work/plugins/"
 dev=$RLVR_ROOT/tests/data/verifier_math/math-dev.jsonl
 cat "$RLVR_ROOT"/plugins/verifier-math/tests/corpus/*.jsonl > "$work/corpus.jsonl"
 
@@ -127,7 +128,7 @@ ours() {
     for run in 1 2 3; do
         local start end
         start=$(date +%s%N)
-        target/release/rlvrctl verify --plugin-dir "$work/plugins" --plugin math \
+        "$release/rlvrctl" verify --plugin-dir "$work/plugins" --plugin math \
             --plugin-config "{\"fallback\": \"$fallback\"}" --parallel 1 --jsonl "$file" > "$work/$name.run$run.jsonl" 2>/dev/null
         end=$(date +%s%N)
         local wall=$(((end - start) / 1000))
