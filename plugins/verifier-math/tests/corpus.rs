@@ -3,7 +3,7 @@
 //! for evaluation, `"none"` for training), every dev case its expected verdict in evaluation
 //! mode, and the README's table of counts per category must match the corpus.
 //!
-//! The corpus is ours, grown from cited answer conventions (see `tests/corpus/README.md`); its
+//! The corpus is ours, grown from cited answer conventions (the plugin README lists them); its
 //! verdicts are decided by the mathematics, not by what this verifier or another one says.
 
 use std::collections::{BTreeMap, BTreeSet};
