@@ -264,4 +264,8 @@ pub struct GraderCheck {
     /// Destinations it will call (each allowed by the operator).
     #[serde(default)]
     pub urls: Vec<String>,
+    /// SHA-256 of content its options carry (a `python` grader's `source`), by option key: what
+    /// a job's manifest records.
+    #[serde(default)]
+    pub digests: std::collections::BTreeMap<String, String>,
 }

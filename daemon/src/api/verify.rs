@@ -163,18 +163,27 @@ pub async fn validate(
             .enumerate()
             .map(|(i, (section, plugin))| {
                 let field = reward.field_of(i, "");
+                let mine = |key: &str| key == field || key.starts_with(&format!("{field}."));
                 let of_this = |refs: &[(String, String)]| {
-                    refs.iter()
-                        .filter(|(key, _)| key == &field || key.starts_with(&format!("{field}.")))
-                        .map(|(_, value)| value.clone())
-                        .collect()
+                    refs.iter().filter(|(key, _)| mine(key)).map(|(_, value)| value.clone()).collect()
                 };
+                let digests = checked
+                    .refs
+                    .digests
+                    .iter()
+                    .filter(|(key, _)| mine(key))
+                    .map(|(key, sha256)| {
+                        let option = key.strip_prefix(&format!("{field}.")).unwrap_or(key);
+                        (option.to_owned(), sha256.clone())
+                    })
+                    .collect();
                 GraderCheck {
                     name: section.grader_name().to_owned(),
                     plugin: plugin.id(),
                     options_checked: !checked.refs.unchecked.contains(&field),
                     secrets: of_this(&checked.refs.secrets),
                     urls: of_this(&checked.refs.urls),
+                    digests,
                 }
             })
             .collect();
@@ -299,6 +308,7 @@ fn check(state: &JobsState, caller: &Caller, reward: &RewardAsked) -> Result<Che
         secrets: refs.secrets.into_iter().map(|(f, s)| (reward.as_written(f), s)).collect(),
         urls: refs.urls.into_iter().map(|(f, u)| (reward.as_written(f), u)).collect(),
         unchecked: refs.unchecked.into_iter().map(|f| reward.as_written(f)).collect(),
+        digests: refs.digests.into_iter().map(|(f, d)| (reward.as_written(f), d)).collect(),
     };
     Ok(Checked { plugins, formula, refs })
 }

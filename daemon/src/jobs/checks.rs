@@ -34,6 +34,8 @@ pub struct PluginRefs {
     pub urls: Vec<(String, String)>,
     /// Sections whose options were not checked at submit (`verifiers[2]`, `optimizer`).
     pub unchecked: Vec<String>,
+    /// `(field, sha256)` of content the options carry, e.g. `("verifiers[0].source", "ab…")`.
+    pub digests: Vec<(String, String)>,
 }
 
 /// Every problem found, each naming its field; or, for a job that can run, what its plugins'
@@ -203,6 +205,7 @@ fn check_options(
             let field = |key: &str| spec_field(section, key);
             refs.secrets.extend(report.secrets.into_iter().map(|secret| (field(&secret.key), secret.name)));
             refs.urls.extend(report.urls.into_iter().map(|url| (field(&url.key), url.url)));
+            refs.digests.extend(report.digests.into_iter().map(|digest| (field(&digest.key), digest.sha256)));
             // regression: the code verifier's python, read_paths and work_root let a spec choose
             // the interpreter the worker runs and the directories it reads and writes
             for path in report.paths {
