@@ -36,7 +36,11 @@ fn verify(plugin: &str, options: &Value, items: &[Value]) -> (Vec<Value>, String
         input.to_str().unwrap(),
     ];
     let output = rlvrctl(&args, b"");
-    (json_lines(&output.stdout), String::from_utf8_lossy(&output.stderr).into_owned(), output.status.success())
+    (
+        json_lines(&output.stdout),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        output.status.success(),
+    )
 }
 
 fn item(id: &str, completion: &str, reference: Value) -> Value {
@@ -104,15 +108,19 @@ fn string_check_templates_read_the_prompt_and_nested_reference_fields() {
     let options = json!({"operation": "eq", "input": "{{ item.prompt }} -> {{sample}}",
                          "reference": "{{item.prompt}} -> {{item.reference.labels.1}}", "trim": true});
     let items = [
-        item("second-label", "  Paris\n", json!({"labels": ["Lyon", "Paris"]})),
+        item("second-label", "Paris\n ", json!({"labels": ["Lyon", "Paris"]})),
+        // `trim` strips the ends of the rendered text, not of each value put into it.
+        item("inner-space", "  Paris", json!({"labels": ["Lyon", "Paris"]})),
         item("short-list", "Paris", json!({"labels": ["Paris"]})),
     ];
     let (lines, stderr, ok) = verify("string-check", &options, &items);
     assert!(ok, "{stderr}");
     assert_eq!(lines[0]["passed"], true, "{}", lines[0]);
-    assert_eq!(lines[0]["extracted"], "What is the capital of France? ->   Paris");
+    assert_eq!(lines[0]["extracted"], "What is the capital of France? -> Paris");
+    assert_eq!(lines[1]["passed"], false, "{}", lines[1]);
+    assert_eq!(lines[1]["extracted"], "What is the capital of France? ->   Paris");
     assert_eq!(
-        lines[1]["error"],
+        lines[2]["error"],
         "reference: item.reference.labels.1: not found in the item (item.reference.labels is an array of 1 and \"1\" is not an index in it)"
     );
 }
@@ -163,8 +171,16 @@ fn bad_options_are_refused_at_load_naming_the_key() {
         ("string-check", json!({"operation": "contains"}), "operation: expected one of eq, ne, like, ilike"),
         ("string-check", json!({"operation": "eq", "input": "{{sample"}), "input: unclosed `{{` at byte 0"),
         ("text-similarity", json!({"metric": "bleu"}), "pass_threshold: missing; this key is required"),
-        ("text-similarity", json!({"metric": "meteor", "pass_threshold": 0.5}), "metric: meteor is not offered"),
-        ("text-similarity", json!({"metric": "bleu", "pass_threshold": 2}), "pass_threshold: expected a number from 0 to 1, got 2"),
+        (
+            "text-similarity",
+            json!({"metric": "meteor", "pass_threshold": 0.5}),
+            "metric: meteor is not offered",
+        ),
+        (
+            "text-similarity",
+            json!({"metric": "bleu", "pass_threshold": 2}),
+            "pass_threshold: expected a number from 0 to 1, got 2",
+        ),
     ];
     for (plugin, options, expected) in cases {
         let (lines, stderr, ok) = verify(plugin, options, &items);
