@@ -140,6 +140,7 @@ fn text_similarity_scores_each_metric_through_the_loader() {
         // BLEU of identical texts is 1.0000000000000004 in sacrebleu; the grader keeps scores in [0, 1].
         ("bleu", 0.5, [1.0, 0.537284965911771, 0.0]),
         ("rouge_l", 0.8, [1.0, 0.8333333333333334, 0.0]),
+        ("rouge_2", 0.6, [1.0, 0.6, 0.0]),
     ];
     for (metric, threshold, scores) in cases {
         let (lines, stderr, ok) =

@@ -2,10 +2,10 @@
 //! template and a `reference` template, `passed` when it reaches `pass_threshold`.
 //!
 //! Metrics (see [`metrics`]): `fuzzy_match` (rapidfuzz's `fuzz.ratio`), `bleu` (sacrebleu's
-//! sentence BLEU) and `rouge_l` (rouge-score's ROUGE-L F-measure), each in `[0, 1]` and checked
-//! against its Python reference implementation. `meteor` is refused with the reason: its synonym
-//! stage needs WordNet data that no package registry we can reach ships, and METEOR without it is
-//! not METEOR.
+//! sentence BLEU), `rouge_1` … `rouge_5` and `rouge_l` (rouge-score's ROUGE-N and ROUGE-L
+//! F-measures), each in `[0, 1]` and checked against its Python reference implementation.
+//! `meteor` is refused with the reason: its synonym stage needs WordNet data that is not packaged
+//! where this project installs from, and METEOR without it is not METEOR.
 
 pub mod metrics;
 
@@ -23,7 +23,12 @@ pub enum Metric {
     Bleu,
     /// [`metrics::rouge_l`].
     RougeL,
+    /// [`metrics::rouge_n`] for n from 1 to 5 (OpenAI's `rouge_1` … `rouge_5`).
+    RougeN(usize),
 }
+
+/// What `metric` takes, for messages.
+const METRICS: &str = "fuzzy_match, bleu, rouge_1, rouge_2, rouge_3, rouge_4, rouge_5, rouge_l";
 
 impl Metric {
     fn parse(name: &str) -> Result<Metric, OptionError> {
@@ -31,16 +36,20 @@ impl Metric {
             "fuzzy_match" => Ok(Metric::FuzzyMatch),
             "bleu" => Ok(Metric::Bleu),
             "rouge_l" => Ok(Metric::RougeL),
+            "rouge_1" => Ok(Metric::RougeN(1)),
+            "rouge_2" => Ok(Metric::RougeN(2)),
+            "rouge_3" => Ok(Metric::RougeN(3)),
+            "rouge_4" => Ok(Metric::RougeN(4)),
+            "rouge_5" => Ok(Metric::RougeN(5)),
             "meteor" => Err(OptionError::new(
                 "metric",
-                "meteor is not offered: its synonym stage needs WordNet data, which is not packaged \
-                 where this project installs from, and a METEOR without it would not match the \
-                 reference; expected one of fuzzy_match, bleu, rouge_l",
+                format!(
+                    "meteor is not offered: its synonym stage needs WordNet data, which is not \
+                     packaged where this project installs from, and a METEOR without it would not \
+                     match the reference; expected one of {METRICS}"
+                ),
             )),
-            other => Err(OptionError::new(
-                "metric",
-                format!("expected one of fuzzy_match, bleu, rouge_l, got {other:?}"),
-            )),
+            other => Err(OptionError::new("metric", format!("expected one of {METRICS}, got {other:?}"))),
         }
     }
 
@@ -49,6 +58,11 @@ impl Metric {
             Metric::FuzzyMatch => "fuzzy_match",
             Metric::Bleu => "bleu",
             Metric::RougeL => "rouge_l",
+            Metric::RougeN(1) => "rouge_1",
+            Metric::RougeN(2) => "rouge_2",
+            Metric::RougeN(3) => "rouge_3",
+            Metric::RougeN(4) => "rouge_4",
+            Metric::RougeN(_) => "rouge_5",
         }
     }
 }
@@ -162,6 +176,7 @@ impl TextSimilarity {
                     ],
                 ),
                 Err(too_long) => {
+                    // Only the LCS has a work bound; ROUGE-N is linear.
                     return Err(format!(
                         "rouge_l: {} input tokens × {} reference tokens is more than the {} cells one item may cost",
                         too_long.input_tokens,
@@ -170,6 +185,17 @@ impl TextSimilarity {
                     ));
                 }
             },
+            Metric::RougeN(n) => {
+                let rouge = metrics::rouge_n(input, reference, n);
+                (
+                    rouge.fmeasure,
+                    vec![
+                        (self.metric.name(), rouge.fmeasure),
+                        ("precision", rouge.precision),
+                        ("recall", rouge.recall),
+                    ],
+                )
+            }
         };
         Ok(Measured { score, components })
     }
@@ -180,7 +206,7 @@ impl VerifierPlugin for TextSimilarity {
         Metadata {
             name: "text-similarity",
             version: env!("CARGO_PKG_VERSION"),
-            description: "fuzzy ratio, sentence BLEU or ROUGE-L between two templates, passed at a threshold",
+            description: "fuzzy ratio, sentence BLEU, ROUGE-N or ROUGE-L between two templates, passed at a threshold",
         }
     }
 
@@ -278,6 +304,8 @@ mod tests {
             ("bleu", 0.0, "dog", "the cat sat on the mat", 0.0, true),
             ("rouge_l", 0.5, "the cat", "the cat sat on", 2.0 / 3.0, true),
             ("rouge_l", 0.7, "the cat", "the cat sat on", 2.0 / 3.0, false),
+            ("rouge_2", 0.5, "the cat sat", "the cat sat on the mat", 0.5714285714285715, true),
+            ("rouge_5", 0.5, "the cat sat", "the cat sat on the mat", 0.0, false),
         ];
         for (metric, threshold, completion, answer, score, passed) in cases {
             let got = verdict(
@@ -367,13 +395,24 @@ mod tests {
             ),
             (
                 r#"{"metric": "cosine", "pass_threshold": 0.5}"#,
-                Err(("metric", r#"expected one of fuzzy_match, bleu, rouge_l, got "cosine""#)),
+                Err((
+                    "metric",
+                    r#"expected one of fuzzy_match, bleu, rouge_1, rouge_2, rouge_3, rouge_4, rouge_5, rouge_l, got "cosine""#,
+                )),
+            ),
+            (r#"{"metric": "rouge_2", "pass_threshold": 0.5}"#, Ok(())),
+            (
+                r#"{"metric": "rouge_6", "pass_threshold": 0.5}"#,
+                Err((
+                    "metric",
+                    r#"expected one of fuzzy_match, bleu, rouge_1, rouge_2, rouge_3, rouge_4, rouge_5, rouge_l, got "rouge_6""#,
+                )),
             ),
             (
                 r#"{"metric": "meteor", "pass_threshold": 0.5}"#,
                 Err((
                     "metric",
-                    "meteor is not offered: its synonym stage needs WordNet data, which is not packaged where this project installs from, and a METEOR without it would not match the reference; expected one of fuzzy_match, bleu, rouge_l",
+                    "meteor is not offered: its synonym stage needs WordNet data, which is not packaged where this project installs from, and a METEOR without it would not match the reference; expected one of fuzzy_match, bleu, rouge_1, rouge_2, rouge_3, rouge_4, rouge_5, rouge_l",
                 )),
             ),
             (

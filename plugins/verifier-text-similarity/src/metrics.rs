@@ -3,8 +3,8 @@
 //! - [`fuzzy_ratio`]: rapidfuzz's `fuzz.ratio`, through the `rapidfuzz` crate;
 //! - [`sentence_bleu`]: sacrebleu's `sentence_bleu` with its defaults (tokenizer `13a`,
 //!   smoothing `exp`, effective order), written here: no Rust crate reproduces sacrebleu;
-//! - [`rouge_l`]: rouge-score's `RougeScorer(["rougeL"])` with its default `use_stemmer=False`,
-//!   written here for the same reason.
+//! - [`rouge_l`] and [`rouge_n`]: rouge-score's `RougeScorer(["rougeL"])` and `["rougeN"]` with
+//!   its default `use_stemmer=False`, written here for the same reason.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -133,12 +133,12 @@ pub fn tokenize_13a(line: &str) -> Vec<String> {
     python_split(&line).map(str::to_owned).collect()
 }
 
-/// ROUGE-L's parts, as rouge-score reports them.
+/// ROUGE-L's (or ROUGE-N's) parts, as rouge-score reports them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RougeL {
-    /// LCS length over the input's token count.
+    /// LCS length (shared n-grams) over the input's token (n-gram) count.
     pub precision: f64,
-    /// LCS length over the reference's token count.
+    /// LCS length (shared n-grams) over the reference's token (n-gram) count.
     pub recall: f64,
     /// Their harmonic mean; the score.
     pub fmeasure: f64,
@@ -176,6 +176,34 @@ pub fn rouge_l(input: &str, reference: &str) -> Result<RougeL, TooLong> {
     let fmeasure =
         if precision + recall > 0.0 { 2.0 * precision * recall / (precision + recall) } else { 0.0 };
     Ok(RougeL { precision, recall, fmeasure })
+}
+
+/// rouge-score 0.1.2 `RougeScorer([f"rouge{n}"]).score(reference, input)[f"rouge{n}"]`: the
+/// clipped count of `n`-grams the two token lists share, over the input's `n`-grams (precision)
+/// and the reference's (recall), each count at least 1; same tokenizer as [`rouge_l`]. Linear in
+/// the texts.
+pub fn rouge_n(input: &str, reference: &str, n: usize) -> RougeL {
+    let prediction = tokenize_rouge(input);
+    let target = tokenize_rouge(reference);
+    let counts = |tokens: &[String]| {
+        let mut counts: HashMap<Vec<String>, usize> = HashMap::new();
+        if n > 0 {
+            for ngram in tokens.windows(n) {
+                *counts.entry(ngram.to_vec()).or_insert(0) += 1;
+            }
+        }
+        counts
+    };
+    let (target_counts, prediction_counts) = (counts(&target), counts(&prediction));
+    let shared: usize = target_counts
+        .iter()
+        .map(|(ngram, count)| (*count).min(prediction_counts.get(ngram).copied().unwrap_or(0)))
+        .sum();
+    let precision = shared as f64 / prediction_counts.values().sum::<usize>().max(1) as f64;
+    let recall = shared as f64 / target_counts.values().sum::<usize>().max(1) as f64;
+    let fmeasure =
+        if precision + recall > 0.0 { 2.0 * precision * recall / (precision + recall) } else { 0.0 };
+    RougeL { precision, recall, fmeasure }
 }
 
 /// rouge-score's `tokenize.tokenize(text, stemmer=None)`.
@@ -269,6 +297,10 @@ mod tests {
         assert_eq!((rouge.precision, rouge.recall), (1.0, 0.5));
         assert!((rouge.fmeasure - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(rouge_l("", "x").unwrap().fmeasure, 0.0);
+        let bigrams = rouge_n("the cat sat", "the cat sat on the mat", 2);
+        assert_eq!((bigrams.precision, bigrams.recall), (1.0, 0.4));
+        assert_eq!(rouge_n("a a a", "a", 1).precision, 1.0 / 3.0);
+        assert_eq!(rouge_n("", "", 1).fmeasure, 0.0);
         let long = "w ".repeat(9000);
         assert_eq!(rouge_l(&long, &long), Err(TooLong { input_tokens: 9000, reference_tokens: 9000 }));
     }

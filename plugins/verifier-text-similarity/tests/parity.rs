@@ -1,5 +1,5 @@
 //! Parity with the Python reference implementations: rapidfuzz's `fuzz.ratio`, sacrebleu's
-//! `sentence_bleu` and rouge-score's ROUGE-L, run by `tests/reference.py` in the venv of
+//! `sentence_bleu` and rouge-score's ROUGE-L and ROUGE-1 to ROUGE-5, run by `tests/reference.py` in the venv of
 //! `scripts/text-metrics-venv.sh`, on a table of pairs chosen to reach every branch of the
 //! tokenizers and the smoothing: Unicode, empty texts, punctuation, numbers, repeated words.
 
@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use rlvr_verifier_text_similarity::metrics::{fuzzy_ratio, rouge_l, sentence_bleu};
+use rlvr_verifier_text_similarity::metrics::{fuzzy_ratio, rouge_l, rouge_n, sentence_bleu};
 use serde_json::Value;
 
 /// Floats may differ in the last bits where the two sides round differently (`fuzz.ratio` is
@@ -107,7 +107,7 @@ fn every_metric_agrees_with_its_python_reference() {
     assert!(PAIRS.len() >= 30);
     let expected = reference_scores();
     assert_eq!(expected.len(), PAIRS.len());
-    let mut worst = [0.0f64; 3];
+    let mut worst = [0.0f64; 4];
     for (pair, theirs) in PAIRS.iter().zip(&expected) {
         let (input, reference) = *pair;
         worst[0] =
@@ -126,13 +126,22 @@ fn every_metric_agrees_with_its_python_reference() {
         close("rouge_l precision", pair, rouge.precision, &theirs["rouge_l"][0]);
         close("rouge_l recall", pair, rouge.recall, &theirs["rouge_l"][1]);
         worst[2] = worst[2].max(close("rouge_l fmeasure", pair, rouge.fmeasure, &theirs["rouge_l"][2]));
+
+        for n in 1..=5 {
+            let rouge = rouge_n(input, reference, n);
+            let theirs = &theirs["rouge_n"][n - 1];
+            close(&format!("rouge_{n} precision"), pair, rouge.precision, &theirs[0]);
+            close(&format!("rouge_{n} recall"), pair, rouge.recall, &theirs[1]);
+            worst[3] = worst[3].max(close(&format!("rouge_{n} fmeasure"), pair, rouge.fmeasure, &theirs[2]));
+        }
     }
     // The README's parity numbers.
     eprintln!(
-        "{} pairs; largest difference: fuzzy_match {:e}, bleu {:e}, rouge_l {:e}",
+        "{} pairs; largest difference: fuzzy_match {:e}, bleu {:e}, rouge_l {:e}, rouge_1..5 {:e}",
         PAIRS.len(),
         worst[0],
         worst[1],
-        worst[2]
+        worst[2],
+        worst[3]
     );
 }
