@@ -262,3 +262,82 @@ fn rlvrctl_verify_server_grades_with_a_plugin_or_a_specs_whole_reward() {
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
     assert!(text(&output).contains("add --server"), "{}", text(&output));
 }
+
+/// A team's python grader, in the dry-run and in a real worker's reward: the dry-run shows the
+/// source's digest, the worker records it with the run's plugins (the manifest's), and a formula
+/// over the grader's name makes the reward its metrics log.
+#[test]
+fn a_python_grader_is_dry_run_then_trained_on_with_its_source_recorded() {
+    use rlvr_protocol::worker::{MetricsLine, Outcome};
+    let source =
+        "def grade(sample, item):\n    return 1.0 if item['reference']['answer'] in sample else 0.0\n";
+    let redis = Redis::start();
+    let daemon = Daemon::start(&["rlvr-verifier-python", "rlvr-verifier-math"], &redis.url());
+    let team = api(&daemon, Some(TEAM_TOKEN));
+    let request = VerifyRequest {
+        grader: Some(grader(json!({"plugin": "python", "source": source}))),
+        reward: None,
+        items: items(),
+    };
+    let valid = team.validate_graders(&request).unwrap();
+    assert_eq!(valid.graders[0].digests.get("source"), Some(&rlvr_tests::sha256_hex(source)), "{valid:?}");
+    let results = team.verify(&request).unwrap().results;
+    let scores: Vec<f64> = results.iter().map(|line| line.score).collect();
+    assert_eq!(scores, [1.0, 0.0, 1.0], "{results:?}");
+    let broken = VerifyRequest {
+        grader: Some(grader(
+            json!({"plugin": "python", "source": "def grade(sample, item):\n    return 1 / 0\n"}),
+        )),
+        reward: None,
+        items: items(),
+    };
+    let results = team.verify(&broken).unwrap().results;
+    assert!(
+        results.iter().all(
+            |line| !line.passed && line.error.as_deref().is_some_and(|e| e.contains("ZeroDivisionError"))
+        ),
+        "an exception is an error verdict, never a silent 0: {results:?}"
+    );
+
+    // The same grader in a real worker's reward, under a formula over its name.
+    let dir = tempfile::tempdir().unwrap();
+    let data = rlvr_tests::arith_data(dir.path(), &["--train", "8", "--heldout", "4", "--sft", "0"]);
+    let plugins = rlvr_tests::worker_plugins(dir.path());
+    rlvr_tests::drop_in(
+        &rlvr_tests::plugin_lib("rlvr-verifier-python"),
+        &plugins,
+        "librlvr_verifier_python.so",
+    );
+    let spec = rlvr_tests::arith_grpo_spec(&data, "py", "builtin:tiny-arith", 1, 1).replace(
+        "[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n",
+        &format!(
+            "[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n[[verifiers]]\nplugin = \"python\"\nname = \"py\"\n\
+             source = {source:?}\n[reward]\nformula = \"0.5 * math + 0.5 * py\"\n"
+        ),
+    );
+    let spec_path = dir.path().join("job.toml");
+    fs::write(&spec_path, spec).unwrap();
+    let state = dir.path().join("state");
+    let output = rlvr_tests::worker_command(&spec_path, &state, &plugins, &[]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let outcome: Outcome = serde_json::from_slice(&output.stdout).unwrap();
+    let python =
+        outcome.plugins.iter().find(|p| p.id.starts_with("python@")).expect("the python grader's use");
+    assert_eq!(python.digests.get("source"), Some(&rlvr_tests::sha256_hex(source)));
+    let metrics = fs::read_to_string(state.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("\"py\""), "the grader's name in the components: {metrics}");
+    let step: MetricsLine = metrics
+        .lines()
+        .map(|line| serde_json::from_str::<MetricsLine>(line).unwrap())
+        .find(|line| line.reward_mean.is_some())
+        .expect("a training step");
+    let component = |name: &str| {
+        step.components
+            .as_ref()
+            .and_then(|c| c.get(name))
+            .copied()
+            .unwrap_or_else(|| panic!("{name}: {metrics}"))
+    };
+    let want = 0.5 * component("math") + 0.5 * component("py");
+    assert!((step.reward_mean.unwrap() - want).abs() < 1e-9, "{metrics}");
+}
