@@ -6,6 +6,8 @@
 //! - [`registry`]: the set of loaded `name@version`s over plugin directories, content-addressed
 //!   copies, the child-process probe, refusals.
 //! - [`verify`]: the JSONL batch engine of `rlvrctl verify` and of the worker's rewards.
+//! - [`reward`]: a completion's reward from its graders' verdicts (weighted sum or formula), for
+//!   the worker and the daemon's dry-run alike.
 //! - [`options`]: a plugin's answer about its options before a job runs (in this process, or
 //!   in a worker process for an optimizer the daemon only probed), in the spec's terms.
 //! - [`child`]: the short-lived helper processes (`probe-plugin`, `check-options`).
@@ -21,6 +23,7 @@ pub mod loader;
 pub mod metrics;
 pub mod options;
 pub mod registry;
+pub mod reward;
 pub mod verify;
 
 pub use registry::{Isolation, LoadedPlugin, Registry};

@@ -13,6 +13,7 @@
 //!   progress.
 //! - [`gates`]: the gate report, one status per criterion.
 //! - [`jobdir`]: where a job's files are.
+//! - [`formula`]: a job's reward as a formula over its named graders (`[reward] formula`).
 //! - [`fs`]: the one atomic file write.
 //! - [`runtime`]: what the worker's libtorch can do on this host (`rlvr-worker doctor`), and the
 //!   platform a run recorded.
@@ -23,6 +24,7 @@
 
 pub mod api;
 pub mod curricula;
+pub mod formula;
 pub mod fs;
 pub mod gates;
 pub mod grants;

@@ -24,6 +24,9 @@ pub struct JobSpec {
     pub optimizer: OptimizerSection,
     #[serde(default)]
     pub verifiers: Vec<PluginSection>,
+    /// `[reward]`: a formula over the graders' names instead of their weighted sum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<RewardSection>,
     #[serde(default)]
     pub curriculum: Option<CurriculumSection>,
     #[serde(default)]
@@ -285,18 +288,33 @@ pub enum LrSchedule {
     Cosine,
 }
 
-/// `[[verifiers]]`: a plugin and its keys.
+/// `[[verifiers]]`: a grader — a plugin and its keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PluginSection {
     /// `name` (newest loaded) or `name@version`.
     pub plugin: String,
-    /// The verifier's weight in the reward.
+    /// The grader's name in `[reward] formula` and in the reward's components; the plugin's name
+    /// by default. Two graders of one plugin need a name each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The verifier's weight in the reward (a weighted sum when there is no `[reward] formula`).
     #[serde(default = "defaults::one_f")]
     pub weight: f64,
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub options: Map<String, Value>,
+}
+
+/// `[reward]`: how the graders' scores make the reward.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    /// A formula over the graders' names (`0.7 * math + 0.3 * format`, `min(a, b)`,
+    /// `format > 0 ? math : 0`): see `formula`'s grammar. A completion passes when every grader
+    /// the formula reads passed it.
+    pub formula: String,
 }
 
 /// `[curriculum]`: the curriculum plugin, its keys, and the shared curriculum the job starts from.
@@ -708,12 +726,19 @@ impl JobSpec {
         if let Some(lora) = &self.model.lora {
             errors.extend(LORA_RULES.iter().filter_map(|rule| rule.check("model.lora.", lora)));
         }
-        for (i, verifier) in self.verifiers.iter().enumerate() {
-            let prefix = format!("verifiers[{i}].");
-            errors.extend(VERIFIER_RULES.iter().filter_map(|rule| rule.check(&prefix, verifier)));
-        }
+        let formula = self.reward.as_ref().map(|reward| reward.formula.as_str());
+        errors.extend(check_graders(&self.verifiers, formula, "verifiers", "reward.formula").1);
         errors.extend(relations(self));
         if errors.is_empty() { Ok(()) } else { Err(SpecErrors(errors)) }
+    }
+
+    /// `[reward] formula`, parsed against the graders' names; `None` for a weighted sum.
+    pub fn reward_formula(&self) -> Result<Option<crate::formula::Formula>, SpecError> {
+        let Some(reward) = &self.reward else { return Ok(None) };
+        let names: Vec<&str> = self.verifiers.iter().map(PluginSection::grader_name).collect();
+        crate::formula::Formula::parse(&reward.formula, &names)
+            .map(Some)
+            .map_err(|error| SpecError { field: "reward.formula".into(), message: error.to_string() })
     }
 
     /// The optimizer plugin's own keys, as the JSON object it is created with.
@@ -723,9 +748,79 @@ impl JobSpec {
 }
 
 impl PluginSection {
-    /// The plugin's own keys (not `plugin`, not `weight`), as the JSON object it is created with.
+    /// The plugin's own keys (not `plugin`, not `name`, not `weight`), as the JSON object it is
+    /// created with.
     pub fn plugin_config(&self) -> String {
         Value::Object(self.options.clone()).to_string()
+    }
+
+    /// Its name in the reward: `name`, or the plugin's name without a version.
+    pub fn grader_name(&self) -> &str {
+        self.name.as_deref().unwrap_or_else(|| self.plugin.split('@').next().unwrap_or_default())
+    }
+}
+
+/// The checks of a list of graders and their reward formula, wherever they are written: a job's
+/// `[[verifiers]]` and `[reward]`, or a dry-run's `reward` (`POST /v1/verify`). `graders_field`
+/// and `formula_field` are the keys as the caller's document writes them (`verifiers`,
+/// `reward.formula`). Returns the parsed formula when there is one and it parses.
+pub fn check_graders(
+    graders: &[PluginSection],
+    formula: Option<&str>,
+    graders_field: &str,
+    formula_field: &str,
+) -> (Option<crate::formula::Formula>, Vec<SpecError>) {
+    let mut errors = Vec::new();
+    let is_term = |name: &str| {
+        name.len() <= MAX_GRADER_NAME_CHARS
+            && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    for (i, grader) in graders.iter().enumerate() {
+        let prefix = format!("{graders_field}[{i}].");
+        errors.extend(VERIFIER_RULES.iter().filter_map(|rule| rule.check(&prefix, grader)));
+        if let Some(name) = &grader.name
+            && !is_term(name)
+        {
+            errors.push(SpecError {
+                field: format!("{prefix}name"),
+                message: format!(
+                    "expected 1–{MAX_GRADER_NAME_CHARS} of [A-Za-z0-9_], not starting with a digit \
+                     (a name a formula can use), got {name:?}"
+                ),
+            });
+        }
+        if let Some(first) = graders[..i].iter().position(|other| other.grader_name() == grader.grader_name())
+        {
+            errors.push(SpecError {
+                field: format!("{prefix}name"),
+                message: format!(
+                    "{graders_field}[{first}] is named {:?} too; give each grader of one plugin a `name`",
+                    grader.grader_name()
+                ),
+            });
+        }
+        if formula.is_some() && grader.weight != 1.0 {
+            errors.push(SpecError {
+                field: format!("{prefix}weight"),
+                message: format!("unused with {formula_field}; write the weight in the formula"),
+            });
+        }
+    }
+    let Some(text) = formula else { return (None, errors) };
+    let names: Vec<&str> = graders.iter().map(PluginSection::grader_name).collect();
+    match crate::formula::Formula::parse(text, &names) {
+        Ok(parsed) => (Some(parsed), errors),
+        Err(error) => {
+            let hint = match names.iter().find(|name| !is_term(name)) {
+                Some(name) if error.message.starts_with("not a grader") => {
+                    format!("; {name:?} is not a name a formula can use: give its grader a `name`")
+                }
+                _ => String::new(),
+            };
+            errors.push(SpecError { field: formula_field.to_owned(), message: format!("{error}{hint}") });
+            (None, errors)
+        }
     }
 }
 
@@ -949,6 +1044,9 @@ const LORA_RULES: &[Rule<LoraSection>] = &[
 const VERIFIER_RULES: &[Rule<PluginSection>] =
     &[Rule::new("weight", |v| real(v.weight), RealsFrom(Closed(0.0)))];
 
+/// Longest grader name (`[[verifiers]] name`).
+const MAX_GRADER_NAME_CHARS: usize = 64;
+
 /// Longest job, team and model line name.
 const MAX_NAME_CHARS: usize = 128;
 
@@ -1098,6 +1196,64 @@ plugin = "math"
 [budget]
 max_steps = 10
 "#;
+
+    #[test]
+    fn graders_names_and_the_reward_formula() {
+        let two = |extra: &str| {
+            MINIMAL.replace(
+                "[[verifiers]]\nplugin = \"math\"\n",
+                &format!(
+                    "[[verifiers]]\nplugin = \"math\"\n[[verifiers]]\nplugin = \"format@0.1.0\"\n{extra}"
+                ),
+            )
+        };
+        let cases: &[(String, &[&str])] = &[
+            (two("[reward]\nformula = \"0.7 * math + 0.3 * format\"\n"), &[]),
+            (two("[reward]\nformula = \"format > 0 ? math : 0\"\n"), &[]),
+            (
+                two("[reward]\nformula = \"0.7 * math + 0.3 * fromat\"\n"),
+                &["reward.formula: at column 20, `fromat`: not a grader of this reward (graders: math, format)"],
+            ),
+            (
+                two("weight = 0.5\n[reward]\nformula = \"math\"\n"),
+                &["verifiers[1].weight: unused with reward.formula; write the weight in the formula"],
+            ),
+            (
+                two("[reward]\nformula = \"math\"\nscale = 2\n"),
+                &["reward.scale: unknown field `scale`, expected `formula`"],
+            ),
+            (
+                MINIMAL.replace("plugin = \"math\"\n", "plugin = \"math\"\n[[verifiers]]\nplugin = \"math\"\n"),
+                &[r#"verifiers[1].name: verifiers[0] is named "math" too; give each grader of one plugin a `name`"#],
+            ),
+            (
+                MINIMAL.replace(
+                    "plugin = \"math\"\n",
+                    "plugin = \"math\"\n[[verifiers]]\nplugin = \"math\"\nname = \"math_last\"\nfallback = \"last\"\n\
+                     [reward]\nformula = \"max(math, math_last)\"\n",
+                ),
+                &[],
+            ),
+            (
+                MINIMAL.replace("plugin = \"math\"\n", "plugin = \"math\"\nname = \"2nd-math\"\n"),
+                &[r#"verifiers[0].name: expected 1–64 of [A-Za-z0-9_], not starting with a digit (a name a formula can use), got "2nd-math""#],
+            ),
+            (
+                MINIMAL.replace(
+                    "plugin = \"math\"\n",
+                    "plugin = \"math\"\n[[verifiers]]\nplugin = \"string-check\"\n[reward]\nformula = \"math * string\"\n",
+                ),
+                &[r#"reward.formula: at column 8, `string`: not a grader of this reward (graders: math, string-check); "string-check" is not a name a formula can use: give its grader a `name`"#],
+            ),
+        ];
+        for (text, expected) in cases {
+            check(text, expected);
+        }
+        let spec = JobSpec::from_toml(&two("name = \"fmt\"\n")).unwrap();
+        assert_eq!(spec.verifiers[1].grader_name(), "fmt");
+        assert_eq!(spec.verifiers[1].plugin_config(), "{}", "the name is not one of the plugin's keys");
+        assert_eq!(spec.verifiers[0].grader_name(), "math");
+    }
 
     #[test]
     fn a_minimal_spec_gets_the_documented_defaults_and_keeps_plugin_keys_apart() {

@@ -12,8 +12,8 @@ use tch::{Kind, Tensor};
 
 use super::Job;
 use super::data::PromptRecord;
-use super::reward::ToScore;
 use super::step::StepError;
+use rlvr_plugin_host::reward::ToScore;
 use rlvr_protocol::grants::Phase;
 
 /// Prompts generated at once.
@@ -194,7 +194,7 @@ fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> Heldou
         completion_len_mean: length as f64 / n,
         prompts: records.len(),
         passed,
-        verifier_calls: records.len() * job.rewarder.verifiers.len(),
+        verifier_calls: records.len() * job.rewarder.graders.len(),
         verifier_errors: errors,
         verifier_timeouts: timeouts,
     }

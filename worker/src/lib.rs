@@ -30,7 +30,6 @@ pub mod micro_batches;
 pub mod models;
 pub mod optim;
 pub mod plugins;
-pub mod reward;
 pub mod runtime;
 pub mod start;
 pub mod state;
@@ -42,6 +41,7 @@ use std::path::PathBuf;
 
 use rlvr_model::{LoadedModel, SamplerRng, SamplingParams};
 use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo};
+use rlvr_plugin_host::reward::{Reward, VERIFY_DEADLINE};
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::spec::JobSpec;
 pub use rlvr_protocol::worker::Outcome;
@@ -54,7 +54,6 @@ use self::data::{Cursor, PairRecord, PromptRecord, SftRecord};
 use self::models::{Models, ValueHead};
 use self::optim::{AdamW, AdamWConfig};
 use self::plugins::JobPlugins;
-use self::reward::Rewarder;
 use self::start::Start;
 use self::state::{JobRecord, Logs, TrainState};
 
@@ -229,7 +228,7 @@ pub struct Job {
     pub value_head: Option<ValueHead>,
     pub optimizer: OptimizerBox,
     pub optimizer_info: OptimizerInfo,
-    pub rewarder: Rewarder,
+    pub rewarder: Reward,
     pub curriculum: Option<CurriculumBox>,
     pub train: TrainData,
     pub heldout: Option<Vec<PromptRecord>>,
@@ -298,7 +297,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         spec_sha256: start.spec_sha256.clone(),
         spec: start.spec.clone(),
         optimizer: plugins.optimizer_id.clone(),
-        verifiers: plugins.verifiers.iter().map(|verifier| verifier.id.clone()).collect(),
+        verifiers: plugins.graders.iter().map(|grader| grader.id.clone()).collect(),
         curriculum: curriculum.as_ref().map(|(id, _)| id.clone()),
         reference: models.reference_identity.clone(),
         threads: options.threads,
@@ -391,10 +390,11 @@ fn assemble(
         value_head: models.value_head,
         optimizer: plugins.optimizer,
         optimizer_info: plugins.optimizer_info,
-        rewarder: Rewarder {
-            verifiers: plugins.verifiers,
+        rewarder: Reward {
+            graders: plugins.graders,
+            combiner: plugins.combiner,
             parallel: options.verify_parallel.max(1),
-            deadline: reward::VERIFY_DEADLINE,
+            deadline: VERIFY_DEADLINE,
         },
         curriculum,
         train: data.train,

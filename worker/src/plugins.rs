@@ -12,6 +12,7 @@ use rlvr_plugin_api::{
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
 use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::options::spec_field;
+use rlvr_plugin_host::reward::{Combiner, Grader};
 use rlvr_plugin_host::{Isolation, LoadedPlugin, Registry};
 use rlvr_protocol::spec::{CurriculumSection, JobSpec};
 use rlvr_protocol::worker::PluginUse;
@@ -19,7 +20,6 @@ use tracing::{info, warn};
 
 use crate::WorkerError;
 use crate::data::PromptRecord;
-use crate::reward::WeightedVerifier;
 use crate::state::JobRecord;
 
 /// Prefix of the temp directory holding a worker's content-addressed plugin copies, followed by
@@ -34,8 +34,10 @@ pub struct JobPlugins {
     pub optimizer_info: OptimizerInfo,
     /// Its `name@version`.
     pub optimizer_id: String,
-    /// The verifiers, in the spec's order, with their weights.
-    pub verifiers: Vec<WeightedVerifier>,
+    /// The graders, in the spec's order.
+    pub graders: Vec<Grader>,
+    /// How their verdicts make the reward.
+    pub combiner: Combiner,
     /// Every plugin used so far, for the manifest (the curriculum joins when created).
     pub uses: Vec<PluginUse>,
     /// The libraries the plugins' code comes from: kept for the whole run.
@@ -93,7 +95,14 @@ impl JobPlugins {
             optimizer: created,
             optimizer_info,
             optimizer_id: optimizer.id(),
-            verifiers: Vec::new(),
+            graders: Vec::new(),
+            combiner: Combiner {
+                names: spec.verifiers.iter().map(|section| section.grader_name().to_owned()).collect(),
+                weights: spec.verifiers.iter().map(|section| section.weight).collect(),
+                formula: spec
+                    .reward_formula()
+                    .map_err(|error| WorkerError::Plugin { field: error.field, message: error.message })?,
+            },
             uses: vec![use_of(&optimizer)],
             libraries: Libraries { registry, _copies: copies },
             plugin_dirs: plugin_dirs.to_vec(),
@@ -106,12 +115,7 @@ impl JobPlugins {
             let verifier = plugin
                 .verifier_in(&section.plugin_config(), host)
                 .map_err(|error| refused(&plugin, &format!("verifiers[{i}]"), error))?;
-            plugins.verifiers.push(WeightedVerifier {
-                name: plugin.meta.name.clone(),
-                id: plugin.id(),
-                weight: section.weight,
-                verifier: Arc::new(verifier),
-            });
+            plugins.graders.push(Grader { id: plugin.id(), verifier: Arc::new(verifier) });
             plugins.uses.push(use_of(&plugin));
         }
         if let Some((field, message)) =

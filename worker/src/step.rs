@@ -27,8 +27,8 @@ use tracing::{info, warn};
 use super::data::PromptRecord;
 use super::grants::{Grant, GrantError};
 use super::models::Reference;
-use super::reward::{Scored, ToScore};
 use super::{Job, TrainData};
+use rlvr_plugin_host::reward::{Scored, ToScore};
 
 /// What a step produced.
 pub struct StepOutput {
