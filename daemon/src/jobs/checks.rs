@@ -10,6 +10,7 @@
 use rlvr_plugin_api::PluginKind;
 use rlvr_plugin_host::options::{OptionsProblem, spec_field};
 use rlvr_plugin_host::{LoadedPlugin, Registry};
+use rlvr_protocol::reward_model::RewardModelOptions;
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, SpecError};
 
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
@@ -76,6 +77,14 @@ pub fn check_runnable(
         }
     };
     for (i, verifier) in spec.verifiers.iter().enumerate() {
+        if rlvr_protocol::reward_model::is_reward_model(verifier) {
+            // Built in, not a library: its keys here, its `model` in `tenancy::resolve`.
+            let prefix = format!("verifiers[{i}].");
+            if let Err(error) = RewardModelOptions::from_section(verifier, &prefix) {
+                problem(&error.field, error.message);
+            }
+            continue;
+        }
         match find(&verifier.plugin, PluginKind::Verifier) {
             Ok(plugin) => {
                 let section = format!("verifiers[{i}]");
