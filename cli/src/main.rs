@@ -47,8 +47,8 @@ use crate::verify::{VerifyOptions, verify};
 #[command(name = "rlvrctl", version)]
 struct Cli {
     /// The daemon's API [env: RLVR_SERVER; else `server` in cli.toml; default:
-    /// http://127.0.0.1:8470].
-    #[arg(long, global = true, value_name = "URL")]
+    /// http://127.0.0.1:8470]. `verify --server` (the URL optional) grades on the daemon.
+    #[arg(long, global = true, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     server: Option<String>,
     /// The team's bearer token [env: RLVR_TOKEN; else `token` in cli.toml]. Prefer the
     /// environment or the file: other users can read a process's arguments.
@@ -169,15 +169,23 @@ enum Command {
     },
     /// List the daemon's loaded plugins and the files it refused, with why.
     Plugins,
-    /// Verify JSONL items with a verifier plugin, loaded here (no daemon needed).
+    /// Verify JSONL items with a verifier plugin, loaded here (no daemon needed); with --server,
+    /// on the daemon, as your team's job would (its secrets, the operator's outbound policy).
     ///
     /// In: one {"id", "prompt", "completion", "reference"} per line ("pred" and "gold" accepted
     /// for completion and reference.answer). Out: one {"id", "score", "passed", "components",
     /// "extracted", "error", "timed_out", "latency_us", "verifier"} per line, same order.
     Verify {
         /// The verifier: NAME (newest version) or NAME@VERSION.
+        #[arg(long, required_unless_present = "spec")]
+        plugin: Option<String>,
+        /// With --server: grade with a job spec's whole reward (its [[verifiers]] and [reward]
+        /// formula) instead of one --plugin.
+        #[arg(long, conflicts_with = "plugin", value_name = "FILE")]
+        spec: Option<PathBuf>,
+        /// With --server: only check the grader or reward (POST /v1/graders/validate).
         #[arg(long)]
-        plugin: String,
+        validate: bool,
         /// Input file; stdin when absent.
         #[arg(long)]
         jsonl: Option<PathBuf>,
@@ -528,6 +536,15 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             }
             Ok(Exit::Done)
         }
+        Command::Verify { plugin, spec, validate, jsonl, plugin_config, .. } if server.is_some() => {
+            let request = crate::verify::server_request(plugin.as_deref(), spec.as_deref(), &plugin_config)?;
+            let api = connect(Auth::Token)?;
+            crate::verify::on_server(&api, request, jsonl, validate)?;
+            Ok(Exit::Done)
+        }
+        Command::Verify { spec: Some(_), .. } | Command::Verify { validate: true, .. } => {
+            Err(BadInput("--spec and --validate grade on the daemon: add --server".into()).into())
+        }
         Command::Verify {
             plugin,
             jsonl,
@@ -538,6 +555,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             deadline_ms,
             explain,
             secrets,
+            ..
         } => {
             let parallel = parallel
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
@@ -548,6 +566,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 explain,
                 secrets,
             };
+            let plugin = plugin.expect("clap requires --plugin without --spec");
             verify(&plugin, jsonl, plugin_dirs, config, options)?;
             Ok(Exit::Done)
         }

@@ -7,8 +7,8 @@ use reqwest::blocking::{RequestBuilder, Response};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use rlvr_protocol::api::{
-    CurriculumList, CurriculumUpdate, Dataset, DatasetList, Health, ModelLine, ModelLineList,
-    ModelLineUpdate, PluginList, PromoteRequest, Refreshed,
+    CurriculumList, CurriculumUpdate, Dataset, DatasetList, GradersValid, Health, ModelLine, ModelLineList,
+    ModelLineUpdate, PluginList, PromoteRequest, Refreshed, VerifyRequest, VerifyResults,
 };
 
 use crate::spec_data::SpecDataError;
@@ -333,6 +333,19 @@ impl Client {
     /// `GET /v1/plugins`: the loaded plugins and the refused files.
     pub fn plugins(&self) -> Result<PluginList, HttpError> {
         self.get(&["v1", "plugins"], &[])
+    }
+
+    /// `POST /v1/verify`: the daemon grades `request.items` with its grader or reward, as the
+    /// caller's team's job would (its secrets, the operator's outbound policy).
+    pub fn verify(&self, request: &VerifyRequest) -> Result<VerifyResults, HttpError> {
+        let body = serde_json::to_string(request).expect("a request serializes");
+        self.call(Method::POST, self.url(&["v1", "verify"], &[]), Some(body))
+    }
+
+    /// `POST /v1/graders/validate`: the grader or reward checked as a submit would, run nothing.
+    pub fn validate_graders(&self, request: &VerifyRequest) -> Result<GradersValid, HttpError> {
+        let body = serde_json::to_string(request).expect("a request serializes");
+        self.call(Method::POST, self.url(&["v1", "graders", "validate"], &[]), Some(body))
     }
 
     /// `GET /healthz`.

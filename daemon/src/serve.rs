@@ -259,6 +259,7 @@ impl Services {
             state_dir: state_dir.clone(),
             tenancy: tenancy.clone(),
             outbound: outbound.clone(),
+            dry_runs: Arc::new(tokio::sync::Semaphore::new(crate::api::verify::DRY_RUNS_AT_ONCE)),
         });
         let app = router(
             AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },

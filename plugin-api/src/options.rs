@@ -8,7 +8,9 @@
 //! - accepts it, returning an [`OptionsReport`] as JSON text:
 //!   `{"secrets": [{"key": "bearer_token_secret", "name": "grader-token"}],
 //!   "urls": [{"key": "url", "url": "https://grader.example/v1"}], "paths": [{"key": "work_root",
-//!   "path": "/srv/x"}]}` — every secret name, outbound URL and server path the options refer to, each with the key that names it, so the host can
+//!   "path": "/srv/x"}], "digests": [{"key": "source", "sha256": "<hex>"}]}` — every secret name,
+//!   outbound URL and server path the options refer to, and the digest of content they carry
+//!   (to be recorded with the job), each with the key that names it, so the host can
 //!   check them against the team's grants and the operator's allow-list without knowing the
 //!   plugin (both lists may be empty or absent); or
 //! - refuses it with a [`PluginError`] of kind `InvalidConfig` whose message is
@@ -42,6 +44,21 @@ pub struct OptionsReport {
     /// the reports of plugins built before it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathRef>,
+    /// Digests of content the options carry (a grader's source code), each with the key that
+    /// holds it, for the host to record with the job and its manifest: what graded a run can be
+    /// told apart from a later edit of the same options. Appended; absent in the reports of
+    /// plugins built before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub digests: Vec<DigestRef>,
+}
+
+/// The digest of content an option carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DigestRef {
+    /// The option's key path, e.g. `source`.
+    pub key: String,
+    /// Lowercase hex SHA-256 of the option's value as UTF-8 bytes.
+    pub sha256: String,
 }
 
 /// A server path named by an option.
@@ -81,6 +98,12 @@ impl OptionsReport {
     /// Adds a server path named by option `key`.
     pub fn path(mut self, key: &str, path: &str) -> Self {
         self.paths.push(PathRef { key: key.to_owned(), path: path.to_owned() });
+        self
+    }
+
+    /// Adds the SHA-256 (lowercase hex) of the content option `key` carries.
+    pub fn digest(mut self, key: &str, sha256: &str) -> Self {
+        self.digests.push(DigestRef { key: key.to_owned(), sha256: sha256.to_owned() });
         self
     }
 
@@ -380,5 +403,9 @@ mod tests {
         let json = serde_json::to_string(&with_path).unwrap();
         assert_eq!(json, r#"{"secrets":[],"urls":[],"paths":[{"key":"work_root","path":"/w"}]}"#);
         assert_eq!(serde_json::from_str::<OptionsReport>(&json).unwrap(), with_path);
+        let with_digest = OptionsReport::default().digest("source", "ab12");
+        let json = serde_json::to_string(&with_digest).unwrap();
+        assert_eq!(json, r#"{"secrets":[],"urls":[],"digests":[{"key":"source","sha256":"ab12"}]}"#);
+        assert_eq!(serde_json::from_str::<OptionsReport>(&json).unwrap(), with_digest);
     }
 }

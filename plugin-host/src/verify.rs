@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 
 use rlvr_plugin_api::abi_stable::std_types::RResult;
 use rlvr_plugin_api::{Verdict, VerifierBox, VerifyItem};
-use serde::Serialize;
-use serde::ser::SerializeMap;
+pub use rlvr_protocol::batch::{Components, OutputLine};
 use serde_json::{Map, Value};
 
 /// Calls left running past their deadline before the batch stops handing out work: each one holds
@@ -64,47 +63,14 @@ pub struct BatchOptions {
     pub explain: bool,
 }
 
-/// One output line.
-#[derive(Debug, Serialize)]
-pub struct OutputLine {
-    /// The input's id, or null when it had none.
-    pub id: Option<String>,
-    /// The reward.
-    pub score: f64,
-    /// Whether the item counts as correct.
-    pub passed: bool,
-    /// Named parts of the score, in the verifier's order.
-    pub components: Components,
-    /// The graded answer.
-    pub extracted: Option<String>,
-    /// Why the item could not be judged.
-    pub error: Option<String>,
-    /// Whether its time ran out (then `error` says so).
-    pub timed_out: bool,
-    /// Time in the verifier, microseconds.
-    pub latency_us: u64,
-    /// `name@version` of the verifier that judged it.
-    pub verifier: String,
-    /// With `--explain`: what was extracted and why it matched or not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub explanation: Option<Vec<String>>,
+/// The constructors of an output line from what a plugin (or the host) answered.
+trait Answered {
+    fn failed(id: Option<String>, error: String) -> Self;
+    fn from_verdict(id: Option<String>, verdict: Verdict, latency_us: u64) -> Self;
+    fn deadline_passed(id: Option<String>, deadline: Duration) -> Self;
 }
 
-/// Components, serialized as a JSON object in the verifier's order.
-#[derive(Debug, Default)]
-pub struct Components(pub Vec<(String, f64)>);
-
-impl Serialize for Components {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (name, value) in &self.0 {
-            map.serialize_entry(name, value)?;
-        }
-        map.end()
-    }
-}
-
-impl OutputLine {
+impl Answered for OutputLine {
     fn failed(id: Option<String>, error: String) -> Self {
         OutputLine {
             id,

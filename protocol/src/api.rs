@@ -197,3 +197,75 @@ pub struct CurriculumList {
 pub struct ModelLineList {
     pub lines: Vec<ModelLine>,
 }
+
+/// `POST /v1/verify` and `POST /v1/graders/validate`: one grader, or a reward (graders and their
+/// formula), and for `verify` the items to grade in the batch format (design.md §1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct VerifyRequest {
+    /// One `[[verifiers]]` entry as JSON, e.g. `{"plugin": "math", "fallback": "last"}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader: Option<crate::spec::PluginSection>,
+    /// Graders and the formula over their names, as a job's `[[verifiers]]` and `[reward]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<RewardRequest>,
+    /// Items in the batch format: `{"id", "prompt", "completion", "reference": {...}}`
+    /// (`pred` and `gold` accepted). Ignored by `validate`.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub items: Vec<serde_json::Value>,
+}
+
+/// A reward to dry-run: a job's `[[verifiers]]` (here `graders`) and `[reward] formula` (absent:
+/// the graders' weighted sum).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RewardRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub formula: Option<String>,
+    pub graders: Vec<crate::spec::PluginSection>,
+}
+
+/// `POST /v1/verify`'s answer: one line per item, in the items' order. A reward's line has the
+/// reward as `score`, each grader's score and components as `NAME` and `NAME.COMPONENT`, and
+/// `verifier` = `reward`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VerifyResults {
+    pub results: Vec<crate::batch::OutputLine>,
+}
+
+/// `POST /v1/graders/validate`'s answer: the graders as a job would use them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GradersValid {
+    pub graders: Vec<GraderCheck>,
+    /// The formula, when there is one, as it will be evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub formula: Option<String>,
+}
+
+/// One grader that checked out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GraderCheck {
+    /// Its name in the formula and in the components.
+    pub name: String,
+    /// `name@version` of the plugin a job submitted now would pin.
+    pub plugin: String,
+    /// Whether the plugin checked its options (one built before `check_options` is checked
+    /// when a job creates it).
+    pub options_checked: bool,
+    /// Secret names its options use (each one the team's).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Destinations it will call (each allowed by the operator).
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// SHA-256 of content its options carry (a `python` grader's `source`), by option key: what
+    /// a job's manifest records.
+    #[serde(default)]
+    pub digests: std::collections::BTreeMap<String, String>,
+}

@@ -5,7 +5,8 @@
 //! - [`spec`]: the job spec of design.md §1, parsed from TOML or JSON, with errors that name the
 //!   field.
 //! - [`job`]: job states, the allowed changes between them and the API's wire types.
-//! - [`api`]: the daemon's own wire types (health, plugin listing).
+//! - [`api`]: the daemon's own wire types (health, plugin listing, the dry-run of graders).
+//! - [`batch`]: the verifier batch format's output line.
 //! - [`time`]: timestamps on the wire.
 //! - [`grants`]: the grant socket's messages between a worker and the scheduler.
 //! - [`curricula`]: the shared curricula's versions, which the daemon writes and workers pin.
@@ -24,6 +25,7 @@
 //!   their rule.
 
 pub mod api;
+pub mod batch;
 pub mod curricula;
 pub mod formula;
 pub mod fs;

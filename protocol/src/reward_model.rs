@@ -7,12 +7,13 @@ use serde::Deserialize;
 
 use crate::spec::{PluginSection, SpecError};
 
-/// The `plugin` value that names the built-in grader (no `@version`: it is the daemon's own).
-pub const PLUGIN: &str = "reward-model";
+/// The `plugin` value that names the built-in grader.
+pub const PLUGIN: &str = crate::spec::REWARD_MODEL_GRADER;
 
-/// Whether a `[[verifiers]]` section is the built-in reward-model grader.
+/// Whether a `[[verifiers]]` section is the built-in reward-model grader (a version after `@`
+/// is ignored, as the dry-run ignores it).
 pub fn is_reward_model(section: &PluginSection) -> bool {
-    section.plugin == PLUGIN
+    section.plugin.split('@').next() == Some(PLUGIN)
 }
 
 /// How a logit becomes the grader's score.

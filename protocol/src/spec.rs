@@ -306,6 +306,10 @@ pub struct PluginSection {
     pub options: Map<String, Value>,
 }
 
+/// The built-in grader that scores with a learned reward model on the job's device (not a
+/// plugin library): `[[verifiers]] plugin = "reward-model"`.
+pub const REWARD_MODEL_GRADER: &str = "reward-model";
+
 /// `[reward]`: how the graders' scores make the reward.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

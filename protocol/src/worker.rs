@@ -346,6 +346,10 @@ pub struct PluginUse {
     pub id: String,
     /// SHA-256 of the library, hex.
     pub sha256: String,
+    /// SHA-256 of content its options carry (a `python` grader's `source`), hex, by option key,
+    /// as the plugin's `check_options` reports them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub digests: BTreeMap<String, String>,
 }
 
 /// Training's trend: the mean of the first steps against the mean of the last ones (a window of
@@ -797,7 +801,11 @@ mod tests {
                 canary_regressions: CanaryRegressions { count: 1, ids: vec!["c7".into()] },
                 training: Some(trend),
             }),
-            plugins: vec![PluginUse { id: "grpo@0.1.0".into(), sha256: "cd".repeat(32) }],
+            plugins: vec![PluginUse {
+                id: "grpo@0.1.0".into(),
+                sha256: "cd".repeat(32),
+                digests: BTreeMap::new(),
+            }],
             data_sha256: [("train".to_owned(), "ef".repeat(32))].into(),
             peak_memory_bytes: Some(1_095_761_920),
         });

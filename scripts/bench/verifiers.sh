@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Verifier benchmark: our `math` plugin (release build, through `rlvrctl verify`) against
-# Math-Verify 0.9.0 (PyPI, in the project venv) on the same pairs, in one run. Two sets: the 86
-# Math-Verify dev cases (tests/data/verifier_math/math-dev.jsonl) and a generated set of
-# 1,600 pairs whose labels hold by construction (fractions, decimals, radicals, π, thousands
-# separators, polynomials, intervals, sets, hedges). Prints a markdown table: agreement with the
-# `expected` column, per-pair median and mean time, and total wall time per pair.
+# Math-Verify 0.9.0 (PyPI, in the project venv) on the same pairs, in one run. Three sets: the 86
+# Math-Verify dev cases (tests/data/verifier_math/math-dev.jsonl), our answer corpus
+# (plugins/verifier-math/tests/corpus/*.jsonl: cited answer conventions and adversarial cases,
+# see the plugin README) and a generated set of 1,600 pairs whose labels hold by construction
+# (fractions, decimals, radicals, π, thousands separators, polynomials, intervals, sets, hedges).
+# Prints a markdown table: agreement with the `expected` column (the evaluation-mode verdict,
+# `fallback = "last"`, which is how Math-Verify grades), per-pair median and mean time, and total
+# wall time per pair; then the corpus's agreement per category, and ours in training mode
+# (`fallback = "none"`, against the corpus's `expected_none`).
 #
 # Ours: per-item `latency_us` of `rlvrctl verify --parallel 1` (3 runs pooled), and the wall time
 # of the whole `rlvrctl` process (start, plugin load, all items) divided by the pairs.
@@ -14,7 +18,7 @@
 # Then the code verifier's throughput against the bare interpreter (scripts/bench/code-verifier.sh,
 # release build), unless --quick.
 #
-# Usage: scripts/bench/verifiers.sh [--quick]   (--quick: the math dev set only)
+# Usage: scripts/bench/verifiers.sh [--quick]   (--quick: the math dev set and the corpus only)
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 cd "$RLVR_ROOT"
@@ -33,12 +37,14 @@ fi
 step "build (release): rlvrctl and the math plugin"
 cargo build --release -p rlvr-cli
 cargo build --release -p rlvr-verifier-math
+release="${CARGO_TARGET_DIR:-$RLVR_ROOT/target}/release"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/plugins"
-cp target/release/librlvr_verifier_math.so "$work/plugins/"
+cp "$release/librlvr_verifier_math.so" "$work/plugins/"
 dev=$RLVR_ROOT/tests/data/verifier_math/math-dev.jsonl
+cat "$RLVR_ROOT"/plugins/verifier-math/tests/corpus/*.jsonl > "$work/corpus.jsonl"
 
 step "generated set"
 "$RLVR_VENV/bin/python" - "$work/generated.jsonl" <<'PY'
@@ -116,14 +122,14 @@ PY
 
 # Our side: --parallel 1 so latency_us is one item on one core; 3 runs pooled.
 ours() {
-    local name=$1 file=$2
+    local name=$1 file=$2 fallback=${3:-last}
     local best=""
     : > "$work/$name.ours.jsonl"
     for run in 1 2 3; do
         local start end
         start=$(date +%s%N)
-        target/release/rlvrctl verify --plugin-dir "$work/plugins" --plugin math \
-            --plugin-config '{"fallback": "last"}' --parallel 1 --jsonl "$file" > "$work/$name.run$run.jsonl" 2>/dev/null
+        "$release/rlvrctl" verify --plugin-dir "$work/plugins" --plugin math \
+            --plugin-config "{\"fallback\": \"$fallback\"}" --parallel 1 --jsonl "$file" > "$work/$name.run$run.jsonl" 2>/dev/null
         end=$(date +%s%N)
         local wall=$(((end - start) / 1000))
         if [ -z "$best" ] || [ "$wall" -lt "$best" ]; then best=$wall; fi
@@ -142,6 +148,12 @@ logging.disable(logging.CRITICAL)
 from math_verify import parse, verify
 
 rows = [json.loads(line) for line in open(sys.argv[1])]
+# Math-Verify reads LaTeX only inside math delimiters or a box, and its documentation passes the
+# gold as "$...$"; a reference.answer is bare LaTeX (`\frac{1}{2}`), so a gold with no delimiter
+# is handed to it wrapped (this changes no dev verdict; on our corpus it is 169 → 206 of 237).
+for row in rows:
+    if not any(d in row["gold"] for d in ("$", "\\(", "\\[", "\\boxed", "####")):
+        row["gold"] = "$" + row["gold"] + "$"
 verify(parse(rows[0]["gold"]), parse(rows[0]["pred"]))  # warm-up
 with open(sys.argv[2], "w") as out:
     wall_start = time.perf_counter_ns()
@@ -158,7 +170,7 @@ print(wall_us, file=open(sys.argv[2] + ".wall_us", "w"))
 PY
 }
 
-sets=("dev:$dev")
+sets=("dev:$dev" "corpus:$work/corpus.jsonl")
 [ "$quick" = 1 ] || sets+=("generated:$work/generated.jsonl")
 for entry in "${sets[@]}"; do
     name=${entry%%:*}
@@ -169,9 +181,13 @@ for entry in "${sets[@]}"; do
     theirs "$name" "$file"
 done
 
+step "corpus: math (ours, release) in training mode (fallback = none)"
+ours corpus-none "$work/corpus.jsonl" none
+
 step "results"
 "$RLVR_VENV/bin/python" - "$work" "${sets[@]}" <<'PY'
 import json, statistics, sys
+from collections import defaultdict
 work, sets = sys.argv[1], sys.argv[2:]
 print("| set | verifier | pairs | agreement with `expected` | median µs/pair | mean µs/pair | wall µs/pair (whole run) |")
 print("|---|---|---:|---:|---:|---:|---:|")
@@ -194,6 +210,32 @@ for entry in sets:
         results[who] = median
         print(f"| {name} | {label} | {n} | {agree}/{n} ({100 * agree / n:.1f}%) | {median:.1f} | {mean:.1f} | {wall / n:.1f} |")
     print(f"| {name} | speed-up (median) | | | {results['theirs'] / max(results['ours'], 0.1):.0f}× | | |")
+
+# The corpus per category, both verifiers in evaluation mode, ours in training mode too.
+rows = [json.loads(line) for line in open(f"{work}/corpus.jsonl")]
+n = len(rows)
+verdicts = {}
+for who in ("ours", "theirs", "corpus-none.ours"):
+    path = f"{work}/{who}.jsonl" if who == "corpus-none.ours" else f"{work}/corpus.{who}.jsonl"
+    verdicts[who] = {l["id"]: bool(l["passed"]) for l in (json.loads(x) for x in list(open(path))[:n])}
+agree = defaultdict(lambda: defaultdict(int))
+for row in rows:
+    cat = agree[row["category"]]
+    cat["pairs"] += 1
+    cat["ours"] += verdicts["ours"][row["id"]] == row["expected"]
+    cat["theirs"] += verdicts["theirs"][row["id"]] == row["expected"]
+    cat["none"] += verdicts["corpus-none.ours"][row["id"]] == row["expected_none"]
+print()
+print("| corpus category | pairs | math (rlvr), `last` | Math-Verify 0.9.0 | math (rlvr), `none` against `expected_none` |")
+print("|---|---:|---:|---:|---:|")
+total = defaultdict(int)
+for name in sorted(agree):
+    cat = agree[name]
+    for k, v in cat.items():
+        total[k] += v
+    print(f"| {name} | {cat['pairs']} | {cat['ours']}/{cat['pairs']} | {cat['theirs']}/{cat['pairs']} | {cat['none']}/{cat['pairs']} |")
+p = total["pairs"]
+print(f"| **all** | {p} | {total['ours']}/{p} ({100 * total['ours'] / p:.1f}%) | {total['theirs']}/{p} ({100 * total['theirs'] / p:.1f}%) | {total['none']}/{p} ({100 * total['none'] / p:.1f}%) |")
 PY
 
 if [ "$quick" = 0 ]; then

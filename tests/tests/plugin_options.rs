@@ -116,7 +116,9 @@ fn a_plugin_built_before_check_options_loads_says_so_and_is_created_without_a_co
 /// second with weight 0), and `sections` appended.
 fn spec(data: &Path, sections: &str) -> String {
     let good = arith_grpo_spec(data, "options", "builtin:tiny-arith", 1, 1);
-    format!("{good}\n{PERMISSIVE_GATES}\n[[verifiers]]\nplugin = \"math\"\nweight = 0.0\n{sections}")
+    format!(
+        "{good}\n{PERMISSIVE_GATES}\n[[verifiers]]\nplugin = \"math\"\nname = \"math_unweighted\"\nweight = 0.0\n{sections}"
+    )
 }
 
 /// The http verifier as `verifiers[0]`, with `line` among its keys.

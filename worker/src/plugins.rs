@@ -121,7 +121,13 @@ impl JobPlugins {
                 .verifier_in(&section.plugin_config(), host)
                 .map_err(|error| refused(&plugin, &format!("verifiers[{i}]"), error))?;
             plugins.graders.push(Grader { id: plugin.id(), verifier: Arc::new(verifier) });
-            plugins.uses.push(use_of(&plugin));
+            // What the options carry (a python grader's source), by digest, for the manifest:
+            // the plugin accepted these options at submit, so its report is there to ask for.
+            let mut used = use_of(&plugin);
+            if let Ok(Some(report)) = plugin.check_options(&section.plugin_config()) {
+                used.digests = report.digests.into_iter().map(|digest| (digest.key, digest.sha256)).collect();
+            }
+            plugins.uses.push(used);
         }
         if let Some((field, message)) =
             fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id).into_iter().next()
@@ -184,7 +190,7 @@ fn find(
 }
 
 fn use_of(plugin: &LoadedPlugin) -> PluginUse {
-    PluginUse { id: plugin.id(), sha256: plugin.sha256.clone() }
+    PluginUse { id: plugin.id(), sha256: plugin.sha256.clone(), digests: Default::default() }
 }
 
 /// Creates `plugin` with its options and the host's context; a refusal names the spec's field.

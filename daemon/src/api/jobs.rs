@@ -45,6 +45,9 @@ pub struct JobsState {
     pub tenancy: Arc<crate::tenancy::Tenancy>,
     /// The client webhooks go through; its policy checks a spec's webhook at submit.
     pub outbound: rlvr_outbound::Client,
+    /// The graders' dry-runs grading now (`POST /v1/verify`), at most
+    /// `verify::DRY_RUNS_AT_ONCE`.
+    pub dry_runs: Arc<tokio::sync::Semaphore>,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -77,7 +80,7 @@ impl Failure {
     }
 
     /// A refused spec: the first problem in front, every one in `more`.
-    fn spec(status: StatusCode, code: &str, mut problems: Vec<SpecError>) -> Self {
+    pub(super) fn spec(status: StatusCode, code: &str, mut problems: Vec<SpecError>) -> Self {
         let first = problems.remove(0);
         let mut failure = Failure::new(status, code, first.to_string()).field(&first.field);
         failure.error.more =
@@ -151,7 +154,7 @@ impl From<StoreError> for Failure {
 }
 
 impl Failure {
-    fn retry(mut self, seconds: u64) -> Self {
+    pub(super) fn retry(mut self, seconds: u64) -> Self {
         self.retry_after_s = Some(seconds);
         self
     }
@@ -359,7 +362,7 @@ pub async fn estimate(
 
 /// Reads a request body of at most `limit` bytes; past it, a 413 (the server drains the rest
 /// before the answer goes out: see `server::after_draining`).
-async fn read_body(body: Body, limit: usize) -> Answer<Bytes> {
+pub(super) async fn read_body(body: Body, limit: usize) -> Answer<Bytes> {
     let mut stream = body.into_data_stream();
     let mut kept = Vec::new();
     while let Some(chunk) = stream.next().await {

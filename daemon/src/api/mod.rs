@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod outcomes;
 pub mod server;
 pub mod tenancy;
+pub mod verify;
 
 use std::sync::Arc;
 
@@ -78,6 +79,8 @@ pub fn router(
                 // The upload streams to disk and counts against tenancy.max_dataset_bytes itself.
                 .layer(DefaultBodyLimit::disable()),
         )
+        .route("/v1/verify", axum::routing::post(verify::verify))
+        .route("/v1/graders/validate", axum::routing::post(verify::validate))
         .route("/v1/model-lines", get(tenancy::list_lines))
         .route("/v1/model-lines/{name}", get(tenancy::get_line).put(tenancy::put_line))
         .with_state(jobs);
@@ -105,10 +108,10 @@ pub fn router(
         healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, jobs::list, jobs::show, jobs::cancel, jobs::events,
         outcomes::promote, outcomes::metrics, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
-        tenancy::list_lines, tenancy::get_line, tenancy::put_line
+        tenancy::list_lines, tenancy::get_line, tenancy::put_line, verify::verify, verify::validate
     ),
     modifiers(&BearerAuth, &TokenAnswers),
-    tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "daemon", description = "Health, metrics, plugins"))
+    tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "graders", description = "Dry-run and validate graders and rewards"), (name = "daemon", description = "Health, metrics, plugins"))
 )]
 pub struct ApiDoc;
 

@@ -10,8 +10,10 @@
 use rlvr_plugin_api::PluginKind;
 use rlvr_plugin_host::options::{OptionsProblem, spec_field};
 use rlvr_plugin_host::{LoadedPlugin, Registry};
-use rlvr_protocol::reward_model::RewardModelOptions;
-use rlvr_protocol::spec::{JobSpec, OptimizerSection, SpecError};
+use std::sync::Arc;
+
+use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
+use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
 
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
 
@@ -33,6 +35,8 @@ pub struct PluginRefs {
     pub urls: Vec<(String, String)>,
     /// Sections whose options were not checked at submit (`verifiers[2]`, `optimizer`).
     pub unchecked: Vec<String>,
+    /// `(field, sha256)` of content the options carry, e.g. `("verifiers[0].source", "ab…")`.
+    pub digests: Vec<(String, String)>,
 }
 
 /// Every problem found, each naming its field; or, for a job that can run, what its plugins'
@@ -50,21 +54,7 @@ pub fn check_runnable(
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
 
     // Plugins: loaded, and of the right kind.
-    let find = |name: &str, kind: PluginKind| {
-        registry.find(name, Some(kind)).map_err(|error| {
-            let known: Vec<String> = registry
-                .plugins()
-                .iter()
-                .filter(|plugin| plugin.meta.kind == kind)
-                .map(|plugin| plugin.id())
-                .collect();
-            format!(
-                "{error}; loaded {} plugins: {}",
-                kind.as_str(),
-                if known.is_empty() { "none".into() } else { known.join(", ") }
-            )
-        })
-    };
+    let find = |name: &str, kind: PluginKind| find(registry, name, kind);
     let optimizer = match find(&spec.optimizer.plugin, PluginKind::Optimizer) {
         Ok(plugin) => {
             let options = spec.optimizer_plugin_config();
@@ -76,30 +66,7 @@ pub fn check_runnable(
             None
         }
     };
-    for (i, verifier) in spec.verifiers.iter().enumerate() {
-        if rlvr_protocol::reward_model::is_reward_model(verifier) {
-            // Built in, not a library: its keys here, its `model` in `tenancy::resolve`.
-            let prefix = format!("verifiers[{i}].");
-            if let Err(error) = RewardModelOptions::from_section(verifier, &prefix) {
-                problem(&error.field, error.message);
-            }
-            continue;
-        }
-        match find(&verifier.plugin, PluginKind::Verifier) {
-            Ok(plugin) => {
-                let section = format!("verifiers[{i}]");
-                check_options(
-                    registry,
-                    &plugin,
-                    &section,
-                    &verifier.plugin_config(),
-                    &mut refs,
-                    &mut problem,
-                );
-            }
-            Err(message) => problem(&format!("verifiers[{i}].plugin"), message),
-        }
-    }
+    check_graders(registry, &spec.verifiers, "verifiers", &mut refs, &mut problem);
     if let Some(curriculum) = &spec.curriculum {
         match find(&curriculum.plugin, PluginKind::Curriculum) {
             Ok(plugin) => check_options(
@@ -144,11 +111,7 @@ pub fn check_runnable(
     let webhook = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref());
     let urls = webhook.map(|url| ("publish.webhook", url)).into_iter();
     let urls = urls.chain(refs.urls.iter().map(|(field, url)| (field.as_str(), url.as_str())));
-    for (field, url) in urls {
-        if let Err(refusal) = outbound.check_url(url) {
-            problem(field, refusal.to_string());
-        }
-    }
+    refuse_urls(outbound, urls, &mut problem);
 
     // Budgets and resources within what a daemon can honour.
     if let Some(minutes) = spec.budget.max_wall_minutes
@@ -164,6 +127,74 @@ pub fn check_runnable(
         problem(why.field, why.message);
     }
     if problems.is_empty() { Ok(refs) } else { Err(problems) }
+}
+
+/// A loaded plugin of `kind` by `name` or `name@version`; else why not, with what is loaded.
+fn find(registry: &Registry, name: &str, kind: PluginKind) -> Result<Arc<LoadedPlugin>, String> {
+    registry.find(name, Some(kind)).map_err(|error| {
+        let known: Vec<String> = registry
+            .plugins()
+            .iter()
+            .filter(|plugin| plugin.meta.kind == kind)
+            .map(|plugin| plugin.id())
+            .collect();
+        format!(
+            "{error}; loaded {} plugins: {}",
+            kind.as_str(),
+            if known.is_empty() { "none".into() } else { known.join(", ") }
+        )
+    })
+}
+
+/// The graders at `field` (`verifiers` in a job, `grader` or `reward.graders` in a dry-run):
+/// each a loaded verifier whose options it accepts, or the built-in `reward-model` grader with
+/// its keys checked (no registry lookup). Their secrets and URLs go into `refs`; the plugins
+/// found, in order (`None` where a grader's plugin is not loaded, and for a reward model).
+pub fn check_graders(
+    registry: &Registry,
+    graders: &[PluginSection],
+    field: &str,
+    refs: &mut PluginRefs,
+    problem: &mut impl FnMut(&str, String),
+) -> Vec<Option<Arc<LoadedPlugin>>> {
+    graders
+        .iter()
+        .enumerate()
+        .map(|(i, grader)| {
+            let section = format!("{field}[{i}]");
+            if is_reward_model(grader) {
+                // Built in, not a library: its keys here, its `model` in `tenancy::resolve`.
+                if let Err(error) = RewardModelOptions::from_section(grader, &format!("{section}.")) {
+                    problem(&error.field, error.message);
+                }
+                return None;
+            }
+            match find(registry, &grader.plugin, PluginKind::Verifier) {
+                Ok(plugin) => {
+                    check_options(registry, &plugin, &section, &grader.plugin_config(), refs, problem);
+                    Some(plugin)
+                }
+                Err(message) => {
+                    problem(&format!("{section}.plugin"), message);
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// Refuses each `(field, url)` the operator's outbound policy does not allow (checked again,
+/// with DNS, when it is called).
+pub fn refuse_urls<'a>(
+    outbound: &rlvr_outbound::Policy,
+    urls: impl IntoIterator<Item = (&'a str, &'a str)>,
+    problem: &mut impl FnMut(&str, String),
+) {
+    for (field, url) in urls {
+        if let Err(refusal) = outbound.check_url(url) {
+            problem(field, refusal.to_string());
+        }
+    }
 }
 
 /// Asks `plugin` (at the spec's `section`) about `options`: a refusal is a problem at the key it
@@ -183,6 +214,7 @@ fn check_options(
             let field = |key: &str| spec_field(section, key);
             refs.secrets.extend(report.secrets.into_iter().map(|secret| (field(&secret.key), secret.name)));
             refs.urls.extend(report.urls.into_iter().map(|url| (field(&url.key), url.url)));
+            refs.digests.extend(report.digests.into_iter().map(|digest| (field(&digest.key), digest.sha256)));
             // regression: the code verifier's python, read_paths and work_root let a spec choose
             // the interpreter the worker runs and the directories it reads and writes
             for path in report.paths {

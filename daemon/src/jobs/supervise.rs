@@ -51,7 +51,7 @@ use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
 use rlvr_protocol::memory::BYTES_PER_GB;
-use rlvr_protocol::worker::{HostContext, OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
@@ -382,13 +382,8 @@ impl Supervisor {
             prepare_job_dir(dir, &resolved)?;
         }
         // What the job's plugins may use: its team's secrets and the operator's outbound policy.
-        let policy = self.outbound.policy();
-        let host = HostContext {
-            secrets: self.tenancy.team_secrets(&spec.job.team).map_err(SpawnError::Refused)?,
-            outbound_allow: policy.entries().iter().map(ToString::to_string).collect(),
-            outbound_allow_private: policy.allow_private(),
-            outbound_unrestricted: false,
-        };
+        let host =
+            self.tenancy.host_context(&spec.job.team, self.outbound.policy()).map_err(SpawnError::Refused)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.worker_log())?;
         // The gates compare with the line's version published when this run started.
         let baseline = publish::latest_version(spec, &self.tenancy.lines);

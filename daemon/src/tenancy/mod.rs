@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::spec::{Priority, SpecError};
-use rlvr_protocol::worker::Secret;
+use rlvr_protocol::worker::{HostContext, Secret};
 
 use crate::config::{Config, SecretConfig};
 use crate::state_dir::StateDir;
@@ -154,6 +154,19 @@ impl Tenancy {
             values.insert(secret.name.clone(), Secret::new(value));
         }
         Ok(values)
+    }
+}
+
+impl Tenancy {
+    /// What `team`'s plugins may use, in a worker or in the daemon's dry-run: its secrets and
+    /// the operator's outbound policy.
+    pub fn host_context(&self, team: &str, policy: &rlvr_outbound::Policy) -> Result<HostContext, String> {
+        Ok(HostContext {
+            secrets: self.team_secrets(team)?,
+            outbound_allow: policy.entries().iter().map(ToString::to_string).collect(),
+            outbound_allow_private: policy.allow_private(),
+            outbound_unrestricted: false,
+        })
     }
 }
 

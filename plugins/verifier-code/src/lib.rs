@@ -15,15 +15,13 @@
 //! Isolation layers: see [`sandbox`] and [`layers`]; which ones the kernel allows is found once
 //! per process ([`probe`]) and reported in [`VerifierPlugin::notes`].
 
-pub mod fdio;
-pub mod layers;
 pub mod reference;
 pub mod run;
-pub mod sandbox;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+// The sandbox is shared with the python grader; re-exported under its old paths.
+pub use rlvr_sandbox_common::{Probe, check_layers, fdio, layers, probe, sandbox};
+
+use std::path::PathBuf;
 use std::time::Duration;
 
 use rlvr_plugin_api::{
@@ -32,10 +30,12 @@ use rlvr_plugin_api::{
 };
 use serde::Deserialize;
 
-use crate::layers::{Layer, LayerSet, PythonInfo};
+use rlvr_sandbox_common::Semaphore;
+
+use crate::layers::{Layer, LayerSet};
 use crate::reference::Tests;
 use crate::run::{EvaluatorPool, IoCompare, Outcome, RunError, RunLimits, Runner};
-use crate::sandbox::{Limits, Sandbox, Spawned, Stream, Termination};
+use crate::sandbox::{Limits, Sandbox};
 
 /// How the score is made from the tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -117,160 +117,6 @@ impl Default for CodeConfig {
     }
 }
 
-/// What this host allows, found once per interpreter by starting real sandboxes.
-#[derive(Debug)]
-pub struct Probe {
-    /// The interpreter's answer, or why it could not be asked.
-    pub python: Result<PythonInfo, String>,
-    /// Landlock ABI version, 0 when absent.
-    pub landlock_abi: i32,
-    /// Layers a sandboxed `python -c pass` started under.
-    pub available: LayerSet,
-    /// Why each missing layer is missing.
-    pub missing: Vec<(Layer, String)>,
-    /// The seccomp programs, when they could be built.
-    pub seccomp: Result<Vec<Vec<libc::sock_filter>>, String>,
-}
-
-// Plain data (the BPF programs).
-unsafe impl Send for Probe {}
-unsafe impl Sync for Probe {}
-
-impl Probe {
-    /// The read-only paths for `python`, plus `extra`.
-    fn read_paths(&self, extra: &[PathBuf]) -> Vec<PathBuf> {
-        let mut paths: Vec<PathBuf> = layers::SYSTEM_READ_PATHS.iter().map(PathBuf::from).collect();
-        if let Ok(info) = &self.python {
-            paths.extend(info.paths.iter().cloned());
-        }
-        paths.extend(extra.iter().cloned());
-        paths.retain(|path| path.exists());
-        paths.sort();
-        paths.dedup();
-        paths
-    }
-}
-
-/// Probes `python` once per process and interpreter.
-pub fn probe(python: &Path) -> Arc<Probe> {
-    static PROBES: OnceLock<Mutex<BTreeMap<PathBuf, Arc<Probe>>>> = OnceLock::new();
-    let probes = PROBES.get_or_init(Default::default);
-    let mut probes = probes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    probes.entry(python.to_owned()).or_insert_with(|| Arc::new(run_probe(python))).clone()
-}
-
-fn run_probe(python: &Path) -> Probe {
-    let python_info = layers::python_info(python);
-    let landlock_abi = layers::landlock_abi();
-    let seccomp = layers::seccomp_programs();
-    let mut probe = Probe {
-        python: python_info,
-        landlock_abi,
-        available: LayerSet::default(),
-        missing: Vec::new(),
-        seccomp,
-    };
-    if let Err(error) = &probe.python {
-        probe.missing = Layer::ALL.iter().map(|&layer| (layer, error.clone())).collect();
-        return probe;
-    }
-    let read_paths = probe.read_paths(&[]);
-    let try_layers = |layers: LayerSet| -> Result<(), String> {
-        let sandbox = Sandbox {
-            python: python.to_owned(),
-            layers,
-            limits: probe_limits(),
-            read_paths: read_paths.clone(),
-            landlock_abi,
-            seccomp: probe.seccomp.clone().unwrap_or_default(),
-        };
-        start_trivial(&sandbox)
-    };
-    let user = try_layers(LayerSet::default().with(Layer::UserNamespace));
-    let base =
-        if user.is_ok() { LayerSet::default().with(Layer::UserNamespace) } else { LayerSet::default() };
-    for layer in Layer::ALL {
-        let result = match layer {
-            Layer::UserNamespace => user.clone(),
-            Layer::LandlockFs | Layer::LandlockNet | Layer::LandlockScopes => {
-                let needed = match layer {
-                    Layer::LandlockFs => 1,
-                    Layer::LandlockNet => 4,
-                    _ => 6,
-                };
-                if landlock_abi < needed {
-                    Err(format!("needs Landlock ABI {needed}, the kernel has {landlock_abi}"))
-                } else {
-                    try_layers(LayerSet::default().with(Layer::LandlockFs).with(layer))
-                }
-            }
-            Layer::Seccomp => match &probe.seccomp {
-                Err(error) => Err(error.clone()),
-                Ok(_) => try_layers(LayerSet::default().with(Layer::Seccomp)),
-            },
-            namespace => try_layers(base.with(namespace)),
-        };
-        match result {
-            Ok(()) => probe.available = probe.available.with(layer),
-            Err(error) => probe.missing.push((layer, error)),
-        }
-    }
-    probe
-}
-
-fn probe_limits() -> Limits {
-    Limits { cpu_seconds: 5, address_space: 1 << 30, processes: 32, file_size: 1 << 20, open_files: 64 }
-}
-
-/// Starts `python -c pass` in `sandbox` and checks it exits 0.
-fn start_trivial(sandbox: &Sandbox) -> Result<(), String> {
-    let workdir = tempfile::Builder::new()
-        .prefix("rlvr-code-probe-")
-        .tempdir()
-        .map_err(|error| format!("cannot create a probe directory: {error}"))?;
-    let mut child: Spawned = sandbox
-        .spawn(
-            workdir.path(),
-            &["-S", "-s", "-c", "pass"],
-            Stream::Null,
-            Stream::Null,
-            Stream::Null,
-            [None, None],
-        )
-        .map_err(|error| format!("cannot start a sandboxed python: {error}"))?;
-    match child.finish(Duration::from_secs(5)) {
-        Termination::Exited(0) => Ok(()),
-        other => Err(format!("a sandboxed `python -c pass` ended with {other:?}")),
-    }
-}
-
-/// A counting semaphore: at most `max_parallel` runs at once across threads.
-#[derive(Debug)]
-struct Semaphore {
-    free: Mutex<usize>,
-    freed: Condvar,
-}
-
-impl Semaphore {
-    fn acquire(&self) -> Permit<'_> {
-        let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-        *free -= 1;
-        Permit(self)
-    }
-}
-
-struct Permit<'a>(&'a Semaphore);
-
-impl Drop for Permit<'_> {
-    fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) += 1;
-        self.0.freed.notify_one();
-    }
-}
-
 /// The code verifier.
 #[derive(Debug)]
 pub struct CodeVerifier {
@@ -285,22 +131,6 @@ pub struct CodeVerifier {
 
 /// Longest `extracted` (the code that ran), bytes.
 const EXTRACTED_MAX: usize = 4096;
-
-/// Which layers a run uses, or why the verifier refuses: every missing layer must be accepted.
-pub fn check_layers(available: LayerSet, allowed_missing: LayerSet) -> Result<LayerSet, String> {
-    let missing = LayerSet::all().minus(available);
-    let refused = missing.minus(allowed_missing);
-    if refused.is_empty() {
-        Ok(missing)
-    } else {
-        Err(format!(
-            "allow_missing_layers: the kernel lacks {} and the config does not accept running \
-             untrusted code without them (expected these names in allow_missing_layers to accept weaker \
-             isolation)",
-            refused.names()
-        ))
-    }
-}
 
 /// The checks of `config` that need nothing from the host: ranges and relations of its numbers.
 /// (`python`, `work_root` and `allow_missing_layers` are checked against the host when the
@@ -376,7 +206,7 @@ impl CodeVerifier {
             seccomp: probe.seccomp.clone().unwrap_or_default(),
         };
         let pool = EvaluatorPool::new(mib(config.evaluator_memory_mb));
-        let permits = Semaphore { free: Mutex::new(config.max_parallel), freed: Condvar::new() };
+        let permits = Semaphore::new(config.max_parallel);
         Ok(CodeVerifier { config, sandbox, missing, work_root, pool, permits })
     }
 
@@ -442,25 +272,7 @@ impl VerifierPlugin for CodeVerifier {
     }
 
     fn notes() -> Vec<String> {
-        let python = CodeConfig::default().python;
-        let probe = probe(&python);
-        let mut notes = Vec::new();
-        match &probe.python {
-            Ok(info) => notes.push(format!("python: {} ({})", python.display(), info.version)),
-            Err(error) => notes.push(error.clone()),
-        }
-        notes.push(format!("isolation layers available: {}", probe.available.names()));
-        for (layer, why) in &probe.missing {
-            notes.push(format!(
-                "isolation layer {layer} unavailable: {why}; jobs are refused unless their config lists it \
-                 in allow_missing_layers"
-            ));
-        }
-        notes.push(format!("landlock ABI {}", probe.landlock_abi));
-        if Sandbox::running_as_root() {
-            notes.push(format!("running as root: sandboxed processes drop to uid {}", sandbox::NOBODY));
-        }
-        notes
+        rlvr_sandbox_common::notes(&CodeConfig::default().python)
     }
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
@@ -605,51 +417,6 @@ mod tests {
             r#"{"scoring": "half"}"#,
             Err(("scoring", "expected one of fraction, all_or_nothing, got \"half\"")),
         );
-    }
-
-    /// (available, accepted missing, the missing layers run without or the refusal)
-    type PolicyCase<'a> = (&'a [Layer], &'a [Layer], Result<&'a str, &'a str>);
-
-    fn check_policy(available: &[Layer], allowed: &[Layer], expected: Result<&str, &str>) {
-        let available: LayerSet = available.iter().copied().collect();
-        let allowed: LayerSet = allowed.iter().copied().collect();
-        let got = check_layers(available, allowed).map(LayerSet::names);
-        match (&got, expected) {
-            (Ok(missing), Ok(expected)) => assert_eq!(missing, expected),
-            (Err(message), Err(expected)) => assert!(message.contains(expected), "{message}"),
-            _ => panic!("got {got:?}, expected {expected:?}"),
-        }
-    }
-
-    #[test]
-    fn a_missing_layer_refuses_unless_the_config_accepts_it() {
-        let all = Layer::ALL;
-        let no_landlock = [
-            Layer::UserNamespace,
-            Layer::PidNamespace,
-            Layer::NetworkNamespace,
-            Layer::MountNamespace,
-            Layer::IpcNamespace,
-            Layer::Seccomp,
-        ];
-        let landlock = [Layer::LandlockFs, Layer::LandlockNet, Layer::LandlockScopes];
-        let cases: &[PolicyCase] = &[
-            (&all, &[], Ok("none")),
-            (&all, &[Layer::Seccomp], Ok("none")),
-            (&no_landlock, &[], Err("the kernel lacks landlock_fs, landlock_net, landlock_scopes")),
-            (&no_landlock, &[Layer::LandlockFs], Err("the kernel lacks landlock_net, landlock_scopes")),
-            (&no_landlock, &landlock, Ok("landlock_fs, landlock_net, landlock_scopes")),
-            (
-                &[],
-                &all,
-                Ok(
-                    "user_namespace, pid_namespace, network_namespace, mount_namespace, ipc_namespace, landlock_fs, landlock_net, landlock_scopes, seccomp",
-                ),
-            ),
-        ];
-        for (available, allowed, expected) in cases {
-            check_policy(available, allowed, *expected);
-        }
     }
 
     fn check_compare(compare: IoCompare, got: &str, expected: &str, matches: bool) {

@@ -34,7 +34,7 @@ pub fn parse(data: &[u8]) -> Option<String> {
         });
         if let Ok(settings) = &parsed {
             assert!(settings.item_budget().as_millis() <= u128::from(config::MAX_ITEM_BUDGET_MS));
-            assert!(settings.retries <= config::MAX_RETRIES);
+            assert!(settings.limits.retries <= config::MAX_RETRIES);
         }
         Some(format!("{parsed:?}"))
     }

@@ -17,37 +17,11 @@ use reqwest::header::{
 /// What [`Options::settings`] takes the bearer token from.
 pub use rlvr_plugin_api::{HostContext, Secret};
 use rlvr_plugin_api::{OptionError, OptionsReport, parse_options};
+pub use rlvr_verifier_http_common::resilience::{
+    MAX_ITEM_BUDGET_MS, MAX_RESPONSE_BYTES_LIMIT, MAX_RETRIES, Resilience, RetryOn,
+};
+use rlvr_verifier_http_common::{ResilienceKeys, options};
 use serde::Deserialize;
-
-/// The most one item may take, retries and backoff included, in the worst case the config allows.
-///
-/// Why 25 s: the host's default per-item deadline (`rlvrctl verify --deadline-ms`) is 30 s; the
-/// plugin must give its own answer (a timeout verdict naming the cause) well before the host
-/// cuts the call off.
-pub const MAX_ITEM_BUDGET_MS: u64 = 25_000;
-
-/// The largest `max_response_bytes` accepted.
-pub const MAX_RESPONSE_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
-
-/// The most retries accepted.
-pub const MAX_RETRIES: u32 = 10;
-
-/// Which failures of one attempt are retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-pub enum RetryOn {
-    /// No connection, or the connection broke before a full response (refused, reset, closed).
-    #[serde(rename = "connect")]
-    Connect,
-    /// The attempt ran past `timeout_ms`.
-    #[serde(rename = "timeout")]
-    Timeout,
-    /// The service answered 500–599.
-    #[serde(rename = "5xx")]
-    ServerError,
-    /// The service answered 429 Too Many Requests.
-    #[serde(rename = "429")]
-    TooManyRequests,
-}
 
 /// The plugin's keys in a job's `[[verifiers]]` entry (or `rlvrctl verify --plugin-config`).
 #[derive(Debug, Clone, Deserialize)]
@@ -102,35 +76,21 @@ impl Default for HttpConfig {
 pub struct Settings {
     /// The endpoint.
     pub url: Url,
-    /// Limit of one attempt.
-    pub timeout: Duration,
-    /// Further attempts after a retryable failure.
-    pub retries: u32,
-    /// First backoff.
-    pub backoff: Duration,
-    /// Largest backoff.
-    pub backoff_max: Duration,
-    /// Retried failure classes.
-    pub retry_on: Vec<RetryOn>,
-    /// Breaker threshold (0: off).
-    pub breaker_failures: u32,
-    /// Breaker cooldown.
-    pub breaker_cooldown: Duration,
+    /// Timeouts, retries, breaker, response size.
+    pub limits: Resilience,
     /// Headers sent with every request, the bearer token (marked sensitive) included.
     pub headers: HeaderMap,
-    /// Largest response body.
-    pub max_response_bytes: u64,
 }
 
 impl Settings {
     /// The worst-case time of one item: every attempt times out and every backoff is the largest.
     pub fn item_budget(&self) -> Duration {
-        self.timeout * (self.retries + 1) + self.backoff_max * self.retries
+        self.limits.item_budget()
     }
 
     /// Whether failures of `class` are retried.
     pub fn retries_on(&self, class: RetryOn) -> bool {
-        self.retry_on.contains(&class)
+        self.limits.retries_on(class)
     }
 }
 
@@ -151,14 +111,7 @@ pub const BEARER_TOKEN_ENV: &str = "bearer_token_env";
 /// Parses and checks the JSON config. Every error names the key and what was expected; none
 /// depends on the process environment.
 pub fn parse(json: &str) -> Result<Options, OptionError> {
-    let value = serde_json::from_str::<serde_json::Value>(json).ok();
-    if value.is_some_and(|value| value.get(BEARER_TOKEN_ENV).is_some()) {
-        return Err(OptionError::new(
-            BEARER_TOKEN_ENV,
-            "environment variable names are not accepted; ask the daemon's operator for the name of a \
-             secret your team may use and set bearer_token_secret to it",
-        ));
-    }
+    options::refuse_env_key(json, BEARER_TOKEN_ENV, "bearer_token_secret")?;
     check(parse_options(json)?)
 }
 
@@ -177,18 +130,7 @@ impl Options {
     pub fn settings(self, host: &HostContext) -> Result<Settings, OptionError> {
         let mut settings = self.settings;
         if let Some(name) = &self.bearer_token_secret {
-            let refuse = |message: String| OptionError::new("bearer_token_secret", message);
-            let secret = host
-                .secret(name)
-                .ok_or_else(|| refuse(format!("no secret named {name:?} is available to this job")))?;
-            let token = secret.expose().trim();
-            if token.is_empty() {
-                return Err(refuse(format!("the secret {name:?} is empty")));
-            }
-            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                refuse(format!("the secret {name:?} is not valid in a header (visible ASCII only)"))
-            })?;
-            value.set_sensitive(true);
+            let value = options::bearer_header("bearer_token_secret", name, host)?;
             settings.headers.insert(AUTHORIZATION, value);
         }
         Ok(settings)
@@ -197,48 +139,19 @@ impl Options {
 
 fn check(config: HttpConfig) -> Result<Options, OptionError> {
     let refuse = |key: &str, message: String| OptionError::new(key, message);
-    let url = check_url(config.url.as_deref())?;
-    if !(1..=60_000).contains(&config.timeout_ms) {
-        return Err(refuse("timeout_ms", format!("expected 1 to 60000, got {}", config.timeout_ms)));
+    let url = options::check_url("url", config.url.as_deref(), "the service's")?;
+    let limits = ResilienceKeys {
+        timeout_ms: config.timeout_ms,
+        retries: config.retries,
+        backoff_ms: config.backoff_ms,
+        backoff_max_ms: config.backoff_max_ms,
+        retry_on: config.retry_on,
+        breaker_failures: config.breaker_failures,
+        breaker_cooldown_ms: config.breaker_cooldown_ms,
+        max_response_bytes: config.max_response_bytes,
     }
-    if config.retries > MAX_RETRIES {
-        return Err(refuse("retries", format!("expected 0 to {MAX_RETRIES}, got {}", config.retries)));
-    }
-    if config.backoff_ms > config.backoff_max_ms {
-        return Err(refuse(
-            "backoff_ms",
-            format!("expected at most backoff_max_ms ({}), got {}", config.backoff_max_ms, config.backoff_ms),
-        ));
-    }
-    let worst = u64::from(config.retries + 1) * config.timeout_ms
-        + u64::from(config.retries).saturating_mul(config.backoff_max_ms);
-    if worst > MAX_ITEM_BUDGET_MS {
-        return Err(refuse(
-            "timeout_ms",
-            format!(
-                "the worst case per item, (retries + 1) × timeout_ms + retries × backoff_max_ms = {worst} ms, \
-                 exceeds the {MAX_ITEM_BUDGET_MS} ms cap"
-            ),
-        ));
-    }
-    if config.breaker_failures > 0 && !(1..=600_000).contains(&config.breaker_cooldown_ms) {
-        return Err(refuse(
-            "breaker_cooldown_ms",
-            format!("expected 1 to 600000, got {}", config.breaker_cooldown_ms),
-        ));
-    }
-    if !(1..=MAX_RESPONSE_BYTES_LIMIT).contains(&config.max_response_bytes) {
-        return Err(refuse(
-            "max_response_bytes",
-            format!("expected 1 to {MAX_RESPONSE_BYTES_LIMIT}, got {}", config.max_response_bytes),
-        ));
-    }
-    if config.bearer_token_secret.as_deref().is_some_and(|name| name.trim().is_empty()) {
-        return Err(refuse(
-            "bearer_token_secret",
-            "expected the name of a secret, got an empty string".into(),
-        ));
-    }
+    .check()?;
+    options::check_secret_name("bearer_token_secret", config.bearer_token_secret.as_deref())?;
     let mut headers = HeaderMap::new();
     for (name, value) in &config.headers {
         let key = format!("headers.{name}");
@@ -259,41 +172,8 @@ fn check(config: HttpConfig) -> Result<Options, OptionError> {
     Ok(Options {
         url: config.url.clone().unwrap_or_default(),
         bearer_token_secret: config.bearer_token_secret,
-        settings: Settings {
-            url,
-            timeout: Duration::from_millis(config.timeout_ms),
-            retries: config.retries,
-            backoff: Duration::from_millis(config.backoff_ms),
-            backoff_max: Duration::from_millis(config.backoff_max_ms),
-            retry_on: config.retry_on,
-            breaker_failures: config.breaker_failures,
-            breaker_cooldown: Duration::from_millis(config.breaker_cooldown_ms),
-            headers,
-            max_response_bytes: config.max_response_bytes,
-        },
+        settings: Settings { url, limits, headers },
     })
-}
-
-fn check_url(url: Option<&str>) -> Result<Url, OptionError> {
-    let refuse = |message: String| OptionError::new("url", message);
-    let Some(text) = url else {
-        return Err(refuse("missing (expected the service's http:// or https:// URL)".to_owned()));
-    };
-    let url = Url::parse(text)
-        .map_err(|error| refuse(format!("expected an http:// or https:// URL, got {text:?} ({error})")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(refuse(format!("expected an http:// or https:// URL, got scheme {:?}", url.scheme())));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(refuse(format!("expected a host in {text:?}")));
-    }
-    // Credentials in a URL end up in logs and process listings; the message does not repeat them.
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(refuse(
-            "expected no user:password in the URL, use headers or bearer_token_secret".to_owned(),
-        ));
-    }
-    Ok(url)
 }
 
 #[cfg(test)]

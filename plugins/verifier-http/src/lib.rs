@@ -22,204 +22,65 @@
 //! included — cannot meet the host's runtime. (A host must not call it on an async worker thread,
 //! as with any blocking call.) Connections are pooled and reused across items and threads.
 
-pub mod attempt;
-pub mod breaker;
 pub mod config;
 pub mod response;
 
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use reqwest::Url;
-use reqwest::blocking::{Client, ClientBuilder};
+use reqwest::blocking::Client;
 use rlvr_plugin_api::{
     HostContext, Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
     export_verifier,
 };
+pub use rlvr_verifier_http_common::outbound::{Sender, outbound};
+use rlvr_verifier_http_common::{Admission, Answered, Breaker, Caller, Trail, attempt, tls};
 use serde_json::{Value, json};
 
-use crate::attempt::{Failure, backoff, jitter_unit};
-use crate::breaker::{Admission, Breaker};
 use crate::config::Settings;
 use crate::response::ServiceVerdict;
 
 /// The component that counts requests per item.
 pub const ATTEMPTS_COMPONENT: &str = "http_attempts";
 
-/// The http verifier: one client, one breaker, one config.
+/// The http verifier: one client, one caller (limits and breaker), one config.
 #[derive(Debug)]
 pub struct HttpVerifier {
     settings: Settings,
     client: Sender,
-    /// Shared by every thread verifying with this config: the service's health is one fact, and
-    /// a breaker per thread would let N threads each pile N failures onto a service that is down.
-    breaker: Mutex<Breaker>,
-}
-
-/// Explanation lines, built only when the caller asked: the closures are never run otherwise.
-struct Trail(Option<Vec<String>>);
-
-impl Trail {
-    fn note(&mut self, line: impl FnOnce() -> String) {
-        if let Some(lines) = &mut self.0 {
-            lines.push(line());
-        }
-    }
-
-    fn into_verdict(self, mut verdict: Verdict) -> Verdict {
-        for line in self.0.unwrap_or_default() {
-            verdict = verdict.explain(line);
-        }
-        verdict
-    }
-}
-
-/// Why a failed item stopped where it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// Every attempt was used.
-    Exhausted,
-    /// The failure's class is not in `retry_on` (or never retryable).
-    NotRetried,
-    /// The breaker opened during the item's retries.
-    BreakerOpened,
-}
-
-/// The client the verifier posts with, under the host's outbound policy.
-///
-/// Always: no redirects (a redirect would reach a destination nobody checked; a redirected POST
-/// also turns into a GET on 301/302, and a verdict from wherever that lands would be wrong — a
-/// 3xx is reported instead) and no proxy from the environment (the worker's environment is not
-/// the job's to choose, and a proxy would see every request). Under the daemon, `url` must be on
-/// the operator's allow-list (a refusal is an `OptionError` at key `url`) and every address its
-/// host resolves to is checked again when it connects (`rlvr_outbound`). A run by hand
-/// (`rlvrctl verify`, a worker without a daemon) is unrestricted.
-pub fn outbound(builder: ClientBuilder, url: &Url, host: &HostContext) -> Result<Sender, OptionError> {
-    let build_error = |error: &dyn std::fmt::Display| {
-        OptionError::new("url", format!("cannot build an HTTP client: {error}"))
-    };
-    if host.outbound_unrestricted {
-        let client = builder.redirect(reqwest::redirect::Policy::none()).no_proxy().build();
-        return client.map(Sender::Unrestricted).map_err(|error| build_error(&error));
-    }
-    let policy = rlvr_outbound::Policy::new(&host.outbound_allow, host.outbound_allow_private)
-        .map_err(|error| OptionError::new("url", format!("the host's outbound policy: {error}")))?;
-    policy.check_url(url.as_str()).map_err(|refusal| OptionError::new("url", refusal.to_string()))?;
-    let client =
-        rlvr_outbound::blocking::Client::new(policy, builder).map_err(|error| build_error(&error))?;
-    Ok(Sender::Checked(client))
-}
-
-/// What requests go out through: the outbound policy's client, or, run by hand, a plain one.
-#[derive(Debug)]
-pub enum Sender {
-    Checked(rlvr_outbound::blocking::Client),
-    Unrestricted(Client),
-}
-
-impl Sender {
-    /// `POST url`; `None` when the policy refuses it (never for the url checked at creation).
-    pub fn post(&self, url: &Url) -> Option<reqwest::blocking::RequestBuilder> {
-        match self {
-            Sender::Checked(client) => client.post(url.as_str()).ok(),
-            Sender::Unrestricted(client) => Some(client.post(url.clone())),
-        }
-    }
+    caller: Caller,
 }
 
 impl HttpVerifier {
     /// A verifier with checked `settings`, its requests under `host`'s outbound policy.
     pub fn new(settings: Settings, host: &HostContext) -> Result<Self, PluginError> {
-        // The plugin links rustls without a default provider; ring is the one it ships. Installing
-        // twice (a second config) is refused by rustls and harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        tls::install_provider();
         let builder = Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.timeout)
+            .timeout(settings.limits.timeout)
+            .connect_timeout(settings.limits.timeout)
             // Retries are ours alone, so `http_attempts` counts every request the service saw.
             .retry(reqwest::retry::never())
             .default_headers(settings.headers.clone())
             .user_agent(concat!("rlvr-verifier-http/", env!("CARGO_PKG_VERSION")));
-        let client = outbound(builder, &settings.url, host)?;
-        let breaker = Breaker::new(settings.breaker_failures, settings.breaker_cooldown, settings.timeout);
-        Ok(HttpVerifier { settings, client, breaker: Mutex::new(breaker) })
+        let client = outbound(builder, "url", &settings.url, host)?;
+        let caller = Caller::new(settings.limits.clone(), "the service", ATTEMPTS_COMPONENT);
+        Ok(HttpVerifier { settings, client, caller })
     }
 
-    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
-        // Nothing panics while holding the lock; recovering keeps one odd panic from failing every
-        // later item.
-        self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Sends `body` with retries, backoff and the breaker. Each attempt is cut at `timeout_ms` and
-    /// each backoff is at most `backoff_max_ms`, so the item ends within `item_budget()`. (No
-    /// separate item deadline: one that could cut a last attempt short by a few microseconds of
-    /// overhead would make the verdict depend on timing.)
+    /// Sends `body` with retries, backoff and the breaker; the item ends within `item_budget()`.
     fn call(&self, body: &[u8], explain: bool) -> Verdict {
-        let settings = &self.settings;
-        let total = settings.retries + 1;
-        let mut trail = Trail(explain.then(Vec::new));
-        let mut last: Option<Failure> = None;
-        for attempt in 1..=total {
-            let admission = self.breaker().admit(Instant::now());
-            match (admission, &last) {
-                (Admission::Refused, None) => {
-                    let verdict = Verdict::error(format!(
-                        "circuit breaker open (breaker_failures = {} consecutive failed requests): failing fast \
-                         without a request until a probe succeeds (breaker_cooldown_ms = {})",
-                        settings.breaker_failures,
-                        settings.breaker_cooldown.as_millis()
-                    ))
-                    .component(ATTEMPTS_COMPONENT, 0.0);
-                    trail.note(|| "circuit breaker open: no request sent".to_owned());
-                    return trail.into_verdict(verdict);
-                }
-                (Admission::Refused, Some(failure)) => {
-                    return self.failed(failure, attempt - 1, Stop::BreakerOpened, trail);
-                }
-                (Admission::Probe, _) => trail.note(|| {
-                    format!("attempt {attempt}: circuit breaker half-open, this request is its probe")
-                }),
-                (Admission::Allowed, _) => {}
-            }
-            let outcome = attempt::send(&self.client, settings, body, settings.timeout);
-            let health = outcome.as_ref().map_or_else(Failure::health, |_| Some(true));
-            if let Some(healthy) = health {
-                self.breaker().record(healthy, Instant::now());
-            }
-            let failure = match outcome {
-                Ok(answer) => return self.answered(answer, attempt, trail),
-                Err(failure) => failure,
-            };
-            trail.note(|| format!("attempt {attempt} of {total}: {}", failure.describe(settings)));
-            if !failure.class().is_some_and(|class| settings.retries_on(class)) {
-                return self.failed(&failure, attempt, Stop::NotRetried, trail);
-            }
-            if attempt == total {
-                return self.failed(&failure, attempt, Stop::Exhausted, trail);
-            }
-            std::thread::sleep(backoff(attempt, settings.backoff, settings.backoff_max, jitter_unit()));
-            last = Some(failure);
+        let sent = self.caller.call(explain, || {
+            attempt::send(
+                &self.client,
+                &self.settings.url,
+                &self.settings.limits,
+                body,
+                response::parse_response,
+            )
+        });
+        match sent {
+            Ok(Answered { answer, attempts, trail }) => self.answered(answer, attempts, trail),
+            Err(verdict) => verdict,
         }
-        // The loop returns on its last attempt; this is only reached with retries + 1 = 0 attempts.
-        Verdict::error("no attempt was made (retries + 1 = 0)")
-    }
-
-    /// The verdict for an item whose last attempt failed. The message is deterministic: it names
-    /// the failure, the attempt count and the limit, never a measured time.
-    fn failed(&self, failure: &Failure, attempts: u32, stop: Stop, trail: Trail) -> Verdict {
-        let total = self.settings.retries + 1;
-        let why = match stop {
-            Stop::Exhausted => "",
-            Stop::NotRetried => ", not retried",
-            Stop::BreakerOpened => ", retries stopped: circuit breaker open",
-        };
-        let message = format!("{} (attempt {attempts} of {total}{why})", failure.describe(&self.settings));
-        let verdict = match failure {
-            Failure::Timeout => Verdict::timeout(message),
-            _ => Verdict::error(message),
-        };
-        trail.into_verdict(verdict.component(ATTEMPTS_COMPONENT, f64::from(attempts)))
     }
 
     /// The verdict from a valid answer. A service `error` wins over its score: the item counts as
@@ -264,32 +125,7 @@ impl VerifierPlugin for HttpVerifier {
     }
 
     fn notes() -> Vec<String> {
-        // The same store rustls-platform-verifier reads on Linux: an empty one means every https
-        // service fails its handshake, which an operator should learn at load, not per item.
-        let roots = rustls_native_certs::load_native_certs();
-        let source = match (std::env::var_os("SSL_CERT_FILE"), std::env::var_os("SSL_CERT_DIR")) {
-            (None, None) => "the system store".to_owned(),
-            (file, dir) => format!(
-                "SSL_CERT_FILE={} SSL_CERT_DIR={}",
-                file.map_or_else(|| "(unset)".into(), |f| f.to_string_lossy().into_owned()),
-                dir.map_or_else(|| "(unset)".into(), |d| d.to_string_lossy().into_owned())
-            ),
-        };
-        let mut notes = vec![format!(
-            "https: rustls (ring), {} trusted root certificate(s) from {source}",
-            roots.certs.len()
-        )];
-        if roots.certs.is_empty() {
-            notes.push(
-                "https: no root certificates found, every https service will fail its handshake; install \
-                 ca-certificates or set SSL_CERT_FILE"
-                    .to_owned(),
-            );
-        }
-        notes.extend(
-            roots.errors.iter().take(3).map(|error| format!("https: reading root certificates: {error}")),
-        );
-        notes
+        tls::notes()
     }
 
     /// Without a host context: no secrets, so a `bearer_token_secret` is refused.

@@ -82,7 +82,8 @@ struct Cmp<'b> {
 /// `x = 1/3 \approx 0.33`), when `expr` is one.
 fn assigned_value(expr: &Expr) -> Option<&Expr> {
     let Expr::Rel(items, ops) = expr else { return None };
-    if !matches!(ops.first(), Some(RelOp::Eq | RelOp::In)) || !is_name(&items[0]) {
+    // `x \approx 11` states the value 11 as much as `x = 11` does.
+    if !matches!(ops.first(), Some(RelOp::Eq | RelOp::In | RelOp::Approx)) || !is_name(&items[0]) {
         return None;
     }
     let mut value = &items[1];
@@ -116,10 +117,42 @@ fn chain_values(expr: &Expr) -> Option<Vec<&Expr>> {
     Some(values)
 }
 
+/// Every member of a chain of equalities that names nothing (`5 + 5 + 1 = 11`,
+/// `2 \cdot 3 = 6 = 3!`, `\sqrt{2} \approx 1.414`), when `expr` is one: each must equal a
+/// single answer on the other side, so a false chain (`5 + 5 + 2 = 11`) matches no single value
+/// and an equation (`2x = 4`, `x^2 + y^2 = 1`) is not its right side. A decimal after
+/// `\approx` is a stated approximation and is not graded, as in an assignment chain.
+fn unnamed_chain(expr: &Expr) -> Option<Vec<&Expr>> {
+    let Expr::Rel(items, ops) = expr else { return None };
+    if is_name(&items[0]) || !ops.iter().all(|op| matches!(op, RelOp::Eq | RelOp::Approx)) {
+        return None;
+    }
+    let mut values = vec![&items[0]];
+    for (op, value) in ops.iter().zip(&items[1..]) {
+        if !(*op == RelOp::Approx && decimal_literal(value).is_some()) {
+            values.push(value);
+        }
+    }
+    Some(values)
+}
+
 /// Whether `expr` names something (the left side of an assignment).
 fn is_name(expr: &Expr) -> bool {
+    /// Letters that name a point, a segment or a product of unknowns: `A`, `AB`, `NO`.
+    fn letters(expr: &Expr) -> bool {
+        match expr {
+            Expr::Sym(_) => true,
+            Expr::Mul(items) => items.len() <= 4 && items.iter().all(|item| matches!(item, Expr::Sym(_))),
+            _ => false,
+        }
+    }
     match expr {
         Expr::Sym(_) => true,
+        // A named quantity of geometry: a segment `AB`, its length `|AB|`, a ratio of segments
+        // `\frac{NO}{BO}` — no number in it, so `2x = 4` and `x^2 + y^2 = 1` stay equations.
+        Expr::Mul(_) => letters(expr),
+        Expr::Abs(inner) => letters(inner),
+        Expr::Div(a, b) => letters(a) && letters(b),
         Expr::Func(name, args) => {
             (name.chars().count() == 1 || name.contains('_'))
                 && args.iter().all(|a| matches!(a, Expr::Sym(_) | Expr::Num(_)))
@@ -152,8 +185,8 @@ fn answers(expr: &Expr, out: &mut Vec<Expr>) {
     }
 }
 
-/// `(name, assignment)` pairs, sorted by name, when every answer is an assignment to a plain
-/// symbol (`x = 1, y = 2`).
+/// `(name, assignment)` pairs when every answer is an assignment to a plain
+/// symbol or another name (`x = 1, y = 2`, `AB = 4, CD = 5`), in the order written.
 fn named(expr: &Expr) -> Option<Vec<(String, Expr)>> {
     let items = match expr {
         Expr::List(items) => items.as_slice(),
@@ -162,11 +195,14 @@ fn named(expr: &Expr) -> Option<Vec<(String, Expr)>> {
     let mut pairs = Vec::new();
     for item in items {
         let Expr::Rel(sides, _) = item else { return None };
-        let Expr::Sym(name) = &sides[0] else { return None };
+        let name = match &sides[0] {
+            Expr::Sym(name) => name.clone(),
+            other if matches!(other, Expr::Mul(_) | Expr::Abs(_) | Expr::Div(..)) => other.to_string(),
+            _ => return None,
+        };
         assigned_value(item)?;
-        pairs.push((name.clone(), item.clone()));
+        pairs.push((name, item.clone()));
     }
-    pairs.sort_by(|a, b| a.0.cmp(&b.0));
     Some(pairs)
 }
 
@@ -258,7 +294,7 @@ impl Cmp<'_> {
         // values must use that family.
         if let Some(g) = named(gold).filter(|g| g.len() >= 2) {
             match name_family(&g) {
-                None => return self.by_name(&g, named(pred)),
+                None => return self.by_name(&g, pred, named(pred)),
                 Some(family) => {
                     if let Some(p) = named(pred) {
                         if let Some((name, _)) =
@@ -283,6 +319,14 @@ impl Cmp<'_> {
         let (mut g, mut p) = (Vec::new(), Vec::new());
         answers(gold, &mut g);
         answers(pred, &mut p);
+        // A gold that lists its answers (`1, 3`, `{1,3}` in LaTeX grouping braces) against the
+        // same values in parentheses: `(1, 3)` lists them too. Not an explicit set `\{1, 3\}`,
+        // which an open interval `(1, 3)` is not, and not a gold tuple or interval.
+        if let (Expr::List(_), [Expr::Bracket('(', ')', items)]) = (gold, p.as_slice()) {
+            if g.len() >= 2 && items.len() == g.len() {
+                p = items.clone();
+            }
+        }
         if g.len() == 1 && p.len() == 1 {
             return self.one(&g[0], &p[0]);
         }
@@ -330,14 +374,14 @@ impl Cmp<'_> {
     fn by_name(
         &mut self,
         gold: &[(String, Expr)],
-        pred: Option<Vec<(String, Expr)>>,
+        pred: &Expr,
+        pred_named: Option<Vec<(String, Expr)>>,
     ) -> Result<bool, Exhausted> {
-        let Some(pred) = pred else {
-            self.reason = "the gold names its values; the prediction does not name them all".into();
-            return Ok(false);
-        };
+        let Some(pred_named) = pred_named else { return self.in_gold_order(gold, pred) };
+        let pred = pred_named;
         let names = |pairs: &[(String, Expr)]| {
             let mut names: Vec<String> = pairs.iter().map(|(n, _)| n.clone()).collect();
+            names.sort();
             names.dedup();
             names
         };
@@ -362,6 +406,32 @@ impl Cmp<'_> {
             }
         }
         self.reason = "every named value equal".into();
+        Ok(true)
+    }
+
+    /// A gold with distinct names (`p = 5, q = 2`) against bare values (`5, 2`, `(5, 2)`, `5
+    /// and 2`): the values answer the names in the order the gold writes them, so `2, 5` is
+    /// wrong, and as many values as names are needed.
+    fn in_gold_order(&mut self, gold: &[(String, Expr)], pred: &Expr) -> Result<bool, Exhausted> {
+        let items = match pred {
+            Expr::List(items) | Expr::Bracket('(', ')', items) => items.as_slice(),
+            one => std::slice::from_ref(one),
+        };
+        if items.iter().any(|item| assigned_value(item).is_some()) {
+            self.reason = "the gold names its values; the prediction does not name them all".into();
+            return Ok(false);
+        }
+        if items.len() != gold.len() {
+            self.reason = format!("{} named gold values, {} predicted", gold.len(), items.len());
+            return Ok(false);
+        }
+        for ((name, want), have) in gold.iter().zip(items) {
+            if !self.one(want, have)? {
+                self.reason = format!("{name}, in the gold's order: {}", self.reason);
+                return Ok(false);
+            }
+        }
+        self.reason = "every named value equal, in the gold's order".into();
         Ok(true)
     }
 
@@ -406,7 +476,8 @@ impl Cmp<'_> {
     fn one_value(&mut self, gold: &Expr, pred: &Expr) -> Result<bool, Exhausted> {
         self.budget.charge(1, "comparing")?;
         for (chain, other, chain_is_gold) in [(gold, pred, true), (pred, gold, false)] {
-            let Some(values) = chain_values(chain).filter(|v| v.len() > 1) else { continue };
+            let unnamed = || unnamed_chain(chain).filter(|_| !matches!(other, Expr::Rel(..)));
+            let Some(values) = chain_values(chain).filter(|v| v.len() > 1).or_else(unnamed) else { continue };
             for value in values {
                 let equal =
                     if chain_is_gold { self.one_value(value, other)? } else { self.one_value(other, value)? };
@@ -1184,9 +1255,28 @@ mod tests {
             ("\\sin x", "\\cos x", false),
             ("k = 45, n = 2", "k = 2, n = 45", false),
             ("k = 45, n = 2", "n = 2, k = 45", true),
-            // A gold with distinct names is compared name by name; bare values or other names fail.
+            // A gold with distinct names is compared name by name; other names fail.
             ("x=1, y=2", "2, 1", false),
-            ("x=1, y=2", "1, 2", false),
+            // Bare values answer the names in the gold's order.
+            ("x=1, y=2", "1, 2", true),
+            ("x=1, y=2", "(1, 2)", true),
+            ("x=1, y=2", "1, 2, 3", false),
+            ("x=1, y=2", "x=1, 2", false),
+            ("AB=4, CD=5", "4, 5", true),
+            ("AB=4, CD=5", "5, 4", false),
+            ("|AB|=1", "1", true),
+            ("\\frac{NO}{BO}=\\frac{1}{\\sqrt{6}}", "\\frac{\\sqrt{6}}{6}", true),
+            ("x^2+y^2=1", "1", false),
+            // Chains that name nothing: every member is the value.
+            ("11", "5+5+1 = 11", true),
+            ("11", "5+5+2 = 11", false),
+            ("2", "2x = 4", false),
+            ("11", "x \\approx 11", true),
+            ("11", "x \\approx 11 \\approx 12", false),
+            // A listed gold against the same values in parentheses, not against an interval.
+            ("{1,3}", "(1,3)", true),
+            ("\\{1,3\\}", "(1,3)", false),
+            ("(1,3)", "\\{1,3\\}", false),
             ("x=1, y=2", "x=2, z=1", false),
             ("x=1, y=2", "a=2, b=1", false),
             ("x=1, y=2", "x=2, y=1", false),

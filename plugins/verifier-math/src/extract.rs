@@ -65,8 +65,10 @@ pub enum NotFound {
 
 /// Longest text between two boxes of one answer group.
 const MAX_GAP: usize = 50;
+/// GSM8K's answer marker (Cobbe et al. 2021): `#### 72` ends a solution.
+const GSM8K: &str = "####";
 const MARKERS: &[&str] =
-    &["final answer is", "final answer:", "the answer is", "answer is", "answer:", "final answer"];
+    &["final answer is", "final answer:", "the answer is", "answer is", "answer:", "final answer", GSM8K];
 const CHAT_TOKENS: &[&str] = &["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"];
 
 /// Extracts the answer of a completion.
@@ -108,16 +110,28 @@ fn answer_in(mut region: String, fallback: Fallback) -> Result<Extraction, NotFo
         region.truncate(cut);
     }
     let region = repair_escapes(&region);
+    let marked = after_marker(&region);
     match boxed_group(&region) {
-        BoxSearch::Found(parts) => {
+        BoxSearch::Found(parts, box_end) => {
+            // Boxes and answer markers compete by position: the last stated answer wins, so a
+            // Minerva-style "Final Answer: The final answer is $10,455$" after a `\boxed{255}`
+            // in the working is the answer. Only a marker that a value follows at once counts
+            // here ("the answer is correct because 3·4 = 12" after a box states nothing new).
+            if let Some((marker, start, after)) = &marked {
+                if *start >= box_end {
+                    if let Some(answer) = marker_answer(marker, after, true) {
+                        return Ok(Extraction { answer, source: Source::Marker(marker) });
+                    }
+                }
+            }
             let count = parts.len();
             return Ok(Extraction { answer: parts.join("; "), source: Source::Boxed { count } });
         }
         BoxSearch::Bad => return Err(NotFound::BadBox),
         BoxSearch::None => {}
     }
-    if let Some((marker, after)) = after_marker(&region) {
-        if let Some(answer) = bare_or_first(&after) {
+    if let Some((marker, _, after)) = &marked {
+        if let Some(answer) = marker_answer(marker, after, false) {
             return Ok(Extraction { answer, source: Source::Marker(marker) });
         }
     }
@@ -133,7 +147,7 @@ fn answer_in(mut region: String, fallback: Fallback) -> Result<Extraction, NotFo
 pub fn extract_gold(gold: &str) -> Extraction {
     let repaired = repair_escapes(gold);
     match boxed_group(&repaired) {
-        BoxSearch::Found(parts) => {
+        BoxSearch::Found(parts, _) => {
             let count = parts.len();
             Extraction { answer: parts.join("; "), source: Source::Boxed { count } }
         }
@@ -148,12 +162,20 @@ pub fn extract_gold(gold: &str) -> Extraction {
             }
             _ => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
         },
-        BoxSearch::None => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
+        // A GSM8K solution as the gold: its answer is the bare value after `####`.
+        BoxSearch::None => match after_marker(&repaired) {
+            Some((marker @ GSM8K, _, after)) => match marker_answer(marker, &after, true) {
+                Some(answer) => Extraction { answer, source: Source::Marker(marker) },
+                None => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
+            },
+            _ => Extraction { answer: repaired.trim().to_owned(), source: Source::Whole },
+        },
     }
 }
 
 enum BoxSearch {
-    Found(Vec<String>),
+    /// The group's answers and the end of its last box.
+    Found(Vec<String>, usize),
     Bad,
     None,
 }
@@ -224,6 +246,7 @@ fn boxed_group(text: &str) -> BoxSearch {
         Some(content) if !content.trim().is_empty() => {}
         _ => return BoxSearch::Bad,
     }
+    let end = last.1;
     let mut group = vec![last.2.clone().unwrap_or_default()];
     for pair in found.windows(2).rev() {
         let (before, after) = (&pair[0], &pair[1]);
@@ -235,24 +258,37 @@ fn boxed_group(text: &str) -> BoxSearch {
         group.push(content.clone());
     }
     group.reverse();
-    BoxSearch::Found(group.into_iter().map(|s| s.trim().to_owned()).collect())
+    BoxSearch::Found(group.into_iter().map(|s| s.trim().to_owned()).collect(), end)
 }
 
-fn after_marker(text: &str) -> Option<(&'static str, String)> {
+/// The last answer marker of `text`: which, where it starts, and its sentence after it.
+fn after_marker(text: &str) -> Option<(&'static str, usize, String)> {
     let lower = text.to_ascii_lowercase();
     let (marker, at) = MARKERS
         .iter()
         .filter_map(|m| lower.rfind(m).map(|at| (*m, at)))
         .max_by_key(|(m, at)| (*at + m.len(), m.len()))?;
     let mut after = text[at + marker.len()..].trim_start_matches([':', ' ', '*', '\n', '\t']).to_owned();
-    if let Some(cut) = after.find("\n\n") {
+    // GSM8K's answer is the rest of the `####` line.
+    let paragraph = if marker == GSM8K { "\n" } else { "\n\n" };
+    if let Some(cut) = after.find(paragraph) {
         after.truncate(cut);
     }
     if let Some(cut) = sentence_end(&after) {
         after.truncate(cut);
     }
     let after = after.trim().trim_end_matches(['.', '*']).trim().to_owned();
-    (!after.is_empty()).then_some((marker, after))
+    (!after.is_empty()).then_some((marker, at, after))
+}
+
+/// The answer a marker states. `####` (GSM8K) states a bare value or nothing, so a Markdown
+/// heading `#### Step 2: …` is no answer. `leading`: only a value right after the marker
+/// counts (for a marker after a box).
+fn marker_answer(marker: &str, after: &str, leading: bool) -> Option<String> {
+    if marker == GSM8K {
+        return (!has_prose(after)).then(|| after.trim().to_owned()).filter(|a| !a.is_empty());
+    }
+    bare_or_first(after, leading)
 }
 
 /// The end of the first sentence: a period followed by whitespace, outside `$…$`.
@@ -306,10 +342,10 @@ fn has_prose(text: &str) -> bool {
 }
 
 /// The answer after a marker: the text itself when it is a bare answer, else its first math span
-/// or number (`The answer is 5, not 4` is `5`) — skipping a value-less span that the sentence
+/// or number (with `leading`, only one that opens the text) (`The answer is 5, not 4` is `5`) — skipping a value-less span that the sentence
 /// describes (`The largest $n$ is 34` is `34`) — together with the values after it offered as
 /// alternatives (`5 or maybe 4` is the list `5; 4`, which never matches a single gold).
-fn bare_or_first(text: &str) -> Option<String> {
+fn bare_or_first(text: &str, leading: bool) -> Option<String> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return None;
@@ -331,9 +367,12 @@ fn bare_or_first(text: &str) -> Option<String> {
         !c.2.chars().any(|ch| ch.is_ascii_digit())
             && ["is ", "are ", "equals", "=", "was "].iter().any(|verb| after.starts_with(verb))
     };
-    let skip = usize::from(candidates.len() > 1 && subject(&candidates[0]));
+    let skip = usize::from(!leading && candidates.len() > 1 && subject(&candidates[0]));
     let mut chosen = candidates.into_iter().skip(skip);
     let first = chosen.next()?;
+    if leading && first.0 != 0 {
+        return None;
+    }
     let mut end = first.1;
     let mut answers = vec![first.2];
     for (start, next_end, answer) in chosen {
@@ -542,9 +581,35 @@ mod tests {
             ("is 2/3. <|im_start|>user 5", Last, Ok("2/3")),
             ("we get $x = 5$ so", Last, Ok("x = 5")),
             ("just 5 here", Off, Err(NotFound::Nothing("none"))),
+            // Boxes and markers compete by position: the last stated answer wins.
+            (
+                "so \\boxed{255} in the working.\n\nFinal Answer: The final answer is $10,455$. I hope it is correct.",
+                Off,
+                Ok("$10,455$"),
+            ),
+            ("The answer is \\boxed{12}. The answer is correct because $3 \\times 4 = 12$.", Off, Ok("12")),
+            ("\\boxed{4}\n\nFinal Answer: I hope it is correct.", Off, Ok("4")),
+            ("\\boxed{6}. So the answer is 6 or 7.", Off, Ok("6 or 7")),
+            // GSM8K's `####` states a bare value; a Markdown heading states none.
+            ("48+24 = <<48+24=72>>72 clips.\n#### 72", Off, Ok("72")),
+            ("#### 1,000\nthanks", Off, Ok("1,000")),
+            ("#### Step 2: add 3", Off, Err(NotFound::Nothing("none"))),
         ];
         for (completion, fallback, expected) in cases {
             check(completion, *fallback, expected.clone());
+        }
+    }
+
+    #[test]
+    fn gold_answers() {
+        let cases: &[(&str, &str)] = &[
+            ("\\frac{1}{2}", "\\frac{1}{2}"),
+            ("so \\boxed{4} is it", "4"),
+            ("She sold 48/2 = <<48/2=24>>24 clips.\n#### 72", "72"),
+            ("#### Heading\nno answer", "#### Heading\nno answer"),
+        ];
+        for (gold, expected) in cases {
+            assert_eq!(extract_gold(gold).answer, *expected, "{gold:?}");
         }
     }
 

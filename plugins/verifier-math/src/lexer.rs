@@ -694,15 +694,46 @@ impl Lexer {
         (three && ends).then_some(len)
     }
 
+    /// Whether a bare comma right here is a decimal comma (ISO 80000-1 allows the comma as the
+    /// decimal sign) rather than a thousands separator or a list separator. Only where no other
+    /// reading is plausible, outside brackets: after a lone `0` (`0,111`: no thousands group
+    /// starts with 0; `-0,5`: no list starts with −0), before a fraction that starts with `0` (`3,05`: no list item is written
+    /// `05`), or after an integer part that cannot lead a thousands group — four or more
+    /// ungrouped digits (`1000,99`) or one grouped by spaces (`1 000,5`) — unless three digits
+    /// follow (`1234,567` stays the list 1234, 567). A short integer part before one, two or
+    /// four digits stays a list (`2,5` and `0,5` are answers 2 and 5, 0 and 5).
+    fn decimal_comma(&self, lead: &str, ungrouped: bool, grouped_without_comma: bool) -> bool {
+        if self.peek(0) != Some(',') || self.depth > 0 {
+            return false;
+        }
+        let mut fraction = 0;
+        while self.peek(1 + fraction).is_some_and(|c| c.is_ascii_digit()) {
+            fraction += 1;
+        }
+        if fraction == 0 {
+            return false;
+        }
+        let starts_with_zero = self.peek(1) == Some('0');
+        let negative = self.out.last() == Some(&Tok::Op('-'));
+        (lead == "0" && ungrouped && (fraction >= 2 || negative))
+            || (starts_with_zero && fraction >= 2)
+            || (fraction != 3 && ((ungrouped && lead.len() >= 4) || grouped_without_comma))
+    }
+
     fn number(&mut self, budget: &mut Budget) -> Result<(), LexError> {
         let mut digits = String::new();
         while let Some(c) = self.peek(0).filter(char::is_ascii_digit) {
             digits.push(c);
             self.pos += 1;
         }
-        if (1..=3).contains(&digits.len()) {
-            // Thousands groups: only when every group after the first has exactly three digits.
+        let lead = digits.len();
+        // Whether the integer part was grouped by something other than a comma (`1 000`, `1\,000`).
+        let mut grouped_without_comma = false;
+        if (1..=3).contains(&digits.len()) && !(digits.starts_with('0')) {
+            // Thousands groups: only when every group after the first has exactly three digits,
+            // and never after a leading zero (`0,111` is no thousand).
             while let Some(len) = self.thousands_separator(0) {
+                grouped_without_comma |= !self.chars[self.pos..self.pos + len].contains(&',');
                 self.pos += len;
                 for _ in 0..3 {
                     digits.push(self.chars[self.pos]);
@@ -712,7 +743,8 @@ impl Lexer {
         }
         let mut places = 0u32;
         let mut decimal = false;
-        if self.peek(0) == Some('.') && self.peek(1).is_some_and(|c| c.is_ascii_digit()) {
+        let decimal_comma = self.decimal_comma(&digits[..lead], lead == digits.len(), grouped_without_comma);
+        if (self.peek(0) == Some('.') || decimal_comma) && self.peek(1).is_some_and(|c| c.is_ascii_digit()) {
             self.pos += 1;
             decimal = true;
             while let Some(c) = self.peek(0).filter(char::is_ascii_digit) {
@@ -819,6 +851,16 @@ mod tests {
             ("2e", &["2"]),
             ("0.50", &["1/2~"]),
             ("1234,567", &["1234", "567"]),
+            // Decimal commas, only where no thousands or list reading is plausible.
+            ("1000,99", &["100099/100~"]),
+            ("0,111", &["111/1000~"]),
+            ("3,05", &["61/20~"]),
+            ("1 000,5", &["2001/2~"]),
+            ("2,5", &["2", "5"]),
+            ("0,5", &["0", "5"]),
+            ("-0,5", &["1/2~"]),
+            ("1,234", &["1234"]),
+            ("(1000,99)", &["1000", "99"]),
         ];
         for (text, expected) in cases {
             assert_eq!(numbers(text), *expected, "{text}");

@@ -1,20 +1,20 @@
-//! One HTTP attempt: send the request, read a bounded body, and classify what went wrong, plus the
-//! backoff between attempts.
+//! One HTTP attempt: send the request, read a bounded body, hand it to the plugin's parser, and
+//! classify what went wrong; plus the backoff between attempts.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
 use reqwest::blocking::Response;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::{StatusCode, Url};
 
-use crate::config::{RetryOn, Settings};
-use crate::response::{ServiceVerdict, parse_response};
+use crate::outbound::Sender;
+use crate::resilience::{Resilience, RetryOn};
 
 /// How much of an error response's body goes into the message.
 const ERROR_SNIPPET_CHARS: usize = 200;
 
-/// Why one attempt did not give a valid verdict.
+/// Why one attempt did not give a valid answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
     /// No connection, or it broke before a full response; the lowest-level cause.
@@ -33,7 +33,7 @@ pub enum Failure {
     },
     /// The body is larger than `max_response_bytes`.
     TooLarge,
-    /// The body is not a valid verdict.
+    /// The body is not a valid answer (the plugin's parser says why).
     Invalid(String),
 }
 
@@ -59,42 +59,45 @@ impl Failure {
         }
     }
 
-    /// The message, naming the limit that was hit where there is one.
-    pub fn describe(&self, settings: &Settings) -> String {
+    /// The message, naming the limit that was hit where there is one; `peer` names who was
+    /// called ("the service", "the judge").
+    pub fn describe(&self, peer: &str, limits: &Resilience) -> String {
         match self {
-            Failure::Connect(cause) => format!("cannot reach the service: {cause}"),
-            Failure::Tls(cause) => format!("TLS handshake with the service failed: {cause}"),
+            Failure::Connect(cause) => format!("cannot reach {peer}: {cause}"),
+            Failure::Tls(cause) => format!("TLS handshake with {peer} failed: {cause}"),
             Failure::Timeout => {
-                format!("the service did not answer within timeout_ms = {}", settings.timeout.as_millis())
+                format!("{peer} did not answer within timeout_ms = {}", limits.timeout.as_millis())
             }
             Failure::Status { code, snippet } => {
                 let status = StatusCode::from_u16(*code).map_or_else(|_| code.to_string(), |s| s.to_string());
                 let redirect = if (300..400).contains(code) { " (redirects are not followed)" } else { "" };
                 if snippet.is_empty() {
-                    format!("the service answered {status}{redirect}")
+                    format!("{peer} answered {status}{redirect}")
                 } else {
-                    format!("the service answered {status}{redirect}: {snippet}")
+                    format!("{peer} answered {status}{redirect}: {snippet}")
                 }
             }
             Failure::TooLarge => {
-                format!("response body larger than max_response_bytes = {}", settings.max_response_bytes)
+                format!("response body larger than max_response_bytes = {}", limits.max_response_bytes)
             }
             Failure::Invalid(message) => message.clone(),
         }
     }
 }
 
-/// Sends `body` once, with at most `limit` for the whole exchange, and validates the answer.
-pub fn send(
-    client: &crate::Sender,
-    settings: &Settings,
+/// POSTs the JSON `body` to `url` once, with at most `limits.timeout` for the whole exchange,
+/// and hands a 2xx body to `parse` (its error is [`Failure::Invalid`]).
+pub fn send<T>(
+    client: &Sender,
+    url: &Url,
+    limits: &Resilience,
     body: &[u8],
-    limit: Duration,
-) -> Result<ServiceVerdict, Failure> {
+    parse: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<T, Failure> {
+    let limit = limits.timeout;
     let deadline = Instant::now() + limit;
-    let request = client
-        .post(&settings.url)
-        .ok_or_else(|| Failure::Invalid("the outbound policy refuses the url".to_owned()))?;
+    let request =
+        client.post(url).ok_or_else(|| Failure::Invalid("the outbound policy refuses the url".to_owned()))?;
     let response = request
         // The request timeout covers connecting, sending and the whole body; `read_bounded` checks
         // the deadline between reads as well.
@@ -106,8 +109,8 @@ pub fn send(
         .map_err(|error| classify(&error))?;
     let status = response.status();
     if status.is_success() {
-        let bytes = read_bounded(response, settings.max_response_bytes, deadline)?;
-        return parse_response(&bytes).map_err(Failure::Invalid);
+        let bytes = read_bounded(response, limits.max_response_bytes, deadline)?;
+        return parse(&bytes).map_err(Failure::Invalid);
     }
     // The body of an error answer only feeds the message: a little of it, and no failure of its own.
     let snippet = read_bounded(response, 4096, deadline).map(|bytes| snippet(&bytes)).unwrap_or_default();
@@ -179,8 +182,8 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     causes(error).last().map_or_else(String::new, ToString::to_string)
 }
 
-/// The start of an error body as one line.
-fn snippet(bytes: &[u8]) -> String {
+/// The start of a body as one line, at most 200 characters and an ellipsis.
+pub fn snippet(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let line: String = text
         .trim()
