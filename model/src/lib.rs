@@ -4,6 +4,7 @@
 //!
 //! No job orchestration and no training live here: the worker (`worker/`, `rlvr-worker`) drives
 //! these pieces.
+//! Reward models (sequence classification) load with [`load_reward_model`].
 //! Start at [`load`], then [`generate`], [`completion_logprobs`] and [`training_logprobs`].
 
 pub mod builtin;
@@ -18,6 +19,7 @@ pub mod lora;
 pub mod model;
 pub mod onednn;
 pub mod policy;
+pub mod reward;
 pub mod rng;
 pub mod sample;
 pub mod tokenizer;
@@ -30,6 +32,7 @@ pub use logprobs::{SequenceBatch, TrainingLogprobs, completion_logprobs, trainin
 pub use lora::{LoraConfig, LoraTarget};
 pub use model::{KvCache, Llama, Padding, positions_from_mask};
 pub use policy::{Adapters, LoadedModel, load, save_adapter, save_pretrained};
+pub use reward::{RewardModel, load_reward_model};
 pub use rng::SamplerRng;
 pub use sample::{Finish, Sampled, SamplingParams, StopScan, generate, logprob_temperature, sample_logits};
 pub use tokenizer::Tokenizer;

@@ -308,6 +308,28 @@ impl Llama {
         vs: &VarStore,
         spec: &ModelSpec,
         kind: Kind,
+        get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
+    ) -> Result<Llama> {
+        Self::build_with(vs, spec, kind, true, get)
+    }
+
+    /// [`Llama::build`] without the language-model head: the `model.*` tensors only, as a
+    /// sequence-classification checkpoint holds them (its own head is `score.weight`). Such a
+    /// backbone is for [`Llama::forward`]; its [`Llama::logits`] would be the tied embeddings'.
+    pub fn build_backbone(
+        vs: &VarStore,
+        spec: &ModelSpec,
+        kind: Kind,
+        get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
+    ) -> Result<Llama> {
+        Self::build_with(vs, spec, kind, false, get)
+    }
+
+    fn build_with(
+        vs: &VarStore,
+        spec: &ModelSpec,
+        kind: Kind,
+        lm_head: bool,
         mut get: impl FnMut(&str, &[i64]) -> Result<Tensor>,
     ) -> Result<Llama> {
         let mut param =
@@ -337,8 +359,11 @@ impl Llama {
             });
         }
         let norm = p("model.norm.weight", &[h])?;
-        let lm_head =
-            if spec.tie_word_embeddings { None } else { Some(p("lm_head.weight", &[spec.vocab_size, h])?) };
+        let lm_head = if spec.tie_word_embeddings || !lm_head {
+            None
+        } else {
+            Some(p("lm_head.weight", &[spec.vocab_size, h])?)
+        };
         let device = embed.device();
         let inv_freq = inv_freq(spec, device);
         Ok(Llama {
@@ -683,7 +708,7 @@ impl Llama {
 
 /// Adds `tensor` to `vs` as a trainable variable named `name`: tch names a variable by its path
 /// components joined with '.', so the variable's name is the Hugging Face one.
-fn add_variable(vs: &VarStore, name: &str, tensor: Tensor) -> Tensor {
+pub(crate) fn add_variable(vs: &VarStore, name: &str, tensor: Tensor) -> Tensor {
     let (dir, leaf) = name.rsplit_once('.').unwrap_or(("", name));
     let path = dir.split('.').filter(|c| !c.is_empty()).fold(vs.root(), |p, c| p.sub(c));
     path.add(leaf, tensor, true)

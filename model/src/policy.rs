@@ -234,7 +234,7 @@ fn config_as_saved(model: &LoadedModel) -> LlamaConfig {
 pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
     write_dir_atomically(dir, |tmp| {
         write_text(tmp, "config.json", &config_as_saved(model).to_json())?;
-        write_tokenizer(model, tmp)?;
+        write_tokenizer(&model.tokenizer, tmp)?;
         write_weights(&tmp.join("model.safetensors"), &model.model.merged_weights(&model.vs))
     })
 }
@@ -250,7 +250,7 @@ pub fn save_adapter(model: &LoadedModel, base: &str, dir: &Path) -> Result<()> {
         .ok_or_else(|| ModelError::InvalidInput("the model has no LoRA adapters to save".into()))?;
     write_dir_atomically(dir, |tmp| {
         write_text(tmp, lora::CONFIG_FILE, &adapters.config.to_peft_json(base))?;
-        write_tokenizer(model, tmp)?;
+        write_tokenizer(&model.tokenizer, tmp)?;
         let mut tensors: Vec<(String, Tensor)> = adapters
             .vs
             .variables()
@@ -262,15 +262,15 @@ pub fn save_adapter(model: &LoadedModel, base: &str, dir: &Path) -> Result<()> {
     })
 }
 
-fn write_text(dir: &Path, file: &str, text: &str) -> Result<()> {
+pub(crate) fn write_text(dir: &Path, file: &str, text: &str) -> Result<()> {
     let path = dir.join(file);
     let mut f = std::fs::File::create(&path).map_err(io_err(&path))?;
     f.write_all(text.as_bytes()).map_err(io_err(&path))?;
     f.sync_all().map_err(io_err(&path))
 }
 
-fn write_tokenizer(model: &LoadedModel, dir: &Path) -> Result<()> {
-    let files = &model.tokenizer.files;
+pub(crate) fn write_tokenizer(tokenizer: &Tokenizer, dir: &Path) -> Result<()> {
+    let files = &tokenizer.files;
     write_text(dir, "tokenizer.json", &files.tokenizer_json)?;
     let optional = [
         ("tokenizer_config.json", &files.tokenizer_config),
@@ -285,14 +285,14 @@ fn write_tokenizer(model: &LoadedModel, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_weights(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+pub(crate) fn write_weights(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     write_safetensors(path, tensors)?;
     std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(io_err(path))
 }
 
 /// Fills a temporary directory next to `dir` with `fill`, then renames it to `dir` and fsyncs the
 /// parent: a reader sees no directory or a whole one. `dir` must not exist.
-fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if dir.exists() {
         return Err(ModelError::AlreadyExists { path: dir.to_owned() });
     }

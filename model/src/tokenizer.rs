@@ -178,9 +178,15 @@ impl Tokenizer {
         if self.template.is_some() {
             self.encode(&self.render_prompt(user_text)?)
         } else {
-            let enc = self.inner.encode(user_text, true).map_err(|e| self.error(e))?;
-            Ok(enc.get_ids().iter().map(|&id| i64::from(id)).collect())
+            self.encode_with_specials(user_text)
         }
+    }
+
+    /// Token ids of `text` with the specials the tokenizer's post-processor adds (a BOS for
+    /// Llama's), as `tokenizer(text)` gives them in transformers.
+    pub fn encode_with_specials(&self, text: &str) -> Result<Vec<i64>> {
+        let enc = self.inner.encode(text, true).map_err(|e| self.error(e))?;
+        Ok(enc.get_ids().iter().map(|&id| i64::from(id)).collect())
     }
 
     /// Text of `ids`, special tokens left out. Ids the vocabulary does not have are skipped.

@@ -19,11 +19,13 @@ pub enum Phase {
     Update,
     /// Held-out scoring and the gates' evaluation.
     Eval,
+    /// Scoring completions with a learned reward model (`[[verifiers]] plugin = "reward-model"`).
+    Reward,
 }
 
 impl Phase {
     /// Every phase.
-    pub const ALL: [Phase; 3] = [Phase::Rollout, Phase::Update, Phase::Eval];
+    pub const ALL: [Phase; 4] = [Phase::Rollout, Phase::Update, Phase::Eval, Phase::Reward];
 
     /// The phase of a name [`Phase::as_str`] gives.
     pub fn from_name(name: &str) -> Option<Phase> {
@@ -36,6 +38,7 @@ impl Phase {
             Phase::Rollout => "rollout",
             Phase::Update => "update",
             Phase::Eval => "eval",
+            Phase::Reward => "reward",
         }
     }
 }
@@ -79,7 +82,12 @@ mod tests {
     /// Every message, written by one side and read by the other.
     #[test]
     fn every_message_round_trips() {
-        let requests = [Request::Job("01J".into()), Request::Acquire(Phase::Update), Request::Release];
+        let requests = [
+            Request::Job("01J".into()),
+            Request::Acquire(Phase::Update),
+            Request::Acquire(Phase::Reward),
+            Request::Release,
+        ];
         for request in requests {
             let line = serde_json::to_string(&request).unwrap();
             assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), request, "{line}");

@@ -20,6 +20,7 @@
 //!   platform a run recorded.
 //! - [`memory`]: a job's memory estimate (resident and per phase) from its model's shape and
 //!   its spec.
+//! - [`reward_model`]: the built-in `reward-model` grader's keys.
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
 
@@ -34,6 +35,7 @@ pub mod job;
 pub mod jobdir;
 pub mod memory;
 pub mod names;
+pub mod reward_model;
 pub mod runtime;
 pub mod spec;
 pub mod time;

@@ -314,8 +314,17 @@ pub fn up_to_a_tenth(gb: f64) -> f64 {
     tenths / 10.0
 }
 
-/// What the estimate is made from, besides the spec.
+/// A `reward-model` grader's model and how it is batched (`[[verifiers]]` keys).
 #[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RewardModelInput {
+    /// Its backbone's shape (its LM-head entry, if any, is not loaded).
+    pub shape: ModelShape,
+    pub batch_size: u64,
+    pub max_length: u64,
+}
+
+/// What the estimate is made from, besides the spec.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Inputs {
     pub policy: ModelShape,
     /// The reference's shape when it is a model of its own (`model.reference` not `same`).
@@ -326,6 +335,8 @@ pub struct Inputs {
     pub needs: OptimizerNeeds,
     pub data: DataLengths,
     pub device: DeviceKind,
+    /// The `reward-model` graders' models, in the spec's order.
+    pub reward_models: Vec<RewardModelInput>,
 }
 
 /// Bytes saved per token per decoder layer for the backward pass, in units of the model's
@@ -388,6 +399,32 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
         let reference = inputs.reference.unwrap_or(*shape);
         resident.push(part("reference weights", reference.parameters() * element));
     }
+
+    // Reward models: resident in the policy's dtype for the whole run, backbone and a head of
+    // a few rows (counted as one). Scored one at a time, each batch a no-grad pass.
+    let reward_weights: u64 = inputs
+        .reward_models
+        .iter()
+        .map(|rm| {
+            let lm_head = if rm.shape.tied_embeddings { 0 } else { rm.shape.vocab * rm.shape.hidden };
+            rm.shape.parameters() - lm_head + rm.shape.hidden
+        })
+        .sum();
+    if reward_weights > 0 {
+        resident.push(part("reward model weights", reward_weights * element));
+    }
+    let reward_pass = inputs
+        .reward_models
+        .iter()
+        .map(|rm| {
+            let tokens = rm.batch_size * rm.max_length;
+            vec![
+                part("reward model pass", tokens * layer_step_elements(&rm.shape) * element),
+                // Rows × heads × length², as in the update.
+                part("reward model attention scores", tokens * rm.shape.heads * rm.max_length * element),
+            ]
+        })
+        .max_by_key(|parts| parts.iter().map(|p| p.bytes).sum::<u64>());
 
     // Sequence lengths.
     let new_tokens = u64::from(spec.rollout.max_new_tokens);
@@ -468,6 +505,9 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
         }
         phases.push(PhasePeak { phase: "eval".into(), parts });
     }
+    if let Some(parts) = reward_pass {
+        phases.push(PhasePeak { phase: "reward".into(), parts });
+    }
     MemoryEstimate { device: inputs.device, resident, phases }
 }
 
@@ -485,6 +525,41 @@ fn layer_step_elements(shape: &ModelShape) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reward model's weights are resident and its batch is a phase of its own, which grows
+    /// with `batch_size × max_length`.
+    #[test]
+    fn reward_models_are_resident_with_a_phase() {
+        let spec = JobSpec::from_toml(
+            "[job]\nname = \"rm\"\nteam = \"t\"\nmodel_line = \"l\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+             [data]\ntrain = \"dataset:d\"\n[optimizer]\nplugin = \"grpo\"\n\
+             [[verifiers]]\nplugin = \"reward-model\"\nmodel = \"line:rm\"\n[budget]\nmax_steps = 1\n",
+        )
+        .unwrap();
+        let inputs = |reward_models: Vec<RewardModelInput>| Inputs {
+            policy: ModelShape::BUILTIN,
+            reference: None,
+            baseline: None,
+            needs: OptimizerNeeds::default(),
+            data: DataLengths { prompt_tokens: 16, completion_tokens: 0, heldout_prompt_tokens: 0 },
+            device: DeviceKind::Cpu,
+            reward_models,
+        };
+        let rm =
+            |batch_size, max_length| RewardModelInput { shape: ModelShape::BUILTIN, batch_size, max_length };
+        let without = estimate(&spec, &inputs(vec![]));
+        assert!(without.phases.iter().all(|phase| phase.phase != "reward"));
+        let check = |batch_size: u64, max_length: u64| {
+            let with = estimate(&spec, &inputs(vec![rm(batch_size, max_length)]));
+            // The built-in model's embeddings are tied: all its parameters, plus a head row.
+            let weights = with.resident.iter().find(|part| part.name == "reward model weights").unwrap();
+            assert_eq!(weights.bytes, (ModelShape::BUILTIN.parameters() + 128) * 4);
+            assert_eq!(with.resident_bytes(), without.resident_bytes() + weights.bytes);
+            with.phases.iter().find(|phase| phase.phase == "reward").unwrap().bytes()
+        };
+        assert!(check(8, 1024) > check(8, 512));
+        assert!(check(8, 512) > check(2, 512));
+    }
 
     /// Parameter counts of known models, from their configs (counts as transformers reports
     /// them: `model.num_parameters()`).

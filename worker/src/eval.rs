@@ -70,7 +70,7 @@ pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     let grant = job.grants.hold(Phase::Eval)?;
     let sampled = complete(job, &job.policy, records, "held-out")?;
     grant.release(job.device);
-    Ok(score(job, records, &sampled))
+    score(job, records, &sampled)
 }
 
 /// The gates' evaluation of the candidate (the policy as trained) and of `baseline`: held-out
@@ -104,11 +104,17 @@ pub fn for_gates(
     // The baseline's weights left the device with its block; the verifiers need no device.
     grant.release(job.device);
     let scores = |(heldout_done, canaries_done): &Completions| {
-        let heldout = heldout.zip(heldout_done.as_ref()).map(|(records, done)| score(job, records, done));
-        let canaries = canaries.zip(canaries_done.as_ref()).map(|(records, done)| score(job, records, done));
-        (heldout, canaries)
+        let heldout = heldout
+            .zip(heldout_done.as_ref())
+            .map(|(records, done)| score(job, records, done))
+            .transpose()?;
+        let canaries = canaries
+            .zip(canaries_done.as_ref())
+            .map(|(records, done)| score(job, records, done))
+            .transpose()?;
+        Ok::<_, StepError>((heldout, canaries))
     };
-    let (candidate, before) = (scores(&candidate), scores(&before));
+    let (candidate, before) = (scores(&candidate)?, scores(&before)?);
     let regressions: Vec<String> = match (canaries, &candidate.1, &before.1) {
         (Some(records), Some(now), Some(then)) => records
             .iter()
@@ -163,7 +169,7 @@ fn complete(
 }
 
 /// `records` scored by the job's verifiers on their completions (`completions[i]` is record i's).
-fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> HeldoutScore {
+fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> Result<HeldoutScore, StepError> {
     let (mut reward, mut length) = (0.0, 0usize);
     let mut passed = Vec::with_capacity(records.len());
     let (mut errors, mut timeouts) = (0usize, 0usize);
@@ -179,7 +185,7 @@ fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> Heldou
                 reference_json: &record.reference_json,
             })
             .collect();
-        for (scored, sample) in job.rewarder.score(&items).iter().zip(sampled) {
+        for (scored, sample) in crate::reward_models::score(job, &items)?.iter().zip(sampled) {
             passed.push(scored.passed);
             reward += scored.reward;
             length += sample.tokens.len();
@@ -188,14 +194,14 @@ fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> Heldou
         }
     }
     let n = records.len().max(1) as f64;
-    HeldoutScore {
+    Ok(HeldoutScore {
         accuracy: passed.iter().filter(|p| **p).count() as f64 / n,
         reward_mean: reward / n,
         completion_len_mean: length as f64 / n,
         prompts: records.len(),
         passed,
-        verifier_calls: records.len() * job.rewarder.graders.len(),
+        verifier_calls: records.len() * job.rewarder.combiner.names.len(),
         verifier_errors: errors,
         verifier_timeouts: timeouts,
-    }
+    })
 }

@@ -30,6 +30,7 @@ pub mod micro_batches;
 pub mod models;
 pub mod optim;
 pub mod plugins;
+pub mod reward_models;
 pub mod runtime;
 pub mod start;
 pub mod state;
@@ -228,7 +229,10 @@ pub struct Job {
     pub value_head: Option<ValueHead>,
     pub optimizer: OptimizerBox,
     pub optimizer_info: OptimizerInfo,
+    /// The plugin graders and the combiner of every grader's verdicts.
     pub rewarder: Reward,
+    /// The `reward-model` graders, scored on the devices (`reward_models::score`).
+    pub reward_models: reward_models::RewardModels,
     pub curriculum: Option<CurriculumBox>,
     pub train: TrainData,
     pub heldout: Option<Vec<PromptRecord>>,
@@ -375,6 +379,9 @@ fn assemble(
         Some((socket, job)) => grants::Grants::connect(socket, job)?,
         None => grants::Grants::none(),
     };
+    // On the policy's device and in its dtype (bf16 jobs score in bf16).
+    let kind = models.policy.vs.variables().values().next().map_or(tch::Kind::Float, tch::Tensor::kind);
+    let reward_models = reward_models::RewardModels::load(&spec, models.policy.vs.device(), kind)?;
     let mut job = Job {
         sampling: SamplingParams {
             max_new_tokens: spec.rollout.max_new_tokens as usize,
@@ -396,6 +403,7 @@ fn assemble(
             parallel: options.verify_parallel.max(1),
             deadline: VERIFY_DEADLINE,
         },
+        reward_models,
         curriculum,
         train: data.train,
         heldout: data.heldout,

@@ -14,6 +14,7 @@ use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::options::spec_field;
 use rlvr_plugin_host::reward::{Combiner, Grader};
 use rlvr_plugin_host::{Isolation, LoadedPlugin, Registry};
+use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{CurriculumSection, JobSpec};
 use rlvr_protocol::worker::PluginUse;
 use tracing::{info, warn};
@@ -108,8 +109,12 @@ impl JobPlugins {
             plugin_dirs: plugin_dirs.to_vec(),
             host: host.clone(),
         };
-        for (i, section) in spec.verifiers.iter().enumerate() {
-            let pin = pinned.and_then(|record| record.verifiers.get(i)).map(String::as_str);
+        // The record pins the plugin graders only, in order: the built-in reward models are
+        // the worker's own (`reward_models`).
+        let plugin_sections =
+            spec.verifiers.iter().enumerate().filter(|(_, section)| !is_reward_model(section));
+        for (pinned_at, (i, section)) in plugin_sections.enumerate() {
+            let pin = pinned.and_then(|record| record.verifiers.get(pinned_at)).map(String::as_str);
             let field = format!("verifiers[{i}].plugin");
             let plugin = plugins.find(&field, &section.plugin, pin, PluginKind::Verifier)?;
             let verifier = plugin

@@ -525,7 +525,7 @@ fn sample_round(
             }
         })
         .collect();
-    let scored = job.rewarder.score(&items);
+    let scored = crate::reward_models::score(job, &items)?;
     let verify_s = verify_started.elapsed().as_secs_f64();
     Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s })
 }

@@ -12,6 +12,7 @@ use rlvr_plugin_host::options::{OptionsProblem, spec_field};
 use rlvr_plugin_host::{LoadedPlugin, Registry};
 use std::sync::Arc;
 
+use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
 
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
@@ -146,8 +147,9 @@ fn find(registry: &Registry, name: &str, kind: PluginKind) -> Result<Arc<LoadedP
 }
 
 /// The graders at `field` (`verifiers` in a job, `grader` or `reward.graders` in a dry-run):
-/// each a loaded verifier whose options it accepts. Their secrets and URLs go into `refs`; the
-/// plugins found, in order (`None` where a grader's plugin is not loaded).
+/// each a loaded verifier whose options it accepts, or the built-in `reward-model` grader with
+/// its keys checked (no registry lookup). Their secrets and URLs go into `refs`; the plugins
+/// found, in order (`None` where a grader's plugin is not loaded, and for a reward model).
 pub fn check_graders(
     registry: &Registry,
     graders: &[PluginSection],
@@ -160,6 +162,13 @@ pub fn check_graders(
         .enumerate()
         .map(|(i, grader)| {
             let section = format!("{field}[{i}]");
+            if is_reward_model(grader) {
+                // Built in, not a library: its keys here, its `model` in `tenancy::resolve`.
+                if let Err(error) = RewardModelOptions::from_section(grader, &format!("{section}.")) {
+                    problem(&error.field, error.message);
+                }
+                return None;
+            }
             match find(registry, &grader.plugin, PluginKind::Verifier) {
                 Ok(plugin) => {
                     check_options(registry, &plugin, &section, &grader.plugin_config(), refs, problem);

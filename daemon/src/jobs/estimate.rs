@@ -10,8 +10,9 @@ use rlvr_plugin_api::DataMode;
 use rlvr_plugin_host::Registry;
 use rlvr_plugin_host::fit::optimizer_needs;
 use rlvr_protocol::memory::{
-    self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds,
+    self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds, RewardModelInput,
 };
+use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, SpecError};
 
 use crate::sched::service::Scheduler;
@@ -61,7 +62,23 @@ pub fn estimate(
     // The gates' baseline is a model loaded for the evaluation, except a LoRA job's start,
     // which is the policy with its adapters off.
     let baseline = resolved.model.lora.is_none().then_some(policy);
-    Ok(memory::estimate(resolved, &Inputs { policy, reference, baseline, needs, data, device }))
+    let mut reward_models = Vec::new();
+    for (i, section) in resolved.verifiers.iter().enumerate() {
+        if !is_reward_model(section) {
+            continue;
+        }
+        let prefix = format!("verifiers[{i}].");
+        let options = RewardModelOptions::from_section(section, &prefix)?;
+        let shape =
+            shape_of(&options.model).map_err(|message| problem(&format!("{prefix}model"), message))?;
+        reward_models.push(RewardModelInput {
+            shape,
+            batch_size: options.batch_size,
+            max_length: options.max_length,
+        });
+    }
+    let inputs = Inputs { policy, reference, baseline, needs, data, device, reward_models };
+    Ok(memory::estimate(resolved, &inputs))
 }
 
 /// The shape of the model at `source`: the built-in model, a directory with `config.json`, or a

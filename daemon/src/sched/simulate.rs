@@ -353,6 +353,8 @@ impl Simulation {
                         }
                     }
                     Phase::Eval => self.step_boundary(&id, now),
+                    // The simulated jobs grade on the CPU only (`verify_s`): never asked for.
+                    Phase::Reward => self.ask(&id, Phase::Update, now),
                 }
             }
             Event::VerifyDone => self.ask(&id, Phase::Update, now),
@@ -386,6 +388,7 @@ impl Simulation {
                         Phase::Rollout => spec.rollout_s,
                         Phase::Update => spec.update_s,
                         Phase::Eval => spec.eval_s,
+                        Phase::Reward => 0.0,
                     };
                     for &device in self.policy.devices_of(&id).unwrap_or_default() {
                         self.busy_s[device] += hold;

@@ -9,7 +9,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::names::{CurriculumRef, DataRef, ModelRef};
+use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{JobSpec, SpecError};
+use serde_json::Value;
 
 use super::lines::LineError;
 use super::{Tenancy, refuse};
@@ -31,20 +33,37 @@ fn data_field_mut<'a>(spec: &'a mut JobSpec, field: &str) -> Option<&'a mut Path
     }
 }
 
-/// The model fields of a spec that name a model, as `(field, value)`.
-fn model_fields(spec: &JobSpec) -> Vec<(&'static str, String)> {
-    let mut fields = vec![("model.policy", spec.model.policy.clone())];
+/// The model fields of a spec that name a model, as `(field, value)`: the policy, the reference,
+/// and each reward-model grader's `model` (`verifiers[2].model`), resolved by the same rules.
+fn model_fields(spec: &JobSpec) -> Vec<(String, String)> {
+    let mut fields = vec![("model.policy".to_owned(), spec.model.policy.clone())];
     if spec.model.reference != "same" {
-        fields.push(("model.reference", spec.model.reference.clone()));
+        fields.push(("model.reference".to_owned(), spec.model.reference.clone()));
+    }
+    for (i, section) in spec.verifiers.iter().enumerate() {
+        // A missing or non-string `model` is `checks`' to refuse.
+        if is_reward_model(section)
+            && let Some(Value::String(model)) = section.options.get("model")
+        {
+            fields.push((format!("verifiers[{i}].model"), model.clone()));
+        }
     }
     fields
 }
 
-fn model_field_mut<'a>(spec: &'a mut JobSpec, field: &str) -> Option<&'a mut String> {
+/// Writes `value` into the model field `field` names.
+fn set_model_field(spec: &mut JobSpec, field: &str, value: String) {
     match field {
-        "model.policy" => Some(&mut spec.model.policy),
-        "model.reference" => Some(&mut spec.model.reference),
-        _ => None,
+        "model.policy" => spec.model.policy = value,
+        "model.reference" => spec.model.reference = value,
+        _ => {
+            let index = field.strip_prefix("verifiers[").and_then(|rest| rest.strip_suffix("].model"));
+            if let Some(section) =
+                index.and_then(|i| i.parse::<usize>().ok()).and_then(|i| spec.verifiers.get_mut(i))
+            {
+                section.options.insert("model".into(), Value::String(value));
+            }
+        }
     }
 }
 
@@ -85,12 +104,13 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
 
     for (field, value) in model_fields(spec) {
         match model_dir(tenancy, team, &value) {
-            Ok((reference, _)) => {
-                if let Some(slot) = model_field_mut(&mut pinned, field) {
-                    *slot = reference.to_string();
-                }
-            }
-            Err(message) => problems.push(refuse(field, message)),
+            Ok((ModelRef::Builtin(_), _)) if field.starts_with("verifiers[") => problems.push(refuse(
+                &field,
+                "the built-in model is a language model, not a reward model: name a base model or a \
+                 model line's version in sequence-classification format",
+            )),
+            Ok((reference, _)) => set_model_field(&mut pinned, &field, reference.to_string()),
+            Err(message) => problems.push(refuse(&field, message)),
         }
     }
 
@@ -140,8 +160,8 @@ pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<JobSpec, String>
     }
     for (field, value) in model_fields(spec) {
         let (_, dir) = model_dir(tenancy, team, &value).map_err(|message| format!("{field}: {message}"))?;
-        if let (Some(slot), Some(dir)) = (model_field_mut(&mut resolved, field), dir) {
-            *slot = dir.display().to_string();
+        if let Some(dir) = dir {
+            set_model_field(&mut resolved, &field, dir.display().to_string());
         }
     }
     Ok(resolved)
