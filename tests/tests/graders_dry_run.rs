@@ -153,6 +153,29 @@ fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon() {
         assert_eq!((got_status, got_field.as_str()), (status, field), "{got_message}");
         assert!(got_message.contains(message), "{field}: {got_message}");
     }
+    // A reward-model grader is validated as a submit checks it (its keys, its model under the
+    // tenancy rules), never run here.
+    let rm = |entry: Value| VerifyRequest { grader: Some(grader(entry)), reward: None, items: vec![] };
+    let cases = [
+        (
+            json!({"plugin": "reward-model", "model": "builtin:tiny-arith"}),
+            "grader.model",
+            "not a reward model",
+        ),
+        (json!({"plugin": "reward-model", "model": "/etc"}), "grader.model", ""),
+        (json!({"plugin": "reward-model", "model": "line:someone-elses"}), "grader.model", ""),
+        (json!({"plugin": "reward-model", "model": "base:rm", "batch_size": 0}), "grader.batch_size", ""),
+    ];
+    for (entry, field, message) in cases {
+        let Err(HttpError::Status { status, error, .. }) = team.validate_graders(&rm(entry)) else {
+            panic!("{field}: not refused");
+        };
+        let mut problems = vec![(error.field.clone().unwrap_or_default(), error.message.clone())];
+        problems.extend(error.more.iter().map(|p| (p.field.clone(), p.message.clone())));
+        assert_eq!(status.as_u16(), 422);
+        assert!(problems.iter().any(|(f, m)| f == field && m.contains(message)), "{field}: {problems:?}");
+    }
+
     // Not a request at all: the client never sends these.
     let raw = |body: &str, token: Option<&str>| {
         let _ = rustls::crypto::ring::default_provider().install_default();

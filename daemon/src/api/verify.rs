@@ -23,7 +23,9 @@ use rlvr_plugin_host::verify::parse_line;
 use rlvr_protocol::api::{GraderCheck, GradersValid, VerifyRequest, VerifyResults};
 use rlvr_protocol::formula::Formula;
 use rlvr_protocol::job::ErrorBody;
+use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{PluginSection, REWARD_MODEL_GRADER, SpecError, check_graders};
+use serde_json::Value;
 
 use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState, read_body};
@@ -78,7 +80,7 @@ pub async fn verify(
     };
     let state = Arc::clone(&state);
     tokio::task::spawn_blocking(move || {
-        let checked = check(&state, &caller, &reward)?;
+        let checked = check(&state, &caller, &reward, true)?;
         let items = parse_items(&request.items)?;
         let host = state
             .tenancy
@@ -86,6 +88,8 @@ pub async fn verify(
             .map_err(|message| vec![SpecError { field: reward.graders_field.clone(), message }])?;
         let mut graders = Vec::with_capacity(checked.plugins.len());
         for (i, (plugin, section)) in checked.plugins.iter().zip(&reward.graders).enumerate() {
+            // Only plugin graders run here (`check` refused a reward model).
+            let Grading::Plugin(plugin) = plugin else { continue };
             let verifier = plugin.verifier_in(&section.plugin_config(), &host).map_err(|error| {
                 vec![SpecError {
                     field: reward.field_of(i, ""),
@@ -155,7 +159,7 @@ pub async fn validate(
     let reward = RewardAsked::from(&request)?;
     let state = Arc::clone(&state);
     tokio::task::spawn_blocking(move || {
-        let checked = check(&state, &caller, &reward)?;
+        let checked = check(&state, &caller, &reward, false)?;
         let graders = reward
             .graders
             .iter()
@@ -177,10 +181,16 @@ pub async fn validate(
                         (option.to_owned(), sha256.clone())
                     })
                     .collect();
+                let (plugin, options_checked) = match plugin {
+                    Grading::Plugin(plugin) => (plugin.id(), !checked.refs.unchecked.contains(&field)),
+                    Grading::RewardModel { model } => {
+                        (format!("{REWARD_MODEL_GRADER} (built in; model {model})"), true)
+                    }
+                };
                 GraderCheck {
                     name: section.grader_name().to_owned(),
-                    plugin: plugin.id(),
-                    options_checked: !checked.refs.unchecked.contains(&field),
+                    plugin,
+                    options_checked,
                     secrets: of_this(&checked.refs.secrets),
                     urls: of_this(&checked.refs.urls),
                     digests,
@@ -259,29 +269,55 @@ impl RewardAsked {
     }
 }
 
+/// What grades with one of a request's graders.
+enum Grading {
+    Plugin(Arc<LoadedPlugin>),
+    /// The built-in reward-model grader and its `model` as a job would pin it.
+    RewardModel {
+        model: String,
+    },
+}
+
 /// What a request's graders passed.
 struct Checked {
-    plugins: Vec<Arc<LoadedPlugin>>,
+    /// One per grader, in order.
+    plugins: Vec<Grading>,
     formula: Option<Formula>,
     refs: PluginRefs,
 }
 
-/// Everything a submit checks of a job's graders, for the caller's team.
-fn check(state: &JobsState, caller: &Caller, reward: &RewardAsked) -> Result<Checked, Vec<SpecError>> {
+/// Everything a submit checks of a job's graders, for the caller's team; `run`: they are about
+/// to grade here, which a reward-model grader cannot.
+fn check(
+    state: &JobsState,
+    caller: &Caller,
+    reward: &RewardAsked,
+    run: bool,
+) -> Result<Checked, Vec<SpecError>> {
     let (formula, mut problems) =
         check_graders(&reward.graders, reward.formula.as_deref(), &reward.graders_field, "reward.formula");
     let mut refs = PluginRefs::default();
     let mut problem = |field: &str, message: String| {
         problems.push(SpecError { field: field.to_owned(), message });
     };
+    // A reward model's `model`, resolved as a submit resolves it (its keys are `check_graders`').
+    let mut models = Vec::new();
     for (i, grader) in reward.graders.iter().enumerate() {
-        if grader.plugin.split('@').next() == Some(REWARD_MODEL_GRADER) {
+        if !is_reward_model(grader) {
+            continue;
+        }
+        if run {
             problem(
                 &format!("{}[{i}].plugin", reward.graders_field),
                 "a reward-model grader scores on a device inside a job; the dry-run runs plugin graders \
-                 (validate checks its keys at submit)"
+                 (POST /v1/graders/validate checks it)"
                     .into(),
             );
+        } else if let Some(Value::String(model)) = grader.options.get("model") {
+            match crate::tenancy::resolve::reward_model(&state.tenancy, &caller.team, model) {
+                Ok(pinned) => models.push((i, pinned)),
+                Err(message) => problem(&format!("{}[{i}].model", reward.graders_field), message),
+            }
         }
     }
     let plugins = crate::jobs::checks::check_graders(
@@ -303,7 +339,21 @@ fn check(state: &JobsState, caller: &Caller, reward: &RewardAsked) -> Result<Che
         }
         return Err(problems);
     }
-    let plugins = plugins.into_iter().flatten().collect();
+    let plugins = plugins
+        .into_iter()
+        .enumerate()
+        .map(|(i, plugin)| match plugin {
+            Some(plugin) => Grading::Plugin(plugin),
+            // `check_graders` found every plugin, so the others are reward models.
+            None => Grading::RewardModel {
+                model: models
+                    .iter()
+                    .find(|(at, _)| *at == i)
+                    .map(|(_, model)| model.clone())
+                    .unwrap_or_default(),
+            },
+        })
+        .collect();
     let refs = PluginRefs {
         secrets: refs.secrets.into_iter().map(|(f, s)| (reward.as_written(f), s)).collect(),
         urls: refs.urls.into_iter().map(|(f, u)| (reward.as_written(f), u)).collect(),

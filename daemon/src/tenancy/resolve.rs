@@ -104,11 +104,9 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
 
     for (field, value) in model_fields(spec) {
         match model_dir(tenancy, team, &value) {
-            Ok((ModelRef::Builtin(_), _)) if field.starts_with("verifiers[") => problems.push(refuse(
-                &field,
-                "the built-in model is a language model, not a reward model: name a base model or a \
-                 model line's version in sequence-classification format",
-            )),
+            Ok((ModelRef::Builtin(_), _)) if field.starts_with("verifiers[") => {
+                problems.push(refuse(&field, BUILTIN_IS_NO_REWARD_MODEL))
+            }
             Ok((reference, _)) => set_model_field(&mut pinned, &field, reference.to_string()),
             Err(message) => problems.push(refuse(&field, message)),
         }
@@ -205,6 +203,18 @@ fn file_in_root(root: &Path, relative: &str, max_bytes: u64) -> Result<PathBuf, 
         return Err(format!("over {max_bytes} bytes (tenancy.max_dataset_bytes)"));
     }
     Ok(file)
+}
+
+const BUILTIN_IS_NO_REWARD_MODEL: &str = "the built-in model is a language model, not a reward model: name a \
+     base model or a model line's version in sequence-classification format";
+
+/// A reward-model grader's `model` as `team`'s job would pin it (`line:rm@3`), by the rules of a
+/// submit: what `POST /v1/graders/validate` shows.
+pub fn reward_model(tenancy: &Tenancy, team: &str, value: &str) -> Result<String, String> {
+    match model_dir(tenancy, team, value)? {
+        (ModelRef::Builtin(_), _) => Err(BUILTIN_IS_NO_REWARD_MODEL.to_owned()),
+        (reference, _) => Ok(reference.to_string()),
+    }
 }
 
 /// A model field's reference, pinned, and its directory (none for the built-in model).
