@@ -125,8 +125,8 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
             documented.insert(format!("{} {path}", method.to_uppercase()));
         }
     }
-    // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh, and the
-    // team's namespace: datasets and model lines.
+    // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh, the
+    // team's namespace (datasets and model lines), and the graders' dry-run.
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
         "POST /v1/estimate",
@@ -150,6 +150,8 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         "GET /v1/model-lines",
         "GET /v1/model-lines/{name}",
         "PUT /v1/model-lines/{name}",
+        "POST /v1/verify",
+        "POST /v1/graders/validate",
     ]
     .map(str::to_owned)
     .into();
