@@ -135,7 +135,7 @@ pub(crate) fn server_request(
     Ok(VerifyRequest { grader: Some(grader), reward: None, items: Vec::new() })
 }
 
-/// Grades the JSONL input on the daemon, [`MAX_ITEMS_PER_REQUEST`] items a request, printing
+/// Grades the JSONL input on the daemon, `VerifyRequest::MAX_ITEMS` items a request, printing
 /// one result line per item; or, with `validate`, prints the daemon's check of the graders.
 pub(crate) fn on_server(
     api: &rlvr_client::Client,
@@ -166,7 +166,7 @@ pub(crate) fn on_server(
     }
     let mut stdout = io::BufWriter::new(io::stdout().lock());
     let (mut graded, mut passed, mut errors) = (0, 0, 0);
-    for chunk in items.chunks(MAX_ITEMS_PER_REQUEST) {
+    for chunk in items.chunks(VerifyRequest::MAX_ITEMS) {
         request.items = chunk.to_vec();
         for line in api.verify(&request)?.results {
             graded += 1;
@@ -180,6 +180,3 @@ pub(crate) fn on_server(
     eprintln!("rlvrctl: {graded} item(s) graded on the daemon: {passed} passed, {errors} with errors");
     Ok(())
 }
-
-/// The daemon's limit on one `POST /v1/verify` (`rlvrd`'s `api::verify::MAX_ITEMS`).
-const MAX_ITEMS_PER_REQUEST: usize = 256;

@@ -217,6 +217,12 @@ pub struct VerifyRequest {
     pub items: Vec<serde_json::Value>,
 }
 
+impl VerifyRequest {
+    /// Most items one `POST /v1/verify` grades: the daemon refuses more, `rlvrctl verify
+    /// --server` sends its input in requests of this many.
+    pub const MAX_ITEMS: usize = 256;
+}
+
 /// A reward to dry-run: a job's `[[verifiers]]` (here `graders`) and `[reward] formula` (absent:
 /// the graders' weighted sum).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@
 //!
 //! Grading runs in the daemon's process with the plugin host's batch engine (a call past its
 //! deadline is answered as a timeout and abandoned); at most [`DRY_RUNS_AT_ONCE`] run at a time
-//! and each takes at most [`MAX_ITEMS`] items, so dry-runs cannot crowd out the API.
+//! and each takes at most `VerifyRequest::MAX_ITEMS` items, so dry-runs cannot crowd out the API.
 
 use std::sync::Arc;
 
@@ -31,8 +31,6 @@ use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState, read_body};
 use crate::jobs::checks::{PluginRefs, refuse_urls};
 
-/// Most items one `POST /v1/verify` grades.
-pub const MAX_ITEMS: usize = 256;
 /// Most graders in one request.
 const MAX_GRADERS: usize = 16;
 /// Dry-runs grading at once, over all teams; one more is answered 429.
@@ -62,6 +60,7 @@ pub async fn verify(
 ) -> Answer<Json<VerifyResults>> {
     let request = read_request(&state, body).await?;
     let reward = RewardAsked::from(&request)?;
+    const MAX_ITEMS: usize = VerifyRequest::MAX_ITEMS;
     if request.items.is_empty() || request.items.len() > MAX_ITEMS {
         return Err(Failure::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -54,8 +54,7 @@ pub fn check_runnable(
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
 
     // Plugins: loaded, and of the right kind.
-    let find = |name: &str, kind: PluginKind| find(registry, name, kind);
-    let optimizer = match find(&spec.optimizer.plugin, PluginKind::Optimizer) {
+    let optimizer = match find(registry, &spec.optimizer.plugin, PluginKind::Optimizer) {
         Ok(plugin) => {
             let options = spec.optimizer_plugin_config();
             check_options(registry, &plugin, "optimizer", &options, &mut refs, &mut problem);
@@ -68,7 +67,7 @@ pub fn check_runnable(
     };
     check_graders(registry, &spec.verifiers, "verifiers", &mut refs, &mut problem);
     if let Some(curriculum) = &spec.curriculum {
-        match find(&curriculum.plugin, PluginKind::Curriculum) {
+        match find(registry, &curriculum.plugin, PluginKind::Curriculum) {
             Ok(plugin) => check_options(
                 registry,
                 &plugin,
