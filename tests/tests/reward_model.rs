@@ -106,8 +106,9 @@ fn a_grpo_job_rewarded_by_a_reward_model_runs_to_its_end_in_a_reward_phase() {
         let rm = components["rm"];
         assert!(rm > 0.0 && rm < 1.0, "{components:?}");
         assert!(components.contains_key("rm.logit") && components.contains_key("math"), "{components:?}");
-        // Tiny-arith's prompts and completions are longer than 6 characters: cut from the left.
-        assert!(components.get("rm.truncated").is_some_and(|t| *t > 0.0), "{components:?}");
+        // Tiny-arith's prompts and completions are longer than 6 characters: every row cut from
+        // the left, so the step's fraction of cut rows is 1.
+        assert_eq!(components.get("rm.truncated"), Some(&1.0), "{components:?}");
     }
     // The reward model scored in its own phase, once per step and per evaluation at least,
     // each grant given back.

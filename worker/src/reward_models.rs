@@ -7,8 +7,8 @@
 //! The text scored is the prompt followed by the completion: the user and assistant messages of
 //! the reward model's chat template when its tokenizer has one, else `prompt + completion`
 //! (`RewardModel::encode_exchange`). A row longer than `max_length` keeps its last `max_length`
-//! tokens — the completion's end, where the model reads its score — and its verdict has the
-//! component `truncated` = 1.
+//! tokens — the completion's end, where the model reads its score — and its verdict's component
+//! `truncated` is 1 (else 0).
 
 use std::path::Path;
 use std::time::Instant;
@@ -146,10 +146,12 @@ impl RewardModelGrader {
             .map(|(i, item)| {
                 let logit = logits[i].map(f64::from);
                 let score = logit.map_or(0.0, |l| self.options.normalized(l));
-                let mut components = vec![("logit".to_owned(), logit.unwrap_or(0.0))];
-                if truncated[i] {
-                    components.push(("truncated".to_owned(), 1.0));
-                }
+                // Always both, so a step's mean of `truncated` is the fraction of rows cut (a
+                // component only on cut rows would average to 1 whenever any was).
+                let components = vec![
+                    ("logit".to_owned(), logit.unwrap_or(0.0)),
+                    ("truncated".to_owned(), if truncated[i] { 1.0 } else { 0.0 }),
+                ];
                 OutputLine {
                     id: Some(item.id.to_owned()),
                     score,
