@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 pub mod cli;
 pub mod jobs;
 pub mod peer;
+pub mod sandbox;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

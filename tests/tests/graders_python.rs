@@ -11,7 +11,6 @@ use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use rlvr_tests::{artifact, plugin_lib};
 use serde_json::{Value, json};
@@ -19,7 +18,6 @@ use serde_json::{Value, json};
 /// The fd number rlvrctl inherits [`Setup::inherited`] on (not close-on-exec, as a process may
 /// hold one from a shell or a library).
 const INHERITED_FD: u32 = 200;
-const CANARY_TEXT: &str = "canary: untouched\n";
 /// In rlvrctl's environment; no grader may ever see it.
 const ENV_SECRET: &str = "env-secret-3c71e0";
 /// In one item's reference: only that item's grader may see it.
@@ -52,8 +50,7 @@ impl Setup {
             fs::set_permissions(path, fs::Permissions::from_mode(0o777)).unwrap();
         }
         fs::set_permissions(&work_root, fs::Permissions::from_mode(0o711)).unwrap();
-        let canary = canary_dir.join("canary.txt");
-        fs::write(&canary, CANARY_TEXT).unwrap();
+        let canary = rlvr_tests::sandbox::write_canary(&canary_dir);
         fs::set_permissions(&canary, fs::Permissions::from_mode(0o666)).unwrap();
         rlvr_tests::drop_in(&plugin_lib("rlvr-verifier-python"), &plugins, "librlvr_verifier_python.so");
         let inherited = dir.path().join("inherited.txt");
@@ -105,29 +102,11 @@ impl Setup {
     /// No sandboxed process is left (none has its cwd under the work root) and the work root is
     /// empty.
     fn assert_nothing_left(&self) {
-        let leftover = || -> Vec<String> {
-            let mut found = Vec::new();
-            for entry in fs::read_dir("/proc").unwrap().flatten() {
-                if let Ok(cwd) = fs::read_link(entry.path().join("cwd"))
-                    && cwd.starts_with(&self.work_root)
-                {
-                    let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-                    found.push(format!("{:?}: {}", entry.file_name(), String::from_utf8_lossy(&cmdline)));
-                }
-            }
-            found
-        };
-        let clean = rlvr_tests::wait_until(Duration::from_secs(5), || leftover().is_empty());
-        assert!(clean, "processes left behind: {:?}", leftover());
-        let entries: Vec<_> = fs::read_dir(&self.work_root).unwrap().flatten().map(|e| e.path()).collect();
-        assert!(entries.is_empty(), "work directories left behind: {entries:?}");
+        rlvr_tests::sandbox::assert_nothing_left(&self.work_root);
     }
 
     fn assert_canary_untouched(&self) {
-        let names: Vec<_> =
-            fs::read_dir(&self.canary_dir).unwrap().flatten().map(|e| e.file_name()).collect();
-        assert_eq!(names, ["canary.txt"], "files appeared next to the canary");
-        assert_eq!(fs::read_to_string(self.canary_dir.join("canary.txt")).unwrap(), CANARY_TEXT);
+        rlvr_tests::sandbox::assert_canary_untouched(&self.canary_dir);
     }
 }
 

@@ -29,7 +29,6 @@ struct Setup {
 /// The fd number rlvrctl inherits [`Setup::inherited`] on.
 const INHERITED_FD: u32 = 200;
 
-const CANARY_TEXT: &str = "canary: untouched\n";
 /// In rlvrctl's environment; no solution may ever see it.
 const ENV_SECRET: &str = "env-secret-5b0f1c";
 /// Expected values of hidden tests; no solution may ever see them.
@@ -49,8 +48,7 @@ impl Setup {
             fs::set_permissions(path, fs::Permissions::from_mode(0o777)).unwrap();
         }
         fs::set_permissions(&work_root, fs::Permissions::from_mode(0o711)).unwrap();
-        let canary = canary_dir.join("canary.txt");
-        fs::write(&canary, CANARY_TEXT).unwrap();
+        let canary = rlvr_tests::sandbox::write_canary(&canary_dir);
         fs::set_permissions(&canary, fs::Permissions::from_mode(0o666)).unwrap();
         rlvr_tests::drop_in(&plugin_lib("rlvr-verifier-code"), &plugins, "librlvr_verifier_code.so");
         let inherited = dir.path().join("inherited.txt");
@@ -94,30 +92,11 @@ impl Setup {
     /// Asserts that no sandboxed or evaluator process is left: none has its cwd under our work
     /// root, and the work root is empty.
     fn assert_nothing_left(&self) {
-        let leftover = || -> Vec<String> {
-            let mut found = Vec::new();
-            for entry in fs::read_dir("/proc").unwrap().flatten() {
-                if let Ok(cwd) = fs::read_link(entry.path().join("cwd"))
-                    && cwd.starts_with(&self.work_root)
-                {
-                    let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-                    found.push(format!("{:?}: {}", entry.file_name(), String::from_utf8_lossy(&cmdline)));
-                }
-            }
-            found
-        };
-        // The batch is over when rlvrctl exits; give the kernel a moment to finish the kills.
-        let clean = rlvr_tests::wait_until(Duration::from_secs(5), || leftover().is_empty());
-        assert!(clean, "processes left behind: {:?}", leftover());
-        let entries: Vec<_> = fs::read_dir(&self.work_root).unwrap().flatten().map(|e| e.path()).collect();
-        assert!(entries.is_empty(), "work directories left behind: {entries:?}");
+        rlvr_tests::sandbox::assert_nothing_left(&self.work_root);
     }
 
     fn assert_canary_untouched(&self) {
-        let names: Vec<_> =
-            fs::read_dir(&self.canary_dir).unwrap().flatten().map(|e| e.file_name()).collect();
-        assert_eq!(names, ["canary.txt"], "files appeared next to the canary");
-        assert_eq!(fs::read_to_string(self.canary_dir.join("canary.txt")).unwrap(), CANARY_TEXT);
+        rlvr_tests::sandbox::assert_canary_untouched(&self.canary_dir);
     }
 }
 
