@@ -15,6 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 pub mod cli;
+pub mod grants;
 pub mod jobs;
 pub mod peer;
 pub mod sandbox;

@@ -38,44 +38,6 @@ fn spec_with_reward_model(data: &Path, model: &str, steps: u32) -> String {
     ) + PERMISSIVE_GATES
 }
 
-/// The daemon's side of the grant socket for one worker: grants every phase at once and records
-/// the requests (`job ID`, `acquire PHASE`, `release`).
-fn grant_peer(socket: &Path) -> std::thread::JoinHandle<Vec<String>> {
-    use std::io::{BufRead, BufReader, Write};
-
-    use rlvr_protocol::grants::{Answer, Request};
-
-    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
-    std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        let mut writer = stream.try_clone().unwrap();
-        let mut requests = Vec::new();
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            let answer = match serde_json::from_str::<Request>(&line).unwrap() {
-                Request::Job(id) => {
-                    requests.push(format!("job {id}"));
-                    Answer::Ok
-                }
-                Request::Acquire(phase) => {
-                    requests.push(format!("acquire {phase}"));
-                    Answer::Granted(phase)
-                }
-                Request::Release => {
-                    requests.push("release".to_owned());
-                    Answer::Released
-                }
-            };
-            let mut text = serde_json::to_string(&answer).unwrap();
-            text.push('\n');
-            if writer.write_all(text.as_bytes()).is_err() {
-                break;
-            }
-        }
-        requests
-    })
-}
-
 #[test]
 fn a_grpo_job_rewarded_by_a_reward_model_runs_to_its_end_in_a_reward_phase() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,7 +47,7 @@ fn a_grpo_job_rewarded_by_a_reward_model_runs_to_its_end_in_a_reward_phase() {
     let spec = dir.path().join("rm.toml");
     fs::write(&spec, spec_with_reward_model(&data, model.to_str().unwrap(), 2)).unwrap();
     let socket = dir.path().join("sched.sock");
-    let peer = grant_peer(&socket);
+    let peer = rlvr_tests::grants::grant_peer(&socket, None, None);
     let state = dir.path().join("state");
     let output: Output = worker_command(&spec, &state, &plugins, &[])
         .arg("--grant-socket")

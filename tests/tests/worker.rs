@@ -982,7 +982,7 @@ fn verifiers_score_after_the_device_grant_is_given_back() {
     )
     .unwrap();
     let socket = dir.path().join("sched.sock");
-    let peer = grant_peer(&socket, None, Some(log));
+    let peer = rlvr_tests::grants::grant_peer(&socket, None, Some(log));
     let mut command = worker_command(&spec, &dir.path().join("state"), &plugins, &[]);
     let result = outcome(&run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"])));
     assert_eq!(result["steps"], 1, "{result}");
@@ -1005,7 +1005,7 @@ fn verifiers_score_after_the_device_grant_is_given_back() {
     assert!(scored.iter().all(Option::is_none), "scored while holding a grant: {events:?}");
 }
 
-/// A two-step GRPO job in `dir` run by a worker whose grant socket is a [`grant_peer`] failing at
+/// A two-step GRPO job in `dir` run by a worker whose grant socket is a `rlvr_tests::grants::grant_peer` failing at
 /// `fail_at`; the worker's output and the peer, which returns the requests it saw.
 fn run_with_grant_peer(
     dir: &Path,
@@ -1015,61 +1015,10 @@ fn run_with_grant_peer(
     let data = arith_data(dir, &["--train", "32", "--heldout", "8", "--sft", "0"]);
     let spec = grpo_spec(dir, &data, 2, 1);
     let socket = dir.join("sched.sock");
-    let peer = grant_peer(&socket, fail_at, None);
+    let peer = rlvr_tests::grants::grant_peer(&socket, fail_at, None);
     let mut command = worker_command(&spec, &dir.join("state"), &plugins, &[]);
     let output = run(command.arg("--grant-socket").arg(&socket).args(["--job-id", "J1"]));
     (output, peer)
-}
-
-/// The daemon's side of the grant socket, for one worker: grants every phase at once, records
-/// the requests (`job ID`, `acquire PHASE`, `release`; each also sent to `log` before it is
-/// answered), and closes the connection instead of answering when the worker asks for
-/// `fail_at`. It speaks the protocol's own types.
-fn grant_peer(
-    socket: &Path,
-    fail_at: Option<rlvr_protocol::grants::Phase>,
-    log: Option<std::sync::mpsc::Sender<String>>,
-) -> std::thread::JoinHandle<Vec<String>> {
-    use std::io::{BufRead, BufReader, Write};
-
-    use rlvr_protocol::grants::{Answer, Request};
-
-    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
-    std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        let mut writer = stream.try_clone().unwrap();
-        let mut requests = Vec::new();
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            let seen = requests.len();
-            let answer = match serde_json::from_str::<Request>(&line).unwrap() {
-                Request::Job(id) => {
-                    requests.push(format!("job {id}"));
-                    Answer::Ok
-                }
-                Request::Acquire(phase) => {
-                    requests.push(format!("acquire {phase}"));
-                    if Some(phase) == fail_at {
-                        break;
-                    }
-                    Answer::Granted(phase)
-                }
-                Request::Release => {
-                    requests.push("release".to_owned());
-                    Answer::Released
-                }
-            };
-            if let Some(log) = &log {
-                requests[seen..].iter().for_each(|request| drop(log.send(request.clone())));
-            }
-            let mut text = serde_json::to_string(&answer).unwrap();
-            text.push('\n');
-            if writer.write_all(text.as_bytes()).is_err() {
-                break;
-            }
-        }
-        requests
-    })
 }
 
 /// The cold-started GRPO job (KL to the reference on) with `[model] lora` of `lora`, and `extra`
