@@ -12,6 +12,7 @@
 //! request (4xx) or the input on this side is wrong (spec file, config file, server URL); 3 the
 //! daemon cannot be reached, answers 5xx, or answers something rlvrctl cannot read.
 
+mod logs;
 mod render;
 mod report;
 mod spec;
@@ -117,6 +118,18 @@ enum Command {
     Watch {
         /// The job's id.
         id: String,
+    },
+    /// Show a job's worker log (every run's stderr; your team's jobs only): its last lines, or
+    /// all of it, or follow it until the job ends.
+    Logs {
+        /// The job's id.
+        id: String,
+        /// Print the whole log, not only its last 64 KiB.
+        #[arg(long, conflicts_with = "follow")]
+        all: bool,
+        /// Keep printing new lines until the job ends (polls every second).
+        #[arg(long, short)]
+        follow: bool,
     },
     /// Cancel a job: at once when it waits, within a step when it runs.
     Cancel {
@@ -380,6 +393,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Ok(Exit::Done)
         }
         Command::Watch { id } => watch::watch(&connect(Auth::Token)?, &id, json),
+        Command::Logs { id, all, follow } => {
+            logs::print(&connect(Auth::Token)?, &id, logs::Mode::new(all, follow))
+        }
         Command::Cancel { id } => {
             let job = connect(Auth::Token)?.cancel(&id)?;
             if json {

@@ -117,6 +117,9 @@ pub(crate) fn status_block(job: &JobView) -> String {
     if !figures.is_empty() {
         lines.push(("progress", figures));
     }
+    for (index, warning) in job.progress.iter().flat_map(|progress| &progress.warnings).enumerate() {
+        lines.push((if index == 0 { "warning" } else { "" }, warning.message.clone()));
+    }
     if job.cancel_requested {
         lines.push(("cancel", "requested; the worker stops within a step".to_owned()));
     }
@@ -372,6 +375,7 @@ mod tests {
             tokens_per_s: Some(1234.4),
             step_s: Some(2.1),
             eta_s: Some(192.0),
+            warnings: Vec::new(),
         };
         assert_eq!(
             figures(Some(&progress), Some(0.81), Detail::Brief),

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use rlvr_protocol::gates::{GateReport, Status};
 use rlvr_protocol::job::JobView;
+use rlvr_protocol::signals::{GroupSignals, GroupWarning};
 use rlvr_protocol::worker::{Baseline, BaselineKind, MetricsLine};
 
 /// The files of one rendered report.
@@ -91,7 +92,11 @@ pub fn write(out: &Path, job: &JobView, metrics: &[MetricsLine]) -> Result<Repor
     }
     let page: Vec<(Chart, Option<usize>)> =
         rendered.iter().map(|(chart, drawn)| (*chart, drawn.as_ref().map(|(_, bucket)| *bucket))).collect();
-    let index = write_atomic(out, "index.html", render_index(job, &page).as_bytes())?;
+    let index = write_atomic(
+        out,
+        "index.html",
+        render_index(job, &GroupSignals::of(metrics).warnings(), &page).as_bytes(),
+    )?;
     Ok(Report { index, plots })
 }
 
@@ -429,7 +434,7 @@ fn axis_range(values: impl Iterator<Item = f64>, half: f64) -> Range<f64> {
 
 /// `index.html`: summary, gates, then each chart or the reason it is missing. `charts` holds
 /// each chart with its downsampling bucket, `None` when it has no data.
-fn render_index(job: &JobView, charts: &[(Chart, Option<usize>)]) -> String {
+fn render_index(job: &JobView, warnings: &[GroupWarning], charts: &[(Chart, Option<usize>)]) -> String {
     let mut html = String::with_capacity(8 * 1024);
     // `write!` to a String cannot fail; the results are ignored below for that reason.
     let _ = write!(
@@ -469,6 +474,10 @@ fn render_index(job: &JobView, charts: &[(Chart, Option<usize>)]) -> String {
     }
 
     html.push_str("\n<h2>Training</h2>\n");
+    // Why a job may not have learned, from the same metrics lines as the charts.
+    for warning in warnings {
+        let _ = writeln!(html, "<p class=\"banner warn\">warning: {}</p>", esc(&warning.message));
+    }
     for (chart, drawn) in charts {
         match drawn {
             Some(bucket) => {
@@ -617,6 +626,7 @@ tr.unchecked td:nth-child(2){color:#777}\
 .banner{padding:.6em 1em;border-radius:4px;font-weight:bold}\
 .banner.pass{background:#dafbe1;color:#1a7f37}\
 .banner.fail{background:#ffebe9;color:#cf222e}\
+.banner.warn{background:#fff8c5;color:#7d4e00;font-weight:normal}\
 .banner.forced{background:#fff8c5;color:#7d4e00}\
 .banner.none{background:#f4f4f4;color:#555}\
 figure{margin:1.5em 0}\
@@ -1193,5 +1203,22 @@ mod tests {
         for (v, s) in nums {
             assert_eq!(fmt_num(v), s, "{v}");
         }
+    }
+
+    /// A job whose groups were all-fail says so above its charts; one with signal does not.
+    #[test]
+    fn a_job_without_signal_is_warned_of_in_the_report() {
+        let all_fail = lines(
+            r#"{"step":1,"reward_mean":0.0,"all_fail_frac":1.0,"all_pass_frac":0.0}
+{"step":2,"reward_mean":0.0,"all_fail_frac":1.0,"all_pass_frac":0.0}"#,
+        );
+        let (_dir, _, html) = render(&job(), &all_fail);
+        assert!(
+            html.contains("<p class=\"banner warn\">warning: every group was all-fail in 2 of 2 steps: "),
+            "{html}"
+        );
+        let mixed = lines(r#"{"step":1,"reward_mean":0.5,"all_fail_frac":0.25,"all_pass_frac":0.25}"#);
+        let (_dir, _, html) = render(&job(), &mixed);
+        assert!(!html.contains("banner warn"), "{html}");
     }
 }

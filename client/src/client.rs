@@ -13,7 +13,7 @@ use rlvr_protocol::api::{
 
 use crate::spec_data::SpecDataError;
 use rlvr_protocol::job::{
-    ApiError, ErrorBody, Estimate, JobList, JobState, JobView, MetricsHistory, Submitted,
+    ApiError, ErrorBody, Estimate, JobList, JobLog, JobState, JobView, MetricsHistory, Submitted,
 };
 use rlvr_protocol::worker::MetricsLine;
 use serde::de::DeserializeOwned;
@@ -328,6 +328,16 @@ impl Client {
     pub fn metrics(&self, id: &str) -> Result<Vec<MetricsLine>, HttpError> {
         let history: MetricsHistory = self.get(&["v1", "jobs", id, "metrics"], &[])?;
         Ok(history.lines)
+    }
+
+    /// `GET /v1/jobs/{id}/logs`: whole lines of the job's worker log from byte `since` (the `end`
+    /// of the previous answer), or its tail; at most `bytes` of them (the daemon's default: 1 MiB).
+    pub fn logs(&self, id: &str, since: Option<u64>, bytes: Option<u64>) -> Result<JobLog, HttpError> {
+        let query: Vec<(&str, String)> = [("since", since), ("bytes", bytes)]
+            .into_iter()
+            .filter_map(|(key, value)| Some((key, value?.to_string())))
+            .collect();
+        self.get(&["v1", "jobs", id, "logs"], &query)
     }
 
     /// `GET /v1/plugins`: the loaded plugins and the refused files.

@@ -193,6 +193,21 @@ pub struct MetricsHistory {
     pub lines: Vec<MetricsLine>,
 }
 
+/// `GET /v1/jobs/{id}/logs` answer: a window of whole lines of the job's worker log (every run's
+/// stderr). Follow the log by asking again with `since` = `end`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobLog {
+    /// Byte offset in the log where `text` starts.
+    pub start: u64,
+    /// Byte offset just past `text`: where the next window starts.
+    pub end: u64,
+    /// The log's length in bytes when it was read.
+    pub size: u64,
+    /// The lines, as UTF-8 (bytes that are not are replaced with U+FFFD).
+    pub text: String,
+}
+
 /// One change of state, as stored on the job's event stream and sent over server-sent events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -23,6 +23,7 @@
 //! - [`reward_model`]: the built-in `reward-model` grader's keys.
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
+//! - [`signals`]: why a job may not be learning (steps whose groups were all-fail or all-pass).
 
 pub mod api;
 pub mod batch;
@@ -37,6 +38,7 @@ pub mod memory;
 pub mod names;
 pub mod reward_model;
 pub mod runtime;
+pub mod signals;
 pub mod spec;
 pub mod time;
 pub mod worker;

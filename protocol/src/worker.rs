@@ -691,6 +691,9 @@ pub struct Progress {
     /// Seconds until the job ends: the steps left at this run's pace, capped by what is left of
     /// `budget.max_wall_minutes`; `None` before this run's first step.
     pub eta_s: Option<f64>,
+    /// Why the job may not be learning: steps whose every group was all-fail or all-pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<crate::signals::GroupWarning>,
 }
 
 #[cfg(test)]
@@ -862,6 +865,13 @@ mod tests {
             tokens_per_s: Some(2240.0),
             step_s: Some(0.3),
             eta_s: Some(17.1),
+            warnings: crate::signals::GroupSignals::of(&[MetricsLine {
+                step: 3,
+                all_fail_frac: Some(1.0),
+                all_pass_frac: Some(0.0),
+                ..MetricsLine::default()
+            }])
+            .warnings(),
         });
         check(RolloutRecord {
             step: 3,

@@ -87,6 +87,30 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     let watched = run(&rlvrctl, &["--json", "watch", &id], cwd, &env);
     assert_eq!(watched.status.code(), Some(0), "{}", text(&watched));
 
+    // logs: the worker's log, to the job's team only.
+    let logs = run(&rlvrctl, &["logs", &id], cwd, &env);
+    assert_eq!(logs.status.code(), Some(0), "{}", text(&logs));
+    let printed = String::from_utf8_lossy(&logs.stdout);
+    assert!(printed.contains("held-out before training"), "{printed}");
+    let followed = run(&rlvrctl, &["logs", "--follow", &id], cwd, &env);
+    assert_eq!((followed.status.code(), &followed.stdout), (Some(0), &logs.stdout), "{}", text(&followed));
+    let other = [("RLVR_SERVER", server.as_str()), ("RLVR_TOKEN", rlvr_tests::OTHER_TOKEN)];
+    let refused = run(&rlvrctl, &["logs", &id], cwd, &other);
+    assert_eq!(refused.status.code(), Some(2), "another team's job is not found: {}", text(&refused));
+    assert!(refused.stdout.is_empty(), "{}", text(&refused));
+
+    // The warnings of steps without signal in status are the ones its metrics give.
+    let api = rlvr_tests::jobs::api(&daemon, Some(TEAM_TOKEN));
+    let metrics = api.metrics(&id).unwrap();
+    let expected = rlvr_protocol::signals::GroupSignals::of(&metrics).warnings();
+    let warnings: Vec<rlvr_protocol::signals::GroupWarning> =
+        serde_json::from_value(status["progress"]["warnings"].clone()).unwrap_or_default();
+    assert_eq!(warnings, expected, "{status}");
+    let shown = text(&run(&rlvrctl, &["status", &id], cwd, &env));
+    for warning in &expected {
+        assert!(shown.contains(&warning.message), "{shown}");
+    }
+
     // The settings from cli.toml alone; a long job submitted, cancelled while it runs.
     let config_home = cwd.join("config");
     fs::create_dir_all(config_home.join("rlvr")).unwrap();

@@ -140,6 +140,7 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         "GET /v1/openapi.json",
         "POST /v1/jobs/{id}/promote",
         "GET /v1/jobs/{id}/metrics",
+        "GET /v1/jobs/{id}/logs",
         "GET /v1/curricula",
         "PUT /v1/curricula/{name}",
         "POST /v1/curricula/{name}/refresh",

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
+use rlvr_protocol::signals::GroupSignals;
 use rlvr_protocol::worker::{MetricsLine, Outcome, Progress};
 use tracing::{info, info_span, warn};
 
@@ -33,6 +34,8 @@ struct Loop<'a> {
     state: &'a mut TrainState,
     logs: &'a mut Logs,
     stop_watch: StopWatch,
+    /// Steps whose groups gave no signal, for `progress.json`'s warnings.
+    signals: GroupSignals,
     /// When this process's loop started, and the wall-clock spent before it (earlier runs).
     started: Instant,
     elapsed_before: f64,
@@ -54,13 +57,16 @@ pub fn drive(
     // A resumed run's history is its log up to the checkpoint: the conditions judge as they would
     // have in one run.
     let mut stop_watch = StopWatch::new(&job.spec.stop);
+    let mut signals = GroupSignals::default();
     let mut heldout = None;
     for line in run.read_metrics().unwrap_or_default() {
         stop_watch.observe(&line);
+        signals.observe(&line);
         heldout = line.heldout.map(|score| score.accuracy).or(heldout);
     }
     let mut run_loop = Loop {
         stop_watch,
+        signals,
         started: Instant::now(),
         elapsed_before: state.elapsed_s,
         first_step: state.step,
@@ -128,6 +134,7 @@ impl Loop<'_> {
                 )));
             }
             self.append_metrics(&line)?;
+            self.signals.observe(&line);
             for record in &output.records {
                 self.logs
                     .rollouts
@@ -266,6 +273,7 @@ impl Loop<'_> {
             tokens_per_s: line.and_then(|line| line.time.as_ref()?.generation_tokens_per_s),
             step_s: line.and_then(|line| line.time.as_ref().map(|time| time.step_s)),
             eta_s,
+            warnings: self.signals.warnings(),
         };
         // Live figures only: readers never see half a file, and a crash may lose the last one.
         serde_json::to_vec_pretty(&progress)

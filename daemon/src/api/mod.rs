@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod curricula;
 pub mod jobs;
+pub mod logs;
 pub mod outcomes;
 pub mod server;
 pub mod tenancy;
@@ -67,6 +68,7 @@ pub fn router(
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
         .route("/v1/jobs/{id}/metrics", get(outcomes::metrics))
+        .route("/v1/jobs/{id}/logs", get(logs::logs))
         .route("/v1/curricula", get(curricula::list))
         .route("/v1/curricula/{name}", axum::routing::put(curricula::share))
         .route("/v1/curricula/{name}/refresh", axum::routing::post(curricula::refresh))
@@ -106,7 +108,7 @@ pub fn router(
     info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
     paths(
         healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, jobs::list, jobs::show, jobs::cancel, jobs::events,
-        outcomes::promote, outcomes::metrics, curricula::list, curricula::share, curricula::refresh,
+        outcomes::promote, outcomes::metrics, logs::logs, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
         tenancy::list_lines, tenancy::get_line, tenancy::put_line, verify::verify, verify::validate
     ),
@@ -226,7 +228,7 @@ mod tests {
             let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
             assert_eq!(*bearer, !open, "{route}");
         }
-        assert_eq!(seen.len(), 24, "{seen:?}");
+        assert_eq!(seen.len(), 25, "{seen:?}");
     }
 
     /// The statuses the document lists for `route` (`"GET /v1/jobs"`).
