@@ -198,14 +198,17 @@ fn run(
     };
     if let (Some(rewards), Some(group_ids)) = (&batch.rewards, &batch.group_ids) {
         let output = optimizer
-            .advantages(&AdvantageInputs {
-                rewards: rewards.as_slice().into(),
-                group_ids: group_ids.as_slice().into(),
-                old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
-                ref_logprobs: borrow(&batch.ref_logprobs),
-                mask: TensorHandle::borrow(&batch.mask),
-                values: borrow(&batch.values),
-            })
+            .advantages_with_scale(
+                &AdvantageInputs {
+                    rewards: rewards.as_slice().into(),
+                    group_ids: group_ids.as_slice().into(),
+                    old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
+                    ref_logprobs: borrow(&batch.ref_logprobs),
+                    mask: TensorHandle::borrow(&batch.mask),
+                    values: borrow(&batch.values),
+                },
+                &batch.scale,
+            )
             .into_result()
             .map_err(|error| format!("advantages() failed: {error}"))?;
         // SAFETY: owned handles from the plugin, each taken back once.
@@ -510,6 +513,35 @@ fn unknown_keys_and_out_of_range_values_are_refused_by_name() {
         ("dpo", r#"{"label_smoothing": 0.5}"#, "label_smoothing: expected a number in [0, 0.5), got 0.5"),
         ("sft", r#"{"label_smoothing": 0.1}"#, "label_smoothing: unknown key; expected one of loss_agg"),
         ("sft", r#"{"loss_agg": "seq-mean-token-sum-norm"}"#, "loss_agg: expected one of "),
+        (
+            "grpo",
+            r#"{"importance_ratio": "seq"}"#,
+            "importance_ratio: expected one of token, sequence, got \"seq\"",
+        ),
+        ("grpo", r#"{"loss": "grpo"}"#, "loss: expected one of ppo-clip, cispo, got \"grpo\""),
+        (
+            "grpo",
+            r#"{"loss": "cispo", "importance_ratio": "sequence"}"#,
+            "importance_ratio: \"sequence\" applies to loss = \"ppo-clip\" only",
+        ),
+        (
+            "grpo",
+            r#"{"loss": "cispo", "clip_ratio_c": 3}"#,
+            "clip_ratio_c: applies to loss = \"ppo-clip\" only",
+        ),
+        ("grpo", r#"{"clip_ratio_c": 1}"#, "clip_ratio_c: expected a number > 1, got 1"),
+        ("grpo", r#"{"overlong_penalty": 0.5}"#, "overlong_penalty: needs overlong_buffer"),
+        ("grpo", r#"{"entropy_coef": -0.1}"#, "entropy_coef: expected a number ≥ 0, got -0.1"),
+        ("rloo", r#"{"overlong_buffer": 0}"#, "overlong_buffer: expected a number of tokens ≥ 1, got 0"),
+        (
+            "rloo",
+            r#"{"overlong_buffer": 4, "overlong_penalty": -1}"#,
+            "overlong_penalty: expected a number ≥ 0",
+        ),
+        ("rloo", r#"{"clip_ratio_c": 3}"#, "clip_ratio_c: unknown key; expected one of kl_beta,"),
+        ("ppo", r#"{"clip_ratio_c": 0.9}"#, "clip_ratio_c: expected a number > 1, got 0.9"),
+        ("ppo", r#"{"entropy_coef": -0.1}"#, "entropy_coef: expected a number ≥ 0, got -0.1"),
+        ("ppo", r#"{"overlong_buffer": "long"}"#, "overlong_buffer: expected u32, got string \"long\""),
     ];
     for (plugin, config, message) in table {
         let config: Value = serde_json::from_str(config).unwrap();
@@ -549,5 +581,47 @@ fn a_shape_mismatch_is_an_error_that_names_the_tensor() {
             .unwrap_or_else(|| panic!("{plugin} took a [2, 2] mask for [2, 3] logprobs"));
         assert_eq!(error.kind, PluginErrorKind::InvalidInput, "{plugin}: {error}");
         assert_eq!(error.message, "mask: expected shape [2, 3] like logprobs, got [2, 2]", "{plugin}");
+    }
+}
+
+/// DAPO's `L_max` is the job's `max_new_tokens`, which only `advantages_with_scale` carries: a
+/// buffer longer than it is refused naming the key, and so is a host that calls the older
+/// `advantages` (which cannot pass it) for a job that needs it.
+#[test]
+fn overlong_shaping_is_refused_by_name_without_the_jobs_max_new_tokens() {
+    for plugin in ["grpo", "rloo", "ppo"] {
+        let golden = golden(plugin);
+        let batch = Batch::new(&golden.batches["base"], Kind::Double);
+        let (rewards, group_ids) = (batch.rewards.clone().unwrap(), batch.group_ids.clone().unwrap());
+        let inputs = AdvantageInputs {
+            rewards: rewards.as_slice().into(),
+            group_ids: group_ids.as_slice().into(),
+            old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
+            ref_logprobs: borrow(&batch.ref_logprobs),
+            mask: TensorHandle::borrow(&batch.mask),
+            values: borrow(&batch.values),
+        };
+        let budget = batch.scale.max_new_tokens;
+        let too_long = create(&golden.crate_name, &json!({"overlong_buffer": budget + 1})).unwrap();
+        let error = too_long.advantages_with_scale(&inputs, &batch.scale).into_result().err();
+        let error = error.unwrap_or_else(|| panic!("{plugin} took a buffer above max_new_tokens"));
+        assert_eq!(
+            error.message,
+            format!(
+                "overlong_buffer: expected at most the job's max_new_tokens ({budget}), got {}",
+                budget + 1
+            ),
+            "{plugin}"
+        );
+        let fits = create(&golden.crate_name, &json!({"overlong_buffer": budget})).unwrap();
+        assert!(fits.advantages_with_scale(&inputs, &batch.scale).into_result().is_ok(), "{plugin}");
+        let error = fits.advantages(&inputs).into_result().err();
+        let error = error.unwrap_or_else(|| panic!("{plugin} shaped lengths without max_new_tokens"));
+        assert!(
+            error.message.starts_with("overlong_buffer: needs the job's max_new_tokens"),
+            "{plugin}: {error}"
+        );
+        let plain = create(&golden.crate_name, &json!({})).unwrap();
+        assert!(plain.advantages(&inputs).into_result().is_ok(), "{plugin} without shaping");
     }
 }
