@@ -120,12 +120,17 @@ impl Grpo {
         config::positive("eps", config.eps)?;
         config::open_unit("clip_eps_low", config.clip_eps_low)?;
         let clip_eps_high = config.clip_eps_high.unwrap_or(config.clip_eps_low);
-        config::require(
-            "clip_eps_high",
-            clip_eps_high,
-            clip_eps_high >= config.clip_eps_low,
-            format!("a number ≥ clip_eps_low ({})", config.clip_eps_low),
-        )?;
+        // Clip-higher (DAPO) never clips the upper side tighter; CISPO does on purpose: its
+        // weights keep a wide lower range (MiniMax-M1 leaves it out of play) and a tuned upper one.
+        let ok = match config.loss {
+            PolicyLoss::PpoClip => clip_eps_high >= config.clip_eps_low,
+            PolicyLoss::Cispo => clip_eps_high > 0.0,
+        };
+        let expected = match config.loss {
+            PolicyLoss::PpoClip => format!("a number ≥ clip_eps_low ({})", config.clip_eps_low),
+            PolicyLoss::Cispo => "a number > 0".to_owned(),
+        };
+        config::require("clip_eps_high", clip_eps_high, ok, expected)?;
         config::non_negative("kl_beta", config.kl_beta)?;
         check_dual_clip(config.clip_ratio_c)?;
         config::non_negative("entropy_coef", config.entropy_coef)?;
@@ -343,6 +348,11 @@ mod tests {
             Err(("importance_ratio", "expected one of token, sequence, got \"seq\"")),
         );
         check(r#"{"loss": "cispo", "clip_eps_high": 4.0, "loss_agg": "token-mean"}"#, Ok(()));
+        check(r#"{"loss": "cispo", "clip_eps_low": 0.9, "clip_eps_high": 0.28}"#, Ok(()));
+        check(
+            r#"{"loss": "cispo", "clip_eps_high": 0}"#,
+            Err(("clip_eps_high", "expected a number > 0, got 0")),
+        );
         check(r#"{"loss": "grpo"}"#, Err(("loss", "expected one of ppo-clip, cispo, got \"grpo\"")));
         check(
             r#"{"loss": "cispo", "importance_ratio": "sequence"}"#,
