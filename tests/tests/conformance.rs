@@ -625,3 +625,42 @@ fn overlong_shaping_is_refused_by_name_without_the_jobs_max_new_tokens() {
         assert!(plain.advantages(&inputs).into_result().is_ok(), "{plugin} without shaping");
     }
 }
+
+/// The peer cross-check: verl 0.9.1's own policy-loss functions (dual-clip `vanilla`, `gspo`,
+/// `cispo`, with its k3 KL term and aggregations), run by `tests/conformance/peer_verl.py` in
+/// the venv of `scripts/peer-rl-venv.sh` on golden batches and their golden advantages, give
+/// the plugin's loss and gradient (float64, completion tokens) within 1e-6.
+#[test]
+fn verl_computes_the_same_losses_and_gradients() {
+    let root = workspace_root();
+    let venv = std::process::Command::new("bash")
+        .arg(root.join("scripts/peer-rl-venv.sh"))
+        .output()
+        .expect("run scripts/peer-rl-venv.sh");
+    assert!(venv.status.success(), "peer-rl-venv.sh failed:\n{}", String::from_utf8_lossy(&venv.stderr));
+    let python = String::from_utf8(venv.stdout).unwrap().trim().to_owned();
+    let peer = std::process::Command::new(&python)
+        .arg(root.join("tests/conformance/peer_verl.py"))
+        .output()
+        .expect("run peer_verl.py");
+    assert!(peer.status.success(), "peer_verl.py failed:\n{}", String::from_utf8_lossy(&peer.stderr));
+    let peer: Value = serde_json::from_slice(&peer.stdout).unwrap();
+    let cases = peer["cases"].as_array().unwrap();
+    assert!(cases.len() >= 12, "{} peer cases", cases.len());
+    let mut failures = Vec::new();
+    for result in cases {
+        let (plugin, name) = (result["plugin"].as_str().unwrap(), result["case"].as_str().unwrap());
+        let golden = golden(plugin);
+        let case = golden.cases.iter().find(|case| case["name"] == name).unwrap();
+        let batch = Batch::new(&golden.batches[case["batch"].as_str().unwrap()], Kind::Double);
+        let optimizer = create(&golden.crate_name, &case["config"]).unwrap();
+        let outcome = run(&optimizer, &batch, &case["expected"], Kind::Double, &[]).unwrap();
+        let label = format!("verl {} vs {plugin} case {name}", result["mode"]);
+        let mut problems = Vec::new();
+        compare(&mut problems, "loss", &[outcome.loss], &[result["loss"].as_f64().unwrap()], 1e-6);
+        let ours = host(&(&outcome.grad_logprobs * &batch.mask));
+        compare(&mut problems, "grad_logprobs", &ours, &numbers(&result["grad_logprobs"]), 1e-6);
+        failures.extend(problems.into_iter().map(|problem| format!("{label}: {problem}")));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

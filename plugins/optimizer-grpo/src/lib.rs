@@ -262,7 +262,7 @@ impl OptimizerPlugin for Grpo {
             _ => policy.loss,
         };
         if let Some(bonus) = bonus {
-            per_token = per_token + bonus;
+            per_token += bonus;
         }
         let loss = self.config.loss_agg.aggregate(&per_token, &mask, &inputs.scale)?;
         Ok(loss_output(loss, metrics))
