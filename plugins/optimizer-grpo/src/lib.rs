@@ -368,7 +368,7 @@ mod tests {
         check(r#"{"clip_ratio_c": 3}"#, Ok(()));
         check(r#"{"clip_ratio_c": 1}"#, Err(("clip_ratio_c", "expected a number > 1, got 1")));
         check(r#"{"overlong_buffer": 256, "overlong_penalty": 0.5}"#, Ok(()));
-        check(r#"{"overlong_buffer": -1}"#, Err(("overlong_buffer", "expected u32, got integer -1")));
+        check(r#"{"overlong_buffer": -1}"#, Err(("overlong_buffer", "expected u32, got integer `-1`")));
         check(
             r#"{"overlong_buffer": 0}"#,
             Err(("overlong_buffer", "expected a number of tokens ≥ 1, got 0")),
