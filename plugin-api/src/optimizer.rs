@@ -154,6 +154,20 @@ pub trait Optimizer: Send + Sync {
     /// The loss of one micro-batch.
     #[sabi(last_prefix_field)]
     fn loss(&self, inputs: &LossInputs) -> RResult<LossOutput, PluginError>;
+
+    /// [`advantages`](Self::advantages) with the whole batch's [`LossScale`], whose
+    /// `max_new_tokens` is the job's longest completion (DAPO's overlong shaping needs it).
+    ///
+    /// Appended after `loss`: an object from a library built before it has no such entry in its
+    /// vtable, and abi_stable then runs this default body, so a host may always call it.
+    fn advantages_with_scale(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        scale: &LossScale,
+    ) -> RResult<AdvantageOutput, PluginError> {
+        let _ = scale;
+        self.advantages(inputs)
+    }
 }
 
 /// An owned optimizer object from a plugin.
@@ -196,6 +210,19 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
     /// keep the default, which refuses.
     fn advantages(&self, _inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         Err(PluginError::invalid_input("this optimizer trains offline and computes no advantages"))
+    }
+
+    /// [`advantages`](Self::advantages) with the whole batch's [`LossScale`] (the job's
+    /// `max_new_tokens` among it); hosts call this one. The default ignores the scale; override
+    /// it when an option needs it, and make `advantages` refuse that option, since a host built
+    /// before this method calls only `advantages`.
+    fn advantages_with_scale(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        scale: &LossScale,
+    ) -> Result<AdvantageOutput, PluginError> {
+        let _ = scale;
+        self.advantages(inputs)
     }
 
     /// The loss of one micro-batch.

@@ -87,7 +87,19 @@ def group_batches(seed):
         "all_fail": make_batch(seed + 2, sizes, rewards=[0.0] * rows),
         "single": make_batch(seed + 3, [1, 1, 1]),
         "empty_rows": make_batch(seed + 4, sizes, empty_rows=(2, 9)),
+        "overlong": overlong_batch(seed + 5, sizes),
     }
+
+
+def overlong_batch(seed, group_sizes):
+    """A batch whose budget is shorter than its longest completions, so that DAPO's length
+    penalty meets every one of its three pieces (free, ramp, beyond L_max)."""
+    batch = make_batch(seed, group_sizes)
+    batch["scale"] = {**batch["scale"], "max_new_tokens": OVERLONG_MAX_NEW_TOKENS}
+    return batch
+
+
+OVERLONG_MAX_NEW_TOKENS = T - 1
 
 
 # --- shared formulas ---------------------------------------------------------------------------
@@ -187,6 +199,90 @@ def clip_metrics(ratio, adv, lengths, low, high):
     }
 
 
+def overlong_reward(length, max_tokens, buffer, factor):
+    """DAPO (Yu et al. 2025, arXiv:2503.14476) §3.4, eq. 13, soft overlong punishment:
+    0 up to L_max − L_cache, then ((L_max − L_cache) − |y|) / L_cache, and −1 beyond L_max."""
+    if length <= max_tokens - buffer:
+        value = 0.0
+    elif length <= max_tokens:
+        value = ((max_tokens - buffer) - length) / buffer
+    else:
+        value = -1.0
+    return factor * value
+
+
+def shape_overlong(rewards, lengths, c, batch):
+    """The length penalty added to each reward, and its metrics; nothing when overlong_buffer is
+    unset."""
+    if c.get("overlong_buffer") is None:
+        return rewards, {}
+    factor = 1.0 if c.get("overlong_penalty") is None else c["overlong_penalty"]
+    added = [overlong_reward(n, batch["scale"]["max_new_tokens"], c["overlong_buffer"], factor) for n in lengths]
+    metrics = {
+        "overlong_shaping": sum(added) / len(added),
+        "overlong_frac": sum(1 for a in added if a != 0.0) / len(added),
+    }
+    return [r + a for r, a in zip(rewards, added)], metrics
+
+
+def policy_loss(logp, old, adv, lengths, c, low, high):
+    """The per-token policy loss of the options, and the ratio it clips (for the metrics).
+
+    - PPO's clipped surrogate (Schulman et al. 2017, eq. 7) on token ratios;
+    - with ``importance_ratio = "sequence"``, GSPO (Zheng et al. 2025, arXiv:2507.18071): the
+      sequence ratio s_i = (π(y_i)/π_old(y_i))^(1/|y_i|) (eq. 7), carried by each token in the
+      GSPO-token form s_i,t = sg[s_i]·π(y_i,t)/sg[π(y_i,t)] (eq. 13), clipped like PPO's;
+    - with ``clip_ratio_c``, dual-clip PPO (Ye et al. 2020, arXiv:1912.09729, eq. 5): for A < 0 the
+      objective is max(min(ρA, clip(ρ)A), c·A);
+    - with ``loss = "cispo"``, CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4): the clipped importance
+      weight, stop-gradient, times A·log π.
+    """
+    rows = []
+    ratios = []
+    for i, n in enumerate(lengths):
+        if c.get("importance_ratio", "token") == "sequence":
+            log_s = (logp[i, :n] - old[i, :n]).sum() / n if n else torch.zeros((), dtype=F64)
+            ratio = torch.exp(log_s.detach()) * torch.exp(logp[i, :n] - logp[i, :n].detach())
+        else:
+            ratio = torch.exp(logp[i, :n] - old[i, :n])
+        a = adv[i, :n]
+        if c.get("loss", "ppo-clip") == "cispo":
+            weight = torch.clamp(ratio, 1 - low, 1 + high).detach()
+            loss = -(weight * a * logp[i, :n])
+        else:
+            objective = torch.min(ratio * a, torch.clamp(ratio, 1 - low, 1 + high) * a)
+            if c.get("clip_ratio_c") is not None:
+                objective = torch.where(a < 0, torch.max(objective, c["clip_ratio_c"] * a), objective)
+            loss = -objective
+        pad = torch.zeros(T - n, dtype=F64)
+        rows.append(torch.cat([loss, pad]))
+        ratios.append(torch.cat([ratio, pad]))
+    return torch.stack(rows), torch.stack(ratios)
+
+
+def policy_metrics(ratio, adv, lengths, c, low, high):
+    """Clip fractions: PPO's count a clip only where it binds (by the advantage's sign), CISPO's
+    wherever the weight is clipped; the dual clip where A < 0 and ρ > c."""
+    pairs = list(zip(tokens(ratio.detach().tolist(), lengths), tokens(adv, lengths)))
+    n = max(len(pairs), 1)
+    cispo = c.get("loss", "ppo-clip") == "cispo"
+    metrics = {
+        "clip_frac_low": sum(1 for r, a in pairs if (cispo or a < 0) and r < 1 - low) / n,
+        "clip_frac_high": sum(1 for r, a in pairs if (cispo or a > 0) and r > 1 + high) / n,
+        "ratio_mean": sum(r for r, _ in pairs) / n,
+    }
+    if c.get("clip_ratio_c") is not None:
+        metrics["clip_frac_dual"] = sum(1 for r, a in pairs if a < 0 and r > c["clip_ratio_c"]) / n
+    return metrics
+
+
+def entropy_estimate(logp, old):
+    """Per-token entropy of π from the sampled token alone: the token came from μ = π_old, so
+    H(π) = E_μ[(π/μ)·(−log π)]; the estimate −(π/μ)·log π has that mean, and so does its gradient
+    −(π/μ)(log π + 1)∇log π have ∇H's."""
+    return -torch.exp(logp - old) * logp
+
+
 def tensor(matrix):
     return torch.tensor(matrix, dtype=F64)
 
@@ -208,6 +304,12 @@ GRPO_DEFAULTS = {
     "kl_estimator": "k3",
     "kl_in": "loss",
     "loss_agg": "seq-mean-token-mean",
+    "loss": "ppo-clip",
+    "importance_ratio": "token",
+    "clip_ratio_c": None,
+    "overlong_buffer": None,
+    "overlong_penalty": None,
+    "entropy_coef": 0.0,
 }
 
 
@@ -218,6 +320,8 @@ def grpo(config, batch):
     groups = groups_of(batch["group_ids"])
     rewards = list(batch["rewards"])
     adv_metrics = {"uniform_group_frac": uniform_group_frac(rewards, groups)}
+    rewards, overlong_metrics = shape_overlong(rewards, lengths, c, batch)
+    adv_metrics.update(overlong_metrics)
     if c["kl_in"] == "reward":
         penalty, kl_metrics = reward_kl(batch, c["kl_estimator"], c["kl_beta"])
         rewards = [r - p for r, p in zip(rewards, penalty)]
@@ -241,13 +345,18 @@ def grpo(config, batch):
 
     logp = tensor(batch["logprobs"]).requires_grad_(True)
     old, ref, adv = tensor(batch["old_logprobs"]), tensor(batch["ref_logprobs"]), tensor(advantages)
-    per_token, ratio = clipped_surrogate(logp, old, adv, c["clip_eps_low"], high)
+    per_token, ratio = policy_loss(logp, old, adv, lengths, c, c["clip_eps_low"], high)
     kl = kl_tensor(c["kl_estimator"], logp, ref)
     if c["kl_in"] == "loss":
         per_token = per_token + c["kl_beta"] * kl
+    entropy = entropy_estimate(logp, old)
+    per_token = per_token - c["entropy_coef"] * entropy
     loss = aggregate(per_token, lengths, c["loss_agg"], batch["scale"])
-    metrics = clip_metrics(ratio, advantages, lengths, c["clip_eps_low"], high)
+    metrics = policy_metrics(ratio, advantages, lengths, c, c["clip_eps_low"], high)
     metrics["kl"] = token_mean(kl.detach().tolist(), lengths)
+    metrics["entropy"] = token_mean(entropy.detach().tolist(), lengths)
+    if c["importance_ratio"] == "sequence" and c["loss_agg"] == "seq-mean-token-mean" and c["kl_beta"] == 0 and c["clip_ratio_c"] is None and c["entropy_coef"] == 0:
+        check_gspo_sequence_form(loss, logp, old, advantage, lengths, c["clip_eps_low"], high, batch["scale"])
     (grad,) = backward(loss, logp)
     return {
         "advantages": advantages,
@@ -258,8 +367,31 @@ def grpo(config, batch):
     }
 
 
+def check_gspo_sequence_form(loss, logp, old, advantage, lengths, low, high, scale):
+    """GSPO's own objective (eq. 5), one term per sequence, must equal the GSPO-token form's
+    value and gradient under seq-mean-token-mean (the paper's remark after eq. 14)."""
+    x = logp.detach().clone().requires_grad_(True)
+    terms = []
+    for i, n in enumerate(lengths):
+        if not n:
+            continue
+        s = torch.exp((x[i, :n] - old[i, :n]).sum() / n)
+        terms.append(-torch.min(s * advantage[i], torch.clamp(s, 1 - low, 1 + high) * advantage[i]))
+    direct = sum(terms) / scale["batch_sequences"]
+    direct.backward()
+    (grad,) = torch.autograd.grad(loss, logp, retain_graph=True)
+    assert abs(direct.item() - loss.item()) < 1e-12, (direct.item(), loss.item())
+    assert torch.allclose(grad, x.grad, atol=1e-12), "GSPO-token's gradient differs from GSPO's"
+
+
 DAPO = {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "kl_beta": 0.0, "loss_agg": "token-mean"}
 DR_GRPO = {"scale_rewards": "none", "loss_agg": "seq-mean-token-sum-norm", "kl_beta": 0.0}
+# GSPO's own setting: sequence ratio, clip ranges 3e-4 / 4e-4 (§5.1), no KL.
+GSPO = {"importance_ratio": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "kl_beta": 0.0}
+# CISPO as MiniMax-M1 writes it: token-level normalisation, only the upper bound in play.
+CISPO = {"loss": "cispo", "clip_eps_low": 0.9, "clip_eps_high": 0.28, "kl_beta": 0.0, "loss_agg": "token-mean"}
+# DAPO with its overlong shaping: L_cache = 3 of the batch's L_max = 8.
+DAPO_OVERLONG = {**DAPO, "overlong_buffer": 3}
 
 
 def grpo_cases():
@@ -286,16 +418,43 @@ def grpo_cases():
         ("loss_agg_seq_mean_token_sum_norm", {"loss_agg": "seq-mean-token-sum-norm"}),
         ("dapo", DAPO),
         ("dr_grpo", DR_GRPO),
+        ("importance_ratio_sequence", {"importance_ratio": "sequence"}),
+        ("importance_ratio_token_explicit", {"importance_ratio": "token", "kl_beta": 0.1}),
+        ("gspo", GSPO),
+        ("gspo_token_mean", {**GSPO, "loss_agg": "token-mean"}),
+        ("gspo_clip_ratio_c", {**GSPO, "clip_ratio_c": 1.05, "kl_beta": 0.04}),
+        ("loss_cispo", {"loss": "cispo"}),
+        ("loss_ppo_clip_explicit", {"loss": "ppo-clip", "clip_eps_high": 0.28}),
+        ("cispo", CISPO),
+        ("cispo_both_bounds", {"loss": "cispo", "clip_eps_low": 0.1, "clip_eps_high": 0.15}),
+        ("clip_ratio_c", {"clip_ratio_c": 1.3}),
+        ("clip_ratio_c_loose", {"clip_ratio_c": 3.0, "clip_eps_high": 0.28}),
+        ("overlong_buffer", {"overlong_buffer": 4}),
+        ("overlong_penalty", {"overlong_buffer": 6, "overlong_penalty": 0.5}),
+        ("overlong_kl_in_reward", {"overlong_buffer": 3, "kl_in": "reward"}),
+        ("dapo_overlong", DAPO_OVERLONG),
+        ("entropy_coef", {"entropy_coef": 0.01}),
+        ("entropy_coef_token_mean", {"entropy_coef": 0.1, "loss_agg": "token-mean"}),
+        ("entropy_coef_cispo", {**CISPO, "entropy_coef": 0.05}),
     ]
     degenerate_configs = [
         ("defaults", {}),
         ("batch_population", {"scale_rewards": "batch", "std": "population"}),
         ("dr_grpo", DR_GRPO),
         ("kl_in_reward", {"kl_in": "reward"}),
+        ("gspo", GSPO),
+        ("cispo", CISPO),
+        ("clip_ratio_c", {"clip_ratio_c": 1.3}),
+        ("overlong_entropy", {"overlong_buffer": 4, "entropy_coef": 0.01}),
     ]
     cases = [(name, config, "base") for name, config in variants]
     for batch in ["all_pass", "all_fail", "single", "empty_rows"]:
         cases += [(f"{batch}_{name}", config, batch) for name, config in degenerate_configs]
+    # L_max below the longest completions: the penalty's −1 beyond L_max.
+    cases += [
+        ("overlong_beyond_max", {"overlong_buffer": 2}, "overlong"),
+        ("overlong_beyond_max_penalty", {"overlong_buffer": 1, "overlong_penalty": 0.25, "kl_in": "reward"}, "overlong"),
+    ]
     return cases
 
 
@@ -307,6 +466,9 @@ RLOO_DEFAULTS = {
     "clip_eps": 0.2,
     "normalize_advantages": False,
     "loss_agg": "token-mean",
+    "overlong_buffer": None,
+    "overlong_penalty": None,
+    "entropy_coef": 0.0,
 }
 
 
@@ -317,7 +479,9 @@ def rloo(config, batch):
     adv_metrics = {"uniform_group_frac": uniform_group_frac(batch["rewards"], groups)}
     penalty, kl_metrics = reward_kl(batch, c["kl_estimator"], c["kl_beta"])
     adv_metrics.update(kl_metrics)
-    rewards = [r - p for r, p in zip(batch["rewards"], penalty)]
+    rewards, overlong_metrics = shape_overlong(list(batch["rewards"]), lengths, c, batch)
+    adv_metrics.update(overlong_metrics)
+    rewards = [r - p for r, p in zip(rewards, penalty)]
     # Ahmadian et al. 2024 eq. 6 (Kool et al. 2019): the baseline of sample i is the mean reward
     # of the other k − 1 samples; a group of one has none and no advantage.
     advantage = [0.0] * len(rewards)
@@ -335,9 +499,12 @@ def rloo(config, batch):
     logp = tensor(batch["logprobs"]).requires_grad_(True)
     old, ref, adv = tensor(batch["old_logprobs"]), tensor(batch["ref_logprobs"]), tensor(advantages)
     per_token, ratio = clipped_surrogate(logp, old, adv, c["clip_eps"], c["clip_eps"])
+    entropy = entropy_estimate(logp, old)
+    per_token = per_token - c["entropy_coef"] * entropy
     loss = aggregate(per_token, lengths, c["loss_agg"], batch["scale"])
     metrics = clip_metrics(ratio, advantages, lengths, c["clip_eps"], c["clip_eps"])
     metrics["kl"] = token_mean(kl_tensor(c["kl_estimator"], logp, ref).detach().tolist(), lengths)
+    metrics["entropy"] = token_mean(entropy.detach().tolist(), lengths)
     (grad,) = backward(loss, logp)
     return {
         "advantages": advantages,
@@ -362,11 +529,20 @@ def rloo_cases():
         ("loss_agg_token_mean", {"loss_agg": "token-mean", "clip_eps": 0.3}),
         ("loss_agg_seq_mean_token_mean", {"loss_agg": "seq-mean-token-mean"}),
         ("loss_agg_seq_mean_token_sum_norm", {"loss_agg": "seq-mean-token-sum-norm"}),
+        ("overlong_buffer", {"overlong_buffer": 4}),
+        ("overlong_penalty", {"overlong_buffer": 6, "overlong_penalty": 0.5, "normalize_advantages": True}),
+        ("entropy_coef", {"entropy_coef": 0.01}),
+        ("entropy_coef_seq_mean_token_mean", {"entropy_coef": 0.1, "loss_agg": "seq-mean-token-mean"}),
     ]
-    degenerate_configs = [("defaults", {}), ("normalize_advantages", {"normalize_advantages": True})]
+    degenerate_configs = [
+        ("defaults", {}),
+        ("normalize_advantages", {"normalize_advantages": True}),
+        ("overlong_entropy", {"overlong_buffer": 4, "entropy_coef": 0.01}),
+    ]
     cases = [(name, config, "base") for name, config in variants]
     for batch in ["all_pass", "all_fail", "single", "empty_rows"]:
         cases += [(f"{batch}_{name}", config, batch) for name, config in degenerate_configs]
+    cases += [("overlong_beyond_max", {"overlong_buffer": 2}, "overlong")]
     return cases
 
 
@@ -381,6 +557,10 @@ PPO_DEFAULTS = {
     "kl_beta": 0.05,
     "kl_estimator": "k1",
     "whiten_advantages": True,
+    "clip_ratio_c": None,
+    "overlong_buffer": None,
+    "overlong_penalty": None,
+    "entropy_coef": 0.0,
 }
 
 
@@ -389,13 +569,15 @@ def ppo(config, batch):
     lengths = lengths_of(batch)
     old, ref, values = batch["old_logprobs"], batch["ref_logprobs"], batch["values"]
     _, adv_metrics = reward_kl(batch, c["kl_estimator"], c["kl_beta"])
+    scores, overlong_metrics = shape_overlong(list(batch["rewards"]), lengths, c, batch)
+    adv_metrics.update(overlong_metrics)
     advantages = [[0.0] * T for _ in lengths]
     returns = [[0.0] * T for _ in lengths]
     for i, n in enumerate(lengths):
         # InstructGPT-style per-token reward: −β·KL on each token, the score on the last one.
         reward = [-c["kl_beta"] * kl_float(c["kl_estimator"], old[i][t], ref[i][t]) for t in range(n)]
         if n:
-            reward[n - 1] += batch["rewards"][i]
+            reward[n - 1] += scores[i]
         # GAE (Schulman et al. 2016, eq. 16), backwards; the value after the last token is 0.
         gae = 0.0
         for t in reversed(range(n)):
@@ -416,13 +598,15 @@ def ppo(config, batch):
     value = tensor(batch["new_values"]).requires_grad_(True)
     old_t, ref_t, adv = tensor(old), tensor(ref), tensor(advantages)
     old_value, target = tensor(values), tensor(returns)
-    pg, ratio = clipped_surrogate(logp, old_t, adv, c["clip_eps"], c["clip_eps"])
+    pg, ratio = policy_loss(logp, old_t, adv, lengths, c, c["clip_eps"], c["clip_eps"])
+    entropy = entropy_estimate(logp, old_t)
     clipped_value = torch.clamp(value, old_value - c["vf_clip"], old_value + c["vf_clip"])
     unclipped_sq, clipped_sq = (value - target) ** 2, (clipped_value - target) ** 2
     vf = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
     scale = {**batch["scale"]}
-    loss = aggregate(pg, lengths, "token-mean", scale) + c["vf_coef"] * aggregate(vf, lengths, "token-mean", scale)
-    metrics = clip_metrics(ratio, advantages, lengths, c["clip_eps"], c["clip_eps"])
+    policy = pg - c["entropy_coef"] * entropy
+    loss = aggregate(policy, lengths, "token-mean", scale) + c["vf_coef"] * aggregate(vf, lengths, "token-mean", scale)
+    metrics = policy_metrics(ratio, advantages, lengths, c, c["clip_eps"], c["clip_eps"])
     flags = [[1.0 if cl > un else 0.0 for cl, un in zip(crow, urow)] for crow, urow in zip(clipped_sq.tolist(), unclipped_sq.tolist())]
     metrics.update(
         {
@@ -430,6 +614,7 @@ def ppo(config, batch):
             "vf_loss": token_mean(vf.detach().tolist(), lengths),
             "value_clip_frac": token_mean(flags, lengths),
             "kl": token_mean(kl_tensor(c["kl_estimator"], logp, ref_t).detach().tolist(), lengths),
+            "entropy": token_mean(entropy.detach().tolist(), lengths),
         }
     )
     grad_logp, grad_values = backward(loss, logp, value)
@@ -452,6 +637,7 @@ def ppo_batches(seed):
         "all_fail": make_batch(seed + 2, [1] * rows, rewards=[0.0] * rows),
         "single": make_batch(seed + 3, [1]),
         "empty_rows": make_batch(seed + 4, [1] * rows, empty_rows=(1, 5)),
+        "overlong": overlong_batch(seed + 5, [1] * rows),
     }
 
 
@@ -471,11 +657,22 @@ def ppo_cases():
         ("kl_estimator_k3", {"kl_estimator": "k3"}),
         ("whiten_advantages_false", {"whiten_advantages": False}),
         ("whiten_advantages_true", {"whiten_advantages": True, "gamma": 0.95}),
+        ("clip_ratio_c", {"clip_ratio_c": 1.3}),
+        ("clip_ratio_c_loose", {"clip_ratio_c": 3.0, "clip_eps": 0.1}),
+        ("overlong_buffer", {"overlong_buffer": 4}),
+        ("overlong_penalty", {"overlong_buffer": 6, "overlong_penalty": 0.5, "whiten_advantages": False}),
+        ("entropy_coef", {"entropy_coef": 0.01}),
+        ("entropy_coef_dual_clip", {"entropy_coef": 0.1, "clip_ratio_c": 1.3, "kl_beta": 0.0}),
     ]
-    degenerate_configs = [("defaults", {}), ("whiten_advantages_false", {"whiten_advantages": False})]
+    degenerate_configs = [
+        ("defaults", {}),
+        ("whiten_advantages_false", {"whiten_advantages": False}),
+        ("dual_overlong_entropy", {"clip_ratio_c": 1.3, "overlong_buffer": 4, "entropy_coef": 0.01}),
+    ]
     cases = [(name, config, "base") for name, config in variants]
     for batch in ["all_pass", "all_fail", "single", "empty_rows"]:
         cases += [(f"{batch}_{name}", config, batch) for name, config in degenerate_configs]
+    cases += [("overlong_beyond_max", {"overlong_buffer": 2, "whiten_advantages": False}, "overlong")]
     return cases
 
 

@@ -198,14 +198,17 @@ fn run(
     };
     if let (Some(rewards), Some(group_ids)) = (&batch.rewards, &batch.group_ids) {
         let output = optimizer
-            .advantages(&AdvantageInputs {
-                rewards: rewards.as_slice().into(),
-                group_ids: group_ids.as_slice().into(),
-                old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
-                ref_logprobs: borrow(&batch.ref_logprobs),
-                mask: TensorHandle::borrow(&batch.mask),
-                values: borrow(&batch.values),
-            })
+            .advantages_with_scale(
+                &AdvantageInputs {
+                    rewards: rewards.as_slice().into(),
+                    group_ids: group_ids.as_slice().into(),
+                    old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
+                    ref_logprobs: borrow(&batch.ref_logprobs),
+                    mask: TensorHandle::borrow(&batch.mask),
+                    values: borrow(&batch.values),
+                },
+                &batch.scale,
+            )
             .into_result()
             .map_err(|error| format!("advantages() failed: {error}"))?;
         // SAFETY: owned handles from the plugin, each taken back once.
@@ -510,6 +513,35 @@ fn unknown_keys_and_out_of_range_values_are_refused_by_name() {
         ("dpo", r#"{"label_smoothing": 0.5}"#, "label_smoothing: expected a number in [0, 0.5), got 0.5"),
         ("sft", r#"{"label_smoothing": 0.1}"#, "label_smoothing: unknown key; expected one of loss_agg"),
         ("sft", r#"{"loss_agg": "seq-mean-token-sum-norm"}"#, "loss_agg: expected one of "),
+        (
+            "grpo",
+            r#"{"importance_ratio": "seq"}"#,
+            "importance_ratio: expected one of token, sequence, got \"seq\"",
+        ),
+        ("grpo", r#"{"loss": "grpo"}"#, "loss: expected one of ppo-clip, cispo, got \"grpo\""),
+        (
+            "grpo",
+            r#"{"loss": "cispo", "importance_ratio": "sequence"}"#,
+            "importance_ratio: \"sequence\" applies to loss = \"ppo-clip\" only",
+        ),
+        (
+            "grpo",
+            r#"{"loss": "cispo", "clip_ratio_c": 3}"#,
+            "clip_ratio_c: applies to loss = \"ppo-clip\" only",
+        ),
+        ("grpo", r#"{"clip_ratio_c": 1}"#, "clip_ratio_c: expected a number > 1, got 1"),
+        ("grpo", r#"{"overlong_penalty": 0.5}"#, "overlong_penalty: needs overlong_buffer"),
+        ("grpo", r#"{"entropy_coef": -0.1}"#, "entropy_coef: expected a number ≥ 0, got -0.1"),
+        ("rloo", r#"{"overlong_buffer": 0}"#, "overlong_buffer: expected a number of tokens ≥ 1, got 0"),
+        (
+            "rloo",
+            r#"{"overlong_buffer": 4, "overlong_penalty": -1}"#,
+            "overlong_penalty: expected a number ≥ 0",
+        ),
+        ("rloo", r#"{"clip_ratio_c": 3}"#, "clip_ratio_c: unknown key; expected one of kl_beta,"),
+        ("ppo", r#"{"clip_ratio_c": 0.9}"#, "clip_ratio_c: expected a number > 1, got 0.9"),
+        ("ppo", r#"{"entropy_coef": -0.1}"#, "entropy_coef: expected a number ≥ 0, got -0.1"),
+        ("ppo", r#"{"overlong_buffer": "long"}"#, "overlong_buffer: expected u32, got string \"long\""),
     ];
     for (plugin, config, message) in table {
         let config: Value = serde_json::from_str(config).unwrap();
@@ -550,4 +582,85 @@ fn a_shape_mismatch_is_an_error_that_names_the_tensor() {
         assert_eq!(error.kind, PluginErrorKind::InvalidInput, "{plugin}: {error}");
         assert_eq!(error.message, "mask: expected shape [2, 3] like logprobs, got [2, 2]", "{plugin}");
     }
+}
+
+/// DAPO's `L_max` is the job's `max_new_tokens`, which only `advantages_with_scale` carries: a
+/// buffer longer than it is refused naming the key, and so is a host that calls the older
+/// `advantages` (which cannot pass it) for a job that needs it.
+#[test]
+fn overlong_shaping_is_refused_by_name_without_the_jobs_max_new_tokens() {
+    for plugin in ["grpo", "rloo", "ppo"] {
+        let golden = golden(plugin);
+        let batch = Batch::new(&golden.batches["base"], Kind::Double);
+        let (rewards, group_ids) = (batch.rewards.clone().unwrap(), batch.group_ids.clone().unwrap());
+        let inputs = AdvantageInputs {
+            rewards: rewards.as_slice().into(),
+            group_ids: group_ids.as_slice().into(),
+            old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
+            ref_logprobs: borrow(&batch.ref_logprobs),
+            mask: TensorHandle::borrow(&batch.mask),
+            values: borrow(&batch.values),
+        };
+        let budget = batch.scale.max_new_tokens;
+        let too_long = create(&golden.crate_name, &json!({"overlong_buffer": budget + 1})).unwrap();
+        let error = too_long.advantages_with_scale(&inputs, &batch.scale).into_result().err();
+        let error = error.unwrap_or_else(|| panic!("{plugin} took a buffer above max_new_tokens"));
+        assert_eq!(
+            error.message,
+            format!(
+                "overlong_buffer: expected at most the job's max_new_tokens ({budget}), got {}",
+                budget + 1
+            ),
+            "{plugin}"
+        );
+        let fits = create(&golden.crate_name, &json!({"overlong_buffer": budget})).unwrap();
+        assert!(fits.advantages_with_scale(&inputs, &batch.scale).into_result().is_ok(), "{plugin}");
+        let error = fits.advantages(&inputs).into_result().err();
+        let error = error.unwrap_or_else(|| panic!("{plugin} shaped lengths without max_new_tokens"));
+        assert!(
+            error.message.starts_with("overlong_buffer: needs the job's max_new_tokens"),
+            "{plugin}: {error}"
+        );
+        let plain = create(&golden.crate_name, &json!({})).unwrap();
+        assert!(plain.advantages(&inputs).into_result().is_ok(), "{plugin} without shaping");
+    }
+}
+
+/// The peer cross-check: verl 0.9.1's own policy-loss functions (dual-clip `vanilla`, `gspo`,
+/// `cispo`, with its k3 KL term and aggregations), run by `tests/conformance/peer_verl.py` in
+/// the venv of `scripts/peer-rl-venv.sh` on golden batches and their golden advantages, give
+/// the plugin's loss and gradient (float64, completion tokens) within 1e-6.
+#[test]
+fn verl_computes_the_same_losses_and_gradients() {
+    let root = workspace_root();
+    let venv = std::process::Command::new("bash")
+        .arg(root.join("scripts/peer-rl-venv.sh"))
+        .output()
+        .expect("run scripts/peer-rl-venv.sh");
+    assert!(venv.status.success(), "peer-rl-venv.sh failed:\n{}", String::from_utf8_lossy(&venv.stderr));
+    let python = String::from_utf8(venv.stdout).unwrap().trim().to_owned();
+    let peer = std::process::Command::new(&python)
+        .arg(root.join("tests/conformance/peer_verl.py"))
+        .output()
+        .expect("run peer_verl.py");
+    assert!(peer.status.success(), "peer_verl.py failed:\n{}", String::from_utf8_lossy(&peer.stderr));
+    let peer: Value = serde_json::from_slice(&peer.stdout).unwrap();
+    let cases = peer["cases"].as_array().unwrap();
+    assert!(cases.len() >= 12, "{} peer cases", cases.len());
+    let mut failures = Vec::new();
+    for result in cases {
+        let (plugin, name) = (result["plugin"].as_str().unwrap(), result["case"].as_str().unwrap());
+        let golden = golden(plugin);
+        let case = golden.cases.iter().find(|case| case["name"] == name).unwrap();
+        let batch = Batch::new(&golden.batches[case["batch"].as_str().unwrap()], Kind::Double);
+        let optimizer = create(&golden.crate_name, &case["config"]).unwrap();
+        let outcome = run(&optimizer, &batch, &case["expected"], Kind::Double, &[]).unwrap();
+        let label = format!("verl {} vs {plugin} case {name}", result["mode"]);
+        let mut problems = Vec::new();
+        compare(&mut problems, "loss", &[outcome.loss], &[result["loss"].as_f64().unwrap()], 1e-6);
+        let ours = host(&(&outcome.grad_logprobs * &batch.mask));
+        compare(&mut problems, "grad_logprobs", &ours, &numbers(&result["grad_logprobs"]), 1e-6);
+        failures.extend(problems.into_iter().map(|problem| format!("{label}: {problem}")));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -241,16 +241,23 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
         true => Some(no_grad_pass(job, &rows, width, false)?.0),
         false => None,
     };
+    // The whole batch's scale: its `max_new_tokens` is DAPO's L_max for overlong shaping.
+    let scale = LossScale {
+        batch_sequences: rows.len() as u64,
+        batch_tokens: rows.completions.iter().map(|c| c.len() as u64).sum(),
+        max_new_tokens: job.spec.rollout.max_new_tokens,
+    };
+    let inputs = AdvantageInputs {
+        rewards: rewards.as_slice().into(),
+        group_ids: group_ids.as_slice().into(),
+        old_logprobs: TensorHandle::borrow(&old_logprobs),
+        ref_logprobs: ref_logprobs.as_ref().map(TensorHandle::borrow).into(),
+        mask: TensorHandle::borrow(&mask),
+        values: old_values.as_ref().map(TensorHandle::borrow).into(),
+    };
     let advantages = job
         .optimizer
-        .advantages(&AdvantageInputs {
-            rewards: rewards.as_slice().into(),
-            group_ids: group_ids.as_slice().into(),
-            old_logprobs: TensorHandle::borrow(&old_logprobs),
-            ref_logprobs: ref_logprobs.as_ref().map(TensorHandle::borrow).into(),
-            mask: TensorHandle::borrow(&mask),
-            values: old_values.as_ref().map(TensorHandle::borrow).into(),
-        })
+        .advantages_with_scale(&inputs, &scale)
         .into_result()
         .map_err(|error| format!("optimizer advantages: {error}"))?;
     // SAFETY: the plugin hands these tensors over (LossOutput/AdvantageOutput contract).

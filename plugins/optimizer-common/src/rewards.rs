@@ -97,6 +97,82 @@ impl KlPenalty {
     }
 }
 
+/// DAPO's soft overlong punishment (Yu et al., arXiv:2503.14476, §3.4, eq. 13), added to each
+/// completion's reward before advantages: with `L_max` the job's `max_new_tokens` and `L_cache`
+/// the buffer, `R_len(y) = 0` for `|y| ≤ L_max − L_cache`, `((L_max − L_cache) − |y|) / L_cache`
+/// up to `L_max`, and `−1` beyond; scaled by `penalty` (verl's `penalty_factor`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OverlongShaping {
+    /// `L_cache`, in tokens (`overlong_buffer`).
+    pub buffer: u32,
+    /// The factor of `R_len` (`overlong_penalty`).
+    pub penalty: f64,
+}
+
+impl OverlongShaping {
+    /// From the keys `overlong_buffer` (unset: no shaping) and `overlong_penalty` (default 1).
+    pub fn from_keys(buffer: Option<u32>, penalty: Option<f64>) -> Result<Option<Self>, PluginError> {
+        if let Some(penalty) = penalty {
+            crate::config::non_negative("overlong_penalty", penalty)?;
+        }
+        match buffer {
+            None if penalty.is_some() => Err(PluginError::invalid_config(
+                "overlong_penalty: needs overlong_buffer (the length of the soft penalty's ramp, in tokens)",
+            )),
+            None => Ok(None),
+            Some(0) => {
+                Err(PluginError::invalid_config("overlong_buffer: expected a number of tokens ≥ 1, got 0"))
+            }
+            Some(buffer) => Ok(Some(OverlongShaping { buffer, penalty: penalty.unwrap_or(1.0) })),
+        }
+    }
+
+    /// `R_len` of a completion of `length` tokens under a budget of `max_tokens` (`≥ buffer`).
+    pub fn reward(&self, length: usize, max_tokens: u32) -> f64 {
+        let (length, max, buffer) = (length as f64, f64::from(max_tokens), f64::from(self.buffer));
+        let free = max - buffer;
+        let value = if length <= free {
+            0.0
+        } else if length <= max {
+            (free - length) / buffer
+        } else {
+            -1.0
+        };
+        self.penalty * value
+    }
+
+    /// Adds `R_len` to each row's reward; `max_new_tokens` is the job's (`None` from a host that
+    /// does not pass it: refused). Metrics: `overlong_shaping` (the mean added reward) and
+    /// `overlong_frac` (the fraction of completions it touched).
+    pub fn apply(
+        &self,
+        rewards: &mut [f64],
+        lengths: &[usize],
+        max_new_tokens: Option<u32>,
+    ) -> Result<Vec<Metric>, PluginError> {
+        let Some(max_new_tokens) = max_new_tokens else {
+            return Err(PluginError::invalid_input(
+                "overlong_buffer: needs the job's max_new_tokens, which this host does not pass (a host older than advantages_with_scale)",
+            ));
+        };
+        if self.buffer > max_new_tokens {
+            return Err(PluginError::invalid_config(format!(
+                "overlong_buffer: expected at most the job's max_new_tokens ({max_new_tokens}), got {}",
+                self.buffer
+            )));
+        }
+        let shaping: Vec<f64> = lengths.iter().map(|&length| self.reward(length, max_new_tokens)).collect();
+        for (reward, shaping) in rewards.iter_mut().zip(&shaping) {
+            *reward += shaping;
+        }
+        let touched = shaping.iter().filter(|value| **value != 0.0).count();
+        Ok(vec![
+            metric("overlong_shaping", mean(&shaping)),
+            metric("overlong_frac", touched as f64 / shaping.len().max(1) as f64),
+        ])
+    }
+}
+
 /// Each group's rows: the runs of equal ids in `group_ids`. A group must be contiguous.
 pub fn groups(group_ids: &[u64]) -> Result<Vec<Range<usize>>, PluginError> {
     let mut groups: Vec<Range<usize>> = Vec::new();
@@ -175,6 +251,29 @@ mod tests {
         assert_eq!(groups(&[7, 7, 3, 9, 9, 9]).unwrap(), [0..2, 2..3, 3..6]);
         let error = groups(&[1, 1, 2, 1]).unwrap_err();
         assert!(error.message.contains("group 1 is split (rows 0..2 and row 3)"), "{}", error.message);
+    }
+
+    #[test]
+    fn overlong_shaping_follows_dapo() {
+        // L_max = 10, L_cache = 4: free up to 6 tokens, then a ramp to −1 at 10, −1 beyond.
+        let shaping = OverlongShaping { buffer: 4, penalty: 1.0 };
+        let at: Vec<f64> = [0, 6, 7, 8, 10, 11].iter().map(|&length| shaping.reward(length, 10)).collect();
+        assert_eq!(at, [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]);
+        let halved = OverlongShaping { penalty: 0.5, ..shaping };
+        assert_eq!(halved.reward(8, 10), -0.25);
+        let mut rewards = [1.0, 1.0];
+        let metrics = shaping.apply(&mut rewards, &[3, 8], Some(10)).unwrap();
+        assert_eq!(rewards, [1.0, 0.5]);
+        assert_eq!(metrics[1].value, 0.5);
+        assert!(
+            shaping.apply(&mut rewards, &[3], Some(3)).unwrap_err().message.starts_with("overlong_buffer:")
+        );
+        assert!(shaping.apply(&mut rewards, &[3], None).unwrap_err().message.starts_with("overlong_buffer:"));
+        let refused = |buffer, penalty| OverlongShaping::from_keys(buffer, penalty).unwrap_err().message;
+        assert!(refused(Some(0), None).starts_with("overlong_buffer:"));
+        assert!(refused(None, Some(1.0)).starts_with("overlong_penalty: needs overlong_buffer"));
+        assert!(refused(Some(4), Some(-1.0)).starts_with("overlong_penalty: expected a number ≥ 0"));
+        assert_eq!(OverlongShaping::from_keys(None, None).unwrap(), None);
     }
 
     #[test]

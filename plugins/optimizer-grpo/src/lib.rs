@@ -5,12 +5,18 @@
 //! the std over the group, over the batch or not at all (`scale_rewards`), repeated over the
 //! completion's tokens. Loss: the clipped surrogate with separate low/high clip ranges, plus
 //! `β·k(logp, ref)` per token unless the KL is folded into the reward (`kl_in`), aggregated
-//! by `loss_agg`. The formulas, with their sources, are in the README.
+//! by `loss_agg`. Options add GSPO's sequence-level ratio (`importance_ratio`), CISPO's clipped,
+//! detached importance weights (`loss`), the dual clip (`clip_ratio_c`), DAPO's soft overlong
+//! punishment (`overlong_buffer`, `overlong_penalty`) and an entropy bonus (`entropy_coef`). The
+//! formulas, with their sources, are in the README.
 
 use rlvr_optimizer_common::config;
 use rlvr_optimizer_common::inputs::Like;
-use rlvr_optimizer_common::losses::{ClippedPolicy, KlEstimator, LossAgg, check_scale};
-use rlvr_optimizer_common::rewards::{self, OnlineBatch, StdKind};
+use rlvr_optimizer_common::losses::{
+    ClippedPolicy, ImportanceRatio, KlEstimator, LossAgg, PolicyLoss, Surrogate, check_dual_clip,
+    check_scale, entropy_bonus,
+};
+use rlvr_optimizer_common::rewards::{self, OnlineBatch, OverlongShaping, StdKind};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
@@ -64,6 +70,18 @@ pub struct GrpoConfig {
     pub kl_in: KlIn,
     /// How per-token losses are aggregated.
     pub loss_agg: LossAgg,
+    /// The policy loss: PPO's clipped surrogate or CISPO.
+    pub loss: PolicyLoss,
+    /// Where the ratio is taken: per token, or per sequence (GSPO).
+    pub importance_ratio: ImportanceRatio,
+    /// Dual-clip's bound `c > 1` on the loss of negative advantages; unset: off.
+    pub clip_ratio_c: Option<f64>,
+    /// DAPO's overlong buffer `L_cache`, in tokens; unset: no length shaping.
+    pub overlong_buffer: Option<u32>,
+    /// The factor of DAPO's length penalty; 1 when unset.
+    pub overlong_penalty: Option<f64>,
+    /// Weight of the entropy bonus `−entropy_coef·Ĥ` in the loss.
+    pub entropy_coef: f64,
 }
 
 impl Default for GrpoConfig {
@@ -78,6 +96,12 @@ impl Default for GrpoConfig {
             kl_estimator: KlEstimator::K3,
             kl_in: KlIn::Loss,
             loss_agg: LossAgg::SeqMeanTokenMean,
+            loss: PolicyLoss::PpoClip,
+            importance_ratio: ImportanceRatio::Token,
+            clip_ratio_c: None,
+            overlong_buffer: None,
+            overlong_penalty: None,
+            entropy_coef: 0.0,
         }
     }
 }
@@ -86,7 +110,8 @@ impl Default for GrpoConfig {
 #[derive(Debug, Clone)]
 pub struct Grpo {
     config: GrpoConfig,
-    clip_eps_high: f64,
+    surrogate: Surrogate,
+    overlong: Option<OverlongShaping>,
 }
 
 impl Grpo {
@@ -95,14 +120,56 @@ impl Grpo {
         config::positive("eps", config.eps)?;
         config::open_unit("clip_eps_low", config.clip_eps_low)?;
         let clip_eps_high = config.clip_eps_high.unwrap_or(config.clip_eps_low);
-        config::require(
-            "clip_eps_high",
-            clip_eps_high,
-            clip_eps_high >= config.clip_eps_low,
-            format!("a number ≥ clip_eps_low ({})", config.clip_eps_low),
-        )?;
+        // Clip-higher (DAPO) never clips the upper side tighter; CISPO does on purpose: its
+        // weights keep a wide lower range (MiniMax-M1 leaves it out of play) and a tuned upper one.
+        let ok = match config.loss {
+            PolicyLoss::PpoClip => clip_eps_high >= config.clip_eps_low,
+            PolicyLoss::Cispo => clip_eps_high > 0.0,
+        };
+        let expected = match config.loss {
+            PolicyLoss::PpoClip => format!("a number ≥ clip_eps_low ({})", config.clip_eps_low),
+            PolicyLoss::Cispo => "a number > 0".to_owned(),
+        };
+        config::require("clip_eps_high", clip_eps_high, ok, expected)?;
         config::non_negative("kl_beta", config.kl_beta)?;
-        Ok(Grpo { config, clip_eps_high })
+        check_dual_clip(config.clip_ratio_c)?;
+        config::non_negative("entropy_coef", config.entropy_coef)?;
+        let surrogate = Surrogate {
+            loss: config.loss,
+            ratio: config.importance_ratio,
+            low: config.clip_eps_low,
+            high: clip_eps_high,
+            dual_clip: config.clip_ratio_c,
+        };
+        surrogate.check()?;
+        let overlong = OverlongShaping::from_keys(config.overlong_buffer, config.overlong_penalty)?;
+        Ok(Grpo { config, surrogate, overlong })
+    }
+
+    /// Advantages; `max_new_tokens` is the job's when the host passes it.
+    fn advantages_at(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        max_new_tokens: Option<u32>,
+    ) -> Result<AdvantageOutput, PluginError> {
+        let batch = OnlineBatch::new(inputs)?;
+        let groups = rewards::groups(inputs.group_ids.as_slice())?;
+        let mut metrics =
+            vec![metric("uniform_group_frac", rewards::uniform_group_fraction(&batch.rewards, &groups))];
+        let mut shaped = batch.rewards.clone();
+        if let Some(overlong) = &self.overlong {
+            metrics.extend(overlong.apply(&mut shaped, batch.mask.lengths(), max_new_tokens)?);
+        }
+        if self.config.kl_in == KlIn::Reward {
+            let required = (self.config.kl_beta > 0.0).then_some("kl_in = \"reward\" with kl_beta > 0");
+            if let Some(reference) = batch.reference(inputs, required)? {
+                let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
+                penalty.apply(&mut shaped);
+                metrics.extend(penalty.metrics);
+            }
+        }
+        let advantages = self.group_advantages(&shaped, &groups);
+        Ok(advantage_output(batch.mask.repeat_rows(&advantages), None, metrics))
     }
 
     /// Per-completion advantages from (possibly KL-penalised) rewards and the batch's groups.
@@ -159,21 +226,15 @@ impl OptimizerPlugin for Grpo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        let batch = OnlineBatch::new(inputs)?;
-        let groups = rewards::groups(inputs.group_ids.as_slice())?;
-        let mut metrics =
-            vec![metric("uniform_group_frac", rewards::uniform_group_fraction(&batch.rewards, &groups))];
-        let mut shaped = batch.rewards.clone();
-        if self.config.kl_in == KlIn::Reward {
-            let required = (self.config.kl_beta > 0.0).then_some("kl_in = \"reward\" with kl_beta > 0");
-            if let Some(reference) = batch.reference(inputs, required)? {
-                let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
-                penalty.apply(&mut shaped);
-                metrics.extend(penalty.metrics);
-            }
-        }
-        let advantages = self.group_advantages(&shaped, &groups);
-        Ok(advantage_output(batch.mask.repeat_rows(&advantages), None, metrics))
+        self.advantages_at(inputs, None)
+    }
+
+    fn advantages_with_scale(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        scale: &LossScale,
+    ) -> Result<AdvantageOutput, PluginError> {
+        self.advantages_at(inputs, Some(scale.max_new_tokens))
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
@@ -187,18 +248,22 @@ impl OptimizerPlugin for Grpo {
         let reference = like.needed("ref_logprobs", inputs.ref_logprobs, required)?;
         let logprobs = mask.clean(&logprobs);
 
-        let policy =
-            ClippedPolicy::new(&logprobs, &old, &advantages, self.config.clip_eps_low, self.clip_eps_high);
+        let policy = ClippedPolicy::new(&logprobs, &old, &advantages, &mask, self.surrogate);
         let mut metrics = policy.metrics(&mask);
+        let (bonus, entropy) = entropy_bonus(&logprobs, &old, &mask, self.config.entropy_coef);
+        metrics.push(entropy);
         let kl =
             reference.map(|reference| self.config.kl_estimator.per_token(&logprobs, &mask.clean(&reference)));
         if let Some(kl) = &kl {
             metrics.push(metric("kl", mask.mean(kl)));
         }
-        let per_token = match kl {
+        let mut per_token = match kl {
             Some(kl) if kl_in_loss => policy.loss + kl * self.config.kl_beta,
             _ => policy.loss,
         };
+        if let Some(bonus) = bonus {
+            per_token += bonus;
+        }
         let loss = self.config.loss_agg.aggregate(&per_token, &mask, &inputs.scale)?;
         Ok(loss_output(loss, metrics))
     }
@@ -267,7 +332,8 @@ mod tests {
             Err((
                 "kl_bta",
                 "unknown key; expected one of scale_rewards, std, eps, clip_eps_low, clip_eps_high, kl_beta, \
-                 kl_estimator, kl_in, loss_agg",
+                 kl_estimator, kl_in, loss_agg, loss, importance_ratio, clip_ratio_c, overlong_buffer, \
+                 overlong_penalty, entropy_coef",
             )),
         );
         check(r#"{"kl_estimator": "k4"}"#, Err(("kl_estimator", "expected one of k1, k2, k3, got \"k4\"")));
@@ -276,6 +342,46 @@ mod tests {
             Err(("clip_eps_high", "expected a number ≥ clip_eps_low (0.2), got 0.1")),
         );
         check(r#"{"kl_beta": -1}"#, Err(("kl_beta", "expected a number ≥ 0, got -1")));
+        check(r#"{"importance_ratio": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}"#, Ok(()));
+        check(
+            r#"{"importance_ratio": "seq"}"#,
+            Err(("importance_ratio", "expected one of token, sequence, got \"seq\"")),
+        );
+        check(r#"{"loss": "cispo", "clip_eps_high": 4.0, "loss_agg": "token-mean"}"#, Ok(()));
+        check(r#"{"loss": "cispo", "clip_eps_low": 0.9, "clip_eps_high": 0.28}"#, Ok(()));
+        check(
+            r#"{"loss": "cispo", "clip_eps_high": 0}"#,
+            Err(("clip_eps_high", "expected a number > 0, got 0")),
+        );
+        check(r#"{"loss": "grpo"}"#, Err(("loss", "expected one of ppo-clip, cispo, got \"grpo\"")));
+        check(
+            r#"{"loss": "cispo", "importance_ratio": "sequence"}"#,
+            Err((
+                "importance_ratio",
+                "\"sequence\" applies to loss = \"ppo-clip\" only, got loss = \"cispo\"",
+            )),
+        );
+        check(
+            r#"{"loss": "cispo", "clip_ratio_c": 3}"#,
+            Err(("clip_ratio_c", "applies to loss = \"ppo-clip\" only, got loss = \"cispo\"")),
+        );
+        check(r#"{"clip_ratio_c": 3}"#, Ok(()));
+        check(r#"{"clip_ratio_c": 1}"#, Err(("clip_ratio_c", "expected a number > 1, got 1")));
+        check(r#"{"overlong_buffer": 256, "overlong_penalty": 0.5}"#, Ok(()));
+        check(r#"{"overlong_buffer": -1}"#, Err(("overlong_buffer", "expected u32, got integer `-1`")));
+        check(
+            r#"{"overlong_buffer": 0}"#,
+            Err(("overlong_buffer", "expected a number of tokens ≥ 1, got 0")),
+        );
+        check(
+            r#"{"overlong_penalty": 1}"#,
+            Err((
+                "overlong_penalty",
+                "needs overlong_buffer (the length of the soft penalty's ramp, in tokens)",
+            )),
+        );
+        check(r#"{"entropy_coef": 0.001}"#, Ok(()));
+        check(r#"{"entropy_coef": -0.001}"#, Err(("entropy_coef", "expected a number ≥ 0, got -0.001")));
     }
 
     #[test]
@@ -286,7 +392,7 @@ mod tests {
     #[test]
     fn clip_eps_high_defaults_to_clip_eps_low_and_may_not_be_below_it() {
         let grpo = Grpo::from_config(r#"{"clip_eps_low": 0.1}"#).unwrap();
-        assert_eq!(grpo.clip_eps_high, 0.1);
+        assert_eq!(grpo.surrogate.high, 0.1);
         let error = Grpo::from_config(r#"{"clip_eps_high": 0.1}"#).unwrap_err();
         assert_eq!(error.message, "clip_eps_high: expected a number ≥ clip_eps_low (0.2), got 0.1");
     }

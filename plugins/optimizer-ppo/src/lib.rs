@@ -6,12 +6,16 @@
 //! the last one. GAE runs backwards over each row's completion tokens, with the value after the
 //! last token 0; returns are `A + V_old`; advantages are then whitened over the batch. The loss
 //! is the clipped policy loss plus `vf_coef` times the clipped value loss, both token means. The
-//! formulas, with their sources, are in the README.
+//! formulas, with their sources, are in the README. Options add the dual clip (`clip_ratio_c`),
+//! DAPO's soft overlong punishment on the verifiers' reward (`overlong_buffer`,
+//! `overlong_penalty`) and an entropy bonus (`entropy_coef`).
 
 use rlvr_optimizer_common::config;
 use rlvr_optimizer_common::inputs::Like;
-use rlvr_optimizer_common::losses::{ClippedPolicy, KlEstimator, LossAgg, check_scale};
-use rlvr_optimizer_common::rewards::{self, OnlineBatch};
+use rlvr_optimizer_common::losses::{
+    ClippedPolicy, KlEstimator, LossAgg, Surrogate, check_dual_clip, check_scale, entropy_bonus,
+};
+use rlvr_optimizer_common::rewards::{self, OnlineBatch, OverlongShaping};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
@@ -44,6 +48,14 @@ pub struct PpoConfig {
     pub kl_estimator: KlEstimator,
     /// Whether advantages are whitened over the batch's completion tokens.
     pub whiten_advantages: bool,
+    /// Dual-clip's bound `c > 1` on the loss of negative advantages; unset: off.
+    pub clip_ratio_c: Option<f64>,
+    /// DAPO's overlong buffer `L_cache`, in tokens; unset: no length shaping.
+    pub overlong_buffer: Option<u32>,
+    /// The factor of DAPO's length penalty; 1 when unset.
+    pub overlong_penalty: Option<f64>,
+    /// Weight of the entropy bonus `−entropy_coef·Ĥ` in the loss.
+    pub entropy_coef: f64,
 }
 
 impl Default for PpoConfig {
@@ -57,6 +69,10 @@ impl Default for PpoConfig {
             kl_beta: 0.05,
             kl_estimator: KlEstimator::K1,
             whiten_advantages: true,
+            clip_ratio_c: None,
+            overlong_buffer: None,
+            overlong_penalty: None,
+            entropy_coef: 0.0,
         }
     }
 }
@@ -65,6 +81,7 @@ impl Default for PpoConfig {
 #[derive(Debug, Clone)]
 pub struct Ppo {
     config: PpoConfig,
+    overlong: Option<OverlongShaping>,
 }
 
 impl Ppo {
@@ -76,7 +93,58 @@ impl Ppo {
         config::positive("vf_clip", config.vf_clip)?;
         config::non_negative("vf_coef", config.vf_coef)?;
         config::non_negative("kl_beta", config.kl_beta)?;
-        Ok(Ppo { config })
+        check_dual_clip(config.clip_ratio_c)?;
+        config::non_negative("entropy_coef", config.entropy_coef)?;
+        let overlong = OverlongShaping::from_keys(config.overlong_buffer, config.overlong_penalty)?;
+        Ok(Ppo { config, overlong })
+    }
+
+    /// Advantages and returns; `max_new_tokens` is the job's when the host passes it.
+    fn advantages_at(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        max_new_tokens: Option<u32>,
+    ) -> Result<AdvantageOutput, PluginError> {
+        let batch = OnlineBatch::new(inputs)?;
+        let values = batch.like.required("values", inputs.values, "GAE needs the value head's outputs")?;
+        let values = batch.mask.to_host(&values)?;
+        let cols = batch.like.cols();
+        let mut token_rewards = vec![0.0; values.len()];
+        let mut metrics = Vec::new();
+        let mut sequence_rewards = batch.rewards.clone();
+        if let Some(overlong) = &self.overlong {
+            metrics.extend(overlong.apply(&mut sequence_rewards, batch.mask.lengths(), max_new_tokens)?);
+        }
+        let required = (self.config.kl_beta > 0.0).then_some("the per-token KL penalty, kl_beta > 0");
+        if let Some(reference) = batch.reference(inputs, required)? {
+            let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
+            for (reward, penalty) in token_rewards.iter_mut().zip(batch.mask.to_host(&penalty.per_token)?) {
+                *reward = -penalty;
+            }
+            metrics.extend(penalty.metrics);
+        }
+        for (row, &length) in batch.mask.lengths().iter().enumerate() {
+            if length > 0 {
+                token_rewards[row * cols + length - 1] += sequence_rewards[row];
+            }
+        }
+        let (mut advantages, returns) = self.gae(&token_rewards, &values, batch.mask.lengths(), cols);
+        if self.config.whiten_advantages {
+            let on_tokens: Vec<usize> = batch
+                .mask
+                .lengths()
+                .iter()
+                .enumerate()
+                .flat_map(|(row, &length)| (0..length).map(move |t| row * cols + t))
+                .collect();
+            let mut whitened: Vec<f64> = on_tokens.iter().map(|&at| advantages[at]).collect();
+            rewards::whiten(&mut whitened, WHITEN_EPS);
+            for (at, value) in on_tokens.into_iter().zip(whitened) {
+                advantages[at] = value;
+            }
+        }
+        let advantages = batch.mask.from_host(&advantages);
+        Ok(advantage_output(advantages, Some(batch.mask.from_host(&returns)), metrics))
     }
 
     /// GAE over each row's first `length` tokens of row-major `[B, T]` host values: returns
@@ -134,42 +202,15 @@ impl OptimizerPlugin for Ppo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        let batch = OnlineBatch::new(inputs)?;
-        let values = batch.like.required("values", inputs.values, "GAE needs the value head's outputs")?;
-        let values = batch.mask.to_host(&values)?;
-        let cols = batch.like.cols();
-        let mut token_rewards = vec![0.0; values.len()];
-        let mut metrics = Vec::new();
-        let required = (self.config.kl_beta > 0.0).then_some("the per-token KL penalty, kl_beta > 0");
-        if let Some(reference) = batch.reference(inputs, required)? {
-            let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
-            for (reward, penalty) in token_rewards.iter_mut().zip(batch.mask.to_host(&penalty.per_token)?) {
-                *reward = -penalty;
-            }
-            metrics.extend(penalty.metrics);
-        }
-        for (row, &length) in batch.mask.lengths().iter().enumerate() {
-            if length > 0 {
-                token_rewards[row * cols + length - 1] += batch.rewards[row];
-            }
-        }
-        let (mut advantages, returns) = self.gae(&token_rewards, &values, batch.mask.lengths(), cols);
-        if self.config.whiten_advantages {
-            let on_tokens: Vec<usize> = batch
-                .mask
-                .lengths()
-                .iter()
-                .enumerate()
-                .flat_map(|(row, &length)| (0..length).map(move |t| row * cols + t))
-                .collect();
-            let mut whitened: Vec<f64> = on_tokens.iter().map(|&at| advantages[at]).collect();
-            rewards::whiten(&mut whitened, WHITEN_EPS);
-            for (at, value) in on_tokens.into_iter().zip(whitened) {
-                advantages[at] = value;
-            }
-        }
-        let advantages = batch.mask.from_host(&advantages);
-        Ok(advantage_output(advantages, Some(batch.mask.from_host(&returns)), metrics))
+        self.advantages_at(inputs, None)
+    }
+
+    fn advantages_with_scale(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        scale: &LossScale,
+    ) -> Result<AdvantageOutput, PluginError> {
+        self.advantages_at(inputs, Some(scale.max_new_tokens))
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
@@ -187,8 +228,10 @@ impl OptimizerPlugin for Ppo {
         let reference = like.optional("ref_logprobs", inputs.ref_logprobs)?;
         let logprobs = mask.clean(&logprobs);
 
-        let eps = self.config.clip_eps;
-        let policy = ClippedPolicy::new(&logprobs, &old, &advantages, eps, eps);
+        let surrogate =
+            Surrogate { dual_clip: self.config.clip_ratio_c, ..Surrogate::ppo(self.config.clip_eps) };
+        let policy = ClippedPolicy::new(&logprobs, &old, &advantages, &mask, surrogate);
+        let (bonus, entropy) = entropy_bonus(&logprobs, &old, &mask, self.config.entropy_coef);
         let clip = self.config.vf_clip;
         // clamp with tensor bounds leaves a value inside the band exactly as it is, so the two
         // errors tie there and `value_clip_frac` counts only tokens the clip changed.
@@ -201,11 +244,16 @@ impl OptimizerPlugin for Ppo {
         metrics.push(metric("pg_loss", mask.mean(&policy.loss)));
         metrics.push(metric("vf_loss", mask.mean(&value_loss)));
         metrics.push(metric("value_clip_frac", mask.fraction(&clipped_error.gt_tensor(&unclipped_error))));
+        metrics.push(entropy);
         if let Some(reference) = reference {
             let kl = self.config.kl_estimator.per_token(&logprobs, &mask.clean(&reference));
             metrics.push(metric("kl", mask.mean(&kl)));
         }
-        let policy_loss = LossAgg::TokenMean.aggregate(&policy.loss, &mask, &inputs.scale)?;
+        let per_token = match bonus {
+            Some(bonus) => policy.loss + bonus,
+            None => policy.loss,
+        };
+        let policy_loss = LossAgg::TokenMean.aggregate(&per_token, &mask, &inputs.scale)?;
         let value_loss = LossAgg::TokenMean.aggregate(&value_loss, &mask, &inputs.scale)?;
         Ok(loss_output(policy_loss + value_loss * self.config.vf_coef, metrics))
     }
@@ -283,10 +331,18 @@ mod tests {
             r#"{"lambda": 0.9}"#,
             Err((
                 "lambda",
-                "unknown key; expected one of gamma, lam, clip_eps, vf_clip, vf_coef, kl_beta, kl_estimator, whiten_advantages",
+                "unknown key; expected one of gamma, lam, clip_eps, vf_clip, vf_coef, kl_beta, kl_estimator, \
+                 whiten_advantages, clip_ratio_c, overlong_buffer, overlong_penalty, entropy_coef",
             )),
         );
         check(r#"{"lam": 2}"#, Err(("lam", "expected a number in [0, 1], got 2")));
+        check(r#"{"clip_ratio_c": 3, "overlong_buffer": 4, "entropy_coef": 0.01}"#, Ok(()));
+        check(r#"{"clip_ratio_c": 0.5}"#, Err(("clip_ratio_c", "expected a number > 1, got 0.5")));
+        check(r#"{"entropy_coef": -1}"#, Err(("entropy_coef", "expected a number ≥ 0, got -1")));
+        check(
+            r#"{"overlong_buffer": 0}"#,
+            Err(("overlong_buffer", "expected a number of tokens ≥ 1, got 0")),
+        );
     }
 
     #[test]

@@ -4,12 +4,16 @@
 //! `A_i = r_i − Σ_{j≠i} r_j / (G − 1)`, after the KL to the reference is subtracted from each
 //! reward (`r_i − β·Σ_t k(old, ref)`), repeated over the completion's tokens. The loss is the
 //! clipped surrogate (which is plain REINFORCE while ρ = 1, i.e. for the first update of a
-//! batch), aggregated by `loss_agg`. The formulas, with their sources, are in the README.
+//! batch), aggregated by `loss_agg`. Options add DAPO's soft overlong punishment
+//! (`overlong_buffer`, `overlong_penalty`) and an entropy bonus (`entropy_coef`). The formulas,
+//! with their sources, are in the README.
 
 use rlvr_optimizer_common::config;
 use rlvr_optimizer_common::inputs::Like;
-use rlvr_optimizer_common::losses::{ClippedPolicy, KlEstimator, LossAgg, check_scale};
-use rlvr_optimizer_common::rewards::{self, OnlineBatch};
+use rlvr_optimizer_common::losses::{
+    ClippedPolicy, KlEstimator, LossAgg, Surrogate, check_scale, entropy_bonus,
+};
+use rlvr_optimizer_common::rewards::{self, OnlineBatch, OverlongShaping};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
     AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
@@ -36,6 +40,12 @@ pub struct RlooConfig {
     pub normalize_advantages: bool,
     /// How per-token losses are aggregated.
     pub loss_agg: LossAgg,
+    /// DAPO's overlong buffer `L_cache`, in tokens; unset: no length shaping.
+    pub overlong_buffer: Option<u32>,
+    /// The factor of DAPO's length penalty; 1 when unset.
+    pub overlong_penalty: Option<f64>,
+    /// Weight of the entropy bonus `−entropy_coef·Ĥ` in the loss.
+    pub entropy_coef: f64,
 }
 
 impl Default for RlooConfig {
@@ -46,6 +56,9 @@ impl Default for RlooConfig {
             clip_eps: 0.2,
             normalize_advantages: false,
             loss_agg: LossAgg::TokenMean,
+            overlong_buffer: None,
+            overlong_penalty: None,
+            entropy_coef: 0.0,
         }
     }
 }
@@ -54,6 +67,7 @@ impl Default for RlooConfig {
 #[derive(Debug, Clone)]
 pub struct Rloo {
     config: RlooConfig,
+    overlong: Option<OverlongShaping>,
 }
 
 impl Rloo {
@@ -61,7 +75,36 @@ impl Rloo {
     pub fn new(config: RlooConfig) -> Result<Self, PluginError> {
         config::non_negative("kl_beta", config.kl_beta)?;
         config::open_unit("clip_eps", config.clip_eps)?;
-        Ok(Rloo { config })
+        config::non_negative("entropy_coef", config.entropy_coef)?;
+        let overlong = OverlongShaping::from_keys(config.overlong_buffer, config.overlong_penalty)?;
+        Ok(Rloo { config, overlong })
+    }
+
+    /// Advantages; `max_new_tokens` is the job's when the host passes it.
+    fn advantages_at(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        max_new_tokens: Option<u32>,
+    ) -> Result<AdvantageOutput, PluginError> {
+        let batch = OnlineBatch::new(inputs)?;
+        let groups = rewards::groups(inputs.group_ids.as_slice())?;
+        let mut metrics =
+            vec![metric("uniform_group_frac", rewards::uniform_group_fraction(&batch.rewards, &groups))];
+        let mut shaped = batch.rewards.clone();
+        if let Some(overlong) = &self.overlong {
+            metrics.extend(overlong.apply(&mut shaped, batch.mask.lengths(), max_new_tokens)?);
+        }
+        let required = (self.config.kl_beta > 0.0).then_some("the KL penalty of the reward, kl_beta > 0");
+        if let Some(reference) = batch.reference(inputs, required)? {
+            let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
+            penalty.apply(&mut shaped);
+            metrics.extend(penalty.metrics);
+        }
+        let mut advantages = leave_one_out(&shaped, &groups);
+        if self.config.normalize_advantages {
+            rewards::whiten(&mut advantages, NORMALIZE_EPS);
+        }
+        Ok(advantage_output(batch.mask.repeat_rows(&advantages), None, metrics))
     }
 }
 
@@ -112,22 +155,15 @@ impl OptimizerPlugin for Rloo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        let batch = OnlineBatch::new(inputs)?;
-        let groups = rewards::groups(inputs.group_ids.as_slice())?;
-        let mut metrics =
-            vec![metric("uniform_group_frac", rewards::uniform_group_fraction(&batch.rewards, &groups))];
-        let mut shaped = batch.rewards.clone();
-        let required = (self.config.kl_beta > 0.0).then_some("the KL penalty of the reward, kl_beta > 0");
-        if let Some(reference) = batch.reference(inputs, required)? {
-            let penalty = batch.kl_penalty(self.config.kl_estimator, self.config.kl_beta, &reference)?;
-            penalty.apply(&mut shaped);
-            metrics.extend(penalty.metrics);
-        }
-        let mut advantages = leave_one_out(&shaped, &groups);
-        if self.config.normalize_advantages {
-            rewards::whiten(&mut advantages, NORMALIZE_EPS);
-        }
-        Ok(advantage_output(batch.mask.repeat_rows(&advantages), None, metrics))
+        self.advantages_at(inputs, None)
+    }
+
+    fn advantages_with_scale(
+        &self,
+        inputs: &AdvantageInputs<'_>,
+        scale: &LossScale,
+    ) -> Result<AdvantageOutput, PluginError> {
+        self.advantages_at(inputs, Some(scale.max_new_tokens))
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
@@ -139,14 +175,20 @@ impl OptimizerPlugin for Rloo {
         let reference = like.optional("ref_logprobs", inputs.ref_logprobs)?;
         let logprobs = mask.clean(&logprobs);
 
-        let eps = self.config.clip_eps;
-        let policy = ClippedPolicy::new(&logprobs, &old, &advantages, eps, eps);
+        let policy =
+            ClippedPolicy::new(&logprobs, &old, &advantages, &mask, Surrogate::ppo(self.config.clip_eps));
         let mut metrics = policy.metrics(&mask);
+        let (bonus, entropy) = entropy_bonus(&logprobs, &old, &mask, self.config.entropy_coef);
+        metrics.push(entropy);
         if let Some(reference) = reference {
             let kl = self.config.kl_estimator.per_token(&logprobs, &mask.clean(&reference));
             metrics.push(metric("kl", mask.mean(&kl)));
         }
-        let loss = self.config.loss_agg.aggregate(&policy.loss, &mask, &inputs.scale)?;
+        let per_token = match bonus {
+            Some(bonus) => policy.loss + bonus,
+            None => policy.loss,
+        };
+        let loss = self.config.loss_agg.aggregate(&per_token, &mask, &inputs.scale)?;
         Ok(loss_output(loss, metrics))
     }
 
@@ -210,10 +252,13 @@ mod tests {
             r#"{"normalise_advantages": true}"#,
             Err((
                 "normalise_advantages",
-                "unknown key; expected one of kl_beta, kl_estimator, clip_eps, normalize_advantages, loss_agg",
+                "unknown key; expected one of kl_beta, kl_estimator, clip_eps, normalize_advantages, loss_agg, \
+                 overlong_buffer, overlong_penalty, entropy_coef",
             )),
         );
         check(r#"{"clip_eps": 1.5}"#, Err(("clip_eps", "expected a number in (0, 1), got 1.5")));
+        check(r#"{"overlong_buffer": 4, "overlong_penalty": 0.5, "entropy_coef": 0.01}"#, Ok(()));
+        check(r#"{"entropy_coef": -1}"#, Err(("entropy_coef", "expected a number ≥ 0, got -1")));
     }
 
     #[test]
