@@ -925,14 +925,14 @@ mod tests {
         // Each result in `rlvrctl gates`'s words: a measured value without a threshold is not
         // checked, not passed.
         let rows = [
-            "<tr class=\"pass\"><td>heldout_gain</td><td>pass</td><td>0.12</td><td>&gt;= 0</td>\
-             <td>held-out accuracy 0.31 → 0.43</td></tr>",
+            "<tr class=\"pass\"><td>heldout_gain</td><td>pass</td><td>0.0625</td><td>&gt;= 0.01</td>\
+             <td>[+0.0625, +0.1875] 95%, 48 prompts</td><td>held-out accuracy 0.31 → 0.43</td></tr>",
             "<tr class=\"fail\"><td>canary_regressions</td><td>FAIL</td><td>2</td><td>&lt;= 0</td>\
-             <td>2 canaries regressed</td></tr>",
+             <td>—</td><td>2 canaries regressed</td></tr>",
             "<tr class=\"unchecked\"><td>reward_trend</td><td>not checked</td><td>—</td><td>—</td>\
-             <td>no trend: fewer than 20 steps</td></tr>",
+             <td>—</td><td>no trend: fewer than 20 steps</td></tr>",
             "<tr class=\"unchecked\"><td>kl_budget</td><td>not checked</td><td>0.031</td><td>—</td>\
-             <td>no KL budget set</td></tr>",
+             <td>—</td><td>no KL budget set</td></tr>",
         ];
         let summary = [
             "<title>arith-grpo (01J8ZK3Q) — rlvr job report</title>",
