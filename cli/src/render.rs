@@ -23,7 +23,7 @@ pub(crate) fn gate_table(id: &str, report: &GateReport) -> String {
         None => "nothing: the candidate was not evaluated".to_owned(),
     };
     let number = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |v| format!("{v:.4}"));
-    let rows: Vec<[String; 5]> = report
+    let rows: Vec<[String; 6]> = report
         .criteria
         .iter()
         .map(|criterion| {
@@ -35,12 +35,16 @@ pub(crate) fn gate_table(id: &str, report: &GateReport) -> String {
                 criterion.status.label().to_owned(),
                 number(criterion.measured),
                 threshold,
+                criterion.interval.as_ref().map_or_else(|| "-".to_owned(), |interval| interval.bounds()),
                 criterion.note.clone(),
             ]
         })
         .collect();
     let mut text = format!("gates of job {id}: {verdict}\ncompared with {against}\n");
-    text.push_str(&format_table(["CRITERION", "RESULT", "MEASURED", "THRESHOLD", "NOTE"], &rows));
+    if let Some(candidate) = &report.candidate {
+        text.push_str(&format!("candidate: {}\n", candidate.describe()));
+    }
+    text.push_str(&format_table(["CRITERION", "RESULT", "MEASURED", "THRESHOLD", "INTERVAL", "NOTE"], &rows));
     if let Some(forced) = &report.forced {
         text.push_str(&format!("forced by admin team {} at {}: {}\n", forced.by, forced.at, forced.reason));
     }

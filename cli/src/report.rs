@@ -529,9 +529,12 @@ fn render_gates(html: &mut String, gates: &GateReport) {
         html.push_str("<p class=\"nodata\">no criteria in the gate report</p>\n");
         return;
     }
+    if let Some(candidate) = &gates.candidate {
+        let _ = writeln!(html, "<p>candidate: {}</p>", esc(&candidate.describe()));
+    }
     html.push_str(
         "<table class=\"gates\">\n<tr><th>criterion</th><th>result</th><th>measured</th>\
-         <th>threshold</th><th>note</th></tr>\n",
+         <th>threshold</th><th>interval</th><th>note</th></tr>\n",
     );
     for criterion in &gates.criteria {
         let threshold = criterion
@@ -539,12 +542,13 @@ fn render_gates(html: &mut String, gates: &GateReport) {
             .map_or_else(|| NONE.to_owned(), |t| format!("{} {}", criterion.op.as_str(), fmt_num(t)));
         let _ = writeln!(
             html,
-            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             status_class(criterion.status),
             esc(&criterion.name),
             esc(criterion.status.label()),
             criterion.measured.map_or_else(|| NONE.to_owned(), fmt_num),
             esc(&threshold),
+            criterion.interval.as_ref().map_or_else(|| NONE.to_owned(), |interval| esc(&interval.bounds())),
             esc(&criterion.note),
         );
     }
@@ -658,9 +662,10 @@ fn remove_stale(path: &Path) -> Result<(), ReportError> {
 
 #[cfg(test)]
 mod tests {
-    use rlvr_protocol::gates::{Criterion, Forced, Op};
+    use rlvr_protocol::checkpoints::ScoredCheckpoint;
+    use rlvr_protocol::gates::{Criterion, Forced, Op, PairedInterval};
     use rlvr_protocol::job::JobState;
-    use rlvr_protocol::worker::{ScoreFigures, StepTimes};
+    use rlvr_protocol::worker::{CandidateCheckpoint, ScoreFigures, StepTimes};
     use serde_json::json;
 
     use std::os::unix::fs::PermissionsExt;
@@ -704,10 +709,19 @@ mod tests {
             Criterion::judged(
                 "heldout_gain",
                 Op::AtLeast,
-                Some(0.12),
-                Some(0.0),
+                Some(0.0625),
+                Some(0.01),
                 "held-out accuracy 0.31 → 0.43".to_owned(),
-            ),
+            )
+            .with_interval(PairedInterval {
+                estimate: 0.125,
+                low: 0.0625,
+                high: 0.1875,
+                confidence: 0.95,
+                prompts: 48,
+                improved: 7,
+                regressed: 1,
+            }),
             Criterion::judged(
                 "canary_regressions",
                 Op::AtMost,
@@ -730,7 +744,18 @@ mod tests {
             version: Some(3),
         };
         // The verdict as stored, whatever the criteria say: the page shows what it is given.
-        GateReport { passed: true, ..GateReport::new(Some(baseline), criteria) }
+        GateReport {
+            passed: true,
+            candidate: Some(CandidateCheckpoint {
+                step: 20,
+                heldout: Some(0.4375),
+                scored: vec![
+                    ScoredCheckpoint { step: 20, accuracy: 0.4375 },
+                    ScoredCheckpoint { step: 30, accuracy: 0.375 },
+                ],
+            }),
+            ..GateReport::new(Some(baseline), criteria)
+        }
     }
 
     fn job() -> JobView {
@@ -910,14 +935,14 @@ mod tests {
         // Each result in `rlvrctl gates`'s words: a measured value without a threshold is not
         // checked, not passed.
         let rows = [
-            "<tr class=\"pass\"><td>heldout_gain</td><td>pass</td><td>0.12</td><td>&gt;= 0</td>\
-             <td>held-out accuracy 0.31 → 0.43</td></tr>",
+            "<tr class=\"pass\"><td>heldout_gain</td><td>pass</td><td>0.0625</td><td>&gt;= 0.01</td>\
+             <td>[+0.0625, +0.1875] 95%, 48 prompts</td><td>held-out accuracy 0.31 → 0.43</td></tr>",
             "<tr class=\"fail\"><td>canary_regressions</td><td>FAIL</td><td>2</td><td>&lt;= 0</td>\
-             <td>2 canaries regressed</td></tr>",
+             <td>—</td><td>2 canaries regressed</td></tr>",
             "<tr class=\"unchecked\"><td>reward_trend</td><td>not checked</td><td>—</td><td>—</td>\
-             <td>no trend: fewer than 20 steps</td></tr>",
+             <td>—</td><td>no trend: fewer than 20 steps</td></tr>",
             "<tr class=\"unchecked\"><td>kl_budget</td><td>not checked</td><td>0.031</td><td>—</td>\
-             <td>no KL budget set</td></tr>",
+             <td>—</td><td>no KL budget set</td></tr>",
         ];
         let summary = [
             "<title>arith-grpo (01J8ZK3Q) — rlvr job report</title>",
@@ -1022,6 +1047,13 @@ mod tests {
         }
         let words: Vec<&str> = table.iter().map(|(_, result)| result.as_str()).collect();
         assert_eq!(words, ["pass", "FAIL", "not checked", "not checked"]);
+        // Both show the held-out gain's interval with its prompts, and the checkpoint judged.
+        let text = crate::render::gate_table("01J8ZK3Q", &report);
+        let interval = "[+0.0625, +0.1875] 95%, 48 prompts";
+        let candidate = "candidate: checkpoint step 20 (held-out 0.4375 when scored; the best of 2 scored checkpoints kept)";
+        for shown in [&text, &html] {
+            assert!(shown.contains(interval) && shown.contains(candidate), "{shown}");
+        }
     }
 
     #[test]

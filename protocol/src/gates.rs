@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::JobSpec;
-use crate::worker::{Baseline, GateEvaluation, Outcome, PluginUse, Trend};
+use crate::worker::{Baseline, CandidateCheckpoint, GateEvaluation, Outcome, PluginUse, Trend};
 
 /// How a criterion's measured value must compare with its threshold to pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +86,56 @@ pub struct Criterion {
     pub op: Op,
     /// What was measured, in words.
     pub note: String,
+    /// The confidence interval `measured` was read from, for a criterion judged on one
+    /// (`heldout_gain`: the interval's lower bound is what must clear the threshold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<PairedInterval>,
+}
+
+/// A paired comparison's estimate and confidence interval: the candidate's and the baseline's
+/// verdicts on the same prompts (`heldout_gain`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PairedInterval {
+    /// The gain measured on the prompts themselves (after − before).
+    pub estimate: f64,
+    /// The interval's bounds.
+    pub low: f64,
+    pub high: f64,
+    /// Its confidence level (0.95).
+    pub confidence: f64,
+    /// Prompts paired.
+    pub prompts: usize,
+    /// Prompts the candidate passed and the baseline failed, and the other way round: only these
+    /// discordant pairs move the gain.
+    pub improved: usize,
+    pub regressed: usize,
+}
+
+impl PairedInterval {
+    /// `[+0.0208, +0.1458] 95%, 48 prompts`: the gate table's interval column.
+    pub fn bounds(&self) -> String {
+        format!(
+            "[{:+.4}, {:+.4}] {:.0}%, {} prompts",
+            self.low,
+            self.high,
+            self.confidence * 100.0,
+            self.prompts
+        )
+    }
+
+    /// `+0.0833 [95% +0.0208, +0.1458], 48 prompts (5 better, 1 worse)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{:+.4} [{:.0}% {:+.4}, {:+.4}], {} prompts ({} better, {} worse)",
+            self.estimate,
+            self.confidence * 100.0,
+            self.low,
+            self.high,
+            self.prompts,
+            self.improved,
+            self.regressed
+        )
+    }
 }
 
 impl Criterion {
@@ -98,7 +148,12 @@ impl Criterion {
             (_, None) => Status::NotChecked,
             (None, Some(_)) => Status::Fail,
         };
-        Criterion { name: name.to_owned(), status, measured, threshold, op, note }
+        Criterion { name: name.to_owned(), status, measured, threshold, op, note, interval: None }
+    }
+
+    /// With the interval `measured` was read from.
+    pub fn with_interval(self, interval: PairedInterval) -> Self {
+        Criterion { interval: Some(interval), ..self }
     }
 
     /// Whether the criterion lets the candidate through (passed or not checked).
@@ -129,6 +184,8 @@ struct CriterionRecord {
     threshold: Option<f64>,
     op: Op,
     note: String,
+    #[serde(default)]
+    interval: Option<PairedInterval>,
 }
 
 impl From<CriterionRecord> for Criterion {
@@ -145,6 +202,7 @@ impl From<CriterionRecord> for Criterion {
             threshold: record.threshold,
             op: record.op,
             note: record.note,
+            interval: record.interval,
         }
     }
 }
@@ -172,12 +230,38 @@ pub struct GateReport {
     /// An admin's override, when the candidate was promoted by force.
     #[serde(default)]
     pub forced: Option<Forced>,
+    /// Which of the run's checkpoints was judged (the best-scoring retained one) and its score;
+    /// absent in reports made before the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<CandidateCheckpoint>,
+}
+
+impl CandidateCheckpoint {
+    /// `checkpoint step 10 (held-out 0.4500; the best of 3 scored checkpoints kept)`: which
+    /// checkpoint the gates judged, as the gate table says it.
+    pub fn describe(&self) -> String {
+        match self.heldout {
+            Some(heldout) => format!(
+                "checkpoint step {} (held-out {heldout:.4} when scored; the best of {} scored checkpoint{} kept)",
+                self.step,
+                self.scored.len(),
+                if self.scored.len() == 1 { "" } else { "s" }
+            ),
+            None => format!("checkpoint step {} (the last; nothing was scored to choose by)", self.step),
+        }
+    }
 }
 
 impl GateReport {
     /// A report over `criteria`: passed when none failed.
     pub fn new(baseline: Option<Baseline>, criteria: Vec<Criterion>) -> Self {
-        GateReport { passed: criteria.iter().all(Criterion::allows), baseline, criteria, forced: None }
+        GateReport {
+            passed: criteria.iter().all(Criterion::allows),
+            baseline,
+            criteria,
+            forced: None,
+            candidate: None,
+        }
     }
 
     /// The refusal: each failing criterion with its measured value and threshold.
@@ -203,7 +287,7 @@ pub struct Manifest {
     pub model_line: String,
     /// Its version in the line (set when it is published).
     pub version: u64,
-    /// Training steps.
+    /// The training step of the published checkpoint.
     pub step: u64,
     /// SHA-256 over the trained tensors.
     pub weights_sha256: String,
@@ -237,7 +321,8 @@ impl Manifest {
             job_id: job_id.to_owned(),
             model_line: spec.job.model_line.clone(),
             version: 0,
-            step: outcome.steps,
+            // The step of the weights published: the chosen checkpoint's.
+            step: outcome.candidate.as_ref().map_or(outcome.steps, |candidate| candidate.step),
             weights_sha256: outcome.weights_sha256.clone(),
             plugins: outcome.plugins.clone(),
             data_sha256: outcome.data_sha256.clone(),

@@ -14,6 +14,7 @@
 //!   progress.
 //! - [`gates`]: the gate report, one status per criterion.
 //! - [`jobdir`]: where a job's files are.
+//! - [`checkpoints`]: which checkpoints a run keeps, and which it offers the gates (pure).
 //! - [`formula`]: a job's reward as a formula over its named graders (`[reward] formula`).
 //! - [`fs`]: the one atomic file write.
 //! - [`runtime`]: what the worker's libtorch can do on this host (`rlvr-worker doctor`), and the
@@ -27,6 +28,7 @@
 
 pub mod api;
 pub mod batch;
+pub mod checkpoints;
 pub mod curricula;
 pub mod formula;
 pub mod fs;

@@ -583,11 +583,35 @@ pub struct CheckpointSection {
     /// deterministic either way.
     #[serde(default = "defaults::yes")]
     pub exact_resume: bool,
+    /// Checkpoints kept for their held-out score: the best this many of those scored (held-out
+    /// is scored, and a checkpoint written, every `eval.every_steps` and at the end). The best
+    /// retained one is what the gates judge and what is published. 0 keeps none for its score.
+    #[serde(default = "defaults::one")]
+    pub keep_best: u32,
+    /// The newest this many checkpoints are kept too (a resume starts from the newest); older
+    /// ones that are not among the best are deleted, so a long run's disk use stays bounded.
+    #[serde(default = "defaults::keep_last")]
+    pub keep_last: u32,
 }
 
 impl Default for CheckpointSection {
     fn default() -> Self {
-        CheckpointSection { every_steps: defaults::checkpoint_every(), exact_resume: true }
+        CheckpointSection {
+            every_steps: defaults::checkpoint_every(),
+            exact_resume: true,
+            keep_best: defaults::one(),
+            keep_last: defaults::keep_last(),
+        }
+    }
+}
+
+impl CheckpointSection {
+    /// `keep_best` and `keep_last` as the retention rule.
+    pub fn retention(&self) -> crate::checkpoints::Retention {
+        crate::checkpoints::Retention {
+            keep_best: self.keep_best as usize,
+            keep_last: self.keep_last as usize,
+        }
     }
 }
 
@@ -610,6 +634,11 @@ mod defaults {
     }
     pub fn one() -> u32 {
         1
+    }
+    /// Two: the newest checkpoint and the one before it, so a checkpoint being replaced never
+    /// leaves a run with nothing to resume from.
+    pub fn keep_last() -> u32 {
+        2
     }
     pub fn one_f() -> f64 {
         1.0
@@ -1035,6 +1064,9 @@ const RULES: &[SpecRule] = &[
     SpecRule::new("resources.memory_gb", |s| real(s.resources.memory_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("resources.resident_gb", |s| real(s.resources.resident_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("checkpoint.every_steps", |s| int(s.checkpoint.every_steps), IntsFrom(1)),
+    SpecRule::new("checkpoint.keep_best", |s| int(s.checkpoint.keep_best), Ints(0, 1000)),
+    // At least one: the newest checkpoint is what a resume starts from.
+    SpecRule::new("checkpoint.keep_last", |s| int(s.checkpoint.keep_last), Ints(1, 1000)),
 ];
 
 /// The ranges of `[model] lora`, when it is there.
@@ -1402,6 +1434,8 @@ max_steps = 10
                 "resources.resident_gb: expected at most resources.memory_gb (0, which it is a part of), got 1",
             ),
             ("checkpoint", "every_steps = 0", "checkpoint.every_steps: expected at least 1, got 0"),
+            ("checkpoint", "keep_last = 0", "checkpoint.keep_last: expected 1 to 1000, got 0"),
+            ("checkpoint", "keep_best = 1001", "checkpoint.keep_best: expected 0 to 1000, got 1001"),
         ];
         for (section, lines, expected) in cases {
             check(&with(section, lines), &[expected]);
@@ -1418,6 +1452,8 @@ max_steps = 10
             ("gates", "heldout_gain_min = -1.0\nkl_max = 1e-9"),
             ("resources", "devices = 1\nmemory_gb = 0.0"),
             ("resources", "memory_gb = 2.0\nresident_gb = 2.0"),
+            ("checkpoint", "keep_best = 0\nkeep_last = 1"),
+            ("checkpoint", "keep_best = 1000\nkeep_last = 1000"),
         ];
         for (section, lines) in edges {
             check(&with(section, lines), &[]);

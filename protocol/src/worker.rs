@@ -337,6 +337,23 @@ pub struct Outcome {
     /// what `[resources] memory_gb` must cover. `None` when it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// The checkpoint offered to the gates (the one `checkpoint` names) and why: the best-scoring
+    /// retained one. `None` from a worker that predates the choice (it offered the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<CandidateCheckpoint>,
+}
+
+/// Which checkpoint a run offered the gates: the best held-out score among its retained scored
+/// checkpoints (ties: the earlier; `crate::checkpoints::best`), or the last when none was scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateCheckpoint {
+    /// The chosen checkpoint's step.
+    pub step: u64,
+    /// Its held-out accuracy when it was scored during training; `None` when the job scored
+    /// nothing (no held-out set) and the last checkpoint was offered.
+    pub heldout: Option<f64>,
+    /// The scored checkpoints it was chosen from (those retained), in step order.
+    pub scored: Vec<crate::checkpoints::ScoredCheckpoint>,
 }
 
 /// A plugin a run used: what the manifest records.
@@ -429,6 +446,43 @@ pub struct GateScore {
     pub verifier_errors: usize,
     /// Calls that timed out.
     pub verifier_timeouts: usize,
+    /// Whether each prompt passed, in the set's order: what pairs the candidate's verdicts with
+    /// the baseline's for the held-out gain's interval. Empty in records made before it.
+    #[serde(default, skip_serializing_if = "Verdicts::is_empty")]
+    pub passed: Verdicts,
+}
+
+/// Per-prompt verdicts in a set's order, written as a string of `1` (passed) and `0`: a held-out
+/// set of thousands of prompts stays a short field of the outcome line and of the job record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdicts(pub Vec<bool>);
+
+impl Verdicts {
+    /// No verdicts (a record made before they were reported).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for Verdicts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let text: String = self.0.iter().map(|passed| if *passed { '1' } else { '0' }).collect();
+        serializer.serialize_str(&text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Verdicts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.chars()
+            .map(|c| match c {
+                '1' => Ok(true),
+                '0' => Ok(false),
+                other => Err(serde::de::Error::custom(format!("a verdict is 0 or 1, not {other:?}"))),
+            })
+            .collect::<Result<Vec<bool>, _>>()
+            .map(Verdicts)
+    }
 }
 
 /// A model's greedy score on a set of prompts.
@@ -759,6 +813,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn verdicts_are_a_string_of_ones_and_zeros_and_nothing_else() {
+        let verdicts = Verdicts(vec![true, false, true]);
+        assert_eq!(serde_json::to_string(&verdicts).unwrap(), r#""101""#);
+        assert_eq!(serde_json::from_str::<Verdicts>(r#""101""#).unwrap(), verdicts);
+        assert_eq!(serde_json::from_str::<Verdicts>(r#""""#).unwrap(), Verdicts::default());
+        let error = serde_json::from_str::<Verdicts>(r#""10x""#).unwrap_err().to_string();
+        assert!(error.contains("a verdict is 0 or 1, not 'x'"), "{error}");
+        // A score written before verdicts were reported reads with none.
+        let old = r#"{"accuracy": 0.5, "reward_mean": 0.5, "completion_len_mean": 3.0, "prompts": 2,
+            "verifier_calls": 2, "verifier_errors": 0, "verifier_timeouts": 0}"#;
+        assert!(serde_json::from_str::<GateScore>(old).unwrap().passed.is_empty());
+    }
+
     /// Every file and stdout message of the worker, fully populated, written as the worker
     /// writes it and read back as the daemon reads it: nothing is lost or renamed on the way.
     #[test]
@@ -775,6 +843,7 @@ mod tests {
             verifier_calls: 16,
             verifier_errors: 1,
             verifier_timeouts: 2,
+            passed: Verdicts(vec![true, false, false, true, true, false, true, false]),
         };
         let trend = Trend {
             steps: 12,
@@ -811,6 +880,14 @@ mod tests {
             }],
             data_sha256: [("train".to_owned(), "ef".repeat(32))].into(),
             peak_memory_bytes: Some(1_095_761_920),
+            candidate: Some(CandidateCheckpoint {
+                step: 8,
+                heldout: Some(0.5),
+                scored: vec![
+                    crate::checkpoints::ScoredCheckpoint { step: 8, accuracy: 0.5 },
+                    crate::checkpoints::ScoredCheckpoint { step: 12, accuracy: 0.25 },
+                ],
+            }),
         });
         check(MetricsLine {
             step: 3,

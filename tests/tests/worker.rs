@@ -1300,3 +1300,122 @@ fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
         println!("{plugin}: {row_passes:?} passes by rows, {token_passes:?} by tokens, same weights");
     }
 }
+
+/// Keep the best checkpoint, not the last: an SFT job that memorises its 16 held-out problems at
+/// a learning rate too high to hold them (5e-2), scored every 4 steps, peaks and falls back
+/// (measured: 0.125 at step 32, then 0 and 0.0625). The gates' candidate is the best-scoring
+/// retained checkpoint, its weights are what the gates score, and `[checkpoint] keep_best = 1`,
+/// `keep_last = 2` leave exactly it and the last two on disk. Killed with SIGKILL mid-run and
+/// resumed, the run keeps and chooses exactly the same: the scores travel in `state.json`.
+#[test]
+fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+    let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let heldout = data.join("heldout.jsonl");
+    let taught: String = fs::read_to_string(&heldout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line).unwrap();
+            let completion = &record["reference"]["answer"];
+            format!("{}\n", json!({"id": record["id"], "prompt": record["prompt"], "completion": completion}))
+        })
+        .collect();
+    let train = data.join("taught.jsonl");
+    fs::write(&train, taught).unwrap();
+    let spec = dir.path().join("best.toml");
+    fs::write(
+        &spec,
+        format!(
+            "[job]\nname = \"best\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 3\n\
+             [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = {train:?}\nheldout = {heldout:?}\n\
+             [optimizer]\nplugin = \"sft\"\nlr = 5e-2\nmicro_batch_size = 16\n\
+             [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n\
+             [rollout]\nmax_new_tokens = 5\nprompts_per_step = 16\n[budget]\nmax_steps = 40\n\
+             [checkpoint]\nevery_steps = 100\nkeep_best = 1\nkeep_last = 2\n[eval]\nevery_steps = 4\n",
+            train = train.display().to_string(),
+            heldout = heldout.display().to_string(),
+        ),
+    )
+    .unwrap();
+
+    let straight = dir.path().join("straight");
+    let result = outcome(&run(&mut worker_command(&spec, &straight, &plugins, &[])));
+    let scores: Vec<(u64, f64)> = metrics_without_time(&straight)
+        .iter()
+        .filter(|line| line["step"].as_u64() > Some(0))
+        .filter_map(|line| Some((line["step"].as_u64()?, line["heldout"]["accuracy"].as_f64()?)))
+        .collect();
+    assert_eq!(
+        scores.iter().map(|(step, _)| *step).collect::<Vec<_>>(),
+        (1..=10).map(|i| i * 4).collect::<Vec<_>>()
+    );
+    // The best score, the earliest step of it.
+    let (best_step, best) = scores
+        .iter()
+        .copied()
+        .fold((0, f64::MIN), |kept, (step, score)| if score > kept.1 { (step, score) } else { kept });
+    let (_, last) = *scores.last().unwrap();
+    assert!(
+        best_step < 40 && last < best,
+        "the run must fall back from its best to test anything: {scores:?}"
+    );
+
+    let candidate = &result["candidate"];
+    assert_eq!(
+        (candidate["step"].as_u64(), candidate["heldout"].as_f64()),
+        (Some(best_step), Some(best)),
+        "{result}"
+    );
+    let chosen = format!("step-{best_step:08}");
+    assert!(result["checkpoint"].as_str().unwrap().ends_with(&chosen), "{result}");
+    // The gates scored the chosen weights: the same greedy score as when it was chosen.
+    assert_eq!(result["evaluation"]["candidate"]["heldout"]["accuracy"].as_f64(), Some(best), "{result}");
+    assert_eq!(result["steps"], 40);
+    // On disk: the best and the last two, and LATEST names the last.
+    let on_disk = |state: &Path| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(state.join("checkpoints"))
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut expected =
+        vec![chosen.clone(), "step-00000036".to_owned(), "step-00000040".to_owned(), "LATEST".into()];
+    expected.sort();
+    expected.dedup();
+    assert_eq!(on_disk(&straight), expected);
+    assert_eq!(fs::read_to_string(straight.join("checkpoints/LATEST")).unwrap().trim(), "step-00000040");
+    // The retained scores are in the last checkpoint's state, what a resume reads.
+    let state: Value =
+        serde_json::from_slice(&fs::read(straight.join("checkpoints/step-00000040/state.json")).unwrap())
+            .unwrap();
+    let kept: Vec<u64> =
+        state["scored"].as_array().unwrap().iter().filter_map(|s| s["step"].as_u64()).collect();
+    assert!(kept.contains(&best_step) && kept.contains(&40), "{state}");
+
+    // Killed after step 23 (past the step-20 checkpoint), resumed: the same choice and files.
+    let killed = dir.path().join("killed");
+    let mut child = worker_command(&spec, &killed, &plugins, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let past = wait_until(Duration::from_secs(600), || {
+        fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 24)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(past, "the run never reached step 23");
+    let latest = fs::read_to_string(killed.join("checkpoints/LATEST")).unwrap();
+    assert!(latest.trim() < "step-00000040", "killed too late to test anything: {latest}");
+    let resumed = outcome(&run(&mut worker_command(&spec, &killed, &plugins, &["--resume"])));
+    assert_eq!(resumed["candidate"], result["candidate"]);
+    assert_eq!(resumed["weights_sha256"], result["weights_sha256"]);
+    assert_eq!(resumed["evaluation"], result["evaluation"]);
+    assert_eq!(on_disk(&killed), on_disk(&straight));
+    assert_eq!(metrics_without_time(&killed), metrics_without_time(&straight));
+}

@@ -1,16 +1,21 @@
 //! The step loop: steps until the budget ends or a stop is asked for, held-out evaluations,
 //! the `[stop]` conditions, progress, checkpoints.
 //!
+//! A step whose weights are scored on the held-out set is also checkpointed, so every score
+//! belongs to weights that can be offered to the gates: at the end the candidate is the
+//! best-scoring retained checkpoint (`rlvr_protocol::checkpoints::best`), not the last.
+//!
 //! The loop's rule for logs: what a run writes up to a checkpoint is exactly what an
 //! uninterrupted run writes, so a stop request only checkpoints (no scoring, no extra line).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
+use rlvr_protocol::checkpoints::{ScoredCheckpoint, best};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
 use rlvr_protocol::signals::GroupSignals;
-use rlvr_protocol::worker::{MetricsLine, Outcome, Progress};
+use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress};
 use tracing::{info, info_span, warn};
 
 use crate::models::model_sha256;
@@ -144,7 +149,8 @@ impl Loop<'_> {
             let eta_s = self.eta_s(step);
             step::log_progress(&line, max_steps, Some(eta_s));
             self.write_progress(Some(&line), Some(eta_s))?;
-            if last || step % self.job.spec.checkpoint.every_steps == 0 {
+            let scored = self.scored_step == Some(step);
+            if last || scored || step % self.job.spec.checkpoint.every_steps == 0 {
                 self.checkpoint()?;
             }
         }
@@ -193,7 +199,30 @@ impl Loop<'_> {
         let score = eval::heldout(self.job).map_err(|error| WorkerError::from_step(step, error))?;
         self.heldout = Some(score.accuracy);
         self.scored_step = Some(step);
+        // Recorded for this step's checkpoint, which follows; retention keeps or drops it there.
+        self.state.scored.retain(|scored| scored.step != step);
+        self.state.scored.push(ScoredCheckpoint { step, accuracy: score.accuracy });
         Ok(score.figures())
+    }
+
+    /// The checkpoint offered to the gates: the best-scoring retained one (ties: the earlier),
+    /// or the last when nothing was scored. `None` before any checkpoint.
+    fn candidate(&self) -> Option<(PathBuf, CandidateCheckpoint)> {
+        let mut scored = self.state.scored.clone();
+        scored.sort_by_key(|scored| scored.step);
+        match best(&scored) {
+            Some(chosen) => {
+                let path = self.run.checkpoint(chosen.step);
+                let choice =
+                    CandidateCheckpoint { step: chosen.step, heldout: Some(chosen.accuracy), scored };
+                Some((path, choice))
+            }
+            None => {
+                let last = self.last_checkpoint.clone()?;
+                let step = checkpoint_step(&last)?;
+                Some((last, CandidateCheckpoint { step, heldout: None, scored }))
+            }
+        }
     }
 
     /// After the loop: a stop request only checkpoints; a budget scores the weights it ends with
@@ -234,12 +263,22 @@ impl Loop<'_> {
         if let Some(reason) = &stopped {
             warn!(%reason, step = self.state.step, "stopped before max_steps");
         }
+        // An interrupted run is resumed, not gated: it offers its last checkpoint as before.
+        let candidate = if interrupted { None } else { self.candidate() };
+        if let Some((_, choice)) = &candidate {
+            info!(step = choice.step, heldout = ?choice.heldout, scored = choice.scored.len(), "the gates' candidate");
+        }
+        let checkpoint = candidate
+            .as_ref()
+            .map(|(path, _)| path.clone())
+            .or_else(|| self.last_checkpoint.clone())
+            .unwrap_or_default();
         Ok(Outcome {
             steps: self.state.step,
             weights_sha256: model_sha256(&self.job.policy),
             heldout_before: self.state.heldout_baseline,
             heldout_after: self.scored_step.and(self.heldout),
-            checkpoint: self.last_checkpoint.clone().unwrap_or_default(),
+            checkpoint,
             stopped,
             interrupted,
             training: self.stop_watch.trend(),
@@ -247,6 +286,7 @@ impl Loop<'_> {
             plugins: Vec::new(),
             data_sha256: Default::default(),
             peak_memory_bytes: None,
+            candidate: candidate.map(|(_, choice)| choice),
         })
     }
 

@@ -7,6 +7,7 @@
 use rlvr_model::{LoadedModel, Sampled, SamplerRng, SamplingParams, generate, load as load_model};
 use rlvr_protocol::worker::{
     Baseline, BaselineKind, CanaryRegressions, GateEvaluation, GateScore, ModelScores, ScoreFigures, Trend,
+    Verdicts,
 };
 use tch::{Kind, Tensor};
 
@@ -27,7 +28,8 @@ pub struct HeldoutScore {
     pub reward_mean: f64,
     pub completion_len_mean: f64,
     pub prompts: usize,
-    /// Whether each prompt's completion passed, in the set's order (for canary regressions).
+    /// Whether each prompt's completion passed, in the set's order (for canary regressions and
+    /// the held-out gain's paired interval).
     pub passed: Vec<bool>,
     /// Verifier calls, and those that came back with an error or timed out.
     pub verifier_calls: usize,
@@ -53,6 +55,7 @@ impl HeldoutScore {
             verifier_calls: self.verifier_calls,
             verifier_errors: self.verifier_errors,
             verifier_timeouts: self.verifier_timeouts,
+            passed: Verdicts(self.passed.clone()),
         }
     }
 }
@@ -73,7 +76,7 @@ pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     score(job, records, &sampled)
 }
 
-/// The gates' evaluation of the candidate (the policy as trained) and of `baseline`: held-out
+/// The gates' evaluation of the candidate (the policy: the checkpoint the run chose) and of `baseline`: held-out
 /// and canary scores of both, the canaries the baseline passed and the candidate fails, and the
 /// training trend. The daemon judges it (`jobs::gate::judge`).
 pub fn for_gates(

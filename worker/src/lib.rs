@@ -328,6 +328,15 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         "worker starting"
     );
     let mut outcome = drive::drive(&mut job, &run_dir, &mut state, &mut logs)?;
+    // The gates judge, and publishing copies, the checkpoint the run chose: when that is not the
+    // weights it ended with, its weights replace the policy's in place (no second model).
+    if let Some(candidate) = &outcome.candidate
+        && candidate.step != outcome.steps
+    {
+        models::load_trained_weights(&job.policy, &outcome.checkpoint)?;
+        outcome.weights_sha256 = models::model_sha256(&job.policy);
+        info!(step = candidate.step, heldout = ?candidate.heldout, "the gates' candidate is an earlier checkpoint");
+    }
     outcome.plugins = uses;
     outcome.data_sha256 = data_sha256(&job.spec)?;
     if !outcome.interrupted && (job.heldout.is_some() || canaries.is_some()) {

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use rlvr_model::weights::WeightFiles;
 use rlvr_model::{LoadedModel, LoraConfig, load as load_model};
 use rlvr_plugin_api::OptimizerBox;
 use rlvr_plugin_api::OptimizerInfo;
@@ -16,6 +17,28 @@ use crate::{TrainData, WorkerError};
 /// Where a LoRA job's checkpoint keeps its adapters (a PEFT adapter directory): what a resume
 /// attaches to the base. `model/` beside it is what is published (the same adapters, or merged).
 pub const ADAPTER_DIR: &str = "adapter";
+
+/// Copies the trained weights of the checkpoint at `checkpoint` into `policy`, in place: its
+/// LoRA adapters from `adapter/` (the base is the spec's and never trains), else every weight
+/// from `model/`. The tensors a resume would load, without a second copy of the model.
+pub fn load_trained_weights(policy: &LoadedModel, checkpoint: &Path) -> Result<(), WorkerError> {
+    let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
+    let (files, prefix) = if policy.adapters.is_some() {
+        let file = checkpoint.join(ADAPTER_DIR).join(rlvr_model::lora::WEIGHTS_FILE);
+        (WeightFiles::open_file(&file), rlvr_model::lora::PEFT_PREFIX)
+    } else {
+        (WeightFiles::open(&checkpoint.join("model")), "")
+    };
+    let files = files.map_err(|error| fail(error.to_string()))?;
+    for (name, variable) in policy.trainable() {
+        let stored = files
+            .get(&format!("{prefix}{name}"), &variable.size(), variable.device(), variable.kind())
+            .map_err(|error| fail(error.to_string()))?;
+        let mut variable = variable;
+        tch::no_grad(|| variable.copy_(&stored));
+    }
+    Ok(())
+}
 
 /// A value head: a linear layer over the policy's hidden states, in its own VarStore.
 pub type ValueHead = (nn::VarStore, nn::Linear);

@@ -9,15 +9,24 @@
 //! [`TrainState`]) is written under a temporary name, fsynced and renamed; then `LATEST` is
 //! replaced atomically. On resume the JSONL files are cut back to the lengths the checkpoint
 //! recorded, so lines a killed run wrote after its last checkpoint are written again, identically.
+//!
+//! Which checkpoints stay is `rlvr_protocol::checkpoints::retained`'s rule (`[checkpoint]
+//! keep_best`, `keep_last`), decided before the new checkpoint's `state.json` is written: that
+//! file then holds the scores of exactly the checkpoints kept, so a resumed run goes on deciding
+//! as an uninterrupted one does. Deletion follows the rename of `LATEST`; a kill in between
+//! leaves a checkpoint too many, which the next one removes.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeSet;
+
 use rlvr_model::weights::WeightFiles;
 use rlvr_model::{SamplerRng, save_adapter, save_pretrained};
+use rlvr_protocol::checkpoints::{ScoredCheckpoint, retained};
 use rlvr_protocol::fs::{write_atomic, write_json_atomic};
-use rlvr_protocol::jobdir::{RunDir, checkpoint_name};
+use rlvr_protocol::jobdir::{RunDir, checkpoint_name, checkpoint_step};
 use rlvr_protocol::runtime::RunPlatform;
 use serde::{Deserialize, Serialize};
 use tch::{Tensor, nn};
@@ -25,9 +34,6 @@ use tracing::info;
 
 use crate::data::Cursor;
 use crate::{Job, WorkerError};
-
-/// How many complete checkpoints stay on disk; older ones are removed after a new one lands.
-pub const KEEP_CHECKPOINTS: usize = 2;
 
 /// The run's identity, written once when it starts (`job.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,6 +105,11 @@ pub struct TrainState {
     pub rollouts_bytes: u64,
     /// `name@version`s, as in job.json (a check on resume).
     pub plugins: Vec<String>,
+    /// The held-out scores of the retained checkpoints scored so far (this one's included when
+    /// it was scored): what retention and the gates' candidate are chosen from. Absent in
+    /// checkpoints written before it.
+    #[serde(default)]
+    pub scored: Vec<ScoredCheckpoint>,
 }
 
 impl TrainState {
@@ -188,9 +199,13 @@ pub fn write_checkpoint(
     };
     state.metrics_bytes = logs.metrics.synced_len().map_err(|error| fail(error.to_string()))?;
     state.rollouts_bytes = logs.rollouts.synced_len().map_err(|error| fail(error.to_string()))?;
+    let mut on_disk = complete_checkpoints(run).map_err(|error| fail(error.to_string()))?;
+    on_disk.push(state.step);
+    let keep = retained(&on_disk, &state.scored, state.step, job.spec.checkpoint.retention());
+    state.scored.retain(|scored| keep.contains(&scored.step));
     let bytes = serde_json::to_vec_pretty(&state).map_err(|error| fail(error.to_string()))?;
     fs::write(staging.join("state.json"), bytes).map_err(|error| fail(error.to_string()))?;
-    let path = commit(run, &staging, state.step).map_err(|error| fail(error.to_string()))?;
+    let path = commit(run, &staging, state.step, &keep).map_err(|error| fail(error.to_string()))?;
     info!(step = state.step, path = %path.display(), "checkpoint written");
     Ok(path)
 }
@@ -229,9 +244,20 @@ fn staging(run: &RunDir, step: u64) -> io::Result<PathBuf> {
     Ok(path)
 }
 
+/// The steps of the complete checkpoints in `checkpoints/`.
+fn complete_checkpoints(run: &RunDir) -> io::Result<Vec<u64>> {
+    let mut steps = Vec::new();
+    for entry in fs::read_dir(run.checkpoints())? {
+        if let Some(step) = checkpoint_step(&entry?.path()) {
+            steps.push(step);
+        }
+    }
+    Ok(steps)
+}
+
 /// Makes `checkpoints/step-N` from a filled staging directory, points LATEST at it and removes
-/// checkpoints beyond [`KEEP_CHECKPOINTS`].
-fn commit(run: &RunDir, staging: &Path, step: u64) -> io::Result<PathBuf> {
+/// the checkpoints not in `keep`.
+fn commit(run: &RunDir, staging: &Path, step: u64, keep: &BTreeSet<u64>) -> io::Result<PathBuf> {
     let name = checkpoint_name(step);
     let target = run.checkpoint(step);
     sync_tree(staging)?;
@@ -241,26 +267,21 @@ fn commit(run: &RunDir, staging: &Path, step: u64) -> io::Result<PathBuf> {
     }
     fs::rename(staging, &target)?;
     write_atomic(&run.latest_file(), name.as_bytes())?;
-    prune(run, &name)?;
+    prune(run, keep)?;
     Ok(target)
 }
 
-fn prune(run: &RunDir, latest: &str) -> io::Result<()> {
-    let mut complete = Vec::new();
+/// Removes the checkpoints not in `keep` (LATEST's always is), and staging directories a killed
+/// run left.
+fn prune(run: &RunDir, keep: &BTreeSet<u64>) -> io::Result<()> {
     for entry in fs::read_dir(run.checkpoints())? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if name.starts_with("step-") {
-            complete.push(name);
-        } else if name.starts_with(".staging-") {
-            // Left by a killed run.
-            fs::remove_dir_all(run.checkpoints().join(&name))?;
-        }
-    }
-    complete.sort();
-    let keep_from = complete.len().saturating_sub(KEEP_CHECKPOINTS);
-    for name in &complete[..keep_from] {
-        if name != latest {
-            fs::remove_dir_all(run.checkpoints().join(name))?;
+        let path = entry?.path();
+        let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        match checkpoint_step(&path) {
+            Some(step) if !keep.contains(&step) => fs::remove_dir_all(&path)?,
+            Some(_) => {}
+            None if name.starts_with(".staging-") => fs::remove_dir_all(&path)?,
+            None => {}
         }
     }
     Ok(())

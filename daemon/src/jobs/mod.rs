@@ -13,12 +13,14 @@
 //!   copy into the model line, manifest, record, webhook.
 //! - [`webhook`]: the published manifest POSTed to the job's webhook, retried with backoff.
 //! - [`out_of_memory`]: a worker that ran out of memory — the larger request, once (pure).
+//! - [`paired`]: the held-out gain's paired confidence interval, a seeded bootstrap (pure).
 
 pub mod checks;
 pub mod consumer;
 pub mod estimate;
 pub mod gate;
 pub mod out_of_memory;
+pub mod paired;
 pub mod publish;
 pub mod supervise;
 pub mod webhook;

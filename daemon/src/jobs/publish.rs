@@ -30,7 +30,7 @@ pub enum Verdict {
     /// Published.
     Published(Box<Published>),
     /// Refused: the failing criteria, one line each.
-    Refused { reason: String, report: GateReport },
+    Refused { reason: String, report: Box<GateReport> },
 }
 
 /// A published version.
@@ -100,7 +100,7 @@ pub fn gate_and_publish(
         Ok(policy) => policy,
         Err(LineError::Io(error)) => return Err(io(error)),
         Err(refused) => {
-            let report = GateReport::new(None, Vec::new());
+            let report = Box::new(GateReport::new(None, Vec::new()));
             return Ok(Verdict::Refused { reason: format!("job.model_line: {refused}"), report });
         }
     };
@@ -108,7 +108,7 @@ pub fn gate_and_publish(
     held.gates = spec.gates.within(&policy);
     let mut report = judge(&held, outcome);
     if !report.passed && forced.is_none() {
-        return Ok(Verdict::Refused { reason: report.refusal(), report });
+        return Ok(Verdict::Refused { reason: report.refusal(), report: Box::new(report) });
     }
     report.forced = forced;
     if outcome.checkpoint.as_os_str().is_empty() {
