@@ -166,6 +166,34 @@ mod tests {
     }
 
     #[test]
+    fn a_pipeline_specs_stage_paths_become_absolute_and_previous_stays() {
+        check_paths(
+            SpecFormat::Toml,
+            r#"
+            [pipeline]
+            name = "p"
+            [[stages]]
+            data = { train = "data/sft.jsonl", heldout = "dataset:h" }
+            [[stages]]
+            data = { train = "previous", heldout = "./h.jsonl" }
+            "#,
+            r#"
+            [pipeline]
+            name = "p"
+            [[stages]]
+            data = { train = "/jobs/team-a/data/sft.jsonl", heldout = "dataset:h" }
+            [[stages]]
+            data = { train = "previous", heldout = "/jobs/team-a/h.jsonl" }
+            "#,
+        );
+        check_paths(
+            SpecFormat::Json,
+            r#"{"pipeline": {"name": "p"}, "stages": [{"data": {"train": "a.jsonl"}}, {"data": {"train": "previous"}}]}"#,
+            r#"{"pipeline": {"name": "p"}, "stages": [{"data": {"train": "/jobs/team-a/a.jsonl"}}, {"data": {"train": "previous"}}]}"#,
+        );
+    }
+
+    #[test]
     fn relative_paths_become_absolute_against_the_spec_files_directory() {
         check_paths(
             SpecFormat::Toml,
