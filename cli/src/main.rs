@@ -13,6 +13,7 @@
 //! daemon cannot be reached, answers 5xx, or answers something rlvrctl cannot read.
 
 mod logs;
+mod pipeline;
 mod render;
 mod report;
 mod spec;
@@ -170,6 +171,11 @@ enum Command {
         #[command(subcommand)]
         command: CurriculumCommand,
     },
+    /// Multi-stage pipelines: submit, status, watch, cancel, list.
+    Pipeline {
+        #[command(subcommand)]
+        command: PipelineCommand,
+    },
     /// Your team's datasets: upload, list, delete.
     Dataset {
         #[command(subcommand)]
@@ -251,6 +257,34 @@ enum CurriculumCommand {
         #[arg(long, value_delimiter = ',')]
         readers: Vec<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum PipelineCommand {
+    /// Submit a pipeline spec (TOML, or JSON when FILE ends in .json) and print its id:
+    /// `[pipeline] name, team` and `[[stages]]`, each a whole job spec; a stage writes
+    /// "previous" in model.policy or model.reference to start from the previous stage's
+    /// published checkpoint (data.train: its dataset). Local data files of every stage are
+    /// uploaded first, as `submit` does.
+    Submit {
+        /// The pipeline spec.
+        file: PathBuf,
+        /// Then follow it like `pipeline watch`.
+        #[arg(long)]
+        wait: bool,
+        /// As `submit --idempotency-key`.
+        #[arg(long, value_name = "KEY", value_parser = parse_idempotency_key)]
+        idempotency_key: Option<String>,
+    },
+    /// Show one pipeline: its state and reason, and each stage's job, state and output.
+    Status { id: String },
+    /// Follow a pipeline until it ends: a line per change. Exit 0 when it succeeded, 1 when it
+    /// ended otherwise (a stage refused or failed, or cancelled).
+    Watch { id: String },
+    /// Cancel a pipeline: no further stage starts, and the running stage's job is cancelled.
+    Cancel { id: String },
+    /// List your team's pipelines, newest first.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -478,6 +512,60 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 println!("curriculum {name} is shared with {}", shared.readers.join(", "));
             }
             Ok(Exit::Done)
+        }
+        Command::Pipeline { command } => {
+            let print = |view: &rlvr_protocol::pipeline::PipelineView| -> anyhow::Result<()> {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(view)?);
+                } else {
+                    print!("{}", pipeline::status_block(view));
+                }
+                Ok(())
+            };
+            match command {
+                PipelineCommand::Submit { file, wait, idempotency_key } => {
+                    let spec = read_spec(&file)?;
+                    let api = connect(Auth::Token)?;
+                    let key = idempotency_key.unwrap_or_else(|| fresh_idempotency_key(&file));
+                    let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+                    let submitted = api.submit_pipeline(&body, spec.format, Some(&key))?;
+                    if json {
+                        println!("{}", serde_json::to_string(&submitted)?);
+                    } else {
+                        println!("{}", submitted.id);
+                    }
+                    if wait { pipeline::watch(&api, &submitted.id, json) } else { Ok(Exit::Done) }
+                }
+                PipelineCommand::Status { id } => {
+                    print(&connect(Auth::Token)?.pipeline(&id)?)?;
+                    Ok(Exit::Done)
+                }
+                PipelineCommand::Watch { id } => pipeline::watch(&connect(Auth::Token)?, &id, json),
+                PipelineCommand::Cancel { id } => {
+                    print(&connect(Auth::Token)?.cancel_pipeline(&id)?)?;
+                    Ok(Exit::Done)
+                }
+                PipelineCommand::List => {
+                    let list = connect(Auth::Token)?.pipelines()?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&list)?);
+                    } else if list.pipelines.is_empty() {
+                        eprintln!("rlvrctl: no pipelines");
+                    }
+                    for view in &list.pipelines {
+                        let stage = (view.stage as usize).min(view.stages.len());
+                        println!(
+                            "{}  {:<20} {:<10} stage {stage}/{}  {}",
+                            view.id,
+                            view.name,
+                            view.state,
+                            view.stages.len(),
+                            view.reason
+                        );
+                    }
+                    Ok(Exit::Done)
+                }
+            }
         }
         Command::Dataset { command } => {
             let api = connect(Auth::Token)?;

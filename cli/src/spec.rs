@@ -53,12 +53,25 @@ fn prepare_spec(text: &str, format: SpecFormat, base: &Path, home: Option<&Path>
                     toml_error_line(text, &error).map(|line| format!(" (line {line})")).unwrap_or_default();
                 format!("not valid TOML{line}: {}", error.message())
             })?;
-            for (section, key) in PATH_FIELDS {
-                if let Some(toml::Value::String(value)) =
-                    table.get_mut(section).and_then(|section| section.get_mut(key))
-                    && let Some(absolute) = absolute_path(section, value, base, home)?
-                {
-                    *value = absolute;
+            // A job spec's fields, or each stage's of a pipeline spec.
+            let specs: Vec<&mut toml::Table> = if table.contains_key("stages") {
+                match table.get_mut("stages") {
+                    Some(toml::Value::Array(stages)) => {
+                        stages.iter_mut().filter_map(toml::Value::as_table_mut).collect()
+                    }
+                    _ => Vec::new(),
+                }
+            } else {
+                vec![&mut table]
+            };
+            for spec in specs {
+                for (section, key) in PATH_FIELDS {
+                    if let Some(toml::Value::String(value)) =
+                        spec.get_mut(section).and_then(|section| section.get_mut(key))
+                        && let Some(absolute) = absolute_path(section, value, base, home)?
+                    {
+                        *value = absolute;
+                    }
                 }
             }
             toml::to_string(&table).map_err(|error| format!("cannot write the spec back as TOML: {error}"))
@@ -66,11 +79,18 @@ fn prepare_spec(text: &str, format: SpecFormat, base: &Path, home: Option<&Path>
         SpecFormat::Json => {
             let mut spec: Value =
                 serde_json::from_str(text).map_err(|error| format!("not valid JSON: {error}"))?;
-            for (section, key) in PATH_FIELDS {
-                if let Some(Value::String(value)) = spec.pointer_mut(&format!("/{section}/{key}"))
-                    && let Some(absolute) = absolute_path(section, value, base, home)?
-                {
-                    *value = absolute;
+            let count = spec.get("stages").and_then(Value::as_array).map(Vec::len);
+            let prefixes: Vec<String> = match count {
+                Some(count) => (0..count).map(|i| format!("/stages/{i}")).collect(),
+                None => vec![String::new()],
+            };
+            for prefix in prefixes {
+                for (section, key) in PATH_FIELDS {
+                    if let Some(Value::String(value)) = spec.pointer_mut(&format!("{prefix}/{section}/{key}"))
+                        && let Some(absolute) = absolute_path(section, value, base, home)?
+                    {
+                        *value = absolute;
+                    }
                 }
             }
             Ok(spec.to_string())
@@ -89,7 +109,12 @@ fn absolute_path(
     if value.is_empty() || value.contains("://") {
         return Ok(None);
     }
-    if section == "data" && (value.starts_with("dataset:") || value.starts_with("root:")) {
+    // `previous`: a pipeline stage's input, the output of the stage before.
+    if section == "data"
+        && (value.starts_with("dataset:")
+            || value.starts_with("root:")
+            || value == rlvr_protocol::pipeline::PREVIOUS)
+    {
         return Ok(None);
     }
     let path = if value == "~" {
@@ -138,6 +163,34 @@ mod tests {
                 assert_eq!(got, want);
             }
         }
+    }
+
+    #[test]
+    fn a_pipeline_specs_stage_paths_become_absolute_and_previous_stays() {
+        check_paths(
+            SpecFormat::Toml,
+            r#"
+            [pipeline]
+            name = "p"
+            [[stages]]
+            data = { train = "data/sft.jsonl", heldout = "dataset:h" }
+            [[stages]]
+            data = { train = "previous", heldout = "./h.jsonl" }
+            "#,
+            r#"
+            [pipeline]
+            name = "p"
+            [[stages]]
+            data = { train = "/jobs/team-a/data/sft.jsonl", heldout = "dataset:h" }
+            [[stages]]
+            data = { train = "previous", heldout = "/jobs/team-a/h.jsonl" }
+            "#,
+        );
+        check_paths(
+            SpecFormat::Json,
+            r#"{"pipeline": {"name": "p"}, "stages": [{"data": {"train": "a.jsonl"}}, {"data": {"train": "previous"}}]}"#,
+            r#"{"pipeline": {"name": "p"}, "stages": [{"data": {"train": "/jobs/team-a/a.jsonl"}}, {"data": {"train": "previous"}}]}"#,
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::spec_data::SpecDataError;
 use rlvr_protocol::job::{
     ApiError, ErrorBody, Estimate, JobList, JobLog, JobState, JobView, MetricsHistory, Submitted,
 };
+use rlvr_protocol::pipeline::{PipelineList, PipelineView};
 use rlvr_protocol::worker::MetricsLine;
 use serde::de::DeserializeOwned;
 
@@ -272,7 +273,19 @@ impl Client {
         format: SpecFormat,
         idempotency_key: Option<&str>,
     ) -> Result<Submitted, HttpError> {
-        let url = self.url(&["v1", "jobs"], &[]);
+        self.post_spec(&["v1", "jobs"], spec, format, idempotency_key)
+    }
+
+    /// A spec's text POSTed to `segments`, answered 201 (`created`) or 200 (an earlier submit
+    /// with the same `idempotency_key`).
+    fn post_spec(
+        &self,
+        segments: &[&str],
+        spec: &str,
+        format: SpecFormat,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted, HttpError> {
+        let url = self.url(segments, &[]);
         let response = self.send(&url, || {
             let request = self
                 .request(Method::POST, &url)
@@ -287,6 +300,33 @@ impl Client {
         let expected = if submitted.created { StatusCode::CREATED } else { StatusCode::OK };
         expect_status(&url, status, expected)?;
         Ok(submitted)
+    }
+
+    /// `POST /v1/pipelines`: submits a pipeline spec's text as it is (with an
+    /// `idempotency_key`, as [`Client::submit`]).
+    pub fn submit_pipeline(
+        &self,
+        spec: &str,
+        format: SpecFormat,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted, HttpError> {
+        self.post_spec(&["v1", "pipelines"], spec, format, idempotency_key)
+    }
+
+    /// `GET /v1/pipelines/{id}`.
+    pub fn pipeline(&self, id: &str) -> Result<PipelineView, HttpError> {
+        self.get(&["v1", "pipelines", id], &[])
+    }
+
+    /// `GET /v1/pipelines`: the team's pipelines, newest first.
+    pub fn pipelines(&self) -> Result<PipelineList, HttpError> {
+        self.get(&["v1", "pipelines"], &[])
+    }
+
+    /// `DELETE /v1/pipelines/{id}`: the pipeline being cancelled (`cancel_requested`), its
+    /// running stage with it.
+    pub fn cancel_pipeline(&self, id: &str) -> Result<PipelineView, HttpError> {
+        self.call(Method::DELETE, self.url(&["v1", "pipelines", id], &[]), None)
     }
 
     /// `POST /v1/estimate`: the spec's memory estimate on the daemon's devices; queues nothing.

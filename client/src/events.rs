@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::blocking::Response;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use rlvr_protocol::job::{JobEvent, JobView};
+use rlvr_protocol::pipeline::PipelineEvent;
 
 use crate::client::Client;
 use crate::error::HttpError;
@@ -202,6 +203,33 @@ impl Client {
             view.reconnecting(&why, wait);
             std::thread::sleep(wait);
         }
+    }
+}
+
+impl Client {
+    /// Pipeline `id`'s events (`GET /v1/pipelines/{id}/events`) from the first, read from one
+    /// stream until the daemon ends it, which it does after the pipeline's final event: for a
+    /// pipeline that has ended, or a caller that waits for its end. No reconnecting: a stream
+    /// cut short answers the events read so far.
+    pub fn pipeline_events(&self, id: &str) -> Result<Vec<PipelineEvent>, HttpError> {
+        let streams = self.stream_http()?;
+        let url = self.url(&["v1", "pipelines", id, "events"], &[]);
+        let response =
+            self.send(&url, || self.authorize(streams.get(url.clone())).header(ACCEPT, "text/event-stream"))?;
+        let mut parser = SseParser::default();
+        let mut events = Vec::new();
+        for line in BufReader::new(response).lines() {
+            let Ok(line) = line else { break };
+            let Some(event) = parser.line(line.trim_end_matches('\r')) else { continue };
+            if event.event == "state" {
+                let event = serde_json::from_str(&event.data).map_err(|error| HttpError::BadAnswer {
+                    url: url.to_string(),
+                    detail: format!("a pipeline event that is not a PipelineEvent: {error}"),
+                })?;
+                events.push(event);
+            }
+        }
+        Ok(events)
     }
 }
 

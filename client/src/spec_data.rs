@@ -1,10 +1,11 @@
 //! A spec's local data files, uploaded as the team's datasets: the daemon reads no path a spec
 //! writes, so `rlvrctl submit job.toml` with `train = "data/train.jsonl"` uploads that file and
-//! submits `train = "dataset:train@<sha256>"`.
+//! submits `train = "dataset:train@<sha256>"`; a pipeline spec's stages likewise.
 
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::names::valid_name;
+use rlvr_protocol::pipeline::PREVIOUS;
 
 use crate::{Client, HttpError, SpecFormat};
 
@@ -52,10 +53,23 @@ pub(crate) fn upload(
         }
     };
     let mut changed = false;
-    if let Some(data) = value.get_mut("data").and_then(|data| data.as_object_mut()) {
+    // A job spec's `[data]`, or each stage's of a pipeline spec (`[[stages]]`).
+    let mut sections: Vec<&mut serde_json::Map<String, serde_json::Value>> = Vec::new();
+    if let Some(object) = value.as_object_mut() {
+        for (key, item) in object.iter_mut() {
+            match (key.as_str(), item) {
+                ("data", serde_json::Value::Object(data)) => sections.push(data),
+                ("stages", serde_json::Value::Array(stages)) => sections
+                    .extend(stages.iter_mut().filter_map(|stage| stage.get_mut("data")?.as_object_mut())),
+                _ => {}
+            }
+        }
+    }
+    for data in sections {
         for key in DATA_KEYS {
             let Some(text) = data.get(key).and_then(|v| v.as_str()) else { continue };
-            if text.starts_with("dataset:") || text.starts_with("root:") {
+            // `previous`: a pipeline stage's input, the stage before's output.
+            if text.starts_with("dataset:") || text.starts_with("root:") || text == PREVIOUS {
                 continue;
             }
             let path = base_dir.join(text);

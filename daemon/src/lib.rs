@@ -13,6 +13,7 @@ pub mod doctor;
 pub mod health;
 pub mod jobs;
 pub mod metrics;
+pub mod pipelines;
 pub mod sched;
 pub mod serve;
 pub mod state_dir;

@@ -261,6 +261,8 @@ impl Services {
             outbound: outbound.clone(),
             dry_runs: Arc::new(tokio::sync::Semaphore::new(crate::api::verify::DRY_RUNS_AT_ONCE)),
         });
+        // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
+        tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));
         let app = router(
             AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
             jobs_state,

@@ -168,6 +168,10 @@ pub struct JobView {
     /// Where its checkpoint was published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published: Option<String>,
+    /// The model line and version it published, as data (`line:LINE@VERSION` names it to a
+    /// later job, a pipeline's next stage among them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_version: Option<LineVersion>,
     /// What became of the webhook's delivery of the manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
@@ -182,6 +186,14 @@ pub struct JobView {
     /// Of that, what it holds between phases (`[resources] resident_gb`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident_gb: Option<f64>,
+}
+
+/// A published version of a model line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LineVersion {
+    pub line: String,
+    pub version: u64,
 }
 
 /// `GET /v1/jobs/{id}/metrics` answer.

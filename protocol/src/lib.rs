@@ -22,6 +22,8 @@
 //! - [`memory`]: a job's memory estimate (resident and per phase) from its model's shape and
 //!   its spec.
 //! - [`reward_model`]: the built-in `reward-model` grader's keys.
+//! - [`pipeline`]: multi-stage pipelines — the spec, its checks, a stage's input from the
+//!   previous stage's output, and the pipeline routes' wire types.
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
 //! - [`signals`]: why a job may not be learning (steps whose groups were all-fail or all-pass).
@@ -38,6 +40,7 @@ pub mod job;
 pub mod jobdir;
 pub mod memory;
 pub mod names;
+pub mod pipeline;
 pub mod reward_model;
 pub mod runtime;
 pub mod signals;

@@ -1175,12 +1175,12 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
 }
 
 /// serde_path_to_error writes `?` for an unknown position and `.` at the root.
-fn clean_path(path: &str) -> String {
+pub(crate) fn clean_path(path: &str) -> String {
     if path == "." || path == "?" { String::new() } else { path.to_owned() }
 }
 
 /// serde reports a missing field at its parent's path: name the field itself.
-fn with_missing_field(path: String, message: &str) -> String {
+pub(crate) fn with_missing_field(path: String, message: &str) -> String {
     let missing = message.strip_prefix("missing field `").and_then(|rest| rest.split('`').next());
     match missing {
         Some(name) if path.is_empty() => name.to_owned(),
@@ -1190,7 +1190,7 @@ fn with_missing_field(path: String, message: &str) -> String {
 }
 
 /// serde_json appends "at line L column C"; the field path already says where.
-fn strip_position(message: &str) -> String {
+pub(crate) fn strip_position(message: &str) -> String {
     match message.rfind(" at line ") {
         Some(index) => message[..index].to_owned(),
         None => message.to_owned(),

@@ -2,7 +2,10 @@
 //! queues that carry job ids to daemons. The types it stores are `rlvr-protocol`'s.
 //!
 //! - [`store`]: job records, events, idempotency keys and dead letters on Redis (atomic scripts).
+//! - [`pipelines`]: pipeline records and their events, the running set (atomic scripts, as
+//!   the jobs').
 //! - [`dispatch`]: the apalis-redis queues (one per priority) that carry job ids to daemons.
 
 pub mod dispatch;
+pub mod pipelines;
 pub mod store;

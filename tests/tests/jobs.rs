@@ -126,7 +126,7 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         }
     }
     // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh, the
-    // team's namespace (datasets and model lines), and the graders' dry-run.
+    // team's namespace (datasets and model lines), the graders' dry-run, and issue 21's pipelines.
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
         "POST /v1/estimate",
@@ -153,6 +153,11 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         "PUT /v1/model-lines/{name}",
         "POST /v1/verify",
         "POST /v1/graders/validate",
+        "POST /v1/pipelines",
+        "GET /v1/pipelines",
+        "GET /v1/pipelines/{id}",
+        "DELETE /v1/pipelines/{id}",
+        "GET /v1/pipelines/{id}/events",
     ]
     .map(str::to_owned)
     .into();

@@ -51,9 +51,9 @@ pub struct JobsState {
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
-const MAX_LIST: usize = 1000;
+pub(super) const MAX_LIST: usize = 1000;
 /// How often an event stream looks for new events and progress.
-const FOLLOW_POLL: Duration = Duration::from_millis(250);
+pub(super) const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
 /// A refused request.
 #[derive(Debug)]
@@ -72,7 +72,7 @@ impl Failure {
         }
     }
 
-    pub(super) fn field(mut self, field: &str) -> Self {
+    pub(crate) fn field(mut self, field: &str) -> Self {
         if !field.is_empty() {
             self.error.field = Some(field.to_owned());
         }
@@ -80,7 +80,7 @@ impl Failure {
     }
 
     /// A refused spec: the first problem in front, every one in `more`.
-    pub(super) fn spec(status: StatusCode, code: &str, mut problems: Vec<SpecError>) -> Self {
+    pub(crate) fn spec(status: StatusCode, code: &str, mut problems: Vec<SpecError>) -> Self {
         let first = problems.remove(0);
         let mut failure = Failure::new(status, code, first.to_string()).field(&first.field);
         failure.error.more =
@@ -154,6 +154,24 @@ impl From<StoreError> for Failure {
 }
 
 impl Failure {
+    /// Whether asking again later may succeed: Redis away, a full queue, a fault of ours.
+    pub(crate) fn is_transient(&self) -> bool {
+        self.status == StatusCode::TOO_MANY_REQUESTS || self.status.is_server_error()
+    }
+
+    /// What it says, its field written under `prefix` (`stages[1]` → `stages[1].model.policy:
+    /// …`, or `stages[1]: …` without a field).
+    pub(crate) fn message_under(&self, prefix: &str) -> String {
+        match &self.error.field {
+            Some(field) => {
+                let message =
+                    self.error.message.strip_prefix(&format!("{field}: ")).unwrap_or(&self.error.message);
+                format!("{prefix}.{field}: {message}")
+            }
+            None => format!("{prefix}: {}", self.error.message),
+        }
+    }
+
     pub(super) fn retry(mut self, seconds: u64) -> Self {
         self.retry_after_s = Some(seconds);
         self
@@ -170,7 +188,7 @@ impl IntoResponse for Failure {
     }
 }
 
-pub(super) type Answer<T> = Result<T, Failure>;
+pub(crate) type Answer<T> = Result<T, Failure>;
 
 /// `POST /v1/jobs`: a job spec as JSON, or TOML with `Content-Type: application/toml`.
 #[utoipa::path(
@@ -200,14 +218,59 @@ pub async fn submit(
 ) -> Answer<(StatusCode, Json<Submitted>)> {
     let spec = read_spec(&state, &caller, &headers, body).await?;
     let idempotency_key = idempotency_key(&headers)?;
+    let spec = check_spec(&state, spec, false).await?.map_err(Refusal::into_failure)?;
+    let id = new_task_id();
+    match create(&state, &id, &spec, idempotency_key.as_deref()).await? {
+        SubmitOutcome::Created { id, .. } => Ok((StatusCode::CREATED, Json(Submitted { id, created: true }))),
+        SubmitOutcome::Existing { id } => {
+            let earlier = state.queues.store.spec(&id).await?;
+            if earlier != spec {
+                return Err(Failure::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_reused",
+                    format!("this Idempotency-Key made job {id} from a different spec; use a new key"),
+                )
+                .field("Idempotency-Key"));
+            }
+            Ok((StatusCode::OK, Json(Submitted { id, created: false })))
+        }
+    }
+}
+
+/// A spec's problems beyond itself, as submit found them, with the status they answer.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// 403 when the team may not do what the spec asks (`job.priority`, `job.model_line`),
+    /// else 422.
+    pub status: StatusCode,
+    /// Every problem, the first in front; never empty.
+    pub problems: Vec<SpecError>,
+}
+
+impl Refusal {
+    pub(crate) fn into_failure(self) -> Failure {
+        Failure::spec(self.status, "cannot_run", self.problems)
+    }
+}
+
+/// What `POST /v1/jobs` checks of a valid spec of the caller's team beyond the spec itself:
+/// plugins and their options, secrets, files, resources (filled from the estimate when the spec
+/// leaves them out), and the names it writes resolved in the team's namespace. Returns the spec
+/// as the job record keeps it (names pinned). A `dry_run` claims no model line: a pipeline's
+/// later stages are checked so at the pipeline's submit.
+pub(crate) async fn check_spec(
+    state: &JobsState,
+    spec: JobSpec,
+    dry_run: bool,
+) -> Answer<Result<JobSpec, Refusal>> {
     let registry = state.registry.clone();
-    let checked = spec.clone();
     let scheduler = state.scheduler.clone();
     let tenancy = state.tenancy.clone();
     let outbound = state.outbound.clone();
     // Reads files and the registry, and may wait for a worker process asking an optimizer about
     // its options: off the async threads.
     let admitted = tokio::task::spawn_blocking(move || {
+        let checked = spec;
         let mut problems = match checks::check_runnable(&checked, &registry, &scheduler, outbound.policy()) {
             // The secrets the options name must be the team's.
             Ok(refs) => tenancy.ungranted_secrets(&checked.job.team, &refs.secrets),
@@ -222,7 +285,7 @@ pub async fn submit(
         }
         // The model line is claimed only for a job that is otherwise taken: a refused submit
         // leaves nothing behind.
-        match crate::tenancy::resolve::admit(&tenancy, &checked, !problems.is_empty()) {
+        match crate::tenancy::resolve::admit(&tenancy, &checked, dry_run || !problems.is_empty()) {
             Ok(pinned) if problems.is_empty() => Ok(pinned),
             Ok(_) => Err(problems),
             Err(more) => {
@@ -233,11 +296,21 @@ pub async fn submit(
     })
     .await
     .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
-    let spec = admitted.map_err(|problems| {
+    Ok(admitted.map_err(|problems| {
         let forbidden = problems.iter().any(|p| p.field == "job.priority" || p.field == "job.model_line");
         let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNPROCESSABLE_ENTITY };
-        Failure::spec(status, "cannot_run", problems)
-    })?;
+        Refusal { status, problems }
+    }))
+}
+
+/// Creates job `id` of a checked `spec` (its team's queue limit allowing) and pushes its task;
+/// or finds the job `id` or `idempotency_key` made before, creating nothing.
+pub(crate) async fn create(
+    state: &JobsState,
+    id: &str,
+    spec: &JobSpec,
+    idempotency_key: Option<&str>,
+) -> Answer<SubmitOutcome> {
     let allowance = state.tenancy.allowance(&spec.job.team);
     let waiting = state.queues.store.waiting(&spec.job.team, allowance.max_queued as usize + 1).await?;
     if waiting >= allowance.max_queued as usize {
@@ -252,32 +325,16 @@ pub async fn submit(
         )
         .retry(30));
     }
-
-    let id = new_task_id();
     let task_id = new_task_id();
-    let store = &state.queues.store;
-    match store.submit(&id, &task_id, &spec, idempotency_key.as_deref()).await? {
-        SubmitOutcome::Created { id, task_id } => {
-            // The record holds the task id: if this push fails, the daemon's sweep pushes it.
-            if let Err(error) = state.queues.enqueue(&id, &task_id, spec.job.priority).await {
-                tracing::warn!(job = %id, %error, "dispatch push failed; the recovery sweep will push it");
-            }
-            tracing::info!(job = %id, team = %spec.job.team, name = %spec.job.name, "job submitted");
-            Ok((StatusCode::CREATED, Json(Submitted { id, created: true })))
+    let outcome = state.queues.store.submit(id, &task_id, spec, idempotency_key).await?;
+    if let SubmitOutcome::Created { id, task_id } = &outcome {
+        // The record holds the task id: if this push fails, the daemon's sweep pushes it.
+        if let Err(error) = state.queues.enqueue(id, task_id, spec.job.priority).await {
+            tracing::warn!(job = %id, %error, "dispatch push failed; the recovery sweep will push it");
         }
-        SubmitOutcome::Existing { id } => {
-            let earlier = store.spec(&id).await?;
-            if earlier != spec {
-                return Err(Failure::new(
-                    StatusCode::CONFLICT,
-                    "idempotency_key_reused",
-                    format!("this Idempotency-Key made job {id} from a different spec; use a new key"),
-                )
-                .field("Idempotency-Key"));
-            }
-            Ok((StatusCode::OK, Json(Submitted { id, created: false })))
-        }
+        tracing::info!(job = %id, team = %spec.job.team, name = %spec.job.name, "job submitted");
     }
+    Ok(outcome)
 }
 
 /// The spec of a request body (JSON, or TOML with `Content-Type: application/toml`), valid and
@@ -381,7 +438,7 @@ pub(super) async fn read_body(body: Body, limit: usize) -> Answer<Bytes> {
     Ok(Bytes::from(kept))
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Answer<Option<String>> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Answer<Option<String>> {
     let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
     let key = value.to_str().ok().filter(|key| valid_idempotency_key(key));
     match key {
@@ -492,7 +549,7 @@ pub(super) async fn visible_job(state: &JobsState, caller: &Caller, id: &str) ->
 }
 
 /// Job ids are ULIDs: anything else is no job (and never becomes a Redis key).
-fn valid_id(id: &str) -> bool {
+pub(super) fn valid_id(id: &str) -> bool {
     id.len() == 26 && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
@@ -536,7 +593,7 @@ pub async fn cancel(
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     /// Only events after this event id (as the `Last-Event-ID` header).
-    after: Option<String>,
+    pub(super) after: Option<String>,
 }
 
 /// `GET /v1/jobs/{id}/events`: server-sent events. `state` events (a [`JobEvent`]) from the first
@@ -650,7 +707,7 @@ impl utoipa::ToSchema for StreamEvent {
 /// A Redis stream id, `MS-SEQ` or `MS`, each part a decimal `u64`: what `XREAD` takes. Anything
 /// else would fail in Redis on every poll, and since Redis errors end no stream, it would never
 /// end.
-fn valid_stream_id(id: &str) -> bool {
+pub(super) fn valid_stream_id(id: &str) -> bool {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
     let number = |part: &str| {
         !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) && part.parse::<u64>().is_ok()

@@ -20,6 +20,7 @@ pub mod curricula;
 pub mod jobs;
 pub mod logs;
 pub mod outcomes;
+pub mod pipelines;
 pub mod server;
 pub mod tenancy;
 pub mod verify;
@@ -69,6 +70,9 @@ pub fn router(
         .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
         .route("/v1/jobs/{id}/metrics", get(outcomes::metrics))
         .route("/v1/jobs/{id}/logs", get(logs::logs))
+        .route("/v1/pipelines", get(pipelines::list).post(pipelines::submit))
+        .route("/v1/pipelines/{id}", get(pipelines::show).delete(pipelines::cancel))
+        .route("/v1/pipelines/{id}/events", get(pipelines::events))
         .route("/v1/curricula", get(curricula::list))
         .route("/v1/curricula/{name}", axum::routing::put(curricula::share))
         .route("/v1/curricula/{name}/refresh", axum::routing::post(curricula::refresh))
@@ -110,10 +114,11 @@ pub fn router(
         healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, jobs::list, jobs::show, jobs::cancel, jobs::events,
         outcomes::promote, outcomes::metrics, logs::logs, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
-        tenancy::list_lines, tenancy::get_line, tenancy::put_line, verify::verify, verify::validate
+        tenancy::list_lines, tenancy::get_line, tenancy::put_line, verify::verify, verify::validate,
+        pipelines::submit, pipelines::list, pipelines::show, pipelines::cancel, pipelines::events
     ),
     modifiers(&BearerAuth, &TokenAnswers),
-    tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "graders", description = "Dry-run and validate graders and rewards"), (name = "daemon", description = "Health, metrics, plugins"))
+    tags((name = "jobs", description = "Submit, follow and cancel jobs"), (name = "pipelines", description = "Multi-stage pipelines: each stage a job on the previous stage's output"), (name = "graders", description = "Dry-run and validate graders and rewards"), (name = "daemon", description = "Health, metrics, plugins"))
 )]
 pub struct ApiDoc;
 
@@ -228,7 +233,7 @@ mod tests {
             let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
             assert_eq!(*bearer, !open, "{route}");
         }
-        assert_eq!(seen.len(), 25, "{seen:?}");
+        assert_eq!(seen.len(), 30, "{seen:?}");
     }
 
     /// The statuses the document lists for `route` (`"GET /v1/jobs"`).

@@ -14,7 +14,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::gates::{Forced, GateReport, Manifest};
-use rlvr_protocol::job::JobState;
+use rlvr_protocol::job::{JobState, LineVersion};
 use rlvr_protocol::spec::JobSpec;
 use rlvr_protocol::worker::Outcome;
 use rlvr_queue::store::{JobStore, StoreError};
@@ -45,10 +45,16 @@ pub struct Published {
 }
 
 impl Published {
-    /// The job record's fields that say it: the gate report and the path.
-    pub fn record_fields(&self) -> [(&'static str, String); 2] {
+    /// The job record's fields that say it: the gate report, the path, and the line and
+    /// version as data (what a pipeline's next stage starts from).
+    pub fn record_fields(&self) -> [(&'static str, String); 3] {
         let report = serde_json::to_string(&self.manifest.gates).unwrap_or_default();
-        [("gates", report), ("published", self.path.display().to_string())]
+        let version = LineVersion { line: self.manifest.model_line.clone(), version: self.version };
+        [
+            ("gates", report),
+            ("published", self.path.display().to_string()),
+            ("published_version", serde_json::to_string(&version).unwrap_or_default()),
+        ]
     }
 }
 
