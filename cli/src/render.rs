@@ -411,6 +411,7 @@ mod tests {
             result: Some(Outcome { steps: 100, checkpoint: "/s/ckpt".into(), ..Outcome::default() }),
             gates: None,
             published: None,
+            published_dataset: None,
             webhook: None,
             curriculum_version: None,
             memory_gb: 0.0,

@@ -746,6 +746,7 @@ mod tests {
             result: None,
             gates: Some(gate_report()),
             published: Some("/srv/registry/tiny/v4".to_owned()),
+            published_dataset: None,
             webhook: None,
             curriculum_version: None,
             memory_gb: 0.0,

@@ -26,6 +26,7 @@
 
 pub mod api;
 pub mod batch;
+pub mod builtin;
 pub mod curricula;
 pub mod formula;
 pub mod fs;

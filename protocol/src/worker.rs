@@ -337,6 +337,10 @@ pub struct Outcome {
     /// what `[resources] memory_gb` must cover. `None` when it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// What a rejection-sampling job wrote (its rows' file and counts): the dataset the daemon
+    /// gates and publishes. `None` for a job that trains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<crate::builtin::SampledDataset>,
 }
 
 /// A plugin a run used: what the manifest records.
@@ -808,6 +812,7 @@ mod tests {
             }],
             data_sha256: [("train".to_owned(), "ef".repeat(32))].into(),
             peak_memory_bytes: Some(1_095_761_920),
+            dataset: None,
         });
         check(MetricsLine {
             step: 3,

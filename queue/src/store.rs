@@ -597,6 +597,7 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         result: json(fields, F_RESULT),
         gates: json(fields, "gates"),
         published: fields.get("published").cloned(),
+        published_dataset: fields.get("published_dataset").cloned(),
         webhook: fields.get("webhook").cloned(),
         curriculum_version: fields.get("curriculum_version").and_then(|v| v.parse().ok()),
         memory_gb: resources.as_ref().map_or(0.0, |r| r.memory_gb),

@@ -107,6 +107,9 @@ pub fn first_phase(job: &Job) -> Phase {
 /// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
 /// `grant` holds the devices for [`first_phase`]; the step asks for the others itself.
 pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, StepError> {
+    if job.rejection.is_some() {
+        return crate::sampling::step(job, step, grant);
+    }
     match job.optimizer_info.data_mode {
         DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
         DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
@@ -402,14 +405,14 @@ fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> M
 /// One round of a step's sampling: its prompts (one per group, in group order), their tokens,
 /// the G completions of each (group-contiguous) and their scores.
 #[derive(Default)]
-struct Round {
-    picked: Vec<PromptRecord>,
+pub(crate) struct Round {
+    pub(crate) picked: Vec<PromptRecord>,
     prompt_tokens: Vec<Vec<i64>>,
-    sampled: Vec<Sampled>,
-    scored: Vec<Scored>,
+    pub(crate) sampled: Vec<Sampled>,
+    pub(crate) scored: Vec<Scored>,
     completion_ids: Vec<String>,
-    rollout_s: f64,
-    verify_s: f64,
+    pub(crate) rollout_s: f64,
+    pub(crate) verify_s: f64,
 }
 
 impl Round {
@@ -457,7 +460,7 @@ impl Round {
 /// Samples round `round` of step `step`: `count` prompts (the curriculum's, or the next of the
 /// epoch), G completions each on the devices of `grant` (given back before verification, which
 /// is CPU work), scored by the job's verifiers.
-fn sample_round(
+pub(crate) fn sample_round(
     job: &mut Job,
     step: u64,
     round: u32,
