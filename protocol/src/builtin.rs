@@ -131,7 +131,10 @@ pub fn rejection_sampling_problems(spec: &JobSpec) -> Vec<SpecError> {
     };
     const WHY: &str = "a rejection-sampling job changes no weights, so there is nothing to compare";
     if spec.verifiers.is_empty() {
-        problem("verifiers", "rejection-sampling accepts completions by their reward; name at least one grader");
+        problem(
+            "verifiers",
+            "rejection-sampling accepts completions by their reward; name at least one grader",
+        );
     }
     if spec.data.heldout.is_some() {
         problem("data.heldout", WHY);
@@ -233,9 +236,15 @@ mod tests {
         check("output = \"rs-out\"\nthreshold = 0.5\nkeep = 4", Ok((Some(0.5), 4)));
         check("", Err(("optimizer.output", "missing")));
         check("output = \"../x\"", Err(("optimizer.output", "expected a dataset name")));
-        check("output = \"o\"\nkeep = 5", Err(("optimizer.keep", "expected 1 to optimizer.group_size (4), got 5")));
+        check(
+            "output = \"o\"\nkeep = 5",
+            Err(("optimizer.keep", "expected 1 to optimizer.group_size (4), got 5")),
+        );
         check("output = \"o\"\nkeep = 0", Err(("optimizer.keep", "got 0")));
-        check("output = \"o\"\nmin_acceptance_rate = 2.0", Err(("optimizer.min_acceptance_rate", "expected 0 to 1")));
+        check(
+            "output = \"o\"\nmin_acceptance_rate = 2.0",
+            Err(("optimizer.min_acceptance_rate", "expected 0 to 1")),
+        );
         check("output = \"o\"\nthreshhold = 1", Err(("optimizer.threshhold", "unknown")));
     }
 
@@ -245,7 +254,9 @@ mod tests {
         let mut options = RejectionSamplingOptions::from_spec(&spec).unwrap();
         assert!(options.accepts(0.0, true) && !options.accepts(1.0, false));
         options.threshold = Some(0.5);
-        assert!(options.accepts(0.5, false) && !options.accepts(0.4, true) && !options.accepts(f64::NAN, true));
+        assert!(
+            options.accepts(0.5, false) && !options.accepts(0.4, true) && !options.accepts(f64::NAN, true)
+        );
     }
 
     #[test]

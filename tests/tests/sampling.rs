@@ -44,10 +44,14 @@ fn a_rejection_sampling_job_publishes_its_teams_dataset_that_an_sft_job_trains_o
     let redis = Redis::start();
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &["--train", "10", "--heldout", "4", "--sft", "0"]);
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), "[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n");
+    let daemon =
+        Daemon::start_with(&PLUGINS, &redis.url(), "[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n");
 
     // threshold 0: every completion clears it, so each prompt keeps its best two distinct ones.
-    let id = submit_ok(&daemon, &rejection_spec(&data, "rs", "output = \"arith-best\"\nthreshold = 0.0\nkeep = 2", 10));
+    let id = submit_ok(
+        &daemon,
+        &rejection_spec(&data, "rs", "output = \"arith-best\"\nthreshold = 0.0\nkeep = 2", 10),
+    );
     let job = wait_job(&daemon, &id, Duration::from_secs(180), ended);
     assert_eq!(job["state"], "published", "{job}\n{}", daemon.log());
     let reference = job["published_dataset"].as_str().expect("published_dataset").to_owned();
@@ -104,7 +108,8 @@ fn a_rejection_sampling_job_below_its_gate_publishes_nothing_and_bad_keys_are_re
     let redis = Redis::start();
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &["--train", "4", "--heldout", "4", "--sft", "0"]);
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), "[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n");
+    let daemon =
+        Daemon::start_with(&PLUGINS, &redis.url(), "[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n");
 
     let check = |keys: &str, extra: &str, field: &str, words: &str| {
         let spec = rejection_spec(&data, "bad", keys, 2) + extra;
@@ -124,7 +129,10 @@ fn a_rejection_sampling_job_below_its_gate_publishes_nothing_and_bad_keys_are_re
     assert_eq!((status, body["error"]["field"].as_str()), (422, Some("data.heldout")), "{body}");
 
     // Every completion accepted, but the gate asks for more rows than 4 prompts can give.
-    let id = submit_ok(&daemon, &rejection_spec(&data, "few", "output = \"few\"\nthreshold = 0.0\nmin_accepted = 100", 5));
+    let id = submit_ok(
+        &daemon,
+        &rejection_spec(&data, "few", "output = \"few\"\nthreshold = 0.0\nmin_accepted = 100", 5),
+    );
     let job = wait_job(&daemon, &id, Duration::from_secs(180), ended);
     assert_eq!(job["state"], "refused", "{job}\n{}", daemon.log());
     let reason = job["reason"].as_str().unwrap();

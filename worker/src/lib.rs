@@ -270,8 +270,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode)?;
     let rejection = match Builtin::of(&start.spec) {
         Some(Builtin::RejectionSampling) => {
-            let spec_problem =
-                |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin { field: error.field, message: error.message };
+            let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
+                field: error.field,
+                message: error.message,
+            };
             if let Some(problem) = rejection_sampling_problems(&start.spec).into_iter().next() {
                 return Err(spec_problem(problem));
             }

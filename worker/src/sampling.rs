@@ -81,8 +81,10 @@ impl Rejection {
         keep: u64,
         tally: Option<SampledDataset>,
     ) -> Result<Rejection, WorkerError> {
-        let fail =
-            |message: String| WorkerError::State { path: path.to_owned(), message: format!("dataset: {message}") };
+        let fail = |message: String| WorkerError::State {
+            path: path.to_owned(),
+            message: format!("dataset: {message}"),
+        };
         let log = JsonlLog::open(path, keep).map_err(|error| fail(error.to_string()))?;
         let mut seen = HashSet::new();
         let text = std::fs::read_to_string(path).map_err(|error| fail(error.to_string()))?;
@@ -131,11 +133,16 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
     let count = (job.spec.rollout.prompts_per_step as usize).min(remaining(job));
     if count == 0 {
         grant.release(job.device);
-        return Ok(StepOutput { metrics: MetricsLine { step, ..MetricsLine::default() }, records: Vec::new(), tokens_generated: 0 });
+        return Ok(StepOutput {
+            metrics: MetricsLine { step, ..MetricsLine::default() },
+            records: Vec::new(),
+            tokens_generated: 0,
+        });
     }
     let round = sample_round(job, step, 0, count, grant)?;
     let group_size = job.spec.optimizer.group_size as usize;
-    let rejection = job.rejection.as_mut().ok_or_else(|| StepError::Failed("not a rejection-sampling job".into()))?;
+    let rejection =
+        job.rejection.as_mut().ok_or_else(|| StepError::Failed("not a rejection-sampling job".into()))?;
     let keep = rejection.options.keep as usize;
     let mut rows = Vec::new();
     let mut duplicates = 0u64;

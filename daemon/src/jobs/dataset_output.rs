@@ -51,7 +51,9 @@ pub fn judge(options: &RejectionSamplingOptions, produced: Option<&SampledDatase
         None => "the worker reported no dataset".to_owned(),
     };
     let reward_note = match produced.and_then(|p| Some((p.accepted_reward_mean()?, p.reward_mean()?))) {
-        Some((accepted, all)) => format!("mean reward of the rows {accepted:.4}, of every completion {all:.4}"),
+        Some((accepted, all)) => {
+            format!("mean reward of the rows {accepted:.4}, of every completion {all:.4}")
+        }
         None => "no rows".to_owned(),
     };
     let criteria = vec![
@@ -90,7 +92,8 @@ pub fn gate_and_publish(
         let _ = fs::remove_file(&incoming);
         store(error.into())
     })?;
-    let (dataset, _) = datasets.finish(team, &name, &incoming, &sha256, bytes, max_datasets).map_err(store)?;
+    let (dataset, _) =
+        datasets.finish(team, &name, &incoming, &sha256, bytes, max_datasets).map_err(store)?;
     let reference = DataRef::Dataset { name: dataset.name, sha256: Some(dataset.sha256) }.to_string();
     Ok(DatasetVerdict::Published { reference, report })
 }

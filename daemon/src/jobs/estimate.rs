@@ -40,8 +40,9 @@ pub fn estimate(
             let plugin = registry
                 .find(&resolved.optimizer.plugin, Some(rlvr_plugin_api::PluginKind::Optimizer))
                 .map_err(|error| problem("optimizer.plugin", error.to_string()))?;
-            let info = optimizer_needs(&plugin.meta)
-                .ok_or_else(|| problem("optimizer.plugin", format!("{} reports no data mode", plugin.id())))?;
+            let info = optimizer_needs(&plugin.meta).ok_or_else(|| {
+                problem("optimizer.plugin", format!("{} reports no data mode", plugin.id()))
+            })?;
             OptimizerNeeds {
                 reference: info.needs_reference,
                 value_head: info.needs_value_head,

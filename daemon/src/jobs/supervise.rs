@@ -50,9 +50,9 @@ use rlvr_protocol::fs::write_json_atomic;
 
 use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
+use rlvr_protocol::builtin::Builtin;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
 use rlvr_protocol::memory::BYTES_PER_GB;
-use rlvr_protocol::builtin::Builtin;
 use rlvr_protocol::worker::{OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
