@@ -19,11 +19,14 @@ use crate::spec::{JobSpec, SpecError};
 
 /// The `plugin` value of a rejection-sampling job.
 pub const REJECTION_SAMPLING: &str = "rejection-sampling";
+/// The `plugin` value of a distillation job.
+pub const DISTILL: &str = "distill";
 
 /// Which built-in optimizer a spec names, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Builtin {
     RejectionSampling,
+    Distill,
 }
 
 impl Builtin {
@@ -31,6 +34,7 @@ impl Builtin {
     pub fn named(plugin: &str) -> Option<Builtin> {
         match plugin {
             REJECTION_SAMPLING => Some(Builtin::RejectionSampling),
+            DISTILL => Some(Builtin::Distill),
             _ => None,
         }
     }
@@ -44,6 +48,7 @@ impl Builtin {
     pub fn name(self) -> &'static str {
         match self {
             Builtin::RejectionSampling => REJECTION_SAMPLING,
+            Builtin::Distill => DISTILL,
         }
     }
 }
@@ -150,6 +155,87 @@ pub fn rejection_sampling_problems(spec: &JobSpec) -> Vec<SpecError> {
     }
     if spec.rollout.dynamic_sampling_rounds > 0 {
         problem("rollout.dynamic_sampling_rounds", "rejection-sampling samples every prompt once");
+    }
+    problems
+}
+
+/// What a distillation job trains the student (`model.policy`) on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistillMode {
+    /// SFT on the teacher's sampled completions (token-mean negative log-likelihood).
+    Traces,
+    /// KL(teacher ‖ student) per position over the vocabulary, on the teacher's samples: forward
+    /// KL is an expectation under the teacher, so its own samples are where it is estimated
+    /// (supervised KD; Hinton et al. 2015; GKD with λ = 0, arXiv:2306.13649).
+    ForwardKl,
+    /// KL(student ‖ teacher) per position, on the student's own samples: reverse KL is an
+    /// expectation under the student, and on-policy samples avoid the train/generate mismatch
+    /// (GKD with λ = 1, arXiv:2306.13649; MiniLLM, arXiv:2306.08543).
+    ReverseKl,
+}
+
+/// `[optimizer]`'s own keys of a distillation job (`plugin = "distill"`); the trainer's keys
+/// (`lr`, `group_size` — completions sampled per prompt —, `micro_batch_size`, …) as for any job.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistillOptions {
+    /// The teacher, named as `model.policy` is (`builtin:…`, a base model, `line:L[@V]`) and
+    /// resolved by the same tenancy rules. It must share the student's tokenizer.
+    pub teacher: String,
+    pub mode: DistillMode,
+    /// τ: both distributions are softened to `softmax(logits / τ)` and the KL is scaled by τ²,
+    /// so its gradients keep their size as τ changes (Hinton et al. 2015 §2). KL modes only.
+    #[serde(default = "one_f")]
+    pub temperature: f64,
+}
+
+fn one_f() -> f64 {
+    1.0
+}
+
+/// Largest τ a spec may ask for.
+pub const MAX_TEMPERATURE: f64 = 100.0;
+
+impl DistillOptions {
+    /// The keys of `spec`'s `[optimizer]`, checked; every refusal names `optimizer.KEY`.
+    pub fn from_spec(spec: &JobSpec) -> Result<Self, SpecError> {
+        let error = |key: &str, message: String| SpecError { field: format!("optimizer.{key}"), message };
+        let parsed: DistillOptions =
+            rlvr_plugin_api::options::parse_options(&Value::Object(spec.optimizer.options.clone()).to_string())
+                .map_err(|e| error(&e.key, e.message))?;
+        if parsed.teacher.trim().is_empty() {
+            return Err(error("teacher", "expected a model name (builtin:…, a base model or line:NAME[@VERSION])".into()));
+        }
+        if !(parsed.temperature > 0.0 && parsed.temperature <= MAX_TEMPERATURE) {
+            return Err(error(
+                "temperature",
+                format!("expected more than 0 and at most {MAX_TEMPERATURE}, got {}", parsed.temperature),
+            ));
+        }
+        if parsed.mode == DistillMode::Traces && parsed.temperature != 1.0 {
+            return Err(error("temperature", "traces train on the teacher's samples: no temperature applies".into()));
+        }
+        Ok(parsed)
+    }
+}
+
+/// Whatever else of `spec` a distillation job cannot honour: a curriculum or dynamic sampling
+/// (they choose prompts by reward, which distillation does not read), and held-out or canary
+/// sets without a grader to score them.
+pub fn distill_problems(spec: &JobSpec) -> Vec<SpecError> {
+    let mut problems = Vec::new();
+    let mut problem = |field: &str, message: &str| {
+        problems.push(SpecError { field: field.to_owned(), message: message.to_owned() })
+    };
+    if spec.curriculum.is_some() {
+        problem("curriculum", "distillation reads no reward to choose prompts by");
+    }
+    if spec.rollout.dynamic_sampling_rounds > 0 {
+        problem("rollout.dynamic_sampling_rounds", "distillation reads no reward to drop groups by");
+    }
+    if spec.verifiers.is_empty() && (spec.data.heldout.is_some() || spec.data.canaries.is_some()) {
+        problem("verifiers", "data.heldout and data.canaries are scored with the job's verifiers; name at least one");
     }
     problems
 }

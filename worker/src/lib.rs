@@ -20,6 +20,7 @@
 //! - [`host`]: the plugins' host context, read from stdin (`--host-context-stdin`).
 
 pub mod data;
+pub mod distill;
 pub mod drive;
 pub mod eval;
 pub mod grants;
@@ -44,7 +45,9 @@ use std::path::PathBuf;
 use rlvr_model::{LoadedModel, SamplerRng, SamplingParams};
 use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo};
 use rlvr_plugin_host::reward::{Reward, VERIFY_DEADLINE};
-use rlvr_protocol::builtin::{Builtin, RejectionSamplingOptions, rejection_sampling_problems};
+use rlvr_protocol::builtin::{
+    Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
+};
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::spec::JobSpec;
 pub use rlvr_protocol::worker::Outcome;
@@ -247,6 +250,9 @@ pub struct Job {
     pub libraries: plugins::Libraries,
     /// A rejection-sampling job's output and tally; `None` for a job that trains.
     pub rejection: Option<sampling::Rejection>,
+    /// A distillation job's keys and its teacher (frozen, on the policy's device).
+    pub distill: Option<DistillOptions>,
+    pub teacher: Option<LoadedModel>,
 }
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
@@ -279,7 +285,18 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
             }
             Some(RejectionSamplingOptions::from_spec(&start.spec).map_err(spec_problem)?)
         }
-        None => None,
+        _ => None,
+    };
+    let distill = match Builtin::of(&start.spec) {
+        Some(Builtin::Distill) => {
+            let spec_problem =
+                |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin { field: error.field, message: error.message };
+            if let Some(problem) = distill_problems(&start.spec).into_iter().next() {
+                return Err(spec_problem(problem));
+            }
+            Some(DistillOptions::from_spec(&start.spec).map_err(spec_problem)?)
+        }
+        _ => None,
     };
     let curriculum = match (&start.spec.curriculum, &data.train) {
         (Some(section), TrainData::Prompts(prompts)) => Some(plugins.curriculum(
@@ -312,6 +329,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         &plugins.optimizer,
     )?;
     check_reference(&start, &models, options)?;
+    let teacher = distill.as_ref().map(|distill| distill::load_teacher(distill, &models.policy)).transpose()?;
     models::check_lengths(&start.spec, &models.policy, &data.train, data.heldout.as_deref())?;
 
     // Nothing above wrote to the state dir; from here on the run exists.
@@ -334,6 +352,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let uses = std::mem::take(&mut plugins.uses);
     let (mut job, mut state) =
         assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, rejection)?;
+    job.distill = distill;
+    job.teacher = teacher;
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
     info!(
@@ -447,6 +467,8 @@ fn assemble(
         grants,
         libraries: plugins.libraries,
         rejection,
+        distill: None,
+        teacher: None,
         spec,
     };
     let state = match (&checkpoint, saved) {

@@ -141,8 +141,10 @@ impl JobPlugins {
             }
             plugins.uses.push(used);
         }
-        if let Some((field, message)) =
-            fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id).into_iter().next()
+        // A built-in optimizer's needs are its own (`rlvr_protocol::builtin`), checked by `run`.
+        if let Some((field, message)) = fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id)
+            .into_iter()
+            .find(|_| Builtin::of(spec).is_none())
         {
             return Err(WorkerError::Plugin { field, message });
         }

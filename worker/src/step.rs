@@ -57,9 +57,9 @@ impl From<String> for StepError {
 }
 
 /// Rows of one update: prompt and completion tokens per row, group ids and, online, rewards.
-struct Rows {
-    prompts: Vec<Vec<i64>>,
-    completions: Vec<Vec<i64>>,
+pub(crate) struct Rows {
+    pub(crate) prompts: Vec<Vec<i64>>,
+    pub(crate) completions: Vec<Vec<i64>>,
 }
 
 impl Rows {
@@ -72,7 +72,7 @@ impl Rows {
     }
 
     /// This step's micro-batches under the job's `[optimizer]` limits.
-    fn micro_batches(&self, job: &Job) -> Vec<std::ops::Range<usize>> {
+    pub(crate) fn micro_batches(&self, job: &Job) -> Vec<std::ops::Range<usize>> {
         let lengths: Vec<(usize, usize)> =
             self.prompts.iter().zip(&self.completions).map(|(p, c)| (p.len(), c.len())).collect();
         let limits = crate::micro_batches::Limits {
@@ -83,7 +83,7 @@ impl Rows {
         crate::micro_batches::split(&lengths, limits)
     }
 
-    fn batch(
+    pub(crate) fn batch(
         &self,
         range: std::ops::Range<usize>,
         pad_id: i64,
@@ -109,6 +109,9 @@ pub fn first_phase(job: &Job) -> Phase {
 pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, StepError> {
     if job.rejection.is_some() {
         return crate::sampling::step(job, step, grant);
+    }
+    if job.distill.is_some() {
+        return crate::distill::step(job, step, grant);
     }
     match job.optimizer_info.data_mode {
         DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
@@ -746,7 +749,7 @@ fn sampler_ratio(first: &[Tensor], sampler: &Tensor, mask: &Tensor) -> (f64, f64
 
 /// The seed of the dropout masks of one training pass (LoRA's): a function of the job's seed,
 /// the step, the update within it and the micro-batch's first row (SplitMix64 over them).
-fn dropout_seed(seed: u64, step: u64, iteration: u32, first_row: usize) -> u64 {
+pub(crate) fn dropout_seed(seed: u64, step: u64, iteration: u32, first_row: usize) -> u64 {
     let mut mixer = rlvr_seeded::SplitMix64::new(seed ^ 0x6c6f_7261_5f64_726f);
     [step, u64::from(iteration), first_row as u64]
         .into_iter()

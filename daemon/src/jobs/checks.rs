@@ -12,7 +12,9 @@ use rlvr_plugin_host::options::{OptionsProblem, spec_field};
 use rlvr_plugin_host::{LoadedPlugin, Registry};
 use std::sync::Arc;
 
-use rlvr_protocol::builtin::{Builtin, RejectionSamplingOptions, rejection_sampling_problems};
+use rlvr_protocol::builtin::{
+    Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
+};
 use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
 
@@ -62,6 +64,16 @@ pub fn check_runnable(
             problem(&error.field, error.message);
         }
         for error in rejection_sampling_problems(spec) {
+            problem(&error.field, error.message);
+        }
+    }
+    if builtin == Some(Builtin::Distill) {
+        match DistillOptions::from_spec(spec) {
+            // The teacher's name is resolved, and its tokenizer compared, in `tenancy::resolve`.
+            Ok(options) => builtin_model(&mut problem, "optimizer.teacher", &options.teacher),
+            Err(error) => problem(&error.field, error.message),
+        }
+        for error in distill_problems(spec) {
             problem(&error.field, error.message);
         }
     }

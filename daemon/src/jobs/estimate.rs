@@ -9,7 +9,7 @@ use std::path::Path;
 use rlvr_plugin_api::DataMode;
 use rlvr_plugin_host::Registry;
 use rlvr_plugin_host::fit::optimizer_needs;
-use rlvr_protocol::builtin::Builtin;
+use rlvr_protocol::builtin::{Builtin, DistillOptions};
 use rlvr_protocol::memory::{
     self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds, RewardModelInput,
 };
@@ -36,6 +36,9 @@ pub fn estimate(
         // Samples like an online job, keeps no reference. The estimate still counts AdamW's state
         // for the policy, which this job never allocates: an over-estimate, never an under one.
         Some(Builtin::RejectionSampling) => OptimizerNeeds::default(),
+        // The teacher is counted as a reference copy of its own shape (below): resident weights
+        // and a no-grad pass, as a reference's.
+        Some(Builtin::Distill) => OptimizerNeeds { reference: true, ..OptimizerNeeds::default() },
         None => {
             let plugin = registry
                 .find(&resolved.optimizer.plugin, Some(rlvr_plugin_api::PluginKind::Optimizer))
@@ -53,6 +56,10 @@ pub fn estimate(
     };
     let policy = shape_of(&resolved.model.policy).map_err(|message| problem("model.policy", message))?;
     let reference = match resolved.model.reference.as_str() {
+        _ if Builtin::of(resolved) == Some(Builtin::Distill) => {
+            let teacher = DistillOptions::from_spec(resolved)?.teacher;
+            Some(shape_of(&teacher).map_err(|message| problem("optimizer.teacher", message))?)
+        }
         "same" => None,
         source => Some(shape_of(source).map_err(|message| problem("model.reference", message))?),
     };
