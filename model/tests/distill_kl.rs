@@ -21,7 +21,13 @@ fn pairs() -> Vec<(Vec<i64>, Vec<i64>)> {
 const WHOLE: i64 = 1 << 20;
 
 /// KL(p ‖ q) per position from the whole logits of the two models' hidden states.
-fn whole_kl(student: &LoadedModel, teacher: &LoadedModel, batch: &SequenceBatch, tau: f64, direction: KlDirection) -> Tensor {
+fn whole_kl(
+    student: &LoadedModel,
+    teacher: &LoadedModel,
+    batch: &SequenceBatch,
+    tau: f64,
+    direction: KlDirection,
+) -> Tensor {
     let (_, hs) = completion_logprobs(&student.model, batch, 1.0);
     let (_, ht) = completion_logprobs(&teacher.model, batch, 1.0);
     tch::no_grad(|| {
@@ -36,7 +42,13 @@ fn whole_kl(student: &LoadedModel, teacher: &LoadedModel, batch: &SequenceBatch,
 }
 
 /// The student's gradients (names sorted) after a backward of Σ KL at chunk size `chunk`.
-fn gradients(student: &LoadedModel, teacher: &LoadedModel, batch: &SequenceBatch, chunk: i64, direction: KlDirection) -> Vec<Tensor> {
+fn gradients(
+    student: &LoadedModel,
+    teacher: &LoadedModel,
+    batch: &SequenceBatch,
+    chunk: i64,
+    direction: KlDirection,
+) -> Vec<Tensor> {
     for (_, t) in student.vs.variables() {
         let mut g = t.grad();
         if g.defined() {
@@ -69,7 +81,11 @@ fn the_kl_in_chunks_is_the_whole_logits_kl_and_so_are_its_gradients() {
                 let diff = common::max_abs_diff(&expected, &got);
                 assert!(diff < 1e-5, "{direction:?} τ={tau} chunk {chunk}: {diff:e}");
                 assert!(got.sum(Kind::Float).double_value(&[]) > 0.0, "two different models differ");
-                assert_eq!(Vec::<f32>::try_from(got.get(3)).unwrap(), vec![0.0; 7], "the empty row is masked");
+                assert_eq!(
+                    Vec::<f32>::try_from(got.get(3)).unwrap(),
+                    vec![0.0; 7],
+                    "the empty row is masked"
+                );
             }
         }
         let itself = training_kl(&student.model, &student.model, &batch, 1.0, direction);
@@ -80,7 +96,8 @@ fn the_kl_in_chunks_is_the_whole_logits_kl_and_so_are_its_gradients() {
         assert!(whole.iter().any(|g| g.abs().max().double_value(&[]) > 0.0), "some gradient");
         for chunk in [1, 3, 9] {
             let chunked = gradients(&student, &teacher, &batch, chunk, direction);
-            let worst = whole.iter().zip(&chunked).map(|(a, b)| common::max_abs_diff(a, b)).fold(0.0, f64::max);
+            let worst =
+                whole.iter().zip(&chunked).map(|(a, b)| common::max_abs_diff(a, b)).fold(0.0, f64::max);
             assert!(worst < 1e-5, "{direction:?} chunk {chunk}: gradients differ by {worst:e}");
         }
     }

@@ -201,11 +201,15 @@ impl DistillOptions {
     /// The keys of `spec`'s `[optimizer]`, checked; every refusal names `optimizer.KEY`.
     pub fn from_spec(spec: &JobSpec) -> Result<Self, SpecError> {
         let error = |key: &str, message: String| SpecError { field: format!("optimizer.{key}"), message };
-        let parsed: DistillOptions =
-            rlvr_plugin_api::options::parse_options(&Value::Object(spec.optimizer.options.clone()).to_string())
-                .map_err(|e| error(&e.key, e.message))?;
+        let parsed: DistillOptions = rlvr_plugin_api::options::parse_options(
+            &Value::Object(spec.optimizer.options.clone()).to_string(),
+        )
+        .map_err(|e| error(&e.key, e.message))?;
         if parsed.teacher.trim().is_empty() {
-            return Err(error("teacher", "expected a model name (builtin:…, a base model or line:NAME[@VERSION])".into()));
+            return Err(error(
+                "teacher",
+                "expected a model name (builtin:…, a base model or line:NAME[@VERSION])".into(),
+            ));
         }
         if !(parsed.temperature > 0.0 && parsed.temperature <= MAX_TEMPERATURE) {
             return Err(error(
@@ -214,7 +218,10 @@ impl DistillOptions {
             ));
         }
         if parsed.mode == DistillMode::Traces && parsed.temperature != 1.0 {
-            return Err(error("temperature", "traces train on the teacher's samples: no temperature applies".into()));
+            return Err(error(
+                "temperature",
+                "traces train on the teacher's samples: no temperature applies".into(),
+            ));
         }
         Ok(parsed)
     }
@@ -235,7 +242,10 @@ pub fn distill_problems(spec: &JobSpec) -> Vec<SpecError> {
         problem("rollout.dynamic_sampling_rounds", "distillation reads no reward to drop groups by");
     }
     if spec.verifiers.is_empty() && (spec.data.heldout.is_some() || spec.data.canaries.is_some()) {
-        problem("verifiers", "data.heldout and data.canaries are scored with the job's verifiers; name at least one");
+        problem(
+            "verifiers",
+            "data.heldout and data.canaries are scored with the job's verifiers; name at least one",
+        );
     }
     problems
 }

@@ -71,15 +71,17 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
             tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
         prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
     }
-    let teacher = job.teacher.as_ref().ok_or_else(|| StepError::Failed("the teacher is not loaded".into()))?;
+    let teacher =
+        job.teacher.as_ref().ok_or_else(|| StepError::Failed("the teacher is not loaded".into()))?;
     let sampler = match options.mode {
         DistillMode::Traces | DistillMode::ForwardKl => &teacher.model,
         DistillMode::ReverseKl => &job.policy.model,
     };
     let rollout_started = Instant::now();
-    let sampled: Vec<Sampled> =
-        tch::no_grad(|| generate(sampler, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng))
-            .map_err(|error| format!("sampling: {error}"))?;
+    let sampled: Vec<Sampled> = tch::no_grad(|| {
+        generate(sampler, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
+    })
+    .map_err(|error| format!("sampling: {error}"))?;
     let rollout_s = rollout_started.elapsed().as_secs_f64();
     grant.release(job.device);
 
@@ -119,8 +121,11 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
                 loss
             }
             DistillMode::ForwardKl | DistillMode::ReverseKl => {
-                let direction =
-                    if options.mode == DistillMode::ForwardKl { KlDirection::Forward } else { KlDirection::Reverse };
+                let direction = if options.mode == DistillMode::ForwardKl {
+                    KlDirection::Forward
+                } else {
+                    KlDirection::Reverse
+                };
                 let pass = training_kl(&job.policy.model, &teacher.model, &batch, tau, direction);
                 job.policy.model.set_training(None);
                 let kl = pass.kl().sum(Kind::Float);

@@ -289,8 +289,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     };
     let distill = match Builtin::of(&start.spec) {
         Some(Builtin::Distill) => {
-            let spec_problem =
-                |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin { field: error.field, message: error.message };
+            let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
+                field: error.field,
+                message: error.message,
+            };
             if let Some(problem) = distill_problems(&start.spec).into_iter().next() {
                 return Err(spec_problem(problem));
             }
@@ -329,7 +331,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         &plugins.optimizer,
     )?;
     check_reference(&start, &models, options)?;
-    let teacher = distill.as_ref().map(|distill| distill::load_teacher(distill, &models.policy)).transpose()?;
+    let teacher =
+        distill.as_ref().map(|distill| distill::load_teacher(distill, &models.policy)).transpose()?;
     models::check_lengths(&start.spec, &models.policy, &data.train, data.heldout.as_deref())?;
 
     // Nothing above wrote to the state dir; from here on the run exists.

@@ -254,7 +254,11 @@ fn same_tokenizer(student: Option<&Path>, teacher: Option<&Path>) -> Result<(), 
             None => Err(format!("{differs} (a model's config.json has no vocab_size)")),
         },
         (Some(a), Some(b)) => {
-            if vocabulary(a)? == vocabulary(b)? { Ok(()) } else { Err(differs.to_owned()) }
+            if vocabulary(a)? == vocabulary(b)? {
+                Ok(())
+            } else {
+                Err(differs.to_owned())
+            }
         }
     }
 }
