@@ -452,6 +452,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 if let Some(path) = &job.published {
                     println!("published: {path}");
                 }
+                if let Some(dataset) = &job.published_dataset {
+                    println!("dataset:   {dataset}");
+                }
                 if let Some(webhook) = &job.webhook {
                     println!("webhook:   {webhook}");
                 }

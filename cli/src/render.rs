@@ -420,6 +420,7 @@ mod tests {
             gates: None,
             published: None,
             published_version: None,
+            published_dataset: None,
             webhook: None,
             curriculum_version: None,
             memory_gb: 0.0,

@@ -782,6 +782,7 @@ mod tests {
             gates: Some(gate_report()),
             published: Some("/srv/registry/tiny/v4".to_owned()),
             published_version: None,
+            published_dataset: None,
             webhook: None,
             curriculum_version: None,
             memory_gb: 0.0,

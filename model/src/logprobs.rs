@@ -241,6 +241,151 @@ impl Drop for TrainingLogprobs<'_> {
     }
 }
 
+/// Which way a distillation KL runs, per position over the whole vocabulary, both
+/// distributions at temperature τ: `Forward` is KL(teacher ‖ student) (Hinton et al. 2015,
+/// "Distilling the Knowledge in a Neural Network"; GKD's supervised KD, Agarwal et al. 2023,
+/// arXiv:2306.13649), `Reverse` is KL(student ‖ teacher) (MiniLLM, Gu et al. 2023,
+/// arXiv:2306.08543; GKD's on-policy reverse KL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KlDirection {
+    Forward,
+    Reverse,
+}
+
+/// A distillation training pass: per completion position, the KL between the teacher's and the
+/// student's next-token distributions over the whole vocabulary (`[B, C]` f32, 0 on padding),
+/// with the pass's graph stopping at the student's hidden states as [`training_logprobs`]'s
+/// does. No more than [`Llama::logits_chunk`] positions' logits (the student's and the
+/// teacher's) are alive at once: the teacher's hidden states are computed once without grad,
+/// its logits recomputed per chunk, never kept for the batch. The KL is a leaf with grad; a loss
+/// built on it back-propagates through [`TrainingKl::backward`], which recomputes each chunk with
+/// grad for the student. The teacher and the student share a tokenizer (the caller checks).
+pub fn training_kl<'m>(
+    student: &'m Llama,
+    teacher: &'m Llama,
+    batch: &SequenceBatch,
+    temperature: f64,
+    direction: KlDirection,
+) -> TrainingKl<'m> {
+    let hidden = predicting_hidden(student, batch);
+    let leaf = hidden.detach().set_requires_grad(true);
+    let teacher_hidden = tch::no_grad(|| predicting_hidden(teacher, batch));
+    let width = |t: &Tensor| t.size().last().copied().unwrap_or(0);
+    let pass = KlPositions {
+        student: tch::no_grad(|| Positions::of(student, batch, &leaf, 1.0)),
+        teacher,
+        teacher_hidden: teacher_hidden.reshape([-1, width(&teacher_hidden)]),
+        temperature: if temperature > 0.0 { temperature } else { 1.0 },
+        direction,
+    };
+    let kl = tch::no_grad(|| pass.kl()).set_requires_grad(true);
+    TrainingKl { model_hidden: hidden, kl, pass, finished: false }
+}
+
+/// A distillation pass's KL and the backward pass it still owes: see [`training_kl`]. Dropped
+/// after `loss.backward()` without [`TrainingKl::backward`], it panics, as
+/// [`TrainingLogprobs`] does.
+#[must_use = "the backward pass through the logits and the model runs in TrainingKl::backward"]
+pub struct TrainingKl<'m> {
+    model_hidden: Tensor,
+    /// `[B, C]` f32, a leaf with grad.
+    kl: Tensor,
+    pass: KlPositions<'m>,
+    finished: bool,
+}
+
+impl TrainingKl<'_> {
+    /// The per-position KL, `[B, C]` f32, 0 on padding: a leaf with grad.
+    pub fn kl(&self) -> &Tensor {
+        &self.kl
+    }
+
+    /// Finishes the backward pass; call it right after `loss.backward()`: each chunk's KL is
+    /// recomputed with grad for the student and back-propagated with the KL's gradient, then the
+    /// student's hidden states' gradient goes through the model once.
+    pub fn backward(mut self) {
+        self.finished = true;
+        let grad = self.kl.grad();
+        if grad.defined() && self.model_hidden.requires_grad() {
+            let from_kl = self.pass.backward(&grad);
+            (&self.model_hidden * from_kl).sum(Kind::Float).backward();
+        }
+        self.pass.student.model.backward_checkpointed();
+    }
+}
+
+impl Drop for TrainingKl<'_> {
+    fn drop(&mut self) {
+        if self.finished || std::thread::panicking() {
+            return;
+        }
+        assert!(
+            !self.kl.grad().defined(),
+            "a distillation pass's KL was back-propagated, but TrainingKl::backward never ran"
+        );
+    }
+}
+
+/// The student's positions (a leaf of its hidden states) and the teacher's hidden states at the
+/// same positions.
+struct KlPositions<'a> {
+    student: Positions<'a>,
+    teacher: &'a Llama,
+    /// `[B · C, teacher hidden]`, without grad.
+    teacher_hidden: Tensor,
+    temperature: f64,
+    direction: KlDirection,
+}
+
+impl KlPositions<'_> {
+    /// `[N]` f32: the KL at each of `len` positions from `start`, from the student's hidden
+    /// states `x` (with or without grad); the teacher's side without grad.
+    fn chunk_kl(&self, x: &Tensor, start: i64, len: i64) -> Tensor {
+        let tau = self.temperature;
+        let student = (self.student.model.logits(x).to_kind(Kind::Float) / tau).log_softmax(-1, Kind::Float);
+        let teacher = tch::no_grad(|| {
+            let hidden = self.teacher_hidden.narrow(0, start, len);
+            (self.teacher.logits(&hidden).to_kind(Kind::Float) / tau).log_softmax(-1, Kind::Float)
+        });
+        let (p, q) = match self.direction {
+            KlDirection::Forward => (&teacher, &student),
+            KlDirection::Reverse => (&student, &teacher),
+        };
+        // KL(p ‖ q) = Σ_v p(v) (log p(v) − log q(v)).
+        let kl = (p.exp() * (p - q)).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+        kl * self.student.mask.narrow(0, start, len)
+    }
+
+    fn kl(&self) -> Tensor {
+        let student = &self.student;
+        let parts: Vec<Tensor> = chunks(student.hidden.size()[0], student.chunk)
+            .map(|(start, len)| self.chunk_kl(&student.hidden.narrow(0, start, len), start, len))
+            .collect();
+        if parts.is_empty() {
+            return Tensor::zeros(student.shape, (Kind::Float, student.model.device()));
+        }
+        Tensor::cat(&parts, 0).view(student.shape)
+    }
+
+    fn backward(&self, grad: &Tensor) -> Tensor {
+        let student = &self.student;
+        let grad = grad.reshape([-1]);
+        let parts: Vec<Tensor> = chunks(student.hidden.size()[0], student.chunk)
+            .map(|(start, len)| {
+                let x = student.hidden.narrow(0, start, len).detach().set_requires_grad(true);
+                (self.chunk_kl(&x, start, len) * grad.narrow(0, start, len)).sum(Kind::Float).backward();
+                x.grad()
+            })
+            .collect();
+        let [b, c] = student.shape;
+        let shape = [b, c, student.hidden.size()[1]];
+        if parts.is_empty() {
+            return Tensor::zeros(shape, (student.hidden.kind(), student.hidden.device()));
+        }
+        Tensor::cat(&parts, 0).view(shape)
+    }
+}
+
 /// A batch's completion positions, flattened (row-major: a chunk may end inside one row and
 /// go on into the next), with what their log-probabilities read.
 struct Positions<'a> {

@@ -172,6 +172,10 @@ pub struct JobView {
     /// later job, a pipeline's next stage among them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_version: Option<LineVersion>,
+    /// The dataset a rejection-sampling job published, as a later spec names it in `data.train`:
+    /// `dataset:NAME@SHA256` (the team's dataset, pinned to this job's content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_dataset: Option<String>,
     /// What became of the webhook's delivery of the manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,

@@ -109,6 +109,11 @@ impl RunDir {
         self.root.join("rollouts.jsonl")
     }
 
+    /// `dataset.jsonl`: a rejection-sampling job's accepted rows (`builtin::SampledRow`).
+    pub fn dataset(&self) -> PathBuf {
+        self.root.join("dataset.jsonl")
+    }
+
     /// `progress.json`.
     pub fn progress(&self) -> PathBuf {
         self.root.join("progress.json")

@@ -30,6 +30,7 @@
 
 pub mod api;
 pub mod batch;
+pub mod builtin;
 pub mod checkpoints;
 pub mod curricula;
 pub mod formula;

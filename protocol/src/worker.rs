@@ -337,6 +337,10 @@ pub struct Outcome {
     /// what `[resources] memory_gb` must cover. `None` when it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// What a rejection-sampling job wrote (its rows' file and counts): the dataset the daemon
+    /// gates and publishes. `None` for a job that trains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<crate::builtin::SampledDataset>,
     /// The checkpoint offered to the gates (the one `checkpoint` names) and why: the best-scoring
     /// retained one. `None` from a worker that predates the choice (it offered the last).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -888,6 +892,7 @@ mod tests {
                     crate::checkpoints::ScoredCheckpoint { step: 12, accuracy: 0.25 },
                 ],
             }),
+            dataset: None,
         });
         check(MetricsLine {
             step: 3,

@@ -598,6 +598,7 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         gates: json(fields, "gates"),
         published: fields.get("published").cloned(),
         published_version: json(fields, "published_version"),
+        published_dataset: fields.get("published_dataset").cloned(),
         webhook: fields.get("webhook").cloned(),
         curriculum_version: fields.get("curriculum_version").and_then(|v| v.parse().ok()),
         memory_gb: resources.as_ref().map_or(0.0, |r| r.memory_gb),

@@ -106,7 +106,7 @@ impl Loop<'_> {
     /// Steps until `budget.max_steps`, a budget or a stop request; `None` at `max_steps`.
     fn steps(&mut self) -> Result<Option<Ending>, WorkerError> {
         let max_steps = self.job.spec.budget.max_steps;
-        while self.state.step < max_steps {
+        while self.state.step < max_steps && !crate::sampling::done(self.job) {
             if let Some(ending) = self.budget_ending() {
                 return Ok(Some(ending));
             }
@@ -122,7 +122,8 @@ impl Loop<'_> {
             self.state.tokens_generated += output.tokens_generated;
             let mut line = output.metrics;
             let eval_every = self.job.spec.eval.every_steps;
-            let last = step == max_steps;
+            // A rejection-sampling job ends when every prompt was sampled.
+            let last = step == max_steps || crate::sampling::done(self.job);
             if self.job.heldout.is_some() && (last || (eval_every > 0 && step % eval_every == 0)) {
                 line.heldout = Some(self.score_heldout(step)?);
             }
@@ -287,11 +288,17 @@ impl Loop<'_> {
             data_sha256: Default::default(),
             peak_memory_bytes: None,
             candidate: candidate.map(|(_, choice)| choice),
+            dataset: None,
         })
     }
 
     fn checkpoint(&mut self) -> Result<(), WorkerError> {
         self.state.elapsed_s = self.elapsed_s();
+        if let Some(rejection) = &mut self.job.rejection {
+            let synced = rejection.synced_len();
+            self.state.dataset_bytes =
+                synced.map_err(|error| self.state_error(format!("dataset.jsonl: {error}")))?;
+        }
         self.last_checkpoint = Some(write_checkpoint(self.job, self.run, self.state, self.logs)?);
         Ok(())
     }

@@ -20,6 +20,7 @@
 //! - [`host`]: the plugins' host context, read from stdin (`--host-context-stdin`).
 
 pub mod data;
+pub mod distill;
 pub mod drive;
 pub mod eval;
 pub mod grants;
@@ -32,6 +33,7 @@ pub mod optim;
 pub mod plugins;
 pub mod reward_models;
 pub mod runtime;
+pub mod sampling;
 pub mod start;
 pub mod state;
 pub mod step;
@@ -43,6 +45,9 @@ use std::path::PathBuf;
 use rlvr_model::{LoadedModel, SamplerRng, SamplingParams};
 use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo};
 use rlvr_plugin_host::reward::{Reward, VERIFY_DEADLINE};
+use rlvr_protocol::builtin::{
+    Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
+};
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::spec::JobSpec;
 pub use rlvr_protocol::worker::Outcome;
@@ -243,6 +248,11 @@ pub struct Job {
     pub grants: grants::Grants,
     /// Where the plugins' code comes from, kept for the run.
     pub libraries: plugins::Libraries,
+    /// A rejection-sampling job's output and tally; `None` for a job that trains.
+    pub rejection: Option<sampling::Rejection>,
+    /// A distillation job's keys and its teacher (frozen, on the policy's device).
+    pub distill: Option<DistillOptions>,
+    pub teacher: Option<LoadedModel>,
 }
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
@@ -264,6 +274,32 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let mut plugins =
         JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugin_dirs, &options.host)?;
     let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode)?;
+    let rejection = match Builtin::of(&start.spec) {
+        Some(Builtin::RejectionSampling) => {
+            let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
+                field: error.field,
+                message: error.message,
+            };
+            if let Some(problem) = rejection_sampling_problems(&start.spec).into_iter().next() {
+                return Err(spec_problem(problem));
+            }
+            Some(RejectionSamplingOptions::from_spec(&start.spec).map_err(spec_problem)?)
+        }
+        _ => None,
+    };
+    let distill = match Builtin::of(&start.spec) {
+        Some(Builtin::Distill) => {
+            let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
+                field: error.field,
+                message: error.message,
+            };
+            if let Some(problem) = distill_problems(&start.spec).into_iter().next() {
+                return Err(spec_problem(problem));
+            }
+            Some(DistillOptions::from_spec(&start.spec).map_err(spec_problem)?)
+        }
+        _ => None,
+    };
     let curriculum = match (&start.spec.curriculum, &data.train) {
         (Some(section), TrainData::Prompts(prompts)) => Some(plugins.curriculum(
             section,
@@ -286,14 +322,17 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
             );
         }
     }
+    // A rejection-sampling checkpoint holds no model: the spec's is the one it samples from.
     let models = Models::load(
         &start.spec,
-        start.checkpoint.as_deref(),
+        start.checkpoint.as_deref().filter(|_| rejection.is_none()),
         device,
         &plugins.optimizer_info,
         &plugins.optimizer,
     )?;
     check_reference(&start, &models, options)?;
+    let teacher =
+        distill.as_ref().map(|distill| distill::load_teacher(distill, &models.policy)).transpose()?;
     models::check_lengths(&start.spec, &models.policy, &data.train, data.heldout.as_deref())?;
 
     // Nothing above wrote to the state dir; from here on the run exists.
@@ -314,7 +353,10 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     }
     let canaries = data.canaries.clone();
     let uses = std::mem::take(&mut plugins.uses);
-    let (mut job, mut state) = assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models)?;
+    let (mut job, mut state) =
+        assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, rejection)?;
+    job.distill = distill;
+    job.teacher = teacher;
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
     info!(
@@ -339,6 +381,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     }
     outcome.plugins = uses;
     outcome.data_sha256 = data_sha256(&job.spec)?;
+    outcome.dataset = job.rejection.as_ref().map(sampling::Rejection::produced);
     if !outcome.interrupted && (job.heldout.is_some() || canaries.is_some()) {
         let baseline = baseline(options, &job.spec);
         let span = info_span!("gates", baseline = %baseline.model);
@@ -381,9 +424,24 @@ fn assemble(
     data: JobData,
     curriculum: Option<CurriculumBox>,
     models: Models,
+    rejection: Option<RejectionSamplingOptions>,
 ) -> Result<(Job, TrainState), WorkerError> {
     let Start { spec, checkpoint, saved, .. } = start;
-    let adamw = AdamW::new(models.trainable(), AdamWConfig::from_spec(&spec.optimizer));
+    // The output file cut back to the checkpoint's length, before the checkpoint is restored.
+    let rejection = match rejection {
+        Some(rejection_options) => {
+            let (keep, tally) = match (&checkpoint, &saved) {
+                (Some(_), Some(saved)) => (saved.dataset_bytes, saved.sampled.clone()),
+                _ => (0, None),
+            };
+            let path = RunDir::at(options.state_dir.clone()).dataset();
+            Some(sampling::Rejection::open(rejection_options, &path, keep, tally)?)
+        }
+        None => None,
+    };
+    // Nothing trains in a rejection-sampling job: no moments to hold.
+    let trainable = if rejection.is_some() { Vec::new() } else { models.trainable() };
+    let adamw = AdamW::new(trainable, AdamWConfig::from_spec(&spec.optimizer));
     let grants = match &options.grants {
         Some((socket, job)) => grants::Grants::connect(socket, job)?,
         None => grants::Grants::none(),
@@ -420,6 +478,9 @@ fn assemble(
         cursor: Cursor::default(),
         grants,
         libraries: plugins.libraries,
+        rejection,
+        distill: None,
+        teacher: None,
         spec,
     };
     let state = match (&checkpoint, saved) {
@@ -429,7 +490,7 @@ fn assemble(
         }
         _ => TrainState::default(),
     };
-    if job.policy.adapters.is_none() {
+    if job.policy.adapters.is_none() && job.rejection.is_none() {
         job.policy.vs.unfreeze();
     }
     Ok((job, state))

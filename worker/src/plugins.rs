@@ -14,6 +14,7 @@ use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::options::spec_field;
 use rlvr_plugin_host::reward::{Combiner, Grader};
 use rlvr_plugin_host::{Isolation, LoadedPlugin, Registry};
+use rlvr_protocol::builtin::Builtin;
 use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{CurriculumSection, JobSpec};
 use rlvr_protocol::worker::PluginUse;
@@ -75,27 +76,38 @@ impl JobPlugins {
             Registry::new(copies.path().to_owned(), Isolation::InProcess, PluginMetrics::unexported())
                 .map_err(|error| temp_error(error.to_string()))?;
         registry.scan(plugin_dirs, std::time::Duration::ZERO);
-        let pin = pinned.map(|record| record.optimizer.as_str());
-        let optimizer = find(
-            &registry,
-            plugin_dirs,
-            "optimizer.plugin",
-            &spec.optimizer.plugin,
-            pin,
-            PluginKind::Optimizer,
-        )?;
-        let optimizer_info = optimizer_needs(&optimizer.meta).ok_or_else(|| WorkerError::Plugin {
-            field: "optimizer.plugin".into(),
-            message: format!("{} reports no data mode this worker knows", optimizer.id()),
-        })?;
-        let created = match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[], host)? {
-            PluginInstance::Optimizer(created) => created,
-            other => return Err(created_other(&optimizer, "optimizer.plugin", &other)),
+        // A built-in optimizer is the worker's own code: no library, nothing to pin.
+        let (created, optimizer_info, optimizer_id, uses) = match Builtin::of(spec) {
+            Some(builtin) => {
+                let (created, info) = crate::sampling::builtin_optimizer();
+                (created, info, format!("{} (built in)", builtin.name()), Vec::new())
+            }
+            None => {
+                let pin = pinned.map(|record| record.optimizer.as_str());
+                let optimizer = find(
+                    &registry,
+                    plugin_dirs,
+                    "optimizer.plugin",
+                    &spec.optimizer.plugin,
+                    pin,
+                    PluginKind::Optimizer,
+                )?;
+                let info = optimizer_needs(&optimizer.meta).ok_or_else(|| WorkerError::Plugin {
+                    field: "optimizer.plugin".into(),
+                    message: format!("{} reports no data mode this worker knows", optimizer.id()),
+                })?;
+                let created =
+                    match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[], host)? {
+                        PluginInstance::Optimizer(created) => created,
+                        other => return Err(created_other(&optimizer, "optimizer.plugin", &other)),
+                    };
+                (created, info, optimizer.id(), vec![use_of(&optimizer)])
+            }
         };
         let mut plugins = JobPlugins {
             optimizer: created,
             optimizer_info,
-            optimizer_id: optimizer.id(),
+            optimizer_id,
             graders: Vec::new(),
             combiner: Combiner {
                 names: spec.verifiers.iter().map(|section| section.grader_name().to_owned()).collect(),
@@ -104,7 +116,7 @@ impl JobPlugins {
                     .reward_formula()
                     .map_err(|error| WorkerError::Plugin { field: error.field, message: error.message })?,
             },
-            uses: vec![use_of(&optimizer)],
+            uses,
             libraries: Libraries { registry, _copies: copies },
             plugin_dirs: plugin_dirs.to_vec(),
             host: host.clone(),
@@ -129,8 +141,10 @@ impl JobPlugins {
             }
             plugins.uses.push(used);
         }
-        if let Some((field, message)) =
-            fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id).into_iter().next()
+        // A built-in optimizer's needs are its own (`rlvr_protocol::builtin`), checked by `run`.
+        if let Some((field, message)) = fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id)
+            .into_iter()
+            .find(|_| Builtin::of(spec).is_none())
         {
             return Err(WorkerError::Plugin { field, message });
         }

@@ -103,6 +103,12 @@ pub struct TrainState {
     /// Byte lengths of metrics.jsonl and rollouts.jsonl at this checkpoint.
     pub metrics_bytes: u64,
     pub rollouts_bytes: u64,
+    /// A rejection-sampling job's: `dataset.jsonl`'s byte length, and the tally of what it
+    /// sampled and kept, at this checkpoint.
+    #[serde(default)]
+    pub dataset_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<rlvr_protocol::builtin::SampledDataset>,
     /// `name@version`s, as in job.json (a check on resume).
     pub plugins: Vec<String>,
     /// The held-out scores of the retained checkpoints scored so far (this one's included when
@@ -128,12 +134,15 @@ impl TrainState {
 /// state.
 pub fn restore(job: &mut Job, checkpoint: &Path, saved: &TrainState) -> Result<(), WorkerError> {
     let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
-    // Mapped, and read tensor by tensor into the optimizer's own state.
-    let tensors = WeightFiles::open_file(&checkpoint.join("optimizer.safetensors"))
-        .map_err(|error| fail(format!("optimizer.safetensors: {error}")))?;
-    job.adamw
-        .load_state(&tensors, saved.optimizer_updates)
-        .map_err(|message| fail(format!("optimizer.safetensors: {message}")))?;
+    // A rejection-sampling checkpoint holds no weights and no optimizer state: none changed.
+    if job.rejection.is_none() {
+        // Mapped, and read tensor by tensor into the optimizer's own state.
+        let tensors = WeightFiles::open_file(&checkpoint.join("optimizer.safetensors"))
+            .map_err(|error| fail(format!("optimizer.safetensors: {error}")))?;
+        job.adamw
+            .load_state(&tensors, saved.optimizer_updates)
+            .map_err(|message| fail(format!("optimizer.safetensors: {message}")))?;
+    }
     job.rng = saved.sampler_rng.clone().ok_or_else(|| fail("state.json has no sampler_rng".into()))?;
     job.cursor = saved.cursor;
     if let (Some(curriculum), Some(saved)) = (&mut job.curriculum, &saved.curriculum) {
@@ -178,12 +187,15 @@ pub fn write_checkpoint(
         message: format!("checkpoint: {message}"),
     };
     let staging = staging(run, state.step).map_err(|error| fail(error.to_string()))?;
-    write_model(job, &staging).map_err(|error| fail(error.to_string()))?;
-    if let Some((vs, _)) = &job.value_head {
-        save_sorted(vs, &staging.join("value_head.safetensors")).map_err(fail)?;
+    // A rejection-sampling job changes no weight: its checkpoint is its state.json.
+    if job.rejection.is_none() {
+        write_model(job, &staging).map_err(|error| fail(error.to_string()))?;
+        if let Some((vs, _)) = &job.value_head {
+            save_sorted(vs, &staging.join("value_head.safetensors")).map_err(fail)?;
+        }
+        Tensor::write_safetensors(&job.adamw.state_tensors(), staging.join("optimizer.safetensors"))
+            .map_err(|error| fail(error.to_string()))?;
     }
-    Tensor::write_safetensors(&job.adamw.state_tensors(), staging.join("optimizer.safetensors"))
-        .map_err(|error| fail(error.to_string()))?;
     state.optimizer_updates = job.adamw.steps();
     state.sampler_rng = Some(job.rng.clone());
     state.cursor = job.cursor;
@@ -203,6 +215,9 @@ pub fn write_checkpoint(
     on_disk.push(state.step);
     let keep = retained(&on_disk, &state.scored, state.step, job.spec.checkpoint.retention());
     state.scored.retain(|scored| keep.contains(&scored.step));
+    if let Some(rejection) = &job.rejection {
+        state.sampled = Some(rejection.tally.clone());
+    }
     let bytes = serde_json::to_vec_pretty(&state).map_err(|error| fail(error.to_string()))?;
     fs::write(staging.join("state.json"), bytes).map_err(|error| fail(error.to_string()))?;
     let path = commit(run, &staging, state.step, &keep).map_err(|error| fail(error.to_string()))?;

@@ -57,9 +57,9 @@ impl From<String> for StepError {
 }
 
 /// Rows of one update: prompt and completion tokens per row, group ids and, online, rewards.
-struct Rows {
-    prompts: Vec<Vec<i64>>,
-    completions: Vec<Vec<i64>>,
+pub(crate) struct Rows {
+    pub(crate) prompts: Vec<Vec<i64>>,
+    pub(crate) completions: Vec<Vec<i64>>,
 }
 
 impl Rows {
@@ -72,7 +72,7 @@ impl Rows {
     }
 
     /// This step's micro-batches under the job's `[optimizer]` limits.
-    fn micro_batches(&self, job: &Job) -> Vec<std::ops::Range<usize>> {
+    pub(crate) fn micro_batches(&self, job: &Job) -> Vec<std::ops::Range<usize>> {
         let lengths: Vec<(usize, usize)> =
             self.prompts.iter().zip(&self.completions).map(|(p, c)| (p.len(), c.len())).collect();
         let limits = crate::micro_batches::Limits {
@@ -83,7 +83,7 @@ impl Rows {
         crate::micro_batches::split(&lengths, limits)
     }
 
-    fn batch(
+    pub(crate) fn batch(
         &self,
         range: std::ops::Range<usize>,
         pad_id: i64,
@@ -107,6 +107,12 @@ pub fn first_phase(job: &Job) -> Phase {
 /// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
 /// `grant` holds the devices for [`first_phase`]; the step asks for the others itself.
 pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, StepError> {
+    if job.rejection.is_some() {
+        return crate::sampling::step(job, step, grant);
+    }
+    if job.distill.is_some() {
+        return crate::distill::step(job, step, grant);
+    }
     match job.optimizer_info.data_mode {
         DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
         DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
@@ -409,14 +415,14 @@ fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> M
 /// One round of a step's sampling: its prompts (one per group, in group order), their tokens,
 /// the G completions of each (group-contiguous) and their scores.
 #[derive(Default)]
-struct Round {
-    picked: Vec<PromptRecord>,
+pub(crate) struct Round {
+    pub(crate) picked: Vec<PromptRecord>,
     prompt_tokens: Vec<Vec<i64>>,
-    sampled: Vec<Sampled>,
-    scored: Vec<Scored>,
+    pub(crate) sampled: Vec<Sampled>,
+    pub(crate) scored: Vec<Scored>,
     completion_ids: Vec<String>,
-    rollout_s: f64,
-    verify_s: f64,
+    pub(crate) rollout_s: f64,
+    pub(crate) verify_s: f64,
 }
 
 impl Round {
@@ -464,7 +470,7 @@ impl Round {
 /// Samples round `round` of step `step`: `count` prompts (the curriculum's, or the next of the
 /// epoch), G completions each on the devices of `grant` (given back before verification, which
 /// is CPU work), scored by the job's verifiers.
-fn sample_round(
+pub(crate) fn sample_round(
     job: &mut Job,
     step: u64,
     round: u32,
@@ -750,7 +756,7 @@ fn sampler_ratio(first: &[Tensor], sampler: &Tensor, mask: &Tensor) -> (f64, f64
 
 /// The seed of the dropout masks of one training pass (LoRA's): a function of the job's seed,
 /// the step, the update within it and the micro-batch's first row (SplitMix64 over them).
-fn dropout_seed(seed: u64, step: u64, iteration: u32, first_row: usize) -> u64 {
+pub(crate) fn dropout_seed(seed: u64, step: u64, iteration: u32, first_row: usize) -> u64 {
     let mut mixer = rlvr_seeded::SplitMix64::new(seed ^ 0x6c6f_7261_5f64_726f);
     [step, u64::from(iteration), first_row as u64]
         .into_iter()

@@ -12,6 +12,9 @@ use rlvr_plugin_host::options::{OptionsProblem, spec_field};
 use rlvr_plugin_host::{LoadedPlugin, Registry};
 use std::sync::Arc;
 
+use rlvr_protocol::builtin::{
+    Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
+};
 use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
 
@@ -53,8 +56,29 @@ pub fn check_runnable(
     let mut problem =
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
 
-    // Plugins: loaded, and of the right kind.
+    // Plugins: loaded, and of the right kind; a built-in optimizer is no library (its keys and
+    // what it needs of the spec are checked here).
+    let builtin = Builtin::of(spec);
+    if builtin == Some(Builtin::RejectionSampling) {
+        if let Err(error) = RejectionSamplingOptions::from_spec(spec) {
+            problem(&error.field, error.message);
+        }
+        for error in rejection_sampling_problems(spec) {
+            problem(&error.field, error.message);
+        }
+    }
+    if builtin == Some(Builtin::Distill) {
+        match DistillOptions::from_spec(spec) {
+            // The teacher's name is resolved, and its tokenizer compared, in `tenancy::resolve`.
+            Ok(options) => builtin_model(&mut problem, "optimizer.teacher", &options.teacher),
+            Err(error) => problem(&error.field, error.message),
+        }
+        for error in distill_problems(spec) {
+            problem(&error.field, error.message);
+        }
+    }
     let optimizer = match find(registry, &spec.optimizer.plugin, PluginKind::Optimizer) {
+        _ if builtin.is_some() => None,
         Ok(plugin) => {
             let options = spec.optimizer_plugin_config();
             check_options(registry, &plugin, "optimizer", &options, &mut refs, &mut problem);

@@ -9,6 +9,7 @@ use std::path::Path;
 use rlvr_plugin_api::DataMode;
 use rlvr_plugin_host::Registry;
 use rlvr_plugin_host::fit::optimizer_needs;
+use rlvr_protocol::builtin::{Builtin, DistillOptions};
 use rlvr_protocol::memory::{
     self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds, RewardModelInput,
 };
@@ -31,19 +32,34 @@ pub fn estimate(
     device: DeviceKind,
 ) -> Result<MemoryEstimate, SpecError> {
     let problem = |field: &str, message: String| SpecError { field: field.to_owned(), message };
-    let plugin = registry
-        .find(&resolved.optimizer.plugin, Some(rlvr_plugin_api::PluginKind::Optimizer))
-        .map_err(|error| problem("optimizer.plugin", error.to_string()))?;
-    let info = optimizer_needs(&plugin.meta)
-        .ok_or_else(|| problem("optimizer.plugin", format!("{} reports no data mode", plugin.id())))?;
-    let needs = OptimizerNeeds {
-        reference: info.needs_reference,
-        value_head: info.needs_value_head,
-        pairs: info.data_mode == DataMode::OfflinePairs,
-        offline: matches!(info.data_mode, DataMode::OfflinePairs | DataMode::OfflineSft),
+    let needs = match Builtin::of(resolved) {
+        // Samples like an online job, keeps no reference. The estimate still counts AdamW's state
+        // for the policy, which this job never allocates: an over-estimate, never an under one.
+        Some(Builtin::RejectionSampling) => OptimizerNeeds::default(),
+        // The teacher is counted as a reference copy of its own shape (below): resident weights
+        // and a no-grad pass, as a reference's.
+        Some(Builtin::Distill) => OptimizerNeeds { reference: true, ..OptimizerNeeds::default() },
+        None => {
+            let plugin = registry
+                .find(&resolved.optimizer.plugin, Some(rlvr_plugin_api::PluginKind::Optimizer))
+                .map_err(|error| problem("optimizer.plugin", error.to_string()))?;
+            let info = optimizer_needs(&plugin.meta).ok_or_else(|| {
+                problem("optimizer.plugin", format!("{} reports no data mode", plugin.id()))
+            })?;
+            OptimizerNeeds {
+                reference: info.needs_reference,
+                value_head: info.needs_value_head,
+                pairs: info.data_mode == DataMode::OfflinePairs,
+                offline: matches!(info.data_mode, DataMode::OfflinePairs | DataMode::OfflineSft),
+            }
+        }
     };
     let policy = shape_of(&resolved.model.policy).map_err(|message| problem("model.policy", message))?;
     let reference = match resolved.model.reference.as_str() {
+        _ if Builtin::of(resolved) == Some(Builtin::Distill) => {
+            let teacher = DistillOptions::from_spec(resolved)?.teacher;
+            Some(shape_of(&teacher).map_err(|message| problem("optimizer.teacher", message))?)
+        }
         "same" => None,
         source => Some(shape_of(source).map_err(|message| problem("model.reference", message))?),
     };

@@ -17,6 +17,7 @@
 
 pub mod checks;
 pub mod consumer;
+pub mod dataset_output;
 pub mod estimate;
 pub mod gate;
 pub mod out_of_memory;

@@ -43,12 +43,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
+use super::dataset_output::{self, DatasetVerdict};
 use super::out_of_memory;
 use super::publish::{self, Verdict};
 use rlvr_protocol::fs::write_json_atomic;
 
 use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
+use rlvr_protocol::builtin::Builtin;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
 use rlvr_protocol::memory::BYTES_PER_GB;
 use rlvr_protocol::worker::{OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
@@ -610,6 +612,9 @@ impl Supervisor {
     /// Gates a finished job and records the verdict; a published one's manifest then goes to
     /// the job's webhook, if it names one.
     async fn finish(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
+        if Builtin::of(spec) == Some(Builtin::RejectionSampling) {
+            return self.finish_dataset(id, spec, outcome).await;
+        }
         let (spec2, id2, tenancy) = (spec.clone(), id.to_owned(), self.tenancy.clone());
         let verdict = tokio::task::spawn_blocking(move || {
             publish::gate_and_publish(&spec2, &id2, &outcome, &tenancy.lines, None)
@@ -643,6 +648,35 @@ impl Supervisor {
             Err(error) => {
                 let _ =
                     self.transition(id, JobState::Failed, &format!("gating panicked: {error}"), &[]).await;
+            }
+        }
+    }
+
+    /// Gates a finished rejection-sampling job's dataset and records the verdict: published as
+    /// the team's dataset (`published_dataset`, the reference a later spec names), or refused.
+    async fn finish_dataset(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
+        let (spec2, tenancy) = (spec.clone(), self.tenancy.clone());
+        let verdict = tokio::task::spawn_blocking(move || {
+            dataset_output::gate_and_publish(&spec2, &outcome, &tenancy.datasets, tenancy.max_datasets())
+        })
+        .await;
+        match verdict {
+            Ok(Ok(DatasetVerdict::Published { reference, report })) => {
+                let reason = format!("published {reference}");
+                let report = serde_json::to_string(&report).unwrap_or_default();
+                let fields = [("gates", report), ("published_dataset", reference)];
+                let _ = self.transition(id, JobState::Published, &reason, &fields).await;
+            }
+            Ok(Ok(DatasetVerdict::Refused { reason, report })) => {
+                let report = serde_json::to_string(&report).unwrap_or_default();
+                let _ = self.transition(id, JobState::Refused, &reason, &[("gates", report)]).await;
+            }
+            Ok(Err(error)) => {
+                let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
+            }
+            Err(error) => {
+                let reason = format!("gating panicked: {error}");
+                let _ = self.transition(id, JobState::Failed, &reason, &[]).await;
             }
         }
     }

@@ -8,6 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use rlvr_protocol::builtin::Builtin;
 use rlvr_protocol::names::{CurriculumRef, DataRef, ModelRef};
 use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{JobSpec, SpecError};
@@ -40,6 +41,12 @@ fn model_fields(spec: &JobSpec) -> Vec<(String, String)> {
     if spec.model.reference != "same" {
         fields.push(("model.reference".to_owned(), spec.model.reference.clone()));
     }
+    // A distillation job's teacher (a bad or missing key is `checks`' to refuse).
+    if Builtin::of(spec) == Some(Builtin::Distill)
+        && let Some(Value::String(teacher)) = spec.optimizer.options.get("teacher")
+    {
+        fields.push((TEACHER.to_owned(), teacher.clone()));
+    }
     for (i, section) in spec.verifiers.iter().enumerate() {
         // A missing or non-string `model` is `checks`' to refuse.
         if is_reward_model(section)
@@ -56,6 +63,9 @@ fn set_model_field(spec: &mut JobSpec, field: &str, value: String) {
     match field {
         "model.policy" => spec.model.policy = value,
         "model.reference" => spec.model.reference = value,
+        TEACHER => {
+            spec.optimizer.options.insert("teacher".into(), Value::String(value));
+        }
         _ => {
             let index = field.strip_prefix("verifiers[").and_then(|rest| rest.strip_suffix("].model"));
             if let Some(section) =
@@ -102,14 +112,24 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
         }
     }
 
+    let mut dirs = std::collections::BTreeMap::new();
     for (field, value) in model_fields(spec) {
         match model_dir(tenancy, team, &value) {
             Ok((ModelRef::Builtin(_), _)) if field.starts_with("verifiers[") => {
                 problems.push(refuse(&field, BUILTIN_IS_NO_REWARD_MODEL))
             }
-            Ok((reference, _)) => set_model_field(&mut pinned, &field, reference.to_string()),
+            Ok((reference, dir)) => {
+                set_model_field(&mut pinned, &field, reference.to_string());
+                dirs.insert(field, dir);
+            }
             Err(message) => problems.push(refuse(&field, message)),
         }
+    }
+    // A teacher's distributions are over its own tokens: the student must read the same ones.
+    if let (Some(student), Some(teacher)) = (dirs.get("model.policy"), dirs.get(TEACHER))
+        && let Err(message) = same_tokenizer(student.as_deref(), teacher.as_deref())
+    {
+        problems.push(refuse(TEACHER, message));
     }
 
     if let Some(name) = spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) {
@@ -203,6 +223,44 @@ fn file_in_root(root: &Path, relative: &str, max_bytes: u64) -> Result<PathBuf, 
         return Err(format!("over {max_bytes} bytes (tenancy.max_dataset_bytes)"));
     }
     Ok(file)
+}
+
+/// The spec field naming a distillation job's teacher.
+const TEACHER: &str = "optimizer.teacher";
+
+/// Whether two models (their directories; `None` for the built-in model) read the same tokens:
+/// equal `tokenizer.json` vocabularies (`model`, `added_tokens`) for two directories; against
+/// the built-in model's character tokenizer, the directory's `vocab_size` (the worker compares
+/// the token maps themselves when it loads both). The message never shows a path.
+fn same_tokenizer(student: Option<&Path>, teacher: Option<&Path>) -> Result<(), String> {
+    fn vocabulary(dir: &Path) -> Result<(Value, Value), String> {
+        let text = fs::read_to_string(dir.join("tokenizer.json"))
+            .map_err(|_| "a model has no readable tokenizer.json to compare".to_owned())?;
+        let mut json: Value =
+            serde_json::from_str(&text).map_err(|_| "a model's tokenizer.json is not JSON".to_owned())?;
+        Ok((json["model"].take(), json["added_tokens"].take()))
+    }
+    fn vocab_size(dir: &Path) -> Option<u64> {
+        let text = fs::read_to_string(dir.join("config.json")).ok()?;
+        serde_json::from_str::<Value>(&text).ok()?["vocab_size"].as_u64()
+    }
+    let builtin = rlvr_protocol::memory::ModelShape::BUILTIN.vocab;
+    let differs = "the teacher's tokenizer differs from model.policy's: distillation compares their                    distributions token by token, so they must share one";
+    match (student, teacher) {
+        (None, None) => Ok(()),
+        (Some(dir), None) | (None, Some(dir)) => match vocab_size(dir) {
+            Some(size) if size == builtin => Ok(()),
+            Some(size) => Err(format!("{differs} ({size} tokens against the built-in model's {builtin})")),
+            None => Err(format!("{differs} (a model's config.json has no vocab_size)")),
+        },
+        (Some(a), Some(b)) => {
+            if vocabulary(a)? == vocabulary(b)? {
+                Ok(())
+            } else {
+                Err(differs.to_owned())
+            }
+        }
+    }
 }
 
 const BUILTIN_IS_NO_REWARD_MODEL: &str = "the built-in model is a language model, not a reward model: name a \
