@@ -17,7 +17,8 @@ use crate::{
     API_VERSION, AdvantageInputs, AdvantageOutput, Curriculum, Curriculum_TO, CurriculumPlugin, GroupOutcome,
     HostContext, LIBTORCH_VERSION, LossInputs, LossOutput, Metadata, Optimizer, Optimizer_TO,
     OptimizerPlugin, OptionError, OptionsReport, PluginError, PluginErrorKind, PluginInfo, PluginInstance,
-    PluginKind, PluginMod, PluginModRef, Verdict, Verifier, Verifier_TO, VerifierPlugin, VerifyItem,
+    PluginKind, PluginMod, PluginModRef, TrainedModel, Verdict, Verifier, Verifier_TO, VerifierPlugin,
+    VerifyItem,
 };
 
 /// Runs `call`, turning a panic into a [`PluginError`] that names where it happened.
@@ -55,6 +56,11 @@ fn report_json(checked: Result<OptionsReport, OptionError>) -> Result<RString, P
 /// problem, and the message never quotes the text (it holds secrets).
 fn host_context(host_json: RStr<'_>) -> Result<HostContext, PluginError> {
     HostContext::from_json(host_json.as_str()).map_err(|error| PluginError::internal(error.to_string()))
+}
+
+/// What verifiers and curricula answer for `trains`: they train nothing themselves.
+extern "C" fn trains_policy() -> RString {
+    TrainedModel::Policy.as_str().into()
 }
 
 fn base_info(kind: PluginKind, metadata: Metadata) -> PluginInfo {
@@ -131,6 +137,7 @@ pub fn verifier_module<T: VerifierPlugin>() -> PluginModRef {
         create: verifier_create::<T>,
         check_options: verifier_check_options::<T>,
         create_in: verifier_create_in::<T>,
+        trains: trains_policy,
     }
     .leak_into_prefix()
 }
@@ -162,6 +169,11 @@ extern "C" fn optimizer_info<T: OptimizerPlugin>() -> RResult<PluginInfo, Plugin
         info.optimizer = abi_stable::std_types::ROption::RSome(requirements);
         Ok(info)
     })
+}
+
+extern "C" fn optimizer_trains<T: OptimizerPlugin>() -> RString {
+    // A panic here would cross the boundary; the plain default is what an old library answers.
+    catch_unwind(T::trains).unwrap_or_default().as_str().into()
 }
 
 extern "C" fn optimizer_self_test<T: OptimizerPlugin>() -> RResult<(), PluginError> {
@@ -203,6 +215,7 @@ pub fn optimizer_module<T: OptimizerPlugin>() -> PluginModRef {
         create: optimizer_create::<T>,
         check_options: optimizer_check_options::<T>,
         create_in: optimizer_create_in::<T>,
+        trains: optimizer_trains::<T>,
     }
     .leak_into_prefix()
 }
@@ -278,6 +291,7 @@ pub fn curriculum_module<T: CurriculumPlugin>() -> PluginModRef {
         create: curriculum_create::<T>,
         check_options: curriculum_check_options::<T>,
         create_in: curriculum_create_in::<T>,
+        trains: trains_policy,
     }
     .leak_into_prefix()
 }

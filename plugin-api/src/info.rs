@@ -89,6 +89,43 @@ impl DataMode {
     }
 }
 
+/// The model an optimizer trains, by its wire name: what [`LossInputs::logprobs`] holds.
+///
+/// Not part of [`OptimizerInfo`], whose layout old libraries fix: a library reports it through
+/// the root module's appended [`PluginMod::trains`](crate::PluginMod::trains), as a string, so a
+/// model this host does not know is refused by name (as [`PluginInfo::kind`] is); a library built
+/// before it trains a [`TrainedModel::Policy`].
+///
+/// [`LossInputs::logprobs`]: crate::LossInputs::logprobs
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TrainedModel {
+    /// A causal language model: `logprobs` holds the policy's per-token log-probabilities.
+    #[default]
+    Policy,
+    /// A sequence-classification reward model (a backbone and a `score` head), trained on
+    /// [`DataMode::OfflinePairs`]: `logprobs` holds one score per sequence, `[B, 1]`, with a
+    /// mask of ones, and `returns` each pair's margin (see [`LossInputs`](crate::LossInputs)).
+    RewardModel,
+}
+
+impl TrainedModel {
+    /// Every model, in display order.
+    pub const ALL: [TrainedModel; 2] = [TrainedModel::Policy, TrainedModel::RewardModel];
+
+    /// The wire name: `policy` or `reward-model`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrainedModel::Policy => "policy",
+            TrainedModel::RewardModel => "reward-model",
+        }
+    }
+
+    /// Parses a wire name; `None` for anything else.
+    pub fn parse(name: &str) -> Option<TrainedModel> {
+        Self::ALL.into_iter().find(|model| model.as_str() == name)
+    }
+}
+
 /// What an optimizer needs from the trainer.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq)]

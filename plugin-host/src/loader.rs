@@ -10,7 +10,9 @@ use std::path::Path;
 
 use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
 use abi_stable::std_types::{ROption, RResult};
-use rlvr_plugin_api::{API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef};
+use rlvr_plugin_api::{
+    API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef, TrainedModel,
+};
 use serde::{Deserialize, Serialize};
 
 /// Why a library was refused. A bounded set: these are the `reason` label of
@@ -121,6 +123,10 @@ pub struct PluginMeta {
     pub needs_value_head: Option<bool>,
     /// Optimizers: whether completions must come in groups.
     pub needs_groups: Option<bool>,
+    /// Optimizers: the model they train (`policy`, `reward-model`; see `TrainedModel`). Absent
+    /// in records written before it was, which were all policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trains: Option<String>,
     /// What the plugin found about this host when it loaded (e.g. sandbox layers).
     #[serde(default)]
     pub notes: Vec<String>,
@@ -208,6 +214,9 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
             return Err(LoadRefusal::new(RefusalReason::InvalidMetadata, format!("info() failed: {error}")));
         }
     };
+    if meta.kind == PluginKind::Optimizer {
+        meta.trains = Some(trained_model(&module, &meta.name)?.as_str().to_owned());
+    }
     if module.check_options().is_none() {
         // Listed with the plugin (`rlvrctl plugins`, `GET /v1/plugins`) and logged at load.
         meta.notes.push(NOT_CHECKED_AT_SUBMIT.to_owned());
@@ -222,6 +231,25 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
             format!("self-test failed: {}", error.message),
         )),
     }
+}
+
+/// The model an optimizer library trains: its root module's `trains`, appended after
+/// `create_in`, so a library without it trains the policy; a name this host does not know is
+/// refused by name.
+fn trained_model(module: &PluginModRef, name: &str) -> Result<TrainedModel, LoadRefusal> {
+    let Some(trains) = module.trains() else { return Ok(TrainedModel::Policy) };
+    let answer = trains();
+    TrainedModel::parse(answer.as_str()).ok_or_else(|| {
+        let known: Vec<&str> = TrainedModel::ALL.iter().map(|model| model.as_str()).collect();
+        LoadRefusal::new(
+            RefusalReason::InvalidMetadata,
+            format!(
+                "optimizer {name} trains {:?}, a model this daemon does not know (it knows {})",
+                answer.as_str(),
+                known.join(", ")
+            ),
+        )
+    })
 }
 
 /// Loads the library at `path` to ask it about options (`rlvr-worker check-options`): ELF-checked
@@ -368,6 +396,7 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
         needs_reference: None,
         needs_value_head: None,
         needs_groups: None,
+        trains: None,
         notes: info.notes.iter().map(|note| note.to_string()).collect(),
     };
     let kind_mismatch = |details: &str| {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use rlvr_plugin_api::{
     CurriculumBox, HostContext, OptimizerBox, OptimizerInfo, OptionError, PluginError, PluginErrorKind,
-    PluginInstance, PluginKind,
+    PluginInstance, PluginKind, TrainedModel,
 };
-use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
+use rlvr_plugin_host::fit::{fit_problems, optimizer_needs, trained_model};
 use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::options::spec_field;
 use rlvr_plugin_host::reward::{Combiner, Grader};
@@ -33,6 +33,8 @@ pub struct JobPlugins {
     pub optimizer: OptimizerBox,
     /// What it needs.
     pub optimizer_info: OptimizerInfo,
+    /// The model it trains: the policy, or a reward model.
+    pub trains: TrainedModel,
     /// Its `name@version`.
     pub optimizer_id: String,
     /// The graders, in the spec's order.
@@ -95,6 +97,7 @@ impl JobPlugins {
         let mut plugins = JobPlugins {
             optimizer: created,
             optimizer_info,
+            trains: trained_model(&optimizer.meta),
             optimizer_id: optimizer.id(),
             graders: Vec::new(),
             combiner: Combiner {
@@ -130,7 +133,9 @@ impl JobPlugins {
             plugins.uses.push(used);
         }
         if let Some((field, message)) =
-            fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id).into_iter().next()
+            fit_problems(spec, &plugins.optimizer_info, plugins.trains, &plugins.optimizer_id)
+                .into_iter()
+                .next()
         {
             return Err(WorkerError::Plugin { field, message });
         }
