@@ -667,9 +667,9 @@ fn rm_states_that_it_trains_a_reward_model_on_pairs() {
 #[test]
 fn rm_refuses_options_and_inputs_naming_them() {
     for (config, message) in [
-        (r#"{"margn": 1}"#, "margn: unknown key; expected margin"),
+        (r#"{"margn": 1}"#, "margn: unknown key; expected one of margin"),
         (r#"{"margin": -1}"#, "margin: expected a number ≥ 0, got -1"),
-        (r#"{"beta": 0.1}"#, "beta: unknown key; expected margin"),
+        (r#"{"beta": 0.1}"#, "beta: unknown key; expected one of margin"),
     ] {
         let config: Value = serde_json::from_str(config).unwrap();
         let error = create("rlvr-optimizer-rm", &config).err().unwrap_or_else(|| panic!("rm took {config}"));

@@ -184,9 +184,9 @@ mod tests {
     fn options_are_checked_naming_the_key() {
         check("{}", Ok(()));
         check(r#"{"margin": 1.5}"#, Ok(()));
-        check(r#"{"margn": 1}"#, Err(("margn", "unknown key; expected margin")));
+        check(r#"{"margn": 1}"#, Err(("margn", "unknown key; expected one of margin")));
         check(r#"{"margin": -0.5}"#, Err(("margin", "expected a number ≥ 0, got -0.5")));
-        check(r#"{"beta": 0.1}"#, Err(("beta", "unknown key; expected margin")));
+        check(r#"{"beta": 0.1}"#, Err(("beta", "unknown key; expected one of margin")));
     }
 
     #[test]
