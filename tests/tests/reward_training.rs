@@ -45,7 +45,8 @@ fn pairs_from(prompts: &Path, out: &Path) -> PathBuf {
 
 /// Train and held-out pairs in `dir`, from `rlvrd data arith`.
 fn arith_pairs(dir: &Path, train: usize, heldout: usize) -> (PathBuf, PathBuf) {
-    let data = arith_data(dir, &["--train", &train.to_string(), "--heldout", &heldout.to_string(), "--sft", "0"]);
+    let data =
+        arith_data(dir, &["--train", &train.to_string(), "--heldout", &heldout.to_string(), "--sft", "0"]);
     (
         pairs_from(&data.join("train.jsonl"), &dir.join("pairs-train.jsonl")),
         pairs_from(&data.join("heldout.jsonl"), &dir.join("pairs-heldout.jsonl")),
@@ -170,6 +171,7 @@ policy = "builtin:tiny-arith"
 
 [data]
 train = "{data}/train.jsonl"
+heldout = "{data}/heldout.jsonl"
 
 [optimizer]
 plugin = "ppo"
@@ -189,6 +191,9 @@ prompts_per_step = 4
 
 [budget]
 max_steps = 3
+
+[eval]
+max_prompts = 8
 "#,
         data = data.display()
     ) + PERMISSIVE_GATES;
