@@ -17,8 +17,7 @@ use crate::{
     API_VERSION, AdvantageInputs, AdvantageOutput, Curriculum, Curriculum_TO, CurriculumPlugin, GroupOutcome,
     HostContext, LIBTORCH_VERSION, LossInputs, LossOutput, Metadata, Optimizer, Optimizer_TO,
     OptimizerPlugin, OptionError, OptionsReport, PluginError, PluginErrorKind, PluginInfo, PluginInstance,
-    PluginKind, PluginMod, PluginModRef, TrainedModel, Verdict, Verifier, Verifier_TO, VerifierPlugin,
-    VerifyItem,
+    PluginKind, PluginMod, PluginModRef, Verdict, Verifier, Verifier_TO, VerifierPlugin, VerifyItem,
 };
 
 /// Runs `call`, turning a panic into a [`PluginError`] that names where it happened.
@@ -56,11 +55,6 @@ fn report_json(checked: Result<OptionsReport, OptionError>) -> Result<RString, P
 /// problem, and the message never quotes the text (it holds secrets).
 fn host_context(host_json: RStr<'_>) -> Result<HostContext, PluginError> {
     HostContext::from_json(host_json.as_str()).map_err(|error| PluginError::internal(error.to_string()))
-}
-
-/// What verifiers and curricula answer for `trains`: they train nothing themselves.
-extern "C" fn trains_policy() -> RString {
-    TrainedModel::Policy.as_str().into()
 }
 
 fn base_info(kind: PluginKind, metadata: Metadata) -> PluginInfo {
@@ -137,7 +131,6 @@ pub fn verifier_module<T: VerifierPlugin>() -> PluginModRef {
         create: verifier_create::<T>,
         check_options: verifier_check_options::<T>,
         create_in: verifier_create_in::<T>,
-        trains: trains_policy,
     }
     .leak_into_prefix()
 }
@@ -171,9 +164,13 @@ extern "C" fn optimizer_info<T: OptimizerPlugin>() -> RResult<PluginInfo, Plugin
     })
 }
 
-extern "C" fn optimizer_trains<T: OptimizerPlugin>() -> RString {
-    // A panic here would cross the boundary; the plain default is what an old library answers.
-    catch_unwind(T::trains).unwrap_or_default().as_str().into()
+/// The model `T` trains, as the NUL-terminated wire name that [`export_optimizer!`]'s
+/// [`TRAINS_SYMBOL`](crate::TRAINS_SYMBOL) function returns.
+///
+/// [`export_optimizer!`]: crate::export_optimizer
+pub fn trains_name<T: OptimizerPlugin>() -> &'static std::ffi::CStr {
+    // A panic must not cross the boundary; the default is what a library without the symbol says.
+    catch_unwind(T::trains).unwrap_or_default().as_cstr()
 }
 
 extern "C" fn optimizer_self_test<T: OptimizerPlugin>() -> RResult<(), PluginError> {
@@ -215,7 +212,6 @@ pub fn optimizer_module<T: OptimizerPlugin>() -> PluginModRef {
         create: optimizer_create::<T>,
         check_options: optimizer_check_options::<T>,
         create_in: optimizer_create_in::<T>,
-        trains: optimizer_trains::<T>,
     }
     .leak_into_prefix()
 }
@@ -291,7 +287,6 @@ pub fn curriculum_module<T: CurriculumPlugin>() -> PluginModRef {
         create: curriculum_create::<T>,
         check_options: curriculum_check_options::<T>,
         create_in: curriculum_create_in::<T>,
-        trains: trains_policy,
     }
     .leak_into_prefix()
 }
@@ -314,6 +309,9 @@ macro_rules! export_verifier {
 }
 
 /// Exports an [`OptimizerPlugin`] impl as this library's plugin: `export_optimizer!(Grpo);`.
+///
+/// Besides the root module it exports [`TRAINS_SYMBOL`](crate::TRAINS_SYMBOL), the model the
+/// optimizer trains (see [`TrainedModel`](crate::TrainedModel) for why a symbol of its own).
 #[macro_export]
 macro_rules! export_optimizer {
     ($plugin:ty) => {
@@ -321,6 +319,13 @@ macro_rules! export_optimizer {
         #[::abi_stable::export_root_module]
         pub fn rlvr_plugin_root_module() -> $crate::PluginModRef {
             $crate::export::optimizer_module::<$plugin>()
+        }
+
+        /// The model this optimizer trains: a static NUL-terminated wire name
+        /// (`rlvr_plugin_api::TrainedModel`), read by the daemon's loader.
+        #[unsafe(no_mangle)]
+        pub extern "C" fn rlvr_optimizer_trains() -> *const ::std::ffi::c_char {
+            $crate::export::trains_name::<$plugin>().as_ptr()
         }
     };
 }

@@ -91,10 +91,19 @@ impl DataMode {
 
 /// The model an optimizer trains, by its wire name: what [`LossInputs::logprobs`] holds.
 ///
-/// Not part of [`OptimizerInfo`], whose layout old libraries fix: a library reports it through
-/// the root module's appended [`PluginMod::trains`](crate::PluginMod::trains), as a string, so a
-/// model this host does not know is refused by name (as [`PluginInfo::kind`] is); a library built
-/// before it trains a [`TrainedModel::Policy`].
+/// A library reports it through a symbol of its own, [`TRAINS_SYMBOL`] (written by
+/// [`export_optimizer!`](crate::export_optimizer)), a function returning the wire name as a
+/// static C string; a library without the symbol (built before it) trains a
+/// [`TrainedModel::Policy`], and a name this host does not know is refused by name (as
+/// [`PluginInfo::kind`] is).
+///
+/// Why not a [`DataMode`] variant, a field of [`OptimizerInfo`] or a field appended to
+/// [`PluginMod`](crate::PluginMod): abi_stable checks the root module's whole layout at load and
+/// refuses a library whose exhaustive enum has another number of variants, whose struct has other
+/// fields, or whose prefix type has *fewer* fields than the host's (measured: a library built
+/// before a sixth `PluginMod` field was refused with "PluginMod: too many fields (expected 6,
+/// found 5)"). Each would have refused every library built before it; a symbol beside the root
+/// module changes no checked layout.
 ///
 /// [`LossInputs::logprobs`]: crate::LossInputs::logprobs
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -108,7 +117,19 @@ pub enum TrainedModel {
     RewardModel,
 }
 
+/// The symbol an optimizer library exports for [`TrainedModel`]: an
+/// `extern "C" fn() -> *const c_char` returning a static NUL-terminated wire name.
+pub const TRAINS_SYMBOL: &[u8] = b"rlvr_optimizer_trains\0";
+
 impl TrainedModel {
+    /// The wire name as a C string (what [`TRAINS_SYMBOL`]'s function returns).
+    pub fn as_cstr(self) -> &'static std::ffi::CStr {
+        match self {
+            TrainedModel::Policy => c"policy",
+            TrainedModel::RewardModel => c"reward-model",
+        }
+    }
+
     /// Every model, in display order.
     pub const ALL: [TrainedModel; 2] = [TrainedModel::Policy, TrainedModel::RewardModel];
 

@@ -67,17 +67,6 @@ pub struct PluginMod {
         prompt_ids: RSlice<'_, RString>,
         host_json: RStr<'_>,
     ) -> RResult<PluginInstance, PluginError>,
-    /// Optimizers: the model they train, a [`TrainedModel`](crate::TrainedModel)'s wire name
-    /// (`"policy"`, `"reward-model"`); other kinds answer `"policy"`. Appended after
-    /// `create_in`: a library without it trains the policy.
-    ///
-    /// Why a function here and not a [`DataMode`](crate::DataMode) variant or a field of
-    /// [`OptimizerInfo`](crate::OptimizerInfo): both are fixed-layout types inside
-    /// [`PluginInfo`](crate::PluginInfo), and abi_stable refuses a library whose exhaustive enum
-    /// has another number of variants or whose struct has other fields, so either change would
-    /// refuse every library built before it. A prefix field is optional by construction.
-    #[sabi(missing_field(option))]
-    pub trains: extern "C" fn() -> RString,
 }
 
 impl RootModule for PluginModRef {

@@ -102,7 +102,7 @@ pub struct LossScale {
 /// pair's margin from the data on both its rows (0 where the pair gives none), and the other
 /// tensors are `RNone`; `scale.batch_tokens` is then the batch's rows. The existing slots carry
 /// them because [`LossInputs`] has a fixed layout that old libraries were built against: a new
-/// field would refuse every one of them (see [`PluginMod::trains`](crate::PluginMod::trains)).
+/// field would refuse every one of them (see [`TrainedModel`](crate::TrainedModel)).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct LossInputs {

@@ -8,10 +8,11 @@
 use std::fmt;
 use std::path::Path;
 
-use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
+use abi_stable::library::{LibraryError, RawLibrary, RootModule, lib_header_from_path};
 use abi_stable::std_types::{ROption, RResult};
 use rlvr_plugin_api::{
-    API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef, TrainedModel,
+    API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef, TRAINS_SYMBOL,
+    TrainedModel,
 };
 use serde::{Deserialize, Serialize};
 
@@ -215,7 +216,7 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
         }
     };
     if meta.kind == PluginKind::Optimizer {
-        meta.trains = Some(trained_model(&module, &meta.name)?.as_str().to_owned());
+        meta.trains = Some(trained_model(path, &meta.name)?.as_str().to_owned());
     }
     if module.check_options().is_none() {
         // Listed with the plugin (`rlvrctl plugins`, `GET /v1/plugins`) and logged at load.
@@ -233,19 +234,34 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
     }
 }
 
-/// The model an optimizer library trains: its root module's `trains`, appended after
-/// `create_in`, so a library without it trains the policy; a name this host does not know is
-/// refused by name.
-fn trained_model(module: &PluginModRef, name: &str) -> Result<TrainedModel, LoadRefusal> {
-    let Some(trains) = module.trains() else { return Ok(TrainedModel::Policy) };
-    let answer = trains();
-    TrainedModel::parse(answer.as_str()).ok_or_else(|| {
+/// The model an optimizer library trains: the string its [`TRAINS_SYMBOL`] function returns; a
+/// library without the symbol (built before it) trains the policy, and a name this host does not
+/// know is refused by name. The library is mapped already (`open`): this takes one more reference
+/// to it, which is never given back, as libraries are never unloaded.
+fn trained_model(path: &Path, name: &str) -> Result<TrainedModel, LoadRefusal> {
+    let library = RawLibrary::load_at(path).map_err(library_refusal)?;
+    let library: &'static RawLibrary = Box::leak(Box::new(library));
+    // SAFETY: the symbol, when present, is `export_optimizer!`'s `extern "C" fn() -> *const
+    // c_char`, returning a pointer to a static NUL-terminated string of the library's.
+    let answer = unsafe {
+        match library.get::<extern "C" fn() -> *const std::ffi::c_char>(TRAINS_SYMBOL) {
+            Err(_) => return Ok(TrainedModel::Policy),
+            Ok(trains) => {
+                let pointer = trains();
+                if pointer.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(pointer).to_string_lossy().into_owned()
+                }
+            }
+        }
+    };
+    TrainedModel::parse(&answer).ok_or_else(|| {
         let known: Vec<&str> = TrainedModel::ALL.iter().map(|model| model.as_str()).collect();
         LoadRefusal::new(
             RefusalReason::InvalidMetadata,
             format!(
-                "optimizer {name} trains {:?}, a model this daemon does not know (it knows {})",
-                answer.as_str(),
+                "optimizer {name} trains {answer:?}, a model this daemon does not know (it knows {})",
                 known.join(", ")
             ),
         )
