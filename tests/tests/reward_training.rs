@@ -239,3 +239,55 @@ fn an_rm_job_refuses_verifiers_canaries_and_lora_naming_the_key() {
         assert!(message.contains(words), "{field}: {message:?} lacks {words:?}");
     }
 }
+
+/// metrics.jsonl lines without their wall-clock timings (the only field allowed to differ).
+fn metrics_without_time(state: &Path) -> Vec<Value> {
+    fs::read_to_string(state.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut value: Value = serde_json::from_str(line).unwrap();
+            value.as_object_mut().unwrap().remove("time");
+            value
+        })
+        .collect()
+}
+
+/// An `rm` job killed with SIGKILL past its step-4 checkpoint and resumed ends with the weights
+/// and the metrics of an uninterrupted run, to the bit: the reward model, AdamW's state and the
+/// data cursor are all in the checkpoint.
+#[test]
+fn an_rm_job_killed_and_resumed_ends_exactly_like_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+    let (train, heldout) = arith_pairs(dir.path(), 40, 16);
+    let spec = dir.path().join("rm.toml");
+    let text = rm_spec(&train, &heldout, "arith-rm", 24, 6).replace("every_steps = 24", "every_steps = 4");
+    fs::write(&spec, text + PERMISSIVE_GATES).unwrap();
+    let outcome = |output: std::process::Output| -> Outcome {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{}: {stderr}", output.status);
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let straight = dir.path().join("straight");
+    let reference =
+        outcome(worker_command(&spec, &straight, &plugins, &["--threads", "1"]).output().unwrap());
+
+    let killed = dir.path().join("killed");
+    let mut child = worker_command(&spec, &killed, &plugins, &["--threads", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Step 0's held-out line, then steps 1..=5: past the step-4 checkpoint.
+    let past_step_5 = rlvr_tests::wait_until(Duration::from_secs(300), || {
+        fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 6)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(past_step_5, "the run never reached step 5");
+    let resumed =
+        outcome(worker_command(&spec, &killed, &plugins, &["--threads", "1", "--resume"]).output().unwrap());
+    assert_eq!(resumed.weights_sha256, reference.weights_sha256, "weights differ after resume");
+    assert_eq!(metrics_without_time(&killed), metrics_without_time(&straight), "metrics differ after resume");
+}
