@@ -14,6 +14,9 @@
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline;
 //!   [`reward`] the weighted verifier reward, [`optim`] AdamW and the schedule.
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
+//! - [`reward_training`]: an optimizer that trains a reward model (`rm`): its step on preference
+//!   pairs, held-out pairwise accuracy, the gates' evaluation against the start's fresh head or
+//!   the line's published reward model.
 //! - [`grants`]: the daemon's device grants, asked for before each device phase.
 //! - [`memory`]: the memory cap (`--memory-cap`), the run's peak, out-of-memory reports.
 //! - [`lifecycle`]: stop requests, dying with the daemon, the run's lock.
