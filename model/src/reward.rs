@@ -340,8 +340,37 @@ impl RewardModel {
         Ok(out)
     }
 
-    /// One forward pass over `rows` (none empty), right-padded.
+    /// One forward pass over `rows` (none empty), right-padded, without grad.
     fn score_batch(&self, rows: &[&[i64]]) -> Result<Vec<Vec<f32>>> {
+        let logits = tch::no_grad(|| self.logits(rows)).to_device(Device::Cpu);
+        let n = self.num_labels();
+        let flat = Vec::<f32>::try_from(logits.flatten(0, -1))
+            .map_err(crate::error::torch_err("reading the reward model's logits"))?;
+        Ok(flat.chunks(n).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Logits `[rows, num_labels]` (f32, on the model's device) of `rows` in one forward pass,
+    /// with grad: a reward-model trainer's pass. Every row must be non-empty with ids inside the
+    /// vocabulary (as [`score`](Self::score) checks). There is one score per row, so there are no
+    /// per-token logits to chunk; the backbone's graph is kept whole.
+    pub fn training_logits(&self, rows: &[&[i64]]) -> Result<Tensor> {
+        let vocab = self.vocab_size();
+        for (i, row) in rows.iter().enumerate() {
+            if row.is_empty() {
+                return Err(ModelError::InvalidInput(format!("row {i} has no tokens")));
+            }
+            if let Some(id) = row.iter().find(|id| !(0..vocab).contains(*id)) {
+                return Err(ModelError::InvalidInput(format!(
+                    "row {i}: token id {id} outside the vocabulary of {vocab}"
+                )));
+            }
+        }
+        Ok(self.logits(rows))
+    }
+
+    /// The head at each row's scored position, `[rows, num_labels]` f32; grad as the caller's
+    /// mode is.
+    fn logits(&self, rows: &[&[i64]]) -> Tensor {
         let device = self.device();
         let b = rows.len() as i64;
         let width = rows.iter().map(|r| r.len()).max().unwrap_or(0);
@@ -358,20 +387,22 @@ impl RewardModel {
         }
         let padded = rows.iter().any(|r| r.len() < width);
         let w = width as i64;
-        let logits = tch::no_grad(|| {
-            let ids = Tensor::from_slice(&ids).view([b, w]).to_device(device);
-            let mask = Tensor::from_slice(&mask).view([b, w]).to_device(device);
-            let positions = positions_from_mask(&mask);
-            let hidden = self.model.forward_with(&ids, &positions, &mask, Padding::from_bool(padded), None);
-            let h = hidden.size()[2];
-            let at = Tensor::from_slice(&at).to_device(device).view([b, 1, 1]).expand([b, 1, h], false);
-            let last = hidden.gather(1, &at, false).squeeze_dim(1);
-            last.linear(&self.score, None::<Tensor>).to_kind(Kind::Float).to_device(Device::Cpu)
-        });
-        let n = self.num_labels();
-        let flat = Vec::<f32>::try_from(logits.flatten(0, -1))
-            .map_err(crate::error::torch_err("reading the reward model's logits"))?;
-        Ok(flat.chunks(n).map(<[f32]>::to_vec).collect())
+        let ids = Tensor::from_slice(&ids).view([b, w]).to_device(device);
+        let mask = Tensor::from_slice(&mask).view([b, w]).to_device(device);
+        let positions = positions_from_mask(&mask);
+        let hidden = self.model.forward_with(&ids, &positions, &mask, Padding::from_bool(padded), None);
+        let h = hidden.size()[2];
+        let at = Tensor::from_slice(&at).to_device(device).view([b, 1, 1]).expand([b, 1, h], false);
+        let last = hidden.gather(1, &at, false).squeeze_dim(1);
+        last.linear(&self.score, None::<Tensor>).to_kind(Kind::Float)
+    }
+
+    /// Every weight (backbone and head) under its Hugging Face name, sorted: what a reward-model
+    /// trainer's optimizer updates. Call [`VarStore::unfreeze`] on [`vs`](Self::vs) first.
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        let mut params: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        params
     }
 
     /// Writes the checkpoint to `dir` as transformers writes one (`config.json`,

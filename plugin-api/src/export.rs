@@ -172,6 +172,15 @@ extern "C" fn optimizer_info<T: OptimizerPlugin>() -> RResult<PluginInfo, Plugin
     })
 }
 
+/// The model `T` trains, as the NUL-terminated wire name that [`export_optimizer!`]'s
+/// [`TRAINS_SYMBOL`](crate::TRAINS_SYMBOL) function returns.
+///
+/// [`export_optimizer!`]: crate::export_optimizer
+pub fn trains_name<T: OptimizerPlugin>() -> &'static std::ffi::CStr {
+    // A panic must not cross the boundary; the default is what a library without the symbol says.
+    catch_unwind(T::trains).unwrap_or_default().as_cstr()
+}
+
 extern "C" fn optimizer_self_test<T: OptimizerPlugin>() -> RResult<(), PluginError> {
     guard("self_test()", T::self_test)
 }
@@ -308,6 +317,9 @@ macro_rules! export_verifier {
 }
 
 /// Exports an [`OptimizerPlugin`] impl as this library's plugin: `export_optimizer!(Grpo);`.
+///
+/// Besides the root module it exports [`TRAINS_SYMBOL`](crate::TRAINS_SYMBOL), the model the
+/// optimizer trains (see [`TrainedModel`](crate::TrainedModel) for why a symbol of its own).
 #[macro_export]
 macro_rules! export_optimizer {
     ($plugin:ty) => {
@@ -315,6 +327,13 @@ macro_rules! export_optimizer {
         #[::abi_stable::export_root_module]
         pub fn rlvr_plugin_root_module() -> $crate::PluginModRef {
             $crate::export::optimizer_module::<$plugin>()
+        }
+
+        /// The model this optimizer trains: a static NUL-terminated wire name
+        /// (`rlvr_plugin_api::TrainedModel`), read by the daemon's loader.
+        #[unsafe(no_mangle)]
+        pub extern "C" fn rlvr_optimizer_trains() -> *const ::std::ffi::c_char {
+            $crate::export::trains_name::<$plugin>().as_ptr()
         }
     };
 }

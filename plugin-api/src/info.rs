@@ -89,6 +89,64 @@ impl DataMode {
     }
 }
 
+/// The model an optimizer trains, by its wire name: what [`LossInputs::logprobs`] holds.
+///
+/// A library reports it through a symbol of its own, [`TRAINS_SYMBOL`] (written by
+/// [`export_optimizer!`](crate::export_optimizer)), a function returning the wire name as a
+/// static C string; a library without the symbol (built before it) trains a
+/// [`TrainedModel::Policy`], and a name this host does not know is refused by name (as
+/// [`PluginInfo::kind`] is).
+///
+/// Why not a [`DataMode`] variant, a field of [`OptimizerInfo`] or a field appended to
+/// [`PluginMod`](crate::PluginMod): abi_stable checks the root module's whole layout at load and
+/// refuses a library whose exhaustive enum has another number of variants, whose struct has other
+/// fields, or whose prefix type has *fewer* fields than the host's (measured: a library built
+/// before a sixth `PluginMod` field was refused with "PluginMod: too many fields (expected 6,
+/// found 5)"). Each would have refused every library built before it; a symbol beside the root
+/// module changes no checked layout.
+///
+/// [`LossInputs::logprobs`]: crate::LossInputs::logprobs
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TrainedModel {
+    /// A causal language model: `logprobs` holds the policy's per-token log-probabilities.
+    #[default]
+    Policy,
+    /// A sequence-classification reward model (a backbone and a `score` head), trained on
+    /// [`DataMode::OfflinePairs`]: `logprobs` holds one score per sequence, `[B, 1]`, with a
+    /// mask of ones, and `returns` each pair's margin (see [`LossInputs`](crate::LossInputs)).
+    RewardModel,
+}
+
+/// The symbol an optimizer library exports for [`TrainedModel`]: an
+/// `extern "C" fn() -> *const c_char` returning a static NUL-terminated wire name.
+pub const TRAINS_SYMBOL: &[u8] = b"rlvr_optimizer_trains\0";
+
+impl TrainedModel {
+    /// The wire name as a C string (what [`TRAINS_SYMBOL`]'s function returns).
+    pub fn as_cstr(self) -> &'static std::ffi::CStr {
+        match self {
+            TrainedModel::Policy => c"policy",
+            TrainedModel::RewardModel => c"reward-model",
+        }
+    }
+
+    /// Every model, in display order.
+    pub const ALL: [TrainedModel; 2] = [TrainedModel::Policy, TrainedModel::RewardModel];
+
+    /// The wire name: `policy` or `reward-model`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrainedModel::Policy => "policy",
+            TrainedModel::RewardModel => "reward-model",
+        }
+    }
+
+    /// Parses a wire name; `None` for anything else.
+    pub fn parse(name: &str) -> Option<TrainedModel> {
+        Self::ALL.into_iter().find(|model| model.as_str() == name)
+    }
+}
+
 /// What an optimizer needs from the trainer.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq)]

@@ -36,7 +36,9 @@
 //! - This crate is append-only: new fields go after the last prefix field, nothing is reordered,
 //!   and a change that breaks old plugins bumps [`API_VERSION`]. `check_options` and `create_in`
 //!   were appended to [`PluginMod`]: a plugin built before them loads, is created with `create`
-//!   and no context, and its options are checked when the worker creates it.
+//!   and no context, and its options are checked when the worker creates it. What an optimizer trains
+//!   ([`TrainedModel`]) is not in the root module at all but in a symbol beside it
+//!   ([`TRAINS_SYMBOL`]): a library without it trains the policy.
 //! - Optimizer plugins exchange tensors as [`TensorHandle`]s, pointers into the one libtorch that
 //!   host and plugin both link dynamically; never a `tch::Tensor` by value. They also report the
 //!   libtorch version they were built against ([`LIBTORCH_VERSION`]), which the daemon checks.
@@ -65,7 +67,7 @@ pub use crate::error::{PluginError, PluginErrorKind};
 pub use crate::host::{HostContext, HostContextError, Secret};
 pub use crate::info::{
     API_VERSION, CurriculumInfo, DataMode, LIBTORCH_VERSION, Metadata, OptimizerInfo, PluginInfo, PluginKind,
-    VerifierInfo,
+    TRAINS_SYMBOL, TrainedModel, VerifierInfo,
 };
 pub use crate::module::{PluginInstance, PluginMod, PluginModRef};
 pub use crate::optimizer::{

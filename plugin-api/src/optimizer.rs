@@ -10,7 +10,7 @@ use abi_stable::StableAbi;
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RString, RVec};
 
-use crate::{HostContext, Metadata, OptimizerInfo, OptionError, OptionsReport, PluginError};
+use crate::{HostContext, Metadata, OptimizerInfo, OptionError, OptionsReport, PluginError, TrainedModel};
 
 /// An opaque pointer to a libtorch tensor (`C_tensor*`), passed across the ABI boundary.
 ///
@@ -95,6 +95,14 @@ pub struct LossScale {
 ///
 /// For offline pairs (DPO), rows come in pairs: row `2i` is pair `i`'s chosen completion and row
 /// `2i + 1` its rejected one.
+///
+/// An optimizer that trains a reward model ([`TrainedModel::RewardModel`](crate::TrainedModel))
+/// gets the same pairs, scored: `logprobs` is each row's scalar score `[B, 1]` (the score head at
+/// the row's last token, with grad), `mask` is `[B, 1]` of ones, `returns` is `[B, 1]` with each
+/// pair's margin from the data on both its rows (0 where the pair gives none), and the other
+/// tensors are `RNone`; `scale.batch_tokens` is then the batch's rows. The existing slots carry
+/// them because [`LossInputs`] has a fixed layout that old libraries were built against: a new
+/// field would refuse every one of them (see [`TrainedModel`](crate::TrainedModel)).
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct LossInputs {
@@ -113,7 +121,8 @@ pub struct LossInputs {
     pub values: ROption<TensorHandle>,
     /// Values at sampling time, `[B, T]`, for value clipping.
     pub old_values: ROption<TensorHandle>,
-    /// Returns from [`Optimizer::advantages`], `[B, T]`, the value loss's target.
+    /// Returns from [`Optimizer::advantages`], `[B, T]`, the value loss's target; for a reward
+    /// model, each pair's margin, `[B, 1]`.
     pub returns: ROption<TensorHandle>,
     /// The whole batch's size.
     pub scale: LossScale,
@@ -181,6 +190,13 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
 
     /// Data mode and needs. `libtorch_version` is overwritten by the export layer.
     fn requirements() -> OptimizerInfo;
+
+    /// The model it trains; the default, the policy. A reward model's optimizer trains on
+    /// [`DataMode::OfflinePairs`](crate::DataMode) and reads scores, not log-probabilities
+    /// (see [`LossInputs`]).
+    fn trains() -> TrainedModel {
+        TrainedModel::Policy
+    }
 
     /// Builds an optimizer from its keys of the job spec's `[optimizer]`, as a JSON object.
     /// Errors are [`PluginError::invalid_config`] with the message `"<key>: <problem>"`.

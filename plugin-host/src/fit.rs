@@ -1,17 +1,24 @@
 //! Whether a job's plugins fit each other and the rest of its spec: one set of rules, applied by
 //! the daemon at submit (so a job that cannot run is refused then) and by the worker at start.
 
-use rlvr_plugin_api::{DataMode, OptimizerInfo};
+use rlvr_plugin_api::{DataMode, OptimizerInfo, TrainedModel};
 use rlvr_protocol::spec::JobSpec;
 
 use crate::loader::PluginMeta;
 
 /// Every way the optimizer does not fit the rest of the spec, as `(field, message)`: checked by
 /// the worker at start and by the daemon at submit.
-pub fn fit_problems(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: &str) -> Vec<(String, String)> {
+pub fn fit_problems(
+    spec: &JobSpec,
+    info: &OptimizerInfo,
+    trains: TrainedModel,
+    optimizer_id: &str,
+) -> Vec<(String, String)> {
     let mut problems = Vec::new();
     let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
-    if online && spec.verifiers.is_empty() {
+    if trains == TrainedModel::RewardModel {
+        reward_model_problems(spec, info, optimizer_id, &mut problems);
+    } else if online && spec.verifiers.is_empty() {
         problems.push((
             "verifiers".to_owned(),
             format!(
@@ -46,6 +53,51 @@ pub fn fit_problems(spec: &JobSpec, info: &OptimizerInfo, optimizer_id: &str) ->
         ));
     }
     problems
+}
+
+/// What does not fit an optimizer that trains a reward model: it reads preference pairs, scores
+/// its held-out pairs itself (pairwise accuracy), and trains every weight.
+fn reward_model_problems(
+    spec: &JobSpec,
+    info: &OptimizerInfo,
+    optimizer_id: &str,
+    problems: &mut Vec<(String, String)>,
+) {
+    if info.data_mode != DataMode::OfflinePairs {
+        problems.push((
+            "optimizer.plugin".to_owned(),
+            format!(
+                "{optimizer_id} trains a reward model but reads {}; a reward model trains on preference pairs",
+                info.data_mode.as_str()
+            ),
+        ));
+    }
+    if !spec.verifiers.is_empty() {
+        problems.push((
+            "verifiers".to_owned(),
+            format!(
+                "{optimizer_id} trains a reward model on preference pairs; its held-out score is pairwise \
+                 accuracy and no verifier grades it: remove [[verifiers]]"
+            ),
+        ));
+    }
+    if spec.data.canaries.is_some() {
+        problems.push((
+            "data.canaries".to_owned(),
+            format!("{optimizer_id} trains a reward model: canaries are prompts graded by verifiers, which it has none of"),
+        ));
+    }
+    if spec.model.lora.is_some() {
+        problems.push((
+            "model.lora".to_owned(),
+            format!("{optimizer_id} trains every weight of a reward model; LoRA is not supported for it"),
+        ));
+    }
+}
+
+/// The model an optimizer trains, from the registry's record (absent: a policy).
+pub fn trained_model(meta: &PluginMeta) -> TrainedModel {
+    meta.trains.as_deref().and_then(TrainedModel::parse).unwrap_or_default()
 }
 
 /// What an optimizer plugin said it needs, from the registry's record of its info.

@@ -8,9 +8,12 @@
 use std::fmt;
 use std::path::Path;
 
-use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
+use abi_stable::library::{LibraryError, RawLibrary, RootModule, lib_header_from_path};
 use abi_stable::std_types::{ROption, RResult};
-use rlvr_plugin_api::{API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef};
+use rlvr_plugin_api::{
+    API_VERSION, LIBTORCH_VERSION, PluginErrorKind, PluginInfo, PluginKind, PluginModRef, TRAINS_SYMBOL,
+    TrainedModel,
+};
 use serde::{Deserialize, Serialize};
 
 /// Why a library was refused. A bounded set: these are the `reason` label of
@@ -121,6 +124,10 @@ pub struct PluginMeta {
     pub needs_value_head: Option<bool>,
     /// Optimizers: whether completions must come in groups.
     pub needs_groups: Option<bool>,
+    /// Optimizers: the model they train (`policy`, `reward-model`; see `TrainedModel`). Absent
+    /// in records written before it was, which were all policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trains: Option<String>,
     /// What the plugin found about this host when it loaded (e.g. sandbox layers).
     #[serde(default)]
     pub notes: Vec<String>,
@@ -208,6 +215,9 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
             return Err(LoadRefusal::new(RefusalReason::InvalidMetadata, format!("info() failed: {error}")));
         }
     };
+    if meta.kind == PluginKind::Optimizer {
+        meta.trains = Some(trained_model(path, &meta.name)?.as_str().to_owned());
+    }
     if module.check_options().is_none() {
         // Listed with the plugin (`rlvrctl plugins`, `GET /v1/plugins`) and logged at load.
         meta.notes.push(NOT_CHECKED_AT_SUBMIT.to_owned());
@@ -222,6 +232,40 @@ pub fn load_and_check(path: &Path) -> Result<(PluginModRef, PluginMeta), LoadRef
             format!("self-test failed: {}", error.message),
         )),
     }
+}
+
+/// The model an optimizer library trains: the string its [`TRAINS_SYMBOL`] function returns; a
+/// library without the symbol (built before it) trains the policy, and a name this host does not
+/// know is refused by name. The library is mapped already (`open`): this takes one more reference
+/// to it, which is never given back, as libraries are never unloaded.
+fn trained_model(path: &Path, name: &str) -> Result<TrainedModel, LoadRefusal> {
+    let library = RawLibrary::load_at(path).map_err(library_refusal)?;
+    let library: &'static RawLibrary = Box::leak(Box::new(library));
+    // SAFETY: the symbol, when present, is `export_optimizer!`'s `extern "C" fn() -> *const
+    // c_char`, returning a pointer to a static NUL-terminated string of the library's.
+    let answer = unsafe {
+        match library.get::<extern "C" fn() -> *const std::ffi::c_char>(TRAINS_SYMBOL) {
+            Err(_) => return Ok(TrainedModel::Policy),
+            Ok(trains) => {
+                let pointer = trains();
+                if pointer.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(pointer).to_string_lossy().into_owned()
+                }
+            }
+        }
+    };
+    TrainedModel::parse(&answer).ok_or_else(|| {
+        let known: Vec<&str> = TrainedModel::ALL.iter().map(|model| model.as_str()).collect();
+        LoadRefusal::new(
+            RefusalReason::InvalidMetadata,
+            format!(
+                "optimizer {name} trains {answer:?}, a model this daemon does not know (it knows {})",
+                known.join(", ")
+            ),
+        )
+    })
 }
 
 /// Loads the library at `path` to ask it about options (`rlvr-worker check-options`): ELF-checked
@@ -368,6 +412,7 @@ pub fn check_info(info: &PluginInfo) -> Result<PluginMeta, LoadRefusal> {
         needs_reference: None,
         needs_value_head: None,
         needs_groups: None,
+        trains: None,
         notes: info.notes.iter().map(|note| note.to_string()).collect(),
     };
     let kind_mismatch = |details: &str| {

@@ -210,6 +210,10 @@ pub struct OptimizerNeeds {
     pub pairs: bool,
     /// Offline (SFT, DPO): completions come from the data, not from sampling.
     pub offline: bool,
+    /// The trained model is a reward model (`rm`): the policy's backbone with a score head, one
+    /// score per sequence — no logits over the vocabulary, no activation checkpointing (the
+    /// worker's reward-model pass keeps its whole graph), held-out pairs scored, not sampled.
+    pub reward_model: bool,
 }
 
 /// Token lengths the job's data can reach, as submit bounds them (a token is at least one byte
@@ -369,8 +373,15 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     }];
 
     // Weights and what trains.
-    let parameters = shape.parameters();
-    resident.push(part("policy weights", parameters * element));
+    let parameters = if inputs.needs.reward_model {
+        // The backbone without an untied LM head, and a one-row score head.
+        let lm_head = if shape.tied_embeddings { 0 } else { shape.vocab * shape.hidden };
+        shape.parameters() - lm_head + shape.hidden
+    } else {
+        shape.parameters()
+    };
+    let weights = if inputs.needs.reward_model { "reward model weights" } else { "policy weights" };
+    resident.push(part(weights, parameters * element));
     let (trainable, largest) = match &spec.model.lora {
         Some(lora) => {
             let adapters = shape.lora_parameters(u64::from(lora.rank), &lora.target_modules);
@@ -467,22 +478,22 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
         tokens = tokens.min(max_tokens.max(unit * sequence));
     }
     let positions = (rows_per_micro * completion).min(tokens);
-    let saved_layers = if spec.model.activation_checkpointing {
+    let saved_layers = if spec.model.activation_checkpointing && !inputs.needs.reward_model {
         // Each layer's input, and one layer recomputed with its activations.
         shape.layers * tokens * shape.hidden + tokens * activation_elements(shape)
     } else {
         shape.layers * tokens * activation_elements(shape)
     };
-    let mut update = vec![
-        part("activations", saved_layers * element),
-        part(
+    let mut update = vec![part("activations", saved_layers * element)];
+    if !inputs.needs.reward_model {
+        update.push(part(
             "logits (in chunks)",
             positions.min(logits_chunk_positions(shape.vocab)) * shape.vocab * 4 * LOGITS_COPIES
                 + positions * shape.hidden * element * HIDDEN_COPIES,
-        ),
-        // Rows × heads × sequence², as tokens × heads × sequence.
-        part("attention scores", tokens * shape.heads * sequence * element),
-    ];
+        ));
+    }
+    // Rows × heads × sequence², as tokens × heads × sequence.
+    update.push(part("attention scores", tokens * shape.heads * sequence * element));
     // Gradients computed in backward before they are added to a parameter's own: with LoRA a
     // full weight's passes through each adapted layer's input (only the adapters keep theirs);
     // in full fine-tuning the embedding's and the lm_head's (or the tied one's two), dense and
@@ -493,7 +504,19 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
 
     // Evaluation: held-out prompts generated greedily, a batch at a time, beside the gates'
     // baseline when it is a model of its own.
-    if spec.data.heldout.is_some() || spec.data.canaries.is_some() {
+    if inputs.needs.reward_model && spec.data.heldout.is_some() {
+        // Held-out pairs scored without grad, EVAL_BATCH rows a pass, beside the gates'
+        // baseline (the start's or the line's reward model).
+        let rows = EVAL_BATCH * sequence;
+        let mut parts = vec![
+            part("scoring pass", rows * layer_step_elements(shape) * element),
+            part("attention scores", rows * shape.heads * sequence * element),
+        ];
+        if inputs.baseline.is_some() {
+            parts.push(part("gates' baseline weights", parameters * element));
+        }
+        phases.push(PhasePeak { phase: "eval".into(), parts });
+    } else if spec.data.heldout.is_some() || spec.data.canaries.is_some() {
         let heldout_prompt =
             inputs.data.heldout_prompt_tokens.max(inputs.data.prompt_tokens) + TEMPLATE_TOKENS;
         let mut parts = vec![
@@ -559,6 +582,40 @@ mod tests {
         };
         assert!(check(8, 1024) > check(8, 512));
         assert!(check(8, 512) > check(2, 512));
+    }
+
+    /// A reward model's job (`rm`) trains the backbone and a one-row head: no logits over the
+    /// vocabulary in its update, no sampling in its evaluation, its weights without an untied
+    /// LM head.
+    #[test]
+    fn a_reward_models_training_has_no_vocabulary_logits_and_scores_its_heldout() {
+        let spec = JobSpec::from_toml(
+            "[job]\nname = \"rm\"\nteam = \"t\"\nmodel_line = \"l\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+             [data]\ntrain = \"dataset:d\"\nheldout = \"dataset:h\"\n[optimizer]\nplugin = \"rm\"\n\
+             [budget]\nmax_steps = 1\n",
+        )
+        .unwrap();
+        let inputs = |reward_model: bool| Inputs {
+            policy: ModelShape::BUILTIN,
+            reference: None,
+            baseline: Some(ModelShape::BUILTIN),
+            needs: OptimizerNeeds { pairs: true, offline: true, reward_model, ..OptimizerNeeds::default() },
+            data: DataLengths { prompt_tokens: 16, completion_tokens: 8, heldout_prompt_tokens: 16 },
+            device: DeviceKind::Cpu,
+            reward_models: Vec::new(),
+        };
+        let (rm, dpo_like) = (estimate(&spec, &inputs(true)), estimate(&spec, &inputs(false)));
+        let names = |estimate: &MemoryEstimate, phase: &str| -> Vec<String> {
+            let phase = estimate.phases.iter().find(|p| p.phase == phase).unwrap();
+            phase.parts.iter().map(|part| part.name.clone()).collect()
+        };
+        assert_eq!(names(&rm, "update"), ["activations", "attention scores", "transient gradients"]);
+        assert!(names(&dpo_like, "update").contains(&"logits (in chunks)".to_owned()));
+        assert_eq!(names(&rm, "eval"), ["scoring pass", "attention scores", "gates' baseline weights"]);
+        let weights = rm.resident.iter().find(|part| part.name == "reward model weights").unwrap();
+        // Tied embeddings: every parameter, and a head row of `hidden`.
+        assert_eq!(weights.bytes, (ModelShape::BUILTIN.parameters() + ModelShape::BUILTIN.hidden) * 4);
+        assert!(rm.phases.iter().all(|phase| phase.phase != "rollout"));
     }
 
     /// Parameter counts of known models, from their configs (counts as transformers reports

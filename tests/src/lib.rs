@@ -467,6 +467,7 @@ pub fn worker_plugins(dir: &Path) -> PathBuf {
         "rlvr-optimizer-dpo",
         "rlvr-optimizer-rloo",
         "rlvr-optimizer-ppo",
+        "rlvr-optimizer-rm",
         "rlvr-verifier-math",
         "rlvr-verifier-format",
         "rlvr-curriculum-frontier",

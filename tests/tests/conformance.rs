@@ -664,3 +664,185 @@ fn verl_computes_the_same_losses_and_gradients() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+// --- rm: a reward model's pairs --------------------------------------------------------------
+
+/// `rm` reads scores, not log-probabilities (`TrainedModel::RewardModel`): `logprobs` is `[B, 1]`
+/// of scores, `mask` ones, `returns` each pair's margin. Its goldens come from their own script,
+/// `tests/conformance/make_rm_goldens.py`; one case's batch split at `cuts`.
+fn check_rm(precision: Precision, cuts: impl Fn(i64) -> Vec<i64>) -> (usize, Vec<String>) {
+    let path = golden_dir().join("rm.json");
+    let document: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(document["plugin"], "rm");
+    let mut failures = Vec::new();
+    let cases = document["cases"].as_array().unwrap();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let batch = &document["batches"][case["batch"].as_str().unwrap()];
+        let expected = &case["expected"];
+        let scores = matrix(&batch["scores"], precision.kind).set_requires_grad(true);
+        let margins = matrix(&batch["margins"], precision.kind);
+        let rows = scores.size()[0];
+        let mask = Tensor::ones([rows, 1], (precision.kind, Device::Cpu));
+        let scale = LossScale {
+            batch_sequences: batch["scale"]["batch_sequences"].as_u64().unwrap(),
+            batch_tokens: batch["scale"]["batch_tokens"].as_u64().unwrap(),
+            max_new_tokens: batch["scale"]["max_new_tokens"].as_u64().unwrap() as u32,
+        };
+        let cuts = cuts(rows);
+        let label = format!("tests/conformance/rm.json case {name} ({:?}, cut at {cuts:?})", precision.kind);
+        let optimizer = create("rlvr-optimizer-rm", &case["config"]).unwrap();
+        let bounds: Vec<i64> = std::iter::once(0).chain(cuts.iter().copied()).chain([rows]).collect();
+        let mut total: Option<Tensor> = None;
+        let mut metrics = BTreeMap::new();
+        for window in bounds.windows(2) {
+            let part = |t: &Tensor| t.narrow(0, window[0], window[1] - window[0]);
+            let (scores_part, mask_part, margins_part) = (part(&scores), part(&mask), part(&margins));
+            let output = optimizer
+                .loss(&LossInputs {
+                    logprobs: TensorHandle::borrow(&scores_part),
+                    mask: TensorHandle::borrow(&mask_part),
+                    old_logprobs: ROption::RNone,
+                    ref_logprobs: ROption::RNone,
+                    advantages: ROption::RNone,
+                    values: ROption::RNone,
+                    old_values: ROption::RNone,
+                    returns: ROption::RSome(TensorHandle::borrow(&margins_part)),
+                    scale,
+                })
+                .into_result();
+            let output = match output {
+                Ok(output) => output,
+                Err(error) => {
+                    failures.push(format!("{label}: loss() failed: {error}"));
+                    break;
+                }
+            };
+            // SAFETY: an owned handle from the plugin, taken back once.
+            let loss = unsafe { output.loss.into_tensor() };
+            if loss.kind() != precision.kind || !loss.requires_grad() {
+                failures.push(format!("{label}: loss: expected a {:?} scalar with grad", precision.kind));
+            }
+            metrics = metric_map(&output.metrics);
+            total = Some(match total {
+                Some(sum) => sum + loss,
+                None => loss,
+            });
+        }
+        let Some(total) = total else { continue };
+        total.backward();
+        let mut problems = Vec::new();
+        compare(
+            &mut problems,
+            "loss",
+            &[total.double_value(&[])],
+            &numbers(&expected["loss"]),
+            precision.tolerance,
+        );
+        compare_tensor(
+            &mut problems,
+            "grad_scores",
+            Some(&scores.grad()),
+            expected.get("grad_scores"),
+            precision,
+        );
+        if cuts.is_empty() {
+            let want = metrics_of(&expected["loss_metrics"]);
+            compare_metrics(&mut problems, "loss_metrics", &metrics, &want, precision.tolerance);
+        }
+        failures.extend(problems.into_iter().map(|problem| format!("{label}: {problem}")));
+    }
+    (cases.len(), failures)
+}
+
+#[test]
+fn every_rm_golden_case_matches_in_f64_and_f32_whole_and_in_micro_batches() {
+    assert_all(vec![check_rm(F64, whole), check_rm(F32, whole), check_rm(F64, thirds)]);
+}
+
+#[test]
+fn rm_states_that_it_trains_a_reward_model_on_pairs() {
+    let (_, meta) = load_and_check(&plugin_lib("rlvr-optimizer-rm")).unwrap();
+    assert_eq!(meta.name, "rm");
+    assert_eq!(meta.data_mode.as_deref(), Some("offline-pairs"));
+    assert_eq!(meta.trains.as_deref(), Some("reward-model"));
+    assert_eq!(
+        (meta.needs_reference, meta.needs_value_head, meta.needs_groups),
+        (Some(false), Some(false), Some(false))
+    );
+    // The policy trainers say so too (a library built before `trains` says nothing: a policy).
+    let (_, dpo) = load_and_check(&plugin_lib("rlvr-optimizer-dpo")).unwrap();
+    assert_eq!(dpo.trains.as_deref(), Some("policy"));
+}
+
+/// What `rm` refuses, each naming the key or tensor: its options, and inputs that are not a
+/// reward model's pairs.
+#[test]
+fn rm_refuses_options_and_inputs_naming_them() {
+    for (config, message) in [
+        (r#"{"margn": 1}"#, "margn: unknown key; expected one of margin"),
+        (r#"{"margin": -1}"#, "margin: expected a number ≥ 0, got -1"),
+        (r#"{"beta": 0.1}"#, "beta: unknown key; expected one of margin"),
+    ] {
+        let config: Value = serde_json::from_str(config).unwrap();
+        let error = create("rlvr-optimizer-rm", &config).err().unwrap_or_else(|| panic!("rm took {config}"));
+        assert_eq!(error.kind, PluginErrorKind::InvalidConfig, "{config}: {error}");
+        assert!(error.message.contains(message), "{config}: {:?} lacks {message:?}", error.message);
+    }
+    let optimizer = create("rlvr-optimizer-rm", &json!({})).unwrap();
+    let f = |rows: i64, cols: i64, value: f64| Tensor::full([rows, cols], value, (Kind::Double, Device::Cpu));
+    let scale = |rows: u64| LossScale { batch_sequences: rows, batch_tokens: rows, max_new_tokens: 4 };
+    let uneven_margins = Tensor::from_slice(&[0.5f64, 0.0]).reshape([2, 1]);
+    // scores, mask, margins, scale, the message
+    let cases: [(Tensor, Tensor, Option<Tensor>, LossScale, &str); 6] = [
+        (
+            f(2, 3, 0.0),
+            f(2, 3, 1.0),
+            Some(f(2, 3, 0.0)),
+            scale(2),
+            "logprobs: expected one score per row, [B, 1], got [2, 3]",
+        ),
+        (f(3, 1, 0.0), f(3, 1, 1.0), Some(f(3, 1, 0.0)), scale(4), "logprobs: expected pairs of rows"),
+        (f(2, 1, 0.0), f(2, 1, 1.0), None, scale(2), "returns: required (each pair's margin), got none"),
+        (
+            f(2, 1, 0.0),
+            f(2, 1, 1.0),
+            Some(uneven_margins),
+            scale(2),
+            "returns: expected each pair's margin, finite and the same on both of its rows",
+        ),
+        (
+            f(2, 1, 0.0),
+            f(2, 1, 1.0),
+            Some(f(2, 1, 0.0)),
+            scale(3),
+            "scale.batch_sequences: expected an even number",
+        ),
+        (
+            f(2, 1, 0.0),
+            f(2, 1, 0.0),
+            Some(f(2, 1, 0.0)),
+            scale(2),
+            "mask: a reward model scores every row once",
+        ),
+    ];
+    for (scores, mask, margins, scale, message) in cases {
+        let error = optimizer
+            .loss(&LossInputs {
+                logprobs: TensorHandle::borrow(&scores),
+                mask: TensorHandle::borrow(&mask),
+                old_logprobs: ROption::RNone,
+                ref_logprobs: ROption::RNone,
+                advantages: ROption::RNone,
+                values: ROption::RNone,
+                old_values: ROption::RNone,
+                returns: borrow(&margins),
+                scale,
+            })
+            .into_result()
+            .err()
+            .unwrap_or_else(|| panic!("rm took the inputs of {message:?}"));
+        assert_eq!(error.kind, PluginErrorKind::InvalidInput, "{error}");
+        assert!(error.message.starts_with(message), "{:?} does not start with {message:?}", error.message);
+    }
+}

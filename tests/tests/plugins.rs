@@ -41,6 +41,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             "rlvr-optimizer-ppo",
             "rlvr-optimizer-dpo",
             "rlvr-optimizer-sft",
+            "rlvr-optimizer-rm",
             "rlvr-curriculum-frontier",
             "rlvr-curriculum-uniform",
             "rlvr-fixture-echo-v1",
@@ -79,6 +80,7 @@ fn every_built_plugin_loads_through_the_real_loader() {
             ("ppo@0.1.0".to_owned(), "optimizer".to_owned()),
             ("python@0.1.0".to_owned(), "verifier".to_owned()),
             ("rloo@0.1.0".to_owned(), "optimizer".to_owned()),
+            ("rm@0.1.0".to_owned(), "optimizer".to_owned()),
             ("sft@0.1.0".to_owned(), "optimizer".to_owned()),
             ("stall@0.1.0".to_owned(), "verifier".to_owned()),
             ("string-check@0.1.0".to_owned(), "verifier".to_owned()),
@@ -294,4 +296,23 @@ fn every_bad_library_is_refused_by_name_and_the_daemon_serves_on() {
             .any(|r| r["source"].as_str().unwrap().ends_with("corrupt.so"))
     }));
     assert!(daemon.stop().success(), "rlvrd must exit 0 on SIGTERM; log:\n{}", daemon.log());
+}
+
+/// What an optimizer trains is a symbol beside the root module (`rlvr_optimizer_trains`), so no
+/// checked layout changed: a library built before it loads and trains the policy, a library
+/// naming a model this host does not know is refused by that name, and `rm` trains a reward
+/// model.
+#[test]
+fn an_optimizer_without_the_trains_symbol_trains_the_policy_and_an_unknown_model_is_refused() {
+    use rlvr_plugin_host::loader::{RefusalReason, load_and_check};
+    let (_, legacy) = load_and_check(&plugin_lib("rlvr-fixture-legacy-optimizer")).unwrap();
+    assert_eq!((legacy.name.as_str(), legacy.trains.as_deref()), ("legacy-optimizer", Some("policy")));
+    let (_, rm) = load_and_check(&plugin_lib("rlvr-optimizer-rm")).unwrap();
+    assert_eq!(rm.trains.as_deref(), Some("reward-model"));
+    let refusal = load_and_check(&plugin_lib("rlvr-fixture-unknown-trains")).err().expect("refused");
+    assert_eq!(refusal.reason, RefusalReason::InvalidMetadata, "{refusal}");
+    assert_eq!(
+        refusal.message,
+        "optimizer unknown-trains trains \"critic\", a model this daemon does not know (it knows policy, reward-model)"
+    );
 }

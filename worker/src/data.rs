@@ -35,6 +35,9 @@ pub struct PairRecord {
     pub prompt: String,
     pub chosen: String,
     pub rejected: String,
+    /// How far the chosen completion must out-score the rejected one (Llama 2's margin, for a
+    /// reward model's loss); 0 when the record gives none. DPO does not read it.
+    pub margin: f64,
 }
 
 /// A data file that could not be used.
@@ -155,9 +158,22 @@ pub fn load_pairs(field: &'static str, path: &Path) -> Result<Vec<PairRecord>, D
             prompt: text(object, "prompt")?,
             chosen: text(object, "chosen")?,
             rejected: text(object, "rejected")?,
+            margin: margin(object)?,
         };
         Ok((id, record))
     })
+}
+
+/// A pair's optional `margin`: a finite number ≥ 0.
+fn margin(object: &mut Map<String, Value>) -> Result<f64, String> {
+    match object.remove("margin") {
+        None | Some(Value::Null) => Ok(0.0),
+        Some(Value::Number(number)) => match number.as_f64() {
+            Some(margin) if margin.is_finite() && margin >= 0.0 => Ok(margin),
+            _ => Err(format!("margin: expected a finite number ≥ 0, got {number}")),
+        },
+        Some(other) => Err(format!("margin: expected a number, got {other}")),
+    }
 }
 
 /// Where the data order stands: the next record is `order(epoch)[index]`.

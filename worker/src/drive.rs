@@ -18,7 +18,6 @@ use rlvr_protocol::signals::GroupSignals;
 use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress};
 use tracing::{info, info_span, warn};
 
-use crate::models::model_sha256;
 use crate::state::{Logs, TrainState, write_checkpoint};
 use crate::step::{self, StepError};
 use crate::stop::StopWatch;
@@ -84,7 +83,7 @@ pub fn drive(
         logs,
     };
     run_loop.write_progress(None, None)?;
-    if run_loop.state.step == 0 && run_loop.job.heldout.is_some() {
+    if run_loop.state.step == 0 && run_loop.job.has_heldout() {
         run_loop.score_before_training()?;
     }
     let ending = run_loop.steps()?;
@@ -124,7 +123,7 @@ impl Loop<'_> {
             let eval_every = self.job.spec.eval.every_steps;
             // A rejection-sampling job ends when every prompt was sampled.
             let last = step == max_steps || crate::sampling::done(self.job);
-            if self.job.heldout.is_some() && (last || (eval_every > 0 && step % eval_every == 0)) {
+            if self.job.has_heldout() && (last || (eval_every > 0 && step % eval_every == 0)) {
                 line.heldout = Some(self.score_heldout(step)?);
             }
             if let Some(tripped) = self.stop_watch.check(step, &line) {
@@ -247,7 +246,7 @@ impl Loop<'_> {
                 // Not when this process ran no step (a resume of a job already stopped): that
                 // process scored them.
                 let step = self.state.step;
-                if self.job.heldout.is_some() && step > self.first_step && self.scored_step != Some(step) {
+                if self.job.has_heldout() && step > self.first_step && self.scored_step != Some(step) {
                     let figures = self.score_heldout(step)?;
                     info!(accuracy = figures.accuracy, step, "held-out at the stop");
                     self.append_metrics(&MetricsLine {
@@ -276,7 +275,7 @@ impl Loop<'_> {
             .unwrap_or_default();
         Ok(Outcome {
             steps: self.state.step,
-            weights_sha256: model_sha256(&self.job.policy),
+            weights_sha256: self.job.weights_sha256(),
             heldout_before: self.state.heldout_baseline,
             heldout_after: self.scored_step.and(self.heldout),
             checkpoint,

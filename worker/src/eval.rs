@@ -67,8 +67,12 @@ fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
     Ok(&heldout[..limit])
 }
 
-/// Scores the policy on the held-out set (or its first `eval.max_prompts`).
+/// Scores the policy on the held-out set (or its first `eval.max_prompts`); a reward model's
+/// job scores its pairs instead (`reward_training::heldout`).
 pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
+    if job.reward_model.is_some() {
+        return crate::reward_training::heldout(job);
+    }
     let records = heldout_records(job)?;
     let grant = job.grants.hold(Phase::Eval)?;
     let sampled = complete(job, &job.policy, records, "held-out")?;

@@ -14,6 +14,9 @@
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline;
 //!   [`reward`] the weighted verifier reward, [`optim`] AdamW and the schedule.
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
+//! - [`reward_training`]: an optimizer that trains a reward model (`rm`): its step on preference
+//!   pairs, held-out pairwise accuracy, the gates' evaluation against the start's fresh head or
+//!   the line's published reward model.
 //! - [`grants`]: the daemon's device grants, asked for before each device phase.
 //! - [`memory`]: the memory cap (`--memory-cap`), the run's peak, out-of-memory reports.
 //! - [`lifecycle`]: stop requests, dying with the daemon, the run's lock.
@@ -32,6 +35,7 @@ pub mod models;
 pub mod optim;
 pub mod plugins;
 pub mod reward_models;
+pub mod reward_training;
 pub mod runtime;
 pub mod sampling;
 pub mod start;
@@ -43,7 +47,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use rlvr_model::{LoadedModel, SamplerRng, SamplingParams};
-use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo};
+use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo, TrainedModel};
 use rlvr_plugin_host::reward::{Reward, VERIFY_DEADLINE};
 use rlvr_protocol::builtin::{
     Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
@@ -200,13 +204,15 @@ pub struct JobData {
     pub train: TrainData,
     /// `data.heldout`.
     pub heldout: Option<Vec<PromptRecord>>,
+    /// `data.heldout` of a reward model's job: preference pairs, scored by pairwise accuracy.
+    pub heldout_pairs: Option<Vec<PairRecord>>,
     /// `data.canaries`.
     pub canaries: Option<Vec<PromptRecord>>,
 }
 
 impl JobData {
     /// Reads the spec's data files; every record error names the file, the line and the field.
-    pub fn load(spec: &JobSpec, mode: DataMode) -> Result<JobData, WorkerError> {
+    pub fn load(spec: &JobSpec, mode: DataMode, trains: TrainedModel) -> Result<JobData, WorkerError> {
         let train = match mode {
             DataMode::OnlineGroups | DataMode::OnlineWithCritic => {
                 TrainData::Prompts(data::load_prompts("data.train", &spec.data.train)?)
@@ -217,9 +223,17 @@ impl JobData {
         let prompts = |field, path: &Option<PathBuf>| {
             path.as_ref().map(|path| data::load_prompts(field, path)).transpose()
         };
+        let (heldout, heldout_pairs) = match trains {
+            TrainedModel::Policy => (prompts("data.heldout", &spec.data.heldout)?, None),
+            TrainedModel::RewardModel => {
+                let pairs = spec.data.heldout.as_ref().map(|path| data::load_pairs("data.heldout", path));
+                (None, pairs.transpose()?)
+            }
+        };
         Ok(JobData {
             train,
-            heldout: prompts("data.heldout", &spec.data.heldout)?,
+            heldout,
+            heldout_pairs,
             canaries: prompts("data.canaries", &spec.data.canaries)?,
         })
     }
@@ -234,6 +248,10 @@ pub struct Job {
     pub value_head: Option<ValueHead>,
     pub optimizer: OptimizerBox,
     pub optimizer_info: OptimizerInfo,
+    /// The model the optimizer trains: the policy, or `reward_model`.
+    pub trains: TrainedModel,
+    /// The reward model an rm job trains (then `policy` only lends its tokenizer and config).
+    pub reward_model: Option<rlvr_model::RewardModel>,
     /// The plugin graders and the combiner of every grader's verdicts.
     pub rewarder: Reward,
     /// The `reward-model` graders, scored on the devices (`reward_models::score`).
@@ -241,6 +259,8 @@ pub struct Job {
     pub curriculum: Option<CurriculumBox>,
     pub train: TrainData,
     pub heldout: Option<Vec<PromptRecord>>,
+    /// A reward model's held-out pairs.
+    pub heldout_pairs: Option<Vec<PairRecord>>,
     pub adamw: AdamW,
     pub rng: SamplerRng,
     pub cursor: Cursor,
@@ -253,6 +273,21 @@ pub struct Job {
     /// A distillation job's keys and its teacher (frozen, on the policy's device).
     pub distill: Option<DistillOptions>,
     pub teacher: Option<LoadedModel>,
+}
+
+impl Job {
+    /// Whether the job has a held-out set to score: prompts, or a reward model's pairs.
+    pub fn has_heldout(&self) -> bool {
+        self.heldout.is_some() || self.heldout_pairs.is_some()
+    }
+
+    /// SHA-256 over the trained model's tensors (names sorted, raw bytes).
+    pub fn weights_sha256(&self) -> String {
+        match &self.reward_model {
+            Some(reward_model) => models::weights_sha256(&reward_model.vs),
+            None => models::model_sha256(&self.policy),
+        }
+    }
 }
 
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
@@ -273,7 +308,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
 
     let mut plugins =
         JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugin_dirs, &options.host)?;
-    let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode)?;
+    let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode, plugins.trains)?;
     let rejection = match Builtin::of(&start.spec) {
         Some(Builtin::RejectionSampling) => {
             let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
@@ -328,6 +363,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         start.checkpoint.as_deref().filter(|_| rejection.is_none()),
         device,
         &plugins.optimizer_info,
+        plugins.trains,
         &plugins.optimizer,
     )?;
     check_reference(&start, &models, options)?;
@@ -382,12 +418,15 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     outcome.plugins = uses;
     outcome.data_sha256 = data_sha256(&job.spec)?;
     outcome.dataset = job.rejection.as_ref().map(sampling::Rejection::produced);
-    if !outcome.interrupted && (job.heldout.is_some() || canaries.is_some()) {
+    if !outcome.interrupted && (job.has_heldout() || canaries.is_some()) {
         let baseline = baseline(options, &job.spec);
         let span = info_span!("gates", baseline = %baseline.model);
         let _entered = span.enter();
-        let evaluation = eval::for_gates(&job, &baseline, canaries.as_deref(), outcome.training)
-            .map_err(|error| WorkerError::from_step(outcome.steps, error))?;
+        let evaluation = match job.trains {
+            TrainedModel::Policy => eval::for_gates(&job, &baseline, canaries.as_deref(), outcome.training),
+            TrainedModel::RewardModel => reward_training::for_gates(&job, &baseline, outcome.training),
+        }
+        .map_err(|error| WorkerError::from_step(outcome.steps, error))?;
         info!(
             candidate = ?evaluation.candidate,
             baseline = ?evaluation.baseline_scores,
@@ -464,6 +503,8 @@ fn assemble(
         value_head: models.value_head,
         optimizer: plugins.optimizer,
         optimizer_info: plugins.optimizer_info,
+        trains: plugins.trains,
+        reward_model: models.reward_model,
         rewarder: Reward {
             graders: plugins.graders,
             combiner: plugins.combiner,
@@ -474,6 +515,7 @@ fn assemble(
         curriculum,
         train: data.train,
         heldout: data.heldout,
+        heldout_pairs: data.heldout_pairs,
         adamw,
         cursor: Cursor::default(),
         grants,

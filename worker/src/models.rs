@@ -4,9 +4,10 @@
 use std::path::Path;
 
 use rlvr_model::weights::WeightFiles;
+use rlvr_model::reward::{RewardModel, load_reward_model};
 use rlvr_model::{LoadedModel, LoraConfig, load as load_model};
 use rlvr_plugin_api::OptimizerBox;
-use rlvr_plugin_api::OptimizerInfo;
+use rlvr_plugin_api::{OptimizerInfo, TrainedModel};
 use rlvr_protocol::spec::{Dtype, JobSpec};
 use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor, nn};
@@ -61,6 +62,10 @@ pub struct Models {
     pub reference_identity: Option<String>,
     /// The critic, for optimizers with a value head.
     pub value_head: Option<ValueHead>,
+    /// The model being trained when the optimizer trains a reward model: the policy's backbone
+    /// with a fresh score head (`RewardModel::from_base`), or the checkpoint resumed. The
+    /// policy then only lends its tokenizer and config; its weights are released.
+    pub reward_model: Option<RewardModel>,
 }
 
 impl Models {
@@ -71,9 +76,13 @@ impl Models {
         checkpoint: Option<&Path>,
         device: Device,
         info: &OptimizerInfo,
+        trains: TrainedModel,
         optimizer: &OptimizerBox,
     ) -> Result<Models, WorkerError> {
         let kind = weight_kind(spec.model.dtype);
+        if trains == TrainedModel::RewardModel {
+            return Self::load_reward_model(spec, checkpoint, device, kind);
+        }
         // Process-wide, and set before the first product. libtorch's default (off) stands
         // otherwise; on a CPU it would change nothing.
         if spec.model.tf32 && device.is_cuda() {
@@ -156,12 +165,51 @@ impl Models {
                 message: format!("value_head.safetensors: {error}"),
             })?;
         }
-        Ok(Models { policy, reference, reference_identity, value_head })
+        Ok(Models { policy, reference, reference_identity, value_head, reward_model: None })
+    }
+
+    /// A reward model's run: the spec's causal LM (the fit rules refused LoRA), a single-label
+    /// reward model on its backbone with a head drawn from the job's seed — or, resuming, the
+    /// checkpoint's `model/`, a sequence-classification directory — every weight trainable.
+    fn load_reward_model(
+        spec: &JobSpec,
+        checkpoint: Option<&Path>,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Models, WorkerError> {
+        let policy = load_model(&spec.model.policy, device, kind)
+            .map_err(|error| WorkerError::Model { field: "model.policy", message: error.to_string() })?;
+        let mut reward_model = match checkpoint {
+            Some(path) => load_reward_model(&path.join("model"), device, kind).map_err(|error| {
+                WorkerError::State { path: path.to_owned(), message: format!("model: {error}") }
+            })?,
+            None => start_reward_model(&policy, spec.job.seed)
+                .map_err(|error| WorkerError::Model { field: "model.policy", message: error.to_string() })?,
+        };
+        reward_model.vs.unfreeze();
+        // One copy of the weights on the device: the reward model's. The policy's tensors are
+        // emptied in place (every handle to them shares the storage) — nothing of an rm job
+        // reads them; the gates' baseline loads its own.
+        tch::no_grad(|| {
+            for (_, mut tensor) in policy.vs.variables() {
+                tensor.set_data(&Tensor::empty([0], (tensor.kind(), tensor.device())));
+            }
+        });
+        Ok(Models {
+            policy,
+            reference: None,
+            reference_identity: None,
+            value_head: None,
+            reward_model: Some(reward_model),
+        })
     }
 
     /// Every trainable tensor (the policy's weights or its LoRA adapters, then the value head),
     /// sorted by name: the optimizer's fixed order.
     pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        if let Some(reward_model) = &self.reward_model {
+            return reward_model.trainable();
+        }
         let mut params = self.policy.trainable();
         if let Some((vs, _)) = &self.value_head {
             params.extend(vs.variables());
@@ -265,6 +313,12 @@ pub fn model_sha256(model: &LoadedModel) -> String {
             hex::encode(hasher.finalize())
         }
     }
+}
+
+/// The reward model an rm job starts from: one label (a scalar score), the head drawn from
+/// `seed`. The gates' baseline at the job's start is this same model.
+pub fn start_reward_model(base: &LoadedModel, seed: u64) -> rlvr_model::Result<RewardModel> {
+    RewardModel::from_base(base, 1, seed)
 }
 
 /// SHA-256 over a VarStore's tensors: names sorted, each name then its raw bytes.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use rlvr_plugin_api::{
     CurriculumBox, HostContext, OptimizerBox, OptimizerInfo, OptionError, PluginError, PluginErrorKind,
-    PluginInstance, PluginKind,
+    PluginInstance, PluginKind, TrainedModel,
 };
-use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
+use rlvr_plugin_host::fit::{fit_problems, optimizer_needs, trained_model};
 use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::options::spec_field;
 use rlvr_plugin_host::reward::{Combiner, Grader};
@@ -34,6 +34,8 @@ pub struct JobPlugins {
     pub optimizer: OptimizerBox,
     /// What it needs.
     pub optimizer_info: OptimizerInfo,
+    /// The model it trains: the policy, or a reward model.
+    pub trains: TrainedModel,
     /// Its `name@version`.
     pub optimizer_id: String,
     /// The graders, in the spec's order.
@@ -77,10 +79,10 @@ impl JobPlugins {
                 .map_err(|error| temp_error(error.to_string()))?;
         registry.scan(plugin_dirs, std::time::Duration::ZERO);
         // A built-in optimizer is the worker's own code: no library, nothing to pin.
-        let (created, optimizer_info, optimizer_id, uses) = match Builtin::of(spec) {
+        let (created, optimizer_info, optimizer_id, trains, uses) = match Builtin::of(spec) {
             Some(builtin) => {
                 let (created, info) = crate::sampling::builtin_optimizer();
-                (created, info, format!("{} (built in)", builtin.name()), Vec::new())
+                (created, info, format!("{} (built in)", builtin.name()), TrainedModel::Policy, Vec::new())
             }
             None => {
                 let pin = pinned.map(|record| record.optimizer.as_str());
@@ -101,13 +103,14 @@ impl JobPlugins {
                         PluginInstance::Optimizer(created) => created,
                         other => return Err(created_other(&optimizer, "optimizer.plugin", &other)),
                     };
-                (created, info, optimizer.id(), vec![use_of(&optimizer)])
+                (created, info, optimizer.id(), trained_model(&optimizer.meta), vec![use_of(&optimizer)])
             }
         };
         let mut plugins = JobPlugins {
             optimizer: created,
             optimizer_info,
             optimizer_id,
+            trains,
             graders: Vec::new(),
             combiner: Combiner {
                 names: spec.verifiers.iter().map(|section| section.grader_name().to_owned()).collect(),
@@ -142,9 +145,10 @@ impl JobPlugins {
             plugins.uses.push(used);
         }
         // A built-in optimizer's needs are its own (`rlvr_protocol::builtin`), checked by `run`.
-        if let Some((field, message)) = fit_problems(spec, &plugins.optimizer_info, &plugins.optimizer_id)
-            .into_iter()
-            .find(|_| Builtin::of(spec).is_none())
+        if let Some((field, message)) =
+            fit_problems(spec, &plugins.optimizer_info, plugins.trains, &plugins.optimizer_id)
+                .into_iter()
+                .find(|_| Builtin::of(spec).is_none())
         {
             return Err(WorkerError::Plugin { field, message });
         }

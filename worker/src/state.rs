@@ -225,11 +225,16 @@ pub fn write_checkpoint(
     Ok(path)
 }
 
-/// The checkpoint's models: `model/`, what is published (the policy's weights; with LoRA its
+/// The checkpoint's models: `model/`, what is published (the policy's weights, or a reward
+/// model's sequence-classification checkpoint; with LoRA its
 /// PEFT adapter directory over the spec's base, or with `[publish] merge_lora` the base with the
 /// adapters merged), and for LoRA `adapter/`, what a resume attaches to the base.
 fn write_model(job: &Job, staging: &Path) -> Result<(), rlvr_model::ModelError> {
     let model = staging.join("model");
+    // A reward model's job publishes its sequence-classification directory.
+    if let Some(reward_model) = &job.reward_model {
+        return reward_model.save_pretrained(&model);
+    }
     if job.policy.adapters.is_none() {
         return save_pretrained(&job.policy, &model);
     }

@@ -113,6 +113,9 @@ pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Re
     if job.distill.is_some() {
         return crate::distill::step(job, step, grant);
     }
+    if job.reward_model.is_some() {
+        return crate::reward_training::step(job, step, grant);
+    }
     match job.optimizer_info.data_mode {
         DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
         DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
@@ -624,17 +627,17 @@ struct BatchTensors<'a> {
     returns: Option<&'a Tensor>,
 }
 
-struct UpdateResult {
-    metrics: BTreeMap<String, f64>,
-    loss: f64,
-    grad_norm: f64,
-    lr: f64,
+pub(crate) struct UpdateResult {
+    pub(crate) metrics: BTreeMap<String, f64>,
+    pub(crate) loss: f64,
+    pub(crate) grad_norm: f64,
+    pub(crate) lr: f64,
     /// Σ policy log-probability per row, from the first update's forward.
-    policy_sums: Vec<f64>,
+    pub(crate) policy_sums: Vec<f64>,
     /// The first update's log-probabilities, per micro-batch (`[rows, its width]`, no grad).
-    first_logprobs: Vec<Tensor>,
+    pub(crate) first_logprobs: Vec<Tensor>,
     /// Forward/backward passes per update.
-    micro_batches: usize,
+    pub(crate) micro_batches: usize,
 }
 
 /// μ optimizer updates over the rows, micro-batched.
@@ -865,7 +868,11 @@ fn latency(scored: &[Scored]) -> Latency {
     Latency { p50: pick(0.5), p99: pick(0.99) }
 }
 
-fn add_update_metrics(line: &mut MetricsLine, metrics: &BTreeMap<String, f64>, update: &UpdateResult) {
+pub(crate) fn add_update_metrics(
+    line: &mut MetricsLine,
+    metrics: &BTreeMap<String, f64>,
+    update: &UpdateResult,
+) {
     line.loss = Some(update.loss);
     line.micro_batches = Some(update.micro_batches);
     line.grad_norm = Some(update.grad_norm);

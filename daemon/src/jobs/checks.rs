@@ -18,7 +18,7 @@ use rlvr_protocol::builtin::{
 use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
 
-use rlvr_plugin_host::fit::{fit_problems, optimizer_needs};
+use rlvr_plugin_host::fit::{fit_problems, optimizer_needs, trained_model};
 
 use crate::sched::service::Scheduler;
 
@@ -117,7 +117,8 @@ pub fn check_runnable(
                 format!("{} reports no data mode this daemon knows", optimizer.id()),
             ),
             Some(info) => {
-                for (field, message) in fit_problems(spec, &info, &optimizer.id()) {
+                let trains = trained_model(&optimizer.meta);
+                for (field, message) in fit_problems(spec, &info, trains, &optimizer.id()) {
                     problem(&field, message);
                 }
             }

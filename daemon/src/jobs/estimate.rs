@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use rlvr_plugin_api::DataMode;
+use rlvr_plugin_api::{DataMode, TrainedModel};
 use rlvr_plugin_host::Registry;
-use rlvr_plugin_host::fit::optimizer_needs;
+use rlvr_plugin_host::fit::{optimizer_needs, trained_model};
 use rlvr_protocol::builtin::{Builtin, DistillOptions};
 use rlvr_protocol::memory::{
     self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds, RewardModelInput,
@@ -51,6 +51,7 @@ pub fn estimate(
                 value_head: info.needs_value_head,
                 pairs: info.data_mode == DataMode::OfflinePairs,
                 offline: matches!(info.data_mode, DataMode::OfflinePairs | DataMode::OfflineSft),
+                reward_model: trained_model(&plugin.meta) == TrainedModel::RewardModel,
             }
         }
     };
