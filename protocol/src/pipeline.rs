@@ -97,11 +97,13 @@ impl fmt::Display for OutputKind {
     }
 }
 
-/// What a job of `spec` hands on when it succeeds: a published checkpoint, for every optimizer
-/// there is today. A job kind whose output is a dataset (rejection sampling) answers
-/// [`OutputKind::Dataset`] here.
-pub fn output_kind(_spec: &JobSpec) -> OutputKind {
-    OutputKind::Checkpoint
+/// What a job of `spec` hands on when it succeeds: the team dataset of a rejection-sampling job,
+/// a published checkpoint of every other.
+pub fn output_kind(spec: &JobSpec) -> OutputKind {
+    match crate::builtin::Builtin::of(spec) {
+        Some(crate::builtin::Builtin::RejectionSampling) => OutputKind::Dataset,
+        _ => OutputKind::Checkpoint,
+    }
 }
 
 /// The fields of `spec` that take the previous stage's output (those written [`PREVIOUS`]), with
@@ -411,6 +413,17 @@ mod tests {
         check(
             &pipeline(&[sft.clone(), grpo.replace("max_steps = 2", "max_steps = 0")]),
             &["stages[1].budget.max_steps: expected 1 to 10000000, got 0"],
+        );
+        // A rejection-sampling stage hands on a dataset, which a stage takes in data.train only.
+        let sampling = stage("rs", "builtin:tiny-arith", "").replace(
+            "plugin = \"sft\"\n",
+            "plugin = \"rejection-sampling\"\noutput = \"rows\"\n[[stages.verifiers]]\nplugin = \"math\"\n",
+        );
+        let on_rows = sft.replace("train = \"dataset:d\"", "train = \"previous\"");
+        check(&pipeline(&[sampling.clone(), on_rows.clone()]), &[]);
+        check(
+            &pipeline(&[sampling.clone(), stage("x", PREVIOUS, "")]),
+            &["stages[1].model.policy: takes a checkpoint, but stages[0] gives a dataset"],
         );
         check(&pipeline(&[]), &["stages: missing field `stages`"]);
         check(

@@ -298,3 +298,66 @@ fn a_cancel_stops_the_running_stage_and_the_rest_and_another_team_sees_nothing()
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(team_jobs(&daemon).len(), 1);
 }
+
+/// A rejection-sampling stage (`"previous"` its policy) between two SFT stages: DeepSeek-R1's
+/// hand-off of a checkpoint into sampling and of the sampled rows into SFT. The rows are the
+/// team's dataset, pinned to their content in the next stage's `data.train`.
+#[test]
+fn a_rejection_sampling_stage_hands_its_dataset_to_the_next_stages_data() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let sampling = format!(
+        r#"
+[[stages]]
+[stages.job]
+name = "sample"
+team = "tests"
+model_line = "tiny-arith"
+seed = 3
+[stages.model]
+policy = "previous"
+[stages.data]
+train = "{data}/train.jsonl"
+[stages.optimizer]
+plugin = "rejection-sampling"
+group_size = 4
+output = "r1-rows"
+threshold = 0.0
+keep = 1
+[[stages.verifiers]]
+plugin = "math"
+fallback = "last"
+[stages.rollout]
+max_new_tokens = 4
+prompts_per_step = 8
+[stages.budget]
+max_steps = 2
+"#,
+        data = data.display()
+    );
+    let on_rows = stage(&data, "sft-on-rows", "builtin:tiny-arith", SFT, 2, PERMISSIVE_GATES)
+        .replace(&format!("train = \"{}/sft.jsonl\"", data.display()), "train = \"previous\"");
+    let spec = pipeline(
+        "r1-rows",
+        &[stage(&data, "cold-start", "builtin:tiny-arith", SFT, 2, PERMISSIVE_GATES), sampling, on_rows],
+    );
+    let id = submit(&daemon, TEAM_TOKEN, &spec).unwrap();
+    let ended = wait_pipeline(&daemon, &id, Duration::from_secs(900), |view| view.state.is_terminal());
+    assert_eq!(ended.state, PipelineState::Succeeded, "{ended:?}\n{}", daemon.log());
+    let Some(StageOutput::Dataset { name, sha256 }) = ended.stages[1].output.clone() else {
+        panic!("the sampling stage hands on a dataset: {ended:?}");
+    };
+    assert_eq!(name, "r1-rows");
+    // The sampling stage started from the cold start's checkpoint; the last trained on its rows.
+    let sampled = job(&daemon, ended.stages[1].job.as_deref().unwrap());
+    assert_eq!(sampled["published_dataset"], format!("dataset:r1-rows@{sha256}"), "{sampled}");
+    let last = ended.stages[2].job.as_deref().unwrap();
+    let spec: serde_json::Value =
+        serde_json::from_slice(&fs::read(daemon.state.join(format!("jobs/{last}/spec.json"))).unwrap())
+            .unwrap();
+    let blob = daemon.state.join(format!("datasets/tests/blobs/{sha256}.jsonl"));
+    assert_eq!(spec["data"]["train"].as_str(), blob.to_str(), "{spec}");
+    assert_eq!(job(&daemon, last)["state"], "published");
+}

@@ -407,12 +407,15 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     );
     let mut outcome = drive::drive(&mut job, &run_dir, &mut state, &mut logs)?;
     // The gates judge, and publishing copies, the checkpoint the run chose: when that is not the
-    // weights it ended with, its weights replace the policy's in place (no second model).
+    // weights it ended with, its weights replace the trained model's in place (no second model).
     if let Some(candidate) = &outcome.candidate
         && candidate.step != outcome.steps
     {
-        models::load_trained_weights(&job.policy, &outcome.checkpoint)?;
-        outcome.weights_sha256 = models::model_sha256(&job.policy);
+        match &job.reward_model {
+            Some(reward_model) => models::load_trained_reward_model(reward_model, &outcome.checkpoint)?,
+            None => models::load_trained_weights(&job.policy, &outcome.checkpoint)?,
+        }
+        outcome.weights_sha256 = job.weights_sha256();
         info!(step = candidate.step, heldout = ?candidate.heldout, "the gates' candidate is an earlier checkpoint");
     }
     outcome.plugins = uses;

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use rlvr_model::weights::WeightFiles;
 use rlvr_model::reward::{RewardModel, load_reward_model};
+use rlvr_model::weights::WeightFiles;
 use rlvr_model::{LoadedModel, LoraConfig, load as load_model};
 use rlvr_plugin_api::OptimizerBox;
 use rlvr_plugin_api::{OptimizerInfo, TrainedModel};
@@ -30,8 +30,26 @@ pub fn load_trained_weights(policy: &LoadedModel, checkpoint: &Path) -> Result<(
     } else {
         (WeightFiles::open(&checkpoint.join("model")), "")
     };
-    let files = files.map_err(|error| fail(error.to_string()))?;
-    for (name, variable) in policy.trainable() {
+    copy_stored(policy.trainable(), files.map_err(|error| fail(error.to_string()))?, prefix, checkpoint)
+}
+
+/// [`load_trained_weights`] for a reward-model job: the checkpoint's `model/` (a
+/// sequence-classification directory under the same tensor names) into `reward_model`.
+pub fn load_trained_reward_model(reward_model: &RewardModel, checkpoint: &Path) -> Result<(), WorkerError> {
+    let files = WeightFiles::open(&checkpoint.join("model"))
+        .map_err(|error| WorkerError::State { path: checkpoint.to_owned(), message: error.to_string() })?;
+    copy_stored(reward_model.trainable(), files, "", checkpoint)
+}
+
+/// Copies each of `trainable`'s tensors from `files` (named `prefix` + its name), in place.
+fn copy_stored(
+    trainable: Vec<(String, tch::Tensor)>,
+    files: WeightFiles,
+    prefix: &str,
+    checkpoint: &Path,
+) -> Result<(), WorkerError> {
+    let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
+    for (name, variable) in trainable {
         let stored = files
             .get(&format!("{prefix}{name}"), &variable.size(), variable.device(), variable.kind())
             .map_err(|error| fail(error.to_string()))?;

@@ -149,7 +149,10 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
     let mut prompts_accepted = 0u64;
     for (group, prompt) in round.picked.iter().enumerate() {
         let members = group * group_size..(group + 1) * group_size;
+        // An empty completion teaches SFT nothing, and the SFT data loader refuses one: the
+        // dataset this job publishes must be one a later SFT job can train on.
         let mut accepted: Vec<usize> = members
+            .filter(|&i| !round.sampled[i].text.trim().is_empty())
             .filter(|&i| rejection.options.accepts(round.scored[i].reward, round.scored[i].passed))
             .collect();
         // Best reward first; ties keep the sampling order (stable), so a run is reproducible.

@@ -116,17 +116,24 @@ pub async fn submit(
 async fn check_stages(state: &JobsState, spec: &PipelineSpec) -> Answer<()> {
     let mut problems: Vec<SpecError> = Vec::new();
     let mut status = StatusCode::UNPROCESSABLE_ENTITY;
-    // What the previous stage starts from, as its check pinned it.
-    let mut stand_in: Option<String> = None;
+    // What the previous stage starts from and reads, as its check pinned them: a stage taking
+    // its checkpoint is checked against the model it started from (the same shape), one taking
+    // its dataset (rejection sampling's rows) against the prompts it read (the team's own data).
+    let mut stand_in_model: Option<String> = None;
+    let mut stand_in_data: Option<String> = None;
     for (i, stage) in spec.stages.iter().enumerate() {
-        let takes_checkpoint = inputs(stage).iter().any(|(_, kind)| *kind == OutputKind::Checkpoint);
-        let filled = match (&stand_in, takes_checkpoint) {
-            (Some(model), true) => fill(stage, OutputKind::Checkpoint, model),
+        let takes = |kind: OutputKind| inputs(stage).iter().any(|(_, taken)| *taken == kind);
+        let filled = match (&stand_in_model, &stand_in_data) {
+            (Some(model), _) if takes(OutputKind::Checkpoint) => fill(stage, OutputKind::Checkpoint, model),
+            (_, Some(data)) if takes(OutputKind::Dataset) => fill(stage, OutputKind::Dataset, data),
             _ => stage.clone(),
         };
-        let starts_from = filled.model.policy.clone();
+        let (starts_from, reads) = (filled.model.policy.clone(), filled.data.train.display().to_string());
         match check_spec(state, filled, true).await? {
-            Ok(pinned) => stand_in = Some(pinned.model.policy),
+            Ok(pinned) => {
+                stand_in_model = Some(pinned.model.policy);
+                stand_in_data = Some(pinned.data.train.display().to_string());
+            }
             Err(refusal) => {
                 if refusal.status == StatusCode::FORBIDDEN {
                     status = StatusCode::FORBIDDEN;
@@ -135,7 +142,8 @@ async fn check_stages(state: &JobsState, spec: &PipelineSpec) -> Answer<()> {
                     field: format!("stages[{i}].{}", problem.field),
                     message: problem.message,
                 }));
-                stand_in = Some(starts_from);
+                stand_in_model = Some(starts_from);
+                stand_in_data = Some(reads);
             }
         }
     }
