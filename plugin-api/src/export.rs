@@ -15,7 +15,7 @@ use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 
 use crate::{
     API_VERSION, AdvantageInputs, AdvantageOutput, Curriculum, Curriculum_TO, CurriculumPlugin, GroupOutcome,
-    HostContext, LIBTORCH_VERSION, LossInputs, LossOutput, LossScale, Metadata, Optimizer, Optimizer_TO,
+    HostContext, LIBTORCH_VERSION, LossInputs, LossOutput, Metadata, Optimizer, Optimizer_TO,
     OptimizerPlugin, OptionError, OptionsReport, PluginError, PluginErrorKind, PluginInfo, PluginInstance,
     PluginKind, PluginMod, PluginModRef, Verdict, Verifier, Verifier_TO, VerifierPlugin, VerifyItem,
 };
@@ -151,14 +151,6 @@ impl<T: OptimizerPlugin> Optimizer for OptimizerAdapter<T> {
 
     fn loss(&self, inputs: &LossInputs) -> RResult<LossOutput, PluginError> {
         guard("loss()", || self.0.loss(inputs))
-    }
-
-    fn advantages_with_scale(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        scale: &LossScale,
-    ) -> RResult<AdvantageOutput, PluginError> {
-        guard("advantages_with_scale()", || self.0.advantages_with_scale(inputs, scale))
     }
 }
 

@@ -52,6 +52,11 @@ pub struct HostContext {
     /// No outbound policy at all: a program run by hand ([`HostContext::unrestricted`]).
     #[serde(default)]
     pub outbound_unrestricted: bool,
+    /// The job's `rollout.max_new_tokens`, given to its optimizer (DAPO's overlong shaping needs
+    /// it as `L_max`); `None` where no job runs (the daemon's option checks, `rlvrctl verify`).
+    /// Appended: a plugin built before it ignores the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<u32>,
 }
 
 impl HostContext {

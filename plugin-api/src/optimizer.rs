@@ -161,22 +161,14 @@ pub trait Optimizer: Send + Sync {
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> RResult<AdvantageOutput, PluginError>;
 
     /// The loss of one micro-batch.
+    ///
+    /// No method may be appended after it: abi_stable refuses a library whose vtable has fewer
+    /// entries than the host's (measured: "VTable: too many fields (expected 6, found 5)" for a
+    /// library built before a sixth), so a method added here would lock out every optimizer
+    /// built before it. What a plugin needs to know about its job comes in the
+    /// [`HostContext`] at creation ([`HostContext::max_new_tokens`]).
     #[sabi(last_prefix_field)]
     fn loss(&self, inputs: &LossInputs) -> RResult<LossOutput, PluginError>;
-
-    /// [`advantages`](Self::advantages) with the whole batch's [`LossScale`], whose
-    /// `max_new_tokens` is the job's longest completion (DAPO's overlong shaping needs it).
-    ///
-    /// Appended after `loss`: an object from a library built before it has no such entry in its
-    /// vtable, and abi_stable then runs this default body, so a host may always call it.
-    fn advantages_with_scale(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        scale: &LossScale,
-    ) -> RResult<AdvantageOutput, PluginError> {
-        let _ = scale;
-        self.advantages(inputs)
-    }
 }
 
 /// An owned optimizer object from a plugin.
@@ -226,19 +218,6 @@ pub trait OptimizerPlugin: Sized + Send + Sync + 'static {
     /// keep the default, which refuses.
     fn advantages(&self, _inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         Err(PluginError::invalid_input("this optimizer trains offline and computes no advantages"))
-    }
-
-    /// [`advantages`](Self::advantages) with the whole batch's [`LossScale`] (the job's
-    /// `max_new_tokens` among it); hosts call this one. The default ignores the scale; override
-    /// it when an option needs it, and make `advantages` refuse that option, since a host built
-    /// before this method calls only `advantages`.
-    fn advantages_with_scale(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        scale: &LossScale,
-    ) -> Result<AdvantageOutput, PluginError> {
-        let _ = scale;
-        self.advantages(inputs)
     }
 
     /// The loss of one micro-batch.

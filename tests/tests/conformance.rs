@@ -145,8 +145,21 @@ fn module(crate_name: &str) -> PluginModRef {
 }
 
 fn create(crate_name: &str, config: &Value) -> Result<OptimizerBox, rlvr_plugin_api::PluginError> {
+    create_for(crate_name, config, None)
+}
+
+/// An optimizer created as the worker creates it: through `create_in`, with a host context that
+/// gives the job's `max_new_tokens` (DAPO's `L_max`), or none (a host that does not give it).
+fn create_for(
+    crate_name: &str,
+    config: &Value,
+    max_new_tokens: Option<u32>,
+) -> Result<OptimizerBox, rlvr_plugin_api::PluginError> {
     let config = config.to_string();
-    let created = (module(crate_name).create())(RStr::from(config.as_str()), RSlice::from_slice(&[]));
+    let host = rlvr_plugin_api::HostContext { max_new_tokens, ..rlvr_plugin_api::HostContext::default() };
+    let create_in = module(crate_name).create_in().expect("every plugin of this workspace has create_in");
+    let created =
+        create_in(RStr::from(config.as_str()), RSlice::from_slice(&[]), RStr::from(host.to_json().as_str()));
     match created.into_result()? {
         PluginInstance::Optimizer(optimizer) => Ok(optimizer),
         _ => panic!("{crate_name} did not create an optimizer"),
@@ -198,17 +211,14 @@ fn run(
     };
     if let (Some(rewards), Some(group_ids)) = (&batch.rewards, &batch.group_ids) {
         let output = optimizer
-            .advantages_with_scale(
-                &AdvantageInputs {
-                    rewards: rewards.as_slice().into(),
-                    group_ids: group_ids.as_slice().into(),
-                    old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
-                    ref_logprobs: borrow(&batch.ref_logprobs),
-                    mask: TensorHandle::borrow(&batch.mask),
-                    values: borrow(&batch.values),
-                },
-                &batch.scale,
-            )
+            .advantages(&AdvantageInputs {
+                rewards: rewards.as_slice().into(),
+                group_ids: group_ids.as_slice().into(),
+                old_logprobs: TensorHandle::borrow(batch.old_logprobs.as_ref().unwrap()),
+                ref_logprobs: borrow(&batch.ref_logprobs),
+                mask: TensorHandle::borrow(&batch.mask),
+                values: borrow(&batch.values),
+            })
             .into_result()
             .map_err(|error| format!("advantages() failed: {error}"))?;
         // SAFETY: owned handles from the plugin, each taken back once.
@@ -342,13 +352,14 @@ fn check_file(plugin: &str, precision: Precision, cuts: impl Fn(i64) -> Vec<i64>
         let cuts = cuts(batch.rows());
         let label =
             format!("{} case {name} ({:?}, micro-batches cut at {cuts:?})", golden.file, precision.kind);
-        let optimizer = match create(&golden.crate_name, &case["config"]) {
-            Ok(optimizer) => optimizer,
-            Err(error) => {
-                failures.push(format!("{label}: create failed: {error}"));
-                continue;
-            }
-        };
+        let optimizer =
+            match create_for(&golden.crate_name, &case["config"], Some(batch.scale.max_new_tokens)) {
+                Ok(optimizer) => optimizer,
+                Err(error) => {
+                    failures.push(format!("{label}: create failed: {error}"));
+                    continue;
+                }
+            };
         let outcome = match run(&optimizer, &batch, expected, precision.kind, &cuts) {
             Ok(outcome) => outcome,
             Err(error) => {
@@ -584,9 +595,9 @@ fn a_shape_mismatch_is_an_error_that_names_the_tensor() {
     }
 }
 
-/// DAPO's `L_max` is the job's `max_new_tokens`, which only `advantages_with_scale` carries: a
-/// buffer longer than it is refused naming the key, and so is a host that calls the older
-/// `advantages` (which cannot pass it) for a job that needs it.
+/// DAPO's `L_max` is the job's `max_new_tokens`, which the host context carries at creation: a
+/// buffer longer than it is refused naming the key, and so is shaping in an optimizer created
+/// by a host that does not give it.
 #[test]
 fn overlong_shaping_is_refused_by_name_without_the_jobs_max_new_tokens() {
     for plugin in ["grpo", "rloo", "ppo"] {
@@ -602,8 +613,9 @@ fn overlong_shaping_is_refused_by_name_without_the_jobs_max_new_tokens() {
             values: borrow(&batch.values),
         };
         let budget = batch.scale.max_new_tokens;
-        let too_long = create(&golden.crate_name, &json!({"overlong_buffer": budget + 1})).unwrap();
-        let error = too_long.advantages_with_scale(&inputs, &batch.scale).into_result().err();
+        let too_long =
+            create_for(&golden.crate_name, &json!({"overlong_buffer": budget + 1}), Some(budget)).unwrap();
+        let error = too_long.advantages(&inputs).into_result().err();
         let error = error.unwrap_or_else(|| panic!("{plugin} took a buffer above max_new_tokens"));
         assert_eq!(
             error.message,
@@ -613,9 +625,10 @@ fn overlong_shaping_is_refused_by_name_without_the_jobs_max_new_tokens() {
             ),
             "{plugin}"
         );
-        let fits = create(&golden.crate_name, &json!({"overlong_buffer": budget})).unwrap();
-        assert!(fits.advantages_with_scale(&inputs, &batch.scale).into_result().is_ok(), "{plugin}");
-        let error = fits.advantages(&inputs).into_result().err();
+        let fits = create_for(&golden.crate_name, &json!({"overlong_buffer": budget}), Some(budget)).unwrap();
+        assert!(fits.advantages(&inputs).into_result().is_ok(), "{plugin}");
+        let unknown = create_for(&golden.crate_name, &json!({"overlong_buffer": budget}), None).unwrap();
+        let error = unknown.advantages(&inputs).into_result().err();
         let error = error.unwrap_or_else(|| panic!("{plugin} shaped lengths without max_new_tokens"));
         assert!(
             error.message.starts_with("overlong_buffer: needs the job's max_new_tokens"),
@@ -653,7 +666,8 @@ fn verl_computes_the_same_losses_and_gradients() {
         let golden = golden(plugin);
         let case = golden.cases.iter().find(|case| case["name"] == name).unwrap();
         let batch = Batch::new(&golden.batches[case["batch"].as_str().unwrap()], Kind::Double);
-        let optimizer = create(&golden.crate_name, &case["config"]).unwrap();
+        let optimizer =
+            create_for(&golden.crate_name, &case["config"], Some(batch.scale.max_new_tokens)).unwrap();
         let outcome = run(&optimizer, &batch, &case["expected"], Kind::Double, &[]).unwrap();
         let label = format!("verl {} vs {plugin} case {name}", result["mode"]);
         let mut problems = Vec::new();

@@ -98,8 +98,11 @@ impl JobPlugins {
                     field: "optimizer.plugin".into(),
                     message: format!("{} reports no data mode this worker knows", optimizer.id()),
                 })?;
+                // The optimizer learns the job's max_new_tokens (DAPO's L_max) from its context.
+                let job_host =
+                    HostContext { max_new_tokens: Some(spec.rollout.max_new_tokens), ..host.clone() };
                 let created =
-                    match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[], host)? {
+                    match create(&optimizer, "optimizer", &spec.optimizer_plugin_config(), &[], &job_host)? {
                         PluginInstance::Optimizer(created) => created,
                         other => return Err(created_other(&optimizer, "optimizer.plugin", &other)),
                     };

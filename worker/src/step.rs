@@ -250,12 +250,6 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
         true => Some(no_grad_pass(job, &rows, width, false)?.0),
         false => None,
     };
-    // The whole batch's scale: its `max_new_tokens` is DAPO's L_max for overlong shaping.
-    let scale = LossScale {
-        batch_sequences: rows.len() as u64,
-        batch_tokens: rows.completions.iter().map(|c| c.len() as u64).sum(),
-        max_new_tokens: job.spec.rollout.max_new_tokens,
-    };
     let inputs = AdvantageInputs {
         rewards: rewards.as_slice().into(),
         group_ids: group_ids.as_slice().into(),
@@ -266,7 +260,7 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
     };
     let advantages = job
         .optimizer
-        .advantages_with_scale(&inputs, &scale)
+        .advantages(&inputs)
         .into_result()
         .map_err(|error| format!("optimizer advantages: {error}"))?;
     // SAFETY: the plugin hands these tensors over (LossOutput/AdvantageOutput contract).

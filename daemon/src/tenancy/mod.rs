@@ -166,6 +166,8 @@ impl Tenancy {
             outbound_allow: policy.entries().iter().map(ToString::to_string).collect(),
             outbound_allow_private: policy.allow_private(),
             outbound_unrestricted: false,
+            // The worker gives its optimizer the job's own figure.
+            max_new_tokens: None,
         })
     }
 }

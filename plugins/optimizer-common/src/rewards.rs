@@ -152,7 +152,7 @@ impl OverlongShaping {
     ) -> Result<Vec<Metric>, PluginError> {
         let Some(max_new_tokens) = max_new_tokens else {
             return Err(PluginError::invalid_input(
-                "overlong_buffer: needs the job's max_new_tokens, which this host does not pass (a host older than advantages_with_scale)",
+                "overlong_buffer: needs the job's max_new_tokens, which this host did not give in its context (a host older than HostContext::max_new_tokens)",
             ));
         };
         if self.buffer > max_new_tokens {

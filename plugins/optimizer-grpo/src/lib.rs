@@ -19,8 +19,9 @@ use rlvr_optimizer_common::losses::{
 use rlvr_optimizer_common::rewards::{self, OnlineBatch, OverlongShaping, StdKind};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
-    AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
-    OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
+    AdvantageInputs, AdvantageOutput, DataMode, HostContext, LossInputs, LossOutput, LossScale, Metadata,
+    OptimizerInfo, OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle,
+    export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -112,6 +113,8 @@ pub struct Grpo {
     config: GrpoConfig,
     surrogate: Surrogate,
     overlong: Option<OverlongShaping>,
+    /// The job's `max_new_tokens` (DAPO's `L_max`), from the host context at creation.
+    max_new_tokens: Option<u32>,
 }
 
 impl Grpo {
@@ -143,7 +146,7 @@ impl Grpo {
         };
         surrogate.check()?;
         let overlong = OverlongShaping::from_keys(config.overlong_buffer, config.overlong_penalty)?;
-        Ok(Grpo { config, surrogate, overlong })
+        Ok(Grpo { config, surrogate, overlong, max_new_tokens: None })
     }
 
     /// Advantages; `max_new_tokens` is the job's when the host passes it.
@@ -215,6 +218,12 @@ impl OptimizerPlugin for Grpo {
         Grpo::new(config::parse(config_json)?)
     }
 
+    /// The job's `max_new_tokens` comes with the host's context (a host that does not give it
+    /// leaves overlong shaping refused at the first advantages).
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        Ok(Grpo { max_new_tokens: host.max_new_tokens, ..Self::from_config(config_json)? })
+    }
+
     fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
         Grpo::new(config::parse(config_json)?)?;
         Ok(OptionsReport::default())
@@ -226,15 +235,7 @@ impl OptimizerPlugin for Grpo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        self.advantages_at(inputs, None)
-    }
-
-    fn advantages_with_scale(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        scale: &LossScale,
-    ) -> Result<AdvantageOutput, PluginError> {
-        self.advantages_at(inputs, Some(scale.max_new_tokens))
+        self.advantages_at(inputs, self.max_new_tokens)
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {

@@ -18,8 +18,9 @@ use rlvr_optimizer_common::losses::{
 use rlvr_optimizer_common::rewards::{self, OnlineBatch, OverlongShaping};
 use rlvr_optimizer_common::{advantage_output, expect_all_close, expect_close, loss_output, metric};
 use rlvr_plugin_api::{
-    AdvantageInputs, AdvantageOutput, DataMode, LossInputs, LossOutput, LossScale, Metadata, OptimizerInfo,
-    OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle, export_optimizer,
+    AdvantageInputs, AdvantageOutput, DataMode, HostContext, LossInputs, LossOutput, LossScale, Metadata,
+    OptimizerInfo, OptimizerPlugin, OptionError, OptionsReport, PluginError, ROption, TensorHandle,
+    export_optimizer,
 };
 use rlvr_plugin_tensor::TensorHandleExt;
 use serde::Deserialize;
@@ -82,6 +83,8 @@ impl Default for PpoConfig {
 pub struct Ppo {
     config: PpoConfig,
     overlong: Option<OverlongShaping>,
+    /// The job's `max_new_tokens` (DAPO's `L_max`), from the host context at creation.
+    max_new_tokens: Option<u32>,
 }
 
 impl Ppo {
@@ -96,7 +99,7 @@ impl Ppo {
         check_dual_clip(config.clip_ratio_c)?;
         config::non_negative("entropy_coef", config.entropy_coef)?;
         let overlong = OverlongShaping::from_keys(config.overlong_buffer, config.overlong_penalty)?;
-        Ok(Ppo { config, overlong })
+        Ok(Ppo { config, overlong, max_new_tokens: None })
     }
 
     /// Advantages and returns; `max_new_tokens` is the job's when the host passes it.
@@ -191,6 +194,12 @@ impl OptimizerPlugin for Ppo {
         Ppo::new(config::parse(config_json)?)
     }
 
+    /// The job's `max_new_tokens` comes with the host's context (a host that does not give it
+    /// leaves overlong shaping refused at the first advantages).
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        Ok(Ppo { max_new_tokens: host.max_new_tokens, ..Self::from_config(config_json)? })
+    }
+
     fn check_options(config_json: &str) -> Result<OptionsReport, OptionError> {
         Ppo::new(config::parse(config_json)?)?;
         Ok(OptionsReport::default())
@@ -202,15 +211,7 @@ impl OptimizerPlugin for Ppo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        self.advantages_at(inputs, None)
-    }
-
-    fn advantages_with_scale(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        scale: &LossScale,
-    ) -> Result<AdvantageOutput, PluginError> {
-        self.advantages_at(inputs, Some(scale.max_new_tokens))
+        self.advantages_at(inputs, self.max_new_tokens)
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
