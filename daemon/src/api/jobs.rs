@@ -622,20 +622,7 @@ pub async fn events(
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible_job(&state, &caller, &id).await?;
-    let after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or(query.after)
-        .unwrap_or_else(|| "0".to_owned());
-    if !valid_stream_id(&after) {
-        return Err(Failure::new(
-            StatusCode::BAD_REQUEST,
-            "bad_query",
-            "expected an event id like 1700000000000-0",
-        )
-        .field("after"));
-    }
+    let after = stream_position(&headers, query.after)?;
     let follower = Follower {
         state,
         id,
@@ -704,10 +691,30 @@ impl utoipa::ToSchema for StreamEvent {
     }
 }
 
+/// Where an event stream starts: after the `Last-Event-ID` header's event, else `?after=`, else
+/// from the first; 400 naming `after` for anything that is not a stream id.
+pub(super) fn stream_position(headers: &HeaderMap, after: Option<String>) -> Answer<String> {
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or(after)
+        .unwrap_or_else(|| "0".to_owned());
+    if !valid_stream_id(&after) {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "bad_query",
+            "expected an event id like 1700000000000-0",
+        )
+        .field("after"));
+    }
+    Ok(after)
+}
+
 /// A Redis stream id, `MS-SEQ` or `MS`, each part a decimal `u64`: what `XREAD` takes. Anything
 /// else would fail in Redis on every poll, and since Redis errors end no stream, it would never
 /// end.
-pub(super) fn valid_stream_id(id: &str) -> bool {
+fn valid_stream_id(id: &str) -> bool {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
     let number = |part: &str| {
         !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) && part.parse::<u64>().is_ok()

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use super::auth::Caller;
 use super::jobs::{
     Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, check_spec, idempotency_key, read_body,
-    valid_id, valid_stream_id,
+    stream_position, valid_id,
 };
 
 fn store(state: &JobsState) -> PipelineStore {
@@ -305,20 +305,7 @@ pub async fn events(
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible(&state, &caller, &id).await?;
-    let after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or(query.after)
-        .unwrap_or_else(|| "0".to_owned());
-    if !valid_stream_id(&after) {
-        return Err(Failure::new(
-            StatusCode::BAD_REQUEST,
-            "bad_query",
-            "expected an event id like 1700000000000-0",
-        )
-        .field("after"));
-    }
+    let after = stream_position(&headers, query.after)?;
     let follower = Follower { state, id, after, pending: Vec::new(), ended: false, pipeline_ended: false };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
         let event = follower.next().await?;
