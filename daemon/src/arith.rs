@@ -5,10 +5,17 @@
 //! - `train.jsonl`, `heldout.jsonl` — `{"id", "prompt", "reference": {"answer": "19"}}` for the
 //!   math verifier; held-out problems never appear in the training files.
 //!
-//! Problems are `a+b=` and/or `a-b=` (`ops`) with operands below `max_operand`, all distinct,
-//! drawn from a seeded SplitMix64. With `pad`, operands are zero-padded to the width of
-//! `max_operand - 1` (`07+31=` for operands below 50), so each digit has a fixed place in the
-//! prompt; answers are never padded (`38`, `-4`), as the math verifier reads them.
+//! Two task families, chosen by `ops`: `a+b=` and/or `a-b=` with both operands below
+//! `max_operand`; and multiplication by one digit, `a*d=` with `a` below `max_operand` and `d` in
+//! 0–9 (a second family for learning tests: the answer's digits need carries from a times table,
+//! not from a sum of two digits). Problems are all distinct, drawn from a seeded SplitMix64. With
+//! `pad`, the operands below `max_operand` are zero-padded to the width of `max_operand - 1`
+//! (`07+31=` for operands below 50, `042*7=` below 1000), so each digit has a fixed place in the
+//! prompt; answers are never padded (`38`, `-4`, `294`), as the math verifier reads them.
+//!
+//! Disjointness: every problem is drawn once into one list (a set rejects repeats), and the files
+//! are consecutive slices of it — held-out first, then training, then demonstrations — so no
+//! prompt is in two files whatever the sizes.
 
 use std::collections::HashSet;
 use std::fs;
@@ -28,9 +35,10 @@ pub struct ArithOptions {
     pub heldout: usize,
     /// Operands are drawn from `0..max_operand`.
     pub max_operand: u64,
-    /// The operations, each drawn with equal probability: `+`, `-` or both (`+-`, the default).
+    /// The operations, each drawn with equal probability: `+`, `-`, `*` or several (`+-`, the
+    /// default).
     pub ops: Vec<Op>,
-    /// Zero-pad operands to the width of `max_operand - 1`.
+    /// Zero-pad the operands below `max_operand` to the width of `max_operand - 1`.
     pub pad: bool,
 }
 
@@ -39,17 +47,32 @@ pub struct ArithOptions {
 pub enum Op {
     Add,
     Sub,
+    /// Multiplication by one digit: `a*d=`, `d` in 0–9.
+    Mul,
 }
 
+/// The multiplier's choices for [`Op::Mul`]: one digit.
+const DIGITS: u64 = 10;
+
 impl Op {
-    /// Parses `+`, `-`, `+-` or `-+` (each operation at most once).
+    /// How many distinct problems of this operation operands below `max_operand` give.
+    fn distinct(self, max_operand: u64) -> u64 {
+        match self {
+            Op::Add | Op::Sub => max_operand * max_operand,
+            // The multiplier is drawn below `max_operand` too, so below 10 it has fewer choices.
+            Op::Mul => max_operand * DIGITS.min(max_operand),
+        }
+    }
+
+    /// Parses a list of `+`, `-` and `*` (`+-`, `*`; each operation at most once).
     pub fn parse_list(text: &str) -> Result<Vec<Op>, String> {
         let mut ops = Vec::new();
         for c in text.chars() {
             let op = match c {
                 '+' => Op::Add,
                 '-' => Op::Sub,
-                _ => return Err(format!("unknown operation {c:?} in {text:?} (expected + and/or -)")),
+                '*' => Op::Mul,
+                _ => return Err(format!("unknown operation {c:?} in {text:?} (expected +, - or *)")),
             };
             if ops.contains(&op) {
                 return Err(format!("operation {c:?} given twice in {text:?}"));
@@ -57,7 +80,7 @@ impl Op {
             ops.push(op);
         }
         if ops.is_empty() {
-            return Err("no operation given (expected + and/or -)".into());
+            return Err("no operation given (expected +, - or *)".into());
         }
         Ok(ops)
     }
@@ -82,7 +105,7 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
     if options.ops.is_empty() || options.max_operand == 0 {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no operation or no operand to draw"));
     }
-    let distinct = options.max_operand * options.max_operand * options.ops.len() as u64;
+    let distinct: u64 = options.ops.iter().map(|op| op.distinct(options.max_operand)).sum();
     let wanted = (options.sft + options.train + options.heldout) as u64;
     if wanted > distinct {
         return Err(io::Error::new(
@@ -102,12 +125,15 @@ pub fn write(out: &Path, options: &ArithOptions) -> io::Result<[usize; 3]> {
         let b = rng.next_u64() % options.max_operand;
         // One draw per problem whatever the operations, so `+-` keeps the sets it always made.
         let op = options.ops[(rng.next_u64() % options.ops.len() as u64) as usize];
-        if seen.insert((a, b, op)) {
-            let (sign, answer) = match op {
-                Op::Add => ('+', (a + b) as i64),
-                Op::Sub => ('-', a as i64 - b as i64),
-            };
-            problems.push((format!("{a:0width$}{sign}{b:0width$}="), answer.to_string()));
+        let (prompt, answer) = match op {
+            Op::Add => (format!("{a:0width$}+{b:0width$}="), (a + b) as i64),
+            Op::Sub => (format!("{a:0width$}-{b:0width$}="), a as i64 - b as i64),
+            // The multiplier is one digit: never padded, and drawn from the same number so
+            // the other operations' sets stay what they were.
+            Op::Mul => (format!("{a:0width$}*{}=", b % DIGITS), (a * (b % DIGITS)) as i64),
+        };
+        if seen.insert(prompt.clone()) {
+            problems.push((prompt, answer.to_string()));
         }
     }
     fs::create_dir_all(out)?;
@@ -192,6 +218,80 @@ mod tests {
             assert_eq!(value["reference"]["answer"], sum.to_string(), "{prompt}");
         }
         assert_eq!(Op::parse_list("+-"), Ok(vec![Op::Add, Op::Sub]));
-        assert!(Op::parse_list("++").is_err() && Op::parse_list("*").is_err() && Op::parse_list("").is_err());
+        assert_eq!(Op::parse_list("*"), Ok(vec![Op::Mul]));
+        assert!(Op::parse_list("++").is_err() && Op::parse_list("/").is_err() && Op::parse_list("").is_err());
+    }
+
+    /// Writes `options`' files; checks each problem's form and answer (`a OP b`, each operand's
+    /// width, the multiplier one digit), that no prompt is in two files, and that every distinct
+    /// problem can be asked for and one more cannot.
+    fn check(ops: &str, max_operand: u64, pad: bool, widths: (usize, usize)) {
+        let dir = tempfile::tempdir().unwrap();
+        let ops_list = Op::parse_list(ops).unwrap();
+        let distinct: u64 = ops_list.iter().map(|op| op.distinct(max_operand)).sum();
+        let heldout = (distinct / 4) as usize;
+        let options = ArithOptions {
+            sft: heldout,
+            train: distinct as usize - 2 * heldout,
+            heldout,
+            max_operand,
+            ops: ops_list,
+            pad,
+            seed: 5,
+        };
+        // All of them: the draw ends (no problem is missing from the count).
+        let made = write(dir.path(), &options).unwrap();
+        assert_eq!(made.iter().sum::<usize>() as u64, distinct, "{ops} below {max_operand}");
+        let mut all = HashSet::new();
+        for (file, reference) in
+            [("sft.jsonl", "completion"), ("train.jsonl", "reference"), ("heldout.jsonl", "reference")]
+        {
+            for line in fs::read_to_string(dir.path().join(file)).unwrap().lines() {
+                let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                let prompt = value["prompt"].as_str().unwrap().to_owned();
+                let answer = if reference == "completion" {
+                    &value["completion"]
+                } else {
+                    &value["reference"]["answer"]
+                };
+                let body = prompt.strip_suffix('=').unwrap();
+                let at = body.find(['+', '-', '*']).unwrap();
+                let (a, b) = (&body[..at], &body[at + 1..]);
+                let (x, y): (i64, i64) = (a.parse().unwrap(), b.parse().unwrap());
+                let expected = match &body[at..at + 1] {
+                    "+" => x + y,
+                    "-" => x - y,
+                    _ => {
+                        assert!(y < 10 && b.len() == 1, "{prompt}: the multiplier is one digit");
+                        x * y
+                    }
+                };
+                assert!(x < max_operand as i64 && y < max_operand as i64, "{prompt}");
+                if widths.0 > 0 {
+                    assert_eq!(a.len(), widths.0, "{prompt}");
+                }
+                if widths.1 > 0 {
+                    assert_eq!(b.len(), widths.1, "{prompt}");
+                }
+                assert_eq!(answer, &expected.to_string(), "{prompt}");
+                assert!(all.insert(prompt.clone()), "{prompt} appears twice");
+            }
+        }
+        let more = ArithOptions { sft: options.sft + 1, ..options };
+        assert!(
+            write(&dir.path().join("more"), &more).is_err(),
+            "{ops} below {max_operand}: {distinct} at most"
+        );
+    }
+
+    #[test]
+    fn each_family_writes_right_answers_in_its_form_and_every_distinct_problem_once() {
+        check("*", 100, true, (2, 1));
+        check("*", 1000, true, (3, 1));
+        check("*", 30, false, (0, 1));
+        check("*", 7, false, (1, 1));
+        check("+", 20, true, (2, 2));
+        check("-", 12, true, (2, 2));
+        check("+-*", 15, false, (0, 0));
     }
 }

@@ -92,7 +92,7 @@ enum TokenAction {
 
 #[derive(Subcommand)]
 enum DataKind {
-    /// `a+b=` / `a-b=` problems: sft.jsonl (demonstrations), train.jsonl and heldout.jsonl
+    /// `a+b=` / `a-b=` / `a*d=` problems: sft.jsonl (demonstrations), train.jsonl and heldout.jsonl
     /// (prompts with references for the math verifier); no held-out problem is in the others.
     Arith {
         /// The directory to write into.
@@ -109,7 +109,7 @@ enum DataKind {
         /// Operands are drawn below this.
         #[arg(long, default_value_t = 50)]
         max_operand: u64,
-        /// The operations: `+`, `-` or both (`+-`).
+        /// The operations: `+`, `-`, `*` (multiplication by one digit) or several (`+-`).
         #[arg(long, default_value = "+-")]
         ops: String,
         /// Zero-pad operands to the width of `max-operand - 1` (`07+31=`).
