@@ -153,7 +153,8 @@ fn submit_refuses_bad_plugin_options_naming_the_key_as_the_spec_writes_it() {
             good.replace("kl_beta = 0.04", "kl_bta = 0.04"),
             "optimizer.kl_bta",
             "optimizer.kl_bta: unknown key; expected one of scale_rewards, std, eps, clip_eps_low, clip_eps_high, \
-             kl_beta, kl_estimator, kl_in, loss_agg (or one of the trainer's: plugin, group_size,",
+             kl_beta, kl_estimator, kl_in, loss_agg, loss, importance_ratio, clip_ratio_c, overlong_buffer, \
+             overlong_penalty, entropy_coef (or one of the trainer's: plugin, group_size,",
         ),
         (
             good.replace("kl_beta = 0.04", "kl_estimator = \"k4\""),
