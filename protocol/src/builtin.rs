@@ -264,13 +264,10 @@ pub struct SampledRow {
     pub prompt_id: String,
 }
 
-/// What a rejection-sampling job produced, in its worker's `Outcome`: the daemon gates and
-/// publishes the file.
+/// What a rejection-sampling job produced, in its worker's `Outcome`: the daemon gates it and
+/// publishes the run's rows (`RunDir::dataset`, JSONL of [`SampledRow`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SampledDataset {
-    /// The run's output file (`run/dataset.jsonl`), JSONL of [`SampledRow`].
-    #[serde(default)]
-    pub path: std::path::PathBuf,
     /// Prompts sampled.
     pub prompts: u64,
     /// Completions sampled and scored.

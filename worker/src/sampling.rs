@@ -11,7 +11,7 @@
 //! prompt that clear a threshold, deduplicated.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rlvr_plugin_api::{
@@ -67,7 +67,6 @@ pub fn builtin_optimizer() -> (OptimizerBox, OptimizerInfo) {
 pub struct Rejection {
     pub options: RejectionSamplingOptions,
     log: JsonlLog,
-    path: PathBuf,
     seen: HashSet<(String, String)>,
     pub tally: SampledDataset,
 }
@@ -92,8 +91,7 @@ impl Rejection {
             let row: SampledRow = serde_json::from_str(line).map_err(|error| fail(error.to_string()))?;
             seen.insert((row.prompt_id, row.completion));
         }
-        let mut tally = tally.unwrap_or_default();
-        tally.path = path.to_owned();
+        let tally = tally.unwrap_or_default();
         if tally.accepted != seen.len() as u64 {
             return Err(fail(format!(
                 "holds {} rows where the checkpoint counted {}",
@@ -101,7 +99,7 @@ impl Rejection {
                 tally.accepted
             )));
         }
-        Ok(Rejection { options, log, path: path.to_owned(), seen, tally })
+        Ok(Rejection { options, log, seen, tally })
     }
 
     /// Bytes written so far, after an fsync: what a checkpoint records.
@@ -111,7 +109,7 @@ impl Rejection {
 
     /// What the run produced, for its `Outcome`.
     pub fn produced(&self) -> SampledDataset {
-        SampledDataset { path: self.path.clone(), ..self.tally.clone() }
+        self.tally.clone()
     }
 }
 

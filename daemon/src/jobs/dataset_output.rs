@@ -70,25 +70,27 @@ pub fn judge(options: &RejectionSamplingOptions, produced: Option<&SampledDatase
     GateReport::new(None, criteria)
 }
 
-/// Judges the dataset of `outcome` and, when it passes, publishes it as `spec`'s team's dataset
+/// Judges the dataset of `outcome` and, when it passes, publishes `rows` (the job's own run
+/// directory's file, never a path the worker reported) as `spec`'s team's dataset
 /// `optimizer.output` (replacing that name's content, as an upload does).
 pub fn gate_and_publish(
     spec: &JobSpec,
     outcome: &Outcome,
+    rows: &std::path::Path,
     datasets: &Datasets,
     max_datasets: u32,
 ) -> Result<DatasetVerdict, OutputError> {
     let options = RejectionSamplingOptions::from_spec(spec)
         .map_err(|error| OutputError::Options(format!("{}: {}", error.field, error.message)))?;
     let report = judge(&options, outcome.dataset.as_ref());
-    let Some(produced) = outcome.dataset.as_ref().filter(|_| report.passed) else {
+    if outcome.dataset.is_none() || !report.passed {
         return Ok(DatasetVerdict::Refused { reason: report.refusal(), report });
-    };
+    }
     let name = options.output.clone();
     let store = |source: DatasetError| OutputError::Store { name: name.clone(), source };
     let team = spec.job.team.as_str();
     let incoming = datasets.incoming(team).map_err(|error| store(error.into()))?;
-    let (sha256, bytes) = copy_hashing(&produced.path, &incoming).map_err(|error| {
+    let (sha256, bytes) = copy_hashing(rows, &incoming).map_err(|error| {
         let _ = fs::remove_file(&incoming);
         store(error.into())
     })?;

@@ -656,8 +656,15 @@ impl Supervisor {
     /// the team's dataset (`published_dataset`, the reference a later spec names), or refused.
     async fn finish_dataset(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
         let (spec2, tenancy) = (spec.clone(), self.tenancy.clone());
+        let rows = self.jobs_dir.job(id).run().dataset();
         let verdict = tokio::task::spawn_blocking(move || {
-            dataset_output::gate_and_publish(&spec2, &outcome, &tenancy.datasets, tenancy.max_datasets())
+            dataset_output::gate_and_publish(
+                &spec2,
+                &outcome,
+                &rows,
+                &tenancy.datasets,
+                tenancy.max_datasets(),
+            )
         })
         .await;
         match verdict {

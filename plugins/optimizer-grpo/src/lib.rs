@@ -149,19 +149,15 @@ impl Grpo {
         Ok(Grpo { config, surrogate, overlong, max_new_tokens: None })
     }
 
-    /// Advantages; `max_new_tokens` is the job's when the host passes it.
-    fn advantages_at(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        max_new_tokens: Option<u32>,
-    ) -> Result<AdvantageOutput, PluginError> {
+    /// Advantages; DAPO's `L_max` is the job's `max_new_tokens` from the host context.
+    fn batch_advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         let batch = OnlineBatch::new(inputs)?;
         let groups = rewards::groups(inputs.group_ids.as_slice())?;
         let mut metrics =
             vec![metric("uniform_group_frac", rewards::uniform_group_fraction(&batch.rewards, &groups))];
         let mut shaped = batch.rewards.clone();
         if let Some(overlong) = &self.overlong {
-            metrics.extend(overlong.apply(&mut shaped, batch.mask.lengths(), max_new_tokens)?);
+            metrics.extend(overlong.apply(&mut shaped, batch.mask.lengths(), self.max_new_tokens)?);
         }
         if self.config.kl_in == KlIn::Reward {
             let required = (self.config.kl_beta > 0.0).then_some("kl_in = \"reward\" with kl_beta > 0");
@@ -235,7 +231,7 @@ impl OptimizerPlugin for Grpo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        self.advantages_at(inputs, self.max_new_tokens)
+        self.batch_advantages(inputs)
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {

@@ -102,12 +102,8 @@ impl Ppo {
         Ok(Ppo { config, overlong, max_new_tokens: None })
     }
 
-    /// Advantages and returns; `max_new_tokens` is the job's when the host passes it.
-    fn advantages_at(
-        &self,
-        inputs: &AdvantageInputs<'_>,
-        max_new_tokens: Option<u32>,
-    ) -> Result<AdvantageOutput, PluginError> {
+    /// Advantages and returns; DAPO's `L_max` is the job's `max_new_tokens` from the host context.
+    fn batch_advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         let batch = OnlineBatch::new(inputs)?;
         let values = batch.like.required("values", inputs.values, "GAE needs the value head's outputs")?;
         let values = batch.mask.to_host(&values)?;
@@ -116,7 +112,11 @@ impl Ppo {
         let mut metrics = Vec::new();
         let mut sequence_rewards = batch.rewards.clone();
         if let Some(overlong) = &self.overlong {
-            metrics.extend(overlong.apply(&mut sequence_rewards, batch.mask.lengths(), max_new_tokens)?);
+            metrics.extend(overlong.apply(
+                &mut sequence_rewards,
+                batch.mask.lengths(),
+                self.max_new_tokens,
+            )?);
         }
         let required = (self.config.kl_beta > 0.0).then_some("the per-token KL penalty, kl_beta > 0");
         if let Some(reference) = batch.reference(inputs, required)? {
@@ -211,7 +211,7 @@ impl OptimizerPlugin for Ppo {
     }
 
     fn advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
-        self.advantages_at(inputs, self.max_new_tokens)
+        self.batch_advantages(inputs)
     }
 
     fn loss(&self, inputs: &LossInputs) -> Result<LossOutput, PluginError> {
