@@ -12,12 +12,15 @@ Deterministic for a given --seed (stdlib `random.Random`, no hash seeding). Addi
 subtraction of two-digit numbers (10..99; subtraction keeps a > b, so answers are positive),
 each rendered through one of several templates with a random name and object. The held-out set
 is disjoint from train and sft on the arithmetic itself: an (operation, a, b) triple is in one set
-or another, never two, so held-out accuracy is not a memorised sum in a new sentence.
+or another, never two, so held-out accuracy is not a memorised sum in a new sentence. With --ops -
+(or +) the training and held-out prompts are of that operation alone while the demonstrations are
+the same as without it, of both operations (scripts/bench/smollm2-arith.sh trains GRPO on the
+operation its cold start left near the frontier).
 
 The prompt is plain text (one user message); the trainer and TRL both wrap it in the model's
 chat template. Its last sentence asks for the answer in the form the `math` verifier reads.
 
-Usage: arith_words.py --out DIR [--train N] [--heldout N] [--sft N] [--seed S]
+Usage: arith_words.py --out DIR [--train N] [--heldout N] [--sft N] [--seed S] [--ops +-|+|-]
 Stdlib only.
 """
 
@@ -104,16 +107,29 @@ def main():
     parser.add_argument("--heldout", type=int, default=200, help="held-out problems (default 200)")
     parser.add_argument("--sft", type=int, default=0, help="demonstrations in sft.jsonl (default 0: no file)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--ops",
+        choices=["+-", "+", "-"],
+        default="+-",
+        help="the operations of train and held-out prompts: both (default), + or - alone; demonstrations mix both",
+    )
     args = parser.parse_args()
 
     triples = problems(args.seed)
     counts = (args.train, args.heldout, args.sft)
     if min(counts) < 0 or sum(counts) > len(triples):
         sys.exit(f"--train + --heldout + --sft must be between 0 and {len(triples)}, got {' + '.join(map(str, counts))}")
-    heldout = triples[: args.heldout]
-    train = triples[args.heldout : args.heldout + args.train]
-    sft = triples[args.heldout + args.train : sum(counts)]
-    assert not set(heldout) & (set(train) | set(sft))
+    # The seeded order's slices: held-out, then train, then the demonstrations. The demonstrations
+    # are that slice whatever --ops says, so a cold start is the same with or without it; the
+    # prompts are the problems of the operations asked for among all the others, in order.
+    prompts_end = args.heldout + args.train
+    sft = triples[prompts_end : prompts_end + args.sft]
+    asked = [t for t in triples[:prompts_end] + triples[prompts_end + args.sft :] if t[0] in args.ops]
+    if prompts_end > len(asked):
+        sys.exit(f"--train + --heldout must be at most {len(asked)} with --ops {args.ops} and --sft {args.sft}, got {prompts_end}")
+    heldout = asked[: args.heldout]
+    train = asked[args.heldout : prompts_end]
+    assert not set(heldout) & (set(train) | set(sft)) and not set(train) & set(sft)
 
     os.makedirs(args.out, exist_ok=True)
     write(os.path.join(args.out, "train.jsonl"), "train", train, args.seed)
