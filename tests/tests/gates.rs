@@ -12,7 +12,7 @@ use rlvr_tests::jobs::{ended, job, submit_ok, wait_job};
 use rlvr_tests::peer::Peer;
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
-    artifact, plugin_lib, sha256_hex, wait_until,
+    artifact, plugin_lib, sha256_hex, wait_until, worker_command, worker_plugins,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -171,12 +171,12 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
     let rlvrctl = artifact("rlvrctl");
 
     // Four steps cannot gain 0.9 of held-out accuracy.
-    let id = submit_ok(
-        &daemon,
-        &spec(&data, "refused", 4, "[gates]\nheldout_gain_min = 0.9\nrefuse_reward_hacking = false\n"),
-    );
+    let refused_spec =
+        spec(&data, "refused", 4, "[gates]\nheldout_gain_min = 0.9\nrefuse_reward_hacking = false\n");
+    let id = submit_ok(&daemon, &refused_spec);
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
     assert_eq!(done["state"], "refused", "{done}");
+    same_report_offline(dir.path(), &refused_spec, &done["gates"]);
     let reason = done["reason"].as_str().unwrap();
     assert!(
         reason.starts_with("gates refused: heldout_gain: ") && reason.contains(" < 0.9 (held-out accuracy "),
@@ -220,6 +220,36 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
     let output = run(&rlvrctl, &["promote", &id, "--force", "--reason", why], dir.path(), &admin);
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
     assert!(!daemon.state.join("registry/tiny-arith/2").exists());
+}
+
+/// `rlvrd gates` judges a run made outside the daemon as `rlvrd serve` judged it: the same job
+/// run by `rlvr-worker run` alone (one thread, as the daemon's workers here: bit-exact), its
+/// outcome judged offline, gives the stored report; it exits 1 for a refusal and 2, naming the
+/// file, for an outcome it cannot read.
+fn same_report_offline(dir: &Path, toml: &str, stored: &Value) {
+    let spec = dir.join("offline.toml");
+    fs::write(&spec, toml).unwrap();
+    let plugins = worker_plugins(dir);
+    let run_output =
+        worker_command(&spec, &dir.join("offline-state"), &plugins, &["--threads", "1"]).output().unwrap();
+    assert!(run_output.status.success(), "{}", String::from_utf8_lossy(&run_output.stderr));
+    let outcome = dir.join("offline-outcome.json");
+    fs::write(&outcome, &run_output.stdout).unwrap();
+    let rlvrd = artifact("rlvrd");
+    let (spec_arg, outcome_arg) = (spec.to_str().unwrap(), outcome.to_str().unwrap());
+    let judged = run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg, "--json"], dir, &[]);
+    assert_eq!(judged.status.code(), Some(1), "{}", text(&judged));
+    let offline: rlvr_protocol::gates::GateReport = serde_json::from_slice(&judged.stdout).unwrap();
+    let daemon: rlvr_protocol::gates::GateReport = serde_json::from_value(stored.clone()).unwrap();
+    assert_eq!(offline, daemon, "the offline report differs from the daemon's");
+    let shown = text(&run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg], dir, &[]));
+    let interval = daemon.criteria[0].interval.expect("the held-out gain's interval");
+    assert!(shown.starts_with("gates: REFUSED\n") && shown.contains(&interval.describe()), "{shown}");
+
+    fs::write(&outcome, "{\"steps\": ").unwrap();
+    let broken = run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg], dir, &[]);
+    assert_eq!(broken.status.code(), Some(2), "{}", text(&broken));
+    assert!(text(&broken).contains(&format!("{outcome_arg}: not a worker outcome")), "{}", text(&broken));
 }
 
 /// A misspecified reward, for real: the training set's references are off by one, so GRPO

@@ -158,6 +158,7 @@ fn a_killed_rejection_sampling_run_resumes_to_exactly_the_rows_of_an_uninterrupt
     assert_eq!(output.status.code(), Some(finished), "{}", String::from_utf8_lossy(&output.stderr));
     let expected = fs::read(RunDir::at(straight.clone()).dataset()).unwrap();
     assert!(!expected.is_empty());
+    judged_offline_by_the_dataset_criteria(dir.path(), &spec, &output.stdout);
 
     // Killed once its first checkpoint is down (one prompt a step: many steps to go), half a row
     // past the checkpoint appended as a kill mid-write would leave it, then resumed.
@@ -179,5 +180,41 @@ fn a_killed_rejection_sampling_run_resumes_to_exactly_the_rows_of_an_uninterrupt
     assert_eq!(
         String::from_utf8(fs::read(run.dataset()).unwrap()).unwrap(),
         String::from_utf8(expected).unwrap()
+    );
+}
+
+/// `rlvrd gates` judges a standalone rejection-sampling run as the daemon does, by its dataset's
+/// criteria, not a policy's held-out gain: its outcome passes, and fails with the gate raised.
+fn judged_offline_by_the_dataset_criteria(dir: &Path, spec: &Path, outcome: &[u8]) {
+    let outcome_file = dir.join("rs-outcome.json");
+    fs::write(&outcome_file, outcome).unwrap();
+    let judge = |spec: &Path| {
+        std::process::Command::new(rlvr_tests::artifact("rlvrd"))
+            .args(["gates", "--json", "--spec"])
+            .arg(spec)
+            .arg("--outcome")
+            .arg(&outcome_file)
+            .output()
+            .unwrap()
+    };
+    let passed = judge(spec);
+    assert_eq!(passed.status.code(), Some(0), "{}", String::from_utf8_lossy(&passed.stderr));
+    let report: rlvr_protocol::gates::GateReport = serde_json::from_slice(&passed.stdout).unwrap();
+    let names: Vec<&str> = report.criteria.iter().map(|criterion| criterion.name.as_str()).collect();
+    assert_eq!(names, ["accepted_rows", "acceptance_rate", "accepted_reward_mean"]);
+
+    let raised = dir.join("rs-raised.toml");
+    fs::write(
+        &raised,
+        fs::read_to_string(spec).unwrap().replace("keep = 3", "keep = 3\nmin_accepted = 1000"),
+    )
+    .unwrap();
+    let refused = judge(&raised);
+    assert_eq!(refused.status.code(), Some(1), "{}", String::from_utf8_lossy(&refused.stderr));
+    let report: rlvr_protocol::gates::GateReport = serde_json::from_slice(&refused.stdout).unwrap();
+    assert!(
+        report.refusal().contains("accepted_rows: ") && report.refusal().contains(" < 1000"),
+        "{}",
+        report.refusal()
     );
 }

@@ -1,12 +1,15 @@
 //! `rlvrd`: the daemon. `serve` runs the control plane; `validate` checks a config; `simulate`
 //! and `data arith` are tools for operators and developers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rlvr_daemon::config;
+use rlvr_protocol::builtin::{Builtin, RejectionSamplingOptions};
+use rlvr_protocol::spec::JobSpec;
+use rlvr_protocol::worker::Outcome;
 use rlvr_startup::logging::{self, LogFormat};
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +71,21 @@ enum Command {
     Token {
         #[command(subcommand)]
         action: TokenAction,
+    },
+    /// Judge a worker's outcome (the JSON `rlvr-worker run` prints) by its job's gates, as `rlvrd
+    /// serve` does before it publishes: the verdict, then each criterion with what it measured
+    /// (the held-out gain with its paired interval). For runs made outside the daemon, such as
+    /// the benchmark scripts'. Exits 0 when the candidate passes, 1 when it is refused.
+    Gates {
+        /// The job spec (TOML or JSON) the worker ran.
+        #[arg(long)]
+        spec: PathBuf,
+        /// The worker's outcome JSON.
+        #[arg(long)]
+        outcome: PathBuf,
+        /// Print the gate report as JSON (the `gates` of `rlvrctl status --json`).
+        #[arg(long)]
+        json: bool,
     },
     /// Write synthetic data sets for the built-in model (no download).
     Data {
@@ -183,6 +201,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Gates { spec, outcome, json } => gates(&spec, &outcome, json),
         Command::Simulate { trace, json } => {
             use rlvr_daemon::sched::simulate::{Trace, baseline, render, simulate};
             let parsed = std::fs::read_to_string(&trace)
@@ -214,6 +233,66 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `rlvrd gates`: the report on stdout; exit 2 when the spec or the outcome cannot be read.
+fn gates(spec_path: &Path, outcome_path: &Path, json: bool) -> ExitCode {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|error| format!("rlvrd gates: {}: {error}", path.display()))
+    };
+    let spec = read(spec_path).and_then(|text| {
+        JobSpec::parse_file_text(spec_path, &text)
+            .map_err(|errors| format!("rlvrd gates: {}: {errors}", spec_path.display()))
+    });
+    let outcome = read(outcome_path).and_then(|text| {
+        serde_json::from_str::<Outcome>(&text).map_err(|error| {
+            format!("rlvrd gates: {}: not a worker outcome: {error}", outcome_path.display())
+        })
+    });
+    let (spec, outcome) = match (spec, outcome) {
+        (Ok(spec), Ok(outcome)) => (spec, outcome),
+        (Err(error), _) | (_, Err(error)) => {
+            eprintln!("{error}");
+            return ExitCode::from(2);
+        }
+    };
+    // As the daemon does: a rejection-sampling job's dataset has its own criteria.
+    let report = if Builtin::of(&spec) == Some(Builtin::RejectionSampling) {
+        match RejectionSamplingOptions::from_spec(&spec) {
+            Ok(options) => rlvr_daemon::jobs::dataset_output::judge(&options, outcome.dataset.as_ref()),
+            Err(error) => {
+                eprintln!("rlvrd gates: {}: {}: {}", spec_path.display(), error.field, error.message);
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        rlvr_daemon::jobs::gate::judge(&spec, &outcome)
+    };
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("rlvrd gates: cannot encode the report: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        let verdict = if report.passed { "PASSED" } else { "REFUSED" };
+        println!("gates: {verdict}");
+        if let Some(candidate) = &report.candidate {
+            println!("candidate: {}", candidate.describe());
+        }
+        for criterion in &report.criteria {
+            let label = criterion.status.label();
+            let threshold = criterion
+                .threshold
+                .map_or(String::new(), |t| format!(" (threshold {} {t})", criterion.op.as_str()));
+            // A note may open with the status itself ("not checked: the job has no …").
+            let note = criterion.note.strip_prefix(&format!("{label}: ")).unwrap_or(&criterion.note);
+            println!("{}: {label}{threshold}: {note}", criterion.name);
+        }
+    }
+    if report.passed { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// `rlvrd doctor`: the report on stdout; exit 2 on a bad config, 1 when the GPUs are out of the
