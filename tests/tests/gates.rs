@@ -242,9 +242,14 @@ fn same_report_offline(dir: &Path, toml: &str, stored: &Value) {
     let offline: rlvr_protocol::gates::GateReport = serde_json::from_slice(&judged.stdout).unwrap();
     let daemon: rlvr_protocol::gates::GateReport = serde_json::from_value(stored.clone()).unwrap();
     assert_eq!(offline, daemon, "the offline report differs from the daemon's");
-    let shown = text(&run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg], dir, &[]));
+    let shown = run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg], dir, &[]);
+    let stdout = String::from_utf8_lossy(&shown.stdout);
     let interval = daemon.criteria[0].interval.expect("the held-out gain's interval");
-    assert!(shown.starts_with("gates: REFUSED\n") && shown.contains(&interval.describe()), "{shown}");
+    assert!(
+        stdout.starts_with("gates: REFUSED\n") && stdout.contains(&interval.describe()),
+        "{}",
+        text(&shown)
+    );
 
     fs::write(&outcome, "{\"steps\": ").unwrap();
     let broken = run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg], dir, &[]);

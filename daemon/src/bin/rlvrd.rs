@@ -235,6 +235,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints `report` as pretty JSON on stdout; false (with `command`'s error on stderr) when it
+/// cannot be encoded.
+fn print_json(command: &str, report: &impl serde::Serialize) -> bool {
+    match serde_json::to_string_pretty(report) {
+        Ok(text) => {
+            println!("{text}");
+            true
+        }
+        Err(error) => {
+            eprintln!("{command}: cannot encode the report: {error}");
+            false
+        }
+    }
+}
+
 /// `rlvrd gates`: the report on stdout; exit 2 when the spec or the outcome cannot be read.
 fn gates(spec_path: &Path, outcome_path: &Path, json: bool) -> ExitCode {
     let read = |path: &Path| {
@@ -269,12 +284,8 @@ fn gates(spec_path: &Path, outcome_path: &Path, json: bool) -> ExitCode {
         rlvr_daemon::jobs::gate::judge(&spec, &outcome)
     };
     if json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(error) => {
-                eprintln!("rlvrd gates: cannot encode the report: {error}");
-                return ExitCode::FAILURE;
-            }
+        if !print_json("rlvrd gates", &report) {
+            return ExitCode::FAILURE;
         }
     } else {
         let verdict = if report.passed { "PASSED" } else { "REFUSED" };
@@ -316,12 +327,8 @@ fn doctor(config_path: Option<PathBuf>, json: bool) -> ExitCode {
     let inventory = rlvr_daemon::sched::inventory::discover(&config.devices);
     let report = rlvr_daemon::doctor::Doctor::examine(&worker, &inventory);
     if json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(error) => {
-                eprintln!("rlvrd doctor: cannot encode the report: {error}");
-                return ExitCode::FAILURE;
-            }
+        if !print_json("rlvrd doctor", &report) {
+            return ExitCode::FAILURE;
         }
     } else {
         print!("{}", report.render());
