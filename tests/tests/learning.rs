@@ -1,8 +1,11 @@
 //! Learning, shown: on `builtin:tiny-arith`, an SFT cold start and then GRPO with the math
 //! verifier raise held-out accuracy by at least 15 points over the SFT checkpoint, with a fixed
 //! seed, through `rlvr-worker run` and the real plugin libraries — and so does the same GRPO job
-//! training LoRA adapters instead of the weights — in at most 5 CPU minutes for the three jobs
-//! together (0.50 → 0.865 full, → 0.895 LoRA; 14 + 43 + 50 s on the development machine).
+//! training LoRA adapters instead of the weights (0.475 → 0.885 full, → 0.860 LoRA). Each test
+//! prints its jobs' CPU seconds, each worker's own (2026-11-28, the two tests side by side on the
+//! 2-core development machine: 238 CPU s for these three jobs, 184 for the four of
+//! multiplication's; alone, earlier, 14 + 43 + 50 s for the three). They are not asserted: on a
+//! shared machine CPU time moves with the load, and speed is a benchmark's business.
 //! And on a second task family the recipe was not tuned on, multiplication by one digit
 //! (`042*7=` → `294`), the same two stages at GRPO lr 1e-4 raise held-out accuracy with the 95%
 //! paired bootstrap interval of the gain above zero (notes at the end of this comment).
@@ -238,7 +241,6 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
         lora_after >= sft_accuracy + 0.15,
         "LoRA: held-out accuracy {sft_accuracy:.3} → {lora_after:.3}: less than +15 points"
     );
-    assert!(cpu_s <= 300.0, "the three jobs took {cpu_s:.0} CPU seconds, more than 5 minutes");
 }
 
 /// The second task family, multiplication by one digit (`42*7=` → `294`), which no setting here
@@ -294,7 +296,6 @@ fn multiplication_by_one_digit_an_sft_cold_start_then_grpo_gains_on_heldout_with
         accuracy(&before),
         accuracy(&after)
     );
-    assert!(cpu_s <= 300.0, "the four jobs took {cpu_s:.0} CPU seconds, more than 5 minutes");
 }
 
 /// `a*d=` with the multiplicand below 1 000, zero-padded (`042*7=`): 2 000 demonstrations,
