@@ -142,13 +142,19 @@ fn a_team_over_its_share_waits_while_another_teams_job_runs() {
     let second_ours = submit_ok(&daemon, &spec(&data, "ours-2", "tests", "high", 3, None));
     // Urgent work of its own team goes first: it takes its own team's slot, not theirs.
     wait_job(&daemon, &first_ours, Duration::from_secs(60), |job| job["preemptions"].as_u64() >= Some(1));
-    assert_eq!(wait_job(&daemon, &second_ours, Duration::from_secs(120), ended)["state"], "published");
+    let done = wait_job(&daemon, &second_ours, Duration::from_secs(120), ended);
+    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
     let third_ours = submit_ok(&daemon, &spec(&data, "ours-3", "tests", "normal", 3, None));
     std::thread::sleep(Duration::from_secs(3));
     let waiting = job(&daemon, &third_ours);
-    assert_eq!(waiting["state"], "queued", "over its share, it waits: {waiting}");
+    assert_eq!(waiting["state"], "queued", "over its share, it waits: {waiting}\n{}", daemon.log());
     let their_job = job(&daemon, &theirs);
-    assert_eq!((their_job["state"].as_str(), their_job["preemptions"].as_u64()), (Some("running"), Some(0)));
+    assert_eq!(
+        (their_job["state"].as_str(), their_job["preemptions"].as_u64()),
+        (Some("running"), Some(0)),
+        "{their_job}\n{}",
+        daemon.log()
+    );
     // When its own slot frees, it runs.
     let cancel = |id: &str| {
         rlvr_tests::jobs::client()
@@ -157,11 +163,12 @@ fn a_team_over_its_share_waits_while_another_teams_job_runs() {
             .send()
     };
     cancel(&first_ours).unwrap();
-    assert_eq!(wait_job(&daemon, &third_ours, Duration::from_secs(120), ended)["state"], "published");
-    assert_eq!(job(&daemon, &theirs)["preemptions"], 0);
+    let done = wait_job(&daemon, &third_ours, Duration::from_secs(120), ended);
+    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
+    assert_eq!(job(&daemon, &theirs)["preemptions"], 0, "{}", daemon.log());
     cancel(&theirs).unwrap();
     let (_, list) = get(&daemon, ADMIN_TOKEN, "/v1/jobs");
-    assert_eq!(list["jobs"].as_array().map(Vec::len), Some(4));
+    assert_eq!(list["jobs"].as_array().map(Vec::len), Some(4), "{list}");
 }
 
 #[test]
