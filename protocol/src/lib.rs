@@ -13,6 +13,8 @@
 //! - [`worker`]: the worker protocol — its arguments, exit statuses, outcome, metrics and
 //!   progress.
 //! - [`gates`]: the gate report, one status per criterion.
+//! - [`engine`]: `[engine]`, the mapping of a job onto TRL's trainer and the contract its entry
+//!   script reads (pure).
 //! - [`jobdir`]: where a job's files are.
 //! - [`checkpoints`]: which checkpoints a run keeps, and which it offers the gates (pure).
 //! - [`formula`]: a job's reward as a formula over its named graders (`[reward] formula`).
@@ -33,6 +35,7 @@ pub mod batch;
 pub mod builtin;
 pub mod checkpoints;
 pub mod curricula;
+pub mod engine;
 pub mod formula;
 pub mod fs;
 pub mod gates;

@@ -44,6 +44,13 @@ pub struct JobSpec {
     pub checkpoint: CheckpointSection,
     #[serde(default)]
     pub eval: EvalSection,
+    /// `[engine]`: the native worker (the default) or an existing distributed engine.
+    #[serde(default, skip_serializing_if = "is_native")]
+    pub engine: crate::engine::EngineSection,
+}
+
+fn is_native(engine: &crate::engine::EngineSection) -> bool {
+    *engine == crate::engine::EngineSection::default()
 }
 
 /// `[job]`: who runs it and what it publishes to.
@@ -1058,9 +1065,19 @@ const RULES: &[SpecRule] = &[
         .noun("number of tokens"),
     SpecRule::new("budget.max_wall_minutes", |s| real(s.budget.max_wall_minutes), Positive)
         .noun("number of minutes"),
-    // Until a job can use more: the worker runs on one device, and more would be held idle.
-    SpecRule::new("resources.devices", |s| int(s.resources.devices), Ints(1, 1))
-        .note("(one device per job: that is what the worker uses today)"),
+    // The native worker runs on one device, and more would be held idle; an engine job takes
+    // one process per device.
+    SpecRule::new(
+        "resources.devices",
+        |s| int(s.resources.devices).filter(|_| !s.engine.is_engine()),
+        Ints(1, 1),
+    )
+    .note("(one device per native job: that is what the worker uses; an [engine] job may take more)"),
+    SpecRule::new(
+        "resources.devices",
+        |s| int(s.resources.devices).filter(|_| s.engine.is_engine()),
+        Ints(1, 1024),
+    ),
     SpecRule::new("resources.memory_gb", |s| real(s.resources.memory_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("resources.resident_gb", |s| real(s.resources.resident_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("checkpoint.every_steps", |s| int(s.checkpoint.every_steps), IntsFrom(1)),
@@ -1312,7 +1329,7 @@ max_steps = 10
             ("[rollout]\ntop_q = 2.0\n", "rollout.top_q", "unknown field `top_q`"),
             ("[rollout]\nmax_new_tokens = -3\n", "rollout.max_new_tokens", "invalid value"),
             ("[rollout]\nmax_new_tokens = \"many\"\n", "rollout.max_new_tokens", "invalid type"),
-            ("[resources]\ndevices = 0\n", "resources.devices", "expected 1 (one device per job"),
+            ("[resources]\ndevices = 0\n", "resources.devices", "expected 1 (one device per native job"),
             ("[stop]\nkl = 1.0\n", "stop.kl", "unknown field `kl`"),
         ];
         for (extra, field, message) in cases {
@@ -1420,7 +1437,7 @@ max_steps = 10
             (
                 "resources",
                 "devices = 2",
-                "resources.devices: expected 1 (one device per job: that is what the worker uses today), got 2",
+                "resources.devices: expected 1 (one device per native job: that is what the worker uses; an [engine] job may take more), got 2",
             ),
             ("resources", "memory_gb = -1.0", "resources.memory_gb: expected a number ≥ 0, got -1"),
             (

@@ -77,6 +77,10 @@ pub fn check_runnable(
             problem(&error.field, error.message);
         }
     }
+    // An engine job: what its engine cannot run as written (`protocol::engine`'s mapping).
+    for error in rlvr_protocol::engine::engine_problems(spec) {
+        problem(&error.field, error.message);
+    }
     let optimizer = match find(registry, &spec.optimizer.plugin, PluginKind::Optimizer) {
         _ if builtin.is_some() => None,
         Ok(plugin) => {

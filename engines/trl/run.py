@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""rlvr's entry script for the trl engine: one rank of a GRPO job on TRL's GRPOTrainer.
+
+Started once per rank by torchrun (the worker's local launcher, or a Ray job's entrypoint) as
+
+    python -m torch.distributed.run --nproc-per-node N engines/trl/run.py CONTRACT
+
+CONTRACT is the job's `<run>/engine/contract.json` (`rlvr_protocol::engine::EngineContract`):
+the starting model (a Hugging Face directory), the training prompts, TRL's GRPOConfig keys as
+the worker mapped them from the spec, the output directory and the metrics file, and the
+daemon's POST /v1/verify with the job's graders. The job-scoped token is in $RLVR_JOB_TOKEN.
+
+What it does: trains with the contract's keys; rewards come from the daemon (the job's own
+graders and formula, so the reward is the one a native job trains on); rank 0 appends one
+metrics line per step (the fields of the native worker's `MetricsLine` TRL has); checkpoints
+are TRL's `checkpoint-N/` in the output directory, and a start with one there resumes from the
+newest; the trained model is written to `OUTPUT/final/model/`.
+
+A SIGTERM (the worker's stop, torchrun's forwarding of its own, Ray's stop) is honoured at the
+next step end: every rank agrees on the step (an all-reduce), the trainer checkpoints there and
+the process exits 75, which the worker reports as interrupted.
+
+Exit statuses are the worker protocol's: 0 finished, 2 the job's fault (a contract or a reward
+the daemon refuses), 70 transient (the daemon unreachable), 75 interrupted.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+EXIT_JOB_ERROR = 2
+EXIT_TRANSIENT = 70
+EXIT_INTERRUPTED = 75
+
+# The daemon grades at most this many items a request (VerifyRequest::MAX_ITEMS).
+VERIFY_BATCH = 256
+# 429/503 and refused connections are retried this long before the run gives up as transient.
+VERIFY_PATIENCE_S = 120.0
+
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TQDM_DISABLE": "1",
+    "WANDB_DISABLED": "true",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+
+class JobError(Exception):
+    """The job's fault: exits 2 with the message."""
+
+
+class Transient(Exception):
+    """Not the job's fault (the daemon could not be reached): exits 70."""
+
+
+def log(message):
+    rank = os.environ.get("RANK", "0")
+    print(f"trl engine rank {rank}: {message}", file=sys.stderr, flush=True)
+
+
+class Verifier:
+    """The job's reward, from the daemon's POST /v1/verify, a batch at a time."""
+
+    def __init__(self, url, reward, token):
+        self.url = url
+        self.reward = reward
+        self.token = token
+        # The last batch's verdicts, for the `passed` pseudo-reward TRL logs (gathered).
+        self.passed = []
+        self.errors = 0
+        self.timeouts = 0
+
+    def post(self, items):
+        body = json.dumps({"reward": self.reward, "items": items}).encode()
+        deadline = time.monotonic() + VERIFY_PATIENCE_S
+        delay = 0.5
+        while True:
+            request = urllib.request.Request(
+                self.url,
+                data=body,
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    return json.load(answer)["results"]
+            except urllib.error.HTTPError as error:
+                text = error.read().decode(errors="replace")[:500]
+                if error.code not in (429, 502, 503, 504):
+                    raise JobError(f"POST {self.url}: {error.code}: {text}") from error
+                why = f"{error.code}: {text}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+                why = str(error)
+            if time.monotonic() > deadline:
+                raise Transient(f"POST {self.url}: gave up after {VERIFY_PATIENCE_S:.0f} s: {why}")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def __call__(self, prompts, completions, id, reference, **_):  # noqa: A002 (TRL's column name)
+        items = []
+        for prompt, completion, prompt_id, ref in zip(prompts, completions, id, reference, strict=True):
+            items.append(
+                {
+                    "id": prompt_id,
+                    "prompt": text_of(prompt),
+                    "completion": text_of(completion),
+                    "reference": json.loads(ref),
+                }
+            )
+        results = []
+        for start in range(0, len(items), VERIFY_BATCH):
+            results.extend(self.post(items[start : start + VERIFY_BATCH]))
+        self.passed = [1.0 if line["passed"] else 0.0 for line in results]
+        self.errors += sum(1 for line in results if line.get("error") and not line.get("timed_out"))
+        self.timeouts += sum(1 for line in results if line.get("timed_out"))
+        return [float(line["score"]) for line in results]
+
+
+def text_of(message):
+    """A prompt or completion's text: a string, or the last message of a conversation."""
+    if isinstance(message, list):
+        return message[-1]["content"]
+    return message
+
+
+def load_prompts(path, conversational):
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                prompt = record["prompt"]
+            except (ValueError, KeyError) as error:
+                raise JobError(f"{path}:{number}: not a prompt record: {error}") from error
+            rows.append(
+                {
+                    "prompt": [{"role": "user", "content": prompt}] if conversational else prompt,
+                    "id": str(record.get("id", number)),
+                    # A JSON string: the references' shapes differ, which Arrow's columns cannot.
+                    "reference": json.dumps(record.get("reference", {})),
+                }
+            )
+    if not rows:
+        raise JobError(f"{path}: no prompts")
+    return rows
+
+
+def watch_parent():
+    """Ends this rank when its launcher is gone (killed with SIGKILL, which it cannot forward):
+    an orphaned rank would hold its device for nothing."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        log("the launcher is gone: exiting")
+        os._exit(EXIT_TRANSIENT)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise JobError("usage: run.py CONTRACT")
+    with open(sys.argv[1], encoding="utf-8") as f:
+        contract = json.load(f)
+    token = os.environ.get("RLVR_JOB_TOKEN")
+    if not token:
+        raise JobError("RLVR_JOB_TOKEN is not set: the daemon's verify route needs the job's token")
+    if contract["trainer"] != "grpo":
+        raise JobError(f"trainer {contract['trainer']!r}: this script runs grpo")
+
+    stop = {"asked": False}
+
+    def on_sigterm(_signum, _frame):
+        stop["asked"] = True
+        log("SIGTERM: checkpointing at the next step end")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    watch_parent()
+
+    import torch
+    import torch.distributed as dist
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.rewards import get_soft_overlong_punishment
+
+    keys = dict(contract["grpo"])
+    overlong = keys.pop("overlong")
+    tokenizer = AutoTokenizer.from_pretrained(contract["model"])
+    dataset = Dataset.from_list(load_prompts(contract["train"], tokenizer.chat_template is not None))
+    verifier = Verifier(contract["verify"]["url"], contract["verify"]["reward"], token)
+
+    def passed(completions, **_):
+        """Weight 0: only so TRL gathers and logs the pass rate of the verifier's verdicts."""
+        return list(verifier.passed) if len(verifier.passed) == len(completions) else [0.0] * len(completions)
+
+    verifier.__name__ = "reward"
+    passed.__name__ = "passed"
+    reward_funcs, weights = [verifier, passed], [1.0, 0.0]
+    if overlong is not None:
+        length = get_soft_overlong_punishment(keys["max_completion_length"], overlong["buffer"])
+        reward_funcs.append(length)
+        weights.append(overlong["weight"])
+    output_dir = contract["output_dir"]
+    cuda = torch.cuda.is_available()
+    config = GRPOConfig(
+        output_dir=output_dir,
+        reward_weights=weights,
+        use_cpu=not cuda,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_vllm=False,
+        data_seed=keys["seed"],
+        report_to="none",
+        logging_steps=1,
+        save_strategy="steps",
+        save_only_model=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+        model_init_kwargs={"dtype": torch.bfloat16 if keys["bf16"] else torch.float32},
+        ddp_backend="nccl" if cuda else "gloo",
+        **keys,
+    )
+    metrics_path = contract["metrics"]
+
+    class Rlvr(TrainerCallback):
+        """The metrics lines (rank 0) and the agreed stop."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs or "reward" not in logs:
+                return
+            line = {"step": state.global_step}
+            figures = {
+                "reward_mean": logs.get("reward"),
+                "reward_std": logs.get("reward_std"),
+                "passed_frac": logs.get("rewards/passed/mean"),
+                "completion_len_mean": logs.get("completions/mean_length"),
+                "completion_len_max": logs.get("completions/max_length"),
+                "cut_frac": logs.get("completions/clipped_ratio"),
+                "entropy": logs.get("entropy"),
+                "kl_ref": logs.get("kl"),
+                "loss": logs.get("loss"),
+                "grad_norm": logs.get("grad_norm"),
+                "lr": logs.get("learning_rate"),
+            }
+            line.update({key: float(value) for key, value in figures.items() if value is not None})
+            if "step_time" in logs:
+                line["time"] = {"step_s": float(logs["step_time"])}
+            line["verifier_errors"] = verifier.errors
+            line["verifier_timeouts"] = verifier.timeouts
+            verifier.errors = verifier.timeouts = 0
+            with open(metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            asked = torch.tensor([1 if stop["asked"] else 0])
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+            if asked.item():
+                stop["agreed"] = True
+                control.should_save = True
+                control.should_training_stop = True
+
+    trainer = GRPOTrainer(
+        model=contract["model"],
+        reward_funcs=reward_funcs,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Rlvr()],
+    )
+    checkpoints = [name for name in os.listdir(output_dir) if name.startswith("checkpoint-")]
+    if checkpoints:
+        log(f"resuming from the newest of {sorted(checkpoints)}")
+    trainer.train(resume_from_checkpoint=True if checkpoints else None)
+    if stop.get("agreed"):
+        log(f"stopped at step {trainer.state.global_step}, checkpointed")
+        return EXIT_INTERRUPTED
+    final = os.path.join(output_dir, "final", "model")
+    trainer.save_model(final)
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(final)
+        log(f"trained {trainer.state.global_step} steps; the model is in {final}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except JobError as error:
+        log(f"error: {error}")
+        sys.exit(EXIT_JOB_ERROR)
+    except Transient as error:
+        log(f"transient: {error}")
+        sys.exit(EXIT_TRANSIENT)

@@ -1,0 +1,486 @@
+//! Jobs that train on an existing distributed engine instead of the native worker's step loop
+//! (`[engine]`), and what crosses to the engine: the contract the engine's entry script reads.
+//!
+//! **Pure.** [`trl_grpo`] is the one mapping of a job spec onto TRL's `GRPOConfig`: it returns the
+//! engine's arguments or every key the engine cannot honour, each refusal naming the key as the
+//! spec writes it and what the engine cannot do. The daemon calls it at submit (a spec the engine
+//! cannot run is refused there) and the worker at start (the arguments it hands the engine), so
+//! the check and the mapping cannot drift apart. [`GRPO_MAPPING`] is the same table as data, for
+//! the README and the tests.
+//!
+//! The defaults of the GRPO keys here are the `grpo` plugin's (`plugins/optimizer-grpo`): a key
+//! the spec leaves out means what it means to the native worker.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::spec::{Dtype, JobSpec, LrSchedule, SpecError};
+
+/// `[engine]`: where the job's training runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EngineSection {
+    #[serde(default)]
+    pub kind: EngineKind,
+    #[serde(default)]
+    pub launcher: Launcher,
+}
+
+/// Which engine trains the job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// The native worker's own step loop (one device).
+    #[default]
+    Native,
+    /// TRL's trainers under accelerate, one process per device (`resources.devices`): gloo on
+    /// CPU slots, NCCL with DDP on GPUs.
+    Trl,
+}
+
+/// Where the engine's processes are started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// `torchrun` on this host, on the job's granted devices.
+    #[default]
+    Local,
+    /// A Ray cluster's Jobs API, at the daemon's configured address.
+    Ray,
+}
+
+impl EngineSection {
+    /// Whether an engine, not the native worker, trains the job.
+    pub fn is_engine(&self) -> bool {
+        self.kind != EngineKind::Native
+    }
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Native => "native",
+            EngineKind::Trl => "trl",
+        }
+    }
+}
+
+impl Launcher {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::Local => "local",
+            Launcher::Ray => "ray",
+        }
+    }
+}
+
+/// TRL's `GRPOConfig` keys a job maps to (TRL 1.16), as the entry script passes them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrlGrpoConfig {
+    pub num_generations: u32,
+    pub num_iterations: u32,
+    pub learning_rate: f64,
+    pub lr_scheduler_type: String,
+    pub warmup_steps: u64,
+    pub weight_decay: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_epsilon: f64,
+    pub max_grad_norm: f64,
+    /// Completions each process computes per forward/backward pass.
+    pub per_device_train_batch_size: u32,
+    /// Passes per optimizer step: a step's `prompts_per_step × group_size` completions, over
+    /// every process.
+    pub gradient_accumulation_steps: u32,
+    pub loss_type: String,
+    pub scale_rewards: String,
+    pub epsilon: f64,
+    pub epsilon_high: f64,
+    pub beta: f64,
+    pub importance_sampling_level: String,
+    pub max_completion_length: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0: off (TRL's convention too).
+    pub top_k: u32,
+    pub max_steps: u64,
+    pub save_steps: u64,
+    /// The engine's checkpoints kept (the newest): disks do not fill.
+    pub save_total_limit: u32,
+    pub seed: u64,
+    pub bf16: bool,
+    /// DAPO's soft overlong punishment as TRL's reward function
+    /// (`trl.rewards.get_soft_overlong_punishment`), weighted by the penalty; `None`: off.
+    pub overlong: Option<TrlOverlong>,
+}
+
+/// DAPO's soft overlong punishment: the buffer `L_cache` and the term's weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrlOverlong {
+    pub buffer: u32,
+    pub weight: f64,
+}
+
+/// One row of the spec-to-TRL mapping: our key, TRL's, and how the value crosses.
+pub struct MappingRow {
+    pub ours: &'static str,
+    pub theirs: &'static str,
+    pub note: &'static str,
+}
+
+/// How a GRPO job's keys reach TRL's `GRPOConfig` (the README's table is this one).
+pub const GRPO_MAPPING: &[MappingRow] = &[
+    MappingRow { ours: "optimizer.group_size", theirs: "num_generations", note: "as is" },
+    MappingRow { ours: "optimizer.mu", theirs: "num_iterations", note: "as is" },
+    MappingRow { ours: "optimizer.lr", theirs: "learning_rate", note: "as is" },
+    MappingRow {
+        ours: "optimizer.lr_schedule",
+        theirs: "lr_scheduler_type",
+        note: "constant, linear, cosine",
+    },
+    MappingRow { ours: "optimizer.warmup_steps", theirs: "warmup_steps", note: "as is" },
+    MappingRow { ours: "optimizer.weight_decay", theirs: "weight_decay", note: "as is" },
+    MappingRow {
+        ours: "optimizer.adam_beta1, adam_beta2, adam_eps",
+        theirs: "adam_beta1, adam_beta2, adam_epsilon",
+        note: "as is",
+    },
+    MappingRow {
+        ours: "optimizer.grad_clip",
+        theirs: "max_grad_norm",
+        note: "as is (0: no clipping in both)",
+    },
+    MappingRow {
+        ours: "optimizer.micro_batch_size",
+        theirs: "per_device_train_batch_size",
+        note: "completions per pass and process; gradient_accumulation_steps = prompts_per_step × group_size ÷ (micro_batch_size × processes), which must be whole",
+    },
+    MappingRow {
+        ours: "optimizer.loss_agg",
+        theirs: "loss_type",
+        note: "token-mean → dapo, seq-mean-token-mean → grpo, seq-mean-token-sum-norm → dr_grpo",
+    },
+    MappingRow { ours: "optimizer.scale_rewards", theirs: "scale_rewards", note: "group, batch, none" },
+    MappingRow {
+        ours: "optimizer.clip_eps_low, clip_eps_high",
+        theirs: "epsilon, epsilon_high",
+        note: "as is (epsilon_high = epsilon when unset)",
+    },
+    MappingRow { ours: "optimizer.kl_beta", theirs: "beta", note: "k3 in the loss, as ours" },
+    MappingRow {
+        ours: "optimizer.importance_ratio",
+        theirs: "importance_sampling_level",
+        note: "token, sequence (GSPO)",
+    },
+    MappingRow {
+        ours: "optimizer.overlong_buffer, overlong_penalty",
+        theirs: "reward function get_soft_overlong_punishment",
+        note: "weighted by overlong_penalty (1 when unset)",
+    },
+    MappingRow { ours: "rollout.max_new_tokens", theirs: "max_completion_length", note: "as is" },
+    MappingRow {
+        ours: "rollout.temperature, top_p, top_k",
+        theirs: "temperature, top_p, top_k",
+        note: "as is",
+    },
+    MappingRow { ours: "budget.max_steps", theirs: "max_steps", note: "as is" },
+    MappingRow {
+        ours: "checkpoint.every_steps",
+        theirs: "save_steps",
+        note: "the engine's checkpoints, which a resume starts from",
+    },
+    MappingRow { ours: "checkpoint.keep_last", theirs: "save_total_limit", note: "the newest kept" },
+    MappingRow { ours: "job.seed", theirs: "seed", note: "as is" },
+    MappingRow { ours: "model.dtype", theirs: "bf16", note: "bf16 → true" },
+];
+
+/// The optimizer plugins each engine can run, by name.
+const TRL_OPTIMIZERS: &[&str] = &["grpo"];
+
+/// `spec`'s GRPO job as TRL's arguments for `processes` processes, or every key TRL cannot run
+/// as written (each naming the key and what TRL cannot do).
+pub fn trl_grpo(spec: &JobSpec, processes: u32) -> Result<TrlGrpoConfig, Vec<SpecError>> {
+    let mut refusals = Refusals::default();
+    let optimizer = spec.optimizer.plugin.split('@').next().unwrap_or_default();
+    if !TRL_OPTIMIZERS.contains(&optimizer) {
+        refusals.add(
+            "optimizer.plugin",
+            format!(
+                "the trl engine runs {}; {optimizer:?} has no TRL counterpart (use engine.kind = \"native\")",
+                TRL_OPTIMIZERS.join(", ")
+            ),
+        );
+        return Err(refusals.0);
+    }
+    refuse_what_trl_cannot_run(spec, &mut refusals);
+    let keys = GrpoKeys::read(&spec.optimizer.options, &mut refusals);
+    let o = &spec.optimizer;
+    let completions = spec.rollout.prompts_per_step * o.group_size;
+    let per_pass = o.micro_batch_size.saturating_mul(processes.max(1));
+    let accumulation = if per_pass > 0 && completions % per_pass == 0 {
+        completions / per_pass
+    } else {
+        refusals.add(
+            "optimizer.micro_batch_size",
+            format!(
+                "a step's {completions} completions (rollout.prompts_per_step × optimizer.group_size) must split into \
+                 passes of micro_batch_size ({}) on each of the {processes} processes (resources.devices)",
+                o.micro_batch_size
+            ),
+        );
+        0
+    };
+    if !refusals.0.is_empty() {
+        return Err(refusals.0);
+    }
+    Ok(TrlGrpoConfig {
+        num_generations: o.group_size,
+        num_iterations: o.mu,
+        learning_rate: o.lr,
+        lr_scheduler_type: match o.lr_schedule {
+            LrSchedule::Constant => "constant",
+            LrSchedule::Linear => "linear",
+            LrSchedule::Cosine => "cosine",
+        }
+        .to_owned(),
+        warmup_steps: o.warmup_steps,
+        weight_decay: o.weight_decay,
+        adam_beta1: o.adam_beta1,
+        adam_beta2: o.adam_beta2,
+        adam_epsilon: o.adam_eps,
+        max_grad_norm: o.grad_clip,
+        per_device_train_batch_size: o.micro_batch_size,
+        gradient_accumulation_steps: accumulation,
+        loss_type: keys.loss_type.to_owned(),
+        scale_rewards: keys.scale_rewards,
+        epsilon: keys.clip_eps_low,
+        epsilon_high: keys.clip_eps_high.unwrap_or(keys.clip_eps_low),
+        beta: keys.kl_beta,
+        importance_sampling_level: keys.importance_sampling_level,
+        max_completion_length: spec.rollout.max_new_tokens,
+        temperature: spec.rollout.temperature,
+        top_p: spec.rollout.top_p,
+        top_k: spec.rollout.top_k,
+        max_steps: spec.budget.max_steps,
+        save_steps: spec.checkpoint.every_steps,
+        save_total_limit: spec.checkpoint.keep_last,
+        seed: spec.job.seed,
+        bf16: spec.model.dtype == Dtype::Bf16,
+        overlong: keys
+            .overlong_buffer
+            .map(|buffer| TrlOverlong { buffer, weight: keys.overlong_penalty.unwrap_or(1.0) }),
+    })
+}
+
+/// Every problem of running `spec` on its `[engine]` (none for a native job): what [`trl_grpo`]
+/// refuses, for the submit's checks.
+pub fn engine_problems(spec: &JobSpec) -> Vec<SpecError> {
+    match spec.engine.kind {
+        EngineKind::Native => Vec::new(),
+        EngineKind::Trl => trl_grpo(spec, spec.resources.devices).err().unwrap_or_default(),
+    }
+}
+
+/// The refusals gathered so far.
+#[derive(Default)]
+struct Refusals(Vec<SpecError>);
+
+impl Refusals {
+    fn add(&mut self, field: &str, message: impl Into<String>) {
+        self.0.push(SpecError { field: field.to_owned(), message: message.into() });
+    }
+}
+
+/// What the engine path cannot do whatever the optimizer: the sections the native step loop
+/// runs and TRL's trainer has no place for.
+fn refuse_what_trl_cannot_run(spec: &JobSpec, refusals: &mut Refusals) {
+    if spec.model.reference != "same" && spec.model.reference != spec.model.policy {
+        refusals.add("model.reference", "TRL's reference is the starting policy; leave model.reference out");
+    }
+    if spec.model.lora.is_some() {
+        refusals.add(
+            "model.lora",
+            "the trl engine trains every weight here; LoRA jobs run on engine.kind = \"native\"",
+        );
+    }
+    if spec.model.activation_checkpointing {
+        refusals.add("model.activation_checkpointing", "not passed to the trl engine yet");
+    }
+    if spec.optimizer.micro_batch_tokens.is_some() {
+        refusals.add(
+            "optimizer.micro_batch_tokens",
+            "TRL splits passes by rows only (optimizer.micro_batch_size)",
+        );
+    }
+    if spec.curriculum.is_some() {
+        refusals.add("curriculum", "TRL samples its own prompt order; a curriculum cannot steer it");
+    }
+    if !spec.rollout.stop.is_empty() {
+        refusals.add("rollout.stop", "the trl engine ends completions at EOS or max_new_tokens only");
+    }
+    if spec.rollout.dynamic_sampling_rounds > 0 {
+        refusals.add("rollout.dynamic_sampling_rounds", "TRL's GRPOTrainer has no dynamic sampling");
+    }
+    if spec.budget.max_generated_tokens.is_some() {
+        refusals.add("budget.max_generated_tokens", "the trl engine's budget is budget.max_steps");
+    }
+    if spec.budget.max_wall_minutes.is_some() {
+        refusals.add("budget.max_wall_minutes", "the trl engine's budget is budget.max_steps");
+    }
+    if spec.eval.every_steps > 0 {
+        refusals.add(
+            "eval.every_steps",
+            "the engine's checkpoints are not scored during its run: held-out is scored before and after",
+        );
+    }
+    let stop = &spec.stop;
+    let stops = [
+        ("stop.kl_max", stop.kl_max.is_some()),
+        ("stop.heldout_drop_max", stop.heldout_drop_max.is_some()),
+        ("stop.length_growth_max", stop.length_growth_max.is_some()),
+        ("stop.verifier_timeout_rate_max", stop.verifier_timeout_rate_max.is_some()),
+        ("stop.verifier_error_rate_max", stop.verifier_error_rate_max.is_some()),
+    ];
+    for (field, set) in stops {
+        if set {
+            refusals.add(field, "the trl engine's steps are not watched by [stop] conditions");
+        }
+    }
+    for (i, grader) in spec.verifiers.iter().enumerate() {
+        if grader.plugin.split('@').next() == Some(crate::spec::REWARD_MODEL_GRADER) {
+            refusals.add(
+                &format!("verifiers[{i}].plugin"),
+                "the engine's rewards come from the daemon's POST /v1/verify, which scores no reward model",
+            );
+        }
+    }
+}
+
+/// The `grpo` plugin's keys, read as TRL can take them.
+struct GrpoKeys {
+    loss_type: &'static str,
+    scale_rewards: String,
+    clip_eps_low: f64,
+    clip_eps_high: Option<f64>,
+    kl_beta: f64,
+    importance_sampling_level: String,
+    overlong_buffer: Option<u32>,
+    overlong_penalty: Option<f64>,
+}
+
+impl GrpoKeys {
+    fn read(options: &Map<String, Value>, refusals: &mut Refusals) -> GrpoKeys {
+        let mut keys = GrpoKeys {
+            loss_type: "grpo",
+            scale_rewards: "group".to_owned(),
+            clip_eps_low: 0.2,
+            clip_eps_high: None,
+            kl_beta: 0.04,
+            importance_sampling_level: "token".to_owned(),
+            overlong_buffer: None,
+            overlong_penalty: None,
+        };
+        for (key, value) in options {
+            let field = format!("optimizer.{key}");
+            let text = value.as_str();
+            let number = value.as_f64();
+            let mut only = |allowed: &str, ok: bool, why: &str| {
+                if !ok {
+                    refusals.add(&field, format!("the trl engine takes {allowed} only: {why}"));
+                }
+            };
+            match key.as_str() {
+                "scale_rewards" => match text {
+                    Some(scale @ ("group" | "batch" | "none")) => keys.scale_rewards = scale.to_owned(),
+                    _ => only("group, batch or none", false, "TRL's scale_rewards"),
+                },
+                "std" => {
+                    only("\"sample\"", text == Some("sample"), "TRL divides by the Bessel-corrected std")
+                }
+                "eps" => only("1e-4", number == Some(1e-4), "TRL adds 1e-4 to the std"),
+                "clip_eps_low" => keys.clip_eps_low = number.unwrap_or(keys.clip_eps_low),
+                "clip_eps_high" => keys.clip_eps_high = number,
+                "kl_beta" => keys.kl_beta = number.unwrap_or(keys.kl_beta),
+                "kl_estimator" => only("\"k3\"", text == Some("k3"), "TRL's KL term is the k3 estimator"),
+                "kl_in" => only("\"loss\"", text == Some("loss"), "TRL has no KL in the reward"),
+                "loss_agg" => match text {
+                    Some("token-mean") => keys.loss_type = "dapo",
+                    Some("seq-mean-token-mean") => keys.loss_type = "grpo",
+                    Some("seq-mean-token-sum-norm") => keys.loss_type = "dr_grpo",
+                    _ => only(
+                        "token-mean, seq-mean-token-mean or seq-mean-token-sum-norm",
+                        false,
+                        "TRL's loss_type",
+                    ),
+                },
+                "loss" => only(
+                    "\"ppo-clip\"",
+                    text == Some("ppo-clip"),
+                    "TRL's cispo caps the weight at epsilon_high itself and has no lower clip; ours clips at 1 ± ε",
+                ),
+                "importance_ratio" => match text {
+                    Some(level @ ("token" | "sequence")) => keys.importance_sampling_level = level.to_owned(),
+                    _ => only("token or sequence", false, "TRL's importance_sampling_level"),
+                },
+                "clip_ratio_c" => refusals.add(
+                    &field,
+                    "TRL has no dual clip (its delta clips the ratio of every token, not the loss)",
+                ),
+                "overlong_buffer" => {
+                    keys.overlong_buffer = value.as_u64().and_then(|n| u32::try_from(n).ok())
+                }
+                "overlong_penalty" => keys.overlong_penalty = number,
+                "entropy_coef" => only("0", number == Some(0.0), "TRL has no entropy bonus"),
+                _ => refusals.add(&field, "not a grpo key the trl engine maps"),
+            }
+        }
+        keys
+    }
+}
+
+/// What the worker hands the engine's entry script (`engines/trl/run.py`), as
+/// `<run>/engine/contract.json`. The script reads nothing else of the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineContract {
+    /// `"grpo"`: which TRL trainer.
+    pub trainer: String,
+    /// The starting model, a Hugging Face directory (the built-in model exported first).
+    pub model: PathBuf,
+    /// `data.train`: JSONL prompts with `id`, `prompt` and `reference`. A prompt goes through
+    /// the model's chat template when its tokenizer has one, as the native worker does.
+    pub train: PathBuf,
+    pub grpo: TrlGrpoConfig,
+    /// Where the engine checkpoints (`checkpoint-N/`) and writes its final model (`final/`).
+    pub output_dir: PathBuf,
+    /// Where rank 0 appends one `MetricsLine` per step.
+    pub metrics: PathBuf,
+    /// The daemon's `POST /v1/verify` and the body's reward: the job's graders and formula,
+    /// exactly as its spec writes them.
+    pub verify: VerifyAccess,
+}
+
+/// How the engine gets its rewards: the daemon's dry-run route, with the job's graders.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyAccess {
+    /// `http://HOST:PORT/v1/verify`.
+    pub url: String,
+    /// `{"verifiers": [...], "formula": ...}`, the job's reward.
+    pub reward: Value,
+}
+
+/// The environment variable that carries the job-scoped token to the engine's processes: never
+/// in argv (other users can read it) nor in a file.
+pub const JOB_TOKEN_ENV: &str = "RLVR_JOB_TOKEN";
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

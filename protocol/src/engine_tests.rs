@@ -1,0 +1,195 @@
+//! The mapping onto TRL's `GRPOConfig`, case by case: what each spec maps to, and what each key
+//! TRL cannot honour is refused with.
+
+use super::*;
+
+/// A GRPO job on the trl engine with 2 processes; `extra` goes under `[optimizer]` unless it
+/// starts with a section header.
+fn spec(optimizer: &str, extra: &str) -> JobSpec {
+    let rows = if optimizer.contains("micro_batch_size") { "" } else { "micro_batch_size = 4" };
+    let optimizer = format!("{rows}\n{optimizer}");
+    let text = format!(
+        r#"
+[job]
+name = "engine"
+team = "math"
+model_line = "tiny"
+seed = 7
+[model]
+policy = "builtin:tiny-arith"
+[data]
+train = "train.jsonl"
+[optimizer]
+plugin = "grpo"
+group_size = 4
+{optimizer}
+[[verifiers]]
+plugin = "math"
+[rollout]
+prompts_per_step = 4
+max_new_tokens = 6
+[budget]
+max_steps = 20
+[resources]
+devices = 2
+[engine]
+kind = "trl"
+{extra}
+"#
+    );
+    let spec = JobSpec::from_toml(&text).unwrap();
+    spec.validate().unwrap();
+    spec
+}
+
+#[test]
+fn a_default_grpo_job_maps_onto_trls_keys() {
+    let config = trl_grpo(&spec("", ""), 2).unwrap();
+    let expected = TrlGrpoConfig {
+        num_generations: 4,
+        num_iterations: 1,
+        learning_rate: config.learning_rate,
+        lr_scheduler_type: "constant".into(),
+        warmup_steps: 0,
+        weight_decay: 0.0,
+        adam_beta1: 0.9,
+        adam_beta2: 0.999,
+        adam_epsilon: 1e-8,
+        max_grad_norm: 1.0,
+        per_device_train_batch_size: 4,
+        // 4 prompts × 4 completions over 2 processes of 4 rows a pass.
+        gradient_accumulation_steps: 2,
+        loss_type: "grpo".into(),
+        scale_rewards: "group".into(),
+        epsilon: 0.2,
+        epsilon_high: 0.2,
+        beta: 0.04,
+        importance_sampling_level: "token".into(),
+        max_completion_length: 6,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_steps: 20,
+        save_steps: config.save_steps,
+        save_total_limit: config.save_total_limit,
+        seed: 7,
+        bf16: false,
+        overlong: None,
+    };
+    assert_eq!(config, expected);
+}
+
+/// The `[optimizer]` lines, what is read of the mapping, and what it must read.
+type Case = (&'static str, fn(&TrlGrpoConfig) -> String, &'static str);
+
+#[test]
+fn each_mapped_key_lands_on_its_trl_key() {
+    let cases: &[Case] = &[
+        ("loss_agg = \"token-mean\"", |c| c.loss_type.clone(), "dapo"),
+        ("loss_agg = \"seq-mean-token-sum-norm\"", |c| c.loss_type.clone(), "dr_grpo"),
+        ("scale_rewards = \"none\"", |c| c.scale_rewards.clone(), "none"),
+        ("clip_eps_high = 0.28", |c| format!("{} {}", c.epsilon, c.epsilon_high), "0.2 0.28"),
+        ("kl_beta = 0.0", |c| c.beta.to_string(), "0"),
+        ("importance_ratio = \"sequence\"", |c| c.importance_sampling_level.clone(), "sequence"),
+        ("mu = 2", |c| c.num_iterations.to_string(), "2"),
+        (
+            "lr = 3e-5\nlr_schedule = \"cosine\"",
+            |c| format!("{} {}", c.learning_rate, c.lr_scheduler_type),
+            "0.00003 cosine",
+        ),
+        (
+            "overlong_buffer = 2",
+            |c| format!("{:?}", c.overlong),
+            "Some(TrlOverlong { buffer: 2, weight: 1.0 })",
+        ),
+        (
+            "overlong_buffer = 2\noverlong_penalty = 0.5",
+            |c| format!("{:?}", c.overlong),
+            "Some(TrlOverlong { buffer: 2, weight: 0.5 })",
+        ),
+        (
+            "std = \"sample\"\neps = 1e-4\nkl_estimator = \"k3\"\nkl_in = \"loss\"\nentropy_coef = 0.0",
+            |c| c.loss_type.clone(),
+            "grpo",
+        ),
+        (
+            "micro_batch_size = 8",
+            |c| format!("{} {}", c.per_device_train_batch_size, c.gradient_accumulation_steps),
+            "8 1",
+        ),
+        ("grad_clip = 0.0", |c| c.max_grad_norm.to_string(), "0"),
+    ];
+    for (optimizer, get, expected) in cases {
+        let config = trl_grpo(&spec(optimizer, ""), 2).unwrap_or_else(|e| panic!("{optimizer}: {e:?}"));
+        assert_eq!(get(&config), *expected, "{optimizer}");
+    }
+}
+
+#[test]
+fn what_trl_cannot_do_is_refused_naming_the_key() {
+    // (optimizer keys, other sections, the refused field, words of its message)
+    let cases: &[(&str, &str, &str, &str)] = &[
+        ("kl_in = \"reward\"", "", "optimizer.kl_in", "no KL in the reward"),
+        ("kl_estimator = \"k1\"", "", "optimizer.kl_estimator", "k3"),
+        ("std = \"population\"", "", "optimizer.std", "Bessel"),
+        ("eps = 1e-6", "", "optimizer.eps", "1e-4"),
+        ("loss = \"cispo\"", "", "optimizer.loss", "cispo"),
+        ("clip_ratio_c = 3.0", "", "optimizer.clip_ratio_c", "no dual clip"),
+        ("entropy_coef = 0.01", "", "optimizer.entropy_coef", "no entropy bonus"),
+        ("made_up = 1", "", "optimizer.made_up", "not a grpo key"),
+        ("micro_batch_size = 3", "", "optimizer.micro_batch_size", "must split into passes"),
+        ("micro_batch_tokens = 512", "", "optimizer.micro_batch_tokens", "rows only"),
+        ("", "[rollout]\nstop = [\"\\n\"]", "rollout.stop", "EOS"),
+        ("", "[budget]\nmax_wall_minutes = 5.0", "budget.max_wall_minutes", "budget.max_steps"),
+        ("", "[eval]\nevery_steps = 5", "eval.every_steps", "before and after"),
+        ("", "[stop]\nkl_max = 1.0", "stop.kl_max", "[stop]"),
+        ("", "[model]\nreference = \"/models/other\"", "model.reference", "starting policy"),
+    ];
+    for (optimizer, extra, field, words) in cases {
+        let text = spec(optimizer, "");
+        // Sections after [engine] replace the spec's own: re-parse with them spliced in.
+        let spec = if extra.is_empty() {
+            text
+        } else {
+            let mut value = serde_json::to_value(&text).unwrap();
+            let patch: toml::Table = toml::from_str(extra).unwrap();
+            for (section, table) in patch {
+                for (key, item) in table.as_table().unwrap() {
+                    value[&section][key] = serde_json::to_value(item).unwrap();
+                }
+            }
+            serde_json::from_value(value).unwrap()
+        };
+        let refusals = trl_grpo(&spec, 2).expect_err(field);
+        assert!(
+            refusals.iter().any(|r| r.field == *field && r.message.contains(words)),
+            "{field}: {refusals:?}"
+        );
+        assert_eq!(engine_problems(&spec), refusals, "the submit's check is the mapping's");
+    }
+}
+
+#[test]
+fn an_optimizer_without_a_trl_counterpart_is_refused_and_a_native_job_has_no_engine_problems() {
+    let mut ppo = spec("", "");
+    ppo.optimizer.plugin = "ppo".into();
+    let refusals = trl_grpo(&ppo, 2).unwrap_err();
+    assert_eq!(refusals.len(), 1);
+    assert_eq!(refusals[0].field, "optimizer.plugin");
+    assert!(refusals[0].message.contains("no TRL counterpart"), "{refusals:?}");
+    ppo.engine.kind = EngineKind::Native;
+    assert!(engine_problems(&ppo).is_empty());
+}
+
+#[test]
+fn a_native_job_may_not_take_two_devices_an_engine_job_may() {
+    let engine = spec("", "");
+    assert_eq!(engine.resources.devices, 2);
+    let mut native = engine.clone();
+    native.engine = EngineSection::default();
+    let errors = native.validate().unwrap_err().0;
+    assert_eq!(errors[0].field, "resources.devices", "{errors:?}");
+    assert!(errors[0].message.contains("an [engine] job may take more"), "{errors:?}");
+    // The native default is not written back: specs without [engine] serialise as before.
+    assert!(serde_json::to_value(&native).unwrap().get("engine").is_none());
+}
