@@ -95,6 +95,14 @@ pub struct WorkerArgs {
     /// the report. Without it: no cap.
     #[cfg_attr(feature = "cli", arg(long, value_name = "BYTES"))]
     pub memory_cap: Option<u64>,
+    /// An `[engine] kind = "trl"` job: the python of the engine's environment (the daemon's
+    /// `engines.trl_python`; `scripts/engine-trl-venv.sh` makes one).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub engine_python: Option<PathBuf>,
+    /// An engine job: the daemon's `POST /v1/verify`, where the engine gets its rewards with the
+    /// job's token (`$RLVR_JOB_TOKEN`, in the worker's environment, never in argv).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub verify_url: Option<String>,
 }
 
 impl WorkerArgs {
@@ -146,6 +154,12 @@ impl WorkerArgs {
         }
         if let Some(bytes) = self.memory_cap {
             flag("memory-cap", bytes.to_string().into());
+        }
+        if let Some(python) = &self.engine_python {
+            flag("engine-python", python.clone().into());
+        }
+        if let Some(url) = &self.verify_url {
+            flag("verify-url", url.into());
         }
         if self.resume {
             args.push("--resume".into());

@@ -15,13 +15,17 @@ use rlvr_protocol::checkpoints::{ScoredCheckpoint, best};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
 use rlvr_protocol::signals::GroupSignals;
-use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress};
+use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress, WorkerExit};
 use tracing::{info, info_span, warn};
 
+use crate::engine::{self, Engine, EngineDir, EngineSettings, Poll};
 use crate::state::{Logs, TrainState, write_checkpoint};
 use crate::step::{self, StepError};
 use crate::stop::StopWatch;
-use crate::{Job, WorkerError, eval, lifecycle};
+use crate::{Job, WorkerError, eval, lifecycle, models};
+
+/// How often an engine's metrics file and exit are looked at.
+const ENGINE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Why the loop ended before `budget.max_steps`.
 enum Ending {
@@ -86,7 +90,10 @@ pub fn drive(
     if run_loop.state.step == 0 && run_loop.job.has_heldout() {
         run_loop.score_before_training()?;
     }
-    let ending = run_loop.steps()?;
+    let ending = match run_loop.job.engine.clone() {
+        Some(settings) => run_loop.engine_steps(&settings)?,
+        None => run_loop.steps()?,
+    };
     run_loop.end(ending)
 }
 
@@ -155,6 +162,61 @@ impl Loop<'_> {
             }
         }
         Ok(None)
+    }
+
+    /// The steps of an `[engine]` job, on the engine (`crate::engine`): its lines into the logs
+    /// and progress as they come; at its end its weights become the policy's, scored as the last
+    /// step's are. `None` when it finished; interrupted when a stop request stopped it.
+    fn engine_steps(&mut self, settings: &EngineSettings) -> Result<Option<Ending>, WorkerError> {
+        for line in engine::prepare(self.job, self.run, settings)? {
+            self.engine_line(&line)?;
+        }
+        let mut running = Engine::launch(self.job, self.run, settings)?;
+        let status = loop {
+            if lifecycle::stop_requested() {
+                running.ask_to_stop();
+            }
+            let (lines, exited) = match running.poll()? {
+                Poll::Running(lines) => (lines, None),
+                Poll::Exited(status, lines) => (lines, Some(status)),
+            };
+            for line in &lines {
+                self.engine_line(line)?;
+            }
+            if let Some(status) = exited {
+                break status;
+            }
+            std::thread::sleep(ENGINE_POLL);
+        };
+        // A stop passed on ends the launcher with a status of its own (torchrun's is 1): the
+        // ranks checkpointed at the step they agreed on, and a resume starts there.
+        if running.stop_sent() || status.code() == Some(i32::from(WorkerExit::Interrupted.code())) {
+            return Ok(Some(Ending::Interrupted));
+        }
+        if !status.success() {
+            return Err(engine::exit_error(status));
+        }
+        let finished = EngineDir::of(self.run).finished();
+        models::load_trained_weights(&self.job.policy, &finished)?;
+        let step = self.state.step;
+        info!(step, "the engine finished; its weights are the policy's");
+        if self.job.has_heldout() {
+            let figures = self.score_heldout(step)?;
+            self.append_metrics(&MetricsLine { step, heldout: Some(figures), ..MetricsLine::default() })?;
+        }
+        self.checkpoint()?;
+        Ok(None)
+    }
+
+    /// One of the engine's step lines: logged, counted, shown in `progress.json`.
+    fn engine_line(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
+        self.state.step = line.step;
+        self.state.tokens_generated += line.tokens_generated.unwrap_or(0);
+        self.append_metrics(line)?;
+        self.signals.observe(line);
+        let eta_s = self.eta_s(line.step);
+        step::log_progress(line, self.job.spec.budget.max_steps, Some(eta_s));
+        self.write_progress(Some(line), Some(eta_s))
     }
 
     /// The budget that ran out before the next step, if one did; a stop request counts too.
@@ -238,7 +300,9 @@ impl Loop<'_> {
                 // Only a checkpoint: scoring or logging anything here would make the resumed
                 // run's logs differ from an uninterrupted one's.
                 let at = self.last_checkpoint.as_deref().and_then(checkpoint_step);
-                if self.state.step > 0 && at != Some(self.state.step) {
+                // An engine's checkpoint is its own (`engine/output/`); the policy here still
+                // holds the starting weights.
+                if self.state.step > 0 && at != Some(self.state.step) && self.job.engine.is_none() {
                     self.checkpoint()?;
                 }
             }

@@ -13,6 +13,7 @@
 //! - [`drive`]: the step loop — budgets, held-out evaluations, `[stop]` ([`stop`]), progress.
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline;
 //!   [`reward`] the weighted verifier reward, [`optim`] AdamW and the schedule.
+//! - [`engine`]: an `[engine]` job's steps on an existing distributed engine (TRL).
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
 //! - [`reward_training`]: an optimizer that trains a reward model (`rm`): its step on preference
 //!   pairs, held-out pairwise accuracy, the gates' evaluation against the start's fresh head or
@@ -25,6 +26,7 @@
 pub mod data;
 pub mod distill;
 pub mod drive;
+pub mod engine;
 pub mod eval;
 pub mod grants;
 pub mod host;
@@ -97,6 +99,9 @@ pub struct WorkerOptions {
     pub host: HostContext,
     /// The memory the job may use on its device, in bytes (`--memory-cap`); `None`: no cap.
     pub memory_cap: Option<u64>,
+    /// An `[engine]` job's engine python and the daemon's verify route.
+    pub engine_python: Option<PathBuf>,
+    pub verify_url: Option<String>,
 }
 
 impl WorkerOptions {
@@ -122,6 +127,8 @@ impl WorkerOptions {
             curriculum_version: args.curricula_dir.zip(args.curriculum_version),
             host: host.unwrap_or_else(HostContext::unrestricted),
             memory_cap: args.memory_cap,
+            engine_python: args.engine_python,
+            verify_url: args.verify_url,
         })
     }
 }
@@ -175,6 +182,10 @@ pub enum WorkerError {
     /// The memory watchdog could not start: the host's fault (the worker exits 70).
     #[error("--memory-cap: {0}")]
     MemoryWatch(String),
+    /// An `[engine]` job's engine failed: its own fault or the job's (exit 2), or transient
+    /// (exit 70: it could not reach the daemon).
+    #[error("{message}")]
+    Engine { transient: bool, message: String },
 }
 
 impl WorkerError {
@@ -185,7 +196,8 @@ impl WorkerError {
             WorkerError::Grants(_)
             | WorkerError::HostContext(_)
             | WorkerError::Device(_)
-            | WorkerError::MemoryWatch(_) => WorkerExit::Transient,
+            | WorkerError::MemoryWatch(_)
+            | WorkerError::Engine { transient: true, .. } => WorkerExit::Transient,
             _ => WorkerExit::JobError,
         }
     }
@@ -273,6 +285,8 @@ pub struct Job {
     /// A distillation job's keys and its teacher (frozen, on the policy's device).
     pub distill: Option<DistillOptions>,
     pub teacher: Option<LoadedModel>,
+    /// An `[engine]` job: how to start its engine; `None` for the native step loop.
+    pub engine: Option<engine::EngineSettings>,
 }
 
 impl Job {
@@ -393,6 +407,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, rejection)?;
     job.distill = distill;
     job.teacher = teacher;
+    job.engine = engine_settings(options, &job.spec)?;
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
     info!(
@@ -439,6 +454,30 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     }
     outcome.peak_memory_bytes = memory::peak_bytes();
     Ok(outcome)
+}
+
+/// How an `[engine]` job starts its engine: both flags are the daemon's to give.
+fn engine_settings(
+    options: &WorkerOptions,
+    spec: &JobSpec,
+) -> Result<Option<engine::EngineSettings>, WorkerError> {
+    if !spec.engine.is_engine() {
+        return Ok(None);
+    }
+    let missing = |field: &'static str, what: &str| WorkerError::Model {
+        field,
+        message: format!("an [engine] kind = \"{}\" job needs {what}", spec.engine.kind.name()),
+    };
+    Ok(Some(engine::EngineSettings {
+        python: options
+            .engine_python
+            .clone()
+            .ok_or_else(|| missing("--engine-python", "the engine environment's python"))?,
+        verify_url: options
+            .verify_url
+            .clone()
+            .ok_or_else(|| missing("--verify-url", "the daemon's POST /v1/verify"))?,
+    }))
 }
 
 /// A resumed run's reference must be the one it started with.
@@ -526,6 +565,7 @@ fn assemble(
         rejection,
         distill: None,
         teacher: None,
+        engine: None,
         spec,
     };
     let state = match (&checkpoint, saved) {

@@ -236,6 +236,8 @@ mod tests {
             curriculum_version: Some(5),
             host_context_stdin: true,
             memory_cap: Some(1 << 30),
+            engine_python: Some("/cache/venvs/engine-trl/bin/python".into()),
+            verify_url: Some("http://127.0.0.1:8080/v1/verify".into()),
         };
         let bare = WorkerArgs { spec: "s.toml".into(), state_dir: "run".into(), ..WorkerArgs::default() };
         for args in [full, bare] {

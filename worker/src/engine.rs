@@ -1,0 +1,275 @@
+//! An `[engine]` job's training: the steps run on an existing distributed engine (TRL under
+//! torchrun), the rest of the run stays the worker's.
+//!
+//! Where the engine path leaves the native one and rejoins it (`drive::Loop::engine_steps`):
+//! the worker loads the job as for a native run and scores held-out on the starting weights;
+//! then, instead of its step loop, it writes the contract (`<run>/engine/contract.json`, the
+//! mapping of `rlvr_protocol::engine::trl_grpo`), starts one engine process per device and
+//! follows the engine's metrics lines into `metrics.jsonl` and `progress.json`. A stop request
+//! (SIGTERM from the daemon: its stop, a preemption) goes to the launcher, which passes it to
+//! every rank; they agree on a step, checkpoint there and exit, and the worker exits
+//! interrupted. When the engine finishes, its final weights are loaded into the policy and the
+//! run ends as a native one does: held-out scored, a checkpoint, the gates' evaluation.
+//!
+//! The engine's own checkpoints (`<run>/engine/output/checkpoint-N/`) are what a resume starts
+//! from; the native checkpoint is written once, at the end, for the gates and publishing.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+
+use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, VerifyAccess, trl_grpo};
+use rlvr_protocol::fs::replace_atomic;
+use rlvr_protocol::jobdir::RunDir;
+use rlvr_protocol::worker::MetricsLine;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::{Job, WorkerError};
+
+/// The entry script, built into the worker so the engine always runs the script of the worker
+/// that mapped its contract; written next to the contract at each launch.
+const ENTRY_SCRIPT: &str = include_str!("../../engines/trl/run.py");
+
+/// What the worker needs to start an engine, from its arguments and environment.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// The engine environment's python (`--engine-python`).
+    pub python: PathBuf,
+    /// The daemon's `POST /v1/verify` (`--verify-url`).
+    pub verify_url: String,
+}
+
+/// The engine's files in the run directory.
+pub struct EngineDir {
+    root: PathBuf,
+}
+
+impl EngineDir {
+    pub fn of(run: &RunDir) -> Self {
+        EngineDir { root: run.path().join("engine") }
+    }
+
+    fn contract(&self) -> PathBuf {
+        self.root.join("contract.json")
+    }
+
+    fn script(&self) -> PathBuf {
+        self.root.join("run.py")
+    }
+
+    /// The built-in model, exported once as a Hugging Face directory.
+    fn start_model(&self) -> PathBuf {
+        self.root.join("start-model")
+    }
+
+    fn output(&self) -> PathBuf {
+        self.root.join("output")
+    }
+
+    /// What rank 0 appends, one line per step.
+    fn metrics(&self) -> PathBuf {
+        self.root.join("metrics.jsonl")
+    }
+
+    /// The directory whose `model/` holds the finished engine's weights (a checkpoint's shape,
+    /// for `models::load_trained_weights`).
+    pub fn finished(&self) -> PathBuf {
+        self.output().join("final")
+    }
+
+    /// The step of the newest engine checkpoint (`checkpoint-N`), 0 when none.
+    fn newest_checkpoint_step(&self) -> u64 {
+        let Ok(entries) = fs::read_dir(self.output()) else { return 0 };
+        entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Writes the contract, the script and (for the built-in model) the starting model; returns
+/// the engine's metrics lines up to its newest checkpoint, which a resumed run replays into
+/// `metrics.jsonl` (the lines after it are dropped: the engine runs those steps again).
+pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec<MetricsLine>, WorkerError> {
+    let dir = EngineDir::of(run);
+    let fail = |message: String| WorkerError::State { path: dir.root.clone(), message };
+    fs::create_dir_all(dir.output()).map_err(|error| fail(format!("cannot create: {error}")))?;
+    let spec = &job.spec;
+    let grpo = trl_grpo(spec, spec.resources.devices).map_err(|refusals| WorkerError::Plugin {
+        field: refusals.first().map(|r| r.field.clone()).unwrap_or_default(),
+        message: refusals.iter().map(|r| r.message.clone()).collect::<Vec<_>>().join("; "),
+    })?;
+    let model = if spec.model.policy.starts_with("builtin:") {
+        let exported = dir.start_model();
+        if !exported.join("config.json").exists() {
+            rlvr_model::policy::save_pretrained(&job.policy, &exported)
+                .map_err(|error| fail(format!("cannot export {}: {error}", spec.model.policy)))?;
+        }
+        exported
+    } else {
+        PathBuf::from(&spec.model.policy)
+    };
+    let reward = json!({ "graders": spec.verifiers, "formula": spec.reward.as_ref().map(|r| &r.formula) });
+    let contract = EngineContract {
+        trainer: "grpo".to_owned(),
+        model,
+        train: spec.data.train.clone(),
+        grpo,
+        output_dir: dir.output(),
+        metrics: dir.metrics(),
+        verify: VerifyAccess { url: settings.verify_url.clone(), reward },
+    };
+    let text = serde_json::to_vec_pretty(&contract).map_err(|error| fail(error.to_string()))?;
+    replace_atomic(&dir.contract(), &text).map_err(|error| fail(format!("contract.json: {error}")))?;
+    replace_atomic(&dir.script(), ENTRY_SCRIPT.as_bytes())
+        .map_err(|error| fail(format!("run.py: {error}")))?;
+    // The engine's lines up to its checkpoint: what an uninterrupted run had logged by then.
+    let resume_step = dir.newest_checkpoint_step();
+    let kept: Vec<MetricsLine> =
+        read_lines(&dir.metrics()).into_iter().filter(|line| line.step <= resume_step).collect();
+    let mut text = String::new();
+    for line in &kept {
+        text.push_str(&serde_json::to_string(line).map_err(|error| fail(error.to_string()))?);
+        text.push('\n');
+    }
+    replace_atomic(&dir.metrics(), text.as_bytes())
+        .map_err(|error| fail(format!("metrics.jsonl: {error}")))?;
+    if resume_step > 0 {
+        info!(step = resume_step, "the engine resumes from its checkpoint");
+    }
+    Ok(kept)
+}
+
+/// The metrics lines of a file the engine writes; a line that does not parse (one cut short by
+/// a kill) is skipped.
+fn read_lines(path: &Path) -> Vec<MetricsLine> {
+    let Ok(file) = fs::File::open(path) else { return Vec::new() };
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| serde_json::from_str(&line).ok())
+        .collect()
+}
+
+/// A running engine: its launcher and where its metrics file has been read to.
+pub struct Engine {
+    launcher: Child,
+    metrics: PathBuf,
+    read_to: u64,
+    /// Text after the last newline read: a line the engine is still writing.
+    partial: String,
+    stop_sent: bool,
+}
+
+/// What [`Engine::poll`] found.
+pub enum Poll {
+    /// New step lines (maybe none); the engine runs on.
+    Running(Vec<MetricsLine>),
+    /// The launcher exited: with its last lines.
+    Exited(ExitStatus, Vec<MetricsLine>),
+}
+
+impl Engine {
+    /// Starts `resources.devices` engine processes under torchrun, on this host's devices (the
+    /// ones the daemon gave the worker: `CUDA_VISIBLE_DEVICES`, or CPU slots).
+    pub fn launch(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Engine, WorkerError> {
+        let dir = EngineDir::of(run);
+        if std::env::var_os(JOB_TOKEN_ENV).is_none() {
+            return Err(WorkerError::Model {
+                field: "--verify-url",
+                message: format!("${JOB_TOKEN_ENV} is not set: the engine's rewards need the job's token"),
+            });
+        }
+        let read_to = fs::metadata(dir.metrics()).map_or(0, |meta| meta.len());
+        let mut command = Command::new(&settings.python);
+        command
+            .args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"])
+            .arg(job.spec.resources.devices.to_string())
+            .arg(dir.script())
+            .arg(dir.contract())
+            // Its own home: nothing the engine's libraries cache lands outside the run.
+            .env("HOME", &dir.root)
+            .env("OMP_NUM_THREADS", "1")
+            .current_dir(&dir.root);
+        // SAFETY: prctl only, between fork and exec. The launcher dies with this worker (its
+        // ranks notice their launcher gone and exit: `watch_parent` in the script).
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let launcher = command.spawn().map_err(|error| WorkerError::Model {
+            field: "--engine-python",
+            message: format!("cannot start {}: {error}", settings.python.display()),
+        })?;
+        info!(pid = launcher.id(), processes = job.spec.resources.devices, "the trl engine started");
+        Ok(Engine { launcher, metrics: dir.metrics(), read_to, partial: String::new(), stop_sent: false })
+    }
+
+    /// The engine's new metrics lines, and whether it exited.
+    pub fn poll(&mut self) -> Result<Poll, WorkerError> {
+        let exited = self.launcher.try_wait().map_err(|error| WorkerError::Step {
+            step: 0,
+            message: format!("cannot watch the engine: {error}"),
+        })?;
+        let lines = self.read_new_lines();
+        Ok(match exited {
+            Some(status) => Poll::Exited(status, lines),
+            None => Poll::Running(lines),
+        })
+    }
+
+    /// Passes a stop request to the launcher once (torchrun passes SIGTERM to every rank).
+    pub fn ask_to_stop(&mut self) {
+        if !self.stop_sent {
+            self.stop_sent = true;
+            let pid = nix::unistd::Pid::from_raw(self.launcher.id() as i32);
+            if let Err(error) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM) {
+                warn!(%error, "cannot pass the stop request to the engine");
+            }
+        }
+    }
+
+    /// Whether a stop request was passed on.
+    pub fn stop_sent(&self) -> bool {
+        self.stop_sent
+    }
+
+    fn read_new_lines(&mut self) -> Vec<MetricsLine> {
+        let Ok(mut file) = fs::File::open(&self.metrics) else { return Vec::new() };
+        if file.seek(SeekFrom::Start(self.read_to)).is_err() {
+            return Vec::new();
+        }
+        let mut text = String::new();
+        let Ok(read) = file.read_to_string(&mut text) else { return Vec::new() };
+        self.read_to += read as u64;
+        self.partial.push_str(&text);
+        let Some(end) = self.partial.rfind('\n') else { return Vec::new() };
+        let complete: String = self.partial.drain(..=end).collect();
+        complete
+            .lines()
+            .filter_map(|line| match serde_json::from_str(line) {
+                Ok(parsed) => Some(parsed),
+                Err(error) => {
+                    warn!(%error, "the engine wrote a metrics line that does not parse: skipped");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// How an engine that exited on its own ended, by the worker protocol's statuses.
+pub fn exit_error(status: ExitStatus) -> WorkerError {
+    let message = format!("the trl engine exited with {status} (its log is the job's worker log)");
+    match status.code() {
+        Some(70) => WorkerError::Engine { transient: true, message },
+        _ => WorkerError::Engine { transient: false, message },
+    }
+}
