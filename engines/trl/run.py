@@ -125,6 +125,28 @@ class Verifier:
         return [float(line["score"]) for line in results]
 
 
+class Timer:
+    """Seconds spent in wrapped calls since the last `take`, by kind."""
+
+    def __init__(self):
+        self.spent = {"rollout": 0.0, "verify": 0.0}
+
+    def timed(self, kind, call):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.spent[kind] += time.perf_counter() - start
+
+        return wrapper
+
+    def take(self):
+        rollout, verify = self.spent["rollout"], self.spent["verify"]
+        self.spent = {"rollout": 0.0, "verify": 0.0}
+        return rollout, verify
+
+
 def text_of(message):
     """A prompt or completion's text: a string, or the last message of a conversation."""
     if isinstance(message, list):
@@ -236,6 +258,7 @@ def main():
         **keys,
     )
     metrics_path = contract["metrics"]
+    timer = Timer()
 
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
@@ -259,7 +282,14 @@ def main():
             }
             line.update({key: float(value) for key, value in figures.items() if value is not None})
             if "step_time" in logs:
-                line["time"] = {"step_s": float(logs["step_time"])}
+                step_s = float(logs["step_time"])
+                rollout_s, verify_s = timer.take()
+                line["time"] = {
+                    "rollout_s": rollout_s,
+                    "verify_s": verify_s,
+                    "update_s": max(step_s - rollout_s - verify_s, 0.0),
+                    "step_s": step_s,
+                }
             line["verifier_errors"] = verifier.errors
             line["verifier_timeouts"] = verifier.timeouts
             verifier.errors = verifier.timeouts = 0
@@ -283,6 +313,11 @@ def main():
         processing_class=tokenizer,
         callbacks=[Rlvr()],
     )
+    # Where a step's time went (rank 0's): generation, and the daemon's grading.
+    generate = getattr(trainer, "_generate", None)
+    if generate is not None:
+        trainer._generate = timer.timed("rollout", generate)
+    verifier.post = timer.timed("verify", verifier.post)
     checkpoints = [name for name in os.listdir(output_dir) if name.startswith("checkpoint-")]
     if checkpoints:
         log(f"resuming from the newest of {sorted(checkpoints)}")

@@ -16,6 +16,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
@@ -48,8 +49,10 @@ pub struct EngineDir {
 }
 
 impl EngineDir {
+    /// Absolute: the engine runs in it, and reads the contract's paths from there.
     pub fn of(run: &RunDir) -> Self {
-        EngineDir { root: run.path().join("engine") }
+        let root = run.path().join("engine");
+        EngineDir { root: std::path::absolute(&root).unwrap_or(root) }
     }
 
     fn contract(&self) -> PathBuf {
@@ -110,13 +113,13 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec
         }
         exported
     } else {
-        PathBuf::from(&spec.model.policy)
+        absolute(Path::new(&spec.model.policy))
     };
     let reward = json!({ "graders": spec.verifiers, "formula": spec.reward.as_ref().map(|r| &r.formula) });
     let contract = EngineContract {
         trainer: "grpo".to_owned(),
         model,
-        train: spec.data.train.clone(),
+        train: absolute(&spec.data.train),
         grpo,
         output_dir: dir.output(),
         metrics: dir.metrics(),
@@ -141,6 +144,11 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec
         info!(step = resume_step, "the engine resumes from its checkpoint");
     }
     Ok(kept)
+}
+
+/// `path` from the worker's directory, for an engine that runs in another.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
 }
 
 /// The metrics lines of a file the engine writes; a line that does not parse (one cut short by
@@ -194,6 +202,12 @@ impl Engine {
             .env("HOME", &dir.root)
             .env("OMP_NUM_THREADS", "1")
             .current_dir(&dir.root);
+        // The worker's stdout is its outcome line only: the engine's prints go to its log.
+        let log = std::io::stderr().as_fd().try_clone_to_owned().map_err(|error| WorkerError::Model {
+            field: "--engine-python",
+            message: format!("cannot hand the engine the log: {error}"),
+        })?;
+        command.stdout(log);
         // SAFETY: prctl only, between fork and exec. The launcher dies with this worker (its
         // ranks notice their launcher gone and exit: `watch_parent` in the script).
         unsafe {
