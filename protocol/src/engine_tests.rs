@@ -193,3 +193,12 @@ fn a_native_job_may_not_take_two_devices_an_engine_job_may() {
     // The native default is not written back: specs without [engine] serialise as before.
     assert!(serde_json::to_value(&native).unwrap().get("engine").is_none());
 }
+
+#[test]
+fn the_readme_shows_the_mapping_as_it_is() {
+    let readme = include_str!("../../README.md");
+    for row in GRPO_MAPPING {
+        let line = format!("| `{}` | `{}` | {} |", row.ours, row.theirs, row.note);
+        assert!(readme.contains(&line), "README.md lacks the mapping row {line}");
+    }
+}
