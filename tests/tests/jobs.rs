@@ -325,7 +325,7 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             format!("{good}\n[resources]\ndevices = 0\n"),
             422,
             "resources.devices",
-            "expected 1 (one device per job",
+            "expected 1 (one device per native job",
         ),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
         // Left out, memory_gb is the job's estimate: 4 prompts × 1024 completions, each with a
@@ -358,12 +358,19 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "[0, 1]",
         ),
         (good.replace("[gates]\n", "[gates]\nkl = 1\n"), 400, "gates.kl", "unknown field"),
-        // One device per job, whatever the daemon has: the worker uses one.
+        // One device per native job, whatever the daemon has: the worker uses one.
         (
             format!("{good}\n[resources]\ndevices = 2\n"),
             422,
             "resources.devices",
-            "expected 1 (one device per job: that is what the worker uses today), got 2",
+            "expected 1 (one device per native job: that is what the worker uses; an [engine] job may take more), got 2",
+        ),
+        // An engine job asking its engine for what it cannot do: refused at the key.
+        (
+            with("group_size = 4", "group_size = 4\nkl_in = \"reward\"") + "\n[engine]\nkind = \"trl\"\n",
+            422,
+            "optimizer.kl_in",
+            "TRL has no KL in the reward",
         ),
         (
             // regression: a spec wrote into another team's registry with [publish] registry
