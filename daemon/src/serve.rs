@@ -27,7 +27,7 @@ use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::doctor::Doctor;
 use crate::health::{PING_INTERVAL, RedisHealth};
-use crate::jobs::supervise::{Supervisor, SupervisorConfig};
+use crate::jobs::supervise::{Engines, Supervisor, SupervisorConfig};
 use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
 use crate::sched::inventory;
@@ -108,7 +108,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     tracing::info!(%addr, "api listening");
     let scheduler = start_scheduler(&config, &metrics, &worker).await?;
     let parts = Parts { worker, listener, registry, metrics, scheduler };
-    let mut services = Services::start(&config, &state_dir, parts, &shutdown)?;
+    let mut services = Services::start(&config, &state_dir, parts)?;
     let _ = sd_notify::notify(&[NotifyState::Ready]);
     let outcome = services.main_loop(&config, &shutdown).await;
     services.drain(&config, &shutdown).await;
@@ -222,17 +222,24 @@ struct Services {
     grants_stop: CancellationToken,
     /// Cancelled first on shutdown: workers checkpoint, jobs are requeued, event streams end.
     stopping: CancellationToken,
+    /// Cancelled last: the API answers while jobs drain (an engine grades its last step through
+    /// it before it can checkpoint; clients see the jobs requeued).
+    server_stop: CancellationToken,
 }
 
 impl Services {
     /// Starts the grant socket, the HTTP server and the job consumers.
-    fn start(
-        config: &Config,
-        state_dir: &StateDir,
-        parts: Parts,
-        shutdown: &CancellationToken,
-    ) -> Result<Services, ServeError> {
+    fn start(config: &Config, state_dir: &StateDir, parts: Parts) -> Result<Services, ServeError> {
         let Parts { worker, listener, registry, metrics, scheduler } = parts;
+        // Where an engine on this host reaches the API: the listener, by loopback when it listens
+        // on every address.
+        let mut listener_addr = listener.local_addr().map_err(ServeError::Http)?;
+        if listener_addr.ip().is_unspecified() {
+            listener_addr.set_ip(match listener_addr {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
         let grant_socket = state_dir.grant_socket();
         let grants_stop = CancellationToken::new();
         let grants = tokio::spawn(scheduler.clone().serve_grants(grant_socket.clone(), grants_stop.clone()));
@@ -242,8 +249,11 @@ impl Services {
         let stopping = CancellationToken::new();
         let tenancy = Arc::new(crate::tenancy::Tenancy::new(config, state_dir));
         let outbound = outbound_client(config)?;
+        // Engine jobs' tokens: minted by the supervisor per run, accepted by the API.
+        let job_tokens = Arc::new(auth::JobTokens::default());
         let auth = Arc::new(Auth::new(
             &config.auth,
+            job_tokens.clone(),
             auth::Limits {
                 per_team: config.api.rate_limit_per_minute,
                 failures_per_address: config.api.auth_failures_per_minute,
@@ -260,6 +270,7 @@ impl Services {
             tenancy: tenancy.clone(),
             outbound: outbound.clone(),
             dry_runs: Arc::new(tokio::sync::Semaphore::new(crate::api::verify::DRY_RUNS_AT_ONCE)),
+            trl_python: config.engines.trl_python.clone(),
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));
@@ -283,16 +294,23 @@ impl Services {
             stopping: stopping.clone(),
             tenancy,
             outbound,
+            engines: Engines {
+                trl_python: config.engines.trl_python.clone(),
+                verify_url: format!("http://{listener_addr}/v1/verify"),
+                tokens: job_tokens,
+            },
         }));
         let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
+        // Its own token: the shutdown's stops taking work; this one, at `drain`'s end, the API.
+        let server_stop = CancellationToken::new();
         let server = tokio::spawn(http::serve(
             listener,
             app,
             http::Limits::new(&config.api),
             metrics,
-            shutdown.clone(),
+            server_stop.clone(),
         ));
-        Ok(Services { registry, redis, server, consumer, grants, grants_stop, stopping })
+        Ok(Services { registry, redis, server, consumer, grants, grants_stop, stopping, server_stop })
     }
 
     /// Until `shutdown` (or the HTTP server fails): rescans plugins, pings Redis, feeds the
@@ -353,6 +371,7 @@ impl Services {
             Ok(Ok(())) => {}
         }
         shutdown.cancel();
+        self.server_stop.cancel();
         // Finished already when the main loop ended on its failure (and took its result).
         if !self.server.is_finished()
             && let Err(error) = self.server.await

@@ -63,6 +63,11 @@ class Transient(Exception):
     """Not the job's fault (the daemon could not be reached): exits 70."""
 
 
+class Interrupted(Exception):
+    """Stopped before the step could end (the daemon stopped answering): exits 75 without a new
+    checkpoint."""
+
+
 def log(message):
     rank = os.environ.get("RANK", "0")
     print(f"trl engine rank {rank}: {message}", file=sys.stderr, flush=True)
@@ -71,8 +76,9 @@ def log(message):
 class Verifier:
     """The job's reward, from the daemon's POST /v1/verify, a batch at a time."""
 
-    def __init__(self, url, reward, token):
+    def __init__(self, url, reward, token, stop):
         self.url = url
+        self.stop = stop
         self.reward = reward
         self.token = token
         # The last batch's verdicts, for the `passed` pseudo-reward TRL logs (gathered).
@@ -100,6 +106,10 @@ class Verifier:
                 why = f"{error.code}: {text}"
             except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
                 why = str(error)
+            if self.stop["asked"]:
+                # Stopping, and the daemon going away: leave without this step; the resume
+                # starts from the last checkpoint.
+                raise Interrupted(f"POST {self.url}: {why}")
             if time.monotonic() > deadline:
                 raise Transient(f"POST {self.url}: gave up after {VERIFY_PATIENCE_S:.0f} s: {why}")
             time.sleep(delay)
@@ -223,7 +233,7 @@ def main():
     overlong = keys.pop("overlong")
     tokenizer = AutoTokenizer.from_pretrained(contract["model"])
     dataset = Dataset.from_list(load_prompts(contract["train"], tokenizer.chat_template is not None))
-    verifier = Verifier(contract["verify"]["url"], contract["verify"]["reward"], token)
+    verifier = Verifier(contract["verify"]["url"], contract["verify"]["reward"], token, stop)
 
     def passed(completions, **_):
         """Weight 0: only so TRL gathers and logs the pass rate of the verifier's verdicts."""
@@ -342,3 +352,6 @@ if __name__ == "__main__":
     except Transient as error:
         log(f"transient: {error}")
         sys.exit(EXIT_TRANSIENT)
+    except Interrupted as error:
+        log(f"stopped mid-step: {error}")
+        sys.exit(EXIT_INTERRUPTED)

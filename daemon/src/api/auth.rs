@@ -60,6 +60,52 @@ pub struct Caller {
     pub team: String,
     /// Admin tokens see and cancel every team's jobs.
     pub admin: bool,
+    /// A job's own token (an engine's, for its rewards): the job; it reaches `POST /v1/verify`
+    /// only, as its team. `None`: a token of the config.
+    pub job: Option<String>,
+}
+
+/// The one route a job's token reaches: the engine grades its completions there.
+const JOB_TOKEN_ROUTE: (&str, &str) = ("POST", "/v1/verify");
+
+/// Tokens the daemon makes for the runs of engine jobs, each living as long as its run's
+/// [`JobToken`]: the engine grades its completions with its job's graders as its team, and
+/// with nothing else. Held in memory only (a restarted daemon mints new ones for the runs it
+/// starts), by hash, like the config's.
+#[derive(Default)]
+pub struct JobTokens {
+    by_hash: Mutex<HashMap<[u8; 32], Caller>>,
+}
+
+/// A job's token, valid until dropped.
+pub struct JobToken {
+    /// The token, for the worker's environment only.
+    pub token: String,
+    hash: [u8; 32],
+    tokens: Arc<JobTokens>,
+}
+
+impl JobTokens {
+    /// A fresh token for a run of `job` of `team`. Errors: the OS has no randomness.
+    pub fn mint(self: &Arc<Self>, team: &str, job: &str) -> Result<JobToken, getrandom::Error> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)?;
+        let token = format!("rlvr_job_{}", hex::encode(bytes));
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let caller = Caller { team: team.to_owned(), admin: false, job: Some(job.to_owned()) };
+        self.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(hash, caller);
+        Ok(JobToken { token, hash, tokens: self.clone() })
+    }
+
+    fn get(&self, hash: &[u8; 32]) -> Option<Caller> {
+        self.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(hash).cloned()
+    }
+}
+
+impl Drop for JobToken {
+    fn drop(&mut self) {
+        self.tokens.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.hash);
+    }
 }
 
 impl Caller {
@@ -113,6 +159,7 @@ const FORGET_EVERY: Duration = Duration::from_secs(60);
 /// The configured tokens and the limiters.
 pub struct Auth {
     by_hash: HashMap<[u8; 32], Caller>,
+    jobs: Arc<JobTokens>,
     per_team: DefaultKeyedRateLimiter<String>,
     failures: DefaultKeyedRateLimiter<IpAddr>,
     last_forget: Mutex<Instant>,
@@ -122,17 +169,23 @@ pub struct Auth {
 impl Auth {
     /// From `[auth]` (hashes already checked by the config loader) and the limits; each refusal
     /// is counted in `refusals` by its reason.
-    pub fn new(config: &AuthConfig, limits: Limits, refusals: Family<ReasonLabel, Counter>) -> Self {
+    pub fn new(
+        config: &AuthConfig,
+        jobs: Arc<JobTokens>,
+        limits: Limits,
+        refusals: Family<ReasonLabel, Counter>,
+    ) -> Self {
         let by_hash = config
             .tokens
             .iter()
             .filter_map(|token| {
                 let bytes: [u8; 32] = hex::decode(&token.sha256).ok()?.try_into().ok()?;
-                Some((bytes, Caller { team: token.team.clone(), admin: token.admin }))
+                Some((bytes, Caller { team: token.team.clone(), admin: token.admin, job: None }))
             })
             .collect();
         Auth {
             by_hash,
+            jobs,
             per_team: RateLimiter::keyed(whole_minute_at_once(limits.per_team)),
             failures: RateLimiter::keyed(whole_minute_at_once(limits.failures_per_address)),
             last_forget: Mutex::new(Instant::now()),
@@ -144,6 +197,9 @@ impl Auth {
     /// against `peer`'s allowance.
     pub fn check(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Caller, AuthError> {
         let checked = match self.identify(headers) {
+            // The daemon's own tokens: an engine's grading is bounded by the verify route's
+            // concurrency, not by its team's request rate.
+            Ok(caller) if caller.job.is_some() => Ok(caller),
             Ok(caller) => match self.per_team.check_key(&caller.team) {
                 Ok(()) => Ok(caller),
                 Err(not_until) => Err(AuthError::RateLimited { retry_after_s: retry_after(&not_until) }),
@@ -176,7 +232,7 @@ impl Auth {
             .filter(|token| !token.is_empty())
             .ok_or(AuthError::Malformed)?;
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        self.by_hash.get(&hash).cloned().ok_or(AuthError::Unknown)
+        self.by_hash.get(&hash).cloned().or_else(|| self.jobs.get(&hash)).ok_or(AuthError::Unknown)
     }
 
     fn forget_now_and_then(&self) {
@@ -226,6 +282,17 @@ pub async fn require_token(
     next: Next,
 ) -> Response {
     match auth.check(peer.ip(), request.headers()) {
+        Ok(caller)
+            if caller.job.is_some()
+                && (request.method().as_str(), request.uri().path()) != JOB_TOKEN_ROUTE =>
+        {
+            Failure::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("a job's token reaches {} {} only", JOB_TOKEN_ROUTE.0, JOB_TOKEN_ROUTE.1),
+            )
+            .into_response()
+        }
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
@@ -250,6 +317,7 @@ mod tests {
             &AuthConfig {
                 tokens: vec![token("math", "math-secret", false), token("ops", "ops-secret", true)],
             },
+            Arc::default(),
             Limits { per_team, failures_per_address },
             Family::default(),
         )
@@ -279,7 +347,7 @@ mod tests {
     }
 
     fn caller(team: &str, admin: bool) -> Result<Caller, AuthError> {
-        Ok(Caller { team: team.into(), admin })
+        Ok(Caller { team: team.into(), admin, job: None })
     }
 
     #[test]
@@ -296,7 +364,7 @@ mod tests {
                 (HOME, None, Err(AuthError::Missing)),
             ],
         );
-        let math = Caller { team: "math".into(), admin: false };
+        let math = Caller { team: "math".into(), admin: false, job: None };
         assert!(math.may_act_for("math") && !math.may_act_for("ops"));
     }
 
@@ -309,9 +377,14 @@ mod tests {
         assert!(!first.entry.contains(&first.token), "the entry holds the hash, never the token");
         let config: AuthConfig =
             toml::from_str(&first.entry.replace("[[auth.tokens]]", "[[tokens]]")).unwrap();
-        let auth = Auth::new(&config, Limits { per_team: 100, failures_per_address: 100 }, Family::default());
+        let auth = Auth::new(
+            &config,
+            Arc::default(),
+            Limits { per_team: 100, failures_per_address: 100 },
+            Family::default(),
+        );
         let caller = auth.check(HOME, &headers(Some(&format!("Bearer {}", first.token)))).unwrap();
-        assert_eq!(caller, Caller { team: "vision".into(), admin: true });
+        assert_eq!(caller, Caller { team: "vision".into(), admin: true, job: None });
     }
 
     #[test]
@@ -353,6 +426,24 @@ mod tests {
                 (other, Some("Bearer ops-secret"), caller("ops", true)),
             ],
         );
+    }
+
+    #[test]
+    fn a_jobs_token_is_its_team_and_job_until_dropped_and_no_team_limit_holds_it_back() {
+        let jobs = Arc::new(JobTokens::default());
+        let auth = Auth::new(
+            &AuthConfig::default(),
+            jobs.clone(),
+            Limits { per_team: 1, failures_per_address: 100 },
+            Family::default(),
+        );
+        let minted = jobs.mint("math", "01JOB").unwrap();
+        let bearer = format!("Bearer {}", minted.token);
+        let job_caller = Ok(Caller { team: "math".into(), admin: false, job: Some("01JOB".into()) });
+        // Over the team's one request a minute, still answered.
+        check(&auth, &[(HOME, Some(&bearer), job_caller.clone()), (HOME, Some(&bearer), job_caller)]);
+        drop(minted);
+        check(&auth, &[(HOME, Some(&bearer), Err(AuthError::Unknown))]);
     }
 
     #[test]

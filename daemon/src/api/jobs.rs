@@ -48,6 +48,8 @@ pub struct JobsState {
     /// The graders' dry-runs grading now (`POST /v1/verify`), at most
     /// `verify::DRY_RUNS_AT_ONCE`.
     pub dry_runs: Arc<tokio::sync::Semaphore>,
+    /// `engines.trl_python`: whether `[engine] kind = "trl"` jobs can run here.
+    pub trl_python: Option<std::path::PathBuf>,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -267,6 +269,7 @@ pub(crate) async fn check_spec(
     let scheduler = state.scheduler.clone();
     let tenancy = state.tenancy.clone();
     let outbound = state.outbound.clone();
+    let trl_engine = state.trl_python.clone();
     // Reads files and the registry, and may wait for a worker process asking an optimizer about
     // its options: off the async threads.
     let admitted = tokio::task::spawn_blocking(move || {
@@ -276,6 +279,12 @@ pub(crate) async fn check_spec(
             Ok(refs) => tenancy.ungranted_secrets(&checked.job.team, &refs.secrets),
             Err(problems) => problems,
         };
+        if checked.engine.kind == rlvr_protocol::engine::EngineKind::Trl && trl_engine.is_none() {
+            problems.push(SpecError {
+                field: "engine.kind".to_owned(),
+                message: "this daemon runs no trl engine (its engines.trl_python is not set)".to_owned(),
+            });
+        }
         let mut checked = checked;
         if problems.is_empty()
             && let Err(problem) =

@@ -128,7 +128,7 @@ const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None,
 const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
 
-pub(super) const SECTIONS: [Section; 10] = [
+pub(super) const SECTIONS: [Section; 11] = [
     Section { name: "daemon", doc: "" },
     Section { name: "redis", doc: "" },
     Section { name: "api", doc: "" },
@@ -159,6 +159,11 @@ pub(super) const SECTIONS: [Section; 10] = [
     },
     Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
     Section { name: "scheduler", doc: "How jobs share the devices (design.md §7)." },
+    Section {
+        name: "engines",
+        doc: "Existing distributed engines a job may train on ([engine] in its spec) instead of the \
+              native worker. rlvr keeps the queue, the graders, the gates and publishing.",
+    },
 ];
 
 /// Shorthand for the table's rows that show their default.
@@ -462,6 +467,13 @@ admin = false",
               capacity beyond its share; borrowed capacity is taken back (its jobs preempted) when \
               another team claims its share.",
         example: Example::Commented("[scheduler.shares]\nresearch = 0.5\nadmin = 0.25"),
+    },
+    Field {
+        path: "engines.trl_python",
+        kind: Kind::AbsolutePath(None),
+        doc: "The python of the trl engine's environment (scripts/engine-trl-venv.sh makes it and prints \
+              its path). Not set: [engine] kind = \"trl\" jobs are refused at submit.",
+        example: Example::Commented("trl_python = \"/var/cache/rlvr/venvs/engine-trl/bin/python\""),
     },
 ];
 

@@ -54,6 +54,7 @@ pub struct Config {
     pub devices: DevicesConfig,
     pub queue: QueueConfig,
     pub scheduler: SchedulerConfig,
+    pub engines: EnginesConfig,
 }
 
 /// `[daemon]`
@@ -122,6 +123,15 @@ pub struct SchedulerConfig {
     pub preempt_grace_s: u64,
     /// `[scheduler.shares]`: team name → guaranteed fraction of the inventory's capacity.
     pub shares: BTreeMap<String, f64>,
+}
+
+/// `[engines]`: the distributed engines jobs may train on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnginesConfig {
+    /// The trl engine environment's python; `None`: trl jobs are refused.
+    #[serde(default)]
+    pub trl_python: Option<PathBuf>,
 }
 
 /// `[plugins]`
@@ -293,6 +303,7 @@ section_defaults!(
     devices: DevicesConfig,
     queue: QueueConfig,
     scheduler: SchedulerConfig,
+    engines: EnginesConfig,
 );
 
 /// Every problem found in a config, at once. Displays a count, then one problem per line.

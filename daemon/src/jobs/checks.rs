@@ -81,16 +81,6 @@ pub fn check_runnable(
     for error in rlvr_protocol::engine::engine_problems(spec) {
         problem(&error.field, error.message);
     }
-    // The supervisor does not start engines yet (no engine python, no job-scoped token): refused
-    // here rather than failing in the worker.
-    if spec.engine.is_engine() {
-        problem(
-            "engine.kind",
-            "this daemon does not start engines yet; run the job with `rlvr-worker run --engine-python PYTHON \
-             --verify-url URL` (README: Engines)"
-                .to_owned(),
-        );
-    }
     let optimizer = match find(registry, &spec.optimizer.plugin, PluginKind::Optimizer) {
         _ if builtin.is_some() => None,
         Ok(plugin) => {

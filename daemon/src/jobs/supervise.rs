@@ -35,9 +35,11 @@ use rlvr_protocol::job::{JobState, JobView};
 use rlvr_protocol::spec::{JobSpec, Priority};
 use rlvr_queue::dispatch::new_task_id;
 
+use crate::api::auth::JobToken;
 use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
+use rlvr_protocol::engine::{EngineKind, JOB_TOKEN_ENV};
 use rlvr_queue::store::{JobStore, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
@@ -85,6 +87,17 @@ pub struct SupervisorConfig {
     pub tenancy: Arc<Tenancy>,
     /// The client webhooks go through (`[outbound]`).
     pub outbound: rlvr_outbound::Client,
+    pub engines: Engines,
+}
+
+/// What an `[engine]` job's worker is given to start its engine.
+pub struct Engines {
+    /// `engines.trl_python`; `None`: trl jobs are refused at submit.
+    pub trl_python: Option<PathBuf>,
+    /// This daemon's `POST /v1/verify`, where the engine gets its rewards.
+    pub verify_url: String,
+    /// Where each run's job token is minted (and the API finds it).
+    pub tokens: Arc<crate::api::auth::JobTokens>,
 }
 
 /// What the daemon's supervisors share.
@@ -109,6 +122,7 @@ pub struct Supervisor {
     pub preempt_grace: Duration,
     /// The client webhooks go through (`[outbound]`).
     pub outbound: rlvr_outbound::Client,
+    pub engines: Engines,
     /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
     active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
 }
@@ -149,6 +163,7 @@ impl Supervisor {
             grant_socket: config.grant_socket,
             preempt_grace: config.preempt_grace,
             outbound: config.outbound,
+            engines: config.engines,
             active: Mutex::new(HashMap::new()),
         }
     }
@@ -312,8 +327,9 @@ impl Supervisor {
         devices: &[InventoryDevice],
     ) -> WorkerEnd {
         let dir = self.jobs_dir.job(id);
-        let mut child = match self.spawn_worker(&dir, id, spec, curriculum, devices) {
-            Ok(child) => child,
+        // An engine job's token lives as long as this run of its worker.
+        let (mut child, _job_token) = match self.spawn_worker(&dir, id, spec, curriculum, devices) {
+            Ok(spawned) => spawned,
             Err(SpawnError::Refused(reason)) => return WorkerEnd::JobError(reason),
             Err(SpawnError::Io(error)) => {
                 return WorkerEnd::Crashed(format!(
@@ -375,7 +391,7 @@ impl Supervisor {
         spec: &JobSpec,
         curriculum: Option<(PathBuf, u64)>,
         devices: &[InventoryDevice],
-    ) -> Result<tokio::process::Child, SpawnError> {
+    ) -> Result<(tokio::process::Child, Option<JobToken>), SpawnError> {
         if !dir.spec().exists() {
             // The names the team wrote, as the server's paths; written once, so every resume
             // reads what the first run read.
@@ -393,6 +409,21 @@ impl Supervisor {
         let curriculum = curriculum.filter(|(_, version)| *version > 0);
         let on_gpu = devices.iter().any(|device| device.gpu.is_some());
         let memory_cap = memory_cap_bytes(spec.resources.memory_gb, devices);
+        // An engine job: the engine's python and a token of its own for the verify route.
+        let engine = match spec.engine.kind {
+            EngineKind::Native => None,
+            EngineKind::Trl => {
+                let python = self.engines.trl_python.clone().ok_or_else(|| {
+                    SpawnError::Refused(
+                        "engine.kind: this daemon runs no trl engine (engines.trl_python)".into(),
+                    )
+                })?;
+                let token = self.engines.tokens.mint(&spec.job.team, id).map_err(|error| {
+                    SpawnError::Io(std::io::Error::other(format!("cannot make the job's token: {error}")))
+                })?;
+                Some((python, token))
+            }
+        };
         let args = WorkerArgs {
             spec: dir.spec(),
             state_dir: dir.run().path().to_owned(),
@@ -409,6 +440,8 @@ impl Supervisor {
             device: Some(if on_gpu { "cuda" } else { "cpu" }.to_owned()),
             host_context_stdin: true,
             memory_cap,
+            engine_python: engine.as_ref().map(|(python, _)| python.clone()),
+            verify_url: engine.as_ref().map(|_| self.engines.verify_url.clone()),
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
@@ -416,6 +449,10 @@ impl Supervisor {
         // The worker and the plugins it loads see none of the daemon's environment but what a
         // process needs to run: secrets reach them by name only (SECURITY.md). Its GPUs by UUID.
         command.env_clear().envs(worker_environment(std::env::vars_os(), devices, spec.resources.memory_gb));
+        if let Some((_, token)) = &engine {
+            // Its environment, like the host context its stdin: never argv, never a file.
+            command.env(JOB_TOKEN_ENV, &token.token);
+        }
         command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
         let mut child = command.spawn()?;
         // The context goes on the worker's standard input, never into its arguments, environment
@@ -428,7 +465,7 @@ impl Supervisor {
                 }
             });
         }
-        Ok(child)
+        Ok((child, engine.map(|(_, token)| token)))
     }
 
     /// Waits for the worker to exit, recording its progress and passing on a cancel (kill), the

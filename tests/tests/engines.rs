@@ -1,0 +1,171 @@
+//! `[engine] kind = "trl"` through `rlvrd serve` with a real Redis: a GRPO job on
+//! `builtin:tiny-arith` (exported to a Hugging Face directory by the worker) trains on TRL's
+//! GRPOTrainer with 2 gloo ranks on 2 CPU slots, its rewards from the daemon's `math` grader over
+//! `POST /v1/verify` with a token of its own; a SIGTERM of the daemon mid-run checkpoints the
+//! engine at a step every rank agrees on and requeues the job, which resumes from the engine's
+//! checkpoint and is published. The engine's environment is `scripts/engine-trl-venv.sh`'s.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use rlvr_tests::jobs::{client, ended, states, submit, submit_ok, wait_job, worker_pids};
+use rlvr_tests::{
+    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, wait_until, workspace_root,
+};
+use serde_json::{Value, json};
+
+const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
+
+/// The trl engine's python, its venv made (or found) by the project's own script.
+fn trl_python() -> PathBuf {
+    let made = Command::new("bash")
+        .arg(workspace_root().join("scripts/engine-trl-venv.sh"))
+        .output()
+        .expect("run scripts/engine-trl-venv.sh");
+    assert!(made.status.success(), "engine-trl-venv.sh failed:\n{}", String::from_utf8_lossy(&made.stderr));
+    PathBuf::from(String::from_utf8(made.stdout).unwrap().trim())
+}
+
+/// Two CPU slots (one per rank), fast heartbeats, and the engine.
+fn config(python: Option<&PathBuf>) -> String {
+    let engines = python.map_or(String::new(), |python| format!("[engines]\ntrl_python = {python:?}\n"));
+    format!(
+        "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n\
+         stop_timeout_s = 60\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{engines}"
+    )
+}
+
+/// A GRPO job of `steps` on the arithmetic data, checkpointed every 5, on the trl engine with one
+/// process on each of 2 devices.
+fn spec(data: &std::path::Path, steps: u32) -> String {
+    format!(
+        "{}\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
+        arith_grpo_spec(data, "on-trl", "builtin:tiny-arith", steps, 5)
+    )
+}
+
+/// `RLVR_JOB_TOKEN` of the running worker of job `id`, read from its environment as its own
+/// user can.
+fn job_token(id: &str) -> String {
+    let pid = *worker_pids(id).first().expect("the worker runs");
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+    environ
+        .split(|&byte| byte == 0)
+        .find_map(|entry| entry.strip_prefix(b"RLVR_JOB_TOKEN="))
+        .map(|token| String::from_utf8(token.to_vec()).unwrap())
+        .expect("an engine job's worker has RLVR_JOB_TOKEN")
+}
+
+#[test]
+fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_engines_checkpoint() {
+    let python = trl_python();
+    let redis = Redis::start();
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(Some(&python)));
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let id = submit_ok(&daemon, &spec(&data, 24));
+    wait_job(&daemon, &id, Duration::from_secs(240), |job| job["step"].as_u64() >= Some(7));
+
+    // The job's token grades as its team on the verify route, and reaches nothing else.
+    let token = job_token(&id);
+    let verify = client()
+        .post(format!("{}/v1/verify", daemon.url))
+        .bearer_auth(&token)
+        .json(&json!({"grader": {"plugin": "math", "fallback": "last"}, "items": [{"id": "a", "completion": "4", "reference": {"answer": "4"}}]}))
+        .send()
+        .unwrap();
+    assert_eq!(verify.status().as_u16(), 200);
+    let graded: Value = verify.json().unwrap();
+    assert_eq!(graded["results"][0]["passed"], true, "{graded}");
+    let elsewhere = client().get(format!("{}/v1/jobs", daemon.url)).bearer_auth(&token).send().unwrap();
+    assert_eq!(elsewhere.status().as_u16(), 403);
+
+    // SIGTERM: the ranks agree on a step, checkpoint there, the worker exits interrupted.
+    let status = daemon.stop();
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert!(status.success(), "{status}\n{}", worker_log());
+    let checkpoints: Vec<u64> = fs::read_dir(run.join("engine/output"))
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
+        .collect();
+    let stopped_at = checkpoints.iter().copied().max().expect("an engine checkpoint");
+    assert!((7..24).contains(&stopped_at), "checkpoints {checkpoints:?}");
+
+    daemon.restart();
+    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
+    let log = fs::read_to_string(daemon.state.join("jobs").join(&id).join("worker.log")).unwrap_or_default();
+    assert_eq!(done["state"], "published", "{done}\n{log}");
+    assert_eq!(done["crashes"], 0, "a clean stop is no crash: {done}");
+    assert!(
+        log.contains(&format!("checkpoint-{stopped_at}")) && log.contains("resuming from the newest"),
+        "{log}"
+    );
+    let states = states(&daemon, &id);
+    let stop = states.iter().position(|s| s == "preempted").expect("preempted");
+    assert_eq!(states[stop + 1], "queued", "{states:?}");
+    assert!(states.ends_with(&["evaluating".to_owned(), "published".to_owned()]), "{states:?}");
+
+    // Every step once, as an uninterrupted run logs them: held-out before, the engine's 24
+    // steps (the ones after its checkpoint run again, their first lines dropped), held-out after.
+    let lines: Vec<Value> = fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
+    let expected: Vec<u64> = std::iter::once(0).chain(1..=24).chain(std::iter::once(24)).collect();
+    assert_eq!(steps, expected);
+    // The engine's steps carry the daemon's verdicts (passed comes from the math grader).
+    for line in &lines[1..25] {
+        assert!(line["reward_mean"].is_f64() && line["passed_frac"].is_f64(), "{line}");
+        assert!(line["time"]["step_s"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    assert!(lines[0]["heldout"]["accuracy"].is_f64() && lines[25]["heldout"]["accuracy"].is_f64());
+    // Published as any job: the manifest, the model a HF directory.
+    let published = PathBuf::from(done["published"].as_str().expect("where it was published"));
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["job_id"], id.as_str());
+    assert_eq!(manifest["step"], 24);
+    assert_eq!(manifest["weights_sha256"], done["result"]["weights_sha256"]);
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(published.join(file).is_file(), "{file} published");
+    }
+    // The job's token ended with its run.
+    let after = client()
+        .post(format!("{}/v1/verify", daemon.url))
+        .bearer_auth(&token)
+        .json(&json!({"grader": {"plugin": "math"}, "items": []}))
+        .send()
+        .unwrap();
+    assert_eq!(after.status().as_u16(), 401);
+    assert!(wait_until(Duration::from_secs(10), || processes_of(&id) == 0), "no rank left behind");
+}
+
+/// Processes whose command line names job `id`'s directory: its worker, torchrun, the ranks.
+fn processes_of(id: &str) -> usize {
+    let Ok(entries) = fs::read_dir("/proc") else { return 0 };
+    let needle = format!("/jobs/{id}/");
+    entries
+        .flatten()
+        .filter(|entry| {
+            fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        })
+        .count()
+}
+
+#[test]
+fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind() {
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(None));
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4), None);
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["field"], "engine.kind", "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("engines.trl_python"), "{answer}");
+}
