@@ -271,6 +271,7 @@ impl Services {
             outbound: outbound.clone(),
             dry_runs: Arc::new(tokio::sync::Semaphore::new(crate::api::verify::DRY_RUNS_AT_ONCE)),
             trl_python: config.engines.trl_python.clone(),
+            ray_address: config.engines.ray_address.clone(),
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));
@@ -296,6 +297,7 @@ impl Services {
             outbound,
             engines: Engines {
                 trl_python: config.engines.trl_python.clone(),
+                ray_address: config.engines.ray_address.clone(),
                 verify_url: format!("http://{listener_addr}/v1/verify"),
                 tokens: job_tokens,
             },

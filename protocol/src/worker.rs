@@ -96,13 +96,17 @@ pub struct WorkerArgs {
     #[cfg_attr(feature = "cli", arg(long, value_name = "BYTES"))]
     pub memory_cap: Option<u64>,
     /// An `[engine] kind = "trl"` job: the python of the engine's environment (the daemon's
-    /// `engines.trl_python`; `scripts/engine-trl-venv.sh` makes one).
+    /// `engines.trl_python`; `scripts/engine-venv.sh trl` makes one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub engine_python: Option<PathBuf>,
     /// An engine job: the daemon's `POST /v1/verify`, where the engine gets its rewards with the
     /// job's token (`$RLVR_JOB_TOKEN`, in the worker's environment, never in argv).
     #[cfg_attr(feature = "cli", arg(long))]
     pub verify_url: Option<String>,
+    /// An `[engine] launcher = "ray"` job: the Ray cluster's Jobs API (the daemon's
+    /// `engines.ray_address`, e.g. `http://127.0.0.1:8265`).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub ray_address: Option<String>,
 }
 
 impl WorkerArgs {
@@ -160,6 +164,9 @@ impl WorkerArgs {
         }
         if let Some(url) = &self.verify_url {
             flag("verify-url", url.into());
+        }
+        if let Some(address) = &self.ray_address {
+            flag("ray-address", address.into());
         }
         if self.resume {
             args.push("--resume".into());

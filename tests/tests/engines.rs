@@ -3,7 +3,8 @@
 //! GRPOTrainer with 2 gloo ranks on 2 CPU slots, its rewards from the daemon's `math` grader over
 //! `POST /v1/verify` with a token of its own; a SIGTERM of the daemon mid-run checkpoints the
 //! engine at a step every rank agrees on and requeues the job, which resumes from the engine's
-//! checkpoint and is published. The engine's environment is `scripts/engine-trl-venv.sh`'s.
+//! checkpoint and is published. The same through a Ray head the test starts (its Jobs API: submit,
+//! status, logs, stop). The engines' environments are `scripts/engine-venv.sh`'s.
 
 use std::fs;
 use std::path::PathBuf;
@@ -12,25 +13,31 @@ use std::time::Duration;
 
 use rlvr_tests::jobs::{client, ended, states, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
-    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, wait_until, workspace_root,
+    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
+    workspace_root,
 };
 use serde_json::{Value, json};
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 
-/// The trl engine's python, its venv made (or found) by the project's own script.
-fn trl_python() -> PathBuf {
+/// An engine's python (`trl` or `ray`), its venv made (or found) by the project's own script.
+fn engine_python(engine: &str) -> PathBuf {
     let made = Command::new("bash")
-        .arg(workspace_root().join("scripts/engine-trl-venv.sh"))
+        .arg(workspace_root().join("scripts/engine-venv.sh"))
+        .arg(engine)
         .output()
-        .expect("run scripts/engine-trl-venv.sh");
-    assert!(made.status.success(), "engine-trl-venv.sh failed:\n{}", String::from_utf8_lossy(&made.stderr));
+        .expect("run scripts/engine-venv.sh");
+    assert!(
+        made.status.success(),
+        "engine-venv.sh {engine} failed:\n{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     PathBuf::from(String::from_utf8(made.stdout).unwrap().trim())
 }
 
-/// Two CPU slots (one per rank), fast heartbeats, and the engine.
-fn config(python: Option<&PathBuf>) -> String {
-    let engines = python.map_or(String::new(), |python| format!("[engines]\ntrl_python = {python:?}\n"));
+/// Two CPU slots (one per rank), fast heartbeats, and the engine (`engines` lines).
+fn config(engines: &str) -> String {
+    let engines = if engines.is_empty() { String::new() } else { format!("[engines]\n{engines}") };
     format!(
         "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n\
          stop_timeout_s = 60\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{engines}"
@@ -38,10 +45,10 @@ fn config(python: Option<&PathBuf>) -> String {
 }
 
 /// A GRPO job of `steps` on the arithmetic data, checkpointed every 5, on the trl engine with one
-/// process on each of 2 devices.
-fn spec(data: &std::path::Path, steps: u32) -> String {
+/// process on each of 2 devices, started by `launcher`.
+fn spec(data: &std::path::Path, steps: u32, launcher: &str) -> String {
     format!(
-        "{}\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
+        "{}\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\nlauncher = \"{launcher}\"\n",
         arith_grpo_spec(data, "on-trl", "builtin:tiny-arith", steps, 5)
     )
 }
@@ -60,12 +67,13 @@ fn job_token(id: &str) -> String {
 
 #[test]
 fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_engines_checkpoint() {
-    let python = trl_python();
+    let python = engine_python("trl");
     let redis = Redis::start();
-    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(Some(&python)));
+    let mut daemon =
+        Daemon::start_with(&PLUGINS, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let id = submit_ok(&daemon, &spec(&data, 24));
+    let id = submit_ok(&daemon, &spec(&data, 24, "local"));
     wait_job(&daemon, &id, Duration::from_secs(240), |job| job["step"].as_u64() >= Some(7));
 
     // The job's token grades as its team on the verify route, and reaches nothing else.
@@ -161,11 +169,119 @@ fn processes_of(id: &str) -> usize {
 #[test]
 fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind() {
     let redis = Redis::start();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(None));
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(""));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4), None);
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "local"), None);
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["error"]["field"], "engine.kind", "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("engines.trl_python"), "{answer}");
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "ray"), None);
+    assert_eq!(status, 422, "{answer}");
+    let more = answer["error"]["more"].as_array().cloned().unwrap_or_default();
+    let fields: Vec<&str> = std::iter::once(&answer["error"])
+        .chain(more.iter())
+        .map(|problem| problem["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"engine.launcher"), "{answer}");
+}
+
+/// A Ray head of its own for the test: 2 CPUs, its Jobs API on a free port, a stop that waits 60 s
+/// for the entrypoint to checkpoint; `ray stop` when dropped.
+struct RayHead {
+    ray: PathBuf,
+    address: String,
+}
+
+impl RayHead {
+    fn start() -> RayHead {
+        let ray = engine_python("ray").with_file_name("ray");
+        let (gcs, dashboard) = (free_port(), free_port());
+        let started = Command::new(&ray)
+            .args(["start", "--head", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"])
+            .args([
+                "--dashboard-host=127.0.0.1",
+                &format!("--dashboard-port={dashboard}"),
+                &format!("--port={gcs}"),
+            ])
+            // Worker ports away from the ephemeral range the two above came from.
+            .args(["--min-worker-port=20000", "--max-worker-port=20999"])
+            .env("RAY_JOB_STOP_WAIT_TIME_S", "60")
+            .output()
+            .expect("ray start");
+        assert!(started.status.success(), "ray start:\n{}", String::from_utf8_lossy(&started.stderr));
+        let address = format!("http://127.0.0.1:{dashboard}");
+        let up = wait_until(Duration::from_secs(60), || {
+            client()
+                .get(format!("{address}/api/version"))
+                .send()
+                .is_ok_and(|answer| answer.status().is_success())
+        });
+        assert!(up, "the Ray head's Jobs API did not answer at {address}");
+        RayHead { ray, address }
+    }
+
+    /// The cluster's jobs that rlvr submitted: (submission id, status), oldest first.
+    fn rlvr_jobs(&self) -> Vec<(String, String)> {
+        let jobs: Vec<Value> =
+            client().get(format!("{}/api/jobs/", self.address)).send().unwrap().json().unwrap();
+        let mut ours: Vec<(u64, String, String)> = jobs
+            .iter()
+            .filter(|job| job["metadata"]["rlvr"] == "engine")
+            .map(|job| {
+                let started = job["start_time"].as_u64().unwrap_or(0);
+                (
+                    started,
+                    job["submission_id"].as_str().unwrap().to_owned(),
+                    job["status"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        ours.sort();
+        ours.into_iter().map(|(_, id, status)| (id, status)).collect()
+    }
+}
+
+impl Drop for RayHead {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.ray).args(["stop", "--force"]).output();
+    }
+}
+
+#[test]
+fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published() {
+    let python = engine_python("trl");
+    let ray = RayHead::start();
+    let redis = Redis::start();
+    let engines = format!("trl_python = {python:?}\nray_address = {:?}\n", ray.address);
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(&engines));
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let id = submit_ok(&daemon, &spec(&data, 16, "ray"));
+    wait_job(&daemon, &id, Duration::from_secs(240), |job| job["step"].as_u64() >= Some(6));
+
+    // The daemon's SIGTERM reaches the ranks as the Ray job's stop.
+    let status = daemon.stop();
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert!(status.success(), "{status}\n{}", worker_log());
+    let submitted = ray.rlvr_jobs();
+    assert_eq!(submitted.len(), 1, "{submitted:?}");
+    assert_eq!(submitted[0].1, "STOPPED", "{submitted:?}\n{}", worker_log());
+    assert!(submitted[0].0.starts_with(&format!("rlvr-{id}-")), "{submitted:?}");
+
+    daemon.restart();
+    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
+    assert_eq!(done["state"], "published", "{done}\n{}", worker_log());
+    assert!(worker_log().contains("resuming from the newest"), "{}", worker_log());
+    let submitted = ray.rlvr_jobs();
+    let statuses: Vec<&str> = submitted.iter().map(|(_, status)| status.as_str()).collect();
+    assert_eq!(statuses, ["STOPPED", "SUCCEEDED"], "{submitted:?}");
+    let steps: Vec<u64> = fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap()["step"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = std::iter::once(0).chain(1..=16).chain(std::iter::once(16)).collect();
+    assert_eq!(steps, expected);
 }

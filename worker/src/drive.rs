@@ -15,10 +15,10 @@ use rlvr_protocol::checkpoints::{ScoredCheckpoint, best};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
 use rlvr_protocol::signals::GroupSignals;
-use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress, WorkerExit};
+use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress};
 use tracing::{info, info_span, warn};
 
-use crate::engine::{self, Engine, EngineDir, EngineSettings, Poll};
+use crate::engine::{self, Engine, EngineDir, EngineEnd, EngineSettings, Poll};
 use crate::state::{Logs, TrainState, write_checkpoint};
 use crate::step::{self, StepError};
 use crate::stop::StopWatch;
@@ -172,29 +172,29 @@ impl Loop<'_> {
             self.engine_line(&line)?;
         }
         let mut running = Engine::launch(self.job, self.run, settings)?;
-        let status = loop {
+        let end = loop {
             if lifecycle::stop_requested() {
                 running.ask_to_stop();
             }
-            let (lines, exited) = match running.poll()? {
+            let (lines, ended) = match running.poll()? {
                 Poll::Running(lines) => (lines, None),
-                Poll::Exited(status, lines) => (lines, Some(status)),
+                Poll::Ended(end, lines) => (lines, Some(end)),
             };
             for line in &lines {
                 self.engine_line(line)?;
             }
-            if let Some(status) = exited {
-                break status;
+            if let Some(end) = ended {
+                break end;
             }
             std::thread::sleep(ENGINE_POLL);
         };
-        // A stop passed on ends the launcher with a status of its own (torchrun's is 1): the
-        // ranks checkpointed at the step they agreed on, and a resume starts there.
-        if running.stop_sent() || status.code() == Some(i32::from(WorkerExit::Interrupted.code())) {
-            return Ok(Some(Ending::Interrupted));
-        }
-        if !status.success() {
-            return Err(engine::exit_error(status));
+        match end {
+            // A stop passed on may end the launcher with a status of its own (torchrun's is 1):
+            // the ranks checkpointed at the step they agreed on, and a resume starts there.
+            _ if running.stop_sent() => return Ok(Some(Ending::Interrupted)),
+            EngineEnd::Interrupted => return Ok(Some(Ending::Interrupted)),
+            EngineEnd::Failed { code, message } => return Err(engine::failed(code, message)),
+            EngineEnd::Finished => {}
         }
         let finished = EngineDir::of(self.run).finished();
         models::load_trained_weights(&self.job.policy, &finished)?;

@@ -41,6 +41,18 @@ pub struct EngineSettings {
     pub python: PathBuf,
     /// The daemon's `POST /v1/verify` (`--verify-url`).
     pub verify_url: String,
+    pub launcher: LaunchAt,
+}
+
+/// Where the engine's processes start.
+#[derive(Debug, Clone)]
+pub enum LaunchAt {
+    /// torchrun, a child of this worker.
+    Local,
+    /// A job on a Ray cluster (its Jobs REST API at `address`), submitted as `submission`: the
+    /// same torchrun command line, run by the cluster, which shares the run's directory with
+    /// this host.
+    Ray { address: String, submission: String },
 }
 
 /// The engine's files in the run directory.
@@ -164,7 +176,7 @@ fn read_lines(path: &Path) -> Vec<MetricsLine> {
 
 /// A running engine: its launcher and where its metrics file has been read to.
 pub struct Engine {
-    launcher: Child,
+    launcher: Launched,
     metrics: PathBuf,
     read_to: u64,
     /// Text after the last newline read: a line the engine is still writing.
@@ -172,81 +184,87 @@ pub struct Engine {
     stop_sent: bool,
 }
 
+/// The engine's launcher, as started.
+enum Launched {
+    Local(Child),
+    Ray(RayJob),
+}
+
 /// What [`Engine::poll`] found.
 pub enum Poll {
     /// New step lines (maybe none); the engine runs on.
     Running(Vec<MetricsLine>),
-    /// The launcher exited: with its last lines.
-    Exited(ExitStatus, Vec<MetricsLine>),
+    /// The launcher ended, with its last lines.
+    Ended(EngineEnd, Vec<MetricsLine>),
+}
+
+/// How an engine's launcher ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEnd {
+    Finished,
+    /// Stopped on request (the Ray job stopped, or the ranks exited 75).
+    Interrupted,
+    /// Failed: the protocol's exit status when there is one, and what happened.
+    Failed {
+        code: Option<i32>,
+        message: String,
+    },
 }
 
 impl Engine {
-    /// Starts `resources.devices` engine processes under torchrun, on this host's devices (the
-    /// ones the daemon gave the worker: `CUDA_VISIBLE_DEVICES`, or CPU slots).
+    /// Starts `resources.devices` engine processes under torchrun: on this host's devices (the
+    /// ones the daemon gave the worker: `CUDA_VISIBLE_DEVICES`, or CPU slots), or as a Ray job.
     pub fn launch(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Engine, WorkerError> {
         let dir = EngineDir::of(run);
-        if std::env::var_os(JOB_TOKEN_ENV).is_none() {
-            return Err(WorkerError::Model {
-                field: "--verify-url",
-                message: format!("${JOB_TOKEN_ENV} is not set: the engine's rewards need the job's token"),
-            });
-        }
+        let token = std::env::var(JOB_TOKEN_ENV).map_err(|_| WorkerError::Model {
+            field: "--verify-url",
+            message: format!("${JOB_TOKEN_ENV} is not set: the engine's rewards need the job's token"),
+        })?;
         let read_to = fs::metadata(dir.metrics()).map_or(0, |meta| meta.len());
-        let mut command = Command::new(&settings.python);
-        command
-            .args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"])
-            .arg(job.spec.resources.devices.to_string())
-            .arg(dir.script())
-            .arg(dir.contract())
-            // Its own home: nothing the engine's libraries cache lands outside the run.
-            .env("HOME", &dir.root)
-            .env("OMP_NUM_THREADS", "1")
-            .current_dir(&dir.root);
-        // The worker's stdout is its outcome line only: the engine's prints go to its log.
-        let log = std::io::stderr().as_fd().try_clone_to_owned().map_err(|error| WorkerError::Model {
-            field: "--engine-python",
-            message: format!("cannot hand the engine the log: {error}"),
-        })?;
-        command.stdout(log);
-        // SAFETY: prctl only, between fork and exec. The launcher dies with this worker (its
-        // ranks notice their launcher gone and exit: `watch_parent` in the script).
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let launcher = command.spawn().map_err(|error| WorkerError::Model {
-            field: "--engine-python",
-            message: format!("cannot start {}: {error}", settings.python.display()),
-        })?;
-        info!(pid = launcher.id(), processes = job.spec.resources.devices, "the trl engine started");
+        let processes = job.spec.resources.devices;
+        let launcher = match &settings.launcher {
+            LaunchAt::Local => Launched::Local(launch_local(&dir, settings, processes)?),
+            LaunchAt::Ray { address, submission } => {
+                Launched::Ray(RayJob::submit(address, submission, &dir, settings, processes, &token)?)
+            }
+        };
         Ok(Engine { launcher, metrics: dir.metrics(), read_to, partial: String::new(), stop_sent: false })
     }
 
-    /// The engine's new metrics lines, and whether it exited.
+    /// The engine's new metrics lines, and whether it ended.
     pub fn poll(&mut self) -> Result<Poll, WorkerError> {
-        let exited = self.launcher.try_wait().map_err(|error| WorkerError::Step {
-            step: 0,
-            message: format!("cannot watch the engine: {error}"),
-        })?;
+        let ended = match &mut self.launcher {
+            Launched::Local(child) => child
+                .try_wait()
+                .map_err(|error| WorkerError::Engine {
+                    transient: true,
+                    message: format!("cannot watch the engine: {error}"),
+                })?
+                .map(local_end),
+            Launched::Ray(ray) => ray.end()?,
+        };
         let lines = self.read_new_lines();
-        Ok(match exited {
-            Some(status) => Poll::Exited(status, lines),
+        Ok(match ended {
+            Some(end) => Poll::Ended(end, lines),
             None => Poll::Running(lines),
         })
     }
 
-    /// Passes a stop request to the launcher once (torchrun passes SIGTERM to every rank).
+    /// Passes a stop request on once: SIGTERM to torchrun (which passes it to every rank), or
+    /// the Ray job's stop (SIGTERM to its entrypoint, torchrun).
     pub fn ask_to_stop(&mut self) {
-        if !self.stop_sent {
-            self.stop_sent = true;
-            let pid = nix::unistd::Pid::from_raw(self.launcher.id() as i32);
-            if let Err(error) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM) {
-                warn!(%error, "cannot pass the stop request to the engine");
+        if self.stop_sent {
+            return;
+        }
+        self.stop_sent = true;
+        match &self.launcher {
+            Launched::Local(child) => {
+                let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                if let Err(error) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM) {
+                    warn!(%error, "cannot pass the stop request to the engine");
+                }
             }
+            Launched::Ray(ray) => ray.stop(),
         }
     }
 
@@ -279,11 +297,192 @@ impl Engine {
     }
 }
 
-/// How an engine that exited on its own ended, by the worker protocol's statuses.
-pub fn exit_error(status: ExitStatus) -> WorkerError {
-    let message = format!("the trl engine exited with {status} (its log is the job's worker log)");
-    match status.code() {
-        Some(70) => WorkerError::Engine { transient: true, message },
-        _ => WorkerError::Engine { transient: false, message },
+/// torchrun on this host, dying with the worker.
+fn launch_local(dir: &EngineDir, settings: &EngineSettings, processes: u32) -> Result<Child, WorkerError> {
+    let mut command = Command::new(&settings.python);
+    command
+        .args(torchrun_args(dir, processes))
+        // Its own home: nothing the engine's libraries cache lands outside the run.
+        .env("HOME", &dir.root)
+        .env("OMP_NUM_THREADS", "1")
+        .current_dir(&dir.root);
+    // The worker's stdout is its outcome line only: the engine's prints go to its log.
+    let log = std::io::stderr().as_fd().try_clone_to_owned().map_err(|error| WorkerError::Model {
+        field: "--engine-python",
+        message: format!("cannot hand the engine the log: {error}"),
+    })?;
+    command.stdout(log);
+    // SAFETY: prctl only, between fork and exec. The launcher dies with this worker (its
+    // ranks notice their launcher gone and exit: `watch_parent` in the script).
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
+    let child = command.spawn().map_err(|error| WorkerError::Model {
+        field: "--engine-python",
+        message: format!("cannot start {}: {error}", settings.python.display()),
+    })?;
+    info!(pid = child.id(), processes, "the trl engine started");
+    Ok(child)
+}
+
+/// torchrun's arguments after the python: one process per device, the script, the contract.
+fn torchrun_args(dir: &EngineDir, processes: u32) -> Vec<String> {
+    vec![
+        "-m".into(),
+        "torch.distributed.run".into(),
+        "--standalone".into(),
+        "--nproc-per-node".into(),
+        processes.to_string(),
+        dir.script().display().to_string(),
+        dir.contract().display().to_string(),
+    ]
+}
+
+/// How torchrun's exit reads: 75 (the ranks stopped) is an interruption.
+fn local_end(status: ExitStatus) -> EngineEnd {
+    match status.code() {
+        Some(0) => EngineEnd::Finished,
+        Some(75) => EngineEnd::Interrupted,
+        code => EngineEnd::Failed { code, message: format!("the trl engine exited with {status}") },
+    }
+}
+
+/// A job on a Ray cluster, through its Jobs REST API (`/api/jobs/`).
+struct RayJob {
+    client: reqwest::blocking::Client,
+    address: String,
+    submission: String,
+}
+
+/// A Ray job's status (`GET /api/jobs/{id}`), the fields read.
+#[derive(Debug, serde::Deserialize)]
+struct RayJobInfo {
+    status: String,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    driver_exit_code: Option<i32>,
+}
+
+impl RayJob {
+    fn submit(
+        address: &str,
+        submission: &str,
+        dir: &EngineDir,
+        settings: &EngineSettings,
+        processes: u32,
+        token: &str,
+    ) -> Result<RayJob, WorkerError> {
+        rlvr_startup::install_crypto_provider();
+        let client = reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+            .map_err(|error| ray_error(address, error.to_string()))?;
+        let address = address.trim_end_matches('/').to_owned();
+        let entrypoint = std::iter::once(settings.python.display().to_string())
+            .chain(torchrun_args(dir, processes))
+            .map(|word| shell_quote(&word))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let body = json!({
+            "submission_id": submission,
+            "entrypoint": entrypoint,
+            // The cluster holds the processes' CPUs (or GPUs) for the job's whole run.
+            "entrypoint_num_cpus": processes,
+            "runtime_env": {
+                "env_vars": {
+                    JOB_TOKEN_ENV: token,
+                    "HOME": dir.root.display().to_string(),
+                    "OMP_NUM_THREADS": "1",
+                },
+            },
+            "metadata": { "rlvr": "engine" },
+        });
+        let answer = client
+            .post(format!("{address}/api/jobs/"))
+            .json(&body)
+            .send()
+            .map_err(|error| ray_error(&address, error.to_string()))?;
+        if !answer.status().is_success() {
+            let status = answer.status();
+            let text = answer.text().unwrap_or_default();
+            return Err(ray_error(&address, format!("submit: {status}: {text}")));
+        }
+        info!(%address, submission, processes, "the trl engine submitted to Ray");
+        Ok(RayJob { client, address, submission: submission.to_owned() })
+    }
+
+    /// The job's end, when it ended; its log into the worker's.
+    fn end(&self) -> Result<Option<EngineEnd>, WorkerError> {
+        let url = format!("{}/api/jobs/{}", self.address, self.submission);
+        let info: RayJobInfo = self
+            .client
+            .get(&url)
+            .send()
+            .and_then(reqwest::blocking::Response::error_for_status)
+            .and_then(reqwest::blocking::Response::json)
+            .map_err(|error| ray_error(&self.address, format!("status of {}: {error}", self.submission)))?;
+        let end = match info.status.as_str() {
+            "PENDING" | "RUNNING" => return Ok(None),
+            "SUCCEEDED" => EngineEnd::Finished,
+            "STOPPED" => EngineEnd::Interrupted,
+            _ if info.driver_exit_code == Some(75) => EngineEnd::Interrupted,
+            other => EngineEnd::Failed {
+                code: info.driver_exit_code,
+                message: format!(
+                    "the Ray job {} ended {other}: {}",
+                    self.submission,
+                    info.message.as_deref().unwrap_or("no message")
+                ),
+            },
+        };
+        self.copy_log();
+        Ok(Some(end))
+    }
+
+    /// The job's log (torchrun's and the ranks' output), into the worker's log.
+    fn copy_log(&self) {
+        let url = format!("{}/api/jobs/{}/logs", self.address, self.submission);
+        #[derive(serde::Deserialize)]
+        struct Logs {
+            logs: String,
+        }
+        match self.client.get(&url).send().and_then(reqwest::blocking::Response::json::<Logs>) {
+            Ok(logs) => eprint!("{}", logs.logs),
+            Err(error) => warn!(%error, "cannot read the Ray job's log"),
+        }
+    }
+
+    /// `POST /api/jobs/{id}/stop`: Ray sends the entrypoint SIGTERM (and SIGKILL after its
+    /// `RAY_JOB_STOP_WAIT_TIME_S`, which an operator sets long enough for a checkpoint).
+    fn stop(&self) {
+        let url = format!("{}/api/jobs/{}/stop", self.address, self.submission);
+        if let Err(error) =
+            self.client.post(&url).send().and_then(reqwest::blocking::Response::error_for_status)
+        {
+            warn!(%error, "cannot stop the Ray job");
+        }
+    }
+}
+
+/// A word for the shell the Ray job's entrypoint runs in.
+fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+fn ray_error(address: &str, message: String) -> WorkerError {
+    // The cluster, not the job: the daemon requeues it.
+    WorkerError::Engine { transient: true, message: format!("engines.ray_address {address}: {message}") }
+}
+
+/// How an engine that failed ends the worker: the engine's exit 70 is transient; anything else
+/// is the job's fault or the engine's, and fails the job with the engine's log to read.
+pub fn failed(code: Option<i32>, message: String) -> WorkerError {
+    let message = format!("{message} (its log is the job's worker log)");
+    WorkerError::Engine { transient: code == Some(70), message }
 }

@@ -102,6 +102,10 @@ pub struct WorkerOptions {
     /// An `[engine]` job's engine python and the daemon's verify route.
     pub engine_python: Option<PathBuf>,
     pub verify_url: Option<String>,
+    /// A `launcher = "ray"` job's Ray Jobs API.
+    pub ray_address: Option<String>,
+    /// This run's job id (the daemon's), naming its Ray submissions.
+    pub job_id: Option<String>,
 }
 
 impl WorkerOptions {
@@ -122,13 +126,15 @@ impl WorkerOptions {
             device,
             verify_parallel: args.verify_parallel.unwrap_or(cores),
             threads: args.threads.unwrap_or(cores).max(1),
-            grants: args.grant_socket.zip(args.job_id),
+            grants: args.grant_socket.zip(args.job_id.clone()),
             baseline: args.baseline.zip(args.baseline_version),
             curriculum_version: args.curricula_dir.zip(args.curriculum_version),
             host: host.unwrap_or_else(HostContext::unrestricted),
             memory_cap: args.memory_cap,
             engine_python: args.engine_python,
             verify_url: args.verify_url,
+            ray_address: args.ray_address,
+            job_id: args.job_id.clone(),
         })
     }
 }
@@ -468,7 +474,25 @@ fn engine_settings(
         field,
         message: format!("an [engine] kind = \"{}\" job needs {what}", spec.engine.kind.name()),
     };
+    let launcher = match spec.engine.launcher {
+        rlvr_protocol::engine::Launcher::Local => engine::LaunchAt::Local,
+        rlvr_protocol::engine::Launcher::Ray => engine::LaunchAt::Ray {
+            address: options
+                .ray_address
+                .clone()
+                .ok_or_else(|| missing("--ray-address", "a Ray cluster's Jobs API"))?,
+            // Unique per run: a resumed job submits again.
+            submission: format!(
+                "rlvr-{}-{}",
+                options.job_id.as_deref().unwrap_or("run"),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ),
+        },
+    };
     Ok(Some(engine::EngineSettings {
+        launcher,
         python: options
             .engine_python
             .clone()

@@ -50,6 +50,8 @@ pub struct JobsState {
     pub dry_runs: Arc<tokio::sync::Semaphore>,
     /// `engines.trl_python`: whether `[engine] kind = "trl"` jobs can run here.
     pub trl_python: Option<std::path::PathBuf>,
+    /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
+    pub ray_address: Option<String>,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -270,6 +272,7 @@ pub(crate) async fn check_spec(
     let tenancy = state.tenancy.clone();
     let outbound = state.outbound.clone();
     let trl_engine = state.trl_python.clone();
+    let ray_address = state.ray_address.clone();
     // Reads files and the registry, and may wait for a worker process asking an optimizer about
     // its options: off the async threads.
     let admitted = tokio::task::spawn_blocking(move || {
@@ -283,6 +286,15 @@ pub(crate) async fn check_spec(
             problems.push(SpecError {
                 field: "engine.kind".to_owned(),
                 message: "this daemon runs no trl engine (its engines.trl_python is not set)".to_owned(),
+            });
+        }
+        if checked.engine.is_engine()
+            && checked.engine.launcher == rlvr_protocol::engine::Launcher::Ray
+            && ray_address.is_none()
+        {
+            problems.push(SpecError {
+                field: "engine.launcher".to_owned(),
+                message: "this daemon knows no Ray cluster (its engines.ray_address is not set)".to_owned(),
             });
         }
         let mut checked = checked;

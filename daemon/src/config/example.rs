@@ -108,7 +108,8 @@ fn what(field: &Field) -> String {
 fn default_text(kind: &Kind, in_entry: bool) -> String {
     match (kind, kind.default_value()) {
         (Kind::Tables { .. } | Kind::Shares, _) => "none".to_owned(),
-        (Kind::Optional(_), _) => "Optional".to_owned(),
+        (Kind::Optional(_), _) if in_entry => "Optional".to_owned(),
+        (Kind::Optional(_), _) => "not set".to_owned(),
         (_, Some(value)) if in_entry => format!("Default: {}", toml_text(&value)),
         (_, Some(value)) => toml_text(&value),
         (_, None) if in_entry => "Required".to_owned(),

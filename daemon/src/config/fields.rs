@@ -471,9 +471,19 @@ admin = false",
     Field {
         path: "engines.trl_python",
         kind: Kind::AbsolutePath(None),
-        doc: "The python of the trl engine's environment (scripts/engine-trl-venv.sh makes it and prints \
+        doc: "The python of the trl engine's environment (scripts/engine-venv.sh trl makes it and prints \
               its path). Not set: [engine] kind = \"trl\" jobs are refused at submit.",
         example: Example::Commented("trl_python = \"/var/cache/rlvr/venvs/engine-trl/bin/python\""),
+    },
+    Field {
+        path: "engines.ray_address",
+        kind: Kind::Optional(&Kind::Url { schemes: &["http://", "https://"], default: "" }),
+        doc: "A Ray cluster's Jobs API (its dashboard address) for [engine] launcher = \"ray\" jobs. The \
+              cluster runs the engine's python from the same path and reads and writes the job's \
+              directory at the same path (a shared filesystem); set RAY_JOB_STOP_WAIT_TIME_S on it long \
+              enough for a checkpoint (the engine stops at its next step end). Not set: such jobs are \
+              refused at submit.",
+        example: Example::Commented("ray_address = \"http://127.0.0.1:8265\""),
     },
 ];
 
@@ -613,7 +623,13 @@ pub(super) fn secret_paths() -> impl Iterator<Item = Vec<&'static str>> {
 pub(super) fn takes_text(path: &str) -> bool {
     FIELDS.iter().any(|field| {
         field.path == path
-            && matches!(field.kind, Kind::AbsolutePath(_) | Kind::Url { .. } | Kind::SocketAddr(_))
+            && matches!(
+                field.kind,
+                Kind::AbsolutePath(_)
+                    | Kind::Url { .. }
+                    | Kind::SocketAddr(_)
+                    | Kind::Optional(&Kind::Url { .. })
+            )
     })
 }
 

@@ -132,6 +132,9 @@ pub struct EnginesConfig {
     /// The trl engine environment's python; `None`: trl jobs are refused.
     #[serde(default)]
     pub trl_python: Option<PathBuf>,
+    /// A Ray cluster's Jobs API; `None`: ray-launched jobs are refused.
+    #[serde(default)]
+    pub ray_address: Option<String>,
 }
 
 /// `[plugins]`

@@ -39,7 +39,7 @@ use crate::api::auth::JobToken;
 use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
-use rlvr_protocol::engine::{EngineKind, JOB_TOKEN_ENV};
+use rlvr_protocol::engine::{EngineKind, JOB_TOKEN_ENV, Launcher};
 use rlvr_queue::store::{JobStore, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
@@ -94,6 +94,8 @@ pub struct SupervisorConfig {
 pub struct Engines {
     /// `engines.trl_python`; `None`: trl jobs are refused at submit.
     pub trl_python: Option<PathBuf>,
+    /// `engines.ray_address`; `None`: ray-launched jobs are refused at submit.
+    pub ray_address: Option<String>,
     /// This daemon's `POST /v1/verify`, where the engine gets its rewards.
     pub verify_url: String,
     /// Where each run's job token is minted (and the API finds it).
@@ -442,6 +444,10 @@ impl Supervisor {
             memory_cap,
             engine_python: engine.as_ref().map(|(python, _)| python.clone()),
             verify_url: engine.as_ref().map(|_| self.engines.verify_url.clone()),
+            ray_address: match spec.engine.launcher {
+                Launcher::Ray if engine.is_some() => self.engines.ray_address.clone(),
+                _ => None,
+            },
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
