@@ -24,6 +24,7 @@ Exit statuses are the worker protocol's: 0 finished, 2 the job's fault (a contra
 the daemon refuses), 70 transient (the daemon unreachable), 75 interrupted.
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -248,13 +249,18 @@ def main():
         weights.append(overlong["weight"])
     output_dir = contract["output_dir"]
     cuda = torch.cuda.is_available()
+    # Rollouts on vLLM where it can run (a GPU host with vllm importable), colocated with the
+    # trainer in each rank's process; HF generate otherwise.
+    vllm = cuda and importlib.util.find_spec("vllm") is not None
+    log(f"rollouts on {'vLLM (colocate)' if vllm else 'HF generate'}, {'CUDA' if cuda else 'CPU'}")
     config = GRPOConfig(
         output_dir=output_dir,
         reward_weights=weights,
         use_cpu=not cuda,
         fp16=False,
         gradient_checkpointing=False,
-        use_vllm=False,
+        use_vllm=vllm,
+        vllm_mode="colocate",
         data_seed=keys["seed"],
         report_to="none",
         logging_steps=1,
