@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""rlvr's entry script for the trl engine: one rank of a GRPO job on TRL's GRPOTrainer.
+"""rlvr's entry script for the trl engine: one rank of a job on a TRL trainer.
 
-Started once per rank by torchrun (the worker's local launcher, or a Ray job's entrypoint) as
+A GRPO job (GRPOTrainer) or an SFT job (SFTTrainer on prompt-completion pairs). Started once per
+rank by torchrun (the worker's local launcher, or a Ray job's entrypoint) as
 
     python -m torch.distributed.run --nproc-per-node N engines/trl/run.py CONTRACT
 
 CONTRACT is the job's `<run>/engine/contract.json` (`rlvr_protocol::engine::EngineContract`):
-the starting model (a Hugging Face directory), the training prompts, TRL's GRPOConfig keys as
+the starting model (a Hugging Face directory), the training data, the trainer and its keys as
 the worker mapped them from the spec, the output directory and the metrics file, and the
 daemon's POST /v1/verify with the job's graders. The job-scoped token is in $RLVR_JOB_TOKEN.
 
-What it does: trains with the contract's keys; rewards come from the daemon (the job's own
-graders and formula, so the reward is the one a native job trains on); rank 0 appends one
+What it does: trains with the contract's keys; a GRPO job's rewards come from the daemon (the
+job's own graders and formula, so the reward is the one a native job trains on); rank 0 appends one
 metrics line per step (the fields of the native worker's `MetricsLine` TRL has); checkpoints
 are TRL's `checkpoint-N/` in the output directory, and a start with one there resumes from the
 newest; the trained model is written to `OUTPUT/final/model/`.
@@ -208,11 +209,9 @@ def main():
         raise JobError("usage: run.py CONTRACT")
     with open(sys.argv[1], encoding="utf-8") as f:
         contract = json.load(f)
-    token = os.environ.get("RLVR_JOB_TOKEN")
-    if not token:
-        raise JobError("RLVR_JOB_TOKEN is not set: the daemon's verify route needs the job's token")
-    if contract["trainer"] != "grpo":
-        raise JobError(f"trainer {contract['trainer']!r}: this script runs grpo")
+    name, keys = contract["trainer"]["name"], dict(contract["trainer"]["keys"])
+    if name not in BUILDERS:
+        raise JobError(f"trainer {name!r}: this script runs {', '.join(BUILDERS)}")
 
     stop = {"asked": False}
 
@@ -225,90 +224,42 @@ def main():
 
     import torch
     import torch.distributed as dist
-    from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-    from trl.rewards import get_soft_overlong_punishment
 
-    keys = dict(contract["grpo"])
-    overlong = keys.pop("overlong")
     tokenizer = AutoTokenizer.from_pretrained(contract["model"])
-    dataset = Dataset.from_list(load_prompts(contract["train"], tokenizer.chat_template is not None))
-    verifier = Verifier(contract["verify"]["url"], contract["verify"]["reward"], token, stop)
-
-    def passed(completions, **_):
-        """Weight 0: only so TRL gathers and logs the pass rate of the verifier's verdicts."""
-        return list(verifier.passed) if len(verifier.passed) == len(completions) else [0.0] * len(completions)
-
-    verifier.__name__ = "reward"
-    passed.__name__ = "passed"
-    reward_funcs, weights = [verifier, passed], [1.0, 0.0]
-    if overlong is not None:
-        length = get_soft_overlong_punishment(keys["max_completion_length"], overlong["buffer"])
-        reward_funcs.append(length)
-        weights.append(overlong["weight"])
-    output_dir = contract["output_dir"]
     cuda = torch.cuda.is_available()
-    # Rollouts on vLLM where it can run (a GPU host with vllm importable), colocated with the
-    # trainer in each rank's process; HF generate otherwise.
-    vllm = cuda and importlib.util.find_spec("vllm") is not None
-    log(f"rollouts on {'vLLM (colocate)' if vllm else 'HF generate'}, {'CUDA' if cuda else 'CPU'}")
-    config = GRPOConfig(
-        output_dir=output_dir,
-        reward_weights=weights,
-        use_cpu=not cuda,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_vllm=vllm,
-        vllm_mode="colocate",
-        data_seed=keys["seed"],
-        report_to="none",
-        logging_steps=1,
-        save_strategy="steps",
-        save_only_model=False,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        log_completions=False,
-        model_init_kwargs={"dtype": torch.bfloat16 if keys["bf16"] else torch.float32},
-        ddp_backend="nccl" if cuda else "gloo",
-        **keys,
-    )
+    output_dir = contract["output_dir"]
+    # What every trainer is given besides its keys: no hub, no trackers, a checkpoint every
+    # save_steps with the optimizer and RNG states (what a resume needs), one log line a step.
+    common = {
+        "output_dir": output_dir,
+        "use_cpu": not cuda,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "data_seed": keys["seed"],
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_only_model": False,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "model_init_kwargs": {"dtype": torch.bfloat16 if keys["bf16"] else torch.float32},
+        "ddp_backend": "nccl" if cuda else "gloo",
+    }
+    job = BUILDERS[name](contract, keys, tokenizer, common, stop, cuda)
     metrics_path = contract["metrics"]
-    timer = Timer()
 
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
 
+        def on_step_begin(self, args, state, control, **kwargs):
+            job.step_started = time.perf_counter()
+
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs or "reward" not in logs:
+            if not state.is_world_process_zero or not logs or "loss" not in logs:
                 return
             line = {"step": state.global_step}
-            figures = {
-                "reward_mean": logs.get("reward"),
-                "reward_std": logs.get("reward_std"),
-                "passed_frac": logs.get("rewards/passed/mean"),
-                "completion_len_mean": logs.get("completions/mean_length"),
-                "completion_len_max": logs.get("completions/max_length"),
-                "cut_frac": logs.get("completions/clipped_ratio"),
-                "entropy": logs.get("entropy"),
-                "kl_ref": logs.get("kl"),
-                "loss": logs.get("loss"),
-                "grad_norm": logs.get("grad_norm"),
-                "lr": logs.get("learning_rate"),
-            }
-            line.update({key: float(value) for key, value in figures.items() if value is not None})
-            if "step_time" in logs:
-                step_s = float(logs["step_time"])
-                rollout_s, verify_s = timer.take()
-                line["time"] = {
-                    "rollout_s": rollout_s,
-                    "verify_s": verify_s,
-                    "update_s": max(step_s - rollout_s - verify_s, 0.0),
-                    "step_s": step_s,
-                }
-            line["verifier_errors"] = verifier.errors
-            line["verifier_timeouts"] = verifier.timeouts
-            verifier.errors = verifier.timeouts = 0
+            line.update(job.figures(logs))
             with open(metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
 
@@ -321,19 +272,7 @@ def main():
                 control.should_save = True
                 control.should_training_stop = True
 
-    trainer = GRPOTrainer(
-        model=contract["model"],
-        reward_funcs=reward_funcs,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[Rlvr()],
-    )
-    # Where a step's time went (rank 0's): generation, and the daemon's grading.
-    generate = getattr(trainer, "_generate", None)
-    if generate is not None:
-        trainer._generate = timer.timed("rollout", generate)
-    verifier.post = timer.timed("verify", verifier.post)
+    trainer = job.build([Rlvr()])
     checkpoints = [name for name in os.listdir(output_dir) if name.startswith("checkpoint-")]
     if checkpoints:
         log(f"resuming from the newest of {sorted(checkpoints)}")
@@ -347,6 +286,165 @@ def main():
         tokenizer.save_pretrained(final)
         log(f"trained {trainer.state.global_step} steps; the model is in {final}")
     return 0
+
+
+def figures_of(logs, names):
+    """The log's figures under our names (`names`: ours → TRL's), the ones TRL logged."""
+    return {ours: float(logs[theirs]) for ours, theirs in names.items() if logs.get(theirs) is not None}
+
+
+class GrpoJob:
+    """GRPOTrainer, its rewards from the daemon's verify route."""
+
+    def __init__(self, contract, keys, tokenizer, common, stop, cuda):
+        from datasets import Dataset
+        from trl.rewards import get_soft_overlong_punishment
+
+        token = os.environ.get("RLVR_JOB_TOKEN")
+        if not token:
+            raise JobError("RLVR_JOB_TOKEN is not set: the daemon's verify route needs the job's token")
+        self.contract, self.tokenizer = contract, tokenizer
+        overlong = keys.pop("overlong")
+        self.dataset = Dataset.from_list(load_prompts(contract["train"], tokenizer.chat_template is not None))
+        self.verifier = Verifier(contract["verify"]["url"], contract["verify"]["reward"], token, stop)
+        verifier = self.verifier
+
+        def passed(completions, **_):
+            """Weight 0: only so TRL gathers and logs the pass rate of the verifier's verdicts."""
+            return list(verifier.passed) if len(verifier.passed) == len(completions) else [0.0] * len(completions)
+
+        verifier.__name__ = "reward"
+        passed.__name__ = "passed"
+        self.reward_funcs, weights = [verifier, passed], [1.0, 0.0]
+        if overlong is not None:
+            length = get_soft_overlong_punishment(keys["max_completion_length"], overlong["buffer"])
+            self.reward_funcs.append(length)
+            weights.append(overlong["weight"])
+        # Rollouts on vLLM where it can run (a GPU host with vllm importable), colocated with the
+        # trainer in each rank's process; HF generate otherwise.
+        vllm = cuda and importlib.util.find_spec("vllm") is not None
+        log(f"rollouts on {'vLLM (colocate)' if vllm else 'HF generate'}, {'CUDA' if cuda else 'CPU'}")
+        self.args = dict(common, reward_weights=weights, use_vllm=vllm, vllm_mode="colocate", log_completions=False)
+        self.args.update(keys)
+        self.timer = Timer()
+        self.step_started = None
+
+    def build(self, callbacks):
+        from trl import GRPOConfig, GRPOTrainer
+
+        trainer = GRPOTrainer(
+            model=self.contract["model"],
+            reward_funcs=self.reward_funcs,
+            args=GRPOConfig(**self.args),
+            train_dataset=self.dataset,
+            processing_class=self.tokenizer,
+            callbacks=callbacks,
+        )
+        # Where a step's time went (rank 0's): generation, and the daemon's grading.
+        generate = getattr(trainer, "_generate", None)
+        if generate is not None:
+            trainer._generate = self.timer.timed("rollout", generate)
+        self.verifier.post = self.timer.timed("verify", self.verifier.post)
+        return trainer
+
+    def figures(self, logs):
+        line = figures_of(
+            logs,
+            {
+                "reward_mean": "reward",
+                "reward_std": "reward_std",
+                "passed_frac": "rewards/passed/mean",
+                "completion_len_mean": "completions/mean_length",
+                "completion_len_max": "completions/max_length",
+                "cut_frac": "completions/clipped_ratio",
+                "entropy": "entropy",
+                "kl_ref": "kl",
+                "loss": "loss",
+                "grad_norm": "grad_norm",
+                "lr": "learning_rate",
+            },
+        )
+        if "step_time" in logs:
+            step_s = float(logs["step_time"])
+            rollout_s, verify_s = self.timer.take()
+            line["time"] = {
+                "rollout_s": rollout_s,
+                "verify_s": verify_s,
+                "update_s": max(step_s - rollout_s - verify_s, 0.0),
+                "step_s": step_s,
+            }
+        line["verifier_errors"] = self.verifier.errors
+        line["verifier_timeouts"] = self.verifier.timeouts
+        self.verifier.errors = self.verifier.timeouts = 0
+        return line
+
+
+class SftJob:
+    """SFTTrainer on prompt-completion pairs, the loss on the completions only."""
+
+    def __init__(self, contract, keys, tokenizer, common, stop, cuda):
+        from datasets import Dataset
+
+        self.contract, self.tokenizer = contract, tokenizer
+        self.rows = keys["per_device_train_batch_size"] * keys["gradient_accumulation_steps"]
+        self.rows *= int(os.environ.get("WORLD_SIZE", "1"))
+        pairs = load_demonstrations(contract["train"], tokenizer.chat_template is not None)
+        self.dataset = Dataset.from_list(pairs)
+        self.args = dict(common, completion_only_loss=True, packing=False)
+        self.args.update(keys)
+        self.step_started = None
+        self.tokens_before = 0.0
+
+    def build(self, callbacks):
+        from trl import SFTConfig, SFTTrainer
+
+        return SFTTrainer(
+            model=self.contract["model"],
+            args=SFTConfig(**self.args),
+            train_dataset=self.dataset,
+            processing_class=self.tokenizer,
+            callbacks=callbacks,
+        )
+
+    def figures(self, logs):
+        line = figures_of(logs, {"loss": "loss", "grad_norm": "grad_norm", "lr": "learning_rate", "entropy": "entropy"})
+        line["rows"] = self.rows
+        if logs.get("num_tokens") is not None:
+            # TRL counts every token the step saw, prompts too.
+            line["train_tokens"] = int(float(logs["num_tokens"]) - self.tokens_before)
+            self.tokens_before = float(logs["num_tokens"])
+        if self.step_started is not None:
+            step_s = time.perf_counter() - self.step_started
+            line["time"] = {"update_s": step_s, "step_s": step_s}
+        return line
+
+
+def load_demonstrations(path, conversational):
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                prompt, completion = record["prompt"], record["completion"]
+            except (ValueError, KeyError) as error:
+                raise JobError(f"{path}:{number}: not a demonstration: {error}") from error
+            if conversational:
+                rows.append(
+                    {
+                        "prompt": [{"role": "user", "content": prompt}],
+                        "completion": [{"role": "assistant", "content": completion}],
+                    }
+                )
+            else:
+                rows.append({"prompt": prompt, "completion": completion})
+    if not rows:
+        raise JobError(f"{path}: no demonstrations")
+    return rows
+
+
+BUILDERS = {"grpo": GrpoJob, "sft": SftJob}
 
 
 if __name__ == "__main__":

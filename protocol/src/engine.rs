@@ -79,12 +79,21 @@ impl Launcher {
     }
 }
 
-/// TRL's `GRPOConfig` keys a job maps to (TRL 1.16), as the entry script passes them.
+/// Which TRL trainer an engine job runs, with its keys: what the entry script builds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrlGrpoConfig {
-    pub num_generations: u32,
-    pub num_iterations: u32,
+#[serde(tag = "name", content = "keys", rename_all = "lowercase")]
+pub enum TrlTrainer {
+    /// `GRPOTrainer` (the `grpo` plugin's jobs).
+    Grpo(TrlGrpoConfig),
+    /// `SFTTrainer` on prompt-completion pairs, the loss on the completions only (the `sft`
+    /// plugin's jobs).
+    Sft(TrlSftConfig),
+}
+
+/// The keys every TRL trainer takes from a job: the optimizer, the batch, the budget, the
+/// checkpoints (TRL's `TrainingArguments`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlTraining {
     pub learning_rate: f64,
     pub lr_scheduler_type: String,
     pub warmup_steps: u64,
@@ -93,11 +102,25 @@ pub struct TrlGrpoConfig {
     pub adam_beta2: f64,
     pub adam_epsilon: f64,
     pub max_grad_norm: f64,
-    /// Completions each process computes per forward/backward pass.
+    /// Rows (completions, or demonstrations) each process computes per forward/backward pass.
     pub per_device_train_batch_size: u32,
-    /// Passes per optimizer step: a step's `prompts_per_step × group_size` completions, over
-    /// every process.
+    /// Passes per optimizer step: a step's rows over every process.
     pub gradient_accumulation_steps: u32,
+    pub max_steps: u64,
+    pub save_steps: u64,
+    /// The engine's checkpoints kept (the newest): disks do not fill.
+    pub save_total_limit: u32,
+    pub seed: u64,
+    pub bf16: bool,
+}
+
+/// TRL's `GRPOConfig` keys a job maps to (TRL 1.16), as the entry script passes them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlGrpoConfig {
+    #[serde(flatten)]
+    pub training: TrlTraining,
+    pub num_generations: u32,
+    pub num_iterations: u32,
     pub loss_type: String,
     pub scale_rewards: String,
     pub epsilon: f64,
@@ -109,15 +132,17 @@ pub struct TrlGrpoConfig {
     pub top_p: f64,
     /// 0: off (TRL's convention too).
     pub top_k: u32,
-    pub max_steps: u64,
-    pub save_steps: u64,
-    /// The engine's checkpoints kept (the newest): disks do not fill.
-    pub save_total_limit: u32,
-    pub seed: u64,
-    pub bf16: bool,
     /// DAPO's soft overlong punishment as TRL's reward function
     /// (`trl.rewards.get_soft_overlong_punishment`), weighted by the penalty; `None`: off.
     pub overlong: Option<TrlOverlong>,
+}
+
+/// TRL's `SFTConfig` keys an SFT job maps to: the shared ones; the loss is TRL's token mean over
+/// the completions of the step (`completion_only_loss`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlSftConfig {
+    #[serde(flatten)]
+    pub training: TrlTraining,
 }
 
 /// DAPO's soft overlong punishment: the buffer `L_cache` and the term's weight.
@@ -201,48 +226,93 @@ pub const GRPO_MAPPING: &[MappingRow] = &[
     MappingRow { ours: "model.dtype", theirs: "bf16", note: "bf16 → true" },
 ];
 
-/// The optimizer plugins each engine can run, by name.
-const TRL_OPTIMIZERS: &[&str] = &["grpo"];
+/// How an SFT job's keys reach TRL's `SFTConfig`, beyond the shared ones of [`GRPO_MAPPING`]
+/// (learning rate and schedule, AdamW, clipping, `micro_batch_size`, steps, checkpoints, seed).
+pub const SFT_MAPPING: &[MappingRow] = &[
+    MappingRow {
+        ours: "rollout.prompts_per_step",
+        theirs: "gradient_accumulation_steps",
+        note: "demonstrations a step = micro_batch_size × processes × gradient_accumulation_steps, which must be whole",
+    },
+    MappingRow {
+        ours: "optimizer.loss_agg",
+        theirs: "(TRL's loss)",
+        note: "token-mean only, over the completions (completion_only_loss)",
+    },
+    MappingRow {
+        ours: "data.train",
+        theirs: "train_dataset",
+        note: "prompt-completion pairs; conversational when the tokenizer has a chat template",
+    },
+];
 
-/// `spec`'s GRPO job as TRL's arguments for `processes` processes, or every key TRL cannot run
+/// The optimizer plugins each engine can run, by name.
+const TRL_OPTIMIZERS: &[&str] = &["grpo", "sft"];
+
+/// `spec` as a TRL trainer's arguments for `processes` processes, or every key TRL cannot run
 /// as written (each naming the key and what TRL cannot do).
-pub fn trl_grpo(spec: &JobSpec, processes: u32) -> Result<TrlGrpoConfig, Vec<SpecError>> {
+pub fn trl_trainer(spec: &JobSpec, processes: u32) -> Result<TrlTrainer, Vec<SpecError>> {
     let mut refusals = Refusals::default();
     let optimizer = spec.optimizer.plugin.split('@').next().unwrap_or_default();
-    if !TRL_OPTIMIZERS.contains(&optimizer) {
-        refusals.add(
-            "optimizer.plugin",
-            format!(
-                "the trl engine runs {}; {optimizer:?} has no TRL counterpart (use engine.kind = \"native\")",
-                TRL_OPTIMIZERS.join(", ")
-            ),
-        );
-        return Err(refusals.0);
-    }
     refuse_what_trl_cannot_run(spec, &mut refusals);
-    let keys = GrpoKeys::read(&spec.optimizer.options, &mut refusals);
+    let trainer = match optimizer {
+        "grpo" => {
+            let keys = GrpoKeys::read(&spec.optimizer.options, &mut refusals);
+            let rows = spec.rollout.prompts_per_step * spec.optimizer.group_size;
+            let what = "a step's completions (rollout.prompts_per_step × optimizer.group_size)";
+            let training = training(spec, processes, rows, what, &mut refusals);
+            TrlTrainer::Grpo(keys.config(spec, training))
+        }
+        "sft" => {
+            read_sft_keys(&spec.optimizer.options, &mut refusals);
+            let what = "a step's demonstrations (rollout.prompts_per_step)";
+            let training = training(spec, processes, spec.rollout.prompts_per_step, what, &mut refusals);
+            TrlTrainer::Sft(TrlSftConfig { training })
+        }
+        other => {
+            refusals.add(
+                "optimizer.plugin",
+                format!(
+                    "the trl engine runs {}; {other:?} has no TRL counterpart here (use engine.kind = \"native\")",
+                    TRL_OPTIMIZERS.join(", ")
+                ),
+            );
+            return Err(refusals.0);
+        }
+    };
+    if refusals.0.is_empty() { Ok(trainer) } else { Err(refusals.0) }
+}
+
+/// A GRPO job's mapping ([`trl_trainer`] for a `grpo` job).
+pub fn trl_grpo(spec: &JobSpec, processes: u32) -> Result<TrlGrpoConfig, Vec<SpecError>> {
+    match trl_trainer(spec, processes)? {
+        TrlTrainer::Grpo(config) => Ok(config),
+        TrlTrainer::Sft(_) => Err(vec![SpecError {
+            field: "optimizer.plugin".to_owned(),
+            message: "an sft job, not a grpo one".to_owned(),
+        }]),
+    }
+}
+
+/// The keys every trainer shares; `rows` a step's rows (`what`, in words), split into passes of
+/// `micro_batch_size` on each of `processes`.
+fn training(spec: &JobSpec, processes: u32, rows: u32, what: &str, refusals: &mut Refusals) -> TrlTraining {
     let o = &spec.optimizer;
-    let completions = spec.rollout.prompts_per_step * o.group_size;
     let per_pass = o.micro_batch_size.saturating_mul(processes.max(1));
-    let accumulation = if per_pass > 0 && completions % per_pass == 0 {
-        completions / per_pass
+    let accumulation = if per_pass > 0 && rows % per_pass == 0 {
+        rows / per_pass
     } else {
         refusals.add(
             "optimizer.micro_batch_size",
             format!(
-                "a step's {completions} completions (rollout.prompts_per_step × optimizer.group_size) must split into \
-                 passes of micro_batch_size ({}) on each of the {processes} processes (resources.devices)",
+                "{what}, {rows}, must split into passes of micro_batch_size ({}) on each of the {processes} \
+                 processes (resources.devices)",
                 o.micro_batch_size
             ),
         );
         0
     };
-    if !refusals.0.is_empty() {
-        return Err(refusals.0);
-    }
-    Ok(TrlGrpoConfig {
-        num_generations: o.group_size,
-        num_iterations: o.mu,
+    TrlTraining {
         learning_rate: o.lr,
         lr_scheduler_type: match o.lr_schedule {
             LrSchedule::Constant => "constant",
@@ -258,25 +328,25 @@ pub fn trl_grpo(spec: &JobSpec, processes: u32) -> Result<TrlGrpoConfig, Vec<Spe
         max_grad_norm: o.grad_clip,
         per_device_train_batch_size: o.micro_batch_size,
         gradient_accumulation_steps: accumulation,
-        loss_type: keys.loss_type.to_owned(),
-        scale_rewards: keys.scale_rewards,
-        epsilon: keys.clip_eps_low,
-        epsilon_high: keys.clip_eps_high.unwrap_or(keys.clip_eps_low),
-        beta: keys.kl_beta,
-        importance_sampling_level: keys.importance_sampling_level,
-        max_completion_length: spec.rollout.max_new_tokens,
-        temperature: spec.rollout.temperature,
-        top_p: spec.rollout.top_p,
-        top_k: spec.rollout.top_k,
         max_steps: spec.budget.max_steps,
         save_steps: spec.checkpoint.every_steps,
         save_total_limit: spec.checkpoint.keep_last,
         seed: spec.job.seed,
         bf16: spec.model.dtype == Dtype::Bf16,
-        overlong: keys
-            .overlong_buffer
-            .map(|buffer| TrlOverlong { buffer, weight: keys.overlong_penalty.unwrap_or(1.0) }),
-    })
+    }
+}
+
+/// The `sft` plugin's keys, as TRL's SFT can take them.
+fn read_sft_keys(options: &Map<String, Value>, refusals: &mut Refusals) {
+    for (key, value) in options {
+        let field = format!("optimizer.{key}");
+        match key.as_str() {
+            "loss_agg" if value.as_str() == Some("token-mean") => {}
+            "loss_agg" => refusals
+                .add(&field, "the trl engine takes \"token-mean\" only: TRL's SFT loss is the token mean"),
+            _ => refusals.add(&field, "not an sft key the trl engine maps"),
+        }
+    }
 }
 
 /// Every problem of running `spec` on its `[engine]` (none for a native job): what [`trl_grpo`]
@@ -284,7 +354,7 @@ pub fn trl_grpo(spec: &JobSpec, processes: u32) -> Result<TrlGrpoConfig, Vec<Spe
 pub fn engine_problems(spec: &JobSpec) -> Vec<SpecError> {
     match spec.engine.kind {
         EngineKind::Native => Vec::new(),
-        EngineKind::Trl => trl_grpo(spec, spec.resources.devices).err().unwrap_or_default(),
+        EngineKind::Trl => trl_trainer(spec, spec.resources.devices).err().unwrap_or_default(),
     }
 }
 
@@ -376,6 +446,28 @@ struct GrpoKeys {
 }
 
 impl GrpoKeys {
+    /// The GRPO keys of `spec` with the shared `training` ones.
+    fn config(self, spec: &JobSpec, training: TrlTraining) -> TrlGrpoConfig {
+        TrlGrpoConfig {
+            training,
+            num_generations: spec.optimizer.group_size,
+            num_iterations: spec.optimizer.mu,
+            loss_type: self.loss_type.to_owned(),
+            scale_rewards: self.scale_rewards,
+            epsilon: self.clip_eps_low,
+            epsilon_high: self.clip_eps_high.unwrap_or(self.clip_eps_low),
+            beta: self.kl_beta,
+            importance_sampling_level: self.importance_sampling_level,
+            max_completion_length: spec.rollout.max_new_tokens,
+            temperature: spec.rollout.temperature,
+            top_p: spec.rollout.top_p,
+            top_k: spec.rollout.top_k,
+            overlong: self
+                .overlong_buffer
+                .map(|buffer| TrlOverlong { buffer, weight: self.overlong_penalty.unwrap_or(1.0) }),
+        }
+    }
+
     fn read(options: &Map<String, Value>, refusals: &mut Refusals) -> GrpoKeys {
         let mut keys = GrpoKeys {
             loss_type: "grpo",
@@ -450,20 +542,20 @@ impl GrpoKeys {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineContract {
-    /// `"grpo"`: which TRL trainer.
-    pub trainer: String,
+    /// Which TRL trainer, with its keys.
+    pub trainer: TrlTrainer,
     /// The starting model, a Hugging Face directory (the built-in model exported first).
     pub model: PathBuf,
-    /// `data.train`: JSONL prompts with `id`, `prompt` and `reference`. A prompt goes through
-    /// the model's chat template when its tokenizer has one, as the native worker does.
+    /// `data.train`: JSONL prompts with `id`, `prompt` and `reference` (GRPO), or demonstrations
+    /// with `prompt` and `completion` (SFT). A prompt goes through the model's chat template when
+    /// its tokenizer has one, as the native worker does.
     pub train: PathBuf,
-    pub grpo: TrlGrpoConfig,
     /// Where the engine checkpoints (`checkpoint-N/`) and writes its final model (`final/`).
     pub output_dir: PathBuf,
     /// Where rank 0 appends one `MetricsLine` per step.
     pub metrics: PathBuf,
     /// The daemon's `POST /v1/verify` and the body's reward: the job's graders and formula,
-    /// exactly as its spec writes them.
+    /// exactly as its spec writes them (a GRPO job's rewards).
     pub verify: VerifyAccess,
 }
 

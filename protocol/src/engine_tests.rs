@@ -46,19 +46,26 @@ kind = "trl"
 fn a_default_grpo_job_maps_onto_trls_keys() {
     let config = trl_grpo(&spec("", ""), 2).unwrap();
     let expected = TrlGrpoConfig {
+        training: TrlTraining {
+            learning_rate: config.training.learning_rate,
+            lr_scheduler_type: "constant".into(),
+            warmup_steps: 0,
+            weight_decay: 0.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            max_grad_norm: 1.0,
+            per_device_train_batch_size: 4,
+            // 4 prompts × 4 completions over 2 processes of 4 rows a pass.
+            gradient_accumulation_steps: 2,
+            max_steps: 20,
+            save_steps: config.training.save_steps,
+            save_total_limit: config.training.save_total_limit,
+            seed: 7,
+            bf16: false,
+        },
         num_generations: 4,
         num_iterations: 1,
-        learning_rate: config.learning_rate,
-        lr_scheduler_type: "constant".into(),
-        warmup_steps: 0,
-        weight_decay: 0.0,
-        adam_beta1: 0.9,
-        adam_beta2: 0.999,
-        adam_epsilon: 1e-8,
-        max_grad_norm: 1.0,
-        per_device_train_batch_size: 4,
-        // 4 prompts × 4 completions over 2 processes of 4 rows a pass.
-        gradient_accumulation_steps: 2,
         loss_type: "grpo".into(),
         scale_rewards: "group".into(),
         epsilon: 0.2,
@@ -69,11 +76,6 @@ fn a_default_grpo_job_maps_onto_trls_keys() {
         temperature: 1.0,
         top_p: 1.0,
         top_k: 0,
-        max_steps: 20,
-        save_steps: config.save_steps,
-        save_total_limit: config.save_total_limit,
-        seed: 7,
-        bf16: false,
         overlong: None,
     };
     assert_eq!(config, expected);
@@ -94,7 +96,7 @@ fn each_mapped_key_lands_on_its_trl_key() {
         ("mu = 2", |c| c.num_iterations.to_string(), "2"),
         (
             "lr = 3e-5\nlr_schedule = \"cosine\"",
-            |c| format!("{} {}", c.learning_rate, c.lr_scheduler_type),
+            |c| format!("{} {}", c.training.learning_rate, c.training.lr_scheduler_type),
             "0.00003 cosine",
         ),
         (
@@ -114,10 +116,15 @@ fn each_mapped_key_lands_on_its_trl_key() {
         ),
         (
             "micro_batch_size = 8",
-            |c| format!("{} {}", c.per_device_train_batch_size, c.gradient_accumulation_steps),
+            |c| {
+                format!(
+                    "{} {}",
+                    c.training.per_device_train_batch_size, c.training.gradient_accumulation_steps
+                )
+            },
             "8 1",
         ),
-        ("grad_clip = 0.0", |c| c.max_grad_norm.to_string(), "0"),
+        ("grad_clip = 0.0", |c| c.training.max_grad_norm.to_string(), "0"),
     ];
     for (optimizer, get, expected) in cases {
         let config = trl_grpo(&spec(optimizer, ""), 2).unwrap_or_else(|e| panic!("{optimizer}: {e:?}"));
@@ -160,7 +167,7 @@ fn what_trl_cannot_do_is_refused_naming_the_key() {
             }
             serde_json::from_value(value).unwrap()
         };
-        let refusals = trl_grpo(&spec, 2).expect_err(field);
+        let refusals = trl_trainer(&spec, 2).expect_err(field);
         assert!(
             refusals.iter().any(|r| r.field == *field && r.message.contains(words)),
             "{field}: {refusals:?}"
@@ -173,7 +180,7 @@ fn what_trl_cannot_do_is_refused_naming_the_key() {
 fn an_optimizer_without_a_trl_counterpart_is_refused_and_a_native_job_has_no_engine_problems() {
     let mut ppo = spec("", "");
     ppo.optimizer.plugin = "ppo".into();
-    let refusals = trl_grpo(&ppo, 2).unwrap_err();
+    let refusals = trl_trainer(&ppo, 2).unwrap_err();
     assert_eq!(refusals.len(), 1);
     assert_eq!(refusals[0].field, "optimizer.plugin");
     assert!(refusals[0].message.contains("no TRL counterpart"), "{refusals:?}");
@@ -195,9 +202,29 @@ fn a_native_job_may_not_take_two_devices_an_engine_job_may() {
 }
 
 #[test]
+fn an_sft_job_maps_its_shared_keys_and_splits_its_demonstrations() {
+    let mut sft = spec("", "");
+    sft.optimizer.plugin = "sft".into();
+    sft.rollout.prompts_per_step = 16;
+    sft.optimizer.options.clear();
+    let TrlTrainer::Sft(config) = trl_trainer(&sft, 2).unwrap() else { panic!("an sft trainer") };
+    // 16 demonstrations over 2 processes of 4 a pass.
+    assert_eq!(
+        (config.training.per_device_train_batch_size, config.training.gradient_accumulation_steps),
+        (4, 2)
+    );
+    assert_eq!(config.training.max_steps, 20);
+    sft.optimizer.options.insert("loss_agg".into(), "seq-mean-token-mean".into());
+    sft.rollout.prompts_per_step = 6;
+    let refusals = trl_trainer(&sft, 2).unwrap_err();
+    let fields: Vec<&str> = refusals.iter().map(|r| r.field.as_str()).collect();
+    assert_eq!(fields, ["optimizer.loss_agg", "optimizer.micro_batch_size"], "{refusals:?}");
+}
+
+#[test]
 fn the_readme_shows_the_mapping_as_it_is() {
     let readme = include_str!("../../README.md");
-    for row in GRPO_MAPPING {
+    for row in GRPO_MAPPING.iter().chain(SFT_MAPPING) {
         let line = format!("| `{}` | `{}` | {} |", row.ours, row.theirs, row.note);
         assert!(readme.contains(&line), "README.md lacks the mapping row {line}");
     }

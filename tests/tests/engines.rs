@@ -19,6 +19,7 @@ use rlvr_tests::{
 use serde_json::{Value, json};
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
+const PLUGINS_SFT: [&str; 2] = ["rlvr-optimizer-sft", "rlvr-verifier-math"];
 
 /// An engine's python (`trl` or `ray`), its venv made (or found) by the project's own script.
 fn engine_python(engine: &str) -> PathBuf {
@@ -164,6 +165,49 @@ fn processes_of(id: &str) -> usize {
                 .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
         })
         .count()
+}
+
+/// SFT on the engine: the cold start of the learning tests, on TRL's SFTTrainer with 2 ranks,
+/// through the daemon to published; the loss falls and held-out rises from the untrained model.
+#[test]
+fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
+    let python = engine_python("trl");
+    let redis = Redis::start();
+    let daemon =
+        Daemon::start_with(&PLUGINS_SFT, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
+    let dir = tempfile::tempdir().unwrap();
+    let data = arith_data(dir.path(), &[]);
+    let spec = format!(
+        "[job]\nname = \"sft-on-trl\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
+         [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = \"{data}/sft.jsonl\"\nheldout = \"{data}/heldout.jsonl\"\n\
+         [optimizer]\nplugin = \"sft\"\nlr = 1e-3\nmicro_batch_size = 8\n[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n\
+         [rollout]\nprompts_per_step = 16\nmax_new_tokens = 5\n[budget]\nmax_steps = 30\n[checkpoint]\nevery_steps = 10\n\
+         [eval]\nmax_prompts = 16\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
+        data = data.display()
+    );
+    let id = submit_ok(&daemon, &spec);
+    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert_eq!(done["state"], "published", "{done}\n{worker_log}");
+    let lines: Vec<Value> = fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
+    let expected: Vec<u64> = std::iter::once(0).chain(1..=30).chain(std::iter::once(30)).collect();
+    assert_eq!(steps, expected);
+    let loss = |line: &Value| line["loss"].as_f64().unwrap();
+    let (first, last) = (loss(&lines[1]), loss(&lines[30]));
+    assert!(last < first * 0.8, "SFT loss {first:.3} → {last:.3}\n{worker_log}");
+    assert_eq!(lines[1]["rows"], 16, "{}", lines[1]);
+    let accuracy = |line: &Value| line["heldout"]["accuracy"].as_f64().unwrap();
+    eprintln!(
+        "SFT on trl: loss {first:.3} → {last:.3}, held-out {:.3} → {:.3}",
+        accuracy(&lines[0]),
+        accuracy(&lines[31])
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! Where the engine path leaves the native one and rejoins it (`drive::Loop::engine_steps`):
 //! the worker loads the job as for a native run and scores held-out on the starting weights;
 //! then, instead of its step loop, it writes the contract (`<run>/engine/contract.json`, the
-//! mapping of `rlvr_protocol::engine::trl_grpo`), starts one engine process per device and
+//! mapping of `rlvr_protocol::engine::trl_trainer`), starts one engine process per device and
 //! follows the engine's metrics lines into `metrics.jsonl` and `progress.json`. A stop request
 //! (SIGTERM from the daemon: its stop, a preemption) goes to the launcher, which passes it to
 //! every rank; they agree on a step, checkpoint there and exit, and the worker exits
@@ -21,7 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
-use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, VerifyAccess, trl_grpo};
+use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, VerifyAccess, trl_trainer};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::worker::MetricsLine;
@@ -113,7 +113,7 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec
     let fail = |message: String| WorkerError::State { path: dir.root.clone(), message };
     fs::create_dir_all(dir.output()).map_err(|error| fail(format!("cannot create: {error}")))?;
     let spec = &job.spec;
-    let grpo = trl_grpo(spec, spec.resources.devices).map_err(|refusals| WorkerError::Plugin {
+    let trainer = trl_trainer(spec, spec.resources.devices).map_err(|refusals| WorkerError::Plugin {
         field: refusals.first().map(|r| r.field.clone()).unwrap_or_default(),
         message: refusals.iter().map(|r| r.message.clone()).collect::<Vec<_>>().join("; "),
     })?;
@@ -129,10 +129,9 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec
     };
     let reward = json!({ "graders": spec.verifiers, "formula": spec.reward.as_ref().map(|r| &r.formula) });
     let contract = EngineContract {
-        trainer: "grpo".to_owned(),
+        trainer,
         model,
         train: absolute(&spec.data.train),
-        grpo,
         output_dir: dir.output(),
         metrics: dir.metrics(),
         verify: VerifyAccess { url: settings.verify_url.clone(), reward },
