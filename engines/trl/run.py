@@ -166,28 +166,34 @@ def text_of(message):
     return message
 
 
-def load_prompts(path, conversational):
+def read_records(path, what, row_of):
+    """`row_of(record, number)` for each JSONL record of `path`; a record it cannot read (a
+    missing key, not JSON) or an empty file is the job's fault, named by file and line."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-                prompt = record["prompt"]
+                rows.append(row_of(json.loads(line), number))
             except (ValueError, KeyError) as error:
-                raise JobError(f"{path}:{number}: not a prompt record: {error}") from error
-            rows.append(
-                {
-                    "prompt": [{"role": "user", "content": prompt}] if conversational else prompt,
-                    "id": str(record.get("id", number)),
-                    # A JSON string: the references' shapes differ, which Arrow's columns cannot.
-                    "reference": json.dumps(record.get("reference", {})),
-                }
-            )
+                raise JobError(f"{path}:{number}: not {what}: {error}") from error
     if not rows:
-        raise JobError(f"{path}: no prompts")
+        raise JobError(f"{path}: no {what}s")
     return rows
+
+
+def load_prompts(path, conversational):
+    def row_of(record, number):
+        prompt = record["prompt"]
+        return {
+            "prompt": [{"role": "user", "content": prompt}] if conversational else prompt,
+            "id": str(record.get("id", number)),
+            # A JSON string: the references' shapes differ, which Arrow's columns cannot.
+            "reference": json.dumps(record.get("reference", {})),
+        }
+
+    return read_records(path, "a prompt record", row_of)
 
 
 def watch_parent():
@@ -420,28 +426,16 @@ class SftJob:
 
 
 def load_demonstrations(path, conversational):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                prompt, completion = record["prompt"], record["completion"]
-            except (ValueError, KeyError) as error:
-                raise JobError(f"{path}:{number}: not a demonstration: {error}") from error
-            if conversational:
-                rows.append(
-                    {
-                        "prompt": [{"role": "user", "content": prompt}],
-                        "completion": [{"role": "assistant", "content": completion}],
-                    }
-                )
-            else:
-                rows.append({"prompt": prompt, "completion": completion})
-    if not rows:
-        raise JobError(f"{path}: no demonstrations")
-    return rows
+    def row_of(record, _number):
+        prompt, completion = record["prompt"], record["completion"]
+        if conversational:
+            return {
+                "prompt": [{"role": "user", "content": prompt}],
+                "completion": [{"role": "assistant", "content": completion}],
+            }
+        return {"prompt": prompt, "completion": completion}
+
+    return read_records(path, "a demonstration", row_of)
 
 
 BUILDERS = {"grpo": GrpoJob, "sft": SftJob}

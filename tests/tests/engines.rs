@@ -119,11 +119,7 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
 
     // Every step once, as an uninterrupted run logs them: held-out before, the engine's 24
     // steps (the ones after its checkpoint run again, their first lines dropped), held-out after.
-    let lines: Vec<Value> = fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let lines = metrics_lines(&run);
     let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
     let expected: Vec<u64> = std::iter::once(0).chain(1..=24).chain(std::iter::once(24)).collect();
     assert_eq!(steps, expected);
@@ -152,6 +148,12 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
         .unwrap();
     assert_eq!(after.status().as_u16(), 401);
     assert!(wait_until(Duration::from_secs(10), || processes_of(&id) == 0), "no rank left behind");
+}
+
+/// The run's `metrics.jsonl`, line by line.
+fn metrics_lines(run: &std::path::Path) -> Vec<Value> {
+    let text = fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
 }
 
 /// Processes whose command line names job `id`'s directory: its worker, torchrun, the ranks.
@@ -190,11 +192,7 @@ fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
     let run = daemon.state.join("jobs").join(&id).join("run");
     let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
     assert_eq!(done["state"], "published", "{done}\n{worker_log}");
-    let lines: Vec<Value> = fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let lines = metrics_lines(&run);
     let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
     let expected: Vec<u64> = std::iter::once(0).chain(1..=30).chain(std::iter::once(30)).collect();
     assert_eq!(steps, expected);
@@ -321,11 +319,7 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let submitted = ray.rlvr_jobs();
     let statuses: Vec<&str> = submitted.iter().map(|(_, status)| status.as_str()).collect();
     assert_eq!(statuses, ["STOPPED", "SUCCEEDED"], "{submitted:?}");
-    let steps: Vec<u64> = fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|line| serde_json::from_str::<Value>(line).unwrap()["step"].as_u64().unwrap())
-        .collect();
+    let steps: Vec<u64> = metrics_lines(&run).iter().map(|line| line["step"].as_u64().unwrap()).collect();
     let expected: Vec<u64> = std::iter::once(0).chain(1..=16).chain(std::iter::once(16)).collect();
     assert_eq!(steps, expected);
 }
