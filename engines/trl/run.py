@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """rlvr's entry script for the trl engine: one rank of a job on a TRL trainer.
 
-A GRPO job (GRPOTrainer) or an SFT job (SFTTrainer on prompt-completion pairs). Started once per
-rank by torchrun (the worker's local launcher, or a Ray job's entrypoint) as
+A GRPO job (GRPOTrainer), an SFT job (SFTTrainer on prompt-completion pairs) or a DPO job
+(DPOTrainer on preference pairs). Started once per rank by torchrun (the worker's local launcher, or a Ray job's entrypoint) as
 
     python -m torch.distributed.run --nproc-per-node N engines/trl/run.py CONTRACT
 
@@ -438,7 +438,67 @@ def load_demonstrations(path, conversational):
     return read_records(path, "a demonstration", row_of)
 
 
-BUILDERS = {"grpo": GrpoJob, "sft": SftJob}
+class DpoJob:
+    """DPOTrainer on preference pairs, its reference the starting policy, TRL's sigmoid loss."""
+
+    def __init__(self, contract, keys, tokenizer, common, stop, cuda):
+        from datasets import Dataset
+
+        self.contract, self.tokenizer = contract, tokenizer
+        self.rows = keys["per_device_train_batch_size"] * keys["gradient_accumulation_steps"]
+        self.rows *= int(os.environ.get("WORLD_SIZE", "1"))
+        self.dataset = Dataset.from_list(load_pairs(contract["train"], tokenizer.chat_template is not None))
+        self.args = dict(common, loss_type=["sigmoid"])
+        self.args.update(keys)
+        self.step_started = None
+
+    def build(self, callbacks):
+        from trl import DPOConfig, DPOTrainer
+
+        return DPOTrainer(
+            model=self.contract["model"],
+            args=DPOConfig(**self.args),
+            train_dataset=self.dataset,
+            processing_class=self.tokenizer,
+            callbacks=callbacks,
+        )
+
+    def figures(self, logs):
+        # The dpo plugin's own names for what TRL logs of the implicit rewards.
+        line = figures_of(
+            logs,
+            {
+                "loss": "loss",
+                "grad_norm": "grad_norm",
+                "lr": "learning_rate",
+                "reward_accuracy": "rewards/accuracies",
+                "reward_margin": "rewards/margins",
+                "chosen_reward": "rewards/chosen",
+                "rejected_reward": "rewards/rejected",
+            },
+        )
+        line["rows"] = self.rows
+        if self.step_started is not None:
+            step_s = time.perf_counter() - self.step_started
+            line["time"] = {"update_s": step_s, "step_s": step_s}
+        return line
+
+
+def load_pairs(path, conversational):
+    def row_of(record, _number):
+        prompt, chosen, rejected = record["prompt"], record["chosen"], record["rejected"]
+        if conversational:
+            return {
+                "prompt": [{"role": "user", "content": prompt}],
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+    return read_records(path, "a preference pair", row_of)
+
+
+BUILDERS = {"grpo": GrpoJob, "sft": SftJob, "dpo": DpoJob}
 
 
 if __name__ == "__main__":

@@ -88,6 +88,8 @@ pub enum TrlTrainer {
     /// `SFTTrainer` on prompt-completion pairs, the loss on the completions only (the `sft`
     /// plugin's jobs).
     Sft(TrlSftConfig),
+    /// `DPOTrainer` on preference pairs, the sigmoid loss (the `dpo` plugin's jobs).
+    Dpo(TrlDpoConfig),
 }
 
 /// The keys every TRL trainer takes from a job: the optimizer, the batch, the budget, the
@@ -135,6 +137,16 @@ pub struct TrlGrpoConfig {
     /// DAPO's soft overlong punishment as TRL's reward function
     /// (`trl.rewards.get_soft_overlong_punishment`), weighted by the penalty; `None`: off.
     pub overlong: Option<TrlOverlong>,
+}
+
+/// TRL's `DPOConfig` keys a DPO job maps to: the shared ones (a pass's rows are pairs), β and
+/// cDPO's label smoothing, with TRL's `sigmoid` loss — the `dpo` plugin's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlDpoConfig {
+    #[serde(flatten)]
+    pub training: TrlTraining,
+    pub beta: f64,
+    pub label_smoothing: f64,
 }
 
 /// TRL's `SFTConfig` keys an SFT job maps to: the shared ones; the loss is TRL's token mean over
@@ -246,8 +258,27 @@ pub const SFT_MAPPING: &[MappingRow] = &[
     },
 ];
 
+/// How a DPO job's keys reach TRL's `DPOConfig`, beyond the shared ones.
+pub const DPO_MAPPING: &[MappingRow] = &[
+    MappingRow {
+        ours: "optimizer.beta, label_smoothing",
+        theirs: "beta, label_smoothing",
+        note: "as is, loss_type sigmoid (cDPO when smoothing)",
+    },
+    MappingRow {
+        ours: "optimizer.micro_batch_size",
+        theirs: "per_device_train_batch_size",
+        note: "halved: ours counts sequences, two a pair, TRL's pairs (it must be even)",
+    },
+    MappingRow {
+        ours: "rollout.prompts_per_step",
+        theirs: "gradient_accumulation_steps",
+        note: "pairs a step, split as for SFT",
+    },
+];
+
 /// The optimizer plugins each engine can run, by name.
-const TRL_OPTIMIZERS: &[&str] = &["grpo", "sft"];
+const TRL_OPTIMIZERS: &[&str] = &["grpo", "sft", "dpo"];
 
 /// `spec` as a TRL trainer's arguments for `processes` processes, or every key TRL cannot run
 /// as written (each naming the key and what TRL cannot do).
@@ -260,14 +291,32 @@ pub fn trl_trainer(spec: &JobSpec, processes: u32) -> Result<TrlTrainer, Vec<Spe
             let keys = GrpoKeys::read(&spec.optimizer.options, &mut refusals);
             let rows = spec.rollout.prompts_per_step * spec.optimizer.group_size;
             let what = "a step's completions (rollout.prompts_per_step × optimizer.group_size)";
-            let training = training(spec, processes, rows, what, &mut refusals);
+            let micro = spec.optimizer.micro_batch_size;
+            let training = training(spec, processes, rows, micro, what, &mut refusals);
             TrlTrainer::Grpo(keys.config(spec, training))
         }
         "sft" => {
             read_sft_keys(&spec.optimizer.options, &mut refusals);
             let what = "a step's demonstrations (rollout.prompts_per_step)";
-            let training = training(spec, processes, spec.rollout.prompts_per_step, what, &mut refusals);
+            let rows = spec.optimizer.micro_batch_size;
+            let training =
+                training(spec, processes, spec.rollout.prompts_per_step, rows, what, &mut refusals);
             TrlTrainer::Sft(TrlSftConfig { training })
+        }
+        "dpo" => {
+            let (beta, label_smoothing) = read_dpo_keys(&spec.optimizer.options, &mut refusals);
+            // Our micro-batches count sequences, two a pair; TRL's count pairs.
+            let micro = spec.optimizer.micro_batch_size;
+            if micro % 2 != 0 {
+                refusals.add(
+                    "optimizer.micro_batch_size",
+                    "a DPO pass takes whole pairs: expected an even number",
+                );
+            }
+            let what = "a step's pairs (rollout.prompts_per_step)";
+            let training =
+                training(spec, processes, spec.rollout.prompts_per_step, micro / 2, what, &mut refusals);
+            TrlTrainer::Dpo(TrlDpoConfig { training, beta, label_smoothing })
         }
         other => {
             refusals.add(
@@ -287,18 +336,25 @@ pub fn trl_trainer(spec: &JobSpec, processes: u32) -> Result<TrlTrainer, Vec<Spe
 pub fn trl_grpo(spec: &JobSpec, processes: u32) -> Result<TrlGrpoConfig, Vec<SpecError>> {
     match trl_trainer(spec, processes)? {
         TrlTrainer::Grpo(config) => Ok(config),
-        TrlTrainer::Sft(_) => Err(vec![SpecError {
+        TrlTrainer::Sft(_) | TrlTrainer::Dpo(_) => Err(vec![SpecError {
             field: "optimizer.plugin".to_owned(),
-            message: "an sft job, not a grpo one".to_owned(),
+            message: "not a grpo job".to_owned(),
         }]),
     }
 }
 
 /// The keys every trainer shares; `rows` a step's rows (`what`, in words), split into passes of
-/// `micro_batch_size` on each of `processes`.
-fn training(spec: &JobSpec, processes: u32, rows: u32, what: &str, refusals: &mut Refusals) -> TrlTraining {
+/// `micro` rows on each of `processes`.
+fn training(
+    spec: &JobSpec,
+    processes: u32,
+    rows: u32,
+    micro: u32,
+    what: &str,
+    refusals: &mut Refusals,
+) -> TrlTraining {
     let o = &spec.optimizer;
-    let per_pass = o.micro_batch_size.saturating_mul(processes.max(1));
+    let per_pass = micro.saturating_mul(processes.max(1));
     let accumulation = if per_pass > 0 && rows % per_pass == 0 {
         rows / per_pass
     } else {
@@ -326,7 +382,7 @@ fn training(spec: &JobSpec, processes: u32, rows: u32, what: &str, refusals: &mu
         adam_beta2: o.adam_beta2,
         adam_epsilon: o.adam_eps,
         max_grad_norm: o.grad_clip,
-        per_device_train_batch_size: o.micro_batch_size,
+        per_device_train_batch_size: micro,
         gradient_accumulation_steps: accumulation,
         max_steps: spec.budget.max_steps,
         save_steps: spec.checkpoint.every_steps,
@@ -334,6 +390,19 @@ fn training(spec: &JobSpec, processes: u32, rows: u32, what: &str, refusals: &mu
         seed: spec.job.seed,
         bf16: spec.model.dtype == Dtype::Bf16,
     }
+}
+
+/// The `dpo` plugin's keys (its defaults: β 0.1, no smoothing), as TRL's DPO takes them.
+fn read_dpo_keys(options: &Map<String, Value>, refusals: &mut Refusals) -> (f64, f64) {
+    let (mut beta, mut label_smoothing) = (0.1, 0.0);
+    for (key, value) in options {
+        match (key.as_str(), value.as_f64()) {
+            ("beta", Some(number)) => beta = number,
+            ("label_smoothing", Some(number)) => label_smoothing = number,
+            _ => refusals.add(&format!("optimizer.{key}"), "not a dpo key the trl engine maps"),
+        }
+    }
+    (beta, label_smoothing)
 }
 
 /// The `sft` plugin's keys, as TRL's SFT can take them.

@@ -222,9 +222,31 @@ fn an_sft_job_maps_its_shared_keys_and_splits_its_demonstrations() {
 }
 
 #[test]
+fn a_dpo_job_takes_its_beta_and_whole_pairs() {
+    let mut dpo = spec("", "");
+    dpo.optimizer.plugin = "dpo".into();
+    dpo.optimizer.options.clear();
+    dpo.optimizer.options.insert("beta".into(), 0.2.into());
+    dpo.rollout.prompts_per_step = 8;
+    // Passes of 4 sequences are 2 pairs; 8 pairs over 2 processes.
+    let TrlTrainer::Dpo(config) = trl_trainer(&dpo, 2).unwrap() else { panic!("a dpo trainer") };
+    assert_eq!((config.beta, config.label_smoothing), (0.2, 0.0));
+    assert_eq!(
+        (config.training.per_device_train_batch_size, config.training.gradient_accumulation_steps),
+        (2, 2)
+    );
+    dpo.optimizer.micro_batch_size = 3;
+    let refusals = trl_trainer(&dpo, 2).unwrap_err();
+    assert!(
+        refusals.iter().any(|r| r.field == "optimizer.micro_batch_size" && r.message.contains("even")),
+        "{refusals:?}"
+    );
+}
+
+#[test]
 fn the_readme_shows_the_mapping_as_it_is() {
     let readme = include_str!("../../README.md");
-    for row in GRPO_MAPPING.iter().chain(SFT_MAPPING) {
+    for row in GRPO_MAPPING.iter().chain(SFT_MAPPING).chain(DPO_MAPPING) {
         let line = format!("| `{}` | `{}` | {} |", row.ours, row.theirs, row.note);
         assert!(readme.contains(&line), "README.md lacks the mapping row {line}");
     }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 const PLUGINS_SFT: [&str; 2] = ["rlvr-optimizer-sft", "rlvr-verifier-math"];
+const PLUGINS_DPO: [&str; 2] = ["rlvr-optimizer-dpo", "rlvr-verifier-math"];
 
 /// An engine's python (`trl` or `ray`), its venv made (or found) by the project's own script.
 fn engine_python(engine: &str) -> PathBuf {
@@ -206,6 +207,54 @@ fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
         accuracy(&lines[0]),
         accuracy(&lines[31])
     );
+}
+
+/// DPO on the engine: pairs preferring `a+1`'s true answer over one 3 off, on TRL's DPOTrainer
+/// with 2 ranks (its reference the starting model), through the daemon to published; the
+/// implicit reward's margin grows.
+#[test]
+fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
+    let python = engine_python("trl");
+    let redis = Redis::start();
+    let daemon =
+        Daemon::start_with(&PLUGINS_DPO, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
+    let dir = tempfile::tempdir().unwrap();
+    let pairs = dir.path().join("pairs.jsonl");
+    let lines: Vec<String> = (0..64)
+        .map(|i| {
+            format!(r#"{{"id": "p{i}", "prompt": "{i}+1=", "chosen": "{}", "rejected": "{}"}}"#, i + 1, i + 4)
+        })
+        .collect();
+    fs::write(&pairs, lines.join("\n") + "\n").unwrap();
+    let heldout = dir.path().join("heldout.jsonl");
+    let lines: Vec<String> = (64..80)
+        .map(|i| format!(r#"{{"id": "h{i}", "prompt": "{i}+1=", "reference": {{"answer": "{}"}}}}"#, i + 1))
+        .collect();
+    fs::write(&heldout, lines.join("\n") + "\n").unwrap();
+    let spec = format!(
+        "[job]\nname = \"dpo-on-trl\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
+         [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = {pairs:?}\nheldout = {heldout:?}\n\
+         [optimizer]\nplugin = \"dpo\"\nlr = 1e-3\nmicro_batch_size = 8\nbeta = 0.1\n\
+         [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n\
+         [rollout]\nprompts_per_step = 8\nmax_new_tokens = 5\n[budget]\nmax_steps = 12\n[checkpoint]\nevery_steps = 6\n\
+         {PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
+        pairs = pairs.display().to_string(),
+        heldout = heldout.display().to_string()
+    );
+    let id = submit_ok(&daemon, &spec);
+    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert_eq!(done["state"], "published", "{done}\n{worker_log}");
+    let lines = metrics_lines(&run);
+    let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
+    let expected: Vec<u64> = std::iter::once(0).chain(1..=12).chain(std::iter::once(12)).collect();
+    assert_eq!(steps, expected);
+    let margin = |line: &Value| line["reward_margin"].as_f64().unwrap();
+    let (first, last) = (margin(&lines[1]), margin(&lines[12]));
+    assert!(last > first, "DPO margin {first:.4} → {last:.4}\n{worker_log}");
+    assert_eq!(lines[1]["rows"], 8, "{}", lines[1]);
+    eprintln!("DPO on trl: margin {first:.4} → {last:.4}, loss {} → {}", lines[1]["loss"], lines[12]["loss"]);
 }
 
 #[test]
