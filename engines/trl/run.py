@@ -385,8 +385,14 @@ class GrpoJob:
         return line
 
 
-class SftJob:
-    """SFTTrainer on prompt-completion pairs, the loss on the completions only."""
+class OfflineJob:
+    """A trainer on a fixed dataset (SFT, DPO): rows a step, and the step's time, in its lines."""
+
+    # Set by each kind: its TRL trainer's module names, how its rows are read, the args it adds,
+    # and its logged figures under our names.
+    trainer = config = None
+    extra_args = {}
+    names = {"loss": "loss", "grad_norm": "grad_norm", "lr": "learning_rate"}
 
     def __init__(self, contract, keys, tokenizer, common, stop, cuda):
         from datasets import Dataset
@@ -394,34 +400,51 @@ class SftJob:
         self.contract, self.tokenizer = contract, tokenizer
         self.rows = keys["per_device_train_batch_size"] * keys["gradient_accumulation_steps"]
         self.rows *= int(os.environ.get("WORLD_SIZE", "1"))
-        pairs = load_demonstrations(contract["train"], tokenizer.chat_template is not None)
-        self.dataset = Dataset.from_list(pairs)
-        self.args = dict(common, completion_only_loss=True, packing=False)
+        self.dataset = Dataset.from_list(self.load(contract["train"], tokenizer.chat_template is not None))
+        self.args = dict(common, **self.extra_args)
         self.args.update(keys)
         self.step_started = None
-        self.tokens_before = 0.0
 
     def build(self, callbacks):
-        from trl import SFTConfig, SFTTrainer
+        import trl
 
-        return SFTTrainer(
+        return getattr(trl, self.trainer)(
             model=self.contract["model"],
-            args=SFTConfig(**self.args),
+            args=getattr(trl, self.config)(**self.args),
             train_dataset=self.dataset,
             processing_class=self.tokenizer,
             callbacks=callbacks,
         )
 
     def figures(self, logs):
-        line = figures_of(logs, {"loss": "loss", "grad_norm": "grad_norm", "lr": "learning_rate", "entropy": "entropy"})
+        line = figures_of(logs, self.names)
         line["rows"] = self.rows
+        if self.step_started is not None:
+            step_s = time.perf_counter() - self.step_started
+            line["time"] = {"update_s": step_s, "step_s": step_s}
+        return line
+
+
+class SftJob(OfflineJob):
+    """SFTTrainer on prompt-completion pairs, the loss on the completions only."""
+
+    trainer, config = "SFTTrainer", "SFTConfig"
+    extra_args = {"completion_only_loss": True, "packing": False}
+    names = dict(OfflineJob.names, entropy="entropy")
+
+    def load(self, path, conversational):
+        return load_demonstrations(path, conversational)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.tokens_before = 0.0
+
+    def figures(self, logs):
+        line = super().figures(logs)
         if logs.get("num_tokens") is not None:
             # TRL counts every token the step saw, prompts too.
             line["train_tokens"] = int(float(logs["num_tokens"]) - self.tokens_before)
             self.tokens_before = float(logs["num_tokens"])
-        if self.step_started is not None:
-            step_s = time.perf_counter() - self.step_started
-            line["time"] = {"update_s": step_s, "step_s": step_s}
         return line
 
 
@@ -438,50 +461,22 @@ def load_demonstrations(path, conversational):
     return read_records(path, "a demonstration", row_of)
 
 
-class DpoJob:
+class DpoJob(OfflineJob):
     """DPOTrainer on preference pairs, its reference the starting policy, TRL's sigmoid loss."""
 
-    def __init__(self, contract, keys, tokenizer, common, stop, cuda):
-        from datasets import Dataset
+    trainer, config = "DPOTrainer", "DPOConfig"
+    extra_args = {"loss_type": ["sigmoid"]}
+    # The dpo plugin's own names for what TRL logs of the implicit rewards.
+    names = dict(
+        OfflineJob.names,
+        reward_accuracy="rewards/accuracies",
+        reward_margin="rewards/margins",
+        chosen_reward="rewards/chosen",
+        rejected_reward="rewards/rejected",
+    )
 
-        self.contract, self.tokenizer = contract, tokenizer
-        self.rows = keys["per_device_train_batch_size"] * keys["gradient_accumulation_steps"]
-        self.rows *= int(os.environ.get("WORLD_SIZE", "1"))
-        self.dataset = Dataset.from_list(load_pairs(contract["train"], tokenizer.chat_template is not None))
-        self.args = dict(common, loss_type=["sigmoid"])
-        self.args.update(keys)
-        self.step_started = None
-
-    def build(self, callbacks):
-        from trl import DPOConfig, DPOTrainer
-
-        return DPOTrainer(
-            model=self.contract["model"],
-            args=DPOConfig(**self.args),
-            train_dataset=self.dataset,
-            processing_class=self.tokenizer,
-            callbacks=callbacks,
-        )
-
-    def figures(self, logs):
-        # The dpo plugin's own names for what TRL logs of the implicit rewards.
-        line = figures_of(
-            logs,
-            {
-                "loss": "loss",
-                "grad_norm": "grad_norm",
-                "lr": "learning_rate",
-                "reward_accuracy": "rewards/accuracies",
-                "reward_margin": "rewards/margins",
-                "chosen_reward": "rewards/chosen",
-                "rejected_reward": "rewards/rejected",
-            },
-        )
-        line["rows"] = self.rows
-        if self.step_started is not None:
-            step_s = time.perf_counter() - self.step_started
-            line["time"] = {"update_s": step_s, "step_s": step_s}
-        return line
+    def load(self, path, conversational):
+        return load_pairs(path, conversational)
 
 
 def load_pairs(path, conversational):

@@ -634,8 +634,8 @@ pub struct EngineContract {
 pub struct VerifyAccess {
     /// `http://HOST:PORT/v1/verify`.
     pub url: String,
-    /// `{"verifiers": [...], "formula": ...}`, the job's reward.
-    pub reward: Value,
+    /// The job's reward: its graders and formula, as `POST /v1/verify` takes them.
+    pub reward: crate::api::RewardRequest,
 }
 
 /// The environment variable that carries the job-scoped token to the engine's processes: never

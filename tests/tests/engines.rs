@@ -118,12 +118,8 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
     assert_eq!(states[stop + 1], "queued", "{states:?}");
     assert!(states.ends_with(&["evaluating".to_owned(), "published".to_owned()]), "{states:?}");
 
-    // Every step once, as an uninterrupted run logs them: held-out before, the engine's 24
-    // steps (the ones after its checkpoint run again, their first lines dropped), held-out after.
-    let lines = metrics_lines(&run);
-    let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
-    let expected: Vec<u64> = std::iter::once(0).chain(1..=24).chain(std::iter::once(24)).collect();
-    assert_eq!(steps, expected);
+    // Every step once, as an uninterrupted run logs them.
+    let lines = every_step_once(&run, 24);
     // The engine's steps carry the daemon's verdicts (passed comes from the math grader).
     for line in &lines[1..25] {
         assert!(line["reward_mean"].is_f64() && line["passed_frac"].is_f64(), "{line}");
@@ -151,10 +147,27 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
     assert!(wait_until(Duration::from_secs(10), || processes_of(&id) == 0), "no rank left behind");
 }
 
-/// The run's `metrics.jsonl`, line by line.
-fn metrics_lines(run: &std::path::Path) -> Vec<Value> {
+/// Submits `spec`, waits for it to be published, and checks its `metrics.jsonl`
+/// ([`every_step_once`]). Returns those lines and the worker's log.
+fn published_with_every_step(daemon: &Daemon, spec: &str, steps: u64) -> (Vec<Value>, String) {
+    let id = submit_ok(daemon, spec);
+    let done = wait_job(daemon, &id, Duration::from_secs(300), ended);
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert_eq!(done["state"], "published", "{done}\n{worker_log}");
+    (every_step_once(&run, steps), worker_log)
+}
+
+/// The run's `metrics.jsonl`, which must log what an uninterrupted run logs: held-out before, each
+/// of the engine's `steps` once (a resume drops the lines after the engine's checkpoint, whose
+/// steps run again), held-out after.
+fn every_step_once(run: &std::path::Path, steps: u64) -> Vec<Value> {
     let text = fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    let lines: Vec<Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let logged: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
+    let expected: Vec<u64> = std::iter::once(0).chain(1..=steps).chain(std::iter::once(steps)).collect();
+    assert_eq!(logged, expected);
+    lines
 }
 
 /// Processes whose command line names job `id`'s directory: its worker, torchrun, the ranks.
@@ -188,15 +201,7 @@ fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
          [eval]\nmax_prompts = 16\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
         data = data.display()
     );
-    let id = submit_ok(&daemon, &spec);
-    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
-    let run = daemon.state.join("jobs").join(&id).join("run");
-    let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
-    assert_eq!(done["state"], "published", "{done}\n{worker_log}");
-    let lines = metrics_lines(&run);
-    let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
-    let expected: Vec<u64> = std::iter::once(0).chain(1..=30).chain(std::iter::once(30)).collect();
-    assert_eq!(steps, expected);
+    let (lines, worker_log) = published_with_every_step(&daemon, &spec, 30);
     let loss = |line: &Value| line["loss"].as_f64().unwrap();
     let (first, last) = (loss(&lines[1]), loss(&lines[30]));
     assert!(last < first * 0.8, "SFT loss {first:.3} → {last:.3}\n{worker_log}");
@@ -241,15 +246,7 @@ fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
         pairs = pairs.display().to_string(),
         heldout = heldout.display().to_string()
     );
-    let id = submit_ok(&daemon, &spec);
-    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
-    let run = daemon.state.join("jobs").join(&id).join("run");
-    let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
-    assert_eq!(done["state"], "published", "{done}\n{worker_log}");
-    let lines = metrics_lines(&run);
-    let steps: Vec<u64> = lines.iter().map(|line| line["step"].as_u64().unwrap()).collect();
-    let expected: Vec<u64> = std::iter::once(0).chain(1..=12).chain(std::iter::once(12)).collect();
-    assert_eq!(steps, expected);
+    let (lines, worker_log) = published_with_every_step(&daemon, &spec, 12);
     let margin = |line: &Value| line["reward_margin"].as_f64().unwrap();
     let (first, last) = (margin(&lines[1]), margin(&lines[12]));
     assert!(last > first, "DPO margin {first:.4} → {last:.4}\n{worker_log}");
@@ -368,7 +365,5 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let submitted = ray.rlvr_jobs();
     let statuses: Vec<&str> = submitted.iter().map(|(_, status)| status.as_str()).collect();
     assert_eq!(statuses, ["STOPPED", "SUCCEEDED"], "{submitted:?}");
-    let steps: Vec<u64> = metrics_lines(&run).iter().map(|line| line["step"].as_u64().unwrap()).collect();
-    let expected: Vec<u64> = std::iter::once(0).chain(1..=16).chain(std::iter::once(16)).collect();
-    assert_eq!(steps, expected);
+    every_step_once(&run, 16);
 }

@@ -21,6 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
+use rlvr_protocol::api::RewardRequest;
 use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, VerifyAccess, trl_trainer};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::RunDir;
@@ -127,7 +128,10 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec
     } else {
         absolute(Path::new(&spec.model.policy))
     };
-    let reward = json!({ "graders": spec.verifiers, "formula": spec.reward.as_ref().map(|r| &r.formula) });
+    let reward = RewardRequest {
+        graders: spec.verifiers.clone(),
+        formula: spec.reward.as_ref().map(|reward| reward.formula.clone()),
+    };
     let contract = EngineContract {
         trainer,
         model,

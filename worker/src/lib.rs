@@ -321,6 +321,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     })?;
     let run_dir = RunDir::at(options.state_dir.clone());
     let start = Start::read(options, &run_dir)?;
+    // Before anything is written: an engine job without its engine leaves nothing behind.
+    let engine = engine_settings(options, &start.spec)?;
     tch::set_num_threads(options.threads as i32);
     keep_freed_memory();
     let span = info_span!("job", name = %start.spec.job.name, team = %start.spec.job.team);
@@ -413,7 +415,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, rejection)?;
     job.distill = distill;
     job.teacher = teacher;
-    job.engine = engine_settings(options, &job.spec)?;
+    job.engine = engine;
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
     info!(
