@@ -11,6 +11,8 @@
 //!     metrics.jsonl                   one `MetricsLine` per step and held-out evaluation
 //!     rollouts.jsonl                  one line per completion
 //!     progress.json                   the live `Progress`, replaced after every step
+//!     tensorboard/                    `events.out.tfevents.*`: metrics.jsonl's lines as scalars,
+//!                                     a file per process (`rlvr-tensorboard`)
 //!     checkpoints/LATEST              the name of the newest complete checkpoint
 //!     checkpoints/step-00000010/      model/ (a loadable HF directory), optimizer state, state.json
 //! ```
@@ -119,6 +121,11 @@ impl RunDir {
         self.root.join("progress.json")
     }
 
+    /// `tensorboard/`: the run's TensorBoard event files (`tensorboard --logdir` reads them).
+    pub fn tensorboard(&self) -> PathBuf {
+        self.root.join("tensorboard")
+    }
+
     /// `checkpoints/`.
     pub fn checkpoints(&self) -> PathBuf {
         self.root.join("checkpoints")
@@ -182,6 +189,7 @@ mod tests {
         assert_eq!(job.spec(), state.path().join("jobs/01J/spec.json"));
         let run = job.run();
         assert_eq!(run.metrics(), state.path().join("jobs/01J/run/metrics.jsonl"));
+        assert_eq!(run.tensorboard(), state.path().join("jobs/01J/run/tensorboard"));
         assert_eq!(run.latest_checkpoint().unwrap(), None);
         assert_eq!(run.read_metrics().unwrap(), []);
         fs::create_dir_all(run.checkpoints()).unwrap();
