@@ -275,6 +275,47 @@ pub struct Estimate {
 pub struct JobList {
     /// Newest first.
     pub jobs: Vec<JobView>,
+    /// Pass it as `cursor` for the next page; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// Where a page of `GET /v1/jobs` ends: the creation time and id of its last job (ids created in
+/// the same millisecond are told apart by id). Sent as `MS.ID`; clients treat it as opaque.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+    pub id: String,
+}
+
+impl fmt::Display for ListCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.created_ms, self.id)
+    }
+}
+
+impl FromStr for ListCursor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{text:?} is not a cursor a job list answered with");
+        let (ms, id) = text.split_once('.').ok_or_else(bad)?;
+        let created_ms = ms.parse().map_err(|_| bad())?;
+        if id.is_empty() || id.len() > 64 || !id.bytes().all(|byte| byte.is_ascii_alphanumeric()) {
+            return Err(bad());
+        }
+        Ok(ListCursor { created_ms, id: id.to_owned() })
+    }
+}
+
+/// `POST /v1/jobs?dry_run=true` answer: the spec checked as a submit checks it, queued nowhere.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DryRun {
+    /// The spec as the job's record would keep it: defaults filled, names pinned, resources
+    /// filled from the estimate.
+    pub spec: crate::spec::JobSpec,
 }
 
 /// Every error of the API: `{"error": {...}}` with a 4xx or 5xx status.

@@ -21,7 +21,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RedisValue};
 use serde_json::Value;
 
-use rlvr_protocol::job::{JobEvent, JobState, JobView};
+use rlvr_protocol::job::{JobEvent, JobState, JobView, ListCursor};
 use rlvr_protocol::spec::{JobSpec, ResourcesSection};
 use rlvr_protocol::worker::Progress;
 
@@ -44,6 +44,33 @@ const F_RESULT: &str = "result";
 const F_DEVICES: &str = "devices";
 const F_PREEMPTIONS: &str = "preemptions";
 const F_MEMORY_REQUEUES: &str = "memory_requeues";
+
+/// Most job records one [`Store::page`] reads before it answers.
+pub const PAGE_SCAN: usize = 10_000;
+/// Ids read from the index at once by [`Store::page`].
+const PAGE_CHUNK: usize = 200;
+
+/// What [`Store::page`] lists.
+#[derive(Debug, Clone, Default)]
+pub struct PageQuery {
+    /// Only jobs created at or after this time (ms since the Unix epoch).
+    pub since_ms: Option<u64>,
+    /// Only jobs older than this one (the previous page's `next`).
+    pub after: Option<ListCursor>,
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// A page of [`Store::page`].
+#[derive(Debug)]
+pub struct JobPage {
+    /// Newest first.
+    pub jobs: Vec<JobView>,
+    /// Where the next page starts; `None` when no job is left.
+    pub next: Option<ListCursor>,
+}
 
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +274,74 @@ return {1, ARGV[1]}
             .filter(|(_, fields)| !fields.is_empty())
             .map(|(id, fields)| view_from_fields(id, &fields))
             .collect()
+    }
+
+    /// One page of jobs, newest first: of `team` or of every team, created at or after
+    /// `page.since_ms`, older than `page.after`, in `page.state` when given; and where the next
+    /// page starts when there may be more. Reads ids by creation time in chunks, so a filter
+    /// that matches few jobs reads at most [`PAGE_SCAN`] records before it answers with what it
+    /// found and a cursor at the last one it read.
+    pub async fn page(&self, team: Option<&str>, page: &PageQuery) -> Result<JobPage, StoreError> {
+        let index = team.map_or_else(|| format!("{PREFIX}:jobs"), team_key);
+        let max = page.after.as_ref().map_or_else(|| "+inf".to_owned(), |after| after.created_ms.to_string());
+        let min = page.since_ms.map_or_else(|| "-inf".to_owned(), |since| since.to_string());
+        let limit = page.limit.max(1);
+        let mut jobs = Vec::new();
+        let mut offset = 0;
+        let mut last_read: Option<ListCursor> = None;
+        loop {
+            let chunk: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(&index)
+                .arg(&max)
+                .arg(&min)
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(PAGE_CHUNK)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let exhausted = chunk.len() < PAGE_CHUNK;
+            offset += chunk.len();
+            // Ties on the cursor's millisecond come in descending id order: those not below the
+            // cursor's id were on an earlier page.
+            let chunk: Vec<(String, u64)> = chunk
+                .into_iter()
+                .map(|(id, score)| (id, score as u64))
+                .filter(|(id, created_ms)| {
+                    page.after.as_ref().is_none_or(|after| *created_ms < after.created_ms || *id < after.id)
+                })
+                .collect();
+            let mut pipe = redis::pipe();
+            for (id, _) in &chunk {
+                pipe.hgetall(job_key(id));
+            }
+            let records: Vec<HashMap<String, String>> =
+                if chunk.is_empty() { Vec::new() } else { pipe.query_async(&mut self.conn.clone()).await? };
+            for ((id, created_ms), fields) in chunk.into_iter().zip(records) {
+                if fields.is_empty() {
+                    continue;
+                }
+                let view = view_from_fields(&id, &fields)?;
+                let cursor = ListCursor { created_ms, id };
+                last_read = Some(cursor.clone());
+                if page.state.is_none_or(|wanted| view.state == wanted) {
+                    if jobs.len() == limit {
+                        // One more than the page: there is a next page, after the page's last.
+                        let next = jobs.last().map(|(cursor, _): &(ListCursor, JobView)| cursor.clone());
+                        return Ok(JobPage { jobs: jobs.into_iter().map(|(_, view)| view).collect(), next });
+                    }
+                    jobs.push((cursor, view));
+                }
+            }
+            let jobs_only =
+                |jobs: Vec<(ListCursor, JobView)>| jobs.into_iter().map(|(_, view)| view).collect();
+            if exhausted {
+                return Ok(JobPage { jobs: jobs_only(jobs), next: None });
+            }
+            if offset >= PAGE_SCAN {
+                return Ok(JobPage { jobs: jobs_only(jobs), next: last_read });
+            }
+        }
     }
 
     /// How many of `team`'s jobs wait to run (queued or preempted), counting up to `limit`: what

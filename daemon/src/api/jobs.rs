@@ -17,12 +17,12 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use rlvr_protocol::job::{
-    ApiError, ErrorBody, Estimate, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView,
-    Submitted, valid_idempotency_key,
+    ApiError, DryRun, ErrorBody, Estimate, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState,
+    JobView, ListCursor, Submitted, valid_idempotency_key,
 };
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use rlvr_queue::dispatch::new_task_id;
-use rlvr_queue::store::{CancelOutcome, StoreError, SubmitOutcome};
+use rlvr_queue::store::{CancelOutcome, JobPage, PageQuery, StoreError, SubmitOutcome};
 use serde::Deserialize;
 
 use super::auth::{AuthError, Caller};
@@ -199,9 +199,10 @@ pub(crate) type Answer<T> = Result<T, Failure>;
     post,
     path = "/v1/jobs",
     request_body(content = JobSpec, description = "The job spec (design.md §1), as JSON or as TOML with Content-Type: application/toml"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key (within 24 h) gets the same job")),
+    params(SubmitQuery, ("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key (within 24 h) gets the same job")),
     responses(
         (status = 201, description = "Queued", body = Submitted),
+        (status = 200, description = "`dry_run=true`: the spec as the job would keep it; nothing queued", body = DryRun),
         (status = 200, description = "The job an earlier submit with this Idempotency-Key made", body = Submitted),
         (status = 400, description = "Not a spec (syntax, types, unknown fields)", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -217,15 +218,23 @@ pub(crate) type Answer<T> = Result<T, Failure>;
 pub async fn submit(
     State(state): State<Arc<JobsState>>,
     Extension(caller): Extension<Caller>,
+    query: Result<Query<SubmitQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Answer<(StatusCode, Json<Submitted>)> {
+) -> Answer<Response> {
+    let Query(query) = query
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     let spec = read_spec(&state, &caller, &headers, body).await?;
     let idempotency_key = idempotency_key(&headers)?;
+    if query.dry_run {
+        let spec = check_spec(&state, spec, true).await?.map_err(Refusal::into_failure)?;
+        return Ok(Json(DryRun { spec }).into_response());
+    }
     let spec = check_spec(&state, spec, false).await?.map_err(Refusal::into_failure)?;
     let id = new_task_id();
+    let submitted = |status, id, created| (status, Json(Submitted { id, created })).into_response();
     match create(&state, &id, &spec, idempotency_key.as_deref()).await? {
-        SubmitOutcome::Created { id, .. } => Ok((StatusCode::CREATED, Json(Submitted { id, created: true }))),
+        SubmitOutcome::Created { id, .. } => Ok(submitted(StatusCode::CREATED, id, true)),
         SubmitOutcome::Existing { id } => {
             let earlier = state.queues.store.spec(&id).await?;
             if earlier != spec {
@@ -236,9 +245,19 @@ pub async fn submit(
                 )
                 .field("Idempotency-Key"));
             }
-            Ok((StatusCode::OK, Json(Submitted { id, created: false })))
+            Ok(submitted(StatusCode::OK, id, false))
         }
     }
+}
+
+/// `POST /v1/jobs` options.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitQuery {
+    /// Check the spec as a submit does (plugins and their options, files, names, resources)
+    /// and answer 200 with it as the job would keep it; queue nothing.
+    #[serde(default)]
+    dry_run: bool,
 }
 
 /// A spec's problems beyond itself, as submit found them, with the status they answer.
@@ -483,9 +502,13 @@ pub struct ListQuery {
     state: Option<String>,
     /// At most this many, newest first (default 100, at most 1000).
     limit: Option<usize>,
+    /// Only jobs submitted at or after this time (RFC 3339, e.g. `2026-11-28T09:00:00Z`).
+    since: Option<String>,
+    /// The page after the one that answered with this `next`.
+    cursor: Option<String>,
 }
 
-/// `GET /v1/jobs`: the caller's jobs, newest first.
+/// `GET /v1/jobs`: the caller's jobs, newest first, a page at a time.
 #[utoipa::path(
     get,
     path = "/v1/jobs",
@@ -504,12 +527,30 @@ pub async fn list(
 ) -> Answer<Json<JobList>> {
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
+    let bad_query = |field: &str, message: String| {
+        Failure::new(StatusCode::BAD_REQUEST, "bad_query", message).field(field)
+    };
     let wanted_state = query
         .state
         .as_deref()
         .map(str::parse::<JobState>)
         .transpose()
-        .map_err(|message| Failure::new(StatusCode::BAD_REQUEST, "bad_query", message).field("state"))?;
+        .map_err(|message| bad_query("state", message))?;
+    let since_ms = query
+        .since
+        .as_deref()
+        .map(|since| {
+            humantime::parse_rfc3339_weak(since)
+                .map(|at| at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+                .map_err(|error| bad_query("since", format!("{since:?} is not an RFC 3339 time: {error}")))
+        })
+        .transpose()?;
+    let after = query
+        .cursor
+        .as_deref()
+        .map(str::parse::<ListCursor>)
+        .transpose()
+        .map_err(|message| bad_query("cursor", message))?;
     let team = match (&query.team, caller.admin) {
         (Some(team), true) => Some(team.clone()),
         (None, true) => None,
@@ -523,18 +564,17 @@ pub async fn list(
         }
         _ => Some(caller.team.clone()),
     };
-    let limit = query.limit.unwrap_or(100).clamp(1, MAX_LIST);
-    // A state filter reads further back so that `limit` matching jobs can be found.
-    let scan = if wanted_state.is_some() { MAX_LIST * 10 } else { limit };
-    let mut jobs = state.queues.store.list(team.as_deref(), scan).await?;
-    if let Some(wanted) = wanted_state {
-        jobs.retain(|job| job.state == wanted);
-    }
-    jobs.truncate(limit);
+    let page = PageQuery {
+        since_ms,
+        after,
+        state: wanted_state,
+        limit: query.limit.unwrap_or(100).clamp(1, MAX_LIST),
+    };
+    let JobPage { mut jobs, next } = state.queues.store.page(team.as_deref(), &page).await?;
     for job in &mut jobs {
         job.grant = state.scheduler.grant_state(&job.id);
     }
-    Ok(Json(JobList { jobs }))
+    Ok(Json(JobList { jobs, next: next.map(|cursor| cursor.to_string()) }))
 }
 
 /// `GET /v1/jobs/{id}`.

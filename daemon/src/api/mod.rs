@@ -89,6 +89,8 @@ pub fn router(
         .route("/v1/graders/validate", axum::routing::post(verify::validate))
         .route("/v1/model-lines", get(tenancy::list_lines))
         .route("/v1/model-lines/{name}", get(tenancy::get_line).put(tenancy::put_line))
+        .route("/v1/model-lines/{name}/versions/{version}", get(tenancy::get_version))
+        .route("/v1/model-lines/{name}/versions/{version}/files/{file}", get(tenancy::get_version_file))
         .with_state(jobs);
     let token_routes = Router::new()
         .route("/v1/plugins", get(plugins))
@@ -114,7 +116,7 @@ pub fn router(
         healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, jobs::list, jobs::show, jobs::cancel, jobs::events,
         outcomes::promote, outcomes::metrics, logs::logs, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
-        tenancy::list_lines, tenancy::get_line, tenancy::put_line, verify::verify, verify::validate,
+        tenancy::list_lines, tenancy::get_line, tenancy::put_line, tenancy::get_version, tenancy::get_version_file, verify::verify, verify::validate,
         pipelines::submit, pipelines::list, pipelines::show, pipelines::cancel, pipelines::events
     ),
     modifiers(&BearerAuth, &TokenAnswers),

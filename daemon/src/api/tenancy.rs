@@ -5,14 +5,17 @@
 //! The team is always the token's: no request names a team's namespace, so none can reach
 //! another's. Another team's line is "not found", as another team's job is.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Extension, Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
 use futures::StreamExt;
 use rlvr_protocol::api::{Dataset, DatasetList, ModelLine, ModelLineList, ModelLineUpdate};
+use rlvr_protocol::gates::Manifest;
 use rlvr_protocol::job::ErrorBody;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
@@ -223,6 +226,103 @@ pub async fn get_line(
     .await
     .map_err(join_error)??;
     Ok(Json(line))
+}
+
+/// A version in a route: a number, or `latest`.
+fn version_number(text: &str) -> Answer<Option<u64>> {
+    match text {
+        "latest" => Ok(None),
+        number => number.parse().map(Some).map_err(|_| {
+            Failure::new(
+                StatusCode::BAD_REQUEST,
+                "bad_version",
+                format!("{text:?} is not a version number or `latest`"),
+            )
+            .field("version")
+        }),
+    }
+}
+
+/// The manifest and directory of a version the caller may read.
+async fn published(
+    state: &JobsState,
+    caller: Caller,
+    name: String,
+    version: &str,
+) -> Answer<(Manifest, PathBuf)> {
+    let version = version_number(version)?;
+    let tenancy = state.tenancy.clone();
+    Ok(tokio::task::spawn_blocking(move || {
+        tenancy.lines.published(Actor { team: &caller.team, admin: caller.admin }, &name, version)
+    })
+    .await
+    .map_err(join_error)??)
+}
+
+/// `GET /v1/model-lines/{name}/versions/{version}`: a published version's manifest.
+#[utoipa::path(
+    get,
+    path = "/v1/model-lines/{name}/versions/{version}",
+    params(("name" = String, Path, description = "Model line"), ("version" = String, Path, description = "A version number, or `latest`")),
+    responses(
+        (status = 200, description = "The version's manifest.json: the job, step, plugins, data, metrics, gates, spec, and each file's SHA-256 (`files`)", content_type = "application/json"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "model lines"
+)]
+pub async fn get_version(
+    State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, version)): Path<(String, String)>,
+) -> Answer<Json<Manifest>> {
+    let (manifest, _) = published(&state, caller, name, &version).await?;
+    Ok(Json(manifest))
+}
+
+/// `GET /v1/model-lines/{name}/versions/{version}/files/{file}`: one file of a published version,
+/// as its manifest names it (check it against the manifest's `files` SHA-256).
+#[utoipa::path(
+    get,
+    path = "/v1/model-lines/{name}/versions/{version}/files/{file}",
+    params(
+        ("name" = String, Path, description = "Model line"), ("version" = String, Path, description = "A version number, or `latest`"),
+        ("file" = String, Path, description = "A file the version's manifest names in `files`"),
+    ),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+    tag = "model lines"
+)]
+pub async fn get_version_file(
+    State(state): State<Arc<JobsState>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, version, file)): Path<(String, String, String)>,
+) -> Answer<axum::response::Response> {
+    let (manifest, dir) = published(&state, caller, name, &version).await?;
+    // Only names the manifest lists: never a path the request makes up.
+    if !manifest.files.contains_key(&file) {
+        return Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("version {} of {:?} has no file {file:?}", manifest.version, manifest.model_line),
+        )
+        .field("file"));
+    }
+    let opened = tokio::fs::File::open(dir.join(&file)).await.map_err(|error| {
+        tracing::error!(%error, file, "a published file");
+        Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the registry failed; retry later")
+    })?;
+    let length = opened.metadata().await.map(|meta| meta.len()).ok();
+    let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(opened)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    if let Some(length) = length {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    Ok(response)
 }
 
 /// `PUT /v1/model-lines/{name}`: creates the line for the caller's team, or changes its readers,

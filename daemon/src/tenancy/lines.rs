@@ -18,6 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::api::{ModelLine, ModelLineUpdate};
+use rlvr_protocol::gates::Manifest;
 use rlvr_protocol::names::{NAME_RULE, valid_name, valid_team_name};
 use rlvr_protocol::spec::GatesSection;
 use serde::{Deserialize, Serialize};
@@ -200,6 +201,26 @@ impl Lines {
                 .ok_or(LineError::NoVersion { line: name.to_owned(), version: wanted }),
             None => all.into_iter().next_back().ok_or(LineError::NoVersions { line: name.to_owned() }),
         }
+    }
+
+    /// Version `version` (the newest when `None`) of line `name`, if `actor` may see the line:
+    /// its published manifest and its directory. Admins read every line.
+    pub fn published(
+        &self,
+        actor: Actor<'_>,
+        name: &str,
+        version: Option<u64>,
+    ) -> Result<(Manifest, PathBuf), LineError> {
+        let team = if actor.admin {
+            self.read(name)?.map(|file| file.owner).unwrap_or_default()
+        } else {
+            actor.team.to_owned()
+        };
+        let (_, dir) = self.version(&team, name, version)?;
+        let text = fs::read(dir.join("manifest.json"))?;
+        let manifest = serde_json::from_slice(&text)
+            .map_err(|error| io::Error::other(format!("{}: {error}", dir.join("manifest.json").display())))?;
+        Ok((manifest, dir))
     }
 
     /// The line's policy, if it has an owner (the floor the gates apply at publish).
