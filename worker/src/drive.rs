@@ -16,6 +16,7 @@ use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::{RunDir, checkpoint_step};
 use rlvr_protocol::signals::GroupSignals;
 use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress};
+use rlvr_tensorboard::EventLog;
 use tracing::{info, info_span, warn};
 
 use crate::engine::{self, Engine, EngineDir, EngineEnd, EngineSettings, Poll};
@@ -53,6 +54,9 @@ struct Loop<'a> {
     /// The latest held-out accuracy, and the step whose weights it scored in this process.
     heldout: Option<f64>,
     scored_step: Option<u64>,
+    /// Every metrics line again as TensorBoard scalars (`run/tensorboard/`); `None` once a write
+    /// failed: charts are not worth a job.
+    tensorboard: Option<EventLog>,
 }
 
 /// Runs the steps of `job` from `state` to its end; see the module docs.
@@ -81,6 +85,7 @@ pub fn drive(
         last_checkpoint: run.latest_checkpoint().ok().flatten(),
         heldout,
         scored_step: None,
+        tensorboard: Some(EventLog::new(run.tensorboard())),
         job,
         run,
         state,
@@ -367,7 +372,14 @@ impl Loop<'_> {
     }
 
     fn append_metrics(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
-        self.logs.metrics.append(line).map_err(|error| self.state_error(format!("metrics.jsonl: {error}")))
+        self.logs.metrics.append(line).map_err(|error| self.state_error(format!("metrics.jsonl: {error}")))?;
+        if let Some(tensorboard) = &mut self.tensorboard
+            && let Err(error) = tensorboard.append(line)
+        {
+            warn!(%error, "tensorboard: this run writes no more events");
+            self.tensorboard = None;
+        }
+        Ok(())
     }
 
     /// Replaces `progress.json` with where the job stands after `line`'s step (before the first
