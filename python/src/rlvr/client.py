@@ -260,7 +260,8 @@ class Client:
 
     def report(self, job_id: str, path: str | os.PathLike[str]) -> Path:
         """Writes the job's report (summary, gate table, charts of its metrics) as one HTML file
-        at `path` (a directory gets `index.html`); returns the file."""
+        at `path` (ending in .html; any other path is a directory that gets `index.html`);
+        returns the file."""
         return _report.write(path, self.job(job_id), self.metrics(job_id))
 
     # ---------------------------------------------------------------- datasets

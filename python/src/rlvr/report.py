@@ -112,10 +112,10 @@ def render(job: Job, metrics: list[MetricsLine]) -> str:
 
 
 def write(path: str | os.PathLike[str], job: Job, metrics: list[MetricsLine]) -> Path:
-    """Writes the report to `path` (a file, or a directory that gets `index.html`), through a
-    temporary file renamed into place: a reader never sees half of it."""
+    """Writes the report to `path` (a file ending in .html, or else a directory that gets
+    `index.html`), through a temporary file renamed into place: a reader never sees half of it."""
     path = Path(path)
-    if path.is_dir() or str(path).endswith(os.sep):
+    if path.suffix.lower() not in (".html", ".htm"):
         path = path / "index.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -114,7 +114,7 @@ def with_datasets(
 class SpecBuilder:
     """A job spec built in code, section by section; `to_dict()` is what `Client.submit` sends.
 
-        spec = (rlvr.SpecBuilder("arith", model_line="tiny-arith", policy="builtin:tiny-arith")
+        spec = (rlvr.SpecBuilder("arith", team="ml", model_line="tiny-arith", policy="builtin:tiny-arith")
                 .data(train="data/train.jsonl", heldout="data/heldout.jsonl")
                 .optimizer("grpo", group_size=4, lr=1e-3)
                 .verifier("math", fallback="last")
@@ -124,11 +124,9 @@ class SpecBuilder:
     `Client.dry_run` asks the daemon, which judges every field.
     """
 
-    def __init__(self, name: str, *, model_line: str, policy: str, team: str | None = None, **job: Any):
-        self._spec: dict[str, Any] = {"job": {"name": name, "model_line": model_line, **job},
+    def __init__(self, name: str, *, team: str, model_line: str, policy: str, **job: Any):
+        self._spec: dict[str, Any] = {"job": {"name": name, "team": team, "model_line": model_line, **job},
                                       "model": {"policy": policy}}
-        if team is not None:
-            self._spec["job"]["team"] = team
 
     def section(self, name: str, **keys: Any) -> SpecBuilder:
         """Sets keys of a section (`[budget]`, `[rollout]`, `[gates]`, …), keeping its others."""
