@@ -47,6 +47,9 @@ pub struct JobSpec {
     /// `[engine]`: the native worker (the default) or an existing distributed engine.
     #[serde(default, skip_serializing_if = "is_native")]
     pub engine: crate::engine::EngineSection,
+    /// `[tracking]`: an MLflow tracking server the daemon logs the job's run to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrackingSection>,
 }
 
 fn is_native(engine: &crate::engine::EngineSection) -> bool {
@@ -576,6 +579,78 @@ pub struct PublishSection {
     pub merge_lora: bool,
 }
 
+/// `[tracking]`: the MLflow tracking server the daemon logs the job to — one run per job (named
+/// by its id), its spec as params, its metrics lines as metrics, its end as the run's status, and
+/// the published model's files as the run's artifacts. The daemon calls the url, so the
+/// operator's `[outbound] allow` must cover it (checked at submit and on every request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TrackingSection {
+    /// The server's base url, `http://host:port` or `https://host[/prefix]`: what MLflow clients
+    /// take as `MLFLOW_TRACKING_URI`.
+    pub mlflow_uri: String,
+    /// The MLflow experiment the run goes into, created when missing; default
+    /// `<job.team>/<job.model_line>`.
+    #[serde(default)]
+    pub experiment: Option<String>,
+    /// A team secret sent as `Authorization: Bearer <value>` (MLflow's `MLFLOW_TRACKING_TOKEN`),
+    /// for a server behind authentication; none by default.
+    #[serde(default)]
+    pub token_secret: Option<String>,
+}
+
+/// Longest `tracking.experiment`, in characters.
+pub const MAX_EXPERIMENT_CHARS: usize = 256;
+
+impl TrackingSection {
+    /// The experiment of `spec`'s run: `experiment`, or `<team>/<model_line>`.
+    pub fn experiment_of(&self, job: &JobSection) -> String {
+        self.experiment.clone().unwrap_or_else(|| format!("{}/{}", job.team, job.model_line))
+    }
+
+    /// `mlflow_uri` without a trailing `/`, where the REST paths (`/api/2.0/mlflow/...`) go.
+    pub fn base_url(&self) -> &str {
+        self.mlflow_uri.trim_end_matches('/')
+    }
+
+    /// What `[tracking]` says wrong about itself (where the url may go is the operator's
+    /// `[outbound]` policy, checked by the daemon).
+    fn problems(&self) -> Vec<SpecError> {
+        let mut errors = Vec::new();
+        let mut refuse = |field: &str, message: String| {
+            errors.push(SpecError { field: format!("tracking.{field}"), message })
+        };
+        let uri = &self.mlflow_uri;
+        let rest = uri.strip_prefix("http://").or_else(|| uri.strip_prefix("https://"));
+        match rest {
+            None => refuse("mlflow_uri", format!("expected an http:// or https:// url, got {uri:?}")),
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                refuse("mlflow_uri", format!("expected a host after the scheme, got {uri:?}"))
+            }
+            Some(_) if uri.contains(['?', '#']) || uri.chars().any(char::is_whitespace) => refuse(
+                "mlflow_uri",
+                format!("expected the server's base url, without query, fragment or spaces, got {uri:?}"),
+            ),
+            Some(_) => {}
+        }
+        if let Some(name) = &self.experiment
+            && (name.trim().is_empty()
+                || name.chars().count() > MAX_EXPERIMENT_CHARS
+                || name.chars().any(char::is_control))
+        {
+            refuse(
+                "experiment",
+                format!("expected 1 to {MAX_EXPERIMENT_CHARS} printable characters, got {name:?}"),
+            );
+        }
+        if self.token_secret.as_deref().is_some_and(|name| name.trim().is_empty()) {
+            refuse("token_secret", "expected the name of one of the team's secrets, got \"\"".into());
+        }
+        errors
+    }
+}
+
 /// `[checkpoint]`: how often state is saved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -769,6 +844,7 @@ impl JobSpec {
         let formula = self.reward.as_ref().map(|reward| reward.formula.as_str());
         errors.extend(check_graders(&self.verifiers, formula, "verifiers", "reward.formula").1);
         errors.extend(relations(self));
+        errors.extend(self.tracking.iter().flat_map(TrackingSection::problems));
         if errors.is_empty() { Ok(()) } else { Err(SpecErrors(errors)) }
     }
 
@@ -1563,6 +1639,26 @@ max_steps = 10
                     "curriculum.history: the pinned version of curriculum.name seeds the estimates; give one or the other",
                 ],
             ),
+            (with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"arith\""), &[]),
+            (
+                with("tracking", "mlflow_uri = \"file:///etc/passwd\""),
+                &["tracking.mlflow_uri: expected an http:// or https:// url, got \"file:///etc/passwd\""],
+            ),
+            (
+                with("tracking", "mlflow_uri = \"https://\"\nexperiment = \" \"\ntoken_secret = \"\""),
+                &[
+                    "tracking.mlflow_uri: expected a host after the scheme, got \"https://\"",
+                    "tracking.experiment: expected 1 to 256 printable characters, got \" \"",
+                    "tracking.token_secret: expected the name of one of the team's secrets, got \"\"",
+                ],
+            ),
+            (
+                with("tracking", "mlflow_uri = \"http://mlflow:5000/?next=x\""),
+                &[
+                    "tracking.mlflow_uri: expected the server's base url, without query, fragment or spaces, got \"http://mlflow:5000/?next=x\"",
+                ],
+            ),
+            (with("tracking", "uri = \"http://mlflow:5000\""), &["tracking.uri: unknown field `uri`, expected one of `mlflow_uri`, `experiment`, `token_secret`"]),
             // Every problem at once, ranges before relations.
             (
                 with("budget", "max_wall_minutes = 0.0").replace("max_steps = 10", "max_steps = 0"),

@@ -12,6 +12,8 @@
 //! - [`publish`]: the one publish path (a finished job's, an admin's forced promotion): judge,
 //!   copy into the model line, manifest, record, webhook.
 //! - [`webhook`]: the published manifest POSTed to the job's webhook, retried with backoff.
+//! - [`mlflow`]: the job's run in the MLflow server its `[tracking]` names — params, metrics
+//!   while it runs, its end and the published files —, a task of its own beside the supervision.
 //! - [`out_of_memory`]: a worker that ran out of memory — the larger request, once (pure).
 //! - [`paired`]: the held-out gain's paired confidence interval, a seeded bootstrap (pure).
 
@@ -20,6 +22,7 @@ pub mod consumer;
 pub mod dataset_output;
 pub mod estimate;
 pub mod gate;
+pub mod mlflow;
 pub mod out_of_memory;
 pub mod paired;
 pub mod publish;

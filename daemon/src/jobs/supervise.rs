@@ -46,6 +46,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
 use super::dataset_output::{self, DatasetVerdict};
+use super::mlflow;
 use super::out_of_memory;
 use super::publish::{self, Verdict};
 use rlvr_protocol::fs::write_json_atomic;
@@ -217,7 +218,9 @@ impl Supervisor {
             if job.state == JobState::Evaluating
                 && let Some(outcome) = job.result.clone()
             {
+                let tracker = self.track(id, &spec);
                 self.finish(id, &spec, outcome).await;
+                self.end_tracking(id, tracker).await;
                 return;
             }
             let reason = format!("the daemon running it stopped ({} at step {})", job.state, job.step);
@@ -290,10 +293,47 @@ impl Supervisor {
         if self.transition(id, JobState::Admitted, &reason, &fields).await.is_none() {
             return;
         }
+        let tracker = self.track(id, &spec);
         let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &devices).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
         self.conclude(id, &spec, end, &names.join(",")).await;
+        self.end_tracking(id, tracker).await;
+    }
+
+    /// Starts the job's MLflow tracker when its spec names `[tracking]`: a task of its own, which
+    /// nothing here waits for.
+    fn track(&self, id: &str, spec: &JobSpec) -> Option<mlflow::Tracker> {
+        let tracking = spec.tracking.as_ref()?;
+        let token = match &tracking.token_secret {
+            None => None,
+            // Read at each start, so a rotated secret is the one sent.
+            Some(name) => match self.tenancy.team_secrets(&spec.job.team) {
+                Ok(secrets) if secrets.contains_key(name) => secrets.get(name).map(|s| s.expose().to_owned()),
+                _ => {
+                    warn!(secret = %name, "mlflow: tracking.token_secret is not available; the run is not logged");
+                    return None;
+                }
+            },
+        };
+        let dir = self.jobs_dir.job(id);
+        let job = mlflow::TrackedJob {
+            id: id.to_owned(),
+            spec: spec.clone(),
+            state_file: dir.path().join("mlflow.json"),
+            metrics: dir.run().metrics(),
+        };
+        let server = mlflow::Server::new(self.outbound.clone(), tracking, token);
+        Some(mlflow::Tracker::start(job, server, self.stopping.clone()))
+    }
+
+    /// Hands the job's tracker the record the supervision left: its end, or a requeue.
+    async fn end_tracking(&self, id: &str, tracker: Option<mlflow::Tracker>) {
+        let Some(tracker) = tracker else { return };
+        match self.queues.store.get(id).await {
+            Ok(job) => tracker.end(job),
+            Err(error) => warn!(%error, "mlflow: cannot read the job's end; its run is left as it is"),
+        }
     }
 
     /// The curricula directory of the job's shared curriculum and the version it runs with: the

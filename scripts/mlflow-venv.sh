@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Makes the venv of the MLflow tracking server the [tracking] tests start, and prints its python.
+#
+#   $RLVR_CACHE_DIR/venvs/mlflow/   mlflow 3.17.2 (the full package: mlflow-skinny has no server),
+#                                   scripts/mlflow-venv.lock installed exactly, --no-deps
+#                                   (about 850 MB; 90 s on 2 cores from PyPI wheels)
+#
+# `bin/mlflow server` beside the python printed is what tests/tests/mlflow.rs runs. MLflow stays
+# out of the project venv. Idempotent: a second run finds every pin and prints the python at once.
+# Progress goes to stderr; stdout is only the python's path.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "$0")/lib.sh"
+
+VENV=$RLVR_CACHE_DIR/venvs/mlflow
+python=$VENV/bin/python
+LOCK=$RLVR_ROOT/scripts/mlflow-venv.lock
+
+installed() {
+    [ -x "$python" ] && [ -x "$VENV/bin/mlflow" ] && "$python" - "$LOCK" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, version = line.split("==")
+    if m.version(name) != version:
+        sys.exit(1)
+import mlflow.server  # noqa: F401
+PY
+}
+
+mkdir -p "$RLVR_CACHE_DIR/venvs"
+exec 9>"$RLVR_CACHE_DIR/venvs/.mlflow.lock"
+flock 9
+if installed; then
+    echo "$python"
+    exit 0
+fi
+
+step "the MLflow tracking server in $VENV (scripts/mlflow-venv.lock)"
+[ -x "$python" ] || /usr/bin/python3 -m venv "$VENV"
+"$python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$LOCK" >&2
+installed || { echo "mlflow did not install into $VENV at the lock's versions" >&2; exit 1; }
+echo "$python"
