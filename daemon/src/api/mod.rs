@@ -23,6 +23,7 @@ pub mod outcomes;
 pub mod pipelines;
 pub mod server;
 pub mod tenancy;
+pub mod ui;
 pub mod verify;
 
 use std::sync::Arc;
@@ -105,6 +106,8 @@ pub fn router(
         .route("/metrics", get(metrics))
         .with_state(state)
         .merge(token_routes)
+        // The web page: static files, open like /healthz; its API calls carry the token.
+        .merge(ui::routes())
         .layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
