@@ -14,7 +14,8 @@ import tempfile
 import time
 import tomllib
 import unittest
-from datetime import datetime, timezone
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import rlvr
@@ -95,7 +96,8 @@ class DaemonTest(unittest.TestCase):
         spec = tomllib.loads(job_toml("from-dict", 3))
         spec["data"] = {"train": train.ref, "heldout": heldout.ref}
         cls.dict_spec = spec
-        cls.second = cls.client.submit(spec, wait=True, idempotency_key="py-dict-1")
+        cls.key = f"py-dict-{uuid.uuid4().hex}"
+        cls.second = cls.client.submit(spec, wait=True, idempotency_key=cls.key)
 
     @classmethod
     def tearDownClass(cls):
@@ -113,7 +115,7 @@ class DaemonTest(unittest.TestCase):
 
     def test_a_dict_is_submitted_once_per_idempotency_key(self):
         self.assertEqual((self.second.state, self.second.name, self.second.created), ("published", "from-dict", True))
-        again = self.client.submit(self.dict_spec, idempotency_key="py-dict-1")
+        again = self.client.submit(self.dict_spec, idempotency_key=self.key)
         self.assertEqual((again.id, again.created), (self.second.id, False))
 
     def test_jobs_are_listed_newest_first_in_pages_and_since_a_time(self):
@@ -129,7 +131,7 @@ class DaemonTest(unittest.TestCase):
         since = [job.id for job in self.client.jobs(since=self.second.created_at, limit=1)]
         self.assertIn(self.second.id, since)
         self.assertNotIn(self.first.id, since)
-        future = datetime(2100, 1, 1, tzinfo=timezone.utc)
+        future = datetime(2100, 1, 1, tzinfo=UTC)
         self.assertEqual(list(self.client.jobs(since=future)), [])
         published = [job.id for job in self.client.jobs(state="published")]
         self.assertIn(self.first.id, published)

@@ -88,7 +88,8 @@ class SpecTest(unittest.TestCase):
         built = (rlvr.SpecBuilder("x", team="t", model_line="m", policy="builtin:tiny-arith").optimizer("grpo", lr=0.1)
                  .verifier("math").verifier("format").budget(max_steps=3).section("budget", max_tokens=9)
                  .to_dict())
-        self.assertEqual(built, {"job": {"name": "x", "team": "t", "model_line": "m"}, "model": {"policy": "builtin:tiny-arith"},
+        self.assertEqual(built, {"job": {"name": "x", "team": "t", "model_line": "m"},
+                                 "model": {"policy": "builtin:tiny-arith"},
                                  "optimizer": {"plugin": "grpo", "lr": 0.1},
                                  "verifiers": [{"plugin": "math"}, {"plugin": "format"}],
                                  "budget": {"max_steps": 3, "max_tokens": 9}})
@@ -190,7 +191,8 @@ class BuildBackendTest(unittest.TestCase):
                         import base64
                         expected = base64.urlsafe_b64encode(hashlib.sha256(wheel.read(path)).digest()).rstrip(b"=")
                         self.assertEqual(digest, "sha256=" + expected.decode(), path)
-                self.assertIn('Requires-Dist: tqdm; extra == "progress"', wheel.read("rlvr-0.1.0.dist-info/METADATA").decode())
+                metadata = wheel.read("rlvr-0.1.0.dist-info/METADATA").decode()
+                self.assertIn('Requires-Dist: tqdm; extra == "progress"', metadata)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
 fn base_python() -> PathBuf {
     match std::env::var_os("RLVR_VENV") {
         Some(venv) => Path::new(&venv).join("bin/python"),
-        None => std::env::var_os("PYTHON_SYS_EXECUTABLE").map_or_else(|| PathBuf::from("python3"), PathBuf::from),
+        None => {
+            std::env::var_os("PYTHON_SYS_EXECUTABLE").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+        }
     }
 }
 
@@ -84,7 +86,11 @@ fn the_python_package_installs_offline_and_its_tests_pass_against_a_real_daemon(
         .find_map(|line| line.strip_prefix("Ran ")?.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{report}"));
     assert!(ran >= 25, "{ran} tests ran: {report}");
-    eprintln!("venv and install: {:.1} s; {ran} tests: {:.1} s", installed.as_secs_f64(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "venv and install: {:.1} s; {ran} tests: {:.1} s",
+        installed.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 
     // The venv holds the package and no dependency: the standard library is all it needs.
     let listed = Command::new(&python).args(["-m", "pip", "list", "--format=freeze"]).output().unwrap();

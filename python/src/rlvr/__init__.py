@@ -13,12 +13,37 @@ __version__ = "0.1.0"
 from .client import DEFAULT_SERVER, Client  # noqa: E402
 from .download import verify_files  # noqa: E402
 from .errors import (  # noqa: E402
-    ApiError, BadAnswer, Conflict, FieldProblem, Forbidden, IntegrityError, Invalid, NotFound,
-    RateLimited, RlvrError, ServerError, SpecError, TooLarge, Unauthorized, Unreachable,
+    ApiError,
+    BadAnswer,
+    Conflict,
+    FieldProblem,
+    Forbidden,
+    IntegrityError,
+    Invalid,
+    NotFound,
+    RateLimited,
+    RlvrError,
+    ServerError,
+    SpecError,
+    TooLarge,
+    Unauthorized,
+    Unreachable,
 )
 from .models import (  # noqa: E402
-    TERMINAL_STATES, Criterion, Dataset, GateReport, Job, JobEvent, JobLog, JobPage, Manifest,
-    MetricsLine, ModelLine, Plugin, PluginList, VerifyResult,
+    TERMINAL_STATES,
+    Criterion,
+    Dataset,
+    GateReport,
+    Job,
+    JobEvent,
+    JobLog,
+    JobPage,
+    Manifest,
+    MetricsLine,
+    ModelLine,
+    Plugin,
+    PluginList,
+    VerifyResult,
 )
 from .spec import SpecBuilder, read_spec_file  # noqa: E402
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import time
 import urllib.error
 import urllib.parse
@@ -98,7 +97,8 @@ class Transport:
                 body.seek(start)
             request = urllib.request.Request(url, data=body, method=method, headers=all_headers)
             try:
-                return urllib.request.urlopen(request, timeout=timeout or self.timeout)
+                answer: http.client.HTTPResponse = urllib.request.urlopen(request, timeout=timeout or self.timeout)
+                return answer
             except urllib.error.HTTPError as answer:
                 wait = _retry_after(answer.code, answer.headers)
                 if wait is not None and retries < self.busy_retries and wait <= self.busy_wait_max:
@@ -138,8 +138,9 @@ class Transport:
         content_type: str | None = None,
         headers: dict[str, str] | None = None,
         expect: Sequence[int] = (200,),
-    ) -> tuple[int, Any]:
-        """A request whose answer is JSON: returns (status, value)."""
+    ) -> tuple[int, dict[str, Any]]:
+        """A request whose answer is a JSON object (every answer of the API is one): returns
+        (status, value)."""
         headers = dict(headers or {})
         if json_body is not None:
             body = json.dumps(json_body, default=str).encode()
@@ -150,12 +151,15 @@ class Transport:
         with self.open(method, segments, query=query, body=body, headers=headers) as answer:
             try:
                 text = answer.read()
-            except (OSError, http.client.HTTPException, socket.timeout) as error:
+            except (TimeoutError, OSError, http.client.HTTPException) as error:
                 raise Unreachable(f"cannot read the answer of {url}: {error}") from None
             status = answer.status
         if status not in expect:
             raise BadAnswer(f"unexpected answer from {url}: expected {'/'.join(map(str, expect))}, got {status}")
         try:
-            return status, json.loads(text)
+            value = json.loads(text)
         except ValueError as error:
             raise BadAnswer(f"unexpected answer from {url}: not JSON ({error})") from None
+        if not isinstance(value, dict):
+            raise BadAnswer(f"unexpected answer from {url}: not a JSON object")
+        return status, value

@@ -7,17 +7,28 @@ import time
 import tomllib
 import uuid
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from . import download as _download
 from . import report as _report
 from ._http import BUSY_RETRIES, BUSY_WAIT_MAX_S, REQUEST_TIMEOUT_S, Transport
+from .errors import BadAnswer
 from .events import follow
 from .models import (
-    Dataset, GateReport, Job, JobEvent, JobLog, JobPage, Manifest, MetricsLine, ModelLine, Plugin,
-    PluginList, VerifyResult,
+    Dataset,
+    GateReport,
+    Job,
+    JobEvent,
+    JobLog,
+    JobPage,
+    Manifest,
+    MetricsLine,
+    ModelLine,
+    Plugin,
+    PluginList,
+    VerifyResult,
 )
 from .progress import Display
 from .spec import read_spec_file, with_datasets
@@ -61,8 +72,8 @@ def _rfc3339(when: datetime | str | None) -> str | None:
     if when is None or isinstance(when, str):
         return when
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class Client:
@@ -98,8 +109,15 @@ class Client:
     def __repr__(self) -> str:  # never the token
         return f"rlvr.Client(server={self.server!r})"
 
-    def _get(self, *segments: str, query: dict[str, Any] | None = None) -> Any:
+    def _get(self, *segments: str, query: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._http.call("GET", segments, query=query)[1]
+
+    def _list(self, key: str, *segments: str) -> list[dict[str, Any]]:
+        """The list under `key` of a GET's answer."""
+        items = self._get(*segments).get(key)
+        if not isinstance(items, list):
+            raise BadAnswer(f"unexpected answer from {self._http.url(segments)}: no list {key!r}")
+        return items
 
     # ---------------------------------------------------------------- daemon
 
@@ -156,8 +174,11 @@ class Client:
         normalised as the job record would keep it; queues nothing (local data files are
         uploaded, as `rlvrctl estimate` does). A refused spec raises `rlvr.Invalid` with the
         field."""
-        return self._http.call("POST", ["v1", "jobs"], query={"dry_run": True},
-                               json_body=self.prepare_spec(spec))[1]["spec"]
+        answer = self._http.call("POST", ["v1", "jobs"], query={"dry_run": True},
+                                 json_body=self.prepare_spec(spec))[1]
+        if not isinstance(answer.get("spec"), dict):
+            raise BadAnswer(f"unexpected answer from {self._http.url(['v1', 'jobs'])}: no spec")
+        return dict(answer["spec"])
 
     def estimate(self, spec: SpecLike) -> dict[str, Any]:
         """`POST /v1/estimate`: the spec's memory on each of its devices (`memory_gb`,
@@ -218,7 +239,7 @@ class Client:
 
     def metrics(self, job_id: str) -> list[MetricsLine]:
         """`GET /v1/jobs/{id}/metrics`: one line per step, and the held-out evaluations."""
-        return [MetricsLine.from_json(line) for line in self._get("v1", "jobs", job_id, "metrics")["lines"]]
+        return [MetricsLine.from_json(line) for line in self._list("lines", "v1", "jobs", job_id, "metrics")]
 
     def logs(self, job_id: str, *, since: int | None = None, bytes: int | None = None) -> JobLog:
         """`GET /v1/jobs/{id}/logs`: whole lines of the worker's log from byte `since` (the `end` of
@@ -285,7 +306,7 @@ class Client:
 
     def datasets(self) -> list[Dataset]:
         """`GET /v1/datasets`: the team's datasets, by name."""
-        return [Dataset.from_json(d) for d in self._get("v1", "datasets")["datasets"]]
+        return [Dataset.from_json(d) for d in self._list("datasets", "v1", "datasets")]
 
     def dataset(self, name: str) -> Dataset:
         """`GET /v1/datasets/{name}`."""
@@ -299,7 +320,7 @@ class Client:
 
     def model_lines(self) -> list[ModelLine]:
         """`GET /v1/model-lines`: the lines the team owns or was granted."""
-        return [ModelLine.from_json(line) for line in self._get("v1", "model-lines")["lines"]]
+        return [ModelLine.from_json(line) for line in self._list("lines", "v1", "model-lines")]
 
     def model_line(self, name: str) -> ModelLine:
         """`GET /v1/model-lines/{name}`: the line, with its published versions."""
@@ -373,14 +394,14 @@ class Client:
         return self._get("v1", "pipelines", pipeline_id)
 
     def pipelines(self) -> list[dict[str, Any]]:
-        return self._get("v1", "pipelines")["pipelines"]
+        return self._list("pipelines", "v1", "pipelines")
 
     def cancel_pipeline(self, pipeline_id: str) -> dict[str, Any]:
         return self._http.call("DELETE", ["v1", "pipelines", pipeline_id])[1]
 
     def curricula(self) -> list[dict[str, Any]]:
         """`GET /v1/curricula`: the team's curricula and those shared with it."""
-        return self._get("v1", "curricula")["curricula"]
+        return self._list("curricula", "v1", "curricula")
 
     def share_curriculum(self, name: str, readers: list[str]) -> dict[str, Any]:
         return self._http.call("PUT", ["v1", "curricula", name], json_body={"readers": readers})[1]

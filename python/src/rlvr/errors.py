@@ -62,7 +62,8 @@ class ApiError(RlvrError):
         return text
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(status={self.status}, code={self.code!r}, field={self.field!r}, message={self.message!r})"
+        return (f"{type(self).__name__}(status={self.status}, code={self.code!r}, field={self.field!r}, "
+                f"message={self.message!r})")
 
     @staticmethod
     def of(status: int, body: Any, url: str, retry_after: float | None, text: str) -> ApiError:

@@ -31,7 +31,9 @@ class SseParser:
     """The server-sent events parser of the WHATWG HTML spec (§9.2.6), fed one line at a time."""
 
     def __init__(self) -> None:
-        self._event, self._data, self._id = "", [], None
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
         #: The last complete event's id: what to send as `Last-Event-ID` when reconnecting.
         self.last_id: str | None = None
 

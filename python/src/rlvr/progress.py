@@ -58,7 +58,7 @@ class Display:
         self._last_progress = 0.0
         if bar is not False:
             try:
-                from tqdm.auto import tqdm
+                from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
             except ImportError:
                 if bar:
                     raise
