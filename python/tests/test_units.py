@@ -51,6 +51,63 @@ class SseParserTest(unittest.TestCase):
         self.assertEqual(parser.last_id, "1-0")
 
 
+def serve(answers):
+    """A server on 127.0.0.1 answering each request with the next of `answers` (bytes of a whole
+    HTTP answer) and closing the connection; returns its URL and the requests' heads."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    heads = []
+
+    def run():
+        for answer in answers:
+            connection, _ = listener.accept()
+            with connection:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += connection.recv(4096)
+                heads.append(head.decode().lower())
+                connection.sendall(answer)
+        listener.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", heads
+
+
+class FollowTest(unittest.TestCase):
+    def test_following_resumes_after_the_last_complete_event_when_the_stream_drops(self):
+        def event(event_id, state):
+            data = json.dumps({"id": event_id, "at": "2026-11-21T12:00:01Z", "state": state, "reason": "", "step": 0})
+            return f"event: state\nid: {event_id}\ndata: {data}\n\n"
+
+        head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+        # The first stream ends after one event, in the middle of the next one.
+        first = head + ": keep-alive\n\n" + event("1-0", "running") + "event: state\nid: 2-0\n"
+        second = head + event("3-0", "published")
+        server, heads = serve([first.encode(), second.encode()])
+        dropped = []
+        followed = list(events.follow(Transport(server, "s3cret"), "01J",
+                                      on_reconnect=lambda why, wait: dropped.append((why, wait))))
+        self.assertEqual([(e.id, e.state) for e in followed], [("1-0", "running"), ("3-0", "published")])
+        self.assertEqual(dropped, [("the daemon closed the stream", 0.5)])
+        self.assertTrue(heads[0].startswith("get /v1/jobs/01j/events "), heads[0])
+        self.assertNotIn("last-event-id", heads[0])
+        self.assertIn("last-event-id: 1-0", heads[1])
+        self.assertIn("authorization: bearer s3cret", heads[1])
+
+    def test_busy_answers_are_waited_out_a_few_times_then_raised(self):
+        busy = (b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 0\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\n\r\n{\"error\":{\"code\":\"rate_limited\",\"message\":\"slow down\"}}")
+        server, heads = serve([busy] * 4)
+        waits = []
+        client = rlvr.Client(server=server, token="t", on_busy=lambda status, wait: waits.append((status, wait)))
+        with self.assertRaises(rlvr.RateLimited) as caught:
+            client.job("01J")
+        self.assertEqual((len(heads), waits), (4, [(429, 0.0)] * 3), "three retries, then the answer")
+        self.assertEqual((str(caught.exception), caught.exception.retry_after), ("rate_limited: slow down", 0.0))
+
+
 class SpecTest(unittest.TestCase):
     def test_dataset_names_follow_rlvrctls_rule(self):
         cases = [("/x/train.jsonl", "train"), ("a b.jsonl", "a-b"), (".hidden.jsonl", "hidden"),
