@@ -256,7 +256,7 @@ impl Server {
         &self,
         method: Method,
         path: &str,
-        body: Option<reqwest::Body>,
+        body: Option<(&str, reqwest::Body)>,
         timeout: Duration,
     ) -> Result<Value, MlflowError> {
         let url = format!("{}{path}", self.base);
@@ -264,8 +264,8 @@ impl Server {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        if let Some(body) = body {
-            request = request.body(body);
+        if let Some((content_type, body)) = body {
+            request = request.header(reqwest::header::CONTENT_TYPE, content_type).body(body);
         }
         let answer = request.send().await.map_err(|error| match refusal_of(&error) {
             Some(refusal) => MlflowError::Refused(refusal.clone()),
@@ -288,7 +288,7 @@ impl Server {
 
     /// A JSON call to `/api/2.0/mlflow/<route>`.
     async fn call(&self, method: Method, route: &str, body: Option<Value>) -> Result<Value, MlflowError> {
-        let body = body.map(|body| reqwest::Body::from(body.to_string()));
+        let body = body.map(|body| ("application/json", reqwest::Body::from(body.to_string())));
         self.send(method, &format!("/api/2.0/mlflow/{route}"), body, CALL_TIMEOUT).await
     }
 
@@ -366,7 +366,8 @@ impl Server {
                  (mlflow server --serve-artifacts, its default, proxies them)"
             ),
         })?;
-        self.send(Method::PUT, &path, Some(reqwest::Body::from(bytes)), UPLOAD_TIMEOUT).await.map(drop)
+        let body = ("application/octet-stream", reqwest::Body::from(bytes));
+        self.send(Method::PUT, &path, Some(body), UPLOAD_TIMEOUT).await.map(drop)
     }
 }
 
