@@ -108,6 +108,22 @@ class FollowTest(unittest.TestCase):
         self.assertEqual((str(caught.exception), caught.exception.retry_after), ("rate_limited: slow down", 0.0))
 
 
+class DisplayTest(unittest.TestCase):
+    def test_plain_lines_say_each_state_and_the_steps_figures(self):
+        from rlvr.progress import Display
+
+        out = io.StringIO()
+        display = Display(bar=False, out=out)
+        display.state(rlvr.JobEvent.from_json({"id": "1-0", "at": "2026-11-21T12:00:01.000Z", "state": "running",
+                                               "reason": "worker pid 7 started", "step": 0}))
+        display.progress(rlvr.Job.from_json({"id": "j", "state": "running", "step": 6, "max_steps": 6,
+                                             "updated_at": "2026-11-21T12:00:09Z",
+                                             "progress": {"reward": 0.25, "kl": 0.001, "loss": None, "eta_s": 0}}))
+        display.close()
+        self.assertEqual(out.getvalue(), "12:00:01 running — worker pid 7 started\n"
+                                         "12:00:09 step 6/6 · reward 0.25 · KL 0.001 · ETA 0 s\n")
+
+
 class SpecTest(unittest.TestCase):
     def test_dataset_names_follow_rlvrctls_rule(self):
         cases = [("/x/train.jsonl", "train"), ("a b.jsonl", "a-b"), (".hidden.jsonl", "hidden"),
