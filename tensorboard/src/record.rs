@@ -71,8 +71,10 @@ pub struct Summary {
 pub struct SummaryValue {
     #[prost(string, tag = "1")]
     pub tag: String,
-    #[prost(float, tag = "2")]
-    pub simple_value: f32,
+    /// A member of the proto's `oneof value`, so written even when 0: a plain proto3 `float`
+    /// would leave a zero out, and TensorBoard would see a value that is not a scalar.
+    #[prost(float, optional, tag = "2")]
+    pub simple_value: Option<f32>,
 }
 
 /// `tensorflow.SessionLog`: only its status is written.
@@ -110,7 +112,7 @@ impl Event {
         let value = scalars
             .iter()
             // TensorBoard's scalars are 32-bit; the JSON log keeps the full value.
-            .map(|scalar| SummaryValue { tag: scalar.tag.clone(), simple_value: scalar.value as f32 })
+            .map(|scalar| SummaryValue { tag: scalar.tag.clone(), simple_value: Some(scalar.value as f32) })
             .collect();
         Event { wall_time, step: step_i64(step), what: Some(What::Summary(Summary { value })) }
     }
@@ -160,6 +162,8 @@ mod tests {
         let scalars = [
             Scalar { tag: "train/loss".to_owned(), value: 0.25 },
             Scalar { tag: "heldout/accuracy".to_owned(), value: 0.1 },
+            // regression: a zero was left out (proto3's default), and TensorBoard dropped the value.
+            Scalar { tag: "train/kl_ref".to_owned(), value: 0.0 },
         ];
         check_record(Event::scalars(1_700_000_000.5, 3, &scalars), GOLDEN_SCALARS);
     }
@@ -180,17 +184,20 @@ mod tests {
         "d1715dcb",
     );
     const GOLDEN_SCALARS: &str = concat!(
-        "3900000000000000", // 57 bytes
-        "8b0737f1",
+        "4e00000000000000", // 78 bytes
+        "c4b905ad",
         "0900002040fc54d941",                   // 1: wall_time 1700000000.5
         "1003",                                 // 2: step 3
-        "2a2c",                                 // 5: summary, 44 bytes
+        "2a41",                                 // 5: summary, 65 bytes
         "0a11",                                 // value 1, 17 bytes
         "0a0a747261696e2f6c6f7373",             // tag "train/loss"
         "150000803e",                           // simple_value 0.25f
         "0a17",                                 // value 2, 23 bytes
         "0a1068656c646f75742f6163637572616379", // tag "heldout/accuracy"
         "15cdcccc3d",                           // simple_value 0.1f
-        "fb23b585",
+        "0a13",                                 // value 3, 19 bytes
+        "0a0c747261696e2f6b6c5f726566",         // tag "train/kl_ref"
+        "1500000000",                           // simple_value 0.0f, present
+        "77977a19",
     );
 }

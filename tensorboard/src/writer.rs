@@ -214,7 +214,7 @@ mod tests {
         assert_eq!(events.len(), 4);
         assert_eq!(events[0], Event::file_version(10.0));
         assert_eq!((events[1].step, &events[1].what), (4, &Some(What::SessionLog(SessionLog { status: 1 }))));
-        assert_eq!((events[2].step, summary(&events[2])), (4, vec![("train/loss".to_owned(), 0.5)]));
+        assert_eq!((events[2].step, summary(&events[2])), (4, vec![("train/loss".to_owned(), Some(0.5))]));
         assert_eq!(events[3].step, 5);
         assert_eq!(summary(&events[3]).len(), 5);
         // The next process (a resume) starts its own file, after this one.
