@@ -1,0 +1,170 @@
+//! The job examples of `examples/jobs/` (what `rlvrctl init KIND` writes), against a real
+//! `rlvrd serve` with real Redis and every plugin they name: the examples the others start from
+//! (`sft.toml`, whose cold start most of them train on, and `rm.toml`, whose reward model
+//! `ppo.toml` scores with) run to published exactly as written, submitted by `rlvrctl submit`
+//! from the examples' folder; then every `*.toml` there — found by listing the folder, so a new
+//! example is covered without touching this file — passes the dry run of submit, its data
+//! uploaded as the team's datasets as rlvrctl does. And `data/make.sh` remakes the data files
+//! byte for byte, so what the examples' comments say about the data stays true.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rlvr_client::SpecFormat;
+use rlvr_tests::jobs::{api, client, ended, wait_job};
+use rlvr_tests::{Daemon, Redis, artifact, cli, sha256_hex, workspace_root};
+use serde_json::Value;
+
+/// Every plugin library an example names (the built-in optimizers and the reward-model grader
+/// need none).
+const PLUGINS: [&str; 9] = [
+    "rlvr-optimizer-sft",
+    "rlvr-optimizer-grpo",
+    "rlvr-optimizer-rloo",
+    "rlvr-optimizer-ppo",
+    "rlvr-optimizer-dpo",
+    "rlvr-optimizer-rm",
+    "rlvr-verifier-math",
+    "rlvr-verifier-format",
+    "rlvr-curriculum-frontier",
+];
+
+/// The examples' team is `demo`; this token acts for it.
+const DEMO_TOKEN: &str = "demo-team-token";
+
+/// The examples that publish what the others start from, run for real first.
+const PUBLISHERS: [&str; 2] = ["sft.toml", "rm.toml"];
+
+fn examples_dir() -> PathBuf {
+    workspace_root().join("examples/jobs")
+}
+
+/// Every job and pipeline spec of the examples, by name.
+fn examples() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(examples_dir())
+        .expect("examples/jobs")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// A pipeline spec has a `[pipeline]` table; it goes to the pipelines route.
+fn is_pipeline(text: &str) -> bool {
+    text.lines().any(|line| line.trim() == "[pipeline]")
+}
+
+/// The dry run of submit for `file`: its local data uploaded as the team's datasets (relative to
+/// its folder, as `rlvrctl submit` reads them), then `POST /v1/jobs?dry_run=true` (or
+/// `/v1/pipelines`): status and JSON answer.
+fn dry_run(daemon: &Daemon, file: &Path) -> (u16, Value) {
+    let text = fs::read_to_string(file).expect("read the example");
+    let base = file.parent().expect("the examples' folder");
+    let uploaded = api(daemon, Some(DEMO_TOKEN))
+        .upload_spec_data(&text, SpecFormat::Toml, base)
+        .unwrap_or_else(|error| panic!("{}: {error}", file.display()));
+    let route = if is_pipeline(&text) { "pipelines" } else { "jobs" };
+    let response = client()
+        .post(format!("{}/v1/{route}?dry_run=true", daemon.url))
+        .bearer_auth(DEMO_TOKEN)
+        .header("content-type", "application/toml")
+        .body(uploaded)
+        .send()
+        .unwrap_or_else(|error| panic!("{}: {error}\n{}", file.display(), daemon.log()));
+    let status = response.status().as_u16();
+    (status, response.json().unwrap_or(Value::Null))
+}
+
+#[test]
+fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_published() {
+    let started = Instant::now();
+    let redis = Redis::start();
+    // The demo team's token first (right after the harness's own [[auth.tokens]]); two CPU slots,
+    // so the two examples that run do so side by side; one libtorch thread per worker.
+    let config = format!(
+        "[[auth.tokens]]\nteam = \"demo\"\nsha256 = {:?}\nadmin = false\n\
+         [queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n",
+        sha256_hex(DEMO_TOKEN)
+    );
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config);
+    eprintln!("rlvrd serving with {} plugins ({:.0} s)", PLUGINS.len(), started.elapsed().as_secs_f64());
+    let examples = examples();
+    let names: Vec<String> =
+        examples.iter().map(|file| file.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    for publisher in PUBLISHERS {
+        assert!(names.iter().any(|name| name == publisher), "{publisher} is missing: {names:?}");
+    }
+
+    // The publishers, as a user runs them: `rlvrctl submit FILE` from the examples' folder.
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", DEMO_TOKEN)];
+    let jobs: Vec<(&str, String)> = PUBLISHERS
+        .iter()
+        .map(|name| {
+            let output = cli::run(&artifact("rlvrctl"), &["submit", name], &examples_dir(), &env);
+            assert!(output.status.success(), "rlvrctl submit {name}: {}", cli::text(&output));
+            (*name, String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        })
+        .collect();
+    for (name, id) in &jobs {
+        let job = wait_job(&daemon, id, Duration::from_secs(300), ended);
+        assert_eq!(job["state"], "published", "{name}: {job}\n{}", daemon.log());
+        eprintln!("{name}: published as {} ({:.0} s)", job["published"], started.elapsed().as_secs_f64());
+    }
+
+    // Every example, as written: the dry run checks what submit checks (plugins and their
+    // options, the data, the lines it names, resources) and queues nothing.
+    let mut refused = Vec::new();
+    for file in &examples {
+        let (status, answer) = dry_run(&daemon, file);
+        let name = file.file_name().unwrap().to_string_lossy();
+        if status != 200 {
+            refused.push(format!("{name}: {status} {answer}"));
+            continue;
+        }
+        // The answer is the spec as the job (or pipeline) would keep it: names pinned.
+        let text = answer.to_string();
+        assert!(!text.contains("\"data/"), "{name}: a local path left in {answer}");
+        if text.contains("line:tiny-arith-sft") {
+            assert!(text.contains("line:tiny-arith-sft@1"), "{name}: the line not pinned: {answer}");
+        }
+    }
+    assert!(refused.is_empty(), "examples refused by the dry run:\n{}", refused.join("\n"));
+    eprintln!("{} examples passed the dry run ({:.0} s)", examples.len(), started.elapsed().as_secs_f64());
+}
+
+/// `data/make.sh` writes exactly the data files the examples ship, and the folder stays small:
+/// `rlvrctl` carries all of it for `rlvrctl init`.
+#[test]
+fn the_example_data_is_what_make_sh_makes_and_the_folder_stays_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = examples_dir().join("data/make.sh");
+    let rlvrd = artifact("rlvrd");
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(&rlvrd)
+        .arg(dir.path())
+        .output()
+        .expect("run data/make.sh");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut made: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    made.sort();
+    let mut shipped: Vec<String> = fs::read_dir(examples_dir().join("data"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".jsonl"))
+        .collect();
+    shipped.sort();
+    assert_eq!(made, shipped);
+    for name in made {
+        let ours = fs::read(examples_dir().join("data").join(&name)).unwrap();
+        assert!(
+            ours == fs::read(dir.path().join(&name)).unwrap(),
+            "data/{name} differs from what make.sh makes"
+        );
+    }
+}
