@@ -6,6 +6,7 @@
 //! <state_dir>/jobs/<job id>/          JobDir
 //!   spec.json                         the spec, written once by the daemon before the first run
 //!   worker.log                        the workers' stderr, every run appended
+//!   mlflow.json                       with `[tracking]`: the job's MLflow run and what it was sent
 //!   run/                              RunDir: the worker's state (`rlvr-worker run --state-dir`)
 //!     job.json                        the run's identity: spec hash, pinned plugins, reference
 //!     metrics.jsonl                   one `MetricsLine` per step and held-out evaluation
@@ -71,6 +72,11 @@ impl JobDir {
     /// `worker.log`.
     pub fn worker_log(&self) -> PathBuf {
         self.root.join("worker.log")
+    }
+
+    /// `mlflow.json`: the daemon's record of the job's MLflow run (`[tracking]`).
+    pub fn mlflow(&self) -> PathBuf {
+        self.root.join("mlflow.json")
     }
 
     /// `run/`, the worker's state directory.

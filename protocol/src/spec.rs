@@ -1658,7 +1658,12 @@ max_steps = 10
                     "tracking.mlflow_uri: expected the server's base url, without query, fragment or spaces, got \"http://mlflow:5000/?next=x\"",
                 ],
             ),
-            (with("tracking", "uri = \"http://mlflow:5000\""), &["tracking.uri: unknown field `uri`, expected one of `mlflow_uri`, `experiment`, `token_secret`"]),
+            (
+                with("tracking", "uri = \"http://mlflow:5000\""),
+                &[
+                    "tracking.uri: unknown field `uri`, expected one of `mlflow_uri`, `experiment`, `token_secret`",
+                ],
+            ),
             // Every problem at once, ranges before relations.
             (
                 with("budget", "max_wall_minutes = 0.0").replace("max_steps = 10", "max_steps = 0"),

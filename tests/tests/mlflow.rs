@@ -7,14 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rlvr_tests::jobs::{ended, submit, submit_ok, wait_job};
 use rlvr_tests::{
-    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until, workspace_root,
+    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
+    workspace_root,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -70,7 +71,11 @@ impl MlflowServer {
 
     fn logs(&self) -> String {
         let stderr = self.log.with_file_name("mlflow.stderr");
-        format!("{}{}", fs::read_to_string(&self.log).unwrap_or_default(), fs::read_to_string(stderr).unwrap_or_default())
+        format!(
+            "{}{}",
+            fs::read_to_string(&self.log).unwrap_or_default(),
+            fs::read_to_string(stderr).unwrap_or_default()
+        )
     }
 
     /// A JSON call to `/api/2.0/mlflow/<route>` (a GET when `body` is `None`).
@@ -96,7 +101,8 @@ impl MlflowServer {
 
     /// The bytes of artifact `path` of `run` in `experiment`, through the server's proxy.
     fn artifact(&self, experiment: &str, run: &str, path: &str) -> Vec<u8> {
-        let url = format!("{}/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/{path}", self.url);
+        let url =
+            format!("{}/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/{path}", self.url);
         let answer = reqwest::blocking::get(&url).unwrap();
         assert!(answer.status().is_success(), "{path}: HTTP {}", answer.status());
         answer.bytes().unwrap().to_vec()
@@ -108,7 +114,8 @@ impl Drop for MlflowServer {
         // Its gunicorn/uvicorn workers are its children: the group goes.
         let group = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
-        if !wait_until(Duration::from_secs(10), || self.child.try_wait().is_ok_and(|status| status.is_some())) {
+        if !wait_until(Duration::from_secs(10), || self.child.try_wait().is_ok_and(|status| status.is_some()))
+        {
             let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
             let _ = self.child.wait();
         }
@@ -164,7 +171,8 @@ fn a_published_job_is_one_mlflow_run_with_its_params_metrics_status_and_files() 
     assert_eq!(job["state"], "published", "{job}\n{}", daemon.log());
 
     // The run: found by its tag, named by the job, FINISHED once the tracker saw the end.
-    let tracker_log = || daemon.log().lines().filter(|line| line.contains("mlflow")).collect::<Vec<_>>().join("\n");
+    let tracker_log =
+        || daemon.log().lines().filter(|line| line.contains("mlflow")).collect::<Vec<_>>().join("\n");
     let by_name = "experiments/get-by-name?experiment_name=tests%2Ftiny-arith";
     let mut experiment = Err(String::new());
     wait_until(Duration::from_secs(30), || {
@@ -192,7 +200,9 @@ fn a_published_job_is_one_mlflow_run_with_its_params_metrics_status_and_files() 
             .as_array()
             .unwrap()
             .iter()
-            .map(|pair| (pair["key"].as_str().unwrap().to_owned(), pair["value"].as_str().unwrap().to_owned()))
+            .map(|pair| {
+                (pair["key"].as_str().unwrap().to_owned(), pair["value"].as_str().unwrap().to_owned())
+            })
             .collect()
     };
     let (params, tags) = (pairs("params"), pairs("tags"));
@@ -207,7 +217,8 @@ fn a_published_job_is_one_mlflow_run_with_its_params_metrics_status_and_files() 
     for (key, value) in expected_tags {
         assert_eq!(tags.get(key), Some(&value), "tag {key}: {tags:?}");
     }
-    let expected_params = [("optimizer.plugin", "grpo"), ("rollout.max_new_tokens", "5"), ("verifiers.0.plugin", "math")];
+    let expected_params =
+        [("optimizer.plugin", "grpo"), ("rollout.max_new_tokens", "5"), ("verifiers.0.plugin", "math")];
     for (key, value) in expected_params {
         assert_eq!(params.get(key).map(String::as_str), Some(value), "param {key}: {params:?}");
     }
@@ -230,7 +241,8 @@ fn a_published_job_is_one_mlflow_run_with_its_params_metrics_status_and_files() 
 
     // The published files and the manifest, the same bytes as published.
     let published = PathBuf::from(job["published"].as_str().unwrap());
-    let manifest: Value = serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
     let listed = mlflow.call(&format!("artifacts/list?run_id={run_id}&path=model"), None);
     let mut names: Vec<&str> = listed["files"]
         .as_array()

@@ -1,11 +1,12 @@
 //! What `POST /v1/jobs` checks beyond the spec itself, so a job that cannot run is refused at
 //! submit, not at 3 a.m.: the plugins it names are loaded and of the right kind, their options
 //! are what they accept (each plugin's `check_options`, its keys named as the spec writes them:
-//! `verifiers[1].fallbak`), the URLs those options, its webhook and its MLflow server name are destinations the
-//! operator's `[outbound]` policy allows, they fit each other and the data (the rules the worker
-//! applies at start, `rlvr_plugin_host::fit`), its budget is sane, and its `[resources]` fit this
-//! daemon's devices. A runnable job's [`PluginRefs`] say which secrets its options name. What its
-//! names reach (datasets, models, the model line, secrets) is `tenancy`'s.
+//! `verifiers[1].fallbak`), the URLs those options, its webhook and its MLflow server name are
+//! destinations the operator's `[outbound]` policy allows, they fit each other and the data (the
+//! rules the worker applies at start, `rlvr_plugin_host::fit`), its budget is sane, and its
+//! `[resources]` fit this daemon's devices. A runnable job's [`PluginRefs`] say which secrets its
+//! options and its `[tracking]` name. What its names reach (datasets, models, the model line,
+//! secrets) is `tenancy`'s.
 
 use rlvr_plugin_api::PluginKind;
 use rlvr_plugin_host::options::{OptionsProblem, spec_field};
@@ -139,7 +140,8 @@ pub fn check_runnable(
     let webhook = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref());
     let urls = webhook.map(|url| ("publish.webhook", url)).into_iter();
     // The MLflow server the daemon logs the job to: a url a tenant wrote, as the webhook's.
-    let tracking = spec.tracking.as_ref().map(|tracking| ("tracking.mlflow_uri", tracking.mlflow_uri.as_str()));
+    let tracking =
+        spec.tracking.as_ref().map(|tracking| ("tracking.mlflow_uri", tracking.mlflow_uri.as_str()));
     let urls = urls.chain(tracking);
     let urls = urls.chain(refs.urls.iter().map(|(field, url)| (field.as_str(), url.as_str())));
     refuse_urls(outbound, urls, &mut problem);

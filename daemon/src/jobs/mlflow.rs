@@ -124,9 +124,7 @@ fn flatten(value: &Value, path: String, separator: char, leaf: &mut impl FnMut(S
 
 /// `part` in the characters MLflow allows in a key (letters, digits, `_ - . /` and space).
 fn key_chars(part: &str) -> String {
-    part.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "_-. ".contains(c) { c } else { '_' })
-        .collect()
+    part.chars().map(|c| if c.is_ascii_alphanumeric() || "_-. ".contains(c) { c } else { '_' }).collect()
 }
 
 /// At most `max` characters of `text`.
@@ -277,7 +275,11 @@ impl Server {
         }
         let text = answer.text().await.map_err(|error| MlflowError::Transport(describe(error)))?;
         if !status.is_success() {
-            return Err(MlflowError::Http { status: status.as_u16(), path: path.to_owned(), body: cut(&text, 500) });
+            return Err(MlflowError::Http {
+                status: status.as_u16(),
+                path: path.to_owned(),
+                body: cut(&text, 500),
+            });
         }
         if text.trim().is_empty() {
             return Ok(Value::Null);
@@ -316,7 +318,11 @@ impl Server {
 
     /// The run of job `job_id` in `experiment`, if one was made (`rlvr.job_id` tag): its id and
     /// artifact uri.
-    pub async fn find_run(&self, experiment: &str, job_id: &str) -> Result<Option<(String, String)>, MlflowError> {
+    pub async fn find_run(
+        &self,
+        experiment: &str,
+        job_id: &str,
+    ) -> Result<Option<(String, String)>, MlflowError> {
         let filter = format!("tags.`rlvr.job_id` = '{}'", job_id.replace('\'', "\\'"));
         let body = json!({ "experiment_ids": [experiment], "filter": filter, "max_results": 1 });
         let answer = self.call(Method::POST, "runs/search", Some(body)).await?;
@@ -331,8 +337,10 @@ impl Server {
         name: &str,
         tags: &[(String, String)],
     ) -> Result<(String, String), MlflowError> {
-        let tags: Vec<Value> = tags.iter().map(|(key, value)| json!({ "key": key, "value": value })).collect();
-        let body = json!({ "experiment_id": experiment, "run_name": name, "start_time": now_ms(), "tags": tags });
+        let tags: Vec<Value> =
+            tags.iter().map(|(key, value)| json!({ "key": key, "value": value })).collect();
+        let body =
+            json!({ "experiment_id": experiment, "run_name": name, "start_time": now_ms(), "tags": tags });
         let answer = self.call(Method::POST, "runs/create", Some(body)).await?;
         run_ids(&answer["run"]["info"], "runs/create")
     }
@@ -345,8 +353,9 @@ impl Server {
         metrics: &[Metric],
         tags: &[(String, String)],
     ) -> Result<(), MlflowError> {
-        let pairs =
-            |pairs: &[(String, String)]| -> Vec<Value> { pairs.iter().map(|(k, v)| json!({ "key": k, "value": v })).collect() };
+        let pairs = |pairs: &[(String, String)]| -> Vec<Value> {
+            pairs.iter().map(|(k, v)| json!({ "key": k, "value": v })).collect()
+        };
         let body = json!({ "run_id": run, "params": pairs(params), "metrics": metrics, "tags": pairs(tags) });
         self.call(Method::POST, "runs/log-batch", Some(body)).await.map(drop)
     }
@@ -358,7 +367,12 @@ impl Server {
     }
 
     /// Uploads `bytes` as the run's artifact `relative`, through the server's artifact proxy.
-    pub async fn upload(&self, artifact_uri: &str, relative: &str, bytes: Vec<u8>) -> Result<(), MlflowError> {
+    pub async fn upload(
+        &self,
+        artifact_uri: &str,
+        relative: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(), MlflowError> {
         let path = artifact_path(artifact_uri, relative).ok_or_else(|| MlflowError::Answer {
             path: "runs/create".into(),
             message: format!(
@@ -584,7 +598,12 @@ async fn sync_metrics(job: &TrackedJob, server: &Server, logged: &mut Logged) ->
 }
 
 /// The job's end: the published files as artifacts, the end's tags, the run's status.
-async fn finish(job: &TrackedJob, server: &Server, logged: &Logged, record: &JobView) -> Result<(), MlflowError> {
+async fn finish(
+    job: &TrackedJob,
+    server: &Server,
+    logged: &Logged,
+    record: &JobView,
+) -> Result<(), MlflowError> {
     let Some((status, mut tags)) = end_of(record) else { return Ok(()) };
     if let Some(published) = record.published.as_deref().filter(|_| record.state == JobState::Published) {
         tags.push(("rlvr.artifacts".into(), upload_published(server, logged, published.as_ref()).await?));
@@ -666,7 +685,10 @@ mod tests {
         for (key, expected) in cases {
             assert_eq!(params.get(key).map(String::as_str), expected, "{key}");
         }
-        let long = JobSpec { job: rlvr_protocol::spec::JobSection { name: "x".repeat(7000), ..spec().job }, ..spec() };
+        let long = JobSpec {
+            job: rlvr_protocol::spec::JobSection { name: "x".repeat(7000), ..spec().job },
+            ..spec()
+        };
         let name = params_of(&long, "job.name");
         assert_eq!(name.chars().count(), MAX_PARAM_VALUE);
     }
@@ -694,7 +716,8 @@ mod tests {
         ];
         let mut got_sorted = got.clone();
         got_sorted.sort_by(|a, b| a.0.cmp(&b.0));
-        let expected: Vec<(String, f64, u64)> = expected.iter().map(|(k, v)| (k.to_string(), *v, 3)).collect();
+        let expected: Vec<(String, f64, u64)> =
+            expected.iter().map(|(k, v)| (k.to_string(), *v, 3)).collect();
         assert_eq!(got_sorted, expected);
     }
 
@@ -714,7 +737,10 @@ mod tests {
     #[test]
     fn artifact_paths_follow_the_runs_artifact_uri() {
         let cases = [
-            ("mlflow-artifacts:/1/abc/artifacts", Some("/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/model/x")),
+            (
+                "mlflow-artifacts:/1/abc/artifacts",
+                Some("/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/model/x"),
+            ),
             (
                 "mlflow-artifacts://mlflow:5000/1/abc/artifacts",
                 Some("/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/model/x"),

@@ -309,7 +309,9 @@ impl Supervisor {
             None => None,
             // Read at each start, so a rotated secret is the one sent.
             Some(name) => match self.tenancy.team_secrets(&spec.job.team) {
-                Ok(secrets) if secrets.contains_key(name) => secrets.get(name).map(|s| s.expose().to_owned()),
+                Ok(secrets) if secrets.contains_key(name) => {
+                    secrets.get(name).map(|secret| secret.expose().to_owned())
+                }
                 _ => {
                     warn!(secret = %name, "mlflow: tracking.token_secret is not available; the run is not logged");
                     return None;
@@ -320,7 +322,7 @@ impl Supervisor {
         let job = mlflow::TrackedJob {
             id: id.to_owned(),
             spec: spec.clone(),
-            state_file: dir.path().join("mlflow.json"),
+            state_file: dir.mlflow(),
             metrics: dir.run().metrics(),
         };
         let server = mlflow::Server::new(self.outbound.clone(), tracking, token);
