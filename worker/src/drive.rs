@@ -372,7 +372,10 @@ impl Loop<'_> {
     }
 
     fn append_metrics(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
-        self.logs.metrics.append(line).map_err(|error| self.state_error(format!("metrics.jsonl: {error}")))?;
+        self.logs
+            .metrics
+            .append(line)
+            .map_err(|error| self.state_error(format!("metrics.jsonl: {error}")))?;
         if let Some(tensorboard) = &mut self.tensorboard
             && let Err(error) = tensorboard.append(line)
         {
