@@ -12,7 +12,9 @@
 //! request (4xx) or the input on this side is wrong (spec file, config file, server URL); 3 the
 //! daemon cannot be reached, answers 5xx, or answers something rlvrctl cannot read.
 
+mod init;
 mod logs;
+mod models;
 mod pipeline;
 mod render;
 mod report;
@@ -83,6 +85,40 @@ enum Command {
         /// Without it, rlvrctl sends a fresh key, so its own retries never make a second job.
         #[arg(long, value_name = "KEY", value_parser = parse_idempotency_key)]
         idempotency_key: Option<String>,
+        /// Only check it: the daemon checks the spec as a submit does (its plugins and their
+        /// options, data, names, resources) and prints it as the job would keep it (defaults
+        /// filled, names pinned); nothing is queued. A file with a [pipeline] table is checked
+        /// as a pipeline. Local data files are still uploaded as datasets (the check reads them).
+        #[arg(long, conflicts_with_all = ["wait", "idempotency_key"])]
+        dry_run: bool,
+    },
+    /// Write an example job spec of KIND (sft, grpo, rloo, ppo, dpo, lora, rm,
+    /// rejection-sampling, distill, pipeline) to DIR/KIND.toml, with the data files it names
+    /// under DIR/data/, commented and ready to run: `rlvrctl submit --wait DIR/KIND.toml`.
+    Init {
+        /// The job kind; `rlvrctl init --list` names them all.
+        #[arg(required_unless_present = "list")]
+        kind: Option<String>,
+        /// Where to write [default: the current directory].
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// List the kinds there is an example of.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Model lines and their published versions. No LINE: the lines your team may see. LINE:
+    /// its versions (job, step, held-out score, gates). LINE VERSION (a number or `latest`): that
+    /// version's manifest; with --download DIR, its files and manifest.json written to DIR, each
+    /// file checked against the manifest's SHA-256 (nothing is left behind when one differs).
+    Models {
+        /// The model line.
+        line: Option<String>,
+        /// A version number, or `latest`.
+        version: Option<String>,
+        /// Download the version (the newest when VERSION is left out) into DIR, which must be
+        /// empty or missing.
+        #[arg(long, value_name = "DIR", requires = "line")]
+        download: Option<PathBuf>,
     },
     /// Print a job spec's memory estimate on the daemon's devices, part by part: what it holds
     /// between phases (weights, reference, optimizer state) and what each phase adds (KV cache,
@@ -107,9 +143,19 @@ enum Command {
         /// failed, cancelled, preempted).
         #[arg(long)]
         state: Option<JobState>,
-        /// At most this many jobs [daemon's default: 100].
+        /// At most this many jobs a page [daemon's default: 100].
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
         limit: Option<u64>,
+        /// Only jobs submitted since then: a duration back from now (`90m`, `2h`, `7d`) or an
+        /// RFC 3339 time (`2026-11-28T09:00:00Z`).
+        #[arg(long, value_name = "WHEN", value_parser = parse_since)]
+        since: Option<String>,
+        /// The page after the one that printed this cursor (`more: --cursor ...`).
+        #[arg(long, conflicts_with = "all")]
+        cursor: Option<String>,
+        /// Every page, not only the first.
+        #[arg(long)]
+        all: bool,
     },
     /// Follow a job until it ends: one line per change of state, and a live progress bar
     /// (step, reward, held-out score, KL, tokens/s, ETA) while it trains.
@@ -139,7 +185,8 @@ enum Command {
     },
     /// Show a job's gate report: one line per criterion, pass or fail, with the measured value,
     /// the threshold and what it was compared with. Exit 0 when the gates passed (or an admin
-    /// forced the promotion), 1 when they refused, 2 when the job has not been gated yet.
+    /// forced the promotion), 1 when they refused or the job ended without being gated (failed,
+    /// cancelled; it says why), 2 when the job has not been gated yet.
     Gates {
         /// The job's id.
         id: String,
@@ -329,7 +376,22 @@ enum LineCommand {
     },
 }
 
-/// `--idempotency-key`: what the daemon accepts (it goes into a header).
+/// `list --since`: a duration back from now, or an RFC 3339 time; sent as RFC 3339.
+fn parse_since(text: &str) -> Result<String, String> {
+    since_at(text, std::time::SystemTime::now())
+}
+
+fn since_at(text: &str, now: std::time::SystemTime) -> Result<String, String> {
+    if let Ok(at) = humantime::parse_rfc3339_weak(text) {
+        return Ok(humantime::format_rfc3339_seconds(at).to_string());
+    }
+    let back = humantime::parse_duration(text).map_err(|_| {
+        format!("expected a duration back from now (90m, 2h, 7d) or an RFC 3339 time, got {text:?}")
+    })?;
+    let at = now.checked_sub(back).ok_or_else(|| format!("{text:?} reaches back before 1970"))?;
+    Ok(humantime::format_rfc3339_seconds(at).to_string())
+}
+
 /// `NAME=ENV_VAR` of `rlvrctl verify --secret`.
 fn parse_secret_arg(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -374,7 +436,24 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Ok(Client::with_config(settings, client_config())?)
     };
     match command {
-        Command::Submit { file, wait, idempotency_key } => {
+        Command::Submit { file, dry_run: true, .. } => {
+            let spec = read_spec(&file)?;
+            let api = connect(Auth::Token)?;
+            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+            let checked = if spec.is_pipeline() {
+                serde_json::to_value(api.dry_run_pipeline(&body, spec.format)?.spec)?
+            } else {
+                serde_json::to_value(api.dry_run(&body, spec.format)?.spec)?
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&checked)?);
+            } else {
+                print!("{}", spec::spec_text(&checked));
+            }
+            eprintln!("rlvrctl: {} passes the daemon's checks; nothing was queued", file.display());
+            Ok(Exit::Done)
+        }
+        Command::Submit { file, wait, idempotency_key, dry_run: false } => {
             // The spec first: a wrong file needs no daemon to be found out.
             let spec = read_spec(&file)?;
             let api = connect(Auth::Token)?;
@@ -415,14 +494,100 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             }
             Ok(Exit::Done)
         }
-        Command::List { team, state, limit } => {
-            let list = connect(Auth::Token)?.jobs(&JobQuery { team, state, limit })?;
+        Command::List { team, state, limit, since, cursor, all } => {
+            let api = connect(Auth::Token)?;
+            let mut query = JobQuery { team, state, limit, since, cursor };
+            let mut list = api.jobs(&query)?;
+            while all && let Some(next) = list.next.take() {
+                query.cursor = Some(next);
+                let page = api.jobs(&query)?;
+                list.jobs.extend(page.jobs);
+                list.next = page.next;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else if list.jobs.is_empty() {
                 eprintln!("rlvrctl: no jobs");
             } else {
                 print!("{}", format_table(LIST_HEADER, &list_rows(&list.jobs)));
+            }
+            if let (false, Some(next)) = (json, &list.next) {
+                eprintln!("rlvrctl: more: rlvrctl list --cursor {next} (or --all)");
+            }
+            Ok(Exit::Done)
+        }
+        Command::Init { list: true, .. } => {
+            println!("{}", init::kinds().join("\n"));
+            Ok(Exit::Done)
+        }
+        Command::Init { kind, dir, list: false } => {
+            let kind = kind.unwrap_or_default();
+            let written = init::init(&kind, &dir).map_err(|error| BadInput(error.to_string()))?;
+            println!("{}", written.spec.display());
+            for path in &written.data {
+                eprintln!("rlvrctl: wrote {}", path.display());
+            }
+            for path in &written.kept {
+                eprintln!("rlvrctl: kept {} (already there)", path.display());
+            }
+            eprintln!(
+                "rlvrctl: check it with `rlvrctl submit --dry-run {0}`, run it with `rlvrctl submit --wait {0}`",
+                written.spec.display()
+            );
+            Ok(Exit::Done)
+        }
+        Command::Models { line: None, .. } => {
+            let list = connect(Auth::Token)?.model_lines()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let rows: Vec<[String; 3]> = list
+                    .lines
+                    .iter()
+                    .map(|line| {
+                        let newest = line.versions.last().map_or("-".to_owned(), u64::to_string);
+                        [
+                            line.name.clone(),
+                            line.owner.clone(),
+                            format!("{} (newest {newest})", line.versions.len()),
+                        ]
+                    })
+                    .collect();
+                print!("{}", format_table(["LINE", "OWNER", "VERSIONS"], &rows));
+            }
+            Ok(Exit::Done)
+        }
+        Command::Models { line: Some(line), version: None, download: None } => {
+            let api = connect(Auth::Token)?;
+            let versions = api.model_line(&line)?.versions;
+            let manifests = versions
+                .iter()
+                .map(|version| api.manifest(&line, Some(*version)))
+                .collect::<Result<Vec<_>, _>>()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&manifests)?);
+            } else if manifests.is_empty() {
+                eprintln!("rlvrctl: model line {line} has no published version yet");
+            } else {
+                print!("{}", models::versions_table(&manifests));
+            }
+            Ok(Exit::Done)
+        }
+        Command::Models { line: Some(line), version, download } => {
+            let api = connect(Auth::Token)?;
+            let version =
+                version.as_deref().map(models::parse_version).transpose().map_err(BadInput)?.flatten();
+            let manifest = api.manifest(&line, version)?;
+            match download {
+                Some(dir) => {
+                    models::download(&api, &manifest, &dir).map_err(|error| match error {
+                        models::DownloadError::Http(http) => anyhow::Error::from(http),
+                        other => BadInput(other.to_string()).into(),
+                    })?;
+                    println!("{}", dir.display());
+                }
+                None if json => println!("{}", serde_json::to_string_pretty(&manifest)?),
+                None => print!("{}", models::manifest_block(&manifest)),
             }
             Ok(Exit::Done)
         }
@@ -442,8 +607,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Gates { id } => {
             let job = connect(Auth::Token)?.job(&id)?;
             let Some(report) = &job.gates else {
-                eprintln!("rlvrctl: job {id} is {} and has not been gated yet", job.state);
-                return Ok(Exit::Refused);
+                eprintln!("rlvrctl: {}", render::not_gated(&job));
+                // An ended job will never be gated: it ended otherwise.
+                return Ok(if job.state.is_terminal() { Exit::Ended } else { Exit::Refused });
             };
             if json {
                 println!("{}", serde_json::to_string_pretty(report)?);

@@ -200,6 +200,27 @@ pub(crate) fn list_rows(jobs: &[JobView]) -> Vec<[String; 10]> {
 pub(crate) const LIST_HEADER: [&str; 10] =
     ["ID", "TEAM", "NAME", "STATE", "STEP", "DEVICES", "GRANT", "PREEMPTED", "UPDATED", "REASON"];
 
+/// `rlvrctl gates` on a job without a gate report: why there is none, and what to do.
+pub(crate) fn not_gated(job: &JobView) -> String {
+    let id = &job.id;
+    let why = if job.reason.is_empty() { String::new() } else { format!(": {}", job.reason) };
+    match job.state {
+        JobState::Failed => format!(
+            "job {id} failed at step {} before it was gated{why}; `rlvrctl logs {id}` shows its worker's log",
+            job.step
+        ),
+        JobState::Cancelled => {
+            format!("job {id} was cancelled at step {} before it was gated{why}", job.step)
+        }
+        JobState::Refused => format!("job {id} was refused before it was gated{why}"),
+        JobState::Published => format!("job {id} was published without a gate report{why}"),
+        state => format!(
+            "job {id} is {state} (step {}/{}) and has not been gated yet; `rlvrctl watch {id}` follows it",
+            job.step, job.max_steps
+        ),
+    }
+}
+
 pub(crate) fn cancel_line(job: &JobView) -> String {
     if job.state == JobState::Cancelled {
         format!("cancelled job {}", job.id)

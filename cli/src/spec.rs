@@ -20,6 +20,20 @@ pub(crate) struct PreparedSpec {
     pub(crate) format: SpecFormat,
 }
 
+impl PreparedSpec {
+    /// Whether it is a pipeline spec (a `pipeline` table), which goes to the pipelines routes.
+    pub(crate) fn is_pipeline(&self) -> bool {
+        match self.format {
+            SpecFormat::Toml => {
+                self.body.parse::<toml::Table>().is_ok_and(|table| table.contains_key("pipeline"))
+            }
+            SpecFormat::Json => {
+                serde_json::from_str::<Value>(&self.body).is_ok_and(|spec| spec.get("pipeline").is_some())
+            }
+        }
+    }
+}
+
 /// Reads a spec file and makes its paths absolute (see [`prepare_spec`]).
 pub(crate) fn read_spec(file: &Path) -> Result<PreparedSpec, BadInput> {
     let text = std::fs::read_to_string(file)
@@ -142,6 +156,25 @@ pub(crate) fn fresh_idempotency_key(file: &Path) -> String {
     hash.update(now.as_nanos().to_le_bytes());
     hash.update(file.as_os_str().as_encoded_bytes());
     format!("rlvrctl-{}", hex::encode(&hash.finalize()[..16]))
+}
+
+/// A spec the daemon answered with, as TOML: JSON's nulls (keys left at their defaults) have no
+/// TOML form and are left out, as a spec file leaves them out. JSON when TOML cannot hold it.
+pub(crate) fn spec_text(spec: &Value) -> String {
+    fn without_nulls(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .filter(|(_, item)| !item.is_null())
+                    .map(|(key, item)| (key.clone(), without_nulls(item)))
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(items.iter().map(without_nulls).collect()),
+            other => other.clone(),
+        }
+    }
+    toml::to_string(&without_nulls(spec))
+        .unwrap_or_else(|_| serde_json::to_string_pretty(spec).unwrap_or_default() + "\n")
 }
 
 #[cfg(test)]
@@ -275,5 +308,11 @@ mod tests {
             absolute_path("data", "~", Path::new("/b"), Some(Path::new("/h"))),
             Ok(Some("/h".to_owned()))
         );
+    }
+
+    #[test]
+    fn a_checked_spec_prints_as_toml_without_its_nulls() {
+        let spec = serde_json::json!({"job": {"name": "a", "priority": null}, "verifiers": [{"plugin": "math", "x": null}]});
+        assert_eq!(spec_text(&spec), "[job]\nname = \"a\"\n\n[[verifiers]]\nplugin = \"math\"\n");
     }
 }

@@ -12,10 +12,11 @@ use rlvr_protocol::api::{
 };
 
 use crate::spec_data::SpecDataError;
+use rlvr_protocol::gates::Manifest;
 use rlvr_protocol::job::{
-    ApiError, ErrorBody, Estimate, JobList, JobLog, JobState, JobView, MetricsHistory, Submitted,
+    ApiError, DryRun, ErrorBody, Estimate, JobList, JobLog, JobState, JobView, MetricsHistory, Submitted,
 };
-use rlvr_protocol::pipeline::{PipelineList, PipelineView};
+use rlvr_protocol::pipeline::{PipelineDryRun, PipelineList, PipelineView};
 use rlvr_protocol::worker::MetricsLine;
 use serde::de::DeserializeOwned;
 
@@ -97,6 +98,10 @@ pub struct JobQuery {
     pub state: Option<JobState>,
     /// At most this many (the daemon's default: 100).
     pub limit: Option<u64>,
+    /// Only jobs submitted at or after this time (RFC 3339).
+    pub since: Option<String>,
+    /// The page after the one that answered with this `next`.
+    pub cursor: Option<String>,
 }
 
 impl JobQuery {
@@ -105,6 +110,8 @@ impl JobQuery {
         query.extend(self.team.clone().map(|team| ("team", team)));
         query.extend(self.state.map(|state| ("state", state.to_string())));
         query.extend(self.limit.map(|limit| ("limit", limit.to_string())));
+        query.extend(self.since.clone().map(|since| ("since", since)));
+        query.extend(self.cursor.clone().map(|cursor| ("cursor", cursor)));
         query
     }
 }
@@ -274,6 +281,32 @@ impl Client {
         idempotency_key: Option<&str>,
     ) -> Result<Submitted, HttpError> {
         self.post_spec(&["v1", "jobs"], spec, format, idempotency_key)
+    }
+
+    /// `POST /v1/jobs?dry_run=true`: the spec checked as a submit checks it and answered as the
+    /// job would keep it; queues nothing.
+    pub fn dry_run(&self, spec: &str, format: SpecFormat) -> Result<DryRun, HttpError> {
+        self.post_dry_run(&["v1", "jobs"], spec, format)
+    }
+
+    /// `POST /v1/pipelines?dry_run=true`: every stage checked; queues nothing.
+    pub fn dry_run_pipeline(&self, spec: &str, format: SpecFormat) -> Result<PipelineDryRun, HttpError> {
+        self.post_dry_run(&["v1", "pipelines"], spec, format)
+    }
+
+    fn post_dry_run<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        spec: &str,
+        format: SpecFormat,
+    ) -> Result<T, HttpError> {
+        let url = self.url(segments, &[("dry_run", "true".to_owned())]);
+        let response = self.send(&url, || {
+            self.request(Method::POST, &url).header(CONTENT_TYPE, format.content_type()).body(spec.to_owned())
+        })?;
+        let (status, answer) = self.read(&url, response)?;
+        expect_status(&url, status, StatusCode::OK)?;
+        Ok(answer)
     }
 
     /// A spec's text POSTed to `segments`, answered 201 (`created`) or 200 (an earlier submit
@@ -457,6 +490,30 @@ impl Client {
     /// `GET /v1/model-lines/{name}`.
     pub fn model_line(&self, name: &str) -> Result<ModelLine, HttpError> {
         self.get(&["v1", "model-lines", name], &[])
+    }
+
+    /// `GET /v1/model-lines/{name}/versions/{version}`: a published version's manifest (the
+    /// newest when `version` is `None`).
+    pub fn manifest(&self, line: &str, version: Option<u64>) -> Result<Manifest, HttpError> {
+        let version = version.map_or_else(|| "latest".to_owned(), |number| number.to_string());
+        self.get(&["v1", "model-lines", line, "versions", &version], &[])
+    }
+
+    /// `GET /v1/model-lines/{name}/versions/{version}/files/{file}`: streams one file of a
+    /// published version into `sink`; its bytes are the caller's to check against the manifest.
+    pub fn download_file(
+        &self,
+        line: &str,
+        version: u64,
+        file: &str,
+        sink: &mut dyn std::io::Write,
+    ) -> Result<u64, HttpError> {
+        let url =
+            self.url(&["v1", "model-lines", line, "versions", &version.to_string(), "files", file], &[]);
+        let mut response = self.send(&url, || self.request(Method::GET, &url))?;
+        response
+            .copy_to(sink)
+            .map_err(|error| HttpError::Unreachable { url: url.to_string(), detail: reqwest_detail(&error) })
     }
 
     /// `PUT /v1/model-lines/{name}`: creates the line for the team or changes it.
@@ -715,7 +772,12 @@ mod tests {
         let query = [("team", "a b".to_owned()), ("limit", "5".to_owned())];
         let url = api_url(&server("https://h/rlvr/"), &["v1", "jobs"], &query);
         assert_eq!(url.as_str(), "https://h/rlvr/v1/jobs?team=a+b&limit=5");
-        let query = JobQuery { team: Some("t".to_owned()), state: Some(JobState::Running), limit: Some(3) };
+        let query = JobQuery {
+            team: Some("t".to_owned()),
+            state: Some(JobState::Running),
+            limit: Some(3),
+            ..JobQuery::default()
+        };
         assert_eq!(
             api_url(&server("http://h"), &["v1", "jobs"], &query.pairs()).as_str(),
             "http://h/v1/jobs?team=t&state=running&limit=3"

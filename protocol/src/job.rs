@@ -309,6 +309,16 @@ impl FromStr for ListCursor {
     }
 }
 
+/// `POST /v1/jobs`' 200 answers: the job an earlier submit with the same `Idempotency-Key` made,
+/// or, with `dry_run=true`, the checked spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum SubmitAnswer {
+    Submitted(Submitted),
+    DryRun(Box<DryRun>),
+}
+
 /// `POST /v1/jobs?dry_run=true` answer: the spec checked as a submit checks it, queued nowhere.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -354,6 +354,25 @@ pub struct PipelineEvent {
     pub reason: String,
 }
 
+/// `POST /v1/pipelines?dry_run=true` answer: every stage checked as the submit checks it,
+/// queued nowhere.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PipelineDryRun {
+    /// The pipeline spec as it was read, with its defaults.
+    pub spec: PipelineSpec,
+}
+
+/// `POST /v1/pipelines`' 200 answers: the pipeline an earlier submit with the same
+/// `Idempotency-Key` made, or, with `dry_run=true`, the checked spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum PipelineSubmitAnswer {
+    Submitted(crate::job::Submitted),
+    DryRun(Box<PipelineDryRun>),
+}
+
 /// `GET /v1/pipelines` answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

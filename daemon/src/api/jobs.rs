@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use rlvr_protocol::job::{
     ApiError, DryRun, ErrorBody, Estimate, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState,
-    JobView, ListCursor, Submitted, valid_idempotency_key,
+    JobView, ListCursor, SubmitAnswer, Submitted, valid_idempotency_key,
 };
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use rlvr_queue::dispatch::new_task_id;
@@ -202,8 +202,7 @@ pub(crate) type Answer<T> = Result<T, Failure>;
     params(SubmitQuery, ("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key (within 24 h) gets the same job")),
     responses(
         (status = 201, description = "Queued", body = Submitted),
-        (status = 200, description = "`dry_run=true`: the spec as the job would keep it; nothing queued", body = DryRun),
-        (status = 200, description = "The job an earlier submit with this Idempotency-Key made", body = Submitted),
+        (status = 200, description = "The job an earlier submit with this Idempotency-Key made; with dry_run=true, the spec as the job would keep it (nothing queued)", body = SubmitAnswer),
         (status = 400, description = "Not a spec (syntax, types, unknown fields)", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 408, description = "The body came slower than api.body_timeout_s", body = ErrorBody),
@@ -257,7 +256,7 @@ pub struct SubmitQuery {
     /// Check the spec as a submit does (plugins and their options, files, names, resources)
     /// and answer 200 with it as the job would keep it; queue nothing.
     #[serde(default)]
-    dry_run: bool,
+    pub(super) dry_run: bool,
 }
 
 /// A spec's problems beyond itself, as submit found them, with the status they answer.

@@ -13,10 +13,12 @@ use axum::body::Body;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use rlvr_protocol::job::{ErrorBody, Submitted};
 use rlvr_protocol::pipeline::{
-    OutputKind, PipelineEvent, PipelineList, PipelineSpec, PipelineState, PipelineView, fill, inputs,
+    OutputKind, PipelineDryRun, PipelineEvent, PipelineList, PipelineSpec, PipelineState,
+    PipelineSubmitAnswer, PipelineView, fill, inputs,
 };
 use rlvr_protocol::spec::SpecError;
 use rlvr_queue::dispatch::new_task_id;
@@ -26,8 +28,8 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::jobs::{
-    Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, check_spec, idempotency_key, read_body,
-    stream_position, valid_id,
+    Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, SubmitQuery, check_spec, idempotency_key,
+    read_body, stream_position, valid_id,
 };
 
 fn store(state: &JobsState) -> PipelineStore {
@@ -50,10 +52,10 @@ fn from_store(id: &str, error: StoreError) -> Failure {
     post,
     path = "/v1/pipelines",
     request_body(content = PipelineSpec, description = "The pipeline spec: [pipeline] name, team and [[stages]], each a job spec; \"previous\" in model.policy, model.reference or data.train takes the previous stage's output"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key (within 24 h) gets the same pipeline")),
+    params(SubmitQuery, ("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key (within 24 h) gets the same pipeline")),
     responses(
         (status = 201, description = "Running", body = Submitted),
-        (status = 200, description = "The pipeline an earlier submit with this Idempotency-Key made", body = Submitted),
+        (status = 200, description = "The pipeline an earlier submit with this Idempotency-Key made; with dry_run=true, the spec with every stage checked (nothing queued)", body = PipelineSubmitAnswer),
         (status = 400, description = "Not a pipeline spec (syntax, types, unknown fields)", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 408, description = "The body came slower than api.body_timeout_s", body = ErrorBody),
@@ -68,9 +70,12 @@ fn from_store(id: &str, error: StoreError) -> Failure {
 pub async fn submit(
     State(state): State<Arc<JobsState>>,
     Extension(caller): Extension<Caller>,
+    query: Result<Query<SubmitQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Answer<(StatusCode, Json<Submitted>)> {
+) -> Answer<Response> {
+    let Query(query) = query
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     let body = read_body(body, state.max_body_bytes).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| Failure::new(StatusCode::BAD_REQUEST, "invalid_spec", "expected a UTF-8 body"))?;
@@ -90,11 +95,14 @@ pub async fn submit(
     }
     let idempotency_key = idempotency_key(&headers)?;
     check_stages(&state, &spec).await?;
+    if query.dry_run {
+        return Ok(Json(PipelineDryRun { spec }).into_response());
+    }
     let store = store(&state);
     match store.submit(&new_task_id(), &spec, idempotency_key.as_deref()).await? {
         SubmitOutcome::Created { id, .. } => {
             tracing::info!(pipeline = %id, team = %spec.pipeline.team, name = %spec.pipeline.name, stages = spec.stages.len(), "pipeline submitted");
-            Ok((StatusCode::CREATED, Json(Submitted { id, created: true })))
+            Ok((StatusCode::CREATED, Json(Submitted { id, created: true })).into_response())
         }
         SubmitOutcome::Existing { id } => {
             if store.spec(&id).await? != spec {
@@ -105,7 +113,7 @@ pub async fn submit(
                 )
                 .field("Idempotency-Key"));
             }
-            Ok((StatusCode::OK, Json(Submitted { id, created: false })))
+            Ok((StatusCode::OK, Json(Submitted { id, created: false })).into_response())
         }
     }
 }
