@@ -33,7 +33,9 @@ exec 9>"$DIR/.lock"
 flock 9
 
 [ -x /usr/bin/chromium ] || apt_install chromium
-command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
 node_major=$(node -p 'process.versions.node.split(".")[0]')
 if [ "$node_major" -lt 20 ]; then
     echo "node $(node --version) is too old: playwright-core needs Node.js 20 or newer" >&2

@@ -321,14 +321,14 @@ async function jobsPage(view, signal) {
     next = answer.next || null;
     draw();
   };
-  more.addEventListener('click', async () => {
+  more.addEventListener('click', () => (async () => {
     const query = new URLSearchParams({ limit: '100', cursor: next });
     if (stateFilter.value) query.set('state', stateFilter.value);
     const answer = await getJson(`/v1/jobs?${query}`, { signal });
     jobs = jobs.concat(answer.jobs);
     next = answer.next || null;
     draw();
-  });
+  })().catch(showError));
   const remember = () => {
     const query = new URLSearchParams();
     if (stateFilter.value) query.set('state', stateFilter.value);
@@ -386,9 +386,10 @@ function chart(spec, lines) {
   if (!all.length) {
     svg.append(s('text', { x: width / 2, y: height / 2, 'text-anchor': 'middle', class: 'empty' }, 'no data yet'));
   }
-  const xs = all.map((point) => point[0]), ys = all.map((point) => point[1]);
-  let [x0, x1] = [Math.min(...xs, 0), Math.max(...xs, 1)];
-  let [y0, y1] = all.length ? [Math.min(...ys), Math.max(...ys)] : [0, 1];
+  // Folded rather than spread: a long job has more points than a call takes arguments.
+  const extent = (values, start) => values.reduce(([low, high], value) => [Math.min(low, value), Math.max(high, value)], start);
+  let [x0, x1] = extent(all.map((point) => point[0]), [0, 1]);
+  let [y0, y1] = all.length ? extent(all.map((point) => point[1]), [Infinity, -Infinity]) : [0, 1];
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
   if (x0 === x1) x1 = x0 + 1;
   const X = (x) => left + ((x - x0) / (x1 - x0)) * (width - left - right);
@@ -408,7 +409,8 @@ function chart(spec, lines) {
     if (one.points.length > 1) {
       group.append(s('polyline', { points: one.points.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(' '), class: 'line' }));
     }
-    for (const [x, y] of one.points) {
+    // Each point as a dot with its value on hover, while there are few enough to see apart.
+    for (const [x, y] of one.points.length <= 200 ? one.points : []) {
       group.append(s('circle', { cx: X(x).toFixed(1), cy: Y(y).toFixed(1), r: 2.5, class: 'point' }, s('title', {}, `step ${x}: ${y}`)));
     }
     svg.append(group);
@@ -509,11 +511,11 @@ async function jobPage(view, id, signal) {
     }
     logEnd = chunk.end;
   });
-  const refreshJob = async () => {
+  const refreshJob = singleFlight(async () => {
     job = await getJson(`/v1/jobs/${encodeURIComponent(id)}`, { signal });
     drawSummary();
     drawGates();
-  };
+  });
   const quietly = (promise) => promise.catch((error) => { if (!signal.aborted) console.warn(error); });
 
   drawSummary();

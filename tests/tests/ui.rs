@@ -16,6 +16,10 @@ use serde_json::Value;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 
+/// Steps of the watched job: about 0.15 to 0.3 s each here, so the page, which needs about 2 s to
+/// start and log in, sees it train for several seconds.
+const STEPS: u32 = 40;
+
 /// One CPU slot that a job fills (`memory_gb = 8`), so team `others`' job waits for ours and the
 /// one being watched runs alone.
 const CONFIG: &str = "[queue]\nworker_threads = 1\n[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n";
@@ -34,8 +38,13 @@ fn job(data: &Path, name: &str, team: &str, line: &str, steps: u32) -> String {
 /// Runs `scripts/ui-browser.sh`: the node_modules directory holding playwright-core.
 fn install_browser() -> String {
     let started = Instant::now();
-    let output = Command::new(workspace_root().join("scripts/ui-browser.sh")).output().expect("run ui-browser.sh");
-    assert!(output.status.success(), "scripts/ui-browser.sh failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let output =
+        Command::new(workspace_root().join("scripts/ui-browser.sh")).output().expect("run ui-browser.sh");
+    assert!(
+        output.status.success(),
+        "scripts/ui-browser.sh failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     eprintln!("browser and playwright-core ready in {:.1} s", started.elapsed().as_secs_f64());
     String::from_utf8(output.stdout).expect("utf-8 path").trim().to_owned()
 }
@@ -48,8 +57,9 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
 
-    let ours = submit_ok(&daemon, &job(&data, "watched-on-the-page", "tests", "tiny-arith", 30));
-    let (status, theirs) = submit(&daemon, OTHER_TOKEN, &job(&data, "another-teams", "others", "others-line", 2), None);
+    let ours = submit_ok(&daemon, &job(&data, "watched-on-the-page", "tests", "tiny-arith", STEPS));
+    let (status, theirs) =
+        submit(&daemon, OTHER_TOKEN, &job(&data, "another-teams", "others", "others-line", 2), None);
     assert_eq!(status, 201, "{theirs}");
     let theirs = theirs["id"].as_str().unwrap().to_owned();
     // The page is opened on a job that is training, so its curve has room to grow.
@@ -64,6 +74,7 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
         .env("RLVR_UI_URL", &daemon.url)
         .env("RLVR_UI_TOKEN", TEAM_TOKEN)
         .env("RLVR_UI_JOB", &ours)
+        .env("RLVR_UI_STEPS", STEPS.to_string())
         .env("RLVR_UI_OTHER_JOB", &theirs)
         .env("RLVR_UI_SCREENSHOT", &screenshot)
         .output()
@@ -81,7 +92,9 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert_eq!(seen["page"]["content_type"], "text/html; charset=utf-8", "{context}");
     assert_eq!(seen["page"]["nosniff"], "nosniff", "{context}");
     let csp = seen["page"]["csp"].as_str().unwrap_or_default();
-    for directive in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
+    for directive in
+        ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"]
+    {
         assert!(csp.contains(directive), "{directive} not in {csp:?}");
     }
     assert!(seen["wrong_token"].as_str().unwrap().contains("token refused"), "{context}");
@@ -101,20 +114,23 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
 
     // The reward curve grew while the job ran: more points at a later sample, both running.
     let samples = seen["samples"].as_array().unwrap();
-    let running: Vec<i64> =
-        samples.iter().filter(|sample| sample["state"] == "running").map(|sample| sample["points"].as_i64().unwrap()).collect();
+    let running: Vec<i64> = samples
+        .iter()
+        .filter(|sample| sample["state"] == "running")
+        .map(|sample| sample["points"].as_i64().unwrap())
+        .collect();
     let grew = running.windows(2).filter(|pair| pair[1] > pair[0]).count();
     assert!(grew >= 3, "the reward curve grew {grew} times while running: {running:?}\n{context}");
     // And, the job over, every step is on it, and the other curves are there.
     assert_eq!(seen["final_state"], "published", "{context}");
     let charts = &seen["charts"];
-    assert_eq!(charts["reward"]["reward"], 30, "{context}");
-    assert_eq!(charts["reward"]["component math"], 30, "{context}");
-    assert_eq!(charts["length"]["length"], 30, "{context}");
-    assert_eq!(charts["step-time"]["step time"], 30, "{context}");
-    assert_eq!(charts["kl"]["kl"], 30, "{context}");
-    // Before the first step, every 5, and after the last (which is step 30's).
-    assert_eq!(charts["heldout"]["held-out"], 7, "{context}");
+    assert_eq!(charts["reward"]["reward"], STEPS, "{context}");
+    assert_eq!(charts["reward"]["component math"], STEPS, "{context}");
+    assert_eq!(charts["length"]["length"], STEPS, "{context}");
+    assert_eq!(charts["step-time"]["step time"], STEPS, "{context}");
+    assert_eq!(charts["kl"]["kl"], STEPS, "{context}");
+    // Before the first step, then every 5 (the last step's is the final evaluation).
+    assert_eq!(charts["heldout"]["held-out"], STEPS / 5 + 1, "{context}");
     let events: Vec<&str> = seen["events"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert_eq!(events.first(), Some(&"queued"), "{context}");
     assert_eq!(events.last(), Some(&"published"), "{context}");
@@ -143,7 +159,8 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert_eq!(seen["other_team"]["code"], "not_found", "{context}");
 
     // Plugins, model lines and the published version's manifest.
-    let mut plugins: Vec<&str> = seen["plugins"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let mut plugins: Vec<&str> =
+        seen["plugins"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     plugins.sort_unstable();
     assert_eq!(plugins.len(), 2, "{context}");
     assert!(plugins[0].starts_with("grpo@") && plugins[1].starts_with("math@"), "{plugins:?}");

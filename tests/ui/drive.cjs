@@ -4,7 +4,8 @@
 // page. Prints one JSON object of what it saw; the Rust test judges it.
 //
 // Input (environment): RLVR_UI_URL (the daemon), RLVR_UI_TOKEN (team A's), RLVR_UI_JOB (team A's
-// running job), RLVR_UI_OTHER_JOB (team B's job), RLVR_UI_SCREENSHOT (the PNG to write).
+// running job) and RLVR_UI_STEPS (its steps), RLVR_UI_OTHER_JOB (team B's job),
+// RLVR_UI_SCREENSHOT (the PNG to write).
 // NODE_PATH names the node_modules of scripts/ui-browser.sh.
 
 const { chromium } = require('playwright-core');
@@ -21,6 +22,7 @@ async function main() {
   const jobId = env('RLVR_UI_JOB');
   const otherJob = env('RLVR_UI_OTHER_JOB');
   const screenshot = env('RLVR_UI_SCREENSHOT');
+  const steps = Number(env('RLVR_UI_STEPS'));
   const started = Date.now();
   const seconds = () => (Date.now() - started) / 1000;
   const result = { console_errors: [], requests_without_token: [], timings: {} };
@@ -104,7 +106,7 @@ async function main() {
     ])));
     result.events = await page.$$eval('#events tbody tr', (rows) => rows.map((row) => row.dataset.state));
     const log = await page.textContent('#log');
-    result.log = { chars: log.length, escapes: log.includes('\x1b'), first_step: log.includes('step 1/'), last_step: log.includes('step 30/30') };
+    result.log = { chars: log.length, escapes: log.includes('\x1b'), first_step: log.includes('step 1/'), last_step: log.includes(`step ${steps}/${steps} `) };
 
     // The gate table.
     await page.click('#gates-details > summary');

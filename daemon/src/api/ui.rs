@@ -8,8 +8,8 @@
 //! still run nothing; the script itself never builds markup from data.
 
 use axum::Router;
-use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::http::StatusCode;
+use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
@@ -29,8 +29,16 @@ const INDEX: Asset = Asset {
 
 const ASSETS: [Asset; 3] = [
     INDEX,
-    Asset { name: "app.js", content_type: "text/javascript; charset=utf-8", bytes: include_bytes!("../../ui/app.js") },
-    Asset { name: "app.css", content_type: "text/css; charset=utf-8", bytes: include_bytes!("../../ui/app.css") },
+    Asset {
+        name: "app.js",
+        content_type: "text/javascript; charset=utf-8",
+        bytes: include_bytes!("../../ui/app.js"),
+    },
+    Asset {
+        name: "app.css",
+        content_type: "text/css; charset=utf-8",
+        bytes: include_bytes!("../../ui/app.css"),
+    },
 ];
 
 /// What the page may load and reach: its own files, and the API on the same origin.
@@ -86,6 +94,67 @@ fn serve(asset: &Asset, headers: &HeaderMap) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    /// What the router answers to `GET path` with `headers`: status, the headers that matter here
+    /// (content type, location, CSP, nosniff, cache control) and the body's length.
+    fn get(path: &str, headers: &[(&str, &str)]) -> (u16, [Option<String>; 5], usize) {
+        let mut request = Request::get(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let response = routes().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+            let header = |name: header::HeaderName| {
+                response.headers().get(name).map(|value| value.to_str().unwrap().to_owned())
+            };
+            let seen = [
+                header(header::CONTENT_TYPE),
+                header(header::LOCATION),
+                header(header::CONTENT_SECURITY_POLICY),
+                header(header::X_CONTENT_TYPE_OPTIONS),
+                header(header::CACHE_CONTROL),
+            ];
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+            (status, seen, body.len())
+        })
+    }
+
+    #[test]
+    fn each_path_gets_its_file_with_its_type_and_the_locked_down_headers() {
+        let csp = Some(CONTENT_SECURITY_POLICY.to_owned());
+        let nosniff = Some("nosniff".to_owned());
+        let check = |path: &str, status: u16, content_type: Option<&str>, length: usize| {
+            let (got, [kind, _, policy, sniff, _], body) = get(path, &[]);
+            assert_eq!((got, kind.as_deref(), body), (status, content_type, length), "{path}");
+            assert_eq!((&policy, &sniff), (&csp, &nosniff), "{path}");
+        };
+        check("/ui/", 200, Some("text/html; charset=utf-8"), INDEX.bytes.len());
+        check("/ui/index.html", 200, Some("text/html; charset=utf-8"), INDEX.bytes.len());
+        check("/ui/app.js", 200, Some("text/javascript; charset=utf-8"), ASSETS[1].bytes.len());
+        check("/ui/app.css", 200, Some("text/css; charset=utf-8"), ASSETS[2].bytes.len());
+        check("/ui/%2e%2e%2fCargo.toml", 404, Some("text/plain; charset=utf-8"), 25);
+        check("/ui/app.js.map", 404, Some("text/plain; charset=utf-8"), 25);
+    }
+
+    #[test]
+    fn the_bare_path_redirects_under_itself_so_relative_links_resolve() {
+        let (status, [_, location, ..], _) = get("/ui", &[]);
+        assert_eq!((status, location.as_deref()), (308, Some("ui/")));
+    }
+
+    #[test]
+    fn a_browser_with_this_binarys_copy_gets_304_and_any_other_copy_the_file() {
+        let etag = format!("\"{}\"", &hex::encode(Sha256::digest(ASSETS[1].bytes))[..32]);
+        let (status, [.., cache], length) = get("/ui/app.js", &[("if-none-match", &etag)]);
+        assert_eq!((status, cache.as_deref(), length), (304, Some("no-cache"), 0));
+        let (status, _, length) = get("/ui/app.js", &[("if-none-match", "\"an older build\"")]);
+        assert_eq!((status, length), (200, ASSETS[1].bytes.len()));
+    }
 
     // The page's module and stylesheet are named in index.html relative to it, and each must be
     // one the router serves.
@@ -117,7 +186,9 @@ mod tests {
     #[test]
     fn the_script_never_parses_data_as_markup() {
         let script = std::str::from_utf8(ASSETS[1].bytes).unwrap();
-        for sink in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"] {
+        for sink in
+            ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"]
+        {
             assert!(!script.contains(sink), "app.js uses {sink}");
         }
     }
