@@ -458,6 +458,8 @@ function intervalText(interval) {
 }
 
 async function jobPage(view, id, signal) {
+  // First the job: one this token may not see is the API's 404 alone, with no empty page around it.
+  let job = await getJson(`/v1/jobs/${encodeURIComponent(id)}`, { signal });
   const heading = h('h1', {}, 'Job ', h('code', {}, id));
   const summary = h('dl.summary', { id: 'job-summary' });
   const charts = h('div.charts', { id: 'charts' });
@@ -472,7 +474,6 @@ async function jobPage(view, id, signal) {
     h('table.events', { id: 'events' }, h('thead', {}, h('tr', {}, ['At', 'State', 'Step', 'Reason'].map((name) => h('th', {}, name)))), eventsBody),
     h('h2', {}, 'Log'), log);
 
-  let job = await getJson(`/v1/jobs/${encodeURIComponent(id)}`, { signal });
   let lines = [];
   let logEnd = null;
 
@@ -570,7 +571,7 @@ const lineHref = (name, version) => `#/lines/${encodeURIComponent(name)}${versio
 
 async function linesPage(view, signal) {
   const { lines } = await getJson('/v1/model-lines', { signal });
-  view.append(h('h1', {}, 'Model lines'),
+  append(view, [h('h1', {}, 'Model lines'),
     lines.length ? h('table.lines', { id: 'lines' },
       h('thead', {}, h('tr', {}, ['Line', 'Owner', 'Readers', 'Publishers', 'Versions'].map((name) => h('th', {}, name)))),
       h('tbody', {}, lines.map((line) => h('tr', { 'data-line': line.name },
@@ -579,12 +580,12 @@ async function linesPage(view, signal) {
         h('td', {}, line.readers.join(', ') || '—'),
         h('td', {}, line.publishers.join(', ') || '—'),
         h('td', {}, line.versions.length ? line.versions.map((version, index) => [index ? ' ' : '', h('a', { href: lineHref(line.name, version) }, `v${version}`)]) : '—')))))
-      : h('p.muted', { id: 'no-lines' }, 'No model line yet: a job publishes its first version.'));
+      : h('p.muted', { id: 'no-lines' }, 'No model line yet: a job publishes its first version.')]);
 }
 
 async function linePage(view, name, signal) {
   const line = await getJson(`/v1/model-lines/${encodeURIComponent(name)}`, { signal });
-  view.append(h('h1', {}, 'Model line ', h('code', {}, line.name)),
+  append(view, [h('h1', {}, 'Model line ', h('code', {}, line.name)),
     h('dl.summary', {}, h('dt', {}, 'Owner'), h('dd', {}, line.owner),
       h('dt', {}, 'Readers'), h('dd', {}, line.readers.join(', ') || '—'),
       h('dt', {}, 'Publishers'), h('dd', {}, line.publishers.join(', ') || '—')),
@@ -592,31 +593,33 @@ async function linePage(view, name, signal) {
     line.versions.length
       ? h('ul.versions', {}, [...line.versions].reverse().map((version) => h('li', {}, h('a', { href: lineHref(line.name, version) }, `version ${version}`))))
       : h('p.muted', {}, 'Nothing published yet.'),
-    h('h2', {}, 'Gate policy'), h('pre.json', {}, JSON.stringify(line.policy, null, 2)));
+    h('h2', {}, 'Gate policy'), h('pre.json', {}, JSON.stringify(line.policy, null, 2))]);
 }
 
 async function manifestPage(view, name, version, signal) {
   const manifest = await getJson(`/v1/model-lines/${encodeURIComponent(name)}/versions/${encodeURIComponent(version)}`, { signal });
   const files = Object.entries(manifest.files || {});
-  view.append(h('h1', {}, h('a', { href: lineHref(name) }, name), ` version ${manifest.version}`),
+  append(view, [h('h1', {}, h('a', { href: lineHref(name) }, name), ` version ${manifest.version}`),
     h('dl.summary', { id: 'manifest' },
       h('dt', {}, 'Job'), h('dd', {}, h('a', { href: jobHref(manifest.job_id) }, manifest.job_id)),
       h('dt', {}, 'Step'), h('dd', {}, manifest.step),
       h('dt', {}, 'Published'), h('dd', {}, when(manifest.published_at)),
       h('dt', {}, 'Weights SHA-256'), h('dd', {}, h('code', {}, manifest.weights_sha256)),
-      h('dt', {}, 'Data SHA-256'), h('dd', {}, h('code', {}, typeof manifest.data_sha256 === 'string' ? manifest.data_sha256 : JSON.stringify(manifest.data_sha256)))),
+      h('dt', {}, 'Data SHA-256'), h('dd', {}, typeof manifest.data_sha256 === 'object' && manifest.data_sha256
+        ? Object.entries(manifest.data_sha256).map(([file, sha]) => h('div', {}, `${file}: `, h('code', {}, sha)))
+        : h('code', {}, manifest.data_sha256))),
     h('h2', {}, 'Gates'), manifest.gates?.criteria ? gateTable(manifest.gates) : h('p.muted', {}, '—'),
     h('h2', {}, 'Files'),
     files.length ? h('table', {}, h('thead', {}, h('tr', {}, h('th', {}, 'File'), h('th', {}, 'SHA-256'))),
       h('tbody', {}, files.map(([file, sha]) => h('tr', {}, h('td', {}, file), h('td', {}, h('code', {}, sha)))))) : h('p.muted', {}, '—'),
-    h('details', {}, h('summary', {}, 'The whole manifest'), h('pre.json', { id: 'manifest-json' }, JSON.stringify(manifest, null, 2))));
+    h('details', {}, h('summary', {}, 'The whole manifest'), h('pre.json', { id: 'manifest-json' }, JSON.stringify(manifest, null, 2)))]);
 }
 
 // ---- plugins ---------------------------------------------------------------------------------
 
 async function pluginsPage(view, signal) {
   const { plugins, refused } = await getJson('/v1/plugins', { signal });
-  view.append(h('h1', {}, 'Plugins'),
+  append(view, [h('h1', {}, 'Plugins'),
     h('table.plugins', { id: 'plugins' },
       h('thead', {}, h('tr', {}, ['Plugin', 'Kind', 'Description', 'SHA-256', 'Loaded'].map((name) => h('th', {}, name)))),
       h('tbody', {}, plugins.map((plugin) => h('tr', { 'data-plugin': plugin.id },
@@ -626,5 +629,5 @@ async function pluginsPage(view, signal) {
         h('td', {}, when(plugin.loaded_at)))))),
     refused.length ? [h('h2', {}, 'Refused'), h('table', {},
       h('thead', {}, h('tr', {}, ['File', 'Reason', 'Message', 'At'].map((name) => h('th', {}, name)))),
-      h('tbody', {}, refused.map((entry) => h('tr', {}, h('td', {}, entry.source), h('td', {}, entry.reason), h('td', {}, entry.message), h('td', {}, when(entry.at))))))] : null);
+      h('tbody', {}, refused.map((entry) => h('tr', {}, h('td', {}, entry.source), h('td', {}, entry.reason), h('td', {}, entry.message), h('td', {}, when(entry.at))))))] : null]);
 }

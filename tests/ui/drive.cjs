@@ -6,7 +6,8 @@
 // Input (environment): RLVR_UI_URL (the daemon), RLVR_UI_TOKEN (team A's), RLVR_UI_JOB (team A's
 // running job) and RLVR_UI_STEPS (its steps), RLVR_UI_OTHER_JOB (team B's job),
 // RLVR_UI_SCREENSHOT (the PNG to write).
-// NODE_PATH names the node_modules of scripts/ui-browser.sh.
+// NODE_PATH names the node_modules of scripts/ui-browser.sh. With RLVR_UI_SHOTS set to a
+// directory, a screenshot of each page it visits goes there too (to look at the pages by eye).
 
 const { chromium } = require('playwright-core');
 
@@ -25,6 +26,9 @@ async function main() {
   const steps = Number(env('RLVR_UI_STEPS'));
   const started = Date.now();
   const seconds = () => (Date.now() - started) / 1000;
+  const shot = async (page, name) => {
+    if (process.env.RLVR_UI_SHOTS) await page.screenshot({ path: `${process.env.RLVR_UI_SHOTS}/${name}.png`, fullPage: true });
+  };
   const result = { console_errors: [], requests_without_token: [], timings: {} };
 
   const browser = await chromium.launch({
@@ -67,10 +71,12 @@ async function main() {
     await page.click('#login button[type=submit]');
     await page.waitForFunction(() => document.querySelector('#login-error')?.textContent.length > 0);
     result.wrong_token = await page.textContent('#login-error');
+    await shot(page, 'login');
     await page.fill('#token', token);
     await page.click('#login button[type=submit]');
     await page.waitForSelector(`#jobs tr[data-job="${jobId}"]`);
     result.timings.logged_in_s = seconds();
+    await shot(page, 'jobs');
     result.listed = await page.$$eval('#jobs tbody tr', (rows) => rows.map((row) => row.dataset.job));
     // The filters: text that matches nothing, then the job's id.
     await page.fill('#text-filter', 'no job is called this');
@@ -128,13 +134,16 @@ async function main() {
       code: await refusal.getAttribute('data-error-code'),
       text: await refusal.textContent(),
     };
+    await shot(page, 'other-team');
 
     // Plugins and model lines.
     await page.goto(`${url}/ui/#/plugins`);
     await page.waitForSelector('#plugins tbody tr');
+    await shot(page, 'plugins');
     result.plugins = await page.$$eval('#plugins tbody tr', (rows) => rows.map((row) => row.dataset.plugin));
     await page.goto(`${url}/ui/#/lines`);
     await page.waitForSelector('#lines, #no-lines');
+    await shot(page, 'lines');
     result.lines = await page.$$eval('#lines tbody tr', (rows) => rows.map((row) => ({
       line: row.dataset.line,
       versions: [...row.querySelectorAll('a[href*="/"]')].map((link) => link.textContent).filter((text) => text.startsWith('v')),
@@ -142,6 +151,7 @@ async function main() {
     if (result.lines.length && result.lines[0].versions.length) {
       await page.click(`#lines tr[data-line="${result.lines[0].line}"] a:has-text("${result.lines[0].versions[0]}")`);
       await page.waitForSelector('#manifest, .error[data-error-status]');
+      await shot(page, 'manifest');
       const error = await page.$('.error[data-error-status]');
       result.manifest = error
         ? { status: Number(await error.getAttribute('data-error-status')) }
