@@ -2,7 +2,8 @@
 //! `scripts/mlflow-venv.sh`) started by the test on loopback, beside a real Redis and a real
 //! `rlvrd serve`: a job that publishes is one MLflow run — named by its id, its spec as params,
 //! each metrics line's figures at their steps, FINISHED with its published version, and the
-//! published files and manifest as its artifacts, byte for byte — and a url the operator's
+//! published files and manifest as its artifacts, byte for byte; a longer job's figures reach
+//! MLflow while it runs and its cancel ends its run KILLED; and a url the operator's
 //! `[outbound] allow` does not cover is refused at submit, naming `tracking.mlflow_uri`.
 
 use std::collections::BTreeMap;
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rlvr_tests::jobs::{ended, submit, submit_ok, wait_job};
+use rlvr_tests::jobs::{api, ended, submit, submit_ok, wait_job};
 use rlvr_tests::{
     Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
     workspace_root,
@@ -111,14 +112,11 @@ impl MlflowServer {
 
 impl Drop for MlflowServer {
     fn drop(&mut self) {
-        // Its gunicorn/uvicorn workers are its children: the group goes.
+        // Its uvicorn workers are its children: the whole group goes, at once (a SIGTERM takes
+        // it 10 s; its store is a temporary directory).
         let group = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
-        if !wait_until(Duration::from_secs(10), || self.child.try_wait().is_ok_and(|status| status.is_some()))
-        {
-            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
     }
 }
 
@@ -136,7 +134,7 @@ fn figures(metrics: &str, metric: &str) -> Vec<(u64, f64)> {
 }
 
 #[test]
-fn a_published_job_is_one_mlflow_run_with_its_params_metrics_status_and_files() {
+fn each_job_is_one_mlflow_run_with_its_params_live_metrics_status_and_published_files() {
     let started = Instant::now();
     let python = mlflow_python();
     let installed = started.elapsed();
@@ -261,6 +259,30 @@ fn a_published_job_is_one_mlflow_run_with_its_params_metrics_status_and_files() 
     }
     let uploaded = mlflow.artifact(&experiment, &run_id, "model/manifest.json");
     assert_eq!(uploaded, fs::read(published.join("manifest.json")).unwrap());
+
+    // A longer job: its figures reach MLflow while it runs, and its cancel ends the run KILLED.
+    let long = submit_ok(&daemon, &spec(&mlflow.url).replace("max_steps = 4", "max_steps = 400"));
+    let search = serde_json::json!({
+        "experiment_ids": [experiment],
+        "filter": format!("tags.`rlvr.job_id` = '{long}'"),
+    });
+    let mut live = 0;
+    let logged_live = wait_until(Duration::from_secs(60), || {
+        let run = mlflow.call("runs/search", Some(search.clone()))["runs"][0].clone();
+        let Some(run_id) = run["info"]["run_id"].as_str() else { return false };
+        let route = format!("metrics/get-history?run_id={run_id}&metric_key=reward_mean");
+        live = mlflow.call(&route, None)["metrics"].as_array().map_or(0, Vec::len);
+        live >= 3 && run["info"]["status"] == "RUNNING"
+    });
+    assert!(logged_live, "{live} steps logged while the job runs\n{}", tracker_log());
+    api(&daemon, Some(TEAM_TOKEN)).cancel(&long).unwrap();
+    assert_eq!(wait_job(&daemon, &long, Duration::from_secs(60), ended)["state"], "cancelled");
+    let mut run = Value::Null;
+    let killed = wait_until(Duration::from_secs(30), || {
+        run = mlflow.call("runs/search", Some(search.clone()))["runs"][0].clone();
+        run["info"]["status"] == "KILLED"
+    });
+    assert!(killed, "the cancelled job's run: {run}\n{}", tracker_log());
     eprintln!(
         "mlflow venv ready in {installed:.1?}, server answering {ready:.1?} later, test done in {:.1?}",
         started.elapsed()
