@@ -3,18 +3,16 @@
 //! (`sft.toml`, whose cold start most of them train on, and `rm.toml`, whose reward model
 //! `ppo.toml` scores with) run to published exactly as written, submitted by `rlvrctl submit`
 //! from the examples' folder; then every `*.toml` there — found by listing the folder, so a new
-//! example is covered without touching this file — passes the dry run of submit, its data
-//! uploaded as the team's datasets as rlvrctl does. And `data/make.sh` remakes the data files
+//! example is covered without touching this file — written by `rlvrctl init KIND DIR` passes
+//! `rlvrctl submit --dry-run` from there. And `data/make.sh` remakes the data files
 //! byte for byte, so what the examples' comments say about the data stays true.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rlvr_client::SpecFormat;
-use rlvr_tests::jobs::{api, client, ended, wait_job};
+use rlvr_tests::jobs::{ended, wait_job};
 use rlvr_tests::{Daemon, Redis, artifact, cli, sha256_hex, workspace_root};
-use serde_json::Value;
 
 /// Every plugin library an example names (the built-in optimizers and the reward-model grader
 /// need none).
@@ -51,30 +49,18 @@ fn examples() -> Vec<PathBuf> {
     files
 }
 
-/// A pipeline spec has a `[pipeline]` table; it goes to the pipelines route.
-fn is_pipeline(text: &str) -> bool {
-    text.lines().any(|line| line.trim() == "[pipeline]")
-}
-
-/// The dry run of submit for `file`: its local data uploaded as the team's datasets (relative to
-/// its folder, as `rlvrctl submit` reads them), then `POST /v1/jobs?dry_run=true` (or
-/// `/v1/pipelines`): status and JSON answer.
-fn dry_run(daemon: &Daemon, file: &Path) -> (u16, Value) {
-    let text = fs::read_to_string(file).expect("read the example");
-    let base = file.parent().expect("the examples' folder");
-    let uploaded = api(daemon, Some(DEMO_TOKEN))
-        .upload_spec_data(&text, SpecFormat::Toml, base)
-        .unwrap_or_else(|error| panic!("{}: {error}", file.display()));
-    let route = if is_pipeline(&text) { "pipelines" } else { "jobs" };
-    let response = client()
-        .post(format!("{}/v1/{route}?dry_run=true", daemon.url))
-        .bearer_auth(DEMO_TOKEN)
-        .header("content-type", "application/toml")
-        .body(uploaded)
-        .send()
-        .unwrap_or_else(|error| panic!("{}: {error}\n{}", file.display(), daemon.log()));
-    let status = response.status().as_u16();
-    (status, response.json().unwrap_or(Value::Null))
+/// What a user does with an example: `rlvrctl init KIND DIR`, then `rlvrctl --json submit
+/// --dry-run KIND.toml` from DIR (its data uploaded as the team's datasets, a pipeline checked as
+/// one). The dry run's exit status and what it printed: the spec as the job would keep it.
+fn init_and_dry_run(daemon: &Daemon, kind: &str, dir: &Path) -> (bool, String) {
+    let rlvrctl = artifact("rlvrctl");
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", DEMO_TOKEN)];
+    let target = dir.join(kind);
+    let init = cli::run(&rlvrctl, &["init", kind, target.to_str().unwrap()], dir, &[]);
+    assert!(init.status.success(), "rlvrctl init {kind}: {}", cli::text(&init));
+    let spec = format!("{kind}.toml");
+    let output = cli::run(&rlvrctl, &["--json", "submit", "--dry-run", &spec], &target, &env);
+    (output.status.success(), cli::text(&output))
 }
 
 #[test]
@@ -113,21 +99,21 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
         eprintln!("{name}: published as {} ({:.0} s)", job["published"], started.elapsed().as_secs_f64());
     }
 
-    // Every example, as written: the dry run checks what submit checks (plugins and their
-    // options, the data, the lines it names, resources) and queues nothing.
+    // Every example, as `rlvrctl init` writes it: the dry run checks what submit checks (plugins
+    // and their options, the data, the lines it names, resources) and queues nothing.
+    let dir = tempfile::tempdir().unwrap();
     let mut refused = Vec::new();
     for file in &examples {
-        let (status, answer) = dry_run(&daemon, file);
-        let name = file.file_name().unwrap().to_string_lossy();
-        if status != 200 {
-            refused.push(format!("{name}: {status} {answer}"));
+        let kind = file.file_stem().unwrap().to_str().unwrap();
+        let (passed, output) = init_and_dry_run(&daemon, kind, dir.path());
+        if !passed {
+            refused.push(format!("{kind}: {output}"));
             continue;
         }
-        // The answer is the spec as the job (or pipeline) would keep it: names pinned.
-        let text = answer.to_string();
-        assert!(!text.contains("\"data/"), "{name}: a local path left in {answer}");
-        if text.contains("line:tiny-arith-sft") {
-            assert!(text.contains("line:tiny-arith-sft@1"), "{name}: the line not pinned: {answer}");
+        // It printed the spec as the job (or pipeline) would keep it: names pinned.
+        assert!(!output.contains("\"data/"), "{kind}: a local path left in {output}");
+        if output.contains("line:tiny-arith-sft") {
+            assert!(output.contains("line:tiny-arith-sft@1"), "{kind}: the line not pinned: {output}");
         }
     }
     assert!(refused.is_empty(), "examples refused by the dry run:\n{}", refused.join("\n"));
