@@ -46,6 +46,10 @@ impl MlflowServer {
     fn start(python: &Path, dir: &Path) -> MlflowServer {
         let port = free_port();
         let log = dir.join("mlflow.log");
+        // A copy of the migrated empty database scripts/mlflow-venv.sh keeps: no migrations here.
+        let venv = python.parent().and_then(Path::parent).expect("the venv of scripts/mlflow-venv.sh");
+        fs::copy(venv.join("empty-tracking.db"), dir.join("mlflow.db"))
+            .expect("the empty tracking database of scripts/mlflow-venv.sh");
         let child = Command::new(python.with_file_name("mlflow"))
             .args(["server", "--host", "127.0.0.1", "--port", &port.to_string(), "--workers", "1"])
             .arg("--backend-store-uri")
