@@ -126,7 +126,8 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         }
     }
     // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh, the
-    // team's namespace (datasets and model lines), the graders' dry-run, and issue 21's pipelines.
+    // team's namespace (datasets and model lines), the graders' dry-run, issue 21's pipelines, and
+    // issue 23's published versions (manifest and files).
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
         "POST /v1/estimate",
@@ -151,6 +152,8 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
         "GET /v1/model-lines",
         "GET /v1/model-lines/{name}",
         "PUT /v1/model-lines/{name}",
+        "GET /v1/model-lines/{name}/versions/{version}",
+        "GET /v1/model-lines/{name}/versions/{version}/files/{file}",
         "POST /v1/verify",
         "POST /v1/graders/validate",
         "POST /v1/pipelines",
