@@ -635,6 +635,32 @@ impl MetricsLine {
     pub fn is_step(&self) -> bool {
         self.reward_mean.is_some() || self.loss.is_some()
     }
+
+    /// Every number of the line but `step`, named by its path in the line's JSON joined with
+    /// `/` (`reward_mean`, `heldout/accuracy`, `components/math`, `time/verifier_latency_us/p50`),
+    /// sorted by name: what the TensorBoard files and MLflow runs chart, so a figure added here
+    /// reaches both and neither renames one by hand. Nulls, strings and lists are not figures.
+    pub fn figures(&self) -> Vec<(String, f64)> {
+        fn collect(path: String, value: &serde_json::Value, out: &mut Vec<(String, f64)>) {
+            match value {
+                serde_json::Value::Number(number) => out.extend(number.as_f64().map(|value| (path, value))),
+                serde_json::Value::Object(fields) => {
+                    for (key, value) in fields {
+                        let path = if path.is_empty() { key.clone() } else { format!("{path}/{key}") };
+                        collect(path, value, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        if let Ok(serde_json::Value::Object(mut fields)) = serde_json::to_value(self) {
+            fields.remove("step");
+            collect(String::new(), &serde_json::Value::Object(fields), &mut out);
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
 }
 
 /// One line of `rollouts.jsonl`: one sampled completion with everything that decided its reward

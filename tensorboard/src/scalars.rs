@@ -1,14 +1,14 @@
 //! A metrics line as TensorBoard scalars (**pure**): one rule over the line's JSON, the same text
 //! `metrics.jsonl` holds, so every figure the worker logs is charted and none is renamed by hand.
 //!
-//! The rule: every number in the line but `step` is a scalar. A top-level number `x` is tagged
+//! The rule ([`MetricsLine::figures`], shared with the MLflow runs): every number in the line but
+//! `step` is a scalar. A top-level number `x` is tagged
 //! `train/x` (`train/reward_mean`, `train/loss`, `train/kl_ref`, an optimizer's own figures);
 //! a number inside an object is tagged by its path (`heldout/accuracy`, `components/math`,
 //! `time/step_s`, `time/verifier_latency_us/p99`, `dynamic_sampling/extra_rounds`). TensorBoard
 //! groups charts by the part before the first `/`. Nulls, strings and lists are not scalars.
 
 use rlvr_protocol::worker::MetricsLine;
-use serde_json::Value;
 
 /// One tagged value of an event.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,35 +20,19 @@ pub struct Scalar {
 /// The group of a line's top-level numbers.
 const TOP_LEVEL_GROUP: &str = "train";
 
-/// `line`'s scalars, sorted by tag.
+/// `line`'s scalars ([`MetricsLine::figures`], the top-level ones under [`TOP_LEVEL_GROUP`]),
+/// sorted by tag.
 pub fn scalars(line: &MetricsLine) -> Vec<Scalar> {
-    let Ok(Value::Object(fields)) = serde_json::to_value(line) else { return Vec::new() };
-    let mut out = Vec::new();
-    for (key, value) in &fields {
-        match value {
-            _ if key == "step" => {}
-            Value::Object(_) => collect(key, value, &mut out),
-            _ => collect(&format!("{TOP_LEVEL_GROUP}/{key}"), value, &mut out),
-        }
-    }
+    let mut out: Vec<Scalar> = line
+        .figures()
+        .into_iter()
+        .map(|(name, value)| {
+            let tag = if name.contains('/') { name } else { format!("{TOP_LEVEL_GROUP}/{name}") };
+            Scalar { tag, value }
+        })
+        .collect();
     out.sort_by(|a, b| a.tag.cmp(&b.tag));
     out
-}
-
-fn collect(tag: &str, value: &Value, out: &mut Vec<Scalar>) {
-    match value {
-        Value::Number(number) => {
-            if let Some(value) = number.as_f64() {
-                out.push(Scalar { tag: tag.to_owned(), value });
-            }
-        }
-        Value::Object(fields) => {
-            for (key, value) in fields {
-                collect(&format!("{tag}/{key}"), value, out);
-            }
-        }
-        Value::Null | Value::Bool(_) | Value::String(_) | Value::Array(_) => {}
-    }
 }
 
 #[cfg(test)]

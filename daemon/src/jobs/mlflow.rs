@@ -88,15 +88,12 @@ pub fn params(spec: &JobSpec) -> Vec<(String, String)> {
 /// (`reward_mean`, an optimizer's own `clip_frac`), nested ones joined with `/` (`heldout/accuracy`,
 /// `time/rollout`, `components/exact`).
 pub fn metrics(line: &MetricsLine, timestamp: i64) -> Vec<Metric> {
-    let mut out = Vec::new();
-    let Ok(Value::Object(mut fields)) = serde_json::to_value(line) else { return out };
-    fields.remove("step");
-    flatten(&Value::Object(fields), String::new(), '/', &mut |key, value| {
-        if let Some(value) = value.as_f64().filter(|value| value.is_finite()) {
-            out.push(Metric { key, value, timestamp, step: line.step });
-        }
-    });
-    out
+    line.figures()
+        .into_iter()
+        .map(|(name, value)| (name.split('/').map(key_chars).collect::<Vec<_>>().join("/"), value))
+        .filter(|(key, value)| key.len() <= MAX_KEY && value.is_finite())
+        .map(|(key, value)| Metric { key, value, timestamp, step: line.step })
+        .collect()
 }
 
 /// Calls `leaf` with each scalar of `value` and its path, the parts joined by `separator`.
