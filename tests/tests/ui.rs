@@ -1,8 +1,8 @@
 //! The web page at `/ui`, end to end: real Redis, real `rlvrd serve` with two teams' tokens, and
 //! Debian's Chromium driven by Playwright (`tests/ui/drive.cjs`, installed by
 //! `scripts/ui-browser.sh`). Team `tests` logs in, watches its running job's reward curve grow,
-//! opens its gates, and is refused team `others`' job; the job page's screenshot is the README's
-//! `docs/ui-job.png`.
+//! opens its gates, and is refused team `others`' job; the job page's screenshot goes to
+//! `target/ui/ui-job.png`, and with `RLVR_UPDATE_SCREENSHOT=1` to the README's `docs/ui-job.png`.
 
 use std::path::Path;
 use std::process::Command;
@@ -65,7 +65,13 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     // The page is opened on a job that is training, so its curve has room to grow.
     wait_job(&daemon, &ours, Duration::from_secs(60), |job| job["state"] == "running");
 
-    let screenshot = workspace_root().join("docs/ui-job.png");
+    // Under target/ on every run; the README's copy only when asked (RLVR_UPDATE_SCREENSHOT=1), so
+    // a test run leaves the checkout as it was.
+    let screenshot = if std::env::var_os("RLVR_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+        workspace_root().join("docs/ui-job.png")
+    } else {
+        rlvr_tests::target_dir().join("ui/ui-job.png")
+    };
     std::fs::create_dir_all(screenshot.parent().unwrap()).unwrap();
     let started = Instant::now();
     let output = Command::new("node")
