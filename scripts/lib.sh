@@ -12,8 +12,13 @@ rlvr_setup() {
     source "$RLVR_CACHE_DIR/env.sh"
 }
 
+# A heading on stderr: bold on a terminal without NO_COLOR, plain text in a log file or CI.
 step() {
-    printf '\n\033[1m== %s\033[0m\n' "$*" >&2
+    if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then
+        printf '\n\033[1m== %s\033[0m\n' "$*" >&2
+    else
+        printf '\n== %s\n' "$*" >&2
+    fi
 }
 
 # A scratch directory for a benchmark, in $work: removed when the script exits, or kept (and
