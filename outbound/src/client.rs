@@ -59,6 +59,19 @@ pub fn refusal_of<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'
     None
 }
 
+/// A failed request's message and its causes, without the url it repeats (the caller names it
+/// once): what the daemon records for a webhook or a tracking server that could not be reached.
+pub fn describe(error: reqwest::Error) -> String {
+    let error = error.without_url();
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
+}
+
 /// The process's rustls provider, if it has none yet: reqwest is built without one (see the
 /// workspace's Cargo.toml) and would panic building a client.
 fn install_tls_provider() {

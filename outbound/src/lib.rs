@@ -44,6 +44,6 @@ mod policy;
 mod tests;
 
 pub use addr::non_public;
-pub use client::{BuildError, Client, blocking, refusal_of};
+pub use client::{BuildError, Client, blocking, describe, refusal_of};
 pub use entry::{AllowEntry, ENTRY_FORMS, EntryError};
 pub use policy::{Policy, PolicyError, Refusal};

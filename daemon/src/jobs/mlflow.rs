@@ -264,13 +264,14 @@ impl Server {
         }
         let answer = request.send().await.map_err(|error| match refusal_of(&error) {
             Some(refusal) => MlflowError::Refused(refusal.clone()),
-            None => MlflowError::Transport(describe(error)),
+            None => MlflowError::Transport(rlvr_outbound::describe(error)),
         })?;
         let status = answer.status();
         if status.is_redirection() {
             return Err(MlflowError::Redirect(status.as_u16()));
         }
-        let text = answer.text().await.map_err(|error| MlflowError::Transport(describe(error)))?;
+        let text =
+            answer.text().await.map_err(|error| MlflowError::Transport(rlvr_outbound::describe(error)))?;
         if !status.is_success() {
             return Err(MlflowError::Http {
                 status: status.as_u16(),
@@ -391,18 +392,6 @@ fn id(value: &Value, field: &str, path: &str) -> Result<String, MlflowError> {
 
 fn run_ids(info: &Value, path: &str) -> Result<(String, String), MlflowError> {
     Ok((id(info, "run_id", path)?, id(info, "artifact_uri", path)?))
-}
-
-/// reqwest's message and its causes, without the url (the server's is in the log's fields).
-fn describe(error: reqwest::Error) -> String {
-    let error = error.without_url();
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        text = format!("{text}: {cause}");
-        source = cause.source();
-    }
-    text
 }
 
 // ---------------------------------------------------------------------------------------------

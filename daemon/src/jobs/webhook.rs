@@ -53,7 +53,7 @@ pub async fn deliver(client: &rlvr_outbound::Client, url: &str, manifest: &Manif
             Ok(answer) => last = format!("HTTP {}", answer.status()),
             Err(error) => match refusal_of(&error) {
                 Some(refusal) => return refused(url, refusal),
-                None => last = describe(error),
+                None => last = rlvr_outbound::describe(error),
             },
         }
         warn!(url, attempt, error = %last, "webhook not delivered");
@@ -70,16 +70,4 @@ pub async fn deliver(client: &rlvr_outbound::Client, url: &str, manifest: &Manif
 fn refused(url: &str, refusal: &Refusal) -> String {
     warn!(url, %refusal, "webhook refused by the outbound policy");
     format!("not delivered to {url}: {refusal}")
-}
-
-/// reqwest's message and its causes, without the URL it repeats (the caller names it once).
-fn describe(error: reqwest::Error) -> String {
-    let error = error.without_url();
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        text = format!("{text}: {cause}");
-        source = cause.source();
-    }
-    text
 }
