@@ -36,3 +36,18 @@ bench_work_dir_cleanup() {
         rm -rf "$work"
     fi
 }
+
+# Whether the venv python $1 has every `name==version` pin of the lock file $2 installed at that
+# version (read from the packages' metadata, without importing them).
+pins_installed() {
+    [ -x "$1" ] && "$1" - "$2" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, version = line.split("==")
+    if m.version(name) != version:
+        sys.exit(1)
+PY
+}

@@ -17,16 +17,7 @@ python=$VENV/bin/python
 LOCK=$RLVR_ROOT/scripts/mlflow-venv.lock
 
 installed() {
-    [ -x "$python" ] && [ -x "$VENV/bin/mlflow" ] && "$python" - "$LOCK" <<'PY' 2>/dev/null
-import importlib.metadata as m, sys
-for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if not line:
-        continue
-    name, version = line.split("==")
-    if m.version(name) != version:
-        sys.exit(1)
-PY
+    [ -x "$VENV/bin/mlflow" ] && pins_installed "$python" "$LOCK"
 }
 
 # An empty tracking database with every migration applied, made once per lock: a server started

@@ -18,17 +18,8 @@ python=$VENV/bin/python
 LOCK=$RLVR_ROOT/scripts/tensorboard-requirements.lock
 
 installed() {
-    [ -x "$python" ] && "$python" - "$LOCK" <<'PY' 2>/dev/null
-import importlib.metadata as m, sys
-for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if not line:
-        continue
-    name, version = line.split("==")
-    if m.version(name) != version:
-        sys.exit(1)
-from tensorboard.backend.event_processing import event_accumulator  # noqa: F401
-PY
+    pins_installed "$python" "$LOCK" &&
+        "$python" -c "from tensorboard.backend.event_processing import event_accumulator" 2>/dev/null
 }
 
 mkdir -p "$RLVR_CACHE_DIR/venvs"
