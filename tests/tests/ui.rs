@@ -77,7 +77,9 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     };
     std::fs::create_dir_all(screenshot.parent().unwrap()).unwrap();
     let started = Instant::now();
-    let output = Command::new("node")
+    // The Node.js scripts/ui-browser.sh chose (20 or newer), linked beside node_modules.
+    let node = Path::new(&node_modules).with_file_name("node");
+    let output = Command::new(node)
         .arg(workspace_root().join("tests/ui/drive.cjs"))
         .env("NODE_PATH", &node_modules)
         .env("RLVR_UI_URL", &daemon.url)
