@@ -238,7 +238,7 @@ mod tests {
             let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
             assert_eq!(*bearer, !open, "{route}");
         }
-        assert_eq!(seen.len(), 30, "{seen:?}");
+        assert_eq!(seen.len(), 32, "{seen:?}");
     }
 
     /// The statuses the document lists for `route` (`"GET /v1/jobs"`).
