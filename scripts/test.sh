@@ -2,9 +2,10 @@
 # Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh). On a clean clone with torch in the cache, about 30 minutes on 2 cores
+# (scripts/setup.sh). On a clean clone with torch in the cache, about 40 minutes on 2 cores
 # (measured 2026-11-25: 21 min 42 s, 646 tests, on a clean clone at 212a4b7; 2026-11-28: 28 min
-# 18 s, 660 tests, at 1e86386 with the engines' tests, incremental).
+# 18 s, 660 tests, at 1e86386 with the engines' tests, incremental; 41 min 49 s, 691 tests, on a
+# clean clone at 34baaee with the peers in the cache).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
