@@ -256,26 +256,6 @@ return {1, ARGV[1]}
         Ok(self.conn.clone().hget(job_key(id), F_TASK).await?)
     }
 
-    /// The newest `limit` jobs, of `team` or of every team.
-    pub async fn list(&self, team: Option<&str>, limit: usize) -> Result<Vec<JobView>, StoreError> {
-        let index = team.map_or_else(|| format!("{PREFIX}:jobs"), team_key);
-        let stop = limit.max(1) as isize - 1;
-        let ids: Vec<String> = self.conn.clone().zrevrange(index, 0, stop).await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            pipe.hgetall(job_key(id));
-        }
-        let records: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await?;
-        ids.iter()
-            .zip(records)
-            .filter(|(_, fields)| !fields.is_empty())
-            .map(|(id, fields)| view_from_fields(id, &fields))
-            .collect()
-    }
-
     /// One page of jobs, newest first: of `team` or of every team, created at or after
     /// `page.since_ms`, older than `page.after`, in `page.state` when given; and where the next
     /// page starts when there may be more. Reads ids by creation time in chunks, so a filter

@@ -546,17 +546,26 @@ fn run_tags(job: &TrackedJob) -> Vec<(String, String)> {
 /// Logs the complete lines of `metrics.jsonl` after `logged.metrics_bytes`, whole lines per
 /// batch, recording the new length after each batch.
 async fn sync_metrics(job: &TrackedJob, server: &Server, logged: &mut Logged) -> Result<(), MlflowError> {
-    let Ok(bytes) = tokio::fs::read(&job.metrics).await else { return Ok(()) };
-    if (bytes.len() as u64) < logged.metrics_bytes {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let Ok(mut file) = tokio::fs::File::open(&job.metrics).await else { return Ok(()) };
+    let Ok(length) = file.metadata().await.map(|meta| meta.len()) else { return Ok(()) };
+    if length < logged.metrics_bytes {
         // A resume from an earlier checkpoint cut the file back; its lines come again.
-        debug!(from = logged.metrics_bytes, to = bytes.len(), "mlflow: metrics.jsonl was cut back");
-        logged.metrics_bytes = bytes.len() as u64;
+        debug!(from = logged.metrics_bytes, to = length, "mlflow: metrics.jsonl was cut back");
+        logged.metrics_bytes = length;
     }
-    let start = logged.metrics_bytes as usize;
+    // Only what was appended since the last look: a long job's file is read once, not every 2 s.
+    let start = logged.metrics_bytes;
+    let mut bytes = Vec::new();
+    if file.seek(std::io::SeekFrom::Start(start)).await.is_err()
+        || file.read_to_end(&mut bytes).await.is_err()
+    {
+        return Ok(());
+    }
     let timestamp = now_ms();
     let mut batch: Vec<Metric> = Vec::new();
     let mut batch_end = start;
-    for (text, end) in complete_lines(&bytes[start..]) {
+    for (text, end) in complete_lines(&bytes) {
         let points = match serde_json::from_str::<MetricsLine>(text) {
             Ok(line) => metrics(&line, timestamp),
             Err(error) => {
@@ -566,18 +575,18 @@ async fn sync_metrics(job: &TrackedJob, server: &Server, logged: &mut Logged) ->
         };
         if !batch.is_empty() && batch.len() + points.len() > METRICS_PER_BATCH {
             server.log_batch(&logged.run_id, &[], &batch, &[]).await?;
-            logged.metrics_bytes = batch_end as u64;
+            logged.metrics_bytes = batch_end;
             save_logged(job, logged);
             batch.clear();
         }
         batch.extend(points.into_iter().take(METRICS_PER_BATCH));
-        batch_end = start + end;
+        batch_end = start + end as u64;
     }
     if batch_end > start {
         if !batch.is_empty() {
             server.log_batch(&logged.run_id, &[], &batch, &[]).await?;
         }
-        logged.metrics_bytes = batch_end as u64;
+        logged.metrics_bytes = batch_end;
         save_logged(job, logged);
     }
     Ok(())
