@@ -2,7 +2,7 @@
 //! recomputing backward sweep, gives the gradients of the plain pass — for every weight of a full
 //! model, and for LoRA adapters with dropout (the recomputed layers draw the same masks).
 
-mod common;
+use crate::common;
 
 use rlvr_model::{LoadedModel, LoraConfig, LoraTarget, SequenceBatch, load, training_logprobs};
 use tch::{Device, Kind, Tensor};

@@ -6,7 +6,7 @@
 //! with temperature, with a value head on the hidden states, and with chunks that end inside a
 //! row and go on into the next.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! temperature; it is zero for a model against itself; and its gradients with chunks of 1, 3 and
 //! 9 positions equal those of one chunk holding every position.
 
-mod common;
+use crate::common;
 
 use rlvr_model::logprobs::{KlDirection, training_kl};
 use rlvr_model::{LoadedModel, SequenceBatch, completion_logprobs, load};

@@ -2,7 +2,7 @@
 //! and the merged model read back, and parity with Hugging Face PEFT (logits, adapter gradients,
 //! adapters written by either side loaded by the other).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! in transformers), sharded weights, Qwen2 / RoPE-scaling / Mistral layouts against
 //! transformers, bf16, and errors that name the file.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! chat-templated prompt: the rendered template, the prompt's ids, the last-position logits
 //! (max abs difference ≤ 1e-4) and 32 greedy tokens must agree.
 
-mod common;
+use crate::common;
 
 use rlvr_model::{Finish, SamplerRng, SamplingParams, generate, load};
 use tch::{Device, Kind};

@@ -3,7 +3,7 @@
 //! batched with padding, one and two labels, with and without a chat template; and a reward
 //! model made and saved here, scored by transformers the same.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

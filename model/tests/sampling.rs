@@ -5,7 +5,7 @@
 //! the whole vocabulary, greedy decoding against the model's argmax, and stop strings found in
 //! decoded tails against a full decode.
 
-mod common;
+use crate::common;
 
 use rlvr_model::{
     Finish, LlamaConfig, LoadedModel, SamplerRng, SamplingParams, SequenceBatch, StopScan, Tokenizer,
