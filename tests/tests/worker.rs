@@ -1301,38 +1301,52 @@ fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
     }
 }
 
-/// Keep the best checkpoint, not the last: an SFT job that memorises its 16 held-out problems at
-/// a learning rate too high to hold them (5e-2), scored every 4 steps, peaks and falls back
-/// (measured: 0.125 at step 32, then 0 and 0.0625). The gates' candidate is the best-scoring
-/// retained checkpoint, its weights are what the gates score, and `[checkpoint] keep_best = 1`,
+/// Keep the best checkpoint, not the last: an SFT job whose held-out score rises and then falls
+/// because of its data, not because of a learning rate too high to hold (that run's peak came
+/// and went with the machine's floating-point path: on AMD Zen 4 it learned nothing). Its 16
+/// held-out problems all have the answer 7; each is taught once with "7" and three times with a
+/// wrong answer of its own (two digits, none starting with 7), every record in every step.
+/// Across problems "7" is the commonest completion and is learned first: every problem right
+/// (1.0 at steps 8 and 12); then each problem's own majority, its wrong answer, is memorised and
+/// the score falls (to 0.062 or 0 at step 40). Measured the same within a problem or two at each
+/// evaluation with 1 and 2 threads, oneDNN and BLAS products, and oneDNN, MKL and ATen held to
+/// AVX2 (and ATen to its default kernels). The gates' candidate is the best-scoring retained
+/// checkpoint, its weights are what the gates score, and `[checkpoint] keep_best = 1`,
 /// `keep_last = 2` leave exactly it and the last two on disk. Killed with SIGKILL mid-run and
 /// resumed, the run keeps and chooses exactly the same: the scores travel in `state.json`.
 #[test]
 fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_a_resume() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = worker_plugins(dir.path());
-    let data = arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let data = dir.path().join("data");
+    fs::create_dir_all(&data).unwrap();
+    let problems: Vec<String> =
+        (0..8).map(|a| format!("{a}+{}=", 7 - a)).chain((1..9).map(|b| format!("{}-{b}=", 7 + b))).collect();
+    let (mut heldout_lines, mut taught_lines) = (String::new(), String::new());
+    for (i, prompt) in problems.iter().enumerate() {
+        let wrong = format!("{}{}", b"12345689"[i % 8] as char, (3 * i + 1) % 10);
+        heldout_lines +=
+            &format!("{}\n", json!({"id": format!("h{i}"), "prompt": prompt, "reference": {"answer": "7"}}));
+        taught_lines +=
+            &format!("{}\n", json!({"id": format!("p{i}-right"), "prompt": prompt, "completion": "7"}));
+        for copy in 0..3 {
+            let id = format!("p{i}-wrong-{copy}");
+            taught_lines += &format!("{}\n", json!({"id": id, "prompt": prompt, "completion": wrong}));
+        }
+    }
     let heldout = data.join("heldout.jsonl");
-    let taught: String = fs::read_to_string(&heldout)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let record: Value = serde_json::from_str(line).unwrap();
-            let completion = &record["reference"]["answer"];
-            format!("{}\n", json!({"id": record["id"], "prompt": record["prompt"], "completion": completion}))
-        })
-        .collect();
+    fs::write(&heldout, heldout_lines).unwrap();
     let train = data.join("taught.jsonl");
-    fs::write(&train, taught).unwrap();
+    fs::write(&train, taught_lines).unwrap();
     let spec = dir.path().join("best.toml");
     fs::write(
         &spec,
         format!(
             "[job]\nname = \"best\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 3\n\
              [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = {train:?}\nheldout = {heldout:?}\n\
-             [optimizer]\nplugin = \"sft\"\nlr = 5e-2\nmicro_batch_size = 16\n\
+             [optimizer]\nplugin = \"sft\"\nlr = 3e-3\nmicro_batch_size = 64\n\
              [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n\
-             [rollout]\nmax_new_tokens = 5\nprompts_per_step = 16\n[budget]\nmax_steps = 40\n\
+             [rollout]\nmax_new_tokens = 5\nprompts_per_step = 64\n[budget]\nmax_steps = 40\n\
              [checkpoint]\nevery_steps = 100\nkeep_best = 1\nkeep_last = 2\n[eval]\nevery_steps = 4\n",
             train = train.display().to_string(),
             heldout = heldout.display().to_string(),
@@ -1357,9 +1371,11 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
         .copied()
         .fold((0, f64::MIN), |kept, (step, score)| if score > kept.1 { (step, score) } else { kept });
     let (_, last) = *scores.last().unwrap();
+    // The premise, before anything about keeping the best: the run peaked and fell back.
     assert!(
         best_step < 40 && last < best,
-        "the run must fall back from its best to test anything: {scores:?}"
+        "premise: the run did not rise and fall back (held-out accuracy by step: {scores:?}), so \
+         choosing the best checkpoint cannot be told from taking the last"
     );
 
     let candidate = &result["candidate"];
