@@ -29,8 +29,9 @@ fn printed<'a>(text: &'a str, label: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {label:?} in:\n{text}"))
 }
 
+/// The two runs are two tests, so that they run side by side: each is a whole pipeline of jobs.
 #[test]
-fn the_demo_publishes_a_gated_checkpoint_and_its_refusal_variant_says_why() {
+fn the_demo_publishes_a_gated_checkpoint() {
     let out = tempfile::tempdir().unwrap();
     let (ok, text) = demo(&[], out.path());
     assert!(ok, "{text}");
@@ -48,7 +49,11 @@ fn the_demo_publishes_a_gated_checkpoint_and_its_refusal_variant_says_why() {
     let html = std::fs::read_to_string(report).unwrap();
     assert!(html.contains("heldout_gain"), "the report has the gate table");
     assert!(report.with_file_name("reward.svg").is_file());
+}
 
+#[test]
+fn the_demos_refusal_variant_is_refused_by_the_gates_and_says_why() {
+    let out = tempfile::tempdir().unwrap();
     let (ok, text) = demo(&["--refuse"], out.path());
     assert!(ok, "{text}");
     assert!(text.contains(": REFUSED"), "{text}");

@@ -161,8 +161,40 @@ fn data(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (sft, pairs, prompts)
 }
 
-#[test]
-fn the_estimate_is_within_a_fifth_of_the_workers_peak_resident_size() {
+/// One case a test: each trains its model for two steps, so the cases run side by side (and the
+/// slowest alone bounds the suite, not their sum). The peak is the worker's own (`wait4`), whatever
+/// runs beside it.
+macro_rules! cases {
+    ($($test:ident: $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                within_a_fifth($name);
+            }
+        )*
+        /// Every case of `CASES` has its test.
+        #[test]
+        fn every_case_has_its_test() {
+            let tested = [$($name),*];
+            let cases: Vec<&str> = CASES.iter().map(|case| case.name).collect();
+            assert_eq!(cases, tested);
+        }
+    };
+}
+
+cases! {
+    the_estimate_is_within_a_fifth_of_the_peak_of_sft_f32_full: "sft-f32-full",
+    the_estimate_is_within_a_fifth_of_the_peak_of_grpo_f32_full_reference: "grpo-f32-full-reference",
+    the_estimate_is_within_a_fifth_of_the_peak_of_grpo_bf16_full: "grpo-bf16-full",
+    the_estimate_is_within_a_fifth_of_the_peak_of_grpo_f32_lora_checkpointed: "grpo-f32-lora-checkpointed",
+    the_estimate_is_within_a_fifth_of_the_peak_of_grpo_bf16_lora_checkpointed: "grpo-bf16-lora-checkpointed",
+    the_estimate_is_within_a_fifth_of_the_peak_of_sft_f32_micro_batch_tokens: "sft-f32-micro-batch-tokens",
+    the_estimate_is_within_a_fifth_of_the_peak_of_dpo_f32_full: "dpo-f32-full",
+}
+
+/// The case `name`: its estimate is within a fifth of the worker's measured peak resident size.
+fn within_a_fifth(name: &str) {
+    let case = CASES.iter().find(|case| case.name == name).expect("a case of CASES");
     let dir = tempfile::tempdir().unwrap();
     let plugins = worker_plugins(dir.path());
     let registry =
@@ -170,56 +202,48 @@ fn the_estimate_is_within_a_fifth_of_the_workers_peak_resident_size() {
     let summary = registry.scan(std::slice::from_ref(&plugins), Duration::ZERO);
     assert_eq!(summary.refused, 0, "{:?}", registry.refusals());
     let (sft, pairs, prompts) = data(dir.path());
-    let mut report: Vec<(&str, f64, String)> = Vec::new();
-    for case in CASES {
-        let model = model_dir(dir.path(), case.name, case.shape);
-        let (train, verifiers) = match case.optimizer {
-            "sft" => (&sft, ""),
-            "dpo" => (&pairs, ""),
-            _ => (&prompts, "[[verifiers]]\nplugin = \"math\"\n"),
-        };
-        let text = format!(
-            "[job]\nname = \"{name}\"\nteam = \"tests\"\nmodel_line = \"m\"\n\
-             [model]\npolicy = \"{model}\"\n{model_keys}\n\
-             [data]\ntrain = \"{train}\"\n\
-             [optimizer]\nplugin = \"{optimizer}\"\n{optimizer_keys}\n\
-             [rollout]\n{rollout}\n{verifiers}\
-             [budget]\nmax_steps = 2\n[checkpoint]\nevery_steps = 2\n",
-            name = case.name,
-            model = model.display(),
-            model_keys = case.model,
-            train = train.display(),
-            optimizer = case.optimizer,
-            optimizer_keys = case.optimizer_keys,
-            rollout = case.rollout,
-        );
-        let spec = JobSpec::from_toml(&text).unwrap_or_else(|error| panic!("{}: {error}", case.name));
-        let estimate = rlvr_daemon::jobs::estimate::estimate(&spec, &registry, DeviceKind::Cpu).unwrap();
-        let path = dir.path().join(format!("{}.toml", case.name));
-        fs::write(&path, &text).unwrap();
-        let state = dir.path().join(format!("{}-state", case.name));
-        let (output, peak_kib) =
-            run_measuring_peak(&mut worker_command(&path, &state, &plugins, &[]), dir.path());
-        assert!(output.status.success(), "{}: {}", case.name, String::from_utf8_lossy(&output.stderr));
-        let measured = peak_kib as f64 * 1024.0;
-        let estimated = estimate.total_bytes() as f64;
-        let gb = |bytes: f64| bytes / BYTES_PER_GB;
-        let phases: Vec<String> =
-            estimate.phases.iter().map(|p| format!("{} {:.3}", p.phase, gb(p.bytes() as f64))).collect();
-        let error = (estimated / measured - 1.0) * 100.0;
-        let line = format!(
-            "{:30} measured {:.3} GB, estimated {:.3} GB ({error:+.1}%): resident {:.3}, {}",
-            case.name,
-            gb(measured),
-            gb(estimated),
-            gb(estimate.resident_bytes() as f64),
-            phases.join(", ")
-        );
-        println!("{line}");
-        report.push((case.name, error, line));
-    }
-    let lines: Vec<&str> = report.iter().map(|(_, _, line)| line.as_str()).collect();
-    for (name, error, _) in &report {
-        assert!(error.abs() <= 20.0, "{name}: the estimate is off by {error:.1}%\n{}", lines.join("\n"));
-    }
+    let model = model_dir(dir.path(), case.name, case.shape);
+    let (train, verifiers) = match case.optimizer {
+        "sft" => (&sft, ""),
+        "dpo" => (&pairs, ""),
+        _ => (&prompts, "[[verifiers]]\nplugin = \"math\"\n"),
+    };
+    let text = format!(
+        "[job]\nname = \"{name}\"\nteam = \"tests\"\nmodel_line = \"m\"\n\
+         [model]\npolicy = \"{model}\"\n{model_keys}\n\
+         [data]\ntrain = \"{train}\"\n\
+         [optimizer]\nplugin = \"{optimizer}\"\n{optimizer_keys}\n\
+         [rollout]\n{rollout}\n{verifiers}\
+         [budget]\nmax_steps = 2\n[checkpoint]\nevery_steps = 2\n",
+        name = case.name,
+        model = model.display(),
+        model_keys = case.model,
+        train = train.display(),
+        optimizer = case.optimizer,
+        optimizer_keys = case.optimizer_keys,
+        rollout = case.rollout,
+    );
+    let spec = JobSpec::from_toml(&text).unwrap_or_else(|error| panic!("{}: {error}", case.name));
+    let estimate = rlvr_daemon::jobs::estimate::estimate(&spec, &registry, DeviceKind::Cpu).unwrap();
+    let path = dir.path().join(format!("{}.toml", case.name));
+    fs::write(&path, &text).unwrap();
+    let state = dir.path().join(format!("{}-state", case.name));
+    let (output, peak_kib) = run_measuring_peak(&mut worker_command(&path, &state, &plugins, &[]), dir.path());
+    assert!(output.status.success(), "{}: {}", case.name, String::from_utf8_lossy(&output.stderr));
+    let measured = peak_kib as f64 * 1024.0;
+    let estimated = estimate.total_bytes() as f64;
+    let gb = |bytes: f64| bytes / BYTES_PER_GB;
+    let phases: Vec<String> =
+        estimate.phases.iter().map(|p| format!("{} {:.3}", p.phase, gb(p.bytes() as f64))).collect();
+    let error = (estimated / measured - 1.0) * 100.0;
+    let line = format!(
+        "{:30} measured {:.3} GB, estimated {:.3} GB ({error:+.1}%): resident {:.3}, {}",
+        case.name,
+        gb(measured),
+        gb(estimated),
+        gb(estimate.resident_bytes() as f64),
+        phases.join(", ")
+    );
+    println!("{line}");
+    assert!(error.abs() <= 20.0, "{name}: the estimate is off by {error:.1}%\n{line}");
 }
