@@ -1,6 +1,8 @@
 //! The registry's operator-facing events: each `emit()` logs and counts, so logs and metrics
 //! agree.
 
+use std::path::Path;
+
 use crate::metrics::{KindLabel, PluginMetrics as Metrics, ReasonLabel};
 use crate::registry::{LoadedPlugin, Refused};
 
@@ -48,5 +50,27 @@ impl PluginRefused<'_> {
             .plugin_refusals
             .get_or_create(&ReasonLabel { reason: refused.reason.as_str().to_owned() })
             .inc();
+    }
+}
+
+/// A library's probe report was had: from a probe process, or from the probe cache.
+pub struct PluginProbed<'a> {
+    /// The content-addressed copy probed.
+    pub library: &'a Path,
+    /// Its sha256.
+    pub sha256: &'a str,
+    /// Whether the report came from the cache (no process was started).
+    pub from_cache: bool,
+}
+
+impl PluginProbed<'_> {
+    /// Logs at info and, when a process was started, counts `rlvr_plugin_probes_total`.
+    pub fn emit(&self, metrics: &Metrics) {
+        if self.from_cache {
+            tracing::info!(library = %self.library.display(), sha256 = %self.sha256, from_cache = true, "plugin probe report from the cache");
+        } else {
+            tracing::info!(library = %self.library.display(), sha256 = %self.sha256, from_cache = false, "plugin probed in a worker process");
+            metrics.plugin_probes.inc();
+        }
     }
 }

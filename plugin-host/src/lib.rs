@@ -8,6 +8,8 @@
 //! - [`verify`]: the JSONL batch engine of `rlvrctl verify` and of the worker's rewards.
 //! - [`reward`]: a completion's reward from its graders' verdicts (weighted sum or formula), for
 //!   the worker and the daemon's dry-run alike.
+//! - [`probes`]: what probe processes reported, kept beside the copies by library and worker
+//!   build, so a restart probes nothing it probed before.
 //! - [`options`]: a plugin's answer about its options before a job runs (in this process, or
 //!   in a worker process for an optimizer the daemon only probed), in the spec's terms.
 //! - [`child`]: the short-lived helper processes (`probe-plugin`, `check-options`).
@@ -22,6 +24,7 @@ pub mod fit;
 pub mod loader;
 pub mod metrics;
 pub mod options;
+pub mod probes;
 pub mod registry;
 pub mod reward;
 pub mod verify;

@@ -29,6 +29,9 @@ pub struct PluginMetrics {
     pub plugin_loads: Family<KindLabel, Counter>,
     /// `rlvr_plugin_refusals_total{reason}`.
     pub plugin_refusals: Family<ReasonLabel, Counter>,
+    /// `rlvr_plugin_probes_total`: probe processes started (a report read from the probe cache
+    /// starts none).
+    pub plugin_probes: Counter,
 }
 
 impl PluginMetrics {
@@ -50,6 +53,11 @@ impl PluginMetrics {
             "rlvr_plugin_refusals",
             "Plugin libraries refused, by reason",
             metrics.plugin_refusals.clone(),
+        );
+        registry.register(
+            "rlvr_plugin_probes",
+            "Plugin probe processes started (rlvr-worker probe-plugin); a report kept from an earlier probe of the same library by the same worker build starts none",
+            metrics.plugin_probes.clone(),
         );
         for kind in rlvr_plugin_api::PluginKind::ALL {
             let _ = metrics.plugin_loads.get_or_create(&KindLabel { kind: kind.as_str().to_owned() });

@@ -8,7 +8,8 @@
 //!   and an in-place overwrite of the original cannot corrupt mapped code.
 //! - With [`Isolation::Subprocess`] (the daemon), each new library is first loaded and self-tested
 //!   in a child process (`rlvr-worker probe-plugin`): a library that segfaults or aborts kills the child,
-//!   and is refused, instead of killing the daemon.
+//!   and is refused, instead of killing the daemon. What the probe answered is kept beside the copy
+//!   ([`crate::probes`]), so a restart over the same libraries and worker probes nothing.
 //! - Every refusal names the file and what was wrong, is logged and counted once per file content,
 //!   and is kept for `rlvrctl plugins` and `GET /v1/plugins`.
 
@@ -29,11 +30,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::child::{self, ChildError};
-use crate::events::{PluginLoaded, PluginRefused};
+use crate::events::{PluginLoaded, PluginProbed, PluginRefused};
 use crate::loader;
 pub use crate::loader::{LoadRefusal, PluginMeta, RefusalReason};
 use crate::metrics::PluginMetrics as Metrics;
 use crate::options::{self, OptionsCache, OptionsProblem};
+use crate::probes::{self, WorkerIdentity};
 
 /// Answers of worker processes about options kept (by library and options): one a submit of
 /// the same options does not pay for again.
@@ -61,8 +63,8 @@ pub enum Isolation {
     },
 }
 
-/// What a probe process reports on stdout, as one JSON line.
-#[derive(Debug, Serialize, Deserialize)]
+/// What a probe process reports on stdout, as one JSON line (and what the probe cache keeps).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeReport {
     /// The library loaded, checked out and passed its self-test.
@@ -324,10 +326,7 @@ impl Registry {
                     continue;
                 }
                 self.state().stamps.insert(path.clone(), stamp);
-                match self.load_file(&path) {
-                    Ok(_) => summary.loaded += 1,
-                    Err(_) => summary.refused += 1,
-                }
+                summary.count(&self.load_file(&path));
             }
         }
         let mut state = self.state();
@@ -381,8 +380,9 @@ impl Registry {
         })?;
         let (module, meta) = match &self.isolation {
             Isolation::Subprocess { exe, timeout } => {
-                let meta =
-                    probe(exe, &library, *timeout).map_err(|refusal| refuse(Some(&sha256), refusal))?;
+                let meta = self
+                    .probe_report(exe, *timeout, &library, &sha256)
+                    .map_err(|refusal| refuse(Some(&sha256), refusal))?;
                 // Refuse a duplicate before its code is mapped into this process for good.
                 if let Some(refusal) = self.duplicate_of(&meta) {
                     return Err(refuse(Some(&sha256), refusal));
@@ -437,14 +437,62 @@ impl Registry {
         ))
     }
 
-    /// Writes `bytes` to `<cache>/<stem>-<sha256>.so` unless it is there already.
+    /// What a probe process says of `library` (the copy of the library with `sha256`): the
+    /// report a worker of the same build gave before, kept beside the copy, else a new probe's,
+    /// kept when it is the library's own answer (loaded, or refused by the probe process) — a
+    /// crash or a timeout may be the machine's, and is asked again next time.
+    fn probe_report(
+        &self,
+        exe: &Path,
+        timeout: Duration,
+        library: &Path,
+        sha256: &str,
+    ) -> Result<PluginMeta, LoadRefusal> {
+        let worker = WorkerIdentity::of(exe)
+            .inspect_err(|error| {
+                tracing::warn!(exe = %exe.display(), %error, "cannot tell the worker's build; its probe reports are not kept");
+            })
+            .ok();
+        let kept = worker.as_ref().and_then(|worker| probes::read(library, sha256, worker));
+        let report = match kept {
+            Some(report) => {
+                PluginProbed { library, sha256, from_cache: true }.emit(&self.metrics);
+                report
+            }
+            None => {
+                let answered = probe(exe, library, timeout);
+                PluginProbed { library, sha256, from_cache: false }.emit(&self.metrics);
+                if let (Ok(report), Some(worker)) = (&answered, &worker)
+                    && let Err(error) = probes::write(library, sha256, worker, report)
+                {
+                    tracing::warn!(library = %library.display(), %error, "cannot keep the plugin's probe report; it is probed again at the next start");
+                }
+                answered?
+            }
+        };
+        match report {
+            ProbeReport::Loaded(meta) => Ok(meta),
+            ProbeReport::Refused(refusal) => Err(refusal),
+        }
+    }
+
+    /// Writes `bytes` to `<cache>/<stem>-<sha256>.so` unless that file holds them already. A
+    /// source that is such a copy already (a worker given the daemon's) keeps its name.
     fn cached_copy(&self, source: &Path, sha256: &str, bytes: &[u8]) -> io::Result<PathBuf> {
         let stem = source.file_stem().and_then(|stem| stem.to_str()).unwrap_or("plugin");
-        let target = self.cache_dir.join(format!("{stem}-{sha256}.so"));
-        if fs::metadata(&target).is_ok_and(|metadata| metadata.len() == bytes.len() as u64) {
-            return Ok(target);
+        let name = if stem.ends_with(&format!("-{sha256}")) {
+            format!("{stem}.so")
+        } else {
+            format!("{stem}-{sha256}.so")
+        };
+        let target = self.cache_dir.join(name);
+        // Compared, not just sized: a kept probe report vouches for these bytes, and the copy is
+        // what gets mapped (a copy damaged in place is replaced, by rename, never rewritten).
+        let same = fs::metadata(&target).is_ok_and(|metadata| metadata.len() == bytes.len() as u64)
+            && fs::read(&target).is_ok_and(|existing| existing == bytes);
+        if !same {
+            rlvr_protocol::fs::write_atomic(&target, bytes)?;
         }
-        rlvr_protocol::fs::write_atomic(&target, bytes)?;
         Ok(target)
     }
 
@@ -580,8 +628,18 @@ pub struct ScanSummary {
     pub refused: usize,
 }
 
-/// Loads `library` in a child process and reads its report.
-fn probe(exe: &Path, library: &Path, timeout: Duration) -> Result<PluginMeta, LoadRefusal> {
+impl ScanSummary {
+    fn count(&mut self, loaded: &Result<Arc<LoadedPlugin>, Refused>) {
+        match loaded {
+            Ok(_) => self.loaded += 1,
+            Err(_) => self.refused += 1,
+        }
+    }
+}
+
+/// Loads `library` in a child process and reads its report; `Err` when the process gave none
+/// (it did not start, crashed or ran out of time), a refusal of reason `crashed`.
+fn probe(exe: &Path, library: &Path, timeout: Duration) -> Result<ProbeReport, LoadRefusal> {
     let crashed = |message: String| LoadRefusal::new(RefusalReason::Crashed, message);
     let mut command = Command::new(exe);
     command.arg("probe-plugin").arg(library);
@@ -594,11 +652,9 @@ fn probe(exe: &Path, library: &Path, timeout: Duration) -> Result<PluginMeta, Lo
             limit.as_secs()
         )),
     })?;
-    match output.last_line::<ProbeReport>() {
-        Some(ProbeReport::Loaded(meta)) => Ok(meta),
-        Some(ProbeReport::Refused(refusal)) => Err(refusal),
-        None => Err(crashed(format!("the library crashed the probe process ({})", output.describe()))),
-    }
+    output
+        .last_line::<ProbeReport>()
+        .ok_or_else(|| crashed(format!("the library crashed the probe process ({})", output.describe())))
 }
 
 /// The body of `rlvr-worker probe-plugin FILE`: load and check in this process, report on stdout.
