@@ -93,8 +93,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let metrics = Arc::new(Metrics::new());
     let worker = worker_exe(config.daemon.worker_exe.as_deref())?;
     tracing::info!(worker = %worker.display(), "worker executable");
+    // Shared by daemons that name the same one: its copies and probe reports are content-addressed.
+    let plugin_cache = config.plugins.cache_dir.clone().unwrap_or_else(|| state_dir.plugin_cache());
     let registry = Arc::new(Registry::new(
-        state_dir.plugin_cache(),
+        plugin_cache,
         Isolation::Subprocess { exe: worker.clone(), timeout: PROBE_TIMEOUT },
         metrics.plugins.clone(),
     )?);

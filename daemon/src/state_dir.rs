@@ -8,7 +8,8 @@
 //!                      otherwise
 //!   datasets/<team>/   the teams' uploaded datasets (`tenancy::datasets`)
 //!   curricula/<team>/<name>/  each team's curricula's versions
-//!   plugin-cache/      content-addressed copies of the plugin libraries loaded
+//!   plugin-cache/      content-addressed copies of the plugin libraries loaded and their probe
+//!                      reports, unless `plugins.cache_dir` says otherwise
 //!   rlvrd.addr         the API's bound address (for `listen = "…:0"`), while serving
 //!   sched.sock         the grant socket the workers ask for their devices on
 //! ```
@@ -58,7 +59,8 @@ impl StateDir {
         self.root.join("curricula")
     }
 
-    /// `plugin-cache/`: the registry's copies of plugin libraries.
+    /// `plugin-cache/`: the registry's copies of plugin libraries and their probe reports, unless
+    /// `plugins.cache_dir` names another place.
     pub fn plugin_cache(&self) -> PathBuf {
         self.root.join("plugin-cache")
     }

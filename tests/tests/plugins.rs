@@ -116,9 +116,19 @@ fn every_built_plugin_loads_through_the_real_loader() {
     assert!(cached.contains(&format!("librlvr_verifier_format-{sha}.so")), "{cached:?}");
 }
 
+/// `rlvr_plugin_probes_total`: probe processes the daemon started since it started.
+fn probes_run(daemon: &Daemon) -> u64 {
+    let (_, metrics) = daemon.get("/metrics");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("rlvr_plugin_probes_total "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no rlvr_plugin_probes_total in:\n{metrics}"))
+}
+
 #[test]
-fn a_dropped_in_plugin_is_picked_up_and_a_newer_version_loads_beside_the_old() {
-    let daemon = Daemon::start(&["rlvr-verifier-format"], NO_REDIS);
+fn a_dropped_in_plugin_loads_beside_the_old_version_and_a_restart_probes_only_new_libraries() {
+    let mut daemon = Daemon::start(&["rlvr-verifier-format"], NO_REDIS);
     assert_eq!(plugin_ids(&daemon), ["format@0.1.0"]);
 
     drop_in(&plugin_lib("rlvr-fixture-echo-v1"), &daemon.plugins, "echo.so");
@@ -136,6 +146,26 @@ fn a_dropped_in_plugin_is_picked_up_and_a_newer_version_loads_beside_the_old() {
     );
     assert_eq!(plugin_ids(&daemon), ["echo@1.0.0", "echo@2.0.0", "format@0.1.0"]);
     assert_eq!(daemon.get("/healthz").0, 200);
+
+    // Restarted over the same directory, the daemon starts no probe process: each library's
+    // report was kept beside its copy, under its sha256 and the worker's build.
+    assert!(daemon.stop().success());
+    daemon.restart();
+    assert_eq!(plugin_ids(&daemon), ["echo@2.0.0", "format@0.1.0"], "echo.so holds 2.0.0 now");
+    assert_eq!(probes_run(&daemon), 0, "log:\n{}", daemon.log());
+    assert!(daemon.log().contains("plugin probe report from the cache"), "{}", daemon.log());
+
+    // A library replaced while the daemon was down (another build: bytes no cache has seen, even
+    // one shared with other daemons) is probed again, and only it.
+    assert!(daemon.stop().success());
+    let mut rebuilt = fs::read(plugin_lib("rlvr-fixture-echo-v1")).unwrap();
+    rebuilt.extend_from_slice(
+        format!("another build of echo 1.0.0 for {}", daemon.dir.path().display()).as_bytes(),
+    );
+    drop_bytes(&rebuilt, &daemon.plugins, "echo.so");
+    daemon.restart();
+    assert_eq!(plugin_ids(&daemon), ["echo@1.0.0", "format@0.1.0"]);
+    assert_eq!(probes_run(&daemon), 1, "log:\n{}", daemon.log());
 }
 
 /// One bad library: how it is made, and the reason and message it must be refused with.

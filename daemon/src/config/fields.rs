@@ -264,6 +264,17 @@ pub(super) const FIELDS: &[Field] = &[
         "How often those directories are scanned for new plugins.",
     ),
     Field {
+        path: "plugins.cache_dir",
+        kind: Kind::AbsolutePath(None),
+        doc: "Where the daemon keeps its content-addressed copies of the plugin libraries it loaded, \
+              and what probing each one in a worker process reported (by the library's sha256 and \
+              the worker's build), so that a restart probes only new libraries. Daemons may share \
+              one: every file in it is written under a temporary name and renamed. Under systemd, \
+              a directory outside the state directory needs a ReadWritePaths= line. Not set: \
+              STATE_DIR/plugin-cache.",
+        example: Example::Commented("cache_dir = \"/var/cache/rlvr/plugins\""),
+    },
+    Field {
         path: "auth.tokens",
         kind: Kind::Tables {
             fields: TOKEN_FIELDS,

@@ -144,6 +144,8 @@ pub struct PluginsConfig {
     /// Directories watched for plugin libraries; they need not exist.
     pub dirs: Vec<PathBuf>,
     pub scan_interval_ms: u64,
+    /// The registry's copies and probe reports; unset: `<state_dir>/plugin-cache`. Absolute.
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// `[auth]`

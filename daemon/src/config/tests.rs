@@ -154,6 +154,7 @@ fn file_overrides_default() {
         [plugins]
         dirs = ["/a", "relative/b"]
         scan_interval_ms = 100
+        cache_dir = "/srv/cache/plugins"
         [[auth.tokens]]
         team = "research"
         sha256 = "{SHA_A}"
@@ -205,7 +206,11 @@ fn file_overrides_default() {
         daemon: DaemonConfig { state_dir: "/srv/rlvr".into(), worker_exe: None, registry: None },
         redis: RedisConfig { url: "unix:///run/redis.sock".into() },
         api: ApiConfig { listen: "0.0.0.0:9000".parse().unwrap(), ..ApiConfig::default() },
-        plugins: PluginsConfig { dirs: vec!["/a".into(), "relative/b".into()], scan_interval_ms: 100 },
+        plugins: PluginsConfig {
+            dirs: vec!["/a".into(), "relative/b".into()],
+            scan_interval_ms: 100,
+            cache_dir: Some("/srv/cache/plugins".into()),
+        },
         auth: AuthConfig {
             tokens: vec![
                 TokenConfig { team: "research".into(), sha256: SHA_A.into(), admin: false },
