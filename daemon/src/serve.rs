@@ -287,7 +287,7 @@ impl Services {
             queues,
             worker,
             state_dir: state_dir.clone(),
-            plugin_dirs: config.plugins.dirs.clone(),
+            registry: registry.clone(),
             worker_threads: worker_threads(config.queue.worker_threads),
             max_crashes: config.queue.max_crashes,
             stop_timeout: Duration::from_secs(config.queue.stop_timeout_s),

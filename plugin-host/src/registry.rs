@@ -335,6 +335,17 @@ impl Registry {
         summary
     }
 
+    /// Loads exactly `files`, each as a scan would load it, and looks at no directory: for a
+    /// worker the daemon told which libraries its job uses.
+    pub fn load_files(&self, files: &[PathBuf]) -> ScanSummary {
+        let _loading = self.load_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut summary = ScanSummary::default();
+        for file in files {
+            summary.count(&self.load_file(file));
+        }
+        summary
+    }
+
     fn load_file(&self, path: &Path) -> Result<Arc<LoadedPlugin>, Refused> {
         let result = self.try_load(path);
         match &result {
@@ -556,6 +567,22 @@ impl Registry {
 
     /// Finds a loaded plugin by `name` (newest version) or `name@version`, optionally of a kind.
     pub fn find(&self, spec: &str, kind: Option<PluginKind>) -> Result<Arc<LoadedPlugin>, LookupError> {
+        self.matching(spec, kind).map(|mut found| found.pop().expect("matching finds one or fails"))
+    }
+
+    /// Every loaded version of `name` (oldest first), or just `name@version`, optionally of a
+    /// kind: the libraries a job naming `spec` may use (a resumed one, the version its record
+    /// pinned).
+    pub fn versions(
+        &self,
+        spec: &str,
+        kind: Option<PluginKind>,
+    ) -> Result<Vec<Arc<LoadedPlugin>>, LookupError> {
+        self.matching(spec, kind)
+    }
+
+    /// The loaded plugins `spec` names, oldest version first; never empty.
+    fn matching(&self, spec: &str, kind: Option<PluginKind>) -> Result<Vec<Arc<LoadedPlugin>>, LookupError> {
         let (name, version) = match spec.split_once('@') {
             Some((name, version)) => {
                 let version = semver::Version::parse(version)
@@ -566,14 +593,24 @@ impl Registry {
         };
         let state = self.state();
         let of_kind = |plugin: &&Arc<LoadedPlugin>| kind.is_none_or(|kind| plugin.meta.kind == kind);
-        let found = state.loaded.values().filter(of_kind).rfind(|plugin| {
-            plugin.meta.name == name && version.as_ref().is_none_or(|version| &plugin.meta.version == version)
-        });
-        found.cloned().ok_or_else(|| LookupError::NotFound {
-            spec: spec.to_owned(),
-            kind: kind.map(|kind| format!("{} ", kind.as_str())).unwrap_or_default(),
-            available: state.loaded.values().filter(of_kind).map(|plugin| plugin.id()).collect(),
-        })
+        let found: Vec<Arc<LoadedPlugin>> = state
+            .loaded
+            .values()
+            .filter(of_kind)
+            .filter(|plugin| {
+                plugin.meta.name == name
+                    && version.as_ref().is_none_or(|version| &plugin.meta.version == version)
+            })
+            .cloned()
+            .collect();
+        if found.is_empty() {
+            return Err(LookupError::NotFound {
+                spec: spec.to_owned(),
+                kind: kind.map(|kind| format!("{} ", kind.as_str())).unwrap_or_default(),
+                available: state.loaded.values().filter(of_kind).map(|plugin| plugin.id()).collect(),
+            });
+        }
+        Ok(found)
     }
 }
 

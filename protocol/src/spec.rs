@@ -861,6 +861,50 @@ impl JobSpec {
     pub fn optimizer_plugin_config(&self) -> String {
         Value::Object(self.optimizer.options.clone()).to_string()
     }
+
+    /// Every plugin library the spec names, in the spec's order: the optimizer unless it is
+    /// built in, each grader but the built-in reward model, the curriculum. What the daemon
+    /// hands a worker, and all the worker loads.
+    pub fn plugin_libraries(&self) -> Vec<NamedPlugin<'_>> {
+        use rlvr_plugin_api::PluginKind;
+
+        let mut named = Vec::new();
+        if crate::builtin::Builtin::of(self).is_none() {
+            named.push(NamedPlugin {
+                field: "optimizer.plugin".into(),
+                plugin: &self.optimizer.plugin,
+                kind: PluginKind::Optimizer,
+            });
+        }
+        for (i, section) in self.verifiers.iter().enumerate() {
+            if !crate::reward_model::is_reward_model(section) {
+                named.push(NamedPlugin {
+                    field: format!("verifiers[{i}].plugin"),
+                    plugin: &section.plugin,
+                    kind: PluginKind::Verifier,
+                });
+            }
+        }
+        if let Some(curriculum) = &self.curriculum {
+            named.push(NamedPlugin {
+                field: "curriculum.plugin".into(),
+                plugin: &curriculum.plugin,
+                kind: PluginKind::Curriculum,
+            });
+        }
+        named
+    }
+}
+
+/// A plugin library a spec names ([`JobSpec::plugin_libraries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedPlugin<'a> {
+    /// The key that names it: `optimizer.plugin`, `verifiers[1].plugin`, `curriculum.plugin`.
+    pub field: String,
+    /// `name` (any loaded version) or `name@version`, as written.
+    pub plugin: &'a str,
+    /// The kind the field asks for.
+    pub kind: rlvr_plugin_api::PluginKind,
 }
 
 impl PluginSection {
@@ -1676,6 +1720,36 @@ max_steps = 10
         for (text, expected) in cases {
             check(text, expected);
         }
+    }
+
+    #[test]
+    fn the_plugin_libraries_a_spec_names_are_its_plugins_not_its_built_ins() {
+        use rlvr_plugin_api::PluginKind::{Curriculum, Optimizer, Verifier};
+
+        fn check(toml: &str, expected: &[(&str, &str, rlvr_plugin_api::PluginKind)]) {
+            let spec = JobSpec::from_toml(toml).unwrap();
+            let named = spec.plugin_libraries();
+            let named: Vec<(&str, &str, rlvr_plugin_api::PluginKind)> =
+                named.iter().map(|named| (named.field.as_str(), named.plugin, named.kind)).collect();
+            assert_eq!(named, expected, "{toml}");
+        }
+        check(MINIMAL, &[("optimizer.plugin", "grpo", Optimizer), ("verifiers[0].plugin", "math", Verifier)]);
+        let more = MINIMAL.replace(
+            "[[verifiers]]\nplugin = \"math\"\n",
+            "[[verifiers]]\nplugin = \"reward-model\"\nmodel = \"rm\"\n[[verifiers]]\nplugin = \"math@0.2.0\"\n\
+             [curriculum]\nplugin = \"frontier\"\n",
+        );
+        check(
+            &more,
+            &[
+                ("optimizer.plugin", "grpo", Optimizer),
+                ("verifiers[1].plugin", "math@0.2.0", Verifier),
+                ("curriculum.plugin", "frontier", Curriculum),
+            ],
+        );
+        let sampling =
+            MINIMAL.replace("plugin = \"grpo\"\nclip_eps_high = 0.28", "plugin = \"rejection-sampling\"");
+        check(&sampling, &[("verifiers[0].plugin", "math", Verifier)]);
     }
 
     #[test]

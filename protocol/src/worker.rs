@@ -45,6 +45,12 @@ pub struct WorkerArgs {
     /// A directory to load plugins from, besides the config's plugins.dirs (repeatable).
     #[cfg_attr(feature = "cli", arg(long = "plugin-dir"))]
     pub plugin_dirs: Vec<PathBuf>,
+    /// A plugin library of the job's (repeatable). When given, the worker loads these files and
+    /// nothing else: no --plugin-dir, no plugins.dirs. The daemon passes its content-addressed
+    /// copies of the libraries the spec names (every loaded version of each name, so a resume
+    /// finds the version its record pinned).
+    #[cfg_attr(feature = "cli", arg(long = "plugin-file", value_name = "LIBRARY"))]
+    pub plugin_files: Vec<PathBuf>,
     /// The daemon config whose plugins.dirs to use [default: /etc/rlvr/rlvrd.toml when it
     /// exists].
     #[cfg_attr(feature = "cli", arg(long, short))]
@@ -122,6 +128,9 @@ impl WorkerArgs {
         flag("state-dir", self.state_dir.clone().into());
         for dir in &self.plugin_dirs {
             flag("plugin-dir", dir.clone().into());
+        }
+        for file in &self.plugin_files {
+            flag("plugin-file", file.clone().into());
         }
         if let Some(config) = &self.config {
             flag("config", config.clone().into());

@@ -14,7 +14,7 @@ use rlvr_tests::jobs::{
 };
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
-    long_sft_spec, plugin_lib, wait_until,
+    drop_in, long_sft_spec, plugin_lib, wait_until,
 };
 use serde_json::Value;
 
@@ -512,11 +512,31 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
         &redis.url(),
         &format!("{QUEUE}[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n"),
     );
+    // More libraries than the job uses, in the directory before its worker starts (dropped in
+    // rather than loaded at start: the daemon probes them meanwhile, off the test's path).
+    for other in
+        ["rlvr-verifier-format", "rlvr-optimizer-sft", "rlvr-curriculum-uniform", "rlvr-fixture-echo-v1"]
+    {
+        let lib = plugin_lib(other);
+        drop_in(&lib, &daemon.plugins, lib.file_name().and_then(|name| name.to_str()).unwrap());
+    }
     let whole_slot = "[resources]\nmemory_gb = 8\n";
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 100_000, whole_slot));
     wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
+    // The worker maps its job's libraries and no other: the daemon names them (`--plugin-file`),
+    // and the worker no longer scans the directory (it loaded, hashed, copied and self-tested
+    // every library there).
+    let pid = worker_pids(&running)[0];
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mapped: BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5)?.rsplit('/').next())
+        .filter(|file| file.starts_with("librlvr_"))
+        .filter_map(|file| file.split('-').next())
+        .collect();
+    assert_eq!(mapped, BTreeSet::from(["librlvr_optimizer_grpo", "librlvr_verifier_math"]), "{maps}");
     // The one slot is taken: this one waits (submitted together, either could have started).
     let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, whole_slot));
     std::thread::sleep(Duration::from_millis(500));

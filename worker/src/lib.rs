@@ -66,6 +66,7 @@ use self::data::{Cursor, PairRecord, PromptRecord, SftRecord};
 use self::models::{Models, ValueHead};
 use self::optim::{AdamW, AdamWConfig};
 use self::plugins::JobPlugins;
+pub use self::plugins::PluginSource;
 use self::start::Start;
 use self::state::{JobRecord, Logs, TrainState};
 
@@ -76,8 +77,8 @@ pub struct WorkerOptions {
     pub state_dir: PathBuf,
     /// Continue from the newest checkpoint in `state_dir` (a fresh start when there is none).
     pub resume: bool,
-    /// Directories to load plugins from.
-    pub plugin_dirs: Vec<PathBuf>,
+    /// Where the job's plugin libraries are: the files the daemon named, or directories.
+    pub plugins: PluginSource,
     /// `None`: CUDA when available, else CPU.
     pub device: Option<Device>,
     /// Verifier calls at once.
@@ -112,17 +113,23 @@ impl WorkerOptions {
     /// The options of `rlvr-worker run`: plugin directories resolved, the device parsed, cores as
     /// the defaults; `host` is the context read from stdin, or `None` for a run by hand.
     pub fn from_args(args: WorkerArgs, host: Option<HostContext>) -> Result<Self, WorkerError> {
-        let plugin_dirs =
-            rlvr_plugin_host::dirs::plugin_dirs(args.config.as_deref(), args.plugin_dirs).map_err(
-                |error| WorkerError::Plugin { field: "plugins.dirs".into(), message: error.to_string() },
-            )?;
+        // The daemon names the job's libraries; a run by hand scans directories.
+        let plugins = if args.plugin_files.is_empty() {
+            PluginSource::Dirs(
+                rlvr_plugin_host::dirs::plugin_dirs(args.config.as_deref(), args.plugin_dirs).map_err(
+                    |error| WorkerError::Plugin { field: "plugins.dirs".into(), message: error.to_string() },
+                )?,
+            )
+        } else {
+            PluginSource::Files(args.plugin_files)
+        };
         let device = args.device.as_deref().map(parse_device).transpose()?;
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         Ok(WorkerOptions {
             spec: args.spec,
             state_dir: args.state_dir,
             resume: args.resume,
-            plugin_dirs,
+            plugins,
             device,
             verify_parallel: args.verify_parallel.unwrap_or(cores),
             threads: args.threads.unwrap_or(cores).max(1),
@@ -329,7 +336,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let _entered = span.enter();
 
     let mut plugins =
-        JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugin_dirs, &options.host)?;
+        JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugins, &options.host)?;
     let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode, plugins.trains)?;
     let rejection = match Builtin::of(&start.spec) {
         Some(Builtin::RejectionSampling) => {

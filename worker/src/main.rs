@@ -223,6 +223,7 @@ mod tests {
             state_dir: "/jobs/a/run".into(),
             resume: true,
             plugin_dirs: vec!["/p1".into(), "/p 2".into()],
+            plugin_files: vec!["/cache/libgrpo-0a.so".into(), "/cache/lib math-1b.so".into()],
             config: Some("/etc/rlvr/rlvrd.toml".into()),
             device: Some("cuda".into()),
             verify_parallel: Some(3),

@@ -1,6 +1,7 @@
-//! The job's plugins: found in the plugin directories (the versions a resumed run pinned, else
-//! the newest), created with the spec's options, and checked against each other before anything
-//! is written.
+//! The job's plugins: loaded from the files the daemon named (its copies of the job's
+//! libraries) or, for a run by hand, found in the plugin directories; the versions a resumed run
+//! pinned, else the newest; created with the spec's options, and checked against each other
+//! before anything is written.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,9 +47,41 @@ pub struct JobPlugins {
     pub uses: Vec<PluginUse>,
     /// The libraries the plugins' code comes from: kept for the whole run.
     pub libraries: Libraries,
-    plugin_dirs: Vec<PathBuf>,
+    source: PluginSource,
     /// What every plugin of the run is created with.
     host: HostContext,
+}
+
+/// Where a run's plugin libraries come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// Exactly these files, and nothing else (`--plugin-file`: the daemon's copies of the job's
+    /// libraries).
+    Files(Vec<PathBuf>),
+    /// Every library in these directories (`--plugin-dir` and the config's `plugins.dirs`: a
+    /// run by hand).
+    Dirs(Vec<PathBuf>),
+}
+
+impl PluginSource {
+    fn load_into(&self, registry: &Registry) {
+        let summary = match self {
+            PluginSource::Files(files) => registry.load_files(files),
+            PluginSource::Dirs(dirs) => registry.scan(dirs, std::time::Duration::ZERO),
+        };
+        info!(loaded = summary.loaded, refused = summary.refused, "plugin libraries loaded");
+    }
+
+    /// Where a plugin was looked for, for the message of one not found.
+    fn looked_in(&self) -> String {
+        let list = |paths: &[PathBuf]| {
+            paths.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(", ")
+        };
+        match self {
+            PluginSource::Files(files) => format!("the job's libraries: {}", list(files)),
+            PluginSource::Dirs(dirs) => format!("looked in {}", list(dirs)),
+        }
+    }
 }
 
 /// The registry and the content-addressed copies of the libraries it loaded. The copies stay
@@ -65,7 +98,7 @@ impl JobPlugins {
     pub fn load(
         spec: &JobSpec,
         pinned: Option<&JobRecord>,
-        plugin_dirs: &[PathBuf],
+        source: &PluginSource,
         host: &HostContext,
     ) -> Result<Self, WorkerError> {
         sweep_stale_plugin_copies(&std::env::temp_dir());
@@ -77,7 +110,10 @@ impl JobPlugins {
         let registry =
             Registry::new(copies.path().to_owned(), Isolation::InProcess, PluginMetrics::unexported())
                 .map_err(|error| temp_error(error.to_string()))?;
-        registry.scan(plugin_dirs, std::time::Duration::ZERO);
+        // A job of built-ins only (a distillation graded by a reward model) loads no library.
+        if !spec.plugin_libraries().is_empty() {
+            source.load_into(&registry);
+        }
         // A built-in optimizer is the worker's own code: no library, nothing to pin.
         let (created, optimizer_info, optimizer_id, trains, uses) = match Builtin::of(spec) {
             Some(builtin) => {
@@ -88,7 +124,7 @@ impl JobPlugins {
                 let pin = pinned.map(|record| record.optimizer.as_str());
                 let optimizer = find(
                     &registry,
-                    plugin_dirs,
+                    source,
                     "optimizer.plugin",
                     &spec.optimizer.plugin,
                     pin,
@@ -124,7 +160,7 @@ impl JobPlugins {
             },
             uses,
             libraries: Libraries { registry, _copies: copies },
-            plugin_dirs: plugin_dirs.to_vec(),
+            source: source.clone(),
             host: host.clone(),
         };
         // The record pins the plugin graders only, in order: the built-in reward models are
@@ -187,15 +223,15 @@ impl JobPlugins {
         pin: Option<&str>,
         kind: PluginKind,
     ) -> Result<Arc<LoadedPlugin>, WorkerError> {
-        find(&self.libraries.registry, &self.plugin_dirs, field, wanted, pin, kind)
+        find(&self.libraries.registry, &self.source, field, wanted, pin, kind)
     }
 }
 
 /// The plugin of `kind` named `wanted`, or the pinned `name@version`; a miss names the spec's
-/// `field` and the directories looked in.
+/// `field` and where it was looked for.
 fn find(
     registry: &Registry,
-    plugin_dirs: &[PathBuf],
+    source: &PluginSource,
     field: &str,
     wanted: &str,
     pin: Option<&str>,
@@ -203,10 +239,7 @@ fn find(
 ) -> Result<Arc<LoadedPlugin>, WorkerError> {
     registry.find(pin.unwrap_or(wanted), Some(kind)).map_err(|error| WorkerError::Plugin {
         field: field.to_owned(),
-        message: format!(
-            "{error} (looked in {})",
-            plugin_dirs.iter().map(|dir| dir.display().to_string()).collect::<Vec<_>>().join(", ")
-        ),
+        message: format!("{error} ({})", source.looked_in()),
     })
 }
 

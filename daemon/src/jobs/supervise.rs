@@ -31,6 +31,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rlvr_plugin_host::Registry;
 use rlvr_protocol::job::{JobState, JobView};
 use rlvr_protocol::spec::{JobSpec, Priority};
 use rlvr_queue::dispatch::new_task_id;
@@ -70,7 +71,8 @@ pub struct SupervisorConfig {
     pub worker: PathBuf,
     /// The daemon's state directory: jobs, the default registry and the curricula are in it.
     pub state_dir: StateDir,
-    pub plugin_dirs: Vec<PathBuf>,
+    /// The loaded plugins: a worker is given the copies of its job's libraries, and loads no other.
+    pub registry: Arc<Registry>,
     /// libtorch threads of each worker.
     pub worker_threads: usize,
     /// Crashes of a job's worker before the job is dead-lettered.
@@ -112,7 +114,8 @@ pub struct Supervisor {
     pub jobs_dir: JobsDir,
     /// Resolves a job's names into the paths its worker reads; the model lines it publishes to.
     pub tenancy: Arc<Tenancy>,
-    pub plugin_dirs: Vec<PathBuf>,
+    /// The loaded plugins: a worker is given the copies of its job's libraries, and loads no other.
+    pub registry: Arc<Registry>,
     pub worker_threads: usize,
     pub max_crashes: u32,
     pub stop_timeout: Duration,
@@ -157,7 +160,7 @@ impl Supervisor {
             exe: config.worker,
             jobs_dir: config.state_dir.jobs(),
             tenancy: config.tenancy,
-            plugin_dirs: config.plugin_dirs,
+            registry: config.registry,
             worker_threads: config.worker_threads,
             max_crashes: config.max_crashes,
             stop_timeout: config.stop_timeout,
@@ -451,6 +454,7 @@ impl Supervisor {
         let baseline = publish::latest_version(spec, &self.tenancy.lines);
         // Version 0 (none yet): the plugin starts from its own prior.
         let curriculum = curriculum.filter(|(_, version)| *version > 0);
+        let plugin_files = job_libraries(&self.registry, spec).map_err(SpawnError::Refused)?;
         let on_gpu = devices.iter().any(|device| device.gpu.is_some());
         let memory_cap = memory_cap_bytes(spec.resources.memory_gb, devices);
         // An engine job: the engine's python and a token of its own for the verify route.
@@ -472,7 +476,7 @@ impl Supervisor {
             spec: dir.spec(),
             state_dir: dir.run().path().to_owned(),
             resume: true,
-            plugin_dirs: self.plugin_dirs.clone(),
+            plugin_files,
             threads: Some(self.worker_threads),
             exit_with_parent: Some(std::process::id()),
             grant_socket: Some(self.grant_socket.clone()),
@@ -881,6 +885,26 @@ enum SpawnError {
     Refused(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+}
+
+/// The daemon's copies of the plugin libraries `spec` names, for the worker's `--plugin-file`s:
+/// every loaded version of each name (a resumed run pins the version its record names), or the
+/// one `name@version`. A worker that scanned the plugin directories instead would map, hash, copy
+/// and self-test every library there to use two or three. A name nothing loaded answers to is
+/// the job's fault, at its field.
+fn job_libraries(registry: &Registry, spec: &JobSpec) -> Result<Vec<PathBuf>, String> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for named in spec.plugin_libraries() {
+        let versions = registry
+            .versions(named.plugin, Some(named.kind))
+            .map_err(|error| format!("{}: {error}", named.field))?;
+        for plugin in versions {
+            if !files.contains(&plugin.library) {
+                files.push(plugin.library.clone());
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// The variables of the daemon's environment a worker gets: what finding libraries, logging,
