@@ -38,7 +38,8 @@ pub struct ReasonLabel {
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
-    /// The plugin registry's: `rlvr_plugin_loads_total{kind}`, `rlvr_plugin_refusals_total{reason}`.
+    /// The plugin registry's: `rlvr_plugin_loads_total{kind}`, `rlvr_plugin_refusals_total{reason}`,
+    /// `rlvr_plugin_probes_total`.
     pub plugins: PluginMetrics,
     /// `rlvr_device_busy_seconds_total{device}`: time a device served a phase grant. Its rate
     /// is the device's busy fraction.
