@@ -228,7 +228,8 @@ fn within_a_fifth(name: &str) {
     let path = dir.path().join(format!("{}.toml", case.name));
     fs::write(&path, &text).unwrap();
     let state = dir.path().join(format!("{}-state", case.name));
-    let (output, peak_kib) = run_measuring_peak(&mut worker_command(&path, &state, &plugins, &[]), dir.path());
+    let (output, peak_kib) =
+        run_measuring_peak(&mut worker_command(&path, &state, &plugins, &[]), dir.path());
     assert!(output.status.success(), "{}: {}", case.name, String::from_utf8_lossy(&output.stderr));
     let measured = peak_kib as f64 * 1024.0;
     let estimated = estimate.total_bytes() as f64;
