@@ -51,3 +51,28 @@ for line in open(sys.argv[1]):
         sys.exit(1)
 PY
 }
+
+# Points CARGO_TARGET_DIR at $RLVR_CACHE_DIR/target/<key>, a target directory that later runs on
+# this machine reuse (scripts/test.sh with RLVR_TARGET_CACHE=1). The key hashes what a build's
+# artefacts depend on beyond the sources cargo tracks itself: the toolchain, Cargo.lock, the torch
+# the binaries link, and the machine — its id and its installed Debian packages — so another
+# machine, or this one after a package changed, starts from nothing and a missing install step
+# fails there as on a fresh machine. Directories of other keys are removed: one cache at a time.
+use_target_cache() {
+    local key
+    key=$(
+        {
+            rustc -vV
+            cat "$RLVR_ROOT/Cargo.lock"
+            "$RLVR_VENV/bin/python" -c 'import importlib.metadata as m; print("torch", m.version("torch"))'
+            cat /etc/machine-id 2>/dev/null || hostname
+            dpkg-query -W -f '${Package} ${Version}\n' 2>/dev/null || true
+        } | sha256sum | cut -c1-16
+    )
+    mkdir -p "$RLVR_CACHE_DIR/target"
+    local other
+    for other in "$RLVR_CACHE_DIR"/target/*; do
+        [ -d "$other" ] && [ "$(basename "$other")" != "$key" ] && rm -rf "$other"
+    done
+    export CARGO_TARGET_DIR=$RLVR_CACHE_DIR/target/$key
+}

@@ -7,12 +7,14 @@
 #     own, so nothing it pulls in can change the Python the binaries link
 #   - redis-server from Debian's packages, when none is on PATH
 #   - g++ (for the libtorch bindings) and systemd-analyze (for the unit's test), when missing
+#   - cargo-nextest (scripts/test.sh's test runner) from crates.io, when cargo has none
 # The env file ($RLVR_CACHE_DIR/env.sh) exports LIBTORCH_USE_PYTORCH=1, the venv on PATH and the
 # libtorch library path, so `cargo build` and the binaries find libtorch.
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
 SCHEMATHESIS_VERSION=4.32.5
+NEXTEST_VERSION=0.9.143
 CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}  # keep in step with scripts/lib.sh
 VENV=$CACHE_DIR/venv
 SCHEMATHESIS_VENV=$CACHE_DIR/venvs/schemathesis
@@ -105,6 +107,15 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
     say "no systemd-analyze found: installing systemd from Debian's packages"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends systemd
+fi
+
+# --- cargo-nextest (the test runner of scripts/test.sh) -------------------------------------------
+if cargo nextest --version >/dev/null 2>&1; then
+    say "$(cargo nextest --version 2>/dev/null | head -n 1)"
+else
+    say "no cargo-nextest found: building cargo-nextest $NEXTEST_VERSION from crates.io (a few minutes, once)"
+    cargo install --locked --quiet cargo-nextest --version "$NEXTEST_VERSION"
+    cargo nextest --version >/dev/null 2>&1 || { say "cargo-nextest did not install"; exit 1; }
 fi
 
 # --- env file ---------------------------------------------------------------------------------

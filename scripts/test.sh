@@ -1,58 +1,122 @@
 #!/usr/bin/env bash
-# Every check CI runs (`.ci/run` calls exactly this): set-up, format, lints, build, all tests.
+# Every check CI runs (`.ci/run` calls it): set-up, format, lints, build, all tests.
+#
+#   scripts/test.sh           everything: what CI runs
+#   scripts/test.sh --quick   a developer's inner loop: format, lints and build as always, then the
+#                             unit tests and the fast integration tests (nextest's `quick` profile
+#                             in .config/nextest.toml); no peers installed, no doc tests
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh). On a clean clone with torch in the cache, about 40 minutes on 2 cores
-# (measured 2026-11-25: 21 min 42 s, 646 tests, on a clean clone at 212a4b7; 2026-11-28: 28 min
-# 18 s, 660 tests, at 1e86386 with the engines' tests, incremental; 41 min 49 s, 691 tests, on a
-# clean clone at 34baaee with the peers in the cache).
+# (scripts/setup.sh: torch, Redis, Schemathesis, cargo-nextest). Tests run under cargo-nextest, a
+# process each, as many at once as .config/nextest.toml allows (the CPU-heavy ones declare the
+# threads they take); JUnit lands in target/nextest/<profile>/junit.xml and the run ends by
+# listing its 15 slowest tests. Measured times are in the README ("Running the tests").
+#
+# RLVR_TARGET_CACHE=1 (set by .ci/run) builds into $RLVR_CACHE_DIR/target/<key> instead of
+# ./target, so runs on the same machine reuse what the last one compiled. The key is the
+# toolchain, Cargo.lock, the torch the build links and this machine's identity: another machine,
+# or a changed toolchain, builds everything, so a missing install step still fails there.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
 
+quick=0
+for arg in "$@"; do
+    case $arg in
+        --quick) quick=1 ;;
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "scripts/test.sh: unknown argument '$arg' (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
+profile=ci
+[ "$quick" = 1 ] && profile=quick
+
+started=$SECONDS
+
 step "set-up (scripts/setup.sh)"
 rlvr_setup
+
+if [ "${RLVR_TARGET_CACHE:-0}" = 1 ]; then
+    use_target_cache
+    step "target directory: $CARGO_TARGET_DIR (RLVR_TARGET_CACHE=1)"
+fi
+target=${CARGO_TARGET_DIR:-$RLVR_ROOT/target}
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy (workspace, all targets)"
-cargo clippy --workspace --all-targets -- -D warnings
+# Clippy is the compiler of the workspace's own crates in the one build below, which is how `cargo
+# clippy` itself works (clippy-driver as the workspace's rustc wrapper, its arguments in
+# CLIPPY_ARGS), so linting costs no check pass of its own that could not share artefacts with the
+# build. Dependencies are compiled by plain rustc. The tests run with the same settings, so nextest
+# reuses every artefact.
+RUSTC_WORKSPACE_WRAPPER=$(rustc --print sysroot)/bin/clippy-driver
+[ -x "$RUSTC_WORKSPACE_WRAPPER" ] || {
+    echo "no clippy-driver in the toolchain ($RUSTC_WORKSPACE_WRAPPER): rustup component add clippy" >&2
+    exit 1
+}
+export RUSTC_WORKSPACE_WRAPPER
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
-# The peers the tests run (venvs of TRL, Ray, verl, MLflow, TensorBoard; Chromium and Playwright
-# for the web page) install while the workspace builds: mostly downloads and unpacking, which the
-# compiler's two cores leave room for. Each test calls its script again (idempotent, under a
-# second when installed), so this only moves the wait; on a fresh cache it saves ~4 minutes.
-step "peers, in the background (logs: target/peers/)"
-peer_logs=$RLVR_ROOT/target/peers
-mkdir -p "$peer_logs"
+# The peers the tests run (venvs of TRL, Ray, verl, MLflow, TensorBoard, PEFT with the converted
+# SmolLM2, the text metrics; Chromium and Playwright for the web page) install while the workspace
+# builds: mostly downloads and unpacking, which the compiler's two cores leave room for. Each test
+# calls its script again (idempotent, under a second when installed), so this only moves the wait.
 peer_names=()
 peer_pids=()
-start_peer() {
-    local name=$1
-    shift
-    "$@" >"$peer_logs/$name.log" 2>&1 &
-    peer_names+=("$name")
-    peer_pids+=("$!")
-}
-start_peer engine-trl scripts/engine-venv.sh trl
-start_peer engine-ray scripts/engine-venv.sh ray
-start_peer peer-rl scripts/peer-rl-venv.sh
-start_peer mlflow scripts/mlflow-venv.sh
-start_peer tensorboard scripts/tensorboard-venv.sh
-start_peer ui-browser scripts/ui-browser.sh
+if [ "$quick" = 0 ]; then
+    step "peers, in the background (logs: $target/peers/)"
+    peer_logs=$target/peers
+    mkdir -p "$peer_logs"
+    start_peer() {
+        local name=$1
+        shift
+        "$@" >"$peer_logs/$name.log" 2>&1 &
+        peer_names+=("$name")
+        peer_pids+=("$!")
+    }
+    start_peer engine-trl scripts/engine-venv.sh trl
+    start_peer engine-ray scripts/engine-venv.sh ray
+    start_peer peer-rl scripts/peer-rl-venv.sh
+    start_peer mlflow scripts/mlflow-venv.sh
+    start_peer tensorboard scripts/tensorboard-venv.sh
+    start_peer ui-browser scripts/ui-browser.sh
+    start_peer peft scripts/peft-venv.sh
+    start_peer text-metrics scripts/text-metrics-venv.sh
+fi
 
-step "cargo build (binaries and plugin libraries the integration tests run)"
-cargo build --workspace
+step "cargo build (every target; clippy -D warnings on the workspace's crates)"
+cargo build --workspace --all-targets
 
-step "waiting for the peers"
-for i in "${!peer_pids[@]}"; do
-    if ! wait "${peer_pids[$i]}"; then
-        echo "installing ${peer_names[$i]} failed; its log, $peer_logs/${peer_names[$i]}.log:" >&2
-        tail -n 40 "$peer_logs/${peer_names[$i]}.log" >&2
-        exit 1
-    fi
-done
+if [ "${#peer_pids[@]}" -gt 0 ]; then
+    step "waiting for the peers"
+    for i in "${!peer_pids[@]}"; do
+        if ! wait "${peer_pids[$i]}"; then
+            echo "installing ${peer_names[$i]} failed; its log, $peer_logs/${peer_names[$i]}.log:" >&2
+            tail -n 40 "$peer_logs/${peer_names[$i]}.log" >&2
+            exit 1
+        fi
+    done
+fi
 
-step "cargo test"
-cargo test --workspace --no-fail-fast
+step "cargo nextest run (profile $profile)"
+status=0
+cargo nextest run --workspace --profile "$profile" || status=$?
+
+if [ "$quick" = 0 ]; then
+    # nextest does not run doc tests.
+    step "cargo test --doc"
+    cargo test --workspace --doc --quiet || status=$?
+fi
+
+step "the 15 slowest tests (from $target/nextest/$profile/junit.xml)"
+scripts/slowest-tests.py "$target/nextest/$profile/junit.xml" 15 || true
+
+step "scripts/test.sh: $((SECONDS - started)) s, $([ "$status" = 0 ] && echo "all passed" || echo "FAILED (exit $status)")"
+exit "$status"
