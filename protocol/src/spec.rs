@@ -1486,10 +1486,91 @@ max_steps = 10
         assert_eq!(got, expected, "{text}");
     }
 
+    /// Parses `text`, which does not parse: the error names `field` ("" for the text as a whole)
+    /// and says `message`. What `from_toml` refuses `POST /v1/jobs` answers 400, what `validate`
+    /// refuses 422 (`read_spec` in daemon/src/api/jobs.rs): these rows are the 400s.
+    fn check_parse(text: &str, field: &str, message: &str) {
+        let error = JobSpec::from_toml(text).expect_err(text);
+        assert_eq!((error.field.as_str(), error.message.as_str()), (field, message), "{text}");
+    }
+
+    #[test]
+    fn what_does_not_parse_is_refused_before_validation_naming_the_key() {
+        let cases: &[(String, &str, &str)] = &[
+            ("[job\nname = 1".into(), "", "not valid TOML: unclosed table, expected `]`"),
+            (
+                MINIMAL.replace("max_steps = 10", "max_steps = \"two\""),
+                "budget.max_steps",
+                "invalid type: string \"two\", expected u64",
+            ),
+            (
+                MINIMAL.replace("max_steps = 10", "max_steps = -2"),
+                "budget.max_steps",
+                "invalid value: integer `-2`, expected u64",
+            ),
+            (MINIMAL.replace("[budget]\nmax_steps = 10\n", ""), "budget", "missing field `budget`"),
+            (
+                with("budget", "max_hours = 3"),
+                "budget.max_hours",
+                "unknown field `max_hours`, expected one of `max_steps`, `max_generated_tokens`, \
+                 `max_wall_minutes`",
+            ),
+            (
+                with("job", "colour = \"red\""),
+                "job.colour",
+                "unknown field `colour`, expected one of `name`, `team`, `priority`, `model_line`, `seed`",
+            ),
+            (
+                with("job", "priority = \"urgent\""),
+                "job.priority",
+                "unknown variant `urgent`, expected one of `low`, `normal`, `high`",
+            ),
+            (
+                with("model", "dtype = \"f8\""),
+                "model.dtype",
+                "unknown variant `f8`, expected `f32` or `bf16`",
+            ),
+            (
+                with("optimizer", "lr = \"fast\""),
+                "optimizer.lr",
+                "invalid type: string \"fast\", expected f64",
+            ),
+            (
+                with("rollout", "top_q = 1"),
+                "rollout.top_q",
+                "unknown field `top_q`, expected one of `max_new_tokens`, `temperature`, `top_p`, `top_k`, \
+                 `prompts_per_step`, `stop`, `dynamic_sampling_rounds`",
+            ),
+            (
+                with("stop", "kl = 1"),
+                "stop.kl",
+                "unknown field `kl`, expected one of `kl_max`, `heldout_drop_max`, `length_growth_max`, \
+                 `verifier_timeout_rate_max`, `verifier_error_rate_max`",
+            ),
+            (
+                with("gates", "kl = 1"),
+                "gates.kl",
+                "unknown field `kl`, expected one of `heldout_gain_min`, `canary_regressions_max`, `kl_max`, \
+                 `length_ratio_max`, `verifier_error_rate_max`, `verifier_timeout_rate_max`, \
+                 `refuse_reward_hacking`",
+            ),
+            // regression: a spec wrote into another team's registry with [publish] registry
+            (
+                with("publish", "registry = \"/etc\""),
+                "publish.registry",
+                "unknown field `registry`, expected `webhook` or `merge_lora`",
+            ),
+        ];
+        for (text, field, message) in cases {
+            check_parse(text, field, message);
+        }
+    }
+
     #[test]
     fn each_rule_says_its_range() {
         let cases: &[(&str, &str, &str)] = &[
             ("optimizer", "group_size = 0", "optimizer.group_size: expected 1 to 1024, got 0"),
+            ("optimizer", "group_size = 5000", "optimizer.group_size: expected 1 to 1024, got 5000"),
             ("optimizer", "mu = 65", "optimizer.mu: expected 1 to 64, got 65"),
             ("optimizer", "lr = -1.0", "optimizer.lr: expected a number in (0, 1], got -1"),
             ("optimizer", "adam_beta1 = 1.0", "optimizer.adam_beta1: expected a number in [0, 1), got 1"),
@@ -1510,8 +1591,18 @@ max_steps = 10
             ("rollout", "max_new_tokens = 40000", "rollout.max_new_tokens: expected 1 to 32768, got 40000"),
             (
                 "rollout",
+                "max_new_tokens = 1000000",
+                "rollout.max_new_tokens: expected 1 to 32768, got 1000000",
+            ),
+            (
+                "rollout",
                 "temperature = 11.0",
                 "rollout.temperature: expected a number in [0, 10] (0 = greedy), got 11",
+            ),
+            (
+                "rollout",
+                "temperature = -1.0",
+                "rollout.temperature: expected a number in [0, 10] (0 = greedy), got -1",
             ),
             ("rollout", "top_p = nan", "rollout.top_p: expected a number in (0, 1], got NaN"),
             ("rollout", "prompts_per_step = 0", "rollout.prompts_per_step: expected 1 to 4096, got 0"),
@@ -1521,12 +1612,19 @@ max_steps = 10
                 "rollout.dynamic_sampling_rounds: expected 0 to 16 extra rounds, got 17",
             ),
             ("stop", "kl_max = 0.0", "stop.kl_max: expected a number > 0, got 0"),
+            ("stop", "kl_max = -1.0", "stop.kl_max: expected a number > 0, got -1"),
             (
                 "stop",
                 "heldout_drop_max = 2.0",
                 "stop.heldout_drop_max: expected a held-out score drop in [0, 1], got 2",
             ),
             ("stop", "length_growth_max = 1.0", "stop.length_growth_max: expected a factor > 1, got 1"),
+            ("stop", "length_growth_max = 0.5", "stop.length_growth_max: expected a factor > 1, got 0.5"),
+            (
+                "stop",
+                "verifier_error_rate_max = 2.0",
+                "stop.verifier_error_rate_max: expected a rate in [0, 1], got 2",
+            ),
             (
                 "stop",
                 "verifier_timeout_rate_max = inf",
@@ -1537,11 +1635,21 @@ max_steps = 10
                 "heldout_gain_min = -2.0",
                 "gates.heldout_gain_min: expected a held-out score change in [-1, 1], got -2",
             ),
+            (
+                "gates",
+                "heldout_gain_min = 2.0",
+                "gates.heldout_gain_min: expected a held-out score change in [-1, 1], got 2",
+            ),
             ("gates", "length_ratio_max = 0.0", "gates.length_ratio_max: expected a ratio > 0, got 0"),
             (
                 "gates",
                 "verifier_error_rate_max = 1.5",
                 "gates.verifier_error_rate_max: expected a rate in [0, 1], got 1.5",
+            ),
+            (
+                "gates",
+                "verifier_timeout_rate_max = -0.1",
+                "gates.verifier_timeout_rate_max: expected a rate in [0, 1], got -0.1",
             ),
             // budget.max_steps: with the relations below (MINIMAL sets it).
             (
@@ -1605,6 +1713,17 @@ max_steps = 10
                 &[r#"job.name: expected 1–128 of [A-Za-z0-9._-], got """#],
             ),
             (
+                MINIMAL.replace("name = \"arith\"", "name = \"a b/c\""),
+                &[r#"job.name: expected 1–128 of [A-Za-z0-9._-], got "a b/c""#],
+            ),
+            // A model line is a name in the team's namespace, never a path out of it.
+            (
+                MINIMAL.replace("model_line = \"tiny\"", "model_line = \"../escape\""),
+                &[
+                    r#"job.model_line: expected 1–128 of [A-Za-z0-9._-], not starting with '.', got "../escape""#,
+                ],
+            ),
+            (
                 MINIMAL
                     .replace("team = \"math\"", "team = \"a b\"")
                     .replace("model_line = \"tiny\"", "model_line = \".x\""),
@@ -1623,6 +1742,10 @@ max_steps = 10
                     "[[verifiers]]\nplugin = \"math\"\n[[verifiers]]\nplugin = \"code\"\nweight = -1.0\n",
                 ),
                 &["verifiers[1].weight: expected a number ≥ 0, got -1"],
+            ),
+            (
+                MINIMAL.replace("plugin = \"math\"\n", "plugin = \"math\"\nweight = -1.0\n"),
+                &["verifiers[0].weight: expected a number ≥ 0, got -1"],
             ),
             (
                 with("optimizer", "warmup_steps = 11"),
@@ -1707,6 +1830,10 @@ max_steps = 10
                 &[
                     "tracking.uri: unknown field `uri`, expected one of `mlflow_uri`, `experiment`, `token_secret`",
                 ],
+            ),
+            (
+                MINIMAL.replace("max_steps = 10", "max_steps = 99999999999"),
+                &["budget.max_steps: expected 1 to 10000000, got 99999999999"],
             ),
             // Every problem at once, ranges before relations.
             (

@@ -200,58 +200,38 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
         assert!(good.contains(from), "{from}");
         good.replacen(from, to, 1)
     };
+    // The rows here are what only the daemon decides: the caller's team (403), the team's
+    // priority allowance, datasets and data roots in the team's namespace, server paths refused
+    // by `tenancy::resolve`, the loaded plugins and their kinds and versions, what an optimizer
+    // needs of the spec (its groups, its verifiers), the budget a daemon honours, the memory
+    // estimate against this daemon's devices, and the engine mapping at submit; plus three rows
+    // for the wiring of what the spec decides alone (a parse error is 400, a rule is 422).
+    // The rest of the spec's own rules, each with its field and message, are tables in
+    // protocol/src/spec.rs's tests: `what_does_not_parse_is_refused_before_validation_naming_the_key`
+    // (the 400s: type errors, unknown fields and variants, a missing section, [publish] registry),
+    // `each_rule_says_its_range` (the 422 ranges of [optimizer], [rollout], [budget], [stop],
+    // [gates], [resources], [checkpoint]), `names_lists_and_relations` (job.name,
+    // job.model_line, verifiers[i].weight, budget.max_steps) and `errors_name_the_field`.
     // (body, status, field or "" for none, words in the message)
     let cases: Vec<(String, u16, &str, &str)> = vec![
+        // The spec alone: the wiring of its 400s and 422s.
         ("[job\nname = 1".into(), 400, "", "not valid TOML"),
         (with("max_steps = 2", "max_steps = \"two\""), 400, "budget.max_steps", "invalid type"),
-        (with("max_steps = 2", "max_steps = -2"), 400, "budget.max_steps", "invalid value"),
-        (with("max_steps = 2", "max_steps = 0"), 422, "budget.max_steps", "expected 1 to"),
-        (with("max_steps = 2", "max_steps = 99999999999"), 422, "budget.max_steps", "expected 1 to"),
-        (
-            with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = -5"),
-            422,
-            "budget.max_wall_minutes",
-            "positive",
-        ),
-        (
-            with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = 1e9"),
-            422,
-            "budget.max_wall_minutes",
-            "30 days",
-        ),
-        (
-            with("max_steps = 2", "max_steps = 2\nmax_generated_tokens = 0"),
-            422,
-            "budget.max_generated_tokens",
-            "positive",
-        ),
-        (with("max_steps = 2", "max_steps = 2\nmax_hours = 3"), 400, "budget.max_hours", "unknown field"),
-        (with("[rollout]", "[rollout]\ntop_p = 2.0"), 422, "rollout.top_p", "(0, 1]"),
-        (with("[rollout]", "[rollout]\ntemperature = -1.0"), 422, "rollout.temperature", "[0, 10]"),
-        (
-            with("max_new_tokens = 5", "max_new_tokens = 1000000"),
-            422,
-            "rollout.max_new_tokens",
-            "expected 1 to",
-        ),
-        (
-            with("prompts_per_step = 4", "prompts_per_step = 0"),
-            422,
-            "rollout.prompts_per_step",
-            "expected 1 to",
-        ),
-        (with("[rollout]", "[rollout]\ntop_q = 1"), 400, "rollout.top_q", "unknown field"),
-        (with("[job]", "[job]\ncolour = \"red\""), 400, "job.colour", "unknown field"),
-        (with("name = \"good\"", "name = \"\""), 422, "job.name", "expected 1–128"),
-        (with("name = \"good\"", "name = \"a b/c\""), 422, "job.name", "expected 1–128"),
-        (with("team = \"tests\"", "team = \"others\""), 403, "job.team", "submits for team"),
+        // A rule of the spec is 422, on job.model_line too (403 is for a line the team may not claim).
         (
             with("model_line = \"tiny-arith\"", "model_line = \"../escape\""),
             422,
             "job.model_line",
             "expected 1–128",
         ),
-        (with("seed = 7", "seed = 7\npriority = \"urgent\""), 400, "job.priority", "unknown variant"),
+        // What a daemon honours: at most 30 days of wall clock.
+        (
+            with("max_steps = 2", "max_steps = 2\nmax_wall_minutes = 1e9"),
+            422,
+            "budget.max_wall_minutes",
+            "30 days",
+        ),
+        (with("team = \"tests\"", "team = \"others\""), 403, "job.team", "submits for team"),
         (
             with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:huge\""),
             422,
@@ -263,12 +243,6 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             422,
             "model.policy",
             "cannot name a server path",
-        ),
-        (
-            with("policy = \"builtin:tiny-arith\"", "policy = \"builtin:tiny-arith\"\ndtype = \"f8\""),
-            400,
-            "model.dtype",
-            "unknown variant",
         ),
         (
             with(&format!("{}/train.jsonl", data.display()), "/nonexistent/train.jsonl"),
@@ -312,23 +286,13 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "loaded verifier plugins",
         ),
         (with("plugin = \"grpo\"", "plugin = \"grpo@9.9.9\""), 422, "optimizer.plugin", "grpo@0.1.0"),
+        // What the loaded optimizer needs of the spec (`rlvr_plugin_host::fit`).
         (with("group_size = 4", "group_size = 1"), 422, "optimizer.group_size", "at least 2"),
-        (with("group_size = 4", "group_size = 5000"), 422, "optimizer.group_size", "expected 1 to 1024"),
-        (with("lr = 1e-3", "lr = -1.0"), 422, "optimizer.lr", "(0, 1]"),
-        (with("lr = 1e-3", "lr = \"fast\""), 400, "optimizer.lr", "invalid type"),
         (
             with("[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n", ""),
             422,
             "verifiers",
             "at least one",
-        ),
-        (with("[[verifiers]]", "[[verifiers]]\nweight = -1.0"), 422, "verifiers[0].weight", "≥ 0"),
-        (with("every_steps = 5", "every_steps = 0"), 422, "checkpoint.every_steps", "at least 1"),
-        (
-            format!("{good}\n[resources]\ndevices = 0\n"),
-            422,
-            "resources.devices",
-            "expected 1 (one device per native job",
         ),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
         // Left out, memory_gb is the job's estimate: 4 prompts × 1024 completions, each with a
@@ -340,34 +304,6 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "resources.memory_gb",
             "by its memory estimate (rlvrctl estimate shows the parts); 1 device(s) with ",
         ),
-        (format!("{good}\n[stop]\nkl_max = -1.0\n"), 422, "stop.kl_max", "expected a number > 0"),
-        (format!("{good}\n[stop]\nlength_growth_max = 0.5\n"), 422, "stop.length_growth_max", "a factor > 1"),
-        (
-            format!("{good}\n[stop]\nverifier_error_rate_max = 2.0\n"),
-            422,
-            "stop.verifier_error_rate_max",
-            "[0, 1]",
-        ),
-        (
-            good.replace("heldout_gain_min = -1.0", "heldout_gain_min = 2.0"),
-            422,
-            "gates.heldout_gain_min",
-            "[-1, 1]",
-        ),
-        (
-            good.replace("[gates]\n", "[gates]\nverifier_timeout_rate_max = -0.1\n"),
-            422,
-            "gates.verifier_timeout_rate_max",
-            "[0, 1]",
-        ),
-        (good.replace("[gates]\n", "[gates]\nkl = 1\n"), 400, "gates.kl", "unknown field"),
-        // One device per native job, whatever the daemon has: the worker uses one.
-        (
-            format!("{good}\n[resources]\ndevices = 2\n"),
-            422,
-            "resources.devices",
-            "expected 1 (one device per native job: that is what the worker uses; an [engine] job may take more), got 2",
-        ),
         // An engine job asking its engine for what it cannot do: refused at the key.
         (
             with("group_size = 4", "group_size = 4\nkl_in = \"reward\"") + "\n[engine]\nkind = \"trl\"\n",
@@ -376,22 +312,15 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "TRL has no KL in the reward",
         ),
         (
-            // regression: a spec wrote into another team's registry with [publish] registry
-            format!("{good}\n[publish]\nregistry = \"/etc\"\n"),
-            400,
-            "publish.registry",
-            "unknown field",
-        ),
-        (
             format!("{good}\n[curriculum]\nplugin = \"frontier\"\n"),
             422,
             "curriculum.plugin",
             "loaded curriculum plugins",
         ),
-        (format!("{good}\n[stop]\nkl = 1\n"), 400, "stop.kl", "unknown field"),
-        (good.replace("[budget]\nmax_steps = 2\n", ""), 400, "budget", "missing field"),
     ];
-    assert!(cases.len() >= 40, "{} cases", cases.len());
+    // The 20 rows the daemon decides and the 3 wiring rows above: fewer means one was dropped
+    // without its rule moving to a table.
+    assert!(cases.len() >= 23, "{} cases", cases.len());
     for (body, status, field, words) in &cases {
         let (got, answer) = submit(&daemon, TEAM_TOKEN, body, None);
         assert_eq!(got, *status, "{field}: {answer}");
