@@ -195,7 +195,21 @@ pub struct Daemon {
     pub config: PathBuf,
     /// Its state directory.
     pub state: PathBuf,
+    /// Where it keeps its copies of plugin libraries and their probe reports (`plugins.cache_dir`):
+    /// one directory for every daemon of the tests, [`shared_plugin_cache`].
+    pub plugin_cache: PathBuf,
 }
+
+/// The plugin cache every test daemon shares (`target/test-plugin-cache`): a library's probe
+/// report is kept there under its sha256 and the worker's build, so only the first daemon of a
+/// run that loads a library probes it — each probe is a worker process loading libtorch, and the
+/// tests start about 80 daemons. Entries of older builds stay until `cargo clean`.
+pub fn shared_plugin_cache() -> PathBuf {
+    target_dir().join("test-plugin-cache")
+}
+
+/// How long [`Daemon::restart`] waits for a daemon to listen before it calls it hung.
+const START_BOUND: Duration = Duration::from_secs(300);
 
 /// Bearer token of team `tests` in a [`Daemon`]'s config.
 pub const TEAM_TOKEN: &str = "tests-team-token";
@@ -239,22 +253,32 @@ impl Daemon {
             let lib = plugin_lib(name);
             drop_in(&lib, &plugins_dir, lib.file_name().and_then(|n| n.to_str()).expect("utf-8 name"));
         }
+        let plugin_cache = shared_plugin_cache();
         let config = dir.path().join("rlvrd.toml");
         let token = |team: &str, token: &str, admin: bool| {
             format!("[[auth.tokens]]\nteam = {team:?}\nsha256 = {:?}\nadmin = {admin}\n", sha256_hex(token))
         };
         let toml = format!(
             "[daemon]\nstate_dir = {state:?}\n[redis]\nurl = {redis_url:?}\n[api]\nlisten = \"127.0.0.1:0\"\n\
-             {api_keys}\n[plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\n{tokens}{extra_config}\n",
+             {api_keys}\n[plugins]\ndirs = [{plugins:?}]\nscan_interval_ms = 200\ncache_dir = {cache:?}\n\
+             {tokens}{extra_config}\n",
             state = state_dir.display().to_string(),
             plugins = plugins_dir.display().to_string(),
+            cache = plugin_cache.display().to_string(),
             tokens = token("tests", TEAM_TOKEN, false)
                 + &token("others", OTHER_TOKEN, false)
                 + &token("ops", ADMIN_TOKEN, true),
         );
         fs::write(&config, toml).expect("write config");
-        let mut daemon =
-            Daemon { child: None, dir, plugins: plugins_dir, url: String::new(), config, state: state_dir };
+        let mut daemon = Daemon {
+            child: None,
+            dir,
+            plugins: plugins_dir,
+            url: String::new(),
+            config,
+            state: state_dir,
+            plugin_cache,
+        };
         daemon.restart();
         daemon
     }
@@ -287,10 +311,24 @@ impl Daemon {
             .spawn()
             .expect("start rlvrd");
         self.child = Some(child);
-        let started = wait_until(Duration::from_secs(30), || {
-            fs::read_to_string(&addr_file).is_ok_and(|text| text.ends_with('\n'))
+        // Until it writes its address, or exits. It probes every library it has not seen in a
+        // worker process that loads libtorch (seconds each on a loaded machine, and one test
+        // drops 30 libraries in), so the bound is for a hang, not a measure of speed.
+        let mut exited = None;
+        let started = wait_until(START_BOUND, || {
+            exited = self.child.as_mut().and_then(|child| child.try_wait().ok().flatten());
+            exited.is_some() || fs::read_to_string(&addr_file).is_ok_and(|text| text.ends_with('\n'))
         });
-        assert!(started, "rlvrd did not start listening; its log:\n{}", self.log());
+        if let Some(status) = exited {
+            self.child = None;
+            panic!("rlvrd exited ({status}) before it listened; its log:\n{}", self.log());
+        }
+        assert!(
+            started,
+            "rlvrd did not write its address ({}) within {START_BOUND:?} of its start; its log:\n{}",
+            addr_file.display(),
+            self.log()
+        );
         self.url = format!("http://{}", fs::read_to_string(&addr_file).expect("addr").trim());
     }
 

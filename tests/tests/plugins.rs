@@ -109,9 +109,9 @@ fn every_built_plugin_loads_through_the_real_loader() {
         "{table}{stderr}"
     );
     // The content-addressed copy is what got loaded.
-    let cache = daemon.dir.path().join("state/plugin-cache");
+    let cache = &daemon.plugin_cache;
     let cached: Vec<String> =
-        fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        fs::read_dir(cache).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     let sha = format["sha256"].as_str().unwrap();
     assert!(cached.contains(&format!("librlvr_verifier_format-{sha}.so")), "{cached:?}");
 }
