@@ -372,10 +372,53 @@ impl Daemon {
         })
     }
 
-    /// Stops the daemon with SIGTERM and returns its exit status.
+    /// Stops the daemon with SIGTERM and returns its exit status, once it has exited: waits as
+    /// long as the daemon's own drain may take (its config's `queue.stop_timeout_s` and the drain's
+    /// margins), so a stop that is slow because the machine is loaded is not mistaken for one that
+    /// hangs. A daemon still running past that is killed and the call panics, saying what it
+    /// waited for.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("daemon running");
-        stop(&mut child, Duration::from_secs(10))
+        let (bound, why) = self.drain_bound();
+        let started = Instant::now();
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
+        let _ = kill(pid, Signal::SIGTERM);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            if started.elapsed() > bound {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "rlvrd did not exit within {bound:?} of SIGTERM ({why}); killed it with SIGKILL; \
+                     its log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// How long a SIGTERM'd daemon may take to exit, and why: its drain gives running jobs
+    /// `queue.stop_timeout_s` to checkpoint (read from its config; 100 s when unset), then 10 s
+    /// for the requeue writes, before the grant socket and the API stop; 30 s more for that and
+    /// for a machine loaded by other work.
+    fn drain_bound(&self) -> (Duration, String) {
+        let text = fs::read_to_string(&self.config).expect("read config");
+        // The harness writes the config: the key appears once, in `[queue]`, when set at all.
+        let configured = text.lines().find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            (key.trim() == "stop_timeout_s").then(|| value.trim().parse::<u64>().ok())?
+        });
+        let stop_timeout_s = configured.unwrap_or(100);
+        let bound = Duration::from_secs(stop_timeout_s + 10 + 30);
+        let why = format!(
+            "its drain: queue.stop_timeout_s = {stop_timeout_s} s for running jobs to checkpoint{}, \
+             10 s for the requeue writes, 30 s for the API to stop on a loaded machine",
+            if configured.is_some() { "" } else { " (the default)" }
+        );
+        (bound, why)
     }
 
     /// Whether the process is still running.
