@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rlvr_tests::jobs::{client, ended, states, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
@@ -37,11 +37,14 @@ fn engine_python(engine: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(made.stdout).unwrap().trim())
 }
 
-/// Two CPU slots (one per rank), fast heartbeats, and the engine (`engines` lines).
+/// Two CPU slots (one per rank), the engine (`engines` lines), and the default heartbeat (2 s,
+/// 3 missed): no test here kills a daemon, and with 0.5 s ones a loaded machine lapsed a queue
+/// worker's heartbeats mid-job (it restarted, "worker not registered"), which let a SIGTERM's
+/// drain end without the job (the daemon exited in 0.1 s, the Ray job left running).
 fn config(engines: &str) -> String {
     let engines = if engines.is_empty() { String::new() } else { format!("[engines]\n{engines}") };
     format!(
-        "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n\
+        "[queue]\nheartbeat_ms = 2000\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n\
          stop_timeout_s = 60\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{engines}"
     )
 }
@@ -359,14 +362,25 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let id = submit_ok(&daemon, &spec(&data, 16, "ray"));
     wait_job(&daemon, &id, Duration::from_secs(240), |job| job["step"].as_u64() >= Some(6));
 
-    // The daemon's SIGTERM reaches the ranks as the Ray job's stop.
+    // The daemon's SIGTERM reaches the ranks as the Ray job's stop. The stop waits for the
+    // daemon's exit as long as its own drain may take (its jobs' checkpoint at a step the ranks
+    // agree on, through Ray), not a fixed few seconds a loaded machine can outlast.
+    let stopping = Instant::now();
     let status = daemon.stop();
+    eprintln!("the daemon stopped in {:.1?}", stopping.elapsed());
     let run = daemon.state.join("jobs").join(&id).join("run");
     let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
     assert!(status.success(), "{status}\n{}", worker_log());
+    // The drain reached the job: without this, the Ray job left running says only that.
+    assert!(
+        daemon.log().contains("daemon stopping: asking the worker to checkpoint"),
+        "the daemon exited {:.1?} after SIGTERM without asking its job's worker to checkpoint; its log:\n{}",
+        stopping.elapsed(),
+        daemon.log()
+    );
     let submitted = ray.rlvr_jobs();
     assert_eq!(submitted.len(), 1, "{submitted:?}");
-    assert_eq!(submitted[0].1, "STOPPED", "{submitted:?}\n{}", worker_log());
+    assert_eq!(submitted[0].1, "STOPPED", "{submitted:?}\n{}\ndaemon log:\n{}", worker_log(), daemon.log());
     assert!(submitted[0].0.starts_with(&format!("rlvr-{id}-")), "{submitted:?}");
 
     daemon.restart();
