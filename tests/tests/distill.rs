@@ -52,7 +52,15 @@ fn sft_teacher(dir: &Path) -> PathBuf {
     let state = dir.join("teacher-run");
     let output = worker_command(&spec, &state, &plugins, &[]).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    RunDir::at(state).latest_checkpoint().unwrap().expect("a checkpoint").join("model")
+    // The premise: the teacher learned (its loss from about ln 101, uniform, to about 2.5 here).
+    let run = RunDir::at(state);
+    let losses: Vec<f64> = run.read_metrics().unwrap().iter().filter_map(|line| line.loss).collect();
+    let (first, last) = (losses[0], losses[losses.len() - 1]);
+    assert!(
+        last < 0.8 * first,
+        "premise: the run did not learn: the teacher's SFT loss by step {losses:?}; its traces would teach nothing"
+    );
+    run.latest_checkpoint().unwrap().expect("a checkpoint").join("model")
 }
 
 #[test]

@@ -95,6 +95,16 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
         .collect();
     for (name, id) in &jobs {
         let job = wait_job(&daemon, id, Duration::from_secs(300), ended);
+        // The premise of publishing (the gates publish a held-out gain over the start): the run
+        // learned. Its candidate's held-out score against the start's, when it trained to a result.
+        let result = &job["result"];
+        let best = result["candidate"]["heldout"].as_f64().or(result["heldout_after"].as_f64());
+        if let (Some(before), Some(best)) = (result["heldout_before"].as_f64(), best) {
+            assert!(
+                best > before,
+                "premise: the run did not learn: {name}: held-out {before:.3} → {best:.3} (its best)\n{job}"
+            );
+        }
         assert_eq!(job["state"], "published", "{name}: {job}\n{}", daemon.log());
         eprintln!("{name}: published as {} ({:.0} s)", job["published"], started.elapsed().as_secs_f64());
     }

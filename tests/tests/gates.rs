@@ -312,7 +312,10 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
     );
     let cold = wait_job(&daemon, &sft, Duration::from_secs(600), ended);
     assert_eq!(cold["state"], "published", "{cold}");
-    assert!(cold["heldout"].as_f64().unwrap() >= 0.15, "a cold start with little to lose: {cold}");
+    assert!(
+        cold["heldout"].as_f64().unwrap() >= 0.15,
+        "premise: the run did not learn: a cold start with little to lose: {cold}"
+    );
 
     let grpo = format!(
         "[job]\nname = \"off-by-one\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
@@ -326,6 +329,17 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
     );
     let id = submit_ok(&daemon, &grpo);
     let done = wait_job(&daemon, &id, Duration::from_secs(600), ended);
+    // The premise, before the gates' verdict: the run learned the misspecified reward (a run
+    // that ended without a result is the state's business).
+    let trend = &done["result"]["training"];
+    if trend.is_object() {
+        assert!(
+            trend["reward_last"].as_f64() > trend["reward_first"].as_f64(),
+            "premise: the run did not learn: its training reward {} → {}, nothing to refuse as hacking: {done}",
+            trend["reward_first"],
+            trend["reward_last"]
+        );
+    }
     assert_eq!(done["state"], "refused", "{done}");
     assert_eq!(
         criteria(&done).into_iter().filter(|(_, passed)| !passed).collect::<Vec<_>>(),

@@ -207,6 +207,12 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
     let sft = worker(&sft_spec, &dir.path().join("sft"), &plugins, &mut cpu_s);
     let sft_accuracy = sft["heldout_after"].as_f64().unwrap();
     let sft_s = started.elapsed().as_secs_f64();
+    // The premise, before GRPO: the cold start learned something for GRPO to build on.
+    let untrained = sft["heldout_before"].as_f64().expect("the SFT job's held-out baseline");
+    assert!(
+        sft_accuracy > untrained,
+        "premise: the run did not learn: the SFT cold start's held-out accuracy {untrained:.3} → {sft_accuracy:.3}"
+    );
 
     let policy = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
     let grpo_spec = dir.path().join("grpo.toml");
@@ -265,6 +271,12 @@ fn multiplication_by_one_digit_an_sft_cold_start_then_grpo_gains_on_heldout_with
     fs::write(&sft_spec, changed(&SFT.replace("{data}", &data.display().to_string()), MUL_SFT)).unwrap();
     let sft = worker(&sft_spec, &dir.path().join("sft"), &plugins, &mut cpu_s);
     let sft_model = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
+    // The premise, before GRPO: the cold start learned something for GRPO to build on.
+    let (untrained, cold) = (sft["heldout_before"].as_f64(), sft["heldout_after"].as_f64());
+    assert!(
+        cold > untrained,
+        "premise: the run did not learn: the SFT cold start's held-out accuracy {untrained:?} → {cold:?}"
+    );
 
     let grpo_spec = dir.path().join("grpo.toml");
     let grpo_text = GRPO

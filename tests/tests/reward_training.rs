@@ -112,12 +112,18 @@ fn a_reward_model_learns_arith_pairs_its_loss_falls_and_pairwise_accuracy_rises(
     let losses: Vec<f64> = metrics.iter().filter(|l| l.is_step()).map(|l| l.loss.unwrap()).collect();
     assert_eq!(losses.len(), 40, "{metrics:?}");
     let (first, last) = (mean(&losses[..5]), mean(&losses[35..]));
-    assert!(last < 0.7 * first, "the loss should fall: first steps {first:.3}, last steps {last:.3}");
+    assert!(
+        last < 0.7 * first,
+        "the run did not learn: the loss should fall: first steps {first:.3}, last steps {last:.3}"
+    );
     let accuracy: Vec<(u64, f64)> =
         metrics.iter().filter_map(|l| l.heldout.as_ref().map(|h| (l.step, h.accuracy))).collect();
     assert_eq!(accuracy.iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0, 20, 40], "{accuracy:?}");
     let (before, after) = (accuracy[0].1, accuracy[2].1);
-    assert!(after >= before + 0.25 && after >= 0.8, "held-out pairwise accuracy {before} → {after}");
+    assert!(
+        after >= before + 0.25 && after >= 0.8,
+        "the run did not learn: held-out pairwise accuracy {before} → {after}"
+    );
     // Each step's plugin figures: the pairs it ranked right.
     assert!(metrics.iter().any(|l| l.optimizer.contains_key("opt.accuracy")), "{metrics:?}");
 

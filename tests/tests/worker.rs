@@ -410,13 +410,17 @@ every_steps = 1000
         (result["heldout_after"].as_f64().unwrap(), state, checkpoint)
     };
     let (f32_heldout, f32_state, f32_checkpoint) = run_job("f32", 300);
+    // The premise, before bf16 is compared with it: the f32 run learned.
+    assert!(
+        f32_heldout >= 0.3,
+        "premise: the run did not learn: the f32 job's held-out accuracy {f32_heldout}"
+    );
     let (bf16_heldout, bf16_state, bf16_checkpoint) = run_job("bf16", 300);
     let (f32_loss, bf16_loss) = (last_losses_mean(&f32_state, 50), last_losses_mean(&bf16_state, 50));
     eprintln!(
         "held-out accuracy f32 {f32_heldout:.3}, bf16 {bf16_heldout:.3}; mean loss of the last 50 steps \
          f32 {f32_loss:.4}, bf16 {bf16_loss:.4}"
     );
-    assert!(f32_heldout >= 0.3, "the f32 job did not learn: {f32_heldout}");
     assert!((bf16_heldout - f32_heldout).abs() <= 0.1, "held-out: bf16 {bf16_heldout}, f32 {f32_heldout}");
     assert!(bf16_loss <= 1.5 * f32_loss, "final loss: bf16 {bf16_loss}, f32 {f32_loss}");
 
