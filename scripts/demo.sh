@@ -33,16 +33,17 @@ step "set-up (scripts/setup.sh)"
 rlvr_setup
 
 # RLVR_DEMO_PROFILE=debug uses the debug build (the test suite's, already built there). It
-# builds the whole workspace, as the suite does: Cargo unifies features over the packages a build
-# names, so building a subset would rebuild shared dependencies with other features and replace
-# the suite's binaries.
+# builds exactly what scripts/test.sh builds, every target of the workspace: Cargo unifies
+# features over what a build names (dev-dependencies' features only when tests are built), so any
+# other set would rebuild shared dependencies with other features and replace the suite's
+# binaries under its running tests.
 profile=${RLVR_DEMO_PROFILE:-release}
 step "build ($profile)"
 if [ "$profile" = release ]; then
     cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-cli -p rlvr-verifier-format -p rlvr-verifier-math \
         -p rlvr-optimizer-sft -p rlvr-optimizer-grpo -p rlvr-curriculum-frontier
 else
-    cargo build --workspace
+    cargo build --workspace --all-targets
 fi
 bin=${CARGO_TARGET_DIR:-$RLVR_ROOT/target}/$profile
 
