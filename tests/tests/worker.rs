@@ -1358,8 +1358,11 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
     )
     .unwrap();
 
+    // One libtorch thread, in every run of it (a resume is bit-exact for the same thread count):
+    // two threads of a model this small mostly wait on each other, 10× slower on a loaded machine.
+    let threads = ["--threads", "1"];
     let straight = dir.path().join("straight");
-    let result = outcome(&run(&mut worker_command(&spec, &straight, &plugins, &[])));
+    let result = outcome(&run(&mut worker_command(&spec, &straight, &plugins, &threads)));
     let scores: Vec<(u64, f64)> = metrics_without_time(&straight)
         .iter()
         .filter(|line| line["step"].as_u64() > Some(0))
@@ -1419,7 +1422,7 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
 
     // Killed after step 23 (past the step-20 checkpoint), resumed: the same choice and files.
     let killed = dir.path().join("killed");
-    let mut child = worker_command(&spec, &killed, &plugins, &[])
+    let mut child = worker_command(&spec, &killed, &plugins, &threads)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -1432,7 +1435,8 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
     assert!(past, "the run never reached step 23");
     let latest = fs::read_to_string(killed.join("checkpoints/LATEST")).unwrap();
     assert!(latest.trim() < "step-00000040", "killed too late to test anything: {latest}");
-    let resumed = outcome(&run(&mut worker_command(&spec, &killed, &plugins, &["--resume"])));
+    let resumed =
+        outcome(&run(&mut worker_command(&spec, &killed, &plugins, &["--resume", "--threads", "1"])));
     assert_eq!(resumed["candidate"], result["candidate"]);
     assert_eq!(resumed["weights_sha256"], result["weights_sha256"]);
     assert_eq!(resumed["evaluation"], result["evaluation"]);
