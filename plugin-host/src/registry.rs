@@ -497,11 +497,9 @@ impl Registry {
             format!("{stem}-{sha256}.so")
         };
         let target = self.cache_dir.join(name);
-        // Compared, not just sized: a kept probe report vouches for these bytes, and the copy is
-        // what gets mapped (a copy damaged in place is replaced, by rename, never rewritten).
-        let same = fs::metadata(&target).is_ok_and(|metadata| metadata.len() == bytes.len() as u64)
-            && fs::read(&target).is_ok_and(|existing| existing == bytes);
-        if !same {
+        // The name is the content's sha256 and a copy is only ever written whole, by rename: a
+        // file of the right size there is these bytes, without reading 40 MB again at each start.
+        if !fs::metadata(&target).is_ok_and(|metadata| metadata.len() == bytes.len() as u64) {
             rlvr_protocol::fs::write_atomic(&target, bytes)?;
         }
         Ok(target)
@@ -567,22 +565,17 @@ impl Registry {
 
     /// Finds a loaded plugin by `name` (newest version) or `name@version`, optionally of a kind.
     pub fn find(&self, spec: &str, kind: Option<PluginKind>) -> Result<Arc<LoadedPlugin>, LookupError> {
-        self.matching(spec, kind).map(|mut found| found.pop().expect("matching finds one or fails"))
+        self.versions(spec, kind).map(|mut found| found.pop().expect("versions finds one or fails"))
     }
 
-    /// Every loaded version of `name` (oldest first), or just `name@version`, optionally of a
-    /// kind: the libraries a job naming `spec` may use (a resumed one, the version its record
-    /// pinned).
+    /// Every loaded version of `name` (oldest first; never empty), or just `name@version`,
+    /// optionally of a kind: the libraries a job naming `spec` may use (a resumed one, the
+    /// version its record pinned).
     pub fn versions(
         &self,
         spec: &str,
         kind: Option<PluginKind>,
     ) -> Result<Vec<Arc<LoadedPlugin>>, LookupError> {
-        self.matching(spec, kind)
-    }
-
-    /// The loaded plugins `spec` names, oldest version first; never empty.
-    fn matching(&self, spec: &str, kind: Option<PluginKind>) -> Result<Vec<Arc<LoadedPlugin>>, LookupError> {
         let (name, version) = match spec.split_once('@') {
             Some((name, version)) => {
                 let version = semver::Version::parse(version)
