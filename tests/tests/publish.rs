@@ -43,9 +43,16 @@ fn manifest(job: &str) -> Manifest {
     Manifest::new(job, &spec, &Outcome::default(), GateReport::new(None, Vec::new()), String::new())
 }
 
+/// [`publisher`]'s name as the test binary knows it: its path below the crate (`publish::publisher`
+/// in the one integration binary), which `--exact` must match or the child runs nothing.
+fn publisher_test_name() -> String {
+    let module = module_path!().split_once("::").map_or("", |(_crate, module)| module);
+    format!("{module}::publisher")
+}
+
 fn spawn_publisher(line: &Path, model: &Path, prefix: &str, count: usize) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "publisher", "--test-threads", "1", "--nocapture"])
+        .args(["--exact", &publisher_test_name(), "--test-threads", "1", "--nocapture"])
         .env("RLVR_TEST_PUBLISH", prefix)
         .env("RLVR_TEST_PUBLISH_LINE", line)
         .env("RLVR_TEST_PUBLISH_MODEL", model)
