@@ -193,7 +193,18 @@ impl WorkerWatch {
 }
 
 /// The weights hash of the same spec run by a standalone worker, uninterrupted.
+///
+/// Computed once per spec in a run of the suite: the answer is kept in
+/// `target/test-reference-runs/` under a key of everything the run depends on (the spec, the
+/// content of every file it names, the worker's build and the plugin libraries' bytes), so the
+/// stories that resume the same spec compare with one reference run. The run is deterministic
+/// (one libtorch thread), and any change to an input is a new key, so a kept answer is the answer
+/// a fresh run would give.
 pub fn uninterrupted_weights(daemon: &Daemon, dir: &Path, toml: &str) -> String {
+    let kept = crate::target_dir().join("test-reference-runs").join(reference_key(daemon, toml));
+    if let Ok(weights) = fs::read_to_string(&kept) {
+        return weights;
+    }
     let spec = dir.join("uninterrupted.toml");
     fs::write(&spec, toml).unwrap();
     let output = Command::new(artifact("rlvr-worker"))
@@ -208,5 +219,48 @@ pub fn uninterrupted_weights(daemon: &Daemon, dir: &Path, toml: &str) -> String 
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let outcome: Value = serde_json::from_slice(&output.stdout).unwrap();
-    outcome["weights_sha256"].as_str().unwrap().to_owned()
+    let weights = outcome["weights_sha256"].as_str().unwrap().to_owned();
+    // Written whole (a temp file renamed): two tests computing the same key at once both write
+    // the same answer, and a reader never sees half of one.
+    let parent = kept.parent().expect("a key has a directory");
+    fs::create_dir_all(parent).unwrap();
+    let partial = tempfile::NamedTempFile::new_in(parent).unwrap();
+    fs::write(partial.path(), &weights).unwrap();
+    partial.persist(&kept).unwrap();
+    weights
+}
+
+/// The key of an uninterrupted run of `toml`: the spec with each quoted string that names a
+/// file replaced by the file's sha256 (the same data written in another test's temp dir is the
+/// same input), the worker binary's size and modification time (cargo rewrites it on every
+/// build), the bytes of the plugin libraries it loads, and the environment that steers its
+/// arithmetic (`RLVR_*`, `MKL_*`, `OMP_*`).
+fn reference_key(daemon: &Daemon, toml: &str) -> String {
+    use sha2::Digest;
+    let mut key = sha2::Sha256::new();
+    for (i, part) in toml.split('"').enumerate() {
+        let path = Path::new(part);
+        if i % 2 == 1 && path.is_absolute() && path.is_file() {
+            key.update(sha2::Sha256::digest(fs::read(path).unwrap()));
+        } else {
+            key.update(part.as_bytes());
+        }
+        key.update(b"\"");
+    }
+    let worker = fs::metadata(artifact("rlvr-worker")).unwrap();
+    let built = worker.modified().unwrap().duration_since(std::time::UNIX_EPOCH).unwrap();
+    key.update(format!("worker {} {}\n", worker.len(), built.as_nanos()));
+    let mut libraries: Vec<_> =
+        fs::read_dir(&daemon.plugins).unwrap().map(|entry| entry.unwrap().path()).collect();
+    libraries.sort();
+    for library in libraries {
+        key.update(library.file_name().unwrap().as_encoded_bytes());
+        key.update(sha2::Sha256::digest(fs::read(&library).unwrap()));
+    }
+    let mut environment: Vec<_> = std::env::vars()
+        .filter(|(name, _)| ["RLVR_", "MKL_", "OMP_"].iter().any(|prefix| name.starts_with(prefix)))
+        .collect();
+    environment.sort();
+    key.update(format!("{environment:?}"));
+    hex::encode(key.finalize())
 }

@@ -514,7 +514,7 @@ fn a_poison_job_is_dead_lettered_after_its_crashes_and_other_jobs_carry_on() {
 #[test]
 fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconnects() {
     let mut redis = Redis::start_with_aof();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 80, ""));
@@ -535,9 +535,25 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     assert_eq!((status, answer["error"]["code"].as_str()), (503, Some("redis_unavailable")), "{answer}");
     std::thread::sleep(Duration::from_secs(2));
     redis.restart();
+    // The same daemon goes on: the running job's progress is recorded again.
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(10));
+
+    // A second outage, and SIGTERM as soon as Redis is back: the queue workers are being rebuilt
+    // (their restart backs off) and the task of the running job has not come back to any, so
+    // only the supervision itself holds the job. The stop still waits for it to checkpoint and
+    // requeue (before, the drain waited for the queue workers' handlers alone, and the daemon
+    // exited with the job left running: its next start counted a crash).
+    redis.stop();
+    std::thread::sleep(Duration::from_secs(2));
+    redis.restart();
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.log());
+    assert_eq!(workers_of(&running), 0, "no worker outlives a stopped daemon");
+    daemon.restart();
 
     let done = wait_job(&daemon, &running, Duration::from_secs(180), ended);
     assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done["crashes"], 0, "the stop requeued the job, nothing crashed: {done}\n{}", daemon.log());
     for id in &queued {
         assert_eq!(wait_job(&daemon, id, Duration::from_secs(120), ended)["state"], "published", "{id}");
     }

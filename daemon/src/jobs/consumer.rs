@@ -45,18 +45,23 @@ const JOBS_IN_HAND: usize = 32;
 /// The running consumers; [`Consumer::stopped`] resolves when every one has drained.
 pub struct Consumer {
     tasks: JoinSet<()>,
+    supervisor: Arc<Supervisor>,
 }
 
 impl Consumer {
-    /// Waits until every queue's worker has stopped and its handlers have returned.
+    /// Waits until every queue's worker has stopped and its handlers have returned, and every
+    /// supervision has ended — also those whose handler a worker rebuilt after a Redis error
+    /// dropped.
     pub async fn stopped(mut self) {
         while self.tasks.join_next().await.is_some() {}
+        self.supervisor.supervisions_ended().await;
     }
 }
 
 /// Starts one apalis worker per priority class, and the recovery sweep, until `stopping`.
 pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: CancellationToken) -> Consumer {
     let mut tasks = JoinSet::new();
+    let consumer_supervisor = supervisor.clone();
     let poll = Duration::from_millis(config.poll_interval_ms);
     let in_flight = JOBS_IN_HAND;
     for priority in PRIORITIES {
@@ -98,7 +103,7 @@ pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: Cancel
             }
         }
     });
-    Consumer { tasks }
+    Consumer { tasks, supervisor: consumer_supervisor }
 }
 
 /// Runs the worker of one queue, rebuilding it (with a new name) whenever it stops on an error,
@@ -146,17 +151,17 @@ async fn consume(
 /// The handler: the job runs to its end (or a requeue) under this task; never an error, so the
 /// backend completes the task and retries nothing.
 ///
-/// The supervision runs on a task of its own: when Redis goes away the backend's worker stops and
-/// drops its handlers, and that must not stop a training job. The task comes back to the rebuilt
-/// worker once the old one's heartbeats have lapsed, and its handler then waits for the
-/// supervision still under way ([`Supervisor::handle`]) before acknowledging it.
+/// The supervision runs on a task of its own ([`Supervisor::supervise`]): when Redis goes away the
+/// backend's worker stops and drops its handlers, and that must not stop a training job. The task
+/// comes back to the rebuilt worker once the old one's heartbeats have lapsed, and its handler
+/// then waits for the supervision still under way ([`Supervisor::handle`]) before acknowledging
+/// it; a stop before then still waits for it ([`Consumer::stopped`]).
 async fn handle(
     task: DispatchTask,
     id: TaskId,
     supervisor: Data<Arc<Supervisor>>,
 ) -> Result<(), BoxDynError> {
-    let supervisor = Arc::clone(&supervisor);
-    let _ = tokio::spawn(async move { supervisor.handle(task.job_id, id.to_string()).await }).await;
+    let _ = supervisor.supervise(task.job_id, id.to_string()).await;
     Ok(())
 }
 

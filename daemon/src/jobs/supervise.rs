@@ -43,6 +43,7 @@ use crate::sched::service::{Scheduler, Seat};
 use rlvr_protocol::engine::{EngineKind, JOB_TOKEN_ENV, Launcher};
 use rlvr_queue::store::{JobStore, StoreError};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Queues;
@@ -131,6 +132,10 @@ pub struct Supervisor {
     pub engines: Engines,
     /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
     active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
+    /// Every supervision under way, whichever queue worker took its task: a worker rebuilt after
+    /// a Redis error drops its handlers, not the supervisions they started, and the daemon's stop
+    /// must wait for those too ([`Supervisor::supervisions_ended`]).
+    supervisions: TaskTracker,
 }
 
 /// Why a worker process ended, as the supervisor sees it.
@@ -171,7 +176,23 @@ impl Supervisor {
             outbound: config.outbound,
             engines: config.engines,
             active: Mutex::new(HashMap::new()),
+            supervisions: TaskTracker::new(),
         }
+    }
+
+    /// Starts [`Supervisor::handle`] on a task of its own, which outlives the queue worker's
+    /// handler that asked for it (see [`Supervisor::supervisions`]); the handle resolves when it
+    /// ends.
+    pub fn supervise(self: &Arc<Self>, id: String, task_id: String) -> tokio::task::JoinHandle<()> {
+        let supervisor = Arc::clone(self);
+        self.supervisions.spawn(async move { supervisor.handle(id, task_id).await })
+    }
+
+    /// Resolves when every supervision started so far has ended; none may start after (the
+    /// daemon is stopping).
+    pub async fn supervisions_ended(&self) {
+        self.supervisions.close();
+        self.supervisions.wait().await;
     }
 
     /// Handles dispatch task `task_id` of job `id` to the end of this daemon's part in it. Never
