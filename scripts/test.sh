@@ -15,7 +15,10 @@
 # RLVR_TARGET_CACHE=1 (set by .ci/run) builds into $RLVR_CACHE_DIR/target/<key> instead of
 # ./target, so runs on the same machine reuse what the last one compiled. The key is the
 # toolchain, Cargo.lock, the torch the build links and this machine's identity: another machine,
-# or a changed toolchain, builds everything, so a missing install step still fails there.
+# or a changed toolchain, builds everything, so a missing install step still fails there. Source
+# files whose content the kept build saw get their times back (scripts/source-mtimes.py), so on a
+# new clone in the same place only what changed compiles (cargo tells its crates apart by path:
+# another checkout path is another set of artefacts).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
@@ -45,6 +48,9 @@ rlvr_setup
 if [ "${RLVR_TARGET_CACHE:-0}" = 1 ]; then
     use_target_cache
     step "target directory: $CARGO_TARGET_DIR (RLVR_TARGET_CACHE=1)"
+    # A clone's files are all new to cargo; those whose content the kept build saw get that
+    # build's times back, so only what changed compiles (scripts/source-mtimes.py).
+    "$RLVR_VENV/bin/python" scripts/source-mtimes.py restore "$CARGO_TARGET_DIR/source-mtimes.tsv"
 fi
 target=${CARGO_TARGET_DIR:-$RLVR_ROOT/target}
 
@@ -93,6 +99,9 @@ fi
 
 step "cargo build (every target; clippy -D warnings on the workspace's crates)"
 cargo build --workspace --all-targets
+if [ "${RLVR_TARGET_CACHE:-0}" = 1 ]; then
+    "$RLVR_VENV/bin/python" scripts/source-mtimes.py record "$CARGO_TARGET_DIR/source-mtimes.tsv"
+fi
 
 if [ "${#peer_pids[@]}" -gt 0 ]; then
     step "waiting for the peers"
