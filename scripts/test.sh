@@ -115,6 +115,11 @@ if [ "${#peer_pids[@]}" -gt 0 ]; then
 fi
 
 step "cargo nextest run (profile $profile)"
+# Four tests share two cores, and a worker's libtorch threads (every core, by the daemon's default)
+# spin in OpenMP's barrier waiting for a sibling the other tests keep descheduled: sampled over a
+# busy minute of the suite, a fifth of all CPU time was rlvr-worker inside libgomp. Waiting
+# threads that sleep instead change no result, only who gets the cores.
+export OMP_WAIT_POLICY=PASSIVE
 status=0
 cargo nextest run --workspace --profile "$profile" || status=$?
 
