@@ -129,8 +129,10 @@ if [ "$quick" = 0 ]; then
     cargo test --workspace --doc --quiet || status=$?
 fi
 
-step "the 15 slowest tests (from $target/nextest/$profile/junit.xml)"
-scripts/slowest-tests.py "$target/nextest/$profile/junit.xml" 15 || true
+# nextest's store is the checkout's target/ ([store] in .config/nextest.toml), wherever the build goes.
+junit=$RLVR_ROOT/target/nextest/$profile/junit.xml
+step "the 15 slowest tests (from $junit)"
+scripts/slowest-tests.py "$junit" 15 || true
 
 step "scripts/test.sh: $((SECONDS - started)) s, $([ "$status" = 0 ] && echo "all passed" || echo "FAILED (exit $status)")"
 exit "$status"
