@@ -10,12 +10,30 @@ use serde_json::Value;
 
 fn demo(args: &[&str], out: &Path) -> (bool, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let output = Command::new(root.join("scripts/demo.sh"))
-        .args(args)
-        .env("RLVR_DEMO_PROFILE", "debug")
-        .env("RLVR_DEMO_OUT", out)
-        .output()
-        .expect("run scripts/demo.sh");
+    let mut command = Command::new(root.join("scripts/demo.sh"));
+    command.args(args).env("RLVR_DEMO_PROFILE", "debug").env("RLVR_DEMO_OUT", out);
+    // As a user runs it: without the variables cargo sets for this test crate. demo.sh builds the
+    // workspace (a no-op after scripts/test.sh's build), and some build scripts watch them —
+    // ring's, CARGO_MANIFEST_DIR — so inherited they rebuilt ring, rustls and every crate above
+    // them in the suite's own target directory, under its running tests, and the next build of
+    // the suite did it all again.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_",
+            "CARGO_TARGET_TMPDIR",
+        ]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
+    let output = command.output().expect("run scripts/demo.sh");
     let text =
         format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)
