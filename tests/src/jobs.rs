@@ -194,12 +194,12 @@ impl WorkerWatch {
 
 /// The weights hash of the same spec run by a standalone worker, uninterrupted.
 ///
-/// Computed once per spec in a run of the suite: the answer is kept in
-/// `target/test-reference-runs/` under a key of everything the run depends on (the spec, the
-/// content of every file it names, the worker's build and the plugin libraries' bytes), so the
-/// stories that resume the same spec compare with one reference run. The run is deterministic
-/// (one libtorch thread), and any change to an input is a new key, so a kept answer is the answer
-/// a fresh run would give.
+/// Computed once per spec and build: the answer is kept in `target/test-reference-runs/` under a
+/// key of everything the run depends on (the spec, the content of every file it names, the
+/// worker's build, the plugin libraries' bytes, the environment), so the stories that resume the
+/// same spec compare with one reference run, and a later run over the same build (a kept target
+/// directory) reuses it. The run is deterministic (one libtorch thread), and any change to an
+/// input is a new key, so a kept answer is the answer a fresh run would give.
 pub fn uninterrupted_weights(daemon: &Daemon, dir: &Path, toml: &str) -> String {
     let kept = crate::target_dir().join("test-reference-runs").join(reference_key(daemon, toml));
     if let Ok(weights) = fs::read_to_string(&kept) {
