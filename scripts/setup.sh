@@ -8,6 +8,8 @@
 #   - redis-server from Debian's packages, when none is on PATH
 #   - g++ (for the libtorch bindings) and systemd-analyze (for the unit's test), when missing
 #   - cargo-nextest (scripts/test.sh's test runner) from crates.io, when cargo has none
+# pip byte-compiles nothing (--no-compile, as scripts/lib.sh's pip_install): a module's first import
+# does it, for the modules something uses.
 # The env file ($RLVR_CACHE_DIR/env.sh) exports LIBTORCH_USE_PYTORCH=1, the venv on PATH and the
 # libtorch library path, so `cargo build` and the binaries find libtorch.
 set -euo pipefail
@@ -62,7 +64,7 @@ if torch_installed; then
 else
     make_venv "$VENV"
     say "installing torch==$TORCH_VERSION from PyPI into $VENV (about a minute, ~5 GB)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile "torch==$TORCH_VERSION"
     torch_installed || { say "torch $TORCH_VERSION did not install into $VENV"; exit 1; }
 fi
 torch_lib=$(cd "$VENV" && echo "$VENV"/lib/python3*/site-packages/torch/lib)
@@ -79,7 +81,7 @@ if schemathesis_installed; then
 else
     make_venv "$SCHEMATHESIS_VENV"
     say "installing schemathesis==$SCHEMATHESIS_VERSION from PyPI into $SCHEMATHESIS_VENV"
-    "$SCHEMATHESIS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
+    "$SCHEMATHESIS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile "schemathesis==$SCHEMATHESIS_VERSION"
     schemathesis_installed || { say "schemathesis $SCHEMATHESIS_VERSION did not install into $SCHEMATHESIS_VENV"; exit 1; }
 fi
 

@@ -32,6 +32,6 @@ fi
 
 step "TensorBoard in $VENV (scripts/tensorboard-requirements.lock)"
 [ -x "$python" ] || /usr/bin/python3 -m venv "$VENV"
-"$python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$LOCK" >&2
+pip_install "$python" --no-deps -r "$LOCK" >&2
 installed || { echo "tensorboard did not install into $VENV at the lock's versions" >&2; exit 1; }
 echo "$python"

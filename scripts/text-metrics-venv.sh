@@ -55,6 +55,6 @@ fi
 
 step "rapidfuzz, sacrebleu and rouge-score in $VENV"
 [ -x "$python" ] || /usr/bin/python3 -m venv "$VENV"
-"$python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}" >&2
+pip_install "$python" "${PINS[@]}" >&2
 installed || { echo "the text metrics did not install into $VENV at their pinned versions" >&2; exit 1; }
 echo "$python"

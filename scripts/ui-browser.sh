@@ -51,7 +51,7 @@ else
     if ! node_ok "$NODE_VENV/bin/node"; then
         step "Node.js from PyPI ($NODE_PIN) into $NODE_VENV: the machine has no Node.js 20 or newer"
         [ -x "$NODE_VENV/bin/python" ] || /usr/bin/python3 -m venv "$NODE_VENV"
-        "$NODE_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$NODE_PIN" >&2
+        pip_install "$NODE_VENV/bin/python" "$NODE_PIN" >&2
     fi
     node_bin=$NODE_VENV/bin/node
     npm_bin=$NODE_VENV/bin/npm
