@@ -12,12 +12,13 @@ rlvr_setup() {
     source "$RLVR_CACHE_DIR/env.sh"
 }
 
-# A heading on stderr: bold on a terminal without NO_COLOR, plain text in a log file or CI.
+# A heading on stderr, with the seconds since the script started (a log then shows what each phase
+# took): bold on a terminal without NO_COLOR, plain text in a log file or CI.
 step() {
     if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then
-        printf '\n\033[1m== %s\033[0m\n' "$*" >&2
+        printf '\n\033[1m== %s\033[0m  (%d s)\n' "$*" "$SECONDS" >&2
     else
-        printf '\n== %s\n' "$*" >&2
+        printf '\n== %s  (%d s)\n' "$*" "$SECONDS" >&2
     fi
 }
 
