@@ -9,8 +9,11 @@ use std::path::Path;
 use serde::Serialize;
 
 /// Writes `bytes` to `path` through a temporary file in the same directory, fsync and rename,
-/// then fsyncs the directory. The temporary name starts with `.` and ends with `.tmp-<pid>`, so
-/// readers that list the directory can tell it from a published file.
+/// then fsyncs the directory. The temporary name starts with `.` and ends with `.tmp-<pid>-<n>`,
+/// so readers that list the directory can tell it from a published file; `n` counts this
+/// process's writes, so two threads replacing one file each write their own temporary file (with
+/// the pid alone, one renamed the other's away and failed: concurrent uploads of one dataset
+/// name answered 500).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, bytes, Durability::Synced)
 }
@@ -36,7 +39,9 @@ fn replace(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> 
         _ => Path::new("."),
     };
     let name = path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default();
-    let temp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temp = parent.join(format!(".{name}.tmp-{}-{n}", std::process::id()));
     let written = (|| {
         let mut file = File::create(&temp)?;
         file.write_all(bytes)?;
@@ -93,11 +98,32 @@ mod tests {
     #[test]
     fn a_failed_write_leaves_the_old_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        write_atomic(&path, b"old").unwrap();
-        // A directory where the file's temporary name would go makes the write fail.
-        fs::create_dir(dir.path().join(format!(".f.tmp-{}", std::process::id()))).unwrap();
+        // A name a file may have but its temporary name may not (over 255 bytes with its
+        // `.` and `.tmp-<pid>-<n>`): the write fails before anything is renamed.
+        let path = dir.path().join("f".repeat(250));
+        fs::write(&path, b"old").unwrap();
         assert!(write_atomic(&path, b"new").is_err());
         assert_eq!(fs::read(&path).unwrap(), b"old");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file stays");
+    }
+
+    #[test]
+    fn threads_replacing_one_file_at_once_all_succeed_and_one_content_wins_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("name.json");
+        let contents: Vec<Vec<u8>> =
+            (0..16).map(|i| format!("{{\"writer\": {i}}}").repeat(1000).into_bytes()).collect();
+        std::thread::scope(|scope| {
+            for content in &contents {
+                let path = &path;
+                scope.spawn(move || {
+                    for _ in 0..20 {
+                        write_atomic(path, content).unwrap();
+                    }
+                });
+            }
+        });
+        assert!(contents.contains(&fs::read(&path).unwrap()));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file stays");
     }
 }
