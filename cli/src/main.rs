@@ -439,7 +439,8 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Submit { file, dry_run: true, .. } => {
             let spec = read_spec(&file)?;
             let api = connect(Auth::Token)?;
-            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+            // A dry run moves none of the team's dataset names: a queued job's data stays its own.
+            let body = api.check_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
             let checked = if spec.is_pipeline() {
                 serde_json::to_value(api.dry_run_pipeline(&body, spec.format)?.spec)?
             } else {
@@ -476,7 +477,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Estimate { file } => {
             let spec = read_spec(&file)?;
             let api = connect(Auth::Token)?;
-            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+            let body = api.check_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
             let answer = api.estimate(&body, spec.format)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&answer)?);

@@ -461,7 +461,22 @@ impl Client {
 
     /// `PUT /v1/datasets/{name}`: `content` (JSONL) becomes the team's dataset `name`.
     pub fn put_dataset(&self, name: &str, content: &[u8]) -> Result<Dataset, HttpError> {
-        let url = self.url(&["v1", "datasets", name], &[]);
+        self.send_dataset(name, content, &[])
+    }
+
+    /// `PUT /v1/datasets/{name}?dry_run=true`: the content checked and kept for a dry run's spec
+    /// to cite (`dataset:NAME@SHA256`); no name of the team moves.
+    pub fn check_dataset(&self, name: &str, content: &[u8]) -> Result<Dataset, HttpError> {
+        self.send_dataset(name, content, &[("dry_run", "true".to_owned())])
+    }
+
+    fn send_dataset(
+        &self,
+        name: &str,
+        content: &[u8],
+        query: &[(&str, String)],
+    ) -> Result<Dataset, HttpError> {
+        let url = self.url(&["v1", "datasets", name], query);
         let response = self.send(&url, || {
             self.request(Method::PUT, &url)
                 .header(CONTENT_TYPE, "application/x-ndjson")
@@ -537,7 +552,19 @@ impl Client {
         format: SpecFormat,
         base_dir: &std::path::Path,
     ) -> Result<String, SpecDataError> {
-        crate::spec_data::upload(self, spec, format, base_dir)
+        crate::spec_data::upload(self, spec, format, base_dir, crate::spec_data::Upload::Named)
+    }
+
+    /// [`upload_spec_data`](Self::upload_spec_data) for a spec that is only checked (a dry run,
+    /// an estimate): each file's content is checked and kept for the spec to cite, and no name of
+    /// the team moves ([`check_dataset`](Self::check_dataset)).
+    pub fn check_spec_data(
+        &self,
+        spec: &str,
+        format: SpecFormat,
+        base_dir: &std::path::Path,
+    ) -> Result<String, SpecDataError> {
+        crate::spec_data::upload(self, spec, format, base_dir, crate::spec_data::Upload::DryRun)
     }
 }
 

@@ -40,11 +40,21 @@ pub enum SpecDataError {
     },
 }
 
+/// What the uploads of a spec's files do to the team's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upload {
+    /// Each file becomes the dataset its name says (a submit).
+    Named,
+    /// Each file's content is checked and kept for the spec to cite; no name moves (a dry run).
+    DryRun,
+}
+
 pub(crate) fn upload(
     client: &Client,
     spec: &str,
     format: SpecFormat,
     base_dir: &Path,
+    mode: Upload,
 ) -> Result<String, SpecDataError> {
     let mut value: serde_json::Value = match format {
         SpecFormat::Toml => toml::from_str(spec).map_err(|error| SpecDataError::Parse(error.to_string()))?,
@@ -81,7 +91,11 @@ pub(crate) fn upload(
             }
             let content = std::fs::read(&path).map_err(read_error)?;
             let name = dataset_name(&path, key);
-            let dataset = client.put_dataset(&name, &content).map_err(|source| SpecDataError::Upload {
+            let sent = match mode {
+                Upload::Named => client.put_dataset(&name, &content),
+                Upload::DryRun => client.check_dataset(&name, &content),
+            };
+            let dataset = sent.map_err(|source| SpecDataError::Upload {
                 key: key.to_owned(),
                 path: path.clone(),
                 source: Box::new(source),

@@ -277,6 +277,13 @@ impl Services {
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));
+        tokio::spawn(crate::tenancy::sweep::run(
+            tenancy.clone(),
+            queues.store.clone(),
+            rlvr_queue::pipelines::PipelineStore::new(queues.store.connection()),
+            tenancy.dataset_grace(),
+            stopping.clone(),
+        ));
         let app = router(
             AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
             jobs_state,

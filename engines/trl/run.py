@@ -496,9 +496,26 @@ def load_pairs(path, conversational):
 BUILDERS = {"grpo": GrpoJob, "sft": SftJob, "dpo": DpoJob}
 
 
+def leave_process_group():
+    """Destroys this rank's process group before the interpreter's teardown. Left to the
+    teardown, a rank of a finished run aborted now and then under load (gloo's threads destroyed
+    while still joinable: "terminate called without an active exception", exit -6), and
+    torchrun failed the run it had just trained."""
+    if "torch.distributed" not in sys.modules:
+        return
+    dist = sys.modules["torch.distributed"]
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as error:  # the run's own end says more than this one
+        log(f"leaving the process group: {error}")
+
+
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
+        leave_process_group()
+        sys.exit(code)
     except JobError as error:
         log(f"error: {error}")
         sys.exit(EXIT_JOB_ERROR)

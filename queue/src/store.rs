@@ -371,6 +371,36 @@ return {1, ARGV[1]}
         Ok(found)
     }
 
+    /// The specs of every job that is not in an end state (queued, preempted, admitted, running,
+    /// evaluating): what may still read the data it pinned. Reads states in chunks, and specs
+    /// only of those jobs; a record whose spec does not parse is an error, so a caller deciding
+    /// what nothing cites never decides on part of the answer.
+    pub async fn unfinished_specs(&self) -> Result<Vec<(String, JobSpec)>, StoreError> {
+        let ids: Vec<String> = self.conn.clone().zrange(format!("{PREFIX}:jobs"), 0, -1).await?;
+        let mut specs = Vec::new();
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.hget(job_key(id), F_STATE);
+            }
+            let states: Vec<Option<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+            // A state that does not parse counts as unfinished: the safe side for the caller.
+            let unfinished = chunk.iter().zip(states).filter_map(|(id, state)| {
+                let ended = state?.parse::<JobState>().is_ok_and(JobState::is_terminal);
+                (!ended).then_some(id)
+            });
+            for id in unfinished {
+                match self.spec(id).await {
+                    Ok(spec) => specs.push((id.clone(), spec)),
+                    // Deleted since its state was read.
+                    Err(StoreError::NotFound(_)) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        Ok(specs)
+    }
+
     /// Moves the job to `to` if its state allows it ([`JobState::allowed_from`]), with `reason`
     /// and any `extra` record fields, and appends the event. Returns the state it left.
     pub async fn transition(

@@ -17,6 +17,8 @@ use sha2::Digest;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
+/// A grace period of a second for unnamed dataset content, so that a sweep runs within the test.
+const QUICK_SWEEPS: &str = "[tenancy]\ndataset_grace_s = 1\n";
 
 /// A directory holding `data/` and a job spec `NAME.toml` that names the data as `data/…`,
 /// relative to the spec's own directory.
@@ -38,7 +40,7 @@ fn json(output: &Output) -> Value {
 #[test]
 fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     let redis = Redis::start();
-    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), QUEUE);
+    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &format!("{QUEUE}{QUICK_SWEEPS}"));
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path();
     let rlvrctl = artifact("rlvrctl");
@@ -120,8 +122,11 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     )
     .unwrap();
     let from_file = [("XDG_CONFIG_HOME", config_home.to_str().unwrap())];
-    job_file(cwd, "long", 100_000);
-    let long = run(&rlvrctl, &["submit", "long.toml"], cwd, &from_file);
+    // Its own data (more prompts): content only this job cites.
+    let long_dir = cwd.join("long");
+    arith_data(&long_dir, &["--train", "48"]);
+    job_file(&long_dir, "long", 100_000);
+    let long = run(&rlvrctl, &["submit", "long.toml"], &long_dir, &from_file);
     assert_eq!(long.status.code(), Some(0), "{}", text(&long));
     let long = String::from_utf8_lossy(&long.stdout).trim().to_owned();
     let running = || {
@@ -129,6 +134,41 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
         job["step"].as_u64() >= Some(2)
     };
     assert!(wait_until(Duration::from_secs(120), running), "the long job trains\n{}", daemon.log());
+
+    // Issue 36: nothing a job pinned disappears. A dry run of the spec with other data moves no
+    // name; the name moved by a real upload, and swept (a grace of 1 s here), the running job's
+    // content stays, and the first job's, which its published version cites; the dry run's goes.
+    let content = |file: &Path| hex::encode(sha2::Sha256::digest(fs::read(file).unwrap()));
+    let blobs = daemon.state.join("datasets/tests/blobs");
+    let blob = |sha: &str| blobs.join(format!("{sha}.jsonl"));
+    let (first_train, long_train) =
+        (content(&cwd.join("data/train.jsonl")), content(&long_dir.join("data/train.jsonl")));
+    let named_train = |daemon: &Daemon| {
+        let datasets = rlvr_tests::jobs::api(daemon, Some(TEAM_TOKEN)).datasets().unwrap().datasets;
+        datasets.into_iter().find(|dataset| dataset.name == "train").map(|dataset| dataset.sha256)
+    };
+    let long_train_named = Some(long_train.clone());
+    assert_eq!(named_train(&daemon), long_train_named);
+    let mut edited = fs::read_to_string(long_dir.join("data/train.jsonl")).unwrap();
+    let first_line = format!("{}\n", edited.lines().next().unwrap());
+    edited.push_str(&first_line);
+    fs::write(long_dir.join("data/train.jsonl"), &edited).unwrap();
+    let dry = run(&rlvrctl, &["submit", "--dry-run", "long.toml"], &long_dir, &from_file);
+    assert_eq!(dry.status.code(), Some(0), "{}", text(&dry));
+    let dry_train = content(&long_dir.join("data/train.jsonl"));
+    assert!(blob(&dry_train).is_file(), "the dry run's content is kept for its check");
+    assert_eq!(named_train(&daemon), long_train_named, "a dry run moves no name");
+    rlvr_tests::jobs::api(&daemon, Some(TEAM_TOKEN)).put_dataset("train", edited.as_bytes()).unwrap();
+    rlvr_tests::jobs::api(&daemon, Some(TEAM_TOKEN))
+        .put_dataset("train", b"{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n")
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || !blob(&dry_train).exists()),
+        "content nothing cites is swept after its grace period\n{}",
+        daemon.log()
+    );
+    assert!(blob(&long_train).is_file(), "the running job's data outlives its name");
+    assert!(blob(&first_train).is_file(), "a published version's data outlives its name");
 
     // watch follows it across a kill -9 and restart of the daemon, to its cancel.
     let watcher = command(&rlvrctl, &["watch", &long], cwd, &from_file)
@@ -155,6 +195,13 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     assert!(stderr.contains("reconnecting"), "the drop is shown: {}", text(&watched));
     assert!(stdout.contains("running at step"), "the resumed run is shown: {}", text(&watched));
     assert!(stderr.contains("cancelled"), "{}", text(&watched));
+    // Ended, the job cites its data no more: the next sweeps delete it; the published one's stays.
+    assert!(
+        wait_until(Duration::from_secs(30), || !blob(&long_train).exists()),
+        "an ended job's unnamed data is swept\n{}",
+        daemon.log()
+    );
+    assert!(blob(&first_train).is_file());
 
     // Refusals exit 2 and name the field; no daemon exits 3.
     fs::write(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use futures::StreamExt;
@@ -79,15 +79,28 @@ fn join_error(error: tokio::task::JoinError) -> Failure {
     Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string())
 }
 
-/// `PUT /v1/datasets/{name}`: the body (JSONL) becomes dataset `name` of the caller's team.
+/// `PUT /v1/datasets/{name}` options.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PutDatasetQuery {
+    /// Check the body as an upload does and keep its content for a dry run's spec to cite
+    /// (`dataset:NAME@SHA256`, the answer's `sha256`), but point no name at it: the team's names
+    /// stay as they are, and the content goes once unused for `tenancy.dataset_grace_s`.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `PUT /v1/datasets/{name}`: the body (JSONL) becomes dataset `name` of the caller's team (with
+/// `dry_run=true`, content a dry run may cite, and no name moves). The content a name pointed at
+/// before stays while a job, pipeline or published version cites it.
 #[utoipa::path(
     put,
     path = "/v1/datasets/{name}",
-    params(("name" = String, Path, description = "Dataset name")),
+    params(("name" = String, Path, description = "Dataset name"), PutDatasetQuery),
     request_body(content = String, description = "JSONL: one JSON object per line", content_type = "application/x-ndjson"),
     responses(
         (status = 201, description = "A new name", body = Dataset),
-        (status = 200, description = "The name now points at this content", body = Dataset),
+        (status = 200, description = "The name now points at this content; with dry_run=true, the content is checked and kept, and no name points at it", body = Dataset),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody),
     ),
@@ -99,6 +112,7 @@ pub async fn put_dataset(
     Extension(caller): Extension<Caller>,
     headers: axum::http::HeaderMap,
     Path(name): Path<String>,
+    Query(query): Query<PutDatasetQuery>,
     body: Body,
 ) -> Answer<(StatusCode, Json<Dataset>)> {
     if !rlvr_protocol::names::valid_name(&name) {
@@ -123,6 +137,15 @@ pub async fn put_dataset(
     };
     let tenancy = state.tenancy.clone();
     let team = caller.team.clone();
+    if query.dry_run {
+        let dataset = tokio::task::spawn_blocking(move || {
+            tenancy.datasets.keep_content(&team, &name, &incoming, &sha256, bytes)
+        })
+        .await
+        .map_err(join_error)??;
+        tracing::info!(team = %caller.team, dataset = %dataset.name, bytes, "dataset checked for a dry run");
+        return Ok((StatusCode::OK, Json(dataset)));
+    }
     let (dataset, created) = tokio::task::spawn_blocking(move || {
         tenancy.datasets.finish(&team, &name, &incoming, &sha256, bytes, tenancy.max_datasets())
     })
@@ -182,8 +205,8 @@ pub async fn get_dataset(
     Ok(Json(dataset))
 }
 
-/// `DELETE /v1/datasets/{name}`: jobs already submitted keep their pinned content only while
-/// another name points at it.
+/// `DELETE /v1/datasets/{name}`: the name goes; its content stays while a job, pipeline or
+/// published version cites it (`tenancy.dataset_grace_s`).
 #[utoipa::path(delete, path = "/v1/datasets/{name}", params(("name" = String, Path, description = "Dataset name")), responses((status = 204, description = "Deleted"), (status = 400, description = "Not a dataset name", body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])), tag = "datasets")]
 pub async fn delete_dataset(
     State(state): State<Arc<JobsState>>,

@@ -312,6 +312,14 @@ admin = false",
         "How many named datasets each team may keep.",
     ),
     field(
+        "tenancy.dataset_grace_s",
+        integer(1, 30 * 24 * 3600, Some("seconds"), 3600),
+        "How long a dataset's content that no name points at is kept after its last upload or use \
+         before a sweep deletes it. Content a queued or running job, a running pipeline or a \
+         published version cites is kept regardless; a dry run's upload points no name, so its \
+         content goes after this time. Sweeps run as often as this, at most 10 minutes apart.",
+    ),
+    field(
         "tenancy.max_queued_per_team",
         integer(1, 100_000, None, 100),
         "How many jobs a team may have waiting (queued or preempted) at once, unless its \

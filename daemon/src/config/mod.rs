@@ -174,6 +174,8 @@ pub struct TokenConfig {
 pub struct TenancyConfig {
     pub max_dataset_bytes: u64,
     pub max_datasets_per_team: u32,
+    /// Seconds unnamed, uncited dataset content is kept after its last use.
+    pub dataset_grace_s: u64,
     /// Waiting jobs per team unless its entry says otherwise.
     pub max_queued_per_team: u32,
     /// The priorities a team may use unless its entry says otherwise.

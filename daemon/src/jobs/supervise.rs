@@ -1111,9 +1111,16 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
             }
         },
         (None, Some(signal)) => {
-            let name = nix::sys::signal::Signal::try_from(signal)
-                .map_or_else(|_| signal.to_string(), |s| s.to_string());
-            WorkerEnd::Crashed(format!("the worker was killed by {name}"))
+            let signal = nix::sys::signal::Signal::try_from(signal);
+            let name = signal.map_or_else(|_| status.to_string(), |s| s.to_string());
+            // A signal the process raised on itself (an abort, a fault) leaves its reason as the
+            // log's last line (`terminate called …`, glibc's `malloc(): …`): the crash says it.
+            use nix::sys::signal::Signal::{SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGSEGV};
+            if matches!(signal, Ok(SIGABRT | SIGBUS | SIGFPE | SIGILL | SIGSEGV)) {
+                WorkerEnd::Crashed(format!("the worker was killed by {name}: {}", last_error_line(log)))
+            } else {
+                WorkerEnd::Crashed(format!("the worker was killed by {name}"))
+            }
         }
         (None, None) => WorkerEnd::Crashed("the worker ended without a status".into()),
     }
@@ -1350,6 +1357,15 @@ mod tests {
             ),
             (ExitStatus::from_raw(9), "", "Crashed: the worker was killed by SIGKILL"),
         ];
+        let aborted = tempfile::tempdir().unwrap();
+        let abort_log = aborted.path().join("worker.log");
+        std::fs::write(&abort_log, "INFO step 3/30\nterminate called without an active exception\n").unwrap();
+        assert_eq!(
+            classify(ExitStatus::from_raw(6), "", &abort_log),
+            WorkerEnd::Crashed(
+                "the worker was killed by SIGABRT: terminate called without an active exception".into()
+            )
+        );
         for (status, stdout, expected) in cases {
             let end = match classify(status, stdout, &log) {
                 WorkerEnd::Finished(outcome) => {

@@ -14,7 +14,7 @@
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rlvr_protocol::api::Curriculum;
 use rlvr_protocol::names::{CurriculumRef, TEAM_RULE, valid_name, valid_team_name};
@@ -126,8 +126,10 @@ impl Curricula {
     /// readers only of its own.
     pub fn list(&self, team: &str, admin: bool) -> Result<Vec<Curriculum>, CurriculumError> {
         let mut found = Vec::new();
-        for owner in names_in(&self.root)?.into_iter().filter(|owner| valid_team_name(owner)) {
-            for name in names_in(&self.team_dir(&owner))?.into_iter().filter(|name| valid_name(name)) {
+        for owner in super::directories_in(&self.root)?.into_iter().filter(|owner| valid_team_name(owner)) {
+            for name in
+                super::directories_in(&self.team_dir(&owner))?.into_iter().filter(|name| valid_name(name))
+            {
                 let readers = self.readers(&owner, &name)?;
                 let mine = owner == team || admin;
                 if !mine && !readers.iter().any(|reader| reader == team) {
@@ -153,26 +155,6 @@ impl Curricula {
         }
         Ok(self.team_dir(owner).join(name).join("readers.json"))
     }
-}
-
-/// The names of the directories in `dir`, sorted (none when it does not exist).
-fn names_in(dir: &Path) -> io::Result<Vec<String>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(error) => return Err(error),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        if entry.file_type()?.is_dir()
-            && let Ok(name) = entry.file_name().into_string()
-        {
-            names.push(name);
-        }
-    }
-    names.sort();
-    Ok(names)
 }
 
 #[cfg(test)]

@@ -124,14 +124,9 @@ impl Lines {
 
     /// The lines `actor` may see, by name.
     pub fn list(&self, actor: Actor<'_>) -> Result<Vec<ModelLine>, LineError> {
-        let entries = match fs::read_dir(&self.registry) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(error) => return Err(error.into()),
-        };
         let mut lines = Vec::new();
-        for entry in entries {
-            let file_name = entry?.file_name();
+        for entry in super::entries_of(&self.registry)? {
+            let file_name = entry.file_name();
             let Some(name) = file_name.to_str().filter(|name| valid_name(name)) else { continue };
             match self.get(actor, name) {
                 Ok(line) => lines.push(line),
@@ -223,6 +218,25 @@ impl Lines {
         Ok((manifest, dir))
     }
 
+    /// The manifest of every published version of every line: what the data sweep keeps the
+    /// content of. A manifest that cannot be read is an error, not a version skipped.
+    pub fn manifests(&self) -> io::Result<Vec<Manifest>> {
+        let mut manifests = Vec::new();
+        for entry in super::entries_of(&self.registry)? {
+            if !entry.file_type()?.is_dir() {
+                continue;
+            }
+            for (_, dir) in versions(&entry.path())? {
+                let path = dir.join("manifest.json");
+                let text = fs::read(&path)?;
+                let manifest = serde_json::from_slice(&text)
+                    .map_err(|error| io::Error::other(format!("{}: {error}", path.display())))?;
+                manifests.push(manifest);
+            }
+        }
+        Ok(manifests)
+    }
+
     /// The line's policy, if it has an owner (the floor the gates apply at publish).
     pub fn policy(&self, name: &str) -> Result<GatesSection, LineError> {
         Ok(self.read(name)?.map(|file| file.policy).unwrap_or_default())
@@ -307,14 +321,8 @@ pub fn lock(line: &Path) -> io::Result<fs::File> {
 
 /// Published versions of a line, by number; none when the line's directory does not exist.
 pub fn versions(line: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let entries = match fs::read_dir(line) {
-        Ok(entries) => entries,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(error) => return Err(error),
-    };
     let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry?;
+    for entry in super::entries_of(line)? {
         if let Some(version) = entry.file_name().to_str().and_then(|name| name.parse::<u64>().ok()) {
             found.push((version, entry.path()));
         }

@@ -4,6 +4,8 @@
 //! - [`datasets`]: the teams' uploaded datasets, content-addressed, per team.
 //! - [`lines`]: model lines with an owner, readers, publishers and a gate-policy floor.
 //! - [`curricula`]: each team's curricula, and the teams it shared each with.
+//! - [`sweep`]: deletes dataset content once no name, unfinished job, running pipeline or
+//!   published version cites it and its grace period has passed.
 //! - [`resolve`]: a submitted spec checked against all of it and pinned (`dataset:NAME` becomes
 //!   `dataset:NAME@SHA256`, `line:L` becomes `line:L@N`), and, when its worker starts, turned
 //!   into the spec the worker reads, with server paths in place of names.
@@ -15,6 +17,7 @@ pub mod curricula;
 pub mod datasets;
 pub mod lines;
 pub mod resolve;
+pub mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +31,30 @@ use crate::state_dir::StateDir;
 pub use curricula::Curricula;
 pub use datasets::Datasets;
 pub use lines::Lines;
+
+/// The entries of `dir`; none when it does not exist (a store's directories appear with their
+/// first file).
+pub(crate) fn entries_of(dir: &Path) -> std::io::Result<Vec<std::fs::DirEntry>> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries.collect(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(error) => Err(error),
+    }
+}
+
+/// The names of the directories in `dir`, sorted (none when it does not exist).
+pub(crate) fn directories_in(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in entries_of(dir)? {
+        if entry.file_type()?.is_dir()
+            && let Ok(name) = entry.file_name().into_string()
+        {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
 
 /// What the config lets each team do and name.
 #[derive(Debug, Clone)]
@@ -75,6 +102,11 @@ impl Tenancy {
             lines: Lines::new(registry),
             curricula: Curricula::new(state_dir.curricula()),
         }
+    }
+
+    /// How long unnamed, uncited dataset content is kept after its last use.
+    pub fn dataset_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.config.dataset_grace_s)
     }
 
     /// The priorities and queue length `team` may use.

@@ -25,6 +25,18 @@ fn data_fields(spec: &JobSpec) -> Vec<(&'static str, &Path)> {
     fields
 }
 
+/// The dataset contents `spec` pins (`dataset:NAME@SHA256` in its data fields): what a job, a
+/// pipeline stage or a published version of it keeps from the sweep.
+pub fn pinned_datasets(spec: &JobSpec) -> Vec<String> {
+    data_fields(spec)
+        .into_iter()
+        .filter_map(|(_, value)| match DataRef::parse(value.to_str()?).ok()? {
+            DataRef::Dataset { sha256, .. } => sha256,
+            DataRef::Root { .. } => None,
+        })
+        .collect()
+}
+
 fn data_field_mut<'a>(spec: &'a mut JobSpec, field: &str) -> Option<&'a mut PathBuf> {
     match field {
         "data.train" => Some(&mut spec.data.train),

@@ -136,10 +136,12 @@ class Client:
 
     # ---------------------------------------------------------------- specs and submits
 
-    def prepare_spec(self, spec: SpecLike) -> dict[str, Any]:
+    def prepare_spec(self, spec: SpecLike, *, dry_run: bool = False) -> dict[str, Any]:
         """The spec as it will be sent: a file read, a builder built, and every local data file it
         names uploaded as the team's dataset and named `dataset:NAME@SHA256` instead. Relative
-        paths are read from a spec file's directory, else from the current directory."""
+        paths are read from a spec file's directory, else from the current directory. With
+        `dry_run`, each file's content is checked and kept for the spec to cite, and no dataset
+        name of the team moves (`PUT /v1/datasets/{name}?dry_run=true`)."""
         if isinstance(spec, (str, os.PathLike)):
             value, base = read_spec_file(spec)
         elif hasattr(spec, "to_dict"):
@@ -148,7 +150,7 @@ class Client:
             value, base = dict(spec), Path.cwd()
         else:
             raise TypeError(f"spec: expected a dict, a SpecBuilder or a spec file's path, got {type(spec).__name__}")
-        return with_datasets(value, base, lambda name, path: self.upload_dataset(name, path).ref)
+        return with_datasets(value, base, lambda name, path: self.upload_dataset(name, path, dry_run=dry_run).ref)
 
     def submit(
         self,
@@ -172,10 +174,10 @@ class Client:
     def dry_run(self, spec: SpecLike) -> dict[str, Any]:
         """`POST /v1/jobs?dry_run=true`: the spec checked as a submit would check it, and
         normalised as the job record would keep it; queues nothing (local data files are
-        uploaded, as `rlvrctl estimate` does). A refused spec raises `rlvr.Invalid` with the
-        field."""
+        checked and kept for it, no dataset name moves). A refused spec raises `rlvr.Invalid`
+        with the field."""
         answer = self._http.call("POST", ["v1", "jobs"], query={"dry_run": True},
-                                 json_body=self.prepare_spec(spec))[1]
+                                 json_body=self.prepare_spec(spec, dry_run=True))[1]
         if not isinstance(answer.get("spec"), dict):
             raise BadAnswer(f"unexpected answer from {self._http.url(['v1', 'jobs'])}: no spec")
         return dict(answer["spec"])
@@ -183,7 +185,7 @@ class Client:
     def estimate(self, spec: SpecLike) -> dict[str, Any]:
         """`POST /v1/estimate`: the spec's memory on each of its devices (`memory_gb`,
         `resident_gb`, `fits`, the parts); queues nothing."""
-        return self._http.call("POST", ["v1", "estimate"], json_body=self.prepare_spec(spec))[1]
+        return self._http.call("POST", ["v1", "estimate"], json_body=self.prepare_spec(spec, dry_run=True))[1]
 
     # ---------------------------------------------------------------- jobs
 
@@ -287,20 +289,22 @@ class Client:
 
     # ---------------------------------------------------------------- datasets
 
-    def upload_dataset(self, name: str, path: str | os.PathLike[str]) -> Dataset:
+    def upload_dataset(self, name: str, path: str | os.PathLike[str], *, dry_run: bool = False) -> Dataset:
         """`PUT /v1/datasets/{name}`: the JSONL file at `path` becomes the team's dataset `name`
-        (streamed from the file, never held whole in memory)."""
+        (streamed from the file, never held whole in memory). With `dry_run`, its content is
+        checked and kept for a dry run's spec to cite, and the name does not move."""
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
-            return self._put_dataset(name, file, size)
+            return self._put_dataset(name, file, size, dry_run)
 
-    def put_dataset(self, name: str, content: bytes) -> Dataset:
-        """`PUT /v1/datasets/{name}` of JSONL content in memory."""
-        return self._put_dataset(name, content, len(content))
+    def put_dataset(self, name: str, content: bytes, *, dry_run: bool = False) -> Dataset:
+        """`PUT /v1/datasets/{name}` of JSONL content in memory (`dry_run` as `upload_dataset`)."""
+        return self._put_dataset(name, content, len(content), dry_run)
 
-    def _put_dataset(self, name: str, body: bytes | IO[bytes], size: int) -> Dataset:
+    def _put_dataset(self, name: str, body: bytes | IO[bytes], size: int, dry_run: bool) -> Dataset:
         headers = {"Content-Length": str(size)}
-        raw = self._http.call("PUT", ["v1", "datasets", name], body=body,
+        query = {"dry_run": True} if dry_run else None
+        raw = self._http.call("PUT", ["v1", "datasets", name], body=body, query=query,
                               content_type="application/x-ndjson", headers=headers, expect=(200, 201))[1]
         return Dataset.from_json(raw)
 
