@@ -64,10 +64,13 @@ pub enum Refusal {
     #[error("expected a host in the url")]
     NoHost,
     /// No entry covers the destination.
-    #[error("{destination}: destination not in the operator's outbound allow-list")]
+    #[error("{destination}: destination not in the operator's outbound allow-list{}", missed(near))]
     NotAllowed {
         /// `host:port` as the url says it (cut if long).
         destination: String,
+        /// The entries that name the destination's host or hold its address for another port:
+        /// the ones it missed (by port).
+        near: Vec<String>,
     },
     /// The url's host is an address that is not public.
     #[error("{address} is {} {what} address; outbound requests go only to public addresses", article(what))]
@@ -143,25 +146,28 @@ impl Policy {
             return Err(Refusal::Credentials);
         }
         let port = parsed.port_or_known_default();
-        let not_allowed = |host: &str| Refusal::NotAllowed {
+        let not_allowed = |host: &str, near: Vec<String>| Refusal::NotAllowed {
             destination: shown(&match port {
                 Some(port) => format!("{host}:{port}"),
                 None => host.to_owned(),
             }),
+            near,
         };
         match parsed.host() {
             None => return Err(Refusal::NoHost),
             Some(url::Host::Domain(name)) => {
                 let name = normalize_name(name).map_err(|error| Refusal::Invalid(error.to_string()))?;
                 if !self.entries.iter().any(|entry| entry.covers_name(&name, port)) {
-                    return Err(not_allowed(&name));
+                    let near =
+                        self.entries.iter().filter(|entry| entry.names(&name)).map(ToString::to_string);
+                    return Err(not_allowed(&name, near.collect()));
                 }
             }
             Some(url::Host::Ipv4(ip)) => {
-                self.check_literal(IpAddr::V4(ip), port, || not_allowed(&ip.to_string()))?
+                self.check_literal(IpAddr::V4(ip), port, |near| not_allowed(&ip.to_string(), near))?
             }
             Some(url::Host::Ipv6(ip)) => {
-                self.check_literal(IpAddr::V6(ip), port, || not_allowed(&format!("[{ip}]")))?;
+                self.check_literal(IpAddr::V6(ip), port, |near| not_allowed(&format!("[{ip}]"), near))?;
             }
         }
         Ok(parsed)
@@ -203,10 +209,10 @@ impl Policy {
     /// Whether a host name (as reqwest hands it to a resolver) is one an entry covers, for any
     /// port. Checked before it is looked up, so no other name is ever resolved.
     pub(crate) fn check_name(&self, host: &str) -> Result<(), Refusal> {
-        let refused = || Refusal::NotAllowed { destination: shown(host) };
-        match parse_host(host).map_err(|_| refused())? {
+        let refused = |near: Vec<String>| Refusal::NotAllowed { destination: shown(host), near };
+        match parse_host(host).map_err(|_| refused(Vec::new()))? {
             Parsed::Name(name) if self.entries.iter().any(|entry| entry.names(&name)) => Ok(()),
-            Parsed::Name(_) => Err(refused()),
+            Parsed::Name(_) => Err(refused(Vec::new())),
             // reqwest never resolves an address; one named as a host is checked as an address.
             Parsed::Ip(ip) => self.check_literal(ip, None, refused),
         }
@@ -218,15 +224,29 @@ impl Policy {
         &self,
         ip: IpAddr,
         port: Option<u16>,
-        not_allowed: impl FnOnce() -> Refusal,
+        not_allowed: impl FnOnce(Vec<String>) -> Refusal,
     ) -> Result<(), Refusal> {
+        // The entries holding the address, whatever their port: when one would let it through
+        // on its own port, the url missed that entry's port, and the refusal says so rather than
+        // that only public addresses are reached.
+        let holding: Vec<&AllowEntry> = self
+            .entries
+            .iter()
+            .filter(|entry| {
+                crate::addr::forms(ip).any(|form| entry.net().is_some_and(|net| net.contains(&form)))
+            })
+            .collect();
         if self.refuses_non_public(ip, port) {
+            let on_their_port = |entry: &&AllowEntry| !self.refuses_non_public(ip, entry.port);
+            if holding.iter().any(on_their_port) {
+                return Err(not_allowed(holding.iter().map(ToString::to_string).collect()));
+            }
             let what = non_public(ip).unwrap_or("non-public");
             return Err(Refusal::NonPublicAddress { address: ip, what });
         }
         let covered =
             crate::addr::forms(ip).any(|form| self.entries.iter().any(|entry| entry.covers_ip(form, port)));
-        if covered { Ok(()) } else { Err(not_allowed()) }
+        if covered { Ok(()) } else { Err(not_allowed(holding.iter().map(ToString::to_string).collect())) }
     }
 
     /// Whether `ip` is non-public and nothing lets it through: not `allow_private`, and no
@@ -252,6 +272,15 @@ impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let entries: Vec<String> = self.entries.iter().map(ToString::to_string).collect();
         write!(f, "allow = [{}], allow_private = {}", entries.join(", "), self.allow_private)
+    }
+}
+
+/// How a not-allowed refusal names the entries the destination missed.
+fn missed(near: &[String]) -> String {
+    if near.is_empty() {
+        String::new()
+    } else {
+        format!("; for this host it allows only {}", near.join(", "))
     }
 }
 

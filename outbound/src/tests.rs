@@ -41,6 +41,11 @@ fn not_listed(destination: &str) -> String {
     format!("{destination}: {NOT_LISTED}")
 }
 
+/// A destination whose host an entry lists for another port.
+fn missed(destination: &str, entries: &str) -> String {
+    format!("{}; for this host it allows only {entries}", not_listed(destination))
+}
+
 fn non_public(address: &str, what: &str) -> String {
     let article = if what == "unspecified" { "an" } else { "a" };
     format!("{address} is {article} {what} address; outbound requests go only to public addresses")
@@ -154,15 +159,22 @@ fn hosts_ports_and_subdomains() {
             ("http://hooks.example.com:8080/any/port", "allowed"),
             ("https://hooks.example.com./fqdn", "allowed"),
             ("https://grader.example.org:8443/verify", "allowed"),
-            ("https://grader.example.org/verify", &not_listed("grader.example.org:443")),
-            ("http://grader.example.org:8080/", &not_listed("grader.example.org:8080")),
+            // Listed for another port: the refusal names the entry the url missed.
+            (
+                "https://grader.example.org/verify",
+                &missed("grader.example.org:443", "grader.example.org:8443"),
+            ),
+            (
+                "http://grader.example.org:8080/",
+                &missed("grader.example.org:8080", "grader.example.org:8443"),
+            ),
             ("https://a.judges.example.net/", "allowed"),
             ("https://a.b.judges.example.net:9000/", "allowed"),
             ("https://judges.example.net/", &not_listed("judges.example.net:443")),
             ("https://evil-judges.example.net/", &not_listed("evil-judges.example.net:443")),
             ("https://judges.example.net.evil.com/", &not_listed("judges.example.net.evil.com:443")),
             ("https://x.tls.example.net/", "allowed"),
-            ("http://x.tls.example.net/", &not_listed("x.tls.example.net:80")),
+            ("http://x.tls.example.net/", &missed("x.tls.example.net:80", "*.tls.example.net:443")),
             ("https://hooks.example.com.evil.com/", &not_listed("hooks.example.com.evil.com:443")),
             ("https://sub.hooks.example.com/", &not_listed("sub.hooks.example.com:443")),
             ("https://example.com/", &not_listed("example.com:443")),
@@ -242,10 +254,20 @@ fn an_address_entry_inside_a_non_public_range_lets_it_through() {
             ("http://10.1.2.3/", "allowed"),
             ("http://10.2.0.1/", &non_public("10.2.0.1", "private")),
             ("http://[fd00::5]:9000/", "allowed"),
-            ("http://[fd00::5]:9001/", &non_public("fd00::5", "unique-local")),
+            // The address is listed for another port: the refusal names the entry it missed.
+            (
+                "http://[fd00::5]:9001/",
+                &format!("{}; for this host it allows only [fd00::5]:9000", not_listed("[fd00::5]:9001")),
+            ),
             // The operator's own choice, however unwise.
             ("http://169.254.169.254/latest", "allowed"),
-            ("http://169.254.169.254:8080/latest", &non_public("169.254.169.254", "link-local")),
+            (
+                "http://169.254.169.254:8080/latest",
+                &format!(
+                    "{}; for this host it allows only 169.254.169.254:80",
+                    not_listed("169.254.169.254:8080")
+                ),
+            ),
             // Mapped forms of an allowed address are that address.
             ("http://[::ffff:127.0.0.1]/", "allowed"),
             ("http://[::1]/", &non_public("::1", "loopback")),
