@@ -488,8 +488,17 @@ pub struct GateScore {
 
 /// Per-prompt verdicts in a set's order, written as a string of `1` (passed) and `0`: a held-out
 /// set of thousands of prompts stays a short field of the outcome line and of the job record.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Verdicts(pub Vec<bool>);
+
+/// As a count (`Verdicts(312 of 400 passed)`): the gates' evaluation is logged with its scores,
+/// and a line of 400 booleans said less than the count.
+impl std::fmt::Debug for Verdicts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let passed = self.0.iter().filter(|passed| **passed).count();
+        write!(f, "Verdicts({passed} of {} passed)", self.0.len())
+    }
+}
 
 impl Verdicts {
     /// No verdicts (a record made before they were reported).
@@ -812,6 +821,13 @@ pub struct Progress {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn verdicts_show_as_a_count_in_logs() {
+        let verdicts = Verdicts([true, false, true].repeat(100));
+        assert_eq!(format!("{verdicts:?}"), "Verdicts(200 of 300 passed)");
+    }
+
     use super::*;
 
     #[test]
