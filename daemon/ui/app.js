@@ -374,6 +374,9 @@ function pick(lines, value) {
   return lines.filter((line) => typeof value(line) === 'number').map((line) => [line.step, value(line)]);
 }
 
+// The series colours of app.css (`.series-0` …).
+const SERIES_COLOURS = 12;
+
 // A line chart drawn in SVG: one polyline (and its points) per series, axes with their range.
 function chart(spec, lines) {
   const width = 420, height = 200, left = 52, right = 10, top = 10, bottom = 26;
@@ -403,8 +406,11 @@ function chart(spec, lines) {
     s('text', { x: width - right, y: height - 8, 'text-anchor': 'end', class: 'tick' }, `step ${x1}`),
   );
   const legend = h('ul.legend');
+  // As many colours as a chart has series (the reward chart: the reward and one per component);
+  // the first series, the chart's own figure, is drawn last so no other line hides it.
+  const groups = [];
   series.forEach((one, index) => {
-    const color = `series-${index % 6}`;
+    const color = `series-${index % SERIES_COLOURS}`;
     const group = s('g', { class: color, 'data-series': one.name, 'data-points': one.points.length });
     if (one.points.length > 1) {
       group.append(s('polyline', { points: one.points.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(' '), class: 'line' }));
@@ -413,10 +419,11 @@ function chart(spec, lines) {
     for (const [x, y] of one.points.length <= 200 ? one.points : []) {
       group.append(s('circle', { cx: X(x).toFixed(1), cy: Y(y).toFixed(1), r: 2.5, class: 'point' }, s('title', {}, `step ${x}: ${y}`)));
     }
-    svg.append(group);
+    groups.unshift(group);
     const last = one.points[one.points.length - 1];
     legend.append(h(`li.${color}`, {}, h('span.swatch'), `${one.name}`, last ? ` ${fixed(last[1])}` : ''));
   });
+  svg.append(...groups);
   figure.append(legend);
   return figure;
 }

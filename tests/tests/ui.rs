@@ -134,6 +134,22 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert!(grew >= 3, "the reward curve grew {grew} times while running: {running:?}\n{context}");
     // And, the job over, every step is on it, and the other curves are there.
     assert_eq!(seen["final_state"], "published", "{context}");
+    assert_eq!(
+        (seen["nav_visible_at_login"].as_bool(), seen["nav_visible_logged_in"].as_bool()),
+        (Some(false), Some(true)),
+        "the navigation shows once logged in, not on the login screen: {context}"
+    );
+    // Every series of a chart in a colour of its own, and the chart's own figure (its first
+    // series) drawn last, over the others.
+    for (chart, drawn) in seen["chart_colours"].as_object().unwrap() {
+        let drawn: Vec<(String, String)> = serde_json::from_value(drawn.clone()).unwrap();
+        let colours: std::collections::BTreeSet<&String> = drawn.iter().map(|(_, colour)| colour).collect();
+        assert_eq!(colours.len(), drawn.len(), "{chart}: {drawn:?}");
+        assert!(colours.iter().all(|colour| colour.starts_with('#')), "{chart}: {drawn:?}");
+    }
+    let reward_drawn: Vec<(String, String)> =
+        serde_json::from_value(seen["chart_colours"]["reward"].clone()).unwrap();
+    assert_eq!(reward_drawn.last().map(|(name, _)| name.as_str()), Some("reward"), "{reward_drawn:?}");
     let charts = &seen["charts"];
     assert_eq!(charts["reward"]["reward"], STEPS, "{context}");
     assert_eq!(charts["reward"]["component math"], STEPS, "{context}");

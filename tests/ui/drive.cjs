@@ -67,6 +67,8 @@ async function main() {
       csp: response.headers()['content-security-policy'],
       nosniff: response.headers()['x-content-type-options'],
     };
+    // Issue 36: the login screen shows no navigation ("Log out" among it).
+    result.nav_visible_at_login = await page.isVisible('#nav');
     await page.fill('#token', 'not-a-token');
     await page.click('#login button[type=submit]');
     await page.waitForFunction(() => document.querySelector('#login-error')?.textContent.length > 0);
@@ -75,6 +77,7 @@ async function main() {
     await page.fill('#token', token);
     await page.click('#login button[type=submit]');
     await page.waitForSelector(`#jobs tr[data-job="${jobId}"]`);
+    result.nav_visible_logged_in = await page.isVisible('#nav');
     result.timings.logged_in_s = seconds();
     await shot(page, 'jobs');
     result.listed = await page.$$eval('#jobs tbody tr', (rows) => rows.map((row) => row.dataset.job));
@@ -109,6 +112,11 @@ async function main() {
     result.charts = await page.$$eval('[data-chart]', (charts) => Object.fromEntries(charts.map((chart) => [
       chart.dataset.chart,
       Object.fromEntries([...chart.querySelectorAll('[data-series]')].map((series) => [series.dataset.series, Number(series.dataset.points)])),
+    ])));
+    // Each chart's series in drawing order (the last on top), with their colours.
+    result.chart_colours = await page.$$eval('[data-chart]', (charts) => Object.fromEntries(charts.map((chart) => [
+      chart.dataset.chart,
+      [...chart.querySelectorAll('svg [data-series]')].map((series) => [series.dataset.series, getComputedStyle(series).getPropertyValue('--c').trim()]),
     ])));
     result.events = await page.$$eval('#events tbody tr', (rows) => rows.map((row) => row.dataset.state));
     const log = await page.textContent('#log');
