@@ -44,7 +44,8 @@ pub(crate) fn init(kind: &str, dir: &Path) -> Result<Written, InitError> {
     let spec = EXAMPLES.get_file(&name).ok_or_else(|| InitError::UnknownKind { kind: kind.to_owned() })?;
     let text = spec.contents_utf8().unwrap_or_default();
     let target = dir.join(&name);
-    if target.exists() {
+    // A symbolic link counts as there, dangling or not: init writes through none.
+    if target.symlink_metadata().is_ok() {
         return Err(InitError::Exists(target));
     }
     let io_error = |path: &Path| {
@@ -55,19 +56,29 @@ pub(crate) fn init(kind: &str, dir: &Path) -> Result<Written, InitError> {
     for relative in data_files(text) {
         let Some(file) = EXAMPLES.get_file(&relative) else { continue };
         let path = dir.join(&relative);
-        if path.exists() {
+        if path.symlink_metadata().is_ok() {
             written.kept.push(path);
             continue;
         }
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io_error(parent))?;
         }
-        fs::write(&path, file.contents()).map_err(io_error(&path))?;
+        write_new(&path, file.contents()).map_err(io_error(&path))?;
         written.data.push(path);
     }
     fs::create_dir_all(dir).map_err(io_error(dir))?;
-    fs::write(&target, text).map_err(io_error(&target))?;
-    Ok(written)
+    match write_new(&target, text.as_bytes()) {
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Err(InitError::Exists(target)),
+        Err(error) => Err(io_error(&target)(error)),
+        Ok(()) => Ok(written),
+    }
+}
+
+/// Writes a file that must not exist yet: `O_EXCL`, which follows no symbolic link (a dangling
+/// one made `init` create a file wherever it pointed) and loses no race with another writer.
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    fs::OpenOptions::new().write(true).create_new(true).open(path)?.write_all(bytes)
 }
 
 /// The `data/...` paths a spec's values name, wherever they are (a pipeline's stages too).
@@ -124,6 +135,22 @@ mod tests {
         assert!(second.data.iter().all(|path| !written.data.contains(path)));
         assert!(matches!(init("grpo", dir.path()), Err(InitError::Exists(_))));
         assert!(matches!(init("nope", dir.path()), Err(InitError::UnknownKind { .. })));
+    }
+
+    #[test]
+    fn init_writes_through_no_symbolic_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        // A dangling link where the spec goes, and one where a data file goes.
+        std::os::unix::fs::symlink(outside.path().join("spec"), dir.path().join("grpo.toml")).unwrap();
+        assert!(matches!(init("grpo", dir.path()), Err(InitError::Exists(_))));
+        fs::remove_file(dir.path().join("grpo.toml")).unwrap();
+        let data = data_files(EXAMPLES.get_file("grpo.toml").unwrap().contents_utf8().unwrap());
+        fs::create_dir_all(dir.path().join("data")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("data"), dir.path().join(&data[0])).unwrap();
+        let written = init("grpo", dir.path()).unwrap();
+        assert!(written.kept.contains(&dir.path().join(&data[0])), "{written:?}");
+        assert!(fs::read_dir(outside.path()).unwrap().next().is_none(), "nothing written outside");
     }
 
     #[test]
