@@ -70,7 +70,7 @@ fn rlvrd_and_rlvrctl_link_no_libtorch_and_the_cli_crate_depends_on_no_torch_sys(
 /// check runs every build script of the tree, so had torch-sys been in it, its build script would
 /// have failed to find libtorch. A check and not a build: what a build adds is code generation and
 /// the link, and what the binary links is read from the workspace's `rlvrctl` itself (below and in
-/// the test above); a cold build cost 155 s of CPU in the suite, a cold check 110 s.
+/// the test above); a cold build of the crate alone took 155 s of CPU here, a cold check 110 s.
 fn check_rlvrctl_without_torch() {
     let target = rlvr_tests::target_dir().join("no-torch");
     let path = std::env::var("PATH").unwrap_or_default();

@@ -32,6 +32,9 @@ use std::collections::{BTreeSet, HashMap};
 /// mistake, and the check must not hold a whole multi-gigabyte line in memory).
 const MAX_RECORD_BYTES: usize = 64 << 20;
 
+/// The least time an upload stays in `incoming/` before a sweep takes it for dead.
+const INCOMING_KEPT: Duration = Duration::from_secs(3600);
+
 /// The datasets of every team.
 #[derive(Debug, Clone)]
 pub struct Datasets {
@@ -317,10 +320,12 @@ impl Datasets {
         })
     }
 
-    /// Removes uploads older than `grace` from `team`'s `incoming/` (a request that died mid-way
-    /// or a daemon killed while receiving): a live upload is younger, and its file is written
-    /// as it arrives.
+    /// Removes uploads older than `grace` (and than [`INCOMING_KEPT`]) from `team`'s `incoming/`:
+    /// a request that died mid-way or a daemon killed while receiving left them.
     fn sweep_incoming(&self, team: &str, now: SystemTime, grace: Duration) -> io::Result<()> {
+        // Never sooner than an hour: an upload being checked writes nothing, so with a grace of
+        // seconds its file would look dead while a large one is still read.
+        let grace = grace.max(INCOMING_KEPT);
         for entry in super::entries_of(&self.team_dir(team).join("incoming"))? {
             let modified = entry.metadata()?.modified()?;
             if now.duration_since(modified).is_ok_and(|age| age > grace) {
@@ -586,9 +591,9 @@ mod tests {
         let store = Datasets::new(dir.path().to_owned(), 1 << 20);
         let incoming = store.incoming("a").unwrap();
         fs::write(&incoming, "{\"prompt\": \"half").unwrap();
-        sweep_after(&store, "a", &[], Duration::ZERO);
-        assert!(incoming.exists(), "an upload still arriving stays");
-        sweep_after(&store, "a", &[], Duration::from_secs(3600));
+        sweep_after(&store, "a", &[], Duration::from_secs(1800));
+        assert!(incoming.exists(), "an upload younger than an hour stays, whatever the grace period");
+        sweep_after(&store, "a", &[], Duration::from_secs(7200));
         assert!(!incoming.exists());
         assert_eq!(store.teams().unwrap(), ["a"]);
     }
