@@ -13,6 +13,11 @@ compiles again even when not a byte changed.
                                      records none, and the next run restores nothing (it rebuilds
                                      the workspace's crates rather than trust a half-done build).
 
+Directories count too: a build script that watches one (`rerun-if-changed=../examples/jobs`) is
+rerun when any entry under it, the directory itself included, is newer than the last build. A
+directory whose tracked entries are the ones recorded gets its recorded time back; one with an
+entry added, removed or renamed keeps the clone's.
+
 Content, not commit times, decides: a commit's time says nothing about when the kept artefacts
 were built, and trusting it could pass off an old build as fresh.
 """
@@ -32,6 +37,21 @@ def tracked_files(root):
             yield path
 
 
+def tracked_directories(files):
+    """Each directory holding tracked files (the root aside), with the sorted names of its tracked
+    entries, files and directories."""
+    entries = {}
+    for path in files:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            entries.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+    return {directory: sorted(names) for directory, names in entries.items()}
+
+
+def listing_digest(names):
+    return hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def sha256(path):
     with open(path, "rb") as file:
         return hashlib.sha256(file.read()).hexdigest()
@@ -43,15 +63,24 @@ def is_plain_file(path):
 
 def record(root, manifest):
     lines = []
-    for path in tracked_files(root):
+    files = list(tracked_files(root))
+    for path in files:
         full = os.path.join(root, path)
         if is_plain_file(full):
             lines.append(f"{sha256(full)}\t{os.stat(full).st_mtime_ns}\t{path}\n")
+    file_count = len(lines)
+    for directory, names in tracked_directories(files).items():
+        full = os.path.join(root, directory)
+        if os.path.isdir(full) and not os.path.islink(full):
+            lines.append(f"{listing_digest(names)}\t{os.stat(full).st_mtime_ns}\t{directory}/\n")
     partial = manifest + ".partial"
     with open(partial, "w", encoding="utf-8", errors="surrogateescape") as out:
         out.writelines(lines)
     os.replace(partial, manifest)
-    print(f"recorded the content and time of {len(lines)} source files in {manifest}")
+    print(
+        f"recorded the content and time of {file_count} source files and the entries and time of "
+        f"{len(lines) - file_count} directories in {manifest}"
+    )
 
 
 def restore(root, manifest):
@@ -63,7 +92,11 @@ def restore(root, manifest):
         return
     os.remove(manifest)
     restored = changed = 0
+    recorded_directories = []
     for digest, mtime_ns, path in entries:
+        if path.endswith("/"):
+            recorded_directories.append((digest, int(mtime_ns), path.rstrip("/")))
+            continue
         full = os.path.join(root, path)
         if not is_plain_file(full):
             continue
@@ -72,7 +105,21 @@ def restore(root, manifest):
             restored += 1
         else:
             changed += 1
-    print(f"{restored} source files unchanged since the kept build (their times restored), {changed} changed")
+    listings = tracked_directories(tracked_files(root))
+    directories_restored = directories_changed = 0
+    for digest, mtime_ns, directory in recorded_directories:
+        full = os.path.join(root, directory)
+        if directory not in listings or os.path.islink(full) or not os.path.isdir(full):
+            continue
+        if listing_digest(listings[directory]) == digest:
+            os.utime(full, ns=(mtime_ns, mtime_ns))
+            directories_restored += 1
+        else:
+            directories_changed += 1
+    print(
+        f"{restored} source files unchanged since the kept build (their times restored), {changed} changed; "
+        f"{directories_restored} directories with the same entries, {directories_changed} changed"
+    )
 
 
 def main():

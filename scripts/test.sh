@@ -12,13 +12,15 @@
 # threads they take); JUnit lands in target/nextest/<profile>/junit.xml and the run ends by
 # listing its 15 slowest tests. Measured times are in the README ("Running the tests").
 #
-# RLVR_TARGET_CACHE=1 (set by .ci/run) builds into $RLVR_CACHE_DIR/target/<key> instead of
-# ./target, so runs on the same machine reuse what the last one compiled. The key is the
+# The build goes to a kept target directory, $RLVR_CACHE_DIR/target/<key>, so runs on the same
+# machine reuse what the last one compiled, whichever directory the clone is in (RLVR_TARGET_CACHE=0
+# builds into ./target instead; --quick uses ./target unless RLVR_TARGET_CACHE=1). The key is the
 # toolchain, Cargo.lock, the torch the build links and this machine's identity: another machine,
-# or a changed toolchain, builds everything, so a missing install step still fails there. Source
-# files whose content the kept build saw get their times back (scripts/source-mtimes.py), so on a
-# new clone in the same place only what changed compiles (cargo tells its crates apart by path:
-# another checkout path is another set of artefacts).
+# or a changed toolchain, builds everything, so a missing install step still fails there. Cargo
+# finds a crate fresh by its sources' paths and times, so a run builds through one fixed path, the
+# link <key>/workspace to this checkout (runs take turns: a lock is held for the whole run), and
+# source files whose content the kept build saw get their times back (scripts/source-mtimes.py):
+# only what changed compiles.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
@@ -45,9 +47,21 @@ started=$SECONDS
 step "set-up (scripts/setup.sh)"
 rlvr_setup
 
-if [ "${RLVR_TARGET_CACHE:-0}" = 1 ]; then
+# Cargo is told where the workspace is (`--manifest-path`), so that with a kept target directory
+# it sees the workspace at that directory's fixed link, not at this clone's path.
+cargo_workspace=(--manifest-path "$RLVR_ROOT/Cargo.toml")
+if [ "${RLVR_TARGET_CACHE:-$((1 - quick))}" = 1 ]; then
     use_target_cache
-    step "target directory: $CARGO_TARGET_DIR (RLVR_TARGET_CACHE=1)"
+    mkdir -p "$CARGO_TARGET_DIR"
+    # One run at a time builds and tests through the link: another would repoint it mid-run.
+    exec {lock_fd}>"$CARGO_TARGET_DIR/.run.lock"
+    if ! flock -n "$lock_fd"; then
+        echo "another scripts/test.sh is using $CARGO_TARGET_DIR; waiting for it to end" >&2
+        flock "$lock_fd"
+    fi
+    ln -sfn "$RLVR_ROOT" "$CARGO_TARGET_DIR/workspace"
+    cargo_workspace=(--manifest-path "$CARGO_TARGET_DIR/workspace/Cargo.toml")
+    step "target directory: $CARGO_TARGET_DIR (the workspace seen at $CARGO_TARGET_DIR/workspace)"
     # A clone's files are all new to cargo; those whose content the kept build saw get that
     # build's times back, so only what changed compiles (scripts/source-mtimes.py).
     "$RLVR_VENV/bin/python" scripts/source-mtimes.py restore "$CARGO_TARGET_DIR/source-mtimes.tsv"
@@ -55,7 +69,7 @@ fi
 target=${CARGO_TARGET_DIR:-$RLVR_ROOT/target}
 
 step "cargo fmt --check"
-cargo fmt --all -- --check
+cargo fmt "${cargo_workspace[@]}" --all -- --check
 
 # Clippy is the compiler of the workspace's own crates in the one build below, which is how `cargo
 # clippy` itself works (clippy-driver as the workspace's rustc wrapper, its arguments in
@@ -98,8 +112,8 @@ if [ "$quick" = 0 ]; then
 fi
 
 step "cargo build (every target; clippy -D warnings on the workspace's crates)"
-cargo build --workspace --all-targets
-if [ "${RLVR_TARGET_CACHE:-0}" = 1 ]; then
+cargo build "${cargo_workspace[@]}" --workspace --all-targets
+if [ -n "${lock_fd:-}" ]; then
     "$RLVR_VENV/bin/python" scripts/source-mtimes.py record "$CARGO_TARGET_DIR/source-mtimes.tsv"
 fi
 
@@ -121,12 +135,12 @@ step "cargo nextest run (profile $profile)"
 # threads that sleep instead change no result, only who gets the cores.
 export OMP_WAIT_POLICY=PASSIVE
 status=0
-cargo nextest run --workspace --profile "$profile" || status=$?
+cargo nextest run "${cargo_workspace[@]}" --workspace --profile "$profile" || status=$?
 
 if [ "$quick" = 0 ]; then
     # nextest does not run doc tests.
     step "cargo test --doc"
-    cargo test --workspace --doc --quiet || status=$?
+    cargo test "${cargo_workspace[@]}" --workspace --doc --quiet || status=$?
 fi
 
 # nextest's store is the checkout's target/ ([store] in .config/nextest.toml), wherever the build goes.

@@ -22,6 +22,7 @@ mod graders_python;
 mod graders_text;
 mod http_hardening;
 mod jobs;
+mod kept_build;
 mod learning;
 mod mlflow;
 mod models_and_list;

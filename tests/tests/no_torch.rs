@@ -41,6 +41,8 @@ fn links_torch(binary: &Path) -> bool {
 fn dependency_tree(package: &str) -> String {
     let output = Command::new(env!("CARGO"))
         .args(["tree", "--offline", "--prefix", "none", "-e", "normal,build", "-p", package])
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
         .current_dir(workspace_root())
         .output()
         .expect("run cargo tree");
@@ -80,6 +82,10 @@ fn check_rlvrctl_without_torch() {
     command
         .args(["check", "--offline", "--quiet", "-p", "rlvr-cli", "--target-dir"])
         .arg(&target)
+        // The workspace where the tests were built from (a kept target directory's fixed link,
+        // scripts/test.sh): the kept check of the last run is then fresh.
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
         .current_dir(workspace_root())
         .env("PATH", path.join(":"));
     for variable in [

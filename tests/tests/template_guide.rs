@@ -10,12 +10,16 @@ use rlvr_tests::{Daemon, TEAM_TOKEN, drop_in, json_lines, rlvrctl, target_dir, w
 #[test]
 fn the_guide_builds_drops_in_and_uses_the_template_verifier() {
     // Step 2 of the guide: build the plugin. A target directory of its own keeps this build out of
-    // the way of the cargo that runs the tests.
+    // the way of the cargo that runs the tests; the workspace is named where the tests were built
+    // from (a kept target directory's fixed link, scripts/test.sh), so a kept build stays fresh.
     let guide_target = target_dir().join("guide");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let build = Command::new(cargo)
         .current_dir(workspace_root())
-        .args(["build", "-p", "rlvr-verifier-template", "--target-dir"])
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
+        .args(["-p", "rlvr-verifier-template", "--target-dir"])
         .arg(&guide_target)
         .output()
         .expect("run cargo build");
