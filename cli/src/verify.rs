@@ -75,6 +75,7 @@ pub(crate) fn verify(
         parallel: options.parallel,
         deadline: options.deadline,
         explain: options.explain,
+        stop: None,
     };
     let stdout = io::BufWriter::new(io::stdout().lock());
     let summary = match jsonl {

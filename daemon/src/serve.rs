@@ -22,6 +22,7 @@ use rlvr_queue::store::JobStore;
 
 use crate::api::auth::{self, Auth};
 use crate::api::jobs::JobsState;
+use crate::api::lanes::{Caps, Lanes, Work};
 use crate::api::server::{self as http, FdLimitError};
 use crate::api::{AppState, router};
 use crate::config::Config;
@@ -246,8 +247,12 @@ impl Services {
         let grants_stop = CancellationToken::new();
         let grants = tokio::spawn(scheduler.clone().serve_grants(grant_socket.clone(), grants_stop.clone()));
         let redis = Arc::new(RedisHealth::new(config.redis.url.clone()));
+        // Two Redis connections: the API's (every client's reads, event streams' polls among them)
+        // and the daemon's own (taking jobs, heartbeats, progress), which no client load can starve.
         let store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
         let queues = Queues::new(store, &config.queue);
+        let own_store = JobStore::connect_lazy(&config.redis.url).map_err(ServeError::Redis)?;
+        let own_queues = Queues::new(own_store, &config.queue);
         let stopping = CancellationToken::new();
         let tenancy = Arc::new(crate::tenancy::Tenancy::new(config, state_dir));
         let outbound = outbound_client(config)?;
@@ -271,7 +276,22 @@ impl Services {
             state_dir: state_dir.clone(),
             tenancy: tenancy.clone(),
             outbound: outbound.clone(),
-            dry_runs: Arc::new(tokio::sync::Semaphore::new(crate::api::verify::DRY_RUNS_AT_ONCE)),
+            dry_runs: Lanes::new(
+                Caps {
+                    at_once: config.api.dry_runs_at_once as usize,
+                    per_team: config.api.dry_runs_per_team as usize,
+                },
+                Work { taking: "dry-run(s) grading", per_team_setting: "api.dry_runs_per_team" },
+            ),
+            // Half the connections stay for plain requests (and /healthz) whatever streams are open.
+            streams: Lanes::new(
+                Caps {
+                    at_once: (config.api.max_connections / 2) as usize,
+                    per_team: config.api.streams_per_team as usize,
+                },
+                Work { taking: "event stream(s) open", per_team_setting: "api.streams_per_team" },
+            ),
+            dry_run_budget: Duration::from_secs(config.api.dry_run_budget_s),
             trl_python: config.engines.trl_python.clone(),
             ray_address: config.engines.ray_address.clone(),
         });
@@ -291,7 +311,7 @@ impl Services {
             config.api.max_body_bytes as usize,
         );
         let supervisor = Arc::new(Supervisor::new(SupervisorConfig {
-            queues,
+            queues: own_queues,
             worker,
             state_dir: state_dir.clone(),
             registry: registry.clone(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rlvr_plugin_api::VerifierBox;
 use rlvr_protocol::formula::Formula;
 
-use crate::verify::{BatchOptions, Components, InputItem, OutputLine, verify_items};
+use crate::verify::{BatchOptions, Components, InputItem, OutputLine, Stop, verify_items};
 
 /// The longest one grader call may take. Above the http verifier's worst case (25 s).
 pub const VERIFY_DEADLINE: Duration = Duration::from_secs(30);
@@ -90,6 +90,9 @@ pub struct Reward {
     pub parallel: usize,
     /// The longest one grader call may take.
     pub deadline: Duration,
+    /// When to stop handing items to the graders (a dry-run's request gone or over its budget);
+    /// `None` for a job's rewards, which grade every item.
+    pub stop: Option<Arc<Stop>>,
 }
 
 impl Reward {
@@ -118,6 +121,7 @@ impl Reward {
                     parallel: self.parallel,
                     deadline: self.deadline,
                     explain: false,
+                    stop: self.stop.clone(),
                 };
                 verify_items(Arc::clone(&grader.verifier), inputs, &options)
             })

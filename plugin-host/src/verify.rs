@@ -11,10 +11,12 @@
 //! plugin does: a call still running at its deadline is answered with a timeout and left behind
 //! (a thread inside a plugin cannot be stopped safely), and a fresh thread takes its place. When
 //! too many calls are stuck this way, the rest of the batch is answered with an error instead of
-//! piling up threads.
+//! piling up threads. A batch may also be given a [`Stop`] (a request gone, a budget spent): from
+//! then on no item is handed to the plugin, each is answered with the stop's reason at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -50,6 +52,39 @@ impl BatchSummary {
     }
 }
 
+/// When the work of a batch (or of several, a reward's graders) stops being wanted: its caller
+/// cancelled, or its wall-clock budget ran out. Items not yet handed to a plugin are then answered
+/// with the reason instead; calls already inside a plugin end at their own deadline.
+#[derive(Debug)]
+pub struct Stop {
+    cancelled: AtomicBool,
+    budget: Duration,
+    ends: Instant,
+}
+
+impl Stop {
+    /// Stops when cancelled or once `budget` has passed from now.
+    pub fn within(budget: Duration) -> Self {
+        Stop { cancelled: AtomicBool::new(false), budget, ends: Instant::now() + budget }
+    }
+
+    /// No more work is wanted (the request that asked for it went away).
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Why no more work is wanted; `None` while it is.
+    pub fn reason(&self) -> Option<String> {
+        if self.cancelled.load(Ordering::Relaxed) {
+            Some("not graded: the request was cancelled".to_owned())
+        } else if Instant::now() >= self.ends {
+            Some(format!("not graded: the request's budget of {} s ran out", self.budget.as_secs_f64()))
+        } else {
+            None
+        }
+    }
+}
+
 /// How a batch runs.
 #[derive(Debug, Clone)]
 pub struct BatchOptions {
@@ -61,6 +96,8 @@ pub struct BatchOptions {
     pub deadline: Duration,
     /// Ask the verifier to explain each verdict, and write its lines as `explanation`.
     pub explain: bool,
+    /// When to stop handing items to the plugin; `None`: never, every item is graded.
+    pub stop: Option<Arc<Stop>>,
 }
 
 /// The constructors of an output line from what a plugin (or the host) answered.
@@ -287,7 +324,7 @@ fn drive(
     let (jobs, job_inbox) = mpsc::channel::<(usize, InputItem)>();
     let job_inbox = Arc::new(Mutex::new(job_inbox));
     for _ in 0..parallel {
-        spawn_worker(Arc::clone(&verifier), Arc::clone(&job_inbox), events.clone(), options.explain);
+        spawn_worker(Arc::clone(&verifier), Arc::clone(&job_inbox), events.clone(), options);
     }
 
     let mut summary = BatchSummary::default();
@@ -334,12 +371,7 @@ fn drive(
                         let id = ids.remove(&index).flatten();
                         ready.insert(index, OutputLine::deadline_passed(id, options.deadline));
                         // The stuck thread keeps its place; a fresh one keeps the batch moving.
-                        spawn_worker(
-                            Arc::clone(&verifier),
-                            Arc::clone(&job_inbox),
-                            events.clone(),
-                            options.explain,
-                        );
+                        spawn_worker(Arc::clone(&verifier), Arc::clone(&job_inbox), events.clone(), options);
                     }
                     continue;
                 }
@@ -393,8 +425,10 @@ fn spawn_worker(
     verifier: Arc<VerifierBox>,
     jobs: Arc<Mutex<Receiver<(usize, InputItem)>>>,
     events: Sender<Event>,
-    explain: bool,
+    options: &BatchOptions,
 ) {
+    let explain = options.explain;
+    let stop = options.stop.clone();
     std::thread::spawn(move || {
         loop {
             // The lock is held only while waiting for the next job, never during a call.
@@ -403,6 +437,12 @@ fn spawn_worker(
                 Err(_) => return,
             };
             let Ok((index, item)) = job else { return };
+            if let Some(reason) = stop.as_deref().and_then(Stop::reason) {
+                if events.send(Event::Finished(index, OutputLine::failed(item.id, reason))).is_err() {
+                    return;
+                }
+                continue;
+            }
             if events.send(Event::Started(index, Instant::now())).is_err() {
                 return;
             }

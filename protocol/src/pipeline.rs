@@ -43,6 +43,8 @@ pub struct PipelineSpec {
 #[serde(deny_unknown_fields)]
 pub struct PipelineSection {
     pub name: String,
+    /// Left out, the submitting token's team ([`PipelineSpec::fill_team`]).
+    #[serde(default)]
     pub team: String,
 }
 
@@ -154,6 +156,17 @@ pub fn bind(spec: &JobSpec, previous: &StageOutput) -> Result<JobSpec, SpecError
 }
 
 impl PipelineSpec {
+    /// A pipeline that leaves out `pipeline.team` runs for `team`, the submitting token's; a
+    /// stage that leaves out `job.team` runs for the pipeline's.
+    pub fn fill_team(&mut self, team: &str) {
+        if self.pipeline.team.is_empty() {
+            team.clone_into(&mut self.pipeline.team);
+        }
+        for stage in &mut self.stages {
+            stage.fill_team(&self.pipeline.team);
+        }
+    }
+
     /// Parses TOML, naming the field of a type error (`stages[1].budget.max_steps`).
     pub fn from_toml(text: &str) -> Result<PipelineSpec, SpecError> {
         let deserializer = toml::Deserializer::parse(text).map_err(|error| SpecError {
@@ -407,6 +420,27 @@ mod tests {
             },
         };
         assert_eq!(problems, expected, "{toml}");
+    }
+
+    #[test]
+    fn a_pipeline_or_stage_that_names_no_team_runs_for_the_submitting_tokens() {
+        let sft = stage("sft", "builtin:tiny-arith", "");
+        let named = sft.replace("team = \"t\"", "team = \"elsewhere\"");
+        // (pipeline's team line, stages, the teams after filling in "mine")
+        type Teams<'a> = (&'a str, Vec<&'a str>);
+        let cases: [(&str, Vec<String>, Teams<'_>); 3] = [
+            ("", vec![sft.replace("team = \"t\"\n", "")], ("mine", vec!["mine"])),
+            ("team = \"t\"\n", vec![sft.replace("team = \"t\"\n", ""), sft.clone()], ("t", vec!["t", "t"])),
+            // A stage naming another team is kept as written, for the check to refuse.
+            ("", vec![named], ("mine", vec!["elsewhere"])),
+        ];
+        for (team_line, stages, (pipeline_team, stage_teams)) in cases {
+            let toml = format!("[pipeline]\nname = \"p\"\n{team_line}{}", stages.concat());
+            let mut spec = PipelineSpec::from_toml(&toml).unwrap();
+            spec.fill_team("mine");
+            let teams: Vec<&str> = spec.stages.iter().map(|stage| stage.job.team.as_str()).collect();
+            assert_eq!((spec.pipeline.team.as_str(), teams), (pipeline_team, stage_teams), "{toml}");
+        }
     }
 
     #[test]

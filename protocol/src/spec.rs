@@ -62,6 +62,8 @@ fn is_native(engine: &crate::engine::EngineSection) -> bool {
 #[serde(deny_unknown_fields)]
 pub struct JobSection {
     pub name: String,
+    /// The team the job runs for; left out, the submitting token's ([`JobSpec::fill_team`]).
+    #[serde(default)]
     pub team: String,
     #[serde(default)]
     pub priority: Priority,
@@ -793,6 +795,14 @@ impl fmt::Display for SpecErrors {
 impl std::error::Error for SpecErrors {}
 
 impl JobSpec {
+    /// A spec that leaves out `job.team` runs for `team`, the submitting token's: a newcomer's
+    /// first spec (`rlvrctl init`'s) needs no team name written into it.
+    pub fn fill_team(&mut self, team: &str) {
+        if self.job.team.is_empty() {
+            team.clone_into(&mut self.job.team);
+        }
+    }
+
     /// Parses TOML, naming the field of a type error.
     pub fn from_toml(text: &str) -> Result<JobSpec, SpecError> {
         let deserializer = toml::Deserializer::parse(text).map_err(|error| SpecError {
@@ -930,6 +940,11 @@ pub fn check_graders(
     graders_field: &str,
     formula_field: &str,
 ) -> (Option<crate::formula::Formula>, Vec<SpecError>) {
+    if graders.len() > MAX_GRADERS {
+        // Thousands of graders would each be checked (and each answered) here first.
+        let message = format!("expected at most {MAX_GRADERS} graders, got {}", graders.len());
+        return (None, vec![SpecError { field: graders_field.to_owned(), message }]);
+    }
     let mut errors = Vec::new();
     let is_term = |name: &str| {
         name.len() <= MAX_GRADER_NAME_CHARS
@@ -1219,6 +1234,8 @@ const VERIFIER_RULES: &[Rule<PluginSection>] =
 
 /// Longest grader name (`[[verifiers]] name`).
 const MAX_GRADER_NAME_CHARS: usize = 64;
+/// Most graders in one reward, a job's or a dry-run's: each one grades every completion.
+pub const MAX_GRADERS: usize = 16;
 
 /// Longest job, team and model line name.
 const MAX_NAME_CHARS: usize = 128;
@@ -1398,6 +1415,14 @@ max_steps = 10
             (
                 MINIMAL.replace("plugin = \"math\"\n", "plugin = \"math\"\n[[verifiers]]\nplugin = \"math\"\n"),
                 &[r#"verifiers[1].name: verifiers[0] is named "math" too; give each grader of one plugin a `name`"#],
+            ),
+            (
+                MINIMAL.replace(
+                    "plugin = \"math\"\n",
+                    &((1..=MAX_GRADERS).map(|i| format!("plugin = \"math\"\nname = \"m{i}\"\n[[verifiers]]\n")).collect::<String>()
+                        + "plugin = \"math\"\nname = \"last\"\n"),
+                ),
+                &["verifiers: expected at most 16 graders, got 17"],
             ),
             (
                 MINIMAL.replace(
@@ -1722,6 +1747,11 @@ max_steps = 10
                 &[
                     r#"job.model_line: expected 1–128 of [A-Za-z0-9._-], not starting with '.', got "../escape""#,
                 ],
+            ),
+            // Left out and not filled from a token (a spec run by hand): refused by name.
+            (
+                MINIMAL.replace("team = \"math\"\n", ""),
+                &[r#"job.team: expected 1–128 of [A-Za-z0-9._-], got """#],
             ),
             (
                 MINIMAL

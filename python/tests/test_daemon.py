@@ -172,10 +172,12 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(spec["job"]["name"], "from-toml")
         self.assertEqual(spec["optimizer"]["group_size"], 4)
         self.assertTrue(spec["data"]["train"].startswith("dataset:train@"), spec["data"])
-        built = (rlvr.SpecBuilder("built", team="tests", model_line=LINE, policy="builtin:tiny-arith")
+        built = (rlvr.SpecBuilder("built", model_line=LINE, policy="builtin:tiny-arith")
                  .data(train=self.train.ref).optimizer("grpo", group_size=4, micro_batch_size=8)
                  .verifier("math").rollout(max_new_tokens=5, prompts_per_step=4).budget(max_steps=2))
-        self.assertEqual(self.client.dry_run(built)["data"]["train"], self.train.ref)
+        checked = self.client.dry_run(built)
+        self.assertEqual(checked["data"]["train"], self.train.ref)
+        self.assertEqual(checked["job"]["team"], "tests", "no team named: the token's is filled in")
         bad = self.dir / "bad.toml"
         bad.write_text(self.spec_file.read_text().replace("lr = 1e-3", "lr = -1.0"))
         with self.assertRaises(rlvr.Invalid) as caught:

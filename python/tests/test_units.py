@@ -166,6 +166,9 @@ class SpecTest(unittest.TestCase):
                                  "optimizer": {"plugin": "grpo", "lr": 0.1},
                                  "verifiers": [{"plugin": "math"}, {"plugin": "format"}],
                                  "budget": {"max_steps": 3, "max_tokens": 9}})
+        # No team: the daemon runs the job for the submitting token's.
+        unnamed = rlvr.SpecBuilder("x", model_line="m", policy="builtin:tiny-arith").to_dict()
+        self.assertEqual(unnamed["job"], {"name": "x", "model_line": "m"})
 
 
 class DownloadTest(unittest.TestCase):

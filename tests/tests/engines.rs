@@ -83,8 +83,9 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
 
     // The job's token grades as its team on the verify route, and reaches nothing else.
     let token = job_token(&id);
-    // The engine's two ranks grade on the same route, which grades two requests at once over the
-    // daemon and answers a third 429 "busy" with Retry-After: waited out, as the ranks do.
+    // The engine's two ranks grade on the same route, in their job's lane of one request per rank
+    // (no team's dry-runs take it): a third is 429 "busy" with Retry-After, waited out as the
+    // ranks do.
     let mut verify = None;
     for _ in 0..30 {
         let answer = client()

@@ -28,8 +28,8 @@ const PLUGINS: [&str; 9] = [
     "rlvr-curriculum-frontier",
 ];
 
-/// The examples' team is `demo`; this token acts for it.
-const DEMO_TOKEN: &str = "demo-team-token";
+/// The examples name no team: they run for the submitting token's, here a team no example mentions.
+const NEWCOMER_TOKEN: &str = "newcomer-team-token";
 
 /// The examples that publish what the others start from, run for real first.
 const PUBLISHERS: [&str; 2] = ["sft.toml", "rm.toml"];
@@ -54,7 +54,7 @@ fn examples() -> Vec<PathBuf> {
 /// one). The dry run's exit status and what it printed: the spec as the job would keep it.
 fn init_and_dry_run(daemon: &Daemon, kind: &str, dir: &Path) -> (bool, String) {
     let rlvrctl = artifact("rlvrctl");
-    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", DEMO_TOKEN)];
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", NEWCOMER_TOKEN)];
     let target = dir.join(kind);
     let init = cli::run(&rlvrctl, &["init", kind, target.to_str().unwrap()], dir, &[]);
     assert!(init.status.success(), "rlvrctl init {kind}: {}", cli::text(&init));
@@ -67,12 +67,12 @@ fn init_and_dry_run(daemon: &Daemon, kind: &str, dir: &Path) -> (bool, String) {
 fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_published() {
     let started = Instant::now();
     let redis = Redis::start();
-    // The demo team's token first (right after the harness's own [[auth.tokens]]); two CPU slots,
+    // The newcomer team's token first (right after the harness's own [[auth.tokens]]); two CPU slots,
     // so the two examples that run do so side by side; one libtorch thread per worker.
     let config = format!(
-        "[[auth.tokens]]\nteam = \"demo\"\nsha256 = {:?}\nadmin = false\n\
+        "[[auth.tokens]]\nteam = \"newcomer\"\nsha256 = {:?}\nadmin = false\n\
          [queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n",
-        sha256_hex(DEMO_TOKEN)
+        sha256_hex(NEWCOMER_TOKEN)
     );
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config);
     eprintln!("rlvrd serving with {} plugins ({:.0} s)", PLUGINS.len(), started.elapsed().as_secs_f64());
@@ -84,7 +84,7 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     }
 
     // The publishers, as a user runs them: `rlvrctl submit FILE` from the examples' folder.
-    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", DEMO_TOKEN)];
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", NEWCOMER_TOKEN)];
     let jobs: Vec<(&str, String)> = PUBLISHERS
         .iter()
         .map(|name| {

@@ -36,10 +36,19 @@ fn refusal(result: Result<impl std::fmt::Debug, HttpError>) -> (u16, String, Str
     }
 }
 
+/// Grading sample items, and what one dry-run may cost the others: a team's second dry-run waits
+/// (429) while its first grades and another team's is served; a dry-run whose client goes away
+/// stops grading and gives its place back; one past `api.dry_run_budget_s` answers its remaining
+/// items as not graded.
 #[test]
-fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon() {
+fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon_and_each_dry_run_is_bounded() {
     let redis = Redis::start();
-    let daemon = Daemon::start(&["rlvr-verifier-math", "rlvr-verifier-format"], &redis.url());
+    let daemon = Daemon::start_with_api(
+        &["rlvr-verifier-math", "rlvr-verifier-format", "rlvr-fixture-stall"],
+        &redis.url(),
+        &format!("dry_run_budget_s = {BUDGET_S}\n"),
+        "",
+    );
     let team = api(&daemon, Some(TEAM_TOKEN));
 
     // One grader: its own lines, in the items' order, ids kept.
@@ -192,6 +201,74 @@ fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon() {
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("unknown field `extra`"), "{body}");
     assert_eq!(raw(r#"{"grader": {"plugin": "math"}}"#, None).0, 401);
+
+    dry_runs_are_bounded(&daemon);
+}
+
+/// `api.dry_run_budget_s` of the daemon above.
+const BUDGET_S: u64 = 8;
+
+/// The `stall` fixture told to sleep `millis` on each of `count` items.
+fn sleeping(count: usize, millis: u64) -> Value {
+    let items: Vec<Value> =
+        (0..count).map(|i| json!({"id": format!("{i}"), "completion": format!("sleep:{millis}")})).collect();
+    json!({"grader": {"plugin": "stall"}, "items": items})
+}
+
+fn dry_runs_are_bounded(daemon: &Daemon) {
+    use std::time::{Duration, Instant};
+    let client = reqwest::blocking::Client::new();
+    let post = |token: &str, body: &Value, timeout: Duration| {
+        client.post(format!("{}/v1/verify", daemon.url)).bearer_auth(token).json(body).timeout(timeout).send()
+    };
+    let quick = sleeping(1, 0);
+    let patient = Duration::from_secs(60);
+
+    // Team A's dry-run of 256 items of 3 s (over 3 minutes at 4 at a time) is given up by its
+    // client after 1 s.
+    let gone = post(TEAM_TOKEN, &sleeping(256, 3000), Duration::from_secs(1));
+    let left = Instant::now();
+    assert!(gone.as_ref().is_err_and(reqwest::Error::is_timeout), "{gone:?}");
+    // Its grading has not ended the moment the client left (its first 4 calls are inside the
+    // grader for 2 s more): its place is held until they end, so team A's next dry-run waits,
+    // while team B's is served.
+    let waits = post(TEAM_TOKEN, &quick, patient).unwrap();
+    assert_eq!(waits.status().as_u16(), 429, "{}", waits.text().unwrap_or_default());
+    let other = post(OTHER_TOKEN, &quick, patient).unwrap();
+    assert_eq!(other.status().as_u16(), 200, "another team's dry-run is served");
+    // Stopped, not graded to its end: A's place comes back once the running calls end, well
+    // before the minutes of grading (and the budget of 8 s) it asked for.
+    let readmitted = loop {
+        let answer = post(TEAM_TOKEN, &quick, patient).unwrap();
+        match answer.status().as_u16() {
+            200 => break left.elapsed(),
+            429 => {
+                let body: Value = answer.json().unwrap();
+                let message = body["error"]["message"].as_str().unwrap_or_default().to_owned();
+                assert!(message.contains("your team has 1 dry-run(s) grading already"), "{body}");
+                assert!(left.elapsed() < Duration::from_secs(BUDGET_S - 2), "still refused: {message}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            status => panic!("{status}: {}", answer.text().unwrap_or_default()),
+        }
+    };
+    eprintln!("team A's place came back {readmitted:?} after its client left");
+
+    // The budget: 48 items of 1 s at 4 at a time would take 12 s; after 8 the rest are not graded.
+    let started = Instant::now();
+    let answer = post(TEAM_TOKEN, &sleeping(48, 1000), patient).unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let lines = answer.json::<Value>().unwrap()["results"].as_array().unwrap().clone();
+    assert_eq!(lines.len(), 48);
+    let budget_ran_out = format!("not graded: the request's budget of {BUDGET_S} s ran out");
+    let not_graded = lines.iter().filter(|line| line["error"] == budget_ran_out.as_str()).count();
+    assert!(
+        lines.iter().all(|line| line["passed"] == true || line["error"] == budget_ran_out.as_str()),
+        "each item graded or answered as not graded: {lines:?}"
+    );
+    assert!(not_graded >= 48 - 4 * BUDGET_S as usize, "{not_graded} not graded: {lines:?}");
+    assert_eq!(lines[47]["error"], budget_ran_out.as_str(), "the last item cannot have been reached");
+    eprintln!("{not_graded} of 48 items not graded, answered after {:?}", started.elapsed());
 }
 
 #[test]

@@ -341,6 +341,51 @@ fn failed_logins_get_429_per_address_and_never_lock_out_a_valid_token() {
     assert_eq!(sample(&daemon, "rlvr_api_auth_refusals_total{reason=\"too_many_failures\"}"), 2.0);
 }
 
+/// With one stream of the team open on running job `id`: the team opens streams up to its cap, one
+/// more is 429 naming the setting, while another team is served and the job goes on recording its
+/// progress; a stream closed gives its place back.
+fn streams_are_capped_per_team(daemon: &Daemon, id: &str) {
+    let open = || {
+        client()
+            .get(format!("{}/v1/jobs/{id}/events", daemon.url))
+            .bearer_auth(TEAM_TOKEN)
+            .timeout(Duration::from_secs(120))
+            .send()
+            .unwrap()
+    };
+    let step = || rlvr_tests::jobs::job(daemon, id)["step"].as_u64().unwrap_or(0);
+    let mut streams: Vec<_> = (1..STREAMS_PER_TEAM).map(|_| open()).collect();
+    assert!(streams.iter().all(|stream| stream.status().as_u16() == 200));
+    let refused = open();
+    assert_eq!(refused.status().as_u16(), 429);
+    let body: Value = refused.json().unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "your team has {STREAMS_PER_TEAM} event stream(s) open already (api.streams_per_team)"
+        )),
+        "{body}"
+    );
+    let other = client().get(format!("{}/v1/jobs", daemon.url)).bearer_auth(OTHER_TOKEN).send().unwrap();
+    assert_eq!(other.status().as_u16(), 200, "another team is served");
+    let before = step();
+    assert!(
+        wait_until(Duration::from_secs(60), || step() > before),
+        "the job's progress was not recorded while the streams were open (step {before})"
+    );
+    // Closed by the client: the daemon lets go of it at its next event or keep-alive (10 s).
+    drop(streams.pop());
+    let given_back = wait_until(Duration::from_secs(60), || {
+        let again = open();
+        let admitted = again.status().as_u16() == 200;
+        if admitted {
+            streams.push(again);
+        }
+        admitted
+    });
+    assert!(given_back, "a closed stream's place was not given back in 60 s");
+}
+
 /// A GRPO job long enough to be cancelled while it runs.
 fn long_spec(data: &Path) -> String {
     format!("{}\n{PERMISSIVE_GATES}", arith_grpo_spec(data, "long", "builtin:tiny-arith", 100_000, 1000))
@@ -379,13 +424,18 @@ fn state_ids(body: &str) -> Vec<String> {
     ids
 }
 
+/// `api.streams_per_team` of the daemon below.
+const STREAMS_PER_TEAM: usize = 4;
+
 // regression: the event stream never ended when resumed past a finished job's last event
 // regression: team names appeared in metric labels
+// regression: 515 event streams of one team filled every connection and starved the daemon's Redis
 #[test]
 fn an_event_stream_outlives_the_timeouts_and_ends_after_a_final_state_whatever_last_event_id_says() {
     let redis = Redis::start();
     let queue = "[queue]\nworker_threads = 1\n";
-    let daemon = Daemon::start_with_api(&PLUGINS, &redis.url(), SHORT, queue);
+    let api = format!("{SHORT}streams_per_team = {STREAMS_PER_TEAM}\n");
+    let daemon = Daemon::start_with_api(&PLUGINS, &redis.url(), &api, queue);
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let id = submit_ok(&daemon, &long_spec(&data));
@@ -408,6 +458,7 @@ fn an_event_stream_outlives_the_timeouts_and_ends_after_a_final_state_whatever_l
     };
     std::thread::sleep(Duration::from_secs(5));
     assert!(!follower.is_finished(), "the stream was cut while the job ran");
+    streams_are_capped_per_team(&daemon, &id);
     let cancelled =
         client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap();
     assert_eq!(cancelled.status().as_u16(), 200);

@@ -585,6 +585,7 @@ fn assemble(
             combiner: plugins.combiner,
             parallel: options.verify_parallel.max(1),
             deadline: VERIFY_DEADLINE,
+            stop: None,
         },
         reward_models,
         curriculum,

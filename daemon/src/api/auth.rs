@@ -62,7 +62,15 @@ pub struct Caller {
     pub admin: bool,
     /// A job's own token (an engine's, for its rewards): the job; it reaches `POST /v1/verify`
     /// only, as its team. `None`: a token of the config.
-    pub job: Option<String>,
+    pub job: Option<TokenJob>,
+}
+
+/// The job a job's token was minted for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenJob {
+    pub id: String,
+    /// The engine's ranks, each of which may grade at once (`api::lanes`).
+    pub ranks: usize,
 }
 
 /// The one route a job's token reaches: the engine grades its completions there.
@@ -86,13 +94,15 @@ pub struct JobToken {
 }
 
 impl JobTokens {
-    /// A fresh token for a run of `job` of `team`. Errors: the OS has no randomness.
-    pub fn mint(self: &Arc<Self>, team: &str, job: &str) -> Result<JobToken, getrandom::Error> {
+    /// A fresh token for a run of `job` of `team` on `ranks` engine processes. Errors: the OS has
+    /// no randomness.
+    pub fn mint(self: &Arc<Self>, team: &str, job: &str, ranks: usize) -> Result<JobToken, getrandom::Error> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes)?;
         let token = format!("rlvr_job_{}", hex::encode(bytes));
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let caller = Caller { team: team.to_owned(), admin: false, job: Some(job.to_owned()) };
+        let caller =
+            Caller { team: team.to_owned(), admin: false, job: Some(TokenJob { id: job.to_owned(), ranks }) };
         self.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(hash, caller);
         Ok(JobToken { token, hash, tokens: self.clone() })
     }
@@ -437,9 +447,13 @@ mod tests {
             Limits { per_team: 1, failures_per_address: 100 },
             Family::default(),
         );
-        let minted = jobs.mint("math", "01JOB").unwrap();
+        let minted = jobs.mint("math", "01JOB", 2).unwrap();
         let bearer = format!("Bearer {}", minted.token);
-        let job_caller = Ok(Caller { team: "math".into(), admin: false, job: Some("01JOB".into()) });
+        let job_caller = Ok(Caller {
+            team: "math".into(),
+            admin: false,
+            job: Some(TokenJob { id: "01JOB".into(), ranks: 2 }),
+        });
         // Over the team's one request a minute, still answered.
         check(&auth, &[(HOME, Some(&bearer), job_caller.clone()), (HOME, Some(&bearer), job_caller)]);
         drop(minted);

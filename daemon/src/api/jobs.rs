@@ -45,9 +45,12 @@ pub struct JobsState {
     pub tenancy: Arc<crate::tenancy::Tenancy>,
     /// The client webhooks go through; its policy checks a spec's webhook at submit.
     pub outbound: rlvr_outbound::Client,
-    /// The graders' dry-runs grading now (`POST /v1/verify`), at most
-    /// `verify::DRY_RUNS_AT_ONCE`.
-    pub dry_runs: Arc<tokio::sync::Semaphore>,
+    /// The graders' dry-runs grading now (`POST /v1/verify`), by team and job (`api::lanes`).
+    pub dry_runs: Arc<super::lanes::Lanes>,
+    /// The event streams open now (`GET /v1/jobs/{id}/events`), by team.
+    pub streams: Arc<super::lanes::Lanes>,
+    /// `api.dry_run_budget_s`: the longest one `POST /v1/verify` grades.
+    pub dry_run_budget: std::time::Duration,
     /// `engines.trl_python`: whether `[engine] kind = "trl"` jobs can run here.
     pub trl_python: Option<std::path::PathBuf>,
     /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
@@ -377,7 +380,7 @@ pub(crate) async fn create(
 }
 
 /// The spec of a request body (JSON, or TOML with `Content-Type: application/toml`), valid and
-/// of a team the caller may act for.
+/// of a team the caller may act for (the caller's own when it names none).
 async fn read_spec(state: &JobsState, caller: &Caller, headers: &HeaderMap, body: Body) -> Answer<JobSpec> {
     // What a refusal leaves of the body unread, the server drains before answering (see
     // `server::after_draining`).
@@ -387,7 +390,9 @@ async fn read_spec(state: &JobsState, caller: &Caller, headers: &HeaderMap, body
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let is_toml = content_type.starts_with("application/toml") || content_type.starts_with("text/toml");
     let parsed = if is_toml { JobSpec::from_toml(text) } else { JobSpec::from_json(text) };
-    let spec = parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
+    let mut spec =
+        parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
+    spec.fill_team(&caller.team);
     spec.validate()
         .map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
     if !caller.may_act_for(&spec.job.team) {
@@ -659,7 +664,8 @@ pub struct EventsQuery {
 /// `GET /v1/jobs/{id}/events`: server-sent events. `state` events (a [`JobEvent`]) from the first
 /// one (or after `Last-Event-ID`), `progress` events (the [`JobView`]) when the step or figures
 /// change; the stream ends once the job has ended and no event is left after the client's
-/// position, whatever that position is (one past the last event included).
+/// position, whatever that position is (one past the last event included). A team has at most
+/// `api.streams_per_team` open (429 past it), all teams half of `api.max_connections`.
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/events",
@@ -683,7 +689,12 @@ pub async fn events(
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible_job(&state, &caller, &id).await?;
     let after = stream_position(&headers, query.after)?;
+    let place = state
+        .streams
+        .try_take(super::lanes::Lane::Team(caller.team.clone()))
+        .map_err(|message| Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1))?;
     let follower = Follower {
+        _place: place,
         state,
         id,
         after,
@@ -784,6 +795,8 @@ fn valid_stream_id(id: &str) -> bool {
 
 /// Follows one job for an event stream.
 struct Follower {
+    /// The stream's place in its team's lane, given back when the stream is dropped.
+    _place: super::lanes::Ticket,
     state: Arc<JobsState>,
     id: String,
     after: String,

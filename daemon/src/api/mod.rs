@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod curricula;
 pub mod jobs;
+pub mod lanes;
 pub mod logs;
 pub mod outcomes;
 pub mod pipelines;

@@ -82,7 +82,9 @@ pub async fn submit(
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let is_toml = content_type.starts_with("application/toml") || content_type.starts_with("text/toml");
     let parsed = if is_toml { PipelineSpec::from_toml(text) } else { PipelineSpec::from_json(text) };
-    let spec = parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
+    let mut spec =
+        parsed.map_err(|error| Failure::spec(StatusCode::BAD_REQUEST, "invalid_spec", vec![error]))?;
+    spec.fill_team(&caller.team);
     spec.validate()
         .map_err(|errors| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec", errors.0))?;
     if !caller.may_act_for(&spec.pipeline.team) {

@@ -8,8 +8,11 @@
 //! what that team's job would get: its secrets by name and the outbound policy.
 //!
 //! Grading runs in the daemon's process with the plugin host's batch engine (a call past its
-//! deadline is answered as a timeout and abandoned); at most [`DRY_RUNS_AT_ONCE`] run at a time
-//! and each takes at most `VerifyRequest::MAX_ITEMS` items, so dry-runs cannot crowd out the API.
+//! deadline is answered as a timeout and abandoned). What one request may cost is bounded: at most
+//! `VerifyRequest::MAX_ITEMS` items and [`MAX_GRADERS`] graders; a place in its team's lane (or its
+//! job's, `api::lanes`), held until its grading has ended; and a [`Stop`]: once the request's
+//! client goes away or `api.dry_run_budget_s` has passed, no item is handed to a grader any more,
+//! each is answered as not graded at once.
 
 use std::sync::Arc;
 
@@ -19,22 +22,19 @@ use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use rlvr_plugin_host::LoadedPlugin;
 use rlvr_plugin_host::reward::{Combiner, Grader, Reward, ToScore, VERIFY_DEADLINE};
-use rlvr_plugin_host::verify::parse_line;
+use rlvr_plugin_host::verify::{Stop, parse_line};
 use rlvr_protocol::api::{GraderCheck, GradersValid, VerifyRequest, VerifyResults};
 use rlvr_protocol::formula::Formula;
 use rlvr_protocol::job::ErrorBody;
 use rlvr_protocol::reward_model::is_reward_model;
-use rlvr_protocol::spec::{PluginSection, REWARD_MODEL_GRADER, SpecError, check_graders};
+use rlvr_protocol::spec::{MAX_GRADERS, PluginSection, REWARD_MODEL_GRADER, SpecError, check_graders};
 use serde_json::Value;
 
 use super::auth::Caller;
 use super::jobs::{Answer, Failure, JobsState, read_body};
+use super::lanes::Lane;
 use crate::jobs::checks::{PluginRefs, refuse_urls};
 
-/// Most graders in one request.
-const MAX_GRADERS: usize = 16;
-/// Dry-runs grading at once, over all teams; one more is answered 429.
-pub const DRY_RUNS_AT_ONCE: usize = 2;
 /// Items each grader grades at once.
 const PARALLEL: usize = 4;
 
@@ -48,7 +48,7 @@ const PARALLEL: usize = 4;
         (status = 400, description = "Not a request (syntax, types, unknown fields)", body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 422, description = "A grader, formula or item that cannot run here", body = ErrorBody),
-        (status = 429, description = "Too many dry-runs at once; retry", body = ErrorBody),
+        (status = 429, description = "Too many dry-runs at once, over the daemon or the team's; retry", body = ErrorBody),
     ),
     security(("bearer" = [])),
     tag = "graders"
@@ -69,16 +69,24 @@ pub async fn verify(
         )
         .field("items"));
     }
-    let Ok(_running) = state.dry_runs.clone().try_acquire_owned() else {
-        return Err(Failure::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "busy",
-            format!("{DRY_RUNS_AT_ONCE} dry-runs are grading already; retry in a second"),
-        )
-        .retry(1));
+    let lane = match &caller.job {
+        Some(job) => Lane::Job { id: job.id.clone(), ranks: job.ranks },
+        None => Lane::Team(caller.team.clone()),
     };
+    let ticket = state
+        .dry_runs
+        .try_take(lane)
+        .map_err(|message| Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1))?;
+    // Dropped with this handler: when the client goes away before the answer, grading stops.
+    let stop = Arc::new(Stop::within(state.dry_run_budget));
+    let _cancel_on_drop = CancelOnDrop(Arc::clone(&stop));
+    let stopping = state.stopping.clone();
+    let grading_stop = Arc::clone(&stop);
     let state = Arc::clone(&state);
-    tokio::task::spawn_blocking(move || {
+    let mut grading = tokio::task::spawn_blocking(move || {
+        let stop = grading_stop;
+        // The lane's place is given back when the grading ends, not when the request does.
+        let _ticket = ticket;
         let checked = check(&state, &caller, &reward, true)?;
         let items = parse_items(&request.items)?;
         let host = state
@@ -106,6 +114,7 @@ pub async fn verify(
             },
             parallel: PARALLEL,
             deadline: VERIFY_DEADLINE,
+            stop: Some(stop),
         };
         let to_score: Vec<ToScore<'_>> = items
             .iter()
@@ -124,15 +133,38 @@ pub async fn verify(
             lines
         } else {
             let scored = reward_run.score(&to_score);
-            scored.into_iter().zip(&items).map(|(scored, item)| scored.output_line(item.id.clone(), "reward")).collect()
+            scored
+                .into_iter()
+                .zip(&items)
+                .map(|(scored, item)| scored.output_line(item.id.clone(), "reward"))
+                .collect()
         };
         tracing::info!(team = %caller.team, items = items.len(), graders = reward.graders.len(), "dry-run graded");
         Ok(VerifyResults { results })
-    })
-    .await
-    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
-    .map(Json)
-    .map_err(|problems| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems))
+    });
+    // A stopping daemon waits for its blocking tasks: the grading stops with it, its running calls
+    // ending at their deadline, so a SIGTERM ends in time whatever was being graded.
+    let graded = tokio::select! {
+        graded = &mut grading => graded,
+        () = stopping.cancelled() => {
+            stop.cancel();
+            grading.await
+        }
+    };
+    graded
+        .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
+        .map(Json)
+        .map_err(|problems| Failure::spec(StatusCode::UNPROCESSABLE_ENTITY, "cannot_run", problems))
+}
+
+/// Cancels its [`Stop`] when dropped: held by the request's handler, whose future is dropped when
+/// the client disconnects before the answer.
+struct CancelOnDrop(Arc<Stop>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 /// `POST /v1/graders/validate`: checks a grader or a reward as `verify` would, runs nothing.

@@ -253,6 +253,35 @@ pub(super) const FIELDS: &[Field] = &[
          request in flight, such as an event stream, is never idle.",
     ),
     field(
+        "api.dry_runs_at_once",
+        integer(1, 1024, None, 2),
+        "Graders' dry-runs (POST /v1/verify with a team's token) grading at once over the daemon; \
+         more get 429 with Retry-After. Grading runs in the daemon's process, four items at a time \
+         per grader. An engine job's ranks grade their completions in a lane of their own (one \
+         request per rank), which no dry-run takes.",
+    ),
+    field(
+        "api.dry_runs_per_team",
+        integer(1, 1024, None, 1),
+        "Graders' dry-runs one team may have grading at once; more get 429, so one team's dry-runs \
+         never take every place of dry_runs_at_once.",
+    ),
+    field(
+        "api.dry_run_budget_s",
+        integer(1, 86_400, SECONDS, 300),
+        "The longest one POST /v1/verify grades: items not started by then are answered as not \
+         graded (error set), and calls already running end at the grader's own deadline (30 s). A \
+         request whose client goes away stops the same way at once; its place is given back only \
+         when its last call has ended.",
+    ),
+    field(
+        "api.streams_per_team",
+        integer(1, 1_000_000, None, 32),
+        "Event streams (GET /v1/jobs/ID/events) one team may have open at once; more get 429. Over \
+         all teams, streams take at most half of max_connections: the other half is kept for plain \
+         requests and /healthz.",
+    ),
+    field(
         "plugins.dirs",
         Kind::Dirs(&[DEFAULT_PLUGIN_DIR]),
         "Directories watched for plugin libraries (*.so). A directory that does not exist is not an \

@@ -96,6 +96,14 @@ pub struct ApiConfig {
     pub body_timeout_s: u64,
     /// Between requests on a kept-alive connection.
     pub idle_timeout_s: u64,
+    /// Team dry-runs (`POST /v1/verify`) grading at once over the daemon.
+    pub dry_runs_at_once: u32,
+    /// Team dry-runs grading at once per team.
+    pub dry_runs_per_team: u32,
+    /// The longest one `POST /v1/verify` grades; items left are answered as not graded.
+    pub dry_run_budget_s: u64,
+    /// Event streams one team may have open at once.
+    pub streams_per_team: u32,
 }
 
 /// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.

@@ -487,7 +487,9 @@ impl Supervisor {
                         "engine.kind: this daemon runs no trl engine (engines.trl_python)".into(),
                     )
                 })?;
-                let token = self.engines.tokens.mint(&spec.job.team, id).map_err(|error| {
+                // One rank per device asked for (here or on a Ray cluster), each grading at once.
+                let ranks = usize::try_from(spec.resources.devices).unwrap_or(usize::MAX).max(1);
+                let token = self.engines.tokens.mint(&spec.job.team, id, ranks).map_err(|error| {
                     SpawnError::Io(std::io::Error::other(format!("cannot make the job's token: {error}")))
                 })?;
                 Some((python, token))

@@ -121,11 +121,13 @@ class SpecBuilder:
                 .section("budget", max_steps=20))
 
     Data paths are read relative to the directory the submit runs in. Nothing is checked here:
-    `Client.dry_run` asks the daemon, which judges every field.
+    `Client.dry_run` asks the daemon, which judges every field. Without `team`, the job runs for
+    the team of the token that submits it.
     """
 
-    def __init__(self, name: str, *, team: str, model_line: str, policy: str, **job: Any):
-        self._spec: dict[str, Any] = {"job": {"name": name, "team": team, "model_line": model_line, **job},
+    def __init__(self, name: str, *, model_line: str, policy: str, team: str | None = None, **job: Any):
+        named = {"team": team} if team is not None else {}
+        self._spec: dict[str, Any] = {"job": {"name": name, **named, "model_line": model_line, **job},
                                       "model": {"policy": policy}}
 
     def section(self, name: str, **keys: Any) -> SpecBuilder:
