@@ -20,6 +20,7 @@
 pub mod child;
 pub mod dirs;
 pub mod events;
+pub mod fair;
 pub mod fit;
 pub mod loader;
 pub mod metrics;

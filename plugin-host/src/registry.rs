@@ -18,7 +18,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use rlvr_plugin_api::abi_stable::std_types::{RResult, RString};
@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 
 use crate::child::{self, ChildError};
 use crate::events::{PluginLoaded, PluginProbed, PluginRefused};
+use crate::fair::FairSlots;
 use crate::loader;
 pub use crate::loader::{LoadRefusal, PluginMeta, RefusalReason};
 use crate::metrics::PluginMetrics as Metrics;
@@ -258,8 +259,8 @@ pub struct Registry {
     /// What worker processes said of optimizers' options: each answer costs a process start
     /// (and libtorch's load) that a submit should not pay twice for the same options.
     options_cache: Mutex<OptionsCache>,
-    /// Free slots for those worker processes ([`OPTIONS_CHECKS_AT_ONCE`]).
-    options_slots: (Mutex<usize>, Condvar),
+    /// Slots for those worker processes ([`OPTIONS_CHECKS_AT_ONCE`]), shared fairly by teams.
+    options_slots: FairSlots,
 }
 
 impl Registry {
@@ -274,7 +275,7 @@ impl Registry {
             state: Mutex::default(),
             load_lock: Mutex::default(),
             options_cache: Mutex::new(OptionsCache::new(OPTIONS_CACHE_ANSWERS)),
-            options_slots: (Mutex::new(OPTIONS_CHECKS_AT_ONCE), Condvar::new()),
+            options_slots: FairSlots::new(OPTIONS_CHECKS_AT_ONCE),
         })
     }
 
@@ -508,11 +509,14 @@ impl Registry {
     /// Asks `plugin` about `options_json` without creating it: in this process when it is loaded
     /// here, else (an optimizer a [`Isolation::Subprocess`] registry only probed) in a worker
     /// process (`rlvr-worker check-options`), whose answers are cached by library and options.
-    /// Blocks for as long as that process runs: call it off an async runtime's threads.
+    /// Those processes run two at a time, taken in turn by the teams asking (`team`: the spec's),
+    /// so one team's many checks do not hold up another's. Blocks for as long as that process
+    /// (and the wait for its slot) lasts: call it off an async runtime's threads.
     pub fn check_options(
         &self,
         plugin: &LoadedPlugin,
         options_json: &str,
+        team: &str,
     ) -> Result<Option<OptionsReport>, OptionsProblem> {
         let Isolation::Subprocess { exe, timeout } = &self.isolation else {
             return plugin.check_options(options_json);
@@ -524,7 +528,7 @@ impl Registry {
         if let Some(answer) = cache().get(&plugin.sha256, options_json) {
             return answer;
         }
-        let _slot = self.options_slot();
+        let _slot = self.options_slots.take(team);
         // Another submit of the same options may have asked while this one waited.
         if let Some(answer) = cache().get(&plugin.sha256, options_json) {
             return answer;
@@ -532,17 +536,6 @@ impl Registry {
         let answer = options::check_in_child(exe, &plugin.library, options_json, *timeout);
         cache().put(&plugin.sha256, options_json, &answer);
         answer
-    }
-
-    /// Waits for a free slot for an options-checking worker process; it is freed when dropped.
-    fn options_slot(&self) -> OptionsSlot<'_> {
-        let (free, freed) = &self.options_slots;
-        let mut free = free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        while *free == 0 {
-            free = freed.wait(free).unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-        *free -= 1;
-        OptionsSlot { slots: &self.options_slots }
     }
 
     /// Every loaded plugin, by name then version.
@@ -633,19 +626,6 @@ impl From<&Refused> for RefusedView {
             message: refused.message.clone(),
             at: rlvr_protocol::time::rfc3339::format(refused.at),
         }
-    }
-}
-
-/// A slot taken by [`Registry::options_slot`], given back when dropped.
-struct OptionsSlot<'a> {
-    slots: &'a (Mutex<usize>, Condvar),
-}
-
-impl Drop for OptionsSlot<'_> {
-    fn drop(&mut self) {
-        let (free, freed) = self.slots;
-        *free.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) += 1;
-        freed.notify_one();
     }
 }
 

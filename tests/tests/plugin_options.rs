@@ -36,7 +36,7 @@ type Answer = Result<Option<OptionsReport>, (String, String)>;
 
 fn check_options(registry: &Registry, name: &str, options: &str) -> Answer {
     let plugin = registry.find(name, None).unwrap();
-    registry.check_options(&plugin, options).map_err(|problem| match problem {
+    registry.check_options(&plugin, options, "tests").map_err(|problem| match problem {
         OptionsProblem::Refused(OptionError { key, message }) => (key, message),
         other => panic!("{name} {options}: {other}"),
     })

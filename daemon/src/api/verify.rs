@@ -353,6 +353,7 @@ fn check(
     }
     let plugins = crate::jobs::checks::check_graders(
         &state.registry,
+        &caller.team,
         &reward.graders,
         &reward.graders_field,
         &mut refs,

@@ -56,6 +56,8 @@ pub fn check_runnable(
     let mut refs = PluginRefs::default();
     let mut problem =
         |field: &str, message: String| problems.push(SpecError { field: field.to_owned(), message });
+    // Whose turn it is at the options checks run in worker processes (`plugin_host::fair`).
+    let team = spec.job.team.as_str();
 
     // Plugins: loaded, and of the right kind; a built-in optimizer is no library (its keys and
     // what it needs of the spec are checked here).
@@ -86,7 +88,7 @@ pub fn check_runnable(
         _ if builtin.is_some() => None,
         Ok(plugin) => {
             let options = spec.optimizer_plugin_config();
-            check_options(registry, &plugin, "optimizer", &options, &mut refs, &mut problem);
+            check_options(registry, team, &plugin, "optimizer", &options, &mut refs, &mut problem);
             Some(plugin)
         }
         Err(message) => {
@@ -94,11 +96,12 @@ pub fn check_runnable(
             None
         }
     };
-    check_graders(registry, &spec.verifiers, "verifiers", &mut refs, &mut problem);
+    check_graders(registry, team, &spec.verifiers, "verifiers", &mut refs, &mut problem);
     if let Some(curriculum) = &spec.curriculum {
         match find(registry, &curriculum.plugin, PluginKind::Curriculum) {
             Ok(plugin) => check_options(
                 registry,
+                team,
                 &plugin,
                 "curriculum",
                 &curriculum.plugin_config(),
@@ -186,9 +189,11 @@ fn find(registry: &Registry, name: &str, kind: PluginKind) -> Result<Arc<LoadedP
 /// The graders at `field` (`verifiers` in a job, `grader` or `reward.graders` in a dry-run):
 /// each a loaded verifier whose options it accepts, or the built-in `reward-model` grader with
 /// its keys checked (no registry lookup). Their secrets and URLs go into `refs`; the plugins
-/// found, in order (`None` where a grader's plugin is not loaded, and for a reward model).
+/// found, in order (`None` where a grader's plugin is not loaded, and for a reward model). `team`
+/// asks (its turn at an options check run in a worker process).
 pub fn check_graders(
     registry: &Registry,
+    team: &str,
     graders: &[PluginSection],
     field: &str,
     refs: &mut PluginRefs,
@@ -208,7 +213,7 @@ pub fn check_graders(
             }
             match find(registry, &grader.plugin, PluginKind::Verifier) {
                 Ok(plugin) => {
-                    check_options(registry, &plugin, &section, &grader.plugin_config(), refs, problem);
+                    check_options(registry, team, &plugin, &section, &grader.plugin_config(), refs, problem);
                     Some(plugin)
                 }
                 Err(message) => {
@@ -240,13 +245,14 @@ pub fn refuse_urls<'a>(
 /// worker process failed), with a warning: its secrets are unknown, so none is granted for it.
 fn check_options(
     registry: &Registry,
+    team: &str,
     plugin: &LoadedPlugin,
     section: &str,
     options: &str,
     refs: &mut PluginRefs,
     problem: &mut impl FnMut(&str, String),
 ) {
-    match registry.check_options(plugin, options) {
+    match registry.check_options(plugin, options, team) {
         Ok(Some(report)) => {
             let field = |key: &str| spec_field(section, key);
             refs.secrets.extend(report.secrets.into_iter().map(|secret| (field(&secret.key), secret.name)));
