@@ -616,9 +616,11 @@ impl TrackingSection {
         self.mlflow_uri.trim_end_matches('/')
     }
 
-    /// What `[tracking]` says wrong about itself (where the url may go is the operator's
-    /// `[outbound]` policy, checked by the daemon).
-    fn problems(&self) -> Vec<SpecError> {
+    /// What `[tracking]` says wrong about itself for a job of `team` (where the url may go is the
+    /// operator's `[outbound]` policy, checked by the daemon). An experiment is named under the
+    /// team's prefix: experiments are shared by everyone on an MLflow server, and a team's runs
+    /// must not land in another's.
+    fn problems(&self, team: &str) -> Vec<SpecError> {
         let mut errors = Vec::new();
         let mut refuse = |field: &str, message: String| {
             errors.push(SpecError { field: format!("tracking.{field}"), message })
@@ -645,6 +647,10 @@ impl TrackingSection {
                 "experiment",
                 format!("expected 1 to {MAX_EXPERIMENT_CHARS} printable characters, got {name:?}"),
             );
+        } else if let Some(name) = &self.experiment
+            && !name.strip_prefix(team).is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'))
+        {
+            refuse("experiment", format!("expected a name under the job's team, \"{team}/…\", got {name:?}"));
         }
         if self.token_secret.as_deref().is_some_and(|name| name.trim().is_empty()) {
             refuse("token_secret", "expected the name of one of the team's secrets, got \"\"".into());
@@ -854,7 +860,7 @@ impl JobSpec {
         let formula = self.reward.as_ref().map(|reward| reward.formula.as_str());
         errors.extend(check_graders(&self.verifiers, formula, "verifiers", "reward.formula").1);
         errors.extend(relations(self));
-        errors.extend(self.tracking.iter().flat_map(TrackingSection::problems));
+        errors.extend(self.tracking.iter().flat_map(|tracking| tracking.problems(&self.job.team)));
         if errors.is_empty() { Ok(()) } else { Err(SpecErrors(errors)) }
     }
 
@@ -1836,7 +1842,28 @@ max_steps = 10
                     "curriculum.history: the pinned version of curriculum.name seeds the estimates; give one or the other",
                 ],
             ),
-            (with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"arith\""), &[]),
+            (with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"math/arith\""), &[]),
+            // regression: team beta's job logged into team alpha's experiment
+            (
+                with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"alpha/arith\""),
+                &[
+                    r#"tracking.experiment: expected a name under the job's team, "math/…", got "alpha/arith""#,
+                ],
+            ),
+            (
+                with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"arith\""),
+                &[r#"tracking.experiment: expected a name under the job's team, "math/…", got "arith""#],
+            ),
+            (
+                with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"math/\""),
+                &[r#"tracking.experiment: expected a name under the job's team, "math/…", got "math/""#],
+            ),
+            (
+                with("tracking", "mlflow_uri = \"http://127.0.0.1:5000/\"\nexperiment = \"mathematics/x\""),
+                &[
+                    r#"tracking.experiment: expected a name under the job's team, "math/…", got "mathematics/x""#,
+                ],
+            ),
             (
                 with("tracking", "mlflow_uri = \"file:///etc/passwd\""),
                 &["tracking.mlflow_uri: expected an http:// or https:// url, got \"file:///etc/passwd\""],
