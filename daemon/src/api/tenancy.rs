@@ -61,6 +61,7 @@ impl From<LineError> for Failure {
             LineError::NotPublisher { .. } | LineError::NotOwner { .. } | LineError::OwnerNeedsAdmin => {
                 (StatusCode::FORBIDDEN, "forbidden", "")
             }
+            LineError::Quota { .. } => (StatusCode::FORBIDDEN, "line_quota", "name"),
             LineError::Unowned { .. } => (StatusCode::CONFLICT, "unowned", "name"),
             LineError::Io(io) => {
                 tracing::error!(error = %io, "the registry");

@@ -355,6 +355,13 @@ admin = false",
          [[tenancy.teams]] entry says otherwise; more get 429.",
     ),
     field(
+        "tenancy.max_lines_per_team",
+        integer(1, 1_000_000, None, 100),
+        "How many model lines a team may own: a job publishing into a new line, or a PUT of one, past \
+         it is refused (403). Line names are shared by every team on the daemon, so this bounds how \
+         many one team can take. An admin may make lines for a team beyond it.",
+    ),
+    field(
         "tenancy.priorities",
         PRIORITIES.with_default(&["low", "normal"]),
         "The priorities a team may give its jobs, unless its [[tenancy.teams]] entry says otherwise. \

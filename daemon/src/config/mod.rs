@@ -186,6 +186,8 @@ pub struct TenancyConfig {
     pub dataset_grace_s: u64,
     /// Waiting jobs per team unless its entry says otherwise.
     pub max_queued_per_team: u32,
+    /// Model lines a team may own.
+    pub max_lines_per_team: u32,
     /// The priorities a team may use unless its entry says otherwise.
     pub priorities: Vec<Priority>,
     /// `[[tenancy.teams]]`: per-team allowances.

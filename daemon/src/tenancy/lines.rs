@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone)]
 pub struct Lines {
     registry: PathBuf,
+    /// `tenancy.max_lines_per_team`: lines a team may own; an admin's handover is not held to it.
+    max_per_team: usize,
 }
 
 /// What `line.json` holds.
@@ -66,6 +68,10 @@ pub enum LineError {
     NoVersion { line: String, version: u64 },
     #[error("model line {line:?} has no published version yet")]
     NoVersions { line: String },
+    #[error(
+        "your team owns {max} model lines already (tenancy.max_lines_per_team); publish into one of them, or ask an admin"
+    )]
+    Quota { max: usize },
     #[error("the registry: {0}")]
     Io(#[from] io::Error),
 }
@@ -78,9 +84,26 @@ pub struct Actor<'a> {
 }
 
 impl Lines {
-    /// The lines of the registry at `registry`.
-    pub fn new(registry: PathBuf) -> Self {
-        Lines { registry }
+    /// The lines of the registry at `registry`, at most `max_per_team` made by each team.
+    pub fn new(registry: PathBuf, max_per_team: usize) -> Self {
+        Lines { registry, max_per_team }
+    }
+
+    /// Refuses a new line of `team` when it owns `max_per_team` already. Counted, not reserved:
+    /// two lines made at the same instant may both pass the last place.
+    fn check_quota(&self, team: &str) -> Result<(), LineError> {
+        let mut owned = 0;
+        for entry in super::entries_of(&self.registry)? {
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str().filter(|name| valid_name(name)) else { continue };
+            if self.read(name)?.is_some_and(|file| file.owner == team) {
+                owned += 1;
+                if owned >= self.max_per_team {
+                    return Err(LineError::Quota { max: self.max_per_team });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The registry directory.
@@ -147,8 +170,10 @@ impl Lines {
             None if !versions(&self.dir(name)?)?.is_empty() => {
                 Err(LineError::Unowned { line: name.to_owned() })
             }
-            None if !claim => Ok(GatesSection::default()),
+            // A dry run claims nothing, but is refused as its submit would be.
+            None if !claim => self.check_quota(team).map(|()| GatesSection::default()),
             None => {
+                self.check_quota(team)?;
                 let new = LineFile {
                     owner: team.to_owned(),
                     readers: Vec::new(),
@@ -278,12 +303,17 @@ impl Lines {
             None if !actor.admin && !versions(&dir)?.is_empty() => {
                 return Err(LineError::Unowned { line: name.to_owned() });
             }
-            None => LineFile {
-                owner: actor.team.to_owned(),
-                readers: Vec::new(),
-                publishers: Vec::new(),
-                policy: GatesSection::default(),
-            },
+            None => {
+                if !actor.admin {
+                    self.check_quota(actor.team)?;
+                }
+                LineFile {
+                    owner: actor.team.to_owned(),
+                    readers: Vec::new(),
+                    publishers: Vec::new(),
+                    policy: GatesSection::default(),
+                }
+            }
         };
         if let Some(owner) = update.owner {
             file.owner = owner;
@@ -342,7 +372,7 @@ mod tests {
     #[test]
     fn a_line_belongs_to_the_team_that_made_it() {
         let dir = tempfile::tempdir().unwrap();
-        let lines = Lines::new(dir.path().to_owned());
+        let lines = Lines::new(dir.path().to_owned(), 100);
         // A dry run claims nothing.
         lines.publisher("a", "tiny-arith", false).unwrap();
         assert!(matches!(lines.get(A, "tiny-arith"), Err(LineError::NotFound(_))));
@@ -375,11 +405,36 @@ mod tests {
         assert_eq!(lines.list(B).unwrap().len(), 1);
     }
 
+    // regression: one team made 270 lines in 11 s, the names others' examples use among them
+    #[test]
+    fn a_team_makes_at_most_its_quota_of_lines_by_publishing_or_by_asking() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = Lines::new(dir.path().to_owned(), 2);
+        lines.publisher("a", "one", true).unwrap();
+        lines.update(A, "two", ModelLineUpdate::default()).unwrap();
+        assert!(matches!(lines.publisher("a", "three", true), Err(LineError::Quota { max: 2 })));
+        assert!(matches!(
+            lines.update(A, "three", ModelLineUpdate::default()),
+            Err(LineError::Quota { max: 2 })
+        ));
+        // A dry run claims nothing, and is refused as its submit would be; a team's own lines
+        // stay its own.
+        assert!(matches!(lines.publisher("a", "three", false), Err(LineError::Quota { max: 2 })));
+        lines.publisher("a", "one", true).unwrap();
+        lines.update(A, "two", ModelLineUpdate::default()).unwrap();
+        // Another team has its own quota; an admin may make lines beyond it.
+        lines.publisher("b", "three", true).unwrap();
+        lines
+            .update(ADMIN, "four", ModelLineUpdate { owner: Some("a".into()), ..ModelLineUpdate::default() })
+            .unwrap();
+        assert_eq!(lines.list(ADMIN).unwrap().len(), 4);
+    }
+
     #[test]
     fn a_line_with_versions_and_no_owner_waits_for_an_admin() {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir_all(dir.path().join("old/1")).unwrap();
-        let lines = Lines::new(dir.path().to_owned());
+        let lines = Lines::new(dir.path().to_owned(), 100);
         assert!(matches!(lines.publisher("a", "old", true), Err(LineError::Unowned { .. })));
         assert!(matches!(lines.update(A, "old", ModelLineUpdate::default()), Err(LineError::Unowned { .. })));
         let give = ModelLineUpdate { owner: Some("a".into()), ..ModelLineUpdate::default() };

@@ -99,7 +99,7 @@ impl Tenancy {
         Tenancy {
             config: config.tenancy.clone(),
             datasets: Datasets::new(state_dir.datasets(), config.tenancy.max_dataset_bytes),
-            lines: Lines::new(registry),
+            lines: Lines::new(registry, config.tenancy.max_lines_per_team as usize),
             curricula: Curricula::new(state_dir.curricula()),
         }
     }
