@@ -91,6 +91,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let state_dir = StateDir::new(config.daemon.state_dir.clone());
     std::fs::create_dir_all(state_dir.path())
         .map_err(|source| ServeError::StateDir { path: state_dir.path().to_owned(), source })?;
+    // Graders' sandboxes refuse to start without their work directory.
+    let grader_work = crate::tenancy::grader_work_dir(&config, &state_dir);
+    std::fs::create_dir_all(&grader_work)
+        .map_err(|source| ServeError::StateDir { path: grader_work, source })?;
     let metrics = Arc::new(Metrics::new());
     let worker = worker_exe(config.daemon.worker_exe.as_deref())?;
     tracing::info!(worker = %worker.display(), "worker executable");

@@ -8,6 +8,8 @@
 //!                      otherwise
 //!   datasets/<team>/   the teams' uploaded datasets (`tenancy::datasets`)
 //!   curricula/<team>/<name>/  each team's curricula's versions
+//!   grader-work/       graders' sandbox work directories unless `graders.work_dir` says
+//!                      otherwise
 //!   plugin-cache/      content-addressed copies of the plugin libraries loaded and their probe
 //!                      reports, unless `plugins.cache_dir` says otherwise
 //!   rlvrd.addr         the API's bound address (for `listen = "…:0"`), while serving
@@ -52,6 +54,12 @@ impl StateDir {
     /// `datasets/`: the teams' uploaded datasets (`tenancy::datasets`).
     pub fn datasets(&self) -> PathBuf {
         self.root.join("datasets")
+    }
+
+    /// `grader-work/`: where graders' sandboxes make their work directories unless
+    /// `graders.work_dir` names another place.
+    pub fn default_grader_work(&self) -> PathBuf {
+        self.root.join("grader-work")
     }
 
     /// `curricula/`: the shared curricula's versions.

@@ -27,6 +27,12 @@
 //!   rather than a wildcard entry: the allow-list has no entry for "anywhere", and a missing key
 //!   must mean the restricted default.
 //!
+//! - `max_new_tokens`: the job's `rollout.max_new_tokens`, for its optimizer.
+//! - `grader_caps`: the operator's caps on what a grader's own options may ask of the host
+//!   ([`GraderCaps`]): `{"memory_mb": 2048, "max_file_mb": 64, "max_processes": 64,
+//!   "max_parallel": 4, "work_root": "/var/lib/rlvr/grader-work"}`. Absent: no caps (a program
+//!   run by hand).
+//!
 //! Every key may be absent (its default: none, none, false, false), and keys a plugin does not
 //! know are ignored, so a newer host can add one without breaking older plugins.
 
@@ -57,6 +63,96 @@ pub struct HostContext {
     /// Appended: a plugin built before it ignores the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_new_tokens: Option<u32>,
+    /// The operator's caps on a grader's own resource options; `None`: none. Appended: a plugin
+    /// built before it ignores the key (and its options are bounded by its own ranges only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader_caps: Option<GraderCaps>,
+}
+
+/// What a grader's options may ask of the host at most, set by the operator (`[graders]` of
+/// rlvrd's config), and where its sandboxes work. A grader whose options ask for more is refused
+/// at the key; a default of the plugin's beyond a cap is lowered to it, as parallelism always is
+/// (it changes no verdict) ([`GraderCaps::hold`], [`GraderCaps::parallel`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraderCaps {
+    /// Largest address space of one sandboxed process, MiB (`memory_mb` and the like).
+    pub memory_mb: u64,
+    /// Largest file a sandboxed process may write, MiB (`max_file_mb`).
+    pub max_file_mb: u64,
+    /// Most processes and threads of one sandboxed run (`max_processes`).
+    pub max_processes: u64,
+    /// Most items one grader runs at once (`max_parallel`).
+    pub max_parallel: u64,
+    /// Where sandboxes make their work directories (a filesystem the operator bounds); `None`:
+    /// the system's temporary directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_root: Option<std::path::PathBuf>,
+}
+
+/// A resource a grader's option asks for, as [`GraderCaps`] caps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    /// Address space of one process, MiB.
+    MemoryMb,
+    /// Largest file written, MiB.
+    FileMb,
+    /// Processes and threads of one run.
+    Processes,
+}
+
+impl GraderCaps {
+    /// Holds option `key`'s `value` of `resource` to its cap: refused beyond it when the options
+    /// wrote the key (`written`), naming the operator's setting (`memory_mb: expected at most 2048
+    /// on this host (graders.max_memory_mb), got 4096`); a default beyond it is lowered to it.
+    pub fn hold(
+        &self,
+        key: &str,
+        resource: Resource,
+        value: &mut u64,
+        written: bool,
+    ) -> Result<(), crate::OptionError> {
+        let (cap, setting) = match resource {
+            Resource::MemoryMb => (self.memory_mb, "graders.max_memory_mb"),
+            Resource::FileMb => (self.max_file_mb, "graders.max_file_mb"),
+            Resource::Processes => (self.max_processes, "graders.max_processes"),
+        };
+        if *value > cap {
+            if written {
+                return Err(crate::OptionError::new(
+                    key,
+                    format!("expected at most {cap} on this host ({setting}), got {value}"),
+                ));
+            }
+            *value = cap;
+        }
+        Ok(())
+    }
+
+    /// Holds a sandboxed grader's resource options: each of `limits` (`(key, resource, value)`)
+    /// by [`hold`](Self::hold) (`written`: the options as the spec wrote them); `max_parallel`
+    /// lowered to the cap; the sandboxes working under the host's work root unless the options
+    /// name one (which a daemon refuses in a team's job).
+    pub fn hold_sandbox(
+        &self,
+        written: &serde_json::Value,
+        limits: &mut [(&str, Resource, &mut u64)],
+        max_parallel: &mut usize,
+        work_root: &mut Option<std::path::PathBuf>,
+    ) -> Result<(), crate::OptionError> {
+        for (key, resource, value) in limits.iter_mut() {
+            self.hold(key, *resource, value, written.get(*key).is_some())?;
+        }
+        *max_parallel = self.parallel(*max_parallel);
+        if work_root.is_none() {
+            work_root.clone_from(&self.work_root);
+        }
+        Ok(())
+    }
+
+    /// Items graded at once: `asked`, lowered to the cap (at least 1).
+    pub fn parallel(&self, asked: usize) -> usize {
+        asked.min(usize::try_from(self.max_parallel).unwrap_or(usize::MAX)).max(1)
+    }
 }
 
 impl HostContext {

@@ -64,7 +64,7 @@ pub use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 
 pub use crate::curriculum::{Curriculum, Curriculum_TO, CurriculumBox, CurriculumPlugin, GroupOutcome};
 pub use crate::error::{PluginError, PluginErrorKind};
-pub use crate::host::{HostContext, HostContextError, Secret};
+pub use crate::host::{GraderCaps, HostContext, HostContextError, Resource, Secret};
 pub use crate::info::{
     API_VERSION, CurriculumInfo, DataMode, LIBTORCH_VERSION, Metadata, OptimizerInfo, PluginInfo, PluginKind,
     TRAINS_SYMBOL, TrainedModel, VerifierInfo,

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-pub use rlvr_plugin_api::{HostContext, OptionsReport, Secret};
+pub use rlvr_plugin_api::{GraderCaps, HostContext, OptionsReport, Secret};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::BYTES_PER_GB;

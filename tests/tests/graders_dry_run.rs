@@ -398,6 +398,23 @@ fn a_python_grader_is_dry_run_then_trained_on_with_its_source_recorded() {
         ),
         "an exception is an error verdict, never a silent 0: {results:?}"
     );
+    // regression: a grader's options took 1.5 GB and 4,096 processes of the daemon's host
+    // The operator's caps ([graders], 2048 MiB by default) hold what a grader's options ask.
+    let greedy = VerifyRequest {
+        grader: Some(grader(json!({"plugin": "python", "source": source, "memory_mb": 4096}))),
+        reward: None,
+        items: items(),
+    };
+    let (status, field, message) = refusal(team.verify(&greedy));
+    assert_eq!((status, field.as_str()), (422, "grader"), "{message}");
+    assert!(
+        message.contains("memory_mb: expected at most 2048 on this host (graders.max_memory_mb), got 4096"),
+        "{message}"
+    );
+    // The sandboxes' work root (the state directory's grader-work/, made at start) holds nothing
+    // once the runs are over.
+    let work = daemon.state.join("grader-work");
+    assert_eq!(fs::read_dir(&work).map(Iterator::count).ok(), Some(0), "{}", work.display());
 
     // The same grader in a real worker's reward, under a formula over its name.
     let dir = tempfile::tempdir().unwrap();

@@ -128,7 +128,7 @@ const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None,
 const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
 
-pub(super) const SECTIONS: [Section; 11] = [
+pub(super) const SECTIONS: [Section; 12] = [
     Section { name: "daemon", doc: "" },
     Section { name: "redis", doc: "" },
     Section { name: "api", doc: "" },
@@ -159,6 +159,13 @@ pub(super) const SECTIONS: [Section; 11] = [
     },
     Section { name: "queue", doc: "How the daemon takes jobs off Redis and looks after their workers." },
     Section { name: "scheduler", doc: "How jobs share the devices (design.md §7)." },
+    Section {
+        name: "graders",
+        doc: "Caps on what a grader's own options may ask of this host (a python or code grader's \
+              sandbox: memory, file size, processes; items at once), in the daemon's dry-runs and in \
+              jobs' workers. A grader asking for more is refused at the key (422 in a dry-run; a job \
+              fails at start naming it); parallelism is lowered to the cap.",
+    },
     Section {
         name: "engines",
         doc: "Existing distributed engines a job may train on ([engine] in its spec) instead of the \
@@ -522,6 +529,35 @@ admin = false",
               capacity beyond its share; borrowed capacity is taken back (its jobs preempted) when \
               another team claims its share.",
         example: Example::Commented("[scheduler.shares]\nresearch = 0.5\nadmin = 0.25"),
+    },
+    field(
+        "graders.max_memory_mb",
+        integer(64, 1 << 20, Some("MiB"), 2048),
+        "Largest address space a grader's sandboxed process may ask for (memory_mb).",
+    ),
+    field(
+        "graders.max_file_mb",
+        integer(1, 1 << 20, Some("MiB"), 64),
+        "Largest file a grader's sandboxed process may ask to write (max_file_mb).",
+    ),
+    field(
+        "graders.max_processes",
+        integer(2, 4096, None, 64),
+        "Most processes and threads one sandboxed grading run may ask for (max_processes).",
+    ),
+    field(
+        "graders.max_parallel",
+        integer(1, 1024, None, 4),
+        "Most items one grader grades at once (max_parallel is lowered to it).",
+    ),
+    Field {
+        path: "graders.work_dir",
+        kind: Kind::AbsolutePath(None),
+        doc: "Where graders' sandboxes make their work directories, each removed after its run: put it \
+              on a filesystem of bounded size (a quota or its own mount) so that a grader writing \
+              max_file_mb into many files cannot fill the state directory's. Not set: \
+              STATE_DIR/grader-work.",
+        example: Example::Commented("work_dir = \"/srv/rlvr/grader-work\""),
     },
     Field {
         path: "engines.trl_python",

@@ -54,6 +54,7 @@ pub struct Config {
     pub devices: DevicesConfig,
     pub queue: QueueConfig,
     pub scheduler: SchedulerConfig,
+    pub graders: GradersConfig,
     pub engines: EnginesConfig,
 }
 
@@ -131,6 +132,19 @@ pub struct SchedulerConfig {
     pub preempt_grace_s: u64,
     /// `[scheduler.shares]`: team name → guaranteed fraction of the inventory's capacity.
     pub shares: BTreeMap<String, f64>,
+}
+
+/// `[graders]`: caps on what a grader's own options may ask of the host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GradersConfig {
+    pub max_memory_mb: u64,
+    pub max_file_mb: u64,
+    pub max_processes: u64,
+    pub max_parallel: u64,
+    /// Sandboxes' work directories; `None`: `<state_dir>/grader-work`. Absolute.
+    #[serde(default)]
+    pub work_dir: Option<PathBuf>,
 }
 
 /// `[engines]`: the distributed engines jobs may train on.
@@ -320,6 +334,7 @@ section_defaults!(
     devices: DevicesConfig,
     queue: QueueConfig,
     scheduler: SchedulerConfig,
+    graders: GradersConfig,
     engines: EnginesConfig,
 );
 

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::spec::{Priority, SpecError};
-use rlvr_protocol::worker::{HostContext, Secret};
+use rlvr_protocol::worker::{GraderCaps, HostContext, Secret};
 
 use crate::config::{Config, SecretConfig};
 use crate::state_dir::StateDir;
@@ -60,6 +60,8 @@ pub(crate) fn directories_in(dir: &Path) -> std::io::Result<Vec<String>> {
 #[derive(Debug, Clone)]
 pub struct Tenancy {
     config: crate::config::TenancyConfig,
+    /// `[graders]`, as every team's graders get it in their host context.
+    grader_caps: GraderCaps,
     /// The teams' datasets.
     pub datasets: Datasets,
     /// The registry's model lines.
@@ -96,8 +98,17 @@ impl Tenancy {
     /// From the daemon's config and state directory.
     pub fn new(config: &Config, state_dir: &StateDir) -> Self {
         let registry = config.daemon.registry.clone().unwrap_or_else(|| state_dir.default_registry());
+        let graders = &config.graders;
+        let grader_caps = GraderCaps {
+            memory_mb: graders.max_memory_mb,
+            max_file_mb: graders.max_file_mb,
+            max_processes: graders.max_processes,
+            max_parallel: graders.max_parallel,
+            work_root: Some(grader_work_dir(config, state_dir)),
+        };
         Tenancy {
             config: config.tenancy.clone(),
+            grader_caps,
             datasets: Datasets::new(state_dir.datasets(), config.tenancy.max_dataset_bytes),
             lines: Lines::new(registry, config.tenancy.max_lines_per_team as usize),
             curricula: Curricula::new(state_dir.curricula()),
@@ -200,8 +211,14 @@ impl Tenancy {
             outbound_unrestricted: false,
             // The worker gives its optimizer the job's own figure.
             max_new_tokens: None,
+            grader_caps: Some(self.grader_caps.clone()),
         })
     }
+}
+
+/// Where graders' sandboxes work: `graders.work_dir`, or `<state_dir>/grader-work`.
+pub fn grader_work_dir(config: &Config, state_dir: &StateDir) -> std::path::PathBuf {
+    config.graders.work_dir.clone().unwrap_or_else(|| state_dir.default_grader_work())
 }
 
 fn source_of(secret: &SecretConfig) -> Option<SecretSource> {

@@ -25,8 +25,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rlvr_plugin_api::{
-    Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
-    check_known_answers, export_verifier, parse_options,
+    GraderCaps, HostContext, Metadata, OptionError, OptionsReport, PluginError, Resource, Verdict,
+    VerifierPlugin, VerifyItem, check_known_answers, export_verifier, parse_options,
 };
 use serde::Deserialize;
 
@@ -131,6 +131,22 @@ pub struct CodeVerifier {
 
 /// Longest `extracted` (the code that ran), bytes.
 const EXTRACTED_MAX: usize = 4096;
+
+/// Holds `config` to the operator's `caps` (`GraderCaps::hold_sandbox`), the
+/// evaluator's memory included; `written`: the options as the spec wrote them.
+pub fn within_caps(
+    config: &mut CodeConfig,
+    caps: &GraderCaps,
+    written: &serde_json::Value,
+) -> Result<(), OptionError> {
+    let mut limits = [
+        ("memory_mb", Resource::MemoryMb, &mut config.memory_mb),
+        ("evaluator_memory_mb", Resource::MemoryMb, &mut config.evaluator_memory_mb),
+        ("max_file_mb", Resource::FileMb, &mut config.max_file_mb),
+        ("max_processes", Resource::Processes, &mut config.max_processes),
+    ];
+    caps.hold_sandbox(written, &mut limits, &mut config.max_parallel, &mut config.work_root)
+}
 
 /// The checks of `config` that need nothing from the host: ranges and relations of its numbers.
 /// (`python`, `work_root` and `allow_missing_layers` are checked against the host when the
@@ -277,6 +293,16 @@ impl VerifierPlugin for CodeVerifier {
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
         CodeVerifier::new(parse_options(config_json)?)
+    }
+
+    /// Held to the operator's caps when the host gives any (the daemon always does).
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        let mut config: CodeConfig = parse_options(config_json)?;
+        if let Some(caps) = &host.grader_caps {
+            let written = serde_json::from_str(config_json).unwrap_or_default();
+            within_caps(&mut config, caps, &written)?;
+        }
+        CodeVerifier::new(config)
     }
 
     /// Keys and numbers only: creating the verifier runs `python` and probes the kernel's

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rlvr_plugin_api::{
-    Metadata, OptionError, OptionsReport, PluginError, Verdict, VerifierPlugin, VerifyItem,
-    check_known_answers, export_verifier, parse_options,
+    GraderCaps, HostContext, Metadata, OptionError, OptionsReport, PluginError, Resource, Verdict,
+    VerifierPlugin, VerifyItem, check_known_answers, export_verifier, parse_options,
 };
 use rlvr_sandbox_common::Semaphore;
 use rlvr_sandbox_common::layers::{Layer, LayerSet};
@@ -133,6 +133,17 @@ pub fn check_config(config: &PythonConfig) -> Result<&str, OptionError> {
     Ok(source)
 }
 
+/// Holds `config` to the operator's `caps` (`GraderCaps::hold_sandbox`); `written`:
+/// the options as the spec wrote them.
+pub fn within_caps(config: &mut PythonConfig, caps: &GraderCaps, written: &Value) -> Result<(), OptionError> {
+    let mut limits = [
+        ("memory_mb", Resource::MemoryMb, &mut config.memory_mb),
+        ("max_file_mb", Resource::FileMb, &mut config.max_file_mb),
+        ("max_processes", Resource::Processes, &mut config.max_processes),
+    ];
+    caps.hold_sandbox(written, &mut limits, &mut config.max_parallel, &mut config.work_root)
+}
+
 /// Lowercase hex SHA-256 of `text`.
 pub fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
@@ -215,6 +226,16 @@ impl VerifierPlugin for PythonGrader {
 
     fn from_config(config_json: &str) -> Result<Self, PluginError> {
         PythonGrader::new(parse_options(config_json)?)
+    }
+
+    /// Held to the operator's caps when the host gives any (the daemon always does).
+    fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
+        let mut config: PythonConfig = parse_options(config_json)?;
+        if let Some(caps) = &host.grader_caps {
+            let written = serde_json::from_str(config_json).unwrap_or_default();
+            within_caps(&mut config, caps, &written)?;
+        }
+        PythonGrader::new(config)
     }
 
     /// Keys, sizes and numbers only (no interpreter is started); reports the host paths the

@@ -1,5 +1,7 @@
 //! Unit tests: options, and real graders in the real sandbox through `verify`.
 
+use std::path::Path;
+
 use rlvr_plugin_api::VerifyItem;
 use serde_json::json;
 
@@ -21,6 +23,53 @@ fn check_options(json: Value, expected: Result<(), (&str, &str)>) {
 }
 
 const GRADE: &str = "def grade(sample, item):\n    return 1.0\n";
+
+// regression: a grader's own options asked for 1 TiB of memory and 4,096 processes on the daemon
+#[test]
+fn the_operators_caps_refuse_what_is_asked_beyond_them_and_lower_parallelism() {
+    let caps = GraderCaps {
+        memory_mb: 1024,
+        max_file_mb: 8,
+        max_processes: 32,
+        max_parallel: 2,
+        work_root: Some(PathBuf::from("/srv/grader-work")),
+    };
+    // (options, refused at (key, message), or the parallelism and work root it runs with)
+    type Held = Result<(usize, Option<&'static str>), (&'static str, &'static str)>;
+    let cases: [(Value, Held); 6] = [
+        // The defaults (max_file_mb 16 here) are lowered to the caps, not refused.
+        (json!({"source": GRADE}), Ok((2, Some("/srv/grader-work")))),
+        (json!({"source": GRADE, "memory_mb": 1024, "max_parallel": 1}), Ok((1, Some("/srv/grader-work")))),
+        (json!({"source": GRADE, "work_root": "/tmp"}), Ok((2, Some("/tmp")))),
+        (
+            json!({"source": GRADE, "memory_mb": 1_048_576}),
+            Err(("memory_mb", "expected at most 1024 on this host (graders.max_memory_mb), got 1048576")),
+        ),
+        (
+            json!({"source": GRADE, "max_file_mb": 300}),
+            Err(("max_file_mb", "expected at most 8 on this host (graders.max_file_mb), got 300")),
+        ),
+        (
+            json!({"source": GRADE, "max_processes": 4096}),
+            Err(("max_processes", "expected at most 32 on this host (graders.max_processes), got 4096")),
+        ),
+    ];
+    for (options, expected) in cases {
+        let mut config: PythonConfig = parse_options(&options.to_string()).unwrap();
+        let held = within_caps(&mut config, &caps, &options)
+            .map(|()| {
+                (config.max_parallel, config.work_root.as_deref().and_then(Path::to_str).map(str::to_owned))
+            })
+            .map_err(|error| (error.key, error.message));
+        let expected = expected
+            .map(|(parallel, root)| (parallel, root.map(str::to_owned)))
+            .map_err(|(key, message)| (key.to_owned(), message.to_owned()));
+        assert_eq!(held, expected, "{options}");
+        if expected.is_ok() && options.get("max_file_mb").is_none() {
+            assert_eq!(config.max_file_mb, 8, "{options}: the default lowered to the cap");
+        }
+    }
+}
 
 #[test]
 fn options_are_checked_naming_the_key_without_running_anything() {
