@@ -450,8 +450,11 @@ admin = false",
     Field {
         path: "devices.cpu_slots",
         kind: Kind::Integer(Integers { min: 1, max: None, unit: None, default: None }),
-        doc: "CPU slots, used when no GPU is found or when set: how many jobs' device phases may run on \
-              the CPU at once. Not set: the GPUs NVML finds, else one slot.",
+        doc: "CPU slots, used when no GPU is found or when set: devices of cpu_slot_memory_gb each that \
+              the scheduler packs jobs onto, as it packs GPUs. A slot holds as many running jobs as its \
+              memory fits, and they take turns at their device phases (rollout, update), one at a time \
+              per slot: cpu_slots is how many device phases run on the CPU at once, not how many jobs \
+              run. Not set: the GPUs NVML finds, else one slot.",
         example: Example::Commented("cpu_slots = 2"),
     },
     Field {
