@@ -43,7 +43,7 @@ fn refusal(result: Result<impl std::fmt::Debug, HttpError>) -> (u16, String, Str
 #[test]
 fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon_and_each_dry_run_is_bounded() {
     let redis = Redis::start();
-    let daemon = Daemon::start_with_api(
+    let mut daemon = Daemon::start_with_api(
         &["rlvr-verifier-math", "rlvr-verifier-format", "rlvr-fixture-stall"],
         &redis.url(),
         &format!("dry_run_budget_s = {BUDGET_S}\n"),
@@ -203,6 +203,43 @@ fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon_and_each_dry_r
     assert_eq!(raw(r#"{"grader": {"plugin": "math"}}"#, None).0, 401);
 
     dry_runs_are_bounded(&daemon);
+    a_sigterm_stops_the_grading(&mut daemon);
+}
+
+// regression: with dry-runs grading, a SIGTERM left the daemon alive after 130 s
+/// A dry-run of minutes is grading when the daemon gets SIGTERM: the grading stops (its running
+/// calls end at their 3 s), and the daemon exits well before the request's budget would have.
+fn a_sigterm_stops_the_grading(daemon: &mut Daemon) {
+    use std::time::{Duration, Instant};
+    let url = format!("{}/v1/verify", daemon.url);
+    let long = std::thread::spawn(move || {
+        reqwest::blocking::Client::new()
+            .post(url)
+            .bearer_auth(TEAM_TOKEN)
+            .json(&sleeping(256, 3000))
+            .timeout(Duration::from_secs(60))
+            .send()
+            .map(|answer| answer.status().as_u16())
+    });
+    // The team's lane is taken once the long dry-run grades: the same team's next one waits.
+    let grading = rlvr_tests::wait_until(Duration::from_secs(30), || {
+        reqwest::blocking::Client::new()
+            .post(format!("{}/v1/verify", daemon.url))
+            .bearer_auth(TEAM_TOKEN)
+            .json(&sleeping(1, 0))
+            .send()
+            .is_ok_and(|answer| answer.status().as_u16() == 429)
+    });
+    assert!(grading, "the long dry-run never started grading");
+    let signalled = Instant::now();
+    let status = daemon.stop();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(BUDGET_S - 2), "the daemon took {took:?} to stop: {}", daemon.log());
+    eprintln!(
+        "SIGTERM with a dry-run grading: the daemon exited in {took:?}; the request got {:?}",
+        long.join()
+    );
 }
 
 /// `api.dry_run_budget_s` of the daemon above.
