@@ -30,7 +30,8 @@
 //! - `max_new_tokens`: the job's `rollout.max_new_tokens`, for its optimizer.
 //! - `grader_caps`: the operator's caps on what a grader's own options may ask of the host
 //!   ([`GraderCaps`]): `{"memory_mb": 2048, "max_file_mb": 64, "max_processes": 64,
-//!   "max_parallel": 4, "work_root": "/var/lib/rlvr/grader-work"}`. Absent: no caps (a program
+//!   "max_parallel": 4, "max_response_bytes": 4194304, "work_root": "/var/lib/rlvr/grader-work"}`.
+//!   Absent: no caps (a program
 //!   run by hand).
 //!
 //! Every key may be absent (its default: none, none, false, false), and keys a plugin does not
@@ -83,6 +84,8 @@ pub struct GraderCaps {
     pub max_processes: u64,
     /// Most items one grader runs at once (`max_parallel`).
     pub max_parallel: u64,
+    /// Largest answer body an http or judge grader may accept, bytes (`max_response_bytes`).
+    pub max_response_bytes: u64,
     /// Where sandboxes make their work directories (a filesystem the operator bounds); `None`:
     /// the system's temporary directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +101,8 @@ pub enum Resource {
     FileMb,
     /// Processes and threads of one run.
     Processes,
+    /// An answer body, bytes.
+    ResponseBytes,
 }
 
 impl GraderCaps {
@@ -115,6 +120,7 @@ impl GraderCaps {
             Resource::MemoryMb => (self.memory_mb, "graders.max_memory_mb"),
             Resource::FileMb => (self.max_file_mb, "graders.max_file_mb"),
             Resource::Processes => (self.max_processes, "graders.max_processes"),
+            Resource::ResponseBytes => (self.max_response_bytes, "graders.max_response_bytes"),
         };
         if *value > cap {
             if written {

@@ -162,7 +162,8 @@ pub(super) const SECTIONS: [Section; 12] = [
     Section {
         name: "graders",
         doc: "Caps on what a grader's own options may ask of this host (a python or code grader's \
-              sandbox: memory, file size, processes; items at once), in the daemon's dry-runs and in \
+              sandbox: memory, file size, processes; items at once; an http or judge grader's answer \
+              size), in the daemon's dry-runs and in \
               jobs' workers. A grader asking for more is refused at the key (422 in a dry-run; a job \
               fails at start naming it); parallelism is lowered to the cap.",
     },
@@ -552,6 +553,12 @@ admin = false",
         "graders.max_parallel",
         integer(1, 1024, None, 4),
         "Most items one grader grades at once (max_parallel is lowered to it).",
+    ),
+    field(
+        "graders.max_response_bytes",
+        integer(1024, 64 << 20, Some("bytes"), 4 << 20),
+        "Largest answer body an http or judge grader may accept (max_response_bytes): each item's \
+         answer is held in memory while it is graded.",
     ),
     Field {
         path: "graders.work_dir",

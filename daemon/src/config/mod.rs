@@ -142,6 +142,7 @@ pub struct GradersConfig {
     pub max_file_mb: u64,
     pub max_processes: u64,
     pub max_parallel: u64,
+    pub max_response_bytes: u64,
     /// Sandboxes' work directories; `None`: `<state_dir>/grader-work`. Absolute.
     #[serde(default)]
     pub work_dir: Option<PathBuf>,

@@ -104,6 +104,7 @@ impl Tenancy {
             max_file_mb: graders.max_file_mb,
             max_processes: graders.max_processes,
             max_parallel: graders.max_parallel,
+            max_response_bytes: graders.max_response_bytes,
             work_root: Some(grader_work_dir(config, state_dir)),
         };
         Tenancy {

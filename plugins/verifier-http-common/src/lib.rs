@@ -20,4 +20,5 @@ pub use call::{Answered, Caller, Trail};
 pub use outbound::{Sender, outbound};
 pub use resilience::{
     MAX_ITEM_BUDGET_MS, MAX_RESPONSE_BYTES_LIMIT, MAX_RETRIES, Resilience, ResilienceKeys, RetryOn,
+    hold_to_caps,
 };

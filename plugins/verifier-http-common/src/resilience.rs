@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use rlvr_plugin_api::OptionError;
+use rlvr_plugin_api::{HostContext, OptionError, Resource};
 use serde::Deserialize;
 
 /// The most one item may take, retries and backoff included, in the worst case the config allows.
@@ -82,6 +82,20 @@ pub struct Resilience {
     pub breaker_cooldown: Duration,
     /// Largest answer body.
     pub max_response_bytes: u64,
+}
+
+/// Holds `limits.max_response_bytes` to the operator's cap when the host gives one (the daemon
+/// always does): beyond it, refused at the key if the options (`config_json`) set it, else
+/// lowered (`GraderCaps::hold`). A judge answering 60 MB an item took the daemon to 549 MB.
+pub fn hold_to_caps(
+    limits: &mut Resilience,
+    host: &HostContext,
+    config_json: &str,
+) -> Result<(), OptionError> {
+    let Some(caps) = &host.grader_caps else { return Ok(()) };
+    let written: serde_json::Value = serde_json::from_str(config_json).unwrap_or_default();
+    let set = written.get("max_response_bytes").is_some();
+    caps.hold("max_response_bytes", Resource::ResponseBytes, &mut limits.max_response_bytes, set)
 }
 
 impl Resilience {
@@ -172,6 +186,41 @@ mod tests {
         change(&mut keys);
         let got = keys.clone().check().map(|r| r.item_budget().as_millis() as u64).map_err(|e| e.to_string());
         assert_eq!(got, expected.map_err(str::to_owned), "{keys:?}");
+    }
+
+    // regression: a judge answering 60 MB an item took the daemon from 104 to 549 MB
+    #[test]
+    fn the_operators_cap_holds_the_answer_size() {
+        let caps = rlvr_plugin_api::GraderCaps {
+            memory_mb: 2048,
+            max_file_mb: 64,
+            max_processes: 64,
+            max_parallel: 4,
+            max_response_bytes: 512,
+            work_root: None,
+        };
+        let capped = HostContext { grader_caps: Some(caps), ..HostContext::default() };
+        // (options as written, host, the size held or the refusal)
+        let cases: [(&str, &HostContext, Result<u64, &str>); 4] = [
+            // A default beyond the cap is lowered; one within it is kept; no caps, no change.
+            ("{}", &capped, Ok(512)),
+            (
+                r#"{"max_response_bytes": 1024}"#,
+                &capped,
+                Err(
+                    "max_response_bytes: expected at most 512 on this host (graders.max_response_bytes), got 1024",
+                ),
+            ),
+            (r#"{"max_response_bytes": 1024}"#, &HostContext::default(), Ok(1024)),
+            ("{}", &HostContext::default(), Ok(1024)),
+        ];
+        for (json, host, expected) in cases {
+            let mut limits = keys().check().unwrap();
+            let got = hold_to_caps(&mut limits, host, json)
+                .map(|()| limits.max_response_bytes)
+                .map_err(|e| e.to_string());
+            assert_eq!(got, expected.map_err(str::to_owned), "{json}");
+        }
     }
 
     #[test]

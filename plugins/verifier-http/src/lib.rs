@@ -134,7 +134,8 @@ impl VerifierPlugin for HttpVerifier {
     }
 
     fn from_config_in(config_json: &str, host: &HostContext) -> Result<Self, PluginError> {
-        let settings = config::parse(config_json)?.settings(host)?;
+        let mut settings = config::parse(config_json)?.settings(host)?;
+        rlvr_verifier_http_common::hold_to_caps(&mut settings.limits, host, config_json)?;
         HttpVerifier::new(settings, host)
     }
 

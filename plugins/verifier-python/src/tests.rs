@@ -32,6 +32,7 @@ fn the_operators_caps_refuse_what_is_asked_beyond_them_and_lower_parallelism() {
         max_file_mb: 8,
         max_processes: 32,
         max_parallel: 2,
+        max_response_bytes: 1 << 20,
         work_root: Some(PathBuf::from("/srv/grader-work")),
     };
     // (options, refused at (key, message), or the parallelism and work root it runs with)
