@@ -146,6 +146,13 @@ impl TextSimilarity {
     fn measure(&self, input: &str, reference: &str) -> Result<Measured, String> {
         let (score, components) = match self.metric {
             Metric::FuzzyMatch => {
+                let (input_chars, reference_chars) = (input.chars().count(), reference.chars().count());
+                if input_chars.saturating_mul(reference_chars) > metrics::MAX_FUZZY_CELLS {
+                    return Err(format!(
+                        "fuzzy_match: {input_chars} input characters × {reference_chars} reference characters is more than the {} cells one item may cost",
+                        metrics::MAX_FUZZY_CELLS
+                    ));
+                }
                 let ratio = metrics::fuzzy_ratio(input, reference);
                 (ratio, vec![("fuzzy_match", ratio)])
             }
@@ -176,7 +183,7 @@ impl TextSimilarity {
                     ],
                 ),
                 Err(too_long) => {
-                    // Only the LCS has a work bound; ROUGE-N is linear.
+                    // The LCS and the fuzzy ratio have work bounds; BLEU and ROUGE-N are linear.
                     return Err(format!(
                         "rouge_l: {} input tokens × {} reference tokens is more than the {} cells one item may cost",
                         too_long.input_tokens,
@@ -367,6 +374,20 @@ mod tests {
                 .as_ref()
                 .into_option()
                 .is_some_and(|text| text.starts_with("rouge_l: 9000 input tokens × 9000 reference tokens"))
+        );
+        // regression: a fuzzy_match of two 450 KB texts ran past the 30 s deadline in the daemon
+        let huge = "ab".repeat(225_000);
+        let fuzzy =
+            verdict(json!({"metric": "fuzzy_match", "pass_threshold": 0.5}), &huge, json!({"answer": huge}));
+        assert!(fuzzy.timed_out, "{fuzzy:?}");
+        assert!(
+            fuzzy
+                .error
+                .as_ref()
+                .into_option()
+                .is_some_and(|text| text
+                    .starts_with("fuzzy_match: 450000 input characters × 450000 reference characters")),
+            "{fuzzy:?}"
         );
     }
 
