@@ -58,14 +58,20 @@ impl BatchSummary {
 #[derive(Debug)]
 pub struct Stop {
     cancelled: AtomicBool,
-    budget: Duration,
-    ends: Instant,
+    /// The budget and when it runs out; `None`: only a cancel stops the work.
+    budget: Option<(Duration, Instant)>,
 }
 
 impl Stop {
     /// Stops when cancelled or once `budget` has passed from now.
     pub fn within(budget: Duration) -> Self {
-        Stop { cancelled: AtomicBool::new(false), budget, ends: Instant::now() + budget }
+        let ends = Instant::now().checked_add(budget);
+        Stop { cancelled: AtomicBool::new(false), budget: ends.map(|ends| (budget, ends)) }
+    }
+
+    /// Stops only when cancelled.
+    pub fn on_cancel() -> Self {
+        Stop { cancelled: AtomicBool::new(false), budget: None }
     }
 
     /// No more work is wanted (the request that asked for it went away).
@@ -76,12 +82,11 @@ impl Stop {
     /// Why no more work is wanted; `None` while it is.
     pub fn reason(&self) -> Option<String> {
         if self.cancelled.load(Ordering::Relaxed) {
-            Some("not graded: the request was cancelled".to_owned())
-        } else if Instant::now() >= self.ends {
-            Some(format!("not graded: the request's budget of {} s ran out", self.budget.as_secs_f64()))
-        } else {
-            None
+            return Some("not graded: the request was cancelled".to_owned());
         }
+        let (budget, ends) = self.budget?;
+        (Instant::now() >= ends)
+            .then(|| format!("not graded: the request's budget of {} s ran out", budget.as_secs_f64()))
     }
 }
 
@@ -489,4 +494,25 @@ fn spawn_reader(mut input: impl BufRead + Send + 'static, events: Sender<Event>,
             index += 1;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_says_why_once_cancelled_or_past_its_budget_and_an_unbudgeted_one_only_when_cancelled() {
+        let spent = Stop::within(Duration::ZERO);
+        assert_eq!(spent.reason().as_deref(), Some("not graded: the request's budget of 0 s ran out"));
+        let budgeted = Stop::within(Duration::from_secs(3600));
+        assert_eq!(budgeted.reason(), None);
+        budgeted.cancel();
+        assert_eq!(budgeted.reason().as_deref(), Some("not graded: the request was cancelled"));
+        // An engine job's own grading: no budget, however long; a budget too far to count is none.
+        for unbudgeted in [Stop::on_cancel(), Stop::within(Duration::MAX)] {
+            assert_eq!(unbudgeted.reason(), None);
+            unbudgeted.cancel();
+            assert_eq!(unbudgeted.reason().as_deref(), Some("not graded: the request was cancelled"));
+        }
+    }
 }

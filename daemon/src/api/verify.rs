@@ -69,16 +69,18 @@ pub async fn verify(
         )
         .field("items"));
     }
-    let lane = match &caller.job {
-        Some(job) => Lane::Job { id: job.id.clone(), ranks: job.ranks },
-        None => Lane::Team(caller.team.clone()),
+    // A team's dry-run has a budget; an engine's ranks grading their job's completions do not
+    // (a job's rewards grade every item, as the native worker's do), only a cancel stops them.
+    let (lane, stop) = match &caller.job {
+        Some(job) => (Lane::Job { id: job.id.clone(), ranks: job.ranks }, Stop::on_cancel()),
+        None => (Lane::Team(caller.team.clone()), Stop::within(state.dry_run_budget)),
     };
     let ticket = state
         .dry_runs
         .try_take(lane)
         .map_err(|message| Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1))?;
     // Dropped with this handler: when the client goes away before the answer, grading stops.
-    let stop = Arc::new(Stop::within(state.dry_run_budget));
+    let stop = Arc::new(stop);
     let _cancel_on_drop = CancelOnDrop(Arc::clone(&stop));
     let stopping = state.stopping.clone();
     let grading_stop = Arc::clone(&stop);

@@ -277,10 +277,11 @@ pub(super) const FIELDS: &[Field] = &[
     field(
         "api.dry_run_budget_s",
         integer(1, 86_400, SECONDS, 300),
-        "The longest one POST /v1/verify grades: items not started by then are answered as not \
-         graded (error set), and calls already running end at the grader's own deadline (30 s). A \
-         request whose client goes away stops the same way at once; its place is given back only \
-         when its last call has ended.",
+        "The longest one team's dry-run (POST /v1/verify) grades: items not started by then are \
+         answered as not graded (error set), and calls already running end at the grader's own \
+         deadline (30 s). A request whose client goes away stops the same way at once; its place \
+         is given back only when its last call has ended. An engine job's ranks grading their \
+         completions have no budget.",
     ),
     field(
         "api.streams_per_team",
