@@ -50,10 +50,20 @@ rlvr_setup
 # Cargo is told where the workspace is (`--manifest-path`), so that with a kept target directory
 # it sees the workspace at that directory's fixed link, not at this clone's path.
 cargo_workspace=(--manifest-path "$RLVR_ROOT/Cargo.toml")
+# Runs a command without the kept target directory's lock, when this run holds one.
+unlocked() {
+    if [ -n "${lock_fd:-}" ]; then
+        "$@" {lock_fd}>&-
+    else
+        "$@"
+    fi
+}
 if [ "${RLVR_TARGET_CACHE:-$((1 - quick))}" = 1 ]; then
     use_target_cache
     mkdir -p "$CARGO_TARGET_DIR"
-    # One run at a time builds and tests through the link: another would repoint it mid-run.
+    # One run at a time builds and tests through the link: another would repoint it mid-run. The
+    # lock is this shell's alone (`unlocked` closes it for the commands it starts): a daemon a test
+    # leaked must not hold it and keep every later run waiting.
     exec {lock_fd}>"$CARGO_TARGET_DIR/.run.lock"
     if ! flock -n "$lock_fd"; then
         echo "another scripts/test.sh is using $CARGO_TARGET_DIR; waiting for it to end" >&2
@@ -97,7 +107,7 @@ if [ "$quick" = 0 ]; then
     start_peer() {
         local name=$1
         shift
-        "$@" >"$peer_logs/$name.log" 2>&1 &
+        unlocked "$@" >"$peer_logs/$name.log" 2>&1 &
         peer_names+=("$name")
         peer_pids+=("$!")
     }
@@ -112,7 +122,7 @@ if [ "$quick" = 0 ]; then
 fi
 
 step "cargo build (every target; clippy -D warnings on the workspace's crates)"
-cargo build "${cargo_workspace[@]}" --workspace --all-targets
+unlocked cargo build "${cargo_workspace[@]}" --workspace --all-targets
 if [ -n "${lock_fd:-}" ]; then
     "$RLVR_VENV/bin/python" scripts/source-mtimes.py record "$CARGO_TARGET_DIR/source-mtimes.tsv"
 fi
@@ -135,12 +145,12 @@ step "cargo nextest run (profile $profile)"
 # threads that sleep instead change no result, only who gets the cores.
 export OMP_WAIT_POLICY=PASSIVE
 status=0
-cargo nextest run "${cargo_workspace[@]}" --workspace --profile "$profile" || status=$?
+unlocked cargo nextest run "${cargo_workspace[@]}" --workspace --profile "$profile" || status=$?
 
 if [ "$quick" = 0 ]; then
     # nextest does not run doc tests.
     step "cargo test --doc"
-    cargo test "${cargo_workspace[@]}" --workspace --doc --quiet || status=$?
+    unlocked cargo test "${cargo_workspace[@]}" --workspace --doc --quiet || status=$?
 fi
 
 # nextest's store is the checkout's target/ ([store] in .config/nextest.toml), wherever the build goes.
