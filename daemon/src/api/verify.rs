@@ -75,6 +75,9 @@ pub async fn verify(
         Some(job) => (Lane::Job { id: job.id.clone(), ranks: job.ranks }, Stop::on_cancel()),
         None => (Lane::Team(caller.team.clone()), Stop::within(state.dry_run_budget)),
     };
+    // An engine scores what it is sent (an item not graded would train as a 0), and its requests
+    // end with its graders' calls: only a team's dry-run is stopped by a stopping daemon.
+    let stop_with_daemon = caller.job.is_none();
     let ticket = state
         .dry_runs
         .try_take(lane)
@@ -144,11 +147,11 @@ pub async fn verify(
         tracing::info!(team = %caller.team, items = items.len(), graders = reward.graders.len(), "dry-run graded");
         Ok(VerifyResults { results })
     });
-    // A stopping daemon waits for its blocking tasks: the grading stops with it, its running calls
-    // ending at their deadline, so a SIGTERM ends in time whatever was being graded.
+    // A stopping daemon waits for its blocking tasks: a dry-run's grading stops with it, its
+    // running calls ending at their deadline, so a SIGTERM ends in time whatever was being graded.
     let graded = tokio::select! {
         graded = &mut grading => graded,
-        () = stopping.cancelled() => {
+        () = stopping.cancelled(), if stop_with_daemon => {
             stop.cancel();
             grading.await
         }

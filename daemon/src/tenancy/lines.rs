@@ -90,13 +90,14 @@ impl Lines {
     }
 
     /// Refuses a new line of `team` when it owns `max_per_team` already. Counted, not reserved:
-    /// two lines made at the same instant may both pass the last place.
+    /// two lines made at the same instant may both pass the last place. A `line.json` that cannot
+    /// be read counts for nobody: one damaged line must not stop every team making lines.
     fn check_quota(&self, team: &str) -> Result<(), LineError> {
         let mut owned = 0;
         for entry in super::entries_of(&self.registry)? {
             let file_name = entry.file_name();
             let Some(name) = file_name.to_str().filter(|name| valid_name(name)) else { continue };
-            if self.read(name)?.is_some_and(|file| file.owner == team) {
+            if self.read(name).ok().flatten().is_some_and(|file| file.owner == team) {
                 owned += 1;
                 if owned >= self.max_per_team {
                     return Err(LineError::Quota { max: self.max_per_team });
@@ -428,6 +429,9 @@ mod tests {
             .update(ADMIN, "four", ModelLineUpdate { owner: Some("a".into()), ..ModelLineUpdate::default() })
             .unwrap();
         assert_eq!(lines.list(ADMIN).unwrap().len(), 4);
+        // A damaged line.json of one team's counts for nobody and stops no other team.
+        fs::write(dir.path().join("one/line.json"), "{not json").unwrap();
+        lines.publisher("c", "five", true).unwrap();
     }
 
     #[test]
