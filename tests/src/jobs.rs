@@ -160,6 +160,23 @@ pub fn worker_pids(id: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The threads of process `pid` that would run a handler of `signal` (its bit not in their
+/// blocked set, `SigBlk` of `/proc/PID/task/TID/status`), by name (`comm`).
+pub fn threads_taking(pid: u32, signal: nix::sys::signal::Signal) -> Vec<String> {
+    let bit = 1u64 << (signal as i32 - 1);
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let status = fs::read_to_string(task.path().join("status")).ok()?;
+            let blocked = status.lines().find_map(|line| line.strip_prefix("SigBlk:"))?;
+            let blocked = u64::from_str_radix(blocked.trim(), 16).ok()?;
+            let name = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            (blocked & bit == 0).then(|| name.trim().to_owned())
+        })
+        .collect()
+}
+
 /// How many workers run job `id` now.
 pub fn workers_of(id: &str) -> usize {
     worker_pids(id).len()

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rlvr_tests::jobs::{
-    WorkerWatch, api, client, ended, get, job, state_events, states, submit, submit_ok,
+    WorkerWatch, api, client, ended, get, job, state_events, states, submit, submit_ok, threads_taking,
     uninterrupted_weights, wait_job, worker_pids, workers_of,
 };
 use rlvr_tests::{
@@ -380,6 +380,15 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     let queued: Vec<String> =
         (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
     wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
+    // regression: a SIGTERM handled on a thread inside oneDNN's AVX-512 GEMM kernel (which
+    // points the stack pointer into its heap workspace) corrupted the heap, and about one stop
+    // in 50 aborted the worker. Only the worker's own signal thread may take a stop signal.
+    let pids = worker_pids(&id);
+    assert_eq!(pids.len(), 1, "one worker");
+    for signal in [nix::sys::signal::Signal::SIGTERM, nix::sys::signal::Signal::SIGINT] {
+        assert_eq!(threads_taking(pids[0], signal), ["stop-signals"], "{signal:?}");
+    }
+
 
     daemon.kill();
     // The worker dies with its daemon: nothing trains a job the next daemon will start again.

@@ -109,10 +109,11 @@ fn run(args: WorkerArgs) -> WorkerExit {
             return error.exit();
         }
     };
+    // Before any other thread starts, so that every one blocks the stop signals.
+    lifecycle::install_stop_handlers();
     if let Some(parent) = args.exit_with_parent {
         lifecycle::exit_with_parent(parent);
     }
-    lifecycle::install_stop_handlers();
     let train = || -> Result<Outcome, WorkerError> {
         let options = WorkerOptions::from_args(args, host)?;
         rlvr_worker::run(&options)
