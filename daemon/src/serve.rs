@@ -298,6 +298,7 @@ impl Services {
             dry_run_budget: Duration::from_secs(config.api.dry_run_budget_s),
             trl_python: config.engines.trl_python.clone(),
             ray_address: config.engines.ray_address.clone(),
+            checked_records: Arc::default(),
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));

@@ -45,6 +45,7 @@ pub mod jobdir;
 pub mod memory;
 pub mod names;
 pub mod pipeline;
+pub mod records;
 pub mod reward_model;
 pub mod runtime;
 pub mod signals;

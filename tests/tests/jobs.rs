@@ -196,6 +196,17 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
     let good = spec(&data, "good", 2, "");
     let train = fs::read(data.join("train.jsonl")).unwrap();
     api(&daemon, Some(TEAM_TOKEN)).put_dataset("train", &train).unwrap();
+    // Data the job cannot read: records without `prompt` (a question under another key), and
+    // held-out records with one id twice. Submit reads them as the worker would.
+    let questions = dir.path().join("questions.jsonl");
+    fs::write(
+        &questions,
+        "{\"id\": \"q1\", \"prompt\": \"1+1=\"}\n{\"id\": \"q2\", \"question\": \"2+2=\"}\n",
+    )
+    .unwrap();
+    let twice = dir.path().join("twice.jsonl");
+    fs::write(&twice, "{\"id\": \"q1\", \"prompt\": \"1+1=\"}\n{\"id\": \"q1\", \"prompt\": \"2+2=\"}\n")
+        .unwrap();
     let with = |from: &str, to: &str| {
         assert!(good.contains(from), "{from}");
         good.replacen(from, to, 1)
@@ -204,8 +215,9 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
     // priority allowance, datasets and data roots in the team's namespace, server paths refused
     // by `tenancy::resolve`, the loaded plugins and their kinds and versions, what an optimizer
     // needs of the spec (its groups, its verifiers), the budget a daemon honours, the memory
-    // estimate against this daemon's devices, and the engine mapping at submit; plus three rows
-    // for the wiring of what the spec decides alone (a parse error is 400, a rule is 422).
+    // estimate against this daemon's devices, the engine mapping and the records of its data
+    // files at submit; plus three rows for the wiring of what the spec decides alone (a parse
+    // error is 400, a rule is 422).
     // The rest of the spec's own rules, each with its field and message, are tables in
     // protocol/src/spec.rs's tests: `what_does_not_parse_is_refused_before_validation_naming_the_key`
     // (the 400s: type errors, unknown fields and variants, a missing section, [publish] registry),
@@ -317,16 +329,30 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "curriculum.plugin",
             "loaded curriculum plugins",
         ),
+        // Records the job cannot read, refused with their line and key, never a server path.
+        (
+            with(&format!("{}/train.jsonl", data.display()), &questions.display().to_string()),
+            422,
+            "data.train",
+            "line 2: prompt: missing (expected a string); this job reads prompts",
+        ),
+        (
+            with(&format!("{}/heldout.jsonl", data.display()), &twice.display().to_string()),
+            422,
+            "data.heldout",
+            "line 2: id: \"q1\" appears twice",
+        ),
     ];
-    // The 20 rows the daemon decides and the 3 wiring rows above: fewer means one was dropped
+    // The 22 rows the daemon decides and the 3 wiring rows above: fewer means one was dropped
     // without its rule moving to a table.
-    assert!(cases.len() >= 23, "{} cases", cases.len());
+    assert!(cases.len() >= 25, "{} cases", cases.len());
     for (body, status, field, words) in &cases {
         let (got, answer) = submit(&daemon, TEAM_TOKEN, body, None);
         assert_eq!(got, *status, "{field}: {answer}");
         let error = &answer["error"];
         assert_eq!(error["field"].as_str().unwrap_or(""), *field, "{answer}");
         assert!(error["message"].as_str().unwrap().contains(words), "{field}: {answer}");
+        assert!(!error["message"].as_str().unwrap().contains(&dir.path().display().to_string()), "{answer}");
     }
     // JSON too, and bodies that are not specs at all.
     let json_cases: [(&str, &str, u16, &str); 4] = [
@@ -380,15 +406,6 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     let queued: Vec<String> =
         (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
     wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
-    // regression: a SIGTERM handled on a thread inside oneDNN's AVX-512 GEMM kernel (which
-    // points the stack pointer into its heap workspace) corrupted the heap, and about one stop
-    // in 50 aborted the worker. Only the worker's own signal thread may take a stop signal.
-    let pids = worker_pids(&id);
-    assert_eq!(pids.len(), 1, "one worker");
-    for signal in [nix::sys::signal::Signal::SIGTERM, nix::sys::signal::Signal::SIGINT] {
-        assert_eq!(threads_taking(pids[0], signal), ["stop-signals"], "{signal:?}");
-    }
-
 
     daemon.kill();
     // The worker dies with its daemon: nothing trains a job the next daemon will start again.
@@ -424,6 +441,14 @@ fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
     wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
+    // regression: a SIGTERM handled on a thread inside oneDNN's AVX-512 GEMM kernel (which
+    // points the stack pointer into its heap workspace) corrupted the heap, and about one stop
+    // in 50 aborted the worker. Only the worker's own signal thread may take a stop signal.
+    let pids = worker_pids(&id);
+    assert_eq!(pids.len(), 1, "one worker");
+    for signal in [nix::sys::signal::Signal::SIGTERM, nix::sys::signal::Signal::SIGINT] {
+        assert_eq!(threads_taking(pids[0], signal), ["stop-signals"], "{signal:?}");
+    }
 
     let started = Instant::now();
     let status = daemon.stop();

@@ -12,10 +12,10 @@ use rlvr_protocol::worker::{
 use tch::{Kind, Tensor};
 
 use super::Job;
-use super::data::PromptRecord;
 use super::step::StepError;
 use rlvr_plugin_host::reward::ToScore;
 use rlvr_protocol::grants::Phase;
+use rlvr_protocol::records::PromptRecord;
 
 /// Prompts generated at once.
 const EVAL_BATCH: usize = rlvr_protocol::memory::EVAL_BATCH as usize;

@@ -62,13 +62,14 @@ use sha2::{Digest, Sha256};
 use tch::Device;
 use tracing::{info, info_span, warn};
 
-use self::data::{Cursor, PairRecord, PromptRecord, SftRecord};
+use self::data::Cursor;
 use self::models::{Models, ValueHead};
 use self::optim::{AdamW, AdamWConfig};
 use self::plugins::JobPlugins;
 pub use self::plugins::PluginSource;
 use self::start::Start;
 use self::state::{JobRecord, Logs, TrainState};
+use rlvr_protocol::records::{self, PairRecord, PromptRecord, RecordKind, SftRecord};
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -169,7 +170,7 @@ pub enum WorkerError {
     #[error("{field}: {message}")]
     Plugin { field: String, message: String },
     #[error(transparent)]
-    Data(#[from] data::DataError),
+    Data(#[from] records::DataError),
     #[error("{field}: {message}")]
     Model { field: &'static str, message: String },
     #[error("state dir {path}: {message}")]
@@ -238,22 +239,21 @@ pub struct JobData {
 impl JobData {
     /// Reads the spec's data files; every record error names the file, the line and the field.
     pub fn load(spec: &JobSpec, mode: DataMode, trains: TrainedModel) -> Result<JobData, WorkerError> {
-        let train = match mode {
-            DataMode::OnlineGroups | DataMode::OnlineWithCritic => {
-                TrainData::Prompts(data::load_prompts("data.train", &spec.data.train)?)
-            }
-            DataMode::OfflineSft => TrainData::Sft(data::load_sft("data.train", &spec.data.train)?),
-            DataMode::OfflinePairs => TrainData::Pairs(data::load_pairs("data.train", &spec.data.train)?),
+        // The kinds the daemon checked at submit (`rlvr_protocol::records::RecordKind`).
+        let train = match RecordKind::of_train(mode) {
+            RecordKind::Prompts => TrainData::Prompts(records::load_prompts("data.train", &spec.data.train)?),
+            RecordKind::Demonstrations => TrainData::Sft(records::load_sft("data.train", &spec.data.train)?),
+            RecordKind::Pairs => TrainData::Pairs(records::load_pairs("data.train", &spec.data.train)?),
         };
         let prompts = |field, path: &Option<PathBuf>| {
-            path.as_ref().map(|path| data::load_prompts(field, path)).transpose()
+            path.as_ref().map(|path| records::load_prompts(field, path)).transpose()
         };
-        let (heldout, heldout_pairs) = match trains {
-            TrainedModel::Policy => (prompts("data.heldout", &spec.data.heldout)?, None),
-            TrainedModel::RewardModel => {
-                let pairs = spec.data.heldout.as_ref().map(|path| data::load_pairs("data.heldout", path));
+        let (heldout, heldout_pairs) = match RecordKind::of_heldout(trains) {
+            RecordKind::Pairs => {
+                let pairs = spec.data.heldout.as_ref().map(|path| records::load_pairs("data.heldout", path));
                 (None, pairs.transpose()?)
             }
+            _ => (prompts("data.heldout", &spec.data.heldout)?, None),
         };
         Ok(JobData {
             train,

@@ -12,8 +12,8 @@ use rlvr_protocol::spec::{Dtype, JobSpec};
 use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor, nn};
 
-use crate::data::PromptRecord;
 use crate::{TrainData, WorkerError};
+use rlvr_protocol::records::PromptRecord;
 
 /// Where a LoRA job's checkpoint keeps its adapters (a PEFT adapter directory): what a resume
 /// attaches to the base. `model/` beside it is what is published (the same adapters, or merged).

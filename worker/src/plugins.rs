@@ -22,8 +22,8 @@ use rlvr_protocol::worker::PluginUse;
 use tracing::{info, warn};
 
 use crate::WorkerError;
-use crate::data::PromptRecord;
 use crate::state::JobRecord;
+use rlvr_protocol::records::PromptRecord;
 
 /// Prefix of the temp directory holding a worker's content-addressed plugin copies, followed by
 /// the worker's pid and `-`.

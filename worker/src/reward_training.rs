@@ -27,10 +27,10 @@ use tch::{Kind, Tensor};
 
 use crate::Job;
 use crate::TrainData;
-use crate::data::PairRecord;
 use crate::eval::HeldoutScore;
 use crate::grants::Grant;
 use crate::step::{StepError, StepOutput, UpdateResult, add_update_metrics};
+use rlvr_protocol::records::PairRecord;
 
 /// Rows scored at once when scoring without grad (held-out, the gates).
 const SCORE_BATCH: usize = rlvr_protocol::memory::EVAL_BATCH as usize;

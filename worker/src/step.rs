@@ -24,11 +24,11 @@ use rlvr_protocol::worker::{
 use tch::{Device, Kind, Tensor};
 use tracing::{info, warn};
 
-use super::data::PromptRecord;
 use super::grants::{Grant, GrantError};
 use super::models::Reference;
 use super::{Job, TrainData};
 use rlvr_plugin_host::reward::{Scored, ToScore};
+use rlvr_protocol::records::PromptRecord;
 
 /// What a step produced.
 pub struct StepOutput {

@@ -55,6 +55,8 @@ pub struct JobsState {
     pub trl_python: Option<std::path::PathBuf>,
     /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
     pub ray_address: Option<String>,
+    /// Dataset contents submit has read through already (`jobs::checks::data_problems`).
+    pub checked_records: Arc<crate::jobs::checks::CheckedRecords>,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -229,10 +231,10 @@ pub async fn submit(
     let spec = read_spec(&state, &caller, &headers, body).await?;
     let idempotency_key = idempotency_key(&headers)?;
     if query.dry_run {
-        let spec = check_spec(&state, spec, true).await?.map_err(Refusal::into_failure)?;
+        let spec = check_spec(&state, spec, true, StandIn::Nothing).await?.map_err(Refusal::into_failure)?;
         return Ok(Json(DryRun { spec }).into_response());
     }
-    let spec = check_spec(&state, spec, false).await?.map_err(Refusal::into_failure)?;
+    let spec = check_spec(&state, spec, false, StandIn::Nothing).await?.map_err(Refusal::into_failure)?;
     let id = new_task_id();
     let submitted = |status, id, created| (status, Json(Submitted { id, created })).into_response();
     match create(&state, &id, &spec, idempotency_key.as_deref()).await? {
@@ -272,6 +274,15 @@ pub(crate) struct Refusal {
     pub problems: Vec<SpecError>,
 }
 
+/// What in a spec only stands in for what an earlier pipeline stage will make (and so is not
+/// read through at submit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StandIn {
+    Nothing,
+    /// `data.train`: the previous stage's dataset will be the real one.
+    TrainData,
+}
+
 impl Refusal {
     pub(crate) fn into_failure(self) -> Failure {
         Failure::spec(self.status, "cannot_run", self.problems)
@@ -282,11 +293,14 @@ impl Refusal {
 /// plugins and their options, secrets, files, resources (filled from the estimate when the spec
 /// leaves them out), and the names it writes resolved in the team's namespace. Returns the spec
 /// as the job record keeps it (names pinned). A `dry_run` claims no model line: a pipeline's
-/// later stages are checked so at the pipeline's submit.
+/// later stages are checked so at the pipeline's submit. The records of every data file are read
+/// as the job will read them, but for a `data.train` that only `stands_in` for the dataset an
+/// earlier pipeline stage will make.
 pub(crate) async fn check_spec(
     state: &JobsState,
     spec: JobSpec,
     dry_run: bool,
+    stands_in: StandIn,
 ) -> Answer<Result<JobSpec, Refusal>> {
     let registry = state.registry.clone();
     let scheduler = state.scheduler.clone();
@@ -294,6 +308,7 @@ pub(crate) async fn check_spec(
     let outbound = state.outbound.clone();
     let trl_engine = state.trl_python.clone();
     let ray_address = state.ray_address.clone();
+    let checked_records = state.checked_records.clone();
     // Reads files and the registry, and may wait for a worker process asking an optimizer about
     // its options: off the async threads.
     let admitted = tokio::task::spawn_blocking(move || {
@@ -317,6 +332,13 @@ pub(crate) async fn check_spec(
                 field: "engine.launcher".to_owned(),
                 message: "this daemon knows no Ray cluster (its engines.ray_address is not set)".to_owned(),
             });
+        }
+        if problems.is_empty() {
+            let skipped: &[&str] = match stands_in {
+                StandIn::Nothing => &[],
+                StandIn::TrainData => &["data.train"],
+            };
+            problems = checks::data_problems(&checked, &registry, &tenancy, &checked_records, skipped);
         }
         let mut checked = checked;
         if problems.is_empty()

@@ -28,8 +28,8 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::jobs::{
-    Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, SubmitQuery, check_spec, idempotency_key,
-    read_body, stream_position, valid_id,
+    Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, StandIn, SubmitQuery, check_spec,
+    idempotency_key, read_body, stream_position, valid_id,
 };
 
 fn store(state: &JobsState) -> PipelineStore {
@@ -133,13 +133,17 @@ async fn check_stages(state: &JobsState, spec: &PipelineSpec) -> Answer<()> {
     let mut stand_in_data: Option<String> = None;
     for (i, stage) in spec.stages.iter().enumerate() {
         let takes = |kind: OutputKind| inputs(stage).iter().any(|(_, taken)| *taken == kind);
-        let filled = match (&stand_in_model, &stand_in_data) {
-            (Some(model), _) if takes(OutputKind::Checkpoint) => fill(stage, OutputKind::Checkpoint, model),
-            (_, Some(data)) if takes(OutputKind::Dataset) => fill(stage, OutputKind::Dataset, data),
-            _ => stage.clone(),
+        let (filled, stands_in) = match (&stand_in_model, &stand_in_data) {
+            (Some(model), _) if takes(OutputKind::Checkpoint) => {
+                (fill(stage, OutputKind::Checkpoint, model), StandIn::Nothing)
+            }
+            (_, Some(data)) if takes(OutputKind::Dataset) => {
+                (fill(stage, OutputKind::Dataset, data), StandIn::TrainData)
+            }
+            _ => (stage.clone(), StandIn::Nothing),
         };
         let (starts_from, reads) = (filled.model.policy.clone(), filled.data.train.display().to_string());
-        match check_spec(state, filled, true).await? {
+        match check_spec(state, filled, true, stands_in).await? {
             Ok(pinned) => {
                 stand_in_model = Some(pinned.model.policy);
                 stand_in_data = Some(pinned.data.train.display().to_string());

@@ -4,24 +4,29 @@
 //! `verifiers[1].fallbak`), the URLs those options, its webhook and its MLflow server name are
 //! destinations the operator's `[outbound]` policy allows, they fit each other and the data (the
 //! rules the worker applies at start, `rlvr_plugin_host::fit`), its budget is sane, and its
-//! `[resources]` fit this daemon's devices. A runnable job's [`PluginRefs`] say which secrets its
+//! `[resources]` fit this daemon's devices, and every record of its data files is one the job can
+//! read ([`data_problems`]). A runnable job's [`PluginRefs`] say which secrets its
 //! options and its `[tracking]` name. What its names reach (datasets, models, the model line,
 //! secrets) is `tenancy`'s.
 
 use rlvr_plugin_api::PluginKind;
 use rlvr_plugin_host::options::{OptionsProblem, spec_field};
 use rlvr_plugin_host::{LoadedPlugin, Registry};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use rlvr_protocol::builtin::{
     Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
 };
+use rlvr_protocol::records::{self, RecordKind};
 use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
 
 use rlvr_plugin_host::fit::{fit_problems, optimizer_needs, trained_model};
 
 use crate::sched::service::Scheduler;
+use crate::tenancy::Tenancy;
+use crate::tenancy::resolve::data_files;
 
 /// Longest wall-clock budget a job may ask for: 30 days.
 const MAX_WALL_MINUTES: f64 = 30.0 * 24.0 * 60.0;
@@ -296,4 +301,77 @@ fn builtin_model(problem: &mut impl FnMut(&str, String), field: &str, source: &s
         let name = rlvr_protocol::spec::BUILTIN_MODEL;
         problem(field, format!("expected {name} or {name}?seed=N, got {source:?}"));
     }
+}
+
+/// Dataset contents already read through as a kind, by SHA-256: a dataset's content never
+/// changes under its hash, so a sweep of jobs over one dataset reads it once. In memory only (a
+/// restarted daemon reads each once more), and forgotten wholesale past [`CheckedRecords::MAX`].
+#[derive(Debug, Default)]
+pub struct CheckedRecords(Mutex<HashSet<(String, RecordKind)>>);
+
+impl CheckedRecords {
+    /// Entries kept before the memo starts over.
+    const MAX: usize = 10_000;
+
+    fn contains(&self, key: &(String, RecordKind)) -> bool {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(key)
+    }
+
+    fn insert(&self, key: (String, RecordKind)) {
+        let mut seen = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if seen.len() >= Self::MAX {
+            seen.clear();
+        }
+        seen.insert(key);
+    }
+}
+
+/// Every record of the job's data files, read as its worker will read them
+/// (`rlvr_protocol::records`, by the optimizer's data mode and the model it trains): a file the
+/// job cannot use — records without `prompt`, pairs given to an SFT job — is refused at submit
+/// with its field, the line and the key, rather than failing the job when it starts. A file is
+/// shown by the name the spec gave it, never by its path on the server; the `skipped` fields are
+/// not read. Blocks while it reads (a line at a time): call it off the async threads.
+pub fn data_problems(
+    spec: &JobSpec,
+    registry: &Registry,
+    tenancy: &Tenancy,
+    checked: &CheckedRecords,
+    skipped: &[&str],
+) -> Vec<SpecError> {
+    let Some((train, heldout)) = record_kinds(spec, registry) else {
+        // An optimizer that is not loaded: `check_runnable` names it.
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    for file in data_files(tenancy, spec).into_iter().filter(|file| !skipped.contains(&file.field)) {
+        let kind = match file.field {
+            "data.train" => train,
+            "data.heldout" => heldout,
+            _ => RecordKind::Prompts,
+        };
+        let key = file.sha256.clone().map(|sha256| (sha256, kind));
+        if key.as_ref().is_some_and(|key| checked.contains(key)) {
+            continue;
+        }
+        match records::check(kind, file.field, &file.path) {
+            Ok(_) => key.into_iter().for_each(|key| checked.insert(key)),
+            Err(error) => problems.push(SpecError {
+                field: error.field().to_owned(),
+                message: format!("{}; this job reads {}", error.message_for(&file.shown), kind.expected()),
+            }),
+        }
+    }
+    problems
+}
+
+/// What the job's `data.train` and `data.heldout` hold: the built-in jobs sample prompts; a
+/// plugin's by its data mode and the model it trains. `None` when the optimizer is not loaded.
+fn record_kinds(spec: &JobSpec, registry: &Registry) -> Option<(RecordKind, RecordKind)> {
+    if Builtin::of(spec).is_some() {
+        return Some((RecordKind::Prompts, RecordKind::Prompts));
+    }
+    let plugin = registry.find(&spec.optimizer.plugin, Some(PluginKind::Optimizer)).ok()?;
+    let info = optimizer_needs(&plugin.meta)?;
+    Some((RecordKind::of_train(info.data_mode), RecordKind::of_heldout(trained_model(&plugin.meta))))
 }

@@ -20,7 +20,7 @@ use rlvr_queue::store::StoreError;
 use tokio_util::sync::CancellationToken;
 
 use super::next::{Next, Snapshot, StageJob, next};
-use crate::api::jobs::{JobsState, check_spec, create};
+use crate::api::jobs::{JobsState, StandIn, check_spec, create};
 
 /// How often the running pipelines are looked at: a stage starts within this of the one before
 /// it ending.
@@ -161,7 +161,7 @@ async fn submit(
         }
     };
     // The checks of a job submit; the model line is claimed now, by the stage that publishes.
-    let checked = match check_spec(state, spec, false).await {
+    let checked = match check_spec(state, spec, false, StandIn::Nothing).await {
         Ok(Ok(checked)) => Ok(checked),
         Ok(Err(refusal)) => Err(refusal.into_failure()),
         Err(failure) => Err(failure),

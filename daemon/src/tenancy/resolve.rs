@@ -197,6 +197,36 @@ pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<JobSpec, String>
     Ok(resolved)
 }
 
+/// One of a spec's data files, as submit reads its records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataFile {
+    /// `data.train`, …
+    pub field: &'static str,
+    /// What a team is shown for it: `dataset NAME` or `root:ROOT/PATH`, never a server path.
+    pub shown: String,
+    /// A dataset's content (which never changes under its SHA-256); `None` for a data root's
+    /// file, which may.
+    pub sha256: Option<String>,
+    /// The file.
+    pub path: PathBuf,
+}
+
+/// The files the spec's data fields name, for the fields that resolve (one that does not is
+/// [`admit`]'s to refuse, with its field).
+pub fn data_files(tenancy: &Tenancy, spec: &JobSpec) -> Vec<DataFile> {
+    data_fields(spec)
+        .into_iter()
+        .filter_map(|(field, value)| {
+            let (reference, path) = data_file(tenancy, &spec.job.team, value).ok()?;
+            let (shown, sha256) = match reference {
+                DataRef::Dataset { name, sha256 } => (format!("dataset {name}"), sha256),
+                DataRef::Root { root, path } => (format!("root:{root}/{path}"), None),
+            };
+            Some(DataFile { field, shown, sha256, path })
+        })
+        .collect()
+}
+
 /// A data field's reference, pinned, and the file it names.
 fn data_file(tenancy: &Tenancy, team: &str, value: &Path) -> Result<(DataRef, PathBuf), String> {
     let text = value.to_str().ok_or("expected UTF-8 text")?;
