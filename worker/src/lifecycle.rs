@@ -10,7 +10,7 @@
 //!   pushes the signal frame below the stack pointer) overwrote the heap's bookkeeping, and
 //!   the worker aborted on its next `free` ("corrupted size vs. prev_size", "free(): invalid
 //!   pointer") — in about one stop in 50, and in 6 of 20 runs sent 300 SIGTERMs in 0.3 s
-//!   (0 of 20 with `RLVR_CPU_MATMUL=blas`, and 0 of 20 with this).
+//!   (0 of 20 with `RLVR_CPU_MATMUL=blas`, and 0 of 30 with this).
 //! - **Dying with the daemon**: with `--exit-with-parent`, the kernel kills the worker when the
 //!   daemon dies (`PR_SET_PDEATHSIG`), and a watch thread does the same if the parent changes
 //!   anyway. A `kill -9` of the daemon must never leave a worker training a job that the next
