@@ -111,6 +111,27 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     for file in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(version.join(file).is_file(), "{file} published");
     }
+    // The record keeps the server's paths (`wait_job` reads as an admin); the team reads names
+    // in their place, in its job, its events and its worker's log.
+    let state_dir = daemon.state.display().to_string();
+    assert!(done["result"]["checkpoint"].as_str().unwrap().starts_with(&state_dir), "{done}");
+    let (_, seen) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
+    let checkpoint = seen["result"]["checkpoint"].as_str().unwrap();
+    assert!(checkpoint.starts_with(&format!("state:/jobs/{id}/run/checkpoints/")), "{seen}");
+    assert_eq!(seen["published"], "registry:/tiny-arith/1", "{seen}");
+    let events = client()
+        .get(format!("{}/v1/jobs/{id}/events", daemon.url))
+        .bearer_auth(TEAM_TOKEN)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let (_, log) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}/logs"));
+    let log = log["text"].as_str().unwrap();
+    assert!(log.contains("path=state:/jobs/"), "{log}");
+    for (what, text) in [("job", seen.to_string()), ("events", events), ("log", log.to_owned())] {
+        assert!(!text.contains(&state_dir), "the team reads a server path in its {what}: {text}");
+    }
 }
 
 #[test]

@@ -23,7 +23,8 @@ use rlvr_protocol::job::{
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::store::{CancelOutcome, JobPage, PageQuery, StoreError, SubmitOutcome};
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthError, Caller};
 use crate::jobs::{Queues, checks};
@@ -600,6 +601,7 @@ pub async fn list(
     for job in &mut jobs {
         job.grant = state.scheduler.grant_state(&job.id);
     }
+    let jobs = jobs.into_iter().map(|job| shown_to(&state, &caller, job)).collect();
     Ok(Json(JobList { jobs, next: next.map(|cursor| cursor.to_string()) }))
 }
 
@@ -620,7 +622,18 @@ pub async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    Ok(Json(visible_job(&state, &caller, &id).await?))
+    Ok(Json(shown_to(&state, &caller, visible_job(&state, &caller, &id).await?)))
+}
+
+/// `record` as `caller` reads it: a team token reads names in place of the server's paths
+/// (`tenancy::shown`), an admin the paths.
+pub(super) fn shown_to<T: Serialize + DeserializeOwned>(state: &JobsState, caller: &Caller, record: T) -> T {
+    if caller.admin { record } else { state.tenancy.shown.record(record) }
+}
+
+/// `text` as `caller` reads it (see [`shown_to`]).
+pub(super) fn shown_text(state: &JobsState, caller: &Caller, text: String) -> String {
+    if caller.admin { text } else { state.tenancy.shown.text(&text).into_owned() }
 }
 
 pub(super) async fn visible_job(state: &JobsState, caller: &Caller, id: &str) -> Answer<JobView> {
@@ -665,7 +678,7 @@ pub async fn cancel(
     match state.queues.store.cancel(&id, &reason).await? {
         CancelOutcome::Cancelled | CancelOutcome::Requested => {
             tracing::info!(job = %id, by = %caller.team, "cancel");
-            Ok(Json(state.queues.store.get(&id).await?))
+            Ok(Json(shown_to(&state, &caller, state.queues.store.get(&id).await?)))
         }
         CancelOutcome::AlreadyEnded(ended) => Err(Failure::new(
             StatusCode::CONFLICT,
@@ -717,6 +730,7 @@ pub async fn events(
         .map_err(|message| Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1))?;
     let follower = Follower {
         _place: place,
+        admin: caller.admin,
         state,
         id,
         after,
@@ -819,6 +833,8 @@ fn valid_stream_id(id: &str) -> bool {
 struct Follower {
     /// The stream's place in its team's lane, given back when the stream is dropped.
     _place: super::lanes::Ticket,
+    /// Whether the caller reads the server's paths (`shown_to`).
+    admin: bool,
     state: Arc<JobsState>,
     id: String,
     after: String,
@@ -840,7 +856,7 @@ impl Follower {
                 if event.state.is_terminal() {
                     self.ended = true;
                 }
-                let data = serde_json::to_string(&event).unwrap_or_default();
+                let data = serde_json::to_string(&self.shown(event.clone())).unwrap_or_default();
                 return Some(Event::default().event("state").id(event.id).data(data));
             }
             if self.ended {
@@ -872,12 +888,17 @@ impl Follower {
                 let mark = (job.step, job.updated_at.clone());
                 if self.last_progress.as_ref() != Some(&mark) {
                     self.last_progress = Some(mark);
-                    let data = serde_json::to_string(&job).unwrap_or_default();
+                    let data = serde_json::to_string(&self.shown(job)).unwrap_or_default();
                     return Some(Event::default().event("progress").data(data));
                 }
             }
             self.wait().await?;
         }
+    }
+
+    /// A record as the stream's caller reads it (`shown_to`).
+    fn shown<T: Serialize + DeserializeOwned>(&self, record: T) -> T {
+        if self.admin { record } else { self.state.tenancy.shown.record(record) }
     }
 
     /// Until the next poll; `None` when the daemon stops.

@@ -13,7 +13,7 @@ use rlvr_protocol::job::{ErrorBody, JobLog};
 use serde::Deserialize;
 
 use super::auth::Caller;
-use super::jobs::{Answer, Failure, JobsState, visible_job};
+use super::jobs::{Answer, Failure, JobsState, shown_text, visible_job};
 
 /// The most bytes one answer carries: a follower asks again for the rest.
 const MAX_WINDOW: u64 = 1 << 20;
@@ -65,17 +65,17 @@ pub async fn logs(
     visible_job(&state, &caller, &id).await?;
     let path = state.state_dir.jobs().job(&id).worker_log();
     let since = query.since;
-    tokio::task::spawn_blocking(move || read_window(&path, since, max).map_err(|error| (path, error)))
-        .await
-        .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
-        .map(Json)
-        .map_err(|(path, error)| {
-            Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "unreadable",
-                format!("{}: {error}", path.display()),
-            )
-        })
+    let mut log =
+        tokio::task::spawn_blocking(move || read_window(&path, since, max).map_err(|error| (path, error)))
+            .await
+            .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
+            .map_err(|(path, error)| {
+                let message = shown_text(&state, &caller, format!("{}: {error}", path.display()));
+                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "unreadable", message)
+            })?;
+    // The worker logs its paths; a team reads names in their place. The offsets stay the file's.
+    log.text = shown_text(&state, &caller, log.text);
+    Ok(Json(log))
 }
 
 /// Whole lines of the file at `path`: from `since` (at most `max` bytes, up to the last newline

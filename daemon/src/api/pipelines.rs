@@ -29,7 +29,7 @@ use serde::Deserialize;
 use super::auth::Caller;
 use super::jobs::{
     Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, StandIn, SubmitQuery, check_spec,
-    idempotency_key, read_body, stream_position, valid_id,
+    idempotency_key, read_body, shown_to, stream_position, valid_id,
 };
 
 fn store(state: &JobsState) -> PipelineStore {
@@ -229,6 +229,7 @@ pub async fn list(
     };
     let limit = query.limit.unwrap_or(100).clamp(1, MAX_LIST);
     let pipelines = store(&state).list(team.as_deref(), limit).await?;
+    let pipelines = pipelines.into_iter().map(|pipeline| shown_to(&state, &caller, pipeline)).collect();
     Ok(Json(PipelineList { pipelines }))
 }
 
@@ -249,7 +250,7 @@ pub async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<PipelineView>> {
-    Ok(Json(visible(&state, &caller, &id).await?))
+    Ok(Json(shown_to(&state, &caller, visible(&state, &caller, &id).await?)))
 }
 
 /// `DELETE /v1/pipelines/{id}`: cancel. No further stage is submitted; the running stage's job
@@ -291,7 +292,7 @@ pub async fn cancel(
             .await?;
     }
     tracing::info!(pipeline = %id, by = %caller.team, "pipeline cancel");
-    Ok(Json(visible(&state, &caller, &id).await?))
+    Ok(Json(shown_to(&state, &caller, visible(&state, &caller, &id).await?)))
 }
 
 /// `GET /v1/pipelines/{id}/events`: server-sent events, one `state` event (a [`PipelineEvent`])
@@ -320,7 +321,15 @@ pub async fn events(
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible(&state, &caller, &id).await?;
     let after = stream_position(&headers, query.after)?;
-    let follower = Follower { state, id, after, pending: Vec::new(), ended: false, pipeline_ended: false };
+    let follower = Follower {
+        admin: caller.admin,
+        state,
+        id,
+        after,
+        pending: Vec::new(),
+        ended: false,
+        pipeline_ended: false,
+    };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
         let event = follower.next().await?;
         Some((Ok(event), follower))
@@ -330,6 +339,8 @@ pub async fn events(
 
 /// Follows one pipeline for an event stream (as `jobs::Follower` does a job).
 struct Follower {
+    /// Whether the caller reads the server's paths (`shown_to`).
+    admin: bool,
     state: Arc<JobsState>,
     id: String,
     after: String,
@@ -349,7 +360,9 @@ impl Follower {
                 if event.state.is_terminal() {
                     self.ended = true;
                 }
-                let data = serde_json::to_string(&event).unwrap_or_default();
+                let shown =
+                    if self.admin { event.clone() } else { self.state.tenancy.shown.record(event.clone()) };
+                let data = serde_json::to_string(&shown).unwrap_or_default();
                 return Some(Event::default().event("state").id(event.id).data(data));
             }
             if self.ended {

@@ -9,6 +9,7 @@
 //! - [`resolve`]: a submitted spec checked against all of it and pinned (`dataset:NAME` becomes
 //!   `dataset:NAME@SHA256`, `line:L` becomes `line:L@N`), and, when its worker starts, turned
 //!   into the spec the worker reads, with server paths in place of names.
+//! - [`shown`]: the other way round, for what a team reads: names in place of server paths.
 //!
 //! The operator's config is trusted ([`crate::config::TenancyConfig`]): base models, data roots,
 //! secrets and per-team allowances. A team is whatever its token says ([`crate::api::auth`]).
@@ -17,6 +18,7 @@ pub mod curricula;
 pub mod datasets;
 pub mod lines;
 pub mod resolve;
+pub mod shown;
 pub mod sweep;
 
 use std::collections::BTreeMap;
@@ -68,6 +70,8 @@ pub struct Tenancy {
     pub lines: Lines,
     /// The teams' curricula.
     pub curricula: Curricula,
+    /// The server's paths, and the names a team reads in their place.
+    pub shown: shown::ShownPaths,
 }
 
 /// A team's allowance.
@@ -107,12 +111,14 @@ impl Tenancy {
             max_response_bytes: graders.max_response_bytes,
             work_root: Some(grader_work_dir(config, state_dir)),
         };
+        let shown = shown_paths(config, state_dir, &registry);
         Tenancy {
             config: config.tenancy.clone(),
             grader_caps,
             datasets: Datasets::new(state_dir.datasets(), config.tenancy.max_dataset_bytes),
             lines: Lines::new(registry, config.tenancy.max_lines_per_team as usize),
             curricula: Curricula::new(state_dir.curricula()),
+            shown,
         }
     }
 
@@ -303,4 +309,17 @@ mod tests {
         let message = tenancy.team_secrets("research").unwrap_err();
         assert!(!message.contains("RLVR_TEST_NEVER_SET_VARIABLE"), "{message}");
     }
+}
+
+/// The paths a team never reads, and their names: the operator's base models and data roots,
+/// the registry and the state directory.
+fn shown_paths(config: &Config, state_dir: &StateDir, registry: &Path) -> shown::ShownPaths {
+    let tenancy = &config.tenancy;
+    let mut pairs: Vec<(&Path, String)> =
+        vec![(state_dir.path(), "state:".to_owned()), (registry, "registry:".to_owned())];
+    pairs.extend(
+        tenancy.base_models.iter().map(|model| (model.path.as_path(), format!("base:{}", model.name))),
+    );
+    pairs.extend(tenancy.data_roots.iter().map(|root| (root.path.as_path(), format!("root:{}", root.name))));
+    shown::ShownPaths::new(pairs)
 }
