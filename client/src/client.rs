@@ -397,10 +397,37 @@ impl Client {
         self.call(Method::POST, url, Some(body))
     }
 
-    /// `GET /v1/jobs/{id}/metrics`: the job's metrics lines in order.
+    /// The job's metrics lines in order: every window of `GET /v1/jobs/{id}/metrics`.
     pub fn metrics(&self, id: &str) -> Result<Vec<MetricsLine>, HttpError> {
-        let history: MetricsHistory = self.get(&["v1", "jobs", id, "metrics"], &[])?;
-        Ok(history.lines)
+        let mut lines = Vec::new();
+        let mut since = 0;
+        loop {
+            let window = self.metrics_window(id, since, None)?;
+            // Cut back meanwhile (a resume): what was read before is not the history any more.
+            if window.start < since {
+                lines.clear();
+            }
+            lines.extend(window.lines);
+            if window.end >= window.size || window.end <= since && window.start == since {
+                return Ok(lines);
+            }
+            since = window.end;
+        }
+    }
+
+    /// `GET /v1/jobs/{id}/metrics` from byte `since` (the `end` of the previous answer), at most
+    /// `bytes` of lines (the daemon's default: 4 MiB).
+    pub fn metrics_window(
+        &self,
+        id: &str,
+        since: u64,
+        bytes: Option<u64>,
+    ) -> Result<MetricsHistory, HttpError> {
+        let query: Vec<(&str, String)> = [("since", Some(since)), ("bytes", bytes)]
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|value| (key, value.to_string())))
+            .collect();
+        self.get(&["v1", "jobs", id, "metrics"], &query)
     }
 
     /// `GET /v1/jobs/{id}/logs`: whole lines of the job's worker log from byte `since` (the `end`

@@ -482,6 +482,7 @@ async function jobPage(view, id, signal) {
     h('h2', {}, 'Log'), log);
 
   let lines = [];
+  let metricsEnd = 0;
   let logEnd = null;
 
   const drawSummary = () => {
@@ -503,8 +504,18 @@ async function jobPage(view, id, signal) {
     if (job.gates) gates.replaceChildren(gateTable(job.gates));
   };
 
+  // The metrics a window at a time, from where the last read ended: a long job's history is
+  // read once, not again at every refresh.
   const refreshMetrics = singleFlight(async () => {
-    lines = (await getJson(`/v1/jobs/${encodeURIComponent(id)}/metrics`, { signal })).lines;
+    for (;;) {
+      const chunk = await getJson(`/v1/jobs/${encodeURIComponent(id)}/metrics?since=${metricsEnd}`, { signal });
+      // A history cut back by a resume is read again from its start.
+      if (chunk.start < metricsEnd) lines = [];
+      lines = lines.concat(chunk.lines);
+      const moved = chunk.end > metricsEnd || chunk.start < metricsEnd;
+      metricsEnd = chunk.end;
+      if (chunk.end >= chunk.size || !moved) break;
+    }
     drawCharts();
   });
   const refreshLog = singleFlight(async () => {

@@ -200,13 +200,24 @@ pub struct LineVersion {
     pub version: u64,
 }
 
-/// `GET /v1/jobs/{id}/metrics` answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `GET /v1/jobs/{id}/metrics` answer: a window of the job's metrics lines. Follow the history by
+/// asking again with `since` = `end` until `end` = `size`; a `start` of 0 after a `since` > 0 means
+/// the file was cut back (a resume from an earlier checkpoint) and was read again from its start.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MetricsHistory {
-    /// The job's metrics lines in order: one per step, and the held-out evaluations.
+    /// The lines in order: one per step, and the held-out evaluations.
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub lines: Vec<MetricsLine>,
+    /// Byte offset in `metrics.jsonl` where `lines` start.
+    #[serde(default)]
+    pub start: u64,
+    /// Byte offset just past `lines`: where the next window starts.
+    #[serde(default)]
+    pub end: u64,
+    /// The file's length in bytes when it was read.
+    #[serde(default)]
+    pub size: u64,
 }
 
 /// `GET /v1/jobs/{id}/logs` answer: a window of whole lines of the job's worker log (every run's

@@ -22,6 +22,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::job::MetricsHistory;
 use crate::worker::{MetricsLine, Progress};
 
 /// `<state_dir>/jobs`: every job's directory.
@@ -161,6 +162,41 @@ impl RunDir {
         serde_json::from_slice(&fs::read(self.progress()).ok()?).ok()
     }
 
+    /// The complete lines of `metrics.jsonl` from byte `since`, as many as fit in `max_bytes` (at
+    /// least one line, however long, so a reader always moves on); a `since` past the file's end
+    /// (a resume cut the file back) reads from its start. Unreadable lines are skipped, a missing
+    /// file is no lines. The file is read a window at a time: a long job's history is never held
+    /// whole.
+    pub fn read_metrics_window(&self, since: u64, max_bytes: u64) -> io::Result<MetricsHistory> {
+        use std::io::{BufRead, BufReader, Seek, SeekFrom};
+        let file = match fs::File::open(self.metrics()) {
+            Ok(file) => file,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(MetricsHistory::default()),
+            Err(error) => return Err(error),
+        };
+        let size = file.metadata()?.len();
+        let start = if since > size { 0 } else { since };
+        let mut reader = BufReader::new(file);
+        reader.seek(SeekFrom::Start(start))?;
+        let (mut lines, mut end, mut line) = (Vec::new(), start, Vec::new());
+        while end < size && (end == start || end - start < max_bytes) {
+            line.clear();
+            let read = reader.read_until(b'\n', &mut line)? as u64;
+            // A line still being written is read next time, whole.
+            if read == 0 || line.last() != Some(&b'\n') {
+                break;
+            }
+            if end > start && end - start + read > max_bytes {
+                break;
+            }
+            end += read;
+            if let Ok(parsed) = serde_json::from_slice(&line) {
+                lines.push(parsed);
+            }
+        }
+        Ok(MetricsHistory { lines, start, end, size })
+    }
+
     /// Every complete line of `metrics.jsonl`, in order; an unreadable line is skipped (a newer
     /// worker's, say), a missing file is no lines.
     pub fn read_metrics(&self) -> io::Result<Vec<MetricsLine>> {
@@ -207,5 +243,39 @@ mod tests {
         let lines = run.read_metrics().unwrap();
         assert_eq!(lines.len(), 1);
         assert_eq!((lines[0].step, lines[0].loss), (1, Some(0.5)));
+    }
+
+    /// `(since, max_bytes)` → the steps read, where the next window starts, the window's start.
+    #[test]
+    fn metrics_are_read_a_window_of_whole_lines_at_a_time() {
+        let state = tempfile::tempdir().unwrap();
+        let run = JobsDir::of_state_dir(state.path()).job("01J").run();
+        assert_eq!(run.read_metrics_window(0, 100).unwrap(), MetricsHistory::default());
+        fs::create_dir_all(run.metrics().parent().unwrap()).unwrap();
+        // Three lines of 12 bytes, one unreadable, and one half-written.
+        let text = "{\"step\": 1}\n{\"step\": 2}\nnot json!!!\n{\"step\": 3}\n{\"step\": 4";
+        fs::write(run.metrics(), text).unwrap();
+        let rows: [((u64, u64), (&[u64], u64, u64)); 7] = [
+            ((0, 1 << 20), (&[1, 2, 3], 48, 0)),
+            ((0, 24), (&[1, 2], 24, 0)),
+            // One line at least, however small the window.
+            ((0, 1), (&[1], 12, 0)),
+            ((24, 12), (&[], 36, 24)),
+            ((36, 100), (&[3], 48, 36)),
+            // At the end, or in the half-written line: nothing yet.
+            ((48, 100), (&[], 48, 48)),
+            // Past the file's end (it was cut back): from its start.
+            ((500, 12), (&[1], 12, 0)),
+        ];
+        for ((since, max), (steps, end, start)) in rows {
+            let window = run.read_metrics_window(since, max).unwrap();
+            let got: Vec<u64> = window.lines.iter().map(|line| line.step).collect();
+            assert_eq!(
+                (got.as_slice(), window.end, window.start),
+                (steps, end, start),
+                "since {since}, max {max}"
+            );
+            assert_eq!(window.size, text.len() as u64);
+        }
     }
 }

@@ -132,6 +132,27 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     for (what, text) in [("job", seen.to_string()), ("events", events), ("log", log.to_owned())] {
         assert!(!text.contains(&state_dir), "the team reads a server path in its {what}: {text}");
     }
+    // Its metrics a window at a time: the windows, followed from each `end`, are the history.
+    let team = rlvr_tests::jobs::api(&daemon, Some(TEAM_TOKEN));
+    let history = team.metrics(&id).unwrap();
+    assert_eq!(history.iter().filter(|line| line.is_step()).count(), 6);
+    let (mut followed, mut since) = (Vec::new(), 0);
+    loop {
+        let window = team.metrics_window(&id, since, Some(1)).unwrap();
+        assert_eq!((window.start, window.lines.len()), (since, 1), "one whole line at least");
+        followed.extend(window.lines);
+        since = window.end;
+        if window.end == window.size {
+            break;
+        }
+    }
+    assert_eq!(followed, history);
+    let too_large = client()
+        .get(format!("{}/v1/jobs/{id}/metrics?bytes=999999999", daemon.url))
+        .bearer_auth(TEAM_TOKEN)
+        .send()
+        .unwrap();
+    assert_eq!(too_large.status().as_u16(), 400);
 }
 
 #[test]

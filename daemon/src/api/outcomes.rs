@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use rlvr_protocol::api::PromoteRequest;
 use rlvr_protocol::gates::Forced;
@@ -122,14 +122,29 @@ pub async fn promote(
     Ok(Json(state.queues.store.get(&id).await?))
 }
 
-/// `GET /v1/jobs/{id}/metrics`: every metrics line the job's worker logged (empty before its
-/// first step).
+/// The most bytes of `metrics.jsonl` one `GET /v1/jobs/{id}/metrics` reads: 4 MiB (some 10,000
+/// steps' lines); the default.
+pub const MAX_METRICS_WINDOW: u64 = 4 << 20;
+
+/// `GET /v1/jobs/{id}/metrics` query.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsQuery {
+    /// Byte offset to read from (the `end` of the previous answer); unset: the first line.
+    since: Option<u64>,
+    /// At most this many bytes of lines (default and most: 4 MiB); always one line at least.
+    bytes: Option<u64>,
+}
+
+/// `GET /v1/jobs/{id}/metrics`: the metrics lines the job's worker logged (none before its
+/// first step), a window at a time: from `since`, at most `bytes`. The whole history is the
+/// windows up to `end` = `size`; a follower asks from its last `end`.
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/metrics",
-    params(("id" = String, Path, description = "Job id")),
+    params(("id" = String, Path, description = "Job id"), MetricsQuery),
     responses(
-        (status = 200, body = MetricsHistory),
+        (status = 200, body = MetricsHistory), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody),
     ),
     security(("bearer" = [])),
@@ -139,19 +154,35 @@ pub async fn metrics(
     State(state): State<Arc<JobsState>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    query: Result<Query<MetricsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Answer<Json<MetricsHistory>> {
+    let Query(query) = query
+        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
+    let max = match query.bytes {
+        None => MAX_METRICS_WINDOW,
+        Some(bytes @ 1..=MAX_METRICS_WINDOW) => bytes,
+        Some(_) => {
+            return Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "bad_query",
+                format!("expected bytes from 1 to {MAX_METRICS_WINDOW}"),
+            )
+            .field("bytes"));
+        }
+    };
     visible_job(&state, &caller, &id).await?;
     let run = state.state_dir.jobs().job(&id).run();
-    let lines =
-        tokio::task::spawn_blocking(move || run.read_metrics().map_err(|error| (run.metrics(), error)))
-            .await
-            .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
-            .map_err(|(path, error)| {
-                Failure::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "unreadable",
-                    format!("{}: {error}", path.display()),
-                )
-            })?;
-    Ok(Json(MetricsHistory { lines }))
+    let since = query.since.unwrap_or(0);
+    let history = tokio::task::spawn_blocking(move || run.read_metrics_window(since, max))
+        .await
+        .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
+        .map_err(|error| {
+            tracing::error!(job = %id, %error, "the job's metrics.jsonl cannot be read");
+            Failure::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unreadable",
+                "the job's metrics cannot be read now",
+            )
+        })?;
+    Ok(Json(history))
 }

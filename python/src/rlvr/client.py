@@ -240,8 +240,21 @@ class Client:
         return self.job(job_id).gates
 
     def metrics(self, job_id: str) -> list[MetricsLine]:
-        """`GET /v1/jobs/{id}/metrics`: one line per step, and the held-out evaluations."""
-        return [MetricsLine.from_json(line) for line in self._list("lines", "v1", "jobs", job_id, "metrics")]
+        """The job's metrics, one line per step and the held-out evaluations: every window of
+        `GET /v1/jobs/{id}/metrics`, from the first to the file's end."""
+        lines: list[MetricsLine] = []
+        since = 0
+        while True:
+            window = self._get("v1", "jobs", job_id, "metrics", query={"since": since})
+            items, start, end, size = (window.get(key) for key in ("lines", "start", "end", "size"))
+            if not isinstance(items, list) or not all(isinstance(n, int) for n in (start, end, size)):
+                raise BadAnswer(f"unexpected answer from the metrics of job {job_id}: {window!r}")
+            if start < since:  # cut back meanwhile (a resume): read again from the start
+                lines = []
+            lines.extend(MetricsLine.from_json(line) for line in items)
+            if end >= size or (end <= since and start == since):
+                return lines
+            since = end
 
     def logs(self, job_id: str, *, since: int | None = None, bytes: int | None = None) -> JobLog:
         """`GET /v1/jobs/{id}/logs`: whole lines of the worker's log from byte `since` (the `end` of
