@@ -198,29 +198,39 @@ impl Supervisor {
     /// Handles dispatch task `task_id` of job `id` to the end of this daemon's part in it. Never
     /// fails: every outcome is written to the job record.
     pub async fn handle(self: &Arc<Self>, id: String, task_id: String) {
-        let (done, running_already) = {
-            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-            match active.get(&id) {
-                Some(running) => (None, Some(running.clone())),
-                None => {
-                    let (sender, receiver) = tokio::sync::watch::channel(false);
-                    active.insert(id.clone(), receiver);
-                    (Some(sender), None)
+        loop {
+            let (done, running_already) = {
+                let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+                match active.get(&id) {
+                    Some(running) => (None, Some(running.clone())),
+                    None => {
+                        let (sender, receiver) = tokio::sync::watch::channel(false);
+                        active.insert(id.clone(), receiver);
+                        (Some(sender), None)
+                    }
                 }
+            };
+            if let Some(mut running) = running_already {
+                // The same job's task again while a supervision of it runs here: either the
+                // task under way, redelivered after the backend's worker was rebuilt (held so
+                // its lease covers the job; stale once that supervision ends), or a newer task
+                // the supervision's own requeue pushed before it ended (a worker that stopped
+                // on a signal of its own): handled once it has ended. Taken as stale, it left
+                // the job `queued` with no task anyone would run.
+                info!(job = %id, task = %task_id, "job is supervised here already; this task waits until that ends");
+                if running.wait_for(|ended| *ended).await.is_err() {
+                    warn!(job = %id, task = %task_id, "the supervision under way ended without a word; leaving this task");
+                    return;
+                }
+                continue;
             }
-        };
-        if let Some(mut running) = running_already {
-            // The same job's task again (redelivered after the backend's worker was rebuilt):
-            // hold it until the supervision under way ends, so its lease covers the job.
-            info!(job = %id, task = %task_id, "job is supervised here already; holding this task until it ends");
-            let _ = running.wait_for(|ended| *ended).await;
+            let span = info_span!("job", id = %id);
+            self.handle_inner(&id, &task_id).instrument(span).await;
+            self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            if let Some(done) = done {
+                let _ = done.send(true);
+            }
             return;
-        }
-        let span = info_span!("job", id = %id);
-        self.handle_inner(&id, &task_id).instrument(span).await;
-        self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        if let Some(done) = done {
-            let _ = done.send(true);
         }
     }
 
