@@ -150,8 +150,7 @@ fn rlvrctl_submits_follows_lists_and_cancels_jobs_against_a_real_daemon() {
     let long_train_named = Some(long_train.clone());
     assert_eq!(named_train(&daemon), long_train_named);
     let mut edited = fs::read_to_string(long_dir.join("data/train.jsonl")).unwrap();
-    let first_line = format!("{}\n", edited.lines().next().unwrap());
-    edited.push_str(&first_line);
+    edited.push_str("{\"id\": \"edited-1\", \"prompt\": \"1+1=\", \"reference\": {\"answer\": \"2\"}}\n");
     fs::write(long_dir.join("data/train.jsonl"), &edited).unwrap();
     let dry = run(&rlvrctl, &["submit", "--dry-run", "long.toml"], &long_dir, &from_file);
     assert_eq!(dry.status.code(), Some(0), "{}", text(&dry));
