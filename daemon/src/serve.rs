@@ -271,6 +271,12 @@ impl Services {
             },
             metrics.api_auth_refusals.clone(),
         ));
+        // Ended jobs' records: every team's by age now and then; a team's when one of its jobs ends.
+        let retention = crate::jobs::retention::Retention {
+            keep_per_team: config.queue.keep_ended_per_team as usize,
+            keep_for: Duration::from_secs(u64::from(config.queue.keep_ended_days) * 24 * 3600),
+        };
+        tokio::spawn(crate::jobs::retention::run(queues.store.clone(), retention, stopping.clone()));
         let jobs_state = Arc::new(JobsState {
             queues: queues.clone(),
             registry: registry.clone(),
@@ -299,6 +305,7 @@ impl Services {
             trl_python: config.engines.trl_python.clone(),
             ray_address: config.engines.ray_address.clone(),
             checked_records: Arc::default(),
+            retention,
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));
@@ -335,6 +342,7 @@ impl Services {
                 verify_url: format!("http://{listener_addr}/v1/verify"),
                 tokens: job_tokens,
             },
+            retention,
         }));
         let consumer = consumer::start(supervisor, &config.queue, stopping.clone());
         // Its own token: the shutdown's stops taking work; this one, at `drain`'s end, the API.

@@ -255,7 +255,8 @@ mod tests {
         // Three lines of 12 bytes, one unreadable, and one half-written.
         let text = "{\"step\": 1}\n{\"step\": 2}\nnot json!!!\n{\"step\": 3}\n{\"step\": 4";
         fs::write(run.metrics(), text).unwrap();
-        let rows: [((u64, u64), (&[u64], u64, u64)); 7] = [
+        type Row = ((u64, u64), (&'static [u64], u64, u64));
+        let rows: [Row; 7] = [
             ((0, 1 << 20), (&[1, 2, 3], 48, 0)),
             ((0, 24), (&[1, 2], 24, 0)),
             // One line at least, however small the window.

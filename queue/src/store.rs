@@ -401,6 +401,68 @@ return {1, ARGV[1]}
         Ok(specs)
     }
 
+    /// The jobs of `team` (every team's with `None`) as `(team, id, ended at)`: `ended at` (ms)
+    /// for a job in a final state (its last change), `None` for one not ended. For the retention
+    /// of ended records.
+    pub async fn ended_times(
+        &self,
+        team: Option<&str>,
+    ) -> Result<Vec<(String, String, Option<u64>)>, StoreError> {
+        let index = team.map_or_else(|| format!("{PREFIX}:jobs"), team_key);
+        let ids: Vec<String> = self.conn.clone().zrange(index, 0, -1).await?;
+        let mut jobs = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET").arg(job_key(id)).arg(F_STATE).arg(F_UPDATED).arg("team");
+            }
+            let rows: Vec<(Option<String>, Option<String>, Option<String>)> =
+                pipe.query_async(&mut self.conn.clone()).await?;
+            for (id, (state, updated, team)) in chunk.iter().zip(rows) {
+                let Some(team) = team else { continue };
+                // A state or time that does not parse counts as not ended: never forgotten.
+                let ended =
+                    state.and_then(|state| state.parse::<JobState>().ok()).is_some_and(JobState::is_terminal);
+                let at = updated.and_then(|at| at.parse::<u64>().ok());
+                jobs.push((team, id.clone(), if ended { at } else { None }));
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// Deletes the record, events and index entries of job `id` if it has ended (checked in the
+    /// same script: a job that is not ended is never touched). Whether it was deleted.
+    pub async fn forget_ended(&self, id: &str, team: &str) -> Result<bool, StoreError> {
+        static FORGET: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new(
+                r#"
+-- KEYS: job hash, events stream, all jobs, team jobs, dead set
+-- ARGV: id, ",final,states,"
+local state = redis.call("HGET", KEYS[1], "state")
+if not state or not string.find(ARGV[2], "," .. state .. ",", 1, true) then return 0 end
+redis.call("DEL", KEYS[1], KEYS[2])
+redis.call("ZREM", KEYS[3], ARGV[1])
+redis.call("ZREM", KEYS[4], ARGV[1])
+redis.call("ZREM", KEYS[5], ARGV[1])
+return 1
+"#,
+            )
+        });
+        let terminal = [JobState::Published, JobState::Refused, JobState::Failed, JobState::Cancelled];
+        let states = format!(",{},", terminal.map(|state| state.as_str()).join(","));
+        let deleted: i64 = FORGET
+            .key(job_key(id))
+            .key(events_key(id))
+            .key(format!("{PREFIX}:jobs"))
+            .key(team_key(team))
+            .key(format!("{PREFIX}:dead"))
+            .arg(id)
+            .arg(states)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(deleted == 1)
+    }
+
     /// Moves the job to `to` if its state allows it ([`JobState::allowed_from`]), with `reason`
     /// and any `extra` record fields, and appends the event. Returns the state it left.
     pub async fn transition(

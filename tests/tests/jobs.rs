@@ -515,7 +515,7 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     let daemon = Daemon::start_with(
         &PLUGINS,
         &redis.url(),
-        &format!("{QUEUE}[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n"),
+        &format!("{QUEUE}keep_ended_per_team = 10\n[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n"),
     );
     // More libraries than the job uses, in the directory before its worker starts (dropped in
     // rather than loaded at start: the daemon probes them meanwhile, off the test's path).
@@ -552,6 +552,24 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     };
     let answer: Value = cancel(&waiting).json().unwrap();
     assert_eq!(answer["state"], "cancelled", "a queued job is cancelled at once: {answer}");
+    // regression: ended jobs' records (each with its spec) stayed in Redis for ever, outside any
+    // quota. Ten more submitted and cancelled: the team keeps its 10 newest ended records.
+    let mut cancelled = vec![waiting.clone()];
+    for n in 0..10 {
+        let id = submit_ok(&daemon, &spec(&data, &format!("cancelled-{n}"), 3, whole_slot));
+        assert_eq!(cancel(&id).status().as_u16(), 200);
+        cancelled.push(id);
+    }
+    let forgotten = || get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{waiting}")).0 == 404;
+    assert!(
+        wait_until(Duration::from_secs(30), forgotten),
+        "the 11th ended job's record stays\n{}",
+        daemon.log()
+    );
+    for id in &cancelled[1..] {
+        assert_eq!(get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}")).0, 200, "a newer ended job is kept");
+    }
+    assert_eq!(job(&daemon, &running)["state"], "running", "a job not ended is never forgotten");
     let asked = Instant::now();
     let answer: Value = cancel(&running).json().unwrap();
     assert_eq!(answer["cancel_requested"], true, "{answer}");

@@ -58,6 +58,8 @@ pub struct JobsState {
     pub ray_address: Option<String>,
     /// Dataset contents submit has read through already (`jobs::checks::data_problems`).
     pub checked_records: Arc<crate::jobs::checks::CheckedRecords>,
+    /// Ended jobs' records a team keeps (`jobs::retention`): applied when a cancel ends a job.
+    pub retention: crate::jobs::retention::Retention,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -673,11 +675,20 @@ pub async fn cancel(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    visible_job(&state, &caller, &id).await?;
+    let job = visible_job(&state, &caller, &id).await?;
     let reason = format!("cancelled by team {}", caller.team);
-    match state.queues.store.cancel(&id, &reason).await? {
+    let outcome = state.queues.store.cancel(&id, &reason).await?;
+    match outcome {
         CancelOutcome::Cancelled | CancelOutcome::Requested => {
             tracing::info!(job = %id, by = %caller.team, "cancel");
+            if matches!(outcome, CancelOutcome::Cancelled) {
+                // Ended now, without a supervision to end it: the team's retention applies here.
+                let (store, retention, team) =
+                    (state.queues.store.clone(), state.retention, job.team.clone());
+                tokio::spawn(
+                    async move { crate::jobs::retention::sweep_team(&store, retention, &team).await },
+                );
+            }
             Ok(Json(shown_to(&state, &caller, state.queues.store.get(&id).await?)))
         }
         CancelOutcome::AlreadyEnded(ended) => Err(Failure::new(

@@ -127,6 +127,7 @@ pub(super) const SHARE: Positive =
 const GIGABYTES: Positive = Positive { what: "a number of gigabytes", max: None, default: None };
 const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
+const DAYS: Option<&str> = Some("days");
 
 pub(super) const SECTIONS: [Section; 12] = [
     Section { name: "daemon", doc: "" },
@@ -508,6 +509,18 @@ admin = false",
         "queue.worker_threads",
         integer(0, 1024, None, 0),
         "libtorch threads of each worker; 0 = every core.",
+    ),
+    field(
+        "queue.keep_ended_per_team",
+        integer(10, 10_000_000, None, 1000),
+        "Ended jobs (published, refused, failed, cancelled) whose records each team keeps in Redis, \
+         the newest; older ones are deleted (their spec and events; a published version keeps its \
+         manifest on disk). Bounds what a team's finished jobs cost Redis.",
+    ),
+    field(
+        "queue.keep_ended_days",
+        integer(1, 36_500, DAYS, 90),
+        "No ended job's record is kept longer than this after it ended.",
     ),
     field(
         "scheduler.starvation_after_s",

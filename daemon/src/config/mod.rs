@@ -121,6 +121,10 @@ pub struct QueueConfig {
     pub stop_timeout_s: u64,
     /// libtorch threads of each worker; 0 = every core.
     pub worker_threads: u32,
+    /// Ended jobs' records a team keeps in Redis, the newest (`jobs::retention`).
+    pub keep_ended_per_team: u32,
+    /// Days an ended job's record is kept at most.
+    pub keep_ended_days: u32,
 }
 
 /// `[scheduler]`: the settings of the scheduling policy (design.md §7).

@@ -16,6 +16,7 @@
 //!   while it runs, its end and the published files —, a task of its own beside the supervision.
 //! - [`out_of_memory`]: a worker that ran out of memory — the larger request, once (pure).
 //! - [`paired`]: the held-out gain's paired confidence interval, a seeded bootstrap (pure).
+//! - [`retention`]: how many ended jobs' records a team keeps in Redis, and how long.
 
 pub mod checks;
 pub mod consumer;
@@ -26,6 +27,7 @@ pub mod mlflow;
 pub mod out_of_memory;
 pub mod paired;
 pub mod publish;
+pub mod retention;
 pub mod supervise;
 pub mod webhook;
 

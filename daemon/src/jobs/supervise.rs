@@ -92,6 +92,8 @@ pub struct SupervisorConfig {
     /// The client webhooks go through (`[outbound]`).
     pub outbound: rlvr_outbound::Client,
     pub engines: Engines,
+    /// How many ended jobs' records a team keeps, and how long (applied when one ends).
+    pub retention: crate::jobs::retention::Retention,
 }
 
 /// What an `[engine]` job's worker is given to start its engine.
@@ -130,6 +132,8 @@ pub struct Supervisor {
     /// The client webhooks go through (`[outbound]`).
     pub outbound: rlvr_outbound::Client,
     pub engines: Engines,
+    /// Ended jobs' records kept (`jobs::retention`), applied to a team when one of its jobs ends.
+    pub retention: crate::jobs::retention::Retention,
     /// Jobs supervised by this daemon now; the flag turns true when the supervision ends.
     active: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
     /// Every supervision under way, whichever queue worker took its task: a worker rebuilt after
@@ -175,6 +179,7 @@ impl Supervisor {
             preempt_grace: config.preempt_grace,
             outbound: config.outbound,
             engines: config.engines,
+            retention: config.retention,
             active: Mutex::new(HashMap::new()),
             supervisions: TaskTracker::new(),
         }
@@ -229,6 +234,12 @@ impl Supervisor {
             self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             if let Some(done) = done {
                 let _ = done.send(true);
+            }
+            // An ended job may put its team past the records it keeps.
+            if let Ok(job) = self.queues.store.get(&id).await
+                && job.state.is_terminal()
+            {
+                crate::jobs::retention::sweep_team(&self.queues.store, self.retention, &job.team).await;
             }
             return;
         }

@@ -254,6 +254,19 @@ pub(crate) fn refuse(field: &str, message: impl Into<String>) -> SpecError {
     SpecError { field: field.to_owned(), message: message.into() }
 }
 
+/// The paths a team never reads, and their names: the operator's base models and data roots,
+/// the registry and the state directory.
+fn shown_paths(config: &Config, state_dir: &StateDir, registry: &Path) -> shown::ShownPaths {
+    let tenancy = &config.tenancy;
+    let mut pairs: Vec<(&Path, String)> =
+        vec![(state_dir.path(), "state:".to_owned()), (registry, "registry:".to_owned())];
+    pairs.extend(
+        tenancy.base_models.iter().map(|model| (model.path.as_path(), format!("base:{}", model.name))),
+    );
+    pairs.extend(tenancy.data_roots.iter().map(|root| (root.path.as_path(), format!("root:{}", root.name))));
+    shown::ShownPaths::new(pairs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,17 +322,4 @@ mod tests {
         let message = tenancy.team_secrets("research").unwrap_err();
         assert!(!message.contains("RLVR_TEST_NEVER_SET_VARIABLE"), "{message}");
     }
-}
-
-/// The paths a team never reads, and their names: the operator's base models and data roots,
-/// the registry and the state directory.
-fn shown_paths(config: &Config, state_dir: &StateDir, registry: &Path) -> shown::ShownPaths {
-    let tenancy = &config.tenancy;
-    let mut pairs: Vec<(&Path, String)> =
-        vec![(state_dir.path(), "state:".to_owned()), (registry, "registry:".to_owned())];
-    pairs.extend(
-        tenancy.base_models.iter().map(|model| (model.path.as_path(), format!("base:{}", model.name))),
-    );
-    pairs.extend(tenancy.data_roots.iter().map(|root| (root.path.as_path(), format!("root:{}", root.name))));
-    shown::ShownPaths::new(pairs)
 }
