@@ -409,7 +409,8 @@ fn a_python_grader_is_dry_run_then_trained_on_with_its_source_recorded() {
     let source =
         "def grade(sample, item):\n    return 1.0 if item['reference']['answer'] in sample else 0.0\n";
     let redis = Redis::start();
-    let daemon = Daemon::start(&["rlvr-verifier-python", "rlvr-verifier-math"], &redis.url());
+    let daemon =
+        Daemon::start(&["rlvr-verifier-python", "rlvr-verifier-math", "rlvr-optimizer-grpo"], &redis.url());
     let team = api(&daemon, Some(TEAM_TOKEN));
     let request = VerifyRequest {
         grader: Some(grader(json!({"plugin": "python", "source": source}))),
@@ -470,7 +471,16 @@ fn a_python_grader_is_dry_run_then_trained_on_with_its_source_recorded() {
         ),
     );
     let spec_path = dir.path().join("job.toml");
-    fs::write(&spec_path, spec).unwrap();
+    fs::write(&spec_path, &spec).unwrap();
+    // A job's graders meet the caps at submit too (its worker met them, and failed, before).
+    let greedy_job = spec.replace(
+        "plugin = \"python\"\nname = \"py\"\n",
+        "plugin = \"python\"\nname = \"py\"\nmemory_mb = 4096\n",
+    );
+    let (status, answer) = rlvr_tests::jobs::submit(&daemon, TEAM_TOKEN, &greedy_job, None);
+    let error = &answer["error"];
+    assert_eq!((status, error["field"].as_str()), (422, Some("verifiers[1]")), "{answer}");
+    assert!(error["message"].as_str().unwrap().contains("memory_mb: expected at most 2048"), "{answer}");
     let state = dir.path().join("state");
     let output = rlvr_tests::worker_command(&spec_path, &state, &plugins, &[]).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

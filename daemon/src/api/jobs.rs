@@ -343,6 +343,13 @@ pub(crate) async fn check_spec(
             };
             problems = checks::data_problems(&checked, &registry, &tenancy, &checked_records, skipped);
         }
+        if problems.is_empty() {
+            match tenancy.host_context(&checked.job.team, outbound.policy()) {
+                Ok(host) => problems = checks::grader_problems(&checked, &registry, &host),
+                // The operator's to fix (the daemon's log says which secret); the worker meets it.
+                Err(message) => tracing::warn!(team = %checked.job.team, %message, "no host context to check the graders with"),
+            }
+        }
         let mut checked = checked;
         if problems.is_empty()
             && let Err(problem) =

@@ -375,3 +375,29 @@ fn record_kinds(spec: &JobSpec, registry: &Registry) -> Option<(RecordKind, Reco
     let info = optimizer_needs(&plugin.meta)?;
     Some((RecordKind::of_train(info.data_mode), RecordKind::of_heldout(trained_model(&plugin.meta))))
 }
+
+/// The job's graders created as its worker will create them — with its team's host context and
+/// this daemon's caps (`[graders]`) — and dropped at once: options a plugin's own check accepts
+/// but the caps refuse (a python grader's `memory_mb` past `graders.max_memory_mb`) are refused
+/// at submit with the grader's field, not when the worker starts. A plugin not loaded is
+/// `check_runnable`'s to name.
+pub fn grader_problems(
+    spec: &JobSpec,
+    registry: &Registry,
+    host: &rlvr_plugin_api::HostContext,
+) -> Vec<SpecError> {
+    let mut problems = Vec::new();
+    for (i, grader) in spec.verifiers.iter().enumerate() {
+        if is_reward_model(grader) {
+            continue;
+        }
+        let Ok(plugin) = registry.find(&grader.plugin, Some(PluginKind::Verifier)) else { continue };
+        if let Err(error) = plugin.verifier_in(&grader.plugin_config(), host) {
+            problems.push(SpecError {
+                field: format!("verifiers[{i}]"),
+                message: format!("{} refused its options on this daemon: {error}", plugin.id()),
+            });
+        }
+    }
+    problems
+}
