@@ -156,7 +156,7 @@ mod kind_serde {
 }
 
 /// The note of a plugin built before `check_options` was appended to the root module.
-pub const NOT_CHECKED_AT_SUBMIT: &str = "options not checked at submit: built before check_options, so its options are checked when a worker creates it";
+pub const NOT_CHECKED_AT_SUBMIT: &str = "options not checked by check_options: built before it, so its options are checked when it is created (a verifier's by the daemon at submit, an optimizer's when its worker starts)";
 
 /// Checks that `bytes` are a whole shared library for this machine before anything maps them.
 ///

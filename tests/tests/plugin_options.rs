@@ -11,7 +11,7 @@ use rlvr_plugin_host::loader::NOT_CHECKED_AT_SUBMIT;
 use rlvr_plugin_host::metrics::PluginMetrics;
 use rlvr_plugin_host::options::OptionsProblem;
 use rlvr_plugin_host::{Isolation, Registry};
-use rlvr_tests::jobs::{ended, submit, wait_job};
+use rlvr_tests::jobs::submit;
 use rlvr_tests::{
     Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, drop_in, plugin_lib,
 };
@@ -232,20 +232,18 @@ fn submit_refuses_bad_plugin_options_naming_the_key_as_the_spec_writes_it() {
     let (_, jobs) = rlvr_tests::jobs::get(&daemon, TEAM_TOKEN, "/v1/jobs");
     assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "{jobs}");
 
-    // A plugin built before check_options: listed as such, submitted unchecked, checked at start.
+    // A verifier built before check_options: listed as such, and its options checked at submit
+    // by creating it as its worker will (they used to fail the job when its worker started).
     let listing = daemon.get_json("/v1/plugins");
     let legacy = listing["plugins"].as_array().unwrap().iter().find(|p| p["id"] == "legacy@1.0.0").unwrap();
     assert_eq!(legacy["notes"], serde_json::json!([NOT_CHECKED_AT_SUBMIT]), "{legacy}");
     let legacy_spec = |line: &str| spec(&data, &format!("[[verifiers]]\nplugin = \"legacy\"\n{line}\n"));
     let (status, answer) = submit(&daemon, TEAM_TOKEN, &legacy_spec("scor = 2.0"), None);
-    assert_eq!(status, 201, "{answer}");
-    let failed = wait_job(&daemon, answer["id"].as_str().unwrap(), Duration::from_secs(120), ended);
-    assert_eq!(failed["state"], "failed", "{failed}");
-    let reason = failed["reason"].as_str().unwrap_or_default();
-    assert!(
-        reason.contains("verifiers[2].scor: unknown key; expected one of score (legacy@1.0.0)"),
-        "{failed}"
-    );
+    let error = &answer["error"];
+    assert_eq!((status, error["field"].as_str()), (422, Some("verifiers[2]")), "{answer}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("legacy@1.0.0 refused its options on this daemon: "), "{message}");
+    assert!(message.contains("scor: unknown key; expected one of score"), "{message}");
 
     // Good specs still submit; the optimizer's answer is cached by plugin build and options.
     let timed = |body: &str| {
