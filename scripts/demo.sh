@@ -147,6 +147,11 @@ run_job() {
 job_field() {
     "$bin/rlvrctl" --json status "$1" | "$RLVR_VENV/bin/python" -c "import json, sys; print(json.load(sys.stdin).get('$2') or '')"
 }
+# Where a published version is on this machine: a team reads `registry:/LINE/VERSION` (never the
+# server's paths); the demo, which chose the registry's directory, puts it back.
+on_disk() {
+    echo "${1/#registry:/$out/registry}"
+}
 
 step "cold start: an SFT job on demonstrations (model line tiny-arith-sft)"
 cat >"$work/sft.toml" <<TOML
@@ -177,7 +182,7 @@ max_steps = 250
 every_steps = 50
 TOML
 sft=$(run_job "$work/sft.toml")
-sft_model=$(job_field "$sft" published)
+sft_model=$(on_disk "$(job_field "$sft" published)")
 [ -n "$sft_model" ] || { "$bin/rlvrctl" status "$sft" >&2; echo "the cold start was not published" >&2; exit 1; }
 echo "cold start published at $sft_model"
 # The next job starts from that version, named in the team's model line (never by its path).
@@ -254,7 +259,7 @@ if [ "$refuse" = 1 ]; then
     echo "refused:   $(job_field "$grpo" reason)"
 else
     [ "$state" = published ] || { echo "job $grpo was not published: $(job_field "$grpo" reason)" >&2; exit 1; }
-    echo "published: $(job_field "$grpo" published)"
+    echo "published: $(on_disk "$(job_field "$grpo" published)")"
 fi
 
 step "stopping"
