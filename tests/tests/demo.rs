@@ -39,9 +39,11 @@ fn demo(args: &[&str], out: &Path) -> (bool, String) {
     (output.status.success(), text)
 }
 
-/// The value printed after `label` on its own line.
+/// The value printed after `label` on its own line, the last such line (`rlvrctl gates` prints a
+/// `published:` line of the team's view, `registry:/LINE/VERSION`, before the demo's own).
 fn printed<'a>(text: &'a str, label: &str) -> &'a str {
     text.lines()
+        .rev()
         .find_map(|line| line.strip_prefix(label))
         .map(str::trim)
         .unwrap_or_else(|| panic!("no {label:?} in:\n{text}"))
