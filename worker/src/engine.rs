@@ -315,14 +315,15 @@ fn launch_local(dir: &EngineDir, settings: &EngineSettings, processes: u32) -> R
         message: format!("cannot hand the engine the log: {error}"),
     })?;
     command.stdout(log);
-    // SAFETY: prctl only, between fork and exec. The launcher dies with this worker (its
-    // ranks notice their launcher gone and exit: `watch_parent` in the script).
+    // SAFETY: prctl and the signal mask only, between fork and exec. The launcher dies with this
+    // worker (its ranks notice their launcher gone and exit: `watch_parent` in the script), and
+    // hears the stop as SIGTERM, which this worker blocks on all its threads (`lifecycle`).
     unsafe {
         command.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(())
+            crate::lifecycle::unblock_stop_signals_in_child()
         });
     }
     let child = command.spawn().map_err(|error| WorkerError::Model {

@@ -28,8 +28,10 @@ static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 /// Turns SIGTERM and SIGINT into stop requests, taken by a thread of their own. Call it first
 /// thing in the process, before any other thread starts: the threads started after it inherit
-/// the blocked signals (libtorch's and OpenMP's among them); a child process does not (Rust's
-/// `Command` clears the mask in the child).
+/// the blocked signals (libtorch's and OpenMP's among them). So would a child process (Rust's
+/// `Command` keeps the mask): one that must hear a SIGTERM — the engine's launcher — unblocks
+/// them between fork and exec ([`unblock_stop_signals_in_child`]). Graders' sandboxes keep them
+/// blocked; they are ended with SIGKILL.
 pub fn install_stop_handlers() {
     use nix::sys::signal::{SigSet, Signal};
     let mut stops = SigSet::empty();
@@ -54,6 +56,22 @@ pub fn install_stop_handlers() {
     if let Err(error) = taker {
         tracing::warn!(%error, "cannot start the stop-signal thread; a stop signal now kills the worker");
         let _ = stops.thread_unblock();
+    }
+}
+
+/// In a child between fork and exec: the stop signals unblocked again, as a process that handles
+/// them (torchrun and its ranks checkpoint on SIGTERM) needs. Async-signal-safe.
+pub fn unblock_stop_signals_in_child() -> std::io::Result<()> {
+    // SAFETY: sigemptyset, sigaddset and pthread_sigmask on a local set, no allocation.
+    unsafe {
+        let mut stops: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut stops);
+        libc::sigaddset(&mut stops, libc::SIGTERM);
+        libc::sigaddset(&mut stops, libc::SIGINT);
+        match libc::pthread_sigmask(libc::SIG_UNBLOCK, &stops, std::ptr::null_mut()) {
+            0 => Ok(()),
+            error => Err(std::io::Error::from_raw_os_error(error)),
+        }
     }
 }
 
