@@ -46,9 +46,13 @@ pub fn install_stop_handlers() {
             match stops.wait() {
                 Ok(_) => STOP_REQUESTED.store(true, Ordering::SeqCst),
                 Err(error) => {
+                    // This thread stays, the signals unblocked on it: a stop signal is then
+                    // delivered here, with its default action (it ends the worker).
                     tracing::warn!(%error, "sigwait failed; a stop signal now kills the worker");
                     let _ = stops.thread_unblock();
-                    return;
+                    loop {
+                        std::thread::park();
+                    }
                 }
             }
         }

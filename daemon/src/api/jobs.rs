@@ -610,7 +610,7 @@ pub async fn list(
     for job in &mut jobs {
         job.grant = state.scheduler.grant_state(&job.id);
     }
-    let jobs = jobs.into_iter().map(|job| shown_to(&state, &caller, job)).collect();
+    let jobs = jobs.into_iter().map(|job| shown_to(&state, caller.admin, job)).collect();
     Ok(Json(JobList { jobs, next: next.map(|cursor| cursor.to_string()) }))
 }
 
@@ -631,18 +631,18 @@ pub async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<JobView>> {
-    Ok(Json(shown_to(&state, &caller, visible_job(&state, &caller, &id).await?)))
+    Ok(Json(shown_to(&state, caller.admin, visible_job(&state, &caller, &id).await?)))
 }
 
-/// `record` as `caller` reads it: a team token reads names in place of the server's paths
-/// (`tenancy::shown`), an admin the paths.
-pub(super) fn shown_to<T: Serialize + DeserializeOwned>(state: &JobsState, caller: &Caller, record: T) -> T {
-    if caller.admin { record } else { state.tenancy.shown.record(record) }
+/// `record` as its reader reads it: a team token names in place of the server's paths
+/// (`tenancy::shown`), an `admin` the paths.
+pub(super) fn shown_to<T: Serialize + DeserializeOwned>(state: &JobsState, admin: bool, record: T) -> T {
+    if admin { record } else { state.tenancy.shown.record(record) }
 }
 
-/// `text` as `caller` reads it (see [`shown_to`]).
-pub(super) fn shown_text(state: &JobsState, caller: &Caller, text: String) -> String {
-    if caller.admin { text } else { state.tenancy.shown.text(&text).into_owned() }
+/// `text` as its reader reads it (see [`shown_to`]).
+pub(super) fn shown_text(state: &JobsState, admin: bool, text: String) -> String {
+    if admin { text } else { state.tenancy.shown.text(&text).into_owned() }
 }
 
 pub(super) async fn visible_job(state: &JobsState, caller: &Caller, id: &str) -> Answer<JobView> {
@@ -696,7 +696,7 @@ pub async fn cancel(
                     async move { crate::jobs::retention::sweep_team(&store, retention, &team).await },
                 );
             }
-            Ok(Json(shown_to(&state, &caller, state.queues.store.get(&id).await?)))
+            Ok(Json(shown_to(&state, caller.admin, state.queues.store.get(&id).await?)))
         }
         CancelOutcome::AlreadyEnded(ended) => Err(Failure::new(
             StatusCode::CONFLICT,
@@ -874,7 +874,8 @@ impl Follower {
                 if event.state.is_terminal() {
                     self.ended = true;
                 }
-                let data = serde_json::to_string(&self.shown(event.clone())).unwrap_or_default();
+                let data = serde_json::to_string(&shown_to(&self.state, self.admin, event.clone()))
+                    .unwrap_or_default();
                 return Some(Event::default().event("state").id(event.id).data(data));
             }
             if self.ended {
@@ -906,17 +907,13 @@ impl Follower {
                 let mark = (job.step, job.updated_at.clone());
                 if self.last_progress.as_ref() != Some(&mark) {
                     self.last_progress = Some(mark);
-                    let data = serde_json::to_string(&self.shown(job)).unwrap_or_default();
+                    let data =
+                        serde_json::to_string(&shown_to(&self.state, self.admin, job)).unwrap_or_default();
                     return Some(Event::default().event("progress").data(data));
                 }
             }
             self.wait().await?;
         }
-    }
-
-    /// A record as the stream's caller reads it (`shown_to`).
-    fn shown<T: Serialize + DeserializeOwned>(&self, record: T) -> T {
-        if self.admin { record } else { self.state.tenancy.shown.record(record) }
     }
 
     /// Until the next poll; `None` when the daemon stops.

@@ -50,18 +50,7 @@ pub async fn logs(
 ) -> Answer<Json<JobLog>> {
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
-    let max = match query.bytes {
-        None => MAX_WINDOW,
-        Some(bytes @ 1..=MAX_WINDOW) => bytes,
-        Some(_) => {
-            return Err(Failure::new(
-                StatusCode::BAD_REQUEST,
-                "bad_query",
-                format!("expected bytes from 1 to {MAX_WINDOW}"),
-            )
-            .field("bytes"));
-        }
-    };
+    let max = window_bytes(query.bytes, MAX_WINDOW)?;
     visible_job(&state, &caller, &id).await?;
     let path = state.state_dir.jobs().job(&id).worker_log();
     let since = query.since;
@@ -70,12 +59,26 @@ pub async fn logs(
             .await
             .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
             .map_err(|(path, error)| {
-                let message = shown_text(&state, &caller, format!("{}: {error}", path.display()));
+                let message = shown_text(&state, caller.admin, format!("{}: {error}", path.display()));
                 Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "unreadable", message)
             })?;
     // The worker logs its paths; a team reads names in their place. The offsets stay the file's.
-    log.text = shown_text(&state, &caller, log.text);
+    log.text = shown_text(&state, caller.admin, log.text);
     Ok(Json(log))
+}
+
+/// A read window's `bytes` query (logs, metrics): 1 to `most`, `most` when unset.
+pub(super) fn window_bytes(asked: Option<u64>, most: u64) -> Answer<u64> {
+    match asked {
+        None => Ok(most),
+        Some(bytes) if (1..=most).contains(&bytes) => Ok(bytes),
+        Some(_) => Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "bad_query",
+            format!("expected bytes from 1 to {most}"),
+        )
+        .field("bytes")),
+    }
 }
 
 /// Whole lines of the file at `path`: from `since` (at most `max` bytes, up to the last newline

@@ -158,18 +158,7 @@ pub async fn metrics(
 ) -> Answer<Json<MetricsHistory>> {
     let Query(query) = query
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
-    let max = match query.bytes {
-        None => MAX_METRICS_WINDOW,
-        Some(bytes @ 1..=MAX_METRICS_WINDOW) => bytes,
-        Some(_) => {
-            return Err(Failure::new(
-                StatusCode::BAD_REQUEST,
-                "bad_query",
-                format!("expected bytes from 1 to {MAX_METRICS_WINDOW}"),
-            )
-            .field("bytes"));
-        }
-    };
+    let max = super::logs::window_bytes(query.bytes, MAX_METRICS_WINDOW)?;
     visible_job(&state, &caller, &id).await?;
     let run = state.state_dir.jobs().job(&id).run();
     let since = query.since.unwrap_or(0);

@@ -229,7 +229,7 @@ pub async fn list(
     };
     let limit = query.limit.unwrap_or(100).clamp(1, MAX_LIST);
     let pipelines = store(&state).list(team.as_deref(), limit).await?;
-    let pipelines = pipelines.into_iter().map(|pipeline| shown_to(&state, &caller, pipeline)).collect();
+    let pipelines = pipelines.into_iter().map(|pipeline| shown_to(&state, caller.admin, pipeline)).collect();
     Ok(Json(PipelineList { pipelines }))
 }
 
@@ -250,7 +250,7 @@ pub async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<PipelineView>> {
-    Ok(Json(shown_to(&state, &caller, visible(&state, &caller, &id).await?)))
+    Ok(Json(shown_to(&state, caller.admin, visible(&state, &caller, &id).await?)))
 }
 
 /// `DELETE /v1/pipelines/{id}`: cancel. No further stage is submitted; the running stage's job
@@ -292,7 +292,7 @@ pub async fn cancel(
             .await?;
     }
     tracing::info!(pipeline = %id, by = %caller.team, "pipeline cancel");
-    Ok(Json(shown_to(&state, &caller, visible(&state, &caller, &id).await?)))
+    Ok(Json(shown_to(&state, caller.admin, visible(&state, &caller, &id).await?)))
 }
 
 /// `GET /v1/pipelines/{id}/events`: server-sent events, one `state` event (a [`PipelineEvent`])
@@ -360,9 +360,8 @@ impl Follower {
                 if event.state.is_terminal() {
                     self.ended = true;
                 }
-                let shown =
-                    if self.admin { event.clone() } else { self.state.tenancy.shown.record(event.clone()) };
-                let data = serde_json::to_string(&shown).unwrap_or_default();
+                let data = serde_json::to_string(&shown_to(&self.state, self.admin, event.clone()))
+                    .unwrap_or_default();
                 return Some(Event::default().event("state").id(event.id).data(data));
             }
             if self.ended {

@@ -300,8 +300,9 @@ pub async fn get_version(
     Extension(caller): Extension<Caller>,
     Path((name, version)): Path<(String, String)>,
 ) -> Answer<Json<Manifest>> {
-    let (manifest, _) = published(&state, caller.clone(), name, &version).await?;
-    Ok(Json(super::jobs::shown_to(&state, &caller, manifest)))
+    let admin = caller.admin;
+    let (manifest, _) = published(&state, caller, name, &version).await?;
+    Ok(Json(super::jobs::shown_to(&state, admin, manifest)))
 }
 
 /// `GET /v1/model-lines/{name}/versions/{version}/files/{file}`: one file of a published version,
