@@ -18,9 +18,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use rlvr_protocol::fs::write_atomic;
+use rlvr_queue::pipelines::PipelineStore;
 use rlvr_queue::store::JobStore;
 
 use crate::api::auth::{self, Auth};
+use crate::api::follow::{self, Readers};
 use crate::api::jobs::JobsState;
 use crate::api::lanes::{Caps, Lanes, Work};
 use crate::api::server::{self as http, FdLimitError};
@@ -301,6 +303,12 @@ impl Services {
                 },
                 Work { taking: "event stream(s) open", per_team_setting: "api.streams_per_team" },
             ),
+            job_readers: Readers::new(queues.store.clone(), follow::EVERY, stopping.clone()),
+            pipeline_readers: Readers::new(
+                PipelineStore::new(queues.store.connection()),
+                follow::EVERY,
+                stopping.clone(),
+            ),
             dry_run_budget: Duration::from_secs(config.api.dry_run_budget_s),
             trl_python: config.engines.trl_python.clone(),
             ray_address: config.engines.ray_address.clone(),
@@ -312,7 +320,7 @@ impl Services {
         tokio::spawn(crate::tenancy::sweep::run(
             tenancy.clone(),
             queues.store.clone(),
-            rlvr_queue::pipelines::PipelineStore::new(queues.store.connection()),
+            PipelineStore::new(queues.store.connection()),
             tenancy.dataset_grace(),
             stopping.clone(),
         ));

@@ -163,6 +163,27 @@ impl Redis {
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
+
+    /// How many times `command` (lower case: `xread`) has run since the server started, from
+    /// `INFO commandstats`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("redis answers");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream.write_all(b"INFO commandstats\r\n").unwrap();
+        // A bulk string: `$LEN\r\n`, LEN bytes, `\r\n`.
+        let mut reader = std::io::BufReader::new(stream);
+        let mut header = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut header).unwrap();
+        let length: usize = header.trim().trim_start_matches('$').parse().expect("a bulk reply");
+        let mut body = vec![0u8; length];
+        std::io::Read::read_exact(&mut reader, &mut body).unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        String::from_utf8_lossy(&body)
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().expect("a count"))
+    }
 }
 
 /// Whether a Redis answers PING on `port` (and has finished loading its data).

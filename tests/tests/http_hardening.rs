@@ -343,8 +343,8 @@ fn failed_logins_get_429_per_address_and_never_lock_out_a_valid_token() {
 
 /// With one stream of the team open on running job `id`: the team opens streams up to its cap, one
 /// more is 429 naming the setting, while another team is served and the job goes on recording its
-/// progress; a stream closed gives its place back.
-fn streams_are_capped_per_team(daemon: &Daemon, id: &str) {
+/// progress; the streams of the job share one Redis reader; a stream closed gives its place back.
+fn streams_are_capped_per_team(redis: &Redis, daemon: &Daemon, id: &str) {
     let open = || {
         client()
             .get(format!("{}/v1/jobs/{id}/events", daemon.url))
@@ -365,6 +365,17 @@ fn streams_are_capped_per_team(daemon: &Daemon, id: &str) {
             "your team has {STREAMS_PER_TEAM} event stream(s) open already (api.streams_per_team)"
         )),
         "{body}"
+    );
+    // regression: each stream read the job's events itself, 4 times a second: 500 streams were
+    // 2,000 reads a second on the API's Redis connection. The job's reader reads them once a pass,
+    // at most 4 passes a second, twice in a pass that finds new ones (fewer on a loaded machine),
+    // whatever the number of streams.
+    let (xreads, started) = (redis.calls("xread"), Instant::now());
+    std::thread::sleep(Duration::from_secs(4));
+    let (xreads, passes) = (redis.calls("xread") - xreads, started.elapsed().as_millis() / 250 + 1);
+    assert!(
+        xreads <= 2 * passes as u64,
+        "{xreads} event reads in {passes} passes of {STREAMS_PER_TEAM} streams: one reader per stream?"
     );
     let other = client().get(format!("{}/v1/jobs", daemon.url)).bearer_auth(OTHER_TOKEN).send().unwrap();
     assert_eq!(other.status().as_u16(), 200, "another team is served");
@@ -458,7 +469,7 @@ fn an_event_stream_outlives_the_timeouts_and_ends_after_a_final_state_whatever_l
     };
     std::thread::sleep(Duration::from_secs(5));
     assert!(!follower.is_finished(), "the stream was cut while the job ran");
-    streams_are_capped_per_team(&daemon, &id);
+    streams_are_capped_per_team(&redis, &daemon, &id);
     let cancelled =
         client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap();
     assert_eq!(cancelled.status().as_u16(), 200);

@@ -48,8 +48,13 @@ pub struct JobsState {
     pub outbound: rlvr_outbound::Client,
     /// The graders' dry-runs grading now (`POST /v1/verify`), by team and job (`api::lanes`).
     pub dry_runs: Arc<super::lanes::Lanes>,
-    /// The event streams open now (`GET /v1/jobs/{id}/events`), by team.
+    /// The event streams open now (`GET /v1/jobs/{id}/events`, `GET /v1/pipelines/{id}/events`),
+    /// by team.
     pub streams: Arc<super::lanes::Lanes>,
+    /// One Redis reader per job followed by event streams (`api::follow`).
+    pub job_readers: Arc<super::follow::Readers<rlvr_queue::store::JobStore>>,
+    /// One Redis reader per pipeline followed by event streams.
+    pub pipeline_readers: Arc<super::follow::Readers<rlvr_queue::pipelines::PipelineStore>>,
     /// `api.dry_run_budget_s`: the longest one `POST /v1/verify` grades.
     pub dry_run_budget: std::time::Duration,
     /// `engines.trl_python`: whether `[engine] kind = "trl"` jobs can run here.
@@ -64,8 +69,6 @@ pub struct JobsState {
 
 /// Most jobs one `GET /v1/jobs` returns.
 pub(super) const MAX_LIST: usize = 1000;
-/// How often an event stream looks for new events and progress.
-pub(super) const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
 /// A refused request.
 #[derive(Debug)]
@@ -749,13 +752,12 @@ pub async fn events(
     let follower = Follower {
         _place: place,
         admin: caller.admin,
+        seeing: state.job_readers.follow(&id),
         state,
-        id,
         after,
         last_progress: None,
         pending: Vec::new(),
         ended: false,
-        job_ended: false,
     };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
         let event = follower.next().await?;
@@ -847,22 +849,20 @@ fn valid_stream_id(id: &str) -> bool {
     number(ms) && number(seq)
 }
 
-/// Follows one job for an event stream.
+/// Follows one job for an event stream, from what its job's reader reads (`api::follow`).
 struct Follower {
     /// The stream's place in its team's lane, given back when the stream is dropped.
     _place: super::lanes::Ticket,
     /// Whether the caller reads the server's paths (`shown_to`).
     admin: bool,
+    seeing: super::follow::Seeing<rlvr_queue::store::JobStore>,
     state: Arc<JobsState>,
-    id: String,
     after: String,
     /// `(step, updated_at)` of the last progress sent.
     last_progress: Option<(u64, String)>,
     pending: Vec<JobEvent>,
     /// The job's final state was sent.
     ended: bool,
-    /// The job was seen in a final state: once no event is left after `after`, none will come.
-    job_ended: bool,
 }
 
 impl Follower {
@@ -881,46 +881,33 @@ impl Follower {
             if self.ended {
                 return None;
             }
-            match self.state.queues.store.events(&self.id, &self.after).await {
-                Ok(mut events) if !events.is_empty() => {
+            let seen = self.seeing.borrow_and_update().clone();
+            if let Some(seen) = seen {
+                let mut events = seen.events_after(&self.after);
+                if !events.is_empty() {
                     events.reverse();
                     self.pending = events;
                     continue;
                 }
-                // The client is at or past the last event (a `Last-Event-ID` beyond the end
-                // included) of a job that had ended before this read.
-                Ok(_) if self.job_ended => return None,
-                // Redis errors end nothing: the client keeps its stream, and we try again.
-                _ => {}
-            }
-            let Ok(job) = self.state.queues.store.get(&self.id).await else {
-                self.wait().await?;
-                continue;
-            };
-            if job.state.is_terminal() && !self.job_ended {
-                // A state and its event are written by one script, so the events read next
-                // hold every event up to the final state's.
-                self.job_ended = true;
-                continue;
-            }
-            if job.state == JobState::Running {
-                let mark = (job.step, job.updated_at.clone());
-                if self.last_progress.as_ref() != Some(&mark) {
-                    self.last_progress = Some(mark);
-                    let data =
-                        serde_json::to_string(&shown_to(&self.state, self.admin, job)).unwrap_or_default();
-                    return Some(Event::default().event("progress").data(data));
+                match &seen.view {
+                    // At or past the last event (a `Last-Event-ID` beyond the end included) of a
+                    // job that had ended before its events were read.
+                    Some(job) if job.state.is_terminal() => return None,
+                    Some(job) if job.state == JobState::Running => {
+                        let mark = (job.step, job.updated_at.clone());
+                        if self.last_progress.as_ref() != Some(&mark) {
+                            self.last_progress = Some(mark);
+                            let data = serde_json::to_string(&shown_to(&self.state, self.admin, job.clone()))
+                                .unwrap_or_default();
+                            return Some(Event::default().event("progress").data(data));
+                        }
+                    }
+                    _ => {}
                 }
             }
-            self.wait().await?;
-        }
-    }
-
-    /// Until the next poll; `None` when the daemon stops.
-    async fn wait(&self) -> Option<()> {
-        tokio::select! {
-            _ = tokio::time::sleep(FOLLOW_POLL) => Some(()),
-            _ = self.state.stopping.cancelled() => None,
+            if !super::follow::changed(&mut self.seeing, &self.state.stopping).await {
+                return None;
+            }
         }
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod curricula;
+pub mod follow;
 pub mod jobs;
 pub mod lanes;
 pub mod logs;

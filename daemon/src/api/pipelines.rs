@@ -28,8 +28,8 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::jobs::{
-    Answer, EventsQuery, FOLLOW_POLL, Failure, JobsState, MAX_LIST, StandIn, SubmitQuery, check_spec,
-    idempotency_key, read_body, shown_to, stream_position, valid_id,
+    Answer, EventsQuery, Failure, JobsState, MAX_LIST, StandIn, SubmitQuery, check_spec, idempotency_key,
+    read_body, shown_to, stream_position, valid_id,
 };
 
 fn store(state: &JobsState) -> PipelineStore {
@@ -321,14 +321,18 @@ pub async fn events(
         .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_query", rejection.body_text()))?;
     visible(&state, &caller, &id).await?;
     let after = stream_position(&headers, query.after)?;
+    let place = state
+        .streams
+        .try_take(super::lanes::Lane::Team(caller.team.clone()))
+        .map_err(|message| Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1))?;
     let follower = Follower {
+        _place: place,
         admin: caller.admin,
+        seeing: state.pipeline_readers.follow(&id),
         state,
-        id,
         after,
         pending: Vec::new(),
         ended: false,
-        pipeline_ended: false,
     };
     let stream = futures::stream::unfold(follower, |mut follower| async move {
         let event = follower.next().await?;
@@ -339,21 +343,20 @@ pub async fn events(
 
 /// Follows one pipeline for an event stream (as `jobs::Follower` does a job).
 struct Follower {
+    /// The stream's place in its team's lane, given back when the stream is dropped.
+    _place: super::lanes::Ticket,
     /// Whether the caller reads the server's paths (`shown_to`).
     admin: bool,
+    seeing: super::follow::Seeing<PipelineStore>,
     state: Arc<JobsState>,
-    id: String,
     after: String,
     pending: Vec<PipelineEvent>,
     /// The final event was sent.
     ended: bool,
-    /// The pipeline was seen ended: once no event is left after `after`, none will come.
-    pipeline_ended: bool,
 }
 
 impl Follower {
     async fn next(&mut self) -> Option<Event> {
-        let store = store(&self.state);
         loop {
             if let Some(event) = self.pending.pop() {
                 self.after = event.id.clone();
@@ -367,26 +370,21 @@ impl Follower {
             if self.ended {
                 return None;
             }
-            match store.events(&self.id, &self.after).await {
-                Ok(mut events) if !events.is_empty() => {
+            let seen = self.seeing.borrow_and_update().clone();
+            if let Some(seen) = seen {
+                let mut events = seen.events_after(&self.after);
+                if !events.is_empty() {
                     events.reverse();
                     self.pending = events;
                     continue;
                 }
-                Ok(_) if self.pipeline_ended => return None,
-                _ => {}
+                // Ended before its events were read: every event is in them, and sent.
+                if seen.view.as_ref().is_some_and(|view| view.state != PipelineState::Running) {
+                    return None;
+                }
             }
-            // A state and its event are written by one script: once the pipeline is seen
-            // ended, the next read holds every event up to its last.
-            if let Ok(view) = store.get(&self.id).await
-                && view.state != PipelineState::Running
-            {
-                self.pipeline_ended = true;
-                continue;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(FOLLOW_POLL) => {}
-                _ = self.state.stopping.cancelled() => return None,
+            if !super::follow::changed(&mut self.seeing, &self.state.stopping).await {
+                return None;
             }
         }
     }
