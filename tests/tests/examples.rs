@@ -1,11 +1,12 @@
 //! The job examples of `examples/jobs/` (what `rlvrctl init KIND` writes), against a real
-//! `rlvrd serve` with real Redis and every plugin they name: the examples the others start from
-//! (`sft.toml`, whose cold start most of them train on, and `rm.toml`, whose reward model
-//! `ppo.toml` scores with) run to published exactly as written, submitted by `rlvrctl submit`
-//! from the examples' folder; then every `*.toml` there — found by listing the folder, so a new
-//! example is covered without touching this file — written by `rlvrctl init KIND DIR` passes
-//! `rlvrctl submit --dry-run` from there. And `data/make.sh` remakes the data files
-//! byte for byte, so what the examples' comments say about the data stays true.
+//! `rlvrd serve` with real Redis and every plugin they name: the README's "A first job of your
+//! own" runs as written, with a fresh team's token (its cold start `sft.toml`, then `grpo.toml`
+//! to published, its gates and the download), beside `rm.toml` (whose reward model `ppo.toml`
+//! scores with), submitted by `rlvrctl submit` from the examples' folder; then every `*.toml`
+//! there — found by listing the folder, so a new example is covered without touching this file —
+//! written by `rlvrctl init KIND DIR` passes `rlvrctl submit --dry-run` from there. And
+//! `data/make.sh` remakes the data files byte for byte, so what the examples' comments say about
+//! the data stays true.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -31,8 +32,61 @@ const PLUGINS: [&str; 9] = [
 /// The examples name no team: they run for the submitting token's, here a team no example mentions.
 const NEWCOMER_TOKEN: &str = "newcomer-team-token";
 
-/// The examples that publish what the others start from, run for real first.
+/// The examples that publish what the others start from, run for real first: `sft.toml` by the
+/// README's commands, `rm.toml` from the examples' folder.
 const PUBLISHERS: [&str; 2] = ["sft.toml", "rm.toml"];
+
+/// The README's "A first job of your own" commands, as written: each `rlvrctl` command of the
+/// section's first code block (split at `&&` and `;`, comments cut), as its arguments. The
+/// `export` line is checked to set what the test sets.
+fn readme_first_job() -> Vec<Vec<String>> {
+    let readme = fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
+    let section = readme.split("### A first job of your own").nth(1).expect("the README's first-job section");
+    let block = section.split("```").nth(1).expect("its first code block");
+    let mut commands = Vec::new();
+    for line in block.lines().skip(1) {
+        let line = line.split(" #").next().unwrap_or_default();
+        for command in line.split(['&', ';']).map(str::trim).filter(|command| !command.is_empty()) {
+            if let Some(exports) = command.strip_prefix("export ") {
+                let names: Vec<&str> =
+                    exports.split_whitespace().filter_map(|pair| pair.split('=').next()).collect();
+                assert_eq!(names, ["RLVR_SERVER", "RLVR_TOKEN"], "the README's export line: {command}");
+                continue;
+            }
+            let words: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+            assert_eq!(
+                words.first().map(String::as_str),
+                Some("rlvrctl"),
+                "not an rlvrctl command: {command}"
+            );
+            commands.push(words[1..].to_vec());
+        }
+    }
+    assert!(commands.len() >= 6, "the README's first-job block: {commands:?}");
+    commands
+}
+
+/// Runs the README's first-job commands in a new folder as a newcomer would, each to exit 0, `ID`
+/// being the job the last `submit` printed; the ids of the jobs submitted.
+fn run_readme_first_job(daemon: &Daemon, dir: &Path) -> Vec<String> {
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", NEWCOMER_TOKEN)];
+    let mut submitted: Vec<String> = Vec::new();
+    for command in readme_first_job() {
+        let last = submitted.last().cloned();
+        let args: Vec<&str> = command
+            .iter()
+            .map(|arg| if arg == "ID" { last.as_deref().expect("a job submitted before ID") } else { arg })
+            .collect();
+        let output = cli::run(&artifact("rlvrctl"), &args, dir, &env);
+        assert!(output.status.success(), "the README's `rlvrctl {}`: {}", args.join(" "), cli::text(&output));
+        if args[0] == "submit" && !args.contains(&"--dry-run") {
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            submitted.push(stdout.lines().next().expect("the job's id first").trim().to_owned());
+        }
+        eprintln!("README: rlvrctl {}: done", args.join(" "));
+    }
+    submitted
+}
 
 fn examples_dir() -> PathBuf {
     workspace_root().join("examples/jobs")
@@ -83,17 +137,20 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
         assert!(names.iter().any(|name| name == publisher), "{publisher} is missing: {names:?}");
     }
 
-    // The publishers, as a user runs them: `rlvrctl submit FILE` from the examples' folder.
+    // `rm.toml`, as a user runs an example: `rlvrctl submit FILE` from the examples' folder; the
+    // README's commands beside it, in a folder of their own.
     let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", NEWCOMER_TOKEN)];
-    let jobs: Vec<(&str, String)> = PUBLISHERS
-        .iter()
-        .map(|name| {
-            let output = cli::run(&artifact("rlvrctl"), &["submit", name], &examples_dir(), &env);
-            assert!(output.status.success(), "rlvrctl submit {name}: {}", cli::text(&output));
-            (*name, String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        })
-        .collect();
-    for (name, id) in &jobs {
+    let output = cli::run(&artifact("rlvrctl"), &["submit", "rm.toml"], &examples_dir(), &env);
+    assert!(output.status.success(), "rlvrctl submit rm.toml: {}", cli::text(&output));
+    let rm = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let newcomer = tempfile::tempdir().unwrap();
+    let readme_jobs = run_readme_first_job(&daemon, newcomer.path());
+    assert_eq!(readme_jobs.len(), 2, "the README submits the cold start and the GRPO job: {readme_jobs:?}");
+    let downloaded = newcomer.path().join("model");
+    assert!(downloaded.join("config.json").is_file(), "the README's download: {}", downloaded.display());
+    eprintln!("the README's first job ran ({:.0} s)", started.elapsed().as_secs_f64());
+    let jobs = [("sft.toml", &readme_jobs[0]), ("grpo.toml", &readme_jobs[1]), ("rm.toml", &rm)];
+    for (name, id) in jobs {
         let job = wait_job(&daemon, id, Duration::from_secs(300), ended);
         // The premise of publishing (the gates publish a held-out gain over the start): the run
         // learned. Its candidate's held-out score against the start's, when it trained to a result.
