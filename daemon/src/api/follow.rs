@@ -54,12 +54,15 @@ impl<S: Source> Seen<S> {
 /// What one stream receives: `None` until the reader's first pass.
 pub type Seeing<S> = watch::Receiver<Option<Arc<Seen<S>>>>;
 
+/// What a reader sends its streams.
+type Reader<S> = watch::Sender<Option<Arc<Seen<S>>>>;
+
 /// The readers of one kind of item, by id.
 pub struct Readers<S: Source> {
     source: S,
     every: Duration,
     stopping: CancellationToken,
-    readers: Mutex<HashMap<String, watch::Sender<Option<Arc<Seen<S>>>>>>,
+    readers: Mutex<HashMap<String, Reader<S>>>,
 }
 
 impl<S: Source> Readers<S> {
@@ -88,7 +91,7 @@ impl<S: Source> Readers<S> {
     }
 
     /// Reads item `id` until no stream follows it.
-    async fn read(self: Arc<Self>, id: String, reader: watch::Sender<Option<Arc<Seen<S>>>>) {
+    async fn read(self: Arc<Self>, id: String, reader: Reader<S>) {
         let mut events: Arc<Vec<S::Event>> = Arc::default();
         let mut last = "0".to_owned();
         loop {
