@@ -30,6 +30,7 @@ use crate::api::{AppState, router};
 use crate::config::Config;
 use crate::doctor::Doctor;
 use crate::health::{PING_INTERVAL, RedisHealth};
+use crate::jobs::submit::Submitter;
 use crate::jobs::supervise::{Engines, Supervisor, SupervisorConfig};
 use crate::jobs::{Queues, consumer};
 use crate::metrics::Metrics;
@@ -263,7 +264,7 @@ impl Services {
         let tenancy = Arc::new(crate::tenancy::Tenancy::new(config, state_dir));
         let outbound = outbound_client(config)?;
         // Engine jobs' tokens: minted by the supervisor per run, accepted by the API.
-        let job_tokens = Arc::new(auth::JobTokens::default());
+        let job_tokens = Arc::new(crate::jobs::tokens::JobTokens::default());
         let auth = Arc::new(Auth::new(
             &config.auth,
             job_tokens.clone(),
@@ -310,13 +311,20 @@ impl Services {
                 stopping.clone(),
             ),
             dry_run_budget: Duration::from_secs(config.api.dry_run_budget_s),
-            trl_python: config.engines.trl_python.clone(),
-            ray_address: config.engines.ray_address.clone(),
-            checked_records: Arc::default(),
+            submitter: Arc::new(Submitter {
+                queues: queues.clone(),
+                registry: registry.clone(),
+                scheduler: scheduler.clone(),
+                tenancy: tenancy.clone(),
+                outbound: outbound.clone(),
+                trl_python: config.engines.trl_python.clone(),
+                ray_address: config.engines.ray_address.clone(),
+                checked_records: Arc::default(),
+            }),
             retention,
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
-        tokio::spawn(crate::pipelines::drive::run(jobs_state.clone(), stopping.clone()));
+        tokio::spawn(crate::pipelines::drive::run(jobs_state.submitter.clone(), stopping.clone()));
         tokio::spawn(crate::tenancy::sweep::run(
             tenancy.clone(),
             queues.store.clone(),

@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 
 use super::jobs::Failure;
 use crate::config::AuthConfig;
+use crate::jobs::tokens::{JobTokens, TokenJob};
 use crate::metrics::ReasonLabel;
 
 /// A fresh token: `rlvr_` and 32 random bytes in hex, from the OS's CSPRNG.
@@ -65,58 +66,8 @@ pub struct Caller {
     pub job: Option<TokenJob>,
 }
 
-/// The job a job's token was minted for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenJob {
-    pub id: String,
-    /// The engine's ranks, each of which may grade at once (`api::lanes`).
-    pub ranks: usize,
-}
-
 /// The one route a job's token reaches: the engine grades its completions there.
 const JOB_TOKEN_ROUTE: (&str, &str) = ("POST", "/v1/verify");
-
-/// Tokens the daemon makes for the runs of engine jobs, each living as long as its run's
-/// [`JobToken`]: the engine grades its completions with its job's graders as its team, and
-/// with nothing else. Held in memory only (a restarted daemon mints new ones for the runs it
-/// starts), by hash, like the config's.
-#[derive(Default)]
-pub struct JobTokens {
-    by_hash: Mutex<HashMap<[u8; 32], Caller>>,
-}
-
-/// A job's token, valid until dropped.
-pub struct JobToken {
-    /// The token, for the worker's environment only.
-    pub token: String,
-    hash: [u8; 32],
-    tokens: Arc<JobTokens>,
-}
-
-impl JobTokens {
-    /// A fresh token for a run of `job` of `team` on `ranks` engine processes. Errors: the OS has
-    /// no randomness.
-    pub fn mint(self: &Arc<Self>, team: &str, job: &str, ranks: usize) -> Result<JobToken, getrandom::Error> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes)?;
-        let token = format!("rlvr_job_{}", hex::encode(bytes));
-        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let caller =
-            Caller { team: team.to_owned(), admin: false, job: Some(TokenJob { id: job.to_owned(), ranks }) };
-        self.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(hash, caller);
-        Ok(JobToken { token, hash, tokens: self.clone() })
-    }
-
-    fn get(&self, hash: &[u8; 32]) -> Option<Caller> {
-        self.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(hash).cloned()
-    }
-}
-
-impl Drop for JobToken {
-    fn drop(&mut self) {
-        self.tokens.by_hash.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.hash);
-    }
-}
 
 impl Caller {
     /// Whether this caller may see and cancel a job of `team`.
@@ -242,7 +193,10 @@ impl Auth {
             .filter(|token| !token.is_empty())
             .ok_or(AuthError::Malformed)?;
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        self.by_hash.get(&hash).cloned().or_else(|| self.jobs.get(&hash)).ok_or(AuthError::Unknown)
+        let job = || {
+            self.jobs.get(&hash).map(|job| Caller { team: job.team.clone(), admin: false, job: Some(job) })
+        };
+        self.by_hash.get(&hash).cloned().or_else(job).ok_or(AuthError::Unknown)
     }
 
     fn forget_now_and_then(&self) {
@@ -452,7 +406,7 @@ mod tests {
         let job_caller = Ok(Caller {
             team: "math".into(),
             admin: false,
-            job: Some(TokenJob { id: "01JOB".into(), ranks: 2 }),
+            job: Some(TokenJob { team: "math".into(), id: "01JOB".into(), ranks: 2 }),
         });
         // Over the team's one request a minute, still answered.
         check(&auth, &[(HOME, Some(&bearer), job_caller.clone()), (HOME, Some(&bearer), job_caller)]);

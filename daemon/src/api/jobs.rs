@@ -27,7 +27,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthError, Caller};
-use crate::jobs::{Queues, checks};
+use crate::jobs::Queues;
+use crate::jobs::submit::{Refusal, StandIn, SubmitError, Submitter};
 use rlvr_plugin_host::Registry;
 
 /// What the job routes share.
@@ -57,12 +58,8 @@ pub struct JobsState {
     pub pipeline_readers: Arc<super::follow::Readers<rlvr_queue::pipelines::PipelineStore>>,
     /// `api.dry_run_budget_s`: the longest one `POST /v1/verify` grades.
     pub dry_run_budget: std::time::Duration,
-    /// `engines.trl_python`: whether `[engine] kind = "trl"` jobs can run here.
-    pub trl_python: Option<std::path::PathBuf>,
-    /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
-    pub ray_address: Option<String>,
-    /// Dataset contents submit has read through already (`jobs::checks::data_problems`).
-    pub checked_records: Arc<crate::jobs::checks::CheckedRecords>,
+    /// The submit use case (`POST /v1/jobs`, a pipeline's checks).
+    pub submitter: Arc<Submitter>,
     /// Ended jobs' records a team keeps (`jobs::retention`): applied when a cancel ends a job.
     pub retention: crate::jobs::retention::Retention,
 }
@@ -169,27 +166,27 @@ impl From<StoreError> for Failure {
 }
 
 impl Failure {
-    /// Whether asking again later may succeed: Redis away, a full queue, a fault of ours.
-    pub(crate) fn is_transient(&self) -> bool {
-        self.status == StatusCode::TOO_MANY_REQUESTS || self.status.is_server_error()
-    }
-
-    /// What it says, its field written under `prefix` (`stages[1]` → `stages[1].model.policy:
-    /// …`, or `stages[1]: …` without a field).
-    pub(crate) fn message_under(&self, prefix: &str) -> String {
-        match &self.error.field {
-            Some(field) => {
-                let message =
-                    self.error.message.strip_prefix(&format!("{field}: ")).unwrap_or(&self.error.message);
-                format!("{prefix}.{field}: {message}")
-            }
-            None => format!("{prefix}: {}", self.error.message),
-        }
-    }
-
     pub(super) fn retry(mut self, seconds: u64) -> Self {
         self.retry_after_s = Some(seconds);
         self
+    }
+}
+
+impl From<SubmitError> for Failure {
+    fn from(error: SubmitError) -> Self {
+        match error {
+            SubmitError::Refused(Refusal { problems, forbidden }) => {
+                let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNPROCESSABLE_ENTITY };
+                Failure::spec(status, "cannot_run", problems)
+            }
+            SubmitError::QueueFull { .. } => {
+                Failure::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", error.to_string()).retry(30)
+            }
+            SubmitError::Store(error) => error.into(),
+            SubmitError::Internal(message) => {
+                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
     }
 }
 
@@ -237,13 +234,13 @@ pub async fn submit(
     let spec = read_spec(&state, &caller, &headers, body).await?;
     let idempotency_key = idempotency_key(&headers)?;
     if query.dry_run {
-        let spec = check_spec(&state, spec, true, StandIn::Nothing).await?.map_err(Refusal::into_failure)?;
+        let spec = state.submitter.check(spec, true, StandIn::Nothing).await?;
         return Ok(Json(DryRun { spec }).into_response());
     }
-    let spec = check_spec(&state, spec, false, StandIn::Nothing).await?.map_err(Refusal::into_failure)?;
+    let spec = state.submitter.check(spec, false, StandIn::Nothing).await?;
     let id = new_task_id();
     let submitted = |status, id, created| (status, Json(Submitted { id, created })).into_response();
-    match create(&state, &id, &spec, idempotency_key.as_deref()).await? {
+    match state.submitter.create(&id, &spec, idempotency_key.as_deref()).await? {
         SubmitOutcome::Created { id, .. } => Ok(submitted(StatusCode::CREATED, id, true)),
         SubmitOutcome::Existing { id } => {
             let earlier = state.queues.store.spec(&id).await?;
@@ -268,150 +265,6 @@ pub struct SubmitQuery {
     /// and answer 200 with it as the job would keep it; queue nothing.
     #[serde(default)]
     pub(super) dry_run: bool,
-}
-
-/// A spec's problems beyond itself, as submit found them, with the status they answer.
-#[derive(Debug)]
-pub(crate) struct Refusal {
-    /// 403 when the team may not do what the spec asks (`job.priority`, `job.model_line`),
-    /// else 422.
-    pub status: StatusCode,
-    /// Every problem, the first in front; never empty.
-    pub problems: Vec<SpecError>,
-}
-
-/// What in a spec only stands in for what an earlier pipeline stage will make (and so is not
-/// read through at submit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StandIn {
-    Nothing,
-    /// `data.train`: the previous stage's dataset will be the real one.
-    TrainData,
-}
-
-impl Refusal {
-    pub(crate) fn into_failure(self) -> Failure {
-        Failure::spec(self.status, "cannot_run", self.problems)
-    }
-}
-
-/// What `POST /v1/jobs` checks of a valid spec of the caller's team beyond the spec itself:
-/// plugins and their options, secrets, files, resources (filled from the estimate when the spec
-/// leaves them out), and the names it writes resolved in the team's namespace. Returns the spec
-/// as the job record keeps it (names pinned). A `dry_run` claims no model line: a pipeline's
-/// later stages are checked so at the pipeline's submit. The records of every data file are read
-/// as the job will read them, but for a `data.train` that only `stands_in` for the dataset an
-/// earlier pipeline stage will make.
-pub(crate) async fn check_spec(
-    state: &JobsState,
-    spec: JobSpec,
-    dry_run: bool,
-    stands_in: StandIn,
-) -> Answer<Result<JobSpec, Refusal>> {
-    let registry = state.registry.clone();
-    let scheduler = state.scheduler.clone();
-    let tenancy = state.tenancy.clone();
-    let outbound = state.outbound.clone();
-    let trl_engine = state.trl_python.clone();
-    let ray_address = state.ray_address.clone();
-    let checked_records = state.checked_records.clone();
-    // Reads files and the registry, and may wait for a worker process asking an optimizer about
-    // its options: off the async threads.
-    let admitted = tokio::task::spawn_blocking(move || {
-        let checked = spec;
-        let mut problems = match checks::check_runnable(&checked, &registry, &scheduler, outbound.policy()) {
-            // The secrets the options name must be the team's.
-            Ok(refs) => tenancy.ungranted_secrets(&checked.job.team, &refs.secrets),
-            Err(problems) => problems,
-        };
-        if checked.engine.kind == rlvr_protocol::engine::EngineKind::Trl && trl_engine.is_none() {
-            problems.push(SpecError {
-                field: "engine.kind".to_owned(),
-                message: "this daemon runs no trl engine (its engines.trl_python is not set)".to_owned(),
-            });
-        }
-        if checked.engine.is_engine()
-            && checked.engine.launcher == rlvr_protocol::engine::Launcher::Ray
-            && ray_address.is_none()
-        {
-            problems.push(SpecError {
-                field: "engine.launcher".to_owned(),
-                message: "this daemon knows no Ray cluster (its engines.ray_address is not set)".to_owned(),
-            });
-        }
-        if problems.is_empty() {
-            let skipped: &[&str] = match stands_in {
-                StandIn::Nothing => &[],
-                StandIn::TrainData => &["data.train"],
-            };
-            problems = checks::data_problems(&checked, &registry, &tenancy, &checked_records, skipped);
-        }
-        if problems.is_empty() {
-            match tenancy.host_context(&checked.job.team, outbound.policy()) {
-                Ok(host) => problems = checks::grader_problems(&checked, &registry, &host),
-                // The operator's to fix (the daemon's log says which secret); the worker meets it.
-                Err(message) => tracing::warn!(team = %checked.job.team, %message, "no host context to check the graders with"),
-            }
-        }
-        let mut checked = checked;
-        if problems.is_empty()
-            && let Err(problem) =
-                crate::jobs::estimate::fill_at_submit(&mut checked, &tenancy, &registry, &scheduler)
-        {
-            problems.push(problem);
-        }
-        // The model line is claimed only for a job that is otherwise taken: a refused submit
-        // leaves nothing behind.
-        match crate::tenancy::resolve::admit(&tenancy, &checked, dry_run || !problems.is_empty()) {
-            Ok(pinned) if problems.is_empty() => Ok(pinned),
-            Ok(_) => Err(problems),
-            Err(more) => {
-                problems.extend(more);
-                Err(problems)
-            }
-        }
-    })
-    .await
-    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?;
-    Ok(admitted.map_err(|problems| {
-        let forbidden = problems.iter().any(|p| p.field == "job.priority" || p.field == "job.model_line");
-        let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNPROCESSABLE_ENTITY };
-        Refusal { status, problems }
-    }))
-}
-
-/// Creates job `id` of a checked `spec` (its team's queue limit allowing) and pushes its task;
-/// or finds the job `id` or `idempotency_key` made before, creating nothing.
-pub(crate) async fn create(
-    state: &JobsState,
-    id: &str,
-    spec: &JobSpec,
-    idempotency_key: Option<&str>,
-) -> Answer<SubmitOutcome> {
-    let allowance = state.tenancy.allowance(&spec.job.team);
-    let waiting = state.queues.store.waiting(&spec.job.team, allowance.max_queued as usize + 1).await?;
-    if waiting >= allowance.max_queued as usize {
-        return Err(Failure::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "queue_full",
-            format!(
-                "team {} has {waiting} jobs waiting, its limit (tenancy.max_queued_per_team or its [[tenancy.teams]] entry); \
-                 submit again when one starts",
-                spec.job.team
-            ),
-        )
-        .retry(30));
-    }
-    let task_id = new_task_id();
-    let outcome = state.queues.store.submit(id, &task_id, spec, idempotency_key).await?;
-    if let SubmitOutcome::Created { id, task_id } = &outcome {
-        // The record holds the task id: if this push fails, the daemon's sweep pushes it.
-        if let Err(error) = state.queues.enqueue(id, task_id, spec.job.priority).await {
-            tracing::warn!(job = %id, %error, "dispatch push failed; the recovery sweep will push it");
-        }
-        tracing::info!(job = %id, team = %spec.job.team, name = %spec.job.name, "job submitted");
-    }
-    Ok(outcome)
 }
 
 /// The spec of a request body (JSON, or TOML with `Content-Type: application/toml`), valid and
@@ -470,7 +323,8 @@ pub async fn estimate(
         (state.registry.clone(), state.scheduler.clone(), state.tenancy.clone());
     let answer = tokio::task::spawn_blocking(move || {
         // Names resolve as at submit (a dry run claims no model line).
-        let pinned = crate::tenancy::resolve::admit(&tenancy, &spec, true)?;
+        let pinned =
+            crate::tenancy::resolve::admit(&tenancy, &spec, true).map_err(|refused| refused.problems)?;
         // `worker_spec` says `FIELD: why`.
         let resolved = crate::tenancy::resolve::worker_spec(&tenancy, &pinned).map_err(|message| {
             let (field, why) = message.split_once(": ").unwrap_or(("model.policy", &message));

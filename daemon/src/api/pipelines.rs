@@ -28,9 +28,10 @@ use serde::Deserialize;
 
 use super::auth::Caller;
 use super::jobs::{
-    Answer, EventsQuery, Failure, JobsState, MAX_LIST, StandIn, SubmitQuery, check_spec, idempotency_key,
-    read_body, shown_to, stream_position, valid_id,
+    Answer, EventsQuery, Failure, JobsState, MAX_LIST, SubmitQuery, idempotency_key, read_body, shown_to,
+    stream_position, valid_id,
 };
+use crate::jobs::submit::{StandIn, SubmitError};
 
 fn store(state: &JobsState) -> PipelineStore {
     PipelineStore::new(state.queues.store.connection())
@@ -143,13 +144,13 @@ async fn check_stages(state: &JobsState, spec: &PipelineSpec) -> Answer<()> {
             _ => (stage.clone(), StandIn::Nothing),
         };
         let (starts_from, reads) = (filled.model.policy.clone(), filled.data.train.display().to_string());
-        match check_spec(state, filled, true, stands_in).await? {
+        match state.submitter.check(filled, true, stands_in).await {
             Ok(pinned) => {
                 stand_in_model = Some(pinned.model.policy);
                 stand_in_data = Some(pinned.data.train.display().to_string());
             }
-            Err(refusal) => {
-                if refusal.status == StatusCode::FORBIDDEN {
+            Err(SubmitError::Refused(refusal)) => {
+                if refusal.forbidden {
                     status = StatusCode::FORBIDDEN;
                 }
                 problems.extend(refusal.problems.into_iter().map(|problem| SpecError {
@@ -159,6 +160,7 @@ async fn check_stages(state: &JobsState, spec: &PipelineSpec) -> Answer<()> {
                 stand_in_model = Some(starts_from);
                 stand_in_data = Some(reads);
             }
+            Err(error) => return Err(error.into()),
         }
     }
     if problems.is_empty() { Ok(()) } else { Err(Failure::spec(status, "cannot_run", problems)) }

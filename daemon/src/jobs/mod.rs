@@ -1,6 +1,8 @@
 //! The job lifecycle on the daemon's side: submit-time checks, the dispatch queues, and the
 //! supervision of each job's worker process from admission to its end.
 //!
+//! - [`submit`]: the submit use case — a spec checked ([`checks`], names resolved by `tenancy`),
+//!   its job recorded and its task pushed — for `POST /v1/jobs` and pipelines' stages alike.
 //! - [`checks`]: what `POST /v1/jobs` checks beyond the spec (plugins, files, budgets).
 //! - [`Queues`] (here): the job store plus the per-priority dispatch queues; every (re)queue of a
 //!   job goes through [`Queues::enqueue`].
@@ -16,6 +18,7 @@
 //!   while it runs, its end and the published files —, a task of its own beside the supervision.
 //! - [`out_of_memory`]: a worker that ran out of memory — the larger request, once (pure).
 //! - [`paired`]: the held-out gain's paired confidence interval, a seeded bootstrap (pure).
+//! - [`tokens`]: the tokens an engine job's ranks grade with, each living as long as its run.
 //! - [`retention`]: how many ended jobs' records a team keeps in Redis, and how long.
 
 pub mod checks;
@@ -28,7 +31,9 @@ pub mod out_of_memory;
 pub mod paired;
 pub mod publish;
 pub mod retention;
+pub mod submit;
 pub mod supervise;
+pub mod tokens;
 pub mod webhook;
 
 use std::time::Duration;

@@ -36,7 +36,7 @@ use rlvr_protocol::job::{JobState, JobView};
 use rlvr_protocol::spec::{JobSpec, Priority};
 use rlvr_queue::dispatch::new_task_id;
 
-use crate::api::auth::JobToken;
+use crate::jobs::tokens::{JobToken, JobTokens};
 use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
@@ -105,7 +105,7 @@ pub struct Engines {
     /// This daemon's `POST /v1/verify`, where the engine gets its rewards.
     pub verify_url: String,
     /// Where each run's job token is minted (and the API finds it).
-    pub tokens: Arc<crate::api::auth::JobTokens>,
+    pub tokens: Arc<JobTokens>,
 }
 
 /// What the daemon's supervisors share.

@@ -20,7 +20,7 @@ use rlvr_queue::store::StoreError;
 use tokio_util::sync::CancellationToken;
 
 use super::next::{Next, Snapshot, StageJob, next};
-use crate::api::jobs::{JobsState, StandIn, check_spec, create};
+use crate::jobs::submit::{StandIn, SubmitError, Submitter};
 
 /// How often the running pipelines are looked at: a stage starts within this of the one before
 /// it ending.
@@ -30,7 +30,7 @@ pub const TICK: Duration = Duration::from_millis(500);
 const ACTIONS_PER_TICK: usize = 4;
 
 /// Drives the running pipelines until `stopping`.
-pub async fn run(state: Arc<JobsState>, stopping: CancellationToken) {
+pub async fn run(state: Arc<Submitter>, stopping: CancellationToken) {
     let store = PipelineStore::new(state.queues.store.connection());
     loop {
         tokio::select! {
@@ -73,7 +73,7 @@ pub fn stage_job(job: &JobView) -> StageJob {
 
 /// Reads pipeline `id` and does the one thing it calls for; `true` when it did something (and
 /// may call for more at once).
-async fn step(state: &JobsState, store: &PipelineStore, id: &str) -> Result<bool, StoreError> {
+async fn step(state: &Arc<Submitter>, store: &PipelineStore, id: &str) -> Result<bool, StoreError> {
     let view = store.get(id).await?;
     let stage = view.stages.get(view.stage as usize);
     let job_id = stage.and_then(|stage| stage.job.clone());
@@ -126,7 +126,7 @@ async fn step(state: &JobsState, store: &PipelineStore, id: &str) -> Result<bool
 /// Creates stage `stage`'s job, with `input` written into it, as `job_id` or under a new id
 /// recorded first.
 async fn submit(
-    state: &JobsState,
+    state: &Arc<Submitter>,
     store: &PipelineStore,
     id: &str,
     stage: u32,
@@ -161,30 +161,40 @@ async fn submit(
         }
     };
     // The checks of a job submit; the model line is claimed now, by the stage that publishes.
-    let checked = match check_spec(state, spec, false, StandIn::Nothing).await {
-        Ok(Ok(checked)) => Ok(checked),
-        Ok(Err(refusal)) => Err(refusal.into_failure()),
-        Err(failure) => Err(failure),
-    };
-    let created = match checked {
-        Ok(checked) => create(state, &job_id, &checked, None).await.map(|_| ()),
-        Err(failure) => Err(failure),
+    let created = match state.check(spec, false, StandIn::Nothing).await {
+        Ok(checked) => state.create(&job_id, &checked, None).await.map(|_| ()),
+        Err(error) => Err(error),
     };
     match created {
         Ok(()) => {
             tracing::info!(pipeline = %id, stage, job = %job_id, "pipeline stage submitted");
             Ok(false)
         }
-        Err(failure) if failure.is_transient() => {
-            let reason = failure.message_under(&format!("stages[{stage}]"));
+        Err(error) if error.is_transient() => {
+            let reason = under(stage, &error);
             tracing::info!(pipeline = %id, stage, %reason, "stage not submitted yet; trying again");
             Ok(false)
         }
-        Err(failure) => {
-            let reason = format!("refused at submit: {}", failure.message_under(&format!("stages[{stage}]")));
+        Err(error) => {
+            let reason = format!("refused at submit: {}", under(stage, &error));
             store.finish(id, PipelineState::Failed, &reason).await?;
             tracing::info!(pipeline = %id, stage, %reason, "pipeline ended");
             Ok(false)
         }
+    }
+}
+
+/// What a submit's error says, its field written under stage `stage` (`stages[1].model.policy:
+/// …`, or `stages[1]: …` without a field).
+fn under(stage: u32, error: &SubmitError) -> String {
+    match error {
+        SubmitError::Refused(refusal) => match refusal.problems.first() {
+            Some(problem) if !problem.field.is_empty() => {
+                format!("stages[{stage}].{}: {}", problem.field, problem.message)
+            }
+            Some(problem) => format!("stages[{stage}]: {}", problem.message),
+            None => format!("stages[{stage}]: refused"),
+        },
+        error => format!("stages[{stage}]: {error}"),
     }
 }

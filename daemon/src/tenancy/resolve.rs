@@ -89,14 +89,23 @@ fn set_model_field(spec: &mut JobSpec, field: &str, value: String) {
     }
 }
 
+/// Why [`admit`] refused a spec: every problem, each naming its field, and whether one of them
+/// is a permission the team lacks (a priority not granted to it, a model line it may not publish
+/// into) rather than a spec that cannot run.
+#[derive(Debug, Default)]
+pub struct NotAdmitted {
+    pub problems: Vec<SpecError>,
+    pub forbidden: bool,
+}
+
 /// Checks what `spec` names against its team's namespace and returns it pinned: every
 /// `dataset:NAME` with its content's sha256, every `line:L` with its newest version. The model
-/// line is claimed for the team when nobody owns it yet (not on a dry run). Every problem, each
-/// naming its field.
-pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec, Vec<SpecError>> {
+/// line is claimed for the team when nobody owns it yet (not on a dry run).
+pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec, NotAdmitted> {
     let team = spec.job.team.as_str();
     let mut pinned = spec.clone();
     let mut problems = Vec::new();
+    let mut forbidden = false;
 
     // A team's name is a directory of its namespace: only an admin submits for another team,
     // and even an admin's must be a team name.
@@ -105,6 +114,7 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
     }
     let allowance = tenancy.allowance(team);
     if !allowance.priorities.contains(&spec.job.priority) {
+        forbidden = true;
         let allowed: Vec<String> =
             allowance.priorities.iter().map(|p| format!("{p:?}").to_lowercase()).collect();
         problems.push(refuse(
@@ -155,12 +165,17 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
 
     // The line is claimed for the team only by a job that is taken: a refused submit leaves
     // nothing behind.
-    let line_problem = |error: LineError| match error {
+    // Any answer about the line but the registry failing is one of permission: it is another
+    // team's, or nobody's until an admin says, or the team has made its quota of lines.
+    let mut line_problem = |error: LineError| match error {
         LineError::Io(error) => {
             tracing::error!(%error, "cannot read the registry");
             refuse("job.model_line", "the registry cannot be read now; retry later")
         }
-        error => refuse("job.model_line", error.to_string()),
+        error => {
+            forbidden = true;
+            refuse("job.model_line", error.to_string())
+        }
     };
     match tenancy.lines.publisher(team, &spec.job.model_line, false) {
         Ok(policy) => problems.extend(spec.gates.loosened_against(&policy)),
@@ -174,7 +189,7 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
         }
     }
 
-    if problems.is_empty() { Ok(pinned) } else { Err(problems) }
+    if problems.is_empty() { Ok(pinned) } else { Err(NotAdmitted { problems, forbidden }) }
 }
 
 /// The spec `spec`'s worker reads: its names replaced by the server's paths. Fails (the job's
