@@ -267,6 +267,7 @@ pub struct SampledRow {
 /// What a rejection-sampling job produced, in its worker's `Outcome`: the daemon gates it and
 /// publishes the run's rows (`RunDir::dataset`, JSONL of [`SampledRow`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SampledDataset {
     /// Prompts sampled.
     pub prompts: u64,

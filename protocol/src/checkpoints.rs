@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 /// A checkpoint whose weights were scored on the held-out set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScoredCheckpoint {
     /// Its step.
     pub step: u64,

@@ -11,6 +11,7 @@ use crate::worker::{Baseline, CandidateCheckpoint, GateEvaluation, Outcome, Plug
 
 /// How a criterion's measured value must compare with its threshold to pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Op {
     /// `measured >= threshold`.
     #[serde(rename = ">=")]
@@ -48,6 +49,7 @@ impl Op {
 
 /// A criterion's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Measured and within its threshold.
@@ -72,6 +74,7 @@ impl Status {
 
 /// One criterion's line of the gate table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(from = "CriterionRecord")]
 pub struct Criterion {
     /// `heldout_gain`, `canary_regressions`, …
@@ -95,6 +98,7 @@ pub struct Criterion {
 /// A paired comparison's estimate and confidence interval: the candidate's and the baseline's
 /// verdicts on the same prompts (`heldout_gain`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PairedInterval {
     /// The gain measured on the prompts themselves (after − before).
     pub estimate: f64,
@@ -209,6 +213,7 @@ impl From<CriterionRecord> for Criterion {
 
 /// An admin's promotion of a refused candidate, recorded in the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Forced {
     /// The admin token's team.
     pub by: String,
@@ -220,6 +225,7 @@ pub struct Forced {
 
 /// The gate report stored with the job (`gates`) and in the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GateReport {
     /// No criterion failed.
     pub passed: bool,

@@ -151,19 +151,16 @@ pub struct JobView {
     pub grant: Option<String>,
     /// The latest step's figures (reward, KL, tokens/s, ETA, …), when training has begun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub progress: Option<Progress>,
     /// The latest held-out score, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heldout: Option<f64>,
     /// How training ended (steps, weights hash, held-out before and after, checkpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub result: Option<Outcome>,
     /// The gate report (design.md §6): `passed`, `baseline`, one line per criterion with its
     /// measured value and threshold, and `forced` when an admin promoted the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub gates: Option<GateReport>,
     /// Where its checkpoint was published.
     #[serde(default, skip_serializing_if = "Option::is_none")]

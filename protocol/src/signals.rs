@@ -13,6 +13,7 @@ const SHARE: f64 = 0.25;
 
 /// Which way a step's groups gave no signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum GroupWarningKind {
     /// Every completion of every group failed.
@@ -23,6 +24,7 @@ pub enum GroupWarningKind {
 
 /// Steps whose every group was all-fail or all-pass, and what to do about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupWarning {
     pub kind: GroupWarningKind,
     /// Online steps of the run (so far) whose every group was of this kind.

@@ -339,6 +339,7 @@ fn bytes_in(text: &str) -> Option<u64> {
 /// How a run ended: the worker's one stdout line when it exits [`WorkerExit::Finished`] or
 /// [`WorkerExit::Interrupted`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Outcome {
     /// Steps completed.
     pub steps: u64,
@@ -349,6 +350,7 @@ pub struct Outcome {
     /// Held-out accuracy of the weights it ended with, when scored in this run.
     pub heldout_after: Option<f64>,
     /// The last checkpoint's directory (its `model/` is what gets published); empty when none.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub checkpoint: PathBuf,
     /// Why it ended before `budget.max_steps`, if it did.
     pub stopped: Option<String>,
@@ -380,6 +382,7 @@ pub struct Outcome {
 /// Which checkpoint a run offered the gates: the best held-out score among its retained scored
 /// checkpoints (ties: the earlier; `crate::checkpoints::best`), or the last when none was scored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CandidateCheckpoint {
     /// The chosen checkpoint's step.
     pub step: u64,
@@ -392,6 +395,7 @@ pub struct CandidateCheckpoint {
 
 /// A plugin a run used: what the manifest records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PluginUse {
     /// `name@version`.
     pub id: String,
@@ -406,6 +410,7 @@ pub struct PluginUse {
 /// Training's trend: the mean of the first steps against the mean of the last ones (a window of
 /// five each), what the gates' reward-hacking and KL criteria read.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Trend {
     /// Training steps that logged a reward.
     pub steps: usize,
@@ -423,6 +428,7 @@ pub struct Trend {
 
 /// What the candidate is compared with (design.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BaselineKind {
     /// The model line's published version when the run started.
@@ -433,6 +439,7 @@ pub enum BaselineKind {
 
 /// The candidate's baseline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Baseline {
     /// Published version or starting checkpoint.
     pub kind: BaselineKind,
@@ -446,6 +453,7 @@ pub struct Baseline {
 /// the candidate and of its baseline, the canaries the baseline passed and the candidate fails,
 /// and training's trend. The daemon judges it (`jobs::gate::judge`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GateEvaluation {
     /// What the candidate was compared with.
     pub baseline: Baseline,
@@ -461,6 +469,7 @@ pub struct GateEvaluation {
 
 /// One model's scores on the gates' sets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelScores {
     /// On the held-out set (its first `eval.max_prompts`), when the job has one.
     pub heldout: Option<GateScore>,
@@ -470,6 +479,7 @@ pub struct ModelScores {
 
 /// A score as the gates see it: the figures, and how the verifiers fared.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GateScore {
     /// Accuracy, reward, length, prompts.
     #[serde(flatten)]
@@ -483,6 +493,7 @@ pub struct GateScore {
     /// Whether each prompt passed, in the set's order: what pairs the candidate's verdicts with
     /// the baseline's for the held-out gain's interval. Empty in records made before it.
     #[serde(default, skip_serializing_if = "Verdicts::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub passed: Verdicts,
 }
 
@@ -530,6 +541,7 @@ impl<'de> Deserialize<'de> for Verdicts {
 
 /// A model's greedy score on a set of prompts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScoreFigures {
     /// Fraction of prompts whose completion passed every weighted verifier.
     pub accuracy: f64,
@@ -543,6 +555,7 @@ pub struct ScoreFigures {
 
 /// The canaries that regressed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CanaryRegressions {
     /// How many.
     pub count: usize,
@@ -794,6 +807,7 @@ pub struct Latency {
 /// A running job's live state: `progress.json`, rewritten (atomically) by the worker after each
 /// step and read by the daemon for the job record and its events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Progress {
     /// Steps completed.
     pub step: u64,

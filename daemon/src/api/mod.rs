@@ -340,6 +340,35 @@ mod tests {
         }
     }
 
+    // regression: a job's `progress`, `result` and `gates` were documented as any object, so the
+    // Python client and the page wrote their models by hand
+    #[test]
+    fn only_free_form_fields_are_documented_as_any_object() {
+        let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        // What is free-form by design: an item to grade (in any of the formats graders read), a
+        // metrics line (an optimizer plugin adds figures under its own names). A plugin's options
+        // are a map of its own keys (`additionalProperties`).
+        let free_form = ["VerifyRequest.items", "MetricsHistory.lines"];
+        let mut any_object = Vec::new();
+        for (name, schema) in document["components"]["schemas"].as_object().unwrap() {
+            for (field, property) in schema["properties"].as_object().into_iter().flatten() {
+                let property = if property["type"] == "array" { &property["items"] } else { property };
+                let typed = ["properties", "additionalProperties", "$ref", "oneOf", "allOf", "anyOf"]
+                    .iter()
+                    .any(|key| property.get(key).is_some());
+                let object = property["type"] == "object"
+                    || property["type"].as_array().is_some_and(|types| types.contains(&"object".into()));
+                if object && !typed {
+                    any_object.push(format!("{name}.{field}"));
+                }
+            }
+        }
+        any_object.sort();
+        let mut expected = free_form.map(str::to_owned).to_vec();
+        expected.sort();
+        assert_eq!(any_object, expected);
+    }
+
     // The references written by hand (the event stream's `contentSchema`) are invisible to
     // utoipa: each must still name a schema the document has.
     #[test]
