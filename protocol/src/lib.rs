@@ -42,6 +42,7 @@ pub mod gates;
 pub mod grants;
 pub mod job;
 pub mod jobdir;
+pub mod kind;
 pub mod memory;
 pub mod names;
 pub mod pipeline;

@@ -25,6 +25,7 @@ use rlvr_protocol::grants::Phase;
 use rlvr_protocol::worker::{MetricsLine, StepTimes};
 use tch::Kind;
 
+use crate::Work;
 use crate::grants::Grant;
 use crate::step::{Rows, StepError, StepOutput, dropout_seed};
 use crate::{Job, TrainData, WorkerError};
@@ -58,8 +59,12 @@ pub fn load_teacher(
 /// One distillation step; `grant` holds the rollout's devices.
 pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepError> {
     let started = Instant::now();
-    let options = job.distill.clone().ok_or_else(|| StepError::Failed("not a distillation job".into()))?;
-    let TrainData::Prompts(prompts) = &job.train else { unreachable!("distillation loads prompts") };
+    let Work::Distill { options, teacher } = &job.work else {
+        return Err(StepError::Failed("not a distillation job".into()));
+    };
+    let TrainData::Prompts(prompts) = &job.train else {
+        return Err(StepError::Failed("a distillation job trains on prompts".into()));
+    };
     let count = job.spec.rollout.prompts_per_step as usize;
     let group_size = job.spec.optimizer.group_size as usize;
     let picked: Vec<usize> = job.cursor.take(count, prompts.len(), job.spec.job.seed);
@@ -71,8 +76,6 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
             tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
         prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
     }
-    let teacher =
-        job.teacher.as_ref().ok_or_else(|| StepError::Failed("the teacher is not loaded".into()))?;
     let sampler = match options.mode {
         DistillMode::Traces | DistillMode::ForwardKl => &teacher.model,
         DistillMode::ReverseKl => &job.policy.model,

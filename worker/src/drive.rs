@@ -19,6 +19,7 @@ use rlvr_protocol::worker::{CandidateCheckpoint, MetricsLine, Outcome, Progress}
 use rlvr_tensorboard::EventLog;
 use tracing::{info, info_span, warn};
 
+use crate::Work;
 use crate::engine::{self, Engine, EngineDir, EngineEnd, EngineSettings, Poll};
 use crate::state::{Logs, TrainState, write_checkpoint};
 use crate::step::{self, StepError};
@@ -95,9 +96,12 @@ pub fn drive(
     if run_loop.state.step == 0 && run_loop.job.has_heldout() {
         run_loop.score_before_training()?;
     }
-    let ending = match run_loop.job.engine.clone() {
-        Some(settings) => run_loop.engine_steps(&settings)?,
-        None => run_loop.steps()?,
+    let ending = match &run_loop.job.work {
+        Work::Engine(settings) => {
+            let settings = settings.clone();
+            run_loop.engine_steps(&settings)?
+        }
+        _ => run_loop.steps()?,
     };
     run_loop.end(ending)
 }
@@ -307,7 +311,10 @@ impl Loop<'_> {
                 let at = self.last_checkpoint.as_deref().and_then(checkpoint_step);
                 // An engine's checkpoint is its own (`engine/output/`); the policy here still
                 // holds the starting weights.
-                if self.state.step > 0 && at != Some(self.state.step) && self.job.engine.is_none() {
+                if self.state.step > 0
+                    && at != Some(self.state.step)
+                    && !matches!(self.job.work, Work::Engine(_))
+                {
                     self.checkpoint()?;
                 }
             }
@@ -362,7 +369,7 @@ impl Loop<'_> {
 
     fn checkpoint(&mut self) -> Result<(), WorkerError> {
         self.state.elapsed_s = self.elapsed_s();
-        if let Some(rejection) = &mut self.job.rejection {
+        if let Work::RejectionSampling(rejection) = &mut self.job.work {
             let synced = rejection.synced_len();
             self.state.dataset_bytes =
                 synced.map_err(|error| self.state_error(format!("dataset.jsonl: {error}")))?;

@@ -11,8 +11,8 @@ use rlvr_protocol::worker::{
 };
 use tch::{Kind, Tensor};
 
-use super::Job;
 use super::step::StepError;
+use super::{Job, Work};
 use rlvr_plugin_host::reward::ToScore;
 use rlvr_protocol::grants::Phase;
 use rlvr_protocol::records::PromptRecord;
@@ -70,7 +70,7 @@ fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
 /// Scores the policy on the held-out set (or its first `eval.max_prompts`); a reward model's
 /// job scores its pairs instead (`reward_training::heldout`).
 pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
-    if job.reward_model.is_some() {
+    if matches!(job.work, Work::RewardModel { .. }) {
         return crate::reward_training::heldout(job);
     }
     let records = heldout_records(job)?;

@@ -52,9 +52,10 @@ use rlvr_model::{LoadedModel, SamplerRng, SamplingParams};
 use rlvr_plugin_api::{CurriculumBox, DataMode, HostContext, OptimizerBox, OptimizerInfo, TrainedModel};
 use rlvr_plugin_host::reward::{Reward, VERIFY_DEADLINE};
 use rlvr_protocol::builtin::{
-    Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
+    DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
 };
 use rlvr_protocol::jobdir::RunDir;
+use rlvr_protocol::kind::{JobKind, OptimizerTraits};
 use rlvr_protocol::spec::JobSpec;
 pub use rlvr_protocol::worker::Outcome;
 use rlvr_protocol::worker::{Baseline, BaselineKind, WorkerArgs, WorkerExit};
@@ -273,10 +274,6 @@ pub struct Job {
     pub value_head: Option<ValueHead>,
     pub optimizer: OptimizerBox,
     pub optimizer_info: OptimizerInfo,
-    /// The model the optimizer trains: the policy, or `reward_model`.
-    pub trains: TrainedModel,
-    /// The reward model an rm job trains (then `policy` only lends its tokenizer and config).
-    pub reward_model: Option<rlvr_model::RewardModel>,
     /// The plugin graders and the combiner of every grader's verdicts.
     pub rewarder: Reward,
     /// The `reward-model` graders, scored on the devices (`reward_models::score`).
@@ -284,8 +281,6 @@ pub struct Job {
     pub curriculum: Option<CurriculumBox>,
     pub train: TrainData,
     pub heldout: Option<Vec<PromptRecord>>,
-    /// A reward model's held-out pairs.
-    pub heldout_pairs: Option<Vec<PairRecord>>,
     pub adamw: AdamW,
     pub rng: SamplerRng,
     pub cursor: Cursor,
@@ -293,26 +288,54 @@ pub struct Job {
     pub grants: grants::Grants,
     /// Where the plugins' code comes from, kept for the run.
     pub libraries: plugins::Libraries,
-    /// A rejection-sampling job's output and tally; `None` for a job that trains.
-    pub rejection: Option<sampling::Rejection>,
-    /// A distillation job's keys and its teacher (frozen, on the policy's device).
-    pub distill: Option<DistillOptions>,
-    pub teacher: Option<LoadedModel>,
-    /// An `[engine]` job: how to start its engine; `None` for the native step loop.
-    pub engine: Option<engine::EngineSettings>,
+    /// What its kind does, with what only that kind has.
+    pub work: Work,
+}
+
+/// What a job does beyond what every job has, by its kind (`rlvr_protocol::kind::JobKind`,
+/// decided once at start): a kind's own parts live in its variant, so a job is one kind, never
+/// a kind without its parts.
+pub enum Work {
+    /// The optimizer plugin trains the policy: online (sampled and graded, in groups or with a
+    /// critic) or offline (demonstrations or pairs), as its data mode says.
+    Policy,
+    /// The optimizer plugin trains a reward model on pairs; `policy` only lends it its tokenizer
+    /// and config.
+    RewardModel {
+        model: rlvr_model::RewardModel,
+        /// The held-out pairs, scored by pairwise accuracy.
+        heldout_pairs: Option<Vec<PairRecord>>,
+    },
+    /// The built-in rejection sampling: its output and tally; no weight changes.
+    RejectionSampling(sampling::Rejection),
+    /// The built-in distillation: its keys and its teacher (frozen, on the policy's device).
+    Distill { options: DistillOptions, teacher: LoadedModel },
+    /// An `[engine]` job: how to start its engine, which trains instead of the step loop.
+    Engine(engine::EngineSettings),
 }
 
 impl Job {
     /// Whether the job has a held-out set to score: prompts, or a reward model's pairs.
     pub fn has_heldout(&self) -> bool {
-        self.heldout.is_some() || self.heldout_pairs.is_some()
+        match &self.work {
+            Work::RewardModel { heldout_pairs, .. } => heldout_pairs.is_some(),
+            _ => self.heldout.is_some(),
+        }
     }
 
     /// SHA-256 over the trained model's tensors (names sorted, raw bytes).
     pub fn weights_sha256(&self) -> String {
-        match &self.reward_model {
-            Some(reward_model) => models::weights_sha256(&reward_model.vs),
-            None => models::model_sha256(&self.policy),
+        match &self.work {
+            Work::RewardModel { model, .. } => models::weights_sha256(&model.vs),
+            _ => models::model_sha256(&self.policy),
+        }
+    }
+
+    /// A rejection-sampling job's output and tally.
+    pub fn rejection(&self) -> Option<&sampling::Rejection> {
+        match &self.work {
+            Work::RejectionSampling(rejection) => Some(rejection),
+            _ => None,
         }
     }
 }
@@ -338,8 +361,13 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let mut plugins =
         JobPlugins::load(&start.spec, start.previous.as_ref(), &options.plugins, &options.host)?;
     let data = JobData::load(&start.spec, plugins.optimizer_info.data_mode, plugins.trains)?;
-    let rejection = match Builtin::of(&start.spec) {
-        Some(Builtin::RejectionSampling) => {
+    let traits = OptimizerTraits { data_mode: plugins.optimizer_info.data_mode, trains: plugins.trains };
+    let kind = JobKind::of(&start.spec, Some(traits)).ok_or_else(|| WorkerError::Plugin {
+        field: "optimizer.plugin".into(),
+        message: format!("{} says nothing this worker can run", plugins.optimizer_id),
+    })?;
+    let rejection = match kind {
+        JobKind::RejectionSampling => {
             let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
                 field: error.field,
                 message: error.message,
@@ -351,8 +379,8 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         }
         _ => None,
     };
-    let distill = match Builtin::of(&start.spec) {
-        Some(Builtin::Distill) => {
+    let distill = match kind {
+        JobKind::Distill => {
             let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {
                 field: error.field,
                 message: error.message,
@@ -389,7 +417,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     // A rejection-sampling checkpoint holds no model: the spec's is the one it samples from.
     let models = Models::load(
         &start.spec,
-        start.checkpoint.as_deref().filter(|_| rejection.is_none()),
+        start.checkpoint.as_deref().filter(|_| kind != JobKind::RejectionSampling),
         device,
         &plugins.optimizer_info,
         plugins.trains,
@@ -418,11 +446,9 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     }
     let canaries = data.canaries.clone();
     let uses = std::mem::take(&mut plugins.uses);
+    let parts = KindParts { kind, rejection, distill: distill.zip(teacher), engine };
     let (mut job, mut state) =
-        assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, rejection)?;
-    job.distill = distill;
-    job.teacher = teacher;
-    job.engine = engine;
+        assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, parts)?;
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
     info!(
@@ -441,23 +467,23 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     if let Some(candidate) = &outcome.candidate
         && candidate.step != outcome.steps
     {
-        match &job.reward_model {
-            Some(reward_model) => models::load_trained_reward_model(reward_model, &outcome.checkpoint)?,
-            None => models::load_trained_weights(&job.policy, &outcome.checkpoint)?,
+        match &job.work {
+            Work::RewardModel { model, .. } => models::load_trained_reward_model(model, &outcome.checkpoint)?,
+            _ => models::load_trained_weights(&job.policy, &outcome.checkpoint)?,
         }
         outcome.weights_sha256 = job.weights_sha256();
         info!(step = candidate.step, heldout = ?candidate.heldout, "the gates' candidate is an earlier checkpoint");
     }
     outcome.plugins = uses;
     outcome.data_sha256 = data_sha256(&job.spec)?;
-    outcome.dataset = job.rejection.as_ref().map(sampling::Rejection::produced);
+    outcome.dataset = job.rejection().map(sampling::Rejection::produced);
     if !outcome.interrupted && (job.has_heldout() || canaries.is_some()) {
         let baseline = baseline(options, &job.spec);
         let span = info_span!("gates", baseline = %baseline.model);
         let _entered = span.enter();
-        let evaluation = match job.trains {
-            TrainedModel::Policy => eval::for_gates(&job, &baseline, canaries.as_deref(), outcome.training),
-            TrainedModel::RewardModel => reward_training::for_gates(&job, &baseline, outcome.training),
+        let evaluation = match &job.work {
+            Work::RewardModel { .. } => reward_training::for_gates(&job, &baseline, outcome.training),
+            _ => eval::for_gates(&job, &baseline, canaries.as_deref(), outcome.training),
         }
         .map_err(|error| WorkerError::from_step(outcome.steps, error))?;
         info!(
@@ -531,30 +557,55 @@ fn check_reference(start: &Start, models: &Models, options: &WorkerOptions) -> R
 
 /// The job a step works on, and the training state to start from (restored from the checkpoint
 /// when resuming).
+/// What a job's kind brings to [`assemble`], loaded before it: each kind takes its own.
+struct KindParts {
+    kind: JobKind,
+    rejection: Option<RejectionSamplingOptions>,
+    distill: Option<(DistillOptions, LoadedModel)>,
+    engine: Option<engine::EngineSettings>,
+}
+
 fn assemble(
     options: &WorkerOptions,
     start: Start,
     plugins: JobPlugins,
     data: JobData,
     curriculum: Option<CurriculumBox>,
-    models: Models,
-    rejection: Option<RejectionSamplingOptions>,
+    mut models: Models,
+    parts: KindParts,
 ) -> Result<(Job, TrainState), WorkerError> {
     let Start { spec, checkpoint, saved, .. } = start;
-    // The output file cut back to the checkpoint's length, before the checkpoint is restored.
-    let rejection = match rejection {
-        Some(rejection_options) => {
+    // Nothing trains in a rejection-sampling job: no moments to hold.
+    let trainable = if parts.kind == JobKind::RejectionSampling { Vec::new() } else { models.trainable() };
+    let missing = |what: &str| WorkerError::Plugin {
+        field: "optimizer.plugin".into(),
+        message: format!("a {:?} job without its {what}", parts.kind),
+    };
+    let work = match parts.kind {
+        JobKind::RejectionSampling => {
+            // The output file cut back to the checkpoint's length, before the checkpoint is
+            // restored.
             let (keep, tally) = match (&checkpoint, &saved) {
                 (Some(_), Some(saved)) => (saved.dataset_bytes, saved.sampled.clone()),
                 _ => (0, None),
             };
             let path = RunDir::at(options.state_dir.clone()).dataset();
-            Some(sampling::Rejection::open(rejection_options, &path, keep, tally)?)
+            let rejection_options = parts.rejection.ok_or_else(|| missing("options"))?;
+            Work::RejectionSampling(sampling::Rejection::open(rejection_options, &path, keep, tally)?)
         }
-        None => None,
+        JobKind::Distill => {
+            let (options, teacher) = parts.distill.ok_or_else(|| missing("teacher"))?;
+            Work::Distill { options, teacher }
+        }
+        JobKind::RewardModel => Work::RewardModel {
+            model: models.reward_model.take().ok_or_else(|| missing("reward model"))?,
+            heldout_pairs: data.heldout_pairs,
+        },
+        JobKind::Engine => Work::Engine(parts.engine.ok_or_else(|| missing("engine"))?),
+        JobKind::OnlineGroups | JobKind::OnlineWithCritic | JobKind::OfflineSft | JobKind::OfflinePairs => {
+            Work::Policy
+        }
     };
-    // Nothing trains in a rejection-sampling job: no moments to hold.
-    let trainable = if rejection.is_some() { Vec::new() } else { models.trainable() };
     let adamw = AdamW::new(trainable, AdamWConfig::from_spec(&spec.optimizer));
     let grants = match &options.grants {
         Some((socket, job)) => grants::Grants::connect(socket, job)?,
@@ -578,8 +629,6 @@ fn assemble(
         value_head: models.value_head,
         optimizer: plugins.optimizer,
         optimizer_info: plugins.optimizer_info,
-        trains: plugins.trains,
-        reward_model: models.reward_model,
         rewarder: Reward {
             graders: plugins.graders,
             combiner: plugins.combiner,
@@ -591,15 +640,11 @@ fn assemble(
         curriculum,
         train: data.train,
         heldout: data.heldout,
-        heldout_pairs: data.heldout_pairs,
         adamw,
         cursor: Cursor::default(),
         grants,
         libraries: plugins.libraries,
-        rejection,
-        distill: None,
-        teacher: None,
-        engine: None,
+        work,
         spec,
     };
     let state = match (&checkpoint, saved) {
@@ -609,7 +654,7 @@ fn assemble(
         }
         _ => TrainState::default(),
     };
-    if job.policy.adapters.is_none() && job.rejection.is_none() {
+    if job.policy.adapters.is_none() && !matches!(job.work, Work::RejectionSampling(_)) {
         job.policy.vs.unfreeze();
     }
     Ok((job, state))

@@ -27,6 +27,7 @@ use tch::{Kind, Tensor};
 
 use crate::Job;
 use crate::TrainData;
+use crate::Work;
 use crate::eval::HeldoutScore;
 use crate::grants::Grant;
 use crate::step::{StepError, StepOutput, UpdateResult, add_update_metrics};
@@ -58,7 +59,9 @@ pub fn step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOutput,
     let TrainData::Pairs(records) = &job.train else {
         return Err(StepError::Failed("a reward model trains on preference pairs".into()));
     };
-    let model = job.reward_model.as_ref().expect("a reward model's job");
+    let Work::RewardModel { model, .. } = &job.work else {
+        return Err(StepError::Failed("not a reward model's job".into()));
+    };
     let count = job.spec.rollout.prompts_per_step as usize;
     let picked: Vec<&PairRecord> =
         job.cursor.take(count, records.len(), job.spec.job.seed).into_iter().map(|i| &records[i]).collect();
@@ -151,9 +154,19 @@ pub fn step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOutput,
     Ok(StepOutput { metrics: line, records: Vec::new(), tokens_generated: 0 })
 }
 
+/// The reward model the job trains.
+fn reward_model(job: &Job) -> Result<&RewardModel, StepError> {
+    match &job.work {
+        Work::RewardModel { model, .. } => Ok(model),
+        _ => Err(StepError::Failed("not a reward model's job".into())),
+    }
+}
+
 /// The held-out pairs every evaluation uses: the set, or its first `eval.max_prompts`.
 fn heldout_pairs(job: &Job) -> Result<Vec<&PairRecord>, String> {
-    let Some(pairs) = &job.heldout_pairs else { return Err("no held-out set".into()) };
+    let Work::RewardModel { heldout_pairs: Some(pairs), .. } = &job.work else {
+        return Err("no held-out set".into());
+    };
     let limit = job.spec.eval.max_prompts.map_or(pairs.len(), |m| (m as usize).min(pairs.len()));
     Ok(pairs[..limit].iter().collect())
 }
@@ -183,7 +196,7 @@ fn pairwise(model: &RewardModel, pairs: &[&PairRecord]) -> Result<HeldoutScore, 
 /// The reward model's held-out pairwise accuracy, in an eval grant.
 pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     let pairs = heldout_pairs(job)?;
-    let model = job.reward_model.as_ref().expect("a reward model's job");
+    let model = reward_model(job)?;
     let grant = job.grants.hold(Phase::Eval)?;
     let score = pairwise(model, &pairs)?;
     grant.release(job.device);
@@ -196,7 +209,7 @@ pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
 /// them for a reward model.
 pub fn for_gates(job: &Job, baseline: &Baseline, trend: Option<Trend>) -> Result<GateEvaluation, StepError> {
     let pairs = heldout_pairs(job)?;
-    let candidate = job.reward_model.as_ref().expect("a reward model's job");
+    let candidate = reward_model(job)?;
     let grant = job.grants.hold(Phase::Eval)?;
     let now = pairwise(candidate, &pairs)?;
     let before = {

@@ -21,6 +21,7 @@ use rlvr_plugin_api::{
 use rlvr_protocol::builtin::{RejectionSamplingOptions, SampledDataset, SampledRow};
 use rlvr_protocol::worker::{MetricsLine, StepTimes};
 
+use crate::Work;
 use crate::grants::Grant;
 use crate::state::JsonlLog;
 use crate::step::{StepError, StepOutput, sample_round};
@@ -121,7 +122,7 @@ fn remaining(job: &Job) -> usize {
 
 /// Whether every prompt has been sampled.
 pub fn done(job: &Job) -> bool {
-    job.rejection.is_some() && remaining(job) == 0
+    matches!(job.work, Work::RejectionSampling(_)) && remaining(job) == 0
 }
 
 /// One step: the next `rollout.prompts_per_step` prompts (fewer at the end of the pass), G
@@ -139,8 +140,9 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
     }
     let round = sample_round(job, step, 0, count, grant)?;
     let group_size = job.spec.optimizer.group_size as usize;
-    let rejection =
-        job.rejection.as_mut().ok_or_else(|| StepError::Failed("not a rejection-sampling job".into()))?;
+    let Work::RejectionSampling(rejection) = &mut job.work else {
+        return Err(StepError::Failed("not a rejection-sampling job".into()));
+    };
     let keep = rejection.options.keep as usize;
     let mut rows = Vec::new();
     let mut duplicates = 0u64;

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Tensor, nn};
 use tracing::info;
 
+use crate::Work;
 use crate::data::Cursor;
 use crate::{Job, WorkerError};
 
@@ -135,7 +136,7 @@ impl TrainState {
 pub fn restore(job: &mut Job, checkpoint: &Path, saved: &TrainState) -> Result<(), WorkerError> {
     let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
     // A rejection-sampling checkpoint holds no weights and no optimizer state: none changed.
-    if job.rejection.is_none() {
+    if !matches!(job.work, Work::RejectionSampling(_)) {
         // Mapped, and read tensor by tensor into the optimizer's own state.
         let tensors = WeightFiles::open_file(&checkpoint.join("optimizer.safetensors"))
             .map_err(|error| fail(format!("optimizer.safetensors: {error}")))?;
@@ -188,7 +189,7 @@ pub fn write_checkpoint(
     };
     let staging = staging(run, state.step).map_err(|error| fail(error.to_string()))?;
     // A rejection-sampling job changes no weight: its checkpoint is its state.json.
-    if job.rejection.is_none() {
+    if !matches!(job.work, Work::RejectionSampling(_)) {
         write_model(job, &staging).map_err(|error| fail(error.to_string()))?;
         if let Some((vs, _)) = &job.value_head {
             save_sorted(vs, &staging.join("value_head.safetensors")).map_err(fail)?;
@@ -215,7 +216,7 @@ pub fn write_checkpoint(
     on_disk.push(state.step);
     let keep = retained(&on_disk, &state.scored, state.step, job.spec.checkpoint.retention());
     state.scored.retain(|scored| keep.contains(&scored.step));
-    if let Some(rejection) = &job.rejection {
+    if let Some(rejection) = job.rejection() {
         state.sampled = Some(rejection.tally.clone());
     }
     let bytes = serde_json::to_vec_pretty(&state).map_err(|error| fail(error.to_string()))?;
@@ -232,7 +233,7 @@ pub fn write_checkpoint(
 fn write_model(job: &Job, staging: &Path) -> Result<(), rlvr_model::ModelError> {
     let model = staging.join("model");
     // A reward model's job publishes its sequence-classification directory.
-    if let Some(reward_model) = &job.reward_model {
+    if let Work::RewardModel { model: reward_model, .. } = &job.work {
         return reward_model.save_pretrained(&model);
     }
     if job.policy.adapters.is_none() {

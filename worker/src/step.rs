@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use super::grants::{Grant, GrantError};
 use super::models::Reference;
-use super::{Job, TrainData};
+use super::{Job, TrainData, Work};
 use rlvr_plugin_host::reward::{Scored, ToScore};
 use rlvr_protocol::records::PromptRecord;
 
@@ -107,18 +107,17 @@ pub fn first_phase(job: &Job) -> Phase {
 /// Runs training step `step` (1-based); `weights_step` is the step whose weights sample it.
 /// `grant` holds the devices for [`first_phase`]; the step asks for the others itself.
 pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Result<StepOutput, StepError> {
-    if job.rejection.is_some() {
-        return crate::sampling::step(job, step, grant);
-    }
-    if job.distill.is_some() {
-        return crate::distill::step(job, step, grant);
-    }
-    if job.reward_model.is_some() {
-        return crate::reward_training::step(job, step, grant);
-    }
-    match job.optimizer_info.data_mode {
-        DataMode::OnlineGroups | DataMode::OnlineWithCritic => online_step(job, step, weights_step, grant),
-        DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
+    match &job.work {
+        Work::RejectionSampling(_) => crate::sampling::step(job, step, grant),
+        Work::Distill { .. } => crate::distill::step(job, step, grant),
+        Work::RewardModel { .. } => crate::reward_training::step(job, step, grant),
+        Work::Engine(_) => Err(StepError::Failed("an [engine] job's steps are its engine's".into())),
+        Work::Policy => match job.optimizer_info.data_mode {
+            DataMode::OnlineGroups | DataMode::OnlineWithCritic => {
+                online_step(job, step, weights_step, grant)
+            }
+            DataMode::OfflineSft | DataMode::OfflinePairs => offline_step(job, step, grant),
+        },
     }
 }
 
@@ -474,7 +473,9 @@ pub(crate) fn sample_round(
     count: usize,
     grant: Grant,
 ) -> Result<Round, StepError> {
-    let TrainData::Prompts(prompts) = &job.train else { unreachable!("online jobs load prompts") };
+    let TrainData::Prompts(prompts) = &job.train else {
+        return Err(StepError::Failed("an online step samples prompts; this job's data has none".into()));
+    };
     let group_size = job.spec.optimizer.group_size as usize;
     let chosen: Vec<usize> = match &mut job.curriculum {
         Some(curriculum) => {
@@ -583,7 +584,11 @@ fn offline_step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOut
                 }
             }
         }
-        TrainData::Prompts(_) => unreachable!("offline jobs load demonstrations or pairs"),
+        TrainData::Prompts(_) => {
+            return Err(StepError::Failed(
+                "an offline step trains on demonstrations or pairs, not prompts".into(),
+            ));
+        }
     }
     let width = rows.width(0..rows.len());
     let mask =
