@@ -764,6 +764,7 @@ mod tests {
             team: "math".to_owned(),
             name: "arith-grpo".to_owned(),
             model_line: "tiny".to_owned(),
+            kind: Some(rlvr_protocol::kind::JobKind::OnlineGroups),
             priority: "normal".to_owned(),
             state: JobState::Published,
             step: 295,

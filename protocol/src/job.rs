@@ -122,6 +122,10 @@ pub struct JobView {
     pub team: String,
     pub name: String,
     pub model_line: String,
+    /// What kind of job it is, decided at submit; absent from jobs submitted before the daemon
+    /// recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<crate::kind::JobKind>,
     /// `low`, `normal` or `high`.
     pub priority: String,
     pub state: JobState,

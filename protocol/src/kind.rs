@@ -11,6 +11,7 @@ use crate::spec::JobSpec;
 
 /// A job's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobKind {
     /// An optimizer plugin on groups of completions sampled per prompt and graded (GRPO, RLOO).
@@ -62,9 +63,52 @@ impl JobKind {
         })
     }
 
+    /// Every kind, in the order above.
+    pub const ALL: [JobKind; 8] = [
+        JobKind::OnlineGroups,
+        JobKind::OnlineWithCritic,
+        JobKind::OfflineSft,
+        JobKind::OfflinePairs,
+        JobKind::RewardModel,
+        JobKind::RejectionSampling,
+        JobKind::Distill,
+        JobKind::Engine,
+    ];
+
+    /// Its name, as the job record, the API and `rlvr-worker run --kind` write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::OnlineGroups => "online_groups",
+            JobKind::OnlineWithCritic => "online_with_critic",
+            JobKind::OfflineSft => "offline_sft",
+            JobKind::OfflinePairs => "offline_pairs",
+            JobKind::RewardModel => "reward_model",
+            JobKind::RejectionSampling => "rejection_sampling",
+            JobKind::Distill => "distill",
+            JobKind::Engine => "engine",
+        }
+    }
+
     /// Whether its steps sample completions (and so grade them) before they update.
     pub fn samples(self) -> bool {
         matches!(self, JobKind::OnlineGroups | JobKind::OnlineWithCritic | JobKind::RejectionSampling)
+    }
+}
+
+impl std::fmt::Display for JobKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<JobKind, String> {
+        JobKind::ALL.into_iter().find(|kind| kind.as_str() == text).ok_or_else(|| {
+            let names: Vec<&str> = JobKind::ALL.iter().map(|kind| kind.as_str()).collect();
+            format!("expected a job kind ({}), got {text:?}", names.join(", "))
+        })
     }
 }
 
@@ -106,6 +150,12 @@ mod tests {
             assert_eq!(JobKind::of(&spec, traits), kind, "{} {traits:?}", spec.optimizer.plugin);
         }
         assert!(JobKind::OnlineGroups.samples() && JobKind::RejectionSampling.samples());
+        // Its name reads back, and is the one serde writes.
+        for kind in JobKind::ALL {
+            assert_eq!(kind.as_str().parse::<JobKind>(), Ok(kind));
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        assert!("grpo".parse::<JobKind>().unwrap_err().contains("online_groups"));
         assert!(!JobKind::OfflineSft.samples() && !JobKind::Distill.samples());
     }
 }

@@ -102,8 +102,8 @@ impl fmt::Display for OutputKind {
 /// What a job of `spec` hands on when it succeeds: the team dataset of a rejection-sampling job,
 /// a published checkpoint of every other.
 pub fn output_kind(spec: &JobSpec) -> OutputKind {
-    match crate::builtin::Builtin::of(spec) {
-        Some(crate::builtin::Builtin::RejectionSampling) => OutputKind::Dataset,
+    match crate::kind::JobKind::of(spec, None) {
+        Some(crate::kind::JobKind::RejectionSampling) => OutputKind::Dataset,
         _ => OutputKind::Checkpoint,
     }
 }

@@ -113,6 +113,11 @@ pub struct WorkerArgs {
     /// `engines.ray_address`, e.g. `http://127.0.0.1:8265`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub ray_address: Option<String>,
+    /// The kind the daemon decided at submit (`rlvr_protocol::kind::JobKind`); the worker refuses
+    /// to run the job as another (its optimizer library would have to have changed under it).
+    /// Without it (a run by hand, a job submitted before kinds were recorded): the worker's own.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KIND"))]
+    pub kind: Option<crate::kind::JobKind>,
 }
 
 impl WorkerArgs {
@@ -176,6 +181,9 @@ impl WorkerArgs {
         }
         if let Some(address) = &self.ray_address {
             flag("ray-address", address.into());
+        }
+        if let Some(kind) = self.kind {
+            flag("kind", kind.as_str().into());
         }
         if self.resume {
             args.push("--resume".into());

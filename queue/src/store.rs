@@ -22,6 +22,7 @@ use redis::{AsyncCommands, Script, Value as RedisValue};
 use serde_json::Value;
 
 use rlvr_protocol::job::{JobEvent, JobState, JobView, ListCursor};
+use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::spec::{JobSpec, ResourcesSection};
 use rlvr_protocol::worker::Progress;
 
@@ -44,6 +45,7 @@ const F_RESULT: &str = "result";
 const F_DEVICES: &str = "devices";
 const F_PREEMPTIONS: &str = "preemptions";
 const F_MEMORY_REQUEUES: &str = "memory_requeues";
+const F_KIND: &str = "kind";
 
 /// Most job records one [`Store::page`] reads before it answers.
 pub const PAGE_SCAN: usize = 10_000;
@@ -161,6 +163,7 @@ impl JobStore {
         id: &str,
         task_id: &str,
         spec: &JobSpec,
+        kind: JobKind,
         idempotency_key: Option<&str>,
     ) -> Result<SubmitOutcome, StoreError> {
         static SUBMIT: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
@@ -204,8 +207,9 @@ return {1, ARGV[1]}
             .arg(IDEMPOTENCY_TTL.as_secs());
         let priority = serde_json::to_value(spec.job.priority).ok();
         let priority = priority.as_ref().and_then(Value::as_str).unwrap_or("normal");
-        let fields: [(&str, String); 13] = [
+        let fields: [(&str, String); 14] = [
             ("id", id.to_owned()),
+            (F_KIND, kind.as_str().to_owned()),
             ("team", team.clone()),
             ("name", spec.job.name.clone()),
             ("model_line", spec.job.model_line.clone()),
@@ -744,6 +748,17 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         team: text("team"),
         name: text("name"),
         model_line: text("model_line"),
+        // A record made before kinds were recorded has none; one that does not parse is corrupt.
+        kind: fields
+            .get(F_KIND)
+            .map(|kind| {
+                kind.parse().map_err(|message| StoreError::Corrupt {
+                    id: id.to_owned(),
+                    field: F_KIND,
+                    message,
+                })
+            })
+            .transpose()?,
         priority: text("priority"),
         state: parse_state(id, &text(F_STATE))?,
         step: number(F_STEP)?,
@@ -781,4 +796,50 @@ pub fn now_ms() -> u64 {
 /// RFC 3339 with milliseconds, UTC.
 pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record's fields as the submit script writes them, without `kind` unless given.
+    fn record(kind: Option<&str>) -> HashMap<String, String> {
+        let mut fields: HashMap<String, String> = [
+            ("team", "math"),
+            ("name", "arith"),
+            ("model_line", "tiny"),
+            ("priority", "normal"),
+            (F_STATE, "queued"),
+            (F_REASON, "submitted"),
+            (F_STEP, "0"),
+            ("max_steps", "10"),
+            (F_CREATED, "1700000000000"),
+            (F_UPDATED, "1700000000000"),
+        ]
+        .into_iter()
+        .map(|(field, value)| (field.to_owned(), value.to_owned()))
+        .collect();
+        if let Some(kind) = kind {
+            fields.insert(F_KIND.to_owned(), kind.to_owned());
+        }
+        fields
+    }
+
+    // A record written before kinds were recorded still reads, with no kind; a kind that does not
+    // parse is a corrupt record, never a job of no kind.
+    #[test]
+    fn a_records_kind_reads_back_and_an_old_record_has_none() {
+        assert_eq!(view_from_fields("01OLD", &record(None)).unwrap().kind, None);
+        assert_eq!(
+            view_from_fields("01NEW", &record(Some("offline_sft"))).unwrap().kind,
+            Some(JobKind::OfflineSft)
+        );
+        match view_from_fields("01BAD", &record(Some("sft"))) {
+            Err(StoreError::Corrupt { id, field, message }) => {
+                assert_eq!((id.as_str(), field), ("01BAD", F_KIND));
+                assert!(message.contains("offline_sft"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

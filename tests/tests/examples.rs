@@ -149,9 +149,14 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     let downloaded = newcomer.path().join("model");
     assert!(downloaded.join("config.json").is_file(), "the README's download: {}", downloaded.display());
     eprintln!("the README's first job ran ({:.0} s)", started.elapsed().as_secs_f64());
-    let jobs = [("sft.toml", &readme_jobs[0]), ("grpo.toml", &readme_jobs[1]), ("rm.toml", &rm)];
-    for (name, id) in jobs {
+    let jobs = [
+        ("sft.toml", &readme_jobs[0], "offline_sft"),
+        ("grpo.toml", &readme_jobs[1], "online_groups"),
+        ("rm.toml", &rm, "reward_model"),
+    ];
+    for (name, id, kind) in jobs {
         let job = wait_job(&daemon, id, Duration::from_secs(300), ended);
+        assert_eq!(job["kind"], kind, "{name}: {job}");
         // The premise of publishing (the gates publish a held-out gain over the start): the run
         // learned. Its candidate's held-out score against the start's, when it trained to a result.
         let result = &job["result"];

@@ -62,6 +62,8 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     // Its spec left [resources] out: submit filled them from its memory estimate, which
     // POST /v1/estimate shows.
     let (_, view) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
+    // Its kind, decided at submit from its optimizer (grpo samples groups).
+    assert_eq!(view["kind"], "online_groups", "{view}");
     let (memory, resident) = (view["memory_gb"].as_f64().unwrap(), view["resident_gb"].as_f64().unwrap());
     assert!(0.0 < resident && resident <= memory && memory < 4.0, "{view}");
     // The spec as submit sent it: its data uploaded as the team's datasets.

@@ -744,6 +744,20 @@ fn a_job_that_cannot_start_says_which_field_or_file_and_leaves_nothing() {
         assert!(stderr.contains(expected), "{name}: expected {expected:?} in {stderr}");
         assert!(!state.exists(), "{name}: the state dir was created");
     }
+    // The kind the daemon decided at submit is the kind the worker runs, or nothing runs.
+    let spec = dir.path().join("good.toml");
+    fs::write(&spec, &good).unwrap();
+    let state = dir.path().join("state-another-kind");
+    let output = run(&mut worker_command(&spec, &state, &plugins, &["--kind", "offline_sft"]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "optimizer.plugin: the job was submitted as offline_sft, but grpo@0.1.0 makes it online_groups"
+        ),
+        "{stderr}"
+    );
+    assert!(!state.exists(), "the state dir was created");
 }
 
 /// A one-request-per-connection HTTP grader on a real socket: answers every POST with a pass and

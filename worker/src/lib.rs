@@ -109,6 +109,8 @@ pub struct WorkerOptions {
     pub ray_address: Option<String>,
     /// This run's job id (the daemon's), naming its Ray submissions.
     pub job_id: Option<String>,
+    /// The kind the daemon decided at submit.
+    pub kind: Option<JobKind>,
 }
 
 impl WorkerOptions {
@@ -144,6 +146,7 @@ impl WorkerOptions {
             verify_url: args.verify_url,
             ray_address: args.ray_address,
             job_id: args.job_id.clone(),
+            kind: args.kind,
         })
     }
 }
@@ -366,6 +369,17 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         field: "optimizer.plugin".into(),
         message: format!("{} says nothing this worker can run", plugins.optimizer_id),
     })?;
+    if let Some(submitted) = options.kind
+        && submitted != kind
+    {
+        return Err(WorkerError::Plugin {
+            field: "optimizer.plugin".into(),
+            message: format!(
+                "the job was submitted as {submitted}, but {} makes it {kind} now",
+                plugins.optimizer_id
+            ),
+        });
+    }
     let rejection = match kind {
         JobKind::RejectionSampling => {
             let spec_problem = |error: rlvr_protocol::spec::SpecError| WorkerError::Plugin {

@@ -241,6 +241,7 @@ mod tests {
             engine_python: Some("/cache/venvs/engine-trl/bin/python".into()),
             verify_url: Some("http://127.0.0.1:8080/v1/verify".into()),
             ray_address: Some("http://127.0.0.1:8265".into()),
+            kind: Some(rlvr_protocol::kind::JobKind::RewardModel),
         };
         let bare = WorkerArgs { spec: "s.toml".into(), state_dir: "run".into(), ..WorkerArgs::default() };
         for args in [full, bare] {

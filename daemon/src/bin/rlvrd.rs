@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rlvr_daemon::config;
-use rlvr_protocol::builtin::{Builtin, RejectionSamplingOptions};
+use rlvr_protocol::builtin::RejectionSamplingOptions;
+use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::spec::JobSpec;
 use rlvr_protocol::worker::Outcome;
 use rlvr_startup::logging::{self, LogFormat};
@@ -272,7 +273,7 @@ fn gates(spec_path: &Path, outcome_path: &Path, json: bool) -> ExitCode {
         }
     };
     // As the daemon does: a rejection-sampling job's dataset has its own criteria.
-    let report = if Builtin::of(&spec) == Some(Builtin::RejectionSampling) {
+    let report = if JobKind::of(&spec, None) == Some(JobKind::RejectionSampling) {
         match RejectionSamplingOptions::from_spec(&spec) {
             Ok(options) => rlvr_daemon::jobs::dataset_output::judge(&options, outcome.dataset.as_ref()),
             Err(error) => {

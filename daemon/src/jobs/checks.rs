@@ -16,8 +16,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use rlvr_protocol::builtin::{
-    Builtin, DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
+    DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
 };
+use rlvr_protocol::kind::{JobKind, OptimizerTraits};
 use rlvr_protocol::records::{self, RecordKind};
 use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
 use rlvr_protocol::spec::{JobSpec, OptimizerSection, PluginSection, SpecError};
@@ -66,8 +67,10 @@ pub fn check_runnable(
 
     // Plugins: loaded, and of the right kind; a built-in optimizer is no library (its keys and
     // what it needs of the spec are checked here).
-    let builtin = Builtin::of(spec);
-    if builtin == Some(Builtin::RejectionSampling) {
+    // A built-in's kind is the spec's alone (`None` here: an optimizer plugin's, asked below).
+    let builtin =
+        JobKind::of(spec, None).filter(|kind| matches!(kind, JobKind::RejectionSampling | JobKind::Distill));
+    if builtin == Some(JobKind::RejectionSampling) {
         if let Err(error) = RejectionSamplingOptions::from_spec(spec) {
             problem(&error.field, error.message);
         }
@@ -75,7 +78,7 @@ pub fn check_runnable(
             problem(&error.field, error.message);
         }
     }
-    if builtin == Some(Builtin::Distill) {
+    if builtin == Some(JobKind::Distill) {
         match DistillOptions::from_spec(spec) {
             // The teacher's name is resolved, and its tokenizer compared, in `tenancy::resolve`.
             Ok(options) => builtin_model(&mut problem, "optimizer.teacher", &options.teacher),
@@ -368,12 +371,26 @@ pub fn data_problems(
 /// What the job's `data.train` and `data.heldout` hold: the built-in jobs sample prompts; a
 /// plugin's by its data mode and the model it trains. `None` when the optimizer is not loaded.
 fn record_kinds(spec: &JobSpec, registry: &Registry) -> Option<(RecordKind, RecordKind)> {
-    if Builtin::of(spec).is_some() {
+    if let Some(JobKind::RejectionSampling | JobKind::Distill) = JobKind::of(spec, None) {
         return Some((RecordKind::Prompts, RecordKind::Prompts));
     }
+    // An engine job's data is its optimizer's, as a native job's.
+    let traits = optimizer_traits(spec, registry)?;
+    Some((RecordKind::of_train(traits.data_mode), RecordKind::of_heldout(traits.trains)))
+}
+
+/// What the job's optimizer plugin, as loaded here, says of itself that decides the job's kind;
+/// `None` for a built-in optimizer, or a plugin not loaded.
+pub fn optimizer_traits(spec: &JobSpec, registry: &Registry) -> Option<OptimizerTraits> {
     let plugin = registry.find(&spec.optimizer.plugin, Some(PluginKind::Optimizer)).ok()?;
     let info = optimizer_needs(&plugin.meta)?;
-    Some((RecordKind::of_train(info.data_mode), RecordKind::of_heldout(trained_model(&plugin.meta))))
+    Some(OptimizerTraits { data_mode: info.data_mode, trains: trained_model(&plugin.meta) })
+}
+
+/// The job's kind (`JobKind::of`), its optimizer plugin asked through the registry; `None` when
+/// that plugin is not loaded here.
+pub fn job_kind(spec: &JobSpec, registry: &Registry) -> Option<JobKind> {
+    JobKind::of(spec, optimizer_traits(spec, registry))
 }
 
 /// The job's graders created as its worker will create them — with its team's host context and

@@ -9,7 +9,8 @@ use std::path::Path;
 use rlvr_plugin_api::{DataMode, TrainedModel};
 use rlvr_plugin_host::Registry;
 use rlvr_plugin_host::fit::{optimizer_needs, trained_model};
-use rlvr_protocol::builtin::{Builtin, DistillOptions};
+use rlvr_protocol::builtin::DistillOptions;
+use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::memory::{
     self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds, RewardModelInput,
 };
@@ -32,14 +33,16 @@ pub fn estimate(
     device: DeviceKind,
 ) -> Result<MemoryEstimate, SpecError> {
     let problem = |field: &str, message: String| SpecError { field: field.to_owned(), message };
-    let needs = match Builtin::of(resolved) {
+    // A built-in's kind is the spec's alone; a plugin's needs are asked of the plugin below.
+    let builtin = JobKind::of(resolved, None);
+    let needs = match builtin {
         // Samples like an online job, keeps no reference. The estimate still counts AdamW's state
         // for the policy, which this job never allocates: an over-estimate, never an under one.
-        Some(Builtin::RejectionSampling) => OptimizerNeeds::default(),
+        Some(JobKind::RejectionSampling) => OptimizerNeeds::default(),
         // The teacher is counted as a reference copy of its own shape (below): resident weights
         // and a no-grad pass, as a reference's.
-        Some(Builtin::Distill) => OptimizerNeeds { reference: true, ..OptimizerNeeds::default() },
-        None => {
+        Some(JobKind::Distill) => OptimizerNeeds { reference: true, ..OptimizerNeeds::default() },
+        _ => {
             let plugin = registry
                 .find(&resolved.optimizer.plugin, Some(rlvr_plugin_api::PluginKind::Optimizer))
                 .map_err(|error| problem("optimizer.plugin", error.to_string()))?;
@@ -57,7 +60,7 @@ pub fn estimate(
     };
     let policy = shape_of(&resolved.model.policy).map_err(|message| problem("model.policy", message))?;
     let reference = match resolved.model.reference.as_str() {
-        _ if Builtin::of(resolved) == Some(Builtin::Distill) => {
+        _ if builtin == Some(JobKind::Distill) => {
             let teacher = DistillOptions::from_spec(resolved)?.teacher;
             Some(shape_of(&teacher).map_err(|message| problem("optimizer.teacher", message))?)
         }

@@ -181,8 +181,18 @@ impl Submitter {
         if waiting >= allowance.max_queued as usize {
             return Err(SubmitError::QueueFull { team: team.clone(), waiting });
         }
+        // Its optimizer was found at the check: only a plugin removed since leaves it kindless.
+        let kind = checks::job_kind(spec, &self.registry).ok_or_else(|| {
+            SubmitError::Refused(Refusal {
+                problems: vec![SpecError {
+                    field: "optimizer.plugin".to_owned(),
+                    message: format!("{} is not loaded here (any more)", spec.optimizer.plugin),
+                }],
+                forbidden: false,
+            })
+        })?;
         let task_id = new_task_id();
-        let outcome = self.queues.store.submit(id, &task_id, spec, idempotency_key).await?;
+        let outcome = self.queues.store.submit(id, &task_id, spec, kind, idempotency_key).await?;
         if let SubmitOutcome::Created { id, task_id } = &outcome {
             // The record holds the task id: if this push fails, the daemon's sweep pushes it.
             if let Err(error) = self.queues.enqueue(id, task_id, spec.job.priority).await {

@@ -55,8 +55,8 @@ use rlvr_protocol::fs::write_json_atomic;
 
 use crate::state_dir::StateDir;
 use crate::tenancy::Tenancy;
-use rlvr_protocol::builtin::Builtin;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
+use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::memory::BYTES_PER_GB;
 use rlvr_protocol::worker::{OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
 
@@ -339,7 +339,7 @@ impl Supervisor {
             return;
         }
         let tracker = self.track(id, &spec);
-        let end = self.run_worker(id, &spec, job.step, curriculum, &mut seat, &devices).await;
+        let end = self.run_worker(id, &spec, &job, curriculum, &mut seat, &devices).await;
         // The worker is gone: its devices are free for the next job.
         drop(seat);
         self.conclude(id, &spec, end, &names.join(",")).await;
@@ -410,14 +410,14 @@ impl Supervisor {
         &self,
         id: &str,
         spec: &JobSpec,
-        from_step: u64,
+        job: &JobView,
         curriculum: Option<(PathBuf, u64)>,
         seat: &mut Seat,
         devices: &[InventoryDevice],
     ) -> WorkerEnd {
         let dir = self.jobs_dir.job(id);
         // An engine job's token lives as long as this run of its worker.
-        let (mut child, _job_token) = match self.spawn_worker(&dir, id, spec, curriculum, devices) {
+        let (mut child, _job_token) = match self.spawn_worker(&dir, id, spec, job.kind, curriculum, devices) {
             Ok(spawned) => spawned,
             Err(SpawnError::Refused(reason)) => return WorkerEnd::JobError(reason),
             Err(SpawnError::Io(error)) => {
@@ -428,8 +428,8 @@ impl Supervisor {
             }
         };
         let pid = child.id().unwrap_or(0);
-        let reason = if from_step > 0 {
-            format!("worker pid {pid} resuming from its last checkpoint (step {from_step} reached before)")
+        let reason = if job.step > 0 {
+            format!("worker pid {pid} resuming from its last checkpoint (step {} reached before)", job.step)
         } else {
             format!("worker pid {pid} started")
         };
@@ -478,6 +478,7 @@ impl Supervisor {
         dir: &JobDir,
         id: &str,
         spec: &JobSpec,
+        kind: Option<JobKind>,
         curriculum: Option<(PathBuf, u64)>,
         devices: &[InventoryDevice],
     ) -> Result<(tokio::process::Child, Option<JobToken>), SpawnError> {
@@ -538,6 +539,7 @@ impl Supervisor {
                 Launcher::Ray if engine.is_some() => self.engines.ray_address.clone(),
                 _ => None,
             },
+            kind,
             ..WorkerArgs::default()
         };
         let mut command = tokio::process::Command::new(&self.exe);
@@ -745,7 +747,8 @@ impl Supervisor {
     /// Gates a finished job and records the verdict; a published one's manifest then goes to
     /// the job's webhook, if it names one.
     async fn finish(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
-        if Builtin::of(spec) == Some(Builtin::RejectionSampling) {
+        // A built-in's kind is the spec's alone: no optimizer to ask.
+        if JobKind::of(spec, None) == Some(JobKind::RejectionSampling) {
             return self.finish_dataset(id, spec, outcome).await;
         }
         let (spec2, id2, tenancy) = (spec.clone(), id.to_owned(), self.tenancy.clone());

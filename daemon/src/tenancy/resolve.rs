@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use rlvr_protocol::builtin::Builtin;
+use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::names::{CurriculumRef, DataRef, ModelRef};
 use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{JobSpec, SpecError};
@@ -54,7 +54,7 @@ fn model_fields(spec: &JobSpec) -> Vec<(String, String)> {
         fields.push(("model.reference".to_owned(), spec.model.reference.clone()));
     }
     // A distillation job's teacher (a bad or missing key is `checks`' to refuse).
-    if Builtin::of(spec) == Some(Builtin::Distill)
+    if JobKind::of(spec, None) == Some(JobKind::Distill)
         && let Some(Value::String(teacher)) = spec.optimizer.options.get("teacher")
     {
         fields.push((TEACHER.to_owned(), teacher.clone()));

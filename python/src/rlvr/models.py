@@ -69,6 +69,9 @@ class Job:
     team: str
     name: str
     model_line: str
+    #: What kind of job it is (`online_groups`, `offline_sft`, `reward_model`, `distill`, …),
+    #: decided at submit; None for a job submitted before the daemon recorded it.
+    kind: str | None
     priority: str
     state: str
     step: int
@@ -94,7 +97,8 @@ class Job:
         gates = raw.get("gates")
         return cls(
             id=raw["id"], team=_get(raw, "team", ""), name=_get(raw, "name", ""),
-            model_line=_get(raw, "model_line", ""), priority=_get(raw, "priority", ""),
+            model_line=_get(raw, "model_line", ""), kind=raw.get("kind"),
+            priority=_get(raw, "priority", ""),
             state=raw["state"], step=_get(raw, "step", 0), max_steps=_get(raw, "max_steps", 0),
             reason=_get(raw, "reason", ""), created_at=_get(raw, "created_at", ""),
             updated_at=_get(raw, "updated_at", ""), progress=raw.get("progress"),
