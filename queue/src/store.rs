@@ -21,10 +21,11 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RedisValue};
 use serde_json::Value;
 
-use rlvr_protocol::job::{JobEvent, JobState, JobView, ListCursor};
+use rlvr_protocol::gates::GateReport;
+use rlvr_protocol::job::{JobEvent, JobState, JobView, LineVersion, ListCursor};
 use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::spec::{JobSpec, ResourcesSection};
-use rlvr_protocol::worker::Progress;
+use rlvr_protocol::worker::{Outcome, Progress};
 
 /// How long an `Idempotency-Key` is remembered: a client may retry a submit for a day.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -46,6 +47,76 @@ const F_DEVICES: &str = "devices";
 const F_PREEMPTIONS: &str = "preemptions";
 const F_MEMORY_REQUEUES: &str = "memory_requeues";
 const F_KIND: &str = "kind";
+const F_GATES: &str = "gates";
+const F_PUBLISHED: &str = "published";
+const F_PUBLISHED_VERSION: &str = "published_version";
+const F_PUBLISHED_DATASET: &str = "published_dataset";
+const F_WEBHOOK: &str = "webhook";
+const F_CURRICULUM_VERSION: &str = "curriculum_version";
+
+/// What a change of state (or [`JobStore::set_fields`]) writes into a job's record beside its
+/// state: the store owns each field's name and encoding, so no caller writes a field name or a
+/// JSON text, and [`JobStore::get`] reads back what was written or says the record is corrupt.
+#[derive(Debug, Clone)]
+pub enum RecordField {
+    /// The devices it was admitted to.
+    Devices(Vec<String>),
+    /// The version of its shared curriculum pinned at its first admission.
+    CurriculumVersion(u64),
+    /// How its training ended.
+    Result(Box<Outcome>),
+    /// The gates' report.
+    Gates(Box<GateReport>),
+    /// Where its checkpoint was published, and as which line version.
+    Published { path: String, version: LineVersion },
+    /// The team dataset a rejection-sampling job published: `dataset:NAME@SHA256`.
+    PublishedDataset(String),
+    /// What became of its webhook's delivery.
+    Webhook(String),
+    /// Its dispatch task (a requeue's new one).
+    TaskId(String),
+    /// Its spec with `[resources]` grown after running out of memory, and how many such requeues
+    /// it has had: what the scheduler admits it by from then on, across daemon restarts.
+    GrownSpec { spec: Box<JobSpec>, requeues: u32 },
+}
+
+impl RecordField {
+    /// Its fields and their values as the record holds them.
+    fn encode(&self, id: &str) -> Result<Vec<(&'static str, String)>, StoreError> {
+        fn json<T: serde::Serialize>(id: &str, field: &'static str, value: &T) -> Result<String, StoreError> {
+            serde_json::to_string(value).map_err(|error| StoreError::Corrupt {
+                id: id.to_owned(),
+                field,
+                message: error.to_string(),
+            })
+        }
+        Ok(match self {
+            RecordField::Devices(devices) => vec![(F_DEVICES, devices.join(","))],
+            RecordField::CurriculumVersion(version) => vec![(F_CURRICULUM_VERSION, version.to_string())],
+            RecordField::Result(outcome) => vec![(F_RESULT, json(id, F_RESULT, outcome)?)],
+            RecordField::Gates(report) => vec![(F_GATES, json(id, F_GATES, report)?)],
+            RecordField::Published { path, version } => vec![
+                (F_PUBLISHED, path.clone()),
+                (F_PUBLISHED_VERSION, json(id, F_PUBLISHED_VERSION, version)?),
+            ],
+            RecordField::PublishedDataset(reference) => vec![(F_PUBLISHED_DATASET, reference.clone())],
+            RecordField::Webhook(answer) => vec![(F_WEBHOOK, answer.clone())],
+            RecordField::TaskId(task) => vec![(F_TASK, task.clone())],
+            RecordField::GrownSpec { spec, requeues } => {
+                vec![(F_SPEC, json(id, F_SPEC, spec)?), (F_MEMORY_REQUEUES, requeues.to_string())]
+            }
+        })
+    }
+}
+
+/// Every field of `fields`, encoded.
+fn encode_all(id: &str, fields: &[RecordField]) -> Result<Vec<(&'static str, String)>, StoreError> {
+    let mut encoded = Vec::new();
+    for field in fields {
+        encoded.extend(field.encode(id)?);
+    }
+    Ok(encoded)
+}
 
 /// Most job records one [`Store::page`] reads before it answers.
 pub const PAGE_SCAN: usize = 10_000;
@@ -244,7 +315,7 @@ return {1, ARGV[1]}
     }
 
     /// The job's spec as submitted, with `[resources]` as a requeue after an out-of-memory grew
-    /// them ([`JobStore::memory_requeue_fields`]).
+    /// them ([`RecordField::GrownSpec`]).
     pub async fn spec(&self, id: &str) -> Result<JobSpec, StoreError> {
         let text: Option<String> = self.conn.clone().hget(job_key(id), F_SPEC).await?;
         let text = text.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
@@ -474,8 +545,9 @@ return 1
         id: &str,
         to: JobState,
         reason: &str,
-        extra: &[(&str, String)],
+        extra: &[RecordField],
     ) -> Result<JobState, StoreError> {
+        let extra = encode_all(id, extra)?;
         static TRANSITION: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
             Script::new(
                 r#"
@@ -503,7 +575,7 @@ return {1, current}
             .arg(reason)
             .arg(now_ms())
             .arg(allowed);
-        for (field, value) in extra {
+        for (field, value) in &extra {
             invocation.arg(*field).arg(value);
         }
         let (done, current): (i64, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
@@ -545,9 +617,11 @@ return 1
         Ok(())
     }
 
-    /// Sets record fields without a change of state (the dispatch task id of a requeue, the result).
-    pub async fn set_fields(&self, id: &str, fields: &[(&str, String)]) -> Result<(), StoreError> {
-        let _: () = self.conn.clone().hset_multiple(job_key(id), fields).await?;
+    /// Sets record fields without a change of state (the dispatch task id of a requeue, the
+    /// webhook's answer).
+    pub async fn set_fields(&self, id: &str, fields: &[RecordField]) -> Result<(), StoreError> {
+        let fields = encode_all(id, fields)?;
+        let _: () = self.conn.clone().hset_multiple(job_key(id), &fields).await?;
         Ok(())
     }
 
@@ -600,23 +674,6 @@ return 1
                 message: format!("expected a whole number, got {text:?}"),
             }),
         }
-    }
-
-    /// The record fields of a requeue with a larger memory request, for the `extra` of the
-    /// [`JobStore::transition`] that requeues the job, so the change of state, the new spec and
-    /// the count are written at once: the spec (`[resources]` grown; what the scheduler admits by
-    /// from then on, across daemon restarts) and the count of such requeues, now `requeues`.
-    pub fn memory_requeue_fields(
-        id: &str,
-        spec: &JobSpec,
-        requeues: u32,
-    ) -> Result<[(&'static str, String); 2], StoreError> {
-        let spec_json = serde_json::to_string(spec).map_err(|error| StoreError::Corrupt {
-            id: id.to_owned(),
-            field: F_SPEC,
-            message: error.to_string(),
-        })?;
-        Ok([(F_SPEC, spec_json), (F_MEMORY_REQUEUES, requeues.to_string())])
     }
 
     /// Puts the job on the dead-letter set (its state is set by the caller: `failed`).
@@ -735,8 +792,23 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
             }),
         }
     };
-    fn json<T: serde::de::DeserializeOwned>(fields: &HashMap<String, String>, name: &str) -> Option<T> {
-        fields.get(name).and_then(|text| serde_json::from_str(text).ok())
+    // A field written by `RecordField::encode` that does not read back is a corrupt record:
+    // a report that does not parse must not read as "not gated".
+    fn json<T: serde::de::DeserializeOwned>(
+        id: &str,
+        fields: &HashMap<String, String>,
+        name: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        fields
+            .get(name)
+            .map(|text| {
+                serde_json::from_str(text).map_err(|error| StoreError::Corrupt {
+                    id: id.to_owned(),
+                    field: name,
+                    message: error.to_string(),
+                })
+            })
+            .transpose()
     }
     // What it asks the scheduler for, from its spec.
     let resources = fields
@@ -774,15 +846,27 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
             .unwrap_or_default(),
         preemptions: number(F_PREEMPTIONS)? as u32,
         grant: None,
-        progress: json(fields, F_PROGRESS),
-        heldout: fields.get(F_HELDOUT).and_then(|h| h.parse().ok()),
-        result: json(fields, F_RESULT),
-        gates: json(fields, "gates"),
-        published: fields.get("published").cloned(),
-        published_version: json(fields, "published_version"),
-        published_dataset: fields.get("published_dataset").cloned(),
-        webhook: fields.get("webhook").cloned(),
-        curriculum_version: fields.get("curriculum_version").and_then(|v| v.parse().ok()),
+        progress: json(id, fields, F_PROGRESS)?,
+        heldout: fields
+            .get(F_HELDOUT)
+            .map(|heldout| {
+                heldout.parse().map_err(|_| StoreError::Corrupt {
+                    id: id.to_owned(),
+                    field: F_HELDOUT,
+                    message: format!("expected a number, got {heldout:?}"),
+                })
+            })
+            .transpose()?,
+        result: json(id, fields, F_RESULT)?,
+        gates: json(id, fields, F_GATES)?,
+        published: fields.get(F_PUBLISHED).cloned(),
+        published_version: json(id, fields, F_PUBLISHED_VERSION)?,
+        published_dataset: fields.get(F_PUBLISHED_DATASET).cloned(),
+        webhook: fields.get(F_WEBHOOK).cloned(),
+        curriculum_version: match fields.get(F_CURRICULUM_VERSION) {
+            None => None,
+            Some(_) => Some(number(F_CURRICULUM_VERSION)?),
+        },
         memory_gb: resources.as_ref().map_or(0.0, |r| r.memory_gb),
         resident_gb: resources.and_then(|r| r.resident_gb),
     })
@@ -823,6 +907,50 @@ mod tests {
             fields.insert(F_KIND.to_owned(), kind.to_owned());
         }
         fields
+    }
+
+    // Each typed field reads back as written; one that does not parse is a corrupt record (a
+    // gate report that did not parse used to read as "not gated").
+    #[test]
+    fn record_fields_read_back_as_written_and_a_corrupt_one_is_an_error() {
+        let report = GateReport::new(None, Vec::new());
+        let outcome = Outcome { steps: 7, weights_sha256: "ab".repeat(32), ..Outcome::default() };
+        let version = LineVersion { line: "tiny".into(), version: 3 };
+        let written = [
+            RecordField::Devices(vec!["cpu:0".into(), "cuda:1".into()]),
+            RecordField::CurriculumVersion(5),
+            RecordField::Result(Box::new(outcome.clone())),
+            RecordField::Gates(Box::new(report.clone())),
+            RecordField::Published { path: "/registry/tiny/3".into(), version: version.clone() },
+            RecordField::PublishedDataset("dataset:rows@abc".into()),
+            RecordField::Webhook("delivered (200)".into()),
+        ];
+        let mut fields = record(Some("online_groups"));
+        fields.extend(encode_all("01J", &written).unwrap().into_iter().map(|(k, v)| (k.to_owned(), v)));
+        let view = view_from_fields("01J", &fields).unwrap();
+        assert_eq!(view.devices, ["cpu:0", "cuda:1"]);
+        assert_eq!(view.curriculum_version, Some(5));
+        assert_eq!(view.result, Some(outcome));
+        assert_eq!(view.gates, Some(report));
+        assert_eq!(view.published.as_deref(), Some("/registry/tiny/3"));
+        assert_eq!(view.published_version, Some(version));
+        assert_eq!(view.published_dataset.as_deref(), Some("dataset:rows@abc"));
+        assert_eq!(view.webhook.as_deref(), Some("delivered (200)"));
+        for (field, text) in [
+            (F_GATES, "{\"passed\": tru"),
+            (F_RESULT, "[]"),
+            (F_PROGRESS, "null"),
+            (F_PUBLISHED_VERSION, "{}"),
+            (F_HELDOUT, "high"),
+            (F_CURRICULUM_VERSION, "-1"),
+        ] {
+            let mut corrupt = record(None);
+            corrupt.insert(field.to_owned(), text.to_owned());
+            match view_from_fields("01C", &corrupt) {
+                Err(StoreError::Corrupt { field: named, .. }) => assert_eq!(named, field, "{text}"),
+                other => panic!("{field} = {text}: {other:?}"),
+            }
+        }
     }
 
     // A record written before kinds were recorded still reads, with no kind; a kind that does not

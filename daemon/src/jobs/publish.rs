@@ -17,7 +17,7 @@ use rlvr_protocol::gates::{Forced, GateReport, Manifest};
 use rlvr_protocol::job::{JobState, LineVersion};
 use rlvr_protocol::spec::JobSpec;
 use rlvr_protocol::worker::Outcome;
-use rlvr_queue::store::{JobStore, StoreError};
+use rlvr_queue::store::{JobStore, RecordField, StoreError};
 use sha2::{Digest, Sha256};
 
 use super::gate::judge;
@@ -47,13 +47,11 @@ pub struct Published {
 impl Published {
     /// The job record's fields that say it: the gate report, the path, and the line and
     /// version as data (what a pipeline's next stage starts from).
-    pub fn record_fields(&self) -> [(&'static str, String); 3] {
-        let report = serde_json::to_string(&self.manifest.gates).unwrap_or_default();
+    pub fn record_fields(&self) -> [RecordField; 2] {
         let version = LineVersion { line: self.manifest.model_line.clone(), version: self.version };
         [
-            ("gates", report),
-            ("published", self.path.display().to_string()),
-            ("published_version", serde_json::to_string(&version).unwrap_or_default()),
+            RecordField::Gates(Box::new(self.manifest.gates.clone())),
+            RecordField::Published { path: self.path.display().to_string(), version },
         ]
     }
 }
@@ -158,7 +156,7 @@ pub async fn deliver_webhook(
 ) {
     let Some(url) = spec.publish.as_ref().and_then(|publish| publish.webhook.as_deref()) else { return };
     let answer = webhook::deliver(outbound, url, &published.manifest).await;
-    if let Err(error) = store.set_fields(id, &[("webhook", answer)]).await {
+    if let Err(error) = store.set_fields(id, &[RecordField::Webhook(answer)]).await {
         tracing::warn!(%error, "cannot record the webhook's answer");
     }
 }

@@ -41,7 +41,7 @@ use crate::sched::inventory::InventoryDevice;
 use crate::sched::policy::Demand;
 use crate::sched::service::{Scheduler, Seat};
 use rlvr_protocol::engine::{EngineKind, JOB_TOKEN_ENV, Launcher};
-use rlvr_queue::store::{JobStore, StoreError};
+use rlvr_queue::store::{RecordField, StoreError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -321,7 +321,7 @@ impl Supervisor {
             devices.iter().filter_map(|device| device.gpu.as_ref()).map(|gpu| gpu.uuid.as_str()).collect();
         info!(devices = %names.join(","), uuids = %uuids.join(","), "admitted");
         let reason = format!("admitted to {}", names.join(", "));
-        let mut fields = vec![("devices", names.join(","))];
+        let mut fields = vec![RecordField::Devices(names.clone())];
         // The shared curriculum's version is pinned at the first admission and kept on resumes.
         let curriculum = match self.pin_curriculum(&spec, job.curriculum_version) {
             Ok(pinned) => pinned,
@@ -333,7 +333,7 @@ impl Supervisor {
         if job.curriculum_version.is_none()
             && let Some((_, version)) = &curriculum
         {
-            fields.push(("curriculum_version", version.to_string()));
+            fields.push(RecordField::CurriculumVersion(*version));
         }
         if self.transition(id, JobState::Admitted, &reason, &fields).await.is_none() {
             return;
@@ -626,7 +626,7 @@ impl Supervisor {
         let priority = spec.job.priority;
         match end {
             WorkerEnd::Finished(outcome) => {
-                let extra = [("result", serde_json::to_string(&outcome).unwrap_or_default())];
+                let extra = [RecordField::Result(outcome.clone())];
                 if self
                     .transition(id, JobState::Evaluating, "training ended; gating the candidate", &extra)
                     .await
@@ -728,13 +728,7 @@ impl Supervisor {
             out_of_memory::Next::Requeue { memory_gb, resident_gb, reason } => {
                 warn!(%reason, "out of memory");
                 let grown = grown(spec, memory_gb, resident_gb);
-                let fields = match JobStore::memory_requeue_fields(id, &grown, earlier + 1) {
-                    Ok(fields) => fields,
-                    Err(error) => {
-                        let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
-                        return;
-                    }
-                };
+                let fields = [RecordField::GrownSpec { spec: Box::new(grown), requeues: earlier + 1 }];
                 self.requeue(id, spec.job.priority, Some(JobState::Queued), &reason, &fields).await;
             }
             out_of_memory::Next::Fail(reason) => {
@@ -775,8 +769,7 @@ impl Supervisor {
                 }
             }
             Ok(Ok(Verdict::Refused { reason, report })) => {
-                let report = serde_json::to_string(&report).unwrap_or_default();
-                let _ = self.transition(id, JobState::Refused, &reason, &[("gates", report)]).await;
+                let _ = self.transition(id, JobState::Refused, &reason, &[RecordField::Gates(report)]).await;
             }
             Ok(Err(error)) => {
                 let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
@@ -806,13 +799,13 @@ impl Supervisor {
         match verdict {
             Ok(Ok(DatasetVerdict::Published { reference, report })) => {
                 let reason = format!("published {reference}");
-                let report = serde_json::to_string(&report).unwrap_or_default();
-                let fields = [("gates", report), ("published_dataset", reference)];
+                let fields = [RecordField::Gates(Box::new(report)), RecordField::PublishedDataset(reference)];
                 let _ = self.transition(id, JobState::Published, &reason, &fields).await;
             }
             Ok(Ok(DatasetVerdict::Refused { reason, report })) => {
-                let report = serde_json::to_string(&report).unwrap_or_default();
-                let _ = self.transition(id, JobState::Refused, &reason, &[("gates", report)]).await;
+                let _ = self
+                    .transition(id, JobState::Refused, &reason, &[RecordField::Gates(Box::new(report))])
+                    .await;
             }
             Ok(Err(error)) => {
                 let _ = self.transition(id, JobState::Failed, &error.to_string(), &[]).await;
@@ -848,10 +841,10 @@ impl Supervisor {
         priority: Priority,
         to: Option<JobState>,
         reason: &str,
-        extra: &[(&str, String)],
+        extra: &[RecordField],
     ) {
         let task_id = new_task_id();
-        let mut fields = vec![("task_id", task_id.clone())];
+        let mut fields = vec![RecordField::TaskId(task_id.clone())];
         fields.extend(extra.iter().cloned());
         let recorded = match to {
             Some(state) => self.transition(id, state, reason, &fields).await.is_some(),
@@ -878,7 +871,7 @@ impl Supervisor {
         id: &str,
         to: JobState,
         reason: &str,
-        extra: &[(&str, String)],
+        extra: &[RecordField],
     ) -> Option<JobState> {
         let mut delay = Duration::from_millis(200);
         loop {
