@@ -424,7 +424,7 @@ mod tests {
             name: "arith".to_owned(),
             model_line: "tiny".to_owned(),
             kind: Some(rlvr_protocol::kind::JobKind::OnlineGroups),
-            priority: "normal".to_owned(),
+            priority: rlvr_protocol::spec::Priority::Normal,
             state: JobState::Refused,
             step: 100,
             max_steps: 100,

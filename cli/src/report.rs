@@ -765,7 +765,7 @@ mod tests {
             name: "arith-grpo".to_owned(),
             model_line: "tiny".to_owned(),
             kind: Some(rlvr_protocol::kind::JobKind::OnlineGroups),
-            priority: "normal".to_owned(),
+            priority: rlvr_protocol::spec::Priority::Normal,
             state: JobState::Published,
             step: 295,
             max_steps: 300,

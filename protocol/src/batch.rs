@@ -1,6 +1,8 @@
 //! The verifier batch format's output line (design.md §1): what `rlvrctl verify` prints, one per
 //! input line, and what `POST /v1/verify` answers in `results`. The input side is read by
 //! `rlvr_plugin_host::verify::parse_line`, which accepts the format's conveniences.
+//!
+//! Components keep their order both ways.
 
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;

@@ -11,6 +11,10 @@
 //! distinct completions of each prompt whose reward clears `threshold`, and writes them as an
 //! SFT dataset (`{id, prompt, completion, reward}`) that becomes the team's dataset `output`: a
 //! later job names it `dataset:OUTPUT@SHA256` (the job record's `published_dataset`).
+//!
+//! The second built-in, `distill` (`DistillOptions`), trains a student on a teacher
+//! (`worker/src/distill.rs`): a loss that needs both models' logits, which no plugin receives.
+//! [`SampledRow`] and [`SampledDataset`] are a rejection-sampling job's rows and tally.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -7,6 +7,8 @@
 //! [`best`] picks the candidate among the scored ones kept. The scores of the retained
 //! checkpoints travel in each checkpoint's `state.json`, so a resumed run decides as an
 //! uninterrupted one would.
+//!
+//! On a tie of scores [`best`] takes the earlier step.
 
 use std::collections::BTreeSet;
 

@@ -23,6 +23,9 @@
 //! `min`, `max` (one or more arguments), `abs(x)`, `clamp(x, low, high)`. A grader's value is its
 //! score; a grader that answered with an error counts as 0 there (its error is logged with the
 //! completion, as for a weighted sum).
+//!
+//! `spec::check_graders` is the one check of a list of graders and their formula, for a job's
+//! `[[verifiers]]` and a dry-run's body alike.
 
 /// The longest formula a spec may write, in characters.
 pub const MAX_CHARS: usize = 1024;

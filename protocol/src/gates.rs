@@ -1,6 +1,9 @@
 //! The gate report (design.md §6): one line per criterion with its measured value, threshold and
 //! [`Status`], judged once by the daemon and shown as it is by `rlvrctl gates`, the HTML report,
 //! the API and the published manifest.
+//!
+//! Each [`Criterion`] has a [`Status`] (pass, fail, not checked) and an [`Op`]; the published
+//! [`Manifest`] is here too. Every reader prints `status` as it is.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,8 @@
 //! The grant socket's messages (design.md §7): a worker asks `rlvrd serve` for its devices before
 //! each device phase and gives them back after. JSON lines over a Unix socket
 //! (`<state_dir>/sched.sock`); the daemon's side is `sched::service`, the worker's `grants.rs`.
+//!
+//! Phases: rollout, update, eval, and `reward` for the built-in reward-model graders.
 
 use std::fmt;
 

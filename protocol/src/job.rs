@@ -7,6 +7,9 @@
 //!    └─ preempted ←─────────┘      └→ failed | cancelled      (and queued → cancelled, …)
 //! ```
 //! Everything here is pure; `store` applies it to Redis atomically.
+//!
+//! [`LineVersion`] is a job's published line and version as data (`JobView.published_version`;
+//! `published_dataset` for a dataset).
 
 use std::fmt;
 use std::str::FromStr;
@@ -126,8 +129,7 @@ pub struct JobView {
     /// recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<crate::kind::JobKind>,
-    /// `low`, `normal` or `high`.
-    pub priority: String,
+    pub priority: crate::spec::Priority,
     pub state: JobState,
     /// Steps done.
     pub step: u64,

@@ -2,6 +2,12 @@
 //! optimizer plugin says of itself (its data mode and the model it trains): the worker picks its
 //! step from it, and everything a kind alone has (a teacher, a reward model, a dataset written)
 //! belongs to that kind's variant there.
+//!
+//! The kinds: online with groups, online with a critic, offline SFT, offline pairs, reward model,
+//! rejection sampling, distillation, engine. Submit records the kind (`JobView.kind`; a record made
+//! before it has none), the daemon passes it to the worker (`--kind`), and the worker refuses to run
+//! a job as another kind; the worker's `Job` holds each kind's own parts in one `Work` variant.
+//! (`Builtin::of` only says whether the optimizer is a library to load.)
 
 use rlvr_plugin_api::{DataMode, TrainedModel};
 use serde::{Deserialize, Serialize};

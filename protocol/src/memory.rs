@@ -14,6 +14,10 @@
 //! master weights and gradient sums; generation with a KV cache per row; log-probabilities from
 //! hidden states at the completion positions), with constants measured against the worker's
 //! peak resident size on CPU (`tests/tests/estimate.rs`); the README has the figures.
+//!
+//! [`ModelShape`] comes from a `config.json`'s text or the built-in model's; [`estimate`] takes the
+//! spec and [`Inputs`] and returns a [`MemoryEstimate`]: the resident parts and each phase's. The
+//! daemon's side, which reads the configs and the data, is `daemon/src/jobs/estimate.rs`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

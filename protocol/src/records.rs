@@ -6,6 +6,10 @@
 //! every record of a job's files at submit ([`check`]), so that a file the job cannot use is
 //! refused with its field, line and key before the job waits in the queue, not when it starts.
 //! Every error names the spec's field, the file, the line and the record's key.
+//!
+//! [`RecordKind`] says which record a file holds, by the optimizer's data mode and the model it
+//! trains. The worker loads them (`load_*`); submit reads every record through [`check`], a line at a
+//! time, in the daemon's `jobs::checks::data_problems`, with the same errors.
 
 use std::collections::HashSet;
 use std::fs::File;

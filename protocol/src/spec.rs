@@ -84,6 +84,34 @@ pub enum Priority {
     High,
 }
 
+impl Priority {
+    /// `low`, `normal` or `high`: how specs, the job record and the API write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+}
+
+impl std::fmt::Display for Priority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Priority {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Priority, String> {
+        [Priority::Low, Priority::Normal, Priority::High]
+            .into_iter()
+            .find(|priority| priority.as_str() == text)
+            .ok_or_else(|| format!("expected low, normal or high, got {text:?}"))
+    }
+}
+
 /// `[model]`: the policy to train and the frozen reference.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -19,6 +19,17 @@
 //!   daemon).
 //!
 //! Where these files are is [`crate::jobdir::JobDir`]'s.
+//!
+//! Exit statuses: 0 finished, 2 the job's fault, 70 transient, 71 out of memory, 75 interrupted.
+//! The `OutOfMemory` line (device, phase, peak, cap) is written with `Display` and read back with
+//! [`OutOfMemory::from_line`]. `rollouts.jsonl` holds one [`RolloutRecord`] per completion.
+//! [`HostContext`] is re-exported from `rlvr-plugin-api`, its one definition. A test round-trips
+//! every field of [`WorkerArgs`] through `command_line` and clap.
+//!
+//! Why `progress.json` and not the daemon tailing `metrics.jsonl`: the worker knows its budget, so
+//! the ETA it computes (steps left at this run's pace, capped by `budget.max_wall_minutes`) is the
+//! one users see; the daemon used to compute a second one from the log that ignored the wall
+//! budget.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -19,7 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RedisValue};
-use serde_json::Value;
 
 use rlvr_protocol::gates::GateReport;
 use rlvr_protocol::job::{JobEvent, JobState, JobView, LineVersion, ListCursor};
@@ -47,6 +46,7 @@ const F_DEVICES: &str = "devices";
 const F_PREEMPTIONS: &str = "preemptions";
 const F_MEMORY_REQUEUES: &str = "memory_requeues";
 const F_KIND: &str = "kind";
+const F_PRIORITY: &str = "priority";
 const F_GATES: &str = "gates";
 const F_PUBLISHED: &str = "published";
 const F_PUBLISHED_VERSION: &str = "published_version";
@@ -276,15 +276,13 @@ return {1, ARGV[1]}
             .arg(id)
             .arg(now)
             .arg(IDEMPOTENCY_TTL.as_secs());
-        let priority = serde_json::to_value(spec.job.priority).ok();
-        let priority = priority.as_ref().and_then(Value::as_str).unwrap_or("normal");
         let fields: [(&str, String); 14] = [
             ("id", id.to_owned()),
             (F_KIND, kind.as_str().to_owned()),
             ("team", team.clone()),
             ("name", spec.job.name.clone()),
             ("model_line", spec.job.model_line.clone()),
-            ("priority", priority.to_owned()),
+            (F_PRIORITY, spec.job.priority.as_str().to_owned()),
             (F_STATE, JobState::Queued.as_str().to_owned()),
             (F_REASON, "submitted".to_owned()),
             (F_STEP, "0".to_owned()),
@@ -831,7 +829,11 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
                 })
             })
             .transpose()?,
-        priority: text("priority"),
+        priority: text(F_PRIORITY).parse().map_err(|message| StoreError::Corrupt {
+            id: id.to_owned(),
+            field: F_PRIORITY,
+            message,
+        })?,
         state: parse_state(id, &text(F_STATE))?,
         step: number(F_STEP)?,
         max_steps: number("max_steps")?,

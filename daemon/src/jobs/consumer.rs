@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::supervise::{Supervisor, priority_of};
+use super::supervise::Supervisor;
 use crate::config::QueueConfig;
 
 /// How often due dispatch tasks are moved to the active lists, ahead of the backend's fetch.
@@ -181,7 +181,7 @@ pub async fn sweep(supervisor: &Supervisor) -> Result<usize, rlvr_queue::store::
     for id in store.ids_in_state(JobState::Queued, usize::MAX).await? {
         let Some(task_id) = store.task_id(&id).await? else { continue };
         let job = store.get(&id).await?;
-        let priority = priority_of(&job);
+        let priority = job.priority;
         if supervisor.queues.task_exists(&task_id, priority).await? {
             continue;
         }

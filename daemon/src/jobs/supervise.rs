@@ -1203,15 +1203,6 @@ impl ProgressWatch {
     }
 }
 
-/// The view's priority as the spec type.
-pub fn priority_of(job: &JobView) -> Priority {
-    match job.priority.as_str() {
-        "high" => Priority::High,
-        "low" => Priority::Low,
-        _ => Priority::Normal,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::ExitStatusExt;

@@ -215,7 +215,7 @@ impl Scheduler {
                         match sender.map(|sender| sender.send(devices)) {
                             Some(Ok(())) => {
                                 if let Some((waited, priority)) = waited {
-                                    let label = PriorityLabel { priority: priority_name(priority) };
+                                    let label = PriorityLabel { priority: priority.as_str() };
                                     self.metrics
                                         .queue_wait_seconds
                                         .get_or_create(&label)
@@ -250,7 +250,7 @@ impl Scheduler {
                             info!(job = %job, for_job = %for_job, "preempting");
                             self.metrics
                                 .preemptions
-                                .get_or_create(&PriorityLabel { priority: priority_name(seated.priority) })
+                                .get_or_create(&PriorityLabel { priority: seated.priority.as_str() })
                                 .inc();
                             let _ = seated.preempted.send(Some(for_job));
                         }
@@ -372,14 +372,6 @@ impl Scheduler {
                 self.release(&id);
             }
         }
-    }
-}
-
-fn priority_name(priority: rlvr_protocol::spec::Priority) -> &'static str {
-    match priority {
-        rlvr_protocol::spec::Priority::High => "high",
-        rlvr_protocol::spec::Priority::Normal => "normal",
-        rlvr_protocol::spec::Priority::Low => "low",
     }
 }
 
