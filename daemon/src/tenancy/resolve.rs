@@ -4,6 +4,9 @@
 //!
 //! Messages name the field as the spec writes it and never show a server path: a team learns
 //! whether a name is available to it, nothing about the host.
+//!
+//! A distill job's `optimizer.teacher` is resolved as `model.policy` is, and its tokenizer
+//! compared with the student's (`same_tokenizer`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,11 +20,40 @@ use serde_json::Value;
 use super::lines::LineError;
 use super::{Tenancy, refuse};
 
-/// The data fields of a spec, as `(field, value)`.
-fn data_fields(spec: &JobSpec) -> Vec<(&'static str, &Path)> {
-    let mut fields = vec![("data.train", spec.data.train.as_path())];
-    fields.extend(spec.data.heldout.as_deref().map(|path| ("data.heldout", path)));
-    fields.extend(spec.data.canaries.as_deref().map(|path| ("data.canaries", path)));
+/// A spec's field that names data: resolved in the team's namespace, pinned at submit, made a
+/// server path for the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DataField {
+    Train,
+    Heldout,
+    Canaries,
+}
+
+impl DataField {
+    /// The field as the spec writes it.
+    fn name(self) -> &'static str {
+        match self {
+            DataField::Train => "data.train",
+            DataField::Heldout => "data.heldout",
+            DataField::Canaries => "data.canaries",
+        }
+    }
+
+    /// Its value in `spec`, if the spec has it.
+    fn slot(self, spec: &mut JobSpec) -> Option<&mut PathBuf> {
+        match self {
+            DataField::Train => Some(&mut spec.data.train),
+            DataField::Heldout => spec.data.heldout.as_mut(),
+            DataField::Canaries => spec.data.canaries.as_mut(),
+        }
+    }
+}
+
+/// The data fields of a spec, with their values.
+fn data_fields(spec: &JobSpec) -> Vec<(DataField, &Path)> {
+    let mut fields = vec![(DataField::Train, spec.data.train.as_path())];
+    fields.extend(spec.data.heldout.as_deref().map(|path| (DataField::Heldout, path)));
+    fields.extend(spec.data.canaries.as_deref().map(|path| (DataField::Canaries, path)));
     fields
 }
 
@@ -37,56 +69,67 @@ pub fn pinned_datasets(spec: &JobSpec) -> Vec<String> {
         .collect()
 }
 
-fn data_field_mut<'a>(spec: &'a mut JobSpec, field: &str) -> Option<&'a mut PathBuf> {
-    match field {
-        "data.train" => Some(&mut spec.data.train),
-        "data.heldout" => spec.data.heldout.as_mut(),
-        "data.canaries" => spec.data.canaries.as_mut(),
-        _ => None,
+/// A spec's field that names a model: resolved by the same rules wherever it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ModelField {
+    Policy,
+    Reference,
+    /// A distillation job's `optimizer.teacher`.
+    Teacher,
+    /// The `model` of the reward-model grader `verifiers[i]`.
+    RewardModel(usize),
+}
+
+impl ModelField {
+    /// The field as the spec writes it.
+    fn name(self) -> String {
+        match self {
+            ModelField::Policy => "model.policy".to_owned(),
+            ModelField::Reference => "model.reference".to_owned(),
+            ModelField::Teacher => "optimizer.teacher".to_owned(),
+            ModelField::RewardModel(i) => format!("verifiers[{i}].model"),
+        }
+    }
+
+    /// Writes `value` into this field of `spec`.
+    fn set(self, spec: &mut JobSpec, value: String) {
+        match self {
+            ModelField::Policy => spec.model.policy = value,
+            ModelField::Reference => spec.model.reference = value,
+            ModelField::Teacher => {
+                spec.optimizer.options.insert("teacher".into(), Value::String(value));
+            }
+            ModelField::RewardModel(i) => {
+                if let Some(section) = spec.verifiers.get_mut(i) {
+                    section.options.insert("model".into(), Value::String(value));
+                }
+            }
+        }
     }
 }
 
-/// The model fields of a spec that name a model, as `(field, value)`: the policy, the reference,
-/// and each reward-model grader's `model` (`verifiers[2].model`), resolved by the same rules.
-fn model_fields(spec: &JobSpec) -> Vec<(String, String)> {
-    let mut fields = vec![("model.policy".to_owned(), spec.model.policy.clone())];
+/// The fields of a spec that name a model, with their values: the policy, the reference, a
+/// distillation job's teacher, and each reward-model grader's `model`.
+fn model_fields(spec: &JobSpec) -> Vec<(ModelField, String)> {
+    let mut fields = vec![(ModelField::Policy, spec.model.policy.clone())];
     if spec.model.reference != "same" {
-        fields.push(("model.reference".to_owned(), spec.model.reference.clone()));
+        fields.push((ModelField::Reference, spec.model.reference.clone()));
     }
     // A distillation job's teacher (a bad or missing key is `checks`' to refuse).
     if JobKind::of(spec, None) == Some(JobKind::Distill)
         && let Some(Value::String(teacher)) = spec.optimizer.options.get("teacher")
     {
-        fields.push((TEACHER.to_owned(), teacher.clone()));
+        fields.push((ModelField::Teacher, teacher.clone()));
     }
     for (i, section) in spec.verifiers.iter().enumerate() {
         // A missing or non-string `model` is `checks`' to refuse.
         if is_reward_model(section)
             && let Some(Value::String(model)) = section.options.get("model")
         {
-            fields.push((format!("verifiers[{i}].model"), model.clone()));
+            fields.push((ModelField::RewardModel(i), model.clone()));
         }
     }
     fields
-}
-
-/// Writes `value` into the model field `field` names.
-fn set_model_field(spec: &mut JobSpec, field: &str, value: String) {
-    match field {
-        "model.policy" => spec.model.policy = value,
-        "model.reference" => spec.model.reference = value,
-        TEACHER => {
-            spec.optimizer.options.insert("teacher".into(), Value::String(value));
-        }
-        _ => {
-            let index = field.strip_prefix("verifiers[").and_then(|rest| rest.strip_suffix("].model"));
-            if let Some(section) =
-                index.and_then(|i| i.parse::<usize>().ok()).and_then(|i| spec.verifiers.get_mut(i))
-            {
-                section.options.insert("model".into(), Value::String(value));
-            }
-        }
-    }
 }
 
 /// Why [`admit`] refused a spec: every problem, each naming its field, and whether one of them
@@ -126,32 +169,32 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
     for (field, value) in data_fields(spec) {
         match data_file(tenancy, team, value) {
             Ok((reference, _)) => {
-                if let Some(slot) = data_field_mut(&mut pinned, field) {
+                if let Some(slot) = field.slot(&mut pinned) {
                     *slot = PathBuf::from(reference.to_string());
                 }
             }
-            Err(message) => problems.push(refuse(field, message)),
+            Err(message) => problems.push(refuse(field.name(), message)),
         }
     }
 
     let mut dirs = std::collections::BTreeMap::new();
     for (field, value) in model_fields(spec) {
         match model_dir(tenancy, team, &value) {
-            Ok((ModelRef::Builtin(_), _)) if field.starts_with("verifiers[") => {
-                problems.push(refuse(&field, BUILTIN_IS_NO_REWARD_MODEL))
+            Ok((ModelRef::Builtin(_), _)) if matches!(field, ModelField::RewardModel(_)) => {
+                problems.push(refuse(&field.name(), BUILTIN_IS_NO_REWARD_MODEL))
             }
             Ok((reference, dir)) => {
-                set_model_field(&mut pinned, &field, reference.to_string());
+                field.set(&mut pinned, reference.to_string());
                 dirs.insert(field, dir);
             }
-            Err(message) => problems.push(refuse(&field, message)),
+            Err(message) => problems.push(refuse(&field.name(), message)),
         }
     }
     // A teacher's distributions are over its own tokens: the student must read the same ones.
-    if let (Some(student), Some(teacher)) = (dirs.get("model.policy"), dirs.get(TEACHER))
+    if let (Some(student), Some(teacher)) = (dirs.get(&ModelField::Policy), dirs.get(&ModelField::Teacher))
         && let Err(message) = same_tokenizer(student.as_deref(), teacher.as_deref())
     {
-        problems.push(refuse(TEACHER, message));
+        problems.push(refuse(&ModelField::Teacher.name(), message));
     }
 
     if let Some(name) = spec.curriculum.as_ref().and_then(|curriculum| curriculum.name.as_deref()) {
@@ -198,15 +241,17 @@ pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<JobSpec, String>
     let team = spec.job.team.as_str();
     let mut resolved = spec.clone();
     for (field, value) in data_fields(spec) {
-        let (_, path) = data_file(tenancy, team, value).map_err(|message| format!("{field}: {message}"))?;
-        if let Some(slot) = data_field_mut(&mut resolved, field) {
+        let (_, path) =
+            data_file(tenancy, team, value).map_err(|message| format!("{}: {message}", field.name()))?;
+        if let Some(slot) = field.slot(&mut resolved) {
             *slot = path;
         }
     }
     for (field, value) in model_fields(spec) {
-        let (_, dir) = model_dir(tenancy, team, &value).map_err(|message| format!("{field}: {message}"))?;
+        let (_, dir) =
+            model_dir(tenancy, team, &value).map_err(|message| format!("{}: {message}", field.name()))?;
         if let Some(dir) = dir {
-            set_model_field(&mut resolved, &field, dir.display().to_string());
+            field.set(&mut resolved, dir.display().to_string());
         }
     }
     Ok(resolved)
@@ -237,7 +282,7 @@ pub fn data_files(tenancy: &Tenancy, spec: &JobSpec) -> Vec<DataFile> {
                 DataRef::Dataset { name, sha256 } => (format!("dataset {name}"), sha256),
                 DataRef::Root { root, path } => (format!("root:{root}/{path}"), None),
             };
-            Some(DataFile { field, shown, sha256, path })
+            Some(DataFile { field: field.name(), shown, sha256, path })
         })
         .collect()
 }
@@ -281,9 +326,6 @@ fn file_in_root(root: &Path, relative: &str, max_bytes: u64) -> Result<PathBuf, 
     }
     Ok(file)
 }
-
-/// The spec field naming a distillation job's teacher.
-const TEACHER: &str = "optimizer.teacher";
 
 /// Whether two models (their directories; `None` for the built-in model) read the same tokens:
 /// equal `tokenizer.json` vocabularies (`model`, `added_tokens`) for two directories; against
