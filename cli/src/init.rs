@@ -1,5 +1,8 @@
 //! `rlvrctl init KIND [DIR]`: writes the example job spec of one kind (examples/jobs/, built
 //! into rlvrctl) and the data files it names, so a first job starts from a spec that runs.
+//!
+//! The examples are built in with `include_dir`; `build.rs` rebuilds when they change. Their data
+//! paths are relative to the spec file, as `rlvrctl submit` reads them.
 
 use std::fs;
 use std::io;

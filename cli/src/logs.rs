@@ -1,4 +1,6 @@
 //! `rlvrctl logs ID`: a job's worker log, through `GET /v1/jobs/{id}/logs` (the job's team only).
+//!
+//! The tail, the whole log (`--all`), or the tail then new lines until the job ends (`--follow`).
 
 use std::io::{self, Write};
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! against its own directory (they are uploaded as the team's datasets before the submit:
 //! `rlvr_client::Client::upload_spec_data`; the daemon reads no path a spec writes), and a fresh
 //! idempotency key so that the client's own retries never make a second job.
+//!
+//! A checked spec (`submit --dry-run`) is printed back as TOML.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

@@ -6,6 +6,16 @@
 //! `plugins.scan_interval_ms`, and tells systemd it is ready and alive (sd_notify). The watchdog
 //! is fed from the main loop itself: if the loop stalls, systemd stops getting pings and restarts
 //! the daemon.
+//!
+//! In order: the open-file limit, the worker (`daemon.worker_exe`, else `rlvr-worker` beside
+//! `rlvrd`), the first plugin scan, bind, the scheduler, then `Services` (the grant socket, the HTTP
+//! server, the job consumers); the main loop rescans plugins, pings Redis and feeds the watchdog
+//! until the `CancellationToken` fires; then the drain: workers checkpoint, jobs are requeued. The
+//! HTTP server stops last, with its own token, so an engine can grade the step it finishes before
+//! it checkpoints.
+//!
+//! Nothing in the main loop blocks: scans run in `spawn_blocking`, Redis pings in their own task;
+//! the loop only starts them and feeds the watchdog, so a stalled loop means a stalled daemon.
 
 use std::io;
 use std::net::SocketAddr;

@@ -1,5 +1,7 @@
 //! How errors of the C++ entry points in `csrc/` reach Rust: a status, and on failure a message
 //! malloc'd by the C++ side (`csrc/messages.h`), which is read and freed here, once.
+//!
+//! Every C++ exception is caught at the `extern "C"` boundary by `csrc/messages.h`'s `guarded`.
 
 use std::ffi::{CStr, c_char, c_int};
 

@@ -6,6 +6,10 @@
 //! these pieces.
 //! Reward models (sequence classification) load with [`load_reward_model`].
 //! Start at [`load`], then [`generate`], [`completion_logprobs`] and [`training_logprobs`].
+//!
+//! VarStore names are the Hugging Face tensor names, so a checkpoint is a HF directory transformers
+//! loads as it is. Torch's global RNG is never used for sampling: it draws from `SamplerRng`
+//! (xoshiro256++ from `rlvr-seeded`).
 
 pub mod builtin;
 pub mod chat;

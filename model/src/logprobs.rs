@@ -11,6 +11,15 @@
 //! grad each chunk's logits are gone before the next chunk's, and a training pass
 //! ([`training_logprobs`]) cuts the graph at the hidden states and recomputes each chunk's logits
 //! in its backward pass, as activation checkpointing does for the layers.
+//!
+//! Why: `[rows × completion tokens × vocabulary]` is 1.1–1.4 GiB of f32 per 1k tokens at a 152k
+//! vocabulary. A chunk is `rlvr_protocol::memory::LOGITS_CHUNK_BYTES` (64 MiB) of f32.
+//! [`completion_logprobs`] is the pass without grad; [`training_logprobs`] returns a
+//! [`TrainingLogprobs`] whose `backward` (after the loss's) recomputes each chunk's logits with grad,
+//! sends the hidden states' summed gradient (a value head's too) through the model once, then runs
+//! `Llama::backward_checkpointed`. A pass dropped after the loss's backward without it panics rather
+//! than train without it. [`training_kl`] is distillation's per-position KL over the vocabulary by
+//! the same scheme: the teacher's hidden states without grad, both models' logits a chunk at a time.
 
 use std::collections::HashMap;
 

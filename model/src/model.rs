@@ -4,6 +4,13 @@
 //! angles in f32, SiLU-gated MLP), so logits agree with it to float rounding. Attention is
 //! libtorch's `scaled_dot_product_attention`; padding is handled with a boolean mask in which
 //! every query may also see itself, so rows of pure left padding stay finite instead of NaN.
+//!
+//! `Llama` carries a [`KvCache`]; `forward_with` takes the mask's [`Padding`] from the caller instead
+//! of reading the mask back from the device. LoRA adapters sit on its linear layers and are switched
+//! off with `without_adapters` for the base. Training passes (`set_training`) with activation
+//! checkpointing keep each layer's input, and `backward_checkpointed` recomputes the layers after
+//! `loss.backward()`: tch binds no `torch.utils.checkpoint`, so the sweep is ours. Dropout masks
+//! come from libtorch's generator seeded per layer (`seed + layer`), the one use of torch's RNG.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -9,6 +9,8 @@
 //!
 //! [`linear`] is used for float32 CPU tensors when [`enabled`]; everything else (CUDA, bf16)
 //! keeps `Tensor::linear`. `RLVR_CPU_MATMUL=blas` turns it off (to compare, or as a way out).
+//!
+//! bf16 layers keep libtorch's kernels.
 
 use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;

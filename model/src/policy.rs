@@ -1,5 +1,8 @@
 //! Loading a model (a Hugging Face directory or `builtin:tiny-arith`) and saving a checkpoint
 //! that loads back through the directory path.
+//!
+//! `load` of a PEFT adapter directory loads its base and attaches the adapters; `save_pretrained`
+//! writes the adapters merged, `save_adapter` the adapter directory.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

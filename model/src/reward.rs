@@ -10,6 +10,9 @@
 //! config has no `pad_token_id` (where transformers refuses batches of more than one row). Rows
 //! are padded on the right, so the choice never depends on the other rows of a batch; transformers
 //! with left padding reads the same position except for a row of nothing but the pad id.
+//!
+//! `from_base` makes one from a causal LM with a fresh head; `save_pretrained` writes it back;
+//! `training_logits` gives the scores with grad, for the `rm` optimizer.
 
 use std::path::{Path, PathBuf};
 

@@ -36,6 +36,10 @@
 //!
 //! Every key may be absent (its default: none, none, false, false), and keys a plugin does not
 //! know are ignored, so a newer host can add one without breaking older plugins.
+//!
+//! `max_new_tokens` is there for DAPO's overlong shaping; graders hold their resource options to the
+//! `grader_caps`. An option naming an environment variable (`bearer_token_env`) is refused without
+//! reading the environment, so no answer depends on, or tells, what the environment holds.
 
 use std::collections::BTreeMap;
 use std::fmt;

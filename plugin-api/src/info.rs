@@ -1,4 +1,7 @@
 //! Plugin metadata: what a plugin is, which contract version it speaks, and what it needs.
+//!
+//! A plugin's `kind` is a string, not an enum: a plugin of a kind this host does not know is then
+//! refused by name (`unknown plugin kind "reranker"`) instead of being an out-of-range enum.
 
 use abi_stable::StableAbi;
 use abi_stable::std_types::{ROption, RString, RVec};

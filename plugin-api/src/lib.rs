@@ -45,6 +45,12 @@
 //!   The conversions to and from `tch::Tensor` are in the crate `rlvr-plugin-tensor`, not behind
 //!   a feature here: Cargo unifies features across a workspace build, and a `tch` feature of this
 //!   crate, enabled by any optimizer plugin, would link libtorch into `rlvrd` and `rlvrctl`.
+//!
+//! Why a symbol and not a field: abi_stable checks the root module's layout at load, and a sixth
+//! field refused every library built before it (measured: "PluginMod: too many fields (expected 6,
+//! found 5)"); the same holds for a method appended to a `#[sabi_trait]` ("VTable: too many fields
+//! (expected 6, found 5)"). A symbol changes no checked layout; new facts for plugins travel in the
+//! `HostContext`'s JSON (older plugins ignore unknown keys) or in symbols beside the root module.
 #![deny(missing_docs)]
 // abi_stable 0.11's `#[sabi_trait]` expands to impls inside a const, which this lint flags.
 #![allow(non_local_definitions)]

@@ -22,6 +22,12 @@
 //!
 //! It must be cheap and have no side effects: the daemon calls it on every submit, in its own
 //! process. It creates no clients, starts no processes and reads no files or environment.
+//!
+//! Why JSON text and [`parse_options`]: plugin configs, the options report and the host context all
+//! cross the boundary as JSON text, and each plugin parses its own keys with `deny_unknown_fields`
+//! through `parse_options`, so every plugin's refusals read the same, a key and a message, never
+//! serde's "line 1 column 9" of JSON the user did not write. That is why this crate depends on
+//! serde, serde_json and serde_path_to_error (small, pure Rust).
 
 use std::fmt;
 

@@ -1,4 +1,7 @@
 //! The verifier contract: one completion and its reference in, a scored verdict out.
+//!
+//! Explanations are asked for (`VerifyItem::explain`), not always built: auditing wants sentences,
+//! training wants microseconds.
 
 use abi_stable::StableAbi;
 use abi_stable::sabi_trait;

@@ -4,6 +4,11 @@
 //! Everything here is the in-process part. The registry first runs it in a child process
 //! (`rlvr-worker probe-plugin`) so that a library that crashes or aborts while loading takes down the
 //! child, not the daemon; see `registry::Isolation`.
+//!
+//! The ELF pre-check (`check_elf`) runs on the bytes the registry read to hash, with the `object`
+//! crate, rather than trusting `dlopen`: `dlopen` of a truncated library maps pages past the end of
+//! the file, and touching one is a SIGBUS (measured on a truncated debug build). `rlvrctl verify`
+//! and the worker load in-process and rely on that check. Every failure is a `RefusalReason`.
 
 use std::fmt;
 use std::path::Path;

@@ -15,6 +15,12 @@
 //!   several daemons may share a cache directory: a reader sees a whole entry or none.
 //! - An entry that cannot be read, does not parse, or names another library or worker is
 //!   ignored (and the library probed again), never an error: the cache only saves time.
+//!
+//! Measured on a 2-core machine under other builds (load 4–9), debug build, 16 plugins: a start
+//! took 16–32 s before the reports were kept; 3.4–5.8 s after (hashing, comparing and loading the
+//! verifiers in-process remain), 22–35 s the first time. The worker's identity
+//! is its GNU build-id (the linker's hash of the binary, read from its note segment), or its size
+//! and mtime when it has none.
 
 use std::fs::File;
 use std::io;

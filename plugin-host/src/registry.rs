@@ -12,6 +12,13 @@
 //!   ([`crate::probes`]), so a restart over the same libraries and worker probes nothing.
 //! - Every refusal names the file and what was wrong, is logged and counted once per file content,
 //!   and is kept for `rlvrctl plugins` and `GET /v1/plugins`.
+//!
+//! - Scans poll (a `readdir` and a few `stat`s a second) rather than use inotify: it works on every
+//!   filesystem (NFS, bind mounts) and needs the same "is the file still being written?" settle
+//!   time that inotify events would. [`Registry::load_files`] loads a given list instead.
+//! - Optimizers probed in a child process are recorded from the probe, never mapped into the
+//!   daemon. Their `check_options` runs in `rlvr-worker check-options`, its answers cached by
+//!   library sha256 and canonical options (512 at most), two such processes at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;

@@ -3,6 +3,9 @@
 //! daemon's dry-run (`POST /v1/verify`), so a team's test of its reward is the reward it trains
 //! on. Each grader is called through [`verify_items`] — the same threads and host deadline as
 //! `rlvrctl verify`, so a hanging grader costs one deadline, never the job.
+//!
+//! [`Reward`] calls each grader; `Combiner` folds the verdicts into the weighted sum or the
+//! formula's value, with the components named `NAME` and `NAME.COMPONENT`.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,11 +3,12 @@
 //!
 //! **Pure.** [`trl_trainer`] is the one mapping of a `grpo`, `sft` or `dpo` job onto TRL's trainer
 //! and its keys ([`TrlTrainer`]: the shared [`TrlTraining`] plus each trainer's own; [`trl_grpo`]
-//! is its GRPO case): it returns the engine's arguments or every key the engine cannot honour, each refusal naming the key as the
-//! spec writes it and what the engine cannot do. The daemon calls it at submit ([`engine_problems`]: a spec the
-//! engine cannot run is refused there) and the worker at start (the arguments it hands the engine), so
-//! the check and the mapping cannot drift apart. [`GRPO_MAPPING`], [`SFT_MAPPING`] and
-//! [`DPO_MAPPING`] are the same tables as data: the README's tables (a test keeps them equal).
+//! is its GRPO case): it returns the engine's arguments or every key the engine cannot honour,
+//! each refusal naming the key as the spec writes it and what the engine cannot do. The daemon
+//! calls it at submit ([`engine_problems`]: a spec the engine cannot run is refused there) and the
+//! worker at start (the arguments it hands the engine), so the check and the mapping cannot drift
+//! apart. [`GRPO_MAPPING`], [`SFT_MAPPING`] and [`DPO_MAPPING`] are the same tables as data: the
+//! README's tables (a test keeps them equal).
 //!
 //! `[engine]` is [`EngineSection`]: `kind` native or trl, `launcher` local or ray.
 //! [`EngineContract`] is what the worker hands `engines/trl/run.py`.

@@ -6,6 +6,9 @@
 //! what was expected. Checks that need the plugin registry or the file system live with their
 //! owners (the daemon at submit, the worker at start); here is everything a spec can say about
 //! itself.
+//!
+//! The numeric ranges are tables of rules (`RULES`, `LORA_RULES`, `VERIFIER_RULES`), one row per
+//! field.
 
 use std::fmt;
 use std::path::PathBuf;

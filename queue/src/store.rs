@@ -13,6 +13,10 @@
 //! - `jobs` and `team:{team}:jobs` sorted sets — ids by creation time (ms);
 //! - `idem:{team}:{key}` string with a TTL — the job id a submit with that `Idempotency-Key` made;
 //! - `dead` sorted set — dead-lettered job ids by time.
+//!
+//! [`Store::page`] lists by the index's scores (submit time) from a cursor (the last job's time and
+//! id), not by rank: a job submitted between two pages would shift ranks and repeat a job.
+//! Idempotency keys live 24 h ([`IDEMPOTENCY_TTL`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -11,6 +11,9 @@
 //!   OOPSLA 2014): one `u64` of state; for small seeded choices.
 //! - [`Xoshiro256pp`] (Blackman and Vigna, "Scrambled linear pseudorandom number generators",
 //!   2021): four `u64`s, seeded by SplitMix64 as its authors recommend; for sampling.
+//!
+//! Why not `rand_xoshiro`: `rand_core`'s seeding and float conversions have changed between
+//! releases; a few lines pinned by their first values cannot.
 #![deny(missing_docs)]
 
 /// The SplitMix64 increment (the golden ratio in 64 bits); also a good constant to mix a seed

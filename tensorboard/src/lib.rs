@@ -13,6 +13,11 @@
 //! The format is TensorFlow's own (`tensorflow/core/util/event.proto`, `summary.proto`;
 //! `tensorflow/core/lib/io/record_writer.cc`): the files are read by TensorBoard's loaders as
 //! they are, no plugin needed.
+//!
+//! The worker's `drive::Loop::append_metrics` is the one caller: every line goes to
+//! `metrics.jsonl`, then here; a failed write is logged and ends this process's events, never the
+//! job. The event files are derived from `metrics.jsonl` and nothing reads them back:
+//! `metrics.jsonl` stays the record.
 
 pub mod record;
 pub mod scalars;

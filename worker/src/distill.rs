@@ -15,6 +15,8 @@
 //! teacher's and the student's logits a chunk of positions at a time, forward and backward.
 //! Nothing is graded in a step (no reward is read); the held-out scoring and the gates are any
 //! job's.
+//!
+//! The teacher is loaded frozen on the student's device and in its dtype.
 
 use std::time::Instant;
 

@@ -13,6 +13,12 @@
 //!
 //! The engine's own checkpoints (`<run>/engine/output/checkpoint-N/`) are what a resume starts
 //! from; the native checkpoint is written once, at the end, for the gates and publishing.
+//!
+//! The contract and `engines/trl/run.py` (built into the binary) are written to `<run>/engine/`; the
+//! built-in model is exported as a Hugging Face directory. The launcher is torchrun on
+//! `resources.devices` processes, a child dying with the worker (`LaunchAt::Local`), or the same
+//! command line submitted to a Ray cluster's Jobs API (`LaunchAt::Ray`: submit, status, log, stop);
+//! a stop is SIGTERM, or the Ray job's stop.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};

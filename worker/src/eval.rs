@@ -3,6 +3,8 @@
 //! Greedy, so a score depends on the weights only — and uses no randomness that resume tracks.
 //! Every completion of an evaluation is generated first, and the device grant given back before
 //! the verifiers (CPU work) score them.
+//!
+//! The reward itself is `rlvr_plugin_host::reward`'s.
 
 use rlvr_model::{LoadedModel, Sampled, SamplerRng, SamplingParams, generate, load as load_model};
 use rlvr_protocol::worker::{

@@ -6,6 +6,9 @@
 //! A [`Grant`] gives its devices back when dropped. Waiting for the first grant of a step can be
 //! cut short by a stop request (SIGTERM): the step has not begun, so the worker checkpoints
 //! and leaves at that boundary.
+//!
+//! [`Grant::release`] gives the devices back once the device's queued kernels have run, with
+//! libtorch's CUDA cache emptied. A [`GrantError`] anywhere in a step ends the worker `Transient`.
 
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::os::unix::net::UnixStream;

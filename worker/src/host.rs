@@ -1,5 +1,9 @@
 //! The plugins' host context on stdin (`--host-context-stdin`): one JSON line the daemon writes
 //! before anything else — the job's secrets and the outbound policy.
+//!
+//! It is read before anything else; a closed or cut-short stdin ends the worker `Transient`,
+//! naming it. Every plugin of a run is created with that context (`create_in`); a run by hand gets
+//! no secrets and no outbound restriction.
 
 use std::io::BufRead;
 

@@ -12,7 +12,10 @@
 //! - [`state`]: the run's record, checkpoints and the JSONL logs, written atomically.
 //! - [`drive`]: the step loop — budgets, held-out evaluations, `[stop]` ([`stop`]), progress.
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline;
-//!   [`reward`] the weighted verifier reward, [`optim`] AdamW and the schedule.
+//!   [`optim`] AdamW and the schedule; [`micro_batches`] the split of a step's rows. The reward
+//!   itself is `rlvr_plugin_host::reward`'s, the built-in reward models' [`reward_models`].
+//! - [`sampling`], [`distill`]: the built-in `rejection-sampling` and `distill` optimizers.
+//! - [`runtime`]: what libtorch can do in this process.
 //! - [`engine`]: an `[engine]` job's steps on an existing distributed engine (TRL).
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
 //! - [`reward_training`]: an optimizer that trains a reward model (`rm`): its step on preference

@@ -16,6 +16,14 @@
 //!
 //! The phase a report names is the one the worker last asked a grant for ([`enter`], from
 //! `grants`). One job per process, so the state is the process's.
+//!
+//! Why a watchdog and not `RLIMIT_AS` or a cgroup: `RLIMIT_AS` bounds address space, not memory
+//! (libtorch and its CUDA half map far more than they touch), and a failed `mmap` surfaces wherever
+//! it happens, often an abort, without the numbers. A memory cgroup per worker needs a delegated
+//! cgroup tree the daemon may not have, and its OOM killer's SIGKILL would read as a crash. Reading
+//! `/proc/self/statm` every 50 ms costs microseconds; what it can miss is a spike shorter than that,
+//! which the kernel's own OOM killer still bounds. `main.rs` turns an error or panic in libtorch's
+//! out-of-memory words into the same exit.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

@@ -1,5 +1,9 @@
 //! The job's models on its device: the policy (from the spec, or the checkpoint resumed), the
 //! frozen reference when the optimizer reads one, and the value head of optimizers with a critic.
+//!
+//! With LoRA the reference is `Reference::PolicyBase`, the policy with its adapters off, and only
+//! the adapters train. An optimizer that trains a reward model loads the spec's causal LM, makes
+//! `RewardModel::from_base` (or loads the checkpoint's `model/`), and empties the policy's tensors.
 
 use std::path::Path;
 

@@ -12,6 +12,10 @@
 //! than half a bf16 step (2⁻⁸ of the weight) would be rounded away every time: at lr 1e-6 on
 //! N(0, 0.02) weights, most weights would never move. f32 parameters are their own master and
 //! their `.grad` their own sum: they take no extra copy or pass.
+//!
+//! Updates equal `torch.optim.AdamW`'s to the bit (`tests/conformance/adamw.json`). Every backward
+//! goes through [`AdamW::backward`], whose `finish` runs the training pass's
+//! `TrainingLogprobs::backward`.
 
 use std::collections::BTreeSet;
 

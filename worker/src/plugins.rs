@@ -2,6 +2,13 @@
 //! libraries) or, for a run by hand, found in the plugin directories; the versions a resumed run
 //! pinned, else the newest; created with the spec's options, and checked against each other
 //! before anything is written.
+//!
+//! They are exactly the `--plugin-file`s the daemon named, checked with `rlvr_plugin_host::fit`,
+//! and each is created with the run's host context (`create_in`). Why files, not the plugin
+//! directories: scanning made every job load, hash, copy and self-test every library there
+//! (optimizer debug builds are 40 MB each) to use two or three, and the daemon already knows which
+//! loaded libraries a spec names. It passes every loaded version of each name, so a resume finds
+//! the version its record pins; a name nothing loaded answers to fails the job at its field.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

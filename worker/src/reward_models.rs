@@ -9,6 +9,10 @@
 //! (`RewardModel::encode_exchange`). A row longer than `max_length` keeps its last `max_length`
 //! tokens — the completion's end, where the model reads its score — and its verdict's component
 //! `truncated` is 1 (else 0).
+//!
+//! They are loaded on the policy's device and in its dtype, and scored in one `Phase::Reward`
+//! grant per step before the plugin graders run on the CPU; `rlvr_plugin_host::reward::Combiner`
+//! folds all the verdicts in the spec's order.
 
 use std::path::Path;
 use std::time::Instant;

@@ -15,6 +15,8 @@
 //! file then holds the scores of exactly the checkpoints kept, so a resumed run goes on deciding
 //! as an uninterrupted one does. Deletion follows the rename of `LATEST`; a kill in between
 //! leaves a checkpoint too many, which the next one removes.
+//!
+//! A reward model's job writes `model/` with `RewardModel::save_pretrained`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, Write};

@@ -12,6 +12,10 @@
 //! valid tokens would let any one of them lock every team out. The tokens are long random secrets,
 //! so it is not this limit that makes them unguessable; it bounds what a scan costs and makes it
 //! show (`rlvr_api_auth_refusals_total`).
+//!
+//! Rate limits are governor's. Handlers take the [`Caller`] from the request's extensions. A job's
+//! token (`jobs::tokens`, minted by the supervisor for each run of an engine job, valid while its
+//! `JobToken` lives) reaches `POST /v1/verify` only.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};

@@ -10,6 +10,9 @@
 //! The reader reads the item's view first and its events second, in one pass: once a pass sees
 //! the item ended, its events hold every event up to the final one (a state and its event are
 //! written by one script), so a stream that has sent them all can end.
+//!
+//! The reader polls: a blocking `XREAD` would stall the shared multiplexed connection. What it
+//! reads reaches the item's streams through a `watch` channel.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -4,6 +4,10 @@
 //! which leaves the [`Caller`] in the request's extensions); a team sees and cancels only its own
 //! jobs (another team's job is "not found", so ids leak nothing) and admins see all. Every refusal is
 //! `{"error": {"code", "message", "field"}}` with a 4xx status, and 503 while Redis is away.
+//!
+//! Submit is `jobs::submit`'s: the route only turns its `SubmitError` into a status (403 for a
+//! refusal of permission, 422 for a spec that cannot run); `?dry_run=true` runs every check and
+//! answers the spec, queueing nothing. The list pages through `Store::page`.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! `GET /v1/jobs/{id}/logs`: a job's worker log (every run's stderr), to the job's team only, in
 //! windows of whole lines so a client can follow it by asking again from where the last ended.
+//!
+//! A client follows with `since`.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};

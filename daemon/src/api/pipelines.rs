@@ -3,6 +3,10 @@
 //! found"), admins see all. A submit checks every stage as `POST /v1/jobs` checks a job, with a
 //! stand-in of the right kind where a stage takes the previous stage's output, so what would
 //! fail later is refused now, each problem under its stage (`stages[2].model.policy`).
+//!
+//! The stand-in is what the stage before was pinned to: a stage taking the previous checkpoint is
+//! checked against the model the stage before starts from, one taking its dataset against the
+//! prompts that stage reads.
 
 use std::convert::Infallible;
 use std::sync::Arc;

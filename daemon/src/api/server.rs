@@ -20,6 +20,9 @@
 //! ready for a request, not at the request's first byte, so it would be the idle timeout too and
 //! the two could not be set apart. Only HTTP/1.1 is served (`axum::serve` also took h2c with
 //! prior knowledge, which no client of ours speaks): one protocol, one set of bounds.
+//!
+//! tower-http's body timeout bounds each wait for a frame, so a body trickled just under it never
+//! ends; the body deadline here is for the whole body.
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -4,6 +4,9 @@
 //!
 //! The team is always the token's: no request names a team's namespace, so none can reach
 //! another's. Another team's line is "not found", as another team's job is.
+//!
+//! A published version's manifest and its files are served too: only names the manifest lists,
+//! streamed.
 
 use std::path::PathBuf;
 use std::sync::Arc;

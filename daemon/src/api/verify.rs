@@ -13,6 +13,12 @@
 //! job's, `api::lanes`), held until its grading has ended; and a [`Stop`]: once the request's
 //! client goes away or `api.dry_run_budget_s` has passed, no item is handed to a grader any more,
 //! each is answered as not graded at once.
+//!
+//! Why in the daemon's process and not a worker process per request: the verifiers are loaded into
+//! `rlvrd` after their probe, so a dry-run answers in the plugins' own time (microseconds for
+//! `math`) instead of a libtorch process start, and runs the very libraries a job would pin.  What is not bounded: a plugin that crashes
+//! the process on some input would crash the daemon, as it already would at `check_options`; the
+//! plugins are the operator's, probed and fuzzed.
 
 use std::sync::Arc;
 

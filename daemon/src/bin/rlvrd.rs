@@ -1,5 +1,9 @@
 //! `rlvrd`: the daemon. `serve` runs the control plane; `validate` checks a config; `simulate`
 //! and `data arith` are tools for operators and developers.
+//!
+//! Also `doctor` (devices and what the worker's libtorch can do), `token new` (a fresh token for a
+//! team), `gates` (a standalone run's outcome judged by its spec's gates, as `serve` judges) and
+//! `config-example` (the documented example config).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -4,6 +4,9 @@
 //! It decides what is accepted; it builds nothing (serde does, afterwards, from the same tree).
 //! Each [`Kind`] has one check here, and every "expected …" text comes from [`Kind::what`], so a
 //! range is written once, in the table.
+//!
+//! Secrets are never echoed: a wrong value where a secret is (or may hold one) is described by its
+//! kind only.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

@@ -8,6 +8,10 @@
 //! read ([`data_problems`]). A runnable job's [`PluginRefs`] say which secrets its
 //! options and its `[tracking]` name. What its names reach (datasets, models, the model line,
 //! secrets) is `tenancy`'s.
+//!
+//! Options are judged where the plugin lives: verifiers' and curricula's in the daemon, an
+//! optimizer's in `rlvr-worker check-options`, its answers cached. Each refusal is at the key as the
+//! spec writes it.
 
 use rlvr_plugin_api::PluginKind;
 use rlvr_plugin_host::options::{OptionsProblem, spec_field};

@@ -13,6 +13,8 @@
 //! - **Recovery sweep** ([`sweep`]): at start and every [`SWEEP_INTERVAL`], a queued job whose
 //!   current task the backend does not hold (a daemon killed between recording a job and pushing
 //!   its task) is pushed again.
+//!
+//! Beside the workers runs the promoter of due tasks (`rlvr_queue::dispatch::promote_due`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -3,6 +3,8 @@
 //! the same content-addressed store `PUT /v1/datasets/{name}` writes, so a later job of the team
 //! names it `dataset:NAME@SHA256` — the job record's `published_dataset` — and no other team
 //! can.
+//!
+//! [`judge`] reads the rows, the acceptance rate and the mean reward.
 
 use std::fs;
 use std::io::{self, Read as _, Write as _};

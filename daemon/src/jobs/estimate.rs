@@ -3,6 +3,8 @@
 //! the server's directories), the lengths of its data, what its optimizer plugin keeps, and the
 //! kind of this daemon's devices. `POST /v1/jobs` fills `[resources] memory_gb` and
 //! `resident_gb` from it when the spec leaves them out; `POST /v1/estimate` shows it.
+//!
+//! [`fill_at_submit`] fills `[resources]`, or refuses naming the numbers.
 
 use std::path::Path;
 

@@ -7,6 +7,9 @@
 //! criterion is its own function. A criterion a job cannot be judged on (no canaries, say) is
 //! "not checked" when nothing was asked of it, and fails when a threshold was: never a silent
 //! pass.
+//!
+//! The held-out gain is judged on the lower end of its paired interval (`super::paired`).
+//! `rlvrd gates` calls the same [`judge`] (and `dataset_output`'s) on a standalone run's outcome.
 
 use rlvr_protocol::gates::{Criterion, GateReport, Op, Status};
 use rlvr_protocol::spec::{GatesSection, JobSpec};

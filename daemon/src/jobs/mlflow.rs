@@ -18,6 +18,9 @@
 //! same MLflow run and logs no line twice. A worker resumed from an earlier checkpoint writes the
 //! lines after it again; those steps are logged again then (with the same values on an exact
 //! resume).
+//!
+//! The tracker is a task per supervision, started beside the worker. What it sends is computed by
+//! pure functions: [`params`], [`metrics`], [`end_of`].
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};

@@ -8,6 +8,9 @@
 //! one line never take the same version (the rename onto an existing version fails, and the
 //! loser takes the next), and a job gated twice (its daemon died mid-publish) finds its own
 //! version instead of publishing again.
+//!
+//! The steps are [`gate_and_publish`], [`record`] and [`deliver_webhook`]. Publishers of one line
+//! take turns on `<line>/.publish.lock`, the lock `tenancy::lines` shares.
 
 use std::fs;
 use std::io::{self, Write};

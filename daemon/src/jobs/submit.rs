@@ -2,6 +2,11 @@
 //! job and its dispatch task pushed. `POST /v1/jobs` (and its dry run), a pipeline's submit (each
 //! stage checked) and a pipeline's driver (each stage's job made when its turn comes) all go
 //! through [`Submitter`]; the API only turns a [`SubmitError`] into its status.
+//!
+//! `check`: the spec's `checks`, the engine this daemon has, the data's records, the graders, the
+//! memory estimate, `tenancy::resolve::admit`; then `create`: the team's queue limit, the record, the
+//! dispatch task. A [`SubmitError::Refused`] says whether one of its problems is a permission the
+//! team lacks (403) rather than a spec that cannot run (422).
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -24,6 +24,13 @@
 //!   (`preempted → queued`) to resume from its last checkpoint.
 //!   Cancel: the worker is killed at once (its last checkpoint stays intact) and the job ends
 //!   `cancelled`.
+//!
+//! The worker is spawned with [`WorkerArgs`] on its devices: its `--plugin-file`s (the registry's
+//! copies of the libraries the spec names, every loaded version of each name: `job_libraries`), its
+//! `--memory-cap` (the record's `memory_gb`, or a whole device's memory for 0), and for an engine job the
+//! engine's python, the verify route, the Ray address and, in its environment, the run's
+//! `JobToken`. Its `progress.json` is copied to the record; `classify` turns its exit into a
+//! [`WorkerEnd`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,8 @@
 //! ```
 //! A connection that closes returns its grant and drops its request: a worker that dies never
 //! holds a device.
+//!
+//! Busy time, waits and preemptions go to `/metrics`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -12,6 +12,8 @@
 //! exists, so two teams racing for a new name cannot both own it. A line directory without
 //! `line.json` but with versions (published before lines had owners) belongs to nobody: only an
 //! admin can give it an owner, and nobody publishes into it until then.
+//!
+//! The line's lock (`<line>/.publish.lock`) is shared with publishing.
 
 use std::fs;
 use std::io;

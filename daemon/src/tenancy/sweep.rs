@@ -6,6 +6,8 @@
 //!
 //! Why Redis before the registry: a job publishing now is unfinished in Redis until its version
 //! is on disk, so reading in this order sees its data cited in one place or the other.
+//!
+//! A pass runs every `tenancy.dataset_grace_s`, at most every 10 minutes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -7,6 +7,11 @@
 //! This is an `rlib` linked into each plugin, not a plugin: it builds no `.so`, so the registry
 //! (which loads only `*.so` files) never sees it. Every formula lives here or in exactly one
 //! plugin; the plugins' READMEs cite the papers.
+//!
+//! The golden values come from `tests/conformance/make_goldens.py`, an independent PyTorch
+//! implementation written from the papers; `tests/tests/conformance.rs` checks every plugin against
+//! them in f64 and f32, and `verl_computes_the_same_losses_and_gradients` holds dual clip, GSPO and
+//! CISPO to verl's own functions.
 #![deny(missing_docs)]
 
 pub mod config;

@@ -7,6 +7,8 @@
 //! `mask` ones, and `returns` each pair's margin `m_i` from the data (on both rows). With the
 //! constant `margin` key `c`, each pair's loss is `−log σ(r_c − r_r − m_i − c)`; a micro-batch's
 //! loss is the sum over its pairs divided by the batch's pairs. The README has the sources.
+//!
+//! Its golden values come from `tests/conformance/make_rm_goldens.py`.
 
 use rlvr_optimizer_common::config;
 use rlvr_optimizer_common::inputs::Like;

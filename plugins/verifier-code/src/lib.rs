@@ -14,6 +14,11 @@
 //!
 //! Isolation layers: see [`sandbox`] and [`layers`]; which ones the kernel allows is found once
 //! per process ([`probe`]) and reported in [`VerifierPlugin::notes`].
+//!
+//! `run.rs` drives a run; `evaluator.py` is the trusted evaluator (it holds the tests and never runs
+//! solution code) and `runner.py` the sandboxed side; the sandbox is `rlvr-sandbox-common`'s.
+//! Invariant: expected values never enter the sandbox, and `check_options` starts no interpreter and
+//! probes no kernel.
 
 pub mod reference;
 pub mod run;

@@ -17,6 +17,14 @@
 //!
 //! Components of the verdict: `correct` (1 when equivalent) and `extracted` (1 when an answer
 //! was found). The score is `correct`.
+//!
+//! `equivalent` finds exact canonical forms in `exact.rs` and uses seeded numeric evaluation
+//! (`numeric.rs`) only where there is none. `fuzz/` is a cargo-fuzz crate outside the workspace;
+//! `tests/replay.rs` replays its seeds and regressions on stable. `tests/corpus/` is the plugin's own
+//! answer corpus (cited answer conventions and adversarial cases, verdicts for both fallback modes);
+//! `tests/corpus.rs` requires every case and the dev set and checks the README's counts. Invariant:
+//! extraction grades the answer the completion stated last (boxes and answer markers compete by
+//! position).
 
 pub mod budget;
 pub mod equiv;
