@@ -428,6 +428,33 @@ fn main() -> ExitCode {
 
 /// Runs one command. Long because it is the command table: one short arm per subcommand, each
 /// calling the module that does the work; splitting it would only scatter the table.
+/// How `--json` writes an answer: pretty over several lines, or one line (what a script reading
+/// lines, or following a job, takes).
+#[derive(Clone, Copy)]
+enum Json {
+    Block,
+    Line,
+}
+
+/// Prints a command's answer: `value` as JSON with `--json`, else the text `text` makes (its
+/// lines each ending in a newline). The one place a command's two forms are chosen between.
+fn answer<T: serde::Serialize + ?Sized>(
+    json: bool,
+    value: &T,
+    shape: Json,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if json {
+        match shape {
+            Json::Block => println!("{}", serde_json::to_string_pretty(value)?),
+            Json::Line => println!("{}", serde_json::to_string(value)?),
+        }
+    } else {
+        print!("{}", text());
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<Exit> {
     let Cli { server, token, json, command } = cli;
     let connect = |auth: Auth| -> anyhow::Result<Client> {
@@ -446,11 +473,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             } else {
                 serde_json::to_value(api.dry_run(&body, spec.format)?.spec)?
             };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&checked)?);
-            } else {
-                print!("{}", spec::spec_text(&checked));
-            }
+            answer(json, &checked, Json::Block, || spec::spec_text(&checked))?;
             eprintln!("rlvrctl: {} passes the daemon's checks; nothing was queued", file.display());
             Ok(Exit::Done)
         }
@@ -462,37 +485,27 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             // Local data files become the team's datasets; the spec then names them.
             let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
             let submitted = api.submit(&body, spec.format, Some(&key))?;
-            if json {
-                println!("{}", serde_json::to_string(&submitted)?);
-            } else {
-                println!("{}", submitted.id);
+            answer(json, &submitted, Json::Line, || {
                 if !submitted.created {
                     eprintln!(
                         "rlvrctl: an earlier submit with this idempotency key made this job; nothing new was queued"
                     );
                 }
-            }
+                format!("{}\n", submitted.id)
+            })?;
             if wait { watch::watch(&api, &submitted.id, json) } else { Ok(Exit::Done) }
         }
         Command::Estimate { file } => {
             let spec = read_spec(&file)?;
             let api = connect(Auth::Token)?;
             let body = api.check_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
-            let answer = api.estimate(&body, spec.format)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&answer)?);
-            } else {
-                print!("{}", render::estimate_table(&answer));
-            }
+            let estimate = api.estimate(&body, spec.format)?;
+            answer(json, &estimate, Json::Block, || render::estimate_table(&estimate))?;
             Ok(Exit::Done)
         }
         Command::Status { id } => {
             let job = connect(Auth::Token)?.job(&id)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&job)?);
-            } else {
-                print!("{}", status_block(&job));
-            }
+            answer(json, &job, Json::Block, || status_block(&job))?;
             Ok(Exit::Done)
         }
         Command::List { team, state, limit, since, cursor, all } => {
@@ -505,13 +518,13 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 list.jobs.extend(page.jobs);
                 list.next = page.next;
             }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else if list.jobs.is_empty() {
-                eprintln!("rlvrctl: no jobs");
-            } else {
-                print!("{}", format_table(LIST_HEADER, &list_rows(&list.jobs)));
-            }
+            answer(json, &list, Json::Block, || {
+                if list.jobs.is_empty() {
+                    eprintln!("rlvrctl: no jobs");
+                    return String::new();
+                }
+                format_table(LIST_HEADER, &list_rows(&list.jobs))
+            })?;
             if let (false, Some(next)) = (json, &list.next) {
                 eprintln!("rlvrctl: more: rlvrctl list --cursor {next} (or --all)");
             }
@@ -539,9 +552,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         Command::Models { line: None, .. } => {
             let list = connect(Auth::Token)?.model_lines()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
+            answer(json, &list, Json::Block, || {
                 let rows: Vec<[String; 3]> = list
                     .lines
                     .iter()
@@ -554,8 +565,8 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                         ]
                     })
                     .collect();
-                print!("{}", format_table(["LINE", "OWNER", "VERSIONS"], &rows));
-            }
+                format_table(["LINE", "OWNER", "VERSIONS"], &rows)
+            })?;
             Ok(Exit::Done)
         }
         Command::Models { line: Some(line), version: None, download: None } => {
@@ -565,13 +576,13 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 .iter()
                 .map(|version| api.manifest(&line, Some(*version)))
                 .collect::<Result<Vec<_>, _>>()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&manifests)?);
-            } else if manifests.is_empty() {
-                eprintln!("rlvrctl: model line {line} has no published version yet");
-            } else {
-                print!("{}", models::versions_table(&manifests));
-            }
+            answer(json, &manifests, Json::Block, || {
+                if manifests.is_empty() {
+                    eprintln!("rlvrctl: model line {line} has no published version yet");
+                    return String::new();
+                }
+                models::versions_table(&manifests)
+            })?;
             Ok(Exit::Done)
         }
         Command::Models { line: Some(line), version, download } => {
@@ -587,8 +598,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                     })?;
                     println!("{}", dir.display());
                 }
-                None if json => println!("{}", serde_json::to_string_pretty(&manifest)?),
-                None => print!("{}", models::manifest_block(&manifest)),
+                None => answer(json, &manifest, Json::Block, || models::manifest_block(&manifest))?,
             }
             Ok(Exit::Done)
         }
@@ -598,11 +608,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         Command::Cancel { id } => {
             let job = connect(Auth::Token)?.cancel(&id)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&job)?);
-            } else {
-                println!("{}", cancel_line(&job));
-            }
+            answer(json, &job, Json::Block, || format!("{}\n", cancel_line(&job)))?;
             Ok(Exit::Done)
         }
         Command::Gates { id } => {
@@ -612,30 +618,25 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 // An ended job will never be gated: it ended otherwise.
                 return Ok(if job.state.is_terminal() { Exit::Ended } else { Exit::Refused });
             };
-            if json {
-                println!("{}", serde_json::to_string_pretty(report)?);
-            } else {
-                print!("{}", gate_table(&job.id, report));
+            answer(json, report, Json::Block, || {
+                let mut text = gate_table(&job.id, report);
                 if let Some(path) = &job.published {
-                    println!("published: {path}");
+                    text += &format!("published: {path}\n");
                 }
                 if let Some(dataset) = &job.published_dataset {
-                    println!("dataset:   {dataset}");
+                    text += &format!("dataset:   {dataset}\n");
                 }
                 if let Some(webhook) = &job.webhook {
-                    println!("webhook:   {webhook}");
+                    text += &format!("webhook:   {webhook}\n");
                 }
-            }
+                text
+            })?;
             Ok(if report.promoted() { Exit::Done } else { Exit::Ended })
         }
         // clap requires `--force`; the request says it.
         Command::Promote { id, force: _, reason } => {
             let job = connect(Auth::Token)?.promote(&id, &reason)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&job)?);
-            } else {
-                println!("{}", job.reason);
-            }
+            answer(json, &job, Json::Block, || format!("{}\n", job.reason))?;
             Ok(Exit::Done)
         }
         Command::Report { id, out } => {
@@ -643,54 +644,39 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             let job = api.job(&id)?;
             let metrics = api.metrics(&id)?;
             let report = report::write(&out, &job, &metrics)?;
-            if json {
-                println!("{}", serde_json::json!({"index": report.index, "plots": report.plots}));
-            } else {
-                println!("{}", report.index.display());
-            }
+            let written = serde_json::json!({"index": report.index, "plots": report.plots});
+            answer(json, &written, Json::Line, || format!("{}\n", report.index.display()))?;
             Ok(Exit::Done)
         }
         Command::Curriculum { command: CurriculumCommand::Refresh { name } } => {
-            let answer = connect(Auth::Token)?.curriculum_refresh(&name)?;
-            if json {
-                println!("{}", serde_json::to_string(&answer)?);
-            } else {
-                println!("{}", answer.message);
-            }
+            let refreshed = connect(Auth::Token)?.curriculum_refresh(&name)?;
+            answer(json, &refreshed, Json::Line, || format!("{}\n", refreshed.message))?;
             Ok(Exit::Done)
         }
         Command::Curriculum { command: CurriculumCommand::List } => {
             let list = connect(Auth::Token)?.curricula()?;
-            if json {
-                println!("{}", serde_json::to_string(&list)?);
-            } else {
+            answer(json, &list, Json::Line, || {
+                let mut text = String::new();
                 for c in &list.curricula {
                     let version =
                         c.latest_version.map_or("no version yet".to_owned(), |v| format!("version {v}"));
-                    println!("{}/{}	{version}	readers [{}]", c.owner, c.name, c.readers.join(","));
+                    text += &format!("{}/{}	{version}	readers [{}]\n", c.owner, c.name, c.readers.join(","));
                 }
-            }
+                text
+            })?;
             Ok(Exit::Done)
         }
         Command::Curriculum { command: CurriculumCommand::Share { name, readers } } => {
             let shared = connect(Auth::Token)?.share_curriculum(&name, &readers)?;
-            if json {
-                println!("{}", serde_json::to_string(&shared)?);
-            } else if shared.readers.is_empty() {
-                println!("curriculum {name} is your team's alone");
-            } else {
-                println!("curriculum {name} is shared with {}", shared.readers.join(", "));
-            }
+            answer(json, &shared, Json::Line, || match shared.readers.as_slice() {
+                [] => format!("curriculum {name} is your team's alone\n"),
+                readers => format!("curriculum {name} is shared with {}\n", readers.join(", ")),
+            })?;
             Ok(Exit::Done)
         }
         Command::Pipeline { command } => {
-            let print = |view: &rlvr_protocol::pipeline::PipelineView| -> anyhow::Result<()> {
-                if json {
-                    println!("{}", serde_json::to_string_pretty(view)?);
-                } else {
-                    print!("{}", pipeline::status_block(view));
-                }
-                Ok(())
+            let print = |view: &rlvr_protocol::pipeline::PipelineView| {
+                answer(json, view, Json::Block, || pipeline::status_block(view))
             };
             match command {
                 PipelineCommand::Submit { file, wait, idempotency_key } => {
@@ -699,11 +685,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                     let key = idempotency_key.unwrap_or_else(|| fresh_idempotency_key(&file));
                     let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
                     let submitted = api.submit_pipeline(&body, spec.format, Some(&key))?;
-                    if json {
-                        println!("{}", serde_json::to_string(&submitted)?);
-                    } else {
-                        println!("{}", submitted.id);
-                    }
+                    answer(json, &submitted, Json::Line, || format!("{}\n", submitted.id))?;
                     if wait { pipeline::watch(&api, &submitted.id, json) } else { Ok(Exit::Done) }
                 }
                 PipelineCommand::Status { id } => {
@@ -717,22 +699,26 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 }
                 PipelineCommand::List => {
                     let list = connect(Auth::Token)?.pipelines()?;
-                    if json {
-                        println!("{}", serde_json::to_string_pretty(&list)?);
-                    } else if list.pipelines.is_empty() {
-                        eprintln!("rlvrctl: no pipelines");
-                    }
-                    for view in &list.pipelines {
-                        let stage = (view.stage as usize).min(view.stages.len());
-                        println!(
-                            "{}  {:<20} {:<10} stage {stage}/{}  {}",
-                            view.id,
-                            view.name,
-                            view.state,
-                            view.stages.len(),
-                            view.reason
-                        );
-                    }
+                    // regression: with --json the list's lines followed its JSON, which then did
+                    // not parse
+                    answer(json, &list, Json::Block, || {
+                        if list.pipelines.is_empty() {
+                            eprintln!("rlvrctl: no pipelines");
+                        }
+                        let mut text = String::new();
+                        for view in &list.pipelines {
+                            let stage = (view.stage as usize).min(view.stages.len());
+                            text += &format!(
+                                "{}  {:<20} {:<10} stage {stage}/{}  {}\n",
+                                view.id,
+                                view.name,
+                                view.state,
+                                view.stages.len(),
+                                view.reason
+                            );
+                        }
+                        text
+                    })?;
                     Ok(Exit::Done)
                 }
             }
@@ -744,27 +730,24 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                     let content = std::fs::read(&file)
                         .map_err(|error| BadInput(format!("cannot read {}: {error}", file.display())))?;
                     let dataset = api.put_dataset(&name, &content)?;
-                    if json {
-                        println!("{}", serde_json::to_string(&dataset)?);
-                    } else {
-                        println!(
-                            "dataset:{}@{} ({} records, {} bytes)",
+                    answer(json, &dataset, Json::Line, || {
+                        format!(
+                            "dataset:{}@{} ({} records, {} bytes)\n",
                             dataset.name, dataset.sha256, dataset.records, dataset.bytes
-                        );
-                    }
+                        )
+                    })?;
                 }
                 DatasetCommand::List => {
                     let list = api.datasets()?;
-                    if json {
-                        println!("{}", serde_json::to_string(&list)?);
-                    } else {
-                        for d in &list.datasets {
-                            println!(
-                                "{}\t{}\t{} records\t{} bytes\t{}",
+                    answer(json, &list, Json::Line, || {
+                        let rows = list.datasets.iter().map(|d| {
+                            format!(
+                                "{}\t{}\t{} records\t{} bytes\t{}\n",
                                 d.name, d.sha256, d.records, d.bytes, d.uploaded_at
-                            );
-                        }
-                    }
+                            )
+                        });
+                        rows.collect()
+                    })?;
                 }
                 DatasetCommand::Rm { name } => api.delete_dataset(&name)?,
             }
@@ -785,29 +768,23 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 }
             };
             for line in &lines {
-                if json {
-                    println!("{}", serde_json::to_string(line)?);
-                } else {
-                    println!(
-                        "{}\towner {}\treaders [{}]\tpublishers [{}]\tversions {:?}\tpolicy {}",
+                let policy = serde_json::to_string(&line.policy)?;
+                answer(json, line, Json::Line, || {
+                    format!(
+                        "{}\towner {}\treaders [{}]\tpublishers [{}]\tversions {:?}\tpolicy {policy}\n",
                         line.name,
                         line.owner,
                         line.readers.join(","),
                         line.publishers.join(","),
                         line.versions,
-                        serde_json::to_string(&line.policy)?
-                    );
-                }
+                    )
+                })?;
             }
             Ok(Exit::Done)
         }
         Command::Plugins => {
             let list = connect(Auth::Token)?.plugins()?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                print!("{}", plugin_tables(&list));
-            }
+            answer(json, &list, Json::Block, || plugin_tables(&list))?;
             Ok(Exit::Done)
         }
         Command::Verify { plugin, spec, validate, jsonl, plugin_config, .. } if server.is_some() => {

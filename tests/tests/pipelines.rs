@@ -283,6 +283,17 @@ fn a_cancel_stops_the_running_stage_and_the_rest_and_another_team_sees_nothing()
     }
     assert!(others.pipelines().unwrap().pipelines.is_empty());
     assert_eq!(api(&daemon, Some(TEAM_TOKEN)).pipelines().unwrap().pipelines.len(), 1);
+    // `rlvrctl pipeline list`, as text and as JSON.
+    // regression: with --json the list's text lines followed its JSON, which then did not parse
+    let env = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
+    let rlvrctl = rlvr_tests::artifact("rlvrctl");
+    let listed = rlvr_tests::cli::run(&rlvrctl, &["pipeline", "list"], dir.path(), &env);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success() && text.starts_with(&id) && text.contains("long"), "{text}");
+    let listed = rlvr_tests::cli::run(&rlvrctl, &["--json", "pipeline", "list"], dir.path(), &env);
+    let list: serde_json::Value = serde_json::from_slice(&listed.stdout)
+        .unwrap_or_else(|error| panic!("{error}: {}", String::from_utf8_lossy(&listed.stdout)));
+    assert_eq!(list["pipelines"][0]["id"], id.as_str(), "{list}");
 
     let answer = api(&daemon, Some(TEAM_TOKEN)).cancel_pipeline(&id).unwrap();
     assert!(answer.cancel_requested);
