@@ -25,8 +25,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
@@ -35,7 +35,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use sha2::{Digest, Sha256};
 
-use super::jobs::Failure;
+use super::failure::Failure;
 use crate::config::AuthConfig;
 use crate::jobs::tokens::{JobTokens, TokenJob};
 use crate::metrics::ReasonLabel;
@@ -93,6 +93,45 @@ pub enum AuthError {
     TooManyFailures { retry_after_s: u64 },
     /// Over the team's rate limit; retry after this many seconds.
     RateLimited { retry_after_s: u64 },
+}
+
+impl From<AuthError> for Failure {
+    fn from(error: AuthError) -> Self {
+        match error {
+            AuthError::Missing => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "expected an Authorization: Bearer <token> header",
+            ),
+            AuthError::Malformed => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "expected the Authorization header as Bearer <token>",
+            ),
+            AuthError::Unknown => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the bearer token is not in the daemon's config",
+            ),
+            AuthError::TooManyFailures { retry_after_s } => Failure::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_failures",
+                format!(
+                    "too many requests without a valid token from this address \
+                     (api.auth_failures_per_minute); retry in {retry_after_s} s"
+                ),
+            )
+            .retry(retry_after_s),
+            AuthError::RateLimited { retry_after_s } => Failure::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "this team's request rate is over api.rate_limit_per_minute; retry in {retry_after_s} s"
+                ),
+            )
+            .retry(retry_after_s),
+        }
+    }
 }
 
 impl AuthError {

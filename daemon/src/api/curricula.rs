@@ -19,7 +19,8 @@ use rlvr_protocol::api::{CurriculumList, CurriculumUpdate, Refreshed};
 use rlvr_protocol::job::ErrorBody;
 
 use super::auth::Caller;
-use super::jobs::{Answer, Failure, JobsState};
+use super::failure::{Answer, Failure};
+use super::jobs::JobsState;
 use crate::curricula;
 use crate::tenancy::curricula::CurriculumError;
 

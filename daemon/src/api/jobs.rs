@@ -16,23 +16,24 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use rlvr_protocol::job::{
-    ApiError, DryRun, ErrorBody, Estimate, FieldProblem, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState,
-    JobView, ListCursor, SubmitAnswer, Submitted, valid_idempotency_key,
+    DryRun, ErrorBody, Estimate, IDEMPOTENCY_KEY_RULE, JobEvent, JobList, JobState, JobView, ListCursor,
+    SubmitAnswer, Submitted, valid_idempotency_key,
 };
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use rlvr_queue::dispatch::new_task_id;
-use rlvr_queue::store::{CancelOutcome, JobPage, PageQuery, StoreError, SubmitOutcome};
+use rlvr_queue::store::{CancelOutcome, JobPage, PageQuery, SubmitOutcome};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::auth::{AuthError, Caller};
+use super::auth::Caller;
+use super::failure::{Answer, Failure};
 use crate::jobs::Queues;
-use crate::jobs::submit::{Refusal, StandIn, SubmitError, Submitter};
+use crate::jobs::submit::{StandIn, Submitter};
 use rlvr_plugin_host::Registry;
 
 /// What the job routes share.
@@ -70,141 +71,6 @@ pub struct JobsState {
 
 /// Most jobs one `GET /v1/jobs` returns.
 pub(super) const MAX_LIST: usize = 1000;
-
-/// A refused request.
-#[derive(Debug)]
-pub struct Failure {
-    status: StatusCode,
-    error: ApiError,
-    retry_after_s: Option<u64>,
-}
-
-impl Failure {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        Failure {
-            status,
-            error: ApiError { code: code.to_owned(), message: message.into(), field: None, more: Vec::new() },
-            retry_after_s: None,
-        }
-    }
-
-    pub(crate) fn field(mut self, field: &str) -> Self {
-        if !field.is_empty() {
-            self.error.field = Some(field.to_owned());
-        }
-        self
-    }
-
-    /// A refused spec: the first problem in front, every one in `more`.
-    pub(crate) fn spec(status: StatusCode, code: &str, mut problems: Vec<SpecError>) -> Self {
-        let first = problems.remove(0);
-        let mut failure = Failure::new(status, code, first.to_string()).field(&first.field);
-        failure.error.more =
-            problems.into_iter().map(|p| FieldProblem { field: p.field, message: p.message }).collect();
-        failure
-    }
-
-    fn not_found(id: &str) -> Self {
-        Failure::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id} visible to this token"))
-    }
-}
-
-impl From<AuthError> for Failure {
-    fn from(error: AuthError) -> Self {
-        match error {
-            AuthError::Missing => Failure::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "expected an Authorization: Bearer <token> header",
-            ),
-            AuthError::Malformed => Failure::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "expected the Authorization header as Bearer <token>",
-            ),
-            AuthError::Unknown => Failure::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "the bearer token is not in the daemon's config",
-            ),
-            AuthError::TooManyFailures { retry_after_s } => Failure::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_failures",
-                format!(
-                    "too many requests without a valid token from this address \
-                     (api.auth_failures_per_minute); retry in {retry_after_s} s"
-                ),
-            )
-            .retry(retry_after_s),
-            AuthError::RateLimited { retry_after_s } => {
-                let mut failure = Failure::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    format!(
-                        "this team's request rate is over api.rate_limit_per_minute; retry in {retry_after_s} s"
-                    ),
-                );
-                failure.retry_after_s = Some(retry_after_s);
-                failure
-            }
-        }
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::NotFound(id) => Failure::not_found(&id),
-            StoreError::Conflict { .. } => Failure::new(StatusCode::CONFLICT, "conflict", error.to_string()),
-            StoreError::Redis(_) => Failure::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "redis_unavailable",
-                format!("the job store does not answer ({error}); retry shortly"),
-            )
-            .retry(2),
-            StoreError::Corrupt { .. } => {
-                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_record", error.to_string())
-            }
-        }
-    }
-}
-
-impl Failure {
-    pub(super) fn retry(mut self, seconds: u64) -> Self {
-        self.retry_after_s = Some(seconds);
-        self
-    }
-}
-
-impl From<SubmitError> for Failure {
-    fn from(error: SubmitError) -> Self {
-        match error {
-            SubmitError::Refused(Refusal { problems, forbidden }) => {
-                let status = if forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNPROCESSABLE_ENTITY };
-                Failure::spec(status, "cannot_run", problems)
-            }
-            SubmitError::QueueFull { .. } => {
-                Failure::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", error.to_string()).retry(30)
-            }
-            SubmitError::Store(error) => error.into(),
-            SubmitError::Internal(message) => {
-                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
-            }
-        }
-    }
-}
-
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, Json(ErrorBody { error: self.error })).into_response();
-        if let Some(seconds) = self.retry_after_s {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        response
-    }
-}
-
-pub(crate) type Answer<T> = Result<T, Failure>;
 
 /// `POST /v1/jobs`: a job spec as JSON, or TOML with `Content-Type: application/toml`.
 #[utoipa::path(

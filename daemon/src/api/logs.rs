@@ -15,7 +15,8 @@ use rlvr_protocol::job::{ErrorBody, JobLog};
 use serde::Deserialize;
 
 use super::auth::Caller;
-use super::jobs::{Answer, Failure, JobsState, shown_text, visible_job};
+use super::failure::{Answer, Failure};
+use super::jobs::{JobsState, shown_text, visible_job};
 
 /// The most bytes one answer carries: a follower asks again for the rest.
 const MAX_WINDOW: u64 = 1 << 20;

@@ -21,6 +21,7 @@
 
 pub mod auth;
 pub mod curricula;
+pub mod failure;
 pub mod follow;
 pub mod jobs;
 pub mod lanes;

@@ -11,7 +11,8 @@ use rlvr_protocol::gates::Forced;
 use rlvr_protocol::job::{ErrorBody, JobState, JobView, MetricsHistory};
 
 use super::auth::Caller;
-use super::jobs::{Answer, Failure, JobsState, visible_job};
+use super::failure::{Answer, Failure};
+use super::jobs::{JobsState, visible_job};
 use crate::jobs::publish::{self, Verdict};
 
 /// Longest promotion reason kept (it goes into the manifest and the job's reason).

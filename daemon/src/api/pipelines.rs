@@ -31,9 +31,10 @@ use rlvr_queue::store::{StoreError, SubmitOutcome};
 use serde::Deserialize;
 
 use super::auth::Caller;
+use super::failure::{Answer, Failure};
 use super::jobs::{
-    Answer, EventsQuery, Failure, JobsState, MAX_LIST, SubmitQuery, idempotency_key, read_body, shown_to,
-    stream_position, valid_id,
+    EventsQuery, JobsState, MAX_LIST, SubmitQuery, idempotency_key, read_body, shown_to, stream_position,
+    valid_id,
 };
 use crate::jobs::submit::{StandIn, SubmitError};
 

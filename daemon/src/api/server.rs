@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use super::jobs::Failure;
+use super::failure::Failure;
 use crate::config::ApiConfig;
 use crate::metrics::{Metrics, ReasonLabel};
 

@@ -24,7 +24,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use super::auth::Caller;
-use super::jobs::{Answer, Failure, JobsState};
+use super::failure::{Answer, Failure};
+use super::jobs::JobsState;
 use crate::tenancy::datasets::DatasetError;
 use crate::tenancy::lines::{Actor, LineError};
 

@@ -37,7 +37,8 @@ use rlvr_protocol::spec::{MAX_GRADERS, PluginSection, REWARD_MODEL_GRADER, SpecE
 use serde_json::Value;
 
 use super::auth::Caller;
-use super::jobs::{Answer, Failure, JobsState, read_body};
+use super::failure::{Answer, Failure};
+use super::jobs::{JobsState, read_body};
 use super::lanes::Lane;
 use crate::jobs::checks::{PluginRefs, refuse_urls};
 
