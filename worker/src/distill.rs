@@ -29,7 +29,9 @@ use tch::Kind;
 
 use crate::Work;
 use crate::grants::Grant;
-use crate::step::{Rows, StepError, StepOutput, dropout_seed};
+use crate::step::{
+    Rows, StepError, StepOutput, clip_and_update, dropout_seed, encode_prompts, learning_rate_at,
+};
 use crate::{Job, TrainData, WorkerError};
 
 /// Loads the teacher on the student's device and in its dtype, frozen, and checks that it reads
@@ -64,6 +66,8 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
     let Work::Distill { options, teacher } = &job.work else {
         return Err(StepError::Failed("not a distillation job".into()));
     };
+    // Read after the update, which borrows the whole job.
+    let mode = options.mode;
     let TrainData::Prompts(prompts) = &job.train else {
         return Err(StepError::Failed("a distillation job trains on prompts".into()));
     };
@@ -71,13 +75,7 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
     let group_size = job.spec.optimizer.group_size as usize;
     let picked: Vec<usize> = job.cursor.take(count, prompts.len(), job.spec.job.seed);
     let tokenizer = &job.policy.tokenizer;
-    let mut prompt_tokens = Vec::with_capacity(picked.len());
-    for &index in &picked {
-        let prompt = &prompts[index];
-        let rendered =
-            tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
-        prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
-    }
+    let prompt_tokens = encode_prompts(tokenizer, picked.iter().map(|&index| &prompts[index]), "prompt")?;
     let sampler = match options.mode {
         DistillMode::Traces | DistillMode::ForwardKl => &teacher.model,
         DistillMode::ReverseKl => &job.policy.model,
@@ -97,13 +95,7 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
         completions: sampled.iter().map(|s| s.tokens.clone()).collect(),
     };
     let tokens: u64 = rows.completions.iter().map(|c| c.len() as u64).sum();
-    let lr = crate::optim::learning_rate(
-        job.spec.optimizer.lr,
-        job.spec.optimizer.lr_schedule,
-        job.spec.optimizer.warmup_steps,
-        step - 1,
-        job.spec.budget.max_steps,
-    );
+    let lr = learning_rate_at(job, step);
     let tau = options.temperature;
     // The loss is a token mean over the whole step: each micro-batch's sum over this count, so
     // the micro-batches' gradients add up to one pass over the batch.
@@ -147,11 +139,7 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
         }
         loss_total += value;
     }
-    let grad_norm = job.adamw.clip_grad_norm(job.spec.optimizer.grad_clip);
-    if !grad_norm.is_finite() {
-        return Err(StepError::Failed(format!("the gradient norm is {grad_norm}; no update taken")));
-    }
-    job.adamw.step(lr);
+    let grad_norm = clip_and_update(job, lr)?;
     update_grant.release(job.device);
     let update_s = update_started.elapsed().as_secs_f64();
 
@@ -159,7 +147,7 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
     let n = lengths.len().max(1) as f64;
     let mut figures = std::collections::BTreeMap::new();
     // Per token, before this step's update: the KL (at τ, unscaled) or the NLL of the traces.
-    let name = match options.mode {
+    let name = match mode {
         DistillMode::Traces => "distill.nll",
         DistillMode::ForwardKl | DistillMode::ReverseKl => "distill.kl",
     };

@@ -162,12 +162,7 @@ fn complete(
     let tokenizer = &model.tokenizer;
     let mut completions = Vec::with_capacity(records.len());
     for (chunk_index, chunk) in records.chunks(EVAL_BATCH).enumerate() {
-        let mut prompts = Vec::with_capacity(chunk.len());
-        for record in chunk {
-            let rendered =
-                tokenizer.render_prompt(&record.prompt).map_err(|e| format!("{what} {}: {e}", record.id))?;
-            prompts.push(tokenizer.encode(&rendered).map_err(|e| format!("{what} {}: {e}", record.id))?);
-        }
+        let prompts = crate::step::encode_prompts(tokenizer, chunk, what)?;
         let sampled = tch::no_grad(|| generate(&model.model, tokenizer, &prompts, 1, &params, &mut rng))
             .map_err(|error| format!("{what} sampling: {error}"))?;
         let offset = chunk_index * EVAL_BATCH;

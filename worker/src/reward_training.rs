@@ -82,13 +82,7 @@ pub fn step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOutput,
         batch_tokens: total as u64,
         max_new_tokens: job.spec.rollout.max_new_tokens,
     };
-    let lr = crate::optim::learning_rate(
-        job.spec.optimizer.lr,
-        job.spec.optimizer.lr_schedule,
-        job.spec.optimizer.warmup_steps,
-        step - 1,
-        job.spec.budget.max_steps,
-    );
+    let lr = crate::step::learning_rate_at(job, step);
     let device = job.device;
     let mut metric_sums = std::collections::BTreeMap::<String, f64>::new();
     let mut loss_total = 0.0;
@@ -130,11 +124,7 @@ pub fn step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOutput,
             *metric_sums.entry(format!("opt.{}", metric.name)).or_default() += metric.value * weight;
         }
     }
-    let grad_norm = job.adamw.clip_grad_norm(job.spec.optimizer.grad_clip);
-    if !grad_norm.is_finite() {
-        return Err(format!("the gradient norm is {grad_norm}; no update taken").into());
-    }
-    job.adamw.step(lr);
+    let grad_norm = crate::step::clip_and_update(job, lr)?;
     update_grant.release(device);
     let update = UpdateResult {
         metrics: metric_sums,

@@ -502,12 +502,7 @@ pub(crate) fn sample_round(
     };
     let picked: Vec<PromptRecord> = chosen.iter().map(|&index| prompts[index].clone()).collect();
     let tokenizer = &job.policy.tokenizer;
-    let mut prompt_tokens = Vec::with_capacity(picked.len());
-    for prompt in &picked {
-        let rendered =
-            tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("prompt {}: {e}", prompt.id))?;
-        prompt_tokens.push(tokenizer.encode(&rendered).map_err(|e| format!("prompt {}: {e}", prompt.id))?);
-    }
+    let prompt_tokens = encode_prompts(tokenizer, &picked, "prompt")?;
 
     let rollout_started = Instant::now();
     let sampled: Vec<Sampled> = tch::no_grad(|| {
@@ -654,13 +649,7 @@ fn update(
         batch_tokens: rows.completions.iter().map(|c| c.len() as u64).sum(),
         max_new_tokens: job.spec.rollout.max_new_tokens,
     };
-    let lr = super::optim::learning_rate(
-        job.spec.optimizer.lr,
-        job.spec.optimizer.lr_schedule,
-        job.spec.optimizer.warmup_steps,
-        step - 1,
-        job.spec.budget.max_steps,
-    );
+    let lr = learning_rate_at(job, step);
     let mut metric_sums: BTreeMap<String, f64> = BTreeMap::new();
     let mut loss_total = 0.0;
     let mut grad_norm = 0.0;
@@ -725,11 +714,7 @@ fn update(
                 first_logprobs.push(logprobs.detach());
             }
         }
-        grad_norm = job.adamw.clip_grad_norm(job.spec.optimizer.grad_clip);
-        if !grad_norm.is_finite() {
-            return Err(format!("the gradient norm is {grad_norm}; no update taken"));
-        }
-        job.adamw.step(lr);
+        grad_norm = clip_and_update(job, lr)?;
     }
     Ok(UpdateResult {
         metrics: metric_sums,
@@ -901,4 +886,43 @@ pub fn log_progress(line: &MetricsLine, max_steps: u64, eta_s: Option<f64>) {
         "step {}/{max_steps}",
         line.step
     );
+}
+
+/// The prompts' token ids, each rendered with the tokenizer's chat template; an error names the
+/// record (`prompt ID: …`, `held-out ID: …`).
+pub(crate) fn encode_prompts<'a>(
+    tokenizer: &rlvr_model::Tokenizer,
+    prompts: impl IntoIterator<Item = &'a PromptRecord>,
+    what: &str,
+) -> Result<Vec<Vec<i64>>, String> {
+    prompts
+        .into_iter()
+        .map(|prompt| {
+            let rendered =
+                tokenizer.render_prompt(&prompt.prompt).map_err(|e| format!("{what} {}: {e}", prompt.id))?;
+            tokenizer.encode(&rendered).map_err(|e| format!("{what} {}: {e}", prompt.id))
+        })
+        .collect()
+}
+
+/// Step `step`'s learning rate (1-based): `[optimizer] lr` on its schedule and warm-up.
+pub(crate) fn learning_rate_at(job: &Job, step: u64) -> f64 {
+    super::optim::learning_rate(
+        job.spec.optimizer.lr,
+        job.spec.optimizer.lr_schedule,
+        job.spec.optimizer.warmup_steps,
+        step - 1,
+        job.spec.budget.max_steps,
+    )
+}
+
+/// Clips the gradients summed over the step's micro-batches and takes the update at `lr`; a
+/// norm that is not finite takes none (the step fails instead). Returns the norm before clipping.
+pub(crate) fn clip_and_update(job: &mut Job, lr: f64) -> Result<f64, String> {
+    let grad_norm = job.adamw.clip_grad_norm(job.spec.optimizer.grad_clip);
+    if !grad_norm.is_finite() {
+        return Err(format!("the gradient norm is {grad_norm}; no update taken"));
+    }
+    job.adamw.step(lr);
+    Ok(grad_norm)
 }
