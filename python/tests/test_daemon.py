@@ -107,7 +107,7 @@ class DaemonTest(unittest.TestCase):
         self.assertTrue(self.first.created)
         self.assertEqual(self.first.name, "from-toml")
         self.assertEqual((self.published.state, self.published.step), ("published", 6), self.published.reason)
-        self.assertEqual(self.published.published_version["line"], LINE)
+        self.assertEqual(self.published.published_version.line, LINE)
         # Its relative data paths were read from the spec's directory and uploaded as datasets.
         datasets = {dataset.name: dataset for dataset in self.client.datasets()}
         self.assertEqual(datasets["train"].sha256, sha256(self.dir / "data/train.jsonl"))
@@ -218,7 +218,7 @@ class DaemonTest(unittest.TestCase):
         lines = {line.name: line for line in self.client.model_lines()}
         versions = lines[LINE].versions
         self.assertEqual(self.client.model_line(LINE).versions, versions)
-        first = self.published.published_version["version"]
+        first = self.published.published_version.version
         self.assertIn(first, versions)
         manifest = self.client.manifest(LINE, first)
         self.assertEqual((manifest.job_id, manifest.version, manifest.model_line), (self.first.id, first, LINE))

@@ -124,6 +124,25 @@ class DisplayTest(unittest.TestCase):
                                          "12:00:09 step 6/6 · reward 0.25 · KL 0.001 · ETA 0 s\n")
 
 
+class ModelsTest(unittest.TestCase):
+    def test_a_jobs_progress_result_and_published_version_are_typed(self):
+        job = rlvr.Job.from_json({
+            "id": "j", "state": "published", "kind": "online_groups", "step": 6, "max_steps": 6,
+            "progress": {"step": 6, "max_steps": 6, "reward": 0.5, "loss": None, "kl": 0.01, "heldout": 0.4,
+                         "tokens_per_s": 90.0, "step_s": 1.5, "eta_s": 0.0},
+            "result": {"steps": 6, "weights_sha256": "ab", "heldout_before": 0.2, "heldout_after": 0.4,
+                       "stopped": None, "interrupted": False, "checkpoint": "registry:/tiny/1"},
+            "published_version": {"line": "tiny", "version": 1}})
+        self.assertEqual((job.kind, job.progress.reward, job.progress.eta_s, job.progress.warnings),
+                         ("online_groups", 0.5, 0.0, []))
+        self.assertEqual((job.result.steps, job.result.heldout_after, job.result.interrupted), (6, 0.4, False))
+        self.assertEqual(job.published_version, rlvr.LineVersion("tiny", 1))
+        # What a newer daemon adds stays in `raw`.
+        self.assertEqual(job.result.raw["checkpoint"], "registry:/tiny/1")
+        bare = rlvr.Job.from_json({"id": "k", "state": "queued"})
+        self.assertEqual((bare.kind, bare.progress, bare.result, bare.published_version), (None, None, None, None))
+
+
 class SpecTest(unittest.TestCase):
     def test_dataset_names_follow_rlvrctls_rule(self):
         cases = [("/x/train.jsonl", "train"), ("a b.jsonl", "a-b"), (".hidden.jsonl", "hidden"),

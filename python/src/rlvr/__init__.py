@@ -38,11 +38,14 @@ from .models import (  # noqa: E402
     JobEvent,
     JobLog,
     JobPage,
+    LineVersion,
     Manifest,
     MetricsLine,
     ModelLine,
+    Outcome,
     Plugin,
     PluginList,
+    Progress,
     VerifyResult,
 )
 from .spec import SpecBuilder, read_spec_file  # noqa: E402
@@ -53,5 +56,6 @@ __all__ = [
     "TooLarge", "RateLimited", "ServerError", "Unreachable", "BadAnswer", "SpecError",
     "IntegrityError", "FieldProblem",
     "Job", "JobEvent", "JobPage", "JobLog", "GateReport", "Criterion", "MetricsLine", "Dataset",
-    "ModelLine", "Manifest", "Plugin", "PluginList", "VerifyResult", "TERMINAL_STATES",
+    "ModelLine", "Manifest", "Plugin", "PluginList", "VerifyResult", "TERMINAL_STATES", "Progress",
+    "Outcome", "LineVersion",
 ]

@@ -62,6 +62,63 @@ class GateReport:
 
 
 @dataclass
+class Progress:
+    """A running job's latest step: where it is and its figures (`None` where a step has none)."""
+
+    step: int
+    max_steps: int
+    reward: float | None
+    loss: float | None
+    kl: float | None
+    heldout: float | None
+    tokens_per_s: float | None
+    step_s: float | None
+    #: Seconds until the job ends at this run's pace, within its wall-clock budget.
+    eta_s: float | None
+    #: Why it may not be learning: steps whose every group was all-fail or all-pass.
+    warnings: list[dict[str, Any]]
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Progress:
+        return cls(_get(raw, "step", 0), _get(raw, "max_steps", 0), raw.get("reward"), raw.get("loss"),
+                   raw.get("kl"), raw.get("heldout"), raw.get("tokens_per_s"), raw.get("step_s"),
+                   raw.get("eta_s"), _get(raw, "warnings", []), raw)
+
+
+@dataclass
+class LineVersion:
+    """A published version of a model line: `line:LINE@VERSION` names it to a later job."""
+
+    line: str
+    version: int
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> LineVersion:
+        return cls(raw["line"], raw["version"])
+
+
+@dataclass
+class Outcome:
+    """How a job's training ended: its steps, its weights' hash, held-out before and after."""
+
+    steps: int
+    weights_sha256: str
+    heldout_before: float | None
+    heldout_after: float | None
+    #: Why it stopped before its last step, when it did.
+    stopped: str | None
+    #: Stopped on a stop request with its state checkpointed: it resumes.
+    interrupted: bool
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Outcome:
+        return cls(_get(raw, "steps", 0), _get(raw, "weights_sha256", ""), raw.get("heldout_before"),
+                   raw.get("heldout_after"), raw.get("stopped"), bool(raw.get("interrupted")), raw)
+
+
+@dataclass
 class Job:
     """A job as `GET /v1/jobs/{id}` shows it (also a `progress` event's data)."""
 
@@ -80,12 +137,14 @@ class Job:
     reason: str
     created_at: str
     updated_at: str
-    #: The latest step's figures (`reward`, `kl`, `eta_s`, …) once training has begun.
-    progress: dict[str, Any] | None
+    #: The latest step's figures once training has begun.
+    progress: Progress | None
     heldout: float | None
+    #: How training ended, once it has.
+    result: Outcome | None
     gates: GateReport | None
-    #: The model line and version it published: `{"line": ..., "version": ...}`.
-    published_version: dict[str, Any] | None
+    #: The model line and version it published.
+    published_version: LineVersion | None
     cancel_requested: bool
     raw: dict[str, Any] = field(repr=False)
     #: Set by `Client.submit`: false when an earlier submit with the same idempotency key made
@@ -94,16 +153,19 @@ class Job:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Job:
-        gates = raw.get("gates")
+        gates, progress, result = raw.get("gates"), raw.get("progress"), raw.get("result")
+        published = raw.get("published_version")
         return cls(
             id=raw["id"], team=_get(raw, "team", ""), name=_get(raw, "name", ""),
             model_line=_get(raw, "model_line", ""), kind=raw.get("kind"),
             priority=_get(raw, "priority", ""),
             state=raw["state"], step=_get(raw, "step", 0), max_steps=_get(raw, "max_steps", 0),
             reason=_get(raw, "reason", ""), created_at=_get(raw, "created_at", ""),
-            updated_at=_get(raw, "updated_at", ""), progress=raw.get("progress"),
-            heldout=raw.get("heldout"), gates=GateReport.from_json(gates) if gates else None,
-            published_version=raw.get("published_version"),
+            updated_at=_get(raw, "updated_at", ""),
+            progress=Progress.from_json(progress) if progress else None,
+            heldout=raw.get("heldout"), result=Outcome.from_json(result) if result else None,
+            gates=GateReport.from_json(gates) if gates else None,
+            published_version=LineVersion.from_json(published) if published else None,
             cancel_requested=bool(raw.get("cancel_requested")), raw=raw,
         )
 

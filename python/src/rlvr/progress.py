@@ -30,11 +30,14 @@ def state_line(event: JobEvent) -> str:
 
 def figures(job: Job) -> dict[str, str]:
     """The latest step's figures worth showing, formatted."""
-    progress = job.progress or {}
+    progress = job.progress
+    if progress is None:
+        return {}
     shown = {}
-    for key, label in (("reward", "reward"), ("loss", "loss"), ("heldout", "held-out"), ("kl", "KL")):
-        if isinstance(progress.get(key), (int, float)):
-            shown[label] = f"{progress[key]:.4g}"
+    for value, label in ((progress.reward, "reward"), (progress.loss, "loss"), (progress.heldout, "held-out"),
+                         (progress.kl, "KL")):
+        if isinstance(value, (int, float)):
+            shown[label] = f"{value:.4g}"
     return shown
 
 
@@ -42,7 +45,7 @@ def progress_line(job: Job) -> str:
     line = f"{clock(job.updated_at)} step {job.step}/{job.max_steps}"
     for label, value in figures(job).items():
         line += f" · {label} {value}"
-    eta = (job.progress or {}).get("eta_s")
+    eta = job.progress.eta_s if job.progress else None
     if isinstance(eta, (int, float)):
         line += f" · ETA {int(eta)} s"
     return line

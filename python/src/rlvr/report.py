@@ -74,7 +74,7 @@ def render(job: Job, metrics: list[MetricsLine]) -> str:
             ("State", job.state + (f" — {job.reason}" if job.reason else "")),
             ("Steps", f"{job.step} of {job.max_steps}"), ("Submitted", job.created_at)]
     if published := job.published_version:
-        rows.append(("Published", f"{published.get('line')} version {published.get('version')}"))
+        rows.append(("Published", f"{published.line} version {published.version}"))
     parts = ["<!doctype html><html><head><meta charset=\"utf-8\">",
              f"<title>rlvr job {e(job.id)}</title><style>"
              "body{font-family:sans-serif;margin:2em;max-width:60em}td,th{padding:.2em .8em;text-align:left}"
