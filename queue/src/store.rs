@@ -405,11 +405,18 @@ return {1, ARGV[1]}
     /// the per-team queue limit is checked against. Reads only states, newest jobs first, in
     /// pipelined pages; a team's history of finished jobs costs a page per 500.
     pub async fn waiting(&self, team: &str, limit: usize) -> Result<usize, StoreError> {
-        let ids: Vec<String> = self.conn.clone().zrevrange(team_key(team), 0, -1).await?;
+        const PAGE: isize = 500;
         let mut waiting = 0;
-        for chunk in ids.chunks(500) {
+        // The ids a page at a time too: a team with thousands of jobs queued costs a submit the
+        // pages up to its limit, not its whole list (`scripts/bench/submit.sh` queues 18,000).
+        for start in (0..).step_by(PAGE as usize) {
+            let ids: Vec<String> =
+                self.conn.clone().zrevrange(team_key(team), start, start + PAGE - 1).await?;
+            if ids.is_empty() {
+                break;
+            }
             let mut pipe = redis::pipe();
-            for id in chunk {
+            for id in &ids {
                 pipe.hget(job_key(id), F_STATE);
             }
             let states: Vec<Option<String>> = pipe.query_async(&mut self.conn.clone()).await?;
@@ -418,7 +425,7 @@ return {1, ARGV[1]}
                 .flatten()
                 .filter(|state| matches!(state.parse(), Ok(JobState::Queued | JobState::Preempted)))
                 .count();
-            if waiting >= limit {
+            if waiting >= limit || ids.len() < PAGE as usize {
                 break;
             }
         }

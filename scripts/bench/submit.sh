@@ -2,8 +2,9 @@
 # Queue benchmark: how fast jobs get in and get going, next to what this machine's Redis can do.
 # Release builds; one redis-server with configs/redis.conf's persistence (AOF, fsync every second)
 # and one `rlvrd serve` with its shipped defaults (poll 250 ms, heartbeat 2 s, one CPU slot),
-# except a rate limit high enough not to throttle; the load side is client/examples/submit_bench.rs
-# (through the API, with rlvr-client) and daemon/examples/push_bench.rs (straight into Redis).
+# except a rate limit and a per-team queue limit high enough not to throttle; the load side is
+# client/examples/submit_bench.rs (through the API, with rlvr-client) and
+# daemon/examples/push_bench.rs (straight into Redis).
 #
 #   1. latency   L jobs one after another on the idle daemon (1 step of builtin:tiny-arith, gate
 #                always passes), each followed to `published`: time from sending the POST to
@@ -70,16 +71,24 @@ bench_start_daemon "[api]
 listen = \"127.0.0.1:0\"
 rate_limit_per_minute = 1000000
 [queue]
-worker_threads = 1" librlvr_optimizer_grpo.so librlvr_verifier_math.so
+worker_threads = 1
+[devices]
+cpu_slots = 1
+cpu_slot_memory_gb = 8
+[tenancy]
+max_queued_per_team = 100000" librlvr_optimizer_grpo.so librlvr_verifier_math.so
 server=$RLVR_SERVER
 token=$RLVR_TOKEN
 
 # A job spec of N steps on the arithmetic data whose gate always passes.
 job() { bench_job "$1" "$2" '[[verifiers]]
 plugin = "math"
-fallback = "last"'; }
+fallback = "last"' "${3:-}"; }
 job short 1 >"$work/short.toml"
-job long 100000 >"$work/long.toml"
+# The long job takes the slot's whole memory: jobs share a slot by memory, and the API phase's
+# jobs must wait, not run beside it.
+job long 100000 '[resources]
+memory_gb = 8' >"$work/long.toml"
 
 step "1. submit-to-running latency: $latency_jobs jobs one after another on the idle daemon"
 "$bench" latency --server "$server" --token "$token" --spec "$work/short.toml" --count "$latency_jobs" \
