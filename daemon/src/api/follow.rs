@@ -153,10 +153,12 @@ fn stream_order(id: &str) -> (u64, u64) {
 }
 
 /// Until the reader sends something new; `false` when the stream should end (the daemon stops).
+/// Stopping is looked at first: a stream with a change it has not seen yet still ends at once.
 pub async fn changed<S: Source>(seeing: &mut Seeing<S>, stopping: &CancellationToken) -> bool {
     tokio::select! {
-        changed = seeing.changed() => changed.is_ok(),
+        biased;
         _ = stopping.cancelled() => false,
+        changed = seeing.changed() => changed.is_ok(),
     }
 }
 
