@@ -7,8 +7,8 @@
 # GRPO job's gate table, the published checkpoint and the report (HTML + SVG plots).
 #
 #   scripts/demo.sh            publishes a gated checkpoint
-#   scripts/demo.sh --refuse   the same GRPO job with a learning rate too small to learn: its
-#                              held-out score does not improve and the gates refuse it, saying why
+#   scripts/demo.sh --refuse   the same GRPO job, 20 steps, with a learning rate too small to learn:
+#                              its held-out score does not improve and the gates refuse it, saying why
 #
 # What it publishes and reports stays under target/demo/<time>/ (RLVR_DEMO_OUT to choose);
 # everything else is stopped and removed — on success, failure or Ctrl-C.
@@ -189,8 +189,11 @@ echo "cold start published at $sft_model"
 sft_version=$(basename "$sft_model")
 
 if [ "$refuse" = 1 ]; then
+    # 20 steps, not 100: at this rate nothing moves in any number of them, and the gates' verdict
+    # is the same.
     lr=1e-9
-    step "GRPO from the cold start with lr = $lr: it cannot learn (model line tiny-arith)"
+    steps=20
+    step "GRPO from the cold start with lr = $lr for $steps steps: it cannot learn (model line tiny-arith)"
 else
     # The cold start passes about 30% of held-out problems: near the frontier, where groups of 8
     # hold both right and wrong answers and GRPO has something to compare. lr 1e-4, not 1e-3: with
@@ -198,6 +201,7 @@ else
     # (tests/tests/learning.rs) it learned nothing; here it learns less and loses more prompts
     # (below). 5e-4 also learns on this tiny model.
     lr=1e-4
+    steps=100
     step "GRPO from the cold start: verifier-math, verifier-format, frontier curriculum (model line tiny-arith)"
 fi
 cat >"$work/grpo.toml" <<TOML
@@ -234,7 +238,7 @@ prompts_per_step = 64
 max_new_tokens = 4
 temperature = 0.85
 [budget]
-max_steps = 100
+max_steps = $steps
 [eval]
 every_steps = 20
 # A gain of at least 2 points. Measured (2026-11-25, release build, 2 cores): the demo moves
