@@ -212,6 +212,19 @@ fn a_grader_and_a_reward_formula_grade_sample_items_on_the_daemon_and_each_dry_r
 fn a_sigterm_stops_the_grading(daemon: &mut Daemon) {
     use std::time::{Duration, Instant};
     let url = format!("{}/v1/verify", daemon.url);
+    // The dry-runs before may still hold the team's lane (an abandoned one's running calls end
+    // at their 3 s): the long one starts once a short one is let through, or it is refused too.
+    let probe = |items, sleep_ms| {
+        reqwest::blocking::Client::new()
+            .post(&url)
+            .bearer_auth(TEAM_TOKEN)
+            .json(&sleeping(items, sleep_ms))
+            .send()
+            .map_or(0, |answer| answer.status().as_u16())
+    };
+    let free = rlvr_tests::wait_until(Duration::from_secs(30), || probe(1, 0) == 200);
+    assert!(free, "the team's lane never came free after the dry-runs before");
+    let url = url.clone();
     let long = std::thread::spawn(move || {
         reqwest::blocking::Client::new()
             .post(url)
@@ -222,14 +235,11 @@ fn a_sigterm_stops_the_grading(daemon: &mut Daemon) {
             .map(|answer| answer.status().as_u16())
     });
     // The team's lane is taken once the long dry-run grades: the same team's next one waits.
-    let grading = rlvr_tests::wait_until(Duration::from_secs(30), || {
-        reqwest::blocking::Client::new()
-            .post(format!("{}/v1/verify", daemon.url))
-            .bearer_auth(TEAM_TOKEN)
-            .json(&sleeping(1, 0))
-            .send()
-            .is_ok_and(|answer| answer.status().as_u16() == 429)
-    });
+    let grading =
+        rlvr_tests::wait_until(Duration::from_secs(30), || long.is_finished() || probe(1, 0) == 429);
+    if long.is_finished() {
+        panic!("the long dry-run ended before the daemon stopped: {:?}", long.join().unwrap());
+    }
     assert!(grading, "the long dry-run never started grading");
     let signalled = Instant::now();
     let status = daemon.stop();
