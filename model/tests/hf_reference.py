@@ -3,7 +3,8 @@
 Run with the project venv's python (transformers as pinned by scripts/fetch-smollm2.sh):
   hf_reference.py chat DIR PROMPT N_NEW          rendered chat template, its ids, last-position
                                                  logits, greedy decoding of N_NEW tokens
-  hf_reference.py logits DIR IDS_JSON            logits [B, T, V] for the given ids (no padding)
+  hf_reference.py logits DIR IDS_JSON            logits [B, T, V] for the given ids (no padding),
+                                                 packed: {"f32_hex", "shape"}
   hf_reference.py tokenize DIR TEXTS_JSON        ids of each text (no special tokens added) and
                                                  the decoding of those ids
   hf_reference.py tiny KIND OUT_DIR IDS_JSON     writes a tiny random model of KIND (qwen2,
@@ -49,11 +50,18 @@ def chat(model_dir, prompt, n_new):
     }
 
 
+def packed(tensor):
+    """A float tensor as its little-endian f32 bytes in hex, with its shape: [B, T, V] logits are
+    millions of numbers, which as JSON lists took the test far longer to read than to compute."""
+    values = tensor.detach().float().contiguous().cpu()
+    return {"f32_hex": values.numpy().astype("<f4").tobytes().hex(), "shape": list(values.shape)}
+
+
 def logits(model_dir, ids):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         out = model(torch.tensor(ids)).logits.float()
-    return {"logits": out.tolist()}
+    return {"logits": packed(out)}
 
 
 def tokenize(model_dir, texts):

@@ -133,22 +133,32 @@ fn scores_match_transformers() {
         Case { num_labels: 1, template: None, items: pairs() },
         Case { num_labels: 1, template: Some(TEMPLATE), items: pairs() },
     ];
+    // Every case's model made and scored by one python.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut commands = Vec::new();
+    let mut dirs = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        let tmp = tempfile::tempdir().unwrap();
-        let tokenizer = tokenizer_dir(tmp.path(), case.template);
-        let dir = tmp.path().join("rm");
-        let reference = reference(&[
+        let root = tmp.path().join(i.to_string());
+        std::fs::create_dir(&root).unwrap();
+        let tokenizer = tokenizer_dir(&root, case.template);
+        let dir = root.join("rm");
+        commands.push(serde_json::json!([
             "make",
-            &case.num_labels.to_string(),
+            case.num_labels.to_string(),
             tokenizer.to_str().unwrap(),
             dir.to_str().unwrap(),
-            &case.items.to_string(),
-        ]);
-        let model = load_reward_model(&dir, Device::Cpu, Kind::Float).unwrap();
+            case.items.to_string(),
+        ]));
+        dirs.push(dir);
+    }
+    let references = reference(&["each", &Value::Array(commands).to_string()]);
+    for (i, (case, dir)) in cases.iter().zip(&dirs).enumerate() {
+        let reference = &references[i];
+        let model = load_reward_model(dir, Device::Cpu, Kind::Float).unwrap();
         assert_eq!(model.num_labels(), case.num_labels, "case {i}");
         assert_eq!(model.pad_token_id(), Some(0));
         assert_eq!(model.tokenizer.has_chat_template(), case.template.is_some());
-        check_against(&model, &case.items, &reference);
+        check_against(&model, &case.items, reference);
     }
 }
 

@@ -9,6 +9,8 @@ Run with the project venv's python (transformers as pinned by scripts/fetch-smol
         `score` does for it
   rm_reference.py score DIR ITEMS_JSON
         scores each item, all in one batch padded on the right and again padded on the left
+  rm_reference.py each COMMANDS_JSON
+        a list of answers, one per command (each a list of the arguments above)
 Items are texts (tokenized as `tokenizer(text)`) or [prompt, completion] pairs (the chat
 template's user and assistant messages when the tokenizer has one, else prompt + completion).
 Prints one JSON object on stdout: {"ids": [[...]], "right": [[logits]], "left": [[logits]]}.
@@ -79,15 +81,20 @@ def make(num_labels, tokenizer_dir, out_dir, items):
     return score(out_dir, items)
 
 
-def main():
-    cmd = sys.argv[1]
+def answer(args):
+    cmd = args[0]
     if cmd == "make":
-        result = make(int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))
-    elif cmd == "score":
-        result = score(sys.argv[2], json.loads(sys.argv[3]))
-    else:
-        sys.exit(f"unknown command {cmd}")
-    json.dump(result, sys.stdout)
+        return make(int(args[1]), args[2], args[3], json.loads(args[4]))
+    if cmd == "score":
+        return score(args[1], json.loads(args[2]))
+    if cmd == "each":
+        # One python (and one import of transformers, seconds of it) for many answers.
+        return [answer(each) for each in json.loads(args[1])]
+    sys.exit(f"unknown command {cmd}")
+
+
+def main():
+    json.dump(answer(sys.argv[1:]), sys.stdout)
 
 
 if __name__ == "__main__":

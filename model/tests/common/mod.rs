@@ -61,8 +61,18 @@ pub fn hf_reference(args: &[&str]) -> Value {
     reference(python(), "hf_reference.py", args, &[("SMOLLM2_DIR", smollm2_dir())])
 }
 
-/// A JSON array of numbers (any nesting) as a flat f32 tensor.
+/// A JSON array of numbers (any nesting), or a tensor packed as `{"f32_hex", "shape"}`
+/// (`hf_reference.py`'s logits), as a flat f32 tensor.
 pub fn flat_tensor(v: &Value) -> Tensor {
+    if let Some(hex) = v.get("f32_hex").and_then(Value::as_str) {
+        let bytes = hex::decode(hex).expect("f32_hex is hex");
+        let values: Vec<f32> =
+            bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+        let count: i64 =
+            v["shape"].as_array().expect("a shape").iter().map(|d| d.as_i64().unwrap()).product();
+        assert_eq!(values.len() as i64, count, "f32_hex holds its shape's count of numbers");
+        return Tensor::from_slice(&values);
+    }
     fn walk(v: &Value, out: &mut Vec<f32>) {
         match v {
             Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
