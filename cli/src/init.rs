@@ -103,6 +103,28 @@ fn data_files(spec: &str) -> Vec<String> {
     found
 }
 
+/// `init KIND [DIR]` (or `init --list`): writes the example and says what to run next.
+pub(crate) fn run(kind: Option<String>, dir: &Path, list: bool) -> anyhow::Result<rlvr_client::Exit> {
+    if list {
+        println!("{}", kinds().join("\n"));
+        return Ok(rlvr_client::Exit::Done);
+    }
+    let written =
+        init(&kind.unwrap_or_default(), dir).map_err(|error| crate::answer::BadInput(error.to_string()))?;
+    println!("{}", written.spec.display());
+    for path in &written.data {
+        eprintln!("rlvrctl: wrote {}", path.display());
+    }
+    for path in &written.kept {
+        eprintln!("rlvrctl: kept {} (already there)", path.display());
+    }
+    eprintln!(
+        "rlvrctl: check it with `rlvrctl submit --dry-run {0}`, run it with `rlvrctl submit --wait {0}`",
+        written.spec.display()
+    );
+    Ok(rlvr_client::Exit::Done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

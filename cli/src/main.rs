@@ -2,17 +2,23 @@
 //!
 //! The job commands (`submit`, `status`, `list`, `watch`, `cancel`, `gates`, `promote`, `report`,
 //! `curriculum refresh`) speak the daemon's HTTP API through `rlvr-client` with the team's bearer
-//! token, and so does `plugins`; `verify` needs no daemon at all. This crate keeps the
-//! commands and what they print: `render` (tables, status block, figures), `watch` (the views of
-//! a followed job), `spec` (a spec file made ready to send), `report` (the HTML report),
-//! `verify`.
+//! token, and so does `plugins`; `verify` needs no daemon at all. `main` parses the command line
+//! and dispatches; each command lives in the module of what it is about — `jobs`, `models`
+//! (model lines and their versions), `pipeline`, `datasets`, `curriculum`, `init`, `verify`,
+//! `watch` and `logs` (following a job) — and prints its answer through `answer` (a table or block
+//! of text, or JSON with `--json`). Beside them: `render` (tables, status block, figures), `spec`
+//! (a spec file made ready to send), `report` (the HTML report).
 //!
 //! Exit status ([`Exit`]): 0 done (for `watch` and `submit --wait`: the job was published); 1 the
 //! job ended otherwise (refused, failed, cancelled), or `verify` failed; 2 the daemon refused the
 //! request (4xx) or the input on this side is wrong (spec file, config file, server URL); 3 the
 //! daemon cannot be reached, answers 5xx, or answers something rlvrctl cannot read.
 
+mod answer;
+mod curriculum;
+mod datasets;
 mod init;
+mod jobs;
 mod logs;
 mod models;
 mod pipeline;
@@ -22,23 +28,17 @@ mod spec;
 mod verify;
 mod watch;
 
-use std::fmt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use rlvr_client::settings::{Sources, read_config_text, resolve_settings};
-use rlvr_client::{
-    Auth, Client, ClientConfig, Exit, HttpError, JobQuery, SettingsError, SpecDataError, StatusCode,
-};
+use rlvr_client::{Exit, HttpError, JobQuery, SettingsError, SpecDataError};
 use rlvr_protocol::job::{IDEMPOTENCY_KEY_RULE, JobState, valid_idempotency_key};
 use rlvr_startup::logging::{self, LogFormat};
 
-use crate::render::{
-    LIST_HEADER, cancel_line, format_table, gate_table, list_rows, plugin_tables, status_block,
-};
-use crate::spec::{fresh_idempotency_key, read_spec};
+use crate::answer::{BadInput, Context, Json};
+use crate::render::plugin_tables;
 use crate::verify::{VerifyOptions, verify};
 
 /// Talk to rlvr: submit and follow training jobs, list plugins, verify completions offline.
@@ -426,371 +426,46 @@ fn main() -> ExitCode {
     ExitCode::from(exit.code())
 }
 
-/// Runs one command. Long because it is the command table: one short arm per subcommand, each
-/// calling the module that does the work; splitting it would only scatter the table.
-/// How `--json` writes an answer: pretty over several lines, or one line (what a script reading
-/// lines, or following a job, takes).
-#[derive(Clone, Copy)]
-enum Json {
-    Block,
-    Line,
-}
-
-/// Prints a command's answer: `value` as JSON with `--json`, else the text `text` makes (its
-/// lines each ending in a newline). The one place a command's two forms are chosen between.
-fn answer<T: serde::Serialize + ?Sized>(
-    json: bool,
-    value: &T,
-    shape: Json,
-    text: impl FnOnce() -> String,
-) -> anyhow::Result<()> {
-    if json {
-        match shape {
-            Json::Block => println!("{}", serde_json::to_string_pretty(value)?),
-            Json::Line => println!("{}", serde_json::to_string(value)?),
-        }
-    } else {
-        print!("{}", text());
-    }
-    Ok(())
-}
-
+/// Runs one command: the command table, each arm calling the module that does the work and
+/// prints its answer.
 fn run(cli: Cli) -> anyhow::Result<Exit> {
     let Cli { server, token, json, command } = cli;
-    let connect = |auth: Auth| -> anyhow::Result<Client> {
-        let sources = Sources::with_process_env(server.clone(), token.clone());
-        let settings = resolve_settings(&sources, auth, read_config_text)?;
-        Ok(Client::with_config(settings, client_config())?)
-    };
+    let local_verify = server.is_none();
+    let cx = Context { server, token, json };
     match command {
-        Command::Submit { file, dry_run: true, .. } => {
-            let spec = read_spec(&file)?;
-            let api = connect(Auth::Token)?;
-            // A dry run moves none of the team's dataset names: a queued job's data stays its own.
-            let body = api.check_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
-            let checked = if spec.is_pipeline() {
-                serde_json::to_value(api.dry_run_pipeline(&body, spec.format)?.spec)?
-            } else {
-                serde_json::to_value(api.dry_run(&body, spec.format)?.spec)?
-            };
-            answer(json, &checked, Json::Block, || spec::spec_text(&checked))?;
-            eprintln!("rlvrctl: {} passes the daemon's checks; nothing was queued", file.display());
-            Ok(Exit::Done)
-        }
+        Command::Submit { file, dry_run: true, .. } => jobs::dry_run(&cx, &file),
         Command::Submit { file, wait, idempotency_key, dry_run: false } => {
-            // The spec first: a wrong file needs no daemon to be found out.
-            let spec = read_spec(&file)?;
-            let api = connect(Auth::Token)?;
-            let key = idempotency_key.unwrap_or_else(|| fresh_idempotency_key(&file));
-            // Local data files become the team's datasets; the spec then names them.
-            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
-            let submitted = api.submit(&body, spec.format, Some(&key))?;
-            answer(json, &submitted, Json::Line, || {
-                if !submitted.created {
-                    eprintln!(
-                        "rlvrctl: an earlier submit with this idempotency key made this job; nothing new was queued"
-                    );
-                }
-                format!("{}\n", submitted.id)
-            })?;
-            if wait { watch::watch(&api, &submitted.id, json) } else { Ok(Exit::Done) }
+            jobs::submit(&cx, &file, wait, idempotency_key)
         }
-        Command::Estimate { file } => {
-            let spec = read_spec(&file)?;
-            let api = connect(Auth::Token)?;
-            let body = api.check_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
-            let estimate = api.estimate(&body, spec.format)?;
-            answer(json, &estimate, Json::Block, || render::estimate_table(&estimate))?;
-            Ok(Exit::Done)
-        }
-        Command::Status { id } => {
-            let job = connect(Auth::Token)?.job(&id)?;
-            answer(json, &job, Json::Block, || status_block(&job))?;
-            Ok(Exit::Done)
-        }
+        Command::Estimate { file } => jobs::estimate(&cx, &file),
+        Command::Status { id } => jobs::status(&cx, &id),
         Command::List { team, state, limit, since, cursor, all } => {
-            let api = connect(Auth::Token)?;
-            let mut query = JobQuery { team, state, limit, since, cursor };
-            let mut list = api.jobs(&query)?;
-            while all && let Some(next) = list.next.take() {
-                query.cursor = Some(next);
-                let page = api.jobs(&query)?;
-                list.jobs.extend(page.jobs);
-                list.next = page.next;
-            }
-            answer(json, &list, Json::Block, || {
-                if list.jobs.is_empty() {
-                    eprintln!("rlvrctl: no jobs");
-                    return String::new();
-                }
-                format_table(LIST_HEADER, &list_rows(&list.jobs))
-            })?;
-            if let (false, Some(next)) = (json, &list.next) {
-                eprintln!("rlvrctl: more: rlvrctl list --cursor {next} (or --all)");
-            }
-            Ok(Exit::Done)
+            jobs::list(&cx, JobQuery { team, state, limit, since, cursor }, all)
         }
-        Command::Init { list: true, .. } => {
-            println!("{}", init::kinds().join("\n"));
-            Ok(Exit::Done)
-        }
-        Command::Init { kind, dir, list: false } => {
-            let kind = kind.unwrap_or_default();
-            let written = init::init(&kind, &dir).map_err(|error| BadInput(error.to_string()))?;
-            println!("{}", written.spec.display());
-            for path in &written.data {
-                eprintln!("rlvrctl: wrote {}", path.display());
-            }
-            for path in &written.kept {
-                eprintln!("rlvrctl: kept {} (already there)", path.display());
-            }
-            eprintln!(
-                "rlvrctl: check it with `rlvrctl submit --dry-run {0}`, run it with `rlvrctl submit --wait {0}`",
-                written.spec.display()
-            );
-            Ok(Exit::Done)
-        }
-        Command::Models { line: None, .. } => {
-            let list = connect(Auth::Token)?.model_lines()?;
-            answer(json, &list, Json::Block, || {
-                let rows: Vec<[String; 3]> = list
-                    .lines
-                    .iter()
-                    .map(|line| {
-                        let newest = line.versions.last().map_or("-".to_owned(), u64::to_string);
-                        [
-                            line.name.clone(),
-                            line.owner.clone(),
-                            format!("{} (newest {newest})", line.versions.len()),
-                        ]
-                    })
-                    .collect();
-                format_table(["LINE", "OWNER", "VERSIONS"], &rows)
-            })?;
-            Ok(Exit::Done)
-        }
-        Command::Models { line: Some(line), version: None, download: None } => {
-            let api = connect(Auth::Token)?;
-            let versions = api.model_line(&line)?.versions;
-            let manifests = versions
-                .iter()
-                .map(|version| api.manifest(&line, Some(*version)))
-                .collect::<Result<Vec<_>, _>>()?;
-            answer(json, &manifests, Json::Block, || {
-                if manifests.is_empty() {
-                    eprintln!("rlvrctl: model line {line} has no published version yet");
-                    return String::new();
-                }
-                models::versions_table(&manifests)
-            })?;
-            Ok(Exit::Done)
-        }
+        Command::Init { kind, dir, list } => init::run(kind, &dir, list),
+        Command::Models { line: None, .. } => models::list(&cx),
+        Command::Models { line: Some(line), version: None, download: None } => models::versions(&cx, &line),
         Command::Models { line: Some(line), version, download } => {
-            let api = connect(Auth::Token)?;
-            let version =
-                version.as_deref().map(models::parse_version).transpose().map_err(BadInput)?.flatten();
-            let manifest = api.manifest(&line, version)?;
-            match download {
-                Some(dir) => {
-                    models::download(&api, &manifest, &dir).map_err(|error| match error {
-                        models::DownloadError::Http(http) => anyhow::Error::from(http),
-                        other => BadInput(other.to_string()).into(),
-                    })?;
-                    println!("{}", dir.display());
-                }
-                None => answer(json, &manifest, Json::Block, || models::manifest_block(&manifest))?,
-            }
-            Ok(Exit::Done)
+            models::show(&cx, &line, version, download)
         }
-        Command::Watch { id } => watch::watch(&connect(Auth::Token)?, &id, json),
-        Command::Logs { id, all, follow } => {
-            logs::print(&connect(Auth::Token)?, &id, logs::Mode::new(all, follow))
-        }
-        Command::Cancel { id } => {
-            let job = connect(Auth::Token)?.cancel(&id)?;
-            answer(json, &job, Json::Block, || format!("{}\n", cancel_line(&job)))?;
-            Ok(Exit::Done)
-        }
-        Command::Gates { id } => {
-            let job = connect(Auth::Token)?.job(&id)?;
-            let Some(report) = &job.gates else {
-                eprintln!("rlvrctl: {}", render::not_gated(&job));
-                // An ended job will never be gated: it ended otherwise.
-                return Ok(if job.state.is_terminal() { Exit::Ended } else { Exit::Refused });
-            };
-            answer(json, report, Json::Block, || {
-                let mut text = gate_table(&job.id, report);
-                if let Some(path) = &job.published {
-                    text += &format!("published: {path}\n");
-                }
-                if let Some(dataset) = &job.published_dataset {
-                    text += &format!("dataset:   {dataset}\n");
-                }
-                if let Some(webhook) = &job.webhook {
-                    text += &format!("webhook:   {webhook}\n");
-                }
-                text
-            })?;
-            Ok(if report.promoted() { Exit::Done } else { Exit::Ended })
-        }
-        // clap requires `--force`; the request says it.
-        Command::Promote { id, force: _, reason } => {
-            let job = connect(Auth::Token)?.promote(&id, &reason)?;
-            answer(json, &job, Json::Block, || format!("{}\n", job.reason))?;
-            Ok(Exit::Done)
-        }
-        Command::Report { id, out } => {
-            let api = connect(Auth::Token)?;
-            let job = api.job(&id)?;
-            let metrics = api.metrics(&id)?;
-            let report = report::write(&out, &job, &metrics)?;
-            let written = serde_json::json!({"index": report.index, "plots": report.plots});
-            answer(json, &written, Json::Line, || format!("{}\n", report.index.display()))?;
-            Ok(Exit::Done)
-        }
-        Command::Curriculum { command: CurriculumCommand::Refresh { name } } => {
-            let refreshed = connect(Auth::Token)?.curriculum_refresh(&name)?;
-            answer(json, &refreshed, Json::Line, || format!("{}\n", refreshed.message))?;
-            Ok(Exit::Done)
-        }
-        Command::Curriculum { command: CurriculumCommand::List } => {
-            let list = connect(Auth::Token)?.curricula()?;
-            answer(json, &list, Json::Line, || {
-                let mut text = String::new();
-                for c in &list.curricula {
-                    let version =
-                        c.latest_version.map_or("no version yet".to_owned(), |v| format!("version {v}"));
-                    text += &format!("{}/{}	{version}	readers [{}]\n", c.owner, c.name, c.readers.join(","));
-                }
-                text
-            })?;
-            Ok(Exit::Done)
-        }
-        Command::Curriculum { command: CurriculumCommand::Share { name, readers } } => {
-            let shared = connect(Auth::Token)?.share_curriculum(&name, &readers)?;
-            answer(json, &shared, Json::Line, || match shared.readers.as_slice() {
-                [] => format!("curriculum {name} is your team's alone\n"),
-                readers => format!("curriculum {name} is shared with {}\n", readers.join(", ")),
-            })?;
-            Ok(Exit::Done)
-        }
-        Command::Pipeline { command } => {
-            let print = |view: &rlvr_protocol::pipeline::PipelineView| {
-                answer(json, view, Json::Block, || pipeline::status_block(view))
-            };
-            match command {
-                PipelineCommand::Submit { file, wait, idempotency_key } => {
-                    let spec = read_spec(&file)?;
-                    let api = connect(Auth::Token)?;
-                    let key = idempotency_key.unwrap_or_else(|| fresh_idempotency_key(&file));
-                    let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
-                    let submitted = api.submit_pipeline(&body, spec.format, Some(&key))?;
-                    answer(json, &submitted, Json::Line, || format!("{}\n", submitted.id))?;
-                    if wait { pipeline::watch(&api, &submitted.id, json) } else { Ok(Exit::Done) }
-                }
-                PipelineCommand::Status { id } => {
-                    print(&connect(Auth::Token)?.pipeline(&id)?)?;
-                    Ok(Exit::Done)
-                }
-                PipelineCommand::Watch { id } => pipeline::watch(&connect(Auth::Token)?, &id, json),
-                PipelineCommand::Cancel { id } => {
-                    print(&connect(Auth::Token)?.cancel_pipeline(&id)?)?;
-                    Ok(Exit::Done)
-                }
-                PipelineCommand::List => {
-                    let list = connect(Auth::Token)?.pipelines()?;
-                    // regression: with --json the list's lines followed its JSON, which then did
-                    // not parse
-                    answer(json, &list, Json::Block, || {
-                        if list.pipelines.is_empty() {
-                            eprintln!("rlvrctl: no pipelines");
-                        }
-                        let mut text = String::new();
-                        for view in &list.pipelines {
-                            let stage = (view.stage as usize).min(view.stages.len());
-                            text += &format!(
-                                "{}  {:<20} {:<10} stage {stage}/{}  {}\n",
-                                view.id,
-                                view.name,
-                                view.state,
-                                view.stages.len(),
-                                view.reason
-                            );
-                        }
-                        text
-                    })?;
-                    Ok(Exit::Done)
-                }
-            }
-        }
-        Command::Dataset { command } => {
-            let api = connect(Auth::Token)?;
-            match command {
-                DatasetCommand::Put { name, file } => {
-                    let content = std::fs::read(&file)
-                        .map_err(|error| BadInput(format!("cannot read {}: {error}", file.display())))?;
-                    let dataset = api.put_dataset(&name, &content)?;
-                    answer(json, &dataset, Json::Line, || {
-                        format!(
-                            "dataset:{}@{} ({} records, {} bytes)\n",
-                            dataset.name, dataset.sha256, dataset.records, dataset.bytes
-                        )
-                    })?;
-                }
-                DatasetCommand::List => {
-                    let list = api.datasets()?;
-                    answer(json, &list, Json::Line, || {
-                        let rows = list.datasets.iter().map(|d| {
-                            format!(
-                                "{}\t{}\t{} records\t{} bytes\t{}\n",
-                                d.name, d.sha256, d.records, d.bytes, d.uploaded_at
-                            )
-                        });
-                        rows.collect()
-                    })?;
-                }
-                DatasetCommand::Rm { name } => api.delete_dataset(&name)?,
-            }
-            Ok(Exit::Done)
-        }
-        Command::Line { command } => {
-            let api = connect(Auth::Token)?;
-            let lines = match command {
-                LineCommand::List => api.model_lines()?.lines,
-                LineCommand::Show { name } => vec![api.model_line(&name)?],
-                LineCommand::Set { name, readers, publishers, policy, owner } => {
-                    let policy = policy
-                        .map(|text| serde_json::from_str(&text))
-                        .transpose()
-                        .map_err(|error| BadInput(format!("--policy: {error}")))?;
-                    let update = rlvr_protocol::api::ModelLineUpdate { owner, readers, publishers, policy };
-                    vec![api.put_model_line(&name, &update)?]
-                }
-            };
-            for line in &lines {
-                let policy = serde_json::to_string(&line.policy)?;
-                answer(json, line, Json::Line, || {
-                    format!(
-                        "{}\towner {}\treaders [{}]\tpublishers [{}]\tversions {:?}\tpolicy {policy}\n",
-                        line.name,
-                        line.owner,
-                        line.readers.join(","),
-                        line.publishers.join(","),
-                        line.versions,
-                    )
-                })?;
-            }
-            Ok(Exit::Done)
-        }
+        Command::Watch { id } => watch::watch(&cx.client()?, &id, json),
+        Command::Logs { id, all, follow } => logs::print(&cx.client()?, &id, logs::Mode::new(all, follow)),
+        Command::Cancel { id } => jobs::cancel(&cx, &id),
+        Command::Gates { id } => jobs::gates(&cx, &id),
+        Command::Promote { id, force: _, reason } => jobs::promote(&cx, &id, &reason),
+        Command::Report { id, out } => jobs::report(&cx, &id, &out),
+        Command::Curriculum { command } => curriculum::run(&cx, command),
+        Command::Pipeline { command } => pipeline::run(&cx, command),
+        Command::Dataset { command } => datasets::run(&cx, command),
+        Command::Line { command } => models::lines(&cx, command),
         Command::Plugins => {
-            let list = connect(Auth::Token)?.plugins()?;
-            answer(json, &list, Json::Block, || plugin_tables(&list))?;
+            let list = cx.client()?.plugins()?;
+            cx.answer(&list, Json::Block, || plugin_tables(&list))?;
             Ok(Exit::Done)
         }
-        Command::Verify { plugin, spec, validate, jsonl, plugin_config, .. } if server.is_some() => {
+        Command::Verify { plugin, spec, validate, jsonl, plugin_config, .. } if !local_verify => {
             let request = crate::verify::server_request(plugin.as_deref(), spec.as_deref(), &plugin_config)?;
-            let api = connect(Auth::Token)?;
-            crate::verify::on_server(&api, request, jsonl, validate)?;
+            crate::verify::on_server(&cx.client()?, request, jsonl, validate)?;
             Ok(Exit::Done)
         }
         Command::Verify { spec: Some(_), .. } | Command::Verify { validate: true, .. } => {
@@ -824,19 +499,6 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     }
 }
 
-/// How rlvrctl talks to the daemon: as itself, saying when it waits out a busy daemon.
-fn client_config() -> ClientConfig {
-    ClientConfig {
-        user_agent: concat!("rlvrctl/", env!("CARGO_PKG_VERSION")).to_owned(),
-        on_busy: Some(say_busy),
-        ..ClientConfig::default()
-    }
-}
-
-fn say_busy(status: StatusCode, wait: Duration) {
-    eprintln!("rlvrctl: the daemon is busy ({status}); retrying in {} s", wait.as_secs());
-}
-
 /// The exit status for an error (see the module docs).
 fn exit_status(error: &anyhow::Error) -> Exit {
     for cause in error.chain() {
@@ -855,18 +517,6 @@ fn exit_status(error: &anyhow::Error) -> Exit {
     }
     Exit::Ended
 }
-
-/// Something wrong on this side (a spec file, a plugin directory): exit 2, like a 4xx.
-#[derive(Debug)]
-struct BadInput(String);
-
-impl fmt::Display for BadInput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadInput {}
 
 #[cfg(test)]
 mod tests {
@@ -888,7 +538,7 @@ mod tests {
             source: std::io::Error::other("not a regular file"),
         };
         assert_eq!(code(unreadable.into()), 2);
-        assert!(client_config().user_agent.starts_with("rlvrctl/"));
+        assert!(answer::client_config().user_agent.starts_with("rlvrctl/"));
     }
 
     #[test]

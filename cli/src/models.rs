@@ -9,10 +9,12 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use rlvr_client::{Client, HttpError};
+use rlvr_client::{Client, Exit, HttpError};
 use rlvr_protocol::gates::Manifest;
 use sha2::{Digest, Sha256};
 
+use crate::LineCommand;
+use crate::answer::{BadInput, Context, Json};
 use crate::render::{format_table, short_time};
 
 /// Why a download did not end in a complete, checked directory.
@@ -160,6 +162,93 @@ impl Write for Hashing {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
+}
+
+/// `models`: every model line the team may read, with its versions.
+pub(crate) fn list(cx: &Context) -> anyhow::Result<Exit> {
+    let list = cx.client()?.model_lines()?;
+    cx.answer(&list, Json::Block, || {
+        let rows: Vec<[String; 3]> = list
+            .lines
+            .iter()
+            .map(|line| {
+                let newest = line.versions.last().map_or("-".to_owned(), u64::to_string);
+                [line.name.clone(), line.owner.clone(), format!("{} (newest {newest})", line.versions.len())]
+            })
+            .collect();
+        format_table(["LINE", "OWNER", "VERSIONS"], &rows)
+    })?;
+    Ok(Exit::Done)
+}
+
+/// `models LINE`: each published version's manifest.
+pub(crate) fn versions(cx: &Context, line: &str) -> anyhow::Result<Exit> {
+    let api = cx.client()?;
+    let versions = api.model_line(line)?.versions;
+    let manifests =
+        versions.iter().map(|version| api.manifest(line, Some(*version))).collect::<Result<Vec<_>, _>>()?;
+    cx.answer(&manifests, Json::Block, || {
+        if manifests.is_empty() {
+            eprintln!("rlvrctl: model line {line} has no published version yet");
+            return String::new();
+        }
+        versions_table(&manifests)
+    })?;
+    Ok(Exit::Done)
+}
+
+/// `models LINE [VERSION] [--download DIR]`: one version's manifest, or its files downloaded.
+pub(crate) fn show(
+    cx: &Context,
+    line: &str,
+    version: Option<String>,
+    download_to: Option<PathBuf>,
+) -> anyhow::Result<Exit> {
+    let api = cx.client()?;
+    let version = version.as_deref().map(parse_version).transpose().map_err(BadInput)?.flatten();
+    let manifest = api.manifest(line, version)?;
+    match download_to {
+        Some(dir) => {
+            download(&api, &manifest, &dir).map_err(|error| match error {
+                DownloadError::Http(http) => anyhow::Error::from(http),
+                other => BadInput(other.to_string()).into(),
+            })?;
+            println!("{}", dir.display());
+        }
+        None => cx.answer(&manifest, Json::Block, || manifest_block(&manifest))?,
+    }
+    Ok(Exit::Done)
+}
+
+/// `line list | show | set`: model lines' owners, readers, publishers and gate policy.
+pub(crate) fn lines(cx: &Context, command: LineCommand) -> anyhow::Result<Exit> {
+    let api = cx.client()?;
+    let lines = match command {
+        LineCommand::List => api.model_lines()?.lines,
+        LineCommand::Show { name } => vec![api.model_line(&name)?],
+        LineCommand::Set { name, readers, publishers, policy, owner } => {
+            let policy = policy
+                .map(|text| serde_json::from_str(&text))
+                .transpose()
+                .map_err(|error| BadInput(format!("--policy: {error}")))?;
+            let update = rlvr_protocol::api::ModelLineUpdate { owner, readers, publishers, policy };
+            vec![api.put_model_line(&name, &update)?]
+        }
+    };
+    for line in &lines {
+        let policy = serde_json::to_string(&line.policy)?;
+        cx.answer(line, Json::Line, || {
+            format!(
+                "{}\towner {}\treaders [{}]\tpublishers [{}]\tversions {:?}\tpolicy {policy}\n",
+                line.name,
+                line.owner,
+                line.readers.join(","),
+                line.publishers.join(","),
+                line.versions,
+            )
+        })?;
+    }
+    Ok(Exit::Done)
 }
 
 #[cfg(test)]

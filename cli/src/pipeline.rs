@@ -7,6 +7,10 @@ use std::time::Duration;
 use rlvr_client::{Client, Exit};
 use rlvr_protocol::pipeline::{PipelineState, PipelineView};
 
+use crate::PipelineCommand;
+use crate::answer::{Context, Json};
+use crate::spec::{fresh_idempotency_key, read_spec};
+
 /// How often `watch` looks.
 const POLL: Duration = Duration::from_secs(1);
 
@@ -72,5 +76,53 @@ pub(crate) fn watch(api: &Client, id: &str, json: bool) -> anyhow::Result<Exit> 
         }
         last = Some(view);
         std::thread::sleep(POLL);
+    }
+}
+
+/// `pipeline submit | status | watch | cancel | list`.
+pub(crate) fn run(cx: &Context, command: PipelineCommand) -> anyhow::Result<Exit> {
+    let print = |view: &PipelineView| cx.answer(view, Json::Block, || status_block(view));
+    match command {
+        PipelineCommand::Submit { file, wait, idempotency_key } => {
+            let spec = read_spec(&file)?;
+            let api = cx.client()?;
+            let key = idempotency_key.unwrap_or_else(|| fresh_idempotency_key(&file));
+            let body = api.upload_spec_data(&spec.body, spec.format, std::path::Path::new("/"))?;
+            let submitted = api.submit_pipeline(&body, spec.format, Some(&key))?;
+            cx.answer(&submitted, Json::Line, || format!("{}\n", submitted.id))?;
+            if wait { watch(&api, &submitted.id, cx.json) } else { Ok(Exit::Done) }
+        }
+        PipelineCommand::Status { id } => {
+            print(&cx.client()?.pipeline(&id)?)?;
+            Ok(Exit::Done)
+        }
+        PipelineCommand::Watch { id } => watch(&cx.client()?, &id, cx.json),
+        PipelineCommand::Cancel { id } => {
+            print(&cx.client()?.cancel_pipeline(&id)?)?;
+            Ok(Exit::Done)
+        }
+        PipelineCommand::List => {
+            let list = cx.client()?.pipelines()?;
+            // regression: with --json the list's lines followed its JSON, which then did not parse
+            cx.answer(&list, Json::Block, || {
+                if list.pipelines.is_empty() {
+                    eprintln!("rlvrctl: no pipelines");
+                }
+                let mut text = String::new();
+                for view in &list.pipelines {
+                    let stage = (view.stage as usize).min(view.stages.len());
+                    text += &format!(
+                        "{}  {:<20} {:<10} stage {stage}/{}  {}\n",
+                        view.id,
+                        view.name,
+                        view.state,
+                        view.stages.len(),
+                        view.reason
+                    );
+                }
+                text
+            })?;
+            Ok(Exit::Done)
+        }
     }
 }

@@ -443,6 +443,7 @@ mod tests {
             published: None,
             published_version: None,
             published_dataset: None,
+            output: None,
             webhook: None,
             curriculum_version: None,
             memory_gb: 0.0,

@@ -784,6 +784,7 @@ mod tests {
             published: Some("/srv/registry/tiny/v4".to_owned()),
             published_version: None,
             published_dataset: None,
+            output: None,
             webhook: None,
             curriculum_version: None,
             memory_gb: 0.0,
