@@ -488,13 +488,15 @@ async function jobPage(view, id, signal) {
   const drawSummary = () => {
     const progress = job.progress || {};
     const items = [
-      ['Name', job.name], ['Team', job.team], ['State', stateBadge(job.state)],
+      ['Name', job.name], ['Team', job.team], ['Kind', job.kind ? job.kind.replaceAll('_', ' ') : '—'], ['State', stateBadge(job.state)],
       ['Step', `${job.step}/${job.max_steps}`], ['Reward', fixed(progress.reward)], ['Held-out', fixed(job.heldout)],
       ['KL', fixed(progress.kl)], ['Step time', progress.step_s != null ? `${fixed(progress.step_s, 2)} s` : '—'],
       ['Model line', job.model_line], ['Submitted', when(job.created_at)],
     ];
     if (job.reason) items.push(['Reason', job.reason]);
-    if (job.published) items.push(['Published', job.published_version ? h('a', { href: `#/lines/${encodeURIComponent(job.published_version.line)}/${job.published_version.version}` }, `${job.published_version.line} version ${job.published_version.version}`) : job.published]);
+    const output = job.output;
+    if (output && output.kind === 'checkpoint') items.push(['Published', h('a', { href: `#/lines/${encodeURIComponent(output.line)}/${output.version}` }, `${output.line} version ${output.version}`)]);
+    if (output && output.kind === 'dataset') items.push(['Published', h('code', {}, `dataset:${output.name}@${output.sha256}`)]);
     summary.replaceChildren(...items.flatMap(([name, value]) => [h('dt', {}, name), h('dd', { 'data-field': name.toLowerCase() }, value)]));
     summary.setAttribute('data-state', job.state);
     heading.replaceChildren('Job ', h('code', {}, id), ' ', h('span.muted', {}, job.name));

@@ -10,7 +10,7 @@
 //! job's graders (`[[verifiers]]`, `[reward]`: the reward training uses), keeps the best `keep`
 //! distinct completions of each prompt whose reward clears `threshold`, and writes them as an
 //! SFT dataset (`{id, prompt, completion, reward}`) that becomes the team's dataset `output`: a
-//! later job names it `dataset:OUTPUT@SHA256` (the job record's `published_dataset`).
+//! later job names it `dataset:OUTPUT@SHA256` (the job's `output`).
 //!
 //! The second built-in, `distill` (`DistillOptions`), trains a student on a teacher
 //! (`worker/src/distill.rs`): a loss that needs both models' logits, which no plugin receives.

@@ -8,8 +8,8 @@
 //! ```
 //! Everything here is pure; `store` applies it to Redis atomically.
 //!
-//! [`LineVersion`] is a job's published line and version as data (`JobView.published_version`;
-//! `published_dataset` for a dataset).
+//! [`JobOutput`] is what a job published, as data: a line version (with its directory) or a team
+//! dataset (`JobView.output`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -168,15 +168,17 @@ pub struct JobView {
     /// measured value and threshold, and `forced` when an admin promoted the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gates: Option<GateReport>,
-    /// Where its checkpoint was published.
+    /// What it published: a checkpoint as a version of its model line, or a team dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<JobOutput>,
+    /// `output`'s checkpoint directory (for clients that read it before `output` existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published: Option<String>,
-    /// The model line and version it published, as data (`line:LINE@VERSION` names it to a
-    /// later job, a pipeline's next stage among them).
+    /// `output`'s model line and version (for clients that read it before `output` existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_version: Option<LineVersion>,
-    /// The dataset a rejection-sampling job published, as a later spec names it in `data.train`:
-    /// `dataset:NAME@SHA256` (the team's dataset, pinned to this job's content).
+    /// `output`'s dataset as a later spec names it in `data.train`, `dataset:NAME@SHA256` (for
+    /// clients that read it before `output` existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_dataset: Option<String>,
     /// What became of the webhook's delivery of the manifest.
@@ -195,12 +197,59 @@ pub struct JobView {
     pub resident_gb: Option<f64>,
 }
 
+impl JobView {
+    /// Sets what the job published: `output` and the fields that repeat it for older clients.
+    pub fn set_output(&mut self, output: Option<JobOutput>) {
+        self.published = None;
+        self.published_version = None;
+        self.published_dataset = None;
+        match &output {
+            Some(JobOutput::Checkpoint { line, version, path }) => {
+                self.published = Some(path.clone());
+                self.published_version = Some(LineVersion { line: line.clone(), version: *version });
+            }
+            Some(dataset @ JobOutput::Dataset { .. }) => {
+                self.published_dataset = Some(dataset.handed_on().reference());
+            }
+            None => {}
+        }
+        self.output = output;
+    }
+}
+
 /// A published version of a model line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LineVersion {
     pub line: String,
     pub version: u64,
+}
+
+/// What a job published, whatever its kind: one field of its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum JobOutput {
+    /// Version `version` of model line `line`, in the directory `path` (a team reads
+    /// `registry:/LINE/VERSION`, never the server's path).
+    Checkpoint { line: String, version: u64, path: String },
+    /// A team dataset (a rejection-sampling job's accepted completions), pinned to its content.
+    Dataset { name: String, sha256: String },
+}
+
+impl JobOutput {
+    /// What a pipeline's next stage takes from it.
+    pub fn handed_on(&self) -> crate::pipeline::StageOutput {
+        use crate::pipeline::StageOutput;
+        match self {
+            JobOutput::Checkpoint { line, version, .. } => {
+                StageOutput::Checkpoint { line: line.clone(), version: *version }
+            }
+            JobOutput::Dataset { name, sha256 } => {
+                StageOutput::Dataset { name: name.clone(), sha256: sha256.clone() }
+            }
+        }
+    }
 }
 
 /// `GET /v1/jobs/{id}/metrics` answer: a window of the job's metrics lines. Follow the history by

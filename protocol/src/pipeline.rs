@@ -15,7 +15,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{JobState, LineVersion};
+use crate::job::JobState;
 use crate::spec::{JobSpec, SpecError, SpecErrors};
 
 /// The value of a field that takes the previous stage's output.
@@ -74,12 +74,6 @@ impl StageOutput {
             StageOutput::Checkpoint { line, version } => format!("line:{line}@{version}"),
             StageOutput::Dataset { name, sha256 } => format!("dataset:{name}@{sha256}"),
         }
-    }
-}
-
-impl From<LineVersion> for StageOutput {
-    fn from(published: LineVersion) -> Self {
-        StageOutput::Checkpoint { line: published.line, version: published.version }
     }
 }
 

@@ -108,6 +108,7 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(self.first.name, "from-toml")
         self.assertEqual((self.published.state, self.published.step), ("published", 6), self.published.reason)
         self.assertEqual(self.published.published_version.line, LINE)
+        self.assertEqual(self.published.output.reference, f"line:{LINE}@{self.published.published_version.version}")
         # Its relative data paths were read from the spec's directory and uploaded as datasets.
         datasets = {dataset.name: dataset for dataset in self.client.datasets()}
         self.assertEqual(datasets["train"].sha256, sha256(self.dir / "data/train.jsonl"))

@@ -132,15 +132,21 @@ class ModelsTest(unittest.TestCase):
                          "tokens_per_s": 90.0, "step_s": 1.5, "eta_s": 0.0},
             "result": {"steps": 6, "weights_sha256": "ab", "heldout_before": 0.2, "heldout_after": 0.4,
                        "stopped": None, "interrupted": False, "checkpoint": "registry:/tiny/1"},
+            "output": {"kind": "checkpoint", "line": "tiny", "version": 1, "path": "registry:/tiny/1"},
             "published_version": {"line": "tiny", "version": 1}})
         self.assertEqual((job.kind, job.progress.reward, job.progress.eta_s, job.progress.warnings),
                          ("online_groups", 0.5, 0.0, []))
         self.assertEqual((job.result.steps, job.result.heldout_after, job.result.interrupted), (6, 0.4, False))
         self.assertEqual(job.published_version, rlvr.LineVersion("tiny", 1))
+        self.assertEqual((job.output.kind, job.output.path, job.output.reference),
+                         ("checkpoint", "registry:/tiny/1", "line:tiny@1"))
+        dataset = rlvr.JobOutput.from_json({"kind": "dataset", "name": "rows", "sha256": "cd"})
+        self.assertEqual(dataset.reference, "dataset:rows@cd")
         # What a newer daemon adds stays in `raw`.
         self.assertEqual(job.result.raw["checkpoint"], "registry:/tiny/1")
         bare = rlvr.Job.from_json({"id": "k", "state": "queued"})
-        self.assertEqual((bare.kind, bare.progress, bare.result, bare.published_version), (None, None, None, None))
+        self.assertEqual((bare.kind, bare.progress, bare.result, bare.output, bare.published_version),
+                         (None, None, None, None, None))
 
 
 class SpecTest(unittest.TestCase):

@@ -25,7 +25,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RedisValue};
 
 use rlvr_protocol::gates::GateReport;
-use rlvr_protocol::job::{JobEvent, JobState, JobView, LineVersion, ListCursor};
+use rlvr_protocol::job::{JobEvent, JobOutput, JobState, JobView, ListCursor};
 use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::spec::{JobSpec, ResourcesSection};
 use rlvr_protocol::worker::{Outcome, Progress};
@@ -44,7 +44,6 @@ const F_TASK: &str = "task_id";
 const F_CRASHES: &str = "crashes";
 const F_CANCEL: &str = "cancel";
 const F_PROGRESS: &str = "progress";
-const F_HELDOUT: &str = "heldout";
 const F_RESULT: &str = "result";
 const F_DEVICES: &str = "devices";
 const F_PREEMPTIONS: &str = "preemptions";
@@ -52,9 +51,7 @@ const F_MEMORY_REQUEUES: &str = "memory_requeues";
 const F_KIND: &str = "kind";
 const F_PRIORITY: &str = "priority";
 const F_GATES: &str = "gates";
-const F_PUBLISHED: &str = "published";
-const F_PUBLISHED_VERSION: &str = "published_version";
-const F_PUBLISHED_DATASET: &str = "published_dataset";
+const F_OUTPUT: &str = "output";
 const F_WEBHOOK: &str = "webhook";
 const F_CURRICULUM_VERSION: &str = "curriculum_version";
 
@@ -71,10 +68,8 @@ pub enum RecordField {
     Result(Box<Outcome>),
     /// The gates' report.
     Gates(Box<GateReport>),
-    /// Where its checkpoint was published, and as which line version.
-    Published { path: String, version: LineVersion },
-    /// The team dataset a rejection-sampling job published: `dataset:NAME@SHA256`.
-    PublishedDataset(String),
+    /// What it published.
+    Output(JobOutput),
     /// What became of its webhook's delivery.
     Webhook(String),
     /// Its dispatch task (a requeue's new one).
@@ -99,11 +94,7 @@ impl RecordField {
             RecordField::CurriculumVersion(version) => vec![(F_CURRICULUM_VERSION, version.to_string())],
             RecordField::Result(outcome) => vec![(F_RESULT, json(id, F_RESULT, outcome)?)],
             RecordField::Gates(report) => vec![(F_GATES, json(id, F_GATES, report)?)],
-            RecordField::Published { path, version } => vec![
-                (F_PUBLISHED, path.clone()),
-                (F_PUBLISHED_VERSION, json(id, F_PUBLISHED_VERSION, version)?),
-            ],
-            RecordField::PublishedDataset(reference) => vec![(F_PUBLISHED_DATASET, reference.clone())],
+            RecordField::Output(output) => vec![(F_OUTPUT, json(id, F_OUTPUT, output)?)],
             RecordField::Webhook(answer) => vec![(F_WEBHOOK, answer.clone())],
             RecordField::TaskId(task) => vec![(F_TASK, task.clone())],
             RecordField::GrownSpec { spec, requeues } => {
@@ -601,15 +592,13 @@ return {1, current}
         static PROGRESS: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
             Script::new(
                 r#"
--- KEYS: job hash; ARGV: step, progress json, heldout ("" = unknown), now ms
+-- KEYS: job hash; ARGV: step, progress json, now ms
 if redis.call("HGET", KEYS[1], "state") ~= "running" then return 0 end
-redis.call("HSET", KEYS[1], "step", ARGV[1], "progress", ARGV[2], "updated_at", ARGV[4])
-if ARGV[3] ~= "" then redis.call("HSET", KEYS[1], "heldout", ARGV[3]) end
+redis.call("HSET", KEYS[1], "step", ARGV[1], "progress", ARGV[2], "updated_at", ARGV[3])
 return 1
 "#,
             )
         });
-        let heldout = progress.heldout.map(|h| h.to_string()).unwrap_or_default();
         let text = serde_json::to_string(progress).map_err(|error| StoreError::Corrupt {
             id: id.to_owned(),
             field: F_PROGRESS,
@@ -619,7 +608,6 @@ return 1
             .key(job_key(id))
             .arg(progress.step)
             .arg(text)
-            .arg(heldout)
             .arg(now_ms())
             .invoke_async(&mut self.conn.clone())
             .await?;
@@ -824,7 +812,8 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         .get(F_SPEC)
         .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
         .and_then(|spec| serde_json::from_value::<ResourcesSection>(spec.get("resources")?.clone()).ok());
-    Ok(JobView {
+    let progress: Option<Progress> = json(id, fields, F_PROGRESS)?;
+    let mut view = JobView {
         id: id.to_owned(),
         team: text("team"),
         name: text("name"),
@@ -859,22 +848,19 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
             .unwrap_or_default(),
         preemptions: number(F_PREEMPTIONS)? as u32,
         grant: None,
-        progress: json(id, fields, F_PROGRESS)?,
-        heldout: fields
-            .get(F_HELDOUT)
-            .map(|heldout| {
-                heldout.parse().map_err(|_| StoreError::Corrupt {
-                    id: id.to_owned(),
-                    field: F_HELDOUT,
-                    message: format!("expected a number, got {heldout:?}"),
-                })
-            })
-            .transpose()?,
+        // The latest held-out score is the progress's (a resumed run carries it on); a record
+        // written before kept it in a field of its own.
+        heldout: match progress.as_ref().and_then(|progress| progress.heldout) {
+            Some(heldout) => Some(heldout),
+            None => before_output::heldout(id, fields)?,
+        },
+        progress,
         result: json(id, fields, F_RESULT)?,
         gates: json(id, fields, F_GATES)?,
-        published: fields.get(F_PUBLISHED).cloned(),
-        published_version: json(id, fields, F_PUBLISHED_VERSION)?,
-        published_dataset: fields.get(F_PUBLISHED_DATASET).cloned(),
+        output: None,
+        published: None,
+        published_version: None,
+        published_dataset: None,
         webhook: fields.get(F_WEBHOOK).cloned(),
         curriculum_version: match fields.get(F_CURRICULUM_VERSION) {
             None => None,
@@ -882,7 +868,64 @@ fn view_from_fields(id: &str, fields: &HashMap<String, String>) -> Result<JobVie
         },
         memory_gb: resources.as_ref().map_or(0.0, |r| r.memory_gb),
         resident_gb: resources.and_then(|r| r.resident_gb),
-    })
+    };
+    let output = match json(id, fields, F_OUTPUT)? {
+        Some(output) => Some(output),
+        None => before_output::output(id, fields)?,
+    };
+    view.set_output(output);
+    Ok(view)
+}
+
+/// Records written before a job's output and held-out score were one field each: the output was
+/// `published` (a path) with `published_version` (JSON), or `published_dataset`
+/// (`dataset:NAME@SHA256`); the held-out score a number in `heldout`. Read, never written.
+mod before_output {
+    use std::collections::HashMap;
+
+    use rlvr_protocol::job::{JobOutput, LineVersion};
+    use rlvr_protocol::names::DataRef;
+
+    use super::StoreError;
+
+    const F_HELDOUT: &str = "heldout";
+    const F_PUBLISHED: &str = "published";
+    const F_PUBLISHED_VERSION: &str = "published_version";
+    const F_PUBLISHED_DATASET: &str = "published_dataset";
+
+    fn corrupt(id: &str, field: &'static str, message: String) -> StoreError {
+        StoreError::Corrupt { id: id.to_owned(), field, message }
+    }
+
+    pub(super) fn heldout(id: &str, fields: &HashMap<String, String>) -> Result<Option<f64>, StoreError> {
+        fields
+            .get(F_HELDOUT)
+            .map(|text| {
+                text.parse().map_err(|_| corrupt(id, F_HELDOUT, format!("expected a number, got {text:?}")))
+            })
+            .transpose()
+    }
+
+    pub(super) fn output(
+        id: &str,
+        fields: &HashMap<String, String>,
+    ) -> Result<Option<JobOutput>, StoreError> {
+        if let Some(text) = fields.get(F_PUBLISHED_VERSION) {
+            let LineVersion { line, version } = serde_json::from_str(text)
+                .map_err(|error| corrupt(id, F_PUBLISHED_VERSION, error.to_string()))?;
+            let path = fields.get(F_PUBLISHED).cloned().unwrap_or_default();
+            return Ok(Some(JobOutput::Checkpoint { line, version, path }));
+        }
+        match fields.get(F_PUBLISHED_DATASET).map(|text| (text, DataRef::parse(text))) {
+            None => Ok(None),
+            Some((_, Ok(DataRef::Dataset { name, sha256: Some(sha256) }))) => {
+                Ok(Some(JobOutput::Dataset { name, sha256 }))
+            }
+            Some((text, _)) => {
+                Err(corrupt(id, F_PUBLISHED_DATASET, format!("expected dataset:NAME@SHA256, got {text:?}")))
+            }
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch.
@@ -897,6 +940,8 @@ pub fn rfc3339(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use rlvr_protocol::job::LineVersion;
+
     use super::*;
 
     /// A record's fields as the submit script writes them, without `kind` unless given.
@@ -928,14 +973,14 @@ mod tests {
     fn record_fields_read_back_as_written_and_a_corrupt_one_is_an_error() {
         let report = GateReport::new(None, Vec::new());
         let outcome = Outcome { steps: 7, weights_sha256: "ab".repeat(32), ..Outcome::default() };
-        let version = LineVersion { line: "tiny".into(), version: 3 };
+        let output =
+            JobOutput::Checkpoint { line: "tiny".into(), version: 3, path: "/registry/tiny/3".into() };
         let written = [
             RecordField::Devices(vec!["cpu:0".into(), "cuda:1".into()]),
             RecordField::CurriculumVersion(5),
             RecordField::Result(Box::new(outcome.clone())),
             RecordField::Gates(Box::new(report.clone())),
-            RecordField::Published { path: "/registry/tiny/3".into(), version: version.clone() },
-            RecordField::PublishedDataset("dataset:rows@abc".into()),
+            RecordField::Output(output.clone()),
             RecordField::Webhook("delivered (200)".into()),
         ];
         let mut fields = record(Some("online_groups"));
@@ -945,16 +990,20 @@ mod tests {
         assert_eq!(view.curriculum_version, Some(5));
         assert_eq!(view.result, Some(outcome));
         assert_eq!(view.gates, Some(report));
+        assert_eq!(view.output, Some(output));
+        // The fields older clients read repeat it.
         assert_eq!(view.published.as_deref(), Some("/registry/tiny/3"));
-        assert_eq!(view.published_version, Some(version));
-        assert_eq!(view.published_dataset.as_deref(), Some("dataset:rows@abc"));
+        assert_eq!(view.published_version, Some(LineVersion { line: "tiny".into(), version: 3 }));
+        assert_eq!(view.published_dataset, None);
         assert_eq!(view.webhook.as_deref(), Some("delivered (200)"));
         for (field, text) in [
             (F_GATES, "{\"passed\": tru"),
             (F_RESULT, "[]"),
             (F_PROGRESS, "null"),
-            (F_PUBLISHED_VERSION, "{}"),
-            (F_HELDOUT, "high"),
+            (F_OUTPUT, "{\"kind\": \"checkpoint\"}"),
+            ("published_version", "{}"),
+            ("published_dataset", "rows.jsonl"),
+            ("heldout", "high"),
             (F_CURRICULUM_VERSION, "-1"),
         ] {
             let mut corrupt = record(None);
@@ -964,6 +1013,74 @@ mod tests {
                 other => panic!("{field} = {text}: {other:?}"),
             }
         }
+    }
+
+    // A dataset output reads back as the reference a later spec names; the held-out score is the
+    // progress's, one number wherever it is shown.
+    #[test]
+    fn a_dataset_output_and_the_heldout_score_read_back_once() {
+        let output = JobOutput::Dataset { name: "rows".into(), sha256: "ab".repeat(32) };
+        let progress = Progress {
+            step: 4,
+            max_steps: 10,
+            reward: None,
+            loss: None,
+            kl: None,
+            heldout: Some(0.25),
+            tokens_per_s: None,
+            step_s: None,
+            eta_s: None,
+            warnings: Vec::new(),
+        };
+        let mut fields = record(None);
+        fields.extend(
+            encode_all("01D", &[RecordField::Output(output.clone())])
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+        fields.insert(F_PROGRESS.to_owned(), serde_json::to_string(&progress).unwrap());
+        let view = view_from_fields("01D", &fields).unwrap();
+        assert_eq!(view.output, Some(output));
+        assert_eq!(view.published_dataset, Some(format!("dataset:rows@{}", "ab".repeat(32))));
+        assert_eq!((view.published, view.published_version), (None, None));
+        assert_eq!(view.heldout, Some(0.25));
+    }
+
+    // A record written before a job's output and held-out score were one field each (as a daemon
+    // before this one left it in Redis) reads as the same job.
+    #[test]
+    fn a_record_written_before_the_output_field_reads_as_the_same_job() {
+        let mut checkpoint = record(Some("online_groups"));
+        for (field, value) in [
+            ("state", "published"),
+            ("published", "/srv/registry/tiny/3"),
+            ("published_version", "{\"line\":\"tiny\",\"version\":3}"),
+            ("heldout", "0.5"),
+            (
+                "progress",
+                "{\"step\":10,\"max_steps\":10,\"reward\":0.4,\"loss\":null,\"kl\":null,\"heldout\":null,\"tokens_per_s\":null,\"step_s\":null,\"eta_s\":null}",
+            ),
+        ] {
+            checkpoint.insert(field.to_owned(), value.to_owned());
+        }
+        let view = view_from_fields("01OLD", &checkpoint).unwrap();
+        assert_eq!(
+            view.output,
+            Some(JobOutput::Checkpoint {
+                line: "tiny".into(),
+                version: 3,
+                path: "/srv/registry/tiny/3".into()
+            })
+        );
+        assert_eq!(view.published.as_deref(), Some("/srv/registry/tiny/3"));
+        assert_eq!(view.heldout, Some(0.5));
+        let mut dataset = record(Some("rejection_sampling"));
+        dataset.insert("published_dataset".to_owned(), format!("dataset:rows@{}", "cd".repeat(32)));
+        assert_eq!(
+            view_from_fields("01OLDD", &dataset).unwrap().output,
+            Some(JobOutput::Dataset { name: "rows".into(), sha256: "cd".repeat(32) })
+        );
     }
 
     // A record written before kinds were recorded still reads, with no kind; a kind that does not

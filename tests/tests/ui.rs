@@ -134,6 +134,9 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert!(grew >= 3, "the reward curve grew {grew} times while running: {running:?}\n{context}");
     // And, the job over, every step is on it, and the other curves are there.
     assert_eq!(seen["final_state"], "published", "{context}");
+    // Its summary says what kind of job it is and which version of its line it published.
+    assert_eq!(seen["summary"]["kind"], "online groups", "{context}");
+    assert_eq!(seen["summary"]["published"], "tiny-arith version 1", "{context}");
     assert_eq!(
         (seen["nav_visible_at_login"].as_bool(), seen["nav_visible_logged_in"].as_bool()),
         (Some(false), Some(true)),

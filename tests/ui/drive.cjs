@@ -109,6 +109,7 @@ async function main() {
     }
     result.timings.job_ended_s = seconds();
     result.final_state = await page.getAttribute('#job-summary', 'data-state');
+    result.summary = await page.$$eval('#job-summary dd[data-field]', (fields) => Object.fromEntries(fields.map((dd) => [dd.dataset.field, dd.textContent])));
     result.charts = await page.$$eval('[data-chart]', (charts) => Object.fromEntries(charts.map((chart) => [
       chart.dataset.chart,
       Object.fromEntries([...chart.querySelectorAll('[data-series]')].map((series) => [series.dataset.series, Number(series.dataset.points)])),

@@ -1,7 +1,7 @@
 //! A rejection-sampling job's end: its dataset judged ([`judge`], pure) and, when every
 //! criterion passes, published as the team's dataset `optimizer.output` ([`gate_and_publish`]):
 //! the same content-addressed store `PUT /v1/datasets/{name}` writes, so a later job of the team
-//! names it `dataset:NAME@SHA256` — the job record's `published_dataset` — and no other team
+//! names it `dataset:NAME@SHA256` — the job's `output` — and no other team
 //! can.
 //!
 //! [`judge`] reads the rows, the acceptance rate and the mean reward.
@@ -11,7 +11,7 @@ use std::io::{self, Read as _, Write as _};
 
 use rlvr_protocol::builtin::{RejectionSamplingOptions, SampledDataset};
 use rlvr_protocol::gates::{Criterion, GateReport, Op};
-use rlvr_protocol::names::DataRef;
+use rlvr_protocol::job::JobOutput;
 use rlvr_protocol::spec::JobSpec;
 use rlvr_protocol::worker::Outcome;
 use sha2::{Digest, Sha256};
@@ -21,8 +21,8 @@ use crate::tenancy::datasets::{DatasetError, Datasets};
 /// What the gates decided about a dataset.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DatasetVerdict {
-    /// Published: the reference a spec names it by (`dataset:NAME@SHA256`), and the report.
-    Published { reference: String, report: GateReport },
+    /// Published as the team's dataset (a spec names it `dataset:NAME@SHA256`), and the report.
+    Published { output: JobOutput, report: GateReport },
     /// Refused: the failing criteria, one line each.
     Refused { reason: String, report: GateReport },
 }
@@ -98,8 +98,8 @@ pub fn gate_and_publish(
     })?;
     let (dataset, _) =
         datasets.finish(team, &name, &incoming, &sha256, bytes, max_datasets).map_err(store)?;
-    let reference = DataRef::Dataset { name: dataset.name, sha256: Some(dataset.sha256) }.to_string();
-    Ok(DatasetVerdict::Published { reference, report })
+    let output = JobOutput::Dataset { name: dataset.name, sha256: dataset.sha256 };
+    Ok(DatasetVerdict::Published { output, report })
 }
 
 /// Copies `from` to `to`, fsynced; its SHA-256 and length.

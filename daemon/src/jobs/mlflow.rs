@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::Method;
 use rlvr_outbound::{Refusal, refusal_of};
-use rlvr_protocol::job::{JobState, JobView};
+use rlvr_protocol::job::{JobOutput, JobState, JobView};
 use rlvr_protocol::spec::{JobSpec, TrackingSection};
 use rlvr_protocol::worker::MetricsLine;
 use serde::{Deserialize, Serialize};
@@ -153,11 +153,14 @@ pub fn end_of(job: &JobView) -> Option<(&'static str, Vec<(String, String)>)> {
     match job.state {
         JobState::Published => {
             tags.push(("rlvr.gates".into(), "passed".into()));
-            if let Some(version) = &job.published_version {
-                tags.push(("rlvr.published_version".into(), format!("{}@{}", version.line, version.version)));
-            }
-            if let Some(dataset) = &job.published_dataset {
-                tags.push(("rlvr.published_dataset".into(), dataset.clone()));
+            match &job.output {
+                Some(JobOutput::Checkpoint { line, version, .. }) => {
+                    tags.push(("rlvr.published_version".into(), format!("{line}@{version}")));
+                }
+                Some(dataset @ JobOutput::Dataset { .. }) => {
+                    tags.push(("rlvr.published_dataset".into(), dataset.handed_on().reference()));
+                }
+                None => {}
             }
         }
         JobState::Refused => {

@@ -17,7 +17,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::gates::{Forced, GateReport, Manifest};
-use rlvr_protocol::job::{JobState, LineVersion};
+use rlvr_protocol::job::{JobOutput, JobState};
 use rlvr_protocol::spec::JobSpec;
 use rlvr_protocol::worker::Outcome;
 use rlvr_queue::store::{JobStore, RecordField, StoreError};
@@ -48,14 +48,15 @@ pub struct Published {
 }
 
 impl Published {
-    /// The job record's fields that say it: the gate report, the path, and the line and
-    /// version as data (what a pipeline's next stage starts from).
+    /// The job record's fields that say it: the gate report and the output (the line version,
+    /// what a pipeline's next stage starts from, with its directory).
     pub fn record_fields(&self) -> [RecordField; 2] {
-        let version = LineVersion { line: self.manifest.model_line.clone(), version: self.version };
-        [
-            RecordField::Gates(Box::new(self.manifest.gates.clone())),
-            RecordField::Published { path: self.path.display().to_string(), version },
-        ]
+        let output = JobOutput::Checkpoint {
+            line: self.manifest.model_line.clone(),
+            version: self.version,
+            path: self.path.display().to_string(),
+        };
+        [RecordField::Gates(Box::new(self.manifest.gates.clone())), RecordField::Output(output)]
     }
 }
 

@@ -789,7 +789,7 @@ impl Supervisor {
     }
 
     /// Gates a finished rejection-sampling job's dataset and records the verdict: published as
-    /// the team's dataset (`published_dataset`, the reference a later spec names), or refused.
+    /// the team's dataset (its output, which a later spec names `dataset:NAME@SHA256`), or refused.
     async fn finish_dataset(&self, id: &str, spec: &JobSpec, outcome: Outcome) {
         let (spec2, tenancy) = (spec.clone(), self.tenancy.clone());
         let rows = self.jobs_dir.job(id).run().dataset();
@@ -804,9 +804,9 @@ impl Supervisor {
         })
         .await;
         match verdict {
-            Ok(Ok(DatasetVerdict::Published { reference, report })) => {
-                let reason = format!("published {reference}");
-                let fields = [RecordField::Gates(Box::new(report)), RecordField::PublishedDataset(reference)];
+            Ok(Ok(DatasetVerdict::Published { output, report })) => {
+                let reason = format!("published {}", output.handed_on().reference());
+                let fields = [RecordField::Gates(Box::new(report)), RecordField::Output(output)];
                 let _ = self.transition(id, JobState::Published, &reason, &fields).await;
             }
             Ok(Ok(DatasetVerdict::Refused { reason, report })) => {

@@ -11,8 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rlvr_protocol::job::JobView;
-use rlvr_protocol::names::DataRef;
+use rlvr_protocol::job::{JobOutput, JobView};
 use rlvr_protocol::pipeline::{PipelineState, StageOutput, bind};
 use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::pipelines::{Claim, PipelineStore};
@@ -62,12 +61,8 @@ pub async fn run(state: Arc<Submitter>, stopping: CancellationToken) {
 /// The pipeline's stage's job as the pipeline sees it: its state, reason and output.
 pub fn stage_job(job: &JobView) -> StageJob {
     // A job that trains hands on the line version it published; a rejection-sampling job the
-    // team dataset it wrote (`dataset:NAME@SHA256`, pinned to its content).
-    let dataset = job.published_dataset.as_deref().and_then(|text| match DataRef::parse(text) {
-        Ok(DataRef::Dataset { name, sha256: Some(sha256) }) => Some(StageOutput::Dataset { name, sha256 }),
-        _ => None,
-    });
-    let output = job.published_version.clone().map(StageOutput::from).or(dataset);
+    // team dataset it wrote, pinned to its content.
+    let output = job.output.as_ref().map(JobOutput::handed_on);
     StageJob { state: job.state, reason: job.reason.clone(), output }
 }
 

@@ -37,6 +37,7 @@ from .models import (  # noqa: E402
     Job,
     JobEvent,
     JobLog,
+    JobOutput,
     JobPage,
     LineVersion,
     Manifest,
@@ -57,5 +58,5 @@ __all__ = [
     "IntegrityError", "FieldProblem",
     "Job", "JobEvent", "JobPage", "JobLog", "GateReport", "Criterion", "MetricsLine", "Dataset",
     "ModelLine", "Manifest", "Plugin", "PluginList", "VerifyResult", "TERMINAL_STATES", "Progress",
-    "Outcome", "LineVersion",
+    "Outcome", "LineVersion", "JobOutput",
 ]

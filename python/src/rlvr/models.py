@@ -99,6 +99,31 @@ class LineVersion:
 
 
 @dataclass
+class JobOutput:
+    """What a job published: a `checkpoint` (version `version` of model line `line`, at `path`) or
+    a team `dataset` (`name`, pinned to `sha256`; a later spec names it `dataset:NAME@SHA256`)."""
+
+    kind: str
+    line: str | None = None
+    version: int | None = None
+    path: str | None = None
+    name: str | None = None
+    sha256: str | None = None
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> JobOutput:
+        return cls(raw["kind"], raw.get("line"), raw.get("version"), raw.get("path"), raw.get("name"),
+                   raw.get("sha256"))
+
+    @property
+    def reference(self) -> str:
+        """How a later spec names it: `line:LINE@VERSION` or `dataset:NAME@SHA256`."""
+        if self.kind == "dataset":
+            return f"dataset:{self.name}@{self.sha256}"
+        return f"line:{self.line}@{self.version}"
+
+
+@dataclass
 class Outcome:
     """How a job's training ended: its steps, its weights' hash, held-out before and after."""
 
@@ -143,7 +168,9 @@ class Job:
     #: How training ended, once it has.
     result: Outcome | None
     gates: GateReport | None
-    #: The model line and version it published.
+    #: What it published: a checkpoint or a team dataset.
+    output: JobOutput | None
+    #: The model line and version it published (`output`'s, for a checkpoint).
     published_version: LineVersion | None
     cancel_requested: bool
     raw: dict[str, Any] = field(repr=False)
@@ -154,7 +181,7 @@ class Job:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Job:
         gates, progress, result = raw.get("gates"), raw.get("progress"), raw.get("result")
-        published = raw.get("published_version")
+        published, output = raw.get("published_version"), raw.get("output")
         return cls(
             id=raw["id"], team=_get(raw, "team", ""), name=_get(raw, "name", ""),
             model_line=_get(raw, "model_line", ""), kind=raw.get("kind"),
@@ -165,6 +192,7 @@ class Job:
             progress=Progress.from_json(progress) if progress else None,
             heldout=raw.get("heldout"), result=Outcome.from_json(result) if result else None,
             gates=GateReport.from_json(gates) if gates else None,
+            output=JobOutput.from_json(output) if output else None,
             published_version=LineVersion.from_json(published) if published else None,
             cancel_requested=bool(raw.get("cancel_requested")), raw=raw,
         )
