@@ -44,7 +44,7 @@ fn manifest(job: &str) -> Manifest {
 }
 
 /// [`publisher`]'s name as the test binary knows it: its path below the crate (`publish::publisher`
-/// in the one integration binary), which `--exact` must match or the child runs nothing.
+/// in the integration binary), which `--exact` must match or the child runs nothing.
 fn publisher_test_name() -> String {
     let module = module_path!().split_once("::").map_or("", |(_crate, module)| module);
     format!("{module}::publisher")
