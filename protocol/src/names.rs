@@ -13,6 +13,10 @@
 //!   a model line the team may read);
 //! - a shared curriculum (`curriculum.name`): `NAME` (the team's own) or `TEAM/NAME` (another
 //!   team's, which that team shared with it).
+//!
+//! A spec goes through three forms, the last two types of their own: as the team wrote it
+//! (`JobSpec`), with its names pinned ([`PinnedSpec`]: what a record keeps and a team sees), and
+//! with its names resolved to the server's paths ([`ServerSpec`]: what a worker reads).
 
 use std::fmt;
 
@@ -194,6 +198,62 @@ impl fmt::Display for CurriculumRef {
             Some(owner) => write!(f, "{owner}/{}", self.name),
             None => f.write_str(&self.name),
         }
+    }
+}
+
+/// A spec whose names the daemon checked in its team's namespace and pinned — every
+/// `dataset:NAME` with its content's SHA-256, every `line:LINE` with a version: what a job's
+/// record keeps, and what its team is shown. Only the daemon's admission makes one from a spec,
+/// and a record gives one back ([`PinnedSpec::from_record`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(transparent)]
+pub struct PinnedSpec(crate::spec::JobSpec);
+
+impl PinnedSpec {
+    /// `spec`, whose names the daemon's admission has just pinned.
+    pub fn admitted(spec: crate::spec::JobSpec) -> PinnedSpec {
+        PinnedSpec(spec)
+    }
+
+    /// A spec a job record holds: it was pinned when the job was admitted.
+    pub fn from_record(spec: crate::spec::JobSpec) -> PinnedSpec {
+        PinnedSpec(spec)
+    }
+
+    /// The spec, to change what is not a name (`[resources]` grown after running out of memory).
+    pub fn resources_mut(&mut self) -> &mut crate::spec::ResourcesSection {
+        &mut self.0.resources
+    }
+
+    pub fn into_spec(self) -> crate::spec::JobSpec {
+        self.0
+    }
+}
+
+impl std::ops::Deref for PinnedSpec {
+    type Target = crate::spec::JobSpec;
+    fn deref(&self) -> &crate::spec::JobSpec {
+        &self.0
+    }
+}
+
+/// A spec whose names are the server's paths: what a worker reads from its job directory. Never
+/// stored in a record and never shown to a team (it says where things are on the host).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(transparent)]
+pub struct ServerSpec(crate::spec::JobSpec);
+
+impl ServerSpec {
+    /// `spec`, whose names the daemon has just replaced by the paths they resolve to.
+    pub fn resolved(spec: crate::spec::JobSpec) -> ServerSpec {
+        ServerSpec(spec)
+    }
+}
+
+impl std::ops::Deref for ServerSpec {
+    type Target = crate::spec::JobSpec;
+    fn deref(&self) -> &crate::spec::JobSpec {
+        &self.0
     }
 }
 

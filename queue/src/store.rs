@@ -27,6 +27,7 @@ use redis::{AsyncCommands, Script, Value as RedisValue};
 use rlvr_protocol::gates::GateReport;
 use rlvr_protocol::job::{JobEvent, JobOutput, JobState, JobView, ListCursor};
 use rlvr_protocol::kind::JobKind;
+use rlvr_protocol::names::PinnedSpec;
 use rlvr_protocol::spec::{JobSpec, ResourcesSection};
 use rlvr_protocol::worker::{Outcome, Progress};
 
@@ -76,7 +77,7 @@ pub enum RecordField {
     TaskId(String),
     /// Its spec with `[resources]` grown after running out of memory, and how many such requeues
     /// it has had: what the scheduler admits it by from then on, across daemon restarts.
-    GrownSpec { spec: Box<JobSpec>, requeues: u32 },
+    GrownSpec { spec: Box<PinnedSpec>, requeues: u32 },
 }
 
 impl RecordField {
@@ -228,7 +229,7 @@ impl JobStore {
         &self,
         id: &str,
         task_id: &str,
-        spec: &JobSpec,
+        spec: &PinnedSpec,
         kind: JobKind,
         idempotency_key: Option<&str>,
     ) -> Result<SubmitOutcome, StoreError> {
@@ -309,14 +310,16 @@ return {1, ARGV[1]}
 
     /// The job's spec as submitted, with `[resources]` as a requeue after an out-of-memory grew
     /// them ([`RecordField::GrownSpec`]).
-    pub async fn spec(&self, id: &str) -> Result<JobSpec, StoreError> {
+    pub async fn spec(&self, id: &str) -> Result<PinnedSpec, StoreError> {
         let text: Option<String> = self.conn.clone().hget(job_key(id), F_SPEC).await?;
         let text = text.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        JobSpec::from_json(&text).map_err(|error| StoreError::Corrupt {
+        let spec = JobSpec::from_json(&text).map_err(|error| StoreError::Corrupt {
             id: id.to_owned(),
             field: F_SPEC,
             message: error.to_string(),
-        })
+        })?;
+        // The submit script wrote it pinned (its only writer but a grown spec, pinned too).
+        Ok(PinnedSpec::from_record(spec))
     }
 
     /// The dispatch task that currently stands for the job: only that task may run it.
@@ -450,7 +453,7 @@ return {1, ARGV[1]}
     /// evaluating): what may still read the data it pinned. Reads states in chunks, and specs
     /// only of those jobs; a record whose spec does not parse is an error, so a caller deciding
     /// what nothing cites never decides on part of the answer.
-    pub async fn unfinished_specs(&self) -> Result<Vec<(String, JobSpec)>, StoreError> {
+    pub async fn unfinished_specs(&self) -> Result<Vec<(String, PinnedSpec)>, StoreError> {
         let ids: Vec<String> = self.conn.clone().zrange(format!("{PREFIX}:jobs"), 0, -1).await?;
         let mut specs = Vec::new();
         for chunk in ids.chunks(500) {

@@ -105,7 +105,7 @@ pub async fn submit(
     let idempotency_key = idempotency_key(&headers)?;
     if query.dry_run {
         let spec = state.submitter.check(spec, true, StandIn::Nothing).await?;
-        return Ok(Json(DryRun { spec }).into_response());
+        return Ok(Json(DryRun { spec: spec.into_spec() }).into_response());
     }
     let spec = state.submitter.check(spec, false, StandIn::Nothing).await?;
     let id = new_task_id();
@@ -203,7 +203,7 @@ pub async fn estimate(
         let device = scheduler.device_kind();
         let estimate =
             crate::jobs::estimate::estimate(&resolved, &registry, device).map_err(|problem| vec![problem])?;
-        let mut filled = pinned;
+        let mut filled = pinned.into_spec();
         crate::jobs::estimate::fill_resources(&mut filled, &estimate);
         let fits = scheduler.can_ever_fit(&scheduler.demand("estimate", &filled, Duration::ZERO));
         Ok::<_, Vec<SpecError>>(Estimate {

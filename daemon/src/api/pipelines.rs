@@ -151,7 +151,7 @@ async fn check_stages(state: &JobsState, spec: &PipelineSpec) -> Answer<()> {
         let (starts_from, reads) = (filled.model.policy.clone(), filled.data.train.display().to_string());
         match state.submitter.check(filled, true, stands_in).await {
             Ok(pinned) => {
-                stand_in_model = Some(pinned.model.policy);
+                stand_in_model = Some(pinned.model.policy.clone());
                 stand_in_data = Some(pinned.data.train.display().to_string());
             }
             Err(SubmitError::Refused(refusal)) => {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use rlvr_plugin_host::Registry;
 use rlvr_protocol::engine::{EngineKind, Launcher};
+use rlvr_protocol::names::PinnedSpec;
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::store::{StoreError, SubmitOutcome};
@@ -101,7 +102,7 @@ impl Submitter {
         spec: JobSpec,
         dry_run: bool,
         stands_in: StandIn,
-    ) -> Result<JobSpec, SubmitError> {
+    ) -> Result<PinnedSpec, SubmitError> {
         // Reads files and the registry, and may wait for a worker process asking an optimizer
         // about its options: off the async threads.
         let submitter = self.clone();
@@ -111,7 +112,12 @@ impl Submitter {
             .map_err(SubmitError::Refused)
     }
 
-    fn check_blocking(&self, spec: JobSpec, dry_run: bool, stands_in: StandIn) -> Result<JobSpec, Refusal> {
+    fn check_blocking(
+        &self,
+        spec: JobSpec,
+        dry_run: bool,
+        stands_in: StandIn,
+    ) -> Result<PinnedSpec, Refusal> {
         let (registry, tenancy, scheduler) = (&self.registry, &self.tenancy, &self.scheduler);
         let mut checked = spec;
         let mut problems = match checks::check_runnable(&checked, registry, scheduler, self.outbound.policy())
@@ -177,7 +183,7 @@ impl Submitter {
     pub async fn create(
         &self,
         id: &str,
-        spec: &JobSpec,
+        spec: &PinnedSpec,
         idempotency_key: Option<&str>,
     ) -> Result<SubmitOutcome, SubmitError> {
         let team = &spec.job.team;

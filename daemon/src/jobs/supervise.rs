@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use rlvr_plugin_host::Registry;
 use rlvr_protocol::job::{JobState, JobView};
+use rlvr_protocol::names::{PinnedSpec, ServerSpec};
 use rlvr_protocol::spec::{JobSpec, Priority};
 use rlvr_queue::dispatch::new_task_id;
 
@@ -416,7 +417,7 @@ impl Supervisor {
     async fn run_worker(
         &self,
         id: &str,
-        spec: &JobSpec,
+        spec: &PinnedSpec,
         job: &JobView,
         curriculum: Option<(PathBuf, u64)>,
         seat: &mut Seat,
@@ -484,7 +485,7 @@ impl Supervisor {
         &self,
         dir: &JobDir,
         id: &str,
-        spec: &JobSpec,
+        spec: &PinnedSpec,
         kind: Option<JobKind>,
         curriculum: Option<(PathBuf, u64)>,
         devices: &[InventoryDevice],
@@ -629,7 +630,7 @@ impl Supervisor {
     }
 
     /// Writes the end of a worker run on `devices` (their names) to the job record.
-    async fn conclude(&self, id: &str, spec: &JobSpec, end: WorkerEnd, devices: &str) {
+    async fn conclude(&self, id: &str, spec: &PinnedSpec, end: WorkerEnd, devices: &str) {
         let priority = spec.job.priority;
         match end {
             WorkerEnd::Finished(outcome) => {
@@ -710,7 +711,7 @@ impl Supervisor {
     /// `[resources] memory_gb` (its record's spec changed with the requeue, so the scheduler and
     /// the next worker's cap see it, after a restart too), or fails naming the numbers. Never a
     /// crash.
-    async fn out_of_memory(&self, id: &str, spec: &JobSpec, report: Option<&OutOfMemory>, devices: &str) {
+    async fn out_of_memory(&self, id: &str, spec: &PinnedSpec, report: Option<&OutOfMemory>, devices: &str) {
         let Some(earlier) =
             self.persist("read the memory requeues", || self.queues.store.memory_requeues(id)).await
         else {
@@ -1088,15 +1089,15 @@ fn memory_cap_bytes(memory_gb: f64, devices: &[InventoryDevice]) -> Option<u64> 
 }
 
 /// `spec` asking for `memory_gb` per device, `resident_gb` of it between phases.
-fn grown(spec: &JobSpec, memory_gb: f64, resident_gb: Option<f64>) -> JobSpec {
+fn grown(spec: &PinnedSpec, memory_gb: f64, resident_gb: Option<f64>) -> PinnedSpec {
     let mut grown = spec.clone();
-    grown.resources.memory_gb = memory_gb;
-    grown.resources.resident_gb = resident_gb;
+    grown.resources_mut().memory_gb = memory_gb;
+    grown.resources_mut().resident_gb = resident_gb;
     grown
 }
 
 /// Writes the job's spec (once: the worker checks it never changes under a run).
-fn prepare_job_dir(dir: &JobDir, spec: &JobSpec) -> std::io::Result<()> {
+fn prepare_job_dir(dir: &JobDir, spec: &ServerSpec) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.path())?;
     if !dir.spec().exists() {
         write_json_atomic(&dir.spec(), spec)?;

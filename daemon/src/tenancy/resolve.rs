@@ -12,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use rlvr_protocol::kind::JobKind;
-use rlvr_protocol::names::{CurriculumRef, DataRef, ModelRef};
+use rlvr_protocol::names::{CurriculumRef, DataRef, ModelRef, PinnedSpec, ServerSpec};
 use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use serde_json::Value;
@@ -144,7 +144,7 @@ pub struct NotAdmitted {
 /// Checks what `spec` names against its team's namespace and returns it pinned: every
 /// `dataset:NAME` with its content's sha256, every `line:L` with its newest version. The model
 /// line is claimed for the team when nobody owns it yet (not on a dry run).
-pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec, NotAdmitted> {
+pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<PinnedSpec, NotAdmitted> {
     let team = spec.job.team.as_str();
     let mut pinned = spec.clone();
     let mut problems = Vec::new();
@@ -232,12 +232,16 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<JobSpec
         }
     }
 
-    if problems.is_empty() { Ok(pinned) } else { Err(NotAdmitted { problems, forbidden }) }
+    if problems.is_empty() {
+        Ok(PinnedSpec::admitted(pinned))
+    } else {
+        Err(NotAdmitted { problems, forbidden })
+    }
 }
 
 /// The spec `spec`'s worker reads: its names replaced by the server's paths. Fails (the job's
 /// fault) when something it names went away since submit or is no longer granted.
-pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<JobSpec, String> {
+pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<ServerSpec, String> {
     let team = spec.job.team.as_str();
     let mut resolved = spec.clone();
     for (field, value) in data_fields(spec) {
@@ -254,7 +258,7 @@ pub fn worker_spec(tenancy: &Tenancy, spec: &JobSpec) -> Result<JobSpec, String>
             field.set(&mut resolved, dir.display().to_string());
         }
     }
-    Ok(resolved)
+    Ok(ServerSpec::resolved(resolved))
 }
 
 /// One of a spec's data files, as submit reads its records.
