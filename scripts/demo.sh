@@ -14,7 +14,7 @@
 # everything else is stopped and removed — on success, failure or Ctrl-C.
 #
 # First run on 2 cores: about 6 minutes with torch in the cache (the release build), plus the torch
-# download on a new machine; later runs about 45 s (43.7 and 48.9 s; --refuse 45.4 s).
+# download on a new machine; later runs about 45 s (43.7 and 48.9 s; --refuse less: 20 GRPO steps).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
