@@ -7,16 +7,12 @@ use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use rlvr_protocol::api::PromoteRequest;
-use rlvr_protocol::gates::Forced;
-use rlvr_protocol::job::{ErrorBody, JobState, JobView, MetricsHistory};
+use rlvr_protocol::job::{ErrorBody, JobView, MetricsHistory};
 
 use super::auth::Caller;
 use super::failure::{Answer, Failure};
 use super::jobs::{JobsState, visible_job};
-use crate::jobs::publish::{self, Verdict};
-
-/// Longest promotion reason kept (it goes into the manifest and the job's reason).
-const MAX_REASON: usize = 2000;
+use crate::jobs::promote::{self, PromoteError, Promotion};
 
 /// `POST /v1/jobs/{id}/promote`: publishes a refused job's candidate over its gates. Admin tokens
 /// only; the override (who, why, when) is recorded in the manifest and the job's gate report.
@@ -45,82 +41,43 @@ pub async fn promote(
     body: Result<Json<PromoteRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Answer<Json<JobView>> {
     let job = visible_job(&state, &caller, &id).await?;
-    if !caller.admin {
-        return Err(Failure::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!("promoting over the gates needs an admin token; team {}'s is not one", caller.team),
-        ));
-    }
-    let Json(request) = body
-        .map_err(|rejection| Failure::new(StatusCode::BAD_REQUEST, "bad_request", rejection.body_text()))?;
-    if !request.force {
-        return Err(Failure::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-            "a promotion overrides the gates: expected force = true",
-        )
-        .field("force"));
-    }
-    let reason = request.reason.trim();
-    if reason.is_empty() || reason.chars().count() > MAX_REASON {
-        return Err(Failure::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-            format!("expected a reason of 1 to {MAX_REASON} characters: it is recorded in the manifest"),
-        )
-        .field("reason"));
-    }
-    let not_refused = |state: JobState| {
-        Failure::new(
-            StatusCode::CONFLICT,
-            "not_refused",
-            format!("job {id} is {state}: only a candidate the gates refused can be promoted"),
-        )
+    let request = match body {
+        Ok(Json(request)) => request,
+        // A token that may not promote hears that first, whatever it sent.
+        Err(_) if !caller.admin => {
+            return Err(promote_failure(PromoteError::NotAdmin { team: caller.team.clone() }));
+        }
+        Err(rejection) => {
+            return Err(Failure::new(StatusCode::BAD_REQUEST, "bad_request", rejection.body_text()));
+        }
     };
-    if job.state != JobState::Refused {
-        return Err(not_refused(job.state));
+    let promotion =
+        Promotion { team: &caller.team, admin: caller.admin, force: request.force, reason: &request.reason };
+    match promote::promote(&state.queues, &state.tenancy, &state.outbound, &job, promotion).await {
+        Ok(job) => Ok(Json(job)),
+        Err(error) => Err(promote_failure(error)),
     }
-    let Some(outcome) = job.result.clone() else {
-        return Err(Failure::new(StatusCode::CONFLICT, "not_refused", format!("job {id} has no candidate")));
-    };
-    let spec = state.queues.store.spec(&id).await?;
-    let forced = Forced {
-        by: caller.team.clone(),
-        reason: reason.to_owned(),
-        at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-    };
-    let tenancy = state.tenancy.clone();
-    let (spec2, id2) = (spec.clone(), id.clone());
-    let verdict = tokio::task::spawn_blocking(move || {
-        publish::gate_and_publish(&spec2, &id2, &outcome, &tenancy.lines, Some(forced))
-    })
-    .await
-    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", error.to_string()))?
-    .map_err(|error| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", error.to_string()))?;
-    let Verdict::Published(published) = verdict else {
-        return Err(Failure::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "a forced promotion was refused",
-        ));
-    };
-    let why = format!(
-        "promoted by admin team {} over the gates ({reason}); published {} version {} at {}",
-        caller.team,
-        spec.job.model_line,
-        published.version,
-        published.path.display()
-    );
-    publish::record(&state.queues.store, &id, &published, &why).await?;
-    tracing::warn!(job = %id, by = %caller.team, %reason, version = published.version, "promoted over the gates");
-    // The answer does not wait for the webhook's retries: the job is published already.
-    let (store, outbound) = (state.queues.store.clone(), state.outbound.clone());
-    let (hook_id, hook_spec) = (id.clone(), spec.clone());
-    tokio::spawn(async move {
-        publish::deliver_webhook(&store, &outbound, &hook_id, &hook_spec, &published).await;
-    });
-    Ok(Json(state.queues.store.get(&id).await?))
+}
+
+/// The answer to a promotion that did not publish.
+fn promote_failure(error: PromoteError) -> Failure {
+    let message = error.to_string();
+    match error {
+        PromoteError::NotAdmin { .. } => Failure::new(StatusCode::FORBIDDEN, "forbidden", message),
+        PromoteError::NotForced => {
+            Failure::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message).field("force")
+        }
+        PromoteError::Reason => {
+            Failure::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message).field("reason")
+        }
+        PromoteError::NotRefused { .. } | PromoteError::NoCandidate { .. } => {
+            Failure::new(StatusCode::CONFLICT, "not_refused", message)
+        }
+        PromoteError::Publish(_) => {
+            Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "publish_failed", message)
+        }
+        PromoteError::Store(error) => error.into(),
+    }
 }
 
 /// The most bytes of `metrics.jsonl` one `GET /v1/jobs/{id}/metrics` reads: 4 MiB (some 10,000

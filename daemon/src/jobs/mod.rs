@@ -13,6 +13,8 @@
 //! - [`gate`]: the gates — the worker's evaluation judged, one criterion at a time (pure).
 //! - [`publish`]: the one publish path (a finished job's, an admin's forced promotion): judge,
 //!   copy into the model line, manifest, record, webhook.
+//! - [`promote`]: the promotion use case — an admin publishes a refused candidate over its
+//!   gates — with its own errors (which are permission refusals); the API maps them to statuses.
 //! - [`webhook`]: the published manifest POSTed to the job's webhook, retried with backoff.
 //! - [`mlflow`]: the job's run in the MLflow server its `[tracking]` names — params, metrics
 //!   while it runs, its end and the published files —, a task of its own beside the supervision.
@@ -29,6 +31,7 @@ pub mod gate;
 pub mod mlflow;
 pub mod out_of_memory;
 pub mod paired;
+pub mod promote;
 pub mod publish;
 pub mod retention;
 pub mod submit;
