@@ -330,8 +330,8 @@ impl Services {
                 trl_python: config.engines.trl_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
                 checked_records: Arc::default(),
+                retention,
             }),
-            retention,
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.submitter.clone(), stopping.clone()));

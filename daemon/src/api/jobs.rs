@@ -65,8 +65,6 @@ pub struct JobsState {
     pub dry_run_budget: std::time::Duration,
     /// The submit use case (`POST /v1/jobs`, a pipeline's checks).
     pub submitter: Arc<Submitter>,
-    /// Ended jobs' records a team keeps (`jobs::retention`): applied when a cancel ends a job.
-    pub retention: crate::jobs::retention::Retention,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -411,18 +409,9 @@ pub async fn cancel(
 ) -> Answer<Json<JobView>> {
     let job = visible_job(&state, &caller, &id).await?;
     let reason = format!("cancelled by team {}", caller.team);
-    let outcome = state.queues.store.cancel(&id, &reason).await?;
-    match outcome {
+    let retention = state.submitter.retention;
+    match crate::jobs::cancel::cancel(&state.queues.store, retention, &id, &job.team, &reason).await? {
         CancelOutcome::Cancelled | CancelOutcome::Requested => {
-            tracing::info!(job = %id, by = %caller.team, "cancel");
-            if matches!(outcome, CancelOutcome::Cancelled) {
-                // Ended now, without a supervision to end it: the team's retention applies here.
-                let (store, retention, team) =
-                    (state.queues.store.clone(), state.retention, job.team.clone());
-                tokio::spawn(
-                    async move { crate::jobs::retention::sweep_team(&store, retention, &team).await },
-                );
-            }
             Ok(Json(shown_to(&state, caller.admin, state.queues.store.get(&id).await?)))
         }
         CancelOutcome::AlreadyEnded(ended) => Err(Failure::new(

@@ -281,7 +281,7 @@ pub async fn cancel(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Answer<Json<PipelineView>> {
-    visible(&state, &caller, &id).await?;
+    let pipeline = visible(&state, &caller, &id).await?;
     let (was, job) = store(&state).cancel(&id).await.map_err(|error| from_store(&id, error))?;
     if was.is_terminal() {
         return Err(Failure::new(
@@ -292,11 +292,9 @@ pub async fn cancel(
     }
     // The driving daemon cancels it too; doing it now saves the wait for its tick.
     if let Some(job) = job {
-        state
-            .queues
-            .store
-            .cancel(&job, &format!("cancelled with pipeline {id} by team {}", caller.team))
-            .await?;
+        let reason = format!("cancelled with pipeline {id} by team {}", caller.team);
+        let retention = state.submitter.retention;
+        crate::jobs::cancel::cancel(&state.queues.store, retention, &job, &pipeline.team, &reason).await?;
     }
     tracing::info!(pipeline = %id, by = %caller.team, "pipeline cancel");
     Ok(Json(shown_to(&state, caller.admin, visible(&state, &caller, &id).await?)))

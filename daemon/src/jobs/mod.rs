@@ -3,6 +3,7 @@
 //!
 //! - [`submit`]: the submit use case — a spec checked ([`checks`], names resolved by `tenancy`),
 //!   its job recorded and its task pushed — for `POST /v1/jobs` and pipelines' stages alike.
+//! - [`cancel`]: the cancel use case, for a team's request and a pipeline's.
 //! - [`checks`]: what `POST /v1/jobs` checks beyond the spec (plugins, files, budgets).
 //! - [`Queues`] (here): the job store plus the per-priority dispatch queues; every (re)queue of a
 //!   job goes through [`Queues::enqueue`].
@@ -23,6 +24,7 @@
 //! - [`tokens`]: the tokens an engine job's ranks grade with, each living as long as its run.
 //! - [`retention`]: how many ended jobs' records a team keeps in Redis, and how long.
 
+pub mod cancel;
 pub mod checks;
 pub mod consumer;
 pub mod dataset_output;

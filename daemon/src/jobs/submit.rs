@@ -38,6 +38,8 @@ pub struct Submitter {
     pub ray_address: Option<String>,
     /// Dataset contents read through already ([`checks::data_problems`]).
     pub checked_records: Arc<CheckedRecords>,
+    /// Ended jobs' records a team keeps: applied when a cancel ends a job ([`super::cancel`]).
+    pub retention: super::retention::Retention,
 }
 
 /// What in a spec only stands in for what an earlier pipeline stage will make (and so is not

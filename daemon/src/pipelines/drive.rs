@@ -19,6 +19,7 @@ use rlvr_queue::store::StoreError;
 use tokio_util::sync::CancellationToken;
 
 use super::next::{Next, Snapshot, StageJob, next};
+use crate::jobs::cancel::cancel;
 use crate::jobs::submit::{StandIn, SubmitError, Submitter};
 
 /// How often the running pipelines are looked at: a stage starts within this of the one before
@@ -98,7 +99,7 @@ async fn step(state: &Arc<Submitter>, store: &PipelineStore, id: &str) -> Result
         Next::Wait => Ok(false),
         Next::CancelJob { job_id } => {
             let reason = format!("cancelled with pipeline {id}");
-            state.queues.store.cancel(&job_id, &reason).await?;
+            cancel(&state.queues.store, state.retention, &job_id, &view.team, &reason).await?;
             Ok(false)
         }
         Next::Advance { stage, output, last } => {
