@@ -166,17 +166,34 @@ impl Client {
 
     /// Sends the request `build` makes, waits out a few busy answers (429, 503 with
     /// Retry-After), and turns an error status into [`HttpError::Status`].
+    ///
+    /// A request that may be sent twice (GET, PUT, DELETE, or one with an `Idempotency-Key`)
+    /// whose kept-alive connection the daemon had closed as it went out is sent again once, on a
+    /// new connection: nothing of it was answered (a busy daemon's idle timeout meets a client's
+    /// reuse of the connection; the submit benchmark saw it).
     pub(crate) fn send(&self, url: &Url, build: impl Fn() -> RequestBuilder) -> Result<Response, HttpError> {
-        let mut retries = 0;
+        let (mut retries, mut resent) = (0, false);
         loop {
-            let response = build().send().map_err(|error| {
-                let (url, detail) = (url.to_string(), reqwest_detail(&error));
-                if error.is_builder() {
-                    HttpError::Request { url, detail }
-                } else {
-                    HttpError::Unreachable { url, detail }
-                }
+            let request = build().build().map_err(|error| HttpError::Request {
+                url: url.to_string(),
+                detail: reqwest_detail(&error),
             })?;
+            let replayable = may_send_twice(&request);
+            let response = match self.http.execute(request) {
+                Ok(response) => response,
+                Err(error) if replayable && !resent && closed_before_answering(&error) => {
+                    resent = true;
+                    continue;
+                }
+                Err(error) => {
+                    let (url, detail) = (url.to_string(), reqwest_detail(&error));
+                    return Err(if error.is_builder() {
+                        HttpError::Request { url, detail }
+                    } else {
+                        HttpError::Unreachable { url, detail }
+                    });
+                }
+            };
             if let Some(wait) = busy_wait(&response)
                 && retries < self.config.busy_retries
                 && wait <= self.config.busy_wait_max
@@ -640,6 +657,20 @@ fn busy_wait(response: &Response) -> Option<Duration> {
     Some(Duration::from_secs(seconds))
 }
 
+/// Whether `request` may reach the daemon twice with one effect: by its method (RFC 9110 §9.2.2)
+/// or its `Idempotency-Key`.
+fn may_send_twice(request: &reqwest::blocking::Request) -> bool {
+    matches!(*request.method(), Method::GET | Method::HEAD | Method::PUT | Method::DELETE)
+        || request.headers().contains_key("idempotency-key")
+}
+
+/// Whether `error` ended the request before any answer began, on a connection that had been
+/// made (hyper's "connection closed before message completed" among them); not a timeout, which
+/// may have left the daemon working on it.
+fn closed_before_answering(error: &reqwest::Error) -> bool {
+    error.is_request() && !error.is_connect() && !error.is_timeout()
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead, BufReader, Read, Write};
@@ -678,6 +709,10 @@ mod tests {
                 reader.read_exact(&mut body).unwrap();
                 request.push_str(&String::from_utf8_lossy(&body));
                 requests.push(request.to_lowercase());
+                // No answer at all: the connection closed as a kept-alive one the server dropped.
+                if answer.is_empty() {
+                    continue;
+                }
                 let (head, body) = answer.split_once("\n\n").unwrap_or((&answer, ""));
                 let head = head.replace('\n', "\r\n");
                 let text =
@@ -718,6 +753,39 @@ mod tests {
         let (server, requests) = serve(&[busy]);
         let error = client(server, ClientConfig { busy_retries: 0, ..ClientConfig::default() }).job("x");
         assert!(error.is_err() && requests.join().unwrap().len() == 1);
+    }
+
+    // regression: the submit benchmark's clients failed with "connection closed before message
+    // completed" when the daemon closed a kept-alive connection as a request went out
+    #[test]
+    fn a_request_that_may_be_sent_twice_is_sent_again_when_its_connection_closed_unanswered() {
+        let job = "HTTP/1.1 200 OK\n\n{\"id\":\"01J\",\"team\":\"t\",\"name\":\"n\",\"model_line\":\"l\",\
+                   \"priority\":\"normal\",\"state\":\"queued\",\"step\":0,\"max_steps\":1,\"reason\":\"\",\
+                   \"created_at\":\"\",\"updated_at\":\"\",\"crashes\":0,\"cancel_requested\":false}";
+        let (server, requests) = serve(&["", job]);
+        let view = client(server, ClientConfig::default()).job("01J").unwrap();
+        assert_eq!(view.id, "01J");
+        assert_eq!(requests.join().unwrap().len(), 2, "sent again once");
+
+        let created = "HTTP/1.1 201 Created\n\n{\"id\":\"01J\",\"created\":true}";
+        let (server, requests) = serve(&["", created]);
+        let api = client(server, ClientConfig::default());
+        assert!(api.submit("[job]\n", SpecFormat::Toml, Some("key-1")).unwrap().created);
+        assert_eq!(requests.join().unwrap().len(), 2, "an idempotency key makes a submit safe to resend");
+
+        // Without a key a submit might have been taken: it is not sent again, and says so.
+        let (server, requests) = serve(&[""]);
+        let error = client(server, ClientConfig::default()).submit("[job]\n", SpecFormat::Toml, None);
+        assert!(matches!(error, Err(HttpError::Unreachable { .. })), "{error:?}");
+        assert_eq!(requests.join().unwrap().len(), 1);
+
+        // Twice unanswered: the second closing is the error.
+        let (server, requests) = serve(&["", ""]);
+        assert!(matches!(
+            client(server, ClientConfig::default()).job("01J"),
+            Err(HttpError::Unreachable { .. })
+        ));
+        assert_eq!(requests.join().unwrap().len(), 2);
     }
 
     #[test]
