@@ -1,6 +1,6 @@
 //! What every command shares: the daemon it talks to ([`Context`]), how it prints what it got —
-//! as JSON with `--json`, else as text ([`answer`]) — and the error for input that is wrong on
-//! this side ([`BadInput`]).
+//! as JSON with `--json`, else as text ([`Context::answer`]) — and the error for input that is
+//! wrong on this side ([`BadInput`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -25,14 +25,23 @@ impl Context {
         Ok(Client::with_config(settings, client_config())?)
     }
 
-    /// Prints `value` as [`answer`] does, by `--json`.
+    /// Prints a command's answer: `value` as JSON with `--json`, else the text `text` makes (its
+    /// lines each ending in a newline). The one place a command's two forms are chosen between.
     pub fn answer<T: serde::Serialize + ?Sized>(
         &self,
         value: &T,
         shape: Json,
         text: impl FnOnce() -> String,
     ) -> anyhow::Result<()> {
-        answer(self.json, value, shape, text)
+        if self.json {
+            match shape {
+                Json::Block => println!("{}", serde_json::to_string_pretty(value)?),
+                Json::Line => println!("{}", serde_json::to_string(value)?),
+            }
+        } else {
+            print!("{}", text());
+        }
+        Ok(())
     }
 }
 
@@ -55,25 +64,6 @@ fn say_busy(status: StatusCode, wait: Duration) {
 pub enum Json {
     Block,
     Line,
-}
-
-/// Prints a command's answer: `value` as JSON with `--json`, else the text `text` makes (its
-/// lines each ending in a newline). The one place a command's two forms are chosen between.
-pub fn answer<T: serde::Serialize + ?Sized>(
-    json: bool,
-    value: &T,
-    shape: Json,
-    text: impl FnOnce() -> String,
-) -> anyhow::Result<()> {
-    if json {
-        match shape {
-            Json::Block => println!("{}", serde_json::to_string_pretty(value)?),
-            Json::Line => println!("{}", serde_json::to_string(value)?),
-        }
-    } else {
-        print!("{}", text());
-    }
-    Ok(())
 }
 
 /// Something wrong on this side (a spec file, a plugin directory): exit 2, like a 4xx.
