@@ -89,6 +89,25 @@ fn read_events(python: &Path, logdir: &Path) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+/// How many whole TFRecord frames (length, its CRC, the bytes, their CRC) the log directory's
+/// one event file holds so far: a frame being written is not counted.
+fn complete_records(logdir: &Path) -> usize {
+    let Some(file) = fs::read_dir(logdir).ok().and_then(|mut entries| entries.next()) else {
+        return 0;
+    };
+    let bytes = fs::read(file.unwrap().path()).unwrap_or_default();
+    let (mut at, mut records) = (0, 0);
+    while let Some(length) = bytes.get(at..at + 8) {
+        let length = u64::from_le_bytes(length.try_into().unwrap()) as usize;
+        at += 8 + 4 + length + 4;
+        if at > bytes.len() {
+            break;
+        }
+        records += 1;
+    }
+    records
+}
+
 fn checkpoint_step(state: &Path) -> u64 {
     let latest = fs::read_to_string(state.join("checkpoints/LATEST")).unwrap();
     latest.trim().strip_prefix("step-").unwrap().parse().unwrap()
@@ -106,15 +125,16 @@ fn a_resumed_runs_event_files_show_in_tensorboard_what_metrics_jsonl_holds() {
     let state = dir.path().join("state");
     let logdir = state.join("tensorboard");
 
-    // The first process: killed after step 3 is logged, past the step-2 checkpoint.
+    // The first process: killed once step 3's event is written, past the step-2 checkpoint. The
+    // event file is waited on, not `metrics.jsonl`: the worker writes each line there first, so
+    // a kill between the two would leave the events one step short.
     let mut child = worker_command(&spec, &state, &plugins, &[])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let past_step_3 = wait_until(Duration::from_secs(300), || {
-        fs::read_to_string(state.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 4)
-    });
+    // The version and the START, then one event for each of steps 0 to 3.
+    let past_step_3 = wait_until(Duration::from_secs(300), || complete_records(&logdir) >= 2 + 4);
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(past_step_3, "the run never reached step 3");
