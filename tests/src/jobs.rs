@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use reqwest::blocking::Client;
 use rlvr_client::{ClientConfig, HttpError, Settings, SpecFormat, Token, Url, View};
-use rlvr_protocol::job::{ErrorBody, JobEvent, JobView};
+use rlvr_protocol::gates::GateReport;
+use rlvr_protocol::job::{ErrorBody, JobEvent, JobState, JobView};
+use rlvr_protocol::worker::Outcome;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -86,14 +88,59 @@ pub fn get(daemon: &Daemon, token: &str, path: &str) -> (u16, Value) {
     answer(daemon, api(daemon, Some(token)).get::<Value>(&segments(path), &[]), |_| 200)
 }
 
+/// A job as the API answered it: the typed view (its fields through `Deref`), shown as its JSON
+/// in a failed assertion's message.
+#[derive(Debug, Clone)]
+pub struct Job(pub JobView);
+
+impl std::ops::Deref for Job {
+    type Target = JobView;
+
+    fn deref(&self) -> &JobView {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&serde_json::to_string(&self.0).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+impl Job {
+    /// How its training ended; panics, showing the job, when it has no result yet.
+    pub fn outcome(&self) -> &Outcome {
+        self.result.as_ref().unwrap_or_else(|| panic!("no result: {self}"))
+    }
+
+    /// The hash of the weights it trained (see [`Job::outcome`]).
+    pub fn weights(&self) -> String {
+        self.outcome().weights_sha256.clone()
+    }
+
+    /// Its gate report; panics, showing the job, when it has none.
+    pub fn report(&self) -> &GateReport {
+        self.gates.as_ref().unwrap_or_else(|| panic!("no gate report: {self}"))
+    }
+
+    /// The directory of the checkpoint it published; panics, showing the job, when it has none.
+    pub fn published_dir(&self) -> &Path {
+        Path::new(self.published.as_deref().unwrap_or_else(|| panic!("nothing published: {self}")))
+    }
+}
+
 /// The job, as an admin sees it (any team's).
-pub fn job(daemon: &Daemon, id: &str) -> Value {
-    let job = api(daemon, Some(ADMIN_TOKEN)).job(id).unwrap_or_else(|error| panic!("job {id}: {error}"));
-    serde_json::to_value(job).expect("JSON")
+pub fn job(daemon: &Daemon, id: &str) -> Job {
+    job_as(daemon, ADMIN_TOKEN, id)
+}
+
+/// The job, as `token` sees it (a team reads names where the record keeps the server's paths).
+pub fn job_as(daemon: &Daemon, token: &str, id: &str) -> Job {
+    Job(api(daemon, Some(token)).job(id).unwrap_or_else(|error| panic!("job {id}: {error}")))
 }
 
 /// Waits until the job satisfies `done`; panics with its record and the daemon log otherwise.
-pub fn wait_job(daemon: &Daemon, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
+pub fn wait_job(daemon: &Daemon, id: &str, timeout: Duration, done: impl Fn(&Job) -> bool) -> Job {
     let deadline = Instant::now() + timeout;
     loop {
         let current = job(daemon, id);
@@ -106,8 +153,8 @@ pub fn wait_job(daemon: &Daemon, id: &str, timeout: Duration, done: impl Fn(&Val
 }
 
 /// Whether the job reached a final state.
-pub fn ended(job: &Value) -> bool {
-    ["published", "refused", "failed", "cancelled"].contains(&job["state"].as_str().unwrap_or(""))
+pub fn ended(job: &Job) -> bool {
+    job.state.is_terminal()
 }
 
 /// The `state` events of a followed job.
@@ -122,9 +169,9 @@ impl View for StateEvents {
     fn progress(&mut self, _: &JobView, _: &str) {}
 }
 
-/// The job's `state` events in order (`id`, `at`, `state`, `reason`, `step`), read from its event
-/// stream to the final one: call this once the job has ended.
-pub fn state_events(daemon: &Daemon, id: &str) -> Vec<Value> {
+/// The job's `state` events in order, read from its event stream to the final one: call this
+/// once the job has ended.
+pub fn state_events(daemon: &Daemon, id: &str) -> Vec<JobEvent> {
     let mut events = StateEvents::default();
     api(daemon, Some(ADMIN_TOKEN)).follow(id, &mut events).unwrap_or_else(|error| {
         panic!(
@@ -132,17 +179,17 @@ pub fn state_events(daemon: &Daemon, id: &str) -> Vec<Value> {
             daemon.log()
         )
     });
-    events.0.iter().map(|event| serde_json::to_value(event).expect("JSON")).collect()
+    events.0
 }
 
 /// The job's states in order (see [`state_events`]).
-pub fn states(daemon: &Daemon, id: &str) -> Vec<String> {
-    state_events(daemon, id).iter().map(|event| event["state"].as_str().unwrap().to_owned()).collect()
+pub fn states(daemon: &Daemon, id: &str) -> Vec<JobState> {
+    state_events(daemon, id).iter().map(|event| event.state).collect()
 }
 
 /// When an event happened, in ms since the epoch (its stream id is `<ms>-<seq>`).
-pub fn event_ms(event: &Value) -> u64 {
-    event["id"].as_str().and_then(|id| id.split('-').next()).and_then(|ms| ms.parse().ok()).unwrap()
+pub fn event_ms(event: &JobEvent) -> u64 {
+    event.id.split('-').next().and_then(|ms| ms.parse().ok()).unwrap()
 }
 
 /// Pids of the worker processes running job `id` now (their command line names the job's

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rlvr_protocol::job::{JobEvent, JobView};
+use rlvr_protocol::job::{JobEvent, JobState, JobView};
 use rlvr_tests::jobs::{client, ended, get, submit_ok, wait_job};
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, workspace_root,
@@ -97,14 +97,14 @@ fn every_route_answers_as_the_openapi_document_says_under_generated_requests() {
     let data = arith_data(dir.path(), &[]);
     let mut ids = Vec::new();
     for (name, gates, state) in [
-        ("published", PERMISSIVE_GATES, "published"),
-        ("refused", "[gates]\nheldout_gain_min = 0.9\nrefuse_reward_hacking = false\n", "refused"),
+        ("published", PERMISSIVE_GATES, JobState::Published),
+        ("refused", "[gates]\nheldout_gain_min = 0.9\nrefuse_reward_hacking = false\n", JobState::Refused),
     ] {
         let spec = format!("{}\n{gates}", arith_grpo_spec(&data, name, "builtin:tiny-arith", 2, 1));
         let id = submit_ok(&daemon, &spec);
         let job = wait_job(&daemon, &id, Duration::from_secs(120), ended);
         let worker_log = fs::read_to_string(daemon.state.join("jobs").join(&id).join("worker.log"));
-        assert_eq!(job["state"], state, "{job}\nworker log: {worker_log:?}");
+        assert_eq!(job.state, state, "{job}\nworker log: {worker_log:?}");
         ids.push(id);
     }
     let (status, datasets) = get(&daemon, TEAM_TOKEN, "/v1/datasets");

@@ -6,6 +6,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::cli::{command, run, text};
 use rlvr_tests::jobs::{ended, submit_ok, wait_job};
 use rlvr_tests::{Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, artifact};
@@ -31,8 +32,8 @@ fn a_refresh_asked_twice_the_same_day_runs_once_and_later_jobs_pin_its_version()
     // Before any refresh: the job runs from the plugin's prior and records version 0.
     let first = submit_ok(&daemon, &spec(&data, "first"));
     let done = wait_job(&daemon, &first, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["curriculum_version"], 0);
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert_eq!(done.curriculum_version, Some(0));
     let rollouts =
         fs::read_to_string(daemon.state.join("jobs").join(&first).join("run/rollouts.jsonl")).unwrap();
     let records = rollouts.lines().count();
@@ -84,8 +85,8 @@ fn a_refresh_asked_twice_the_same_day_runs_once_and_later_jobs_pin_its_version()
     // A job admitted now pins version 1 and starts from its counts.
     let second = submit_ok(&daemon, &spec(&data, "second"));
     let done = wait_job(&daemon, &second, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["curriculum_version"], 1);
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert_eq!(done.curriculum_version, Some(1));
     let log = fs::read_to_string(daemon.state.join("jobs").join(&second).join("worker.log")).unwrap();
     assert!(log.contains("curriculum pinned"), "{log}");
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use rlvr_protocol::jobdir::RunDir;
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{ended, get, submit, submit_ok, wait_job};
 use rlvr_tests::{Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, worker_command, worker_plugins};
 
@@ -90,8 +91,8 @@ fn a_student_moves_toward_its_teacher_in_each_mode() {
     .collect();
     for (mode, figure, id) in jobs {
         let job = wait_job(&daemon, &id, Duration::from_secs(400), ended);
-        assert_eq!(job["state"], "published", "{mode}: {job}\n{}", daemon.log());
-        assert_eq!(job["step"], steps, "{mode}: {job}");
+        assert_eq!(job.state, JobState::Published, "{mode}: {job}\n{}", daemon.log());
+        assert_eq!(job.step, u64::from(steps), "{mode}: {job}");
         let (status, history) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}/metrics"));
         assert_eq!(status, 200, "{history}");
         // The optimizer's figures are flattened into each metrics line.

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{client, ended, states, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
     Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
@@ -79,7 +80,7 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let id = submit_ok(&daemon, &spec(&data, 24, "local"));
-    wait_job(&daemon, &id, Duration::from_secs(240), |job| job["step"].as_u64() >= Some(7));
+    wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 7);
 
     // The job's token grades as its team on the verify route, and reaches nothing else.
     let token = job_token(&id);
@@ -122,16 +123,16 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
     daemon.restart();
     let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
     let log = fs::read_to_string(daemon.state.join("jobs").join(&id).join("worker.log")).unwrap_or_default();
-    assert_eq!(done["state"], "published", "{done}\n{log}");
-    assert_eq!(done["crashes"], 0, "a clean stop is no crash: {done}");
+    assert_eq!(done.state, JobState::Published, "{done}\n{log}");
+    assert_eq!(done.crashes, 0, "a clean stop is no crash: {done}");
     assert!(
         log.contains(&format!("checkpoint-{stopped_at}")) && log.contains("resuming from the newest"),
         "{log}"
     );
     let states = states(&daemon, &id);
-    let stop = states.iter().position(|s| s == "preempted").expect("preempted");
-    assert_eq!(states[stop + 1], "queued", "{states:?}");
-    assert!(states.ends_with(&["evaluating".to_owned(), "published".to_owned()]), "{states:?}");
+    let stop = states.iter().position(|s| *s == JobState::Preempted).expect("preempted");
+    assert_eq!(states[stop + 1], JobState::Queued, "{states:?}");
+    assert!(states.ends_with(&[JobState::Evaluating, JobState::Published]), "{states:?}");
 
     // Every step once, as an uninterrupted run logs them.
     let lines = every_step_once(&run, 24);
@@ -142,12 +143,12 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
     }
     assert!(lines[0]["heldout"]["accuracy"].is_f64() && lines[25]["heldout"]["accuracy"].is_f64());
     // Published as any job: the manifest, the model a HF directory.
-    let published = PathBuf::from(done["published"].as_str().expect("where it was published"));
+    let published = done.published_dir();
     let manifest: Value =
         serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["job_id"], id.as_str());
     assert_eq!(manifest["step"], 24);
-    assert_eq!(manifest["weights_sha256"], done["result"]["weights_sha256"]);
+    assert_eq!(manifest["weights_sha256"], done.weights());
     for file in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(published.join(file).is_file(), "{file} published");
     }
@@ -169,7 +170,7 @@ fn published_with_every_step(daemon: &Daemon, spec: &str, steps: u64) -> (Vec<Va
     let done = wait_job(daemon, &id, Duration::from_secs(300), ended);
     let run = daemon.state.join("jobs").join(&id).join("run");
     let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
-    assert_eq!(done["state"], "published", "{done}\n{worker_log}");
+    assert_eq!(done.state, JobState::Published, "{done}\n{worker_log}");
     (every_step_once(&run, steps), worker_log)
 }
 
@@ -361,7 +362,7 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let id = submit_ok(&daemon, &spec(&data, 16, "ray"));
-    wait_job(&daemon, &id, Duration::from_secs(240), |job| job["step"].as_u64() >= Some(6));
+    wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 6);
 
     // The daemon's SIGTERM reaches the ranks as the Ray job's stop. The stop waits for the
     // daemon's exit as long as its own drain may take (its jobs' checkpoint at a step the ranks
@@ -386,7 +387,7 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
 
     daemon.restart();
     let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
-    assert_eq!(done["state"], "published", "{done}\n{}", worker_log());
+    assert_eq!(done.state, JobState::Published, "{done}\n{}", worker_log());
     assert!(worker_log().contains("resuming from the newest"), "{}", worker_log());
     let submitted = ray.rlvr_jobs();
     let statuses: Vec<&str> = submitted.iter().map(|(_, status)| status.as_str()).collect();

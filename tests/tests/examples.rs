@@ -12,6 +12,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::JobState;
+use rlvr_protocol::kind::JobKind;
 use rlvr_tests::jobs::{ended, wait_job};
 use rlvr_tests::{Daemon, Redis, artifact, cli, sha256_hex, workspace_root};
 
@@ -150,25 +152,29 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     assert!(downloaded.join("config.json").is_file(), "the README's download: {}", downloaded.display());
     eprintln!("the README's first job ran ({:.0} s)", started.elapsed().as_secs_f64());
     let jobs = [
-        ("sft.toml", &readme_jobs[0], "offline_sft"),
-        ("grpo.toml", &readme_jobs[1], "online_groups"),
-        ("rm.toml", &rm, "reward_model"),
+        ("sft.toml", &readme_jobs[0], JobKind::OfflineSft),
+        ("grpo.toml", &readme_jobs[1], JobKind::OnlineGroups),
+        ("rm.toml", &rm, JobKind::RewardModel),
     ];
     for (name, id, kind) in jobs {
         let job = wait_job(&daemon, id, Duration::from_secs(300), ended);
-        assert_eq!(job["kind"], kind, "{name}: {job}");
+        assert_eq!(job.kind, Some(kind), "{name}: {job}");
         // The premise of publishing (the gates publish a held-out gain over the start): the run
         // learned. Its candidate's held-out score against the start's, when it trained to a result.
-        let result = &job["result"];
-        let best = result["candidate"]["heldout"].as_f64().or(result["heldout_after"].as_f64());
-        if let (Some(before), Some(best)) = (result["heldout_before"].as_f64(), best) {
+        let result = job.outcome();
+        let best = result.candidate.as_ref().and_then(|candidate| candidate.heldout).or(result.heldout_after);
+        if let (Some(before), Some(best)) = (result.heldout_before, best) {
             assert!(
                 best > before,
                 "premise: the run did not learn: {name}: held-out {before:.3} → {best:.3} (its best)\n{job}"
             );
         }
-        assert_eq!(job["state"], "published", "{name}: {job}\n{}", daemon.log());
-        eprintln!("{name}: published as {} ({:.0} s)", job["published"], started.elapsed().as_secs_f64());
+        assert_eq!(job.state, JobState::Published, "{name}: {job}\n{}", daemon.log());
+        eprintln!(
+            "{name}: published as {} ({:.0} s)",
+            job.published_dir().display(),
+            started.elapsed().as_secs_f64()
+        );
     }
 
     // Every example, as `rlvrctl init` writes it: the dry run checks what submit checks (plugins

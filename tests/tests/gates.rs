@@ -7,8 +7,11 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
+use rlvr_protocol::gates::GateReport;
+use rlvr_protocol::job::JobState;
+use rlvr_protocol::worker::BaselineKind;
 use rlvr_tests::cli::{run, text};
-use rlvr_tests::jobs::{ended, job, submit_ok, wait_job};
+use rlvr_tests::jobs::{Job, ended, job, submit_ok, wait_job};
 use rlvr_tests::peer::Peer;
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OUTBOUND_LOOPBACK, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
@@ -35,9 +38,8 @@ fn spec(data: &Path, name: &str, steps: u32, extra: &str) -> String {
 
 /// Each criterion of the job's gate report (read as the protocol's type) and whether it lets the
 /// candidate through (passed, or not checked).
-fn criteria(job: &Value) -> Vec<(String, bool)> {
-    let report: rlvr_protocol::gates::GateReport = serde_json::from_value(job["gates"].clone()).unwrap();
-    report.criteria.iter().map(|criterion| (criterion.name.clone(), criterion.allows())).collect()
+fn criteria(job: &Job) -> Vec<(String, bool)> {
+    job.report().criteria.iter().map(|criterion| (criterion.name.clone(), criterion.allows())).collect()
 }
 
 #[test]
@@ -58,7 +60,7 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
         &spec(&data, "first", 6, &format!("{PERMISSIVE_GATES}[publish]\nwebhook = {url:?}\n",)),
     );
     let done = wait_job(&daemon, &first, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done.state, JobState::Published, "{done}");
     let names: Vec<String> = criteria(&done).into_iter().map(|(name, _)| name).collect();
     assert_eq!(
         names,
@@ -72,20 +74,20 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
             "reward_hacking"
         ]
     );
-    assert!(criteria(&done).iter().all(|(_, passed)| *passed), "{}", done["gates"]);
-    assert_eq!(done["gates"]["baseline"]["kind"], "start");
-    for criterion in done["gates"]["criteria"].as_array().unwrap() {
-        assert!(criterion["measured"].is_number(), "each criterion measured something: {criterion}");
+    assert!(criteria(&done).iter().all(|(_, passed)| *passed), "{done}");
+    assert_eq!(done.report().baseline.as_ref().map(|baseline| baseline.kind), Some(BaselineKind::Start));
+    for criterion in &done.report().criteria {
+        assert!(criterion.measured.is_some(), "each criterion measured something: {criterion:?}");
     }
 
     // The manifest: job, spec, plugins with their hashes, data hashes, step, metrics, gates, files.
-    let published = Path::new(done["published"].as_str().unwrap());
+    let published = done.published_dir().to_owned();
     assert_eq!(published, daemon.state.join("registry/tiny-arith/1"));
     let manifest: Value =
         serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["job_id"], first.as_str());
     assert_eq!(manifest["step"], 6);
-    assert_eq!(manifest["gates"], done["gates"]);
+    assert_eq!(serde_json::from_value::<GateReport>(manifest["gates"].clone()).unwrap(), *done.report());
     assert_eq!(manifest["spec"]["job"]["name"], "first");
     let plugins: Vec<(String, String)> = manifest["plugins"]
         .as_array()
@@ -113,8 +115,8 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
     let delivered = receiver.first(Duration::from_secs(30)).expect("the webhook was called");
     let delivered: Value = serde_json::from_slice(&delivered.body).unwrap_or(Value::Null);
     assert_eq!(delivered, manifest);
-    wait_until(Duration::from_secs(10), || job(&daemon, &first)["webhook"].is_string());
-    let webhook = job(&daemon, &first)["webhook"].as_str().unwrap().to_owned();
+    wait_until(Duration::from_secs(10), || job(&daemon, &first).webhook.is_some());
+    let webhook = job(&daemon, &first).webhook.clone().unwrap();
     assert!(webhook.starts_with(&format!("delivered to {url} (HTTP 200) on attempt 1")), "{webhook}");
 
     // rlvrctl gates prints the table; rlvrctl report writes the page and its plots.
@@ -145,20 +147,22 @@ fn a_candidate_is_gated_against_its_baseline_published_with_its_manifest_and_its
         ),
     );
     let done = wait_job(&daemon, &second, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["gates"]["baseline"]["kind"], "published");
-    assert_eq!(done["gates"]["baseline"]["version"], 1);
-    assert_eq!(done["gates"]["baseline"]["model"], published.display().to_string());
-    wait_until(Duration::from_secs(30), || job(&daemon, &second)["webhook"].is_string());
+    assert_eq!(done.state, JobState::Published, "{done}");
+    let baseline = done.report().baseline.clone().expect("a baseline");
+    assert_eq!(
+        (baseline.kind, baseline.version, baseline.model),
+        (BaselineKind::Published, Some(1), published.display().to_string())
+    );
+    wait_until(Duration::from_secs(30), || job(&daemon, &second).webhook.is_some());
     let later = job(&daemon, &second);
-    let webhook = later["webhook"].as_str().unwrap();
+    let webhook = later.webhook.as_deref().unwrap();
     assert!(
         webhook.starts_with(
             "not delivered to http://127.0.0.1:1/down after 5 attempts (the checkpoint stays published)"
         ),
         "{webhook}"
     );
-    assert_eq!(later["state"], "published");
+    assert_eq!(later.state, JobState::Published);
     assert!(daemon.state.join("registry/tiny-arith/2/manifest.json").is_file());
 }
 
@@ -175,14 +179,14 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
         spec(&data, "refused", 4, "[gates]\nheldout_gain_min = 0.9\nrefuse_reward_hacking = false\n");
     let id = submit_ok(&daemon, &refused_spec);
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "refused", "{done}");
-    same_report_offline(dir.path(), &refused_spec, &done["gates"]);
-    let reason = done["reason"].as_str().unwrap();
+    assert_eq!(done.state, JobState::Refused, "{done}");
+    same_report_offline(dir.path(), &refused_spec, done.report());
+    let reason = done.reason.as_str();
     assert!(
         reason.starts_with("gates refused: heldout_gain: ") && reason.contains(" < 0.9 (held-out accuracy "),
         "{reason}"
     );
-    assert_eq!(done["gates"]["passed"], false);
+    assert!(!done.report().passed);
     assert!(!dir.path().join("registry").exists() && !daemon.state.join("registry/tiny-arith/1").exists());
 
     let team = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", TEAM_TOKEN)];
@@ -198,14 +202,14 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
     let admin = [("RLVR_SERVER", daemon.url.as_str()), ("RLVR_TOKEN", ADMIN_TOKEN)];
     let output = run(&rlvrctl, &["promote", &id, "--reason", "x"], dir.path(), &admin);
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
-    assert_eq!(job(&daemon, &id)["state"], "refused");
+    assert_eq!(job(&daemon, &id).state, JobState::Refused);
 
     let why = "held-out set too small to judge; approved by the eval team";
     let output = run(&rlvrctl, &["promote", &id, "--force", "--reason", why], dir.path(), &admin);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output));
     let promoted = job(&daemon, &id);
-    assert_eq!(promoted["state"], "published", "{promoted}");
-    assert!(promoted["reason"].as_str().unwrap().starts_with("promoted by admin team ops over the gates"));
+    assert_eq!(promoted.state, JobState::Published, "{promoted}");
+    assert!(promoted.reason.as_str().starts_with("promoted by admin team ops over the gates"));
     let manifest: Value =
         serde_json::from_slice(&fs::read(daemon.state.join("registry/tiny-arith/1/manifest.json")).unwrap())
             .unwrap();
@@ -226,7 +230,7 @@ fn a_refused_candidate_says_why_and_only_an_admin_can_promote_it_over_the_gates(
 /// run by `rlvr-worker run` alone (one thread, as the daemon's workers here: bit-exact), its
 /// outcome judged offline, gives the stored report; it exits 1 for a refusal and 2, naming the
 /// file, for an outcome it cannot read.
-fn same_report_offline(dir: &Path, toml: &str, stored: &Value) {
+fn same_report_offline(dir: &Path, toml: &str, daemon: &GateReport) {
     let spec = dir.join("offline.toml");
     fs::write(&spec, toml).unwrap();
     let plugins = worker_plugins(dir);
@@ -240,8 +244,7 @@ fn same_report_offline(dir: &Path, toml: &str, stored: &Value) {
     let judged = run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg, "--json"], dir, &[]);
     assert_eq!(judged.status.code(), Some(1), "{}", text(&judged));
     let offline: rlvr_protocol::gates::GateReport = serde_json::from_slice(&judged.stdout).unwrap();
-    let daemon: rlvr_protocol::gates::GateReport = serde_json::from_value(stored.clone()).unwrap();
-    assert_eq!(offline, daemon, "the offline report differs from the daemon's");
+    assert_eq!(offline, *daemon, "the offline report differs from the daemon's");
     let shown = run(&rlvrd, &["gates", "--spec", spec_arg, "--outcome", outcome_arg], dir, &[]);
     let stdout = String::from_utf8_lossy(&shown.stdout);
     let interval = daemon.criteria[0].interval.expect("the held-out gain's interval");
@@ -311,9 +314,9 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
         ),
     );
     let cold = wait_job(&daemon, &sft, Duration::from_secs(600), ended);
-    assert_eq!(cold["state"], "published", "{cold}");
+    assert_eq!(cold.state, JobState::Published, "{cold}");
     assert!(
-        cold["heldout"].as_f64().unwrap() >= 0.15,
+        cold.heldout.unwrap() >= 0.15,
         "premise: the run did not learn: a cold start with little to lose: {cold}"
     );
 
@@ -331,26 +334,25 @@ fn a_reward_that_rises_while_the_held_out_score_falls_is_refused_as_reward_hacki
     let done = wait_job(&daemon, &id, Duration::from_secs(600), ended);
     // The premise, before the gates' verdict: the run learned the misspecified reward (a run
     // that ended without a result is the state's business).
-    let trend = &done["result"]["training"];
-    if trend.is_object() {
+    if let Some(trend) = done.result.as_ref().and_then(|result| result.training.as_ref()) {
         assert!(
-            trend["reward_last"].as_f64() > trend["reward_first"].as_f64(),
+            trend.reward_last > trend.reward_first,
             "premise: the run did not learn: its training reward {} → {}, nothing to refuse as hacking: {done}",
-            trend["reward_first"],
-            trend["reward_last"]
+            trend.reward_first,
+            trend.reward_last
         );
     }
-    assert_eq!(done["state"], "refused", "{done}");
+    assert_eq!(done.state, JobState::Refused, "{done}");
     assert_eq!(
         criteria(&done).into_iter().filter(|(_, passed)| !passed).collect::<Vec<_>>(),
         [("reward_hacking".to_owned(), false)]
     );
-    let reason = done["reason"].as_str().unwrap();
+    let reason = done.reason.as_str();
     assert!(
         reason.starts_with("gates refused: reward_hacking: ")
             && reason.contains("the model learned the reward, not the task"),
         "{reason}"
     );
-    let training = &done["result"]["training"];
-    assert!(training["reward_last"].as_f64() > training["reward_first"].as_f64(), "{training}");
+    let training = done.outcome().training.as_ref().expect("a training trend");
+    assert!(training.reward_last > training.reward_first, "{training:?}");
 }

@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{client, ended, submit_ok, wait_job};
 use rlvr_tests::{
     Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, wait_until,
@@ -353,7 +354,7 @@ fn streams_are_capped_per_team(redis: &Redis, daemon: &Daemon, id: &str) {
             .send()
             .unwrap()
     };
-    let step = || rlvr_tests::jobs::job(daemon, id)["step"].as_u64().unwrap_or(0);
+    let step = || rlvr_tests::jobs::job(daemon, id).step;
     let mut streams: Vec<_> = (1..STREAMS_PER_TEAM).map(|_| open()).collect();
     assert!(streams.iter().all(|stream| stream.status().as_u16() == 200));
     let refused = open();
@@ -450,7 +451,7 @@ fn an_event_stream_outlives_the_timeouts_and_ends_after_a_final_state_whatever_l
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let id = submit_ok(&daemon, &long_spec(&data));
-    wait_job(&daemon, &id, Duration::from_secs(60), |job| job["state"] == "running");
+    wait_job(&daemon, &id, Duration::from_secs(60), |job| job.state == JobState::Running);
 
     // A live stream is busy, not idle: it outlasts the idle (3 s) and body (1 s) timeouts.
     let follower = {
@@ -476,7 +477,7 @@ fn an_event_stream_outlives_the_timeouts_and_ends_after_a_final_state_whatever_l
     let (body, lasted) = follower.join().unwrap();
     assert!(lasted >= Duration::from_secs(5), "{lasted:?}");
     let done = wait_job(&daemon, &id, Duration::from_secs(30), ended);
-    assert_eq!(done["state"], "cancelled", "{done}");
+    assert_eq!(done.state, JobState::Cancelled, "{done}");
     let ids = state_ids(&body);
     let last = ids.last().expect("state events").clone();
     assert!(body.contains("\"state\":\"cancelled\""), "{body}");

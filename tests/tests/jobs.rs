@@ -8,9 +8,11 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::JobState;
+use rlvr_protocol::kind::JobKind;
 use rlvr_tests::jobs::{
-    WorkerWatch, api, client, ended, get, job, state_events, states, submit, submit_ok, threads_taking,
-    uninterrupted_weights, wait_job, worker_pids, workers_of,
+    WorkerWatch, api, client, ended, get, job, job_as, state_events, states, submit, submit_ok,
+    threads_taking, uninterrupted_weights, wait_job, worker_pids, workers_of,
 };
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec,
@@ -61,10 +63,10 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
 
     // Its spec left [resources] out: submit filled them from its memory estimate, which
     // POST /v1/estimate shows.
-    let (_, view) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
+    let view = job_as(&daemon, TEAM_TOKEN, &id);
     // Its kind, decided at submit from its optimizer (grpo samples groups).
-    assert_eq!(view["kind"], "online_groups", "{view}");
-    let (memory, resident) = (view["memory_gb"].as_f64().unwrap(), view["resident_gb"].as_f64().unwrap());
+    assert_eq!(view.kind, Some(JobKind::OnlineGroups), "{view}");
+    let (memory, resident) = (view.memory_gb, view.resident_gb.unwrap());
     assert!(0.0 < resident && resident <= memory && memory < 4.0, "{view}");
     // The spec as submit sent it: its data uploaded as the team's datasets.
     let sent = rlvr_tests::jobs::api(&daemon, Some(TEAM_TOKEN))
@@ -103,24 +105,27 @@ fn a_job_runs_to_published_through_the_api_with_its_events_idempotency_and_team_
     assert_eq!(response.status().as_u16(), 403);
 
     let done = wait_job(&daemon, &id, Duration::from_secs(120), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["step"], 6);
-    assert_eq!(states(&daemon, &id), ["queued", "admitted", "running", "evaluating", "published"]);
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert_eq!(done.step, 6);
+    assert_eq!(
+        states(&daemon, &id),
+        [JobState::Queued, JobState::Admitted, JobState::Running, JobState::Evaluating, JobState::Published]
+    );
     let version = daemon.state.join("registry/tiny-arith/1");
     let manifest: Value = serde_json::from_slice(&fs::read(version.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["job_id"], id.as_str());
-    assert_eq!(manifest["weights_sha256"], done["result"]["weights_sha256"]);
+    assert_eq!(manifest["weights_sha256"], done.weights());
     for file in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(version.join(file).is_file(), "{file} published");
     }
     // The record keeps the server's paths (`wait_job` reads as an admin); the team reads names
     // in their place, in its job, its events and its worker's log.
     let state_dir = daemon.state.display().to_string();
-    assert!(done["result"]["checkpoint"].as_str().unwrap().starts_with(&state_dir), "{done}");
-    let (_, seen) = get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}"));
-    let checkpoint = seen["result"]["checkpoint"].as_str().unwrap();
-    assert!(checkpoint.starts_with(&format!("state:/jobs/{id}/run/checkpoints/")), "{seen}");
-    assert_eq!(seen["published"], "registry:/tiny-arith/1", "{seen}");
+    assert!(done.outcome().checkpoint.starts_with(&state_dir), "{done}");
+    let seen = job_as(&daemon, TEAM_TOKEN, &id);
+    let checkpoint = &seen.outcome().checkpoint;
+    assert!(checkpoint.starts_with(format!("state:/jobs/{id}/run/checkpoints/")), "{seen}");
+    assert_eq!(seen.published_dir(), Path::new("registry:/tiny-arith/1"), "{seen}");
     let events = client()
         .get(format!("{}/v1/jobs/{id}/events", daemon.url))
         .bearer_auth(TEAM_TOKEN)
@@ -433,7 +438,7 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
     // Nothing was queued, and the daemon still takes a good job.
     assert_eq!(get(&daemon, TEAM_TOKEN, "/v1/jobs").1["jobs"].as_array().map(Vec::len), Some(0));
     let id = submit_ok(&daemon, &good);
-    assert_eq!(wait_job(&daemon, &id, Duration::from_secs(120), ended)["state"], "published");
+    assert_eq!(wait_job(&daemon, &id, Duration::from_secs(120), ended).state, JobState::Published);
 }
 
 #[test]
@@ -445,11 +450,11 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
     let watch = WorkerWatch::start(&id);
-    wait_job(&daemon, &id, Duration::from_secs(120), |job| job["state"] == "running");
+    wait_job(&daemon, &id, Duration::from_secs(120), |job| job.state == JobState::Running);
     // Behind it on the one slot (submitted together, either could have started first).
     let queued: Vec<String> =
         (0..2).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
-    wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
+    wait_job(&daemon, &id, Duration::from_secs(120), |job| job.step >= 12);
 
     daemon.kill();
     // The worker dies with its daemon: nothing trains a job the next daemon will start again.
@@ -458,20 +463,20 @@ fn kill_9_of_the_daemon_loses_no_job_runs_none_twice_and_resumes_to_an_uninterru
     // The queued jobs are all there (they may start at once: the killed daemon's task only
     // comes back after its heartbeats lapse).
     for queued_id in &queued {
-        let state = job(&daemon, queued_id)["state"].as_str().unwrap().to_owned();
+        let state = job(&daemon, queued_id).state.as_str().to_owned();
         assert!(
             ["queued", "admitted", "running", "evaluating", "published"].contains(&state.as_str()),
             "{state}"
         );
     }
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["crashes"], 1, "the daemon's death counts once");
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert_eq!(done.crashes, 1, "the daemon's death counts once");
     for queued_id in &queued {
-        assert_eq!(wait_job(&daemon, queued_id, Duration::from_secs(120), ended)["state"], "published");
+        assert_eq!(wait_job(&daemon, queued_id, Duration::from_secs(120), ended).state, JobState::Published);
     }
     assert_eq!(watch.most(), 1, "never two workers of one job at once");
-    let weights = done["result"]["weights_sha256"].as_str().unwrap().to_owned();
+    let weights = done.weights();
     assert_eq!(weights, uninterrupted_weights(&daemon, dir.path(), &long), "resumed run = uninterrupted run");
 }
 
@@ -484,7 +489,7 @@ fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
     // Checkpoints every 5 steps: the stop's own checkpoint is what keeps the steps since.
     let long = spec(&data, "long", 60, "");
     let id = submit_ok(&daemon, &long);
-    wait_job(&daemon, &id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(12));
+    wait_job(&daemon, &id, Duration::from_secs(120), |job| job.step >= 12);
     // regression: a SIGTERM handled on a thread inside oneDNN's AVX-512 GEMM kernel (which
     // points the stack pointer into its heap workspace) corrupted the heap, and about one stop
     // in 50 aborted the worker. Only the worker's own signal thread may take a stop signal.
@@ -500,12 +505,12 @@ fn sigterm_checkpoints_the_running_job_requeues_it_and_exits_in_time() {
     assert!(started.elapsed() < Duration::from_secs(30), "stopped in {:?}", started.elapsed());
     daemon.restart();
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["crashes"], 0, "a clean stop is no crash: {done}\n{}", daemon.log());
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert_eq!(done.crashes, 0, "a clean stop is no crash: {done}\n{}", daemon.log());
     let states = states(&daemon, &id);
-    let stop = states.iter().position(|s| s == "preempted").expect("preempted");
-    assert_eq!(states[stop + 1], "queued", "{states:?}");
-    let weights = done["result"]["weights_sha256"].as_str().unwrap().to_owned();
+    let stop = states.iter().position(|s| *s == JobState::Preempted).expect("preempted");
+    assert_eq!(states[stop + 1], JobState::Queued, "{states:?}");
+    let weights = done.weights();
     assert_eq!(weights, uninterrupted_weights(&daemon, dir.path(), &long));
 }
 
@@ -531,7 +536,7 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 100_000, whole_slot));
-    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job.step >= 3);
     // The worker maps its job's libraries and no other: the daemon names them (`--plugin-file`),
     // and the worker no longer scans the directory (it loaded, hashed, copied and self-tested
     // every library there).
@@ -547,7 +552,7 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     // The one slot is taken: this one waits (submitted together, either could have started).
     let waiting = submit_ok(&daemon, &spec(&data, "waiting", 3, whole_slot));
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(job(&daemon, &waiting)["state"], "queued");
+    assert_eq!(job(&daemon, &waiting).state, JobState::Queued);
 
     let cancel = |id: &str| {
         client().delete(format!("{}/v1/jobs/{id}", daemon.url)).bearer_auth(TEAM_TOKEN).send().unwrap()
@@ -571,18 +576,18 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     for id in &cancelled[1..] {
         assert_eq!(get(&daemon, TEAM_TOKEN, &format!("/v1/jobs/{id}")).0, 200, "a newer ended job is kept");
     }
-    assert_eq!(job(&daemon, &running)["state"], "running", "a job not ended is never forgotten");
+    assert_eq!(job(&daemon, &running).state, JobState::Running, "a job not ended is never forgotten");
     let asked = Instant::now();
     let answer: Value = cancel(&running).json().unwrap();
     assert_eq!(answer["cancel_requested"], true, "{answer}");
     let done = wait_job(&daemon, &running, Duration::from_secs(30), ended);
-    assert_eq!(done["state"], "cancelled", "{done}");
+    assert_eq!(done.state, JobState::Cancelled, "{done}");
     assert!(wait_until(Duration::from_secs(5), || workers_of(&running) == 0), "worker stopped");
     assert!(asked.elapsed() < Duration::from_secs(10), "cancelled in {:?}", asked.elapsed());
     assert_eq!(cancel(&running).status().as_u16(), 409, "cancelling an ended job");
     // The slot is free: the next job runs.
     let next = submit_ok(&daemon, &spec(&data, "next", 2, whole_slot));
-    assert_eq!(wait_job(&daemon, &next, Duration::from_secs(120), ended)["state"], "published");
+    assert_eq!(wait_job(&daemon, &next, Duration::from_secs(120), ended).state, JobState::Published);
 }
 
 #[test]
@@ -598,11 +603,11 @@ fn a_poison_job_is_dead_lettered_after_its_crashes_and_other_jobs_carry_on() {
         submit_ok(&daemon, &spec(&data, "poison", 5, "").replace("plugin = \"grpo\"", "plugin = \"poison\""));
     let healthy = submit_ok(&daemon, &spec(&data, "healthy", 3, ""));
     let dead = wait_job(&daemon, &poison, Duration::from_secs(120), ended);
-    assert_eq!(dead["state"], "failed", "{dead}");
-    assert_eq!(dead["crashes"], 2, "{dead}");
-    let reason = dead["reason"].as_str().unwrap();
+    assert_eq!(dead.state, JobState::Failed, "{dead}");
+    assert_eq!(dead.crashes, 2, "{dead}");
+    let reason = dead.reason.as_str();
     assert!(reason.contains("dead-lettered after 2 crashes") && reason.contains("SIGABRT"), "{reason}");
-    assert_eq!(wait_job(&daemon, &healthy, Duration::from_secs(120), ended)["state"], "published");
+    assert_eq!(wait_job(&daemon, &healthy, Duration::from_secs(120), ended).state, JobState::Published);
     let (status, health) = get(&daemon, TEAM_TOKEN, "/healthz");
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
 }
@@ -614,10 +619,10 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
     let running = submit_ok(&daemon, &spec(&data, "running", 80, ""));
-    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["state"] == "running");
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job.state == JobState::Running);
     let queued: Vec<String> =
         (0..3).map(|i| submit_ok(&daemon, &spec(&data, &format!("queued-{i}"), 3, ""))).collect();
-    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(5));
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job.step >= 5);
 
     redis.stop();
     let degraded = wait_until(Duration::from_secs(10), || {
@@ -632,7 +637,7 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     std::thread::sleep(Duration::from_secs(2));
     redis.restart();
     // The same daemon goes on: the running job's progress is recorded again.
-    wait_job(&daemon, &running, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(10));
+    wait_job(&daemon, &running, Duration::from_secs(120), |job| job.step >= 10);
 
     // A second outage, and SIGTERM as soon as Redis is back: the queue workers are being rebuilt
     // (their restart backs off) and the task of the running job has not come back to any, so
@@ -648,10 +653,10 @@ fn redis_stopped_and_restarted_loses_nothing_acknowledged_and_the_daemon_reconne
     daemon.restart();
 
     let done = wait_job(&daemon, &running, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert_eq!(done["crashes"], 0, "the stop requeued the job, nothing crashed: {done}\n{}", daemon.log());
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert_eq!(done.crashes, 0, "the stop requeued the job, nothing crashed: {done}\n{}", daemon.log());
     for id in &queued {
-        assert_eq!(wait_job(&daemon, id, Duration::from_secs(120), ended)["state"], "published", "{id}");
+        assert_eq!(wait_job(&daemon, id, Duration::from_secs(120), ended).state, JobState::Published, "{id}");
     }
 }
 
@@ -713,17 +718,17 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
     });
     assert_eq!(caps.into_inner(), BTreeSet::from([larger]), "the caps after the restart");
     // Trained to its end (no held-out set: the gates check nothing and publish it).
-    assert_eq!((done["state"].as_str(), done["step"].as_u64()), (Some("published"), Some(3)), "{done}");
-    assert_eq!(done["crashes"], 0, "an out-of-memory is no crash: {done}");
+    assert_eq!((done.state, done.step), (JobState::Published, 3), "{done}");
+    assert_eq!(done.crashes, 0, "an out-of-memory is no crash: {done}");
     // Its status shows the larger request.
-    assert_eq!((done["memory_gb"].as_f64(), done["resident_gb"].as_f64()), (Some(1.8), Some(0.9)), "{done}");
-    assert!(done["result"]["peak_memory_bytes"].as_u64() > Some(cap_bytes(1.2)), "{done}");
+    assert_eq!((done.memory_gb, done.resident_gb), (1.8, Some(0.9)), "{done}");
+    assert!(done.outcome().peak_memory_bytes > Some(cap_bytes(1.2)), "{done}");
     let events = state_events(&daemon, &grows);
     let requeue = events
         .iter()
-        .find(|event| event["reason"].as_str().unwrap_or_default().starts_with("requeued after running out"))
+        .find(|event| event.reason.starts_with("requeued after running out"))
         .unwrap_or_else(|| panic!("no out-of-memory requeue: {events:#?}"));
-    let reason = requeue["reason"].as_str().unwrap();
+    let reason = requeue.reason.as_str();
     println!("grows: {reason}");
     assert!(
         reason.contains(" in the update phase (peak 1.")
@@ -731,17 +736,17 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
             && reason.ends_with(" GB): resources.memory_gb 1.2 → 1.8 GB, resident_gb 0.6 → 0.9 GB"),
         "{reason}"
     );
-    assert_eq!(requeue["state"], "queued");
+    assert_eq!(requeue.state, JobState::Queued);
 
     let failed = wait_job(&daemon, &small, Duration::from_secs(180), ended);
-    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed.state, JobState::Failed, "{failed}");
     assert_eq!(
-        (failed["crashes"].as_u64(), failed["memory_gb"].as_f64()),
-        (Some(0), Some(1.2)),
+        (failed.crashes, failed.memory_gb),
+        (0, 1.2),
         "{failed}\n{:#?}",
         state_events(&daemon, &small)
     );
-    let reason = failed["reason"].as_str().unwrap();
+    let reason = failed.reason.as_str();
     println!("too-small: {reason}");
     assert!(
         reason.starts_with("out of memory again on cpu:")
@@ -751,10 +756,8 @@ fn a_job_out_of_memory_is_requeued_once_with_a_larger_request_then_fits_or_fails
         "{reason}"
     );
     let events = state_events(&daemon, &small);
-    let shown: Vec<(&str, &str)> = events
-        .iter()
-        .map(|event| (event["state"].as_str().unwrap(), event["reason"].as_str().unwrap()))
-        .collect();
+    let shown: Vec<(&str, &str)> =
+        events.iter().map(|event| (event.state.as_str(), event.reason.as_str())).collect();
     let requeues: Vec<&str> = shown
         .iter()
         .filter(|(_, reason)| reason.starts_with("requeued after running out of memory"))
@@ -782,8 +785,8 @@ fn a_job_out_of_memory_whose_larger_request_fits_nowhere_fails_at_once() {
     let id =
         submit_ok(&daemon, &long_sft_spec(dir.path(), "slot", 2, false, "[resources]\nmemory_gb = 0.8\n"));
     let failed = wait_job(&daemon, &id, Duration::from_secs(120), ended);
-    assert_eq!((failed["state"].as_str(), failed["crashes"].as_u64()), (Some("failed"), Some(0)), "{failed}");
-    let reason = failed["reason"].as_str().unwrap();
+    assert_eq!((failed.state, failed.crashes), (JobState::Failed, 0), "{failed}");
+    let reason = failed.reason.as_str();
     println!("slot: {reason}");
     assert!(
         reason.starts_with("out of memory on cpu:0 in the update phase (peak 0.")
@@ -794,5 +797,8 @@ fn a_job_out_of_memory_whose_larger_request_fits_nowhere_fails_at_once() {
             && reason.contains("(cpu:0 0.8 GB)"),
         "{reason}"
     );
-    assert_eq!(states(&daemon, &id), ["queued", "admitted", "running", "failed"]);
+    assert_eq!(
+        states(&daemon, &id),
+        [JobState::Queued, JobState::Admitted, JobState::Running, JobState::Failed]
+    );
 }

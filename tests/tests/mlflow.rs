@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{api, ended, submit, submit_ok, wait_job};
 use rlvr_tests::{
     Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
@@ -170,7 +171,7 @@ fn each_job_is_one_mlflow_run_with_its_params_live_metrics_status_and_published_
     let ready = started.elapsed() - installed;
     let id = submit_ok(&daemon, &spec(&format!("{}/", mlflow.url)));
     let job = wait_job(&daemon, &id, Duration::from_secs(120), ended);
-    assert_eq!(job["state"], "published", "{job}\n{}", daemon.log());
+    assert_eq!(job.state, JobState::Published, "{job}\n{}", daemon.log());
 
     // The run: found by its tag, named by the job, FINISHED once the tracker saw the end.
     let tracker_log =
@@ -208,13 +209,13 @@ fn each_job_is_one_mlflow_run_with_its_params_live_metrics_status_and_published_
             .collect()
     };
     let (params, tags) = (pairs("params"), pairs("tags"));
-    let version = &job["published_version"];
+    let version = job.published_version.clone().expect("a published version");
     let expected_tags = [
         ("rlvr.team", "tests".to_owned()),
         ("rlvr.model_line", "tiny-arith".to_owned()),
         ("rlvr.state", "published".to_owned()),
         ("rlvr.gates", "passed".to_owned()),
-        ("rlvr.published_version", format!("{}@{}", version["line"].as_str().unwrap(), version["version"])),
+        ("rlvr.published_version", format!("{}@{}", version.line, version.version)),
     ];
     for (key, value) in expected_tags {
         assert_eq!(tags.get(key), Some(&value), "tag {key}: {tags:?}");
@@ -242,7 +243,7 @@ fn each_job_is_one_mlflow_run_with_its_params_live_metrics_status_and_published_
     }
 
     // The published files and the manifest, the same bytes as published.
-    let published = PathBuf::from(job["published"].as_str().unwrap());
+    let published = job.published_dir().to_owned();
     let manifest: Value =
         serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
     let listed = mlflow.call(&format!("artifacts/list?run_id={run_id}&path=model"), None);
@@ -280,7 +281,7 @@ fn each_job_is_one_mlflow_run_with_its_params_live_metrics_status_and_published_
     });
     assert!(logged_live, "{live} steps logged while the job runs\n{}", tracker_log());
     api(&daemon, Some(TEAM_TOKEN)).cancel(&long).unwrap();
-    assert_eq!(wait_job(&daemon, &long, Duration::from_secs(60), ended)["state"], "cancelled");
+    assert_eq!(wait_job(&daemon, &long, Duration::from_secs(60), ended).state, JobState::Cancelled);
     let mut run = Value::Null;
     let killed = wait_until(Duration::from_secs(30), || {
         run = mlflow.call("runs/search", Some(search.clone()))["runs"][0].clone();

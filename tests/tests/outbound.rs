@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{ended, get, job, submit, submit_ok, wait_job};
 use rlvr_tests::peer::Peer;
 use rlvr_tests::{
@@ -94,10 +95,10 @@ fn a_webhook_answering_a_redirect_is_not_delivered_and_its_target_gets_nothing()
 
     let id = submit_ok(&daemon, &spec(&data, dir.path(), "redirected", &url));
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert!(wait_until(Duration::from_secs(30), || job(&daemon, &id)["webhook"].is_string()));
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert!(wait_until(Duration::from_secs(30), || job(&daemon, &id).webhook.is_some()));
     assert_eq!(
-        job(&daemon, &id)["webhook"],
+        job(&daemon, &id).0.webhook.unwrap(),
         format!("not delivered to {url}: the webhook answered a redirect (HTTP 302), which is not followed")
     );
     // Asked once (a redirect is an answer, not a failure to retry); the target never.
@@ -118,10 +119,10 @@ fn a_listed_name_that_resolves_to_loopback_is_checked_again_at_delivery_and_not_
     // The name is on the list: submit cannot know where it will resolve when the job ends.
     let id = submit_ok(&daemon, &spec(&data, dir.path(), "rebound", &url));
     let done = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}");
-    assert!(wait_until(Duration::from_secs(30), || job(&daemon, &id)["webhook"].is_string()));
+    assert_eq!(done.state, JobState::Published, "{done}");
+    assert!(wait_until(Duration::from_secs(30), || job(&daemon, &id).webhook.is_some()));
     assert_eq!(
-        job(&daemon, &id)["webhook"],
+        job(&daemon, &id).0.webhook.unwrap(),
         format!(
             "not delivered to {url}: localhost resolves to a non-public address (private, loopback, \
              link-local or reserved); outbound requests go only to public addresses"

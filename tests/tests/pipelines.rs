@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use rlvr_client::{HttpError, SpecFormat};
 use rlvr_protocol::gates::Manifest;
+use rlvr_protocol::job::{JobState, LineVersion};
 use rlvr_protocol::pipeline::{PipelineState, PipelineView, StageOutput};
 use rlvr_tests::jobs::{api, job, wait_job};
 use rlvr_tests::{ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data};
@@ -126,11 +127,7 @@ fn a_three_stage_pipeline_survives_a_daemon_kill_mid_stage_and_runs_each_stage_o
 
     // SIGKILL the daemon while the second stage trains.
     let running = wait_pipeline(&daemon, &id, Duration::from_secs(600), |view| {
-        view.stage == 1
-            && view.stages[1]
-                .job
-                .as_deref()
-                .is_some_and(|job_id| job(&daemon, job_id)["step"].as_u64() >= Some(1))
+        view.stage == 1 && view.stages[1].job.as_deref().is_some_and(|job_id| job(&daemon, job_id).step >= 1)
     });
     let grpo_job = running.stages[1].job.clone().unwrap();
     daemon.kill();
@@ -152,14 +149,11 @@ fn a_three_stage_pipeline_survives_a_daemon_kill_mid_stage_and_runs_each_stage_o
     for (i, stage) in ended.stages.iter().enumerate() {
         let job_id = stage.job.as_deref().unwrap();
         let record = job(&daemon, job_id);
-        assert_eq!(record["state"], "published", "stage {i}: {record}");
+        assert_eq!(record.state, JobState::Published, "stage {i}: {record}");
         // The typed output is the job's published line and version.
         let version = i as u64 + 1;
         assert_eq!(stage.output, Some(StageOutput::Checkpoint { line: "tiny-arith".into(), version }));
-        assert_eq!(
-            record["published_version"],
-            serde_json::json!({"line": "tiny-arith", "version": version})
-        );
+        assert_eq!(record.published_version, Some(LineVersion { line: "tiny-arith".into(), version }));
         // Each stage started from the one before's published checkpoint.
         let manifest: Manifest = serde_json::from_slice(
             &fs::read(daemon.state.join(format!("registry/tiny-arith/{version}/manifest.json"))).unwrap(),
@@ -269,7 +263,7 @@ fn a_cancel_stops_the_running_stage_and_the_rest_and_another_team_sees_nothing()
     );
     let id = submit(&daemon, TEAM_TOKEN, &spec).unwrap();
     let running = wait_pipeline(&daemon, &id, Duration::from_secs(120), |view| {
-        view.stages[0].job.as_deref().is_some_and(|job_id| job(&daemon, job_id)["state"] == "running")
+        view.stages[0].job.as_deref().is_some_and(|job_id| job(&daemon, job_id).state == JobState::Running)
     });
     let job_id = running.stages[0].job.clone().unwrap();
 
@@ -299,7 +293,7 @@ fn a_cancel_stops_the_running_stage_and_the_rest_and_another_team_sees_nothing()
     assert!(answer.cancel_requested);
     let ended = wait_pipeline(&daemon, &id, Duration::from_secs(120), |view| view.state.is_terminal());
     assert_eq!(ended.state, PipelineState::Cancelled, "{ended:?}");
-    wait_job(&daemon, &job_id, Duration::from_secs(60), |job| job["state"] == "cancelled");
+    wait_job(&daemon, &job_id, Duration::from_secs(60), |job| job.state == JobState::Cancelled);
     assert_eq!(ended.stages[1].job, None, "no stage starts after a cancel");
     // A second cancel: it has ended.
     match api(&daemon, Some(TEAM_TOKEN)).cancel_pipeline(&id) {
@@ -363,12 +357,12 @@ max_steps = 2
     assert_eq!(name, "r1-rows");
     // The sampling stage started from the cold start's checkpoint; the last trained on its rows.
     let sampled = job(&daemon, ended.stages[1].job.as_deref().unwrap());
-    assert_eq!(sampled["published_dataset"], format!("dataset:r1-rows@{sha256}"), "{sampled}");
+    assert_eq!(sampled.published_dataset.clone().unwrap(), format!("dataset:r1-rows@{sha256}"), "{sampled}");
     let last = ended.stages[2].job.as_deref().unwrap();
     let spec: serde_json::Value =
         serde_json::from_slice(&fs::read(daemon.state.join(format!("jobs/{last}/spec.json"))).unwrap())
             .unwrap();
     let blob = daemon.state.join(format!("datasets/tests/blobs/{sha256}.jsonl"));
     assert_eq!(spec["data"]["train"].as_str(), blob.to_str(), "{spec}");
-    assert_eq!(job(&daemon, last)["state"], "published");
+    assert_eq!(job(&daemon, last).state, JobState::Published);
 }

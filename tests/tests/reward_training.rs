@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rlvr_model::reward::load_reward_model;
+use rlvr_protocol::job::JobState;
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::worker::{Outcome, WorkerExit};
 use rlvr_tests::jobs::{ended, submit, submit_ok, wait_job};
@@ -159,7 +160,7 @@ fn rlhf_a_reward_model_then_ppo_rewarded_by_it_run_to_published() {
 
     let rm_job = submit_ok(&daemon, &(rm_spec(&train, &heldout, "arith-rm", 12, 12) + PERMISSIVE_GATES));
     let done = wait_job(&daemon, &rm_job, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
+    assert_eq!(done.state, JobState::Published, "{done}\n{}", daemon.log());
     let version = daemon.state.join("registry/arith-rm/1");
     let config: Value = serde_json::from_slice(&fs::read(version.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["architectures"], json!(["LlamaForSequenceClassification"]), "{config}");
@@ -205,8 +206,8 @@ max_prompts = 8
     ) + PERMISSIVE_GATES;
     let ppo_job = submit_ok(&daemon, &ppo);
     let done = wait_job(&daemon, &ppo_job, Duration::from_secs(180), ended);
-    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
-    assert_eq!(done["step"], 3, "{done}");
+    assert_eq!(done.state, JobState::Published, "{done}\n{}", daemon.log());
+    assert_eq!(done.step, 3, "{done}");
     // The reward model's scores were the reward: its component in every step's metrics.
     let run = RunDir::at(daemon.state.join("jobs").join(&ppo_job).join("run"));
     let steps: Vec<_> = run.read_metrics().unwrap().into_iter().filter(|l| l.is_step()).collect();

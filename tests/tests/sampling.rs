@@ -11,11 +11,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use rlvr_protocol::builtin::SampledRow;
+use rlvr_protocol::gates::Status;
+use rlvr_protocol::job::JobState;
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::worker::WorkerExit;
 use rlvr_tests::jobs::{ended, get, submit, submit_ok, wait_job};
 use rlvr_tests::{Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, arith_data, worker_command, worker_plugins};
-use serde_json::Value;
 
 const PLUGINS: [&str; 3] = ["rlvr-optimizer-sft", "rlvr-verifier-math", "rlvr-verifier-format"];
 
@@ -53,21 +54,19 @@ fn a_rejection_sampling_job_publishes_its_teams_dataset_that_an_sft_job_trains_o
         &rejection_spec(&data, "rs", "output = \"arith-best\"\nthreshold = 0.0\nkeep = 2", 10),
     );
     let job = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(job["state"], "published", "{job}\n{}", daemon.log());
-    let reference = job["published_dataset"].as_str().expect("published_dataset").to_owned();
+    assert_eq!(job.state, JobState::Published, "{job}\n{}", daemon.log());
+    let reference = job.published_dataset.clone().expect("published_dataset");
     let sha = reference.strip_prefix("dataset:arith-best@").expect("dataset:arith-best@SHA");
     assert_eq!(sha.len(), 64, "{reference}");
     // 10 prompts at 4 a step: 3 steps, the last one short; then it ends (max_steps is 10).
-    assert_eq!(job["step"], 3, "{job}");
-    let produced = &job["result"]["dataset"];
-    assert_eq!(produced["prompts"], 10, "{job}");
-    assert_eq!(produced["completions"], 40, "{job}");
-    let accepted = produced["accepted"].as_u64().unwrap();
+    assert_eq!(job.step, 3, "{job}");
+    let produced = job.outcome().dataset.as_ref().expect("a sampled dataset");
+    assert_eq!((produced.prompts, produced.completions), (10, 40), "{job}");
+    let accepted = produced.accepted;
     assert!((10..=20).contains(&accepted), "{job}");
-    let criteria: Vec<&str> =
-        job["gates"]["criteria"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let criteria: Vec<&str> = job.report().criteria.iter().map(|criterion| criterion.name.as_str()).collect();
     assert_eq!(criteria, ["accepted_rows", "acceptance_rate", "accepted_reward_mean"]);
-    assert_eq!(job["gates"]["criteria"][0]["status"], "pass", "{job}");
+    assert_eq!(job.report().criteria[0].status, Status::Pass, "{job}");
 
     // The team's dataset, with the job's rows: each prompt at most twice, no row twice.
     let (status, listed) = get(&daemon, TEAM_TOKEN, "/v1/datasets");
@@ -93,8 +92,8 @@ fn a_rejection_sampling_job_publishes_its_teams_dataset_that_an_sft_job_trains_o
     );
     let sft_id = submit_ok(&daemon, &sft);
     let sft_job = wait_job(&daemon, &sft_id, Duration::from_secs(180), ended);
-    assert_eq!(sft_job["state"], "published", "{sft_job}\n{}", daemon.log());
-    assert_eq!(sft_job["step"], 2, "{sft_job}");
+    assert_eq!(sft_job.state, JobState::Published, "{sft_job}\n{}", daemon.log());
+    assert_eq!(sft_job.step, 2, "{sft_job}");
 
     // regression: a spec named another team's dataset as data.train
     let stolen = sft.replace("team = \"tests\"", "team = \"others\"").replace("tiny-rs-sft", "others-line");
@@ -134,10 +133,10 @@ fn a_rejection_sampling_job_below_its_gate_publishes_nothing_and_bad_keys_are_re
         &rejection_spec(&data, "few", "output = \"few\"\nthreshold = 0.0\nmin_accepted = 100", 5),
     );
     let job = wait_job(&daemon, &id, Duration::from_secs(180), ended);
-    assert_eq!(job["state"], "refused", "{job}\n{}", daemon.log());
-    let reason = job["reason"].as_str().unwrap();
+    assert_eq!(job.state, JobState::Refused, "{job}\n{}", daemon.log());
+    let reason = job.reason.as_str();
     assert!(reason.contains("accepted_rows: 4.0000 < 100"), "{reason}");
-    assert!(job.get("published_dataset").is_none_or(Value::is_null), "{job}");
+    assert!(job.published_dataset.is_none() && job.output.is_none(), "{job}");
     let (_, listed) = get(&daemon, TEAM_TOKEN, "/v1/datasets");
     assert!(!listed.to_string().contains("\"few\""), "{listed}");
 }

@@ -6,13 +6,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rlvr_protocol::job::{JobEvent, JobState};
 use rlvr_tests::jobs::{
     ended, event_ms, get, job, state_events, submit, submit_ok, uninterrupted_weights, wait_job, worker_pids,
 };
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, arith_data, arith_grpo_spec, wait_until,
 };
-use serde_json::Value;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 
@@ -50,11 +50,11 @@ fn metric(daemon: &Daemon, name: &str) -> f64 {
 }
 
 /// The time of the job's first event in `state`.
-fn first(events: &[Value], state: &str) -> u64 {
-    event_ms(events.iter().find(|event| event["state"] == state).unwrap_or_else(|| panic!("no {state}")))
+fn first(events: &[JobEvent], state: JobState) -> u64 {
+    event_ms(events.iter().find(|event| event.state == state).unwrap_or_else(|| panic!("no {state:?}")))
 }
 
-fn last_event_ms(events: &[Value]) -> u64 {
+fn last_event_ms(events: &[JobEvent]) -> u64 {
     event_ms(events.last().expect("events"))
 }
 
@@ -71,17 +71,19 @@ fn two_jobs_on_one_slot_take_turns_through_grants_and_end_with_their_solo_weight
     let ids: Vec<String> = specs.iter().map(|toml| submit_ok(&daemon, toml)).collect();
     for id in &ids {
         let done = wait_job(&daemon, id, Duration::from_secs(240), ended);
-        assert_eq!(done["state"], "published", "{done}");
-        assert_eq!(done["devices"], serde_json::json!(["cpu:0"]), "both on the one slot");
+        assert_eq!(done.state, JobState::Published, "{done}");
+        assert_eq!(done.devices, ["cpu:0"], "both on the one slot");
     }
     // Both ran at once on the one slot: each started before the other ended...
     let (a, b) = (state_events(&daemon, &ids[0]), state_events(&daemon, &ids[1]));
-    assert!(first(&a, "running") < last_event_ms(&b) && first(&b, "running") < last_event_ms(&a));
+    assert!(
+        first(&a, JobState::Running) < last_event_ms(&b) && first(&b, JobState::Running) < last_event_ms(&a)
+    );
     // ...taking turns: requests waited for the other's phases, and the slot was busy.
     assert!(metric(&daemon, "rlvr_grant_waits_total") > 0.0);
     assert!(metric(&daemon, "rlvr_device_busy_seconds_total{device=\"cpu:0\"}") > 0.0);
     for (id, toml) in ids.iter().zip(&specs) {
-        let weights = job(&daemon, id)["result"]["weights_sha256"].as_str().unwrap().to_owned();
+        let weights = job(&daemon, id).weights();
         let solo = tempfile::tempdir().unwrap();
         assert_eq!(
             weights,
@@ -101,27 +103,28 @@ fn an_urgent_job_preempts_a_low_priority_one_which_resumes_to_its_uninterrupted_
     // them to go (at 200 the story trained 140 more steps to the same comparison).
     let low_spec = spec(&data, "low", "tests", "low", 60, None);
     let low = submit_ok(&daemon, &low_spec);
-    wait_job(&daemon, &low, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(5));
+    wait_job(&daemon, &low, Duration::from_secs(120), |job| job.step >= 5);
     let urgent = submit_ok(&daemon, &spec(&data, "urgent", "tests", "high", 5, None));
 
     let done = wait_job(&daemon, &urgent, Duration::from_secs(120), ended);
-    assert_eq!(done["state"], "published", "{done}");
+    assert_eq!(done.state, JobState::Published, "{done}");
     let low_done = wait_job(&daemon, &low, Duration::from_secs(240), ended);
-    assert_eq!(low_done["state"], "published", "{low_done}");
-    assert_eq!((low_done["preemptions"].as_u64(), low_done["crashes"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(low_done.state, JobState::Published, "{low_done}");
+    assert_eq!((low_done.preemptions, low_done.crashes), (1, 0));
     let events = state_events(&daemon, &low);
-    let preempted = events.iter().find(|event| event["state"] == "preempted").expect("a preempted event");
-    let reason = preempted["reason"].as_str().unwrap();
+    let preempted =
+        events.iter().find(|event| event.state == JobState::Preempted).expect("a preempted event");
+    let reason = preempted.reason.as_str();
     assert!(reason.contains(&format!("to make room for job {urgent}; checkpointed")), "{reason}");
     // The urgent job ran while the low one waited, and the low one came back once the urgent
     // one's worker was done (its gating needs no device).
     let urgent_events = state_events(&daemon, &urgent);
-    assert!(event_ms(preempted) <= first(&urgent_events, "running"));
-    let resumed = events.iter().rev().find(|event| event["state"] == "running").unwrap();
-    assert!(event_ms(resumed) >= first(&urgent_events, "evaluating"), "{events:?}");
+    assert!(event_ms(preempted) <= first(&urgent_events, JobState::Running));
+    let resumed = events.iter().rev().find(|event| event.state == JobState::Running).unwrap();
+    assert!(event_ms(resumed) >= first(&urgent_events, JobState::Evaluating), "{events:?}");
     // By the victim's priority: team names are never metric labels.
     assert_eq!(metric(&daemon, "rlvr_preemptions_total{priority=\"low\"}"), 1.0);
-    let weights = low_done["result"]["weights_sha256"].as_str().unwrap().to_owned();
+    let weights = low_done.weights();
     assert_eq!(weights, uninterrupted_weights(&daemon, dir.path(), &low_spec), "resumed = uninterrupted");
 }
 
@@ -138,22 +141,22 @@ fn a_team_over_its_share_waits_while_another_teams_job_runs() {
     let theirs = theirs["id"].as_str().unwrap().to_owned();
     let first_ours = submit_ok(&daemon, &spec(&data, "ours-1", "tests", "normal", 100_000, None));
     for id in [&theirs, &first_ours] {
-        wait_job(&daemon, id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(2));
+        wait_job(&daemon, id, Duration::from_secs(120), |job| job.step >= 2);
     }
     // Team tests holds its half; its second job (even urgent) may not take the other team's.
     let second_ours = submit_ok(&daemon, &spec(&data, "ours-2", "tests", "high", 3, None));
     // Urgent work of its own team goes first: it takes its own team's slot, not theirs.
-    wait_job(&daemon, &first_ours, Duration::from_secs(60), |job| job["preemptions"].as_u64() >= Some(1));
+    wait_job(&daemon, &first_ours, Duration::from_secs(60), |job| job.preemptions >= 1);
     let done = wait_job(&daemon, &second_ours, Duration::from_secs(120), ended);
-    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
+    assert_eq!(done.state, JobState::Published, "{done}\n{}", daemon.log());
     let third_ours = submit_ok(&daemon, &spec(&data, "ours-3", "tests", "normal", 3, None));
     std::thread::sleep(Duration::from_secs(3));
     let waiting = job(&daemon, &third_ours);
-    assert_eq!(waiting["state"], "queued", "over its share, it waits: {waiting}\n{}", daemon.log());
+    assert_eq!(waiting.state, JobState::Queued, "over its share, it waits: {waiting}\n{}", daemon.log());
     let their_job = job(&daemon, &theirs);
     assert_eq!(
-        (their_job["state"].as_str(), their_job["preemptions"].as_u64()),
-        (Some("running"), Some(0)),
+        (their_job.state, their_job.preemptions),
+        (JobState::Running, 0),
         "{their_job}\n{}",
         daemon.log()
     );
@@ -166,8 +169,8 @@ fn a_team_over_its_share_waits_while_another_teams_job_runs() {
     };
     cancel(&first_ours).unwrap();
     let done = wait_job(&daemon, &third_ours, Duration::from_secs(120), ended);
-    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
-    assert_eq!(job(&daemon, &theirs)["preemptions"], 0, "{}", daemon.log());
+    assert_eq!(done.state, JobState::Published, "{done}\n{}", daemon.log());
+    assert_eq!(job(&daemon, &theirs).preemptions, 0, "{}", daemon.log());
     cancel(&theirs).unwrap();
     let (_, list) = get(&daemon, ADMIN_TOKEN, "/v1/jobs");
     assert_eq!(list["jobs"].as_array().map(Vec::len), Some(4), "{list}");
@@ -182,19 +185,19 @@ fn a_killed_worker_gives_its_grants_back_and_the_other_job_goes_on() {
     let victim = submit_ok(&daemon, &spec(&data, "victim", "tests", "normal", 80, Some(2.0)));
     let other = submit_ok(&daemon, &spec(&data, "other", "tests", "normal", 80, Some(2.0)));
     for id in [&victim, &other] {
-        wait_job(&daemon, id, Duration::from_secs(120), |job| job["step"].as_u64() >= Some(3));
+        wait_job(&daemon, id, Duration::from_secs(120), |job| job.step >= 3);
     }
     let pids = worker_pids(&victim);
     assert_eq!(pids.len(), 1, "one worker");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0] as i32), nix::sys::signal::Signal::SIGKILL)
         .unwrap();
     // The other job keeps stepping: whatever the victim held came back.
-    let step = job(&daemon, &other)["step"].as_u64().unwrap();
-    let stepping = || job(&daemon, &other)["step"].as_u64().unwrap() >= (step + 5).min(80);
+    let step = job(&daemon, &other).step;
+    let stepping = || job(&daemon, &other).step >= (step + 5).min(80);
     assert!(wait_until(Duration::from_secs(30), stepping), "the other job stalled\n{}", daemon.log());
     for id in [&other, &victim] {
-        assert_eq!(wait_job(&daemon, id, Duration::from_secs(240), ended)["state"], "published");
+        assert_eq!(wait_job(&daemon, id, Duration::from_secs(240), ended).state, JobState::Published);
     }
-    assert_eq!(job(&daemon, &victim)["crashes"], 1);
-    assert_eq!(job(&daemon, &other)["crashes"], 0);
+    assert_eq!(job(&daemon, &victim).crashes, 1);
+    assert_eq!(job(&daemon, &other).crashes, 0);
 }

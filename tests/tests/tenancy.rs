@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use rlvr_client::HttpError;
 use rlvr_protocol::api::ModelLineUpdate;
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{api, ended, get, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::peer::Peer;
 use rlvr_tests::{
@@ -67,7 +68,7 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     let victim = api(&daemon, Some(TEAM_TOKEN));
     victim.put_dataset("secret-train", &fs::read(data.join("train.jsonl")).unwrap()).unwrap();
     let first = submit_ok(&daemon, &job(&data, "victim", "tests", "tiny-arith", 2));
-    assert_eq!(wait_job(&daemon, &first, Duration::from_secs(120), ended)["state"], "published");
+    assert_eq!(wait_job(&daemon, &first, Duration::from_secs(120), ended).state, JobState::Published);
     let line = daemon.state.join("registry/tiny-arith");
     let before: Vec<_> = fs::read_dir(&line).unwrap().flatten().map(|e| e.file_name()).collect();
 
@@ -163,7 +164,7 @@ fn another_teams_data_lines_registry_and_priorities_are_out_of_reach() {
     let grant = ModelLineUpdate { readers: Some(vec!["others".into()]), ..ModelLineUpdate::default() };
     victim.put_model_line("tiny-arith", &grant).unwrap();
     let from_victims = submit_ok_as(&daemon, OTHER_TOKEN, &policy("line:tiny-arith@1"));
-    assert_eq!(wait_job(&daemon, &from_victims, Duration::from_secs(120), ended)["state"], "published");
+    assert_eq!(wait_job(&daemon, &from_victims, Duration::from_secs(120), ended).state, JobState::Published);
     refused(&daemon, &into_victims, 403, "job.model_line", "belongs to another team");
     // An admin hands the line over; the old owner is then a stranger to it.
     let handover =
@@ -283,11 +284,7 @@ fn a_curriculum_is_shared_only_by_its_owners_grant_and_its_readers_never_feed_it
     let read = submit_ok_as(&daemon, OTHER_TOKEN, &starting_from("tests/arith"));
     for id in [&own, &read] {
         let done = wait_job(&daemon, id, Duration::from_secs(120), ended);
-        assert_eq!(
-            (done["state"].as_str(), done["curriculum_version"].as_u64()),
-            (Some("published"), Some(0)),
-            "{done}"
-        );
+        assert_eq!((done.state, done.curriculum_version), (JobState::Published, Some(0)), "{done}");
     }
     // ... and only the owner's feeds it; the reader's feeds its own of the same name neither.
     let refreshed = owner.curriculum_refresh("arith").unwrap();
@@ -366,7 +363,7 @@ fn a_secret_reaches_only_its_teams_grader_by_name_and_graders_only_allowed_desti
     // The owner's job: its grader gets the token, handed to the worker on its standard input only.
     let id = submit_ok_as(&daemon, TEAM_TOKEN, &with_grader("tests", "graded", &url));
     let done = wait_job(&daemon, &id, Duration::from_secs(120), ended);
-    assert_eq!(done["state"], "published", "{done}\n{}", daemon.log());
+    assert_eq!(done.state, JobState::Published, "{done}\n{}", daemon.log());
     let received = seen();
     assert!(
         !received.is_empty() && received.iter().all(|auth| auth == "Bearer s3cret-grader-value"),

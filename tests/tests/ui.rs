@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{api, submit, submit_ok, wait_job};
 use rlvr_tests::{
     Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, workspace_root,
@@ -66,7 +67,7 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert_eq!(status, 201, "{theirs}");
     let theirs = theirs["id"].as_str().unwrap().to_owned();
     // The page is opened on a job that is training, so its curve has room to grow.
-    wait_job(&daemon, &ours, Duration::from_secs(60), |job| job["state"] == "running");
+    wait_job(&daemon, &ours, Duration::from_secs(60), |job| job.state == JobState::Running);
 
     // Under target/ on every run; the README's copy only when asked (RLVR_UPDATE_SCREENSHOT=1), so
     // a test run leaves the checkout as it was.
