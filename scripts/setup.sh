@@ -6,7 +6,8 @@
 #   - a second venv with schemathesis==4.32.5 from PyPI (the API's schema test runs its CLI); its
 #     own, so nothing it pulls in can change the Python the binaries link
 #   - redis-server from Debian's packages, when none is on PATH
-#   - g++ (for the libtorch bindings) and systemd-analyze (for the unit's test), when missing
+#   - g++ (for the libtorch bindings), systemd-analyze (for the unit's test) and valgrind (the
+#     worker's memory check), when missing
 #   - cargo-nextest (scripts/test.sh's test runner) from crates.io, when cargo has none
 # pip byte-compiles nothing (--no-compile, as scripts/lib.sh's pip_install): a module's first import
 # does it, for the modules something uses.
@@ -109,6 +110,13 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
     say "no systemd-analyze found: installing systemd from Debian's packages"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends systemd
+fi
+
+# --- valgrind (the worker's training path runs under memcheck in the tests) -------------------
+if ! command -v valgrind >/dev/null 2>&1; then
+    say "no valgrind found: installing it from Debian's packages (the memory check of the worker)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends valgrind
 fi
 
 # --- cargo-nextest (the test runner of scripts/test.sh) -------------------------------------------

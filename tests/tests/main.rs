@@ -24,6 +24,7 @@ mod http_hardening;
 mod jobs;
 mod kept_build;
 mod learning;
+mod memcheck;
 mod mlflow;
 mod models_and_list;
 mod no_torch;
