@@ -5,7 +5,8 @@ use std::path::PathBuf;
 /// Why a model, tokenizer or checkpoint could not be loaded or saved, or a batch not built.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("cannot read {path}: {source}")]
+    /// Reading or writing `path` failed (the cause says which: a missing file, a full disk).
+    #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         #[source]

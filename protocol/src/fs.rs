@@ -62,6 +62,13 @@ pub fn write_json_atomic<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::R
     write_atomic(path, &serde_json::to_vec_pretty(value).map_err(io::Error::other)?)
 }
 
+/// An error's message with the path it concerns before it, its kind kept: a job's reason or a log
+/// line then says which file a full disk or a read-only directory refused
+/// (`…/model.safetensors: No space left on device (os error 28)`), which the error alone does not.
+pub fn naming(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
+    move |error| io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+}
+
 /// fsyncs a directory, so that the names created or renamed in it survive a crash.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

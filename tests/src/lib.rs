@@ -214,8 +214,11 @@ pub struct Daemon {
     pub url: String,
     /// Its config file.
     pub config: PathBuf,
-    /// Its state directory.
+    /// Its state directory, as this process reaches it (on a [`SmallDisk`], through the daemon's
+    /// `/proc/PID/root`).
     pub state: PathBuf,
+    /// Its state directory on filesystems of its own, when it has them.
+    small_disk: Option<SmallDisk>,
     /// Where it keeps its copies of plugin libraries and their probe reports (`plugins.cache_dir`):
     /// one directory for every daemon of the tests, [`shared_plugin_cache`].
     pub plugin_cache: PathBuf,
@@ -266,6 +269,13 @@ impl Daemon {
     /// As [`Daemon::start_with`], with `api_keys` (lines such as `idle_timeout_s = 1`) added to
     /// the config's `[api]` section, which a section in `extra_config` cannot repeat.
     pub fn start_with_api(plugins: &[&str], redis_url: &str, api_keys: &str, extra_config: &str) -> Daemon {
+        let mut daemon = Daemon::prepare(plugins, redis_url, api_keys, extra_config);
+        daemon.restart();
+        daemon
+    }
+
+    /// A daemon's directory, plugins and config, not started.
+    fn prepare(plugins: &[&str], redis_url: &str, api_keys: &str, extra_config: &str) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let plugins_dir = dir.path().join("plugins");
         let state_dir = dir.path().join("state");
@@ -291,23 +301,54 @@ impl Daemon {
                 + &token("ops", ADMIN_TOKEN, true),
         );
         fs::write(&config, toml).expect("write config");
-        let mut daemon = Daemon {
+        Daemon {
             child: None,
             dir,
             plugins: plugins_dir,
             url: String::new(),
             config,
             state: state_dir,
+            small_disk: None,
             plugin_cache,
-        };
+        }
+    }
+
+    /// As [`Daemon::start_with`], its state directory on filesystems of their own: see
+    /// [`SmallDisk`]. It cannot be restarted (its filesystems end with it).
+    pub fn start_on(disk: SmallDisk, plugins: &[&str], redis_url: &str, extra_config: &str) -> Daemon {
+        let mut daemon = Daemon::prepare(plugins, redis_url, "", extra_config);
+        fs::create_dir_all(&daemon.state).expect("state dir");
+        daemon.small_disk = Some(disk);
         daemon.restart();
         daemon
+    }
+
+    /// Runs `mount ARGS` in the daemon's mount namespace (on a [`SmallDisk`]), e.g. to make its
+    /// registry read-only (`-o remount,ro`) and writable again.
+    pub fn mount(&self, args: &[&str]) {
+        assert!(self.small_disk.is_some(), "only a daemon on a small disk has a namespace of its own");
+        let pid = self.pid().expect("rlvrd running").to_string();
+        let output = Command::new("nsenter")
+            .args(["-t", &pid, "-U", "-m", "--preserve-credentials", "mount"])
+            .args(args)
+            .output()
+            .expect("nsenter (util-linux)");
+        assert!(output.status.success(), "mount {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// The state directory's path as the daemon itself writes it (its config's).
+    pub fn state_as_configured(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 
     /// Starts the daemon again with the same config and state (after [`Daemon::kill`] or
     /// [`Daemon::stop`]); its log is appended to.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "rlvrd is running");
+        assert!(
+            self.small_disk.is_none() || self.url.is_empty(),
+            "a daemon on a small disk cannot restart: its filesystems ended with it"
+        );
         // Back on the address it had, as a daemon under systemd comes back: clients that follow
         // a job (rlvrctl watch) reconnect to it.
         if let Some(addr) = self.url.strip_prefix("http://") {
@@ -315,14 +356,17 @@ impl Daemon {
             let text = text.replace("listen = \"127.0.0.1:0\"", &format!("listen = {addr:?}"));
             fs::write(&self.config, text).expect("write config");
         }
-        let addr_file = self.state.join("rlvrd.addr");
-        let _ = fs::remove_file(&addr_file);
+        let _ = fs::remove_file(self.state.join("rlvrd.addr"));
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("rlvrd.log"))
             .expect("log file");
-        let child = Command::new(artifact("rlvrd"))
+        let mut command = match &self.small_disk {
+            Some(disk) => disk.command(&self.state_as_configured()),
+            None => Command::new(artifact("rlvrd")),
+        };
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&self.config)
@@ -331,6 +375,13 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("start rlvrd");
+        if self.small_disk.is_some() {
+            // unshare and sh exec in the same process: its pid is the daemon's.
+            let root = PathBuf::from(format!("/proc/{}/root", child.id()));
+            let configured = self.state_as_configured();
+            self.state = root.join(configured.strip_prefix("/").expect("an absolute state dir"));
+        }
+        let addr_file = self.state.join("rlvrd.addr");
         self.child = Some(child);
         // Until it writes its address, or exits. It probes every library it has not seen in a
         // worker process that loads libtorch (seconds each on a loaded machine, and one test
@@ -446,6 +497,54 @@ impl Daemon {
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|child| child.try_wait().ok().flatten().is_none())
     }
+}
+
+/// A daemon's state directory on a tmpfs of `state_mb` and its registry (`<state>/registry`) on
+/// one of `registry_mb`, mounted in a mount namespace of the daemon's own: a disk that fills up,
+/// and a registry the test can make read-only ([`Daemon::mount`]), with no privilege (a user
+/// namespace maps the test's user to root inside it; util-linux's `unshare` and `nsenter`).
+/// The test reaches the files through the daemon's `/proc/PID/root`.
+#[derive(Debug, Clone, Copy)]
+pub struct SmallDisk {
+    pub state_mb: u32,
+    pub registry_mb: u32,
+}
+
+impl SmallDisk {
+    /// `unshare … sh -c 'mount …; exec rlvrd'`, to which the daemon's arguments are added.
+    fn command(&self, state: &Path) -> Command {
+        let mut command = Command::new("unshare");
+        command
+            .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+            .arg(
+                "set -e; mount -t tmpfs -o size=\"$1\"m tmpfs \"$3\"; mkdir \"$3/registry\"; \
+                 mount -t tmpfs -o size=\"$2\"m tmpfs \"$3/registry\"; shift 3; exec \"$@\"",
+            )
+            .arg("sh")
+            .arg(self.state_mb.to_string())
+            .arg(self.registry_mb.to_string())
+            .arg(state)
+            .arg(artifact("rlvrd"));
+        command
+    }
+}
+
+/// Fills the filesystem of `path` with a file of zeros there until it is full (`ENOSPC`); its
+/// size. Deleting the file frees the space again.
+pub fn fill_disk(path: &Path) -> u64 {
+    use std::io::Write;
+    let mut file = fs::File::create(path).expect("the ballast file");
+    let chunk = vec![0u8; 64 * 1024];
+    let mut written = 0;
+    loop {
+        match file.write(&chunk) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(error) => panic!("{}: {error}", path.display()),
+        }
+    }
+    written
 }
 
 impl Drop for Daemon {

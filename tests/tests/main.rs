@@ -15,6 +15,7 @@ mod demo;
 mod distill;
 mod engines;
 mod examples;
+mod full_disk;
 mod gates;
 mod graders_dry_run;
 mod graders_judge;

@@ -27,7 +27,7 @@ use std::collections::BTreeSet;
 use rlvr_model::weights::WeightFiles;
 use rlvr_model::{SamplerRng, save_adapter, save_pretrained};
 use rlvr_protocol::checkpoints::{ScoredCheckpoint, retained};
-use rlvr_protocol::fs::{write_atomic, write_json_atomic};
+use rlvr_protocol::fs::{naming, write_atomic, write_json_atomic};
 use rlvr_protocol::jobdir::{RunDir, checkpoint_name, checkpoint_step};
 use rlvr_protocol::runtime::RunPlatform;
 use serde::{Deserialize, Serialize};
@@ -190,14 +190,32 @@ pub fn write_checkpoint(
         message: format!("checkpoint: {message}"),
     };
     let staging = staging(run, state.step).map_err(|error| fail(error.to_string()))?;
+    let written = stage_and_commit(job, run, state, logs, &staging, fail);
+    if written.is_err() {
+        // A full disk or a read-only directory leaves no half checkpoint, and frees what it took.
+        let _ = fs::remove_dir_all(&staging);
+    }
+    written
+}
+
+/// [`write_checkpoint`]'s work once `staging` exists: fill it, then commit it.
+fn stage_and_commit(
+    job: &Job,
+    run: &RunDir,
+    state: &mut TrainState,
+    logs: &mut Logs,
+    staging: &Path,
+    fail: impl Fn(String) -> WorkerError,
+) -> Result<PathBuf, WorkerError> {
     // A rejection-sampling job changes no weight: its checkpoint is its state.json.
     if !matches!(job.work, Work::RejectionSampling(_)) {
-        write_model(job, &staging).map_err(|error| fail(error.to_string()))?;
+        write_model(job, staging).map_err(|error| fail(error.to_string()))?;
         if let Some((vs, _)) = &job.value_head {
-            save_sorted(vs, &staging.join("value_head.safetensors")).map_err(fail)?;
+            save_sorted(vs, &staging.join("value_head.safetensors")).map_err(&fail)?;
         }
-        Tensor::write_safetensors(&job.adamw.state_tensors(), staging.join("optimizer.safetensors"))
-            .map_err(|error| fail(error.to_string()))?;
+        let optimizer = staging.join("optimizer.safetensors");
+        Tensor::write_safetensors(&job.adamw.state_tensors(), &optimizer)
+            .map_err(|error| fail(format!("{}: {error}", optimizer.display())))?;
     }
     state.optimizer_updates = job.adamw.steps();
     state.sampler_rng = Some(job.rng.clone());
@@ -222,8 +240,9 @@ pub fn write_checkpoint(
         state.sampled = Some(rejection.tally.clone());
     }
     let bytes = serde_json::to_vec_pretty(&state).map_err(|error| fail(error.to_string()))?;
-    fs::write(staging.join("state.json"), bytes).map_err(|error| fail(error.to_string()))?;
-    let path = commit(run, &staging, state.step, &keep).map_err(|error| fail(error.to_string()))?;
+    let state_file = staging.join("state.json");
+    fs::write(&state_file, bytes).map_err(|error| fail(naming(&state_file)(error).to_string()))?;
+    let path = commit(run, staging, state.step, &keep).map_err(|error| fail(error.to_string()))?;
     info!(step = state.step, path = %path.display(), "checkpoint written");
     Ok(path)
 }
@@ -283,13 +302,14 @@ fn complete_checkpoints(run: &RunDir) -> io::Result<Vec<u64>> {
 fn commit(run: &RunDir, staging: &Path, step: u64, keep: &BTreeSet<u64>) -> io::Result<PathBuf> {
     let name = checkpoint_name(step);
     let target = run.checkpoint(step);
-    sync_tree(staging)?;
+    sync_tree(staging).map_err(naming(staging))?;
     if target.exists() {
         // A run killed between this rename and LATEST's left it; it is not referenced.
-        fs::remove_dir_all(&target)?;
+        fs::remove_dir_all(&target).map_err(naming(&target))?;
     }
-    fs::rename(staging, &target)?;
-    write_atomic(&run.latest_file(), name.as_bytes())?;
+    fs::rename(staging, &target).map_err(naming(&target))?;
+    let latest = run.latest_file();
+    write_atomic(&latest, name.as_bytes()).map_err(naming(&latest))?;
     prune(run, keep)?;
     Ok(target)
 }

@@ -34,14 +34,7 @@ impl From<CurriculumError> for Failure {
                 Failure::new(StatusCode::BAD_REQUEST, "invalid_team", error.to_string())
                     .field(&format!("readers[{index}]"))
             }
-            CurriculumError::Io(io) => {
-                tracing::error!(error = %io, "the curricula directory");
-                Failure::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "the curricula cannot be read now; retry later",
-                )
-            }
+            CurriculumError::Io(io) => Failure::storage("the curricula directory", io),
         }
     }
 }

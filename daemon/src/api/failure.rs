@@ -44,6 +44,34 @@ impl Failure {
         failure
     }
 
+    /// The server's own files failed (`store` says which: "the dataset store", "the registry"):
+    /// 507 when its disk is full or read-only — the operator's to fix, and worth a retry once
+    /// fixed — and 500 otherwise. The cause, with its path where it has one, goes to the log; the
+    /// answer names no server path.
+    pub(crate) fn storage(store: &str, error: &std::io::Error) -> Self {
+        use std::io::ErrorKind;
+        tracing::error!(%error, "{store}");
+        let (code, message) = match error.kind() {
+            ErrorKind::StorageFull => ("storage_full", format!("{store}'s disk is full on the server")),
+            ErrorKind::ReadOnlyFilesystem => {
+                ("storage_read_only", format!("{store}'s disk is read-only on the server"))
+            }
+            _ => {
+                return Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    format!("{store} failed; retry later"),
+                );
+            }
+        };
+        Failure::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            code,
+            format!("{message}; retry once its operator has fixed it"),
+        )
+        .retry(60)
+    }
+
     pub(crate) fn not_found(id: &str) -> Self {
         Failure::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id} visible to this token"))
     }

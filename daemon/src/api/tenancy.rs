@@ -41,14 +41,7 @@ impl From<DatasetError> for Failure {
             DatasetError::NotFound { .. } | DatasetError::Gone { .. } => {
                 (StatusCode::NOT_FOUND, "not_found", "name")
             }
-            DatasetError::Io(io) => {
-                tracing::error!(error = %io, "the dataset store");
-                return Failure::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "the dataset store failed; retry later",
-                );
-            }
+            DatasetError::Io(io) => return Failure::storage("the dataset store", io),
         };
         Failure::new(status, code, error.to_string()).field(field)
     }
@@ -67,14 +60,7 @@ impl From<LineError> for Failure {
             }
             LineError::Quota { .. } => (StatusCode::FORBIDDEN, "line_quota", "name"),
             LineError::Unowned { .. } => (StatusCode::CONFLICT, "unowned", "name"),
-            LineError::Io(io) => {
-                tracing::error!(error = %io, "the registry");
-                return Failure::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "the registry failed; retry later",
-                );
-            }
+            LineError::Io(io) => return Failure::storage("the registry", io),
         };
         Failure::new(status, code, error.to_string()).field(field)
     }

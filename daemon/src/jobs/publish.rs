@@ -16,6 +16,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use rlvr_protocol::fs::naming;
 use rlvr_protocol::gates::{Forced, GateReport, Manifest};
 use rlvr_protocol::job::{JobOutput, JobState};
 use rlvr_protocol::spec::JobSpec;
@@ -171,49 +172,75 @@ pub async fn deliver_webhook(
 /// Publishers of one line take turns (an exclusive `flock` on `<line>/.publish.lock`, released
 /// by the kernel if the process dies): the check for the job's own version and the publish are
 /// one step, so a job gated twice at once (a forced promotion racing another) publishes once.
-pub fn publish(line: &Path, model: &Path, mut manifest: Manifest) -> io::Result<(u64, PathBuf)> {
-    fs::create_dir_all(line)?;
-    let _lock = lines::lock(line)?;
-    if let Some(found) = published_by(line, &manifest.job_id)? {
+///
+/// Every error names the path it concerns; on any error the staging directory is removed, so a
+/// full disk or a read-only registry leaves neither half a version nor the space it took.
+pub fn publish(line: &Path, model: &Path, manifest: Manifest) -> io::Result<(u64, PathBuf)> {
+    fs::create_dir_all(line).map_err(naming(line))?;
+    let _lock = lines::lock(line).map_err(naming(line))?;
+    if let Some(found) = published_by(line, &manifest.job_id).map_err(naming(line))? {
         return Ok(found);
     }
     let staging = line.join(format!(".staging-{}", manifest.job_id));
     if staging.exists() {
-        fs::remove_dir_all(&staging)?;
+        fs::remove_dir_all(&staging).map_err(naming(&staging))?;
     }
-    fs::create_dir(&staging)?;
-    let mut entries: Vec<_> = fs::read_dir(model)?.collect::<Result<_, _>>()?;
+    fs::create_dir(&staging).map_err(naming(&staging))?;
+    let published = stage_and_rename(line, model, &staging, manifest);
+    if published.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    published
+}
+
+/// [`publish`]'s work once `staging` exists: the model's files and the manifest copied into it,
+/// then renamed to the next free version.
+fn stage_and_rename(
+    line: &Path,
+    model: &Path,
+    staging: &Path,
+    mut manifest: Manifest,
+) -> io::Result<(u64, PathBuf)> {
+    let mut entries: Vec<_> =
+        fs::read_dir(model).and_then(Iterator::collect::<Result<_, _>>).map_err(naming(model))?;
     entries.sort_by_key(|entry| entry.file_name());
     for entry in entries {
-        if !entry.file_type()?.is_file() {
+        if !entry.file_type().map_err(naming(&entry.path()))?.is_file() {
             continue;
         }
         let name = entry.file_name();
         let target = staging.join(&name);
-        fs::copy(entry.path(), &target)?;
-        fs::File::open(&target)?.sync_all()?;
-        manifest
-            .files
-            .insert(name.to_string_lossy().into_owned(), hex::encode(Sha256::digest(fs::read(&target)?)));
+        let copied = fs::copy(entry.path(), &target)
+            .and_then(|_| fs::File::open(&target)?.sync_all())
+            .and_then(|()| fs::read(&target));
+        let bytes = copied.map_err(naming(&target))?;
+        manifest.files.insert(name.to_string_lossy().into_owned(), hex::encode(Sha256::digest(bytes)));
     }
-    let mut version = next_version(line)?;
+    let mut version = next_version(line).map_err(naming(line))?;
+    let manifest_path = staging.join("manifest.json");
     loop {
         manifest.version = version;
-        let mut file = fs::File::create(staging.join("manifest.json"))?;
-        file.write_all(serde_json::to_string_pretty(&manifest).map_err(io::Error::other)?.as_bytes())?;
-        file.sync_all()?;
+        let text = serde_json::to_string_pretty(&manifest).map_err(io::Error::other)?;
+        let written = fs::File::create(&manifest_path)
+            .and_then(|mut file| file.write_all(text.as_bytes()).and_then(|()| file.sync_all()));
+        written.map_err(naming(&manifest_path))?;
         let target = line.join(version.to_string());
         // rename(2) onto an existing non-empty directory fails: a concurrent publisher took it.
-        match fs::rename(&staging, &target) {
+        match fs::rename(staging, &target) {
             Ok(()) => {
-                rlvr_protocol::fs::sync_dir(line)?;
+                // The version is whole and visible from here: a failed fsync of the line's
+                // directory (its new name may not survive a power loss) is no reason to call the
+                // publication failed.
+                if let Err(error) = rlvr_protocol::fs::sync_dir(line) {
+                    tracing::warn!(%error, line = %line.display(), version, "cannot fsync the model line's directory");
+                }
                 return Ok((version, target));
             }
             Err(error) if target.exists() => {
                 tracing::debug!(%error, version, "version taken by another publisher; trying the next");
                 version += 1;
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err(naming(&target)(error)),
         }
     }
 }
