@@ -33,16 +33,15 @@ impl RedisHealth {
         self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
-    /// Pings Redis once and records the outcome; logs when it changes.
+    /// Pings Redis and records the outcome; logs when it changes. A kept connection that fails
+    /// is replaced and the ping tried once more at once: a Redis restarted since the last ping
+    /// broke the old connection, and is not down.
     pub async fn check(&self) {
         let mut connection = self.connection.lock().await;
-        let outcome = match tokio::time::timeout(PING_TIMEOUT, ping(&self.url, &mut connection)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(_) => Err(format!("no answer within {} s", PING_TIMEOUT.as_secs())),
-        };
-        if outcome.is_err() {
-            *connection = None;
+        let reused = connection.is_some();
+        let mut outcome = self.ping_once(&mut connection).await;
+        if outcome.is_err() && reused {
+            outcome = self.ping_once(&mut connection).await;
         }
         let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if last.as_ref().is_none_or(|previous| previous.is_ok() != outcome.is_ok()) {
@@ -52,6 +51,21 @@ impl RedisHealth {
             }
         }
         *last = Some(outcome);
+    }
+}
+
+impl RedisHealth {
+    /// One ping over `connection` (opened first when there is none); a failure drops it.
+    async fn ping_once(&self, connection: &mut Option<MultiplexedConnection>) -> Result<(), String> {
+        let outcome = match tokio::time::timeout(PING_TIMEOUT, ping(&self.url, connection)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no answer within {} s", PING_TIMEOUT.as_secs())),
+        };
+        if outcome.is_err() {
+            *connection = None;
+        }
+        outcome
     }
 }
 

@@ -195,6 +195,12 @@ pub fn event_ms(event: &JobEvent) -> u64 {
 /// Pids of the worker processes running job `id` now (their command line names the job's
 /// directory).
 pub fn worker_pids(id: &str) -> Vec<u32> {
+    workers().into_iter().filter(|(_, job)| job == id).map(|(pid, _)| pid).collect()
+}
+
+/// Every worker process running a job now, with its job's id (from its command line, which names
+/// the job's directory `…/jobs/ID/…`).
+pub fn workers() -> Vec<(u32, String)> {
     let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
     entries
         .flatten()
@@ -202,7 +208,12 @@ pub fn worker_pids(id: &str) -> Vec<u32> {
             let pid = entry.file_name().to_str()?.parse().ok()?;
             let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
             let text = String::from_utf8_lossy(&cmdline);
-            (text.contains("worker\0") && text.contains(&format!("/jobs/{id}/"))).then_some(pid)
+            if !text.contains("worker\0") {
+                return None;
+            }
+            let (_, after) = text.split_once("/jobs/")?;
+            let id = after.split(['/', '\0']).next()?;
+            Some((pid, id.to_owned()))
         })
         .collect()
 }

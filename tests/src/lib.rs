@@ -159,6 +159,15 @@ impl Redis {
         }
     }
 
+    /// Kills it with SIGKILL, as the OOM killer would: what it acknowledged is in its AOF (see
+    /// [`Redis::start_with_aof`]) but never fsynced past the last second.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -656,6 +665,55 @@ max_prompts = 16
 "#,
         data = data.display()
     )
+}
+
+/// One stage (a whole job spec as a `[[stages]]` entry): `optimizer` with its keys, on the
+/// arithmetic data, starting from `policy`, with `gates` (the stages set theirs explicitly: a
+/// few steps of a tiny model move the held-out score by noise).
+pub fn stage(data: &Path, name: &str, policy: &str, optimizer: &str, steps: u32, gates: &str) -> String {
+    let train = if optimizer.contains("sft") { "sft" } else { "train" };
+    let gates = gates.replace("[gates]", "[stages.gates]");
+    format!(
+        r#"
+[[stages]]
+[stages.job]
+name = "{name}"
+team = "tests"
+model_line = "tiny-arith"
+seed = 3
+[stages.model]
+policy = "{policy}"
+[stages.data]
+train = "{data}/{train}.jsonl"
+heldout = "{data}/heldout.jsonl"
+[stages.optimizer]
+{optimizer}
+micro_batch_size = 8
+[[stages.verifiers]]
+plugin = "math"
+fallback = "last"
+[stages.rollout]
+max_new_tokens = 4
+prompts_per_step = 8
+[stages.budget]
+max_steps = {steps}
+[stages.checkpoint]
+every_steps = 2
+[stages.eval]
+max_prompts = 16
+{gates}"#,
+        data = data.display()
+    )
+}
+
+/// A stage's `[optimizer]` keys: SFT.
+pub const STAGE_SFT: &str = "plugin = \"sft\"\nlr = 1e-3";
+/// A stage's `[optimizer]` keys: GRPO.
+pub const STAGE_GRPO: &str = "plugin = \"grpo\"\ngroup_size = 4\nlr = 1e-4\nkl_beta = 0.04";
+
+/// A pipeline of team `tests` with `stages` ([`stage`]).
+pub fn pipeline(name: &str, stages: &[String]) -> String {
+    format!("[pipeline]\nname = \"{name}\"\nteam = \"tests\"\n{}", stages.concat())
 }
 
 /// A plugin dir holding the libraries the worker tests' jobs use.

@@ -7,6 +7,7 @@
 //! need both cores and which only wait.
 
 mod api_schema;
+mod chaos;
 mod clients;
 mod cuda;
 mod curriculum;

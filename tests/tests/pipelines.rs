@@ -12,58 +12,15 @@ use rlvr_protocol::gates::Manifest;
 use rlvr_protocol::job::{JobState, LineVersion};
 use rlvr_protocol::pipeline::{PipelineState, PipelineView, StageOutput};
 use rlvr_tests::jobs::{api, job, wait_job};
-use rlvr_tests::{ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data};
+use rlvr_tests::{
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, STAGE_GRPO as GRPO, STAGE_SFT as SFT,
+    TEAM_TOKEN, arith_data, pipeline, stage,
+};
 
 const PLUGINS: [&str; 3] = ["rlvr-optimizer-sft", "rlvr-optimizer-grpo", "rlvr-verifier-math"];
 /// Fast heartbeats so a killed daemon's job comes back within seconds; one libtorch thread.
 const QUEUE: &str =
     "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
-
-/// One stage (a whole job spec as a `[[stages]]` entry): `optimizer` with its keys, on the
-/// arithmetic data, starting from `policy`, with `gates` (the stages set theirs explicitly: a
-/// few steps of a tiny model move the held-out score by noise).
-fn stage(data: &Path, name: &str, policy: &str, optimizer: &str, steps: u32, gates: &str) -> String {
-    let train = if optimizer.contains("sft") { "sft" } else { "train" };
-    let gates = gates.replace("[gates]", "[stages.gates]");
-    format!(
-        r#"
-[[stages]]
-[stages.job]
-name = "{name}"
-team = "tests"
-model_line = "tiny-arith"
-seed = 3
-[stages.model]
-policy = "{policy}"
-[stages.data]
-train = "{data}/{train}.jsonl"
-heldout = "{data}/heldout.jsonl"
-[stages.optimizer]
-{optimizer}
-micro_batch_size = 8
-[[stages.verifiers]]
-plugin = "math"
-fallback = "last"
-[stages.rollout]
-max_new_tokens = 4
-prompts_per_step = 8
-[stages.budget]
-max_steps = {steps}
-[stages.checkpoint]
-every_steps = 2
-[stages.eval]
-max_prompts = 16
-{gates}"#,
-        data = data.display()
-    )
-}
-
-const SFT: &str = "plugin = \"sft\"\nlr = 1e-3";
-const GRPO: &str = "plugin = \"grpo\"\ngroup_size = 4\nlr = 1e-4\nkl_beta = 0.04";
-
-fn pipeline(name: &str, stages: &[String]) -> String {
-    format!("[pipeline]\nname = \"{name}\"\nteam = \"tests\"\n{}", stages.concat())
-}
 
 /// Submits as team `tests` (data files uploaded first, as `rlvrctl pipeline submit` does).
 fn submit(daemon: &Daemon, token: &str, toml: &str) -> Result<String, HttpError> {
