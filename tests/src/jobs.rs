@@ -198,9 +198,20 @@ pub fn worker_pids(id: &str) -> Vec<u32> {
     workers().into_iter().filter(|(_, job)| job == id).map(|(pid, _)| pid).collect()
 }
 
+/// The worker processes of the daemon whose state directory is `state` (as its config names it),
+/// with their jobs' ids: never another test's.
+pub fn workers_of_daemon(state: &Path) -> Vec<(u32, String)> {
+    let jobs = format!("{}/jobs/", state.display());
+    workers_where(|cmdline| cmdline.contains(&jobs))
+}
+
 /// Every worker process running a job now, with its job's id (from its command line, which names
 /// the job's directory `…/jobs/ID/…`).
 pub fn workers() -> Vec<(u32, String)> {
+    workers_where(|_| true)
+}
+
+fn workers_where(keep: impl Fn(&str) -> bool) -> Vec<(u32, String)> {
     let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
     entries
         .flatten()
@@ -208,7 +219,7 @@ pub fn workers() -> Vec<(u32, String)> {
             let pid = entry.file_name().to_str()?.parse().ok()?;
             let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
             let text = String::from_utf8_lossy(&cmdline);
-            if !text.contains("worker\0") {
+            if !text.contains("worker\0") || !keep(&text) {
                 return None;
             }
             let (_, after) = text.split_once("/jobs/")?;

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use rlvr_protocol::gates::Manifest;
 use rlvr_protocol::job::{JobEvent, JobOutput, JobState, JobView};
 use rlvr_protocol::pipeline::PipelineState;
 use rlvr_seeded::SplitMix64;
-use rlvr_tests::jobs::{Job, api, job, submit, workers};
+use rlvr_tests::jobs::{Job, api, job, submit, workers_of_daemon};
 use rlvr_tests::{
     ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, STAGE_GRPO, STAGE_SFT, TEAM_TOKEN, arith_data,
     arith_grpo_spec, pipeline, sha256_hex, stage, wait_until,
@@ -109,28 +109,64 @@ fn job_spec(data: &Path, team: &str, kind: &str, i: usize) -> String {
         .replace("model_line = \"tiny-arith\"", &format!("model_line = \"{team}-{kind}\""))
 }
 
-/// The most workers seen at once for each job, sampled every 20 ms in the background.
+/// The workers of each job that hold its run's lock (`jobs/ID/run.lock`, the `flock` a worker
+/// takes before it touches the run): pids by job id, from `/proc/locks` and each worker's open
+/// files. A worker merely alive does not count: one whose daemon was killed while it was starting
+/// lives on for up to a second (the loader and libtorch's initialisers run before it can see that
+/// its parent is gone), and exits before it takes the lock.
+fn lock_holders(state: &Path) -> BTreeMap<String, Vec<u32>> {
+    use std::os::unix::fs::MetadataExt;
+    let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
+    // `1: FLOCK  ADVISORY  WRITE 2298 08:01:1234 0 EOF`; a waiter's line has `->` after the number.
+    let held: Vec<(u32, u64)> = locks
+        .lines()
+        .filter(|line| !line.contains("->"))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let pid = fields.get(4)?.parse().ok()?;
+            let inode = fields.get(5)?.rsplit(':').next()?.parse().ok()?;
+            Some((pid, inode))
+        })
+        .collect();
+    let mut holders: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (pid, job) in workers_of_daemon(state) {
+        let lock = format!("/jobs/{job}/run.lock");
+        let holds = fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten().any(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|target| target.to_string_lossy().ends_with(&lock))
+                && fs::metadata(fd.path()).is_ok_and(|meta| held.contains(&(pid, meta.ino())))
+        });
+        if holds {
+            holders.entry(job).or_default().push(pid);
+        }
+    }
+    holders
+}
+
+/// The most workers seen at once for each job, alive and holding its lock, sampled every 20 ms
+/// in the background.
 struct Watch {
     stop: Arc<AtomicBool>,
-    most: Arc<Mutex<BTreeMap<String, usize>>>,
+    most: Arc<Mutex<BTreeMap<String, (usize, usize)>>>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl Watch {
-    fn start() -> Watch {
+    fn start(state: PathBuf) -> Watch {
         let stop = Arc::new(AtomicBool::new(false));
-        let most: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+        let most: Arc<Mutex<BTreeMap<String, (usize, usize)>>> = Arc::default();
         let (s, m) = (stop.clone(), most.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
-                let mut now: BTreeMap<String, usize> = BTreeMap::new();
-                for (_, id) in workers() {
-                    *now.entry(id).or_default() += 1;
+                let mut alive: BTreeMap<String, usize> = BTreeMap::new();
+                for (_, id) in workers_of_daemon(&state) {
+                    *alive.entry(id).or_default() += 1;
                 }
+                let holders = lock_holders(&state);
                 let mut most = m.lock().unwrap();
-                for (id, count) in now {
+                for (id, count) in alive {
+                    let holding = holders.get(&id).map_or(0, Vec::len);
                     let seen = most.entry(id).or_default();
-                    *seen = (*seen).max(count);
+                    *seen = (seen.0.max(count), seen.1.max(holding));
                 }
                 drop(most);
                 std::thread::sleep(Duration::from_millis(20));
@@ -139,7 +175,8 @@ impl Watch {
         Watch { stop, most, thread }
     }
 
-    fn most(self) -> BTreeMap<String, usize> {
+    /// The most (alive, holding the lock) for each job.
+    fn most(self) -> BTreeMap<String, (usize, usize)> {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.thread.join();
         Arc::try_unwrap(self.most).map(|most| most.into_inner().unwrap()).unwrap_or_default()
@@ -158,11 +195,12 @@ impl View for States {
     fn progress(&mut self, _: &JobView, _: &str) {}
 }
 
-/// Injects `fault` (a running worker, if it needs one, chosen by `rng`); false when there was no
-/// worker to hit.
+/// Injects `fault` (one of this daemon's running workers, if it needs one, chosen by `rng`; never
+/// another test's); false when there was no worker to hit.
 fn inject(fault: Fault, daemon: &mut Daemon, redis: &mut Redis, rng: &mut SplitMix64) -> bool {
+    let state = daemon.state_as_configured();
     let mut worker = || {
-        let running = workers();
+        let running = workers_of_daemon(&state);
         (!running.is_empty()).then(|| Pid::from_raw(running[rng.below(running.len())].0 as i32))
     };
     match fault {
@@ -221,7 +259,7 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
     let started = Instant::now();
 
     // Every job first (a submit needs the daemon and Redis up), then the faults while they run.
-    let watch = Watch::start();
+    let watch = Watch::start(daemon.state_as_configured());
     let mut jobs: Vec<(String, &str, String)> = Vec::new();
     for i in 0..plan.jobs_per_kind {
         for (team, token) in teams {
@@ -289,9 +327,11 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
     // Duplicated: two workers of one job at once, or one job published twice.
     let mut duplicated: Vec<String> = most
         .iter()
-        .filter(|(_, count)| **count > 1)
-        .map(|(id, count)| format!("{id}: {count} workers at once"))
+        .filter(|(_, (_, holding))| *holding > 1)
+        .map(|(id, (_, holding))| format!("{id}: {holding} workers past its lock at once"))
         .collect();
+    let most_alive = most.values().map(|(alive, _)| *alive).max().unwrap_or(0);
+    let holding_seen = most.values().filter(|(_, holding)| *holding > 0).count();
     // Inconsistent: a version whose files are not its manifest's, a write in the making left
     // visible, a published job whose version is not there, a sampled dataset the team lacks.
     let mut inconsistent = Vec::new();
@@ -348,7 +388,9 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
     let count = |state: JobState| ended.iter().filter(|(job, _, _)| job.state == state).count();
     println!(
         "chaos (seed {}): {} faults injected {injected:?} over {:.0} s; {} jobs and a pipeline of {} stages: \
-         {} published, {} refused, {} failed, {} cancelled; pipeline {:?}; lost {}, duplicated {}, inconsistent {}",
+         {} published, {} refused, {} failed, {} cancelled; pipeline {:?}; lost {}, duplicated {}, inconsistent {} \
+         (the lock seen held by the worker of {holding_seen} jobs, never by two; at most {most_alive} \
+         worker processes of one job alive at once)",
         plan.seed,
         injected.values().sum::<usize>(),
         started.elapsed().as_secs_f64(),
@@ -372,6 +414,8 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
         status == 200 && body.contains("\"status\":\"ok\"")
     });
     assert!(healthy, "/healthz: {:?}", daemon.get("/healthz"));
+    // A watch that never saw a worker hold its lock could not have seen two.
+    assert!(holding_seen * 2 >= ended.len(), "the lock seen held for {holding_seen} jobs of {}", ended.len());
     assert!(
         lost.is_empty() && duplicated.is_empty() && inconsistent.is_empty(),
         "lost {lost:#?}\nduplicated {duplicated:#?}\ninconsistent {inconsistent:#?}"
