@@ -12,28 +12,35 @@
 #     (POST /v1/verify);
 #   - every --sample-s seconds samples the daemon's open fds, RSS and threads, its children (and
 #     zombies among them), the entries its graders and workers left in grader-work/ and in its
-#     temporary directory, the job directories under its state directory, and Redis's
-#     used_memory, keys, event streams and job records: samples.csv;
+#     temporary directory, the job directories under its state directory (count and size), and
+#     Redis's used_memory, keys, event streams, job records and the dispatch queues' task entries
+#     (apalis's meta keys, data hash, done set, workers' metadata): samples.csv;
 #   - waits for every job to end and checks each one it submitted ended (none lost), then prints a
-#     summary (summary.txt: jobs by end state; first, last and max of each series; the slope of fds,
-#     RSS and threads over the loaded run's second half) and draws plot.svg, one chart per series.
+#     summary (summary.txt: jobs by end state; first, last and max of each series; the slope of each
+#     over the loaded run's second half; Redis's keys by pattern; the daemon log's warnings) and
+#     draws plot.svg, one chart per series.
 #
-# It fails (exit 1) when a job was lost, or when the open fds or the threads rose by more than
-# --fd-bound or --thread-bound over the loaded run's second half (the fitted line's rise).
+# It fails (exit 1) when a job was lost (its record gone before it was seen ended, or not ended
+# within 10 minutes of the last submit), or when the open fds or the threads rose by more than
+# --fd-bound or --thread-bound: over the loaded run's second half (the least-squares line's rise,
+# judged from 10 samples up) or from the idle daemon before the first job to the idle daemon after
+# the last. It fails too when, at the end, Redis holds more job records, event streams or index
+# entries than 4 teams × 20, a zombie child is left, or a dry-run graded an item wrongly.
 #
 # Usage: scripts/soak.sh [--jobs N] [--seed S] [--out DIR] [--in-flight K] [--sample-s S]
 #                        [--fd-bound F] [--thread-bound T] [--keep]
 #   defaults: N 300, S 1, DIR target/soak/<time>/, K 6 (under the 20 ended records a team keeps,
 #   so a job is always seen ended before its record goes), S 3 s, F 16, T 8. --keep keeps the work
-#   directory (state, logs, Redis). The debug build by default (RLVR_SOAK_PROFILE=release for the
-#   release build, when built); nothing is built here.
+#   directory (the daemon's state directory and logs). The debug build by default
+#   (RLVR_SOAK_PROFILE=release for the release build, when built); nothing is built here.
 #
 # The daemon's TMPDIR is a directory of its own (tmp/ in the work directory), so that the count of
 # what it and its workers leave there is theirs alone. What the run writes stays under DIR
 # (samples.csv, jobs.csv, summary.txt, plot.svg, rlvrd.log); everything else is stopped and removed
 # on success, failure or Ctrl-C.
 #
-# On the 2-core machine, debug build: --jobs 20 takes about 2 minutes.
+# On the 2-core machine, debug build, beside another engineer's builds: --jobs 20 took 41 s, --jobs
+# 120 2 min 39 s (about 1.1 s a job, 6 unended at once); the default 300 should take about 6 minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$RLVR_ROOT"
@@ -110,6 +117,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Redis and the daemon run in sessions of their own (setsid): a Ctrl-C on the terminal reaches this
+# script and the driver only, and the EXIT trap stops the daemon before Redis.
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -123,7 +132,7 @@ for plugin in verifier_math optimizer_sft optimizer_grpo; do
     cp "$bin/librlvr_$plugin.so" "$work/plugins/"
 done
 redis_port=$(free_port)
-"$redis_server" --port "$redis_port" --bind 127.0.0.1 --dir "$work/redis" --save '' \
+setsid "$redis_server" --port "$redis_port" --bind 127.0.0.1 --dir "$work/redis" --save '' \
     --appendonly no --logfile "$work/redis/redis.log" &
 pids+=($!)
 for _ in $(seq 100); do "$redis_cli" -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -167,7 +176,7 @@ keep_ended_per_team = $keep_ended
 $tokens_toml
 TOML
 "$work/bin/rlvrd" validate --config "$work/rlvrd.toml" >/dev/null
-TMPDIR=$work/tmp RLVR_LOG=${RLVR_LOG:-info} "$work/bin/rlvrd" serve --config "$work/rlvrd.toml" 2>"$work/rlvrd.log" &
+TMPDIR=$work/tmp RLVR_LOG=${RLVR_LOG:-info} setsid "$work/bin/rlvrd" serve --config "$work/rlvrd.toml" 2>"$work/rlvrd.log" &
 daemon=$!
 pids+=("$daemon")
 for _ in $(seq 300); do
@@ -189,7 +198,7 @@ python3 "$RLVR_ROOT/scripts/bench/soak.py" \
     --redis-cli "$redis_cli" --redis-port "$redis_port" \
     --jobs "$jobs" --seed "$seed" --in-flight "$in_flight" --sample-s "$sample_s" \
     --keep-ended "$keep_ended" --fd-bound "$fd_bound" --thread-bound "$thread_bound" \
-    --out "$out" &
+    --log "$work/rlvrd.log" --out "$out" &
 pids+=($!)
 soak_status=0
 wait "${pids[-1]}" || soak_status=$?

@@ -39,9 +39,31 @@ SERIES = [
     ("redis_event_streams", "event streams (rlvr:events:*)"),
     ("redis_job_records", "job records (rlvr:job:*)"),
     ("redis_index", "jobs index (ZCARD rlvr:jobs)"),
+    ("apalis_meta", "dispatch tasks' meta keys"),
+    ("apalis_data", "dispatch tasks' data (HLEN)"),
+    ("apalis_done", "dispatch tasks done (SCARD)"),
+    ("apalis_workers", "queue workers' metadata keys"),
 ]
+# One round trip for Redis's counts: DBSIZE, then the keys of each pattern, the jobs index, and the
+# dispatch queues' (apalis's) task data, done sets and worker metadata over the three priorities.
+REDIS_COUNTS = """
+local function count(pattern) return #redis.call('keys', pattern) end
+local data, done = 0, 0
+for _, q in ipairs({'high', 'normal', 'low'}) do
+  data = data + redis.call('hlen', 'rlvr:queue:' .. q .. ':data')
+  done = done + redis.call('scard', 'rlvr:queue:' .. q .. ':done')
+end
+return {redis.call('dbsize'), count('rlvr:events:*'), count('rlvr:job:*'), redis.call('zcard', 'rlvr:jobs'),
+        count('rlvr:queue:*:meta:*'), data, done, count('rlvr:queue:*:workers:metadata:*')}
+"""
 # The series whose rise over the loaded run's second half fails the run past a bound.
 JUDGED = {"fds": "fd_bound", "threads": "thread_bound"}
+# The fewest samples in the second half for a fitted rise to be judged.
+MIN_JUDGED_SAMPLES = 10
+# Series that should level off once the ended records' retention bites: a rise over the second half
+# is noted in the summary, not judged.
+NOTED = ["rss_mib", "job_dirs", "job_dirs_mib", "redis_used_mib", "redis_keys", "apalis_meta", "apalis_data",
+         "apalis_done", "apalis_workers"]
 
 
 def parse_args():
@@ -64,6 +86,7 @@ def parse_args():
     p.add_argument("--cancel-p", type=float, default=0.1, help="chance of a cancel after each submit")
     p.add_argument("--verify-p", type=float, default=0.15, help="chance of a dry-run after each submit")
     p.add_argument("--drain-timeout-s", type=float, default=600)
+    p.add_argument("--log", help="the daemon's log, whose warnings and errors the summary counts")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -149,10 +172,6 @@ class Sampler:
     def redis_cmd(self, *words):
         return subprocess.run(self.redis + list(words), capture_output=True, text=True, check=True).stdout
 
-    def count_keys(self, pattern):
-        # KEYS in a script: one round trip; the soak's Redis holds a few hundred keys.
-        return int(self.redis_cmd("eval", "return #redis.call('keys', ARGV[1])", "0", pattern).strip())
-
     def key_patterns(self):
         """Redis's keys by pattern, job ids (26-character ULIDs) as {id}: what each kind costs."""
         patterns = {}
@@ -197,10 +216,11 @@ class Sampler:
             line.split(":", 1) for line in self.redis_cmd("info", "memory").splitlines() if ":" in line
         )
         row["redis_used_mib"] = round(int(memory["used_memory"]) / 2**20, 2)
-        row["redis_keys"] = int(self.redis_cmd("dbsize").strip())
-        row["redis_event_streams"] = self.count_keys("rlvr:events:*")
-        row["redis_job_records"] = self.count_keys("rlvr:job:*")
-        row["redis_index"] = int(self.redis_cmd("zcard", "rlvr:jobs").strip() or 0)
+        # KEYS in a script: the soak's Redis holds a few hundred keys.
+        counts = [int(n) for n in self.redis_cmd("eval", REDIS_COUNTS, "0").split()]
+        names = ["redis_keys", "redis_event_streams", "redis_job_records", "redis_index", "apalis_meta",
+                 "apalis_data", "apalis_done", "apalis_workers"]
+        row.update(zip(names, counts))
         return row
 
 
@@ -220,6 +240,27 @@ def listdir(path):
         return os.listdir(path)
     except FileNotFoundError:
         return []
+
+
+def log_digest(path):
+    """The daemon log's warnings and errors, counted by message (ids and numbers masked)."""
+    kinds = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            parts = line.split(None, 2)
+            if len(parts) < 3 or parts[1] not in ("WARN", "ERROR"):
+                continue
+            text = re.sub(r"\x1b\[[0-9;]*m", "", parts[2])
+            text = ULID.sub("{id}", text)
+            text = re.sub(r"\d+", "N", text)[:160].strip()
+            key = (parts[1], text)
+            kinds[key] = kinds.get(key, 0) + 1
+    if not kinds:
+        return ["daemon log: no warnings or errors"]
+    lines = [f"daemon log: {sum(kinds.values())} warnings and errors"]
+    for (level, text), n in sorted(kinds.items(), key=lambda item: -item[1])[:12]:
+        lines.append(f"  {n:>5} × {level} {text}")
+    return lines
 
 
 def slope_per_min(points):
@@ -396,7 +437,10 @@ def run(args):
             w.writerow(record)
 
     lines, failures = summarize(args, jobs, samples, marks, cancels, verifies, throttled, api, len(teams))
-    lines.insert(-2, "Redis keys at the end by pattern: " + ", ".join(f"{p} {n}" for p, n in sampler.key_patterns()))
+    patterns = ", ".join(f"{pattern} {n}" for pattern, n in sampler.key_patterns())
+    lines.insert(-2, f"Redis keys at the end by pattern: {patterns}")
+    if args.log:
+        lines[-2:-2] = [""] + log_digest(args.log)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(text)
@@ -442,6 +486,7 @@ def summarize(args, jobs, samples, marks, cancels, verifies, throttled, api, n_t
                  f"t = {half:.0f} s ({len(second)} samples, {half_len:.0f} s)")
     lines.append(f"{'series':<22} {'first':>9} {'last':>9} {'max':>9} {'idle→idle':>19} "
                  f"{'slope/min (2nd half)':>21} {'rise (2nd half)':>16}")
+    notes = []
     idle_start = [s for s in samples if s["phase"] == "idle"]
     idle_end = [s for s in samples if s["phase"] == "idle-end"]
     for name, _ in SERIES:
@@ -452,13 +497,21 @@ def summarize(args, jobs, samples, marks, cancels, verifies, throttled, api, n_t
         lines.append(f"{name:<22} {values[0]:>9g} {values[-1]:>9g} {max(values):>9g} {idle:>19} "
                      f"{'' if slope is None else f'{slope:+.3f}':>21} "
                      f"{'' if rise is None else f'{rise:+.2f}':>16}")
+        if name in NOTED and rise is not None and rise > 0.05 * max(abs(max(values)), 1):
+            notes.append(f"note: {name} rose {rise:+.2f} over the second half ({slope:+.3f}/min), "
+                         f"{values[0]:g} → {values[-1]:g} over the run")
         if name in JUDGED:
             bound = getattr(args, JUDGED[name])
-            if rise is not None and rise > bound:
+            # A line through a few samples follows how many workers happened to run: too noisy.
+            if len(second) < MIN_JUDGED_SAMPLES:
+                notes.append(f"note: the rise of {name} not judged: {len(second)} samples in the second half, "
+                             f"fewer than {MIN_JUDGED_SAMPLES}")
+            elif rise is not None and rise > bound:
                 failures.append(f"{name} rose {rise:+.1f} over the second half (bound {bound:g})")
             if idle_start and idle_end and idle_end[-1][name] - idle_start[-1][name] > bound:
                 failures.append(f"{name} idle at the end {idle_end[-1][name]} against {idle_start[-1][name]} "
                                 f"at the start (bound {bound:g})")
+    lines += notes
     # Ended records are bounded: every team keeps at most keep_ended; nothing is unended at the end.
     record_bound = n_teams * args.keep_ended
     end = samples[-1]
@@ -496,7 +549,7 @@ def plot(samples, marks):
         values = [s[name] for s in samples]
         lo, hi = min(values), max(values)
         if hi == lo:
-            lo, hi = lo - 1, hi + 1
+            hi = lo + 1
 
         def x(t):
             return ox + left + pw * t / t_max
@@ -522,4 +575,7 @@ def plot(samples, marks):
 
 
 if __name__ == "__main__":
-    sys.exit(run(parse_args()))
+    try:
+        sys.exit(run(parse_args()))
+    except KeyboardInterrupt:
+        sys.exit(130)
