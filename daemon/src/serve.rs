@@ -288,8 +288,9 @@ impl Services {
         let retention = crate::jobs::retention::Retention {
             keep_per_team: config.queue.keep_ended_per_team as usize,
             keep_for: Duration::from_secs(u64::from(config.queue.keep_ended_days) * 24 * 3600),
+            jobs: state_dir.jobs(),
         };
-        tokio::spawn(crate::jobs::retention::run(queues.store.clone(), retention, stopping.clone()));
+        tokio::spawn(crate::jobs::retention::run(queues.store.clone(), retention.clone(), stopping.clone()));
         let jobs_state = Arc::new(JobsState {
             queues: queues.clone(),
             registry: registry.clone(),
@@ -330,7 +331,7 @@ impl Services {
                 trl_python: config.engines.trl_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
                 checked_records: Arc::default(),
-                retention,
+                retention: retention.clone(),
             }),
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.

@@ -588,6 +588,21 @@ fn cancel_stops_a_running_worker_within_a_step_and_a_queued_job_at_once() {
     // The slot is free: the next job runs.
     let next = submit_ok(&daemon, &spec(&data, "next", 2, whole_slot));
     assert_eq!(wait_job(&daemon, &next, Duration::from_secs(120), ended).state, JobState::Published);
+    // regression: an ended job's directory (its last checkpoint with the optimizer's state) stayed
+    // on disk after its record went. Ten more ended jobs: the cancelled running job's record goes,
+    // and its directory with it.
+    let running_dir = daemon.state.join("jobs").join(&running);
+    assert!(running_dir.join("spec.json").is_file(), "{}", running_dir.display());
+    for n in 0..10 {
+        let id = submit_ok(&daemon, &spec(&data, &format!("more-{n}"), 3, whole_slot));
+        assert_eq!(cancel(&id).status().as_u16(), 200);
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || !running_dir.exists()),
+        "{} stays after its record\n{}",
+        running_dir.display(),
+        daemon.log()
+    );
 }
 
 #[test]

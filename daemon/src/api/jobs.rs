@@ -409,7 +409,7 @@ pub async fn cancel(
 ) -> Answer<Json<JobView>> {
     let job = visible_job(&state, &caller, &id).await?;
     let reason = format!("cancelled by team {}", caller.team);
-    let retention = state.submitter.retention;
+    let retention = &state.submitter.retention;
     match crate::jobs::cancel::cancel(&state.queues.store, retention, &id, &job.team, &reason).await? {
         CancelOutcome::Cancelled | CancelOutcome::Requested => {
             Ok(Json(shown_to(&state, caller.admin, state.queues.store.get(&id).await?)))

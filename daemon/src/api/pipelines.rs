@@ -293,7 +293,7 @@ pub async fn cancel(
     // The driving daemon cancels it too; doing it now saves the wait for its tick.
     if let Some(job) = job {
         let reason = format!("cancelled with pipeline {id} by team {}", caller.team);
-        let retention = state.submitter.retention;
+        let retention = &state.submitter.retention;
         crate::jobs::cancel::cancel(&state.queues.store, retention, &job, &pipeline.team, &reason).await?;
     }
     tracing::info!(pipeline = %id, by = %caller.team, "pipeline cancel");

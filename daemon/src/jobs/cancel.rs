@@ -10,7 +10,7 @@ use super::retention::{self, Retention};
 /// Cancels job `id` of `team` with `reason` (its record's reason and event).
 pub async fn cancel(
     store: &JobStore,
-    retention: Retention,
+    retention: &Retention,
     id: &str,
     team: &str,
     reason: &str,
@@ -19,8 +19,8 @@ pub async fn cancel(
     match &outcome {
         CancelOutcome::Cancelled => {
             tracing::info!(job = %id, %reason, "cancelled");
-            let (store, team) = (store.clone(), team.to_owned());
-            tokio::spawn(async move { retention::sweep_team(&store, retention, &team).await });
+            let (store, retention, team) = (store.clone(), retention.clone(), team.to_owned());
+            tokio::spawn(async move { retention::sweep_team(&store, &retention, &team).await });
         }
         CancelOutcome::Requested => tracing::info!(job = %id, %reason, "cancel asked of its worker"),
         CancelOutcome::AlreadyEnded(_) => {}

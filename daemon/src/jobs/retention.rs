@@ -3,7 +3,11 @@
 //! `api.max_body_bytes`) and its events; without a bound, a team submitting and cancelling jobs
 //! in a loop grew Redis by its specs' size every time, outside any quota. Jobs not ended are
 //! never touched (the store checks in the script that deletes). What a published version
-//! needs is on disk (its manifest carries the spec), not in the record.
+//! needs is on disk (its manifest carries the spec), not in the record. A job's directory
+//! (`jobs/<id>/`: its logs, and its last checkpoint with the optimizer's state, several times its
+//! model's size) goes with its record: nothing reaches it after that, and without this the
+//! directories of ended jobs filled the state directory's disk (196 tiny jobs of a soak run left
+//! 1.7 GB).
 //!
 //! [`to_forget`] is the rule (**pure**); [`run`] applies it every [`PERIOD`] to every team, and
 //! [`sweep_team`] to one team when one of its jobs ends.
@@ -11,26 +15,29 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rlvr_protocol::jobdir::JobsDir;
 use rlvr_queue::store::{JobStore, StoreError};
 use tokio_util::sync::CancellationToken;
 
 /// How often every team's ended records are looked at (their age).
 pub const PERIOD: Duration = Duration::from_secs(3600);
 
-/// The bound on ended records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The bound on ended records, and where their jobs' directories are.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
     /// Ended jobs kept per team, the newest.
     pub keep_per_team: usize,
     /// None older than this (since it ended).
     pub keep_for: Duration,
+    /// The jobs' directories, each deleted with its record.
+    pub jobs: JobsDir,
 }
 
 /// The `(team, id)` of the ended jobs to forget among `jobs` (`(team, id, ended at ms)`, `None`
 /// for a job not ended) at `now_ms`.
 pub fn to_forget(
     jobs: &[(String, String, Option<u64>)],
-    retention: Retention,
+    retention: &Retention,
     now_ms: u64,
 ) -> Vec<(String, String)> {
     let cutoff = now_ms.saturating_sub(retention.keep_for.as_millis() as u64);
@@ -54,13 +61,21 @@ pub fn to_forget(
 }
 
 /// Applies the rule to `team`'s jobs (every team's with `None`); how many records went.
-pub async fn sweep(store: &JobStore, retention: Retention, team: Option<&str>) -> Result<usize, StoreError> {
+pub async fn sweep(store: &JobStore, retention: &Retention, team: Option<&str>) -> Result<usize, StoreError> {
     let jobs = store.ended_times(team).await?;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |now| now.as_millis() as u64);
     let mut forgotten = 0;
     for (team, id) in to_forget(&jobs, retention, now_ms) {
         if store.forget_ended(&id, &team).await? {
             forgotten += 1;
+            let dir = retention.jobs.job(&id);
+            match tokio::fs::remove_dir_all(dir.path()).await {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    tracing::warn!(%error, job = %id, dir = %dir.path().display(), "cannot delete an ended job's directory")
+                }
+            }
         }
     }
     if forgotten > 0 {
@@ -75,7 +90,7 @@ pub async fn sweep(store: &JobStore, retention: Retention, team: Option<&str>) -
 
 /// [`sweep`] of one team, after one of its jobs ended: its Redis errors are logged, the next
 /// sweep tries again.
-pub async fn sweep_team(store: &JobStore, retention: Retention, team: &str) {
+pub async fn sweep_team(store: &JobStore, retention: &Retention, team: &str) {
     if let Err(error) = sweep(store, retention, Some(team)).await {
         tracing::warn!(%error, team, "cannot apply the ended jobs' retention now");
     }
@@ -84,7 +99,7 @@ pub async fn sweep_team(store: &JobStore, retention: Retention, team: &str) {
 /// Sweeps every team every [`PERIOD`] until `stopping`, the first time at once.
 pub async fn run(store: JobStore, retention: Retention, stopping: CancellationToken) {
     loop {
-        if let Err(error) = sweep(&store, retention, None).await {
+        if let Err(error) = sweep(&store, &retention, None).await {
             tracing::warn!(%error, "cannot apply the ended jobs' retention now");
         }
         tokio::select! {
@@ -118,11 +133,15 @@ mod tests {
             // Exactly at the age: kept.
             job("c", "c1", Some(70)),
         ];
-        let retention = Retention { keep_per_team: 2, keep_for: Duration::from_secs(30 * 24 * 3600) };
-        let mut gone = to_forget(&jobs, retention, 100 * DAY);
+        let retention = Retention {
+            keep_per_team: 2,
+            keep_for: Duration::from_secs(30 * 24 * 3600),
+            jobs: JobsDir::of_state_dir(std::path::Path::new("/state")),
+        };
+        let mut gone = to_forget(&jobs, &retention, 100 * DAY);
         gone.sort();
         assert_eq!(gone, [("a".to_owned(), "a3".to_owned()), ("b".to_owned(), "b2".to_owned())]);
         let none = Retention { keep_per_team: 0, ..retention };
-        assert_eq!(to_forget(&jobs, none, 100 * DAY).len(), 6, "keeping none forgets every ended job");
+        assert_eq!(to_forget(&jobs, &none, 100 * DAY).len(), 6, "keeping none forgets every ended job");
     }
 }

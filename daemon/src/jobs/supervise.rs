@@ -247,7 +247,7 @@ impl Supervisor {
             if let Ok(job) = self.queues.store.get(&id).await
                 && job.state.is_terminal()
             {
-                crate::jobs::retention::sweep_team(&self.queues.store, self.retention, &job.team).await;
+                crate::jobs::retention::sweep_team(&self.queues.store, &self.retention, &job.team).await;
             }
             return;
         }

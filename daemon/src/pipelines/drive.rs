@@ -99,7 +99,7 @@ async fn step(state: &Arc<Submitter>, store: &PipelineStore, id: &str) -> Result
         Next::Wait => Ok(false),
         Next::CancelJob { job_id } => {
             let reason = format!("cancelled with pipeline {id}");
-            cancel(&state.queues.store, state.retention, &job_id, &view.team, &reason).await?;
+            cancel(&state.queues.store, &state.retention, &job_id, &view.team, &reason).await?;
             Ok(false)
         }
         Next::Advance { stage, output, last } => {
