@@ -171,6 +171,7 @@ cpu_slots = 2
 [queue]
 poll_interval_ms = 100
 heartbeat_ms = 500
+missed_heartbeats = 6
 worker_threads = 1
 keep_ended_per_team = $keep_ended
 $tokens_toml

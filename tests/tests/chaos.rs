@@ -41,7 +41,7 @@ const THIRD_TOKEN: &str = "third-team-token-0123456789abcdef";
 /// team's token.
 fn config() -> String {
     format!(
-        "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 20\n\
+        "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\nmax_crashes = 20\n\
          stop_timeout_s = 30\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n\
          [[auth.tokens]]\nteam = \"third\"\nsha256 = {:?}\nadmin = false\n",
         sha256_hex(THIRD_TOKEN)

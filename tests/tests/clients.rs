@@ -16,7 +16,7 @@ use serde_json::Value;
 use sha2::Digest;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
-const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
+const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\n";
 /// A grace period of a second for unnamed dataset content, so that a sweep runs within the test.
 const QUICK_SWEEPS: &str = "[tenancy]\ndataset_grace_s = 1\n";
 

@@ -18,7 +18,7 @@ use rlvr_tests::{
 };
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
-const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\n";
+const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\n";
 
 fn spec(data: &Path, name: &str, steps: u32, checkpoint_every: u32) -> String {
     let base = arith_grpo_spec(data, name, "builtin:tiny-arith", steps, checkpoint_every);

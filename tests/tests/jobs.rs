@@ -24,7 +24,7 @@ const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 /// Fast heartbeats so a killed daemon's tasks come back within seconds; one libtorch thread so
 /// results are bit-exact across runs.
 const QUEUE: &str =
-    "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
+    "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\nmax_crashes = 3\n";
 
 /// A GRPO job on the arithmetic data (checkpoints every 5 steps) whose gate always passes;
 /// `extra` is appended (more sections).

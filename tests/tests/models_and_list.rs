@@ -17,7 +17,7 @@ use serde_json::Value;
 use sha2::Digest;
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
-const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
+const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\n";
 
 fn json(output: &Output) -> Value {
     assert_eq!(output.status.code(), Some(0), "{}", text(output));

@@ -129,7 +129,7 @@ fn rlvrctl_checked_and_run_without_the_torch_venv_submits_watches_and_verifies()
     let daemon = Daemon::start_with(
         &["rlvr-optimizer-grpo", "rlvr-verifier-math"],
         &redis.url(),
-        "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n",
+        "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\n",
     );
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path();

@@ -20,7 +20,7 @@ use rlvr_tests::{
 const PLUGINS: [&str; 3] = ["rlvr-optimizer-sft", "rlvr-optimizer-grpo", "rlvr-verifier-math"];
 /// Fast heartbeats so a killed daemon's job comes back within seconds; one libtorch thread.
 const QUEUE: &str =
-    "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n";
+    "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\nmax_crashes = 3\n";
 
 /// Submits as team `tests` (data files uploaded first, as `rlvrctl pipeline submit` does).
 fn submit(daemon: &Daemon, token: &str, toml: &str) -> Result<String, HttpError> {

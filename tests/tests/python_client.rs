@@ -12,7 +12,7 @@ use rlvr_tests::cli::text;
 use rlvr_tests::{Daemon, OTHER_TOKEN, Redis, TEAM_TOKEN, arith_data, workspace_root};
 
 const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
-const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n";
+const QUEUE: &str = "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\n";
 
 /// The project venv's interpreter (Python 3.11, what setup.sh installs), else the system's.
 fn base_python() -> PathBuf {

@@ -20,7 +20,7 @@ const PLUGINS: [&str; 2] = ["rlvr-optimizer-grpo", "rlvr-verifier-math"];
 /// (the operator's grant); `others` the default low and normal.
 fn config(slots: u32, shares: &str) -> String {
     format!(
-        "[queue]\nheartbeat_ms = 500\nworker_threads = 1\n\
+        "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 6\nworker_threads = 1\n\
          [devices]\ncpu_slots = {slots}\ncpu_slot_memory_gb = 8\n\
          [[tenancy.teams]]\nname = \"tests\"\npriorities = [\"low\", \"normal\", \"high\"]\n\
          [scheduler]\npreempt_grace_s = 60\n{shares}"

@@ -491,7 +491,8 @@ admin = false",
         "queue.missed_heartbeats",
         integer(2, 100, None, 3),
         "Heartbeats missed before a daemon counts as dead and its jobs go to another daemon or to its \
-         own restart: a killed daemon's running job resumes after heartbeat_ms × missed_heartbeats.",
+         own restart: a killed daemon's running job resumes after heartbeat_ms × missed_heartbeats, \
+         which must be at least 3000 ms (the dispatch queue counts heartbeats in whole seconds).",
     ),
     field(
         "queue.max_crashes",

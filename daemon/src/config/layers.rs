@@ -98,7 +98,7 @@ pub(super) fn load_with(
     }
     // The validator accepted every value, so serde only has to put them in their fields. Should it
     // still refuse one, the table and the structs disagree: that is reported, never papered over.
-    figment.extract::<Config>().map_err(|errors| {
+    let config = figment.extract::<Config>().map_err(|errors| {
         let problems = errors
             .into_iter()
             .map(|error| {
@@ -108,8 +108,37 @@ pub(super) fn load_with(
             })
             .collect();
         ConfigErrors { problems }
-    })
+    })?;
+    let problems = across_keys(&config, &figment);
+    if problems.is_empty() { Ok(config) } else { Err(ConfigErrors { problems }) }
 }
+
+/// The rules between keys, which no one key's range can say.
+fn across_keys(config: &Config, figment: &Figment) -> Vec<ConfigProblem> {
+    let mut problems = Vec::new();
+    // The dispatch backend (apalis-redis) keeps heartbeats and its dead-after window in whole
+    // seconds: with 500 ms × 3 the window was 1 s, and a daemon's queue consumers, one a
+    // priority, counted each other dead whenever a heartbeat ran late on a busy machine and
+    // restarted (11 times in a soak run of 200 jobs, each redelivering the tasks in flight).
+    let window_ms = config.queue.heartbeat_ms * u64::from(config.queue.missed_heartbeats);
+    if window_ms < MIN_DEAD_AFTER_MS {
+        let key = "queue.missed_heartbeats";
+        let source = check::source_of(figment.find_metadata(key), &["queue", "missed_heartbeats"]);
+        problems.push(ConfigProblem::new(
+            key,
+            format!(
+                "heartbeat_ms × missed_heartbeats is {window_ms} ms; at least {MIN_DEAD_AFTER_MS}: the dispatch \
+                 queue counts heartbeats in whole seconds, and under that a busy daemon's own queue consumers \
+                 count each other dead"
+            ),
+            source,
+        ));
+    }
+    problems
+}
+
+/// The shortest `queue.heartbeat_ms × queue.missed_heartbeats` (see [`across_keys`]).
+pub const MIN_DEAD_AFTER_MS: u64 = 3000;
 
 /// Merges the layers. Problems with the file or the env var names go to `problems`, and the layer
 /// (or the variable) is left out.

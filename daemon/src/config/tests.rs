@@ -471,6 +471,13 @@ fn value_problems() {
             "[api]\nmax_body_bytes = 1023",
             "api.max_body_bytes: expected an integer from 1024 to 67108864 (bytes), found 1023",
         ),
+        // Each in range, together a window the dispatch queue's whole seconds cannot keep.
+        (
+            "[queue]\nheartbeat_ms = 500\nmissed_heartbeats = 5",
+            "queue.missed_heartbeats: heartbeat_ms × missed_heartbeats is 2500 ms; at least 3000: the dispatch \
+             queue counts heartbeats in whole seconds, and under that a busy daemon's own queue consumers \
+             count each other dead",
+        ),
         (
             "[daemon]\nstate_dir = 1979-05-27",
             "daemon.state_dir: expected an absolute path, found a date-time",

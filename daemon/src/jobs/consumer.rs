@@ -14,7 +14,9 @@
 //!   current task the backend does not hold (a daemon killed between recording a job and pushing
 //!   its task) is pushed again.
 //!
-//! Beside the workers runs the promoter of due tasks (`rlvr_queue::dispatch::promote_due`).
+//! Beside the workers runs the promoter of due tasks (`rlvr_queue::dispatch::promote_due`), and
+//! the recovery sweep also forgets finished tasks' backend records
+//! (`rlvr_queue::dispatch::forget_done`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -99,6 +101,18 @@ pub fn start(supervisor: Arc<Supervisor>, config: &QueueConfig, stopping: Cancel
             if let Err(error) = sweep(&sweeper).await {
                 warn!(%error, "recovery sweep failed; trying again later");
             }
+            for priority in PRIORITIES {
+                let config = sweeper.queues.backend_config(priority);
+                let mut conn = sweeper.queues.store.connection();
+                let keep = rlvr_queue::dispatch::KEEP_DONE;
+                match rlvr_queue::dispatch::forget_done(&mut conn, &config, keep).await {
+                    Ok(0) => {}
+                    Ok(forgotten) => {
+                        info!(forgotten, priority = ?priority, "finished dispatch tasks forgotten")
+                    }
+                    Err(error) => warn!(%error, "cannot forget finished dispatch tasks now"),
+                }
+            }
             tokio::select! {
                 _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
                 _ = sweep_stop.cancelled() => return,
@@ -117,7 +131,8 @@ async fn consume(
     in_flight: usize,
     stopping: CancellationToken,
 ) {
-    let mut delay = Duration::from_millis(200);
+    const FIRST_DELAY: Duration = Duration::from_millis(200);
+    let mut delay = FIRST_DELAY;
     while !stopping.is_cancelled() {
         let name = worker_name(priority);
         let config = supervisor.queues.backend_config(priority).batch_size(in_flight.max(1));
@@ -130,6 +145,7 @@ async fn consume(
             .build(handle);
         info!(worker = %name, queue = rlvr_queue::dispatch::queue_name(priority), "consuming");
         let stop = stopping.clone();
+        let started = std::time::Instant::now();
         let outcome = worker
             .run_until(async move {
                 stop.cancelled().await;
@@ -140,6 +156,12 @@ async fn consume(
             Ok(()) => return,
             Err(error) => {
                 warn!(worker = %name, %error, "queue worker stopped; restarting it");
+                // A worker that ran a while is a new failure, not the same one again: without
+                // this the delay stayed at its 5 s cap for the daemon's life, the queue unread
+                // that long at every later restart.
+                if started.elapsed() > Duration::from_secs(30) {
+                    delay = FIRST_DELAY;
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stopping.cancelled() => return,
