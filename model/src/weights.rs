@@ -229,6 +229,9 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         views.push((name.clone(), CpuView { tensor, dtype, shape }));
     }
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| ModelError::Safetensors { file: path.to_owned(), message: e.to_string() })
+    safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| match e {
+        // A full disk or a read-only directory: the OS error as it is, `(os error 28)` and all.
+        safetensors::SafeTensorError::IoError(source) => ModelError::Io { path: path.to_owned(), source },
+        other => ModelError::Safetensors { file: path.to_owned(), message: other.to_string() },
+    })
 }

@@ -134,8 +134,22 @@ fn a_full_disk_or_a_read_only_registry_fails_the_job_naming_the_path_and_leaves_
     println!("read-only registry: {}", failed.reason);
     assert_eq!(in_the_making(&line), Vec::<String>::new(), "{}", line.display());
 
-    // Writable again: the next job publishes as the line's version 2.
+    // Writable again: the next job publishes as the line's version 2 — once the state directory,
+    // read-only in turn, is writable again too: a job cannot start in it, and says why.
     daemon.mount(&["-o", "remount,rw", &registry.display().to_string()]);
+    let state = daemon.state_as_configured().display().to_string();
+    daemon.mount(&["-o", "remount,ro", &state]);
+    let (status, body) = submit(&daemon, TEAM_TOKEN, &pinned.replace("while-full", "read-only-state"), None);
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        status == 422
+            && message.contains("Read-only file system (os error 30)")
+            && !message.contains("upload it")
+            && !message.contains("/tmp"),
+        "{status} {body}"
+    );
+    println!("read-only state: {status} {message}");
+    daemon.mount(&["-o", "remount,rw", &state]);
     let last = submit_ok(&daemon, &spec(&data, "writable", 2, 1));
     let published = wait_job(&daemon, &last, Duration::from_secs(180), ended);
     assert_eq!(published.state, JobState::Published, "{published}\n{}", daemon.log());

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use std::collections::BTreeSet;
 
-use rlvr_model::weights::WeightFiles;
+use rlvr_model::weights::{WeightFiles, write_safetensors};
 use rlvr_model::{SamplerRng, save_adapter, save_pretrained};
 use rlvr_protocol::checkpoints::{ScoredCheckpoint, retained};
 use rlvr_protocol::fs::{naming, write_atomic, write_json_atomic};
@@ -214,8 +214,7 @@ fn stage_and_commit(
             save_sorted(vs, &staging.join("value_head.safetensors")).map_err(&fail)?;
         }
         let optimizer = staging.join("optimizer.safetensors");
-        Tensor::write_safetensors(&job.adamw.state_tensors(), &optimizer)
-            .map_err(|error| fail(format!("{}: {error}", optimizer.display())))?;
+        write_safetensors(&optimizer, &job.adamw.state_tensors()).map_err(|error| fail(error.to_string()))?;
     }
     state.optimizer_updates = job.adamw.steps();
     state.sampler_rng = Some(job.rng.clone());
@@ -273,7 +272,7 @@ fn write_model(job: &Job, staging: &Path) -> Result<(), rlvr_model::ModelError> 
 fn save_sorted(vs: &nn::VarStore, path: &Path) -> Result<(), String> {
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    Tensor::write_safetensors(&named, path).map_err(|error| error.to_string())
+    write_safetensors(path, &named).map_err(|error| error.to_string())
 }
 
 /// A fresh temporary directory inside checkpoints/ to write step `step`'s checkpoint into.

@@ -17,6 +17,7 @@ use rlvr_protocol::reward_model::is_reward_model;
 use rlvr_protocol::spec::{JobSpec, SpecError};
 use serde_json::Value;
 
+use super::datasets::DatasetError;
 use super::lines::LineError;
 use super::{Tenancy, refuse};
 
@@ -298,9 +299,12 @@ fn data_file(tenancy: &Tenancy, team: &str, value: &Path) -> Result<(DataRef, Pa
     match reference {
         DataRef::Dataset { name, sha256 } => {
             let (sha256, path) =
-                tenancy.datasets.resolve(team, &name, sha256.as_deref()).map_err(|error| {
-                    let message = error.to_string();
-                    format!("{message}; upload it with PUT /v1/datasets/{name} (rlvrctl dataset put)")
+                tenancy.datasets.resolve(team, &name, sha256.as_deref()).map_err(|error| match error {
+                    DatasetError::NotFound { .. } | DatasetError::Gone { .. } => {
+                        format!("{error}; upload it with PUT /v1/datasets/{name} (rlvrctl dataset put)")
+                    }
+                    // The server's disk, not the team's dataset (full, read-only): no upload helps.
+                    other => format!("{other}; retry once the server's operator has fixed it"),
                 })?;
             Ok((DataRef::Dataset { name, sha256: Some(sha256) }, path))
         }
