@@ -3,7 +3,8 @@
 # more faults. Three teams' GRPO, SFT and rejection-sampling jobs (JOBS of each kind per team) and
 # a two-stage pipeline run under a seeded schedule of FAULTS faults, one every 1–4 s: the daemon
 # killed (-9) or stopped (SIGTERM) and restarted, a worker killed (-9) or frozen (SIGSTOP past its
-# heartbeats, then SIGCONT), Redis killed (-9) and restarted from its append-only file. Then it
+# heartbeats, then SIGCONT), Redis killed (-9) and restarted from its append-only file, the state
+# directory's disk (a tmpfs of the daemon's own) filled for 1.5 s. Then it
 # checks that every job ended, none was lost, none ran in two workers at once or published twice,
 # every published version's files are its manifest's, no version or checkpoint in the making is
 # visible, every sampled dataset is its team's, and /healthz is ok; and prints the figures.

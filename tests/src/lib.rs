@@ -223,11 +223,11 @@ pub struct Daemon {
     pub url: String,
     /// Its config file.
     pub config: PathBuf,
-    /// Its state directory, as this process reaches it (on a [`SmallDisk`], through the daemon's
-    /// `/proc/PID/root`).
+    /// Its state directory, as this process reaches it (on a [`SmallDisk`], through its
+    /// namespace's `/proc/PID/root`).
     pub state: PathBuf,
-    /// Its state directory on filesystems of its own, when it has them.
-    small_disk: Option<SmallDisk>,
+    /// The process holding the mount namespace of its [`SmallDisk`], when it has one.
+    small_disk: Option<Child>,
     /// Where it keeps its copies of plugin libraries and their probe reports (`plugins.cache_dir`):
     /// one directory for every daemon of the tests, [`shared_plugin_cache`].
     pub plugin_cache: PathBuf,
@@ -323,11 +323,14 @@ impl Daemon {
     }
 
     /// As [`Daemon::start_with`], its state directory on filesystems of their own: see
-    /// [`SmallDisk`]. It cannot be restarted (its filesystems end with it).
+    /// [`SmallDisk`]. Its restarts keep them.
     pub fn start_on(disk: SmallDisk, plugins: &[&str], redis_url: &str, extra_config: &str) -> Daemon {
         let mut daemon = Daemon::prepare(plugins, redis_url, "", extra_config);
         fs::create_dir_all(&daemon.state).expect("state dir");
-        daemon.small_disk = Some(disk);
+        let holder = disk.hold(&daemon.state);
+        let root = PathBuf::from(format!("/proc/{}/root", holder.id()));
+        daemon.state = root.join(daemon.state.strip_prefix("/").expect("an absolute state dir"));
+        daemon.small_disk = Some(holder);
         daemon.restart();
         daemon
     }
@@ -335,8 +338,9 @@ impl Daemon {
     /// Runs `mount ARGS` in the daemon's mount namespace (on a [`SmallDisk`]), e.g. to make its
     /// registry read-only (`-o remount,ro`) and writable again.
     pub fn mount(&self, args: &[&str]) {
-        assert!(self.small_disk.is_some(), "only a daemon on a small disk has a namespace of its own");
-        let pid = self.pid().expect("rlvrd running").to_string();
+        let holder =
+            self.small_disk.as_ref().expect("only a daemon on a small disk has a namespace of its own");
+        let pid = holder.id().to_string();
         let output = Command::new("nsenter")
             .args(["-t", &pid, "-U", "-m", "--preserve-credentials", "mount"])
             .args(args)
@@ -354,10 +358,6 @@ impl Daemon {
     /// [`Daemon::stop`]); its log is appended to.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "rlvrd is running");
-        assert!(
-            self.small_disk.is_none() || self.url.is_empty(),
-            "a daemon on a small disk cannot restart: its filesystems ended with it"
-        );
         // Back on the address it had, as a daemon under systemd comes back: clients that follow
         // a job (rlvrctl watch) reconnect to it.
         if let Some(addr) = self.url.strip_prefix("http://") {
@@ -372,7 +372,7 @@ impl Daemon {
             .open(self.dir.path().join("rlvrd.log"))
             .expect("log file");
         let mut command = match &self.small_disk {
-            Some(disk) => disk.command(&self.state_as_configured()),
+            Some(holder) => SmallDisk::enter(holder.id()),
             None => Command::new(artifact("rlvrd")),
         };
         let child = command
@@ -384,12 +384,6 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("start rlvrd");
-        if self.small_disk.is_some() {
-            // unshare and sh exec in the same process: its pid is the daemon's.
-            let root = PathBuf::from(format!("/proc/{}/root", child.id()));
-            let configured = self.state_as_configured();
-            self.state = root.join(configured.strip_prefix("/").expect("an absolute state dir"));
-        }
         let addr_file = self.state.join("rlvrd.addr");
         self.child = Some(child);
         // Until it writes its address, or exits. It probes every library it has not seen in a
@@ -509,10 +503,11 @@ impl Daemon {
 }
 
 /// A daemon's state directory on a tmpfs of `state_mb` and its registry (`<state>/registry`) on
-/// one of `registry_mb`, mounted in a mount namespace of the daemon's own: a disk that fills up,
-/// and a registry the test can make read-only ([`Daemon::mount`]), with no privilege (a user
-/// namespace maps the test's user to root inside it; util-linux's `unshare` and `nsenter`).
-/// The test reaches the files through the daemon's `/proc/PID/root`.
+/// one of `registry_mb`, mounted in a mount namespace of their own: a disk that fills up, and a
+/// registry the test can make read-only ([`Daemon::mount`]), with no privilege (a user namespace
+/// maps the test's user to root inside it; util-linux's `unshare` and `nsenter`). A process that
+/// only sleeps holds the namespace, so the daemon's restarts (and kills) keep its files; the test
+/// reaches them through that process's `/proc/PID/root`.
 #[derive(Debug, Clone, Copy)]
 pub struct SmallDisk {
     pub state_mb: u32,
@@ -520,19 +515,37 @@ pub struct SmallDisk {
 }
 
 impl SmallDisk {
-    /// `unshare … sh -c 'mount …; exec rlvrd'`, to which the daemon's arguments are added.
-    fn command(&self, state: &Path) -> Command {
-        let mut command = Command::new("unshare");
-        command
+    /// The process holding the namespace, once both filesystems are mounted at `state`.
+    fn hold(&self, state: &Path) -> Child {
+        let holder = Command::new("unshare")
             .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
             .arg(
                 "set -e; mount -t tmpfs -o size=\"$1\"m tmpfs \"$3\"; mkdir \"$3/registry\"; \
-                 mount -t tmpfs -o size=\"$2\"m tmpfs \"$3/registry\"; shift 3; exec \"$@\"",
+                 mount -t tmpfs -o size=\"$2\"m tmpfs \"$3/registry\"; exec sleep infinity",
             )
             .arg("sh")
             .arg(self.state_mb.to_string())
             .arg(self.registry_mb.to_string())
             .arg(state)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let mountinfo = format!("/proc/{}/mountinfo", holder.id());
+        let at = format!(" {} ", state.display());
+        let at_registry = format!(" {}/registry ", state.display());
+        let mounted = wait_until(Duration::from_secs(10), || {
+            fs::read_to_string(&mountinfo).is_ok_and(|info| info.contains(&at) && info.contains(&at_registry))
+        });
+        assert!(mounted, "the small disk's tmpfs mounts at {}", state.display());
+        holder
+    }
+
+    /// `nsenter` into the namespace `holder` holds, running rlvrd (in the same process: the
+    /// daemon's pid is the child's); the daemon's arguments are added.
+    fn enter(holder: u32) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .args(["-t", &holder.to_string(), "-U", "-m", "--preserve-credentials"])
             .arg(artifact("rlvrd"));
         command
     }
@@ -560,6 +573,11 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             stop(&mut child, Duration::from_secs(5));
+        }
+        // Its filesystems end with the namespace's holder.
+        if let Some(mut holder) = self.small_disk.take() {
+            let _ = holder.kill();
+            let _ = holder.wait();
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Faults mixed at random moments over many jobs of three teams: the daemon killed (`kill -9`)
 //! and stopped (SIGTERM), workers killed (`kill -9`) and frozen past their heartbeats (SIGSTOP,
-//! then SIGCONT), Redis killed (`kill -9`) and restarted from its append-only file — while GRPO,
+//! then SIGCONT), Redis killed (`kill -9`) and restarted from its append-only file, the state
+//! directory's disk filled for a moment (a tmpfs of the daemon's own, [`SmallDisk`]) — while GRPO,
 //! SFT and rejection-sampling jobs and a pipeline run. Afterwards every job has ended, none ran
 //! in two workers at once, none was lost, every published version's manifest matches its files
 //! and names a job that published once, no version or checkpoint in the making is visible, every
@@ -8,9 +9,8 @@
 //!
 //! The suite runs a bounded schedule (about a minute); `scripts/chaos.sh` runs the same test at
 //! full size through `RLVR_CHAOS_JOBS` (jobs of each kind per team), `RLVR_CHAOS_FAULTS` and
-//! `RLVR_CHAOS_SEED`, and the README carries its figures. A full disk is the full-disk story's
-//! (`full_disk.rs`): its filesystem lives in the daemon's mount namespace, which a daemon killed
-//! here would take with it.
+//! `RLVR_CHAOS_SEED`, and the README carries its figures. A job whose checkpoint or logs meet the
+//! full disk fails (its reason naming the path): ended, not lost.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -28,8 +28,8 @@ use rlvr_protocol::pipeline::PipelineState;
 use rlvr_seeded::SplitMix64;
 use rlvr_tests::jobs::{Job, api, job, submit, workers_of_daemon};
 use rlvr_tests::{
-    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, STAGE_GRPO, STAGE_SFT, TEAM_TOKEN, arith_data,
-    arith_grpo_spec, pipeline, sha256_hex, stage, wait_until,
+    ADMIN_TOKEN, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, STAGE_GRPO, STAGE_SFT, SmallDisk, TEAM_TOKEN,
+    arith_data, arith_grpo_spec, fill_disk, pipeline, sha256_hex, stage, wait_until,
 };
 use sha2::{Digest, Sha256};
 
@@ -77,10 +77,17 @@ enum Fault {
     WorkerKilled,
     WorkerFrozen,
     RedisKilled,
+    DiskFilled,
 }
 
-const FAULTS: [Fault; 5] =
-    [Fault::DaemonKilled, Fault::DaemonStopped, Fault::WorkerKilled, Fault::WorkerFrozen, Fault::RedisKilled];
+const FAULTS: [Fault; 6] = [
+    Fault::DaemonKilled,
+    Fault::DaemonStopped,
+    Fault::WorkerKilled,
+    Fault::WorkerFrozen,
+    Fault::RedisKilled,
+    Fault::DiskFilled,
+];
 
 /// A team's job spec of `kind` number `i`, on its own model line.
 fn job_spec(data: &Path, team: &str, kind: &str, i: usize) -> String {
@@ -229,6 +236,12 @@ fn inject(fault: Fault, daemon: &mut Daemon, redis: &mut Redis, rng: &mut SplitM
             std::thread::sleep(Duration::from_millis(500));
             redis.restart();
         }
+        Fault::DiskFilled => {
+            let ballast = daemon.state.join("ballast");
+            fill_disk(&ballast);
+            std::thread::sleep(Duration::from_millis(1500));
+            fs::remove_file(&ballast).unwrap();
+        }
     }
     true
 }
@@ -252,7 +265,11 @@ fn version_problems(dir: &Path) -> Result<Manifest, String> {
 fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothing_lost_or_run_twice() {
     let plan = Plan::from_env();
     let mut redis = Redis::start_with_aof();
-    let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config());
+    // Room for every job's checkpoints and logs (a tiny model's checkpoint is ~9 MB), filled up
+    // by the disk faults.
+    let jobs_total = 9 * plan.jobs_per_kind as u32 + 2;
+    let disk = SmallDisk { state_mb: 128 + 32 * jobs_total, registry_mb: 256 };
+    let mut daemon = Daemon::start_on(disk, &PLUGINS, &redis.url(), &config());
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &["--train", "32", "--heldout", "16", "--sft", "64"]);
     let teams = [("tests", TEAM_TOKEN), ("others", OTHER_TOKEN), ("third", THIRD_TOKEN)];
@@ -336,7 +353,9 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
     // visible, a published job whose version is not there, a sampled dataset the team lacks.
     let mut inconsistent = Vec::new();
     let registry = daemon.state.join("registry");
-    let mut publishers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Each job's versions as `LINE/VERSION`: the daemon names them by its own path to the
+    // registry, this test reaches them through the disk's namespace.
+    let mut publishers: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for line in fs::read_dir(&registry).into_iter().flatten().flatten() {
         for entry in fs::read_dir(line.path()).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -347,7 +366,7 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
                     Ok(manifest) => publishers
                         .entry(manifest.job_id)
                         .or_default()
-                        .push(entry.path().display().to_string()),
+                        .push(entry.path().strip_prefix(&registry).unwrap().to_owned()),
                     Err(problem) => inconsistent.push(problem),
                 }
             }
@@ -366,9 +385,12 @@ fn jobs_of_three_teams_survive_kills_of_the_daemon_workers_and_redis_with_nothin
                 inconsistent.push(format!("{what}: {} in the making", entry.path().display()));
             }
         }
+        let registry_as_configured = daemon.state_as_configured().join("registry");
         match &job.output {
             Some(JobOutput::Checkpoint { path, .. })
-                if !publishers.get(&job.id).is_some_and(|versions| versions.contains(path)) =>
+                if !Path::new(path).strip_prefix(&registry_as_configured).is_ok_and(|version| {
+                    publishers.get(&job.id).is_some_and(|versions| versions.iter().any(|v| v == version))
+                }) =>
             {
                 inconsistent.push(format!("{what}: published {path}, which is not its version"));
             }

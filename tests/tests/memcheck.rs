@@ -1,8 +1,9 @@
-//! The worker's training path under valgrind's memcheck: sampling, grading, forward and backward
+//! The worker's training path under valgrind's memcheck: a resume from a checkpoint (the model's
+//! weights, the optimizer's state, the sampler's), then sampling, grading, forward and backward
 //! (float32 linear layers through our oneDNN layer, `model/csrc/onednn_linear.cpp`, and
-//! libtorch's kernels), checkpoints, a stop by SIGTERM at a step boundary, and a resume from the
-//! stop's checkpoint — with no invalid read, write or free anywhere in the process: our Rust and
-//! C++, libtorch, oneDNN, glibc.
+//! libtorch's kernels) and a checkpoint at every step to the end — with no invalid read, write or
+//! free anywhere in the process: our Rust and C++, libtorch, oneDNN, glibc. The checkpoint it
+//! resumes from is a stop's: a first worker, run as it is, stopped by SIGTERM at a step boundary.
 //!
 //! regression: workers aborted with "corrupted size vs. prev_size" after the checkpoint of a stop
 //! (about one stop in 50): a SIGTERM handled on a thread inside oneDNN's AVX-512 GEMM kernel,
@@ -14,9 +15,9 @@
 //!
 //! Memcheck runs with `--undef-value-errors=no`: libtorch's pip build branches on bytes memcheck
 //! cannot prove initialised (156 contexts in TensorIterator, cat and norm in a 3-step run, none in
-//! our code); checking definedness there would report only those, at twice the time. Each
-//! process starts in ~70 s under memcheck (libtorch's static initialisers), so the run is short:
-//! 3 steps of one prompt.
+//! our code); checking definedness there would report only those, at twice the time. A process
+//! starts in ~70 s under memcheck (libtorch's static initialisers), so one process runs under it
+//! (a second one, for the stop, took 100 s more of the suite), for a few steps of one prompt.
 
 use std::fs;
 use std::path::Path;
@@ -26,7 +27,11 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rlvr_protocol::worker::{Outcome, WorkerExit};
-use rlvr_tests::{arith_data, artifact, drop_in, plugin_lib, wait_until, workspace_root};
+use rlvr_tests::{arith_data, artifact, drop_in, plugin_lib, wait_until, worker_command, workspace_root};
+
+/// The run's steps: the first worker stops after one or two (a step takes ~0.3 s as it is), the
+/// one under memcheck trains the rest (~5 s each).
+const MAX_STEPS: u64 = 5;
 
 /// Exit status memcheck gives a run with errors (none of the worker's own is 99).
 const MEMCHECK_ERRORS: i32 = 99;
@@ -87,29 +92,28 @@ fn the_training_path_stop_and_resume_have_no_invalid_access_or_free() {
              [optimizer]\nplugin = \"grpo\"\ngroup_size = 2\nlr = 1e-3\nmicro_batch_size = 2\nkl_beta = 0.04\n\
              [[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n\
              [rollout]\nmax_new_tokens = 3\nprompts_per_step = 1\n\
-             [budget]\nmax_steps = 3\n[checkpoint]\nevery_steps = 1\n",
+             [budget]\nmax_steps = {MAX_STEPS}\n[checkpoint]\nevery_steps = 1\n",
             data.display()
         ),
     )
     .unwrap();
     let state = dir.path().join("state");
 
-    // The first process: stopped by SIGTERM once its first step is logged; it checkpoints at the
-    // step boundary and exits as interrupted.
-    let (report, log) = (dir.path().join("memcheck-1.txt"), dir.path().join("worker-1.log"));
-    let mut first = spawn(&mut under_memcheck(&spec, &state, &plugins, &report, &[]), &log);
-    let stepped = wait_until(Duration::from_secs(600), || {
+    // The first process, as it is: stopped by SIGTERM once its first step is logged; it
+    // checkpoints at the step boundary and exits as interrupted.
+    let log = dir.path().join("worker-1.log");
+    let mut first = spawn(&mut worker_command(&spec, &state, &plugins, &["--threads", "1"]), &log);
+    let stepped = wait_until(Duration::from_secs(120), || {
         fs::read_to_string(state.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 1)
     });
     let pid = Pid::from_raw(first.id() as i32);
     if !stepped {
         let _ = first.kill();
     }
-    assert!(stepped, "no step in 600 s:\n{}", fs::read_to_string(&log).unwrap_or_default());
+    assert!(stepped, "no step in 120 s:\n{}", fs::read_to_string(&log).unwrap_or_default());
     kill(pid, Signal::SIGTERM).unwrap();
     let stopped = first.wait_with_output().unwrap();
     let worker_log = fs::read_to_string(&log).unwrap_or_default();
-    assert_clean(&report, "the stopped run");
     assert_eq!(
         stopped.status.code(),
         Some(i32::from(WorkerExit::Interrupted.code())),
@@ -118,15 +122,15 @@ fn the_training_path_stop_and_resume_have_no_invalid_access_or_free() {
     );
     let latest = fs::read_to_string(state.join("checkpoints/LATEST")).unwrap();
     let stopped_at: u64 = latest.trim().strip_prefix("step-").and_then(|step| step.parse().ok()).unwrap();
-    assert!((1..3).contains(&stopped_at), "the stop's checkpoint: {latest}");
+    assert!((1..MAX_STEPS).contains(&stopped_at), "the stop's checkpoint: {latest}");
 
-    // The second resumes from the stop's checkpoint and trains to the end.
-    let (report, log) = (dir.path().join("memcheck-2.txt"), dir.path().join("worker-2.log"));
+    // The second, under memcheck, resumes from the stop's checkpoint and trains to the end.
+    let (report, log) = (dir.path().join("memcheck.txt"), dir.path().join("worker-2.log"));
     let resumed = spawn(&mut under_memcheck(&spec, &state, &plugins, &report, &["--resume"]), &log);
     let resumed = resumed.wait_with_output().unwrap();
     let worker_log = fs::read_to_string(&log).unwrap_or_default();
     assert_clean(&report, "the resumed run");
     assert!(resumed.status.success(), "the resumed run: {}\n{worker_log}", resumed.status);
     let outcome: Outcome = serde_json::from_slice(&resumed.stdout).unwrap();
-    assert_eq!(outcome.steps, 3, "{outcome:?}");
+    assert_eq!(outcome.steps, MAX_STEPS, "{outcome:?}");
 }
