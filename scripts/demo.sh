@@ -49,22 +49,11 @@ bin=${CARGO_TARGET_DIR:-$RLVR_ROOT/target}/$profile
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-demo.XXXXXX")
 pids=()
-# Whether a child still runs (a zombie, dead but not yet reaped, does not count).
-running() {
-    [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null
-}
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
-    # Stop in reverse start order: the daemon first (SIGTERM: it finishes in-flight requests),
-    # then Redis; SIGKILL whatever has not stopped after 5 seconds.
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-        local pid=${pids[i]}
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
+    # The daemon first (SIGTERM: it finishes in-flight requests), then Redis.
+    stop_in_reverse "${pids[@]}"
     rm -rf "$work"
     if [ "$status" -ne 0 ]; then echo "demo failed (exit $status); everything it started is stopped" >&2; fi
     exit "$status"

@@ -87,3 +87,21 @@ use_target_cache() {
     done
     export CARGO_TARGET_DIR=$RLVR_CACHE_DIR/target/$key
 }
+
+# Whether process $1 still runs (a zombie, dead but not yet reaped, does not count).
+process_running() {
+    [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null
+}
+
+# Stops this shell's children whose pids are the arguments, the last first (the reverse of their
+# start order): SIGTERM, and SIGKILL for whatever has not stopped after 5 seconds.
+stop_in_reverse() {
+    local i pid
+    for ((i = $#; i >= 1; i--)); do
+        pid=${!i}
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do process_running "$pid" || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+}

@@ -91,23 +91,12 @@ out=$(cd "$out" && pwd)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/rlvr-soak.XXXXXX")
 pids=()
-# Whether a child still runs (a zombie, dead but not yet reaped, does not count).
-running() {
-    [ -e "/proc/$1" ] && ! grep -q ') Z ' "/proc/$1/stat" 2>/dev/null
-}
 # shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
-    # Stop in reverse start order: the driver, the daemon (SIGTERM: it stops its workers), then
-    # Redis; SIGKILL whatever has not stopped after 5 seconds.
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-        local pid=${pids[i]}
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
+    # The driver, the daemon (SIGTERM: it stops its workers), then Redis.
+    stop_in_reverse "${pids[@]}"
     [ -f "$work/rlvrd.log" ] && cp "$work/rlvrd.log" "$out/rlvrd.log"
     if [ "$keep" = 1 ]; then echo "work directory kept: $work" >&2; else rm -rf "$work"; fi
     if [ "$status" -ne 0 ]; then echo "soak failed (exit $status); everything it started is stopped; see $out" >&2; fi
@@ -182,7 +171,7 @@ daemon=$!
 pids+=("$daemon")
 for _ in $(seq 300); do
     [ -s "$work/state/rlvrd.addr" ] && break
-    running "$daemon" || { cat "$work/rlvrd.log" >&2; exit 1; }
+    process_running "$daemon" || { cat "$work/rlvrd.log" >&2; exit 1; }
     sleep 0.1
 done
 [ -s "$work/state/rlvrd.addr" ] || { echo "rlvrd did not start listening" >&2; tail -20 "$work/rlvrd.log" >&2; exit 1; }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rlvr_protocol::worker::{Outcome, WorkerExit};
-use rlvr_tests::{arith_data, artifact, drop_in, plugin_lib, wait_until, worker_command, workspace_root};
+use rlvr_tests::{arith_data, drop_in, plugin_lib, wait_until, worker_command, workspace_root};
 
 /// The run's steps: the first worker stops after one or two (a step takes ~0.3 s as it is), the
 /// one under memcheck trains the rest (~5 s each).
@@ -38,6 +38,7 @@ const MEMCHECK_ERRORS: i32 = 99;
 
 /// `rlvr-worker run` of `spec` under memcheck, its report in `report`.
 fn under_memcheck(spec: &Path, state: &Path, plugins: &Path, report: &Path, extra: &[&str]) -> Command {
+    let worker = worker_command(spec, state, plugins, &[extra, &["--threads", "1"]].concat());
     let mut command = Command::new("valgrind");
     command
         .arg(format!("--error-exitcode={MEMCHECK_ERRORS}"))
@@ -47,15 +48,13 @@ fn under_memcheck(spec: &Path, state: &Path, plugins: &Path, report: &Path, extr
         .arg("--read-inline-info=no")
         .arg(format!("--suppressions={}", workspace_root().join("tests/valgrind.supp").display()))
         .arg(format!("--log-file={}", report.display()))
-        .arg(artifact("rlvr-worker"))
-        .args(["run", "--device", "cpu", "--threads", "1", "--spec"])
-        .arg(spec)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--plugin-dir")
-        .arg(plugins)
-        .args(extra)
-        .env("RLVR_LOG", "info");
+        .arg(worker.get_program())
+        .args(worker.get_args());
+    for (name, value) in worker.get_envs() {
+        if let Some(value) = value {
+            command.env(name, value);
+        }
+    }
     command
 }
 
