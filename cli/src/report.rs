@@ -1104,6 +1104,7 @@ mod tests {
                         rollout_s: Some(1.0),
                         verify_s: Some(0.1),
                         update_s: 0.5,
+                        sync_s: None,
                         step_s: 1.7,
                         ..StepTimes::default()
                     }),

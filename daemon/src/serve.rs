@@ -329,6 +329,7 @@ impl Services {
                 tenancy: tenancy.clone(),
                 outbound: outbound.clone(),
                 trl_python: config.engines.trl_python.clone(),
+                vllm_python: config.engines.vllm_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
                 checked_records: Arc::default(),
                 retention: retention.clone(),
@@ -366,6 +367,7 @@ impl Services {
             engines: Engines {
                 trl_python: config.engines.trl_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
+                vllm_python: config.engines.vllm_python.clone(),
                 verify_url: format!("http://{listener_addr}/v1/verify"),
                 tokens: job_tokens,
             },

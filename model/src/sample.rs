@@ -102,6 +102,52 @@ pub struct Sampled {
     pub finish: Finish,
 }
 
+impl Sampled {
+    /// A completion another engine sampled (`tokens` and their log-probabilities), ended by the
+    /// rules [`generate`] ends its own: at the first EOS token (kept), at the token whose text
+    /// completes one of `params.stop` (kept, `text` cut after the stop string), or at
+    /// `params.max_new_tokens`. Whatever the engine generated after that point is dropped, so
+    /// an engine's own stop rules (its detokenizer's, its EOS list) never decide what is trained
+    /// on. `logprobs` must be as long as `tokens`.
+    pub fn ended(
+        prompt_index: usize,
+        mut tokens: Vec<i64>,
+        mut logprobs: Vec<f32>,
+        tokenizer: &Tokenizer,
+        params: &SamplingParams,
+    ) -> Result<Sampled> {
+        if logprobs.len() != tokens.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} tokens but {} log-probabilities",
+                tokens.len(),
+                logprobs.len()
+            )));
+        }
+        tokens.truncate(params.max_new_tokens);
+        let mut stops = StopScan::new(&params.stop, 1);
+        let mut end = None;
+        for i in 0..tokens.len() {
+            if tokenizer.is_eos(tokens[i]) {
+                end = Some((i + 1, Finish::Eos, tokenizer.decode(&tokens[..i])));
+                break;
+            }
+            if let Some(text) = stops.check(tokenizer, 0, &tokens[..=i]) {
+                end = Some((i + 1, Finish::Stop, text));
+                break;
+            }
+        }
+        let (len, finish, text) = match end {
+            Some(end) => end,
+            // Cut at the length, or ended early for a reason the rules above do not know (an
+            // engine's own EOS list): counted as cut, which is what it is to the trainer.
+            None => (tokens.len(), Finish::Length, tokenizer.decode(&tokens)),
+        };
+        tokens.truncate(len);
+        logprobs.truncate(len);
+        Ok(Sampled { prompt_index, tokens, logprobs, text, finish })
+    }
+}
+
 /// Samples `group_size` completions of every prompt, batched; returns `prompts.len() ×
 /// group_size` items, group-contiguous (all completions of prompt 0, then of prompt 1, ...).
 pub fn generate(

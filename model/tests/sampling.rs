@@ -767,3 +767,49 @@ fn stop_strings_found_in_decoded_tails_are_those_of_a_full_decode() {
         check_stop_scan(tokenizer, text, stops);
     }
 }
+
+/// Another engine's tokens end where the sampler's own would: each row is (tokens as text, the
+/// stop strings, max_new_tokens) → (tokens kept, finish, text). The built-in tokenizer has one
+/// token per character; `#` stands for EOS.
+#[test]
+fn an_engines_completion_ends_by_the_samplers_rules() {
+    let m = model(0);
+    let eos = m.tokenizer.eos_ids()[0];
+    let ids = |text: &str| -> Vec<i64> {
+        text.chars()
+            .map(|c| if c == '#' { eos } else { m.tokenizer.encode(&c.to_string()).unwrap()[0] })
+            .collect()
+    };
+    // (tokens, stop strings, max_new_tokens, tokens kept, finish, text)
+    type Case<'a> = (&'a str, &'a [&'a str], usize, usize, Finish, &'a str);
+    let cases: &[Case] = &[
+        ("12#34", &[], 16, 3, Finish::Eos, "12"),
+        ("1234", &[], 16, 4, Finish::Length, "1234"),
+        ("123456", &[], 4, 4, Finish::Length, "1234"),
+        ("ab\nc#", &["\n"], 16, 3, Finish::Stop, "ab\n"),
+        ("a=>b=>c", &["=>"], 16, 3, Finish::Stop, "a=>"),
+        // The first end wins, whichever rule it is.
+        ("a#=>", &["=>"], 16, 2, Finish::Eos, "a"),
+        ("ab=>#", &["=>"], 3, 3, Finish::Length, "ab="),
+    ];
+    for &(tokens, stops, max_new_tokens, kept, finish, text) in cases {
+        let tokens = ids(tokens);
+        let logprobs: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
+        let params = SamplingParams {
+            max_new_tokens,
+            stop: stops.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let ended =
+            rlvr_model::Sampled::ended(3, tokens.clone(), logprobs.clone(), &m.tokenizer, &params).unwrap();
+        let case = format!("{tokens:?} stop {stops:?} max {max_new_tokens}");
+        assert_eq!(ended.prompt_index, 3, "{case}");
+        assert_eq!(ended.tokens, tokens[..kept], "{case}");
+        assert_eq!(ended.logprobs, logprobs[..kept], "{case}");
+        assert_eq!(ended.finish, finish, "{case}");
+        assert_eq!(ended.text, text, "{case}");
+    }
+    let params = SamplingParams::default();
+    let error = rlvr_model::Sampled::ended(0, vec![5, 6], vec![-1.0], &m.tokenizer, &params).unwrap_err();
+    assert!(error.to_string().contains("2 tokens but 1 log-probabilities"), "{error}");
+}

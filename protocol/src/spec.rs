@@ -410,6 +410,48 @@ pub struct RolloutSection {
     /// groups that do. 0 (the default) trains on every group.
     #[serde(default)]
     pub dynamic_sampling_rounds: u32,
+    /// What generates the completions: rlvr's own sampler (the default, which a resume repeats
+    /// to the bit) or a vLLM server the worker starts and syncs after every update.
+    #[serde(default, skip_serializing_if = "RolloutEngine::is_native")]
+    pub engine: RolloutEngine,
+    /// `engine = "vllm"`: the sync check. The mean over a step's sampled tokens of
+    /// |trainer's − vLLM's log-probability| above which the step fails instead of training on
+    /// samples of weights other than the trainer's (a sync that did not take). In f32 on a CPU a
+    /// synced server is within ~1e-5; bf16 kernels differ by ~1e-2.
+    #[serde(default = "defaults::max_logprob_gap", skip_serializing_if = "defaults::is_max_logprob_gap")]
+    pub max_logprob_gap: f64,
+    /// `engine = "vllm"`: truncated importance sampling. Each token's advantage is weighted by
+    /// min(exp(trainer's − vLLM's log-probability), this cap), correcting for what is left of
+    /// the mismatch (verl's TIS, default C = 2); 0 turns it off.
+    #[serde(default = "defaults::importance_cap", skip_serializing_if = "defaults::is_importance_cap")]
+    pub importance_cap: f64,
+}
+
+/// `rollout.engine`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutEngine {
+    /// The worker's own batched sampler (libtorch): seeded, bit-exact on resume.
+    #[default]
+    Native,
+    /// vLLM's OpenAI-compatible server, a child of the worker, its weights reloaded after each
+    /// update; resumes exactly up to sampling.
+    Vllm,
+}
+
+impl RolloutEngine {
+    pub fn is_native(&self) -> bool {
+        *self == RolloutEngine::Native
+    }
+
+    /// The name the spec writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RolloutEngine::Native => "native",
+            RolloutEngine::Vllm => "vllm",
+        }
+    }
 }
 
 impl Default for RolloutSection {
@@ -422,6 +464,9 @@ impl Default for RolloutSection {
             prompts_per_step: defaults::prompts_per_step(),
             stop: Vec::new(),
             dynamic_sampling_rounds: 0,
+            engine: RolloutEngine::Native,
+            max_logprob_gap: defaults::max_logprob_gap(),
+            importance_cap: defaults::importance_cap(),
         }
     }
 }
@@ -750,6 +795,18 @@ pub struct EvalSection {
 }
 
 mod defaults {
+    pub fn max_logprob_gap() -> f64 {
+        0.1
+    }
+    pub fn is_max_logprob_gap(value: &f64) -> bool {
+        *value == max_logprob_gap()
+    }
+    pub fn importance_cap() -> f64 {
+        2.0
+    }
+    pub fn is_importance_cap(value: &f64) -> bool {
+        *value == importance_cap()
+    }
     pub fn group_size() -> u32 {
         8
     }
@@ -1214,6 +1271,10 @@ const RULES: &[SpecRule] = &[
     SpecRule::new("rollout.prompts_per_step", |s| int(s.rollout.prompts_per_step), Ints(1, 4096)),
     SpecRule::new("rollout.dynamic_sampling_rounds", |s| int(s.rollout.dynamic_sampling_rounds), Ints(0, 16))
         .noun("extra rounds"),
+    SpecRule::new("rollout.max_logprob_gap", |s| real(s.rollout.max_logprob_gap), Positive)
+        .noun("mean log-probability gap"),
+    SpecRule::new("rollout.importance_cap", |s| real(s.rollout.importance_cap), RealsFrom(Closed(0.0)))
+        .note("(0 = off; verl's default is 2)"),
     SpecRule::new("stop.kl_max", |s| real(s.stop.kl_max), RealsFrom(Open(0.0))),
     SpecRule::new("stop.heldout_drop_max", |s| real(s.stop.heldout_drop_max), UNIT)
         .noun("held-out score drop"),
@@ -1348,6 +1409,25 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
             memory > 0.0 && resident <= memory,
             "resources.resident_gb",
             format!("expected at most resources.memory_gb ({memory}, which it is a part of), got {resident}"),
+        );
+    }
+    if spec.rollout.engine == RolloutEngine::Vllm {
+        // vLLM's processed log-probabilities are renormalised over the tokens top-p and top-k
+        // keep; the trainer's are over the whole vocabulary, so the sync check could not tell a
+        // stale server from the filter.
+        check(
+            spec.rollout.top_p == 1.0 && spec.rollout.top_k == 0,
+            "rollout.engine",
+            format!(
+                "\"vllm\" samples with top_p = 1 and top_k = 0 (vLLM's log-probabilities are renormalised over \
+                 the tokens a filter keeps, the trainer's are not), got top_p = {} and top_k = {}",
+                spec.rollout.top_p, spec.rollout.top_k
+            ),
+        );
+        check(
+            !spec.engine.is_engine(),
+            "rollout.engine",
+            "an [engine] job samples inside its engine; rollout.engine is the native worker's".into(),
         );
     }
     check(
@@ -1601,7 +1681,8 @@ max_steps = 10
                 with("rollout", "top_q = 1"),
                 "rollout.top_q",
                 "unknown field `top_q`, expected one of `max_new_tokens`, `temperature`, `top_p`, `top_k`, \
-                 `prompts_per_step`, `stop`, `dynamic_sampling_rounds`",
+                 `prompts_per_step`, `stop`, `dynamic_sampling_rounds`, `engine`, `max_logprob_gap`, \
+                 `importance_cap`",
             ),
             (
                 with("stop", "kl = 1"),
@@ -1672,6 +1753,28 @@ max_steps = 10
                 "rollout",
                 "dynamic_sampling_rounds = 17",
                 "rollout.dynamic_sampling_rounds: expected 0 to 16 extra rounds, got 17",
+            ),
+            (
+                "rollout",
+                "max_logprob_gap = 0.0",
+                "rollout.max_logprob_gap: expected a positive mean log-probability gap, got 0",
+            ),
+            (
+                "rollout",
+                "importance_cap = -1.0",
+                "rollout.importance_cap: expected a number ≥ 0 (0 = off; verl's default is 2), got -1",
+            ),
+            (
+                "rollout",
+                "engine = \"vllm\"\ntop_p = 0.9",
+                "rollout.engine: \"vllm\" samples with top_p = 1 and top_k = 0 (vLLM's log-probabilities are \
+                 renormalised over the tokens a filter keeps, the trainer's are not), got top_p = 0.9 and top_k = 0",
+            ),
+            (
+                "rollout",
+                "engine = \"vllm\"\ntop_k = 5",
+                "rollout.engine: \"vllm\" samples with top_p = 1 and top_k = 0 (vLLM's log-probabilities are \
+                 renormalised over the tokens a filter keeps, the trainer's are not), got top_p = 1 and top_k = 5",
             ),
             ("stop", "kl_max = 0.0", "stop.kl_max: expected a number > 0, got 0"),
             ("stop", "kl_max = -1.0", "stop.kl_max: expected a number > 0, got -1"),
@@ -1755,6 +1858,8 @@ max_steps = 10
                 "rollout",
                 "max_new_tokens = 32768\ntemperature = 0.0\ntop_p = 1.0\ndynamic_sampling_rounds = 16",
             ),
+            ("rollout", "engine = \"vllm\"\nmax_logprob_gap = 1e-9\nimportance_cap = 0.0"),
+            ("rollout", "engine = \"native\"\ntop_p = 0.5\ntop_k = 3"),
             ("stop", "heldout_drop_max = 0.0\nverifier_error_rate_max = 1.0\nlength_growth_max = 1.01"),
             ("gates", "heldout_gain_min = -1.0\nkl_max = 1e-9"),
             ("resources", "devices = 1\nmemory_gb = 0.0"),

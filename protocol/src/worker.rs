@@ -116,6 +116,10 @@ pub struct WorkerArgs {
     /// `engines.trl_python`; `scripts/engine-venv.sh trl` makes one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub engine_python: Option<PathBuf>,
+    /// A `[rollout] engine = "vllm"` job: the python of the vLLM environment (the daemon's
+    /// `engines.vllm_python`; `scripts/vllm-venv.sh` makes one).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub vllm_python: Option<PathBuf>,
     /// An engine job: the daemon's `POST /v1/verify`, where the engine gets its rewards with the
     /// job's token (`$RLVR_JOB_TOKEN`, in the worker's environment, never in argv).
     #[cfg_attr(feature = "cli", arg(long))]
@@ -186,6 +190,9 @@ impl WorkerArgs {
         }
         if let Some(python) = &self.engine_python {
             flag("engine-python", python.clone().into());
+        }
+        if let Some(python) = &self.vllm_python {
+            flag("vllm-python", python.clone().into());
         }
         if let Some(url) = &self.verify_url {
             flag("verify-url", url.into());
@@ -637,6 +644,10 @@ pub struct MetricsLine {
     /// … the largest |training − sampler's log-probability| over those tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_ratio_first_update_max_abs: Option<f64>,
+    /// `rollout.engine = "vllm"`: how far the server's log-probabilities of the sampled tokens
+    /// are from the trainer's, and the truncated importance weights that correct for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler_gap: Option<SamplerGap>,
     /// Completions verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<usize>,
@@ -782,6 +793,25 @@ pub struct RolloutSampling {
     pub max_new_tokens: u32,
 }
 
+/// A step's gap between the log-probabilities of its sampled tokens as the rollout engine
+/// reported them (the behaviour policy) and as the trainer computes them before its update (the
+/// old policy), over every token trained on. With the engine's weights synced, the two differ
+/// only by kernels' rounding; a sync that did not take shows as a jump (`rollout.max_logprob_gap`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SamplerGap {
+    /// Mean |trainer − engine|: what `rollout.max_logprob_gap` bounds.
+    pub mean_abs: f64,
+    /// Largest |trainer − engine|.
+    pub max_abs: f64,
+    /// KL(engine ‖ trainer), k3 estimator over the sampled tokens: mean of exp(d) − 1 − d with
+    /// d = trainer − engine.
+    pub k3: f64,
+    /// Mean truncated importance weight min(exp(d), `rollout.importance_cap`) (1 when off).
+    pub importance_weight_mean: f64,
+    /// Fraction of tokens whose weight the cap cut.
+    pub importance_capped_frac: f64,
+}
+
 /// What dynamic sampling did in a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DynamicSampling {
@@ -804,6 +834,9 @@ pub struct StepTimes {
     pub verify_s: Option<f64>,
     /// Log-probabilities, losses and optimizer steps.
     pub update_s: f64,
+    /// `rollout.engine = "vllm"`: writing the updated weights and loading them into the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_s: Option<f64>,
     /// The whole step.
     pub step_s: f64,
     /// Sampled tokens per second of rollout.
@@ -1015,6 +1048,13 @@ mod tests {
             kl_ref: Some(0.01),
             ratio_first_update_mean: Some(1.0000003),
             log_ratio_first_update_max_abs: Some(2.4e-6),
+            sampler_gap: Some(SamplerGap {
+                mean_abs: 1.2e-5,
+                max_abs: 3.1e-4,
+                k3: 1e-9,
+                importance_weight_mean: 1.0,
+                importance_capped_frac: 0.0,
+            }),
             verified: Some(32),
             verifier_timeouts: Some(0),
             verifier_errors: Some(1),
@@ -1033,6 +1073,7 @@ mod tests {
                 rollout_s: Some(0.05),
                 verify_s: Some(0.01),
                 update_s: 0.2,
+                sync_s: Some(0.04),
                 step_s: 0.3,
                 generation_tokens_per_s: Some(2240.0),
                 verifier_latency_us: Some(Latency { p50: Some(13), p99: None }),

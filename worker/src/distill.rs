@@ -166,6 +166,7 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
             rollout_s: Some(rollout_s),
             verify_s: None,
             update_s,
+            sync_s: None,
             step_s: started.elapsed().as_secs_f64(),
             generation_tokens_per_s: Some(tokens as f64 / rollout_s.max(1e-9)),
             verifier_latency_us: None,

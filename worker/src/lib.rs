@@ -17,6 +17,7 @@
 //! - [`sampling`], [`distill`]: the built-in `rejection-sampling` and `distill` optimizers.
 //! - [`runtime`]: what libtorch can do in this process.
 //! - [`engine`]: an `[engine]` job's steps on an existing distributed engine (TRL).
+//! - [`vllm`]: `[rollout] engine = "vllm"`: the rollouts on a vLLM server, synced every step.
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
 //! - [`reward_training`]: an optimizer that trains a reward model (`rm`): its step on preference
 //!   pairs, held-out pairwise accuracy, the gates' evaluation against the start's fresh head or
@@ -47,6 +48,7 @@ pub mod start;
 pub mod state;
 pub mod step;
 pub mod stop;
+pub mod vllm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -107,6 +109,8 @@ pub struct WorkerOptions {
     pub memory_cap: Option<u64>,
     /// An `[engine]` job's engine python and the daemon's verify route.
     pub engine_python: Option<PathBuf>,
+    /// A `[rollout] engine = "vllm"` job's vLLM python.
+    pub vllm_python: Option<PathBuf>,
     pub verify_url: Option<String>,
     /// A `launcher = "ray"` job's Ray Jobs API.
     pub ray_address: Option<String>,
@@ -146,6 +150,7 @@ impl WorkerOptions {
             host: host.unwrap_or_else(HostContext::unrestricted),
             memory_cap: args.memory_cap,
             engine_python: args.engine_python,
+            vllm_python: args.vllm_python,
             verify_url: args.verify_url,
             ray_address: args.ray_address,
             job_id: args.job_id.clone(),
@@ -291,11 +296,21 @@ pub struct Job {
     pub rng: SamplerRng,
     pub cursor: Cursor,
     pub sampling: SamplingParams,
+    /// What samples the completions.
+    pub rollouts: Rollouts,
     pub grants: grants::Grants,
     /// Where the plugins' code comes from, kept for the run.
     pub libraries: plugins::Libraries,
     /// What its kind does, with what only that kind has.
     pub work: Work,
+}
+
+/// What samples an online job's completions (`rollout.engine`).
+pub enum Rollouts {
+    /// `rlvr_model::generate` on the policy itself.
+    Native,
+    /// The job's vLLM server, synced after every update.
+    Vllm(Box<vllm::VllmServer>),
 }
 
 /// What a job does beyond what every job has, by its kind (`rlvr_protocol::kind::JobKind`,
@@ -359,6 +374,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let start = Start::read(options, &run_dir)?;
     // Before anything is written: an engine job without its engine leaves nothing behind.
     let engine = engine_settings(options, &start.spec)?;
+    let vllm_python = vllm_python(options, &start.spec)?;
     tch::set_num_threads(options.threads as i32);
     keep_freed_memory();
     let span = info_span!("job", name = %start.spec.job.name, team = %start.spec.job.team);
@@ -372,6 +388,15 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         field: "optimizer.plugin".into(),
         message: format!("{} says nothing this worker can run", plugins.optimizer_id),
     })?;
+    if vllm_python.is_some() && !matches!(kind, JobKind::OnlineGroups | JobKind::OnlineWithCritic) {
+        return Err(WorkerError::Model {
+            field: "rollout.engine",
+            message: format!(
+                "\"vllm\" samples the rollouts of online jobs (GRPO, RLOO, PPO); {} makes this job {kind}",
+                plugins.optimizer_id
+            ),
+        });
+    }
     if let Some(submitted) = options.kind
         && submitted != kind
     {
@@ -468,6 +493,9 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         assemble(options, start, plugins, data, curriculum.map(|(_, c)| c), models, parts)?;
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
+    if let Some(python) = &vllm_python {
+        job.rollouts = Rollouts::Vllm(Box::new(start_vllm(&job, python, options, &run_dir, state.step)?));
+    }
     info!(
         policy = %job.spec.model.policy,
         device = ?device,
@@ -556,6 +584,56 @@ fn engine_settings(
     }))
 }
 
+/// A `rollout.engine = "vllm"` job's vLLM python, which the daemon must have given.
+fn vllm_python(options: &WorkerOptions, spec: &JobSpec) -> Result<Option<PathBuf>, WorkerError> {
+    if spec.rollout.engine != rlvr_protocol::spec::RolloutEngine::Vllm {
+        return Ok(None);
+    }
+    let python = options.vllm_python.clone().ok_or_else(|| WorkerError::Model {
+        field: "--vllm-python",
+        message: "a rollout.engine = \"vllm\" job needs the vLLM environment's python (scripts/vllm-venv.sh)"
+            .into(),
+    })?;
+    if !python.is_file() {
+        return Err(WorkerError::Model {
+            field: "--vllm-python",
+            message: format!(
+                "{} is not a file (scripts/vllm-venv.sh makes the environment)",
+                python.display()
+            ),
+        });
+    }
+    Ok(Some(python))
+}
+
+/// Starts the job's vLLM server on the policy's weights of `step`, sized for its longest prompt.
+fn start_vllm(
+    job: &Job,
+    python: &std::path::Path,
+    options: &WorkerOptions,
+    run_dir: &RunDir,
+    step: u64,
+) -> Result<vllm::VllmServer, WorkerError> {
+    let longest_prompt = match &job.train {
+        TrainData::Prompts(prompts) => step::encode_prompts(&job.policy.tokenizer, prompts, "prompt")
+            .map_err(|message| WorkerError::Model { field: "data.train", message })?
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0),
+        _ => 0,
+    };
+    let spec = vllm::ServerSpec {
+        python,
+        run_dir: run_dir.path(),
+        dtype: job.spec.model.dtype,
+        max_model_len: longest_prompt + job.spec.rollout.max_new_tokens as usize,
+        seed: job.spec.job.seed,
+        threads: options.threads,
+    };
+    Ok(vllm::VllmServer::start(&spec, &job.policy, step)?)
+}
+
 /// A resumed run's reference must be the one it started with.
 fn check_reference(start: &Start, models: &Models, options: &WorkerOptions) -> Result<(), WorkerError> {
     if let (Some(previous), Some(identity)) = (&start.previous, &models.reference_identity)
@@ -632,6 +710,7 @@ fn assemble(
     let kind = models.policy.vs.variables().values().next().map_or(tch::Kind::Float, tch::Tensor::kind);
     let reward_models = reward_models::RewardModels::load(&spec, models.policy.vs.device(), kind)?;
     let mut job = Job {
+        rollouts: Rollouts::Native,
         sampling: SamplingParams {
             max_new_tokens: spec.rollout.max_new_tokens as usize,
             temperature: spec.rollout.temperature,

@@ -239,6 +239,7 @@ mod tests {
             host_context_stdin: true,
             memory_cap: Some(1 << 30),
             engine_python: Some("/cache/venvs/engine-trl/bin/python".into()),
+            vllm_python: Some("/cache/venvs/vllm/bin/python".into()),
             verify_url: Some("http://127.0.0.1:8080/v1/verify".into()),
             ray_address: Some("http://127.0.0.1:8265".into()),
             kind: Some(rlvr_protocol::kind::JobKind::RewardModel),

@@ -217,6 +217,7 @@ pub fn step(job: &mut Job, step: u64, grant: Grant) -> Result<StepOutput, StepEr
             rollout_s: Some(round.rollout_s),
             verify_s: Some(round.verify_s),
             update_s: 0.0,
+            sync_s: None,
             step_s: started.elapsed().as_secs_f64(),
             generation_tokens_per_s: Some(tokens as f64 / round.rollout_s.max(1e-9)),
             verifier_latency_us: None,

@@ -19,14 +19,15 @@ use rlvr_plugin_api::{
 use rlvr_plugin_tensor::TensorHandleExt;
 use rlvr_protocol::grants::Phase;
 use rlvr_protocol::worker::{
-    DynamicSampling, Latency, MetricsLine, RolloutLogprobs, RolloutRecord, RolloutSampling, StepTimes,
+    DynamicSampling, Latency, MetricsLine, RolloutLogprobs, RolloutRecord, RolloutSampling, SamplerGap,
+    StepTimes,
 };
 use tch::{Device, Kind, Tensor};
 use tracing::{info, warn};
 
 use super::grants::{Grant, GrantError};
 use super::models::Reference;
-use super::{Job, TrainData, Work};
+use super::{Job, Rollouts, TrainData, Work};
 use rlvr_plugin_host::reward::{Scored, ToScore};
 use rlvr_protocol::records::PromptRecord;
 
@@ -132,8 +133,13 @@ fn online_step(
     let update_grant = job.grants.hold(Phase::Update)?;
     let update_started = Instant::now();
     let trained = train_online(job, &sampled.batch, step)?;
+    // The next step samples from these weights.
+    let sync_s = match &mut job.rollouts {
+        Rollouts::Native => None,
+        Rollouts::Vllm(server) => Some(server.sync(&job.policy, step).map_err(|error| error.to_string())?),
+    };
     update_grant.release(job.device);
-    let update_s = update_started.elapsed().as_secs_f64();
+    let update_s = update_started.elapsed().as_secs_f64() - sync_s.unwrap_or(0.0);
     observe_groups(job, step, &sampled)?;
     let records = rollout_records(job, step, weights_step, &sampled.batch, &trained);
     let mut metrics = online_metrics(step, &sampled, &trained);
@@ -141,6 +147,7 @@ fn online_step(
         rollout_s: Some(sampled.rollout_s),
         verify_s: Some(sampled.verify_s),
         update_s,
+        sync_s,
         step_s: step_started.elapsed().as_secs_f64(),
         generation_tokens_per_s: Some(sampled.tokens as f64 / sampled.rollout_s.max(1e-9)),
         verifier_latency_us: Some(latency(&sampled.batch.scored)),
@@ -219,6 +226,8 @@ struct OnlineUpdate {
     kl_ref: Option<f64>,
     /// The first update's log-probabilities against the sampler's: mean ratio, largest |log-ratio|.
     sampler_ratio: (f64, f64),
+    /// Another engine's sampling: its gap to the trainer.
+    sampler_gap: Option<SamplerGap>,
 }
 
 /// The update phase: old, reference (and value) passes, the plugin's advantages, μ updates.
@@ -237,13 +246,21 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
         padded(&sampled.iter().map(|s| s.logprobs.clone()).collect::<Vec<_>>(), width, job.device);
     let needs_values = job.optimizer_info.needs_value_head;
     let temperature = logprob_temperature(job.spec.rollout.temperature);
-    let (old_logprobs, old_values) = if job.spec.optimizer.mu == 1 && !needs_values {
+    // The native sampler's log-probabilities are the policy's own; another engine's are the
+    // behaviour policy's, which the trainer recomputes and checks them against.
+    let native = matches!(job.rollouts, Rollouts::Native);
+    let (old_logprobs, old_values) = if native && job.spec.optimizer.mu == 1 && !needs_values {
         (sampling_logprobs.shallow_clone(), None)
     } else {
         let (logprobs, values) = no_grad_pass(job, &rows, width, true)?;
         // With μ = 1 the sampler's log-probabilities are the old ones even when values are needed.
-        let logprobs = if job.spec.optimizer.mu == 1 { sampling_logprobs.shallow_clone() } else { logprobs };
+        let logprobs =
+            if native && job.spec.optimizer.mu == 1 { sampling_logprobs.shallow_clone() } else { logprobs };
         (logprobs, values)
+    };
+    let sampler_gap = match native {
+        true => None,
+        false => Some(check_sampler_gap(job, step, &old_logprobs, &sampling_logprobs, &mask)?),
     };
     let ref_logprobs = match job.reference.is_some() {
         true => Some(no_grad_pass(job, &rows, width, false)?.0),
@@ -264,6 +281,11 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
         .map_err(|error| format!("optimizer advantages: {error}"))?;
     // SAFETY: the plugin hands these tensors over (LossOutput/AdvantageOutput contract).
     let advantage_tensor = unsafe { advantages.advantages.into_tensor() };
+    let advantage_rows = row_means(&advantage_tensor, &mask);
+    let advantage_tensor = match &sampler_gap {
+        Some((_, Some(weights))) => importance_weighted(&advantage_tensor, weights),
+        _ => advantage_tensor,
+    };
     let returns = advantages.returns.into_option().map(|handle| unsafe { handle.into_tensor() });
     let mut metrics = BTreeMap::new();
     for metric in &advantages.metrics {
@@ -283,14 +305,84 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
     Ok(OnlineUpdate {
         update,
         metrics,
-        advantage_rows: row_means(&advantage_tensor, &mask),
+        advantage_rows,
         old_sums: row_sums(&old_logprobs, &mask),
         ref_sums: ref_logprobs.as_ref().map(|r| row_sums(r, &mask)),
         // E[-log p(x)] over sampled tokens estimates the sampling distribution's entropy.
         entropy: -masked_mean(&sampling_logprobs, &mask),
         kl_ref: ref_logprobs.as_ref().map(|r| k3_mean(&old_logprobs, r, &mask)),
         sampler_ratio,
+        sampler_gap: sampler_gap.map(|(gap, _)| gap),
     })
+}
+
+/// The gap between the behaviour policy's log-probabilities (`sampler`, the engine's) and the
+/// old policy's (`old`, the trainer's, before this step's update), over the batch's tokens: a
+/// step whose mean gap passes `rollout.max_logprob_gap` fails, since its samples are not of the
+/// trainer's weights. Also the truncated importance weights min(exp(old − sampler), C), zero
+/// on padding, when `rollout.importance_cap` is on.
+fn check_sampler_gap(
+    job: &Job,
+    step: u64,
+    old: &Tensor,
+    sampler: &Tensor,
+    mask: &Tensor,
+) -> Result<(SamplerGap, Option<Tensor>), StepError> {
+    let rollout = &job.spec.rollout;
+    let (gap, weights) = tch::no_grad(|| sampler_gap(old, sampler, mask, rollout.importance_cap));
+    // A NaN gap fails too.
+    if gap.mean_abs.is_nan() || gap.mean_abs > rollout.max_logprob_gap {
+        return Err(StepError::Failed(format!(
+            "the rollout engine's log-probabilities of the sampled tokens are {:.3e} from the trainer's on \
+             average (largest {:.3e}; rollout.max_logprob_gap = {}): vLLM did not sample the trainer's \
+             weights, so the weight sync before this step did not take; nothing was trained on these samples",
+            gap.mean_abs, gap.max_abs, rollout.max_logprob_gap
+        )));
+    }
+    if step > 0 {
+        info!(step, mean_abs = gap.mean_abs, max_abs = gap.max_abs, k3 = gap.k3, "sampler gap");
+    }
+    Ok((gap, weights))
+}
+
+/// [`SamplerGap`]'s figures over the tokens of `mask`, and the capped weights (`None` when the
+/// cap is 0, off).
+pub(crate) fn sampler_gap(
+    old: &Tensor,
+    sampler: &Tensor,
+    mask: &Tensor,
+    cap: f64,
+) -> (SamplerGap, Option<Tensor>) {
+    let mask_f64 = mask.to_kind(Kind::Double);
+    let delta = (old.to_kind(Kind::Double) - sampler.to_kind(Kind::Double)) * &mask_f64;
+    let ratio = delta.exp();
+    let max_abs = if mask_f64.sum(Kind::Double).double_value(&[]) > 0.0 {
+        delta.abs().max().double_value(&[])
+    } else {
+        0.0
+    };
+    let (weights, importance_weight_mean, importance_capped_frac) = if cap > 0.0 {
+        let capped = ratio.gt(cap).to_kind(Kind::Double);
+        let weights = ratio.clamp_max(cap) * &mask_f64;
+        let mean = masked_mean(&weights, mask);
+        (Some(weights), mean, masked_mean(&capped, mask))
+    } else {
+        (None, 1.0, 0.0)
+    };
+    let gap = SamplerGap {
+        mean_abs: masked_mean(&delta.abs(), mask),
+        max_abs,
+        k3: masked_mean(&(&ratio - &delta - 1.0), mask),
+        importance_weight_mean,
+        importance_capped_frac,
+    };
+    (gap, weights)
+}
+
+/// `advantages` (per token `[rows, width]`, or per row `[rows]`) times the per-token weights.
+fn importance_weighted(advantages: &Tensor, weights: &Tensor) -> Tensor {
+    let weights = weights.to_kind(advantages.kind());
+    if advantages.dim() == 1 { advantages.unsqueeze(-1) * weights } else { advantages * weights }
 }
 
 /// Tells the curriculum about every group sampled (the dropped ones too), and warns when every
@@ -394,6 +486,7 @@ fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> M
         kl_ref: trained.kl_ref,
         ratio_first_update_mean: Some(trained.sampler_ratio.0),
         log_ratio_first_update_max_abs: Some(trained.sampler_ratio.1),
+        sampler_gap: trained.sampler_gap,
         verified: Some(scored.len()),
         verifier_timeouts: Some(scored.iter().map(|s| u64::from(s.timeouts)).sum()),
         verifier_errors: Some(scored.iter().filter(|s| !s.errors.is_empty()).count()),
@@ -505,10 +598,15 @@ pub(crate) fn sample_round(
     let prompt_tokens = encode_prompts(tokenizer, &picked, "prompt")?;
 
     let rollout_started = Instant::now();
-    let sampled: Vec<Sampled> = tch::no_grad(|| {
-        generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
-    })
-    .map_err(|error| format!("sampling: {error}"))?;
+    let sampled: Vec<Sampled> = match &mut job.rollouts {
+        Rollouts::Native => tch::no_grad(|| {
+            generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
+        })
+        .map_err(|error| format!("sampling: {error}"))?,
+        Rollouts::Vllm(server) => server
+            .generate(&prompt_tokens, group_size, &job.sampling, tokenizer, &mut job.rng)
+            .map_err(|error| error.to_string())?,
+    };
     let rollout_s = rollout_started.elapsed().as_secs_f64();
     // Verification is CPU work: the devices serve another job's phase meanwhile.
     grant.release(job.device);
@@ -925,4 +1023,66 @@ pub(crate) fn clip_and_update(job: &mut Job, lr: f64) -> Result<f64, String> {
     }
     job.adamw.step(lr);
     Ok(grad_norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(values: &[&[f32]]) -> Tensor {
+        let width = values.iter().map(|row| row.len()).max().unwrap_or(0);
+        padded(&values.iter().map(|row| row.to_vec()).collect::<Vec<_>>(), width, Device::Cpu)
+    }
+
+    /// The gap's figures over the mask's tokens only, the weights capped and zero on padding:
+    /// (old, sampler, mask, cap) → (mean |d|, max |d|, weight mean, capped fraction).
+    #[test]
+    fn the_sampler_gap_counts_the_masks_tokens_and_caps_the_weights() {
+        let ln3 = 3f32.ln();
+        type Rows<'a> = &'a [&'a [f32]];
+        let cases: &[(Rows, Rows, Rows, f64, [f64; 4])] = &[
+            // Synced: no gap, every weight 1.
+            (&[&[-1.0, -2.0]], &[&[-1.0, -2.0]], &[&[1.0, 1.0]], 2.0, [0.0, 0.0, 1.0, 0.0]),
+            // One token 3× likelier under the trainer: its weight capped at 2; padding ignored
+            // however far apart its values are.
+            (
+                &[&[-1.0 + ln3, -2.0], &[-1.0, 50.0]],
+                &[&[-1.0, -2.0], &[-1.0, -50.0]],
+                &[&[1.0, 1.0], &[1.0, 0.0]],
+                2.0,
+                [ln3 as f64 / 3.0, ln3 as f64, 4.0 / 3.0, 1.0 / 3.0],
+            ),
+            // Cap 0: the gap measured, the weights off.
+            (&[&[-1.0 + ln3]], &[&[-1.0]], &[&[1.0]], 0.0, [ln3 as f64, ln3 as f64, 1.0, 0.0]),
+            // Nothing masked in: zeros, not NaN.
+            (&[&[-1.0]], &[&[-3.0]], &[&[0.0]], 2.0, [0.0, 0.0, 0.0, 0.0]),
+        ];
+        for (i, &(old, sampler, mask, cap, expected)) in cases.iter().enumerate() {
+            let (gap, weights) = sampler_gap(&rows(old), &rows(sampler), &rows(mask), cap);
+            let got = [gap.mean_abs, gap.max_abs, gap.importance_weight_mean, gap.importance_capped_frac];
+            for (g, e) in got.iter().zip(expected) {
+                assert!((g - e).abs() < 1e-5, "case {i}: got {got:?}, expected {expected:?}");
+            }
+            assert!(gap.k3 >= 0.0 && gap.k3.is_finite(), "case {i}: k3 {}", gap.k3);
+            assert_eq!(weights.is_some(), cap > 0.0, "case {i}");
+            if let Some(weights) = weights {
+                let outside: Tensor = rows(mask).to_kind(Kind::Double).neg() + 1.0;
+                let masked_out = (weights * outside).abs().sum(Kind::Double);
+                assert_eq!(masked_out.double_value(&[]), 0.0, "case {i}: weight on padding");
+            }
+        }
+    }
+
+    /// Per-token and per-row advantages both take the per-token weights.
+    #[test]
+    fn importance_weights_scale_per_token_and_per_row_advantages() {
+        let weights = rows(&[&[0.5, 2.0], &[1.0, 0.0]]).to_kind(Kind::Double);
+        let per_token = importance_weighted(&rows(&[&[1.0, 1.0], &[-2.0, -2.0]]), &weights);
+        let per_row = importance_weighted(&Tensor::from_slice(&[1.0f32, -2.0]), &weights);
+        let expected = vec![0.5f32, 2.0, -2.0, 0.0];
+        for weighted in [per_token, per_row] {
+            assert_eq!(weighted.size(), vec![2, 2]);
+            assert_eq!(Vec::<f32>::try_from(weighted.flatten(0, -1)).unwrap(), expected);
+        }
+    }
 }

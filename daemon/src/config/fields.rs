@@ -601,6 +601,14 @@ admin = false",
               refused at submit.",
         example: Example::Commented("ray_address = \"http://127.0.0.1:8265\""),
     },
+    Field {
+        path: "engines.vllm_python",
+        kind: Kind::AbsolutePath(None),
+        doc: "The python of the vLLM environment (scripts/vllm-venv.sh makes it and prints its path): a \
+              [rollout] engine = \"vllm\" job's worker starts vLLM's server with it. Not set: such jobs \
+              are refused at submit.",
+        example: Example::Commented("vllm_python = \"/var/cache/rlvr/venvs/vllm/bin/python\""),
+    },
 ];
 
 /// An `[outbound] allow` entry: parsed as the daemon will use it.

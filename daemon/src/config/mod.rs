@@ -162,6 +162,9 @@ pub struct EnginesConfig {
     /// A Ray cluster's Jobs API; `None`: ray-launched jobs are refused.
     #[serde(default)]
     pub ray_address: Option<String>,
+    /// The vLLM environment's python; `None`: `rollout.engine = "vllm"` jobs are refused.
+    #[serde(default)]
+    pub vllm_python: Option<PathBuf>,
 }
 
 /// `[plugins]`

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rlvr_plugin_host::Registry;
 use rlvr_protocol::engine::{EngineKind, Launcher};
 use rlvr_protocol::names::PinnedSpec;
-use rlvr_protocol::spec::{JobSpec, SpecError};
+use rlvr_protocol::spec::{JobSpec, RolloutEngine, SpecError};
 use rlvr_queue::dispatch::new_task_id;
 use rlvr_queue::store::{StoreError, SubmitOutcome};
 
@@ -34,6 +34,8 @@ pub struct Submitter {
     pub outbound: rlvr_outbound::Client,
     /// `engines.trl_python`: whether `[engine] kind = "trl"` jobs can run here.
     pub trl_python: Option<PathBuf>,
+    /// `engines.vllm_python`: whether `[rollout] engine = "vllm"` jobs can run here.
+    pub vllm_python: Option<PathBuf>,
     /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
     pub ray_address: Option<String>,
     /// Dataset contents read through already ([`checks::data_problems`]).
@@ -169,6 +171,12 @@ impl Submitter {
             problems.push(SpecError {
                 field: "engine.kind".to_owned(),
                 message: "this daemon runs no trl engine (its engines.trl_python is not set)".to_owned(),
+            });
+        }
+        if spec.rollout.engine == RolloutEngine::Vllm && self.vllm_python.is_none() {
+            problems.push(SpecError {
+                field: "rollout.engine".to_owned(),
+                message: "this daemon runs no vLLM (its engines.vllm_python is not set)".to_owned(),
             });
         }
         if spec.engine.is_engine() && spec.engine.launcher == Launcher::Ray && self.ray_address.is_none() {

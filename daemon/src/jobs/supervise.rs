@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use rlvr_plugin_host::Registry;
 use rlvr_protocol::job::{JobState, JobView};
 use rlvr_protocol::names::{PinnedSpec, ServerSpec};
-use rlvr_protocol::spec::{JobSpec, Priority};
+use rlvr_protocol::spec::{JobSpec, Priority, RolloutEngine};
 use rlvr_queue::dispatch::new_task_id;
 
 use crate::jobs::tokens::{JobToken, JobTokens};
@@ -110,6 +110,8 @@ pub struct Engines {
     pub trl_python: Option<PathBuf>,
     /// `engines.ray_address`; `None`: ray-launched jobs are refused at submit.
     pub ray_address: Option<String>,
+    /// `engines.vllm_python`; `None`: `rollout.engine = "vllm"` jobs are refused at submit.
+    pub vllm_python: Option<PathBuf>,
     /// This daemon's `POST /v1/verify`, where the engine gets its rewards.
     pub verify_url: String,
     /// Where each run's job token is minted (and the API finds it).
@@ -542,6 +544,14 @@ impl Supervisor {
             host_context_stdin: true,
             memory_cap,
             engine_python: engine.as_ref().map(|(python, _)| python.clone()),
+            vllm_python: match spec.rollout.engine {
+                RolloutEngine::Vllm => Some(self.engines.vllm_python.clone().ok_or_else(|| {
+                    SpawnError::Refused(
+                        "rollout.engine: this daemon runs no vLLM (engines.vllm_python)".into(),
+                    )
+                })?),
+                RolloutEngine::Native => None,
+            },
             verify_url: engine.as_ref().map(|_| self.engines.verify_url.clone()),
             ray_address: match spec.engine.launcher {
                 Launcher::Ray if engine.is_some() => self.engines.ray_address.clone(),

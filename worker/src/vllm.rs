@@ -1,0 +1,646 @@
+//! `[rollout] engine = "vllm"`: a job's completions sampled by a vLLM server, a child of the
+//! worker, whose weights follow the trainer's after every update.
+//!
+//! **The server.** vLLM's own OpenAI-compatible server (`python -m
+//! vllm.entrypoints.openai.api_server`) from the environment `scripts/vllm-venv.sh` makes (the
+//! daemon's `engines.vllm_python`, `--vllm-python`), started once per worker run on a loopback
+//! port of its own, with the run's directory as its home: `<run>/vllm/` holds its log, the
+//! worker extension (`engines/vllm/rlvr_vllm_worker.py`, built into this binary so the server
+//! always runs the extension of the worker that drives it) and the weights it serves. It runs in
+//! one process (vLLM's engine core in the server's process) and its own process group, and dies
+//! with the worker: `PR_SET_PDEATHSIG` for a `kill -9` of the worker, the group killed when the
+//! run ends, is stopped or fails.
+//!
+//! **Our tokens stay the truth.** Prompts go as token ids (our tokenizer and chat template
+//! encoded them); the completions come back as token ids with the log-probability of each, and
+//! are ended by our sampler's rules (`rlvr_model::Sampled::ended`: EOS, stop strings, length),
+//! never re-tokenized. Each prompt is one request of `n = group_size` with a seed drawn from the
+//! job's seeded stream, so a resume draws the same seeds; vLLM's kernels are not bit-exact across
+//! batchings, so a vLLM job resumes exactly only up to sampling.
+//!
+//! **Sync, checked.** After each update the trainer's weights are written as a Hugging Face
+//! directory, the extension reloads them in place (and rebuilds a tied output layer from the
+//! embeddings, which vLLM's own reload leaves stale on CPU) and the prefix cache is emptied
+//! (cached prompts would keep the old weights' keys and values). Neither is assumed to have
+//! worked: the step that samples next compares vLLM's log-probabilities of its tokens with the
+//! trainer's (`step::sampler_gap`, `rollout.max_logprob_gap`).
+//!
+//! `RLVR_VLLM_SYNC_FAULT` (tests only) leaves out one part of the sync, `prefix-cache` or
+//! `tied-output`, to show the check catches each.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rlvr_model::{LoadedModel, Sampled, SamplerRng, SamplingParams, Tokenizer};
+use rlvr_protocol::spec::Dtype;
+use serde::Deserialize;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::WorkerError;
+
+/// The extension, written next to the run at each start.
+const WORKER_EXTENSION: &str = include_str!("../../engines/vllm/rlvr_vllm_worker.py");
+/// Its module and class, as `--worker-extension-cls` names them.
+const WORKER_EXTENSION_CLASS: &str = "rlvr_vllm_worker.RlvrWorkerExtension";
+/// The name the server serves the policy under.
+const SERVED_NAME: &str = "policy";
+/// How long the server may take to answer `/health` after its start (37–66 s on 2 cores).
+const START_TIMEOUT: Duration = Duration::from_secs(900);
+/// One sampling request's limit: a step's prompts are sampled at once, each a request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1800);
+/// The fault a test asks for (`RLVR_VLLM_SYNC_FAULT`).
+pub const SYNC_FAULT_ENV: &str = "RLVR_VLLM_SYNC_FAULT";
+
+/// Which part of the sync a test leaves out, to see the check trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncFault {
+    /// The prefix cache is not emptied after a reload.
+    PrefixCache,
+    /// vLLM's own reload: a tied output layer keeps the old embeddings.
+    TiedOutput,
+}
+
+impl SyncFault {
+    fn from_env() -> Option<SyncFault> {
+        match std::env::var(SYNC_FAULT_ENV).ok()?.as_str() {
+            "prefix-cache" => Some(SyncFault::PrefixCache),
+            "tied-output" => Some(SyncFault::TiedOutput),
+            other => {
+                warn!(value = other, "{SYNC_FAULT_ENV}: expected prefix-cache or tied-output; ignored");
+                None
+            }
+        }
+    }
+}
+
+/// The vLLM server of a run.
+pub struct VllmServer {
+    child: Child,
+    client: reqwest::blocking::Client,
+    /// `http://127.0.0.1:PORT`.
+    base: String,
+    dir: PathBuf,
+    /// The weights the server holds, and the step they are of.
+    weights: PathBuf,
+    pub weights_step: u64,
+    fault: Option<SyncFault>,
+}
+
+/// Why the server could not start, sample or sync.
+#[derive(Debug, thiserror::Error)]
+pub enum VllmError {
+    #[error("vllm: cannot write {path}: {message}")]
+    Files { path: PathBuf, message: String },
+    #[error("vllm: cannot start {python}: {message}")]
+    Spawn { python: PathBuf, message: String },
+    #[error("vllm: the server {0}; its log: {1}")]
+    Exited(String, PathBuf),
+    #[error("vllm: {0}")]
+    Request(String),
+}
+
+impl From<VllmError> for WorkerError {
+    fn from(error: VllmError) -> WorkerError {
+        WorkerError::Model { field: "rollout.engine", message: error.to_string() }
+    }
+}
+
+/// What the server's start takes from the job.
+pub struct ServerSpec<'a> {
+    pub python: &'a Path,
+    pub run_dir: &'a Path,
+    pub dtype: Dtype,
+    /// The longest prompt plus `max_new_tokens`: vLLM sizes its cache by it.
+    pub max_model_len: usize,
+    pub seed: u64,
+    pub threads: usize,
+}
+
+impl VllmServer {
+    /// Writes `policy` (the weights of `step`) and the extension to `<run>/vllm/`, starts the
+    /// server on them and waits until it answers.
+    pub fn start(spec: &ServerSpec, policy: &LoadedModel, step: u64) -> Result<VllmServer, VllmError> {
+        let dir =
+            std::path::absolute(spec.run_dir.join("vllm")).unwrap_or_else(|_| spec.run_dir.join("vllm"));
+        // What an earlier run left: its weights are stale, its log is kept below the new one.
+        remove_weights(&dir, None);
+        std::fs::create_dir_all(&dir).map_err(files(&dir))?;
+        let extension = dir.join("rlvr_vllm_worker.py");
+        std::fs::write(&extension, WORKER_EXTENSION).map_err(files(&extension))?;
+        let weights = write_weights(&dir, policy, step)?;
+        let port = free_port().map_err(|message| VllmError::Spawn { python: spec.python.into(), message })?;
+        let log_path = dir.join("server.log");
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(files(&log_path))?;
+        let _ = writeln!(log, "--- the server for step {step}'s weights on port {port}");
+        let log_err = log.try_clone().map_err(files(&log_path))?;
+        let mut command = Command::new(spec.python);
+        command
+            .args(["-m", "vllm.entrypoints.openai.api_server"])
+            .arg("--model")
+            .arg(&weights)
+            .args(server_args(spec, port))
+            .env("PYTHONPATH", &dir)
+            // Its own home: nothing vLLM's libraries cache lands outside the run.
+            .env("HOME", &dir)
+            .env("XDG_CACHE_HOME", dir.join("cache"))
+            .env("VLLM_SERVER_DEV_MODE", "1")
+            .env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            .env("VLLM_NO_USAGE_STATS", "1")
+            .env("DO_NOT_TRACK", "1")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TOKENIZERS_PARALLELISM", "false")
+            .env("OMP_NUM_THREADS", spec.threads.to_string())
+            .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            .env("VLLM_CPU_KVCACHE_SPACE", "1")
+            .current_dir(&dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .process_group(0);
+        // SAFETY: prctl and the signal mask only, between fork and exec: the server dies with
+        // this worker however it ends.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                crate::lifecycle::unblock_stop_signals_in_child()
+            });
+        }
+        let child = command
+            .spawn()
+            .map_err(|error| VllmError::Spawn { python: spec.python.into(), message: error.to_string() })?;
+        info!(pid = child.id(), port, weights = %weights.display(), "the vllm server is starting");
+        let client = reqwest::blocking::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .no_proxy()
+            .build()
+            .map_err(|error| VllmError::Request(error.to_string()))?;
+        let mut server = VllmServer {
+            child,
+            client,
+            base: format!("http://127.0.0.1:{port}"),
+            dir,
+            weights,
+            weights_step: step,
+            fault: SyncFault::from_env(),
+        };
+        server.wait_ready(&log_path)?;
+        Ok(server)
+    }
+
+    fn wait_ready(&mut self, log: &Path) -> Result<(), VllmError> {
+        let started = Instant::now();
+        let mut said = 0;
+        loop {
+            if let Some(status) =
+                self.child.try_wait().map_err(|error| VllmError::Request(error.to_string()))?
+            {
+                return Err(VllmError::Exited(
+                    format!("exited with {status} before it answered"),
+                    log.into(),
+                ));
+            }
+            let health =
+                self.client.get(format!("{}/health", self.base)).timeout(Duration::from_secs(2)).send();
+            if health.is_ok_and(|answer| answer.status().is_success()) {
+                info!(seconds = started.elapsed().as_secs_f64(), "the vllm server answers");
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited > START_TIMEOUT {
+                return Err(VllmError::Exited(
+                    format!("did not answer within {} s", START_TIMEOUT.as_secs()),
+                    log.into(),
+                ));
+            }
+            if waited.as_secs() >= said + 15 {
+                said = waited.as_secs();
+                info!(seconds = said, "waiting for the vllm server");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// `group_size` completions of each prompt, group-contiguous as `rlvr_model::generate`
+    /// returns them, each ended by our rules. One request per prompt, all at once (vLLM batches
+    /// them), each with its own seed from `rng`.
+    pub fn generate(
+        &mut self,
+        prompts: &[Vec<i64>],
+        group_size: usize,
+        params: &SamplingParams,
+        tokenizer: &Tokenizer,
+        rng: &mut SamplerRng,
+    ) -> Result<Vec<Sampled>, VllmError> {
+        self.check_alive()?;
+        // vLLM's seed is a Python int handed to torch's generator: 63 bits keep it positive.
+        let seeds: Vec<u64> = prompts.iter().map(|_| rng.next_u64() >> 1).collect();
+        let this = &*self;
+        let answers: Vec<Result<Vec<Sampled>, VllmError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .zip(&seeds)
+                .enumerate()
+                .map(|(index, (prompt, &seed))| {
+                    let body = completion_request(prompt, group_size, params, seed);
+                    scope.spawn(move || this.complete(index, &body, group_size, params, tokenizer))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| {
+                    handle
+                        .join()
+                        .unwrap_or_else(|_| Err(VllmError::Request("a request thread panicked".into())))
+                })
+                .collect()
+        });
+        let mut sampled = Vec::with_capacity(prompts.len() * group_size);
+        for answer in answers {
+            sampled.extend(answer?);
+        }
+        Ok(sampled)
+    }
+
+    fn complete(
+        &self,
+        prompt_index: usize,
+        body: &serde_json::Value,
+        group_size: usize,
+        params: &SamplingParams,
+        tokenizer: &Tokenizer,
+    ) -> Result<Vec<Sampled>, VllmError> {
+        let answer: CompletionAnswer = self.post("/v1/completions", body)?;
+        completions(answer, prompt_index, group_size, params, tokenizer)
+    }
+
+    /// Loads `policy` (the weights after step `step`) into the server and empties its prefix
+    /// cache; returns the seconds it took. The weights it served before are deleted.
+    pub fn sync(&mut self, policy: &LoadedModel, step: u64) -> Result<f64, VllmError> {
+        let started = Instant::now();
+        self.check_alive()?;
+        let weights = write_weights(&self.dir, policy, step)?;
+        let method = match self.fault {
+            Some(SyncFault::TiedOutput) => "rlvr_load_weights_untied",
+            _ => "rlvr_load_weights",
+        };
+        let body = json!({"method": method, "args": [weights.display().to_string()]});
+        let _: serde_json::Value = self.post("/collective_rpc", &body)?;
+        if self.fault != Some(SyncFault::PrefixCache) {
+            self.post_empty("/reset_prefix_cache")?;
+        }
+        remove_weights(&self.dir, Some(&weights));
+        self.weights = weights;
+        self.weights_step = step;
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    fn check_alive(&mut self) -> Result<(), VllmError> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                Err(VllmError::Exited(format!("exited with {status}"), self.dir.join("server.log")))
+            }
+            Ok(None) => Ok(()),
+            Err(error) => Err(VllmError::Request(error.to_string())),
+        }
+    }
+
+    fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        route: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, VllmError> {
+        let answer = self
+            .client
+            .post(format!("{}{route}", self.base))
+            .json(body)
+            .send()
+            .map_err(|error| VllmError::Request(format!("POST {route}: {error}")))?;
+        let status = answer.status();
+        let text = answer.text().map_err(|error| VllmError::Request(format!("POST {route}: {error}")))?;
+        if !status.is_success() {
+            return Err(VllmError::Request(format!("POST {route} answered {status}: {}", cut(&text, 2000))));
+        }
+        serde_json::from_str(&text).map_err(|error| {
+            VllmError::Request(format!(
+                "POST {route}: the answer does not parse ({error}): {}",
+                cut(&text, 500)
+            ))
+        })
+    }
+
+    fn post_empty(&self, route: &str) -> Result<(), VllmError> {
+        let answer = self
+            .client
+            .post(format!("{}{route}", self.base))
+            .send()
+            .map_err(|error| VllmError::Request(format!("POST {route}: {error}")))?;
+        let status = answer.status();
+        if !status.is_success() {
+            let text = answer.text().unwrap_or_default();
+            return Err(VllmError::Request(format!("POST {route} answered {status}: {}", cut(&text, 2000))));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VllmServer {
+    /// The server's whole process group, killed and reaped.
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill on the group this worker made for its child; no memory is passed.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The server's arguments after `--model`.
+fn server_args(spec: &ServerSpec, port: u16) -> Vec<String> {
+    let dtype = match spec.dtype {
+        Dtype::F32 => "float32",
+        Dtype::Bf16 => "bfloat16",
+    };
+    [
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--dtype",
+        dtype,
+        // The log-probabilities of the distribution sampled from (after the temperature): what
+        // the trainer's old log-probabilities are.
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--worker-extension-cls",
+        WORKER_EXTENSION_CLASS,
+        "--max-model-len",
+        &spec.max_model_len.to_string(),
+        "--seed",
+        &(spec.seed >> 1).to_string(),
+        "--generation-config",
+        "vllm",
+        "--enforce-eager",
+        "--disable-log-stats",
+        "--disable-uvicorn-access-log",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The request of one prompt's group.
+fn completion_request(
+    prompt: &[i64],
+    group_size: usize,
+    params: &SamplingParams,
+    seed: u64,
+) -> serde_json::Value {
+    json!({
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "n": group_size,
+        "seed": seed,
+        "temperature": params.temperature,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_tokens": params.max_new_tokens,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": true,
+        "skip_special_tokens": false,
+        // Stop strings are ours to apply (`Sampled::ended`); vLLM's own would cut the tokens by
+        // its detokenizer's text.
+        "stop": params.stop,
+        "include_stop_str_in_output": true,
+    })
+}
+
+/// `POST /v1/completions`'s answer, the fields read.
+#[derive(Debug, Deserialize)]
+struct CompletionAnswer {
+    choices: Vec<Choice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Choice {
+    index: usize,
+    logprobs: Option<ChoiceLogprobs>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChoiceLogprobs {
+    /// `token_id:N` (with `return_tokens_as_token_ids`).
+    tokens: Vec<String>,
+    token_logprobs: Vec<Option<f64>>,
+}
+
+/// One prompt's answer as its group of completions, in the order of their `index`.
+fn completions(
+    answer: CompletionAnswer,
+    prompt_index: usize,
+    group_size: usize,
+    params: &SamplingParams,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<Sampled>, VllmError> {
+    let mut choices = answer.choices;
+    choices.sort_by_key(|choice| choice.index);
+    if choices.len() != group_size || choices.iter().enumerate().any(|(i, choice)| choice.index != i) {
+        return Err(VllmError::Request(format!(
+            "asked for {group_size} completions of prompt {prompt_index}, got indices {:?}",
+            choices.iter().map(|choice| choice.index).collect::<Vec<_>>()
+        )));
+    }
+    choices
+        .into_iter()
+        .map(|choice| {
+            let logprobs = choice.logprobs.ok_or_else(|| {
+                VllmError::Request("a completion came without its log-probabilities".into())
+            })?;
+            let tokens = logprobs
+                .tokens
+                .iter()
+                .map(|token| {
+                    token
+                        .strip_prefix("token_id:")
+                        .and_then(|id| id.parse::<i64>().ok())
+                        .ok_or_else(|| VllmError::Request(format!("expected token_id:N, got {token:?}")))
+                })
+                .collect::<Result<Vec<i64>, _>>()?;
+            let values = logprobs
+                .token_logprobs
+                .iter()
+                .map(|value| {
+                    value.filter(|value| value.is_finite()).map(|value| value as f32).ok_or_else(|| {
+                        VllmError::Request("a sampled token without a finite log-probability".into())
+                    })
+                })
+                .collect::<Result<Vec<f32>, _>>()?;
+            Sampled::ended(prompt_index, tokens, values, tokenizer, params)
+                .map_err(|error| VllmError::Request(error.to_string()))
+        })
+        .collect()
+}
+
+/// Writes `policy` as `<dir>/weights-<step>` (a Hugging Face directory; one left by a run that
+/// died mid-write is replaced).
+fn write_weights(dir: &Path, policy: &LoadedModel, step: u64) -> Result<PathBuf, VllmError> {
+    let weights = dir.join(format!("weights-{step}"));
+    if weights.exists() {
+        std::fs::remove_dir_all(&weights).map_err(files(&weights))?;
+    }
+    rlvr_model::save_pretrained(policy, &weights)
+        .map_err(|error| VllmError::Files { path: weights.clone(), message: error.to_string() })?;
+    Ok(weights)
+}
+
+/// Deletes every `weights-*` directory in `dir` but `keep`.
+fn remove_weights(dir: &Path, keep: Option<&Path>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let stale = entry.file_name().to_str().is_some_and(|name| name.starts_with("weights-"));
+        if stale && Some(path.as_path()) != keep {
+            if let Err(error) = std::fs::remove_dir_all(&path) {
+                warn!(path = %path.display(), %error, "cannot delete weights the vllm server no longer serves");
+            }
+        }
+    }
+}
+
+/// A loopback port nothing listens on now (the server binds it a moment later).
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
+    listener.local_addr().map(|address| address.port()).map_err(|error| error.to_string())
+}
+
+fn files(path: &Path) -> impl Fn(std::io::Error) -> VllmError + '_ {
+    move |error| VllmError::Files { path: path.to_owned(), message: error.to_string() }
+}
+
+fn cut(text: &str, bytes: usize) -> &str {
+    let mut end = text.len().min(bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> LoadedModel {
+        rlvr_model::load("builtin:tiny-arith", tch::Device::Cpu, tch::Kind::Float).unwrap()
+    }
+
+    fn answer(json: serde_json::Value) -> CompletionAnswer {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// An answer as vLLM writes it (choices in any order, token ids as `token_id:N`) reads back
+    /// as the group in index order, each completion ended by our rules.
+    #[test]
+    fn an_answer_reads_as_its_group_in_index_order() {
+        let model = tiny();
+        let eos = model.tokenizer.eos_ids()[0];
+        let a = model.tokenizer.encode("a").unwrap()[0];
+        let b = model.tokenizer.encode("b").unwrap()[0];
+        let params = SamplingParams { max_new_tokens: 8, ..Default::default() };
+        let choice = |index: usize, ids: &[i64]| {
+            json!({
+                "index": index,
+                "text": "ignored",
+                "finish_reason": "stop",
+                "logprobs": {
+                    "tokens": ids.iter().map(|id| format!("token_id:{id}")).collect::<Vec<_>>(),
+                    "token_logprobs": ids.iter().map(|_| -0.5).collect::<Vec<_>>(),
+                },
+            })
+        };
+        let read = completions(
+            answer(json!({"choices": [choice(1, &[b, eos]), choice(0, &[a, a, eos, b])]})),
+            4,
+            2,
+            &params,
+            &model.tokenizer,
+        )
+        .unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].tokens, vec![a, a, eos]);
+        assert_eq!(read[0].text, "aa");
+        assert_eq!(read[1].tokens, vec![b, eos]);
+        assert!(read.iter().all(|s| s.prompt_index == 4 && s.logprobs.iter().all(|&l| l == -0.5)));
+    }
+
+    /// Answers the worker cannot train on are refused with what is wrong, never read in part.
+    #[test]
+    fn a_malformed_answer_is_refused_with_what_is_wrong() {
+        let model = tiny();
+        let params = SamplingParams::default();
+        let cases = [
+            (
+                json!({"choices": [{"index": 0, "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-1.0]}}]}),
+                "asked for 2 completions",
+            ),
+            (
+                json!({"choices": [{"index": 0, "logprobs": null}, {"index": 1, "logprobs": null}]}),
+                "without its log-probabilities",
+            ),
+            (
+                json!({"choices": [
+                {"index": 0, "logprobs": {"tokens": ["a"], "token_logprobs": [-1.0]}},
+                {"index": 1, "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-1.0]}}]}),
+                "expected token_id:N",
+            ),
+            (
+                json!({"choices": [
+                {"index": 0, "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [null]}},
+                {"index": 1, "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-1.0]}}]}),
+                "finite log-probability",
+            ),
+            (
+                json!({"choices": [
+                {"index": 0, "logprobs": {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-1.0]}},
+                {"index": 1, "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-1.0]}}]}),
+                "2 tokens but 1",
+            ),
+        ];
+        for (json, expected) in cases {
+            let error = completions(answer(json.clone()), 0, 2, &params, &model.tokenizer).unwrap_err();
+            assert!(error.to_string().contains(expected), "{json}: {error}");
+        }
+    }
+
+    /// The request asks for what the trainer needs: token-id prompt, the group, our seed,
+    /// processed log-probabilities of the sampled tokens as ids, stops kept for our rules.
+    #[test]
+    fn a_request_asks_for_token_ids_and_their_logprobs() {
+        let params = SamplingParams {
+            max_new_tokens: 12,
+            temperature: 0.7,
+            stop: vec!["\n".into()],
+            ..Default::default()
+        };
+        let body = completion_request(&[5, 6, 7], 4, &params, 99);
+        assert_eq!(body["prompt"], json!([5, 6, 7]));
+        assert_eq!(body["n"], 4);
+        assert_eq!(body["seed"], 99);
+        assert_eq!(body["temperature"], 0.7);
+        assert_eq!(body["max_tokens"], 12);
+        assert_eq!(body["logprobs"], 0);
+        assert_eq!(body["return_tokens_as_token_ids"], true);
+        assert_eq!(body["stop"], json!(["\n"]));
+        assert_eq!(body["include_stop_str_in_output"], true);
+    }
+}
