@@ -94,7 +94,7 @@ RUSTC_WORKSPACE_WRAPPER=$(rustc --print sysroot)/bin/clippy-driver
 export RUSTC_WORKSPACE_WRAPPER
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
-# The peers the tests run (venvs of TRL, Ray, verl, MLflow, TensorBoard, PEFT with the converted
+# The peers the tests run (venvs of TRL, Ray, vLLM, verl, MLflow, TensorBoard, PEFT with the converted
 # SmolLM2, the text metrics; Chromium and Playwright for the web page) install while the workspace
 # builds: mostly downloads and unpacking, which the compiler's two cores leave room for. Each test
 # calls its script again (idempotent, under a second when installed), so this only moves the wait.
@@ -113,6 +113,7 @@ if [ "$quick" = 0 ]; then
     }
     start_peer engine-trl scripts/engine-venv.sh trl
     start_peer engine-ray scripts/engine-venv.sh ray
+    start_peer vllm scripts/vllm-venv.sh
     start_peer peer-rl scripts/peer-rl-venv.sh
     start_peer mlflow scripts/mlflow-venv.sh
     start_peer tensorboard scripts/tensorboard-venv.sh

@@ -754,6 +754,18 @@ pub fn worker_plugins(dir: &Path) -> PathBuf {
     plugins
 }
 
+/// A peer's python, its venv made (or found) by the project's script `script` (relative to the
+/// workspace, e.g. `scripts/engine-venv.sh`) with `args`; the script prints the python.
+pub fn peer_python(script: &str, args: &[&str]) -> PathBuf {
+    let made = Command::new("bash")
+        .arg(workspace_root().join(script))
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("run {script}: {error}"));
+    assert!(made.status.success(), "{script} {args:?} failed:\n{}", String::from_utf8_lossy(&made.stderr));
+    PathBuf::from(String::from_utf8(made.stdout).unwrap().trim())
+}
+
 /// `rlvr-worker run` of `spec` on the CPU, its state in `state`, its plugins from `plugins`.
 pub fn worker_command(spec: &Path, state: &Path, plugins: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(artifact("rlvr-worker"));

@@ -15,7 +15,6 @@ use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{client, ended, states, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
     Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
-    workspace_root,
 };
 use serde_json::{Value, json};
 
@@ -25,17 +24,7 @@ const PLUGINS_DPO: [&str; 2] = ["rlvr-optimizer-dpo", "rlvr-verifier-math"];
 
 /// An engine's python (`trl` or `ray`), its venv made (or found) by the project's own script.
 fn engine_python(engine: &str) -> PathBuf {
-    let made = Command::new("bash")
-        .arg(workspace_root().join("scripts/engine-venv.sh"))
-        .arg(engine)
-        .output()
-        .expect("run scripts/engine-venv.sh");
-    assert!(
-        made.status.success(),
-        "engine-venv.sh {engine} failed:\n{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    PathBuf::from(String::from_utf8(made.stdout).unwrap().trim())
+    rlvr_tests::peer_python("scripts/engine-venv.sh", &[engine])
 }
 
 /// Two CPU slots (one per rank), the engine (`engines` lines), and the default heartbeat (2 s,

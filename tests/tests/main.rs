@@ -47,3 +47,4 @@ mod verifier_http;
 mod verifier_ifeval;
 mod verifier_math;
 mod verify_cli;
+mod vllm;

@@ -7,9 +7,10 @@
 //! port of its own, with the run's directory as its home: `<run>/vllm/` holds its log, the
 //! worker extension (`engines/vllm/rlvr_vllm_worker.py`, built into this binary so the server
 //! always runs the extension of the worker that drives it) and the weights it serves. It runs in
-//! one process (vLLM's engine core in the server's process) and its own process group, and dies
-//! with the worker: `PR_SET_PDEATHSIG` for a `kill -9` of the worker, the group killed when the
-//! run ends, is stopped or fails.
+//! its own process group and dies with the worker: the group is killed when the run ends, is
+//! stopped or fails, and a `kill -9` of the worker kills the server (`PR_SET_PDEATHSIG`) and the
+//! server its children (`engines/vllm/sitecustomize.py`: vLLM's engine core outlives its server
+//! otherwise).
 //!
 //! **Our tokens stay the truth.** Prompts go as token ids (our tokenizer and chat template
 //! encoded them); the completions come back as token ids with the log-probability of each, and
@@ -44,6 +45,9 @@ use crate::WorkerError;
 
 /// The extension, written next to the run at each start.
 const WORKER_EXTENSION: &str = include_str!("../../engines/vllm/rlvr_vllm_worker.py");
+/// Makes each of the server's processes die with its parent: written next to the extension, on the
+/// server's PYTHONPATH, so every python process of the server imports it first.
+const SITE_CUSTOMIZE: &str = include_str!("../../engines/vllm/sitecustomize.py");
 /// Its module and class, as `--worker-extension-cls` names them.
 const WORKER_EXTENSION_CLASS: &str = "rlvr_vllm_worker.RlvrWorkerExtension";
 /// The name the server serves the policy under.
@@ -129,8 +133,11 @@ impl VllmServer {
         // What an earlier run left: its weights are stale, its log is kept below the new one.
         remove_weights(&dir, None);
         std::fs::create_dir_all(&dir).map_err(files(&dir))?;
-        let extension = dir.join("rlvr_vllm_worker.py");
-        std::fs::write(&extension, WORKER_EXTENSION).map_err(files(&extension))?;
+        for (name, text) in [("rlvr_vllm_worker.py", WORKER_EXTENSION), ("sitecustomize.py", SITE_CUSTOMIZE)]
+        {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(files(&path))?;
+        }
         let weights = write_weights(&dir, policy, step)?;
         let port = free_port().map_err(|message| VllmError::Spawn { python: spec.python.into(), message })?;
         let log_path = dir.join("server.log");
@@ -152,6 +159,9 @@ impl VllmServer {
             .env("HOME", &dir)
             .env("XDG_CACHE_HOME", dir.join("cache"))
             .env("VLLM_SERVER_DEV_MODE", "1")
+            // The worker is the server's parent: the first process checks against it.
+            .env("RLVR_VLLM_PARENT_PID", std::process::id().to_string())
+            // The model runs in the engine's process, not a third one.
             .env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             .env("VLLM_NO_USAGE_STATS", "1")
             .env("DO_NOT_TRACK", "1")
