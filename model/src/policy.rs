@@ -242,6 +242,19 @@ pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
     })
 }
 
+/// Writes a LoRA model's base to `dir` as [`save_pretrained`] writes a model, without its
+/// adapters (for an engine that applies them itself, each step's as [`save_adapter`] writes
+/// them); a model without adapters is written whole. Atomic like [`save_pretrained`].
+pub fn save_base(model: &LoadedModel, dir: &Path) -> Result<()> {
+    write_dir_atomically(dir, |tmp| {
+        write_text(tmp, "config.json", &config_as_saved(model).to_json())?;
+        write_tokenizer(&model.tokenizer, tmp)?;
+        let mut tensors: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        write_weights(&tmp.join("model.safetensors"), &tensors)
+    })
+}
+
 /// Writes `model`'s LoRA adapters to `dir` as a PEFT adapter directory over `base` (the path or
 /// name written as `base_model_name_or_path`): `adapter_config.json`, `adapter_model.safetensors`
 /// (PEFT's tensor names), and the tokenizer's files, so the directory is all a reader needs besides

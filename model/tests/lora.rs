@@ -85,6 +85,18 @@ fn adapter_directory_and_merged_model_load_back() {
     assert!(merged.adapters.is_none());
     let diff = common::max_abs_diff(&common::our_logits(&merged.model, &ids()), &adapted);
     assert!(diff < 1e-5, "merged logits differ by {diff:e}");
+
+    // The base alone, as an engine that applies the adapters itself loads it: the base's weights.
+    let base_only = tmp.path().join("base-only");
+    rlvr_model::save_base(&model, &base_only).unwrap();
+    let base_only = load(base_only.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    assert!(base_only.adapters.is_none());
+    let original = load(base.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    let diff = common::max_abs_diff(
+        &common::our_logits(&base_only.model, &ids()),
+        &common::our_logits(&original.model, &ids()),
+    );
+    assert_eq!(diff, 0.0, "the base written alone differs from the base");
 }
 
 #[test]

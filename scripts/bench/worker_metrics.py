@@ -12,14 +12,21 @@ step (the STEPS after the WARMUP first):
   tokens                        tokens_generated (completion tokens)
   generation_tokens_per_s       time.generation_tokens_per_s (else tokens / rollout_s)
   update_tokens_per_s           tokens / update_s
+  sync_s                        time.sync_s (rollout.engine = "vllm": writing the updated weights
+                                and loading them into the server; else null). The worker's
+                                time.update_s leaves it out; update_s above includes it
+  sampler_gap_max_abs,          sampler_gap.max_abs / .mean_abs (vLLM only, else null): how far
+  sampler_gap_mean_abs          the server's log-probabilities of the sampled tokens are from the
+                                trainer's
 With --rollouts also, from the step's rows in rollouts.jsonl (the rows the update trained on):
   prompt_tokens, trained_tokens prompt + completion tokens of the rows (completion tokens only
                                 when the records have no prompt_tokens: trained_tokens_counted
                                 says which)
   trained_tokens_per_s          trained_tokens / update_s
-and their medians. Medians are over the measured steps.
+and their medians. Medians are over the measured steps; max_sampler_gap_max_abs is the largest
+sampler_gap.max_abs of the measured steps, all_steps_sampler_gap_max_abs of every step line.
 
-Stdlib only. Used by trainer.sh and gpu.sh.
+Stdlib only. Used by trainer.sh, gpu.sh and rollout.sh.
 """
 
 import json
@@ -78,6 +85,10 @@ def summarize(run, metrics_path, warmup, steps, rollouts_path=None):
             raise Failed(f"{metrics_path}: step {line.get('step', '?')} has no {key}")
         return float(value)
 
+    def optional(line, key):
+        value = line.get(key)
+        return None if value is None else float(value)
+
     per_step = []
     for line in measured:
         step = {
@@ -89,6 +100,9 @@ def summarize(run, metrics_path, warmup, steps, rollouts_path=None):
             "tokens": int(number(line, "tokens_generated")),
         }
         step["update_s"] = step["step_s"] - step["rollout_s"] - step["verify_s"]
+        step["sync_s"] = optional(line, "time.sync_s")
+        step["sampler_gap_max_abs"] = optional(line, "sampler_gap.max_abs")
+        step["sampler_gap_mean_abs"] = optional(line, "sampler_gap.mean_abs")
         reported = line.get("time.generation_tokens_per_s")
         step["generation_tokens_per_s"] = float(reported) if reported is not None else step["tokens"] / step["rollout_s"]
         step["update_tokens_per_s"] = step["tokens"] / step["update_s"] if step["update_s"] > 0 else None
@@ -105,6 +119,10 @@ def summarize(run, metrics_path, warmup, steps, rollouts_path=None):
         values = [s[key] for s in per_step if s[key] is not None]
         return statistics.median(values) if values else None
 
+    def largest(values):
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+
     accuracy = [line["heldout.accuracy"] for line in lines if line.get("heldout.accuracy") is not None]
     summary = {
         "framework": "rlvr",
@@ -118,6 +136,10 @@ def summarize(run, metrics_path, warmup, steps, rollouts_path=None):
         "median_tokens": median("tokens"),
         "median_generation_tokens_per_s": median("generation_tokens_per_s"),
         "median_update_tokens_per_s": median("update_tokens_per_s"),
+        "median_sync_s": median("sync_s"),
+        "median_sampler_gap_mean_abs": median("sampler_gap_mean_abs"),
+        "max_sampler_gap_max_abs": largest(s["sampler_gap_max_abs"] for s in per_step),
+        "all_steps_sampler_gap_max_abs": largest(optional(line, "sampler_gap.max_abs") for line in step_lines),
         "peak_rss_mb": run["peak_rss_mb"],
         "wall_s": run["wall_s"],
         "heldout_accuracy": accuracy,

@@ -260,7 +260,7 @@ fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
 }
 
 #[test]
-fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind() {
+fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind_and_a_vllm_job_at_rollout_engine() {
     let redis = Redis::start();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(""));
     let dir = tempfile::tempdir().unwrap();
@@ -277,6 +277,13 @@ fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind() {
         .map(|problem| problem["field"].as_str().unwrap())
         .collect();
     assert!(fields.contains(&"engine.launcher"), "{answer}");
+    // And a job whose rollouts are vLLM's, without engines.vllm_python.
+    let vllm = rlvr_tests::arith_grpo_spec(&data, "on-vllm", "builtin:tiny-arith", 2, 1)
+        .replace("[rollout]\n", "[rollout]\nengine = \"vllm\"\n");
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &vllm, None);
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["field"], "rollout.engine", "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("engines.vllm_python"), "{answer}");
 }
 
 /// A Ray head of its own for the test: 2 CPUs, its Jobs API on a free port, a stop that waits 60 s

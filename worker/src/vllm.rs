@@ -88,11 +88,33 @@ pub struct VllmServer {
     /// `http://127.0.0.1:PORT`.
     base: String,
     dir: PathBuf,
-    /// The weights the server holds, and the step they are of.
-    weights: PathBuf,
-    pub weights_step: u64,
+    /// What the server samples from.
+    served: Served,
     fault: Option<SyncFault>,
 }
+
+/// What the server samples from now.
+enum Served {
+    /// The whole model, reloaded in place after each update (`weights-N/`).
+    Weights,
+    /// A LoRA job: the base, loaded once (`base/`), and each step's adapters under a new name
+    /// (`adapter-N/`, served as `step-N`): vLLM keys its prefix cache by adapter, so a new name
+    /// starts with none, and the base is never touched again.
+    Adapter { base: PathBuf, name: String },
+}
+
+impl Served {
+    /// The `model` a request names.
+    fn model(&self) -> &str {
+        match self {
+            Served::Weights => SERVED_NAME,
+            Served::Adapter { name, .. } => name,
+        }
+    }
+}
+
+/// The LoRA ranks vLLM 0.26 can be started for (`--max-lora-rank`).
+const VLLM_LORA_RANKS: [i64; 9] = [1, 8, 16, 32, 64, 128, 256, 320, 512];
 
 /// Why the server could not start, sample or sync.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +123,7 @@ pub enum VllmError {
     Files { path: PathBuf, message: String },
     #[error("vllm: cannot start {python}: {message}")]
     Spawn { python: PathBuf, message: String },
-    #[error("vllm: the server {0}; its log: {1}")]
+    #[error("vllm: the server {0}{cause}; its log: {log}", cause = cause(.1), log = .1.display())]
     Exited(String, PathBuf),
     #[error("vllm: {0}")]
     Request(String),
@@ -131,14 +153,39 @@ impl VllmServer {
         let dir =
             std::path::absolute(spec.run_dir.join("vllm")).unwrap_or_else(|_| spec.run_dir.join("vllm"));
         // What an earlier run left: its weights are stale, its log is kept below the new one.
-        remove_weights(&dir, None);
+        remove_written(&dir, None);
         std::fs::create_dir_all(&dir).map_err(files(&dir))?;
         for (name, text) in [("rlvr_vllm_worker.py", WORKER_EXTENSION), ("sitecustomize.py", SITE_CUSTOMIZE)]
         {
             let path = dir.join(name);
             std::fs::write(&path, text).map_err(files(&path))?;
         }
-        let weights = write_weights(&dir, policy, step)?;
+        let lora_rank = match &policy.adapters {
+            Some(adapters) => {
+                Some(VLLM_LORA_RANKS.into_iter().find(|&rank| rank >= adapters.config.rank).ok_or_else(
+                    || VllmError::Spawn {
+                        python: spec.python.into(),
+                        message: format!(
+                            "vLLM serves LoRA adapters of rank up to 512; this job's is {}",
+                            adapters.config.rank
+                        ),
+                    },
+                )?)
+            }
+            None => None,
+        };
+        let weights = match lora_rank {
+            Some(_) => {
+                let base = dir.join("base");
+                if base.exists() {
+                    std::fs::remove_dir_all(&base).map_err(files(&base))?;
+                }
+                rlvr_model::save_base(policy, &base)
+                    .map_err(|error| VllmError::Files { path: base.clone(), message: error.to_string() })?;
+                base
+            }
+            None => write_weights(&dir, policy, step)?,
+        };
         let port = free_port().map_err(|message| VllmError::Spawn { python: spec.python.into(), message })?;
         let log_path = dir.join("server.log");
         let mut log = std::fs::OpenOptions::new()
@@ -153,7 +200,8 @@ impl VllmServer {
             .args(["-m", "vllm.entrypoints.openai.api_server"])
             .arg("--model")
             .arg(&weights)
-            .args(server_args(spec, port))
+            .args(server_args(spec, port, lora_rank))
+            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
             .env("PYTHONPATH", &dir)
             // Its own home: nothing vLLM's libraries cache lands outside the run.
             .env("HOME", &dir)
@@ -199,11 +247,13 @@ impl VllmServer {
             client,
             base: format!("http://127.0.0.1:{port}"),
             dir,
-            weights,
-            weights_step: step,
+            served: Served::Weights,
             fault: SyncFault::from_env(),
         };
         server.wait_ready(&log_path)?;
+        if lora_rank.is_some() {
+            server.load_adapter(policy, &weights, step)?;
+        }
         Ok(server)
     }
 
@@ -261,7 +311,7 @@ impl VllmServer {
                 .zip(&seeds)
                 .enumerate()
                 .map(|(index, (prompt, &seed))| {
-                    let body = completion_request(prompt, group_size, params, seed);
+                    let body = completion_request(this.served.model(), prompt, group_size, params, seed);
                     scope.spawn(move || this.complete(index, &body, group_size, params, tokenizer))
                 })
                 .collect();
@@ -293,11 +343,17 @@ impl VllmServer {
         completions(answer, prompt_index, group_size, params, tokenizer)
     }
 
-    /// Loads `policy` (the weights after step `step`) into the server and empties its prefix
-    /// cache; returns the seconds it took. The weights it served before are deleted.
+    /// Loads `policy` (the weights after step `step`) into the server — its weights, reloaded in
+    /// place with the prefix cache emptied, or a LoRA job's adapters under a new name — and
+    /// returns the seconds it took. What it served before is deleted.
     pub fn sync(&mut self, policy: &LoadedModel, step: u64) -> Result<f64, VllmError> {
         let started = Instant::now();
         self.check_alive()?;
+        if let Served::Adapter { base, .. } = &self.served {
+            let base = base.clone();
+            self.load_adapter(policy, &base, step)?;
+            return Ok(started.elapsed().as_secs_f64());
+        }
         let weights = write_weights(&self.dir, policy, step)?;
         let method = match self.fault {
             Some(SyncFault::TiedOutput) => "rlvr_load_weights_untied",
@@ -306,12 +362,31 @@ impl VllmServer {
         let body = json!({"method": method, "args": [weights.display().to_string()]});
         let _: serde_json::Value = self.post("/collective_rpc", &body)?;
         if self.fault != Some(SyncFault::PrefixCache) {
-            self.post_empty("/reset_prefix_cache")?;
+            self.post_text("/reset_prefix_cache", None)?;
         }
-        remove_weights(&self.dir, Some(&weights));
-        self.weights = weights;
-        self.weights_step = step;
+        remove_written(&self.dir, Some(&weights));
+        self.served = Served::Weights;
         Ok(started.elapsed().as_secs_f64())
+    }
+
+    /// Writes `policy`'s adapters (of step `step`, over `base`) and serves them as `step-N`; the
+    /// adapters served before are unloaded and deleted.
+    fn load_adapter(&mut self, policy: &LoadedModel, base: &Path, step: u64) -> Result<(), VllmError> {
+        let dir = self.dir.join(format!("adapter-{step}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(files(&dir))?;
+        }
+        rlvr_model::save_adapter(policy, &base.display().to_string(), &dir)
+            .map_err(|error| VllmError::Files { path: dir.clone(), message: error.to_string() })?;
+        let name = format!("step-{step}");
+        let body = json!({"lora_name": name, "lora_path": dir.display().to_string()});
+        self.post_text("/v1/load_lora_adapter", Some(&body))?;
+        if let Served::Adapter { name: before, .. } = &self.served {
+            self.post_text("/v1/unload_lora_adapter", Some(&json!({"lora_name": before})))?;
+        }
+        remove_written(&self.dir, Some(&dir));
+        self.served = Served::Adapter { base: base.to_owned(), name };
+        Ok(())
     }
 
     fn check_alive(&mut self) -> Result<(), VllmError> {
@@ -348,12 +423,14 @@ impl VllmServer {
         })
     }
 
-    fn post_empty(&self, route: &str) -> Result<(), VllmError> {
-        let answer = self
-            .client
-            .post(format!("{}{route}", self.base))
-            .send()
-            .map_err(|error| VllmError::Request(format!("POST {route}: {error}")))?;
+    /// A POST whose answer is text (or nothing), not read past its status.
+    fn post_text(&self, route: &str, body: Option<&serde_json::Value>) -> Result<(), VllmError> {
+        let request = self.client.post(format!("{}{route}", self.base));
+        let request = match body {
+            Some(body) => request.json(body),
+            None => request,
+        };
+        let answer = request.send().map_err(|error| VllmError::Request(format!("POST {route}: {error}")))?;
         let status = answer.status();
         if !status.is_success() {
             let text = answer.text().unwrap_or_default();
@@ -374,8 +451,8 @@ impl Drop for VllmServer {
     }
 }
 
-/// The server's arguments after `--model`.
-fn server_args(spec: &ServerSpec, port: u16) -> Vec<String> {
+/// The server's arguments after `--model`; a LoRA job's with the rank its adapters need.
+fn server_args(spec: &ServerSpec, port: u16, lora_rank: Option<i64>) -> Vec<String> {
     let dtype = match spec.dtype {
         Dtype::F32 => "float32",
         Dtype::Bf16 => "bfloat16",
@@ -407,18 +484,29 @@ fn server_args(spec: &ServerSpec, port: u16) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(lora_rank.into_iter().flat_map(|rank| {
+        // Two: the step's adapters and, while they load, the last step's.
+        [
+            "--enable-lora".to_owned(),
+            "--max-lora-rank".to_owned(),
+            rank.to_string(),
+            "--max-loras".to_owned(),
+            "2".to_owned(),
+        ]
+    }))
     .collect()
 }
 
 /// The request of one prompt's group.
 fn completion_request(
+    model: &str,
     prompt: &[i64],
     group_size: usize,
     params: &SamplingParams,
     seed: u64,
 ) -> serde_json::Value {
     json!({
-        "model": SERVED_NAME,
+        "model": model,
         "prompt": prompt,
         "n": group_size,
         "seed": seed,
@@ -514,18 +602,49 @@ fn write_weights(dir: &Path, policy: &LoadedModel, step: u64) -> Result<PathBuf,
     Ok(weights)
 }
 
-/// Deletes every `weights-*` directory in `dir` but `keep`.
-fn remove_weights(dir: &Path, keep: Option<&Path>) {
+/// Deletes every `weights-*` and `adapter-*` directory in `dir` but `keep`.
+fn remove_written(dir: &Path, keep: Option<&Path>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let path = entry.path();
-        let stale = entry.file_name().to_str().is_some_and(|name| name.starts_with("weights-"));
+        let stale = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| name.starts_with("weights-") || name.starts_with("adapter-"));
         if stale && Some(path.as_path()) != keep {
             if let Err(error) = std::fs::remove_dir_all(&path) {
                 warn!(path = %path.display(), %error, "cannot delete weights the vllm server no longer serves");
             }
         }
     }
+}
+
+/// ` (the log's last error)`, or nothing when the log names none.
+fn cause(log: &Path) -> String {
+    last_error(log).map(|error| format!(" ({error})")).unwrap_or_default()
+}
+
+/// The server log's last Python error line (`AttributeError: …`) that is not vLLM's summary of
+/// an earlier one, its process prefix cut: why a start failed. Read from the log's last 256 KiB.
+fn last_error(log: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(log).ok()?;
+    let length = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(length.saturating_sub(256 * 1024))).ok()?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let line = text.lines().rev().find_map(|line| {
+        // `(EngineCore pid=12) ERROR 11-29 21:20:59 [core.py:1330] AttributeError: …`
+        let message = line.rsplit_once("] ").map_or(line, |(_, rest)| rest);
+        let message =
+            message.strip_prefix('(').and_then(|m| m.split_once(") ")).map_or(message, |(_, rest)| rest);
+        let name = message.split_once(": ")?.0;
+        // vLLM's own summary points back at the cause: the cause is the line to show.
+        let summary = message.contains("root cause above");
+        (name.ends_with("Error") && !name.contains(' ') && !summary).then(|| message.trim().to_owned())
+    })?;
+    Some(cut(&line, 500).to_owned())
 }
 
 /// A loopback port nothing listens on now (the server binds it a moment later).
@@ -593,6 +712,36 @@ mod tests {
         assert!(read.iter().all(|s| s.prompt_index == 4 && s.logprobs.iter().all(|&l| l == -0.5)));
     }
 
+    /// A failed start names the server's last Python error, from its log.
+    #[test]
+    fn a_failed_start_names_the_last_error_of_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        std::fs::write(
+            &log,
+            "INFO 11-29 [importing.py:53] Triton is installed\n\
+             (EngineCore pid=23888) ERROR 11-29 21:20:59 [core.py:1330] AttributeError: module 'x' has no attribute 'Y'\n\
+             (APIServer pid=23648)     raise RuntimeError(\n\
+             (APIServer pid=23648) RuntimeError: Engine core initialization failed. See root cause above.\n\
+             (APIServer pid=23648) INFO shutting down\n",
+        )
+        .unwrap();
+        let error = VllmError::Exited("exited with exit status: 1 before it answered".into(), log.clone());
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "vllm: the server exited with exit status: 1 before it answered (AttributeError: module 'x' has \
+                 no attribute 'Y'); its log: {}",
+                log.display()
+            )
+        );
+        let quiet = VllmError::Exited("did not answer within 900 s".into(), dir.path().join("none.log"));
+        assert!(
+            quiet.to_string().starts_with("vllm: the server did not answer within 900 s; its log: "),
+            "{quiet}"
+        );
+    }
+
     /// Answers the worker cannot train on are refused with what is wrong, never read in part.
     #[test]
     fn a_malformed_answer_is_refused_with_what_is_wrong() {
@@ -642,7 +791,8 @@ mod tests {
             stop: vec!["\n".into()],
             ..Default::default()
         };
-        let body = completion_request(&[5, 6, 7], 4, &params, 99);
+        let body = completion_request("step-3", &[5, 6, 7], 4, &params, 99);
+        assert_eq!(body["model"], "step-3");
         assert_eq!(body["prompt"], json!([5, 6, 7]));
         assert_eq!(body["n"], 4);
         assert_eq!(body["seed"], 99);
