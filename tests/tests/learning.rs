@@ -1,7 +1,9 @@
 //! Learning, shown: on `builtin:tiny-arith`, an SFT cold start and then GRPO with the math
 //! verifier raise held-out accuracy by at least 15 points over the SFT checkpoint, with a fixed
 //! seed, through `rlvr-worker run` and the real plugin libraries — and so does the same GRPO job
-//! training LoRA adapters instead of the weights (0.475 → 0.885 full, → 0.860 LoRA). Each test
+//! training LoRA adapters instead of the weights (0.475 → 0.885 full, → 0.860 LoRA), and that LoRA
+//! job again with its rollouts on vLLM's server, synced by adapter every step (its sync checked
+//! every step to 1e-3, the base loaded once; `vllm.rs` has the server's other stories). Each test
 //! prints its jobs' CPU seconds, each worker's own (2026-11-28, the two tests side by side on the
 //! 2-core development machine: 238 CPU s for these three jobs, 184 for the four of
 //! multiplication's; alone, earlier, 14 + 43 + 50 s for the three). They are not asserted: on a
@@ -152,8 +154,13 @@ fn accuracy(verdicts: &[bool]) -> f64 {
 /// CPU seconds (user + system) that worker used to `cpu_s`. They are that one child's, from
 /// `wait4`: the other test in this file runs at the same time in this process, so the process's
 /// children's total (`/proc/self/stat`) would count its jobs too.
-#[expect(clippy::zombie_processes, reason = "reaped by wait4, which also gives its CPU time")]
 fn worker(spec: &Path, state: &Path, plugins: &Path, cpu_s: &mut f64) -> Value {
+    worker_with(spec, state, plugins, &[], cpu_s)
+}
+
+/// [`worker`] with `extra` arguments.
+#[expect(clippy::zombie_processes, reason = "reaped by wait4, which also gives its CPU time")]
+fn worker_with(spec: &Path, state: &Path, plugins: &Path, extra: &[&str], cpu_s: &mut f64) -> Value {
     let mut child = Command::new(artifact("rlvr-worker"))
         .args(["run", "--device", "cpu", "--threads", "1", "--spec"])
         .arg(spec)
@@ -161,6 +168,7 @@ fn worker(spec: &Path, state: &Path, plugins: &Path, cpu_s: &mut f64) -> Value {
         .arg(state)
         .arg("--plugin-dir")
         .arg(plugins)
+        .args(extra)
         .env("RLVR_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -228,12 +236,25 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
     // The same GRPO job training LoRA adapters on the SFT checkpoint instead of its weights.
     let lora_spec = dir.path().join("grpo-lora.toml");
     let lora_text = text.replace("lr = 5e-4", "lr = 2e-3").replace("\n[data]", &format!("\n{LORA}\n[data]"));
-    fs::write(&lora_spec, lora_text).unwrap();
+    fs::write(&lora_spec, &lora_text).unwrap();
     let lora = worker(&lora_spec, &dir.path().join("grpo-lora"), &plugins, &mut cpu_s);
     let lora_after = lora["heldout_after"].as_f64().unwrap();
+
+    // The same LoRA job with its rollouts on vLLM (its CPU build): the base loaded into the
+    // server once, each step's adapters under a new name.
+    let vllm_started = Instant::now();
+    let vllm_spec = dir.path().join("grpo-lora-vllm.toml");
+    let vllm_text = changed(&lora_text, &[("temperature = 0.85", "temperature = 0.85\nengine = \"vllm\"")]);
+    fs::write(&vllm_spec, vllm_text).unwrap();
+    let python = rlvr_tests::peer_python("scripts/vllm-venv.sh", &[]);
+    let vllm_args = ["--vllm-python", python.to_str().unwrap()];
+    let vllm_state = dir.path().join("grpo-lora-vllm");
+    let vllm = worker_with(&vllm_spec, &vllm_state, &plugins, &vllm_args, &mut cpu_s);
+    let vllm_after = vllm["heldout_after"].as_f64().unwrap();
+    let vllm_s = vllm_started.elapsed().as_secs_f64();
     eprintln!(
         "held-out accuracy: SFT {sft_accuracy:.3} ({sft_s:.0} s), GRPO {before:.3} → {after:.3} ({grpo_s:.0} s), \
-         LoRA GRPO → {lora_after:.3} ({:.0} s in all, {:.0} CPU s)",
+         LoRA GRPO → {lora_after:.3}, on vLLM → {vllm_after:.3} ({vllm_s:.0} s) ({:.0} s in all, {:.0} CPU s)",
         started.elapsed().as_secs_f64(),
         cpu_s
     );
@@ -247,6 +268,26 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
         lora_after >= sft_accuracy + 0.15,
         "LoRA: held-out accuracy {sft_accuracy:.3} → {lora_after:.3}: less than +15 points"
     );
+    assert_eq!(
+        vllm["heldout_before"].as_f64(),
+        Some(sft_accuracy),
+        "vLLM: the same start, scored the same way"
+    );
+    assert!(
+        vllm_after >= sft_accuracy + 0.15,
+        "LoRA on vLLM: held-out accuracy {sft_accuracy:.3} → {vllm_after:.3}: less than +15 points"
+    );
+    // Synced by adapter: the base loaded once, one adapter a step (and the start's), each step's
+    // samples the trainer's weights' to 1e-3.
+    let log = fs::read_to_string(vllm_state.join("vllm/server.log")).unwrap();
+    assert_eq!(log.matches("Starting to load model").count(), 1, "the base loaded more than once");
+    assert_eq!(log.matches("Loaded new LoRA adapter").count(), 201, "one adapter a step and the start's");
+    for line in fs::read_to_string(vllm_state.join("metrics.jsonl")).unwrap().lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        if let Some(gap) = line["sampler_gap"]["max_abs"].as_f64() {
+            assert!(gap < 1e-3, "step {}: vLLM's log-probabilities {gap:e} from the trainer's", line["step"]);
+        }
+    }
 }
 
 /// The second task family, multiplication by one digit (`42*7=` → `294`), which no setting here

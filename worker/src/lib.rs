@@ -623,11 +623,15 @@ fn start_vllm(
             .unwrap_or(0),
         _ => 0,
     };
+    let max_model_len = longest_prompt + job.spec.rollout.max_new_tokens as usize;
+    let shape = rlvr_protocol::memory::ModelShape::from_config_json(&job.policy.config.to_json())
+        .map_err(|message| WorkerError::Model { field: "model.policy", message })?;
     let spec = vllm::ServerSpec {
         python,
         run_dir: run_dir.path(),
         dtype: job.spec.model.dtype,
-        max_model_len: longest_prompt + job.spec.rollout.max_new_tokens as usize,
+        max_model_len,
+        kv_cache_bytes: rlvr_protocol::memory::vllm_kv_cache_bytes(&job.spec, &shape, max_model_len as u64),
         seed: job.spec.job.seed,
         threads: options.threads,
     };

@@ -140,8 +140,11 @@ pub struct ServerSpec<'a> {
     pub python: &'a Path,
     pub run_dir: &'a Path,
     pub dtype: Dtype,
-    /// The longest prompt plus `max_new_tokens`: vLLM sizes its cache by it.
+    /// The longest prompt plus `max_new_tokens`: the longest sequence the server takes.
     pub max_model_len: usize,
+    /// Its KV cache (`rlvr_protocol::memory::vllm_kv_cache_bytes`, which the job's estimate
+    /// counts too): a step's rows at their longest, not vLLM's default share of the device.
+    pub kv_cache_bytes: u64,
     pub seed: u64,
     pub threads: usize,
 }
@@ -217,7 +220,6 @@ impl VllmServer {
             .env("TOKENIZERS_PARALLELISM", "false")
             .env("OMP_NUM_THREADS", spec.threads.to_string())
             .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            .env("VLLM_CPU_KVCACHE_SPACE", "1")
             .current_dir(&dir)
             .stdin(std::process::Stdio::null())
             .stdout(log)
@@ -474,6 +476,8 @@ fn server_args(spec: &ServerSpec, port: u16, lora_rank: Option<i64>) -> Vec<Stri
         WORKER_EXTENSION_CLASS,
         "--max-model-len",
         &spec.max_model_len.to_string(),
+        "--kv-cache-memory-bytes",
+        &spec.kv_cache_bytes.to_string(),
         "--seed",
         &(spec.seed >> 1).to_string(),
         "--generation-config",
