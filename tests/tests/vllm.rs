@@ -25,9 +25,10 @@ use rlvr_tests::{arith_data, drop_in, plugin_lib, wait_until, worker_command};
 const PREAMBLE: &str = "Add the two numbers below and write their sum alone: digits only, no words, no spaces, \
                         nothing before it and nothing after it, then stop writing at once. The sum: ";
 
-/// A GRPO job on vLLM: 4 prompts of 4 completions a step from 8 prompts (each sampled again
-/// every other step), graded by fuzzy match so that rewards differ within groups and every step
-/// updates the weights; a checkpoint every step; the sync check at 1e-3.
+/// A GRPO job on vLLM: all 8 prompts, 8 completions each, every step (64 sequences of ~170
+/// prompt tokens: more than one of vLLM's scheduling steps takes, which once crashed a seeded
+/// request's prefill on CPU), graded by fuzzy match so that rewards differ within groups and every
+/// step updates the weights; a checkpoint every step; the sync check at 1e-3.
 fn spec(data: &Path, steps: u32) -> String {
     format!(
         r#"
@@ -42,9 +43,9 @@ policy = "builtin:tiny-arith"
 train = "{data}/long.jsonl"
 [optimizer]
 plugin = "grpo"
-group_size = 4
+group_size = 8
 lr = 1e-3
-micro_batch_size = 16
+micro_batch_size = 64
 kl_beta = 0.0
 [[verifiers]]
 plugin = "text-similarity"
@@ -53,7 +54,7 @@ pass_threshold = 0.5
 [rollout]
 engine = "vllm"
 max_new_tokens = 5
-prompts_per_step = 4
+prompts_per_step = 8
 max_logprob_gap = 1e-3
 [budget]
 max_steps = {steps}

@@ -478,6 +478,12 @@ fn server_args(spec: &ServerSpec, port: u16, lora_rank: Option<i64>) -> Vec<Stri
         &spec.max_model_len.to_string(),
         "--kv-cache-memory-bytes",
         &spec.kv_cache_bytes.to_string(),
+        // A prompt prefilled in chunks makes vLLM rewind a seeded request's generator, which a
+        // CPU generator cannot ("CPU Generator does not use offset": every step whose prompts pass
+        // one step's token budget failed). Whole prompts only; the budget fits the longest.
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        &spec.max_model_len.max(2048).to_string(),
         "--seed",
         &(spec.seed >> 1).to_string(),
         "--generation-config",
