@@ -494,6 +494,15 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     state.plugins = record.plugin_ids();
     let mut logs = Logs::open(&run_dir, &state).map_err(|message| state_error(options, message))?;
     if let Some(python) = &vllm_python {
+        if state.step > 0 {
+            // Said where a team reads it: the run is exact to the checkpoint, not past it.
+            info!(
+                from_step = state.step,
+                "resuming a job whose rollouts are vLLM's: the same prompts and seeds are drawn, but vLLM's \
+                 kernels do not repeat to the bit across batchings, so its samples (and the weights) differ \
+                 from an uninterrupted run's from here on"
+            );
+        }
         job.rollouts = Rollouts::Vllm(Box::new(start_vllm(&job, python, options, &run_dir, state.step)?));
     }
     info!(
