@@ -335,13 +335,12 @@ fn check_sampler_gap(
         return Err(StepError::Failed(format!(
             "the rollout engine's log-probabilities of the sampled tokens are {:.3e} from the trainer's on \
              average (largest {:.3e}; rollout.max_logprob_gap = {}): vLLM did not sample the trainer's \
-             weights, so the weight sync before this step did not take; nothing was trained on these samples",
+             weights, so the weight sync before this step did not take (at a run's first step: the server's \
+             load of the weights it started on); nothing was trained on these samples",
             gap.mean_abs, gap.max_abs, rollout.max_logprob_gap
         )));
     }
-    if step > 0 {
-        info!(step, mean_abs = gap.mean_abs, max_abs = gap.max_abs, k3 = gap.k3, "sampler gap");
-    }
+    info!(step, mean_abs = gap.mean_abs, max_abs = gap.max_abs, k3 = gap.k3, "sampler gap");
     Ok((gap, weights))
 }
 

@@ -26,6 +26,14 @@
 //! worked: the step that samples next compares vLLM's log-probabilities of its tokens with the
 //! trainer's (`step::sampler_gap`, `rollout.max_logprob_gap`).
 //!
+//! A LoRA job loads its base once and each step's adapters under a new name (`step-N`): vLLM keys
+//! its prefix cache by adapter, so nothing cached survives a sync, and the base is never reloaded.
+//!
+//! **Sized, and whole prompts.** The server's KV cache is a step's rows at their longest
+//! (`rlvr_protocol::memory::vllm_kv_cache_bytes`, which the job's memory estimate counts), not
+//! vLLM's default share of the device; prompts are prefilled whole (vLLM 0.26's CPU build crashes
+//! rewinding a seeded request's generator after a chunked prefill).
+//!
 //! `RLVR_VLLM_SYNC_FAULT` (tests only) leaves out one part of the sync, `prefix-cache` or
 //! `tied-output`, to show the check catches each.
 
@@ -56,6 +64,11 @@ const SERVED_NAME: &str = "policy";
 const START_TIMEOUT: Duration = Duration::from_secs(900);
 /// One sampling request's limit: a step's prompts are sampled at once, each a request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1800);
+/// One prompt's group, or why it has none.
+type GroupAnswer = Result<Vec<Sampled>, VllmError>;
+
+/// Sampling requests in flight at once (one per prompt).
+const REQUESTS_AT_ONCE: usize = 64;
 /// The fault a test asks for (`RLVR_VLLM_SYNC_FAULT`).
 pub const SYNC_FAULT_ENV: &str = "RLVR_VLLM_SYNC_FAULT";
 
@@ -306,25 +319,32 @@ impl VllmServer {
         self.check_alive()?;
         // vLLM's seed is a Python int handed to torch's generator: 63 bits keep it positive.
         let seeds: Vec<u64> = prompts.iter().map(|_| rng.next_u64() >> 1).collect();
+        // The requests go out from at most REQUESTS_AT_ONCE threads, each taking the next prompt:
+        // vLLM batches whatever is in flight, and a step of thousands of prompts needs no more.
         let this = &*self;
-        let answers: Vec<Result<Vec<Sampled>, VllmError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = prompts
-                .iter()
-                .zip(&seeds)
-                .enumerate()
-                .map(|(index, (prompt, &seed))| {
-                    let body = completion_request(this.served.model(), prompt, group_size, params, seed);
-                    scope.spawn(move || this.complete(index, &body, group_size, params, tokenizer))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| {
-                    handle
-                        .join()
-                        .unwrap_or_else(|_| Err(VllmError::Request("a request thread panicked".into())))
-                })
-                .collect()
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let answers: Vec<std::sync::Mutex<Option<GroupAnswer>>> =
+            prompts.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        std::thread::scope(|scope| {
+            for _ in 0..prompts.len().min(REQUESTS_AT_ONCE) {
+                scope.spawn(|| {
+                    loop {
+                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(prompt) = prompts.get(index) else { break };
+                        let body =
+                            completion_request(this.served.model(), prompt, group_size, params, seeds[index]);
+                        let answer = this.complete(index, &body, group_size, params, tokenizer);
+                        *answers[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            Some(answer);
+                    }
+                });
+            }
+        });
+        let answers = answers.into_iter().map(|answer| {
+            answer
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(|| Err(VllmError::Request("a request thread ended without an answer".into())))
         });
         let mut sampled = Vec::with_capacity(prompts.len() * group_size);
         for answer in answers {
