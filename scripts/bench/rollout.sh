@@ -8,12 +8,11 @@
 #
 # The job: scripts/bench/trainer-job.toml filled in as trainer.sh fills it (GRPO β 0.04, μ 1,
 # lr 1e-6, f32 on CPU, group size 8, temperature 1, top_p 1, top_k 0, the `math` verifier on
-# scripts/bench/arith_words.py's word problems), but P prompts per step (default 3, so 24
+# scripts/bench/arith_words.py's word problems), but P prompts per step (default 8, so 64
 # completions a step) of at most M new tokens (default 64), no held-out set, the same seed on both
-# engines; `engine = "vllm"` is added under [rollout] for the second run (3 prompts, as the
-# README's table; at 8, the first run found vLLM 0.26.0's CPU build dying on a seeded request
-# prefilled in chunks, "CPU Generator does not use offset", which the worker now avoids by
-# starting it without chunked prefill). Models: SmolLM2-135M-
+# engines; `engine = "vllm"` is added under [rollout] for the second run. (Its first run, at 8
+# prompts, found vLLM 0.26.0's CPU build dying on a seeded request prefilled in chunks, "CPU
+# Generator does not use offset"; the worker now starts it without chunked prefill.) Models: SmolLM2-135M-
 # Instruct (scripts/fetch-smollm2.sh) and, with --models smollm2,tiny-arith, builtin:tiny-arith
 # (random weights: it never answers right, so only its timings mean anything).
 #
@@ -46,7 +45,7 @@
 #   --threads T          the worker's libtorch threads, and the vLLM server's OMP threads (the
 #                        worker gives it its own count); default: the cores
 #   --seed S             the job's seed and the data's (default 0)
-#   --prompts P          prompts per step (default 3; × 8 completions each)
+#   --prompts P          prompts per step (default 8; × 8 completions each)
 #   --max-new-tokens M   completion length limit (default 64)
 #   --models LIST        comma-separated: smollm2, tiny-arith (default smollm2)
 #   --worker-timeout S   kill a run after S seconds and fail (default 1800)
@@ -64,7 +63,7 @@ cd "$RLVR_ROOT"
 steps=3
 warmup=1
 seed=0
-prompts=3
+prompts=8
 max_new_tokens=64
 models=smollm2
 worker_timeout=1800
