@@ -3,8 +3,9 @@
 //!
 //! **The server.** vLLM's own OpenAI-compatible server (`python -m
 //! vllm.entrypoints.openai.api_server`) from the environment `scripts/vllm-venv.sh` makes (the
-//! daemon's `engines.vllm_python`, `--vllm-python`), started once per worker run on a loopback
-//! port of its own, with the run's directory as its home: `<run>/vllm/` holds its log, the
+//! daemon's `engines.vllm_python`, `--vllm-python`), started once per worker run, its API on a Unix socket in a
+//! private directory of its own (only the worker may call its weight-loading routes), with the
+//! run's directory as its home: `<run>/vllm/` holds its log, the
 //! worker extension (`engines/vllm/rlvr_vllm_worker.py`, built into this binary so the server
 //! always runs the extension of the worker that drives it) and the weights it serves. It runs in
 //! its own process group and dies with the worker: the group is killed when the run ends, is
@@ -98,9 +99,11 @@ impl SyncFault {
 pub struct VllmServer {
     child: Child,
     client: reqwest::blocking::Client,
-    /// `http://127.0.0.1:PORT`.
+    /// The URLs' scheme and host (the client connects to the server's Unix socket).
     base: String,
     dir: PathBuf,
+    /// Where its socket is; removed when the server is (after `drop` has killed it).
+    _socket_dir: tempfile::TempDir,
     /// What the server samples from.
     served: Served,
     fault: Option<SyncFault>,
@@ -202,21 +205,29 @@ impl VllmServer {
             }
             None => write_weights(&dir, policy, step)?,
         };
-        let port = free_port().map_err(|message| VllmError::Spawn { python: spec.python.into(), message })?;
+        // The API on a Unix socket in a directory only this user can enter (made 0700), not a
+        // loopback port: the server's development routes (`/collective_rpc` loads any directory
+        // as weights) must be the worker's alone, and there is no port to race for. Under the
+        // system's temporary directory, since a socket's path has at most 107 bytes.
+        let socket_dir = tempfile::Builder::new()
+            .prefix("rlvr-vllm-")
+            .tempdir()
+            .map_err(|error| VllmError::Spawn { python: spec.python.into(), message: error.to_string() })?;
+        let socket = socket_dir.path().join("api.sock");
         let log_path = dir.join("server.log");
         let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .map_err(files(&log_path))?;
-        let _ = writeln!(log, "--- the server for step {step}'s weights on port {port}");
+        let _ = writeln!(log, "--- the server for step {step}'s weights on {}", socket.display());
         let log_err = log.try_clone().map_err(files(&log_path))?;
         let mut command = Command::new(spec.python);
         command
             .args(["-m", "vllm.entrypoints.openai.api_server"])
             .arg("--model")
             .arg(&weights)
-            .args(server_args(spec, port, lora_rank))
+            .args(server_args(spec, &socket, lora_rank))
             .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
             .env("PYTHONPATH", &dir)
             // Its own home: nothing vLLM's libraries cache lands outside the run.
@@ -251,17 +262,18 @@ impl VllmServer {
         let child = command
             .spawn()
             .map_err(|error| VllmError::Spawn { python: spec.python.into(), message: error.to_string() })?;
-        info!(pid = child.id(), port, weights = %weights.display(), "the vllm server is starting");
+        info!(pid = child.id(), socket = %socket.display(), weights = %weights.display(), "the vllm server is starting");
         let client = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
-            .no_proxy()
+            .unix_socket(socket)
             .build()
             .map_err(|error| VllmError::Request(error.to_string()))?;
         let mut server = VllmServer {
             child,
             client,
-            base: format!("http://127.0.0.1:{port}"),
+            base: "http://vllm".to_owned(),
             dir,
+            _socket_dir: socket_dir,
             served: Served::Weights,
             fault: SyncFault::from_env(),
         };
@@ -474,7 +486,7 @@ impl Drop for VllmServer {
 }
 
 /// The server's arguments after `--model`; a LoRA job's with the rank its adapters need.
-fn server_args(spec: &ServerSpec, port: u16, lora_rank: Option<i64>) -> Vec<String> {
+fn server_args(spec: &ServerSpec, socket: &Path, lora_rank: Option<i64>) -> Vec<String> {
     let dtype = match spec.dtype {
         Dtype::F32 => "float32",
         Dtype::Bf16 => "bfloat16",
@@ -482,10 +494,8 @@ fn server_args(spec: &ServerSpec, port: u16, lora_rank: Option<i64>) -> Vec<Stri
     [
         "--served-model-name",
         SERVED_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
+        "--uds",
+        &socket.display().to_string(),
         "--dtype",
         dtype,
         // The log-probabilities of the distribution sampled from (after the temperature): what
@@ -675,12 +685,6 @@ fn last_error(log: &Path) -> Option<String> {
         (name.ends_with("Error") && !name.contains(' ') && !summary).then(|| message.trim().to_owned())
     })?;
     Some(cut(&line, 500).to_owned())
-}
-
-/// A loopback port nothing listens on now (the server binds it a moment later).
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
-    listener.local_addr().map(|address| address.port()).map_err(|error| error.to_string())
 }
 
 fn files(path: &Path) -> impl Fn(std::io::Error) -> VllmError + '_ {
