@@ -35,7 +35,7 @@ pub use error::{ModelError, Result};
 pub use logprobs::{SequenceBatch, TrainingLogprobs, completion_logprobs, training_logprobs};
 pub use lora::{LoraConfig, LoraTarget};
 pub use model::{KvCache, Llama, Padding, positions_from_mask};
-pub use policy::{Adapters, LoadedModel, load, save_adapter, save_base, save_pretrained};
+pub use policy::{Adapters, LoadedModel, TrainableSnapshot, load, save_adapter, save_base, save_pretrained};
 pub use reward::{RewardModel, load_reward_model};
 pub use rng::SamplerRng;
 pub use sample::{Finish, Sampled, SamplingParams, StopScan, generate, logprob_temperature, sample_logits};

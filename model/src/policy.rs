@@ -104,6 +104,57 @@ impl LoadedModel {
         vs.variables().into_iter().collect()
     }
 
+    /// A copy of the values of [`Self::trainable`] now: the weights an earlier update left, to
+    /// compute with again later ([`Self::with_earlier_weights`]).
+    pub fn snapshot_trainable(&self) -> TrainableSnapshot {
+        let copies = tch::no_grad(|| {
+            self.trainable_by_name().into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
+        });
+        TrainableSnapshot(copies)
+    }
+
+    /// [`Self::trainable`] in name order (a `VarStore` lists its variables in no fixed order).
+    fn trainable_by_name(&self) -> Vec<(String, Tensor)> {
+        let mut trainable = self.trainable();
+        trainable.sort_by(|a, b| a.0.cmp(&b.0));
+        trainable
+    }
+
+    /// Runs `f` with `earlier`'s values in the trainable tensors, then puts the current values
+    /// back; `earlier` holds the current values afterwards — the next snapshot, taken by the swap
+    /// rather than by another copy. The tensors keep their identity (an optimizer's state stays
+    /// theirs). Fails when `earlier` is not of this model's trainable tensors.
+    pub fn with_earlier_weights<T>(
+        &self,
+        earlier: &mut TrainableSnapshot,
+        f: impl FnOnce() -> T,
+    ) -> Result<T> {
+        let trainable = self.trainable_by_name();
+        let fits = trainable.len() == earlier.0.len()
+            && trainable.iter().zip(&earlier.0).all(|((name, t), (earlier_name, e))| {
+                name == earlier_name && t.size() == e.size() && t.kind() == e.kind()
+            });
+        if !fits {
+            return Err(ModelError::InvalidInput(
+                "a weight snapshot of another model's trainable tensors".into(),
+            ));
+        }
+        tch::no_grad(|| {
+            for ((_, tensor), (_, earlier)) in trainable.iter().zip(earlier.0.iter_mut()) {
+                let current = tensor.detach().copy();
+                tensor.detach().copy_(earlier);
+                *earlier = current;
+            }
+        });
+        let result = f();
+        tch::no_grad(|| {
+            for ((_, tensor), (_, current)) in trainable.iter().zip(&earlier.0) {
+                tensor.detach().copy_(current);
+            }
+        });
+        Ok(result)
+    }
+
     /// A copy of this model with its own weights (e.g. the frozen reference when
     /// `reference = "same"`); `trainable = false` makes every parameter require no grad.
     pub fn duplicate(&self, trainable: bool) -> Result<LoadedModel> {
@@ -132,6 +183,17 @@ impl LoadedModel {
             source: self.source.clone(),
             adapters: None,
         })
+    }
+}
+
+/// The values of a model's trainable tensors at one moment ([`LoadedModel::snapshot_trainable`]).
+/// Name-ordered, as the model's trainable tensors are named.
+pub struct TrainableSnapshot(Vec<(String, Tensor)>);
+
+impl TrainableSnapshot {
+    /// The bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum()
     }
 }
 
@@ -336,4 +398,42 @@ pub(crate) fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Resul
     // The rename is durable once the parent directory is.
     std::fs::File::open(&parent).and_then(|f| f.sync_all()).map_err(io_err(&parent))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The snapshot's values are computed with, then the current ones are back, and the
+    /// snapshot has become them.
+    #[test]
+    fn earlier_weights_are_swapped_in_for_one_call_and_the_snapshot_moves_on() {
+        let model = load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
+        let first = |m: &LoadedModel| m.trainable_by_name()[0].1.detach().copy();
+        let before = first(&model);
+        let mut snapshot = model.snapshot_trainable();
+        tch::no_grad(|| {
+            for (_, tensor) in model.trainable() {
+                let _ = tensor.detach().g_add_scalar_(1.0);
+            }
+        });
+        let after = first(&model);
+        let seen = model.with_earlier_weights(&mut snapshot, || first(&model)).unwrap();
+        assert!(seen.equal(&before), "the call saw the earlier weights");
+        assert!(first(&model).equal(&after), "the current weights are back");
+        assert!(snapshot.0[0].1.equal(&after), "the snapshot holds the current weights");
+        assert_eq!(snapshot.bytes(), model.num_parameters() as usize * 4);
+
+        let other = load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
+        let mut lora = load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
+        let config = LoraConfig {
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            target_modules: vec![crate::lora::LoraTarget::QProj],
+        };
+        lora.attach_lora(&config, 0).unwrap();
+        let mut wrong = lora.snapshot_trainable();
+        assert!(other.with_earlier_weights(&mut wrong, || ()).is_err());
+    }
 }

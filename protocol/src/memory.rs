@@ -435,6 +435,10 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
         Dtype::Bf16 => 4 + 4 + 2 + 4 + 4,
     };
     resident.push(part("optimizer (AdamW state, gradients)", trained * per_trained + 2 * 4 * largest));
+    // One step off policy: a copy of what trains, the weights that sampled the step.
+    if spec.rollout.off_policy_steps > 0 {
+        resident.push(part("sampling weights (off policy)", trainable * element));
+    }
 
     let reference_copy =
         inputs.needs.reference && !(spec.model.lora.is_some() && spec.model.reference == "same");
@@ -476,15 +480,24 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     let kv_per_token = shape.kv_bytes_per_token(spec.model.dtype);
 
     let mut phases = Vec::new();
-    // Rollout on vLLM: its server holds a copy of the weights and its KV cache all along.
+    // Rollout on vLLM: its server holds a copy of the weights and its KV cache all along — but
+    // on a GPU it shares with the trainer it sleeps between rollouts (its weights in host memory,
+    // its cache dropped), so there they are the rollout phase's, and only its runtime stays.
     if spec.rollout.engine == RolloutEngine::Vllm {
         let runtime = match inputs.device {
             DeviceKind::Cpu => VLLM_CPU_RUNTIME_BYTES,
             DeviceKind::Cuda => VLLM_CUDA_RUNTIME_BYTES,
         };
         resident.push(part("vLLM server (runtime)", runtime));
-        resident.push(part("vLLM weights", shape.parameters() * element));
-        resident.push(part("vLLM KV cache", vllm_kv_cache_bytes(spec, shape, prompt + new_tokens)));
+        let server = vec![
+            part("vLLM weights", shape.parameters() * element),
+            part("vLLM KV cache", vllm_kv_cache_bytes(spec, shape, prompt + new_tokens)),
+        ];
+        let sleeps = inputs.device == DeviceKind::Cuda && spec.rollout.off_policy_steps == 0;
+        match sleeps {
+            true => phases.push(PhasePeak { phase: "rollout".into(), parts: server }),
+            false => resident.extend(server),
+        }
     }
     // Rollout: every row of the step generated at once, each with its own KV cache.
     if !inputs.needs.offline && spec.rollout.engine == RolloutEngine::Native {
@@ -627,7 +640,9 @@ mod tests {
     }
 
     /// A job whose rollouts are vLLM's holds the server all along — its runtime, a copy of the
-    /// weights and a KV cache for every row of a step — and samples nothing on its own device.
+    /// weights and a KV cache for every row of a step — and samples nothing on its own device;
+    /// on a GPU it shares with the trainer, the server's weights and cache are the rollout
+    /// phase's (it sleeps between rollouts); one step off policy adds the sampling weights' copy.
     #[test]
     fn a_vllm_job_holds_the_server_and_has_no_rollout_phase() {
         let toml = |engine: &str| {
@@ -649,16 +664,33 @@ mod tests {
         };
         let native = estimate(&JobSpec::from_toml(&toml("native")).unwrap(), &inputs(DeviceKind::Cpu));
         let spec = JobSpec::from_toml(&toml("vllm")).unwrap();
-        for (device, runtime) in
-            [(DeviceKind::Cpu, VLLM_CPU_RUNTIME_BYTES), (DeviceKind::Cuda, VLLM_CUDA_RUNTIME_BYTES)]
-        {
-            let vllm = estimate(&spec, &inputs(device));
-            let part = |name: &str| vllm.resident.iter().find(|part| part.name == name).unwrap().bytes;
-            assert_eq!(part("vLLM server (runtime)"), runtime);
-            assert_eq!(part("vLLM weights"), ModelShape::BUILTIN.parameters() * 4);
+        let off_policy =
+            toml("vllm").replace("max_new_tokens = 20", "max_new_tokens = 20\noff_policy_steps = 1");
+        let off_policy = JobSpec::from_toml(&off_policy).unwrap();
+        // (device, one step off policy, the server's runtime, the server sleeps between rollouts)
+        let cases = [
+            (DeviceKind::Cpu, false, VLLM_CPU_RUNTIME_BYTES, false),
+            (DeviceKind::Cpu, true, VLLM_CPU_RUNTIME_BYTES, false),
+            (DeviceKind::Cuda, false, VLLM_CUDA_RUNTIME_BYTES, true),
+            (DeviceKind::Cuda, true, VLLM_CUDA_RUNTIME_BYTES, false),
+        ];
+        for (device, off, runtime, sleeps) in cases {
+            let vllm = estimate(if off { &off_policy } else { &spec }, &inputs(device));
+            let find = |parts: &[Part], name: &str| {
+                parts.iter().find(|part| part.name == name).map(|part| part.bytes)
+            };
+            let resident = |name: &str| find(&vllm.resident, name);
+            let rollout = vllm.phases.iter().find(|phase| phase.phase == "rollout");
+            assert_eq!(resident("vLLM server (runtime)"), Some(runtime));
+            // Where the server's weights and cache are: all along, or the rollout's alone.
+            let server = if sleeps { &rollout.unwrap().parts } else { &vllm.resident };
+            assert_eq!(find(server, "vLLM weights"), Some(ModelShape::BUILTIN.parameters() * 4), "{vllm:?}");
             // 32 rows of (12 + 32 template + 20) tokens; 2 × 4 layers × 2 KV heads × 32 × 4 bytes.
-            assert_eq!(part("vLLM KV cache"), 32 * 64 * 2048 + (16 << 20));
-            assert!(vllm.phases.iter().all(|phase| phase.phase != "rollout"), "{vllm:?}");
+            assert_eq!(find(server, "vLLM KV cache"), Some(32 * 64 * 2048 + (16 << 20)), "{vllm:?}");
+            assert_eq!(rollout.is_some(), sleeps, "{vllm:?}");
+            // One step off policy: a copy of what trains, the weights that sampled the step.
+            let copy = resident("sampling weights (off policy)");
+            assert_eq!(copy, off.then(|| ModelShape::BUILTIN.parameters() * 4), "{vllm:?}");
         }
         assert!(native.phases.iter().any(|phase| phase.phase == "rollout"));
     }

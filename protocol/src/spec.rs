@@ -425,6 +425,13 @@ pub struct RolloutSection {
     /// the mismatch (verl's TIS, default C = 2); 0 turns it off.
     #[serde(default = "defaults::importance_cap", skip_serializing_if = "defaults::is_importance_cap")]
     pub importance_cap: f64,
+    /// `engine = "vllm"` on a device of its own (`resources.devices = 2`): how many updates the
+    /// weights that sample a step may be behind the trainer's. 0 (the default): every step samples
+    /// the weights of the update before it. 1: the server samples step t+1's prompts while step t
+    /// updates, from the weights before that update, and the ratio's denominator is those
+    /// weights' log-probabilities (the trainer keeps a copy of them to compute and check them).
+    #[serde(default, skip_serializing_if = "defaults::is_zero")]
+    pub off_policy_steps: u32,
 }
 
 /// `rollout.engine`.
@@ -467,6 +474,7 @@ impl Default for RolloutSection {
             engine: RolloutEngine::Native,
             max_logprob_gap: defaults::max_logprob_gap(),
             importance_cap: defaults::importance_cap(),
+            off_policy_steps: 0,
         }
     }
 }
@@ -806,6 +814,9 @@ mod defaults {
     }
     pub fn is_importance_cap(value: &f64) -> bool {
         *value == importance_cap()
+    }
+    pub fn is_zero(value: &u32) -> bool {
+        *value == 0
     }
     pub fn group_size() -> u32 {
         8
@@ -1273,6 +1284,9 @@ const RULES: &[SpecRule] = &[
         .noun("extra rounds"),
     SpecRule::new("rollout.max_logprob_gap", |s| real(s.rollout.max_logprob_gap), Positive)
         .noun("mean log-probability gap"),
+    SpecRule::new("rollout.off_policy_steps", |s| int(s.rollout.off_policy_steps), Ints(0, 1))
+        .noun("updates")
+        .note("(0 = on policy; 1 = one step off, on a device of its own)"),
     SpecRule::new("rollout.importance_cap", |s| real(s.rollout.importance_cap), RealsFrom(Closed(0.0)))
         .note("(0 = off; verl's default is 2)"),
     SpecRule::new("stop.kl_max", |s| real(s.stop.kl_max), RealsFrom(Open(0.0))),
@@ -1302,10 +1316,19 @@ const RULES: &[SpecRule] = &[
     // one process per device.
     SpecRule::new(
         "resources.devices",
-        |s| int(s.resources.devices).filter(|_| !s.engine.is_engine()),
+        |s| int(s.resources.devices).filter(|_| !s.engine.is_engine() && s.rollout.off_policy_steps == 0),
         Ints(1, 1),
     )
-    .note("(one device per native job: that is what the worker uses; an [engine] job may take more)"),
+    .note(
+        "(one device per native job: that is what the worker uses; an off-policy vLLM job takes two, an \
+         [engine] job may take more)",
+    ),
+    SpecRule::new(
+        "resources.devices",
+        |s| int(s.resources.devices).filter(|_| !s.engine.is_engine() && s.rollout.off_policy_steps > 0),
+        Ints(2, 2),
+    )
+    .note("(rollout.off_policy_steps: one device for the trainer, one for the vLLM server)"),
     SpecRule::new(
         "resources.devices",
         |s| int(s.resources.devices).filter(|_| s.engine.is_engine()),
@@ -1428,6 +1451,23 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
             !spec.engine.is_engine(),
             "rollout.engine",
             "an [engine] job samples inside its engine; rollout.engine is the native worker's".into(),
+        );
+    }
+    if spec.rollout.off_policy_steps > 0 {
+        check(
+            spec.rollout.engine == RolloutEngine::Vllm,
+            "rollout.off_policy_steps",
+            "samples the next step while this one updates: that needs rollout.engine = \"vllm\" (the native \
+             sampler shares the trainer's weights and device)"
+                .into(),
+        );
+        // Extra rounds sample after the round before them is graded: nothing to overlap.
+        check(
+            spec.rollout.dynamic_sampling_rounds == 0,
+            "rollout.off_policy_steps",
+            "cannot be combined with rollout.dynamic_sampling_rounds (an extra round depends on the grades \
+             of the round before it)"
+                .into(),
         );
     }
     check(
@@ -1682,7 +1722,7 @@ max_steps = 10
                 "rollout.top_q",
                 "unknown field `top_q`, expected one of `max_new_tokens`, `temperature`, `top_p`, `top_k`, \
                  `prompts_per_step`, `stop`, `dynamic_sampling_rounds`, `engine`, `max_logprob_gap`, \
-                 `importance_cap`",
+                 `importance_cap`, `off_policy_steps`",
             ),
             (
                 with("stop", "kl = 1"),
@@ -1830,7 +1870,8 @@ max_steps = 10
             (
                 "resources",
                 "devices = 2",
-                "resources.devices: expected 1 (one device per native job: that is what the worker uses; an [engine] job may take more), got 2",
+                "resources.devices: expected 1 (one device per native job: that is what the worker uses; an \
+                 off-policy vLLM job takes two, an [engine] job may take more), got 2",
             ),
             ("resources", "memory_gb = -1.0", "resources.memory_gb: expected a number ≥ 0, got -1"),
             (
@@ -1870,6 +1911,48 @@ max_steps = 10
         for (section, lines) in edges {
             check(&with(section, lines), &[]);
         }
+    }
+
+    /// One step off policy: vLLM only, on two devices, without dynamic sampling.
+    #[test]
+    fn off_policy_rollouts_need_vllm_two_devices_and_one_round() {
+        let off = |rollout: &str, devices: u32| {
+            format!("{}\n[resources]\ndevices = {devices}\n", with("rollout", rollout))
+        };
+        let vllm = "engine = \"vllm\"\noff_policy_steps = 1";
+        check(&off(vllm, 2), &[]);
+        check(
+            &off(vllm, 1),
+            &[
+                "resources.devices: expected 2 (rollout.off_policy_steps: one device for the trainer, one for \
+               the vLLM server), got 1",
+            ],
+        );
+        check(
+            &off("engine = \"vllm\"\noff_policy_steps = 2", 2),
+            &[
+                "rollout.off_policy_steps: expected 0 to 1 updates (0 = on policy; 1 = one step off, on a device of \
+               its own), got 2",
+            ],
+        );
+        check(
+            &off("off_policy_steps = 1", 2),
+            &["rollout.off_policy_steps: samples the next step while this one updates: that needs \
+               rollout.engine = \"vllm\" (the native sampler shares the trainer's weights and device)"],
+        );
+        check(
+            &off(&format!("{vllm}\ndynamic_sampling_rounds = 2"), 2),
+            &[
+                "rollout.off_policy_steps: cannot be combined with rollout.dynamic_sampling_rounds (an extra round \
+               depends on the grades of the round before it)",
+            ],
+        );
+        // On policy, a native job has one device.
+        check(
+            &off("engine = \"vllm\"", 2),
+            &["resources.devices: expected 1 (one device per native job: that is what the worker uses; an \
+               off-policy vLLM job takes two, an [engine] job may take more), got 2"],
+        );
     }
 
     #[test]

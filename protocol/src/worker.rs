@@ -648,6 +648,12 @@ pub struct MetricsLine {
     /// are from the trainer's, and the truncated importance weights that correct for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampler_gap: Option<SamplerGap>,
+    /// `rollout.off_policy_steps`: updates between the weights that sampled this step's batch
+    /// and the weights it trains (0: the first step of a process, sampled before anything
+    /// overlapped; 1: sampled while the step before updated). The sampler gap and the ratio's
+    /// denominator are those weights'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_lag: Option<u64>,
     /// Completions verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<usize>,
@@ -1055,6 +1061,7 @@ mod tests {
                 importance_weight_mean: 1.0,
                 importance_capped_frac: 0.0,
             }),
+            policy_lag: Some(1),
             verified: Some(32),
             verifier_timeouts: Some(0),
             verifier_errors: Some(1),

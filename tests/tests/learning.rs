@@ -2,8 +2,10 @@
 //! verifier raise held-out accuracy by at least 15 points over the SFT checkpoint, with a fixed
 //! seed, through `rlvr-worker run` and the real plugin libraries — and so does the same GRPO job
 //! training LoRA adapters instead of the weights (0.475 → 0.885 full, → 0.860 LoRA), and that LoRA
-//! job again with its rollouts on vLLM's server, synced by adapter every step (its sync checked
-//! every step to 1e-3, the base loaded once; `vllm.rs` has the server's other stories). Each test
+//! job again, for 100 of its steps, with its rollouts on vLLM's server, synced by adapter every
+//! step (its sync checked every step to 1e-3, the base loaded once; `vllm.rs` has the server's
+//! other stories), on policy and one step off policy (0.840 and 0.875 in
+//! `scripts/bench/off-policy.sh --steps 100`, native 0.855). Each test
 //! prints its jobs' CPU seconds, each worker's own (2026-11-28, the two tests side by side on the
 //! 2-core development machine: 238 CPU s for these three jobs, 184 for the four of
 //! multiplication's; alone, earlier, 14 + 43 + 50 s for the three). They are not asserted: on a
@@ -240,21 +242,36 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
     let lora = worker(&lora_spec, &dir.path().join("grpo-lora"), &plugins, &mut cpu_s);
     let lora_after = lora["heldout_after"].as_f64().unwrap();
 
-    // The same LoRA job with its rollouts on vLLM (its CPU build): the base loaded into the
-    // server once, each step's adapters under a new name.
-    let vllm_started = Instant::now();
-    let vllm_spec = dir.path().join("grpo-lora-vllm.toml");
-    let vllm_text = changed(&lora_text, &[("temperature = 0.85", "temperature = 0.85\nengine = \"vllm\"")]);
-    fs::write(&vllm_spec, vllm_text).unwrap();
+    // The same LoRA job with its rollouts on vLLM (its CPU build), for the first half of its
+    // steps: on policy, and one step off policy with the server on a device of its own. The base
+    // is loaded into each server once, each step's adapters under a new name.
     let python = rlvr_tests::peer_python("scripts/vllm-venv.sh", &[]);
     let vllm_args = ["--vllm-python", python.to_str().unwrap()];
-    let vllm_state = dir.path().join("grpo-lora-vllm");
-    let vllm = worker_with(&vllm_spec, &vllm_state, &plugins, &vllm_args, &mut cpu_s);
-    let vllm_after = vllm["heldout_after"].as_f64().unwrap();
+    let vllm_started = Instant::now();
+    let on_policy = [
+        ("temperature = 0.85", "temperature = 0.85\nengine = \"vllm\""),
+        ("max_steps = 200", "max_steps = 100"),
+    ];
+    let vllm_text = changed(&lora_text, &on_policy);
+    let off_text = changed(&vllm_text, &[("engine = \"vllm\"", "engine = \"vllm\"\noff_policy_steps = 1")])
+        + "[resources]\ndevices = 2\n";
+    let mut vllm_runs = Vec::new();
+    for (name, text) in [("grpo-lora-vllm", vllm_text), ("grpo-lora-vllm-off-policy", off_text)] {
+        let spec = dir.path().join(format!("{name}.toml"));
+        fs::write(&spec, text).unwrap();
+        let state = dir.path().join(name);
+        let outcome = worker_with(&spec, &state, &plugins, &vllm_args, &mut cpu_s);
+        vllm_runs.push((name, state, outcome));
+    }
+    let vllm_after: Vec<f64> =
+        vllm_runs.iter().map(|(_, _, outcome)| outcome["heldout_after"].as_f64().unwrap()).collect();
     let vllm_s = vllm_started.elapsed().as_secs_f64();
     eprintln!(
         "held-out accuracy: SFT {sft_accuracy:.3} ({sft_s:.0} s), GRPO {before:.3} → {after:.3} ({grpo_s:.0} s), \
-         LoRA GRPO → {lora_after:.3}, on vLLM → {vllm_after:.3} ({vllm_s:.0} s) ({:.0} s in all, {:.0} CPU s)",
+         LoRA GRPO → {lora_after:.3}; 100 steps on vLLM → {:.3}, one step off policy → {:.3} ({vllm_s:.0} s) \
+         ({:.0} s in all, {:.0} CPU s)",
+        vllm_after[0],
+        vllm_after[1],
         started.elapsed().as_secs_f64(),
         cpu_s
     );
@@ -268,24 +285,37 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
         lora_after >= sft_accuracy + 0.15,
         "LoRA: held-out accuracy {sft_accuracy:.3} → {lora_after:.3}: less than +15 points"
     );
-    assert_eq!(
-        vllm["heldout_before"].as_f64(),
-        Some(sft_accuracy),
-        "vLLM: the same start, scored the same way"
-    );
-    assert!(
-        vllm_after >= sft_accuracy + 0.15,
-        "LoRA on vLLM: held-out accuracy {sft_accuracy:.3} → {vllm_after:.3}: less than +15 points"
-    );
-    // Synced by adapter: the base loaded once, one adapter a step (and the start's), each step's
-    // samples the trainer's weights' to 1e-3.
-    let log = fs::read_to_string(vllm_state.join("vllm/server.log")).unwrap();
-    assert_eq!(log.matches("Starting to load model").count(), 1, "the base loaded more than once");
-    assert_eq!(log.matches("Loaded new LoRA adapter").count(), 201, "one adapter a step and the start's");
-    for line in fs::read_to_string(vllm_state.join("metrics.jsonl")).unwrap().lines() {
-        let line: Value = serde_json::from_str(line).unwrap();
-        if let Some(gap) = line["sampler_gap"]["max_abs"].as_f64() {
-            assert!(gap < 1e-3, "step {}: vLLM's log-probabilities {gap:e} from the trainer's", line["step"]);
+    for (name, state, outcome) in &vllm_runs {
+        let off_policy = name.ends_with("off-policy");
+        assert_eq!(
+            outcome["heldout_before"].as_f64(),
+            Some(sft_accuracy),
+            "{name}: the same start, scored the same way"
+        );
+        let after = outcome["heldout_after"].as_f64().unwrap();
+        assert!(
+            after >= sft_accuracy + 0.15,
+            "{name}: held-out accuracy {sft_accuracy:.3} → {after:.3}: less than +15 points"
+        );
+        // Synced by adapter: the base loaded once, an adapter at the start and after each update
+        // that samples (one step off policy, the last update samples nothing).
+        let log = fs::read_to_string(state.join("vllm/server.log")).unwrap();
+        assert_eq!(
+            log.matches("Starting to load model").count(),
+            1,
+            "{name}: the base loaded more than once"
+        );
+        let adapters = if off_policy { 100 } else { 101 };
+        assert_eq!(log.matches("Loaded new LoRA adapter").count(), adapters, "{name}: one adapter a sync");
+        // Each step's samples are the weights' that sampled them to 1e-3: the trainer's before
+        // this update, or one step off policy (after the first step) the ones before the last.
+        for line in fs::read_to_string(state.join("metrics.jsonl")).unwrap().lines() {
+            let line: Value = serde_json::from_str(line).unwrap();
+            let Some(step) = line["reward_mean"].as_f64().and(line["step"].as_u64()) else { continue };
+            let gap = line["sampler_gap"]["max_abs"].as_f64().unwrap();
+            assert!(gap < 1e-3, "{name}, step {step}: vLLM's log-probabilities {gap:e} from the trainer's");
+            let lag = line["policy_lag"].as_u64();
+            assert_eq!(lag, off_policy.then_some(u64::from(step > 1)), "{name}, step {step}");
         }
     }
 }

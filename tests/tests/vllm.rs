@@ -7,7 +7,11 @@
 //! - the server's processes dying with the worker however it ends: a failed step, `kill -9`, and a
 //!   stop request (SIGTERM: the daemon's cancel and preemption), after which the run resumes;
 //! - a synced run agreeing with the trainer after every real update: each step's largest
-//!   |trainer − vLLM| log-probability of a sampled token under 1e-3, the sync timed.
+//!   |trainer − vLLM| log-probability of a sampled token under 1e-3, the sync timed;
+//! - a run one step off policy (`off_policy_steps = 1`): each step after the first sampled while
+//!   the step before updated, from exactly the weights that step started from (their
+//!   log-probabilities, recomputed from the trainer's copy, within 1e-3 of vLLM's; the newer
+//!   weights it trains further off), its records naming those weights' step.
 //!
 //! Each run starts its own server (about 40 s on 2 cores); learning on vLLM is shown by
 //! `learning.rs`, beside the same job on the native sampler.
@@ -63,6 +67,12 @@ every_steps = 1
 "#,
         data = data.display()
     )
+}
+
+/// The same job one step off policy, the server on a device of its own.
+fn off_policy_spec(data: &Path, steps: u32) -> String {
+    spec(data, steps).replace("engine = \"vllm\"", "engine = \"vllm\"\noff_policy_steps = 1")
+        + "[resources]\ndevices = 2\n"
 }
 
 /// The processes of the server started for the run in `state`: every process whose home is the
@@ -142,7 +152,7 @@ impl Run {
 }
 
 #[test]
-fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_a_synced_run_agrees_to_1e_3() {
+fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_synced_runs_agree_to_1e_3_on_and_off_policy() {
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &["--seed", "3", "--sft", "1", "--train", "8", "--heldout", "1"]);
     let long: String = fs::read_to_string(data.join("train.jsonl"))
@@ -222,4 +232,36 @@ fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_a_s
     let record: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(run.state.join("job.json")).unwrap()).unwrap();
     assert_eq!(record["spec"]["rollout"]["engine"], "vllm", "{record}");
+
+    // One step off policy: step 1 samples the starting weights; each later step's round was
+    // sampled while the step before it updated, from the weights that step started from —
+    // exactly those (the trainer's copy of them agrees with vLLM to 1e-3), not the newer ones
+    // it trains (which differ from vLLM's samples by more).
+    let off_steps = 4;
+    let off = Run { spec: dir.path().join("off.toml"), state: dir.path().join("off-policy"), ..run };
+    fs::write(&off.spec, off_policy_spec(&data, off_steps)).unwrap();
+    let (code, stderr) = off.finish(false, None);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_server_gone(&off.state, "at the end of its run");
+    let lines: Vec<MetricsLine> = metrics(&off.state).into_iter().filter(MetricsLine::is_step).collect();
+    assert_eq!(lines.len(), off_steps as usize);
+    for line in &lines {
+        let lag = u64::from(line.step > 1);
+        assert_eq!(line.policy_lag, Some(lag), "step {}", line.step);
+        let gap = line.sampler_gap.unwrap_or_else(|| panic!("step {}: no sampler gap", line.step));
+        assert!(gap.max_abs < 1e-3 && gap.mean_abs < 1e-4, "step {}: {gap:?}", line.step);
+        let newer = line.log_ratio_first_update_max_abs.unwrap();
+        if lag == 1 {
+            assert!(
+                newer > 1e-3,
+                "step {}: the trained weights are the sampling ones ({newer:e})",
+                line.step
+            );
+        }
+    }
+    for line in fs::read_to_string(off.state.join("rollouts.jsonl")).unwrap().lines() {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        let step = record["step"].as_u64().unwrap();
+        assert_eq!(record["checkpoint_step"].as_u64(), Some(step.saturating_sub(2)), "{record}");
+    }
 }

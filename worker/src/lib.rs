@@ -298,6 +298,8 @@ pub struct Job {
     pub sampling: SamplingParams,
     /// What samples the completions.
     pub rollouts: Rollouts,
+    /// One step off policy: the next step's round, sampled while this step updated.
+    pub next_round: Option<step::NextRound>,
     pub grants: grants::Grants,
     /// Where the plugins' code comes from, kept for the run.
     pub libraries: plugins::Libraries,
@@ -643,6 +645,8 @@ fn start_vllm(
         kv_cache_bytes: rlvr_protocol::memory::vllm_kv_cache_bytes(&job.spec, &shape, max_model_len as u64),
         seed: job.spec.job.seed,
         threads: options.threads,
+        own_device: job.spec.rollout.off_policy_steps > 0,
+        sleeps: vllm::sleeps_between_rollouts(job.device, job.spec.rollout.off_policy_steps > 0),
     };
     Ok(vllm::VllmServer::start(&spec, &job.policy, step)?)
 }
@@ -724,6 +728,7 @@ fn assemble(
     let reward_models = reward_models::RewardModels::load(&spec, models.policy.vs.device(), kind)?;
     let mut job = Job {
         rollouts: Rollouts::Native,
+        next_round: None,
         sampling: SamplingParams {
             max_new_tokens: spec.rollout.max_new_tokens as usize,
             temperature: spec.rollout.temperature,

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use rlvr_model::TrainableSnapshot;
 use rlvr_model::logprobs::{SequenceBatch, completion_logprobs, training_logprobs};
 use rlvr_model::sample::{Finish, Sampled, generate, logprob_temperature};
 use rlvr_plugin_api::{
@@ -99,6 +100,11 @@ impl Rows {
 /// The first phase of a step, whose grant the step is started with: the rollout, or for offline
 /// data the update (offline steps are one device phase).
 pub fn first_phase(job: &Job) -> Phase {
+    // One step off policy holds its devices for the whole step: the server samples the next
+    // step on its device all the while.
+    if off_policy(job) {
+        return Phase::Update;
+    }
     match job.optimizer_info.data_mode {
         DataMode::OnlineGroups | DataMode::OnlineWithCritic => Phase::Rollout,
         DataMode::OfflineSft | DataMode::OfflinePairs => Phase::Update,
@@ -114,6 +120,9 @@ pub fn run_step(job: &mut Job, step: u64, weights_step: u64, grant: Grant) -> Re
         Work::RewardModel { .. } => crate::reward_training::step(job, step, grant),
         Work::Engine(_) => Err(StepError::Failed("an [engine] job's steps are its engine's".into())),
         Work::Policy => match job.optimizer_info.data_mode {
+            DataMode::OnlineGroups | DataMode::OnlineWithCritic if off_policy(job) => {
+                off_policy_step(job, step, weights_step, grant)
+            }
             DataMode::OnlineGroups | DataMode::OnlineWithCritic => {
                 online_step(job, step, weights_step, grant)
             }
@@ -132,11 +141,11 @@ fn online_step(
     let sampled = sample_step(job, step, rollout_grant)?;
     let update_grant = job.grants.hold(Phase::Update)?;
     let update_started = Instant::now();
-    let trained = train_online(job, &sampled.batch, step)?;
+    let trained = train_online(job, &sampled.batch, step, None)?;
     // The next step samples from these weights.
     let sync_s = match &mut job.rollouts {
         Rollouts::Native => None,
-        Rollouts::Vllm(server) => Some(server.sync(&job.policy, step).map_err(|error| error.to_string())?),
+        Rollouts::Vllm(server) => server.sync(&job.policy, step).map_err(|error| error.to_string())?,
     };
     update_grant.release(job.device);
     let update_s = update_started.elapsed().as_secs_f64() - sync_s.unwrap_or(0.0);
@@ -153,6 +162,134 @@ fn online_step(
         verifier_latency_us: Some(latency(&sampled.batch.scored)),
     });
     Ok(StepOutput { metrics, records, tokens_generated: sampled.tokens })
+}
+
+/// `rollout.off_policy_steps`: whether the server samples the next step while this one updates.
+fn off_policy(job: &Job) -> bool {
+    job.spec.rollout.off_policy_steps > 0 && matches!(job.rollouts, Rollouts::Vllm(_))
+}
+
+/// One step off policy: the next step's round, sampled on the server while this step updated.
+pub struct NextRound {
+    step: u64,
+    picked: Vec<PromptRecord>,
+    prompt_tokens: Vec<Vec<i64>>,
+    sampled: Vec<Sampled>,
+    rollout_s: f64,
+    /// The step whose weights sampled it, and a copy of those weights (the trainer's at the
+    /// start of the step before): its log-probabilities are recomputed with them.
+    weights_step: u64,
+    behaviour: TrainableSnapshot,
+}
+
+/// A step of a job one step off policy (`rollout.off_policy_steps = 1`), holding `grant` — its
+/// devices, the trainer's and the server's — throughout: its round was sampled while the step
+/// before updated (at a process's first step, nothing has: it samples now, on policy); the next
+/// step's round is sampled on the server, from the weights this step starts from, while this one
+/// is graded and trained. The ratio's denominator and the sync check are the log-probabilities
+/// of the weights that sampled the round, recomputed from the trainer's copy of them.
+fn off_policy_step(
+    job: &mut Job,
+    step: u64,
+    weights_step: u64,
+    grant: Grant,
+) -> Result<StepOutput, StepError> {
+    let step_started = Instant::now();
+    let count = job.spec.rollout.prompts_per_step as usize;
+    let group_size = job.spec.optimizer.group_size as usize;
+    let (picked, prompt_tokens, sampled, rollout_s, mut behaviour, weights_step) = match job.next_round.take()
+    {
+        Some(next) if next.step == step => (
+            next.picked,
+            next.prompt_tokens,
+            next.sampled,
+            next.rollout_s,
+            Some(next.behaviour),
+            next.weights_step,
+        ),
+        _ => {
+            let (picked, prompt_tokens) = choose_prompts(job, step, 0, count)?;
+            let started = Instant::now();
+            let Rollouts::Vllm(server) = &mut job.rollouts else {
+                unreachable!("off_policy checked the engine")
+            };
+            let sampled = server
+                .generate(&prompt_tokens, group_size, &job.sampling, &job.policy.tokenizer, &mut job.rng)
+                .map_err(|error| error.to_string())?;
+            (picked, prompt_tokens, sampled, started.elapsed().as_secs_f64(), None, weights_step)
+        }
+    };
+    // The next step's round, from the weights the server has: the ones this step starts from.
+    let next = match step < job.spec.budget.max_steps {
+        true => {
+            let (picked, prompt_tokens) = choose_prompts(job, step + 1, 0, count)?;
+            let Rollouts::Vllm(server) = &mut job.rollouts else {
+                unreachable!("off_policy checked the engine")
+            };
+            let generation = server
+                .generate_in_background(prompt_tokens.clone(), group_size, &job.sampling, &mut job.rng)
+                .map_err(|error| error.to_string())?;
+            Some((picked, prompt_tokens, generation))
+        }
+        false => None,
+    };
+    let batch = score_round(job, step, 0, picked, prompt_tokens, sampled, rollout_s)?;
+    let sampled_step = SampledStep {
+        outcomes: batch.outcomes(group_size),
+        first_groups: batch.picked.len(),
+        tokens: batch.tokens(),
+        extra_rounds: None,
+        rollout_s: batch.rollout_s,
+        verify_s: batch.verify_s,
+        batch,
+    };
+    let update_started = Instant::now();
+    // The weights the next round samples are this step's starting ones: a step sampled on policy
+    // copies them; a step sampled one behind gets them from the swap that computes its own.
+    let current = match (&behaviour, &next) {
+        (None, Some(_)) => Some(job.policy.snapshot_trainable()),
+        _ => None,
+    };
+    let trained = train_online(job, &sampled_step.batch, step, behaviour.as_mut())?;
+    let update_s = update_started.elapsed().as_secs_f64();
+    let sync_s = match next {
+        Some((picked, prompt_tokens, generation)) => {
+            let (sampled, rollout_s) =
+                generation.finish(&job.sampling, &job.policy.tokenizer).map_err(|error| error.to_string())?;
+            let Rollouts::Vllm(server) = &mut job.rollouts else {
+                unreachable!("off_policy checked the engine")
+            };
+            // Its own device: never asleep, so the sync is now.
+            let sync_s = server.sync(&job.policy, step).map_err(|error| error.to_string())?;
+            let behaviour = current.or(behaviour).expect("a snapshot of this step's starting weights");
+            job.next_round = Some(NextRound {
+                step: step + 1,
+                picked,
+                prompt_tokens,
+                sampled,
+                rollout_s,
+                weights_step: step - 1,
+                behaviour,
+            });
+            sync_s
+        }
+        None => None,
+    };
+    grant.release(job.device);
+    observe_groups(job, step, &sampled_step)?;
+    let records = rollout_records(job, step, weights_step, &sampled_step.batch, &trained);
+    let mut metrics = online_metrics(step, &sampled_step, &trained);
+    metrics.policy_lag = Some((step - 1) - weights_step);
+    metrics.time = Some(StepTimes {
+        rollout_s: Some(sampled_step.rollout_s),
+        verify_s: Some(sampled_step.verify_s),
+        update_s,
+        sync_s,
+        step_s: step_started.elapsed().as_secs_f64(),
+        generation_tokens_per_s: Some(sampled_step.tokens as f64 / sampled_step.rollout_s.max(1e-9)),
+        verifier_latency_us: Some(latency(&sampled_step.batch.scored)),
+    });
+    Ok(StepOutput { metrics, records, tokens_generated: sampled_step.tokens })
 }
 
 /// A step's sampling: the batch trained on, and what every round sampled.
@@ -231,7 +368,15 @@ struct OnlineUpdate {
 }
 
 /// The update phase: old, reference (and value) passes, the plugin's advantages, μ updates.
-fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate, StepError> {
+/// `behaviour`: the weights that sampled `batch` when they are not the trainer's now (one step
+/// off policy); the old log-probabilities are theirs, and the snapshot holds the trainer's
+/// weights from before this update afterwards.
+fn train_online(
+    job: &mut Job,
+    batch: &Round,
+    step: u64,
+    behaviour: Option<&mut TrainableSnapshot>,
+) -> Result<OnlineUpdate, StepError> {
     let Round { prompt_tokens, sampled, scored, .. } = batch;
     let rows = Rows {
         prompts: sampled.iter().map(|s| prompt_tokens[s.prompt_index].clone()).collect(),
@@ -249,7 +394,16 @@ fn train_online(job: &mut Job, batch: &Round, step: u64) -> Result<OnlineUpdate,
     // The native sampler's log-probabilities are the policy's own; another engine's are the
     // behaviour policy's, which the trainer recomputes and checks them against.
     let native = matches!(job.rollouts, Rollouts::Native);
-    let (old_logprobs, old_values) = if native && job.spec.optimizer.mu == 1 && !needs_values {
+    let (old_logprobs, old_values) = if let Some(earlier) = behaviour {
+        // The values are the critic's now; the log-probabilities the sampling weights'.
+        let values = if needs_values { no_grad_pass(job, &rows, width, true)?.1 } else { None };
+        let logprobs = job
+            .policy
+            .with_earlier_weights(earlier, || no_grad_pass(job, &rows, width, true))
+            .map_err(|error| format!("the sampling weights: {error}"))??
+            .0;
+        (logprobs, values)
+    } else if native && job.spec.optimizer.mu == 1 && !needs_values {
         (sampling_logprobs.shallow_clone(), None)
     } else {
         let (logprobs, values) = no_grad_pass(job, &rows, width, true)?;
@@ -565,10 +719,43 @@ pub(crate) fn sample_round(
     count: usize,
     grant: Grant,
 ) -> Result<Round, StepError> {
+    let group_size = job.spec.optimizer.group_size as usize;
+    let (picked, prompt_tokens) = choose_prompts(job, step, round, count)?;
+    let tokenizer = &job.policy.tokenizer;
+    let rollout_started = Instant::now();
+    let sampled: Vec<Sampled> = match &mut job.rollouts {
+        Rollouts::Native => tch::no_grad(|| {
+            generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
+        })
+        .map_err(|error| format!("sampling: {error}"))?,
+        Rollouts::Vllm(server) => {
+            // A server asleep between rollouts wakes (and loads the last update's weights) for
+            // this one, under its grant, and sleeps again before the grant goes back.
+            server.wake(&job.policy).map_err(|error| error.to_string())?;
+            let sampled = server
+                .generate(&prompt_tokens, group_size, &job.sampling, tokenizer, &mut job.rng)
+                .map_err(|error| error.to_string())?;
+            server.sleep().map_err(|error| error.to_string())?;
+            sampled
+        }
+    };
+    let rollout_s = rollout_started.elapsed().as_secs_f64();
+    // Verification is CPU work: the devices serve another job's phase meanwhile.
+    grant.release(job.device);
+    score_round(job, step, round, picked, prompt_tokens, sampled, rollout_s)
+}
+
+/// Round `round` of step `step`'s `count` prompts — the curriculum's, or the next of the epoch —
+/// and their tokens.
+fn choose_prompts(
+    job: &mut Job,
+    step: u64,
+    round: u32,
+    count: usize,
+) -> Result<(Vec<PromptRecord>, Vec<Vec<i64>>), StepError> {
     let TrainData::Prompts(prompts) = &job.train else {
         return Err(StepError::Failed("an online step samples prompts; this job's data has none".into()));
     };
-    let group_size = job.spec.optimizer.group_size as usize;
     let chosen: Vec<usize> = match &mut job.curriculum {
         Some(curriculum) => {
             let mut seed_state = job.spec.job.seed ^ step.wrapping_mul(0xA076_1D64_78BD_642F);
@@ -593,23 +780,21 @@ pub(crate) fn sample_round(
         None => job.cursor.take(count, prompts.len(), job.spec.job.seed),
     };
     let picked: Vec<PromptRecord> = chosen.iter().map(|&index| prompts[index].clone()).collect();
-    let tokenizer = &job.policy.tokenizer;
-    let prompt_tokens = encode_prompts(tokenizer, &picked, "prompt")?;
+    let prompt_tokens = encode_prompts(&job.policy.tokenizer, &picked, "prompt")?;
+    Ok((picked, prompt_tokens))
+}
 
-    let rollout_started = Instant::now();
-    let sampled: Vec<Sampled> = match &mut job.rollouts {
-        Rollouts::Native => tch::no_grad(|| {
-            generate(&job.policy.model, tokenizer, &prompt_tokens, group_size, &job.sampling, &mut job.rng)
-        })
-        .map_err(|error| format!("sampling: {error}"))?,
-        Rollouts::Vllm(server) => server
-            .generate(&prompt_tokens, group_size, &job.sampling, tokenizer, &mut job.rng)
-            .map_err(|error| error.to_string())?,
-    };
-    let rollout_s = rollout_started.elapsed().as_secs_f64();
-    // Verification is CPU work: the devices serve another job's phase meanwhile.
-    grant.release(job.device);
-
+/// A round's completions scored by the job's verifiers (CPU work).
+fn score_round(
+    job: &mut Job,
+    step: u64,
+    round: u32,
+    picked: Vec<PromptRecord>,
+    prompt_tokens: Vec<Vec<i64>>,
+    sampled: Vec<Sampled>,
+    rollout_s: f64,
+) -> Result<Round, StepError> {
+    let group_size = job.spec.optimizer.group_size as usize;
     let verify_started = Instant::now();
     let round_tag = if round == 0 { String::new() } else { format!("r{round}-") };
     let completion_ids: Vec<String> = (0..sampled.len())

@@ -66,7 +66,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(900);
 /// One sampling request's limit: a step's prompts are sampled at once, each a request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1800);
 /// One prompt's group, or why it has none.
-type GroupAnswer = Result<Vec<Sampled>, VllmError>;
+type GroupAnswer = Result<RawGroup, VllmError>;
 
 /// Sampling requests in flight at once (one per prompt).
 const REQUESTS_AT_ONCE: usize = 64;
@@ -98,15 +98,18 @@ impl SyncFault {
 /// The vLLM server of a run.
 pub struct VllmServer {
     child: Child,
-    client: reqwest::blocking::Client,
-    /// The URLs' scheme and host (the client connects to the server's Unix socket).
-    base: String,
+    api: Api,
     dir: PathBuf,
     /// Where its socket is; removed when the server is (after `drop` has killed it).
     _socket_dir: tempfile::TempDir,
     /// What the server samples from.
     served: Served,
     fault: Option<SyncFault>,
+    /// Sleeps between rollouts ([`sleeps_between_rollouts`]), is asleep now, and the step whose
+    /// weights it loads when it wakes.
+    sleeps: bool,
+    asleep: bool,
+    behind: Option<u64>,
 }
 
 /// What the server samples from now.
@@ -127,6 +130,23 @@ impl Served {
             Served::Adapter { name, .. } => name,
         }
     }
+}
+
+/// The server's HTTP API (on its Unix socket); cheap to clone into a thread that samples.
+#[derive(Clone)]
+struct Api {
+    client: reqwest::blocking::Client,
+    /// The URLs' scheme and host (the client connects to the server's Unix socket).
+    base: String,
+}
+
+/// A prompt's completions as the server sent them: each one's token ids and their
+/// log-probabilities, in the group's order, not yet ended by our rules.
+type RawGroup = Vec<(Vec<i64>, Vec<f32>)>;
+
+/// Sampling under way in a thread of its own ([`VllmServer::generate_in_background`]).
+pub struct Generation {
+    thread: std::thread::JoinHandle<(Result<Vec<RawGroup>, VllmError>, f64)>,
 }
 
 /// The LoRA ranks vLLM 0.26 can be started for (`--max-lora-rank`).
@@ -163,6 +183,18 @@ pub struct ServerSpec<'a> {
     pub kv_cache_bytes: u64,
     pub seed: u64,
     pub threads: usize,
+    /// One step off policy: the server takes the last of the worker's devices, the trainer the
+    /// first (`rollout.off_policy_steps`, `resources.devices = 2`).
+    pub own_device: bool,
+    /// Sleeps between rollouts ([`sleeps_between_rollouts`]).
+    pub sleeps: bool,
+}
+
+/// Whether the server sleeps between rollouts: on a GPU it shares with the trainer (vLLM's sleep
+/// mode is CUDA's), so the update gets the device's memory; not with a device of its own (it
+/// samples the next step all through the update), and not on CPU.
+pub fn sleeps_between_rollouts(device: tch::Device, own_device: bool) -> bool {
+    device.is_cuda() && !own_device
 }
 
 impl VllmServer {
@@ -245,6 +277,12 @@ impl VllmServer {
             .env("OMP_NUM_THREADS", spec.threads.to_string())
             .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             .current_dir(&dir)
+            .envs(
+                spec.own_device
+                    .then(|| server_devices(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()))
+                    .flatten()
+                    .map(|devices| ("CUDA_VISIBLE_DEVICES", devices)),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(log_err)
@@ -270,17 +308,20 @@ impl VllmServer {
             .map_err(|error| VllmError::Request(error.to_string()))?;
         let mut server = VllmServer {
             child,
-            client,
-            base: "http://vllm".to_owned(),
+            api: Api { client, base: "http://vllm".to_owned() },
             dir,
             _socket_dir: socket_dir,
             served: Served::Weights,
             fault: SyncFault::from_env(),
+            sleeps: spec.sleeps,
+            asleep: false,
+            behind: None,
         };
         server.wait_ready(&log_path)?;
         if lora_rank.is_some() {
             server.load_adapter(policy, &weights, step)?;
         }
+        server.sleep()?;
         Ok(server)
     }
 
@@ -296,8 +337,12 @@ impl VllmServer {
                     log.into(),
                 ));
             }
-            let health =
-                self.client.get(format!("{}/health", self.base)).timeout(Duration::from_secs(2)).send();
+            let health = self
+                .api
+                .client
+                .get(format!("{}/health", self.api.base))
+                .timeout(Duration::from_secs(2))
+                .send();
             if health.is_ok_and(|answer| answer.status().is_success()) {
                 info!(seconds = started.elapsed().as_secs_f64(), "the vllm server answers");
                 return Ok(());
@@ -329,58 +374,79 @@ impl VllmServer {
         rng: &mut SamplerRng,
     ) -> Result<Vec<Sampled>, VllmError> {
         self.check_alive()?;
-        // vLLM's seed is a Python int handed to torch's generator: 63 bits keep it positive.
-        let seeds: Vec<u64> = prompts.iter().map(|_| rng.next_u64() >> 1).collect();
-        // The requests go out from at most REQUESTS_AT_ONCE threads, each taking the next prompt:
-        // vLLM batches whatever is in flight, and a step of thousands of prompts needs no more.
-        let this = &*self;
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let answers: Vec<std::sync::Mutex<Option<GroupAnswer>>> =
-            prompts.iter().map(|_| std::sync::Mutex::new(None)).collect();
-        std::thread::scope(|scope| {
-            for _ in 0..prompts.len().min(REQUESTS_AT_ONCE) {
-                scope.spawn(|| {
-                    loop {
-                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(prompt) = prompts.get(index) else { break };
-                        let body =
-                            completion_request(this.served.model(), prompt, group_size, params, seeds[index]);
-                        let answer = this.complete(index, &body, group_size, params, tokenizer);
-                        *answers[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                            Some(answer);
-                    }
-                });
-            }
-        });
-        let answers = answers.into_iter().map(|answer| {
-            answer
-                .into_inner()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .unwrap_or_else(|| Err(VllmError::Request("a request thread ended without an answer".into())))
-        });
-        let mut sampled = Vec::with_capacity(prompts.len() * group_size);
-        for answer in answers {
-            sampled.extend(answer?);
-        }
-        Ok(sampled)
+        let seeds = seeds(prompts.len(), rng);
+        let groups = request_groups(&self.api, self.served.model(), prompts, group_size, params, &seeds)?;
+        ended(groups, params, tokenizer)
     }
 
-    fn complete(
-        &self,
-        prompt_index: usize,
-        body: &serde_json::Value,
+    /// As [`Self::generate`], in a thread of its own while the caller goes on (one step off
+    /// policy: the next step's rollouts while this one updates); the seeds are drawn from `rng`
+    /// now, so a run draws the same ones as ever. Its completions are of the weights the server
+    /// has now: nothing may [`Self::sync`] until [`Generation::finish`] has returned.
+    pub fn generate_in_background(
+        &mut self,
+        prompts: Vec<Vec<i64>>,
         group_size: usize,
         params: &SamplingParams,
-        tokenizer: &Tokenizer,
-    ) -> Result<Vec<Sampled>, VllmError> {
-        let answer: CompletionAnswer = self.post("/v1/completions", body)?;
-        completions(answer, prompt_index, group_size, params, tokenizer)
+        rng: &mut SamplerRng,
+    ) -> Result<Generation, VllmError> {
+        self.check_alive()?;
+        let seeds = seeds(prompts.len(), rng);
+        let (api, model, params) = (self.api.clone(), self.served.model().to_owned(), params.clone());
+        let thread = std::thread::Builder::new()
+            .name("vllm-rollouts".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let groups = request_groups(&api, &model, &prompts, group_size, &params, &seeds);
+                (groups, started.elapsed().as_secs_f64())
+            })
+            .map_err(|error| VllmError::Request(format!("cannot start the sampling thread: {error}")))?;
+        Ok(Generation { thread })
     }
 
     /// Loads `policy` (the weights after step `step`) into the server — its weights, reloaded in
     /// place with the prefix cache emptied, or a LoRA job's adapters under a new name — and
-    /// returns the seconds it took. What it served before is deleted.
-    pub fn sync(&mut self, policy: &LoadedModel, step: u64) -> Result<f64, VllmError> {
+    /// returns the seconds it took. What it served before is deleted. A server asleep between
+    /// rollouts loads them when it wakes for the next one ([`Self::wake`]): waking it here would
+    /// put its weights on the device during the update, which the job's estimate does not count;
+    /// `None` then.
+    pub fn sync(&mut self, policy: &LoadedModel, step: u64) -> Result<Option<f64>, VllmError> {
+        if self.asleep {
+            self.behind = Some(step);
+            return Ok(None);
+        }
+        self.load(policy, step).map(Some)
+    }
+
+    /// Wakes a server asleep between rollouts (`POST /wake_up`) and loads the weights of the
+    /// update it slept through; a server that does not sleep is awake already.
+    pub fn wake(&mut self, policy: &LoadedModel) -> Result<(), VllmError> {
+        if !self.asleep {
+            return Ok(());
+        }
+        self.check_alive()?;
+        self.post_text("/wake_up", None)?;
+        self.asleep = false;
+        match self.behind.take() {
+            Some(step) => self.load(policy, step).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// After a rollout, on a device shared with the trainer: the server's weights go to host
+    /// memory and its KV cache is dropped (`POST /sleep?level=1`), so the update has the device's
+    /// memory. A server with a device of its own, or on CPU (sleep mode is CUDA's), stays up.
+    pub fn sleep(&mut self) -> Result<(), VllmError> {
+        if !self.sleeps || self.asleep {
+            return Ok(());
+        }
+        self.check_alive()?;
+        self.post_text("/sleep?level=1", None)?;
+        self.asleep = true;
+        Ok(())
+    }
+
+    fn load(&mut self, policy: &LoadedModel, step: u64) -> Result<f64, VllmError> {
         let started = Instant::now();
         self.check_alive()?;
         if let Served::Adapter { base, .. } = &self.served {
@@ -432,7 +498,23 @@ impl VllmServer {
             Err(error) => Err(VllmError::Request(error.to_string())),
         }
     }
+}
 
+impl VllmServer {
+    fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        route: &str,
+        body: &serde_json::Value,
+    ) -> Result<T, VllmError> {
+        self.api.post(route, body)
+    }
+
+    fn post_text(&self, route: &str, body: Option<&serde_json::Value>) -> Result<(), VllmError> {
+        self.api.post_text(route, body)
+    }
+}
+
+impl Api {
     fn post<T: serde::de::DeserializeOwned>(
         &self,
         route: &str,
@@ -472,6 +554,84 @@ impl VllmServer {
         }
         Ok(())
     }
+}
+
+impl Generation {
+    /// Waits for the completions, ends each by our rules, and returns them with the seconds
+    /// their sampling took.
+    pub fn finish(
+        self,
+        params: &SamplingParams,
+        tokenizer: &Tokenizer,
+    ) -> Result<(Vec<Sampled>, f64), VllmError> {
+        let (groups, seconds) =
+            self.thread.join().map_err(|_| VllmError::Request("the sampling thread panicked".into()))?;
+        Ok((ended(groups?, params, tokenizer)?, seconds))
+    }
+}
+
+/// A seed per prompt. vLLM's seed is a Python int handed to torch's generator: 63 bits keep it
+/// positive.
+fn seeds(prompts: usize, rng: &mut SamplerRng) -> Vec<u64> {
+    (0..prompts).map(|_| rng.next_u64() >> 1).collect()
+}
+
+/// Each prompt's group from the server: one request per prompt, sent from at most
+/// [`REQUESTS_AT_ONCE`] threads, each taking the next prompt (vLLM batches whatever is in
+/// flight, and a step of thousands of prompts needs no more).
+fn request_groups(
+    api: &Api,
+    model: &str,
+    prompts: &[Vec<i64>],
+    group_size: usize,
+    params: &SamplingParams,
+    seeds: &[u64],
+) -> Result<Vec<RawGroup>, VllmError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let answers: Vec<std::sync::Mutex<Option<GroupAnswer>>> =
+        prompts.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..prompts.len().min(REQUESTS_AT_ONCE) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(prompt) = prompts.get(index) else { break };
+                    let body = completion_request(model, prompt, group_size, params, seeds[index]);
+                    let answer = api
+                        .post("/v1/completions", &body)
+                        .and_then(|answer| raw_group(answer, index, group_size));
+                    *answers[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(answer);
+                }
+            });
+        }
+    });
+    answers
+        .into_iter()
+        .map(|answer| {
+            answer
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(|| Err(VllmError::Request("a request thread ended without an answer".into())))
+        })
+        .collect()
+}
+
+/// The groups' completions, group-contiguous, each ended by our rules (`Sampled::ended`).
+fn ended(
+    groups: Vec<RawGroup>,
+    params: &SamplingParams,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<Sampled>, VllmError> {
+    let mut sampled = Vec::with_capacity(groups.iter().map(Vec::len).sum());
+    for (prompt_index, group) in groups.into_iter().enumerate() {
+        for (tokens, logprobs) in group {
+            sampled.push(
+                Sampled::ended(prompt_index, tokens, logprobs, tokenizer, params)
+                    .map_err(|error| VllmError::Request(error.to_string()))?,
+            );
+        }
+    }
+    Ok(sampled)
 }
 
 impl Drop for VllmServer {
@@ -524,6 +684,7 @@ fn server_args(spec: &ServerSpec, socket: &Path, lora_rank: Option<i64>) -> Vec<
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(spec.sleeps.then(|| "--enable-sleep-mode".to_owned()))
     .chain(lora_rank.into_iter().flat_map(|rank| {
         // Two: the step's adapters and, while they load, the last step's.
         [
@@ -535,6 +696,14 @@ fn server_args(spec: &ServerSpec, socket: &Path, lora_rank: Option<i64>) -> Vec<
         ]
     }))
     .collect()
+}
+
+/// The server's `CUDA_VISIBLE_DEVICES` when it has a device of its own: the last of the
+/// worker's (the trainer computes on the first), or nothing to change when the worker sees fewer
+/// than two (CPU slots: the two are threads of one machine).
+fn server_devices(visible: Option<&str>) -> Option<String> {
+    let devices: Vec<&str> = visible?.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    (devices.len() >= 2).then(|| devices[devices.len() - 1].to_owned())
 }
 
 /// The request of one prompt's group.
@@ -584,13 +753,11 @@ struct ChoiceLogprobs {
 }
 
 /// One prompt's answer as its group of completions, in the order of their `index`.
-fn completions(
+fn raw_group(
     answer: CompletionAnswer,
     prompt_index: usize,
     group_size: usize,
-    params: &SamplingParams,
-    tokenizer: &Tokenizer,
-) -> Result<Vec<Sampled>, VllmError> {
+) -> Result<RawGroup, VllmError> {
     let mut choices = answer.choices;
     choices.sort_by_key(|choice| choice.index);
     if choices.len() != group_size || choices.iter().enumerate().any(|(i, choice)| choice.index != i) {
@@ -624,8 +791,7 @@ fn completions(
                     })
                 })
                 .collect::<Result<Vec<f32>, _>>()?;
-            Sampled::ended(prompt_index, tokens, values, tokenizer, params)
-                .map_err(|error| VllmError::Request(error.to_string()))
+            Ok((tokens, values))
         })
         .collect()
 }
@@ -711,6 +877,20 @@ mod tests {
         serde_json::from_value(json).unwrap()
     }
 
+    /// Prompt `prompt_index`'s answer read and ended as a step's sampling reads it, after the
+    /// (empty) groups of the prompts before it.
+    fn completions(
+        answer: CompletionAnswer,
+        prompt_index: usize,
+        group_size: usize,
+        params: &SamplingParams,
+        tokenizer: &Tokenizer,
+    ) -> Result<Vec<Sampled>, VllmError> {
+        let mut groups = vec![Vec::new(); prompt_index];
+        groups.push(raw_group(answer, prompt_index, group_size)?);
+        ended(groups, params, tokenizer)
+    }
+
     /// An answer as vLLM writes it (choices in any order, token ids as `token_id:N`) reads back
     /// as the group in index order, each completion ended by our rules.
     #[test]
@@ -744,6 +924,56 @@ mod tests {
         assert_eq!(read[0].text, "aa");
         assert_eq!(read[1].tokens, vec![b, eos]);
         assert!(read.iter().all(|s| s.prompt_index == 4 && s.logprobs.iter().all(|&l| l == -0.5)));
+    }
+
+    /// The server sleeps between rollouts on a GPU it shares with the trainer, and only there;
+    /// started so.
+    #[test]
+    fn a_server_sleeps_between_rollouts_only_on_a_gpu_it_shares() {
+        let cases = [
+            (tch::Device::Cuda(0), false, true),
+            (tch::Device::Cuda(0), true, false),
+            (tch::Device::Cpu, false, false),
+            (tch::Device::Cpu, true, false),
+        ];
+        for (device, own_device, sleeps) in cases {
+            assert_eq!(
+                sleeps_between_rollouts(device, own_device),
+                sleeps,
+                "{device:?}, own device {own_device}"
+            );
+        }
+        let spec = |sleeps| ServerSpec {
+            python: Path::new("python"),
+            run_dir: Path::new("run"),
+            dtype: Dtype::Bf16,
+            max_model_len: 100,
+            kv_cache_bytes: 1 << 20,
+            seed: 1,
+            threads: 1,
+            own_device: false,
+            sleeps,
+        };
+        let sleep_mode = |sleeps| {
+            server_args(&spec(sleeps), Path::new("api.sock"), None)
+                .contains(&"--enable-sleep-mode".to_owned())
+        };
+        assert!(sleep_mode(true) && !sleep_mode(false));
+    }
+
+    /// One step off policy, the server computes on the last of the worker's GPUs.
+    #[test]
+    fn a_server_with_a_device_of_its_own_takes_the_last_visible_one() {
+        let cases = [
+            (Some("GPU-a,GPU-b"), Some("GPU-b")),
+            (Some("0, 1"), Some("1")),
+            (Some("3"), None),
+            (Some(""), None),
+            (None, None),
+        ];
+        for (visible, expected) in cases {
+            assert_eq!(server_devices(visible).as_deref(), expected, "{visible:?}");
+        }
     }
 
     /// A failed start names the server's last Python error, from its log.
