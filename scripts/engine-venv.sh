@@ -2,6 +2,9 @@
 # Makes an engine's venv and prints its python.
 #
 #   scripts/engine-venv.sh trl   $RLVR_CACHE_DIR/venvs/engine-trl/  engines/trl/requirements.lock
+#                                engines/trl/requirements-cuda.lock on a GPU host (`nvidia-smi -L`
+#                                answers; RLVR_TRL_BUILD=cpu|cuda overrides): trl with vLLM's CUDA
+#                                build, hashed, for `[rollout] engine = "vllm"` (TRL's use_vllm)
 #                                (the daemon's `engines.trl_python` is the python printed)
 #   scripts/engine-venv.sh ray   $RLVR_CACHE_DIR/venvs/engine-ray/  engines/ray/requirements.lock
 #                                (ray[default]: `bin/ray start --head` beside the python printed)
@@ -27,6 +30,17 @@ esac
 VENV=$RLVR_CACHE_DIR/venvs/engine-$engine
 python=$VENV/bin/python
 LOCK=$RLVR_ROOT/engines/$engine/requirements.lock
+if [ "$engine" = trl ]; then
+    build=${RLVR_TRL_BUILD:-}
+    if [ -z "$build" ]; then
+        if nvidia-smi -L >/dev/null 2>&1; then build=cuda; else build=cpu; fi
+    fi
+    case "$build" in
+        cpu) ;;
+        cuda) LOCK=$RLVR_ROOT/engines/trl/requirements-cuda.lock; imports="$imports, vllm" ;;
+        *) echo "RLVR_TRL_BUILD must be cpu or cuda, not '$build'" >&2; exit 2 ;;
+    esac
+fi
 
 installed() {
     [ -x "$python" ] && "$python" - "$LOCK" "$imports" <<'PY' 2>/dev/null
@@ -36,7 +50,7 @@ for line in open(sys.argv[1]):
     line = line.split("#")[0].strip()
     if not line:
         continue
-    name, version = line.split("==")
+    name, version = line.split()[0].split("==")
     dist = m.distribution(name)
     # The venv's own copy, not one the .pth file lends from the project venv.
     if dist.version != version or not str(dist.locate_file("")).startswith(own):
@@ -53,12 +67,22 @@ if installed; then
     exit 0
 fi
 
-step "the $engine engine's environment in $VENV (engines/$engine/requirements.lock)"
-[ -x "$python" ] || /usr/bin/python3 -m venv "$VENV"
+step "the $engine engine's environment in $VENV (${LOCK#"$RLVR_ROOT"/})"
+# Anew: a venv of the other lock (or an interrupted install) would keep files pip --no-deps
+# leaves behind.
+rm -rf "$VENV"
+/usr/bin/python3 -m venv "$VENV"
 if [ "$engine" = trl ]; then
     site=$("$python" -c 'import site; print(site.getsitepackages()[0])')
     "$RLVR_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])' >"$site/zz-torch-from-rlvr-venv.pth"
 fi
-pip_install "$python" --no-deps --ignore-installed -r "$LOCK" >&2
+hashes=()
+if grep -q -- '--hash=' "$LOCK"; then
+    hashes=(--require-hashes)
+    # The CUDA lock pins setuptools (vLLM needs it): the venv's bundled copy would stay beside it,
+    # and its metadata win.
+    "$python" -m pip uninstall --quiet --disable-pip-version-check -y setuptools >&2
+fi
+pip_install "$python" --no-deps --ignore-installed "${hashes[@]}" -r "$LOCK" >&2
 installed || { echo "the $engine engine did not install into $VENV at the lock's versions" >&2; exit 1; }
 echo "$python"

@@ -326,11 +326,21 @@ class GrpoJob:
             length = get_soft_overlong_punishment(keys["max_completion_length"], overlong["buffer"])
             self.reward_funcs.append(length)
             weights.append(overlong["weight"])
-        # Rollouts on vLLM where it can run (a GPU host with vllm importable), colocated with the
-        # trainer in each rank's process; HF generate otherwise.
-        vllm = cuda and importlib.util.find_spec("vllm") is not None
+        # Rollouts on vLLM when the job asks for it (`rollout.engine = "vllm"`: use_vllm and its
+        # keys), colocated with the trainer in each rank's process; TRL's own generate otherwise.
+        vllm = keys.get("use_vllm", False)
+        if vllm and not cuda:
+            raise JobError(
+                'rollout.engine = "vllm": TRL runs vLLM colocated on CUDA devices only, and this worker has '
+                'none; run the job with rollout.engine = "native" here, or on a GPU host'
+            )
+        if vllm and importlib.util.find_spec("vllm") is None:
+            raise JobError(
+                'rollout.engine = "vllm": this trl environment has no vLLM; make it on the GPU host with '
+                "scripts/engine-venv.sh trl (it installs engines/trl/requirements-cuda.lock there)"
+            )
         log(f"rollouts on {'vLLM (colocate)' if vllm else 'HF generate'}, {'CUDA' if cuda else 'CPU'}")
-        self.args = dict(common, reward_weights=weights, use_vllm=vllm, vllm_mode="colocate", log_completions=False)
+        self.args = dict(common, reward_weights=weights, log_completions=False)
         self.args.update(keys)
         self.timer = Timer()
         self.step_started = None

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::spec::{Dtype, JobSpec, LrSchedule, SpecError};
+use crate::spec::{Dtype, JobSpec, LrSchedule, RolloutEngine, RolloutSection, SpecError};
 
 /// `[engine]`: where the job's training runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -142,6 +142,24 @@ pub struct TrlGrpoConfig {
     /// DAPO's soft overlong punishment as TRL's reward function
     /// (`trl.rewards.get_soft_overlong_punishment`), weighted by the penalty; `None`: off.
     pub overlong: Option<TrlOverlong>,
+    /// `rollout.engine = "vllm"`: TRL's generation on vLLM; absent, TRL generates with the
+    /// model itself (`generate`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<TrlVllm>,
+}
+
+/// TRL's vLLM keys a GRPO job with `rollout.engine = "vllm"` maps to: vLLM in each rank's own
+/// process on its device (`colocate`), asleep through the optimizer step as the native path's
+/// server is on a shared GPU, its mismatch with the trainer corrected per token by truncated
+/// importance sampling at `rollout.importance_cap` (0: off), as the native path does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlVllm {
+    pub use_vllm: bool,
+    pub vllm_mode: String,
+    pub vllm_enable_sleep_mode: bool,
+    pub vllm_importance_sampling_correction: bool,
+    pub vllm_importance_sampling_mode: String,
+    pub vllm_importance_sampling_clip_max: f64,
 }
 
 /// TRL's `DPOConfig` keys a DPO job maps to: the shared ones (a pass's rows are pairs), β and
@@ -232,6 +250,16 @@ pub const GRPO_MAPPING: &[MappingRow] = &[
         theirs: "temperature, top_p, top_k",
         note: "as is",
     },
+    MappingRow {
+        ours: "rollout.engine",
+        theirs: "use_vllm, vllm_mode, vllm_enable_sleep_mode",
+        note: "\"vllm\" → vLLM colocated in each rank, asleep through the optimizer step (CUDA only: the venv gets vLLM on GPU hosts); \"native\" → TRL's own generate",
+    },
+    MappingRow {
+        ours: "rollout.importance_cap",
+        theirs: "vllm_importance_sampling_correction, _mode, _clip_max",
+        note: "token_truncate at the cap; 0 → no correction",
+    },
     MappingRow { ours: "budget.max_steps", theirs: "max_steps", note: "as is" },
     MappingRow {
         ours: "checkpoint.every_steps",
@@ -291,6 +319,9 @@ pub fn trl_trainer(spec: &JobSpec, processes: u32) -> Result<TrlTrainer, Vec<Spe
     let mut refusals = Refusals::default();
     let optimizer = spec.optimizer.plugin.split('@').next().unwrap_or_default();
     refuse_what_trl_cannot_run(spec, &mut refusals);
+    if spec.rollout.engine == RolloutEngine::Vllm && matches!(optimizer, "sft" | "dpo") {
+        refusals.add("rollout.engine", format!("a {optimizer} job samples nothing: leave it out"));
+    }
     let trainer = match optimizer {
         "grpo" => {
             let keys = GrpoKeys::read(&spec.optimizer.options, &mut refusals);
@@ -472,6 +503,22 @@ fn refuse_what_trl_cannot_run(spec: &JobSpec, refusals: &mut Refusals) {
     if spec.rollout.dynamic_sampling_rounds > 0 {
         refusals.add("rollout.dynamic_sampling_rounds", "TRL's GRPOTrainer has no dynamic sampling");
     }
+    if spec.rollout.engine == RolloutEngine::Vllm {
+        if spec.rollout.off_policy_steps > 0 {
+            refusals.add(
+                "rollout.off_policy_steps",
+                "TRL samples ahead only in its server mode (`trl vllm-serve` on devices of its own, the \
+                 weights sent over NCCL), which the trl engine does not run; leave it out to colocate vLLM",
+            );
+        }
+        if spec.rollout.max_logprob_gap != RolloutSection::default().max_logprob_gap {
+            refusals.add(
+                "rollout.max_logprob_gap",
+                "TRL does not check its vLLM sync, it only corrects the mismatch (rollout.importance_cap); \
+                 leave it out",
+            );
+        }
+    }
     if spec.budget.max_generated_tokens.is_some() {
         refusals.add("budget.max_generated_tokens", "the trl engine's budget is budget.max_steps");
     }
@@ -539,6 +586,19 @@ impl GrpoKeys {
             overlong: self
                 .overlong_buffer
                 .map(|buffer| TrlOverlong { buffer, weight: self.overlong_penalty.unwrap_or(1.0) }),
+            vllm: (spec.rollout.engine == RolloutEngine::Vllm).then(|| TrlVllm {
+                use_vllm: true,
+                vllm_mode: "colocate".to_owned(),
+                vllm_enable_sleep_mode: true,
+                vllm_importance_sampling_correction: spec.rollout.importance_cap > 0.0,
+                vllm_importance_sampling_mode: "token_truncate".to_owned(),
+                // TRL's default where ours is off: never read then.
+                vllm_importance_sampling_clip_max: if spec.rollout.importance_cap > 0.0 {
+                    spec.rollout.importance_cap
+                } else {
+                    3.0
+                },
+            }),
         }
     }
 

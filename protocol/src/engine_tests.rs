@@ -77,8 +77,45 @@ fn a_default_grpo_job_maps_onto_trls_keys() {
         top_p: 1.0,
         top_k: 0,
         overlong: None,
+        vllm: None,
     };
     assert_eq!(config, expected);
+}
+
+/// `rollout.engine = "vllm"`: vLLM colocated in each rank, asleep through the optimizer step, the
+/// mismatch corrected per token at the job's cap (off at 0).
+#[test]
+fn a_grpo_job_on_vllm_colocates_it_with_its_importance_cap() {
+    let on_vllm = |rollout: &str| {
+        let mut spec = spec("", "");
+        let patch: RolloutSection = toml::from_str(&format!("engine = \"vllm\"\n{rollout}")).unwrap();
+        spec.rollout.engine = patch.engine;
+        spec.rollout.importance_cap = patch.importance_cap;
+        spec.validate().unwrap();
+        trl_grpo(&spec, 2).unwrap().vllm.unwrap()
+    };
+    let vllm = on_vllm("");
+    assert_eq!(
+        vllm,
+        TrlVllm {
+            use_vllm: true,
+            vllm_mode: "colocate".into(),
+            vllm_enable_sleep_mode: true,
+            vllm_importance_sampling_correction: true,
+            vllm_importance_sampling_mode: "token_truncate".into(),
+            vllm_importance_sampling_clip_max: 2.0,
+        }
+    );
+    assert_eq!(on_vllm("importance_cap = 5.0").vllm_importance_sampling_clip_max, 5.0);
+    assert!(!on_vllm("importance_cap = 0.0").vllm_importance_sampling_correction);
+    // As TRL's GRPOConfig takes them: at the top level of the keys, and none without vLLM.
+    let keys = serde_json::to_value(trl_grpo(&spec("", ""), 2).unwrap()).unwrap();
+    assert!(keys.get("use_vllm").is_none(), "{keys}");
+    let mut spec = spec("", "");
+    spec.rollout.engine = RolloutEngine::Vllm;
+    let keys = serde_json::to_value(trl_grpo(&spec, 2).unwrap()).unwrap();
+    assert_eq!(keys["use_vllm"], true, "{keys}");
+    assert_eq!(keys["vllm_mode"], "colocate", "{keys}");
 }
 
 /// The `[optimizer]` lines, what is read of the mapping, and what it must read.
@@ -151,6 +188,13 @@ fn what_trl_cannot_do_is_refused_naming_the_key() {
         ("", "[eval]\nevery_steps = 5", "eval.every_steps", "before and after"),
         ("", "[stop]\nkl_max = 1.0", "stop.kl_max", "[stop]"),
         ("", "[model]\nreference = \"/models/other\"", "model.reference", "starting policy"),
+        ("", "[rollout]\nengine = \"vllm\"\noff_policy_steps = 1", "rollout.off_policy_steps", "server mode"),
+        (
+            "",
+            "[rollout]\nengine = \"vllm\"\nmax_logprob_gap = 0.5",
+            "rollout.max_logprob_gap",
+            "does not check",
+        ),
     ];
     for (optimizer, extra, field, words) in cases {
         let text = spec(optimizer, "");

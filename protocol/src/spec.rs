@@ -1447,11 +1447,6 @@ fn relations(spec: &JobSpec) -> Vec<SpecError> {
                 spec.rollout.top_p, spec.rollout.top_k
             ),
         );
-        check(
-            !spec.engine.is_engine(),
-            "rollout.engine",
-            "an [engine] job samples inside its engine; rollout.engine is the native worker's".into(),
-        );
     }
     if spec.rollout.off_policy_steps > 0 {
         check(

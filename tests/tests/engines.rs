@@ -260,7 +260,7 @@ fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
 }
 
 #[test]
-fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind_and_a_vllm_job_at_rollout_engine() {
+fn a_daemon_without_an_engine_refuses_its_jobs_naming_the_key_and_a_cpu_daemon_a_trl_job_on_vllm() {
     let redis = Redis::start();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(""));
     let dir = tempfile::tempdir().unwrap();
@@ -284,6 +284,17 @@ fn a_daemon_without_the_engine_refuses_an_engine_job_at_engine_kind_and_a_vllm_j
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["error"]["field"], "rollout.engine", "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("engines.vllm_python"), "{answer}");
+    // A trl job's vLLM is TRL's, colocated on CUDA devices: a daemon of CPU slots refuses it
+    // there, whatever engines.vllm_python says.
+    let trl_vllm = spec(&data, 4, "local").replace("[rollout]\n", "[rollout]\nengine = \"vllm\"\n");
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &trl_vllm, None);
+    assert_eq!(status, 422, "{answer}");
+    let more = answer["error"]["more"].as_array().cloned().unwrap_or_default();
+    let refused = std::iter::once(&answer["error"])
+        .chain(more.iter())
+        .find(|problem| problem["field"] == "rollout.engine")
+        .unwrap_or_else(|| panic!("rollout.engine not refused: {answer}"));
+    assert!(refused["message"].as_str().unwrap().contains("CUDA devices only"), "{answer}");
 }
 
 /// A Ray head of its own for the test: 2 CPUs, its Jobs API on a free port, a stop that waits 60 s

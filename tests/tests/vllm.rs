@@ -152,7 +152,8 @@ impl Run {
 }
 
 #[test]
-fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_synced_runs_agree_to_1e_3_on_and_off_policy() {
+fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_synced_runs_agree_to_1e_3_on_and_off_policy()
+ {
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &["--seed", "3", "--sft", "1", "--train", "8", "--heldout", "1"]);
     let long: String = fs::read_to_string(data.join("train.jsonl"))

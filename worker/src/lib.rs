@@ -597,7 +597,8 @@ fn engine_settings(
 
 /// A `rollout.engine = "vllm"` job's vLLM python, which the daemon must have given.
 fn vllm_python(options: &WorkerOptions, spec: &JobSpec) -> Result<Option<PathBuf>, WorkerError> {
-    if spec.rollout.engine != rlvr_protocol::spec::RolloutEngine::Vllm {
+    // An [engine] job's vLLM is its engine's own (TRL's use_vllm).
+    if spec.rollout.engine != rlvr_protocol::spec::RolloutEngine::Vllm || spec.engine.is_engine() {
         return Ok(None);
     }
     let python = options.vllm_python.clone().ok_or_else(|| WorkerError::Model {

@@ -173,11 +173,25 @@ impl Submitter {
                 message: "this daemon runs no trl engine (its engines.trl_python is not set)".to_owned(),
             });
         }
-        if spec.rollout.engine == RolloutEngine::Vllm && self.vllm_python.is_none() {
-            problems.push(SpecError {
-                field: "rollout.engine".to_owned(),
-                message: "this daemon runs no vLLM (its engines.vllm_python is not set)".to_owned(),
-            });
+        // A trl job's vLLM is TRL's own, colocated in its ranks on CUDA devices, from the trl
+        // environment; a native job's is the worker's server, from engines.vllm_python.
+        if spec.rollout.engine == RolloutEngine::Vllm {
+            if spec.engine.kind == EngineKind::Trl {
+                if self.scheduler.device_kind() != rlvr_protocol::memory::DeviceKind::Cuda {
+                    problems.push(SpecError {
+                        field: "rollout.engine".to_owned(),
+                        message:
+                            "TRL runs vLLM colocated on CUDA devices only, and this daemon schedules CPU \
+                                  slots: leave it out (TRL then generates itself)"
+                                .to_owned(),
+                    });
+                }
+            } else if self.vllm_python.is_none() {
+                problems.push(SpecError {
+                    field: "rollout.engine".to_owned(),
+                    message: "this daemon runs no vLLM (its engines.vllm_python is not set)".to_owned(),
+                });
+            }
         }
         if spec.engine.is_engine() && spec.engine.launcher == Launcher::Ray && self.ray_address.is_none() {
             problems.push(SpecError {

@@ -544,13 +544,16 @@ impl Supervisor {
             host_context_stdin: true,
             memory_cap,
             engine_python: engine.as_ref().map(|(python, _)| python.clone()),
+            // A trl job's vLLM runs in its ranks, from the trl environment.
             vllm_python: match spec.rollout.engine {
-                RolloutEngine::Vllm => Some(self.engines.vllm_python.clone().ok_or_else(|| {
-                    SpawnError::Refused(
-                        "rollout.engine: this daemon runs no vLLM (engines.vllm_python)".into(),
-                    )
-                })?),
-                RolloutEngine::Native => None,
+                RolloutEngine::Vllm if !spec.engine.is_engine() => {
+                    Some(self.engines.vllm_python.clone().ok_or_else(|| {
+                        SpawnError::Refused(
+                            "rollout.engine: this daemon runs no vLLM (engines.vllm_python)".into(),
+                        )
+                    })?)
+                }
+                _ => None,
             },
             verify_url: engine.as_ref().map(|_| self.engines.verify_url.clone()),
             ray_address: match spec.engine.launcher {
