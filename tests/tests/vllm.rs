@@ -8,10 +8,11 @@
 //!   stop request (SIGTERM: the daemon's cancel and preemption), after which the run resumes;
 //! - a synced run agreeing with the trainer after every real update: each step's largest
 //!   |trainer − vLLM| log-probability of a sampled token under 1e-3, the sync timed;
-//! - a run one step off policy (`off_policy_steps = 1`): each step after the first sampled while
-//!   the step before updated, from exactly the weights that step started from (their
-//!   log-probabilities, recomputed from the trainer's copy, within 1e-3 of vLLM's; the newer
-//!   weights it trains further off), its records naming those weights' step.
+//! - a job one step off policy (`off_policy_steps = 1`) through a daemon of two CPU slots,
+//!   admitted onto both and published: each step after the first sampled while the step before
+//!   updated, from exactly the weights that step started from (their log-probabilities,
+//!   recomputed from the trainer's copy, within 1e-3 of vLLM's; the newer weights it trains
+//!   further off), its records naming those weights' step.
 //!
 //! Each run starts its own server (about 40 s on 2 cores); learning on vLLM is shown by
 //! `learning.rs`, beside the same job on the native sampler.
@@ -21,8 +22,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use rlvr_protocol::job::JobState;
 use rlvr_protocol::worker::MetricsLine;
-use rlvr_tests::{arith_data, drop_in, plugin_lib, wait_until, worker_command};
+use rlvr_tests::jobs::{ended, submit_ok, wait_job};
+use rlvr_tests::{
+    Daemon, PERMISSIVE_GATES, Redis, arith_data, drop_in, plugin_lib, wait_until, worker_command,
+};
 
 /// Longer than one 128-token block of vLLM's CPU prefix cache: with the built-in model's one
 /// token per character, every prompt's first block is this text alone, and cached.
@@ -69,10 +74,15 @@ every_steps = 1
     )
 }
 
-/// The same job one step off policy, the server on a device of its own.
+/// The same job one step off policy, the server on a device of its own, as a daemon takes it: a
+/// held-out prompt and gates that pass it, to be published.
 fn off_policy_spec(data: &Path, steps: u32) -> String {
-    spec(data, steps).replace("engine = \"vllm\"", "engine = \"vllm\"\noff_policy_steps = 1")
+    let heldout = format!("[data]\nheldout = \"{}/heldout.jsonl\"", data.display());
+    spec(data, steps)
+        .replace("engine = \"vllm\"", "engine = \"vllm\"\noff_policy_steps = 1")
+        .replace("[data]", &heldout)
         + "[resources]\ndevices = 2\n"
+        + PERMISSIVE_GATES
 }
 
 /// The processes of the server started for the run in `state`: every process whose home is the
@@ -234,17 +244,27 @@ fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_syn
         serde_json::from_str(&fs::read_to_string(run.state.join("job.json")).unwrap()).unwrap();
     assert_eq!(record["spec"]["rollout"]["engine"], "vllm", "{record}");
 
-    // One step off policy: step 1 samples the starting weights; each later step's round was
-    // sampled while the step before it updated, from the weights that step started from —
-    // exactly those (the trainer's copy of them agrees with vLLM to 1e-3), not the newer ones
-    // it trains (which differ from vLLM's samples by more).
+    // One step off policy, through a daemon of two CPU slots: admitted onto both (the trainer's
+    // and the server's), each step holding them from start to end. Step 1 samples the starting
+    // weights; each later step's round was sampled while the step before it updated, from exactly
+    // the weights that step started from (their log-probabilities, recomputed from the trainer's
+    // copy, within 1e-3 of vLLM's), not the newer ones it trains (further off).
+    let redis = Redis::start();
+    let config = format!(
+        "[queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n[engines]\nvllm_python = {:?}\n",
+        run.python
+    );
+    let daemon =
+        Daemon::start_with(&["rlvr-optimizer-grpo", "rlvr-verifier-text-similarity"], &redis.url(), &config);
     let off_steps = 4;
-    let off = Run { spec: dir.path().join("off.toml"), state: dir.path().join("off-policy"), ..run };
-    fs::write(&off.spec, off_policy_spec(&data, off_steps)).unwrap();
-    let (code, stderr) = off.finish(false, None);
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_server_gone(&off.state, "at the end of its run");
-    let lines: Vec<MetricsLine> = metrics(&off.state).into_iter().filter(MetricsLine::is_step).collect();
+    let id = submit_ok(&daemon, &off_policy_spec(&data, off_steps));
+    let done = wait_job(&daemon, &id, Duration::from_secs(600), ended);
+    let state = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = fs::read_to_string(state.with_file_name("worker.log")).unwrap_or_default();
+    assert_eq!(done.state, JobState::Published, "{done}\n{worker_log}");
+    assert_eq!(done.devices, ["cpu:0", "cpu:1"], "{done}");
+    assert_server_gone(&state, "at the end of its run");
+    let lines: Vec<MetricsLine> = metrics(&state).into_iter().filter(MetricsLine::is_step).collect();
     assert_eq!(lines.len(), off_steps as usize);
     for line in &lines {
         let lag = u64::from(line.step > 1);
@@ -260,7 +280,7 @@ fn broken_syncs_fail_the_step_after_them_the_server_dies_with_its_worker_and_syn
             );
         }
     }
-    for line in fs::read_to_string(off.state.join("rollouts.jsonl")).unwrap().lines() {
+    for line in fs::read_to_string(state.join("rollouts.jsonl")).unwrap().lines() {
         let record: serde_json::Value = serde_json::from_str(line).unwrap();
         let step = record["step"].as_u64().unwrap();
         assert_eq!(record["checkpoint_step"].as_u64(), Some(step.saturating_sub(2)), "{record}");
