@@ -507,15 +507,23 @@ BUILDERS = {"grpo": GrpoJob, "sft": SftJob, "dpo": DpoJob}
 
 
 def leave_process_group():
-    """Destroys this rank's process group before the interpreter's teardown. Left to the
-    teardown, a rank of a finished run aborted now and then under load (gloo's threads destroyed
-    while still joinable: "terminate called without an active exception", exit -6), and
-    torchrun failed the run it had just trained."""
+    """Waits for every rank, then destroys this rank's process group, before the interpreter's
+    teardown. Left to the teardown, a rank of a finished run aborted now and then under load
+    (gloo's threads destroyed while still joinable: "terminate called without an active
+    exception", exit -6), and torchrun failed the run it had just trained; destroying it while
+    rank 0 was still saving the model did the same (2026-11-30, a Ray-launched run): so the ranks
+    first meet at a barrier, bounded on gloo so that a rank that died cannot hold the others."""
     if "torch.distributed" not in sys.modules:
         return
     dist = sys.modules["torch.distributed"]
     try:
         if dist.is_available() and dist.is_initialized():
+            if dist.get_backend() == "gloo":
+                import datetime
+
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=300))
+            else:
+                dist.barrier()
             dist.destroy_process_group()
     except Exception as error:  # the run's own end says more than this one
         log(f"leaving the process group: {error}")
