@@ -48,8 +48,8 @@ pip_install() {
     "$python" -m pip install --quiet --disable-pip-version-check --no-compile "$@"
 }
 
-# Whether the venv python $1 has every `name==version` pin of the lock file $2 installed at that
-# version (read from the packages' metadata, without importing them).
+# Whether the venv python $1 has every `name==version` pin of the lock file $2 (hashed or not)
+# installed at that version (read from the packages' metadata, without importing them).
 pins_installed() {
     [ -x "$1" ] && "$1" - "$2" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
@@ -57,7 +57,7 @@ for line in open(sys.argv[1]):
     line = line.split("#")[0].strip()
     if not line:
         continue
-    name, version = line.split("==")
+    name, version = line.split()[0].split("==")
     if m.version(name) != version:
         sys.exit(1)
 PY

@@ -120,6 +120,7 @@ if [ "$quick" = 0 ]; then
     start_peer ui-browser scripts/ui-browser.sh
     start_peer peft scripts/peft-venv.sh
     start_peer text-metrics scripts/text-metrics-venv.sh
+    start_peer openenv scripts/openenv-venv.sh
 fi
 
 step "cargo build (every target; clippy -D warnings on the workspace's crates)"

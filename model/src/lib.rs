@@ -16,6 +16,7 @@ pub mod chat;
 pub mod config;
 pub mod cuda_memory;
 pub mod cuda_settings;
+pub mod episode;
 pub mod error;
 mod ffi;
 pub mod logprobs;
@@ -31,6 +32,7 @@ pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, SpecialTokens};
 pub use config::{LlamaConfig, ModelSpec, RopeScaling};
+pub use episode::{Episode, EpisodeError, PrefixBreak};
 pub use error::{ModelError, Result};
 pub use logprobs::{SequenceBatch, TrainingLogprobs, completion_logprobs, training_logprobs};
 pub use lora::{LoraConfig, LoraTarget};

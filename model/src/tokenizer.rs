@@ -197,6 +197,13 @@ impl Tokenizer {
         self.inner.decode(&ids, true).unwrap_or_default()
     }
 
+    /// Text of `ids` with their special tokens (`<|im_end|>` as written): what a chat template's
+    /// rendering of those tokens reads.
+    pub fn decode_with_specials(&self, ids: &[i64]) -> String {
+        let ids: Vec<u32> = ids.iter().filter_map(|&id| u32::try_from(id).ok()).collect();
+        self.inner.decode(&ids, false).unwrap_or_default()
+    }
+
     /// The prompt text for one user message: the chat template with `add_generation_prompt`
     /// when the model has a template, the raw text otherwise.
     pub fn render_prompt(&self, user_text: &str) -> Result<String> {

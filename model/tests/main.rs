@@ -6,6 +6,7 @@ mod common;
 mod checkpointing;
 mod chunked_logits;
 mod distill_kl;
+mod episode;
 mod lora;
 mod models;
 mod parity_smollm2;

@@ -15,6 +15,7 @@ mod daemon;
 mod demo;
 mod distill;
 mod engines;
+mod env;
 mod examples;
 mod full_disk;
 mod gates;

@@ -1,0 +1,13 @@
+//! The environments a multi-turn job's rollouts talk to (`[env]`), client side.
+//!
+//! - [`openenv`]: OpenEnv's stateful interface (openenv 0.10.0): one environment per WebSocket
+//!   session, `reset` and `step` as typed JSON frames, the server's errors (capacity, a malformed
+//!   action, a failing environment) as [`EnvError`]s that name the server and what it said.
+//!
+//! Every connection goes through the operator's outbound policy (`rlvr_outbound::Policy`): the
+//! url is checked before anything is sent, and each address its host resolves to before the
+//! connection is made, as for every other destination a spec names.
+
+pub mod openenv;
+
+pub use openenv::{EnvError, Reply, Session};

@@ -1,0 +1,108 @@
+//! `[env]` environments through `rlvr_env`'s OpenEnv client against real OpenEnv 0.10.0 servers
+//! (`examples/envs/arith_feedback.py` on the venv `scripts/openenv-venv.sh` makes): an episode
+//! of two turns, a malformed action refused with the environment's reason, a server at capacity
+//! refused with its limit, a slow step cut at the timeout, and a destination the outbound policy
+//! does not allow never reached.
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rlvr_env::{EnvError, Session};
+use rlvr_outbound::Policy;
+use rlvr_tests::{free_port, peer_python, wait_until, workspace_root};
+use serde_json::{Map, Value, json};
+
+/// An `arith_feedback.py` server on a free loopback port; killed when dropped.
+struct EnvServer {
+    child: Child,
+    url: String,
+}
+
+impl EnvServer {
+    fn start(python: &std::path::Path, extra: &[&str]) -> EnvServer {
+        let port = free_port();
+        let child = Command::new(python)
+            .arg(workspace_root().join("examples/envs/arith_feedback.py"))
+            .args(["--port", &port.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = EnvServer { child, url: format!("http://127.0.0.1:{port}") };
+        // Importing OpenEnv's server (FastAPI, Gradio) takes seconds on 2 cores.
+        let up = wait_until(Duration::from_secs(120), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok() || server.child.try_wait().unwrap().is_some()
+        });
+        assert!(up && server.child.try_wait().unwrap().is_none(), "the environment server did not start");
+        server
+    }
+}
+
+impl Drop for EnvServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn args(value: Value) -> Map<String, Value> {
+    value.as_object().unwrap().clone()
+}
+
+fn text(reply: &rlvr_env::Reply) -> &str {
+    reply.observation["text"].as_str().unwrap()
+}
+
+#[test]
+fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
+    let python = peer_python("scripts/openenv-venv.sh", &[]);
+    let server = EnvServer::start(&python, &["--max-concurrent-envs", "2"]);
+    let slow = EnvServer::start(&python, &["--step-delay-s", "3"]);
+    let policy = Policy::new(&["127.0.0.1/32".to_owned()], false).unwrap();
+    let timeout = Duration::from_secs(20);
+
+    // Two turns: a wrong answer gets the sum back, the right one ends the episode with reward 1.
+    let mut session = Session::open(&server.url, &policy, timeout).unwrap();
+    let first = session.reset(&args(json!({"a": 12, "b": 30}))).unwrap();
+    assert_eq!((text(&first), first.done), ("12+30=", false));
+    let wrong = session.step(&json!({"answer": "41"})).unwrap();
+    assert_eq!((text(&wrong), wrong.reward, wrong.done), (" no:42 12+30=", Some(0.0), false));
+    let right = session.step(&json!({"answer": "42"})).unwrap();
+    assert_eq!((right.reward, right.done), (Some(1.0), true));
+
+    // A malformed action: the environment's validation, naming the missing field; the session
+    // goes on.
+    session.reset(&args(json!({"a": 1, "b": 2}))).unwrap();
+    let error = session.step(&json!({"wrong": "3"})).unwrap_err();
+    assert!(
+        matches!(&error, EnvError::Env { code, message, .. } if code == "VALIDATION_ERROR" && message.contains("answer")),
+        "{error}"
+    );
+    assert_eq!(session.step(&json!({"answer": "3"})).unwrap().reward, Some(1.0));
+
+    // At capacity (2): a third session is refused with the limit named; one closed, it opens.
+    let second = Session::open(&server.url, &policy, timeout).unwrap();
+    let mut third = Session::open(&server.url, &policy, timeout).unwrap();
+    let error = third.reset(&Map::new()).unwrap_err();
+    assert!(matches!(error, EnvError::Capacity { max: Some(2), .. }), "{error}");
+    assert!(error.to_string().contains("at most 2 sessions"), "{error}");
+    second.close();
+    let reopened = wait_until(Duration::from_secs(10), || {
+        Session::open(&server.url, &policy, timeout).and_then(|mut s| s.reset(&Map::new())).is_ok()
+    });
+    assert!(reopened, "a closed session's place was not given back");
+
+    // A step slower than the timeout is cut there, naming it.
+    let mut session = Session::open(&slow.url, &policy, Duration::from_secs(1)).unwrap();
+    session.reset(&args(json!({"a": 1, "b": 1}))).unwrap();
+    let error = session.step(&json!({"answer": "2"})).unwrap_err();
+    assert!(matches!(error, EnvError::Timeout { what: "step", .. }), "{error}");
+
+    // Loopback the policy does not allow: refused before any connection.
+    let error = Session::open(&server.url, &Policy::new(&[], false).unwrap(), timeout).err().unwrap();
+    assert!(matches!(error, EnvError::Refused(_)), "{error}");
+    let error = Session::open("https://127.0.0.1:1", &policy, timeout).err().unwrap();
+    assert!(error.to_string().contains("only http://"), "{error}");
+}
