@@ -106,3 +106,84 @@ fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
     let error = Session::open("https://127.0.0.1:1", &policy, timeout).err().unwrap();
     assert!(error.to_string().contains("only http://"), "{error}");
 }
+
+/// Episodes played by the worker (`rlvr_worker::episodes::play`) on `builtin:tiny-arith` against
+/// the same server: each a session of its own, turns sampled in one batch, the replies appended as
+/// they come, masked out. The untrained model's turns end at the first character of the stop
+/// list (so most turns are actions), and its answers are wrong: a first wrong answer gets the sum
+/// back and a second try; the environment ends the episode after it.
+#[test]
+fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
+    use rlvr_worker::episodes::{EpisodeEnd, EpisodeReward, EpisodeSettings, play};
+
+    let python = peer_python("scripts/openenv-venv.sh", &[]);
+    let server = EnvServer::start(&python, &[]);
+    let model = rlvr_model::load("builtin:tiny-arith", tch::Device::Cpu, tch::Kind::Float).unwrap();
+    let settings = EpisodeSettings {
+        server: server.url.clone(),
+        policy: Policy::new(&["127.0.0.1/32".to_owned()], false).unwrap(),
+        step_timeout: Duration::from_secs(20),
+        max_turns: 3,
+        action: rlvr_env::ActionFormat::Field("answer".into()),
+        observation_field: "text".into(),
+        reply_role: "user".into(),
+        reward: EpisodeReward::Sum,
+    };
+    let stop: Vec<String> = ('a'..='z').chain('0'..='9').map(String::from).collect();
+    let params =
+        rlvr_model::SamplingParams { max_new_tokens: 6, temperature: 1.0, stop, ..Default::default() };
+    let problems = [(12, 30), (5, 7)];
+    let resets: Vec<Map<String, Value>> =
+        problems.iter().flat_map(|&(a, b)| std::iter::repeat_n(args(json!({"a": a, "b": b})), 4)).collect();
+    let mut rng = rlvr_model::SamplerRng::new(7);
+    let played = play(&model, &params, &mut rng, &resets, &settings).unwrap();
+    assert_eq!(played.len(), 8);
+    let tokenizer = &model.tokenizer;
+    let mut replies = 0;
+    for (i, game) in played.iter().enumerate() {
+        let (a, b) = problems[i / 4];
+        let episode = &game.episode;
+        assert_eq!(
+            episode.prompt,
+            tokenizer.encode_prompt(&format!("{a:02}+{b:02}=")).unwrap(),
+            "episode {i}"
+        );
+        assert!(episode.turns >= 1 && game.env_s > 0.0, "episode {i}");
+        // The environment's text between turns, exactly, masked out; the turns 1.
+        let reply: Vec<i64> = tokenizer.encode(&format!(" no:{} {a:02}+{b:02}=", a + b)).unwrap();
+        let spans = runs(&episode.mask);
+        assert_eq!(
+            spans.iter().filter(|(sampled, _)| *sampled).count(),
+            episode.turns,
+            "episode {i}: {spans:?}"
+        );
+        for &(sampled, ref range) in &spans {
+            if !sampled {
+                assert_eq!(&episode.tokens[range.clone()], reply.as_slice(), "episode {i}");
+                assert!(episode.logprobs[range.clone()].iter().all(|&l| l == 0.0));
+                replies += 1;
+            }
+        }
+        // How it ended, and what the environment paid (every answer here is wrong).
+        assert_eq!(game.reward, 0.0, "episode {i}");
+        match &game.end {
+            EpisodeEnd::Done => assert_eq!((game.rewards.len(), episode.turns), (2, 2), "episode {i}"),
+            EpisodeEnd::TokenBudget => assert_eq!(game.rewards.len(), episode.turns - 1, "episode {i}"),
+            other => panic!("episode {i} ended {other:?}"),
+        }
+    }
+    assert!(replies > 0, "no episode got a reply");
+}
+
+/// The runs of equal values in `mask`: (sampled, the range).
+fn runs(mask: &[f32]) -> Vec<(bool, std::ops::Range<usize>)> {
+    let mut runs: Vec<(bool, std::ops::Range<usize>)> = Vec::new();
+    for (i, &m) in mask.iter().enumerate() {
+        let sampled = m > 0.0;
+        match runs.last_mut() {
+            Some((last, range)) if *last == sampled => range.end = i + 1,
+            _ => runs.push((sampled, i..i + 1)),
+        }
+    }
+    runs
+}

@@ -66,6 +66,10 @@ fn a_full_disk_or_a_read_only_registry_fails_the_job_naming_the_path_and_leaves_
     let latest = fs::read_to_string(checkpoints.join("LATEST")).unwrap();
     assert!(checkpoints.join(latest.trim()).join("state.json").is_file(), "LATEST: {latest}");
 
+    // The failed checkpoint's staging files were removed, which gave their blocks back: fill them
+    // again, or the upload below fits in them (it did once, 2026-11-30, on the suite's machine).
+    fill_disk(&daemon.state.join("ballast-after-the-failure"));
+
     // The API answers while the disk is full: reads, and a submit refused with a reason.
     assert_eq!(daemon.get("/healthz").0, 200);
     let (status, _) = get(&daemon, TEAM_TOKEN, "/v1/jobs");
