@@ -92,81 +92,30 @@ run_worker() {
 }
 
 step "SFT cold start: 300 steps"
-sed "s|{data}|$work/data|" >"$work/sft.toml" <<'TOML'
-[job]
-name = "arith-sft"
-team = "bench"
-model_line = "tiny-arith"
-seed = 1
-[model]
-policy = "builtin:tiny-arith"
-[data]
-train = "{data}/sft.jsonl"
-heldout = "{data}/heldout.jsonl"
-[optimizer]
-plugin = "sft"
-lr = 1e-3
-warmup_steps = 10
-micro_batch_size = 64
-[[verifiers]]
-plugin = "math"
-fallback = "last"
-[rollout]
-max_new_tokens = 4
-prompts_per_step = 64
-[budget]
-max_steps = 300
-[checkpoint]
-every_steps = 1000
-TOML
+# The learning test's specs, from the files it reads (tests/tests/learning.rs).
+learning=tests/data/learning
+sed "s|{data}|$work/data|" "$learning/sft.toml" >"$work/sft.toml"
 run_worker "$work/sft.toml" "$work/sft"
 policy=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"])' "$work/sft.json")/model
 
-# The learning test's LoRA GRPO job; $1: the run's name, $2: lines added under [rollout], $3: a
-# [resources] section or nothing.
+# The learning test's LoRA GRPO job (grpo.toml with the test's LoRA changes: its `LORA` adapters
+# and lr 2e-3), $steps steps, held-out every $eval_every; $1: the run's name, $2: lines added
+# under [rollout] (each after a newline), $3: sections appended.
 grpo_spec() {
-    sed -e "s|{data}|$work/data|" -e "s|{policy}|$policy|" -e "s|{steps}|$steps|" -e "s|{eval}|$eval_every|" \
-        -e "s|{rollout}|$2|" >"$work/$1.toml" <<'TOML'
-[job]
-name = "arith-grpo"
-team = "bench"
-model_line = "tiny-arith"
-seed = 2
-[model]
-policy = "{policy}"
-lora = { rank = 16, alpha = 32.0 }
-[data]
-train = "{data}/train.jsonl"
-heldout = "{data}/heldout.jsonl"
-[optimizer]
-plugin = "grpo"
-group_size = 8
-lr = 2e-3
-lr_schedule = "cosine"
-micro_batch_size = 512
-kl_beta = 0.0
-[[verifiers]]
-plugin = "math"
-fallback = "last"
-[rollout]
-max_new_tokens = 4
-temperature = 0.85
-prompts_per_step = 64
-{rollout}
-[eval]
-every_steps = {eval}
-[budget]
-max_steps = {steps}
-[checkpoint]
-every_steps = 1000
-TOML
-    printf '%s' "$3" >>"$work/$1.toml"
+    local out=$work/$1.toml
+    sed -e "s|{data}|$work/data|" -e "s|{policy}|$policy|" -e 's|^lr = 5e-4$|lr = 2e-3|' \
+        -e "s|^max_steps = 200$|max_steps = $steps|" -e 's|^\[data\]$|lora = { rank = 16, alpha = 32.0 }\n[data]|' \
+        -e "s|^temperature = 0.85$|temperature = 0.85$2|" "$learning/grpo.toml" >"$out"
+    printf '[eval]\nevery_steps = %s\n%s' "$eval_every" "$3" >>"$out"
+    for line in 'lr = 2e-3' "max_steps = $steps" 'lora = { rank = 16, alpha = 32.0 }'; do
+        grep -qxF "$line" "$out" || { echo "error: $learning/grpo.toml changed: no '$line' in $out" >&2; exit 1; }
+    done
 }
 
 runs=(native vllm vllm-off)
 grpo_spec native "" ""
-grpo_spec vllm 'engine = "vllm"' ""
-grpo_spec vllm-off 'engine = "vllm"\noff_policy_steps = 1' $'[resources]\ndevices = 2\n'
+grpo_spec vllm '\nengine = "vllm"' ""
+grpo_spec vllm-off '\nengine = "vllm"\noff_policy_steps = 1' $'[resources]\ndevices = 2\n'
 for run in "${runs[@]}"; do
     step "GRPO LoRA, $run: $steps steps"
     extra=()

@@ -59,7 +59,9 @@ fn text(reply: &rlvr_env::Reply) -> &str {
 fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
     let python = peer_python("scripts/openenv-venv.sh", &[]);
     let server = EnvServer::start(&python, &["--max-concurrent-envs", "2"]);
-    let slow = EnvServer::start(&python, &["--step-delay-s", "3"]);
+    // Far slower than the timeout below, which is far above what a loaded machine takes to open
+    // a session: only the step can run past it.
+    let slow = EnvServer::start(&python, &["--step-delay-s", "30"]);
     let policy = Policy::new(&["127.0.0.1/32".to_owned()], false).unwrap();
     let timeout = Duration::from_secs(20);
 
@@ -95,7 +97,7 @@ fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
     assert!(reopened, "a closed session's place was not given back");
 
     // A step slower than the timeout is cut there, naming it.
-    let mut session = Session::open(&slow.url, &policy, Duration::from_secs(1)).unwrap();
+    let mut session = Session::open(&slow.url, &policy, Duration::from_secs(5)).unwrap();
     session.reset(&args(json!({"a": 1, "b": 1}))).unwrap();
     let error = session.step(&json!({"answer": "2"})).unwrap_err();
     assert!(matches!(error, EnvError::Timeout { what: "step", .. }), "{error}");

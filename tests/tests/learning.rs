@@ -403,66 +403,13 @@ const MUL_GRPO: &[(&str, &str)] = &[("lr = 5e-4", "lr = 1e-4"), ("max_new_tokens
 const LORA: &str = "lora = { rank = 16, alpha = 32.0 }";
 
 /// SFT on the 300 demonstrations, 64 a step, to its plateau.
-const SFT: &str = r#"
-[job]
-name = "arith-sft"
-team = "tests"
-model_line = "tiny-arith"
-seed = 1
-[model]
-policy = "builtin:tiny-arith"
-[data]
-train = "{data}/sft.jsonl"
-heldout = "{data}/heldout.jsonl"
-[optimizer]
-plugin = "sft"
-lr = 1e-3
-warmup_steps = 10
-micro_batch_size = 64
-[[verifiers]]
-plugin = "math"
-fallback = "last"
-[rollout]
-max_new_tokens = 4
-prompts_per_step = 64
-[budget]
-max_steps = 300
-[checkpoint]
-every_steps = 1000
-"#;
+/// (`scripts/bench/off-policy.sh` runs this file too.)
+const SFT: &str = include_str!("../data/learning/sft.toml");
 
 /// GRPO on the 2 000 training prompts: 64 prompts × 8 completions a step in one micro-batch, no
 /// KL term (so no reference pass), the learning rate's cosine decay to 0 over the 200 steps.
-const GRPO: &str = r#"
-[job]
-name = "arith-grpo"
-team = "tests"
-model_line = "tiny-arith"
-seed = 2
-[model]
-policy = "{policy}"
-[data]
-train = "{data}/train.jsonl"
-heldout = "{data}/heldout.jsonl"
-[optimizer]
-plugin = "grpo"
-group_size = 8
-lr = 5e-4
-lr_schedule = "cosine"
-micro_batch_size = 512
-kl_beta = 0.0
-[[verifiers]]
-plugin = "math"
-fallback = "last"
-[rollout]
-max_new_tokens = 4
-temperature = 0.85
-prompts_per_step = 64
-[budget]
-max_steps = 200
-[checkpoint]
-every_steps = 1000
-"#;
+/// (`scripts/bench/off-policy.sh` runs this file too, with the changes of this file's LoRA jobs.)
+const GRPO: &str = include_str!("../data/learning/grpo.toml");
 
 /// The held-out prompts scored by one GRPO step: greedy, two completions a prompt, all of them
 /// at once; the learning rate is the smallest the spec takes (the step's update is not used).

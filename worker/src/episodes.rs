@@ -91,7 +91,8 @@ pub fn play(
     settings: &EpisodeSettings,
 ) -> Result<Vec<Played>, RoundError> {
     let tokenizer = &model.tokenizer;
-    let opened: Vec<Result<(Session, Reply, f64), EnvError>> = each(resets.len(), |i| {
+    let mut slots = vec![(); resets.len()];
+    let opened: Vec<Result<(Session, Reply, f64), EnvError>> = each_mut(&mut slots, |i, ()| {
         let started = Instant::now();
         let mut session = Session::open(&settings.server, &settings.policy, settings.step_timeout)?;
         let first = session.reset(&resets[i])?;
@@ -202,22 +203,6 @@ fn observation_text(reply: &Reply, field: &str) -> Option<String> {
 
 /// At most this many sessions are waited on at once (a thread each).
 const AT_ONCE: usize = 64;
-
-/// `f(i)` for every `i` below `n`, at most [`AT_ONCE`] at a time, in order.
-fn each<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let mut out = Vec::with_capacity(n);
-    for start in (0..n).step_by(AT_ONCE) {
-        let end = (start + AT_ONCE).min(n);
-        std::thread::scope(|scope| {
-            let f = &f;
-            let handles: Vec<_> = (start..end).map(|i| scope.spawn(move || f(i))).collect();
-            out.extend(
-                handles.into_iter().map(|handle| handle.join().expect("an environment thread panicked")),
-            );
-        });
-    }
-    out
-}
 
 /// `f(j, item)` for every item, at most [`AT_ONCE`] at a time, in order.
 fn each_mut<S: Send, T: Send>(items: &mut [S], f: impl Fn(usize, &mut S) -> T + Sync) -> Vec<T> {

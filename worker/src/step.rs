@@ -149,9 +149,22 @@ fn online_step(
     };
     update_grant.release(job.device);
     let update_s = update_started.elapsed().as_secs_f64() - sync_s.unwrap_or(0.0);
-    observe_groups(job, step, &sampled)?;
-    let records = rollout_records(job, step, weights_step, &sampled.batch, &trained);
-    let mut metrics = online_metrics(step, &sampled, &trained);
+    finish_online(job, step, weights_step, &sampled, &trained, (update_s, sync_s, step_started))
+}
+
+/// What an online step hands back once trained: the curriculum told, the records, the metrics
+/// line with the step's times (`update_s`, `sync_s`, and when the step started).
+fn finish_online(
+    job: &mut Job,
+    step: u64,
+    weights_step: u64,
+    sampled: &SampledStep,
+    trained: &OnlineUpdate,
+    (update_s, sync_s, step_started): (f64, Option<f64>, Instant),
+) -> Result<StepOutput, StepError> {
+    observe_groups(job, step, sampled)?;
+    let records = rollout_records(job, step, weights_step, &sampled.batch, trained);
+    let mut metrics = online_metrics(step, sampled, trained);
     metrics.time = Some(StepTimes {
         rollout_s: Some(sampled.rollout_s),
         verify_s: Some(sampled.verify_s),
@@ -234,15 +247,7 @@ fn off_policy_step(
         false => None,
     };
     let batch = score_round(job, step, 0, picked, prompt_tokens, sampled, rollout_s)?;
-    let sampled_step = SampledStep {
-        outcomes: batch.outcomes(group_size),
-        first_groups: batch.picked.len(),
-        tokens: batch.tokens(),
-        extra_rounds: None,
-        rollout_s: batch.rollout_s,
-        verify_s: batch.verify_s,
-        batch,
-    };
+    let sampled_step = SampledStep::of_round(batch, group_size);
     let update_started = Instant::now();
     // The weights the next round samples are this step's starting ones: a step sampled on policy
     // copies them; a step sampled one behind gets them from the swap that computes its own.
@@ -276,20 +281,10 @@ fn off_policy_step(
         None => None,
     };
     grant.release(job.device);
-    observe_groups(job, step, &sampled_step)?;
-    let records = rollout_records(job, step, weights_step, &sampled_step.batch, &trained);
-    let mut metrics = online_metrics(step, &sampled_step, &trained);
-    metrics.policy_lag = Some((step - 1) - weights_step);
-    metrics.time = Some(StepTimes {
-        rollout_s: Some(sampled_step.rollout_s),
-        verify_s: Some(sampled_step.verify_s),
-        update_s,
-        sync_s,
-        step_s: step_started.elapsed().as_secs_f64(),
-        generation_tokens_per_s: Some(sampled_step.tokens as f64 / sampled_step.rollout_s.max(1e-9)),
-        verifier_latency_us: Some(latency(&sampled_step.batch.scored)),
-    });
-    Ok(StepOutput { metrics, records, tokens_generated: sampled_step.tokens })
+    let times = (update_s, sync_s, step_started);
+    let mut output = finish_online(job, step, weights_step, &sampled_step, &trained, times)?;
+    output.metrics.policy_lag = Some((step - 1) - weights_step);
+    Ok(output)
 }
 
 /// A step's sampling: the batch trained on, and what every round sampled.
@@ -309,26 +304,32 @@ struct SampledStep {
     verify_s: f64,
 }
 
+impl SampledStep {
+    /// A step of one round: `round` is what it trains on and all it sampled.
+    fn of_round(round: Round, group_size: usize) -> SampledStep {
+        SampledStep {
+            outcomes: round.outcomes(group_size),
+            first_groups: round.picked.len(),
+            tokens: round.tokens(),
+            extra_rounds: None,
+            rollout_s: round.rollout_s,
+            verify_s: round.verify_s,
+            batch: round,
+        }
+    }
+}
+
 /// The step's prompts, then — with dynamic sampling — more rounds while groups that teach
 /// nothing (all pass or all fail) leave the batch short.
 fn sample_step(job: &mut Job, step: u64, rollout_grant: Grant) -> Result<SampledStep, StepError> {
     let count = job.spec.rollout.prompts_per_step as usize;
     let group_size = job.spec.optimizer.group_size as usize;
-    let first = sample_round(job, step, 0, count, rollout_grant)?;
-    let mut sampled = SampledStep {
-        outcomes: first.outcomes(group_size),
-        first_groups: first.picked.len(),
-        tokens: first.tokens(),
-        extra_rounds: None,
-        rollout_s: first.rollout_s,
-        verify_s: first.verify_s,
-        batch: Round::default(),
-    };
+    let mut sampled = SampledStep::of_round(sample_round(job, step, 0, count, rollout_grant)?, group_size);
     let rounds = job.spec.rollout.dynamic_sampling_rounds;
     if rounds == 0 {
-        sampled.batch = first;
         return Ok(sampled);
     }
+    let first = std::mem::take(&mut sampled.batch);
     let mut kept = Round::default();
     kept.take_informative(&first, group_size, count);
     let mut extra_rounds = 0;
