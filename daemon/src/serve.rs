@@ -281,6 +281,7 @@ impl Services {
             auth::Limits {
                 per_team: config.api.rate_limit_per_minute,
                 failures_per_address: config.api.auth_failures_per_minute,
+                requests_per_team: config.api.requests_per_team,
             },
             metrics.api_auth_refusals.clone(),
         ));

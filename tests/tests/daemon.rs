@@ -49,7 +49,7 @@ fn validate_reports_every_problem_with_where_it_came_from() {
     let expected = [
         "config has 7 problem(s):".to_owned(),
         format!(
-            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team (from file {shown})"
+            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team (from file {shown})"
         ),
         format!(
             "api.listen: expected a socket address like 127.0.0.1:8470, found \"nonsense\" (from file {shown})"

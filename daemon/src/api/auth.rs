@@ -13,6 +13,10 @@
 //! so it is not this limit that makes them unguessable; it bounds what a scan costs and makes it
 //! show (`rlvr_api_auth_refusals_total`).
 //!
+//! A team also has at most `api.requests_per_team` requests open at once (429 past it): a request
+//! holds its place from the check to the last byte of its answer, so a team cannot take every
+//! connection with slow downloads or streams, whatever its request rate.
+//!
 //! Rate limits are governor's. Handlers take the [`Caller`] from the request's extensions. A job's
 //! token (`jobs::tokens`, minted by the supervisor for each run of an engine job, valid while its
 //! `JobToken` lives) reaches `POST /v1/verify` only.
@@ -24,6 +28,10 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
@@ -36,6 +44,7 @@ use prometheus_client::metrics::family::Family;
 use sha2::{Digest, Sha256};
 
 use super::failure::Failure;
+use super::lanes::{Caps, Lane, Lanes, Ticket, Work};
 use crate::config::AuthConfig;
 use crate::jobs::tokens::{JobTokens, TokenJob};
 use crate::metrics::ReasonLabel;
@@ -93,6 +102,8 @@ pub enum AuthError {
     TooManyFailures { retry_after_s: u64 },
     /// Over the team's rate limit; retry after this many seconds.
     RateLimited { retry_after_s: u64 },
+    /// The team has `api.requests_per_team` requests open: the message says so.
+    Busy(String),
 }
 
 impl From<AuthError> for Failure {
@@ -130,6 +141,7 @@ impl From<AuthError> for Failure {
                 ),
             )
             .retry(retry_after_s),
+            AuthError::Busy(message) => Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1),
         }
     }
 }
@@ -143,6 +155,7 @@ impl AuthError {
             AuthError::Unknown => "unknown",
             AuthError::TooManyFailures { .. } => "too_many_failures",
             AuthError::RateLimited { .. } => "rate_limited",
+            AuthError::Busy(_) => "busy",
         }
     }
 }
@@ -154,6 +167,8 @@ pub struct Limits {
     pub per_team: u32,
     /// `api.auth_failures_per_minute`: failed authentications per client address.
     pub failures_per_address: u32,
+    /// `api.requests_per_team`: requests open at once per team.
+    pub requests_per_team: u32,
 }
 
 /// How often the failure limiter forgets addresses whose allowance is full again: it is keyed by
@@ -168,6 +183,8 @@ pub struct Auth {
     failures: DefaultKeyedRateLimiter<IpAddr>,
     last_forget: Mutex<Instant>,
     refusals: Family<ReasonLabel, Counter>,
+    /// Teams' open requests; `api.max_connections` bounds them all together.
+    open: Arc<Lanes>,
 }
 
 impl Auth {
@@ -194,6 +211,10 @@ impl Auth {
             failures: RateLimiter::keyed(whole_minute_at_once(limits.failures_per_address)),
             last_forget: Mutex::new(Instant::now()),
             refusals,
+            open: Lanes::new(
+                Caps { at_once: usize::MAX, per_team: limits.requests_per_team as usize },
+                Work { taking: "request(s) open", per_team_setting: "api.requests_per_team" },
+            ),
         }
     }
 
@@ -219,10 +240,27 @@ impl Auth {
             }
         };
         if let Err(error) = &checked {
-            self.refusals.get_or_create(&ReasonLabel { reason: error.reason() }).inc();
-            tracing::debug!(%peer, reason = error.reason(), "request refused before its handler");
+            self.refused(peer, error);
         }
         checked
+    }
+
+    /// A place among the team's open requests for `caller`'s request, held until dropped; a job's
+    /// token takes none (its grading is bounded by its lane on the verify route).
+    pub fn open(&self, peer: IpAddr, caller: &Caller) -> Result<Option<Ticket>, AuthError> {
+        if caller.job.is_some() {
+            return Ok(None);
+        }
+        self.open.try_take(Lane::Team(caller.team.clone())).map(Some).map_err(|message| {
+            let error = AuthError::Busy(message);
+            self.refused(peer, &error);
+            error
+        })
+    }
+
+    fn refused(&self, peer: IpAddr, error: &AuthError) {
+        self.refusals.get_or_create(&ReasonLabel { reason: error.reason() }).inc();
+        tracing::debug!(%peer, reason = error.reason(), "request refused before its handler");
     }
 
     /// The token's caller, without any limit.
@@ -281,7 +319,8 @@ fn address_key(peer: IpAddr) -> IpAddr {
 
 /// The middleware of every route but `/healthz` and `/metrics`: the token is checked (and the
 /// limits) before any extractor runs, so a refused request's body is never read; the handler
-/// finds the [`Caller`] in the request's extensions.
+/// finds the [`Caller`] in the request's extensions. The request's place among its team's open
+/// requests goes with its answer's body.
 pub async fn require_token(
     State(auth): State<Arc<Auth>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -300,11 +339,45 @@ pub async fn require_token(
             )
             .into_response()
         }
-        Ok(caller) => {
-            request.extensions_mut().insert(caller);
-            next.run(request).await
-        }
+        Ok(caller) => match auth.open(peer.ip(), &caller) {
+            Ok(place) => {
+                request.extensions_mut().insert(caller);
+                let response = next.run(request).await;
+                match place {
+                    Some(place) => response.map(|body| Body::new(Holding { body, _place: place })),
+                    None => response,
+                }
+            }
+            Err(error) => Failure::from(error).into_response(),
+        },
         Err(error) => Failure::from(error).into_response(),
+    }
+}
+
+/// An answer's body that holds its request's place until it is sent whole or dropped (the client
+/// gone): a download or an event stream counts as open for as long as it runs.
+struct Holding {
+    body: Body,
+    _place: Ticket,
+}
+
+impl http_body::Body for Holding {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -325,7 +398,7 @@ mod tests {
                 tokens: vec![token("math", "math-secret", false), token("ops", "ops-secret", true)],
             },
             Arc::default(),
-            Limits { per_team, failures_per_address },
+            Limits { per_team, failures_per_address, requests_per_team: 100 },
             Family::default(),
         )
     }
@@ -387,7 +460,7 @@ mod tests {
         let auth = Auth::new(
             &config,
             Arc::default(),
-            Limits { per_team: 100, failures_per_address: 100 },
+            Limits { per_team: 100, failures_per_address: 100, requests_per_team: 100 },
             Family::default(),
         );
         let caller = auth.check(HOME, &headers(Some(&format!("Bearer {}", first.token)))).unwrap();
@@ -441,7 +514,7 @@ mod tests {
         let auth = Auth::new(
             &AuthConfig::default(),
             jobs.clone(),
-            Limits { per_team: 1, failures_per_address: 100 },
+            Limits { per_team: 1, failures_per_address: 100, requests_per_team: 100 },
             Family::default(),
         );
         let minted = jobs.mint("math", "01JOB", 2).unwrap();
@@ -470,5 +543,69 @@ mod tests {
             let key: IpAddr = key.parse().unwrap();
             assert_eq!(address_key(peer.parse().unwrap()), key, "{peer}");
         }
+    }
+
+    // regression: one team's slow downloads and streams could hold every connection
+    #[tokio::test]
+    async fn a_team_holds_at_most_its_open_requests_each_until_its_answer_is_sent_or_dropped() {
+        use axum::routing::{get, post};
+        use tower::ServiceExt;
+        let jobs = Arc::new(JobTokens::default());
+        let config = AuthConfig {
+            tokens: ["math", "ops"]
+                .map(|team| crate::config::TokenConfig {
+                    team: team.into(),
+                    sha256: hex::encode(Sha256::digest(format!("{team}-secret").as_bytes())),
+                    admin: false,
+                })
+                .into(),
+        };
+        let limits = Limits { per_team: 100, failures_per_address: 100, requests_per_team: 2 };
+        let auth = Arc::new(Auth::new(&config, jobs.clone(), limits, Family::default()));
+        // An answer whose body never ends (a stream, a download the client reads slowly).
+        let endless =
+            || async { Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()) };
+        let router = axum::Router::new()
+            .route("/held", get(endless))
+            .route("/quick", get(|| async { "ok" }))
+            .route("/v1/verify", post(|| async { "graded" }))
+            .route_layer(axum::middleware::from_fn_with_state(auth.clone(), require_token));
+        let call = |method: &str, path: &str, token: &str| {
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(AUTHORIZATION, format!("Bearer {token}"))
+                .extension(ConnectInfo(SocketAddr::from((HOME, 9))))
+                .body(Body::empty())
+                .unwrap();
+            router.clone().oneshot(request)
+        };
+        let status = |response: &Response| response.status().as_u16();
+        let first = call("GET", "/held", "math-secret").await.unwrap();
+        let second = call("GET", "/held", "math-secret").await.unwrap();
+        assert_eq!((status(&first), status(&second)), (200, 200));
+        let refused = call("GET", "/quick", "math-secret").await.unwrap();
+        assert_eq!(status(&refused), 429);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        let body = axum::body::to_bytes(refused.into_body(), 1 << 16).await.unwrap();
+        let expected = "your team has 2 request(s) open already (api.requests_per_team); retry when one ends";
+        assert!(String::from_utf8_lossy(&body).contains(expected), "{body:?}");
+        // Another team, and the team's engine job grading with its own token, are not held back.
+        assert_eq!(status(&call("GET", "/quick", "ops-secret").await.unwrap()), 200);
+        let job = jobs.mint("math", "01JOB", 1).unwrap();
+        assert_eq!(status(&call("POST", "/v1/verify", &job.token).await.unwrap()), 200);
+        // A dropped answer (its client gone) gives its place back; an answer read whole does too.
+        drop(first);
+        for _ in 0..3 {
+            let answer = call("GET", "/quick", "math-secret").await.unwrap();
+            assert_eq!(status(&answer), 200);
+            assert_eq!(axum::body::to_bytes(answer.into_body(), 16).await.unwrap(), "ok");
+        }
+        let third = call("GET", "/held", "math-secret").await.unwrap();
+        assert_eq!(status(&third), 200);
+        assert_eq!(status(&call("GET", "/quick", "math-secret").await.unwrap()), 429);
+        let busy = auth.refusals.get_or_create(&ReasonLabel { reason: "busy" }).get();
+        assert_eq!(busy, 2);
+        drop((second, third));
     }
 }

@@ -1,12 +1,14 @@
 //! Places for long-running work a team's token starts, so that no team takes every place: a lane
 //! per team (`per_team` at once) under a daemon-wide cap (`at_once`), and for an engine job's own
-//! token a lane of its own, as wide as the job's ranks, that no team's work can fill. Two kinds of
+//! token a lane of its own, as wide as the job's ranks, that no team's work can fill. Three kinds of
 //! work take places:
 //! - graders' dry-runs on `POST /v1/verify` (`api.dry_runs_per_team`, `api.dry_runs_at_once`;
 //!   an engine's ranks grade in their job's lane), each place held until the grading it admitted
 //!   ends, not until the request that asked for it goes away;
 //! - event streams (`api.streams_per_team`, half of `api.max_connections` over the daemon, the
-//!   other half kept for plain requests), each held while its stream is open.
+//!   other half kept for plain requests), each held while its stream is open;
+//! - every request of a team token (`api.requests_per_team`, `auth::require_token`), held until
+//!   its answer is sent or dropped.
 //!
 //! [`admit`] is the rule, on counts; [`Lanes`] keeps the counts, a [`Ticket`] holds one place.
 

@@ -148,8 +148,8 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// What `auth::require_token` may answer on every token route before its handler runs: 401
-/// (no token, or an unknown one) and 429 (over the team's rate limit, or too many failed
-/// authentications from the client's address). Added to each operation that names a security
+/// (no token, or an unknown one) and 429 (over the team's rate limit or open requests, or too many
+/// failed authentications from the client's address). Added to each operation that names a security
 /// requirement, so that no route's document can forget them.
 struct TokenAnswers;
 
@@ -161,8 +161,9 @@ impl utoipa::Modify for TokenAnswers {
             ("401", "No token, or one the daemon does not know"),
             (
                 "429",
-                "Over the team's api.rate_limit_per_minute, or too many failed authentications from \
-                 this address (api.auth_failures_per_minute); Retry-After says when to come back",
+                "Over the team's api.rate_limit_per_minute or api.requests_per_team, or too many \
+                 failed authentications from this address (api.auth_failures_per_minute); \
+                 Retry-After says when to come back",
             ),
         ];
         for item in openapi.paths.paths.values_mut() {

@@ -292,6 +292,13 @@ pub(super) const FIELDS: &[Field] = &[
          requests and /healthz.",
     ),
     field(
+        "api.requests_per_team",
+        integer(1, 1_000_000, None, 64),
+        "Requests one team may have open at once, from the end of a request's head to the last byte \
+         of its answer (event streams and downloads included); more get 429. A connection has no \
+         team until its request is read: max_connections bounds connections over all teams.",
+    ),
+    field(
         "plugins.dirs",
         Kind::Dirs(&[DEFAULT_PLUGIN_DIR]),
         "Directories watched for plugin libraries (*.so). A directory that does not exist is not an \

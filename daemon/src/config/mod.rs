@@ -105,6 +105,8 @@ pub struct ApiConfig {
     pub dry_run_budget_s: u64,
     /// Event streams one team may have open at once.
     pub streams_per_team: u32,
+    /// Requests one team may have open at once, event streams included.
+    pub requests_per_team: u32,
 }
 
 /// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.
