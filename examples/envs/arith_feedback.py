@@ -4,7 +4,9 @@ answer gets the sum back as feedback and one more try; a right answer ends the e
 The environment's reply is what makes the second turn winnable: trained single-turn, a model gets
 one try and no feedback; trained on this environment, it can learn to use the reply.
 
-    python arith_feedback.py --port 8000 [--max-concurrent-envs 64] [--step-delay-s 0]
+    python arith_feedback.py --port 8000 [--max-concurrent-envs 64] [--step-delay-s 0] [--pad]
+
+`--pad` writes operands with two digits (`07+31=`), as `rlvrd data arith --pad` does.
 
 `reset` takes the data row's `a` and `b` (integers); an action is `{"answer": "..."}`. Runs on the
 venv `scripts/openenv-venv.sh` makes.
@@ -40,6 +42,7 @@ class ArithState(State):
 class ArithFeedback(Environment[ArithAction, ArithObservation, ArithState]):
     SUPPORTS_CONCURRENT_SESSIONS = True
     step_delay_s = 0.0
+    pad = False
 
     def __init__(self):
         super().__init__()
@@ -47,7 +50,11 @@ class ArithFeedback(Environment[ArithAction, ArithObservation, ArithState]):
 
     def reset(self, seed=None, episode_id=None, a: int = 0, b: int = 0, **kwargs):
         self._state = ArithState(episode_id=episode_id or str(uuid.uuid4()), a=int(a), b=int(b))
-        return ArithObservation(text=f"{a:02d}+{b:02d}=", done=False, reward=0.0)
+        return ArithObservation(text=self.problem(), done=False, reward=0.0)
+
+    def problem(self):
+        a, b = self._state.a, self._state.b
+        return f"{a:02d}+{b:02d}=" if self.pad else f"{a}+{b}="
 
     def step(self, action, timeout_s=None, **kwargs):
         time.sleep(self.step_delay_s)
@@ -60,7 +67,7 @@ class ArithFeedback(Environment[ArithAction, ArithObservation, ArithState]):
         if state.tries >= TRIES:
             return ArithObservation(text="", done=True, reward=0.0)
         total = state.a + state.b
-        return ArithObservation(text=f" no:{total} {state.a:02d}+{state.b:02d}=", done=False, reward=0.0)
+        return ArithObservation(text=f" no:{total} {self.problem()}", done=False, reward=0.0)
 
     @property
     def state(self):
@@ -73,8 +80,10 @@ def main():
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--max-concurrent-envs", type=int, default=64)
     parser.add_argument("--step-delay-s", type=float, default=0.0)
+    parser.add_argument("--pad", action="store_true", help="operands with two digits (07+31=)")
     args = parser.parse_args()
     ArithFeedback.step_delay_s = args.step_delay_s
+    ArithFeedback.pad = args.pad
     app = create_app(
         ArithFeedback,
         ArithAction,

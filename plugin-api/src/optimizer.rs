@@ -45,7 +45,9 @@ impl TensorHandle {
 /// What the trainer passes to compute advantages, once per batch, before any update. Every tensor
 /// is borrowed and has no grad. Rows are completions; completions of a group are contiguous.
 /// Completions are right-padded: row `i`'s tokens are columns `0..len_i`, where `mask` is 1; the
-/// mask is 0 elsewhere (any float dtype). Values under a 0 of the mask are unspecified.
+/// mask is 0 elsewhere (any float dtype). A multi-turn episode's row (a job with `[env]`) also has
+/// 0s between its 1s, on the environment's replies, which are not trained on. Values under a 0 of
+/// the mask are unspecified.
 /// Tensors the plugin returns must have the dtype and device of `old_logprobs`.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy)]
@@ -58,7 +60,8 @@ pub struct AdvantageInputs<'a> {
     pub old_logprobs: TensorHandle,
     /// Reference log-probabilities, `[B, T]`, when the plugin needs a reference.
     pub ref_logprobs: ROption<TensorHandle>,
-    /// 1 on completion tokens, 0 on padding, `[B, T]`.
+    /// 1 on completion tokens (a multi-turn episode's turns), 0 on padding (and on an episode's
+    /// replies), `[B, T]`.
     pub mask: TensorHandle,
     /// Value-head outputs at sampling time, `[B, T]`, when the plugin needs a value head.
     pub values: ROption<TensorHandle>,

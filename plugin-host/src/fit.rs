@@ -18,15 +18,16 @@ pub fn fit_problems(
     let online = matches!(info.data_mode, DataMode::OnlineGroups | DataMode::OnlineWithCritic);
     if trains == TrainedModel::RewardModel {
         reward_model_problems(spec, info, optimizer_id, &mut problems);
-    } else if online && spec.verifiers.is_empty() {
+    } else if online && spec.verifiers.is_empty() && spec.env.is_none() {
         problems.push((
             "verifiers".to_owned(),
             format!(
-                "{optimizer_id} trains on rewards ({}); name at least one verifier",
+                "{optimizer_id} trains on rewards ({}); name at least one verifier (or an [env], whose \
+                 episodes' rewards are the environment's)",
                 info.data_mode.as_str()
             ),
         ));
-    } else if spec.verifiers.is_empty() {
+    } else if spec.verifiers.is_empty() && spec.env.is_none() {
         for (field, path) in [("data.heldout", &spec.data.heldout), ("data.canaries", &spec.data.canaries)] {
             if path.is_some() {
                 problems.push((
@@ -43,6 +44,24 @@ pub fn fit_problems(
             format!(
                 "{optimizer_id} compares completions within a group; expected at least 2, got {}",
                 spec.optimizer.group_size
+            ),
+        ));
+    }
+    if spec.env.is_some() && info.data_mode == DataMode::OnlineWithCritic {
+        problems.push((
+            "env".to_owned(),
+            format!(
+                "{optimizer_id}'s critic gives credit by position, and an episode's turns are not contiguous \
+                 (the environment's replies lie between them): train episodes with GRPO or RLOO"
+            ),
+        ));
+    }
+    if spec.env.is_some() && !online {
+        problems.push((
+            "env".to_owned(),
+            format!(
+                "an environment's episodes are the rollouts of online training (GRPO, RLOO, PPO); \
+                 {optimizer_id} trains offline"
             ),
         ));
     }
@@ -112,4 +131,51 @@ pub fn optimizer_needs(meta: &PluginMeta) -> Option<OptimizerInfo> {
         needs_groups: meta.needs_groups.unwrap_or(false),
         libtorch_version: rlvr_plugin_api::LIBTORCH_VERSION.into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(data_mode: DataMode) -> OptimizerInfo {
+        OptimizerInfo {
+            data_mode,
+            needs_reference: false,
+            needs_value_head: data_mode == DataMode::OnlineWithCritic,
+            needs_groups: false,
+            libtorch_version: "2.11.0".into(),
+        }
+    }
+
+    fn spec(more: &str) -> JobSpec {
+        let text = format!(
+            "[job]\nname = \"j\"\nteam = \"t\"\nmodel_line = \"j\"\nseed = 1\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+             [data]\ntrain = \"d.jsonl\"\n[optimizer]\nplugin = \"p\"\n[budget]\nmax_steps = 2\n{more}"
+        );
+        JobSpec::from_toml(&text).unwrap()
+    }
+
+    #[test]
+    fn an_environment_stands_for_the_verifiers_of_online_training_and_only_there() {
+        let env = "[env]\nkind = \"openenv\"\nurl = \"http://127.0.0.1:8000\"\n";
+        let grader = "[[verifiers]]\nplugin = \"math\"\n";
+        // (the spec's sections, its optimizer's data mode, the fields refused)
+        let cases: &[(&str, DataMode, &[&str])] = &[
+            ("", DataMode::OnlineGroups, &["verifiers"]),
+            (env, DataMode::OnlineGroups, &[]),
+            (&format!("{env}{grader}"), DataMode::OnlineGroups, &[]),
+            (env, DataMode::OnlineWithCritic, &["env"]),
+            (env, DataMode::OfflineSft, &["env"]),
+            ("", DataMode::OfflineSft, &[]),
+        ];
+        for (more, mode, refused) in cases {
+            let spec = spec(more);
+            let problems = fit_problems(&spec, &info(*mode), TrainedModel::Policy, "opt@1");
+            let fields: Vec<&str> = problems.iter().map(|(field, _)| field.as_str()).collect();
+            assert_eq!(&fields, refused, "{more} {mode:?}: {problems:?}");
+        }
+        let spec = spec(env);
+        let problems = fit_problems(&spec, &info(DataMode::OnlineWithCritic), TrainedModel::Policy, "ppo@1");
+        assert!(problems[0].1.contains("ppo@1's critic gives credit by position"), "{problems:?}");
+    }
 }

@@ -28,6 +28,7 @@
 //!   previous stage's output, and the pipeline routes' wire types.
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
+//! - [`env`]: `[env]`, a multi-turn job's environment, and its checks (pure).
 //! - [`signals`]: why a job may not be learning (steps whose groups were all-fail or all-pass).
 
 pub mod api;
@@ -36,6 +37,7 @@ pub mod builtin;
 pub mod checkpoints;
 pub mod curricula;
 pub mod engine;
+pub mod env;
 pub mod formula;
 pub mod fs;
 pub mod gates;

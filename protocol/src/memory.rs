@@ -476,7 +476,13 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     // Sequence lengths.
     let new_tokens = u64::from(spec.rollout.max_new_tokens);
     let prompt = inputs.data.prompt_tokens + TEMPLATE_TOKENS;
-    let completion = if inputs.needs.offline { inputs.data.completion_tokens + 1 } else { new_tokens };
+    let completion = match &spec.env {
+        // An episode: its turns and the environment's replies between them, each reply counted
+        // as long as a turn (what an environment answers is not known before it runs).
+        Some(env) => u64::from(env.max_turns) * 2 * new_tokens,
+        None if inputs.needs.offline => inputs.data.completion_tokens + 1,
+        None => new_tokens,
+    };
     let kv_per_token = shape.kv_bytes_per_token(spec.model.dtype);
 
     let mut phases = Vec::new();

@@ -53,6 +53,9 @@ pub struct JobSpec {
     /// `[tracking]`: an MLflow tracking server the daemon logs the job's run to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking: Option<TrackingSection>,
+    /// `[env]`: the environment a multi-turn job's episodes are played against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<crate::env::EnvSection>,
 }
 
 fn is_native(engine: &crate::engine::EngineSection) -> bool {
@@ -959,6 +962,7 @@ impl JobSpec {
         let formula = self.reward.as_ref().map(|reward| reward.formula.as_str());
         errors.extend(check_graders(&self.verifiers, formula, "verifiers", "reward.formula").1);
         errors.extend(relations(self));
+        errors.extend(crate::env::problems(self));
         errors.extend(self.tracking.iter().flat_map(|tracking| tracking.problems(&self.job.team)));
         if errors.is_empty() { Ok(()) } else { Err(SpecErrors(errors)) }
     }

@@ -666,6 +666,9 @@ pub struct MetricsLine {
     /// What dynamic sampling did, when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_sampling: Option<DynamicSampling>,
+    /// A multi-turn job's episodes (`[env]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvFigures>,
     /// Rows trained on (offline training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<usize>,
@@ -753,7 +756,7 @@ pub struct RolloutRecord {
     pub prompt_tokens: usize,
     /// Tokens of the completion.
     pub completion_tokens: usize,
-    /// `eos`, `stop` or `length`.
+    /// `eos`, `stop` or `length`; an episode's end (`episode.end`).
     pub finish: String,
     /// The weighted reward.
     pub reward: f64,
@@ -773,6 +776,9 @@ pub struct RolloutRecord {
     pub logprob: RolloutLogprobs,
     /// How it was sampled.
     pub sampling: RolloutSampling,
+    /// A multi-turn job's episode (`[env]`): `completion` is its text, turns and replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episode: Option<EpisodeRecord>,
 }
 
 /// A completion's summed log-probabilities.
@@ -827,6 +833,56 @@ pub struct DynamicSampling {
     pub groups_sampled: usize,
     /// Groups trained on.
     pub groups_trained: usize,
+}
+
+/// What a step's episodes did against the environment (`[env]`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EnvFigures {
+    /// Episodes played.
+    pub episodes: usize,
+    /// Model turns per episode, on average.
+    pub turns_mean: f64,
+    /// The environment's reward per episode, on average (`env.reward`, before any grader's).
+    pub reward_mean: f64,
+    /// Wall-clock seconds the rollout waited on the environment (sessions opened and reset, each
+    /// turn's steps), and that time's share of the rollout's.
+    pub env_s: f64,
+    pub env_share: f64,
+    /// Episodes the environment ended (`done`).
+    pub done: usize,
+    /// Episodes that reached `env.max_turns`, or a turn cut at `rollout.max_new_tokens`.
+    pub max_turns: usize,
+    pub token_budget: usize,
+    /// Episodes ended by a turn that was not an action (the model's fault).
+    pub not_an_action: usize,
+    /// Episodes ended because the chat template rendered the conversation otherwise than its
+    /// tokens (never trained on re-tokenized).
+    pub prefix_breaks: usize,
+    /// Episodes ended by the environment's refusal or failure (a malformed action, its error, a
+    /// timeout).
+    pub env_errors: usize,
+}
+
+/// One episode of a multi-turn job (`[env]`): every token after the prompt, which of them the
+/// model sampled, and how it went.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeRecord {
+    pub turns: usize,
+    /// `done`, `max_turns`, `token_budget`, `not_an_action`, `prefix_break` or `env_error`.
+    pub end: String,
+    /// What went wrong, for the last three.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// The environment's reward of each step.
+    pub rewards: Vec<f64>,
+    /// The rendered prompt's tokens (the environment's first observation).
+    pub prompt_tokens: Vec<i64>,
+    /// Turns and replies, as trained on.
+    pub tokens: Vec<i64>,
+    /// Per token: 1 sampled by the model (trained on), 0 the environment's reply (masked out).
+    pub mask: Vec<u8>,
+    /// Per token: the sampler's log-probability (0 for the environment's).
+    pub logprobs: Vec<f32>,
 }
 
 /// Where a step's time went, in seconds.
@@ -1050,6 +1106,19 @@ mod tests {
             completion_len_max: Some(5.0),
             cut_frac: Some(0.0),
             tokens_generated: Some(112),
+            env: Some(EnvFigures {
+                episodes: 8,
+                turns_mean: 1.5,
+                reward_mean: 0.25,
+                env_s: 0.5,
+                env_share: 0.125,
+                done: 5,
+                max_turns: 1,
+                token_budget: 1,
+                not_an_action: 1,
+                prefix_breaks: 0,
+                env_errors: 0,
+            }),
             entropy: Some(0.66),
             kl_ref: Some(0.01),
             ratio_first_update_mean: Some(1.0000003),
@@ -1128,6 +1197,16 @@ mod tests {
             advantage: 0.5,
             logprob: RolloutLogprobs { policy: Some(-1.5), old: -1.5, reference: None },
             sampling: RolloutSampling { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 5 },
+            episode: Some(EpisodeRecord {
+                turns: 2,
+                end: "done".into(),
+                problem: None,
+                rewards: vec![0.0, 1.0],
+                prompt_tokens: vec![5, 6],
+                tokens: vec![7, 8, 9, 10],
+                mask: vec![1, 0, 0, 1],
+                logprobs: vec![-0.5, 0.0, 0.0, -0.25],
+            }),
         });
     }
 }

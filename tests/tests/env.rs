@@ -102,6 +102,11 @@ fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
     let error = session.step(&json!({"answer": "2"})).unwrap_err();
     assert!(matches!(error, EnvError::Timeout { what: "step", .. }), "{error}");
 
+    // regression: an allow-list entry of the server's address and port refused the session
+    // (the address was checked again as if a name had resolved to it, without its port).
+    let exact = Policy::new(&[server.url.trim_start_matches("http://").to_owned()], false).unwrap();
+    Session::open(&server.url, &exact, timeout).unwrap().close();
+
     // Loopback the policy does not allow: refused before any connection.
     let error = Session::open(&server.url, &Policy::new(&[], false).unwrap(), timeout).err().unwrap();
     assert!(matches!(error, EnvError::Refused(_)), "{error}");
@@ -111,15 +116,17 @@ fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
 
 /// Episodes played by the worker (`rlvr_worker::episodes::play`) on `builtin:tiny-arith` against
 /// the same server: each a session of its own, turns sampled in one batch, the replies appended as
-/// they come, masked out. The untrained model's turns end at the first character of the stop
+/// they come, masked out, the sessions kept for the next round. The untrained model's turns end at the first character of the stop
 /// list (so most turns are actions), and its answers are wrong: a first wrong answer gets the sum
 /// back and a second try; the environment ends the episode after it.
 #[test]
 fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
-    use rlvr_worker::episodes::{EpisodeEnd, EpisodeReward, EpisodeSettings, play};
+    use rlvr_protocol::env::EnvReward;
+    use rlvr_worker::episodes::{DeviceUse, EpisodeEnd, EpisodeSettings, play};
 
     let python = peer_python("scripts/openenv-venv.sh", &[]);
-    let server = EnvServer::start(&python, &[]);
+    // Room for one round's sessions and no more: a second round must run on the first's.
+    let server = EnvServer::start(&python, &["--max-concurrent-envs", "8"]);
     let model = rlvr_model::load("builtin:tiny-arith", tch::Device::Cpu, tch::Kind::Float).unwrap();
     let settings = EpisodeSettings {
         server: server.url.clone(),
@@ -129,7 +136,8 @@ fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
         action: rlvr_env::ActionFormat::Field("answer".into()),
         observation_field: "text".into(),
         reply_role: "user".into(),
-        reward: EpisodeReward::Sum,
+        reward: EnvReward::Sum,
+        sessions: 8,
     };
     let stop: Vec<String> = ('a'..='z').chain('0'..='9').map(String::from).collect();
     let params =
@@ -138,21 +146,31 @@ fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
     let resets: Vec<Map<String, Value>> =
         problems.iter().flat_map(|&(a, b)| std::iter::repeat_n(args(json!({"a": a, "b": b})), 4)).collect();
     let mut rng = rlvr_model::SamplerRng::new(7);
-    let played = play(&model, &params, &mut rng, &resets, &settings).unwrap();
+    let mut uses = Vec::new();
+    let mut idle = Vec::new();
+    let round = play(&model, &params, &mut rng, &resets, (&settings, &mut idle), &mut |used| {
+        uses.push(used);
+        Ok(())
+    })
+    .unwrap();
+    // The device given back while the sessions open and reset and while each turn's steps run,
+    // held again to sample each turn.
+    assert_eq!(uses.first(), Some(&DeviceUse::Release), "{uses:?}");
+    assert!(uses.windows(2).all(|pair| pair[0] != pair[1]), "{uses:?}");
+    let turns = uses.iter().filter(|&&used| used == DeviceUse::Hold).count();
+    assert!((2..=3).contains(&turns), "{uses:?}");
+    assert!(round.env_s > 0.0);
+    let played = round.played;
     assert_eq!(played.len(), 8);
     let tokenizer = &model.tokenizer;
     let mut replies = 0;
     for (i, game) in played.iter().enumerate() {
         let (a, b) = problems[i / 4];
         let episode = &game.episode;
-        assert_eq!(
-            episode.prompt,
-            tokenizer.encode_prompt(&format!("{a:02}+{b:02}=")).unwrap(),
-            "episode {i}"
-        );
+        assert_eq!(episode.prompt, tokenizer.encode_prompt(&format!("{a}+{b}=")).unwrap(), "episode {i}");
         assert!(episode.turns >= 1 && game.env_s > 0.0, "episode {i}");
         // The environment's text between turns, exactly, masked out; the turns 1.
-        let reply: Vec<i64> = tokenizer.encode(&format!(" no:{} {a:02}+{b:02}=", a + b)).unwrap();
+        let reply: Vec<i64> = tokenizer.encode(&format!(" no:{} {a}+{b}=", a + b)).unwrap();
         let spans = runs(&episode.mask);
         assert_eq!(
             spans.iter().filter(|(sampled, _)| *sampled).count(),
@@ -175,6 +193,13 @@ fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
         }
     }
     assert!(replies > 0, "no episode got a reply");
+
+    // The sessions are kept for the next round, which resets them instead of opening more (the
+    // server holds 8), and keeps them again.
+    assert_eq!(idle.len(), 8);
+    let again = play(&model, &params, &mut rng, &resets, (&settings, &mut idle), &mut |_| Ok(())).unwrap();
+    assert!(again.played.iter().all(|game| !matches!(game.end, EpisodeEnd::EnvError(_))));
+    assert_eq!(idle.len(), 8);
 }
 
 /// The runs of equal values in `mask`: (sampled, the range).
@@ -188,4 +213,151 @@ fn runs(mask: &[f32]) -> Vec<(bool, std::ops::Range<usize>)> {
         }
     }
     runs
+}
+
+/// An `[env]` GRPO job on `builtin:tiny-arith` (turns end at their first character, so most are
+/// wrong answers that get the sum back) with `max_turns` 3 against an `arith_feedback.py` server.
+fn env_spec(dir: &std::path::Path, url: &str, prompts: u32, checkpoint_every: u32) -> std::path::PathBuf {
+    let (train, heldout) = (dir.join("env-train.jsonl"), dir.join("env-heldout.jsonl"));
+    for (path, problems) in
+        [(&train, &[(3, 4), (12, 30), (5, 7), (9, 9)][..]), (&heldout, &[(2, 2), (6, 1)][..])]
+    {
+        let lines: Vec<String> = problems
+            .iter()
+            .enumerate()
+            .map(|(i, (a, b))| {
+                json!({"id": format!("p{i}"), "prompt": format!("{a}+{b}="), "reference": {"a": a, "b": b}})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(path, lines.join("\n") + "\n").unwrap();
+    }
+    let stop: Vec<String> =
+        ('a'..='z').chain('0'..='9').map(|c| format!("{c:?}").replace('\'', "\"")).collect();
+    let spec = format!(
+        r#"
+[job]
+name = "env"
+team = "tests"
+model_line = "tiny-arith"
+seed = 3
+[model]
+policy = "builtin:tiny-arith"
+[data]
+train = "{train}"
+heldout = "{heldout}"
+[optimizer]
+plugin = "grpo"
+group_size = 4
+lr = 1e-3
+[rollout]
+max_new_tokens = 6
+prompts_per_step = {prompts}
+stop = [{stop}]
+[budget]
+max_steps = 4
+[checkpoint]
+every_steps = {checkpoint_every}
+[env]
+kind = "openenv"
+url = "{url}"
+max_turns = 3
+action = "field"
+action_field = "answer"
+"#,
+        train = train.display(),
+        heldout = heldout.display(),
+        stop = stop.join(", "),
+    );
+    let path = dir.join(format!("env-{prompts}.toml"));
+    std::fs::write(&path, spec).unwrap();
+    path
+}
+
+/// An `[env]` job through `rlvr-worker run` with the real grpo plugin: a server that cannot hold a
+/// step's sessions is refused before the first step, naming its limit; a job's rollout records hold
+/// each episode token in, token out (the environment's replies exactly as the template — here the
+/// built-in model's plain text — gives them, masked out with log-probability 0, the model's turns
+/// as sampled); a run killed with SIGKILL and resumed ends exactly as an uninterrupted one (each
+/// step's episodes replayed from their start).
+#[test]
+fn an_env_job_trains_on_episodes_token_in_token_out_and_resumes_exactly() {
+    use rlvr_protocol::worker::RolloutRecord;
+    use rlvr_tests::{worker_command, worker_plugins};
+
+    let python = peer_python("scripts/openenv-venv.sh", &[]);
+    let server = EnvServer::start(&python, &["--max-concurrent-envs", "8"]);
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+
+    // 4 prompts × 4 = 16 sessions a step on a server of 8: refused at start, saying so.
+    let too_many = env_spec(dir.path(), &server.url, 4, 2);
+    let output = worker_command(&too_many, &dir.path().join("too-many"), &plugins, &[]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("env.url: ") && stderr.contains("at most 8 sessions"), "{stderr}");
+
+    // 2 × 4 = 8: it runs, straight through, and again killed after step 3 and resumed from step 2.
+    let spec = env_spec(dir.path(), &server.url, 2, 2);
+    let straight = dir.path().join("straight");
+    let outcome = worker_command(&spec, &straight, &plugins, &[]).output().unwrap();
+    assert!(outcome.status.success(), "{}", String::from_utf8_lossy(&outcome.stderr));
+    let killed = dir.path().join("killed");
+    let mut child = worker_command(&spec, &killed, &plugins, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let past_step_3 = wait_until(Duration::from_secs(120), || {
+        std::fs::read_to_string(killed.join("metrics.jsonl")).is_ok_and(|text| text.lines().count() >= 4)
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(past_step_3, "the run never reached step 3");
+    let resumed = worker_command(&spec, &killed, &plugins, &["--resume"]).output().unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let weights = |output: &std::process::Output| {
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()["weights_sha256"].clone()
+    };
+    assert_eq!(weights(&resumed), weights(&outcome), "weights differ after resume");
+    let rollouts = |state: &std::path::Path| std::fs::read_to_string(state.join("rollouts.jsonl")).unwrap();
+    assert_eq!(rollouts(&killed), rollouts(&straight), "the resumed run played its episodes otherwise");
+
+    // Token in, token out, row by row.
+    let tokenizer =
+        rlvr_model::load("builtin:tiny-arith", tch::Device::Cpu, tch::Kind::Float).unwrap().tokenizer;
+    let records: Vec<RolloutRecord> =
+        rollouts(&straight).lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(records.len(), 4 * 2 * 4, "steps × prompts × group");
+    let mut replies = 0;
+    for record in &records {
+        let episode = record.episode.as_ref().expect("every record of an [env] job holds its episode");
+        let (a, b) = record.prompt.trim_end_matches('=').split_once('+').unwrap();
+        let sum = a.parse::<i64>().unwrap() + b.parse::<i64>().unwrap();
+        assert_eq!(episode.prompt_tokens, tokenizer.encode_prompt(&record.prompt).unwrap(), "{record:?}");
+        assert_eq!((episode.tokens.len(), episode.logprobs.len()), (episode.mask.len(), episode.mask.len()));
+        assert_eq!(record.completion, tokenizer.decode(&episode.tokens));
+        assert_eq!(record.finish, episode.end);
+        let mask: Vec<f32> = episode.mask.iter().map(|&m| f32::from(m)).collect();
+        let spans = runs(&mask);
+        assert_eq!(spans.iter().filter(|(sampled, _)| *sampled).count(), episode.turns, "{record:?}");
+        for (sampled, range) in spans {
+            if sampled {
+                assert!(episode.logprobs[range].iter().all(|&l| l.is_finite() && l <= 0.0), "{record:?}");
+            } else {
+                let reply = tokenizer.encode(&format!(" no:{sum} {a}+{b}=")).unwrap();
+                assert_eq!(&episode.tokens[range.clone()], reply.as_slice(), "{record:?}");
+                assert!(episode.logprobs[range].iter().all(|&l| l == 0.0), "{record:?}");
+                replies += 1;
+            }
+        }
+        // The reward is the environment's; a right answer is the only way to 1.
+        assert_eq!(record.components.get("env"), Some(&record.reward), "{record:?}");
+        assert_eq!(record.passed, record.reward > 0.0);
+    }
+    assert!(replies > 0, "no episode got a reply");
+    let metrics = std::fs::read_to_string(straight.join("metrics.jsonl")).unwrap();
+    let step: Value = serde_json::from_str(metrics.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(step["env"]["episodes"], 8, "{step}");
+    assert!(step["env"]["turns_mean"].as_f64().unwrap() >= 1.0, "{step}");
 }

@@ -2,7 +2,9 @@
 //! and the gates' evaluation of the candidate against its baseline on held-out and canaries.
 //! Greedy, so a score depends on the weights only — and uses no randomness that resume tracks.
 //! Every completion of an evaluation is generated first, and the device grant given back before
-//! the verifiers (CPU work) score them.
+//! the verifiers (CPU work) score them. A multi-turn job's (`[env]`) are greedy episodes against
+//! its environment, each record's `reference` its `reset` arguments, scored as its training
+//! episodes are (the environment's reward plus the graders'); the grant is held while they play.
 //!
 //! The reward itself is `rlvr_plugin_host::reward`'s.
 
@@ -13,8 +15,9 @@ use rlvr_protocol::worker::{
 };
 use tch::{Kind, Tensor};
 
+use super::episodes::{EpisodeRow, into_rows, play, resets, with_env};
 use super::step::StepError;
-use super::{Job, Work};
+use super::{Job, Rollouts, Work};
 use rlvr_plugin_host::reward::ToScore;
 use rlvr_protocol::grants::Phase;
 use rlvr_protocol::records::PromptRecord;
@@ -77,9 +80,9 @@ pub fn heldout(job: &Job) -> Result<HeldoutScore, StepError> {
     }
     let records = heldout_records(job)?;
     let grant = job.grants.hold(Phase::Eval)?;
-    let sampled = complete(job, &job.policy, records, "held-out")?;
+    let completed = complete(job, &job.policy, records, "held-out")?;
     grant.release(job.device);
-    score(job, records, &sampled)
+    score(job, records, &completed)
 }
 
 /// The gates' evaluation of the candidate (the policy: the checkpoint the run chose) and of `baseline`: held-out
@@ -93,7 +96,7 @@ pub fn for_gates(
 ) -> Result<GateEvaluation, StepError> {
     let grant = job.grants.hold(Phase::Eval)?;
     let heldout = job.heldout.as_ref().map(|_| heldout_records(job)).transpose()?;
-    type Completions = (Option<Vec<Sampled>>, Option<Vec<Sampled>>);
+    type Completions = (Option<Completed>, Option<Completed>);
     let completions = |model: &LoadedModel| -> Result<Completions, String> {
         let heldout = heldout.map(|records| complete(job, model, records, "held-out")).transpose()?;
         let canaries = canaries.map(|records| complete(job, model, records, "canary")).transpose()?;
@@ -149,16 +152,40 @@ pub fn for_gates(
     })
 }
 
+/// A set's completions in its order, and for a multi-turn job each one's episode.
+struct Completed {
+    sampled: Vec<Sampled>,
+    episodes: Option<Vec<EpisodeRow>>,
+}
+
 /// Greedy completions of `records` by `model`, in their order (device work).
 fn complete(
     job: &Job,
     model: &LoadedModel,
     records: &[PromptRecord],
     what: &str,
-) -> Result<Vec<Sampled>, String> {
+) -> Result<Completed, String> {
     let params = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..job.sampling.clone() };
     // Greedy decoding draws nothing; a throwaway generator keeps the training one untouched.
     let mut rng = SamplerRng::new(0);
+    if let Rollouts::Env(environment) = &job.rollouts {
+        let (mut sampled, mut episodes) = (Vec::new(), Vec::new());
+        let settings = &environment.settings;
+        let mut idle = environment.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // No more sessions at once than the server was seen to hold.
+        for chunk in records.chunks(EVAL_BATCH.min(settings.sessions.max(1))) {
+            let resets = resets(chunk, 1)?;
+            let round = play(model, &params, &mut rng, &resets, (settings, &mut *idle), &mut |_| Ok(()))
+                .map_err(|error| format!("{what} episodes: {error}"))?;
+            let (chunk_sampled, rows) = into_rows(round.played, 1, model);
+            let offset = sampled.len();
+            sampled.extend(
+                chunk_sampled.into_iter().map(|s| Sampled { prompt_index: offset + s.prompt_index, ..s }),
+            );
+            episodes.extend(rows);
+        }
+        return Ok(Completed { sampled, episodes: Some(episodes) });
+    }
     let tokenizer = &model.tokenizer;
     let mut completions = Vec::with_capacity(records.len());
     for (chunk_index, chunk) in records.chunks(EVAL_BATCH).enumerate() {
@@ -169,11 +196,12 @@ fn complete(
         completions
             .extend(sampled.into_iter().map(|s| Sampled { prompt_index: offset + s.prompt_index, ..s }));
     }
-    Ok(completions)
+    Ok(Completed { sampled: completions, episodes: None })
 }
 
 /// `records` scored by the job's verifiers on their completions (`completions[i]` is record i's).
-fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> Result<HeldoutScore, StepError> {
+fn score(job: &Job, records: &[PromptRecord], completed: &Completed) -> Result<HeldoutScore, StepError> {
+    let completions = &completed.sampled;
     let (mut reward, mut length) = (0.0, 0usize);
     let mut passed = Vec::with_capacity(records.len());
     let (mut errors, mut timeouts) = (0usize, 0usize);
@@ -189,7 +217,13 @@ fn score(job: &Job, records: &[PromptRecord], completions: &[Sampled]) -> Result
                 reference_json: &record.reference_json,
             })
             .collect();
-        for (scored, sample) in crate::reward_models::score(job, &items)?.iter().zip(sampled) {
+        let mut verdicts = crate::reward_models::score(job, &items)?;
+        if let Some(episodes) = &completed.episodes {
+            let first = sampled.first().map_or(0, |s| s.prompt_index);
+            let rows = &episodes[first..first + sampled.len()];
+            verdicts = verdicts.into_iter().zip(rows).map(|(scored, row)| with_env(scored, row)).collect();
+        }
+        for (scored, sample) in verdicts.iter().zip(sampled) {
             passed.push(scored.passed);
             reward += scored.reward;
             length += sample.tokens.len();

@@ -314,6 +314,8 @@ pub enum Rollouts {
     Native,
     /// The job's vLLM server, synced after every update.
     Vllm(Box<vllm::VllmServer>),
+    /// Episodes against the job's environment (`[env]`), each turn sampled by `generate`.
+    Env(Box<episodes::Environment>),
 }
 
 /// What a job does beyond what every job has, by its kind (`rlvr_protocol::kind::JobKind`,
@@ -507,6 +509,9 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
             );
         }
         job.rollouts = Rollouts::Vllm(Box::new(start_vllm(&job, python, options, &run_dir, state.step)?));
+    }
+    if let Some(env) = &job.spec.env {
+        job.rollouts = Rollouts::Env(Box::new(start_env(env, &job.spec, &options.host)?));
     }
     info!(
         policy = %job.spec.model.policy,
@@ -774,6 +779,21 @@ fn assemble(
         job.policy.vs.unfreeze();
     }
     Ok((job, state))
+}
+
+/// `[env]`'s environment, once its server has been seen to hold a step's episodes at once (one
+/// session each), so that a server too small is refused before the first step, naming its limit.
+fn start_env(
+    env: &rlvr_protocol::env::EnvSection,
+    spec: &JobSpec,
+    host: &HostContext,
+) -> Result<episodes::Environment, WorkerError> {
+    let problem = |message: String| WorkerError::Model { field: "env.url", message };
+    let sessions = (spec.rollout.prompts_per_step * spec.optimizer.group_size) as usize;
+    let settings = episodes::EpisodeSettings::from_spec(env, host, sessions).map_err(problem)?;
+    let idle = episodes::open_sessions(&settings, sessions).map_err(|error| problem(error.to_string()))?;
+    info!(url = %env.url, sessions, "the environment holds a step's episodes at once");
+    Ok(episodes::Environment { settings, idle: std::sync::Mutex::new(idle) })
 }
 
 /// What the gates compare the candidate with: the model line's published version the daemon

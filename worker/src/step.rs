@@ -20,12 +20,13 @@ use rlvr_plugin_api::{
 use rlvr_plugin_tensor::TensorHandleExt;
 use rlvr_protocol::grants::Phase;
 use rlvr_protocol::worker::{
-    DynamicSampling, Latency, MetricsLine, RolloutLogprobs, RolloutRecord, RolloutSampling, SamplerGap,
-    StepTimes,
+    DynamicSampling, EnvFigures, EpisodeRecord, Latency, MetricsLine, RolloutLogprobs, RolloutRecord,
+    RolloutSampling, SamplerGap, StepTimes,
 };
 use tch::{Device, Kind, Tensor};
 use tracing::{info, warn};
 
+use super::episodes::{DeviceUse, EpisodeEnd, EpisodeRow, RoundError};
 use super::grants::{Grant, GrantError};
 use super::models::Reference;
 use super::{Job, Rollouts, TrainData, Work};
@@ -144,7 +145,7 @@ fn online_step(
     let trained = train_online(job, &sampled.batch, step, None)?;
     // The next step samples from these weights.
     let sync_s = match &mut job.rollouts {
-        Rollouts::Native => None,
+        Rollouts::Native | Rollouts::Env(_) => None,
         Rollouts::Vllm(server) => server.sync(&job.policy, step).map_err(|error| error.to_string())?,
     };
     update_grant.release(job.device);
@@ -246,7 +247,8 @@ fn off_policy_step(
         }
         false => None,
     };
-    let batch = score_round(job, step, 0, picked, prompt_tokens, sampled, rollout_s)?;
+    let drawn = Drawn { picked, prompt_tokens, sampled, rollout_s, episodes: None };
+    let batch = score_round(job, step, 0, drawn)?;
     let sampled_step = SampledStep::of_round(batch, group_size);
     let update_started = Instant::now();
     // The weights the next round samples are this step's starting ones: a step sampled on policy
@@ -378,23 +380,22 @@ fn train_online(
     step: u64,
     behaviour: Option<&mut TrainableSnapshot>,
 ) -> Result<OnlineUpdate, StepError> {
-    let Round { prompt_tokens, sampled, scored, .. } = batch;
+    let Round { sampled, scored, .. } = batch;
     let rows = Rows {
-        prompts: sampled.iter().map(|s| prompt_tokens[s.prompt_index].clone()).collect(),
+        prompts: (0..sampled.len()).map(|i| batch.row_prompt(i).to_vec()).collect(),
         completions: sampled.iter().map(|s| s.tokens.clone()).collect(),
     };
     let rewards: Vec<f64> = scored.iter().map(|s| s.reward).collect();
     let group_ids: Vec<u64> = sampled.iter().map(|s| s.prompt_index as u64).collect();
     let width = rows.width(0..rows.len());
-    let mask =
-        padded(&rows.completions.iter().map(|c| vec![1f32; c.len()]).collect::<Vec<_>>(), width, job.device);
+    let mask = padded(&(0..sampled.len()).map(|i| batch.row_mask(i)).collect::<Vec<_>>(), width, job.device);
     let sampling_logprobs =
         padded(&sampled.iter().map(|s| s.logprobs.clone()).collect::<Vec<_>>(), width, job.device);
     let needs_values = job.optimizer_info.needs_value_head;
     let temperature = logprob_temperature(job.spec.rollout.temperature);
     // The native sampler's log-probabilities are the policy's own; another engine's are the
     // behaviour policy's, which the trainer recomputes and checks them against.
-    let native = matches!(job.rollouts, Rollouts::Native);
+    let native = matches!(job.rollouts, Rollouts::Native | Rollouts::Env(_));
     let (old_logprobs, old_values) = if let Some(earlier) = behaviour {
         // The values are the critic's now; the log-probabilities the sampling weights'.
         let values = if needs_values { no_grad_pass(job, &rows, width, true)?.1 } else { None };
@@ -592,9 +593,13 @@ fn rollout_records(
                 completion_id: completion_id.clone(),
                 prompt: prompt.prompt.clone(),
                 completion: sample.text.clone(),
-                prompt_tokens: batch.prompt_tokens[sample.prompt_index].len(),
+                prompt_tokens: batch.row_prompt(i).len(),
                 completion_tokens: sample.tokens.len(),
-                finish: finish_name(sample.finish).to_owned(),
+                // An episode's is how it ended (`done`, `max_turns`, ...).
+                finish: match &batch.episodes {
+                    Some(episodes) => episodes.rows[i].end.name().to_owned(),
+                    None => finish_name(sample.finish).to_owned(),
+                },
                 reward: scored.reward,
                 passed: scored.passed,
                 components: scored.components.iter().cloned().collect(),
@@ -608,9 +613,24 @@ fn rollout_records(
                     reference: trained.ref_sums.as_ref().map(|sums| sums[i]),
                 },
                 sampling: sampling.clone(),
+                episode: batch.episodes.as_ref().map(|episodes| episode_record(&episodes.rows[i], sample)),
             }
         })
         .collect()
+}
+
+/// A row's episode as its rollout record carries it.
+fn episode_record(row: &EpisodeRow, sample: &Sampled) -> EpisodeRecord {
+    EpisodeRecord {
+        turns: row.turns,
+        end: row.end.name().to_owned(),
+        problem: row.end.problem().map(str::to_owned),
+        rewards: row.rewards.clone(),
+        prompt_tokens: row.prompt.clone(),
+        tokens: sample.tokens.clone(),
+        mask: row.mask.iter().map(|&m| u8::from(m > 0.0)).collect(),
+        logprobs: sample.logprobs.clone(),
+    }
 }
 
 /// The metrics of an online step: of the batch trained on; tokens of every round sampled.
@@ -644,6 +664,7 @@ fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> M
         verified: Some(scored.len()),
         verifier_timeouts: Some(scored.iter().map(|s| u64::from(s.timeouts)).sum()),
         verifier_errors: Some(scored.iter().filter(|s| !s.errors.is_empty()).count()),
+        env: sampled.batch.episodes.as_ref().map(|episodes| env_figures(episodes, sampled.rollout_s)),
         dynamic_sampling: sampled.extra_rounds.map(|extra_rounds| DynamicSampling {
             extra_rounds,
             groups_sampled: sampled.outcomes.len(),
@@ -653,6 +674,42 @@ fn online_metrics(step: u64, sampled: &SampledStep, trained: &OnlineUpdate) -> M
     };
     add_update_metrics(&mut line, &trained.metrics, &trained.update);
     line
+}
+
+/// What a step's episodes did against the environment.
+fn env_figures(episodes: &Episodes, rollout_s: f64) -> EnvFigures {
+    let rows = &episodes.rows;
+    let n = rows.len().max(1) as f64;
+    let ended = |name: &str| rows.iter().filter(|row| row.end.name() == name).count();
+    EnvFigures {
+        episodes: rows.len(),
+        turns_mean: rows.iter().map(|row| row.turns as f64).sum::<f64>() / n,
+        reward_mean: rows.iter().map(|row| row.reward).sum::<f64>() / n,
+        env_s: episodes.env_s,
+        env_share: episodes.env_s / rollout_s.max(1e-9),
+        done: ended(EpisodeEnd::Done.name()),
+        max_turns: ended(EpisodeEnd::MaxTurns.name()),
+        token_budget: ended(EpisodeEnd::TokenBudget.name()),
+        not_an_action: rows.iter().filter(|row| matches!(row.end, EpisodeEnd::NotAnAction(_))).count(),
+        prefix_breaks: rows.iter().filter(|row| matches!(row.end, EpisodeEnd::PrefixBreak(_))).count(),
+        env_errors: rows.iter().filter(|row| matches!(row.end, EpisodeEnd::EnvError(_))).count(),
+    }
+}
+
+/// A multi-turn round's episodes beyond their `Sampled` rows (`[env]`), in the rows' order.
+pub(crate) struct Episodes {
+    pub(crate) rows: Vec<EpisodeRow>,
+    /// Wall-clock seconds the round waited on the environment.
+    pub(crate) env_s: f64,
+}
+
+/// What a round sampled, before it is graded.
+struct Drawn {
+    picked: Vec<PromptRecord>,
+    prompt_tokens: Vec<Vec<i64>>,
+    sampled: Vec<Sampled>,
+    rollout_s: f64,
+    episodes: Option<Episodes>,
 }
 
 /// One round of a step's sampling: its prompts (one per group, in group order), their tokens,
@@ -666,9 +723,27 @@ pub(crate) struct Round {
     completion_ids: Vec<String>,
     pub(crate) rollout_s: f64,
     pub(crate) verify_s: f64,
+    /// A multi-turn round's episodes (`[env]`): each row's own prompt and mask.
+    pub(crate) episodes: Option<Episodes>,
 }
 
 impl Round {
+    /// Row `i`'s prompt: its episode's (the environment's first observation), else its group's.
+    fn row_prompt(&self, i: usize) -> &[i64] {
+        match &self.episodes {
+            Some(episodes) => &episodes.rows[i].prompt,
+            None => &self.prompt_tokens[self.sampled[i].prompt_index],
+        }
+    }
+
+    /// Which of row `i`'s tokens are trained on: an episode's turns, else every token.
+    fn row_mask(&self, i: usize) -> Vec<f32> {
+        match &self.episodes {
+            Some(episodes) => episodes.rows[i].mask.clone(),
+            None => vec![1.0; self.sampled[i].tokens.len()],
+        }
+    }
+
     fn tokens(&self) -> u64 {
         self.sampled.iter().map(|s| s.tokens.len() as u64).sum()
     }
@@ -705,7 +780,11 @@ impl Round {
                 other.sampled[rows.clone()].iter().map(|s| Sampled { prompt_index: index, ..s.clone() }),
             );
             self.scored.extend_from_slice(&other.scored[rows.clone()]);
-            self.completion_ids.extend_from_slice(&other.completion_ids[rows]);
+            self.completion_ids.extend_from_slice(&other.completion_ids[rows.clone()]);
+            if let Some(theirs) = &other.episodes {
+                let episodes = self.episodes.get_or_insert(Episodes { rows: Vec::new(), env_s: 0.0 });
+                episodes.rows.extend_from_slice(&theirs.rows[rows]);
+            }
         }
     }
 }
@@ -722,6 +801,10 @@ pub(crate) fn sample_round(
 ) -> Result<Round, StepError> {
     let group_size = job.spec.optimizer.group_size as usize;
     let (picked, prompt_tokens) = choose_prompts(job, step, round, count)?;
+    if matches!(job.rollouts, Rollouts::Env(_)) {
+        let drawn = play_round(job, picked, grant)?;
+        return score_round(job, step, round, drawn);
+    }
     let tokenizer = &job.policy.tokenizer;
     let rollout_started = Instant::now();
     let sampled: Vec<Sampled> = match &mut job.rollouts {
@@ -739,11 +822,54 @@ pub(crate) fn sample_round(
             server.sleep().map_err(|error| error.to_string())?;
             sampled
         }
+        Rollouts::Env(_) => unreachable!("episodes are played above"),
     };
     let rollout_s = rollout_started.elapsed().as_secs_f64();
     // Verification is CPU work: the devices serve another job's phase meanwhile.
     grant.release(job.device);
-    score_round(job, step, round, picked, prompt_tokens, sampled, rollout_s)
+    score_round(job, step, round, Drawn { picked, prompt_tokens, sampled, rollout_s, episodes: None })
+}
+
+/// A multi-turn round: G episodes of each of `picked` against the job's environment, the device
+/// held (`grant` at first) only while turns are sampled.
+fn play_round(job: &mut Job, picked: Vec<PromptRecord>, grant: Grant) -> Result<Drawn, StepError> {
+    let group_size = job.spec.optimizer.group_size as usize;
+    let resets = crate::episodes::resets(&picked, group_size)?;
+    let Rollouts::Env(environment) = &job.rollouts else { unreachable!("the caller checked the rollouts") };
+    let mut idle = environment.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let on = (&environment.settings, &mut *idle);
+    let (grants, device) = (&job.grants, job.device);
+    let mut held = Some(grant);
+    let mut use_device = |used: DeviceUse| -> Result<(), GrantError> {
+        match used {
+            DeviceUse::Release => {
+                if let Some(grant) = held.take() {
+                    grant.release(device);
+                }
+            }
+            DeviceUse::Hold if held.is_none() => held = Some(grants.hold(Phase::Rollout)?),
+            DeviceUse::Hold => {}
+        }
+        Ok(())
+    };
+    let started = Instant::now();
+    let played =
+        crate::episodes::play(&job.policy, &job.sampling, &mut job.rng, &resets, on, &mut use_device);
+    drop(idle);
+    if let Some(grant) = held.take() {
+        grant.release(device);
+    }
+    let round = played.map_err(|error| match error {
+        RoundError::Device(error) => StepError::Grants(error),
+        other => StepError::Failed(other.to_string()),
+    })?;
+    let rollout_s = started.elapsed().as_secs_f64();
+    let (sampled, rows) = crate::episodes::into_rows(round.played, group_size, &job.policy);
+    // A group's prompt, for its records: its first episode's (a deterministic environment gives
+    // every episode of a group the same).
+    let prompt_tokens = rows.iter().step_by(group_size.max(1)).map(|row| row.prompt.clone()).collect();
+    let episodes = Some(Episodes { rows, env_s: round.env_s });
+    Ok(Drawn { picked, prompt_tokens, sampled, rollout_s, episodes })
 }
 
 /// Round `round` of step `step`'s `count` prompts — the curriculum's, or the next of the epoch —
@@ -786,15 +912,8 @@ fn choose_prompts(
 }
 
 /// A round's completions scored by the job's verifiers (CPU work).
-fn score_round(
-    job: &mut Job,
-    step: u64,
-    round: u32,
-    picked: Vec<PromptRecord>,
-    prompt_tokens: Vec<Vec<i64>>,
-    sampled: Vec<Sampled>,
-    rollout_s: f64,
-) -> Result<Round, StepError> {
+fn score_round(job: &mut Job, step: u64, round: u32, drawn: Drawn) -> Result<Round, StepError> {
+    let Drawn { picked, prompt_tokens, sampled, rollout_s, episodes } = drawn;
     let group_size = job.spec.optimizer.group_size as usize;
     let verify_started = Instant::now();
     let round_tag = if round == 0 { String::new() } else { format!("r{round}-") };
@@ -814,9 +933,17 @@ fn score_round(
             }
         })
         .collect();
-    let scored = crate::reward_models::score(job, &items)?;
+    let mut scored = crate::reward_models::score(job, &items)?;
+    // An episode's reward is the environment's, plus the graders' on its text.
+    if let Some(episodes) = &episodes {
+        scored = scored
+            .into_iter()
+            .zip(&episodes.rows)
+            .map(|(s, row)| crate::episodes::with_env(s, row))
+            .collect();
+    }
     let verify_s = verify_started.elapsed().as_secs_f64();
-    Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s })
+    Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s, episodes })
 }
 
 fn offline_step(job: &mut Job, step: u64, update_grant: Grant) -> Result<StepOutput, StepError> {

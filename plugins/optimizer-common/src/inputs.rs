@@ -1,7 +1,8 @@
 //! Tensors from the host's handles, checked before any arithmetic: every `[B, T]` tensor of a call
-//! must have the shape, dtype and device of the call's first tensor, and the mask must be 0/1 and
-//! right-padded. A mismatch is an error that names the tensor and both shapes, never a panic
-//! inside libtorch.
+//! must have the shape, dtype and device of the call's first tensor, and the mask must be 0/1 with
+//! every row's ones from column 0 (a multi-turn episode's may have zeros between them: the
+//! environment's replies). A mismatch is an error that names the tensor and both shapes, never a
+//! panic inside libtorch.
 
 use rlvr_plugin_api::{PluginError, ROption, TensorHandle};
 use rlvr_plugin_tensor::TensorHandleExt;
@@ -119,7 +120,9 @@ impl Like {
         }
     }
 
-    /// The call's mask: any dtype holding only 0 and 1, each row right-padded (ones, then zeros).
+    /// The call's mask: any dtype holding only 0 and 1. A row's ones are its trained tokens: a
+    /// completion's first `len` columns, or a multi-turn episode's turns, with zeros between them
+    /// where the environment's replies are; zeros after its last one are padding.
     pub fn mask(&self, handle: TensorHandle) -> Result<Mask, PluginError> {
         let mask = borrowed(handle);
         self.check_shape("mask", &mask)?;
@@ -127,26 +130,25 @@ impl Like {
         let host = Vec::<f64>::try_from(&mask.to_kind(Kind::Double).to_device(Device::Cpu).reshape([-1]))
             .map_err(|error| PluginError::internal(format!("mask: cannot read it back: {error}")))?;
         let mut lengths = Vec::with_capacity(rows);
+        let mut first_gap = None;
         for (row, values) in host.chunks(cols.max(1)).take(rows).enumerate() {
             if let Some(value) = values.iter().find(|&&value| value != 0.0 && value != 1.0) {
                 return Err(PluginError::invalid_input(format!(
                     "mask: expected only 0 and 1, got {value} in row {row}"
                 )));
             }
-            let length = values.iter().take_while(|&&value| value == 1.0).count();
-            if values[length..].contains(&1.0) {
-                return Err(PluginError::invalid_input(format!(
-                    "mask: row {row} is not right-padded (a 1 after a 0); a row's completion tokens are positions 0..len"
-                )));
+            lengths.push(values.iter().filter(|&&value| value == 1.0).count());
+            let leading = values.iter().take_while(|&&value| value == 1.0).count();
+            if values[leading..].contains(&1.0) && first_gap.is_none() {
+                first_gap = Some(row);
             }
-            lengths.push(length);
         }
         if cols == 0 {
             lengths = vec![0; rows];
         }
         let ones = mask.to_kind(self.kind);
         let padding = ones.eq(0.0);
-        Ok(Mask { ones, padding, lengths, kind: self.kind, device: self.device })
+        Ok(Mask { ones, padding, lengths, first_gap, kind: self.kind, device: self.device })
     }
 
     fn check_shape(&self, name: &str, tensor: &Tensor) -> Result<(), PluginError> {
@@ -175,6 +177,8 @@ pub struct Mask {
     ones: Tensor,
     padding: Tensor,
     lengths: Vec<usize>,
+    /// The first row with a zero between ones (a multi-turn episode's), if any.
+    first_gap: Option<usize>,
     kind: Kind,
     device: Device,
 }
@@ -185,9 +189,20 @@ impl Mask {
         &self.ones
     }
 
-    /// Completion tokens of each row.
+    /// Trained tokens (ones) of each row.
     pub fn lengths(&self) -> &[usize] {
         &self.lengths
+    }
+
+    /// Refuses a mask with a zero between ones: for a plugin whose arithmetic is by position
+    /// (a row's tokens are its columns `0..len`), such as PPO's per-token credit.
+    pub fn contiguous(&self, why: &str) -> Result<(), PluginError> {
+        match self.first_gap {
+            None => Ok(()),
+            Some(row) => Err(PluginError::invalid_input(format!(
+                "mask: row {row} has a 0 between its 1s (a multi-turn episode's turns); {why}"
+            ))),
+        }
     }
 
     /// Completion tokens of this call.
@@ -257,10 +272,22 @@ mod tests {
         assert!(
             like.tensor("ref_logprobs", TensorHandle::borrow(&single)).unwrap_err().message.contains("dtype")
         );
-        let left_padded = Tensor::from_slice(&[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]).reshape([2, 3]);
-        assert!(like.mask(TensorHandle::borrow(&left_padded)).unwrap_err().message.contains("row 1"));
         let mask = Tensor::from_slice(&[1i64, 1, 0, 0, 0, 0]).reshape([2, 3]);
-        assert_eq!(like.mask(TensorHandle::borrow(&mask)).unwrap().lengths(), [2, 0]);
+        let read = like.mask(TensorHandle::borrow(&mask)).unwrap();
+        assert_eq!(read.lengths(), [2, 0]);
+        assert!(read.contiguous("why").is_ok());
+        // A multi-turn episode's: a turn, a reply (0), a turn; its length counts the turns' tokens.
+        let gaps = Tensor::from_slice(&[1.0, 1.0, 0.0, 1.0, 0.0, 1.0]).reshape([2, 3]);
+        let read = like.mask(TensorHandle::borrow(&gaps)).unwrap();
+        assert_eq!(read.lengths(), [2, 2]);
+        assert_eq!(
+            read.contiguous("PPO assigns credit by position").unwrap_err().message,
+            "mask: row 1 has a 0 between its 1s (a multi-turn episode's turns); PPO assigns credit by position"
+        );
+        let not_binary = Tensor::from_slice(&[1.0, 0.5, 0.0, 0.0, 0.0, 0.0]).reshape([2, 3]);
+        assert!(
+            like.mask(TensorHandle::borrow(&not_binary)).unwrap_err().message.contains("got 0.5 in row 0")
+        );
         let flat = Tensor::zeros([3], (Kind::Double, Device::Cpu));
         assert!(Like::first("logprobs", TensorHandle::borrow(&flat)).unwrap_err().message.contains("[B, T]"));
     }

@@ -378,6 +378,37 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_turn_rows_replies_get_no_gradient_and_count_in_no_aggregation() {
+        // Row 0: a turn (2 tokens), the environment's reply (1, NaN under it), a turn (1); row 1 as
+        // the same row's turns side by side, right-padded. Every aggregation is the same on both,
+        // and no gradient reaches the reply's position.
+        let values = [1.0, 2.0, f64::NAN, 3.0, 1.0, 2.0, 3.0, 0.0];
+        let per_token = Tensor::from_slice(&values).reshape([2, 4]).set_requires_grad(true);
+        let (like, _) = Like::first("loss", TensorHandle::borrow(&per_token)).unwrap();
+        let ones = Tensor::from_slice(&[1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]).reshape([2, 4]);
+        let mask = like.mask(TensorHandle::borrow(&ones)).unwrap();
+        assert_eq!(mask.lengths(), [3, 3]);
+        let scale = LossScale { batch_sequences: 2, batch_tokens: 6, max_new_tokens: 8 };
+        for agg in [LossAgg::TokenMean, LossAgg::SeqMeanTokenMean, LossAgg::SeqMeanTokenSumNorm] {
+            let clean = mask.clean(&per_token);
+            let row = |i: i64| {
+                let one = LossScale { batch_sequences: 1, batch_tokens: 3, max_new_tokens: 8 };
+                let (row_like, _) =
+                    Like::first("row", TensorHandle::borrow(&clean.get(i).unsqueeze(0))).unwrap();
+                let row_mask = row_like.mask(TensorHandle::borrow(&ones.get(i).unsqueeze(0))).unwrap();
+                agg.aggregate(&clean.get(i).unsqueeze(0), &row_mask, &one).unwrap().double_value(&[])
+            };
+            assert!((row(0) - row(1)).abs() < 1e-12, "{agg:?}: {} vs {}", row(0), row(1));
+            let loss = agg.aggregate(&clean, &mask, &scale).unwrap();
+            let grad = Tensor::run_backward(&[&loss], &[&per_token], false, false);
+            let grad = Vec::<f64>::try_from(&grad[0].reshape([-1])).unwrap();
+            assert_eq!(grad[2], 0.0, "{agg:?}: the reply's position got {grad:?}");
+            assert!(grad.iter().all(|g| g.is_finite()), "{agg:?}: {grad:?}");
+            assert_eq!(grad[0], grad[4], "{agg:?}: {grad:?}");
+        }
+    }
+
+    #[test]
     fn aggregations_divide_by_whole_batch_quantities() {
         let per_token = Tensor::from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).reshape([2, 3]);
         let (like, _) = Like::first("loss", TensorHandle::borrow(&per_token)).unwrap();

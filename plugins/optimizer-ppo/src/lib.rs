@@ -105,6 +105,7 @@ impl Ppo {
     /// Advantages and returns; DAPO's `L_max` is the job's `max_new_tokens` from the host context.
     fn batch_advantages(&self, inputs: &AdvantageInputs<'_>) -> Result<AdvantageOutput, PluginError> {
         let batch = OnlineBatch::new(inputs)?;
+        batch.mask.contiguous("PPO's rewards and GAE are by position over columns 0..len; train multi-turn episodes with GRPO or RLOO")?;
         let values = batch.like.required("values", inputs.values, "GAE needs the value head's outputs")?;
         let values = batch.mask.to_host(&values)?;
         let cols = batch.like.cols();
