@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 pub mod cli;
 pub mod grants;
 pub mod jobs;
+pub mod openenv;
 pub mod peer;
 pub mod sandbox;
 

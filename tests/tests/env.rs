@@ -4,48 +4,14 @@
 //! refused with its limit, a slow step cut at the timeout, and a destination the outbound policy
 //! does not allow never reached.
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use rlvr_env::{EnvError, Session};
 use rlvr_outbound::Policy;
-use rlvr_tests::{free_port, peer_python, wait_until, workspace_root};
+use rlvr_tests::openenv::EnvServer;
+use rlvr_tests::wait_until;
 use serde_json::{Map, Value, json};
-
-/// An `arith_feedback.py` server on a free loopback port; killed when dropped.
-struct EnvServer {
-    child: Child,
-    url: String,
-}
-
-impl EnvServer {
-    fn start(python: &std::path::Path, extra: &[&str]) -> EnvServer {
-        let port = free_port();
-        let child = Command::new(python)
-            .arg(workspace_root().join("examples/envs/arith_feedback.py"))
-            .args(["--port", &port.to_string()])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut server = EnvServer { child, url: format!("http://127.0.0.1:{port}") };
-        // Importing OpenEnv's server (FastAPI, Gradio) takes seconds on 2 cores.
-        let up = wait_until(Duration::from_secs(120), || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok() || server.child.try_wait().unwrap().is_some()
-        });
-        assert!(up && server.child.try_wait().unwrap().is_none(), "the environment server did not start");
-        server
-    }
-}
-
-impl Drop for EnvServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn args(value: Value) -> Map<String, Value> {
     value.as_object().unwrap().clone()
@@ -57,11 +23,10 @@ fn text(reply: &rlvr_env::Reply) -> &str {
 
 #[test]
 fn an_openenv_episode_its_refusals_and_limits_each_as_the_server_says() {
-    let python = peer_python("scripts/openenv-venv.sh", &[]);
-    let server = EnvServer::start(&python, &["--max-concurrent-envs", "2"]);
+    let server = EnvServer::start(&["--max-concurrent-envs", "2"]);
     // Far slower than the timeout below, which is far above what a loaded machine takes to open
     // a session: only the step can run past it.
-    let slow = EnvServer::start(&python, &["--step-delay-s", "30"]);
+    let slow = EnvServer::start(&["--step-delay-s", "30"]);
     let policy = Policy::new(&["127.0.0.1/32".to_owned()], false).unwrap();
     let timeout = Duration::from_secs(20);
 
@@ -124,9 +89,8 @@ fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
     use rlvr_protocol::env::EnvReward;
     use rlvr_worker::episodes::{DeviceUse, EpisodeEnd, EpisodeSettings, play};
 
-    let python = peer_python("scripts/openenv-venv.sh", &[]);
     // Room for one round's sessions and no more: a second round must run on the first's.
-    let server = EnvServer::start(&python, &["--max-concurrent-envs", "8"]);
+    let server = EnvServer::start(&["--max-concurrent-envs", "8"]);
     let model = rlvr_model::load("builtin:tiny-arith", tch::Device::Cpu, tch::Kind::Float).unwrap();
     let settings = EpisodeSettings {
         server: server.url.clone(),
@@ -285,8 +249,7 @@ fn an_env_job_trains_on_episodes_token_in_token_out_and_resumes_exactly() {
     use rlvr_protocol::worker::RolloutRecord;
     use rlvr_tests::{worker_command, worker_plugins};
 
-    let python = peer_python("scripts/openenv-venv.sh", &[]);
-    let server = EnvServer::start(&python, &["--max-concurrent-envs", "8"]);
+    let server = EnvServer::start(&["--max-concurrent-envs", "8"]);
     let dir = tempfile::tempdir().unwrap();
     let plugins = worker_plugins(dir.path());
 

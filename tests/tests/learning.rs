@@ -320,6 +320,135 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
     }
 }
 
+/// Episodes against an environment (`[env]`), learned from: `examples/envs/arith_feedback.py`
+/// answers a wrong first answer with the sum and a second try (`07+31=` → `39` → ` no:38 07+31=`
+/// → `38`). The cold start is the addition test's SFT, with each demonstration also written as a
+/// two-turn transcript (a wrong first answer, the environment's reply, the right answer), so the
+/// model has seen the reply's form. GRPO then trains on the environment's reward alone, no
+/// verifier: the same job with `max_turns = 2` earns far more than with `max_turns = 1` (the reply
+/// is worth using), and its held-out accuracy, played greedily through the environment, rises.
+/// (Measured 2026-11-30: single-turn reward 0.15–0.25, two-turn 0.92–0.99, held-out 0.955 →
+/// 0.995 in 30 steps; the policy came to lean on the reply: turns per episode 1.78 → 1.97.)
+#[test]
+fn episodes_against_an_environment_use_its_reply_and_earn_more_than_the_same_job_single_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    fs::create_dir_all(&plugins).unwrap();
+    for name in ["rlvr-optimizer-grpo", "rlvr-optimizer-sft", "rlvr-verifier-math"] {
+        drop_in(&plugin_lib(name), &plugins, &format!("lib{}.so", name.replace('-', "_")));
+    }
+    let data = arith_data(
+        dir.path(),
+        &["--seed", "11", "--max-operand", "50", "--ops", "+", "--pad", "--sft", "300", "--train", "2000"],
+        200,
+    );
+    let records = |file: &str| -> Vec<Value> {
+        let text = fs::read_to_string(data.join(file)).unwrap();
+        text.lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+    };
+    let write = |file: &str, lines: Vec<Value>| {
+        let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+        fs::write(data.join(file), text).unwrap();
+    };
+    // Each demonstration, and the same problem as two turns: a wrong answer (the first turn ends
+    // with its end-of-sequence token, as a sampled one does), the reply, the right answer.
+    let mut demonstrations = Vec::new();
+    for (i, demo) in records("sft.jsonl").into_iter().enumerate() {
+        let (prompt, answer) = (demo["prompt"].as_str().unwrap(), demo["completion"].as_str().unwrap());
+        let right: u64 = answer.parse().unwrap();
+        let wrong = [right + 1, right + 10, right.checked_sub(1).unwrap_or(right + 2)][i % 3];
+        let transcript = format!("{prompt}{wrong}<|eos|> no:{right} {prompt}");
+        demonstrations.push(serde_json::json!({"id": format!("{}-reply", demo["id"].as_str().unwrap()), "prompt": transcript, "completion": answer}));
+        demonstrations.push(demo);
+    }
+    write("sft-replies.jsonl", demonstrations);
+    // The environment's problems: each prompt's operands are reset's arguments.
+    for file in ["train.jsonl", "heldout.jsonl"] {
+        let problems = records(file)
+            .into_iter()
+            .map(|mut record| {
+                let prompt = record["prompt"].as_str().unwrap().trim_end_matches('=').to_owned();
+                let (a, b) = prompt.split_once('+').unwrap();
+                record["reference"] =
+                    serde_json::json!({"a": a.parse::<u64>().unwrap(), "b": b.parse::<u64>().unwrap()});
+                record
+            })
+            .collect();
+        write(&format!("env-{file}"), problems);
+    }
+
+    let started = Instant::now();
+    let mut cpu_s = 0.0;
+    let sft_spec = dir.path().join("sft.toml");
+    let sft_text = changed(SFT, &[("{data}/sft.jsonl", "{data}/sft-replies.jsonl")]);
+    fs::write(&sft_spec, sft_text.replace("{data}", &data.display().to_string())).unwrap();
+    let sft = worker(&sft_spec, &dir.path().join("sft"), &plugins, &mut cpu_s);
+    let (untrained, sft_accuracy) =
+        (sft["heldout_before"].as_f64().unwrap(), sft["heldout_after"].as_f64().unwrap());
+    assert!(
+        sft_accuracy > untrained,
+        "premise: the run did not learn: the SFT cold start's held-out accuracy {untrained:.3} → {sft_accuracy:.3}"
+    );
+
+    // A step's 64 × 8 episodes at once, each job's sessions kept open for its next step.
+    let server = rlvr_tests::openenv::EnvServer::start(&["--pad", "--max-concurrent-envs", "512"]);
+    let policy = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
+    let env = format!(
+        "[env]\nkind = \"openenv\"\nurl = \"{}\"\nmax_turns = 2\naction = \"field\"\naction_field = \"answer\"\n",
+        server.url
+    );
+    let two_turns = changed(
+        GRPO,
+        &[
+            ("{data}/train.jsonl", "{data}/env-train.jsonl"),
+            ("{data}/heldout.jsonl", "{data}/env-heldout.jsonl"),
+            ("[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n", ""),
+            ("max_steps = 200", "max_steps = 30"),
+        ],
+    ) + &env;
+    let one_turn = changed(&two_turns, &[("max_turns = 2", "max_turns = 1")]);
+    let mut runs = Vec::new();
+    for (name, text) in [("two-turns", two_turns), ("one-turn", one_turn)] {
+        let spec = dir.path().join(format!("{name}.toml"));
+        let text = text
+            .replace("{data}", &data.display().to_string())
+            .replace("{policy}", &policy.display().to_string());
+        fs::write(&spec, text).unwrap();
+        let state = dir.path().join(name);
+        let outcome = worker(&spec, &state, &plugins, &mut cpu_s);
+        let steps: Vec<Value> = fs::read_to_string(state.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap())
+            .filter(|line| line["env"].is_object())
+            .collect();
+        let mean = |key: &str, steps: &[Value]| {
+            steps.iter().map(|s| s["env"][key].as_f64().unwrap()).sum::<f64>() / steps.len() as f64
+        };
+        let reward = mean("reward_mean", &steps);
+        let turns = (mean("turns_mean", &steps[..5]), mean("turns_mean", &steps[steps.len() - 5..]));
+        runs.push((name, outcome, reward, turns));
+    }
+    let [(_, two, two_reward, two_turns), (_, one, one_reward, _)] = &runs[..] else { unreachable!() };
+    let (before, after) = (two["heldout_before"].as_f64().unwrap(), two["heldout_after"].as_f64().unwrap());
+    eprintln!(
+        "[env] episodes from the SFT cold start (held-out {sft_accuracy:.3} single-turn, by the math verifier): \
+         mean reward {two_reward:.3} with two turns, {one_reward:.3} with one; two turns' held-out through the \
+         environment {before:.3} → {after:.3}, turns per episode {:.2} → {:.2}; one turn's {:.3} → {:.3} \
+         ({:.0} s in all, {cpu_s:.0} CPU s)",
+        two_turns.0,
+        two_turns.1,
+        one["heldout_before"].as_f64().unwrap(),
+        one["heldout_after"].as_f64().unwrap(),
+        started.elapsed().as_secs_f64(),
+    );
+    assert!(
+        *two_reward > one_reward + 0.3,
+        "two turns earned {two_reward:.3} a step on average, one turn {one_reward:.3}: the reply was not used"
+    );
+    assert!(after > before, "held-out accuracy through the environment {before:.3} → {after:.3}: no gain");
+}
+
 /// The second task family, multiplication by one digit (`42*7=` → `294`), which no setting here
 /// was tuned on before this test: the same recipe as addition's — a small SFT cold start, then
 /// GRPO on prompts it has no answers for — at GRPO lr 1e-4 (as measured against TRL's
