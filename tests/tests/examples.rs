@@ -125,10 +125,12 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     let redis = Redis::start();
     // The newcomer team's token first (right after the harness's own [[auth.tokens]]); two CPU slots,
     // so the two examples that run do so side by side; one libtorch thread per worker.
+    // env.toml's environment server is on loopback, which the operator allows as its comment says.
     let config = format!(
         "[[auth.tokens]]\nteam = \"newcomer\"\nsha256 = {:?}\nadmin = false\n\
-         [queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n",
-        sha256_hex(NEWCOMER_TOKEN)
+         [queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{}",
+        sha256_hex(NEWCOMER_TOKEN),
+        rlvr_tests::OUTBOUND_LOOPBACK
     );
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config);
     eprintln!("rlvrd serving with {} plugins ({:.0} s)", PLUGINS.len(), started.elapsed().as_secs_f64());

@@ -355,6 +355,14 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "verifiers",
             "at least one",
         ),
+        // An environment's server is a destination like any other (the daemon's outbound policy
+        // allows none here).
+        (
+            format!("{good}\n[env]\nkind = \"openenv\"\nurl = \"http://envs.example:8000\"\n"),
+            422,
+            "env.url",
+            "not in the operator's outbound allow-list",
+        ),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
         // Left out, memory_gb is the job's estimate: 4 prompts × 1024 completions, each with a
         // KV cache of 32k tokens (2 KiB a token), is 256 GB at its rollout.

@@ -144,9 +144,10 @@ pub(super) const SECTIONS: [Section; 12] = [
     },
     Section {
         name: "outbound",
-        doc: "Where the daemon's outbound requests (a job's [publish] webhook) may go. Only http and https, \
-              never a redirect, never through a proxy; each destination is checked when the job is \
-              submitted and each address its host resolves to again when the request is made.",
+        doc: "Where outbound requests (a job's [publish] webhook, its graders' and judges' urls, its [env] \
+              server) may go. Only http and https, never a redirect, never through a proxy; each \
+              destination is checked when the job is submitted and each address its host resolves to \
+              again when the request is made.",
     },
     Section {
         name: "devices",
@@ -444,7 +445,8 @@ admin = false",
         kind: Kind::Strings { item: rlvr_outbound::ENTRY_FORMS, check: outbound_entry, default: Some(&[]) },
         doc: "Destinations outbound requests may go to: a host (any port), host:port, *.example.com (every \
               subdomain, not example.com itself), an IP address, IP:port, or a CIDR network. Empty, the \
-              default: no outbound request at all (a spec naming a webhook is refused at submit).",
+              default: no outbound request at all (a spec naming a webhook or an [env] server is refused \
+              at submit).",
         example: Example::Commented(
             "allow = [\"hooks.example.com\", \"*.graders.example.com:443\", \"203.0.113.0/24\"]",
         ),

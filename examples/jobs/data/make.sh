@@ -18,6 +18,10 @@
 #                           scratch in a minute (rm.toml; on pairs.jsonl's, 100 steps from the
 #                           SFT checkpoint left held-out pairwise accuracy at chance)
 #   rm-pairs-heldout.jsonl  the first 100 problems of heldout.jsonl, rejected as rm-pairs.jsonl's
+#
+# And the environment example's problems (env.toml), made from the prompts with no randomness:
+#   env-train.jsonl, env-heldout.jsonl  train.jsonl's and heldout.jsonl's problems, each with its
+#                           operands as the reference: the environment's reset arguments
 set -euo pipefail
 rlvrd=${1:-target/debug/rlvrd}
 out=${2:-$(dirname "$0")}
@@ -44,3 +48,14 @@ pairs() {
 pairs "$out/train.jsonl" 300 next-digit >"$out/pairs.jsonl"
 pairs "$out/train.jsonl" 300 times-ten >"$out/rm-pairs.jsonl"
 pairs "$out/heldout.jsonl" 100 times-ten >"$out/rm-pairs-heldout.jsonl"
+
+# The environment example's problems (env.toml): each prompt of train.jsonl and heldout.jsonl with
+# its operands as the reference, which is the environment's reset arguments ("07+31=" -> {"a":7,"b":31}).
+problems() {
+    awk -F'"' '{
+            split($8, operands, /[+=]/)
+            printf "{\"id\":\"%s\",\"prompt\":\"%s\",\"reference\":{\"a\":%d,\"b\":%d}}\n", $4, $8, operands[1], operands[2]
+        }' "$1"
+}
+problems "$out/train.jsonl" >"$out/env-train.jsonl"
+problems "$out/heldout.jsonl" >"$out/env-heldout.jsonl"
