@@ -153,6 +153,21 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     let downloaded = newcomer.path().join("model");
     assert!(downloaded.join("config.json").is_file(), "the README's download: {}", downloaded.display());
     eprintln!("the README's first job ran ({:.0} s)", started.elapsed().as_secs_f64());
+    // `env.toml` from the cold start the README published, for real but for 8 of its steps, against
+    // its environment server (on a port of its own): an [env] job under the daemon, its sessions
+    // under the operator's outbound policy, its device grant given back while they wait.
+    let server = rlvr_tests::openenv::EnvServer::start(&["--pad", "--max-concurrent-envs", "256"]);
+    let env_dir = tempfile::tempdir().unwrap();
+    let init = cli::run(&artifact("rlvrctl"), &["init", "env", "."], env_dir.path(), &[]);
+    assert!(init.status.success(), "rlvrctl init env: {}", cli::text(&init));
+    let env_spec = env_dir.path().join("env.toml");
+    let text = fs::read_to_string(&env_spec).unwrap();
+    let short = text.replace("http://127.0.0.1:8000", &server.url).replace("max_steps = 50", "max_steps = 8");
+    assert_ne!(short, text, "env.toml's url and steps");
+    fs::write(&env_spec, short).unwrap();
+    let output = cli::run(&artifact("rlvrctl"), &["submit", "env.toml"], env_dir.path(), &env);
+    assert!(output.status.success(), "rlvrctl submit env.toml: {}", cli::text(&output));
+    let env_job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     let jobs = [
         ("sft.toml", &readme_jobs[0], JobKind::OfflineSft),
         ("grpo.toml", &readme_jobs[1], JobKind::OnlineGroups),
@@ -178,6 +193,22 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
             started.elapsed().as_secs_f64()
         );
     }
+
+    let job = wait_job(&daemon, &env_job, Duration::from_secs(300), ended);
+    assert!(
+        matches!(job.state, JobState::Published | JobState::Refused),
+        "env.toml: {job}\n{}",
+        daemon.log()
+    );
+    assert!(
+        job.outcome().heldout_before.is_some(),
+        "env.toml: held-out played through the environment: {job}"
+    );
+    let metrics = rlvr_tests::jobs::get(&daemon, NEWCOMER_TOKEN, &format!("/v1/jobs/{env_job}/metrics")).1;
+    let lines = metrics.to_string();
+    assert_eq!(lines.matches("\"episodes\":256").count(), 8, "each step's 32 × 8 episodes: {lines}");
+    drop(server);
+    eprintln!("env.toml: {:?} after 8 steps ({:.0} s)", job.state, started.elapsed().as_secs_f64());
 
     // Every example, as `rlvrctl init` writes it: the dry run checks what submit checks (plugins
     // and their options, the data, the lines it names, resources) and queues nothing.
