@@ -164,6 +164,37 @@ fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
     let again = play(&model, &params, &mut rng, &resets, (&settings, &mut idle), &mut |_| Ok(())).unwrap();
     assert!(again.played.iter().all(|game| !matches!(game.end, EpisodeEnd::EnvError(_))));
     assert_eq!(idle.len(), 8);
+
+    // A turn that is not an action (here no turn is JSON) ends its episode there, naming why;
+    // nothing is sent, and its session is kept.
+    let json = EpisodeSettings { action: rlvr_env::ActionFormat::Json, ..settings.clone() };
+    let round = play(&model, &params, &mut rng, &resets, (&json, &mut idle), &mut |_| Ok(())).unwrap();
+    for game in &round.played {
+        assert!(matches!(&game.end, EpisodeEnd::NotAnAction(why) if why.contains("JSON")), "{:?}", game.end);
+        assert_eq!((game.episode.turns, game.rewards.len()), (1, 0));
+    }
+    assert_eq!(idle.len(), 8);
+
+    // A step slower than step_timeout_s ends its episode with an environment error naming the
+    // timeout; the session it was cut on is not kept.
+    let slow = EnvServer::start(&["--step-delay-s", "30"]);
+    let cut = EpisodeSettings {
+        server: slow.url.clone(),
+        step_timeout: Duration::from_secs(5),
+        ..settings.clone()
+    };
+    let mut slow_idle = Vec::new();
+    let round =
+        play(&model, &params, &mut rng, &resets[..4], (&cut, &mut slow_idle), &mut |_| Ok(())).unwrap();
+    let cut_off = round.played.iter().filter(|game| matches!(&game.end, EpisodeEnd::EnvError(why) if why.contains("no answer to step within 5"))).count();
+    assert!(cut_off > 0, "{:?}", round.played.iter().map(|game| &game.end).collect::<Vec<_>>());
+    assert_eq!(slow_idle.len(), 4 - cut_off, "a session cut at its timeout was kept");
+
+    // A server gone (crashed, stopped): the round cannot start, and says where.
+    drop(server);
+    let error =
+        play(&model, &params, &mut rng, &resets, (&settings, &mut idle), &mut |_| Ok(())).err().unwrap();
+    assert!(error.to_string().contains("127.0.0.1"), "{error}");
 }
 
 /// The runs of equal values in `mask`: (sampled, the range).

@@ -30,6 +30,7 @@ use rlvr_protocol::records::PromptRecord;
 use serde_json::{Map, Value};
 
 /// How a round of episodes runs.
+#[derive(Debug, Clone)]
 pub struct EpisodeSettings {
     /// The OpenEnv server (`http://host:port`).
     pub server: String,
