@@ -853,13 +853,13 @@ pub struct EnvFigures {
     /// Episodes that reached `env.max_turns`, or a turn cut at `rollout.max_new_tokens`.
     pub max_turns: usize,
     pub token_budget: usize,
-    /// Episodes ended by a turn that was not an action (the model's fault).
+    /// Episodes ended by a turn that was not an action, or an action the environment's schema
+    /// refused (the model's fault: the tool errors).
     pub not_an_action: usize,
     /// Episodes ended because the chat template rendered the conversation otherwise than its
     /// tokens (never trained on re-tokenized).
     pub prefix_breaks: usize,
-    /// Episodes ended by the environment's refusal or failure (a malformed action, its error, a
-    /// timeout).
+    /// Episodes ended by the environment's failure (its code's error, a timeout, a lost session).
     pub env_errors: usize,
 }
 

@@ -175,6 +175,20 @@ fn the_worker_plays_multi_turn_episodes_token_in_token_out() {
     }
     assert_eq!(idle.len(), 8);
 
+    // An action the environment's schema refuses (no `answer`) is the model's fault too: its
+    // episode ends naming the environment's reason, and its session goes on.
+    let wrong_field =
+        EpisodeSettings { action: rlvr_env::ActionFormat::Field("guess".into()), ..settings.clone() };
+    let round = play(&model, &params, &mut rng, &resets, (&wrong_field, &mut idle), &mut |_| Ok(())).unwrap();
+    let refused = |game: &&rlvr_worker::episodes::Played| matches!(&game.end, EpisodeEnd::NotAnAction(why) if why.starts_with("the environment refused the action") && why.contains("answer"));
+    assert!(
+        round.played.iter().any(|game| refused(&game)),
+        "{:?}",
+        round.played.iter().map(|g| &g.end).collect::<Vec<_>>()
+    );
+    assert!(round.played.iter().all(|game| refused(&game) || game.end == EpisodeEnd::TokenBudget));
+    assert_eq!(idle.len(), 8);
+
     // A step slower than step_timeout_s ends its episode with an environment error naming the
     // timeout; the session it was cut on is not kept.
     let slow = EnvServer::start(&["--step-delay-s", "30"]);

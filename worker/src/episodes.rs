@@ -114,7 +114,8 @@ pub enum EpisodeEnd {
     MaxTurns,
     /// A turn reached the token budget before its end.
     TokenBudget,
-    /// A turn that is not an action (the model's fault: no reward from there).
+    /// A turn that is not an action, or an action the environment's schema refuses
+    /// (`VALIDATION_ERROR`): the model's fault, no reward from there.
     NotAnAction(String),
     /// The template rendered the conversation otherwise (counted: `prefix_breaks`).
     PrefixBreak(String),
@@ -271,6 +272,14 @@ pub fn play(
             game.env_s += env_s;
             let reply = match reply {
                 Ok(reply) => reply,
+                // The action does not fit the environment's schema: the model's fault, like a
+                // turn that is no action at all (its session goes on).
+                Err(EnvError::Env { code, message, .. }) if code == "VALIDATION_ERROR" => {
+                    ends[i] = Some(EpisodeEnd::NotAnAction(format!(
+                        "the environment refused the action: {message}"
+                    )));
+                    continue;
+                }
                 Err(error) => {
                     ends[i] = Some(EpisodeEnd::EnvError(error.to_string()));
                     continue;
