@@ -305,8 +305,24 @@ fn an_env_job_trains_on_episodes_token_in_token_out_and_resumes_exactly() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("env.url: ") && stderr.contains("at most 8 sessions"), "{stderr}");
 
-    // 2 × 4 = 8: it runs, straight through, and again killed after step 3 and resumed from step 2.
+    // What the job would train on, before it runs: its first two episodes, turn by turn.
     let spec = env_spec(dir.path(), &server.url, 2, 2);
+    let check = std::process::Command::new(rlvr_tests::artifact("rlvr-worker"))
+        .args(["env-check", "--episodes", "2", "--spec"])
+        .arg(&spec)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{shown}{}", String::from_utf8_lossy(&check.stderr));
+    assert_eq!(shown.matches("episode ").count(), 2, "{shown}");
+    assert!(shown.contains("episode 1 of 2: record p0, reset {\"a\":3,\"b\":4}"), "{shown}");
+    assert!(shown.contains("  prompt \"3+4=\""), "{shown}");
+    assert!(shown.lines().any(|line| line.starts_with("  model ") && line.ends_with("trained")), "{shown}");
+    assert!(shown.contains("  env    \" no:7 3+4=\""), "{shown}");
+    assert!(shown.lines().any(|line| line.starts_with("  env ") && line.ends_with("masked out")), "{shown}");
+    assert!(shown.contains("  end    "), "{shown}");
+
+    // 2 × 4 = 8: it runs, straight through, and again killed after step 3 and resumed from step 2.
     let straight = dir.path().join("straight");
     let outcome = worker_command(&spec, &straight, &plugins, &[]).output().unwrap();
     assert!(outcome.status.success(), "{}", String::from_utf8_lossy(&outcome.stderr));

@@ -31,6 +31,7 @@ pub mod data;
 pub mod distill;
 pub mod drive;
 pub mod engine;
+pub mod env_check;
 pub mod episodes;
 pub mod eval;
 pub mod grants;

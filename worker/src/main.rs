@@ -2,7 +2,8 @@
 //! by hand, without Redis). `run` trains; `probe-plugin` loads one plugin library for the
 //! daemon's registry, and `check-options` asks one about a job's options at submit, each in a
 //! process that can crash without harm (and that may link libtorch, which the daemon never does);
-//! `doctor` reports what its libtorch can do on this host.
+//! `doctor` reports what its libtorch can do on this host; `env-check` plays an `[env]` spec's
+//! first episodes and shows what its job would train on.
 
 use std::process::ExitCode;
 
@@ -47,6 +48,18 @@ enum Command {
         #[arg(long)]
         options_json: String,
     },
+    /// Play the first episodes of an `[env]` job's spec against its environment with its policy
+    /// (a model directory or builtin:tiny-arith), sampled as its rollouts are, and print each turn
+    /// with what is trained on (the model's turns) and what is masked out (the environment's
+    /// replies). Nothing is trained or written.
+    EnvCheck {
+        /// The job spec (TOML or JSON); its [data] train records start the episodes.
+        #[arg(long)]
+        spec: std::path::PathBuf,
+        /// Episodes to play, one per training record from the first.
+        #[arg(long, default_value_t = 2)]
+        episodes: usize,
+    },
     /// Report what this process's libtorch can do: its version and directory, whether CUDA is
     /// loaded and available, the CUDA runtime, driver, cuDNN, NCCL and cuBLAS versions, the CPU
     /// matmul path, and what is wrong; one JSON line (`rlvrd doctor` prints it for people).
@@ -78,6 +91,16 @@ fn main() -> ExitCode {
             print_line("check-options", &rlvr_plugin_host::options::check_main(&plugin_path, &options_json))
         }
         Command::Doctor => print_line("doctor", &rlvr_worker::runtime::report()),
+        Command::EnvCheck { spec, episodes } => match rlvr_worker::env_check::check(&spec, episodes) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("rlvr-worker env-check: {message}");
+                ExitCode::from(WorkerExit::JobError.code())
+            }
+        },
         Command::Run(args) => {
             logging::init(cli.log_format, "info");
             ExitCode::from(run(*args).code())
@@ -249,7 +272,10 @@ mod tests {
             let line = std::iter::once(OsString::from("rlvr-worker")).chain(args.command_line());
             match Cli::try_parse_from(line).unwrap().command {
                 Command::Run(parsed) => assert_eq!(*parsed, args),
-                Command::ProbePlugin { .. } | Command::CheckOptions { .. } | Command::Doctor => {
+                Command::ProbePlugin { .. }
+                | Command::CheckOptions { .. }
+                | Command::Doctor
+                | Command::EnvCheck { .. } => {
                     panic!("parsed as another command")
                 }
             }
