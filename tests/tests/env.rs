@@ -384,4 +384,13 @@ fn an_env_job_trains_on_episodes_token_in_token_out_and_resumes_exactly() {
     let step: Value = serde_json::from_str(metrics.lines().nth(1).unwrap()).unwrap();
     assert_eq!(step["env"]["episodes"], 8, "{step}");
     assert!(step["env"]["turns_mean"].as_f64().unwrap() >= 1.0, "{step}");
+
+    // The environment gone (its server stopped): not the job's fault, exit 70 (the daemon
+    // requeues the job, within its crash limit), naming the server.
+    let url = server.url.clone();
+    drop(server);
+    let output = worker_command(&spec, &dir.path().join("gone"), &plugins, &[]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(70), "{stderr}");
+    assert!(stderr.contains(&format!("env.url: {url}")), "{stderr}");
 }

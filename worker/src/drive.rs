@@ -420,11 +420,13 @@ impl Loop<'_> {
 }
 
 impl WorkerError {
-    /// A step's error: the grant socket's is not the job's fault; anything else is, at `step`.
+    /// A step's error: the grant socket's and an unreachable environment's are not the job's
+    /// fault; anything else is, at `step`.
     pub fn from_step(step: u64, error: StepError) -> WorkerError {
         match error {
             StepError::Grants(error) => WorkerError::Grants(error),
             StepError::Failed(message) => WorkerError::Step { step, message },
+            StepError::Environment(message) => WorkerError::Environment(format!("step {step}: {message}")),
         }
     }
 }

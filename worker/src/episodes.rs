@@ -325,6 +325,12 @@ pub fn play(
     Ok(PlayedRound { played, env_s })
 }
 
+/// Whether `error` is the environment's absence (no connection, no answer in time, a broken
+/// session) rather than its refusal: the former is retried by requeueing the job.
+pub fn unreachable(error: &EnvError) -> bool {
+    matches!(error, EnvError::Connect { .. } | EnvError::Timeout { .. } | EnvError::Protocol { .. })
+}
+
 /// A played episode's rows beyond its [`Sampled`]: its own prompt (the environment's first
 /// observation, rendered), which of its tokens the model sampled, and how it went.
 #[derive(Debug, Clone)]

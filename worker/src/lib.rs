@@ -214,6 +214,11 @@ pub enum WorkerError {
     /// (exit 70: it could not reach the daemon).
     #[error("{message}")]
     Engine { transient: bool, message: String },
+    /// The job's environment (`[env]`) could not be reached or went silent: exit 70, the daemon
+    /// requeues the job (an environment server restarting is not the job's fault; one that stays
+    /// away ends it at the daemon's crash limit).
+    #[error("env.url: {0}")]
+    Environment(String),
 }
 
 impl WorkerError {
@@ -225,7 +230,8 @@ impl WorkerError {
             | WorkerError::HostContext(_)
             | WorkerError::Device(_)
             | WorkerError::MemoryWatch(_)
-            | WorkerError::Engine { transient: true, .. } => WorkerExit::Transient,
+            | WorkerError::Engine { transient: true, .. }
+            | WorkerError::Environment(_) => WorkerExit::Transient,
             _ => WorkerExit::JobError,
         }
     }
@@ -792,7 +798,12 @@ fn start_env(
     let problem = |message: String| WorkerError::Model { field: "env.url", message };
     let sessions = (spec.rollout.prompts_per_step * spec.optimizer.group_size) as usize;
     let settings = episodes::EpisodeSettings::from_spec(env, host, sessions).map_err(problem)?;
-    let idle = episodes::open_sessions(&settings, sessions).map_err(|error| problem(error.to_string()))?;
+    let idle = episodes::open_sessions(&settings, sessions).map_err(|error| {
+        match episodes::unreachable(&error) {
+            true => WorkerError::Environment(error.to_string()),
+            false => problem(error.to_string()),
+        }
+    })?;
     info!(url = %env.url, sessions, "the environment holds a step's episodes at once");
     Ok(episodes::Environment { settings, idle: std::sync::Mutex::new(idle) })
 }

@@ -51,6 +51,10 @@ pub enum StepError {
     /// The job's fault or the model's: a plugin error, a non-finite loss, a bad record.
     #[error("{0}")]
     Failed(String),
+    /// The job's environment could not be reached or went silent (`[env]`): the job is
+    /// requeued, as far as the daemon's crash limit allows.
+    #[error("environment: {0}")]
+    Environment(String),
 }
 
 impl From<String> for StepError {
@@ -861,6 +865,9 @@ fn play_round(job: &mut Job, picked: Vec<PromptRecord>, grant: Grant) -> Result<
     }
     let round = played.map_err(|error| match error {
         RoundError::Device(error) => StepError::Grants(error),
+        RoundError::Env(error) if crate::episodes::unreachable(&error) => {
+            StepError::Environment(error.to_string())
+        }
         other => StepError::Failed(other.to_string()),
     })?;
     let rollout_s = started.elapsed().as_secs_f64();
