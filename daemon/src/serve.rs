@@ -332,6 +332,7 @@ impl Services {
                 trl_python: config.engines.trl_python.clone(),
                 vllm_python: config.engines.vllm_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
+                environments: environments(config),
                 checked_records: Arc::default(),
                 retention: retention.clone(),
             }),
@@ -369,6 +370,7 @@ impl Services {
                 trl_python: config.engines.trl_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
                 vllm_python: config.engines.vllm_python.clone(),
+                environments: environments(config),
                 verify_url: format!("http://{listener_addr}/v1/verify"),
                 tokens: job_tokens,
             },
@@ -482,6 +484,11 @@ pub fn worker_exe(configured: Option<&std::path::Path>) -> Result<PathBuf, Serve
 }
 
 /// libtorch threads per worker: `queue.worker_threads`, or every core.
+/// The installed `[env]` environments and their python, when both are configured.
+fn environments(config: &Config) -> Option<(PathBuf, PathBuf)> {
+    config.engines.environments.clone().zip(config.engines.environments_python.clone())
+}
+
 fn worker_threads(configured: u32) -> usize {
     if configured > 0 {
         configured as usize

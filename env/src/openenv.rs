@@ -11,8 +11,9 @@
 //! Plain `http://` servers only for now (a sidecar on loopback, a team's server on its network):
 //! `https://` is refused at [`Session::open`] naming the url.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use rlvr_outbound::{Policy, Refusal};
@@ -99,15 +100,59 @@ struct ErrorData {
 
 /// One environment: a WebSocket session on an OpenEnv server.
 pub struct Session {
-    socket: WebSocket<TcpStream>,
+    socket: WebSocket<Stream>,
     url: String,
     timeout: Duration,
 }
 
+/// A session's connection: to a server's address, or to a sidecar's Unix socket.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.read(buf),
+            Stream::Unix(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.write(buf),
+            Stream::Unix(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(stream) => stream.flush(),
+            Stream::Unix(stream) => stream.flush(),
+        }
+    }
+}
+
+/// The prefix of a sidecar's server: `unix:` and its socket's path. Only the worker writes one
+/// (a spec's url is http); a local file, not a destination the outbound policy governs.
+pub const UNIX: &str = "unix:";
+
 impl Session {
-    /// Opens a session on the server at `server` (`http://host:port`, its `/ws` route) within
-    /// `timeout`, which also bounds every later request.
+    /// Opens a session on the server at `server` (`http://host:port`, its `/ws` route; or
+    /// `unix:PATH`, a sidecar's socket) within `timeout`, which also bounds every later request.
     pub fn open(server: &str, policy: &Policy, timeout: Duration) -> Result<Session, EnvError> {
+        if let Some(path) = server.strip_prefix(UNIX) {
+            let connect = |message: String| EnvError::Connect { url: server.to_owned(), message };
+            let stream = UnixStream::connect(path).map_err(|error| connect(error.to_string()))?;
+            for set in [UnixStream::set_read_timeout, UnixStream::set_write_timeout] {
+                set(&stream, Some(timeout)).map_err(|error| connect(error.to_string()))?;
+            }
+            return Self::handshake("ws://localhost/ws", Stream::Unix(stream), server, timeout);
+        }
         let checked = policy.check_url(server)?;
         let url = server.to_owned();
         let connect = |message: String| EnvError::Connect { url: url.clone(), message };
@@ -144,8 +189,16 @@ impl Session {
         ws.set_scheme("ws").map_err(|()| connect("not a url a WebSocket can take".into()))?;
         let path = format!("{}/ws", ws.path().trim_end_matches('/'));
         ws.set_path(&path);
-        let (socket, _) = tungstenite::client::client(ws.as_str(), stream).map_err(|error| match error {
-            tungstenite::HandshakeError::Failure(error) => connect(format!("WebSocket handshake: {error}")),
+        Self::handshake(ws.as_str(), Stream::Tcp(stream), &url, timeout)
+    }
+
+    /// The WebSocket handshake for `ws` on a connected `stream` to `server`.
+    fn handshake(ws: &str, stream: Stream, server: &str, timeout: Duration) -> Result<Session, EnvError> {
+        let url = server.to_owned();
+        let (socket, _) = tungstenite::client::client(ws, stream).map_err(|error| match error {
+            tungstenite::HandshakeError::Failure(error) => {
+                EnvError::Connect { url: url.clone(), message: format!("WebSocket handshake: {error}") }
+            }
             tungstenite::HandshakeError::Interrupted(_) => EnvError::Timeout {
                 url: url.clone(),
                 what: "the WebSocket handshake",

@@ -5,6 +5,7 @@ The environment's reply is what makes the second turn winnable: trained single-t
 one try and no feedback; trained on this environment, it can learn to use the reply.
 
     python arith_feedback.py --port 8000 [--max-concurrent-envs 64] [--step-delay-s 0] [--pad]
+    python arith_feedback.py --uds PATH ...     # on a Unix socket: as a job's sidecar
 
 `--pad` writes operands with two digits (`07+31=`), as `rlvrd data arith --pad` does.
 
@@ -77,7 +78,9 @@ class ArithFeedback(Environment[ArithAction, ArithObservation, ArithState]):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int)
+    where.add_argument("--uds", help="serve on this Unix socket instead (a job's sidecar)")
     parser.add_argument("--max-concurrent-envs", type=int, default=64)
     parser.add_argument("--step-delay-s", type=float, default=0.0)
     parser.add_argument("--pad", action="store_true", help="operands with two digits (07+31=)")
@@ -92,7 +95,10 @@ def main():
         max_concurrent_envs=args.max_concurrent_envs,
         state_cls=ArithState,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if args.uds:
+        uvicorn.run(app, uds=args.uds, log_level="warning")
+    else:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

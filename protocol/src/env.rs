@@ -19,8 +19,16 @@ use crate::spec::{JobSpec, RolloutEngine, SpecError};
 #[serde(deny_unknown_fields)]
 pub struct EnvSection {
     pub kind: EnvKind,
-    /// The server the team runs, `http://host:port` (under the operator's outbound policy).
-    pub url: String,
+    /// The server the team runs, `http://host:port` (under the operator's outbound policy); or:
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// An environment the operator installed (`environments.dir`/NAME.py), which the worker
+    /// starts for the job as its sidecar, sandboxed, and stops with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+    /// The sidecar's own arguments, after those the worker gives it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
     /// Model turns an episode takes at most.
     #[serde(default = "defaults::max_turns")]
     pub max_turns: u32,
@@ -112,11 +120,35 @@ pub fn problems(spec: &JobSpec) -> Vec<SpecError> {
             errors.push(SpecError { field: format!("env.{field}"), message });
         }
     };
-    let url_ok = env.url.strip_prefix("http://").is_some_and(|rest| !rest.is_empty());
+    match (&env.url, &env.environment) {
+        (Some(url), None) => check(
+            url.strip_prefix("http://").is_some_and(|rest| !rest.is_empty()),
+            "url",
+            format!("expected an OpenEnv server's http://host:port (its WebSocket is /ws), got {url:?}"),
+        ),
+        (None, Some(name)) => check(
+            !name.is_empty()
+                && name.len() <= 64
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+            "environment",
+            format!("expected the name of an installed environment (1–64 of [A-Za-z0-9_-]), got {name:?}"),
+        ),
+        _ => check(
+            false,
+            "url",
+            "give either url (a server the team runs) or environment (one the operator installed), not both"
+                .into(),
+        ),
+    }
     check(
-        url_ok,
-        "url",
-        format!("expected an OpenEnv server's http://host:port (its WebSocket is /ws), got {:?}", env.url),
+        env.args.is_empty() || env.environment.is_some(),
+        "args",
+        "are the sidecar's arguments: they need environment".into(),
+    );
+    check(
+        env.args.len() <= 32 && env.args.iter().all(|arg| arg.len() <= 256 && !arg.contains('\0')),
+        "args",
+        "expected at most 32 arguments of at most 256 bytes each".into(),
     );
     check(
         (1..=MAX_TURNS).contains(&env.max_turns),
@@ -290,7 +322,13 @@ mod tests {
         );
         let parse = |env: &str| spec(env, "").unwrap_err();
         assert!(parse("kind = \"gym\"\nurl = \"http://h:1\"").contains("unknown variant `gym`"));
-        assert!(parse("kind = \"openenv\"").contains("missing field `url`"));
+        let sidecar =
+            spec("kind = \"openenv\"\nenvironment = \"arith_feedback\"\nargs = [\"--pad\"]", "").unwrap();
+        let env = sidecar.env.unwrap();
+        assert_eq!(
+            (env.url, env.environment.as_deref(), env.args),
+            (None, Some("arith_feedback"), vec!["--pad".to_owned()])
+        );
         assert!(parse(&format!("{SERVER}\nturns = 3")).contains("unknown field `turns`"));
     }
 }

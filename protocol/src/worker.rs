@@ -120,6 +120,13 @@ pub struct WorkerArgs {
     /// `engines.vllm_python`; `scripts/vllm-venv.sh` makes one).
     #[cfg_attr(feature = "cli", arg(long))]
     pub vllm_python: Option<PathBuf>,
+    /// An `[env] environment = "NAME"` job: the installed environment's script (the daemon's
+    /// `engines.environments`/NAME.py) and the python that runs it as the job's sidecar
+    /// (`engines.environments_python`).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub env_script: Option<PathBuf>,
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub env_python: Option<PathBuf>,
     /// An engine job: the daemon's `POST /v1/verify`, where the engine gets its rewards with the
     /// job's token (`$RLVR_JOB_TOKEN`, in the worker's environment, never in argv).
     #[cfg_attr(feature = "cli", arg(long))]
@@ -193,6 +200,12 @@ impl WorkerArgs {
         }
         if let Some(python) = &self.vllm_python {
             flag("vllm-python", python.clone().into());
+        }
+        if let Some(script) = &self.env_script {
+            flag("env-script", script.clone().into());
+        }
+        if let Some(python) = &self.env_python {
+            flag("env-python", python.clone().into());
         }
         if let Some(url) = &self.verify_url {
             flag("verify-url", url.into());

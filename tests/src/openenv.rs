@@ -42,3 +42,32 @@ impl Drop for EnvServer {
         let _ = self.child.wait();
     }
 }
+
+/// Installed environments as an operator sets them up, in a fresh directory anyone may traverse:
+/// `environments/` holds `arith_feedback.py` and `hostile.py` (tests/data/envs), and `venv/` is
+/// the OpenEnv venv, hard-linked. (When the tests run as root, sandboxes drop to `nobody`, who
+/// cannot reach the project cache under /root.) Returns the directory's guard, the environments'
+/// directory and the venv's python.
+pub fn installed_environments() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let python = peer_python("scripts/openenv-venv.sh", &[]);
+    let venv = python.parent().and_then(std::path::Path::parent).expect("the venv of its python");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = dir.path().join("venv");
+    let linked = Command::new("cp").arg("-al").arg(venv).arg(&copy).status().unwrap().success()
+        || Command::new("cp").arg("-a").arg(venv).arg(&copy).status().unwrap().success();
+    assert!(linked, "cannot copy the OpenEnv venv {}", venv.display());
+    let environments = dir.path().join("environments");
+    std::fs::create_dir(&environments).unwrap();
+    std::fs::set_permissions(&environments, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, source) in [
+        ("arith_feedback.py", workspace_root().join("examples/envs/arith_feedback.py")),
+        ("hostile.py", workspace_root().join("tests/data/envs/hostile.py")),
+    ] {
+        std::fs::copy(source, environments.join(name)).unwrap();
+        std::fs::set_permissions(environments.join(name), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let python = copy.join("bin").join(python.file_name().unwrap());
+    (dir, environments, python)
+}

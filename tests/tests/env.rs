@@ -394,3 +394,69 @@ fn an_env_job_trains_on_episodes_token_in_token_out_and_resumes_exactly() {
     assert_eq!(output.status.code(), Some(70), "{stderr}");
     assert!(stderr.contains(&format!("env.url: {url}")), "{stderr}");
 }
+
+/// An installed environment (`env.environment`) runs as the job's sidecar, in the graders'
+/// sandbox on a Unix socket: `hostile.py` first tries to read a file outside its directories, to
+/// reach the host's loopback and to leave a process behind, then serves `arith_feedback.py`. The
+/// job trains on its episodes; the file and the port were out of reach (the listener never saw a
+/// connection), and nothing it started outlives the worker — killed with SIGKILL mid-run here.
+#[test]
+fn an_installed_environment_runs_as_the_jobs_sandboxed_sidecar_and_reaches_nothing_else() {
+    use rlvr_tests::{worker_command, worker_plugins};
+
+    let (_installed, environments, python) = rlvr_tests::openenv::installed_environments();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "the worker's secret").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let marker = format!("rlvr-sidecar-marker-{}", std::process::id());
+    let url_spec = std::fs::read_to_string(env_spec(dir.path(), "http://127.0.0.1:1", 2, 1)).unwrap();
+    let sidecar = format!(
+        "environment = \"hostile\"\nargs = [\"--secret\", \"{}\", \"--probe-port\", \"{}\", \"--marker\", \"{marker}\", \"--max-concurrent-envs\", \"8\"]",
+        secret.display(),
+        listener.local_addr().unwrap().port()
+    );
+    let spec = dir.path().join("sidecar.toml");
+    std::fs::write(&spec, url_spec.replace("url = \"http://127.0.0.1:1\"", &sidecar)).unwrap();
+    let script = environments.join("hostile.py");
+    let env_args = ["--env-script", script.to_str().unwrap(), "--env-python", python.to_str().unwrap()];
+
+    // Straight through: it trains on the sidecar's episodes.
+    let state = dir.path().join("state");
+    let output = worker_command(&spec, &state, &plugins, &env_args).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metrics = std::fs::read_to_string(state.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.matches("\"episodes\":8").count(), 4, "{metrics}");
+    let log = std::fs::read_to_string(state.join("env-sidecar.log")).unwrap();
+    assert!(log.contains("read: refused: PermissionError"), "{log}");
+    assert!(log.contains("connect: refused:"), "{log}");
+    assert!(log.contains("left behind:"), "{log}");
+    assert!(listener.accept().is_err(), "the sidecar reached the host's loopback");
+    let left = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
+            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
+            .filter(|line| line.contains(&marker))
+            .collect()
+    };
+    assert!(wait_until(Duration::from_secs(10), || left().is_empty()), "outlived the job: {:?}", left());
+
+    // Killed with SIGKILL while it plays: the sidecar and what it left go with the worker.
+    let mut child = worker_command(&spec, &dir.path().join("killed"), &plugins, &env_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let serving = wait_until(Duration::from_secs(120), || !left().is_empty());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(serving, "the sidecar never started");
+    assert!(
+        wait_until(Duration::from_secs(10), || left().is_empty()),
+        "outlived a killed worker: {:?}",
+        left()
+    );
+}

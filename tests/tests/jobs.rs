@@ -363,6 +363,12 @@ fn malformed_specs_get_a_4xx_naming_the_field_and_the_daemon_carries_on() {
             "env.url",
             "not in the operator's outbound allow-list",
         ),
+        (
+            format!("{good}\n[env]\nkind = \"openenv\"\nenvironment = \"arith_feedback\"\n"),
+            422,
+            "env.environment",
+            "this daemon has no installed environments (engines.environments)",
+        ),
         (format!("{good}\n[resources]\nmemory_gb = 1e12\n"), 422, "resources.memory_gb", "never fit here"),
         // Left out, memory_gb is the job's estimate: 4 prompts × 1024 completions, each with a
         // KV cache of 32k tokens (2 KiB a token), is 256 GB at its rollout.

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 use std::path::Path;
+use std::time::Duration;
 
 use rlvr_model::{SamplerRng, SamplingParams, Tokenizer};
 use rlvr_plugin_api::HostContext;
@@ -12,10 +13,12 @@ use rlvr_protocol::spec::JobSpec;
 use tch::{Device, Kind};
 
 use crate::episodes::{EpisodeSettings, Played, play, resets};
+use crate::sidecar::Sidecar;
 
 /// Plays `count` episodes of the spec at `spec_path` (its first training records, one episode
-/// each, sampled as its rollouts are) and describes them.
-pub fn check(spec_path: &Path, count: usize) -> Result<String, String> {
+/// each, sampled as its rollouts are) and describes them. A spec naming an installed environment
+/// gets it started from `sidecar` (its script and python), in a temporary directory.
+pub fn check(spec_path: &Path, count: usize, sidecar: Option<(&Path, &Path)>) -> Result<String, String> {
     let text =
         std::fs::read_to_string(spec_path).map_err(|error| format!("{}: {error}", spec_path.display()))?;
     let spec = JobSpec::parse_file_text(spec_path, &text)
@@ -32,8 +35,27 @@ pub fn check(spec_path: &Path, count: usize) -> Result<String, String> {
         .map_err(|error| format!("model.policy: {error}"))?;
     let records = records::load_prompts("data.train", &spec.data.train).map_err(|error| error.to_string())?;
     let chosen: Vec<PromptRecord> = records.into_iter().take(count.max(1)).collect();
-    let settings = EpisodeSettings::from_spec(env, &HostContext::unrestricted(), chosen.len())
+    let mut settings = EpisodeSettings::from_spec(env, &HostContext::unrestricted(), chosen.len())
         .map_err(|message| format!("env.url: {message}"))?;
+    let workdir = tempfile::tempdir().map_err(|error| format!("a temporary directory: {error}"))?;
+    let _sidecar = match (&env.environment, sidecar) {
+        (None, _) => None,
+        (Some(name), None) => {
+            return Err(format!("env.environment: {name} is started from --env-script with --env-python"));
+        }
+        (Some(_), Some((script, python))) => {
+            let started = Sidecar::start(
+                python,
+                script,
+                &env.args,
+                &workdir.path().join("env"),
+                Duration::from_secs(180),
+            )
+            .map_err(|message| format!("env.environment: {message}"))?;
+            settings.server = started.server();
+            Some(started)
+        }
+    };
     let rollout = &spec.rollout;
     let params = SamplingParams {
         max_new_tokens: rollout.max_new_tokens as usize,

@@ -57,12 +57,15 @@ impl EpisodeSettings {
         host: &HostContext,
         sessions: usize,
     ) -> Result<EpisodeSettings, String> {
+        let url = env.url.clone().unwrap_or_default();
         let policy = match host.outbound_unrestricted {
+            // A sidecar's socket is not a destination (its caller sets the server).
+            _ if env.url.is_none() => Policy::deny_all(),
             // A run by hand, on its user's behalf: the spec's server, wherever it is, and only it.
             true => {
-                let authority = env.url.trim_start_matches("http://").split('/').next().unwrap_or_default();
+                let authority = url.trim_start_matches("http://").split('/').next().unwrap_or_default();
                 Policy::new(&[authority.to_owned()], true)
-                    .map_err(|error| format!("{}: not a server's address: {error}", env.url))?
+                    .map_err(|error| format!("{url}: not a server's address: {error}"))?
             }
             false => Policy::new(&host.outbound_allow, host.outbound_allow_private)
                 .map_err(|error| format!("the host's outbound policy: {error}"))?,
@@ -73,7 +76,7 @@ impl EpisodeSettings {
             ActionKind::Hermes => ActionFormat::Hermes(env.tool.clone()),
         };
         Ok(EpisodeSettings {
-            server: env.url.clone(),
+            server: url,
             policy,
             step_timeout: Duration::from_secs(env.step_timeout_s),
             max_turns: env.max_turns,
@@ -93,6 +96,8 @@ impl EpisodeSettings {
 pub struct Environment {
     pub settings: EpisodeSettings,
     pub idle: Mutex<Vec<Session>>,
+    /// The installed environment the job started (`env.environment`), stopped with the job.
+    pub sidecar: Option<crate::sidecar::Sidecar>,
 }
 
 /// What a round's device is for, told to the caller as a round goes: the device grant is given

@@ -46,6 +46,7 @@ pub mod reward_models;
 pub mod reward_training;
 pub mod runtime;
 pub mod sampling;
+pub mod sidecar;
 pub mod start;
 pub mod state;
 pub mod step;
@@ -113,6 +114,8 @@ pub struct WorkerOptions {
     pub engine_python: Option<PathBuf>,
     /// A `[rollout] engine = "vllm"` job's vLLM python.
     pub vllm_python: Option<PathBuf>,
+    /// An `[env] environment = "NAME"` job's installed script and the python that runs it.
+    pub env_sidecar: Option<(PathBuf, PathBuf)>,
     pub verify_url: Option<String>,
     /// A `launcher = "ray"` job's Ray Jobs API.
     pub ray_address: Option<String>,
@@ -153,6 +156,7 @@ impl WorkerOptions {
             memory_cap: args.memory_cap,
             engine_python: args.engine_python,
             vllm_python: args.vllm_python,
+            env_sidecar: args.env_script.zip(args.env_python),
             verify_url: args.verify_url,
             ray_address: args.ray_address,
             job_id: args.job_id.clone(),
@@ -518,7 +522,7 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         job.rollouts = Rollouts::Vllm(Box::new(start_vllm(&job, python, options, &run_dir, state.step)?));
     }
     if let Some(env) = &job.spec.env {
-        job.rollouts = Rollouts::Env(Box::new(start_env(env, &job.spec, &options.host)?));
+        job.rollouts = Rollouts::Env(Box::new(start_env(env, &job.spec, options, &run_dir)?));
     }
     info!(
         policy = %job.spec.model.policy,
@@ -790,23 +794,47 @@ fn assemble(
 
 /// `[env]`'s environment, once its server has been seen to hold a step's episodes at once (one
 /// session each), so that a server too small is refused before the first step, naming its limit.
+/// An installed environment (`env.environment`) is started first, as the job's sidecar.
 fn start_env(
     env: &rlvr_protocol::env::EnvSection,
     spec: &JobSpec,
-    host: &HostContext,
+    options: &WorkerOptions,
+    run_dir: &RunDir,
 ) -> Result<episodes::Environment, WorkerError> {
-    let problem = |message: String| WorkerError::Model { field: "env.url", message };
     let sessions = (spec.rollout.prompts_per_step * spec.optimizer.group_size) as usize;
-    let settings = episodes::EpisodeSettings::from_spec(env, host, sessions).map_err(problem)?;
+    let sidecar = match &env.environment {
+        None => None,
+        Some(name) => {
+            let (script, python) = options.env_sidecar.as_ref().ok_or_else(|| WorkerError::Model {
+                field: "env.environment",
+                message: format!(
+                    "{name} is started from --env-script with --env-python (the daemon gives both)"
+                ),
+            })?;
+            let workdir = run_dir.path().join("env-sidecar");
+            let sidecar = sidecar::Sidecar::start(python, script, &env.args, &workdir, SIDECAR_START)
+                .map_err(|message| WorkerError::Model { field: "env.environment", message })?;
+            info!(environment = %name, layers = %sidecar.layers, "the environment's sidecar serves");
+            Some(sidecar)
+        }
+    };
+    let problem = |message: String| WorkerError::Model { field: "env.url", message };
+    let mut settings = episodes::EpisodeSettings::from_spec(env, &options.host, sessions).map_err(problem)?;
+    if let Some(sidecar) = &sidecar {
+        settings.server = sidecar.server();
+    }
     let idle = episodes::open_sessions(&settings, sessions).map_err(|error| {
         match episodes::unreachable(&error) {
             true => WorkerError::Environment(error.to_string()),
             false => problem(error.to_string()),
         }
     })?;
-    info!(url = %env.url, sessions, "the environment holds a step's episodes at once");
-    Ok(episodes::Environment { settings, idle: std::sync::Mutex::new(idle) })
+    info!(server = %settings.server, sessions, "the environment holds a step's episodes at once");
+    Ok(episodes::Environment { settings, idle: std::sync::Mutex::new(idle), sidecar })
 }
+
+/// How long a sidecar may take to serve (importing an OpenEnv server takes seconds).
+const SIDECAR_START: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// What the gates compare the candidate with: the model line's published version the daemon
 /// passed, else the job's starting checkpoint.

@@ -59,6 +59,12 @@ enum Command {
         /// Episodes to play, one per training record from the first.
         #[arg(long, default_value_t = 2)]
         episodes: usize,
+        /// A spec naming an installed environment (`env.environment`): its script, started as
+        /// a sandboxed sidecar with `--env-python`.
+        #[arg(long, requires = "env_python")]
+        env_script: Option<std::path::PathBuf>,
+        #[arg(long, requires = "env_script")]
+        env_python: Option<std::path::PathBuf>,
     },
     /// Report what this process's libtorch can do: its version and directory, whether CUDA is
     /// loaded and available, the CUDA runtime, driver, cuDNN, NCCL and cuBLAS versions, the CPU
@@ -91,7 +97,11 @@ fn main() -> ExitCode {
             print_line("check-options", &rlvr_plugin_host::options::check_main(&plugin_path, &options_json))
         }
         Command::Doctor => print_line("doctor", &rlvr_worker::runtime::report()),
-        Command::EnvCheck { spec, episodes } => match rlvr_worker::env_check::check(&spec, episodes) {
+        Command::EnvCheck { spec, episodes, env_script, env_python } => match rlvr_worker::env_check::check(
+            &spec,
+            episodes,
+            env_script.as_deref().zip(env_python.as_deref()),
+        ) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -263,6 +273,8 @@ mod tests {
             memory_cap: Some(1 << 30),
             engine_python: Some("/cache/venvs/engine-trl/bin/python".into()),
             vllm_python: Some("/cache/venvs/vllm/bin/python".into()),
+            env_script: Some("/opt/environments/arith.py".into()),
+            env_python: Some("/cache/venvs/openenv/bin/python".into()),
             verify_url: Some("http://127.0.0.1:8080/v1/verify".into()),
             ray_address: Some("http://127.0.0.1:8265".into()),
             kind: Some(rlvr_protocol::kind::JobKind::RewardModel),

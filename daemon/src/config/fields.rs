@@ -618,6 +618,24 @@ admin = false",
               are refused at submit.",
         example: Example::Commented("vllm_python = \"/var/cache/rlvr/venvs/vllm/bin/python\""),
     },
+    Field {
+        path: "engines.environments",
+        kind: Kind::AbsolutePath(None),
+        doc: "A directory of installed [env] environments, one OpenEnv server script each (NAME.py, \
+              serving on the Unix socket given as --uds PATH): a job naming env.environment = \"NAME\" \
+              gets it started as its sidecar, sandboxed (no network, nothing of the file system but its \
+              interpreter, its libraries, this directory read-only and a work directory of its own), \
+              and stopped with it. Not set: such jobs are refused at submit.",
+        example: Example::Commented("environments = \"/opt/rlvr/environments\""),
+    },
+    Field {
+        path: "engines.environments_python",
+        kind: Kind::AbsolutePath(None),
+        doc: "The python that runs the installed environments, in a venv with openenv (scripts/openenv-venv.sh \
+              makes one and prints its path). Its files must be readable by the daemon's user (and, when \
+              the daemon runs as root, by nobody: sandboxes drop to it).",
+        example: Example::Commented("environments_python = \"/var/cache/rlvr/venvs/openenv/bin/python\""),
+    },
 ];
 
 /// An `[outbound] allow` entry: parsed as the daemon will use it.

@@ -167,6 +167,12 @@ pub struct EnginesConfig {
     /// The vLLM environment's python; `None`: `rollout.engine = "vllm"` jobs are refused.
     #[serde(default)]
     pub vllm_python: Option<PathBuf>,
+    /// The installed `[env]` environments (`NAME.py`) and the python that runs them as a job's
+    /// sidecar; `None`: `env.environment` is refused.
+    #[serde(default)]
+    pub environments: Option<PathBuf>,
+    #[serde(default)]
+    pub environments_python: Option<PathBuf>,
 }
 
 /// `[plugins]`

@@ -159,7 +159,7 @@ pub fn check_runnable(
         spec.tracking.as_ref().map(|tracking| ("tracking.mlflow_uri", tracking.mlflow_uri.as_str()));
     let urls = urls.chain(tracking);
     // The environment's server: the worker's sessions go through the same policy.
-    let urls = urls.chain(spec.env.as_ref().map(|env| ("env.url", env.url.as_str())));
+    let urls = urls.chain(spec.env.as_ref().and_then(|env| env.url.as_deref()).map(|url| ("env.url", url)));
     let urls = urls.chain(refs.urls.iter().map(|(field, url)| (field.as_str(), url.as_str())));
     refuse_urls(outbound, urls, &mut problem);
     // Its token, one of the team's secrets: granted or refused with the plugins' secrets.

@@ -38,6 +38,9 @@ pub struct Submitter {
     pub vllm_python: Option<PathBuf>,
     /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
     pub ray_address: Option<String>,
+    /// `engines.environments` and `engines.environments_python`: the installed `[env]`
+    /// environments.
+    pub environments: Option<(PathBuf, PathBuf)>,
     /// Dataset contents read through already ([`checks::data_problems`]).
     pub checked_records: Arc<CheckedRecords>,
     /// Ended jobs' records a team keeps: applied when a cancel ends a job ([`super::cancel`]).
@@ -192,6 +195,13 @@ impl Submitter {
                     message: "this daemon runs no vLLM (its engines.vllm_python is not set)".to_owned(),
                 });
             }
+        }
+        if let Some(name) = spec.env.as_ref().and_then(|env| env.environment.as_ref())
+            && let Err(message) = super::supervise::installed_environment(self.environments.as_ref(), name)
+        {
+            let (field, message) =
+                message.split_once(": ").map_or(("env.environment", message.as_str()), |(f, m)| (f, m));
+            problems.push(SpecError { field: field.to_owned(), message: message.to_owned() });
         }
         if spec.engine.is_engine() && spec.engine.launcher == Launcher::Ray && self.ray_address.is_none() {
             problems.push(SpecError {

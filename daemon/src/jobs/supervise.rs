@@ -112,10 +112,53 @@ pub struct Engines {
     pub ray_address: Option<String>,
     /// `engines.vllm_python`; `None`: `rollout.engine = "vllm"` jobs are refused at submit.
     pub vllm_python: Option<PathBuf>,
+    /// `engines.environments` and `engines.environments_python`; `None`: `env.environment` jobs
+    /// are refused at submit.
+    pub environments: Option<(PathBuf, PathBuf)>,
     /// This daemon's `POST /v1/verify`, where the engine gets its rewards.
     pub verify_url: String,
     /// Where each run's job token is minted (and the API finds it).
     pub tokens: Arc<JobTokens>,
+}
+
+impl Engines {
+    /// The installed environment `name`'s script and the python that runs it, or why not.
+    pub fn environment(&self, name: &str) -> Result<(PathBuf, PathBuf), String> {
+        installed_environment(self.environments.as_ref(), name)
+    }
+}
+
+/// `name`'s script under the installed environments' directory (and their python), or why not:
+/// what submit refuses and the supervisor resolves, one rule.
+pub fn installed_environment(
+    environments: Option<&(PathBuf, PathBuf)>,
+    name: &str,
+) -> Result<(PathBuf, PathBuf), String> {
+    let Some((dir, python)) = environments else {
+        return Err(
+            "env.environment: this daemon has no installed environments (engines.environments)".into()
+        );
+    };
+    let script = dir.join(format!("{name}.py"));
+    match script.is_file() {
+        true => Ok((script, python.clone())),
+        false => {
+            let mut installed: Vec<String> = std::fs::read_dir(dir)
+                .map(|entries| {
+                    entries
+                        .filter_map(|entry| {
+                            entry.ok()?.file_name().to_str()?.strip_suffix(".py").map(str::to_owned)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            installed.sort();
+            Err(format!(
+                "env.environment: no environment {name:?} is installed here (installed: {})",
+                installed.join(", ")
+            ))
+        }
+    }
 }
 
 /// What the daemon's supervisors share.
@@ -554,6 +597,14 @@ impl Supervisor {
                     })?)
                 }
                 _ => None,
+            },
+            env_script: match spec.env.as_ref().and_then(|env| env.environment.as_ref()) {
+                Some(name) => Some(self.engines.environment(name).map_err(SpawnError::Refused)?.0),
+                None => None,
+            },
+            env_python: match spec.env.as_ref().and_then(|env| env.environment.as_ref()) {
+                Some(name) => Some(self.engines.environment(name).map_err(SpawnError::Refused)?.1),
+                None => None,
             },
             verify_url: engine.as_ref().map(|_| self.engines.verify_url.clone()),
             ray_address: match spec.engine.launcher {
@@ -1232,6 +1283,27 @@ mod tests {
 
     use super::*;
     use crate::sched::inventory::{ComputeMode, DeviceKind, GpuInfo, MigState};
+
+    #[test]
+    fn an_installed_environment_is_its_script_in_the_directory_or_a_sentence_naming_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("arith.py"), "").unwrap();
+        std::fs::write(dir.path().join("maze.py"), "").unwrap();
+        let python = PathBuf::from("/venv/bin/python");
+        let installed = Some((dir.path().to_owned(), python.clone()));
+        assert_eq!(
+            installed_environment(installed.as_ref(), "arith"),
+            Ok((dir.path().join("arith.py"), python))
+        );
+        assert_eq!(
+            installed_environment(installed.as_ref(), "chess"),
+            Err("env.environment: no environment \"chess\" is installed here (installed: arith, maze)".into())
+        );
+        assert_eq!(
+            installed_environment(None, "arith"),
+            Err("env.environment: this daemon has no installed environments (engines.environments)".into())
+        );
+    }
 
     // regression: an operator who started rlvrd with CUDA_VISIBLE_DEVICES=2,3 got jobs on GPU 0
     #[test]

@@ -313,6 +313,11 @@ impl Spawned {
         }
     }
 
+    /// Whether the sandbox's direct child has ended (a long-running sandbox's early death).
+    pub fn has_ended(&mut self) -> bool {
+        self.finished.is_some() || matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Waits up to `grace` for the solution to end by itself and returns how it ended. Call it
     /// when the solution seems gone (its pipes closed); a process still running then is killed
     /// and reported as [`Termination::Killed`].
@@ -388,6 +393,9 @@ fn child_setup(plan: &ChildPlan) -> io::Result<()> {
             write_file(PROC_UID_MAP, plan.uid_map.as_bytes())?;
             write_file(PROC_GID_MAP, plan.gid_map.as_bytes())?;
         }
+        // Again: a change of credentials (the drop to `nobody`, the user namespace) clears the
+        // parent-death signal, and without it a sandbox started by root outlived a killed host.
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
         if plan.pid_namespace {
             // The first child of the unshared PID namespace becomes its PID 1.
             let pid = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0);
