@@ -125,12 +125,17 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     let redis = Redis::start();
     // The newcomer team's token first (right after the harness's own [[auth.tokens]]); two CPU slots,
     // so the two examples that run do so side by side; one libtorch thread per worker.
-    // env.toml's environment server is on loopback, which the operator allows as its comment says.
+    // env.toml's environment server is on loopback, which the operator allows as its comment says;
+    // the same environment is installed too, for a job to start as its sidecar.
+    let (_installed, environments, environments_python) = rlvr_tests::openenv::installed_environments();
     let config = format!(
         "[[auth.tokens]]\nteam = \"newcomer\"\nsha256 = {:?}\nadmin = false\n\
-         [queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{}",
+         [queue]\nworker_threads = 1\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{}\
+         [engines]\nenvironments = {:?}\nenvironments_python = {:?}\n",
         sha256_hex(NEWCOMER_TOKEN),
-        rlvr_tests::OUTBOUND_LOOPBACK
+        rlvr_tests::OUTBOUND_LOOPBACK,
+        environments,
+        environments_python,
     );
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config);
     eprintln!("rlvrd serving with {} plugins ({:.0} s)", PLUGINS.len(), started.elapsed().as_secs_f64());
@@ -162,7 +167,8 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     assert!(init.status.success(), "rlvrctl init env: {}", cli::text(&init));
     let env_spec = env_dir.path().join("env.toml");
     let text = fs::read_to_string(&env_spec).unwrap();
-    let short = text.replace("http://127.0.0.1:8000", &server.url).replace("max_steps = 50", "max_steps = 8");
+    let server_url = server.url.clone();
+    let short = text.replace("http://127.0.0.1:8000", &server_url).replace("max_steps = 50", "max_steps = 8");
     assert_ne!(short, text, "env.toml's url and steps");
     fs::write(&env_spec, short).unwrap();
     let output = cli::run(&artifact("rlvrctl"), &["submit", "env.toml"], env_dir.path(), &env);
@@ -209,6 +215,34 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     assert_eq!(lines.matches("\"episodes\":256").count(), 8, "each step's 32 × 8 episodes: {lines}");
     drop(server);
     eprintln!("env.toml: {:?} after 8 steps ({:.0} s)", job.state, started.elapsed().as_secs_f64());
+
+    // The same job on the installed environment instead: the daemon starts it as the worker's
+    // sidecar; a cancel while it plays ends the worker, and the sidecar with it.
+    let installed = fs::read_to_string(&env_spec).unwrap().replace(
+        &format!("url = \"{}\"", server_url),
+        "environment = \"arith_feedback\"\nargs = [\"--pad\", \"--max-concurrent-envs\", \"256\"]",
+    );
+    fs::write(&env_spec, &installed).unwrap();
+    let output = cli::run(&artifact("rlvrctl"), &["submit", "env.toml"], env_dir.path(), &env);
+    assert!(output.status.success(), "rlvrctl submit env.toml (installed): {}", cli::text(&output));
+    let sidecar_job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let sidecars = || -> usize {
+        fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|entry| fs::read(entry.ok()?.path().join("cmdline")).ok())
+            .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(environments.to_str().unwrap()))
+            .count()
+    };
+    wait_job(&daemon, &sidecar_job, Duration::from_secs(300), |job| job.step >= 1 || ended(job));
+    assert!(sidecars() > 0, "no sidecar serves the installed environment's job\n{}", daemon.log());
+    let cancel = cli::run(&artifact("rlvrctl"), &["cancel", &sidecar_job], env_dir.path(), &env);
+    assert!(cancel.status.success(), "rlvrctl cancel: {}", cli::text(&cancel));
+    let job = wait_job(&daemon, &sidecar_job, Duration::from_secs(120), ended);
+    assert_eq!(job.state, JobState::Cancelled, "{job}");
+    assert!(
+        rlvr_tests::wait_until(Duration::from_secs(30), || sidecars() == 0),
+        "the sidecar outlived its cancelled job"
+    );
 
     // Every example, as `rlvrctl init` writes it: the dry run checks what submit checks (plugins
     // and their options, the data, the lines it names, resources) and queues nothing.

@@ -33,7 +33,9 @@ const LIMITS: Limits = Limits {
     // A sidecar lives as long as its job.
     cpu_seconds: 7 * 24 * 3600,
     address_space: 8 << 30,
-    processes: 256,
+    // Threads count (a server's thread pool grows with its sessions, and RLIMIT_NPROC counts all
+    // of `nobody`'s under a root daemon): 256 failed a step's 256 sessions in the examples' story.
+    processes: 4096,
     file_size: 256 << 20,
     open_files: 4096,
 };
