@@ -218,10 +218,14 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
 
     // The same job on the installed environment instead: the daemon starts it as the worker's
     // sidecar; a cancel while it plays ends the worker, and the sidecar with it.
-    let installed = fs::read_to_string(&env_spec).unwrap().replace(
-        &format!("url = \"{}\"", server_url),
-        "environment = \"arith_feedback\"\nargs = [\"--pad\", \"--max-concurrent-envs\", \"256\"]",
-    );
+    // Long enough that the cancel always comes while it plays.
+    let installed = fs::read_to_string(&env_spec)
+        .unwrap()
+        .replace(
+            &format!("url = \"{}\"", server_url),
+            "environment = \"arith_feedback\"\nargs = [\"--pad\", \"--max-concurrent-envs\", \"256\"]",
+        )
+        .replace("max_steps = 8", "max_steps = 1000");
     fs::write(&env_spec, &installed).unwrap();
     let output = cli::run(&artifact("rlvrctl"), &["submit", "env.toml"], env_dir.path(), &env);
     assert!(output.status.success(), "rlvrctl submit env.toml (installed): {}", cli::text(&output));

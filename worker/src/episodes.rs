@@ -348,8 +348,6 @@ pub struct EpisodeRow {
     pub rewards: Vec<f64>,
     pub reward: f64,
     pub end: EpisodeEnd,
-    /// Seconds this episode's requests took (its sessions run at once: not additive).
-    pub env_s: f64,
 }
 
 /// Each episode as what a step trains on: row `i` is group `i / group_size`'s.
@@ -362,7 +360,7 @@ pub fn into_rows(
         .into_iter()
         .enumerate()
         .map(|(i, game)| {
-            let Played { episode, rewards, reward, end, env_s } = game;
+            let Played { episode, rewards, reward, end, .. } = game;
             let finish = match end {
                 EpisodeEnd::TokenBudget => Finish::Length,
                 _ => Finish::Eos,
@@ -381,7 +379,6 @@ pub fn into_rows(
                 rewards,
                 reward,
                 end,
-                env_s,
             };
             (sampled, row)
         })
