@@ -62,6 +62,16 @@ pub fn estimate(cx: &Context, file: &Path) -> anyhow::Result<Exit> {
     Ok(Exit::Done)
 }
 
+/// `env check FILE [--episodes N]`: the spec's first episodes against its environment.
+pub fn env_check(cx: &Context, file: &Path, episodes: usize) -> anyhow::Result<Exit> {
+    let spec = read_spec(file)?;
+    let api = cx.client()?;
+    let body = api.check_spec_data(&spec.body, spec.format, Path::new("/"))?;
+    let check = api.env_check(&body, spec.format, episodes)?;
+    cx.answer(&check, Json::Block, || check.render())?;
+    Ok(Exit::Done)
+}
+
 /// `status ID`.
 pub fn status(cx: &Context, id: &str) -> anyhow::Result<Exit> {
     let job = cx.client()?.job(id)?;

@@ -129,6 +129,11 @@ enum Command {
         /// The job spec.
         file: PathBuf,
     },
+    /// Multi-turn jobs' environments: `env check SPEC`.
+    Env {
+        #[command(subcommand)]
+        command: EnvCommand,
+    },
     /// Show one job: state, step, reason, the latest step's figures and the result.
     Status {
         /// The job's id (as `submit` printed it).
@@ -280,6 +285,22 @@ enum Command {
         /// (repeatable). A job gets its secrets from the daemon's operator instead.
         #[arg(long = "secret", value_name = "NAME=ENV_VAR", value_parser = parse_secret_arg)]
         secrets: Vec<(String, String)>,
+    },
+}
+
+#[derive(Subcommand)]
+enum EnvCommand {
+    /// Play an [env] job spec's first episodes (one per training record from the first) with its
+    /// policy against its environment, on the daemon, as its rollouts would be played, and print
+    /// each span: the prompt, the model's turns (trained on), the environment's replies (masked
+    /// out), how the episode ended and the environment's rewards. Checks the spec as `dry-run`
+    /// does first (local data files are checked and kept, as for `estimate`). Queues nothing.
+    Check {
+        /// The job spec, with its [env] section.
+        file: PathBuf,
+        /// Episodes to play (1–8).
+        #[arg(long, default_value_t = 2)]
+        episodes: usize,
     },
 }
 
@@ -454,6 +475,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Gates { id } => jobs::gates(&cx, &id),
         Command::Promote { id, force: _, reason } => jobs::promote(&cx, &id, &reason),
         Command::Report { id, out } => jobs::report(&cx, &id, &out),
+        Command::Env { command: EnvCommand::Check { file, episodes } } => {
+            jobs::env_check(&cx, &file, episodes)
+        }
         Command::Curriculum { command } => curriculum::run(&cx, command),
         Command::Pipeline { command } => pipeline::run(&cx, command),
         Command::Dataset { command } => datasets::run(&cx, command),

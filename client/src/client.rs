@@ -12,6 +12,7 @@ use rlvr_protocol::api::{
 };
 
 use crate::spec_data::SpecDataError;
+use rlvr_protocol::env::EnvCheck;
 use rlvr_protocol::gates::Manifest;
 use rlvr_protocol::job::{
     ApiError, DryRun, ErrorBody, Estimate, JobList, JobLog, JobState, JobView, MetricsHistory, Submitted,
@@ -26,6 +27,9 @@ use crate::settings::Settings;
 /// Longest a request waits for an answer or the next piece of it (a submit reads the data
 /// files before it answers).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest `POST /v1/env/check` is waited for: above the daemon's default dry-run budget
+/// (`api.dry_run_budget_s`, 300 s), past which it answers itself.
+pub const ENV_CHECK_TIMEOUT: Duration = Duration::from_secs(360);
 /// Longest a connection takes to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// An event stream this long silent is dead: the daemon sends a keep-alive every 10 s.
@@ -317,9 +321,29 @@ impl Client {
         spec: &str,
         format: SpecFormat,
     ) -> Result<T, HttpError> {
-        let url = self.url(segments, &[("dry_run", "true".to_owned())]);
+        self.post_spec_text(segments, &[("dry_run", "true".to_owned())], spec, format, None)
+    }
+
+    /// A spec's text POSTed to `segments` with `query`, answered 200 with a `T`; `timeout`, the
+    /// whole exchange's limit where it may take longer than a plain request.
+    fn post_spec_text<T: DeserializeOwned>(
+        &self,
+        segments: &[&str],
+        query: &[(&str, String)],
+        spec: &str,
+        format: SpecFormat,
+        timeout: Option<Duration>,
+    ) -> Result<T, HttpError> {
+        let url = self.url(segments, query);
         let response = self.send(&url, || {
-            self.request(Method::POST, &url).header(CONTENT_TYPE, format.content_type()).body(spec.to_owned())
+            let request = self
+                .request(Method::POST, &url)
+                .header(CONTENT_TYPE, format.content_type())
+                .body(spec.to_owned());
+            match timeout {
+                Some(timeout) => request.timeout(timeout),
+                None => request,
+            }
         })?;
         let (status, answer) = self.read(&url, response)?;
         expect_status(&url, status, StatusCode::OK)?;
@@ -381,13 +405,15 @@ impl Client {
 
     /// `POST /v1/estimate`: the spec's memory estimate on the daemon's devices; queues nothing.
     pub fn estimate(&self, spec: &str, format: SpecFormat) -> Result<Estimate, HttpError> {
-        let url = self.url(&["v1", "estimate"], &[]);
-        let response = self.send(&url, || {
-            self.request(Method::POST, &url).header(CONTENT_TYPE, format.content_type()).body(spec.to_owned())
-        })?;
-        let (status, estimate): (StatusCode, Estimate) = self.read(&url, response)?;
-        expect_status(&url, status, StatusCode::OK)?;
-        Ok(estimate)
+        self.post_spec_text(&["v1", "estimate"], &[], spec, format, None)
+    }
+
+    /// `POST /v1/env/check?episodes=N`: an `[env]` spec's first `episodes` played against its
+    /// environment, each as the spans a step would train on; queues nothing. Waits as long as
+    /// the daemon's dry-run budget may let a check run (a model to load, turns to play).
+    pub fn env_check(&self, spec: &str, format: SpecFormat, episodes: usize) -> Result<EnvCheck, HttpError> {
+        let query = [("episodes", episodes.to_string())];
+        self.post_spec_text(&["v1", "env", "check"], &query, spec, format, Some(ENV_CHECK_TIMEOUT))
     }
 
     /// `GET /v1/jobs/{id}`.

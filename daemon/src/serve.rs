@@ -32,6 +32,7 @@ use rlvr_queue::pipelines::PipelineStore;
 use rlvr_queue::store::JobStore;
 
 use crate::api::auth::{self, Auth};
+use crate::api::env_check::EnvChecks;
 use crate::api::follow::{self, Readers};
 use crate::api::jobs::JobsState;
 use crate::api::lanes::{Caps, Lanes, Work};
@@ -336,6 +337,10 @@ impl Services {
                 checked_records: Arc::default(),
                 retention: retention.clone(),
             }),
+            env_checks: EnvChecks {
+                worker: worker.clone(),
+                threads: worker_threads(config.queue.worker_threads),
+            },
         });
         // Every daemon drives every running pipeline: a restart takes up where a killed one stopped.
         tokio::spawn(crate::pipelines::drive::run(jobs_state.submitter.clone(), stopping.clone()));

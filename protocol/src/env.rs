@@ -227,6 +227,99 @@ impl ActionKind {
     }
 }
 
+/// Most episodes one environment check plays (`POST /v1/env/check`, `rlvr-worker env-check`).
+pub const MAX_CHECK_EPISODES: usize = 8;
+
+/// An environment check: a spec's first episodes played against its environment as its rollouts
+/// are, each as the spans a step would train on — `POST /v1/env/check`'s answer, and the line
+/// `rlvr-worker env-check --json` writes for the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EnvCheck {
+    pub episodes: Vec<CheckedEpisode>,
+}
+
+/// One episode of an environment check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CheckedEpisode {
+    /// The training record it started from (its `id`).
+    pub record: String,
+    /// `reset`'s arguments: the record's `reference`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub reset: serde_json::Map<String, serde_json::Value>,
+    /// The prompt, then each model turn and each reply, in order.
+    pub spans: Vec<EpisodeSpan>,
+    /// `done`, `max_turns`, `token_budget`, `not_an_action`, `prefix_break` or `env_error`.
+    pub end: String,
+    /// What went wrong, for the last three.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    pub turns: usize,
+    /// The environment's reward of each step, and the episode's (`env.reward`: sum or last).
+    pub rewards: Vec<f64>,
+    pub reward: f64,
+}
+
+/// A run of an episode's tokens from one side.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EpisodeSpan {
+    pub from: SpanSource,
+    /// The tokens' text, special tokens shown.
+    pub text: String,
+    pub tokens: Vec<i64>,
+}
+
+/// Who wrote a span, and so whether it is trained on: only the model's turns are (mask 1); the
+/// prompt and the environment's replies are not (mask 0, log-probability 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SpanSource {
+    Prompt,
+    Model,
+    Env,
+}
+
+impl EnvCheck {
+    /// The check as a person reads it: per episode its record and reset, each span with its text,
+    /// its token count and whether it is trained on, then how it ended.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        for (i, episode) in self.episodes.iter().enumerate() {
+            let reset = serde_json::Value::Object(episode.reset.clone());
+            let _ = writeln!(
+                out,
+                "episode {} of {}: record {}, reset {reset}",
+                i + 1,
+                self.episodes.len(),
+                episode.record
+            );
+            for span in &episode.spans {
+                let (who, what) = match span.from {
+                    SpanSource::Prompt => ("prompt", "not trained"),
+                    SpanSource::Model => ("model", "trained"),
+                    SpanSource::Env => ("env", "masked out"),
+                };
+                let text = format!("{:?}", span.text);
+                let _ = writeln!(out, "  {who:<6} {text:<40} {} tokens, {what}", span.tokens.len());
+            }
+            let problem = episode.problem.as_ref().map(|problem| format!(": {problem}")).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  end    {}{problem} after {} turn(s); the environment's rewards {:?}, the episode's {}",
+                episode.end, episode.turns, episode.rewards, episode.reward
+            );
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,5 +423,50 @@ mod tests {
             (None, Some("arith_feedback"), vec!["--pad".to_owned()])
         );
         assert!(parse(&format!("{SERVER}\nturns = 3")).contains("unknown field `turns`"));
+    }
+
+    #[test]
+    fn a_formula_may_name_the_environments_reward_and_no_grader_may_take_its_name() {
+        let job = |env: bool, more: &str| {
+            let env = if env { format!("[env]\n{SERVER}\n") } else { String::new() };
+            format!(
+                "[job]\nname = \"e\"\nteam = \"t\"\nmodel_line = \"e\"\n[model]\npolicy = \"builtin:tiny-arith\"\n\
+                 [data]\ntrain = \"d.jsonl\"\n[optimizer]\nplugin = \"grpo\"\n[budget]\nmax_steps = 2\n{more}\n{env}"
+            )
+        };
+        let format = "[[verifiers]]\nplugin = \"format\"\n";
+        // (has [env], graders and [reward], the refusals)
+        let cases: &[(bool, String, &[&str])] = &[
+            (true, format!("{format}[reward]\nformula = \"format > 0 ? env : 0\"\n"), &[]),
+            (true, "[reward]\nformula = \"min(env, 1)\"\n".to_owned(), &[]),
+            (
+                false,
+                format!("{format}[[verifiers]]\nplugin = \"math\"\n[reward]\nformula = \"format * env\"\n"),
+                &["reward.formula: at column 10, `env`: not a grader of this reward (graders: format, math)"],
+            ),
+            (
+                true,
+                format!("{format}[reward]\nformula = \"envv\"\n"),
+                &["reward.formula: at column 1, `envv`: not a grader of this reward (graders: format, env)"],
+            ),
+            (
+                true,
+                "[[verifiers]]\nplugin = \"format\"\nname = \"env\"\n".to_owned(),
+                &[
+                    r#"verifiers[0].name: "env" is the environment's reward in a job with [env]; give this grader another `name`"#,
+                ],
+            ),
+        ];
+        for (env, more, refused) in cases {
+            let spec = JobSpec::from_toml(&job(*env, more)).unwrap();
+            let got: Vec<String> = match spec.validate() {
+                Ok(()) => Vec::new(),
+                Err(errors) => errors.0.iter().map(ToString::to_string).collect(),
+            };
+            assert_eq!(got, *refused, "{more}");
+            if refused.is_empty() && *env {
+                assert!(spec.reward_formula().unwrap().is_some(), "{more}");
+            }
+        }
     }
 }

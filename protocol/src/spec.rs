@@ -960,17 +960,27 @@ impl JobSpec {
             errors.extend(LORA_RULES.iter().filter_map(|rule| rule.check("model.lora.", lora)));
         }
         let formula = self.reward.as_ref().map(|reward| reward.formula.as_str());
-        errors.extend(check_graders(&self.verifiers, formula, "verifiers", "reward.formula").1);
+        errors.extend(
+            check_graders(&self.verifiers, self.env_term(), formula, "verifiers", "reward.formula").1,
+        );
         errors.extend(relations(self));
         errors.extend(crate::env::problems(self));
         errors.extend(self.tracking.iter().flat_map(|tracking| tracking.problems(&self.job.team)));
         if errors.is_empty() { Ok(()) } else { Err(SpecErrors(errors)) }
     }
 
-    /// `[reward] formula`, parsed against the graders' names; `None` for a weighted sum.
+    /// The reward's term after the graders' in a job with `[env]`: the environment's reward,
+    /// named [`ENV_TERM`] in `[reward] formula` and in the reward's components.
+    pub fn env_term(&self) -> Option<&'static str> {
+        self.env.is_some().then_some(ENV_TERM)
+    }
+
+    /// `[reward] formula`, parsed against the graders' names (and `env`'s, with `[env]`); `None`
+    /// for a weighted sum.
     pub fn reward_formula(&self) -> Result<Option<crate::formula::Formula>, SpecError> {
         let Some(reward) = &self.reward else { return Ok(None) };
-        let names: Vec<&str> = self.verifiers.iter().map(PluginSection::grader_name).collect();
+        let names: Vec<&str> =
+            self.verifiers.iter().map(PluginSection::grader_name).chain(self.env_term()).collect();
         crate::formula::Formula::parse(&reward.formula, &names)
             .map(Some)
             .map_err(|error| SpecError { field: "reward.formula".into(), message: error.to_string() })
@@ -1039,12 +1049,19 @@ impl PluginSection {
     }
 }
 
+/// The environment's reward as a term of a job's reward (`[env]`): a formula may name it, and it
+/// is a component of every episode's reward.
+pub const ENV_TERM: &str = "env";
+
 /// The checks of a list of graders and their reward formula, wherever they are written: a job's
-/// `[[verifiers]]` and `[reward]`, or a dry-run's `reward` (`POST /v1/verify`). `graders_field`
-/// and `formula_field` are the keys as the caller's document writes them (`verifiers`,
-/// `reward.formula`). Returns the parsed formula when there is one and it parses.
+/// `[[verifiers]]` and `[reward]`, or a dry-run's `reward` (`POST /v1/verify`). `env`: the
+/// environment's term when the job has `[env]` (a formula may name it after the graders', and no
+/// grader may take its name). `graders_field` and `formula_field` are the keys as the caller's
+/// document writes them (`verifiers`, `reward.formula`). Returns the parsed formula when there is
+/// one and it parses.
 pub fn check_graders(
     graders: &[PluginSection],
+    env: Option<&str>,
     formula: Option<&str>,
     graders_field: &str,
     formula_field: &str,
@@ -1084,6 +1101,15 @@ pub fn check_graders(
                 ),
             });
         }
+        if env.is_some_and(|env| grader.grader_name() == env) {
+            errors.push(SpecError {
+                field: format!("{prefix}name"),
+                message: format!(
+                    "{:?} is the environment's reward in a job with [env]; give this grader another `name`",
+                    grader.grader_name()
+                ),
+            });
+        }
         if formula.is_some() && grader.weight != 1.0 {
             errors.push(SpecError {
                 field: format!("{prefix}weight"),
@@ -1092,7 +1118,7 @@ pub fn check_graders(
         }
     }
     let Some(text) = formula else { return (None, errors) };
-    let names: Vec<&str> = graders.iter().map(PluginSection::grader_name).collect();
+    let names: Vec<&str> = graders.iter().map(PluginSection::grader_name).chain(env).collect();
     match crate::formula::Formula::parse(text, &names) {
         Ok(parsed) => (Some(parsed), errors),
         Err(error) => {

@@ -226,6 +226,74 @@ impl WorkerArgs {
     }
 }
 
+/// The worker's arguments for an environment check (`rlvr-worker env-check`): an `[env]` spec's
+/// first episodes played against its environment with its policy, sampled as its rollouts are,
+/// each turn shown with what is trained on. Nothing is trained or written. The daemon runs it
+/// for `POST /v1/env/check`; a team can run it by hand where its model and server are.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct EnvCheckArgs {
+    /// The job spec (TOML, or JSON by extension); its [data] train records start the episodes.
+    /// Its policy is a model directory or builtin:tiny-arith (the daemon resolves line: and base:
+    /// names first).
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub spec: PathBuf,
+    /// Episodes to play, one per training record from the first (at most 8).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 2))]
+    pub episodes: usize,
+    /// A spec naming an installed environment (`env.environment`): its script, started as a
+    /// sandboxed sidecar with --env-python.
+    #[cfg_attr(feature = "cli", arg(long, requires = "env_python"))]
+    pub env_script: Option<PathBuf>,
+    #[cfg_attr(feature = "cli", arg(long, requires = "env_script"))]
+    pub env_python: Option<PathBuf>,
+    /// Print the check as one JSON line (`EnvCheck`) instead of text.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub json: bool,
+    /// libtorch's CPU threads [default: the number of cores].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub threads: Option<usize>,
+    /// Die with this process (the daemon passes its pid): SIGKILL when it exits.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "PID"))]
+    pub exit_with_parent: Option<u32>,
+    /// Read the host context (where the environment may be reached: the team's outbound
+    /// policy) as one JSON line from stdin first, as `run` does. Without it: no restriction.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub host_context_stdin: bool,
+}
+
+impl EnvCheckArgs {
+    /// The worker's command line (after the program's name) that parses back into `self`.
+    pub fn command_line(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["env-check".into()];
+        let mut flag = |name: &str, value: OsString| {
+            args.push(format!("--{name}").into());
+            args.push(value);
+        };
+        flag("spec", self.spec.clone().into());
+        flag("episodes", self.episodes.to_string().into());
+        if let Some(script) = &self.env_script {
+            flag("env-script", script.clone().into());
+        }
+        if let Some(python) = &self.env_python {
+            flag("env-python", python.clone().into());
+        }
+        if let Some(threads) = self.threads {
+            flag("threads", threads.to_string().into());
+        }
+        if let Some(pid) = self.exit_with_parent {
+            flag("exit-with-parent", pid.to_string().into());
+        }
+        if self.json {
+            args.push("--json".into());
+        }
+        if self.host_context_stdin {
+            args.push("--host-context-stdin".into());
+        }
+        args
+    }
+}
+
 /// `rlvr-worker check-options`' one stdout line: what a plugin said of a configuration. The
 /// daemon asks a worker process for optimizer plugins, whose code it never maps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

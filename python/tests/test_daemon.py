@@ -188,6 +188,10 @@ class DaemonTest(unittest.TestCase):
         with self.assertRaises(rlvr.Invalid) as caught:
             self.client.submit(bad)
         self.assertEqual(caught.exception.field, "optimizer.lr")
+        # The environment check of a spec with no environment: refused at the section it lacks.
+        with self.assertRaises(rlvr.Invalid) as caught:
+            self.client.env_check(self.spec_file)
+        self.assertEqual((caught.exception.status, caught.exception.field), (422, "env"))
         self.assertEqual(len(list(self.client.jobs())), before)
 
     def test_another_teams_job_and_line_are_not_found(self):

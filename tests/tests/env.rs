@@ -225,7 +225,8 @@ fn runs(mask: &[f32]) -> Vec<(bool, std::ops::Range<usize>)> {
 }
 
 /// An `[env]` GRPO job on `builtin:tiny-arith` (turns end at their first character, so most are
-/// wrong answers that get the sum back) with `max_turns` 3 against an `arith_feedback.py` server.
+/// wrong answers that get the sum back) with `max_turns` 3 against an `arith_feedback.py` server,
+/// its reward a formula over the environment's (`2 * env`).
 fn env_spec(dir: &std::path::Path, url: &str, prompts: u32, checkpoint_every: u32) -> std::path::PathBuf {
     let (train, heldout) = (dir.join("env-train.jsonl"), dir.join("env-heldout.jsonl"));
     for (path, problems) in
@@ -267,6 +268,8 @@ stop = [{stop}]
 max_steps = 4
 [checkpoint]
 every_steps = {checkpoint_every}
+[reward]
+formula = "2 * env"
 [env]
 kind = "openenv"
 url = "{url}"
@@ -375,8 +378,8 @@ fn an_env_job_trains_on_episodes_token_in_token_out_and_resumes_exactly() {
                 replies += 1;
             }
         }
-        // The reward is the environment's; a right answer is the only way to 1.
-        assert_eq!(record.components.get("env"), Some(&record.reward), "{record:?}");
+        // The reward is the formula's over the environment's (a right answer is the only way to 1).
+        assert_eq!(record.components.get("env").map(|env| 2.0 * env), Some(record.reward), "{record:?}");
         assert_eq!(record.passed, record.reward > 0.0);
     }
     assert!(replies > 0, "no episode got a reply");

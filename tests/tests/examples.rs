@@ -12,6 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rlvr_protocol::env::SpanSource;
 use rlvr_protocol::job::JobState;
 use rlvr_protocol::kind::JobKind;
 use rlvr_tests::jobs::{ended, wait_job};
@@ -171,6 +172,27 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
     let short = text.replace("http://127.0.0.1:8000", &server_url).replace("max_steps = 50", "max_steps = 8");
     assert_ne!(short, text, "env.toml's url and steps");
     fs::write(&env_spec, short).unwrap();
+    // What the job will train on, before it is submitted: its first episodes played on the daemon.
+    let check = cli::run(&artifact("rlvrctl"), &["env", "check", "env.toml"], env_dir.path(), &env);
+    let shown = cli::text(&check);
+    assert!(check.status.success(), "rlvrctl env check: {shown}\n{}", daemon.log());
+    for expected in
+        ["episode 1 of 2: record ", "episode 2 of 2: ", "  prompt ", "  model ", ", trained", "  end "]
+    {
+        assert!(shown.contains(expected), "rlvrctl env check: no {expected:?} in\n{shown}");
+    }
+    let too_many = cli::run(
+        &artifact("rlvrctl"),
+        &["env", "check", "env.toml", "--episodes", "9"],
+        env_dir.path(),
+        &env,
+    );
+    assert!(
+        !too_many.status.success()
+            && cli::text(&too_many).contains("episodes: expected 1 to 8 episodes, got 9"),
+        "{}",
+        cli::text(&too_many)
+    );
     let output = cli::run(&artifact("rlvrctl"), &["submit", "env.toml"], env_dir.path(), &env);
     assert!(output.status.success(), "rlvrctl submit env.toml: {}", cli::text(&output));
     let env_job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
@@ -227,6 +249,23 @@ fn every_example_passes_the_dry_run_and_the_ones_others_start_from_run_to_publis
         )
         .replace("max_steps = 8", "max_steps = 1000");
     fs::write(&env_spec, &installed).unwrap();
+    // Checked on its sidecar too, the answer as JSON: spans from the prompt, the model, the reply.
+    let check = cli::run(
+        &artifact("rlvrctl"),
+        &["--json", "env", "check", "env.toml", "--episodes", "1"],
+        env_dir.path(),
+        &env,
+    );
+    assert!(check.status.success(), "rlvrctl env check (installed): {}\n{}", cli::text(&check), daemon.log());
+    let checked: rlvr_protocol::env::EnvCheck = serde_json::from_slice(&check.stdout).unwrap();
+    let [episode] = checked.episodes.as_slice() else { panic!("one episode asked for: {checked:?}") };
+    let sources: Vec<SpanSource> = episode.spans.iter().map(|span| span.from).collect();
+    assert_eq!(sources[..2], [SpanSource::Prompt, SpanSource::Model], "{episode:?}");
+    assert_eq!(
+        sources.iter().filter(|from| **from == SpanSource::Model).count(),
+        episode.turns,
+        "{episode:?}"
+    );
     let output = cli::run(&artifact("rlvrctl"), &["submit", "env.toml"], env_dir.path(), &env);
     assert!(output.status.success(), "rlvrctl submit env.toml (installed): {}", cli::text(&output));
     let sidecar_job = String::from_utf8_lossy(&output.stdout).trim().to_owned();

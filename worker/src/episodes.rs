@@ -14,8 +14,8 @@
 //!
 //! What the step trains on: each episode as a [`Sampled`] (its tokens after the prompt, turns and
 //! replies, with the sampler's log-probabilities) and an [`EpisodeRow`] (its own prompt, the mask
-//! that keeps the replies out of the loss, how it went); [`with_env`] folds the environment's
-//! reward into the graders' verdict.
+//! that keeps the replies out of the loss, how it went); [`env_verdicts`] is the environment's
+//! reward as the reward's last grader (`env`, which a `[reward] formula` may name).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use rlvr_env::{ActionFormat, EnvError, Reply, Session, read_action};
 use rlvr_model::{Episode, EpisodeError, Finish, LoadedModel, Sampled, SamplerRng, SamplingParams, generate};
 use rlvr_outbound::Policy;
 use rlvr_plugin_api::HostContext;
-use rlvr_plugin_host::reward::Scored;
+use rlvr_plugin_host::verify::{Components, OutputLine};
 use rlvr_protocol::env::{ActionKind, EnvReward, EnvSection};
 use rlvr_protocol::records::PromptRecord;
 use serde_json::{Map, Value};
@@ -406,15 +406,25 @@ pub fn resets(records: &[PromptRecord], copies: usize) -> Result<Vec<Map<String,
     Ok(all)
 }
 
-/// The graders' verdict on an episode's text with the environment's reward added: its reward the
-/// sum, `env` its first component, passed when the environment rewarded it (> 0) and every
-/// grader passed it. (How the episode ended is the environment's figures' and its record's, not
-/// a grader error.)
-pub fn with_env(mut scored: Scored, row: &EpisodeRow) -> Scored {
-    scored.reward += row.reward;
-    scored.passed &= row.reward > 0.0;
-    scored.components.insert(0, ("env".to_owned(), row.reward));
-    scored
+/// The environment's verdict on each episode, as the reward's last grader (`term`, `env`): its
+/// score the episode's reward (sum or last), passed when the environment rewarded it (> 0). The
+/// combiner adds it to the graders' on the episode's text, or a formula names it. (How the episode
+/// ended is the environment's figures' and its record's, not a grader error.)
+pub fn env_verdicts(term: &str, rows: &[EpisodeRow]) -> Vec<OutputLine> {
+    rows.iter()
+        .map(|row| OutputLine {
+            id: None,
+            score: row.reward,
+            passed: row.reward > 0.0,
+            components: Components(Vec::new()),
+            extracted: None,
+            error: None,
+            timed_out: false,
+            latency_us: 0,
+            verifier: term.to_owned(),
+            explanation: None,
+        })
+        .collect()
 }
 
 /// Opens `sessions` sessions at once and resets each (no arguments): a server that cannot hold a

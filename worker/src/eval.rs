@@ -15,7 +15,7 @@ use rlvr_protocol::worker::{
 };
 use tch::{Kind, Tensor};
 
-use super::episodes::{EpisodeRow, into_rows, play, resets, with_env};
+use super::episodes::{EpisodeRow, into_rows, play, resets};
 use super::step::StepError;
 use super::{Job, Rollouts, Work};
 use rlvr_plugin_host::reward::ToScore;
@@ -217,12 +217,11 @@ fn score(job: &Job, records: &[PromptRecord], completed: &Completed) -> Result<H
                 reference_json: &record.reference_json,
             })
             .collect();
-        let mut verdicts = crate::reward_models::score(job, &items)?;
-        if let Some(episodes) = &completed.episodes {
+        let episodes = completed.episodes.as_ref().map(|episodes| {
             let first = sampled.first().map_or(0, |s| s.prompt_index);
-            let rows = &episodes[first..first + sampled.len()];
-            verdicts = verdicts.into_iter().zip(rows).map(|(scored, row)| with_env(scored, row)).collect();
-        }
+            &episodes[first..first + sampled.len()]
+        });
+        let verdicts = crate::reward_models::score(job, &items, episodes)?;
         for (scored, sample) in verdicts.iter().zip(sampled) {
             passed.push(scored.passed);
             reward += scored.reward;

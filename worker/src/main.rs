@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rlvr_protocol::worker::{WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{EnvCheckArgs, HostContext, WorkerArgs, WorkerExit};
 use rlvr_startup::logging::{self, LogFormat};
 use rlvr_worker::host::read_host_context;
 use rlvr_worker::{Outcome, WorkerError, WorkerOptions, lifecycle, memory};
@@ -52,20 +52,7 @@ enum Command {
     /// (a model directory or builtin:tiny-arith), sampled as its rollouts are, and print each turn
     /// with what is trained on (the model's turns) and what is masked out (the environment's
     /// replies). Nothing is trained or written.
-    EnvCheck {
-        /// The job spec (TOML or JSON); its [data] train records start the episodes.
-        #[arg(long)]
-        spec: std::path::PathBuf,
-        /// Episodes to play, one per training record from the first.
-        #[arg(long, default_value_t = 2)]
-        episodes: usize,
-        /// A spec naming an installed environment (`env.environment`): its script, started as
-        /// a sandboxed sidecar with `--env-python`.
-        #[arg(long, requires = "env_python")]
-        env_script: Option<std::path::PathBuf>,
-        #[arg(long, requires = "env_script")]
-        env_python: Option<std::path::PathBuf>,
-    },
+    EnvCheck(EnvCheckArgs),
     /// Report what this process's libtorch can do: its version and directory, whether CUDA is
     /// loaded and available, the CUDA runtime, driver, cuDNN, NCCL and cuBLAS versions, the CPU
     /// matmul path, and what is wrong; one JSON line (`rlvrd doctor` prints it for people).
@@ -97,23 +84,36 @@ fn main() -> ExitCode {
             print_line("check-options", &rlvr_plugin_host::options::check_main(&plugin_path, &options_json))
         }
         Command::Doctor => print_line("doctor", &rlvr_worker::runtime::report()),
-        Command::EnvCheck { spec, episodes, env_script, env_python } => match rlvr_worker::env_check::check(
-            &spec,
-            episodes,
-            env_script.as_deref().zip(env_python.as_deref()),
-        ) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(message) => {
-                eprintln!("rlvr-worker env-check: {message}");
-                ExitCode::from(WorkerExit::JobError.code())
-            }
-        },
+        Command::EnvCheck(args) => env_check(&args),
         Command::Run(args) => {
             logging::init(cli.log_format, "info");
             ExitCode::from(run(*args).code())
+        }
+    }
+}
+
+/// `env-check`: the check as text, or one JSON line for the daemon; an error on stderr as
+/// `rlvr-worker env-check: FIELD: why`, exit 2.
+fn env_check(args: &EnvCheckArgs) -> ExitCode {
+    if let Some(parent) = args.exit_with_parent {
+        lifecycle::exit_with_parent(parent);
+    }
+    let host = match args.host_context_stdin.then(|| read_host_context(std::io::stdin().lock())).transpose() {
+        Ok(host) => host.unwrap_or_else(HostContext::unrestricted),
+        Err(error) => {
+            eprintln!("rlvr-worker env-check: {error}");
+            return ExitCode::from(WorkerExit::JobError.code());
+        }
+    };
+    match rlvr_worker::env_check::check(args, &host) {
+        Ok(check) if args.json => print_line("env-check", &check),
+        Ok(check) => {
+            print!("{}", check.render());
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("rlvr-worker env-check: {message}");
+            ExitCode::from(WorkerExit::JobError.code())
         }
     }
 }
@@ -287,9 +287,27 @@ mod tests {
                 Command::ProbePlugin { .. }
                 | Command::CheckOptions { .. }
                 | Command::Doctor
-                | Command::EnvCheck { .. } => {
+                | Command::EnvCheck(_) => {
                     panic!("parsed as another command")
                 }
+            }
+        }
+        let full = EnvCheckArgs {
+            spec: "s.toml".into(),
+            episodes: 3,
+            env_script: Some("/envs/arith.py".into()),
+            env_python: Some("/venvs/openenv/bin/python".into()),
+            json: true,
+            threads: Some(2),
+            exit_with_parent: Some(42),
+            host_context_stdin: true,
+        };
+        let bare = EnvCheckArgs { spec: "s.toml".into(), episodes: 2, ..EnvCheckArgs::default() };
+        for args in [full, bare] {
+            let line = std::iter::once(OsString::from("rlvr-worker")).chain(args.command_line());
+            match Cli::try_parse_from(line).unwrap().command {
+                Command::EnvCheck(parsed) => assert_eq!(parsed, args),
+                _ => panic!("parsed as another command"),
             }
         }
     }

@@ -158,9 +158,21 @@ impl JobPlugins {
             optimizer_id,
             trains,
             graders: Vec::new(),
+            // With [env], the environment's reward is the last term, weight 1.
             combiner: Combiner {
-                names: spec.verifiers.iter().map(|section| section.grader_name().to_owned()).collect(),
-                weights: spec.verifiers.iter().map(|section| section.weight).collect(),
+                names: spec
+                    .verifiers
+                    .iter()
+                    .map(|section| section.grader_name())
+                    .chain(spec.env_term())
+                    .map(str::to_owned)
+                    .collect(),
+                weights: spec
+                    .verifiers
+                    .iter()
+                    .map(|section| section.weight)
+                    .chain(spec.env_term().map(|_| 1.0))
+                    .collect(),
                 formula: spec
                     .reward_formula()
                     .map_err(|error| WorkerError::Plugin { field: error.field, message: error.message })?,

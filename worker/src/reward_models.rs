@@ -28,6 +28,7 @@ use tch::{Device, Kind};
 
 use crate::Job;
 use crate::WorkerError;
+use crate::episodes::{EpisodeRow, env_verdicts};
 use crate::step::StepError;
 
 /// One reward-model grader of the job.
@@ -175,8 +176,13 @@ impl RewardModelGrader {
 
 /// Every item scored by every grader of the job: the reward models on the devices in one
 /// [`Phase::Reward`] grant (none asked when the job has no reward model), then the plugins on
-/// the CPU; their verdicts combined in the spec's order.
-pub fn score(job: &Job, items: &[ToScore<'_>]) -> Result<Vec<Scored>, StepError> {
+/// the CPU; their verdicts combined in the spec's order, then (a job with `[env]`) each episode's
+/// environment reward, `episodes[i]` item i's.
+pub fn score(
+    job: &Job,
+    items: &[ToScore<'_>],
+    episodes: Option<&[EpisodeRow]>,
+) -> Result<Vec<Scored>, StepError> {
     let mut model_lines = Vec::with_capacity(job.reward_models.graders.len());
     if !job.reward_models.is_empty() && !items.is_empty() {
         let grant = job.grants.hold(Phase::Reward)?;
@@ -187,8 +193,8 @@ pub fn score(job: &Job, items: &[ToScore<'_>]) -> Result<Vec<Scored>, StepError>
     }
     let mut plugin_lines = job.rewarder.verdicts(items).into_iter();
     let mut model_lines = model_lines.into_iter().peekable();
-    let graders = job.rewarder.combiner.names.len();
-    let mut per_grader = Vec::with_capacity(graders);
+    let graders = job.spec.verifiers.len();
+    let mut per_grader = Vec::with_capacity(graders + 1);
     for index in 0..graders {
         match model_lines.next_if(|(at, _)| *at == index) {
             Some((_, lines)) => per_grader.push(lines),
@@ -197,6 +203,18 @@ pub fn score(job: &Job, items: &[ToScore<'_>]) -> Result<Vec<Scored>, StepError>
                     "verifiers[{index}]: no grader answered (the job's graders are not its spec's)"
                 ))
             })?),
+        }
+    }
+    match (job.spec.env_term(), episodes) {
+        (None, None) => {}
+        (Some(term), Some(rows)) if rows.len() == items.len() => per_grader.push(env_verdicts(term, rows)),
+        (_, rows) => {
+            return Err(StepError::Failed(format!(
+                "{} items with {} episodes for a job {} [env]",
+                items.len(),
+                rows.map_or(0, <[_]>::len),
+                if job.spec.env.is_some() { "with" } else { "without" }
+            )));
         }
     }
     Ok(job.rewarder.combiner.combine(per_grader, items.len()))

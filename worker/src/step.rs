@@ -940,15 +940,8 @@ fn score_round(job: &mut Job, step: u64, round: u32, drawn: Drawn) -> Result<Rou
             }
         })
         .collect();
-    let mut scored = crate::reward_models::score(job, &items)?;
-    // An episode's reward is the environment's, plus the graders' on its text.
-    if let Some(episodes) = &episodes {
-        scored = scored
-            .into_iter()
-            .zip(&episodes.rows)
-            .map(|(s, row)| crate::episodes::with_env(s, row))
-            .collect();
-    }
+    // An episode's reward: the environment's, with the graders' on its text.
+    let scored = crate::reward_models::score(job, &items, episodes.as_ref().map(|e| e.rows.as_slice()))?;
     let verify_s = verify_started.elapsed().as_secs_f64();
     Ok(Round { picked, prompt_tokens, sampled, scored, completion_ids, rollout_s, verify_s, episodes })
 }

@@ -65,6 +65,8 @@ pub struct JobsState {
     pub dry_run_budget: std::time::Duration,
     /// The submit use case (`POST /v1/jobs`, a pipeline's checks).
     pub submitter: Arc<Submitter>,
+    /// What `POST /v1/env/check` runs.
+    pub env_checks: super::env_check::EnvChecks,
 }
 
 /// Most jobs one `GET /v1/jobs` returns.
@@ -137,7 +139,12 @@ pub struct SubmitQuery {
 
 /// The spec of a request body (JSON, or TOML with `Content-Type: application/toml`), valid and
 /// of a team the caller may act for (the caller's own when it names none).
-async fn read_spec(state: &JobsState, caller: &Caller, headers: &HeaderMap, body: Body) -> Answer<JobSpec> {
+pub(super) async fn read_spec(
+    state: &JobsState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer<JobSpec> {
     // What a refusal leaves of the body unread, the server drains before answering (see
     // `server::after_draining`).
     let body = read_body(body, state.max_body_bytes).await?;

@@ -21,6 +21,7 @@
 
 pub mod auth;
 pub mod curricula;
+pub mod env_check;
 pub mod failure;
 pub mod follow;
 pub mod jobs;
@@ -73,6 +74,7 @@ pub fn router(
     let job_routes = Router::new()
         .route("/v1/jobs", get(jobs::list).post(jobs::submit))
         .route("/v1/estimate", axum::routing::post(jobs::estimate))
+        .route("/v1/env/check", axum::routing::post(env_check::check))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/promote", axum::routing::post(outcomes::promote))
@@ -123,7 +125,7 @@ pub fn router(
 #[openapi(
     info(title = "rlvrd", description = "RL post-training jobs for many teams on shared GPUs"),
     paths(
-        healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, jobs::list, jobs::show, jobs::cancel, jobs::events,
+        healthz, metrics, plugins, openapi, jobs::submit, jobs::estimate, env_check::check, jobs::list, jobs::show, jobs::cancel, jobs::events,
         outcomes::promote, outcomes::metrics, logs::logs, curricula::list, curricula::share, curricula::refresh,
         tenancy::put_dataset, tenancy::list_datasets, tenancy::get_dataset, tenancy::delete_dataset,
         tenancy::list_lines, tenancy::get_line, tenancy::put_line, tenancy::get_version, tenancy::get_version_file, verify::verify, verify::validate,
@@ -246,7 +248,7 @@ mod tests {
             let open = matches!(route.as_str(), "GET /healthz" | "GET /metrics");
             assert_eq!(*bearer, !open, "{route}");
         }
-        assert_eq!(seen.len(), 32, "{seen:?}");
+        assert_eq!(seen.len(), 33, "{seen:?}");
     }
 
     /// The statuses the document lists for `route` (`"GET /v1/jobs"`).
@@ -352,9 +354,10 @@ mod tests {
     fn only_free_form_fields_are_documented_as_any_object() {
         let document = serde_json::to_value(ApiDoc::openapi()).unwrap();
         // What is free-form by design: an item to grade (in any of the formats graders read), a
-        // metrics line (an optimizer plugin adds figures under its own names). A plugin's options
-        // are a map of its own keys (`additionalProperties`).
-        let free_form = ["VerifyRequest.items", "MetricsHistory.lines"];
+        // metrics line (an optimizer plugin adds figures under its own names), an environment's
+        // reset arguments (a record's `reference`, whatever the team's environment takes). A
+        // plugin's options are a map of its own keys (`additionalProperties`).
+        let free_form = ["VerifyRequest.items", "MetricsHistory.lines", "CheckedEpisode.reset"];
         let mut any_object = Vec::new();
         for (name, schema) in document["components"]["schemas"].as_object().unwrap() {
             for (field, property) in schema["properties"].as_object().into_iter().flatten() {

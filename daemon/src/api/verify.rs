@@ -337,8 +337,13 @@ fn check(
     reward: &RewardAsked,
     run: bool,
 ) -> Result<Checked, Vec<SpecError>> {
-    let (formula, mut problems) =
-        check_graders(&reward.graders, reward.formula.as_deref(), &reward.graders_field, "reward.formula");
+    let (formula, mut problems) = check_graders(
+        &reward.graders,
+        None,
+        reward.formula.as_deref(),
+        &reward.graders_field,
+        "reward.formula",
+    );
     let mut refs = PluginRefs::default();
     let mut problem = |field: &str, message: String| {
         problems.push(SpecError { field: field.to_owned(), message });

@@ -265,16 +265,17 @@ pub(super) const FIELDS: &[Field] = &[
     field(
         "api.dry_runs_at_once",
         integer(1, 1024, None, 2),
-        "Graders' dry-runs (POST /v1/verify with a team's token) grading at once over the daemon; \
-         more get 429 with Retry-After. Grading runs in the daemon's process, four items at a time \
+        "Graders' dry-runs (POST /v1/verify with a team's token) and environment checks (POST \
+         /v1/env/check, each a worker process on the CPU) running at once over the daemon; more \
+         get 429 with Retry-After. Grading runs in the daemon's process, four items at a time \
          per grader. An engine job's ranks grade their completions in a lane of their own (one \
          request per rank), which no dry-run takes.",
     ),
     field(
         "api.dry_runs_per_team",
         integer(1, 1024, None, 1),
-        "Graders' dry-runs one team may have grading at once; more get 429, so one team's dry-runs \
-         never take every place of dry_runs_at_once.",
+        "Graders' dry-runs and environment checks one team may have running at once; more get 429, \
+         so one team's dry-runs never take every place of dry_runs_at_once.",
     ),
     field(
         "api.dry_run_budget_s",
@@ -283,7 +284,7 @@ pub(super) const FIELDS: &[Field] = &[
          answered as not graded (error set), and calls already running end at the grader's own \
          deadline (30 s). A request whose client goes away stops the same way at once; its place \
          is given back only when its last call has ended. An engine job's ranks grading their \
-         completions have no budget.",
+         completions have no budget. An environment check (POST /v1/env/check) is killed at it.",
     ),
     field(
         "api.streams_per_team",

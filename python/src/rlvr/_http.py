@@ -18,6 +18,8 @@ from .errors import ApiError, BadAnswer, Unreachable
 
 #: Longest wait for an answer's head, then for each read of its body.
 REQUEST_TIMEOUT_S = 60.0
+# `POST /v1/env/check` plays episodes on the daemon: above its default dry-run budget (300 s).
+ENV_CHECK_TIMEOUT_S = 360.0
 #: An event stream this long silent is dead: the daemon sends a keep-alive every 10 s.
 STREAM_SILENCE_S = 35.0
 #: Busy answers (429, 503 with Retry-After) waited out per request.
@@ -138,9 +140,10 @@ class Transport:
         content_type: str | None = None,
         headers: dict[str, str] | None = None,
         expect: Sequence[int] = (200,),
+        timeout: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """A request whose answer is a JSON object (every answer of the API is one): returns
-        (status, value)."""
+        (status, value). `timeout`: this request's, where it may take longer than most."""
         headers = dict(headers or {})
         if json_body is not None:
             body = json.dumps(json_body, default=str).encode()
@@ -148,7 +151,7 @@ class Transport:
         if content_type:
             headers["Content-Type"] = content_type
         url = self.url(segments, query)
-        with self.open(method, segments, query=query, body=body, headers=headers) as answer:
+        with self.open(method, segments, query=query, body=body, headers=headers, timeout=timeout) as answer:
             try:
                 text = answer.read()
             except (TimeoutError, OSError, http.client.HTTPException) as error:

@@ -13,7 +13,7 @@ from typing import IO, Any, Protocol
 
 from . import download as _download
 from . import report as _report
-from ._http import BUSY_RETRIES, BUSY_WAIT_MAX_S, REQUEST_TIMEOUT_S, Transport
+from ._http import BUSY_RETRIES, BUSY_WAIT_MAX_S, ENV_CHECK_TIMEOUT_S, REQUEST_TIMEOUT_S, Transport
 from .errors import BadAnswer
 from .events import follow
 from .models import (
@@ -186,6 +186,14 @@ class Client:
         """`POST /v1/estimate`: the spec's memory on each of its devices (`memory_gb`,
         `resident_gb`, `fits`, the parts); queues nothing."""
         return self._http.call("POST", ["v1", "estimate"], json_body=self.prepare_spec(spec, dry_run=True))[1]
+
+    def env_check(self, spec: SpecLike, episodes: int = 2) -> dict[str, Any]:
+        """`POST /v1/env/check`: an `[env]` spec's first `episodes` (1–8) played against its
+        environment as its rollouts would be, each as its spans (`prompt`, the `model`'s turns
+        that are trained on, the `env`'s replies that are masked out), its end and the
+        environment's rewards; queues nothing."""
+        return self._http.call("POST", ["v1", "env", "check"], query={"episodes": episodes},
+                               json_body=self.prepare_spec(spec, dry_run=True), timeout=ENV_CHECK_TIMEOUT_S)[1]
 
     # ---------------------------------------------------------------- jobs
 
