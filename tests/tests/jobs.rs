@@ -176,10 +176,11 @@ fn the_openapi_document_lists_exactly_the_routes_the_daemon_serves() {
     }
     // design.md §1, plus issue 7's promotion, metrics history and curriculum refresh, the
     // team's namespace (datasets and model lines), the graders' dry-run, issue 21's pipelines, and
-    // issue 23's published versions (manifest and files).
+    // issue 23's published versions (manifest and files), and issue 40's environment check.
     let routes: BTreeSet<String> = [
         "POST /v1/jobs",
         "POST /v1/estimate",
+        "POST /v1/env/check",
         "GET /v1/jobs/{id}",
         "GET /v1/jobs",
         "DELETE /v1/jobs/{id}",
