@@ -54,4 +54,5 @@ pub mod runtime;
 pub mod signals;
 pub mod spec;
 pub mod time;
+pub mod tinker;
 pub mod worker;
