@@ -233,12 +233,14 @@ fn dense(
                 format!("row {row}'s offsets {start}..{end} are outside its {} cells", cols.len()),
             ));
         }
-        for cell in start as usize..end as usize {
-            let Some(column) = usize::try_from(cols[cell]).ok().filter(|&c| c < columns) else {
-                return Err(refuse(at, format!("column {} outside {columns}", cols[cell])));
+        let (start, end) = (start as usize, end as usize);
+        let values = csr.values[start * width..end * width].chunks_exact(width);
+        for (&column, value) in cols[start..end].iter().zip(values) {
+            let Some(column) = usize::try_from(column).ok().filter(|&c| c < columns) else {
+                return Err(refuse(at, format!("column {column} outside {columns}")));
             };
             let to = (row * columns + column) * width;
-            dense[to..to + width].copy_from_slice(&csr.values[cell * width..(cell + 1) * width]);
+            dense[to..to + width].copy_from_slice(value);
         }
     }
     Ok(dense)
