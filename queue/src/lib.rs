@@ -4,8 +4,10 @@
 //! - [`store`]: job records, events, idempotency keys and dead letters on Redis (atomic scripts).
 //! - [`pipelines`]: pipeline records and their events, the running set (atomic scripts, as
 //!   the jobs').
+//! - [`tinker`]: the Tinker SDK's sessions.
 //! - [`dispatch`]: the apalis-redis queues (one per priority) that carry job ids to daemons.
 
 pub mod dispatch;
 pub mod pipelines;
 pub mod store;
+pub mod tinker;

@@ -241,6 +241,84 @@ fn every_route_but_healthz_and_metrics_needs_a_token_and_the_document_says_so() 
             assert_eq!(secured, !["/healthz", "/metrics"].contains(&path.as_str()), "{method} {path}");
         }
     }
+    tinker_routes_take_the_teams_key_as_x_api_key(&daemon);
+}
+
+/// The Tinker SDK's routes (`/api/v1/...`) read the team's token from `X-API-Key` (the SDK's
+/// header), not `Authorization`; with it, the SDK's handshake and a session's life: created
+/// (warned when the SDK is not the tested version), kept alive, another team's key finding
+/// nothing, finished, then 410 to the heartbeat (the SDK stops its heartbeats on 410).
+fn tinker_routes_take_the_teams_key_as_x_api_key(daemon: &Daemon) {
+    let post = |path: &str, key: Option<&str>, body: Value| {
+        let request = client().post(format!("{}/api/v1/{path}", daemon.url)).json(&body);
+        let request = match key {
+            Some(key) => request.header("x-api-key", key),
+            None => request.bearer_auth(TEAM_TOKEN),
+        };
+        let response = request.send().unwrap();
+        (response.status().as_u16(), response.json::<Value>().unwrap_or(Value::Null))
+    };
+    for (path, key) in [("client/config", None), ("create_session", Some("tml-not-a-key"))] {
+        let (status, body) = post(path, key, serde_json::json!({}));
+        assert_eq!((status, &body["error"]["code"]), (401, &Value::from("unauthorized")), "{path} {body}");
+    }
+    assert!(
+        post("client/config", None, serde_json::json!({})).1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("X-API-Key")
+    );
+    let (status, config) =
+        post("client/config", Some(TEAM_TOKEN), serde_json::json!({"sdk_version": "0.38.0"}));
+    assert_eq!(
+        (status, &config["pjwt_auth_enabled"], &config["parallel_fwdbwd_chunks"]),
+        (200, &Value::from(false), &Value::from(false))
+    );
+    let (status, opened) = post(
+        "create_session",
+        Some(TEAM_TOKEN),
+        serde_json::json!({"tags": [], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"}),
+    );
+    assert_eq!((status, opened.get("warning_message")), (200, None), "{opened}");
+    let session = opened["session_id"].as_str().unwrap().to_owned();
+    let (_, older) = post("create_session", Some(TEAM_TOKEN), serde_json::json!({"sdk_version": "0.37.1"}));
+    assert!(older["warning_message"].as_str().unwrap().contains("0.38.0"), "{older}");
+    let (status, refused) = post("session_heartbeat", Some(TEAM_TOKEN), serde_json::json!({"session": 1}));
+    assert_eq!((status, &refused["error"]["code"]), (422, &Value::from("bad_request")), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("session_id"), "{refused}");
+    let beat = |key| {
+        post(
+            "session_heartbeat",
+            Some(key),
+            serde_json::json!({"session_id": session, "type": "session_heartbeat"}),
+        )
+    };
+    assert_eq!(beat(TEAM_TOKEN).0, 200);
+    assert_eq!(beat(OTHER_TOKEN).0, 404, "another team's key finds no such session");
+    let finish = |key| {
+        post(
+            &format!("sessions/{session}/finish"),
+            Some(key),
+            serde_json::json!({"reason": {"type": "success"}, "detail": null}),
+        )
+    };
+    assert_eq!(finish(OTHER_TOKEN).0, 404);
+    assert_eq!(finish(TEAM_TOKEN).0, 200);
+    let (status, gone) = beat(TEAM_TOKEN);
+    assert_eq!(status, 410, "{gone}");
+    assert!(gone["error"]["message"].as_str().unwrap().contains("finished (success)"), "{gone}");
+    assert_eq!(
+        post("telemetry", Some(TEAM_TOKEN), serde_json::json!({"events": []})).1["status"],
+        "accepted"
+    );
+    let capabilities: Value = client()
+        .get(format!("{}/api/v1/get_server_capabilities", daemon.url))
+        .header("x-api-key", TEAM_TOKEN)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(capabilities["supported_models"][0]["model_name"], "builtin:tiny-arith", "{capabilities}");
 }
 
 // regression: an unauthenticated body was read before the 401

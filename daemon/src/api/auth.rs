@@ -33,6 +33,7 @@ use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderName;
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -49,7 +50,8 @@ use crate::config::AuthConfig;
 use crate::jobs::tokens::{JobTokens, TokenJob};
 use crate::metrics::ReasonLabel;
 
-/// A fresh token: `rlvr_` and 32 random bytes in hex, from the OS's CSPRNG.
+/// A fresh token: `rlvr_` (or `tml-`, a Tinker SDK's key) and 32 random bytes in hex, from the
+/// OS's CSPRNG.
 pub struct NewToken {
     /// The token, shown once to whoever hands it to the team.
     pub token: String,
@@ -57,11 +59,24 @@ pub struct NewToken {
     pub entry: String,
 }
 
+/// What a token is handed to: rlvr's own clients (`Authorization: Bearer rlvr_…`), or the Tinker
+/// SDK (`X-API-Key: tml-…`, the prefix the SDK insists on). Either is the team's token, checked
+/// and limited alike; the prefix only says which client it was made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Rlvr,
+    Tinker,
+}
+
 /// Makes a token for `team` (an admin token when `admin`). Errors: the OS has no randomness.
-pub fn new_token(team: &str, admin: bool) -> Result<NewToken, getrandom::Error> {
+pub fn new_token(team: &str, admin: bool, kind: TokenKind) -> Result<NewToken, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
-    let token = format!("rlvr_{}", hex::encode(bytes));
+    let prefix = match kind {
+        TokenKind::Rlvr => "rlvr_",
+        TokenKind::Tinker => rlvr_protocol::tinker::KEY_PREFIX,
+    };
+    let token = format!("{prefix}{}", hex::encode(bytes));
     let sha256 = hex::encode(Sha256::digest(token.as_bytes()));
     let entry = format!("[[auth.tokens]]\nteam = \"{team}\"\nsha256 = \"{sha256}\"\nadmin = {admin}\n");
     Ok(NewToken { token, entry })
@@ -79,6 +94,27 @@ pub struct Caller {
     pub job: Option<TokenJob>,
 }
 
+/// Where a request's token is: rlvr's routes read `Authorization: Bearer`, the Tinker SDK's
+/// (under `/api/v1/`) `X-API-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Bearer,
+    ApiKey,
+}
+
+impl Scheme {
+    /// The scheme of a request to `path`.
+    pub fn of(path: &str) -> Scheme {
+        match path.strip_prefix(rlvr_protocol::tinker::API_PREFIX) {
+            Some(rest) if rest.starts_with('/') => Scheme::ApiKey,
+            _ => Scheme::Bearer,
+        }
+    }
+}
+
+/// The Tinker SDK's key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// The one route a job's token reaches: the engine grades its completions there.
 const JOB_TOKEN_ROUTE: (&str, &str) = ("POST", "/v1/verify");
 
@@ -92,10 +128,10 @@ impl Caller {
 /// Why a request was refused before its handler ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthError {
-    /// No `Authorization: Bearer …` header.
-    Missing,
-    /// A header that is not `Bearer <token>`.
-    Malformed,
+    /// No `Authorization: Bearer …` header (no `X-API-Key` on a Tinker route).
+    Missing(Scheme),
+    /// A header that is not `Bearer <token>` (an empty or unreadable `X-API-Key`).
+    Malformed(Scheme),
     /// A token not in the config.
     Unknown,
     /// Too many failed authentications from this client address; retry after this many seconds.
@@ -109,15 +145,25 @@ pub enum AuthError {
 impl From<AuthError> for Failure {
     fn from(error: AuthError) -> Self {
         match error {
-            AuthError::Missing => Failure::new(
+            AuthError::Missing(Scheme::Bearer) => Failure::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "expected an Authorization: Bearer <token> header",
             ),
-            AuthError::Malformed => Failure::new(
+            AuthError::Missing(Scheme::ApiKey) => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "expected an X-API-Key: <key> header (a tml- key from rlvrd token new --tinker)",
+            ),
+            AuthError::Malformed(Scheme::Bearer) => Failure::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "expected the Authorization header as Bearer <token>",
+            ),
+            AuthError::Malformed(Scheme::ApiKey) => Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "expected the X-API-Key header as the key itself",
             ),
             AuthError::Unknown => Failure::new(
                 StatusCode::UNAUTHORIZED,
@@ -150,8 +196,8 @@ impl AuthError {
     /// The `reason` label of `rlvr_api_auth_refusals_total`.
     fn reason(&self) -> &'static str {
         match self {
-            AuthError::Missing => "missing",
-            AuthError::Malformed => "malformed",
+            AuthError::Missing(_) => "missing",
+            AuthError::Malformed(_) => "malformed",
             AuthError::Unknown => "unknown",
             AuthError::TooManyFailures { .. } => "too_many_failures",
             AuthError::RateLimited { .. } => "rate_limited",
@@ -220,8 +266,8 @@ impl Auth {
 
     /// The caller of a request from `peer`, within its team's rate limit; a failure counts
     /// against `peer`'s allowance.
-    pub fn check(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Caller, AuthError> {
-        let checked = match self.identify(headers) {
+    pub fn check(&self, peer: IpAddr, headers: &HeaderMap, scheme: Scheme) -> Result<Caller, AuthError> {
+        let checked = match self.identify(headers, scheme) {
             // The daemon's own tokens: an engine's grading is bounded by the verify route's
             // concurrency, not by its team's request rate.
             Ok(caller) if caller.job.is_some() => Ok(caller),
@@ -264,15 +310,20 @@ impl Auth {
     }
 
     /// The token's caller, without any limit.
-    fn identify(&self, headers: &HeaderMap) -> Result<Caller, AuthError> {
-        let value = headers.get(AUTHORIZATION).ok_or(AuthError::Missing)?;
-        let text = value.to_str().map_err(|_| AuthError::Malformed)?;
-        let token = text
-            .strip_prefix("Bearer ")
-            .or_else(|| text.strip_prefix("bearer "))
-            .map(str::trim)
-            .filter(|token| !token.is_empty())
-            .ok_or(AuthError::Malformed)?;
+    fn identify(&self, headers: &HeaderMap, scheme: Scheme) -> Result<Caller, AuthError> {
+        let header = match scheme {
+            Scheme::Bearer => AUTHORIZATION,
+            Scheme::ApiKey => X_API_KEY,
+        };
+        let value = headers.get(header).ok_or(AuthError::Missing(scheme))?;
+        let text = value.to_str().map_err(|_| AuthError::Malformed(scheme))?;
+        let token = match scheme {
+            Scheme::Bearer => text.strip_prefix("Bearer ").or_else(|| text.strip_prefix("bearer ")),
+            Scheme::ApiKey => Some(text),
+        }
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+        .ok_or(AuthError::Malformed(scheme))?;
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let job = || {
             self.jobs.get(&hash).map(|job| Caller { team: job.team.clone(), admin: false, job: Some(job) })
@@ -327,7 +378,7 @@ pub async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
-    match auth.check(peer.ip(), request.headers()) {
+    match auth.check(peer.ip(), request.headers(), Scheme::of(request.uri().path())) {
         Ok(caller)
             if caller.job.is_some()
                 && (request.method().as_str(), request.uri().path()) != JOB_TOKEN_ROUTE =>
@@ -416,7 +467,7 @@ mod tests {
     /// Checks each header in turn from `peer` against what `auth` answers.
     fn check(auth: &Auth, cases: &[(IpAddr, Option<&str>, Result<Caller, AuthError>)]) {
         for (peer, header, expected) in cases {
-            let got = auth.check(*peer, &headers(*header)).map_err(|error| match error {
+            let got = auth.check(*peer, &headers(*header), Scheme::Bearer).map_err(|error| match error {
                 // The wait depends on the clock; its presence is what is checked.
                 AuthError::TooManyFailures { .. } => AuthError::TooManyFailures { retry_after_s: 1 },
                 AuthError::RateLimited { .. } => AuthError::RateLimited { retry_after_s: 1 },
@@ -439,9 +490,9 @@ mod tests {
                 (HOME, Some("Bearer math-secret"), caller("math", false)),
                 (HOME, Some("Bearer ops-secret"), caller("ops", true)),
                 (HOME, Some("Bearer wrong"), Err(AuthError::Unknown)),
-                (HOME, Some("Basic bWF0aDpzZWNyZXQ="), Err(AuthError::Malformed)),
-                (HOME, Some("Bearer "), Err(AuthError::Malformed)),
-                (HOME, None, Err(AuthError::Missing)),
+                (HOME, Some("Basic bWF0aDpzZWNyZXQ="), Err(AuthError::Malformed(Scheme::Bearer))),
+                (HOME, Some("Bearer "), Err(AuthError::Malformed(Scheme::Bearer))),
+                (HOME, None, Err(AuthError::Missing(Scheme::Bearer))),
             ],
         );
         let math = Caller { team: "math".into(), admin: false, job: None };
@@ -450,8 +501,8 @@ mod tests {
 
     #[test]
     fn a_new_token_is_fresh_and_its_entry_lets_it_in() {
-        let first = new_token("vision", true).unwrap();
-        let second = new_token("vision", true).unwrap();
+        let first = new_token("vision", true, TokenKind::Rlvr).unwrap();
+        let second = new_token("vision", true, TokenKind::Rlvr).unwrap();
         assert_ne!(first.token, second.token);
         assert!(first.token.starts_with("rlvr_") && first.token.len() == 5 + 64);
         assert!(!first.entry.contains(&first.token), "the entry holds the hash, never the token");
@@ -463,8 +514,59 @@ mod tests {
             Limits { per_team: 100, failures_per_address: 100, requests_per_team: 100 },
             Family::default(),
         );
-        let caller = auth.check(HOME, &headers(Some(&format!("Bearer {}", first.token)))).unwrap();
+        let caller =
+            auth.check(HOME, &headers(Some(&format!("Bearer {}", first.token))), Scheme::Bearer).unwrap();
         assert_eq!(caller, Caller { team: "vision".into(), admin: true, job: None });
+    }
+
+    #[test]
+    fn a_tinker_key_is_the_teams_token_read_from_x_api_key_on_the_sdks_routes() {
+        let key = new_token("vision", false, TokenKind::Tinker).unwrap();
+        assert!(key.token.starts_with("tml-") && key.token.len() == 4 + 64, "{}", key.token);
+        let config: AuthConfig = toml::from_str(&key.entry.replace("[[auth.tokens]]", "[[tokens]]")).unwrap();
+        let auth = Auth::new(
+            &config,
+            Arc::default(),
+            Limits { per_team: 100, failures_per_address: 100, requests_per_team: 100 },
+            Family::default(),
+        );
+        let api_key = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(X_API_KEY, HeaderValue::from_str(value).unwrap());
+            headers
+        };
+        let vision = Caller { team: "vision".into(), admin: false, job: None };
+        assert_eq!(auth.check(HOME, &api_key(&key.token), Scheme::ApiKey), Ok(vision.clone()));
+        // The same key as a bearer token on rlvr's routes: the team's token too.
+        assert_eq!(
+            auth.check(HOME, &headers(Some(&format!("Bearer {}", key.token))), Scheme::Bearer),
+            Ok(vision)
+        );
+        // Each scheme reads its own header only.
+        assert_eq!(
+            auth.check(HOME, &api_key(&key.token), Scheme::Bearer),
+            Err(AuthError::Missing(Scheme::Bearer))
+        );
+        assert_eq!(
+            auth.check(HOME, &headers(Some(&format!("Bearer {}", key.token))), Scheme::ApiKey),
+            Err(AuthError::Missing(Scheme::ApiKey))
+        );
+        assert_eq!(
+            auth.check(HOME, &api_key(" "), Scheme::ApiKey),
+            Err(AuthError::Malformed(Scheme::ApiKey))
+        );
+        assert_eq!(auth.check(HOME, &api_key("tml-guess"), Scheme::ApiKey), Err(AuthError::Unknown));
+        // (path, scheme)
+        let routes = [
+            ("/api/v1/create_session", Scheme::ApiKey),
+            ("/api/v1/samplers/s:sample:0", Scheme::ApiKey),
+            ("/api/v1", Scheme::Bearer),
+            ("/api/v10/x", Scheme::Bearer),
+            ("/v1/jobs", Scheme::Bearer),
+        ];
+        for (path, scheme) in routes {
+            assert_eq!(Scheme::of(path), scheme, "{path}");
+        }
     }
 
     #[test]
@@ -495,8 +597,8 @@ mod tests {
             &auth,
             &[
                 // Every kind of failure counts.
-                (HOME, None, Err(AuthError::Missing)),
-                (HOME, Some("Basic x"), Err(AuthError::Malformed)),
+                (HOME, None, Err(AuthError::Missing(Scheme::Bearer))),
+                (HOME, Some("Basic x"), Err(AuthError::Malformed(Scheme::Bearer))),
                 (HOME, Some("Bearer guess"), Err(AuthError::Unknown)),
                 (HOME, Some("Bearer guess"), too_many.clone()),
                 (HOME, None, too_many),

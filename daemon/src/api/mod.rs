@@ -31,6 +31,7 @@ pub mod outcomes;
 pub mod pipelines;
 pub mod server;
 pub mod tenancy;
+pub mod tinker;
 pub mod ui;
 pub mod verify;
 
@@ -71,6 +72,10 @@ pub fn router(
     auth: Arc<auth::Auth>,
     max_body_bytes: usize,
 ) -> Router {
+    let tinker = Arc::new(tinker::TinkerState {
+        store: rlvr_queue::tinker::TinkerStore::new(jobs.queues.store.connection()),
+        tenancy: jobs.tenancy.clone(),
+    });
     let job_routes = Router::new()
         .route("/v1/jobs", get(jobs::list).post(jobs::submit))
         .route("/v1/estimate", axum::routing::post(jobs::estimate))
@@ -107,6 +112,7 @@ pub fn router(
         .route("/v1/openapi.json", get(openapi))
         .with_state(state.clone())
         .merge(job_routes)
+        .merge(tinker::routes(tinker))
         // Per route, not around the router: a route added above is covered, and no path that is
         // not a route runs it.
         .route_layer(from_fn_with_state(auth, auth::require_token));

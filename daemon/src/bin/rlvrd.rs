@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use rlvr_daemon::api::auth::TokenKind;
 use rlvr_daemon::config;
 use rlvr_protocol::builtin::RejectionSamplingOptions;
 use rlvr_protocol::kind::JobKind;
@@ -110,6 +111,10 @@ enum TokenAction {
         /// An admin token: sees every team's jobs and may force promotions.
         #[arg(long)]
         admin: bool,
+        /// A key for the Tinker SDK (`tml-…`, sent as X-API-Key to the routes under /api/v1): the
+        /// team's token all the same.
+        #[arg(long)]
+        tinker: bool,
     },
 }
 
@@ -162,12 +167,13 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Token { action: TokenAction::New { team, admin } } => {
+        Command::Token { action: TokenAction::New { team, admin, tinker } } => {
             if !rlvr_protocol::names::valid_team_name(&team) {
                 eprintln!("--team: expected {}, got {team:?}", rlvr_protocol::names::TEAM_RULE);
                 return ExitCode::from(2);
             }
-            match rlvr_daemon::api::auth::new_token(&team, admin) {
+            let kind = if tinker { TokenKind::Tinker } else { TokenKind::Rlvr };
+            match rlvr_daemon::api::auth::new_token(&team, admin, kind) {
                 Ok(new) => {
                     println!("{}", new.token);
                     eprintln!();

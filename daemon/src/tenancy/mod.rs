@@ -143,6 +143,16 @@ impl Tenancy {
         self.config.max_datasets_per_team
     }
 
+    /// The names of the base models `team` may use, in the config's order.
+    pub fn base_model_names(&self, team: &str) -> Vec<String> {
+        self.config
+            .base_models
+            .iter()
+            .filter(|model| model.teams.as_ref().is_none_or(|teams| teams.iter().any(|t| t == team)))
+            .map(|model| model.name.clone())
+            .collect()
+    }
+
     /// The directory of base model `name`, if `team` may use it. One message for "no such base
     /// model" and "not yours": a team learns nothing about what it may not use.
     pub fn base_model(&self, team: &str, name: &str) -> Result<&Path, String> {
