@@ -51,6 +51,7 @@ pub mod start;
 pub mod state;
 pub mod step;
 pub mod stop;
+pub mod tinker;
 pub mod vllm;
 
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@
 
 pub mod answers;
 pub mod datums;
+pub mod loss;
 pub mod proto;
 pub mod wire;
 
