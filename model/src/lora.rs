@@ -21,6 +21,9 @@ pub const PEFT_PREFIX: &str = "base_model.model.";
 pub const CONFIG_FILE: &str = "adapter_config.json";
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
+/// What PEFT names the unembedding (output layer) as a target, and its weight's prefix.
+pub const UNEMBED: &str = "lm_head";
+
 /// A LoRA configuration: rank, scale, dropout, and the linear layers adapted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraConfig {
@@ -28,6 +31,8 @@ pub struct LoraConfig {
     pub alpha: f64,
     pub dropout: f64,
     pub target_modules: Vec<LoraTarget>,
+    /// The unembedding (`lm_head`) adapted too: its adapter adds to the logits (without dropout).
+    pub unembed: bool,
 }
 
 impl LoraConfig {
@@ -38,6 +43,7 @@ impl LoraConfig {
             alpha: section.alpha(),
             dropout: section.dropout,
             target_modules: section.target_modules.clone(),
+            unembed: false,
         }
     }
 
@@ -48,7 +54,8 @@ impl LoraConfig {
 
     /// `adapter_config.json` for an adapter over `base` (its path or hub name), as PEFT writes it.
     pub fn to_peft_json(&self, base: &str) -> String {
-        let targets: Vec<&str> = self.target_modules.iter().map(|t| t.name()).collect();
+        let targets: Vec<&str> =
+            self.target_modules.iter().map(|t| t.name()).chain(self.unembed.then_some(UNEMBED)).collect();
         let value = json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -123,9 +130,17 @@ impl LoraConfig {
             _ => return Err(missing("target_modules")),
         };
         let mut target_modules = Vec::new();
+        let mut unembed = false;
         for name in names {
+            if name == UNEMBED {
+                unembed = true;
+                continue;
+            }
             let target = LoraTarget::from_name(name).ok_or_else(|| {
-                invalid("target_modules", &format!("unknown module {name:?}: expected q_proj … down_proj"))
+                invalid(
+                    "target_modules",
+                    &format!("unknown module {name:?}: expected q_proj … down_proj or lm_head"),
+                )
             })?;
             target_modules.push(target);
         }
@@ -134,7 +149,7 @@ impl LoraConfig {
             .and_then(Value::as_str)
             .ok_or_else(|| missing("base_model_name_or_path"))?
             .to_owned();
-        Ok((LoraConfig { rank, alpha, dropout, target_modules }, base))
+        Ok((LoraConfig { rank, alpha, dropout, target_modules, unembed }, base))
     }
 }
 

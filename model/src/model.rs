@@ -39,6 +39,18 @@ struct Adapter {
     dropout: f64,
 }
 
+impl Adapter {
+    /// `scaling · B·A·x`: what the adapter adds to its layer's output.
+    fn delta(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.a, None::<Tensor>).linear(&self.b, None::<Tensor>) * self.scaling
+    }
+
+    /// `scaling · B·A` in f32: what merging adds to the weight.
+    fn merged_delta(&self) -> Tensor {
+        self.b.to_kind(Kind::Float).matmul(&self.a.to_kind(Kind::Float)) * self.scaling
+    }
+}
+
 /// How a forward pass treats adapters: whether they are on, and whether it trains (dropout).
 #[derive(Clone, Copy)]
 struct Mode {
@@ -60,7 +72,7 @@ impl Linear {
                 } else {
                     x.shallow_clone()
                 };
-                y + x.linear(&adapter.a, None::<Tensor>).linear(&adapter.b, None::<Tensor>) * adapter.scaling
+                y + adapter.delta(&x)
             }
             _ => y,
         }
@@ -70,13 +82,14 @@ impl Linear {
     fn merged_weight(&self) -> Tensor {
         match &self.adapter {
             None => self.weight.shallow_clone(),
-            Some(adapter) => tch::no_grad(|| {
-                let delta =
-                    adapter.b.to_kind(Kind::Float).matmul(&adapter.a.to_kind(Kind::Float)) * adapter.scaling;
-                (self.weight.to_kind(Kind::Float) + delta).to_kind(self.weight.kind())
-            }),
+            Some(adapter) => merged(&self.weight, adapter),
         }
     }
+}
+
+/// `weight + scaling · B·A`, summed in f32, in the weight's kind.
+fn merged(weight: &Tensor, adapter: &Adapter) -> Tensor {
+    tch::no_grad(|| (weight.to_kind(Kind::Float) + adapter.merged_delta()).to_kind(weight.kind()))
 }
 
 /// `x · weightᵀ + bias`: through oneDNN for float32 on CPU (see [`crate::onednn`]), else libtorch's.
@@ -273,6 +286,10 @@ pub struct Llama {
     norm: Tensor,
     /// `None`: tied to the embeddings.
     lm_head: Option<Tensor>,
+    /// A LoRA adapter on the unembedding (`lm_head`, or the tied embeddings as the output layer;
+    /// PEFT's target `lm_head`): added to the logits, never to the input embeddings. It takes no
+    /// dropout, so the logits a training pass recomputes in its backward are the forward's.
+    unembed: Option<Adapter>,
     /// RoPE inverse frequencies, `[head_dim / 2]`, f32.
     inv_freq: Tensor,
     device: Device,
@@ -379,6 +396,7 @@ impl Llama {
             layers,
             norm,
             lm_head,
+            unembed: None,
             inv_freq,
             device,
             kind,
@@ -419,13 +437,27 @@ impl Llama {
                 module.adapter = Some(Adapter { a, b, scaling, dropout: config.dropout });
             }
         }
+        if config.unembed {
+            let (out, inp) =
+                self.lm_head.as_ref().unwrap_or(&self.embed).size2().expect("the unembedding is 2-D");
+            let mut add = |leaf: &str, shape: &[i64]| -> Result<Tensor> {
+                let full = format!("{}.{leaf}.weight", crate::lora::UNEMBED);
+                Ok(add_variable(vs, &full, get(&full, shape)?))
+            };
+            let a = add("lora_A", &[config.rank, inp])?;
+            let b = add("lora_B", &[out, config.rank])?;
+            self.unembed = Some(Adapter { a, b, scaling, dropout: 0.0 });
+        }
         self.adapter_dropout = config.dropout > 0.0;
         Ok(())
     }
 
     /// Merges the adapters into the weights they adapt and removes them: the model computes the
-    /// same (to rounding) with plain weights.
-    pub fn merge_adapters(&mut self) {
+    /// same (to rounding) with plain weights. An unembedding adapter over tied embeddings unties
+    /// them: the output layer becomes the embeddings with the adapter merged, returned so the
+    /// caller keeps it as the `lm_head.weight` it now is (the input embeddings are unchanged).
+    #[must_use = "an untied output layer must be kept as lm_head.weight"]
+    pub fn merge_adapters(&mut self) -> Option<Tensor> {
         for layer in &mut self.layers {
             for target in LoraTarget::ALL {
                 let module = layer.module_mut(target);
@@ -437,11 +469,32 @@ impl Llama {
             }
         }
         self.adapter_dropout = false;
+        let adapter = self.unembed.take()?;
+        match &self.lm_head {
+            Some(head) => {
+                let merged = merged(head, &adapter);
+                tch::no_grad(|| head.shallow_clone().copy_(&merged));
+                None
+            }
+            None => {
+                let head = merged(&self.embed, &adapter);
+                self.spec.tie_word_embeddings = false;
+                self.lm_head = Some(head.shallow_clone());
+                Some(head)
+            }
+        }
+    }
+
+    /// Makes `head` the output layer (an untied one [`Llama::merge_adapters`] returned, now a
+    /// variable of the caller's store).
+    pub fn set_lm_head(&mut self, head: Tensor) {
+        self.lm_head = Some(head);
     }
 
     /// Whether LoRA adapters are attached.
     pub fn has_adapters(&self) -> bool {
-        self.layers.iter().any(|layer| layer.modules().iter().any(|(_, m)| m.adapter.is_some()))
+        self.unembed.is_some()
+            || self.layers.iter().any(|layer| layer.modules().iter().any(|(_, m)| m.adapter.is_some()))
     }
 
     /// Runs `f` with the adapters off (the base model), then turns them back on.
@@ -536,6 +589,12 @@ impl Llama {
                     merged.insert(name, module.merged_weight());
                 }
             }
+        }
+        // Over tied embeddings the merged output layer is a weight of its own (the saved
+        // config unties them: `config_as_saved`).
+        if let Some(adapter) = &self.unembed {
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            merged.insert(format!("{}.weight", crate::lora::UNEMBED), self::merged(head, adapter));
         }
         let mut merged: Vec<(String, Tensor)> = merged.into_iter().collect();
         merged.sort_by(|a, b| a.0.cmp(&b.0));
@@ -667,7 +726,16 @@ impl Llama {
 
     /// Logits of hidden states `[..., hidden]` → `[..., vocab]`, in the model's dtype.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        linear(hidden, self.lm_head.as_ref().unwrap_or(&self.embed), None)
+        let logits = linear(hidden, self.lm_head.as_ref().unwrap_or(&self.embed), None);
+        match &self.unembed {
+            Some(adapter) if self.adapters_on.load(Ordering::Relaxed) => logits + adapter.delta(hidden),
+            _ => logits,
+        }
+    }
+
+    /// Whether an unembedding adapter is attached (its merged model has an untied output layer).
+    pub fn has_unembed_adapter(&self) -> bool {
+        self.unembed.is_some()
     }
 
     /// cos and sin of the RoPE angles, `[B, 1, T, head_dim]` in the model's kind.

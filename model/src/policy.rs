@@ -93,7 +93,14 @@ impl LoadedModel {
     /// weight trainable.
     pub fn merge_adapters(&mut self) {
         if self.adapters.take().is_some() {
-            self.model.merge_adapters();
+            // An unembedding adapter over tied embeddings leaves an output layer of its own: a
+            // weight of the model's store from now on, and the config says so.
+            if let Some(head) = self.model.merge_adapters() {
+                let name = format!("{}.weight", lora::UNEMBED);
+                let kept = crate::model::add_variable(&self.vs, &name, tch::no_grad(|| head.detach().copy()));
+                self.model.set_lm_head(kept);
+                self.config.tie_word_embeddings = Some(false);
+            }
             self.vs.unfreeze();
         }
     }
@@ -272,8 +279,12 @@ fn load_builtin(seed: u64, device: Device, kind: Kind) -> Result<LoadedModel> {
 /// from f32 weights says `bfloat16`, so that transformers (`torch_dtype="auto"`) and other
 /// readers take the weights as they are. Transformers 5 writes `dtype`, 4 `torch_dtype`: the keys
 /// the config has are updated, or `torch_dtype` (which both read) added.
-fn config_as_saved(model: &LoadedModel) -> LlamaConfig {
+fn config_as_saved(model: &LoadedModel, merged: bool) -> LlamaConfig {
     let mut config = model.config.clone();
+    // A merged unembedding adapter is an output layer of its own (`Llama::merged_weights`).
+    if merged && model.model.has_unembed_adapter() {
+        config.tie_word_embeddings = Some(false);
+    }
     let kind = model.vs.variables().values().next().map(Tensor::kind);
     let name = match kind {
         Some(Kind::BFloat16) => "bfloat16",
@@ -298,7 +309,7 @@ fn config_as_saved(model: &LoadedModel) -> LlamaConfig {
 /// then renamed to `dir`; a reader sees no checkpoint or a whole one. `dir` must not exist.
 pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
     write_dir_atomically(dir, |tmp| {
-        write_text(tmp, "config.json", &config_as_saved(model).to_json())?;
+        write_text(tmp, "config.json", &config_as_saved(model, true).to_json())?;
         write_tokenizer(&model.tokenizer, tmp)?;
         write_weights(&tmp.join("model.safetensors"), &model.model.merged_weights(&model.vs))
     })
@@ -309,7 +320,7 @@ pub fn save_pretrained(model: &LoadedModel, dir: &Path) -> Result<()> {
 /// them); a model without adapters is written whole. Atomic like [`save_pretrained`].
 pub fn save_base(model: &LoadedModel, dir: &Path) -> Result<()> {
     write_dir_atomically(dir, |tmp| {
-        write_text(tmp, "config.json", &config_as_saved(model).to_json())?;
+        write_text(tmp, "config.json", &config_as_saved(model, false).to_json())?;
         write_tokenizer(&model.tokenizer, tmp)?;
         let mut tensors: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
@@ -431,6 +442,7 @@ mod tests {
             alpha: 4.0,
             dropout: 0.0,
             target_modules: vec![crate::lora::LoraTarget::QProj],
+            unembed: false,
         };
         lora.attach_lora(&config, 0).unwrap();
         let mut wrong = lora.snapshot_trainable();

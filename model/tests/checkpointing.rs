@@ -74,7 +74,13 @@ fn checkpointed_gradients_equal_the_plain_ones_for_a_full_model_and_for_lora_wit
     assert!(plain.iter().any(|(name, _)| name == "model.embed_tokens.weight"), "the embeddings train too");
 
     let mut lora = load("builtin:tiny-arith?seed=4", Device::Cpu, Kind::Float).unwrap();
-    let config = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.3, target_modules: LoraTarget::ALL.to_vec() };
+    let config = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.3,
+        target_modules: LoraTarget::ALL.to_vec(),
+        unembed: false,
+    };
     lora.attach_lora(&config, 9).unwrap();
     // B away from zero, so that A's gradient is not zero either.
     tch::manual_seed(3);

@@ -119,9 +119,12 @@ fn untied() -> Subject {
     Subject { model, trainable: sorted(vs.variables()), frozen: Vec::new(), _stores: vec![vs] }
 }
 
-fn lora(dropout: f64) -> Subject {
+/// LoRA on every layer, and on the unembedding when `unembed` (whose adapter the chunked backward
+/// recomputes with the logits).
+fn lora(dropout: f64, unembed: bool) -> Subject {
     let mut loaded = load("builtin:tiny-arith?seed=4", Device::Cpu, Kind::Float).unwrap();
-    let config = LoraConfig { rank: 4, alpha: 8.0, dropout, target_modules: LoraTarget::ALL.to_vec() };
+    let config =
+        LoraConfig { rank: 4, alpha: 8.0, dropout, target_modules: LoraTarget::ALL.to_vec(), unembed };
     loaded.attach_lora(&config, 9).unwrap();
     // B away from zero, so that A's gradient is not zero either.
     tch::manual_seed(3);
@@ -291,8 +294,12 @@ fn worst(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) -> f64 {
 
 #[test]
 fn training_gradients_in_chunks_equal_plain_autograd_over_the_whole_logits() {
-    let subjects =
-        [("full model", full(4)), ("untied lm_head, V=1000", untied()), ("LoRA, dropout 0.1", lora(0.1))];
+    let subjects = [
+        ("full model", full(4)),
+        ("untied lm_head, V=1000", untied()),
+        ("LoRA, dropout 0.1", lora(0.1, false)),
+        ("LoRA with the unembedding, dropout 0.1", lora(0.1, true)),
+    ];
     let mut figures = Vec::new();
     for (name, subject) in subjects {
         let head = value_head(&subject.model);
@@ -319,10 +326,17 @@ fn training_gradients_in_chunks_equal_plain_autograd_over_the_whole_logits() {
     }
     // One chunk is plain autograd's computation: the same bits. Chunks round the lm_head's
     // matmuls differently (fewer rows each, the weight's gradient summed chunk by chunk), about
-    // 1e-7 in the hidden states' gradient, which the layers below amplify to about 1e-6.
+    // 1e-7 in the hidden states' gradient, which the layers below amplify to about 1e-6. With an
+    // unembedding adapter and a value head, the hidden states' gradient sums three matmuls'
+    // (the head's, the adapter's, the value head's), which the recomputing pass adds in another
+    // order than autograd: up to 1.1e-6 measured, one chunk or many (0 without the value head).
     for (what, chunks, plain) in figures {
         assert!(chunks <= 2e-6, "{what}: chunks vs one chunk {chunks:e}");
-        assert!(plain == 0.0, "{what}: one chunk vs plain autograd {plain:e}");
+        if what.contains("unembedding") {
+            assert!(plain <= 2e-6, "{what}: one chunk vs plain autograd {plain:e}");
+        } else {
+            assert!(plain == 0.0, "{what}: one chunk vs plain autograd {plain:e}");
+        }
     }
 }
 

@@ -16,7 +16,12 @@ fn ids() -> Vec<Vec<i64>> {
 }
 
 fn config(targets: &[LoraTarget]) -> LoraConfig {
-    LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets.to_vec() }
+    LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets.to_vec(), unembed: false }
+}
+
+/// `targets` and the unembedding (PEFT's `lm_head`, here over tied embeddings).
+fn with_unembed(targets: &[LoraTarget]) -> LoraConfig {
+    LoraConfig { unembed: true, ..config(targets) }
 }
 
 /// The built-in model saved as a directory, then loaded from it: the base PEFT reads.
@@ -66,9 +71,24 @@ fn adapter_directory_and_merged_model_load_back() {
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
     let mut model = base_dir(&base);
-    model.attach_lora(&config(&[LoraTarget::QProj, LoraTarget::VProj, LoraTarget::DownProj]), 1).unwrap();
+    model
+        .attach_lora(&with_unembed(&[LoraTarget::QProj, LoraTarget::VProj, LoraTarget::DownProj]), 1)
+        .unwrap();
     perturb_b(&model);
     let adapted = common::our_logits(&model.model, &ids());
+    // The unembedding's adapter alone changes the logits too.
+    let without_unembed = tch::no_grad(|| {
+        let b = model.adapters.as_ref().unwrap().vs.variables()["lm_head.lora_B.weight"].shallow_clone();
+        let kept = b.copy();
+        let _ = b.shallow_clone().zero_();
+        let logits = common::our_logits(&model.model, &ids());
+        b.shallow_clone().copy_(&kept);
+        logits
+    });
+    assert!(
+        common::max_abs_diff(&without_unembed, &adapted) > 1e-4,
+        "the lm_head adapter adds to the logits"
+    );
 
     let adapter = tmp.path().join("adapter");
     save_adapter(&model, base.to_str().unwrap(), &adapter).unwrap();
@@ -83,8 +103,24 @@ fn adapter_directory_and_merged_model_load_back() {
     save_pretrained(&model, &merged).unwrap();
     let merged = load(merged.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
     assert!(merged.adapters.is_none());
+    // Its output layer is its own now (the embeddings it was tied to are the base's).
+    assert_eq!(merged.config.tie_word_embeddings, Some(false));
     let diff = common::max_abs_diff(&common::our_logits(&merged.model, &ids()), &adapted);
     assert!(diff < 1e-5, "merged logits differ by {diff:e}");
+    // Merged in memory, likewise: then saved, it loads as the same model.
+    let mut in_memory = load(adapter.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    in_memory.merge_adapters();
+    let diff = common::max_abs_diff(&common::our_logits(&in_memory.model, &ids()), &adapted);
+    assert!(diff < 1e-5, "logits merged in memory differ by {diff:e}");
+    assert!(
+        in_memory.vs.variables().contains_key("lm_head.weight"),
+        "the untied head is a weight of the model"
+    );
+    let resaved = tmp.path().join("resaved");
+    save_pretrained(&in_memory, &resaved).unwrap();
+    let resaved = load(resaved.to_str().unwrap(), Device::Cpu, Kind::Float).unwrap();
+    let diff = common::max_abs_diff(&common::our_logits(&resaved.model, &ids()), &adapted);
+    assert!(diff < 1e-5, "merged, saved and loaded, logits differ by {diff:e}");
 
     // The base alone, as an engine that applies the adapters itself loads it: the base's weights.
     let base_only = tmp.path().join("base-only");
@@ -131,7 +167,8 @@ fn peft_gives_our_logits_and_adapter_gradients_over_our_adapter() {
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("base");
     let mut model = base_dir(&base);
-    model.attach_lora(&config(&LoraTarget::ALL), 2).unwrap();
+    // Every layer target and the unembedding (`lm_head`, tied to the embeddings here).
+    model.attach_lora(&with_unembed(&LoraTarget::ALL), 2).unwrap();
     perturb_b(&model);
     let adapter = tmp.path().join("adapter");
     save_adapter(&model, base.to_str().unwrap(), &adapter).unwrap();
