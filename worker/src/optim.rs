@@ -116,6 +116,12 @@ impl AdamW {
         AdamW { slots, scratch, steps: 0, config }
     }
 
+    /// The hyper-parameters of the next updates (a client that sets them per step: the Tinker
+    /// front door's `optim_step`).
+    pub fn set_config(&mut self, config: AdamWConfig) {
+        self.config = config;
+    }
+
     /// Updates taken so far.
     pub fn steps(&self) -> i64 {
         self.steps

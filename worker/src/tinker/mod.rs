@@ -3,4 +3,5 @@
 //!
 //! - [`loss`]: each `forward_backward` loss on a datum's target log-probabilities, as a sum.
 
+pub mod client;
 pub mod loss;
