@@ -128,6 +128,11 @@ impl WeightFiles {
         self.entries.contains_key(name)
     }
 
+    /// The shape of tensor `name`, if stored.
+    pub fn shape(&self, name: &str) -> Option<&[i64]> {
+        self.entries.get(name).map(|entry| entry.shape.as_slice())
+    }
+
     /// The names of every stored tensor.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.keys().map(String::as_str)

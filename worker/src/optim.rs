@@ -263,6 +263,41 @@ impl AdamW {
         tensors
     }
 
+    /// The gradients summed since [`AdamW::zero_grad`], f32, under their parameters' names: what a
+    /// training client suspended between a backward pass and its update keeps. A parameter no
+    /// backward pass reached has none.
+    pub fn gradient_tensors(&self) -> Vec<(String, Tensor)> {
+        self.slots
+            .iter()
+            .filter_map(|slot| slot.gradient().map(|grad| (slot.name.clone(), grad.to_kind(Kind::Float))))
+            .collect()
+    }
+
+    /// Puts back gradients [`AdamW::gradient_tensors`] saved (after clearing any): the next update
+    /// is the one the saved optimizer would have taken. Fails on a name of no parameter.
+    pub fn restore_gradients(&mut self, saved: &WeightFiles) -> Result<(), String> {
+        self.zero_grad();
+        for name in saved.names() {
+            let slot = self
+                .slots
+                .iter_mut()
+                .find(|slot| slot.name == name)
+                .ok_or_else(|| format!("gradient {name} matches no parameter"))?;
+            let grad = saved
+                .get(name, &slot.param.size(), slot.param.device(), Kind::Float)
+                .map_err(|error| format!("gradient {name}: {error}"))?;
+            match &mut slot.mixed {
+                Some(mixed) => {
+                    tch::no_grad(|| mixed.grad.copy_(&grad));
+                    mixed.summed = true;
+                }
+                // d/dp Σ p·g = g exactly: the gradient lands in `.grad` as autograd would put it.
+                None => (&slot.param * &grad).sum(Kind::Float).backward(),
+            }
+        }
+        Ok(())
+    }
+
     /// Restores a state saved by [`AdamW::state_tensors`] (a safetensors file, mapped) and the
     /// update count. Tensor by tensor: each is read from the mapping, moved to its parameter's
     /// device and copied into the state already allocated there, so a resume holds one tensor in

@@ -16,12 +16,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use rlvr_model::weights::WeightFiles;
 use rlvr_model::{LoadedModel, LoraConfig, LoraTarget, SamplerRng, SamplingParams, SequenceBatch, Tokenizer};
 use rlvr_protocol::tinker::answers::Sequence;
 use rlvr_protocol::tinker::datums::TrainDatum;
 use rlvr_protocol::tinker::loss::Loss;
 use rlvr_protocol::tinker::wire::{self, AdamParams, SampleParams, StopSpec};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use super::loss::{LossInputs, datum_loss};
 use crate::optim::{AdamW, AdamWConfig};
@@ -111,15 +112,7 @@ impl TrainingClient {
         model.attach_lora(&config, seed).map_err(|error| ClientError::Internal(error.to_string()))?;
         let mut trainable = model.trainable();
         trainable.sort_by(|a, b| a.0.cmp(&b.0));
-        let defaults = AdamParams {
-            learning_rate: 1e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-12,
-            weight_decay: 0.0,
-            grad_clip_norm: 0.0,
-        };
-        let adam = AdamW::new(trainable, adam_config(&defaults));
+        let adam = AdamW::new(trainable, adam_config(&DEFAULT_ADAM));
         Ok(TrainingClient { model, adam, accumulated: false })
     }
 
@@ -342,39 +335,140 @@ impl TrainingClient {
         dir: &Path,
         optimizer: bool,
     ) -> Result<TrainingClient, ClientError> {
-        let internal = |e: String| ClientError::Internal(e);
-        model.attach_lora_from(&dir.join("adapter")).map_err(|e| internal(e.to_string()))?;
+        model.attach_lora_from(&dir.join("adapter")).map_err(|e| ClientError::Internal(e.to_string()))?;
         let mut trainable = model.trainable();
         trainable.sort_by(|a, b| a.0.cmp(&b.0));
-        let defaults = AdamParams {
-            learning_rate: 1e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-12,
-            weight_decay: 0.0,
-            grad_clip_norm: 0.0,
-        };
-        let mut adam = AdamW::new(trainable, adam_config(&defaults));
+        let mut adam = AdamW::new(trainable, adam_config(&DEFAULT_ADAM));
         if optimizer {
-            let file = dir.join("optimizer.safetensors");
-            if !file.is_file() {
-                return Err(request("this state was saved without its optimizer: load it without optimizer"));
-            }
-            let saved =
-                rlvr_model::weights::WeightFiles::open_file(&file).map_err(|e| internal(e.to_string()))?;
-            let steps: i64 = std::fs::read_to_string(dir.join("optimizer-steps"))
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-                .ok_or_else(|| internal("the state's optimizer-steps is missing or not a number".into()))?;
-            adam.load_state(&saved, steps).map_err(internal)?;
+            load_optimizer(&mut adam, dir)?;
         }
         Ok(TrainingClient { model, adam, accumulated: false })
+    }
+
+    /// Loads the state in `dir` (a [`TrainingClient::save_state`]'s) into this client: its
+    /// adapter's values (the same rank and layers as this client's), and with `optimizer` AdamW's
+    /// state; without, AdamW starts afresh. Gradients accumulated so far are dropped.
+    pub fn load_state_into(&mut self, dir: &Path, optimizer: bool) -> Result<(), ClientError> {
+        let adapter = adapter_tensors(&dir.join("adapter"))?;
+        self.set_adapter(&adapter)?;
+        let mut trainable = self.model.trainable();
+        trainable.sort_by(|a, b| a.0.cmp(&b.0));
+        self.adam = AdamW::new(trainable, adam_config(&DEFAULT_ADAM));
+        if optimizer {
+            load_optimizer(&mut self.adam, dir)?;
+        }
+        self.accumulated = false;
+        Ok(())
+    }
+
+    /// Everything the client holds, written to `dir` (which must not exist): the state with its
+    /// optimizer, and the gradients accumulated since the last step — a preempted client's.
+    pub fn suspend(&self, base: &str, dir: &Path) -> Result<(), ClientError> {
+        self.save_state(base, dir, true)?;
+        if self.accumulated {
+            rlvr_model::weights::write_safetensors(&dir.join(GRADIENTS), &self.adam.gradient_tensors())
+                .map_err(|e| ClientError::Internal(format!("{}: {e}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    /// A client from `base` (loaded) and what [`TrainingClient::suspend`] wrote: it goes on as
+    /// the suspended one would have.
+    pub fn resume(model: LoadedModel, dir: &Path) -> Result<TrainingClient, ClientError> {
+        let mut client = TrainingClient::load_state(model, dir, true)?;
+        let gradients = dir.join(GRADIENTS);
+        if gradients.is_file() {
+            let saved =
+                WeightFiles::open_file(&gradients).map_err(|e| ClientError::Internal(e.to_string()))?;
+            client.adam.restore_gradients(&saved).map_err(ClientError::Internal)?;
+            client.accumulated = true;
+        }
+        Ok(client)
+    }
+
+    /// Runs `f` with the adapter's values `weights` (a saved sampler's), then puts the client's
+    /// own back.
+    pub fn with_adapter<T>(
+        &self,
+        weights: &[(String, Tensor)],
+        f: impl FnOnce(&Self) -> T,
+    ) -> Result<T, ClientError> {
+        let own: Vec<(String, Tensor)> = tch::no_grad(|| {
+            self.model.trainable().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+        });
+        self.set_adapter(weights)?;
+        let out = f(self);
+        self.set_adapter(&own)?;
+        Ok(out)
+    }
+
+    /// Copies `values` into the adapter's tensors, name by name: every tensor of the adapter, of
+    /// its shape.
+    fn set_adapter(&self, values: &[(String, Tensor)]) -> Result<(), ClientError> {
+        let trainable: BTreeMap<String, Tensor> = self.model.trainable().into_iter().collect();
+        if values.len() != trainable.len() || values.iter().any(|(n, _)| !trainable.contains_key(n)) {
+            return Err(request("this state's adapter is not this client's: its rank or its layers differ"));
+        }
+        for (name, value) in values {
+            let mut target = trainable[name].shallow_clone();
+            if target.size() != value.size() {
+                return Err(request(format!(
+                    "this state's adapter is not this client's: {name} is {:?}",
+                    value.size()
+                )));
+            }
+            tch::no_grad(|| target.copy_(value));
+        }
+        Ok(())
     }
 
     /// The tokenizer the client's datums are in.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.model.tokenizer
     }
+}
+
+/// AdamW's settings until the first step names its own (the SDK's defaults).
+const DEFAULT_ADAM: AdamParams = AdamParams {
+    learning_rate: 1e-4,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-12,
+    weight_decay: 0.0,
+    grad_clip_norm: 0.0,
+};
+
+/// The gradients a suspended client had accumulated since its last step.
+const GRADIENTS: &str = "gradients.safetensors";
+
+/// AdamW's state from a state directory that has it.
+fn load_optimizer(adam: &mut AdamW, dir: &Path) -> Result<(), ClientError> {
+    let internal = |e: String| ClientError::Internal(e);
+    let file = dir.join("optimizer.safetensors");
+    if !file.is_file() {
+        return Err(request("this state was saved without its optimizer: load it without optimizer"));
+    }
+    let saved = WeightFiles::open_file(&file).map_err(|e| internal(e.to_string()))?;
+    let steps: i64 = std::fs::read_to_string(dir.join("optimizer-steps"))
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| internal("the state's optimizer-steps is missing or not a number".into()))?;
+    adam.load_state(&saved, steps).map_err(internal)
+}
+
+/// An adapter directory's tensors, under the names the client's adapter has (PEFT's prefix off).
+pub fn adapter_tensors(dir: &Path) -> Result<Vec<(String, Tensor)>, ClientError> {
+    let file = dir.join(rlvr_model::lora::WEIGHTS_FILE);
+    let weights = WeightFiles::open_file(&file).map_err(|e| request(format!("{}: {e}", dir.display())))?;
+    let mut tensors = Vec::new();
+    for name in weights.names() {
+        let shape = weights.shape(name).unwrap_or_default().to_vec();
+        let tensor = weights
+            .get(name, &shape, tch::Device::Cpu, Kind::Float)
+            .map_err(|e| ClientError::Internal(e.to_string()))?;
+        tensors.push((name.strip_prefix(rlvr_model::lora::PEFT_PREFIX).unwrap_or(name).to_owned(), tensor));
+    }
+    Ok(tensors)
 }
 
 fn adam_config(params: &AdamParams) -> AdamWConfig {
@@ -393,14 +487,11 @@ fn rand_seed() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
-/// The devices a client computes on: the worker's.
-pub fn device_of(client: &TrainingClient) -> Device {
-    client.model.model.device()
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+
+    use tch::Device;
 
     use rlvr_protocol::tinker::datums::{Input, Values};
 
@@ -658,5 +749,63 @@ mod tests {
         trained.save_state("builtin:tiny-arith", &bare, false).unwrap();
         let refused = TrainingClient::load_state(base(), &bare, true).unwrap_err();
         assert!(refused.to_string().contains("saved without its optimizer"), "{refused}");
+    }
+
+    #[test]
+    fn a_client_suspended_between_its_backward_pass_and_its_step_resumes_as_it_was() {
+        let mut straight = client(7);
+        let mut suspended = client(7);
+        let data = [datum(&straight, "30+3=", "33", &[])];
+        for client in [&mut straight, &mut suspended] {
+            client.forward_backward(&data, &Loss::CrossEntropy, false).unwrap();
+            client.optim_step(&STEP).unwrap();
+            client.forward_backward(&data, &Loss::CrossEntropy, false).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        suspended.suspend("builtin:tiny-arith", &dir.path().join("suspended")).unwrap();
+        let base = rlvr_model::load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
+        let mut resumed = TrainingClient::resume(base, &dir.path().join("suspended")).unwrap();
+        assert_eq!(resumed.steps(), 1);
+        straight.optim_step(&STEP).unwrap();
+        resumed.optim_step(&STEP).unwrap();
+        assert_eq!(max_diff(&adapter(&straight), &adapter(&resumed)), 0.0, "the same step, to the bit");
+    }
+
+    #[test]
+    fn a_state_loads_into_a_live_client_and_a_samplers_weights_sample_as_they_did() {
+        let mut trained = client(8);
+        let data = [datum(&trained, "2+2=", "4", &[])];
+        for _ in 0..3 {
+            trained.forward_backward(&data, &Loss::CrossEntropy, false).unwrap();
+            trained.optim_step(&STEP).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        trained.save_state("builtin:tiny-arith", &state, false).unwrap();
+        let mut other = client(9);
+        let own = adapter(&other).into_iter().map(|(n, t)| (n, t.copy())).collect::<Vec<_>>();
+        // Sampling with the saved weights: the trained client's samples; its own weights after.
+        let prompt = trained.tokenizer().encode("2+2=").unwrap();
+        let greedy = SampleParams {
+            max_tokens: Some(3),
+            seed: Some(1),
+            stop: None,
+            temperature: 0.0,
+            top_k: -1,
+            top_p: 1.0,
+        };
+        let weights = adapter_tensors(&state.join("adapter")).unwrap();
+        let sampled = other
+            .with_adapter(&weights, |client| client.sample(&prompt, &greedy, 1, false))
+            .unwrap()
+            .unwrap();
+        assert_eq!(sampled.0, trained.sample(&prompt, &greedy, 1, false).unwrap().0);
+        assert_eq!(max_diff(&own, &adapter(&other)), 0.0, "the client's own weights are back");
+        other.load_state_into(&state, false).unwrap();
+        assert_eq!(max_diff(&adapter(&trained), &adapter(&other)), 0.0);
+        let model = rlvr_model::load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
+        let mut narrow = TrainingClient::new(model, &lora(2), 1).unwrap();
+        let refused = narrow.load_state_into(&state, false).unwrap_err();
+        assert!(refused.to_string().contains("is not this client's"), "{refused}");
     }
 }
