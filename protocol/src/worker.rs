@@ -226,6 +226,77 @@ impl WorkerArgs {
     }
 }
 
+/// The worker's arguments for a Tinker training client (`rlvr-worker tinker-client`): a base
+/// model with the client's LoRA adapter, serving the daemon's commands on stdin
+/// (`tinker::process`) until its stdin closes or a suspend.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct TinkerClientArgs {
+    /// The base model: a model directory or builtin:tiny-arith.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub base: String,
+    /// What saved adapters name as their base (`base_model_name_or_path`): the SDK's name of it.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub base_name: String,
+    /// The client's `lora_config`, as the SDK's JSON.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub lora: String,
+    /// Seeds the adapter's first values.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
+    pub seed: u64,
+    /// Start from what a suspend wrote here instead of a fresh adapter.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
+    pub resume: Option<PathBuf>,
+    /// `cpu`, `cuda` or `cuda:N` [default: cuda when available, else cpu].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub device: Option<String>,
+    /// libtorch's CPU threads [default: the number of cores].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub threads: Option<usize>,
+    /// Die with this process (the daemon passes its pid).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "PID"))]
+    pub exit_with_parent: Option<u32>,
+    /// Ask the daemon's scheduler for the device before each command (with --job-id).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SOCKET", requires = "job_id"))]
+    pub grant_socket: Option<PathBuf>,
+    #[cfg_attr(feature = "cli", arg(long, value_name = "ID", requires = "grant_socket"))]
+    pub job_id: Option<String>,
+}
+
+impl TinkerClientArgs {
+    /// The worker's command line (after the program's name) that parses back into `self`.
+    pub fn command_line(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["tinker-client".into()];
+        let mut flag = |name: &str, value: OsString| {
+            args.push(format!("--{name}").into());
+            args.push(value);
+        };
+        flag("base", self.base.clone().into());
+        flag("base-name", self.base_name.clone().into());
+        flag("lora", self.lora.clone().into());
+        flag("seed", self.seed.to_string().into());
+        if let Some(dir) = &self.resume {
+            flag("resume", dir.clone().into());
+        }
+        if let Some(device) = &self.device {
+            flag("device", device.into());
+        }
+        if let Some(threads) = self.threads {
+            flag("threads", threads.to_string().into());
+        }
+        if let Some(pid) = self.exit_with_parent {
+            flag("exit-with-parent", pid.to_string().into());
+        }
+        if let Some(socket) = &self.grant_socket {
+            flag("grant-socket", socket.clone().into());
+        }
+        if let Some(id) = &self.job_id {
+            flag("job-id", id.into());
+        }
+        args
+    }
+}
+
 /// The worker's arguments for an environment check (`rlvr-worker env-check`): an `[env]` spec's
 /// first episodes played against its environment with its policy, sampled as its rollouts are,
 /// each turn shown with what is trained on. Nothing is trained or written. The daemon runs it

@@ -42,6 +42,7 @@ mod scheduling;
 mod template_guide;
 mod tenancy;
 mod tensorboard;
+mod tinker;
 mod ui;
 mod verifier_code;
 mod verifier_http;

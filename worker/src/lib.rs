@@ -167,7 +167,7 @@ impl WorkerOptions {
 }
 
 /// `cpu`, `cuda` or `cuda:N`.
-fn parse_device(text: &str) -> Result<Device, WorkerError> {
+pub(crate) fn parse_device(text: &str) -> Result<Device, WorkerError> {
     match text {
         "cpu" => Ok(Device::Cpu),
         "cuda" => Ok(Device::Cuda(0)),

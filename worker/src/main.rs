@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rlvr_protocol::worker::{EnvCheckArgs, HostContext, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{EnvCheckArgs, HostContext, TinkerClientArgs, WorkerArgs, WorkerExit};
 use rlvr_startup::logging::{self, LogFormat};
 use rlvr_worker::host::read_host_context;
 use rlvr_worker::{Outcome, WorkerError, WorkerOptions, lifecycle, memory};
@@ -53,6 +53,11 @@ enum Command {
     /// with what is trained on (the model's turns) and what is masked out (the environment's
     /// replies). Nothing is trained or written.
     EnvCheck(EnvCheckArgs),
+    /// A Tinker training client (the daemon's, for a team's own training loop): a base model with
+    /// the client's LoRA adapter, serving the daemon's commands on stdin, one JSON line each,
+    /// answered on stdout.
+    #[command(hide = true)]
+    TinkerClient(TinkerClientArgs),
     /// Report what this process's libtorch can do: its version and directory, whether CUDA is
     /// loaded and available, the CUDA runtime, driver, cuDNN, NCCL and cuBLAS versions, the CPU
     /// matmul path, and what is wrong; one JSON line (`rlvrd doctor` prints it for people).
@@ -85,6 +90,7 @@ fn main() -> ExitCode {
         }
         Command::Doctor => print_line("doctor", &rlvr_worker::runtime::report()),
         Command::EnvCheck(args) => env_check(&args),
+        Command::TinkerClient(args) => tinker_client(&args, cli.log_format),
         Command::Run(args) => {
             logging::init(cli.log_format, "info");
             ExitCode::from(run(*args).code())
@@ -114,6 +120,23 @@ fn env_check(args: &EnvCheckArgs) -> ExitCode {
         Err(message) => {
             eprintln!("rlvr-worker env-check: {message}");
             ExitCode::from(WorkerExit::JobError.code())
+        }
+    }
+}
+
+/// `tinker-client`: serves until stdin closes or a suspend; a failure on stderr, exit 70 (not
+/// the team's: the daemon fails the client's pending requests as the server's).
+fn tinker_client(args: &TinkerClientArgs, log_format: LogFormat) -> ExitCode {
+    // Logs go to stderr: stdout carries the events.
+    logging::init(log_format, "info");
+    if let Some(parent) = args.exit_with_parent {
+        lifecycle::exit_with_parent(parent);
+    }
+    match rlvr_worker::tinker::serve::serve(args, std::io::stdin().lock(), std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("rlvr-worker tinker-client: {message}");
+            ExitCode::from(WorkerExit::Transient.code())
         }
     }
 }
@@ -287,7 +310,8 @@ mod tests {
                 Command::ProbePlugin { .. }
                 | Command::CheckOptions { .. }
                 | Command::Doctor
-                | Command::EnvCheck(_) => {
+                | Command::EnvCheck(_)
+                | Command::TinkerClient(_) => {
                     panic!("parsed as another command")
                 }
             }
@@ -302,6 +326,23 @@ mod tests {
             exit_with_parent: Some(42),
             host_context_stdin: true,
         };
+        let client = TinkerClientArgs {
+            base: "builtin:tiny-arith".into(),
+            base_name: "Qwen/Qwen3-8B".into(),
+            lora: r#"{"rank":8}"#.into(),
+            seed: 3,
+            resume: Some("/state/suspended".into()),
+            device: Some("cpu".into()),
+            threads: Some(1),
+            exit_with_parent: Some(7),
+            grant_socket: Some("/run/grants.sock".into()),
+            job_id: Some("s:train:0".into()),
+        };
+        let line = std::iter::once(OsString::from("rlvr-worker")).chain(client.command_line());
+        match Cli::try_parse_from(line).unwrap().command {
+            Command::TinkerClient(parsed) => assert_eq!(parsed, client),
+            _ => panic!("parsed as another command"),
+        }
         let bare = EnvCheckArgs { spec: "s.toml".into(), episodes: 2, ..EnvCheckArgs::default() };
         for args in [full, bare] {
             let line = std::iter::once(OsString::from("rlvr-worker")).chain(args.command_line());

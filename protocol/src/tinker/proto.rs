@@ -13,6 +13,9 @@
 
 use std::collections::BTreeMap;
 
+/// The messages' encode and decode (prost's trait), for their users.
+pub use prost::Message;
+
 /// `SampleResponse`: one sampling request's sequences.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct SampleResponse {

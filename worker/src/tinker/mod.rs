@@ -5,3 +5,4 @@
 
 pub mod client;
 pub mod loss;
+pub mod serve;

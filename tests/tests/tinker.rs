@@ -1,0 +1,229 @@
+//! The Tinker front door's training client process (`rlvr-worker tinker-client`), driven as the
+//! daemon drives it: commands on its stdin, events on its stdout, the SDK's protobuf bodies and
+//! answers inside. On `builtin:tiny-arith` with a LoRA adapter on every layer and the
+//! unembedding.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use rlvr_protocol::tinker::process::{Answer, ClientCommand, ClientEvent};
+use rlvr_protocol::tinker::proto::{
+    Chunk, DType, Datum, EncodedTextChunk, ForwardBackwardOutput, ForwardBackwardRequest, Message,
+    SampleResponse, Tensor, chunk, tensor,
+};
+use rlvr_protocol::tinker::wire::{
+    AdamParams, ErrorCategory, InputChunk, ModelInput, SampleParams, SampleRequest,
+};
+use rlvr_protocol::worker::TinkerClientArgs;
+use rlvr_tests::artifact;
+
+/// A training client's process and its pipes.
+struct Process {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Process {
+    fn start(resume: Option<&std::path::Path>) -> Process {
+        let args = TinkerClientArgs {
+            base: "builtin:tiny-arith".into(),
+            base_name: "builtin:tiny-arith".into(),
+            lora: r#"{"rank": 4, "train_unembed": true, "train_mlp": true, "train_attn": true}"#.into(),
+            seed: 5,
+            resume: resume.map(ToOwned::to_owned),
+            device: Some("cpu".into()),
+            threads: Some(1),
+            ..TinkerClientArgs::default()
+        };
+        let mut child = Command::new(artifact("rlvr-worker"))
+            .args(args.command_line())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut process = Process { child, stdin, stdout };
+        assert!(matches!(process.event(), ClientEvent::Ready { vocab_size, .. } if vocab_size > 0));
+        process
+    }
+
+    fn event(&mut self) -> ClientEvent {
+        let mut line = String::new();
+        assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the process closed its stdout");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    /// Sends `command` and returns its answer.
+    fn ask(&mut self, command: &ClientCommand) -> ClientEvent {
+        writeln!(self.stdin, "{}", serde_json::to_string(command).unwrap()).unwrap();
+        self.stdin.flush().unwrap();
+        self.event()
+    }
+
+    fn answer(&mut self, command: &ClientCommand) -> Answer {
+        match self.ask(command) {
+            ClientEvent::Done { answer, .. } => answer,
+            other => panic!("{command:?}: {other:?}"),
+        }
+    }
+}
+
+/// `text`'s tokens on the built-in model.
+fn tokens(text: &str) -> Vec<i64> {
+    let model = rlvr_model::load("builtin:tiny-arith", tch::Device::Cpu, tch::Kind::Float).unwrap();
+    model.tokenizer.encode(text).unwrap()
+}
+
+/// A supervised datum of `text`, as the SDK makes one: input all but the last token, targets all
+/// but the first, weight 1 everywhere.
+fn datum(text: &str) -> Datum {
+    let full = tokens(text);
+    let n = full.len() - 1;
+    let ints = |values: &[i64]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    let input: Vec<u8> = full[..n].iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
+    Datum {
+        model_input: vec![Chunk {
+            chunk: Some(chunk::Kind::EncodedText(EncodedTextChunk { tokens: input })),
+        }],
+        loss_fn_inputs: [
+            (
+                "target_tokens".to_owned(),
+                Tensor {
+                    encoding: Some(tensor::Encoding::Dense(ints(&full[1..]))),
+                    dtype: DType::Int64 as i32,
+                    shape: vec![n as i64],
+                },
+            ),
+            (
+                "weights".to_owned(),
+                Tensor {
+                    encoding: Some(tensor::Encoding::Dense(
+                        vec![1f32; n].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    )),
+                    dtype: DType::Float32 as i32,
+                    shape: vec![n as i64],
+                },
+            ),
+        ]
+        .into(),
+        ..Datum::default()
+    }
+}
+
+fn forward_backward(id: &str, loss: &str, forward_only: bool) -> ClientCommand {
+    let request = ForwardBackwardRequest {
+        model_id: "s:train:0".into(),
+        seq_id: 1,
+        data: vec![datum("12+30=42"), datum("7+7=14")],
+        loss_fn: loss.into(),
+        forward_only,
+        ..ForwardBackwardRequest::default()
+    };
+    ClientCommand::ForwardBackward { request_id: id.into(), body: request.encode_to_vec() }
+}
+
+fn step(id: &str) -> ClientCommand {
+    let params = AdamParams {
+        learning_rate: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-12,
+        weight_decay: 0.0,
+        grad_clip_norm: 0.0,
+    };
+    ClientCommand::OptimStep { request_id: id.into(), params }
+}
+
+fn loss_of(answer: Answer) -> (f64, Vec<usize>) {
+    let Answer::Proto { bytes } = answer else { panic!("a forward pass answers protobuf") };
+    let output = ForwardBackwardOutput::decode(bytes.as_slice()).unwrap();
+    let record = &output.loss_fn_outputs[0];
+    let offsets: Vec<i64> = record.fields["logprobs"]
+        .offsets
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let lengths = offsets.windows(2).map(|w| ((w[1] - w[0]) / 4) as usize).collect();
+    (output.metrics["loss:sum"], lengths)
+}
+
+/// A process trains, samples and refuses as the SDK's requests ask; one suspended between a
+/// backward pass and its step, then resumed from what it wrote, ends where one never suspended
+/// does (the same next loss, to the bit).
+#[test]
+fn a_training_client_process_serves_the_sdks_requests_and_resumes_exactly_after_a_suspend() {
+    let mut straight = Process::start(None);
+    let (first, lengths) = loss_of(straight.answer(&forward_backward("r1", "cross_entropy", false)));
+    assert_eq!(lengths, [tokens("12+30=42").len() - 1, tokens("7+7=14").len() - 1]);
+    let Answer::Json { value } = straight.answer(&step("r2")) else { panic!() };
+    assert!(value["metrics"]["grad_norm:mean"].as_f64().unwrap() > 0.0, "{value}");
+    // The request's fault, named, and the process goes on.
+    match straight.ask(&forward_backward("r3", "ppo", false)) {
+        ClientEvent::Failed { request_id, error, category } => {
+            assert_eq!((request_id.as_str(), category), ("r3", ErrorCategory::User));
+            assert!(error.contains("loss_fn_inputs.logprobs: ppo needs it"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let sample = SampleRequest {
+        num_samples: 2,
+        prompt: ModelInput { chunks: vec![InputChunk::EncodedText { tokens: tokens("12+30=") }] },
+        sampling_params: SampleParams {
+            max_tokens: Some(4),
+            seed: Some(3),
+            stop: None,
+            temperature: 1.0,
+            top_k: -1,
+            top_p: 1.0,
+        },
+        sampling_session_id: None,
+        seq_id: Some(0),
+        prompt_logprobs: true,
+        topk_prompt_logprobs: 0,
+        topk_sample_logprobs: 0,
+        prompt_alt_tokens_k: 0,
+        prompt_logprobs_last_n: None,
+        target_prompt_logprobs: None,
+        record_stability_info: false,
+        base_model: None,
+        model_path: None,
+    };
+    let Answer::Proto { bytes } = straight.answer(&ClientCommand::Sample {
+        request_id: "r4".into(),
+        request: Box::new(sample),
+        weights: None,
+    }) else {
+        panic!("a sample answers protobuf")
+    };
+    let sampled = SampleResponse::decode(bytes.as_slice()).unwrap();
+    assert_eq!(sampled.sequences.len(), 2);
+    for sequence in &sampled.sequences {
+        assert_eq!(sequence.tokens.len(), sequence.logprobs.as_ref().unwrap().len(), "a logprob per token");
+    }
+    assert_eq!(sampled.prompt_logprobs.unwrap().len(), 4 * tokens("12+30=").len());
+
+    let mut suspended = Process::start(None);
+    let (again, _) = loss_of(suspended.answer(&forward_backward("r1", "cross_entropy", false)));
+    assert_eq!(again, first, "the same seed, the same client");
+    suspended.answer(&step("r2"));
+    for process in [&mut straight, &mut suspended] {
+        process.answer(&forward_backward("r5", "cross_entropy", false));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("suspended");
+    assert_eq!(suspended.ask(&ClientCommand::Suspend { dir: state.clone() }), ClientEvent::Suspended);
+    assert!(suspended.child.wait().unwrap().success());
+    let mut resumed = Process::start(Some(&state));
+    for process in [&mut straight, &mut resumed] {
+        process.answer(&step("r6"));
+    }
+    let (next, _) = loss_of(straight.answer(&forward_backward("r7", "cross_entropy", true)));
+    let (resumed_next, _) = loss_of(resumed.answer(&forward_backward("r7", "cross_entropy", true)));
+    assert_eq!(resumed_next, next, "resumed, the same next loss");
+    assert!(next < first, "two steps lowered the loss: {first} → {next}");
+    drop(straight.stdin);
+    assert!(straight.child.wait().unwrap().success(), "stdin closed, the process ends");
+}
