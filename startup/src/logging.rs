@@ -21,8 +21,15 @@ pub enum LogFormat {
 pub fn init(format: LogFormat, default_level: &str) {
     let filter = EnvFilter::try_from_env("RLVR_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     let colour = colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
+    // A line that cannot be written (stderr a log file on a full disk) is lost, not reported on
+    // stderr again: `eprintln!` panics when that write fails too, and a worker whose log filled
+    // the disk died with exit 101 before it could say the disk was full (the full-disk story,
+    // one run in six).
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour)
+        .log_internal_errors(false);
     // A second init (tests running several servers in one process) keeps the first subscriber.
     let _ = match format {
         LogFormat::Human => builder.try_init(),

@@ -56,8 +56,9 @@ fn a_full_disk_or_a_read_only_registry_fails_the_job_naming_the_path_and_leaves_
     assert!(
         failed.reason.contains(&run.display().to_string())
             && failed.reason.contains("No space left on device (os error 28)"),
-        "the reason names the path and the error: {}",
-        failed.reason
+        "the reason names the path and the error: {}\nthe worker's log:\n{}",
+        failed.reason,
+        fs::read_to_string(daemon.state.join(format!("jobs/{long}/worker.log"))).unwrap_or_default()
     );
     println!("full disk: {}", failed.reason);
     // Its checkpoints are whole: none in the making, LATEST names one that has its state.
@@ -68,7 +69,8 @@ fn a_full_disk_or_a_read_only_registry_fails_the_job_naming_the_path_and_leaves_
 
     // The failed checkpoint's staging files were removed, which gave their blocks back: fill them
     // again, or the upload below fits in them (it did once, 2026-11-30, on the suite's machine).
-    fill_disk(&daemon.state.join("ballast-after-the-failure"));
+    let ballast_after = daemon.state.join("ballast-after-the-failure");
+    fill_disk(&ballast_after);
 
     // The API answers while the disk is full: reads, and a submit refused with a reason.
     assert_eq!(daemon.get("/healthz").0, 200);
@@ -99,8 +101,11 @@ fn a_full_disk_or_a_read_only_registry_fails_the_job_naming_the_path_and_leaves_
         "{failed}"
     );
 
-    // Space freed: a new job runs and publishes.
+    // Space freed, all of it (the second ballast is as large as the failed checkpoint's staging
+    // was when it failed: left behind, it starved the last job below of its checkpoint's space on
+    // some runs): a new job runs and publishes.
     fs::remove_file(&ballast).unwrap();
+    fs::remove_file(&ballast_after).unwrap();
     let after = submit_ok(&daemon, &spec(&data, "after", 2, 1));
     let published = wait_job(&daemon, &after, Duration::from_secs(180), ended);
     assert_eq!(published.state, JobState::Published, "{published}\n{}", daemon.log());

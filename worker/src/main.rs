@@ -65,6 +65,15 @@ enum Command {
     Doctor,
 }
 
+/// `eprintln!` that never panics: stderr is the run's log file, which a full disk can refuse, and
+/// a failed write must not turn the exit status the daemon reads into a panic's.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// cuBLAS picks a reduction order per call from its workspace unless its workspace is fixed:
 /// with this setting (NVIDIA's documented one for reproducible results, 8 buffers of 4 MiB per
 /// handle) and libtorch's deterministic algorithms, a CUDA run repeats to the bit.
@@ -107,7 +116,7 @@ fn env_check(args: &EnvCheckArgs) -> ExitCode {
     let host = match args.host_context_stdin.then(|| read_host_context(std::io::stdin().lock())).transpose() {
         Ok(host) => host.unwrap_or_else(HostContext::unrestricted),
         Err(error) => {
-            eprintln!("rlvr-worker env-check: {error}");
+            say!("rlvr-worker env-check: {error}");
             return ExitCode::from(WorkerExit::JobError.code());
         }
     };
@@ -118,7 +127,7 @@ fn env_check(args: &EnvCheckArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(message) => {
-            eprintln!("rlvr-worker env-check: {message}");
+            say!("rlvr-worker env-check: {message}");
             ExitCode::from(WorkerExit::JobError.code())
         }
     }
@@ -135,7 +144,7 @@ fn tinker_client(args: &TinkerClientArgs, log_format: LogFormat) -> ExitCode {
     match rlvr_worker::tinker::serve::serve(args, std::io::stdin().lock(), std::io::stdout().lock()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("rlvr-worker tinker-client: {message}");
+            say!("rlvr-worker tinker-client: {message}");
             ExitCode::from(WorkerExit::Transient.code())
         }
     }
@@ -149,7 +158,7 @@ fn print_line(command: &str, answer: &impl serde::Serialize) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("rlvr-worker {command}: cannot encode the answer: {error}");
+            say!("rlvr-worker {command}: cannot encode the answer: {error}");
             ExitCode::FAILURE
         }
     }
@@ -161,7 +170,7 @@ fn run(args: WorkerArgs) -> WorkerExit {
     let host = match args.host_context_stdin.then(|| read_host_context(std::io::stdin().lock())).transpose() {
         Ok(host) => host,
         Err(error) => {
-            eprintln!("rlvr-worker: {error}");
+            say!("rlvr-worker: {error}");
             return error.exit();
         }
     };
@@ -181,11 +190,11 @@ fn run(args: WorkerArgs) -> WorkerExit {
             if outcome.interrupted { WorkerExit::Interrupted } else { WorkerExit::Finished }
         }
         Ok(Err(error)) => {
-            eprintln!("rlvr-worker: {error}");
+            say!("rlvr-worker: {error}");
             match memory::out_of_memory(&error.to_string()) {
                 // libtorch could not allocate: the job needs more memory than it has.
                 Some(report) => {
-                    eprintln!("rlvr-worker: {report}");
+                    say!("rlvr-worker: {report}");
                     WorkerExit::OutOfMemory
                 }
                 None => error.exit(),
@@ -194,16 +203,16 @@ fn run(args: WorkerArgs) -> WorkerExit {
         Err(payload) => {
             if let Some(message) = determinism_refusal(&payload) {
                 // The job's choice, not our bug: a retry would meet the same operation.
-                eprintln!("rlvr-worker: {message}");
+                say!("rlvr-worker: {message}");
                 return WorkerExit::JobError;
             }
             if let Some(report) = panic_text(&payload).and_then(memory::out_of_memory) {
                 // tch's unchecked calls panic with libtorch's error: an allocation failure is
                 // the job's size, not our bug.
-                eprintln!("rlvr-worker: {report}");
+                say!("rlvr-worker: {report}");
                 return WorkerExit::OutOfMemory;
             }
-            eprintln!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
+            say!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
             WorkerExit::Transient
         }
     }
