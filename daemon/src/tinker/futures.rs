@@ -1,0 +1,159 @@
+//! The SDK's futures: each operation's state by its request id, which `retrieve_future` polls. The
+//! SDK polls again as soon as it is told to try again, so [`Futures::wait`] holds a poll until the
+//! operation ends or a while passes (well under the SDK's 45 s read timeout), instead of answering
+//! at once. A future is its team's: another team's key finds none. Ended futures are kept a while
+//! for a poll retried after a lost answer, then forgotten; at most [`MAX_FUTURES`] are kept.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rlvr_protocol::tinker::process::Answer;
+use rlvr_protocol::tinker::wire::{ErrorCategory, QueueState};
+use tokio::sync::Notify;
+
+/// How long an ended future is kept for a repeated poll.
+pub const KEEP_ENDED: Duration = Duration::from_secs(600);
+
+/// The most futures kept; past it the oldest ended ones go first.
+pub const MAX_FUTURES: usize = 100_000;
+
+/// Where an operation is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FutureState {
+    /// Not done: queued or running (`Active`), or waiting for a device (`PausedCapacity`, with the
+    /// scheduler's reason).
+    Waiting {
+        queue_state: QueueState,
+        reason: Option<String>,
+    },
+    Done(Answer),
+    Failed {
+        error: String,
+        category: ErrorCategory,
+    },
+}
+
+impl FutureState {
+    fn ended(&self) -> bool {
+        !matches!(self, FutureState::Waiting { .. })
+    }
+}
+
+struct Entry {
+    team: String,
+    state: FutureState,
+    /// When it ended (for forgetting).
+    ended_at: Option<Instant>,
+}
+
+/// Every operation's future.
+#[derive(Default)]
+pub struct Futures {
+    entries: Mutex<HashMap<String, Entry>>,
+    changed: Notify,
+}
+
+/// Why a future could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{MAX_FUTURES} operations are pending on this daemon; retry when some have ended")]
+pub struct Full;
+
+impl Futures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A new future `id` of `team`, waiting.
+    pub fn open(&self, id: &str, team: &str) -> Result<(), Full> {
+        let mut entries = self.lock();
+        if entries.len() >= MAX_FUTURES {
+            forget(&mut entries, Duration::ZERO);
+            if entries.len() >= MAX_FUTURES {
+                return Err(Full);
+            }
+        }
+        let waiting = FutureState::Waiting { queue_state: QueueState::Active, reason: None };
+        entries.insert(id.to_owned(), Entry { team: team.to_owned(), state: waiting, ended_at: None });
+        Ok(())
+    }
+
+    /// Future `id` is now `state`; an ended future does not change again.
+    pub fn set(&self, id: &str, state: FutureState) {
+        let mut entries = self.lock();
+        forget(&mut entries, KEEP_ENDED);
+        if let Some(entry) = entries.get_mut(id).filter(|entry| !entry.state.ended()) {
+            entry.ended_at = state.ended().then(Instant::now);
+            entry.state = state;
+        }
+        drop(entries);
+        self.changed.notify_waiters();
+    }
+
+    /// Future `id`'s state once it has ended, or after `hold` (then still waiting); `None` when
+    /// `team` has no such future.
+    pub async fn wait(&self, id: &str, team: &str, hold: Duration) -> Option<FutureState> {
+        let deadline = tokio::time::Instant::now() + hold;
+        loop {
+            // Registered before the state is read, so a change in between still wakes it.
+            let changed = self.changed.notified();
+            let state =
+                self.lock().get(id).filter(|entry| entry.team == team).map(|entry| entry.state.clone())?;
+            if state.ended() || tokio::time::Instant::now() >= deadline {
+                return Some(state);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.lock().get(id).map(|entry| entry.state.clone());
+            }
+        }
+    }
+}
+
+/// Drops futures ended more than `kept` ago.
+fn forget(entries: &mut HashMap<String, Entry>, kept: Duration) {
+    entries.retain(|_, entry| entry.ended_at.is_none_or(|at| at.elapsed() < kept));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn done() -> FutureState {
+        FutureState::Done(Answer::Json { value: serde_json::json!({"metrics": {}}) })
+    }
+
+    #[tokio::test]
+    async fn a_poll_is_held_until_its_operation_ends_or_the_hold_passes() {
+        let futures = Arc::new(Futures::default());
+        futures.open("r1", "math").unwrap();
+        // Nothing happens: the poll comes back after its hold, still waiting.
+        let started = Instant::now();
+        let state = futures.wait("r1", "math", Duration::from_millis(200)).await.unwrap();
+        assert!(matches!(state, FutureState::Waiting { queue_state: QueueState::Active, .. }));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // It ends while a poll is held: the poll answers at once.
+        let setter = Arc::clone(&futures);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            setter.set(
+                "r1",
+                FutureState::Waiting {
+                    queue_state: QueueState::PausedCapacity,
+                    reason: Some("devices busy".into()),
+                },
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            setter.set("r1", done());
+        });
+        let started = Instant::now();
+        assert_eq!(futures.wait("r1", "math", Duration::from_secs(20)).await, Some(done()));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // An ended future stays as it ended; another team's key, or an unknown id, finds none.
+        futures.set("r1", FutureState::Failed { error: "late".into(), category: ErrorCategory::Server });
+        assert_eq!(futures.wait("r1", "math", Duration::ZERO).await, Some(done()));
+        assert_eq!(futures.wait("r1", "vision", Duration::ZERO).await, None);
+        assert_eq!(futures.wait("r9", "math", Duration::ZERO).await, None);
+    }
+}
