@@ -6,7 +6,9 @@
 //! Keys (under `rlvr:`):
 //! - `tinker:session:{id}` hash — `team`, `sdk_version`, `created_at`, `heartbeat_at` (ms), and
 //!   once it ended `finished` (`success`, `errored`, `interrupted`, or `heartbeats stopped`);
-//!   kept [`SESSION_TTL`] after its last change.
+//!   kept [`SESSION_TTL`] after its last heartbeat or change. The SDK beats every 10 s, so a live
+//!   session never expires, and what a team can keep is bounded by its request rate over that
+//!   hour (`api.rate_limit_per_minute` × 60 records of ~200 bytes: 7 MB at the default 600).
 
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
@@ -14,7 +16,7 @@ use redis::{AsyncCommands, Script};
 use crate::store::{StoreError, now_ms};
 
 /// How long a session's record is kept after its last heartbeat or change.
-pub const SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+pub const SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn session_key(id: &str) -> String {
     format!("rlvr:tinker:session:{id}")

@@ -237,7 +237,8 @@ fn score(job: &Job, records: &[PromptRecord], completed: &Completed) -> Result<H
         completion_len_mean: length as f64 / n,
         prompts: records.len(),
         passed,
-        verifier_calls: records.len() * job.rewarder.combiner.names.len(),
+        // The graders' calls (an `[env]` job's environment reward, the combiner's last term, is none).
+        verifier_calls: records.len() * job.spec.verifiers.len(),
         verifier_errors: errors,
         verifier_timeouts: timeouts,
     })
