@@ -29,6 +29,8 @@ const MAX_DATUMS: usize = 1024;
 const MAX_REQUEST_TOKENS: usize = 1 << 20;
 /// Samples one request may ask for.
 const MAX_SAMPLES: u32 = 256;
+/// Saved samplers' adapters kept in memory at once (a client may save any number).
+const CACHED_SAMPLERS: usize = 8;
 
 /// Serves commands from `input`, writing events to `output`, until `input` ends or a suspend.
 /// Errors: the process cannot go on (the model does not load, the grant socket fails, a line
@@ -127,6 +129,11 @@ fn run(
         }
         ClientCommand::Sample { request_id, request: asked, weights } => {
             let answered = (|| {
+                if weights.as_ref().is_some_and(|dir| !samplers.contains_key(dir))
+                    && samplers.len() >= CACHED_SAMPLERS
+                {
+                    samplers.clear();
+                }
                 let weights = match weights {
                     Some(dir) => Some(match samplers.get(&dir) {
                         Some(tensors) => tensors,
