@@ -281,6 +281,10 @@ fn tinker_routes_take_the_teams_key_as_x_api_key(daemon: &Daemon) {
     );
     assert_eq!((status, opened.get("warning_message")), (200, None), "{opened}");
     let session = opened["session_id"].as_str().unwrap().to_owned();
+    let long = "9".repeat(65);
+    let (status, refused) =
+        post("create_session", Some(TEAM_TOKEN), serde_json::json!({"sdk_version": long}));
+    assert_eq!((status, &refused["error"]["field"]), (400, &Value::from("sdk_version")), "{refused}");
     let (_, older) = post("create_session", Some(TEAM_TOKEN), serde_json::json!({"sdk_version": "0.37.1"}));
     assert!(older["warning_message"].as_str().unwrap().contains("0.38.0"), "{older}");
     let (status, refused) = post("session_heartbeat", Some(TEAM_TOKEN), serde_json::json!({"session": 1}));

@@ -45,6 +45,9 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for SdkJson<
     }
 }
 
+/// The longest `sdk_version` a session's record keeps.
+const MAX_SDK_VERSION: usize = 64;
+
 /// Datums per forward/backward request the SDK is told to send at most.
 const MAX_CHUNK_DATUMS: u32 = 256;
 
@@ -93,8 +96,18 @@ async fn create_session(
     Extension(caller): Extension<Caller>,
     SdkJson(request): SdkJson<CreateSessionRequest>,
 ) -> Answer<Json<CreateSessionResponse>> {
+    // What the record keeps of the request: bounded, printable (it is logged too).
+    let version = &request.sdk_version;
+    if version.len() > MAX_SDK_VERSION || version.chars().any(|c| c.is_control()) {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("sdk_version: expected at most {MAX_SDK_VERSION} printable characters"),
+        )
+        .field("sdk_version"));
+    }
     let id = new_task_id();
-    state.store.create_session(&id, &caller.team, &request.sdk_version).await?;
+    state.store.create_session(&id, &caller.team, version).await?;
     let warning_message = (request.sdk_version != TESTED_SDK).then(|| {
         format!(
             "rlvr serves the Tinker SDK as version {TESTED_SDK} speaks it; this is {:?}: pin tinker=={TESTED_SDK} \
