@@ -1,7 +1,7 @@
 """Writes protocol/src/tinker/testdata/*.bin: messages as the Tinker SDK itself encodes them
 (its own request conversion, tinker 0.38.0), which rlvr_protocol::tinker's tests decode.
 
-    PYTHON-WITH-TINKER protocol/proto/make-fixtures.py   # from the repository root
+    "$(scripts/tinker-venv.sh)" protocol/proto/make-fixtures.py   # from the repository root
 """
 
 import pathlib
