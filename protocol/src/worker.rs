@@ -146,83 +146,64 @@ impl WorkerArgs {
     /// The worker's command line (after the program's name) that parses back into `self`: the
     /// `run` subcommand and its flags.
     pub fn command_line(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["run".into()];
-        let mut flag = |name: &str, value: OsString| {
-            args.push(format!("--{name}").into());
-            args.push(value);
-        };
-        flag("spec", self.spec.clone().into());
-        flag("state-dir", self.state_dir.clone().into());
+        let mut argv = Argv::new("run");
+        argv.flag("spec", &self.spec);
+        argv.flag("state-dir", &self.state_dir);
         for dir in &self.plugin_dirs {
-            flag("plugin-dir", dir.clone().into());
+            argv.flag("plugin-dir", dir);
         }
         for file in &self.plugin_files {
-            flag("plugin-file", file.clone().into());
+            argv.flag("plugin-file", file);
         }
-        if let Some(config) = &self.config {
-            flag("config", config.clone().into());
+        argv.opt("config", self.config.as_ref());
+        argv.opt("device", self.device.as_ref());
+        argv.opt("verify-parallel", self.verify_parallel.map(|n| n.to_string()));
+        argv.opt("threads", self.threads.map(|n| n.to_string()));
+        argv.opt("exit-with-parent", self.exit_with_parent.map(|pid| pid.to_string()));
+        argv.opt("grant-socket", self.grant_socket.as_ref());
+        argv.opt("job-id", self.job_id.as_ref());
+        argv.opt("baseline", self.baseline.as_ref());
+        argv.opt("baseline-version", self.baseline_version.map(|v| v.to_string()));
+        argv.opt("curricula-dir", self.curricula_dir.as_ref());
+        argv.opt("curriculum-version", self.curriculum_version.map(|v| v.to_string()));
+        argv.opt("memory-cap", self.memory_cap.map(|bytes| bytes.to_string()));
+        argv.opt("engine-python", self.engine_python.as_ref());
+        argv.opt("vllm-python", self.vllm_python.as_ref());
+        argv.opt("env-script", self.env_script.as_ref());
+        argv.opt("env-python", self.env_python.as_ref());
+        argv.opt("verify-url", self.verify_url.as_ref());
+        argv.opt("ray-address", self.ray_address.as_ref());
+        argv.opt("kind", self.kind.map(|kind| kind.as_str()));
+        argv.switch("resume", self.resume);
+        argv.switch("host-context-stdin", self.host_context_stdin);
+        argv.0
+    }
+}
+
+/// A command line being written: `--name value` flags and `--name` switches after a subcommand.
+struct Argv(Vec<OsString>);
+
+impl Argv {
+    fn new(subcommand: &str) -> Argv {
+        Argv(vec![subcommand.into()])
+    }
+
+    fn flag(&mut self, name: &str, value: impl AsRef<std::ffi::OsStr>) {
+        self.0.push(format!("--{name}").into());
+        self.0.push(value.as_ref().to_owned());
+    }
+
+    /// The flag when there is a value.
+    fn opt(&mut self, name: &str, value: Option<impl AsRef<std::ffi::OsStr>>) {
+        if let Some(value) = value {
+            self.flag(name, value);
         }
-        if let Some(device) = &self.device {
-            flag("device", device.into());
+    }
+
+    fn switch(&mut self, name: &str, on: bool) {
+        if on {
+            self.0.push(format!("--{name}").into());
         }
-        if let Some(parallel) = self.verify_parallel {
-            flag("verify-parallel", parallel.to_string().into());
-        }
-        if let Some(threads) = self.threads {
-            flag("threads", threads.to_string().into());
-        }
-        if let Some(pid) = self.exit_with_parent {
-            flag("exit-with-parent", pid.to_string().into());
-        }
-        if let Some(socket) = &self.grant_socket {
-            flag("grant-socket", socket.clone().into());
-        }
-        if let Some(id) = &self.job_id {
-            flag("job-id", id.into());
-        }
-        if let Some(baseline) = &self.baseline {
-            flag("baseline", baseline.clone().into());
-        }
-        if let Some(version) = self.baseline_version {
-            flag("baseline-version", version.to_string().into());
-        }
-        if let Some(dir) = &self.curricula_dir {
-            flag("curricula-dir", dir.clone().into());
-        }
-        if let Some(version) = self.curriculum_version {
-            flag("curriculum-version", version.to_string().into());
-        }
-        if let Some(bytes) = self.memory_cap {
-            flag("memory-cap", bytes.to_string().into());
-        }
-        if let Some(python) = &self.engine_python {
-            flag("engine-python", python.clone().into());
-        }
-        if let Some(python) = &self.vllm_python {
-            flag("vllm-python", python.clone().into());
-        }
-        if let Some(script) = &self.env_script {
-            flag("env-script", script.clone().into());
-        }
-        if let Some(python) = &self.env_python {
-            flag("env-python", python.clone().into());
-        }
-        if let Some(url) = &self.verify_url {
-            flag("verify-url", url.into());
-        }
-        if let Some(address) = &self.ray_address {
-            flag("ray-address", address.into());
-        }
-        if let Some(kind) = self.kind {
-            flag("kind", kind.as_str().into());
-        }
-        if self.resume {
-            args.push("--resume".into());
-        }
-        if self.host_context_stdin {
-            args.push("--host-context-stdin".into());
-        }
-        args
     }
 }
 
@@ -266,34 +247,18 @@ pub struct TinkerClientArgs {
 impl TinkerClientArgs {
     /// The worker's command line (after the program's name) that parses back into `self`.
     pub fn command_line(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["tinker-client".into()];
-        let mut flag = |name: &str, value: OsString| {
-            args.push(format!("--{name}").into());
-            args.push(value);
-        };
-        flag("base", self.base.clone().into());
-        flag("base-name", self.base_name.clone().into());
-        flag("lora", self.lora.clone().into());
-        flag("seed", self.seed.to_string().into());
-        if let Some(dir) = &self.resume {
-            flag("resume", dir.clone().into());
-        }
-        if let Some(device) = &self.device {
-            flag("device", device.into());
-        }
-        if let Some(threads) = self.threads {
-            flag("threads", threads.to_string().into());
-        }
-        if let Some(pid) = self.exit_with_parent {
-            flag("exit-with-parent", pid.to_string().into());
-        }
-        if let Some(socket) = &self.grant_socket {
-            flag("grant-socket", socket.clone().into());
-        }
-        if let Some(id) = &self.job_id {
-            flag("job-id", id.into());
-        }
-        args
+        let mut argv = Argv::new("tinker-client");
+        argv.flag("base", &self.base);
+        argv.flag("base-name", &self.base_name);
+        argv.flag("lora", &self.lora);
+        argv.flag("seed", self.seed.to_string());
+        argv.opt("resume", self.resume.as_ref());
+        argv.opt("device", self.device.as_ref());
+        argv.opt("threads", self.threads.map(|n| n.to_string()));
+        argv.opt("exit-with-parent", self.exit_with_parent.map(|pid| pid.to_string()));
+        argv.opt("grant-socket", self.grant_socket.as_ref());
+        argv.opt("job-id", self.job_id.as_ref());
+        argv.0
     }
 }
 
@@ -336,32 +301,16 @@ pub struct EnvCheckArgs {
 impl EnvCheckArgs {
     /// The worker's command line (after the program's name) that parses back into `self`.
     pub fn command_line(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = vec!["env-check".into()];
-        let mut flag = |name: &str, value: OsString| {
-            args.push(format!("--{name}").into());
-            args.push(value);
-        };
-        flag("spec", self.spec.clone().into());
-        flag("episodes", self.episodes.to_string().into());
-        if let Some(script) = &self.env_script {
-            flag("env-script", script.clone().into());
-        }
-        if let Some(python) = &self.env_python {
-            flag("env-python", python.clone().into());
-        }
-        if let Some(threads) = self.threads {
-            flag("threads", threads.to_string().into());
-        }
-        if let Some(pid) = self.exit_with_parent {
-            flag("exit-with-parent", pid.to_string().into());
-        }
-        if self.json {
-            args.push("--json".into());
-        }
-        if self.host_context_stdin {
-            args.push("--host-context-stdin".into());
-        }
-        args
+        let mut argv = Argv::new("env-check");
+        argv.flag("spec", &self.spec);
+        argv.flag("episodes", self.episodes.to_string());
+        argv.opt("env-script", self.env_script.as_ref());
+        argv.opt("env-python", self.env_python.as_ref());
+        argv.opt("threads", self.threads.map(|n| n.to_string()));
+        argv.opt("exit-with-parent", self.exit_with_parent.map(|pid| pid.to_string()));
+        argv.switch("json", self.json);
+        argv.switch("host-context-stdin", self.host_context_stdin);
+        argv.0
     }
 }
 

@@ -25,6 +25,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, StatusCode};
+use rlvr_plugin_host::child::ChildOutput;
 use rlvr_protocol::env::{EnvCheck, MAX_CHECK_EPISODES};
 use rlvr_protocol::job::ErrorBody;
 use rlvr_protocol::spec::{JobSpec, SpecError};
@@ -182,31 +183,27 @@ pub async fn check(
         )
     })?;
     let output = output.map_err(|error| internal("the worker process", error))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    // The helper processes' one reading of an answer and of a failure (`plugin_host::child`).
+    let output = ChildOutput {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
     if output.status.success()
-        && let Some(check) = stdout
-            .lines()
-            .rev()
-            .find(|line| !line.trim().is_empty())
-            .and_then(|line| serde_json::from_str(line).ok())
+        && let Some(check) = output.last_line::<EnvCheck>()
     {
         return Ok(Json(check));
     }
     // The worker's refusal reads `rlvr-worker env-check: FIELD: why`.
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    match stderr.lines().rev().find_map(|line| line.strip_prefix("rlvr-worker env-check: ")) {
+    match output.stderr.lines().rev().find_map(|line| line.strip_prefix("rlvr-worker env-check: ")) {
         Some(said) => {
             let (field, why) = said.split_once(": ").unwrap_or(("env", said));
             Err(refused(field, why.to_owned()))
         }
-        None => {
-            let tail: String =
-                stderr.trim().chars().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect();
-            Err(Failure::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("the environment check's worker ended with {}: {tail}", output.status),
-            ))
-        }
+        None => Err(Failure::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the environment check's worker ended: {}", output.describe()),
+        )),
     }
 }

@@ -138,14 +138,6 @@ impl Loss {
             Loss::Dro { .. } => "dro",
         }
     }
-
-    /// The inputs each datum must carry besides `target_tokens`.
-    pub fn inputs(&self) -> &'static [&'static str] {
-        match self {
-            Loss::CrossEntropy => &["weights"],
-            _ => &["logprobs", "advantages"],
-        }
-    }
 }
 
 #[cfg(test)]
