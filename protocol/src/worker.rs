@@ -8,7 +8,9 @@
 //! - its exit status: [`WorkerExit`], and for [`WorkerExit::OutOfMemory`] its last stderr line,
 //!   an [`OutOfMemory`] report;
 //! - its outcome, one JSON line on stdout when it finishes: [`Outcome`], with the gates'
-//!   evaluation ([`GateEvaluation`]) that the daemon judges;
+//!   evaluation ([`GateEvaluation`]) that the daemon judges; when it fails, its error as a
+//!   [`LastWord`] line on stdout, a pipe, so that the reason reaches the daemon when the disk its
+//!   log is on is full;
 //! - its training log, `metrics.jsonl`: one [`MetricsLine`] per step and held-out evaluation;
 //! - its live state, `progress.json`: [`Progress`], rewritten after every step;
 //! - the grant socket: [`crate::grants`];
@@ -341,6 +343,27 @@ pub enum OptionsCheck {
         /// Why.
         message: String,
     },
+}
+
+/// The worker's error, the line it also writes to its log as `rlvr-worker: …`, sent on stdout
+/// as `{"last_word": "…"}`. Its log is a file on the state directory's disk, and the error that
+/// ends a run there is often that disk being full (the line to the log is then lost); stdout is a
+/// pipe to the daemon. The daemon takes the last of these over the log's last line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LastWord {
+    pub last_word: String,
+}
+
+impl LastWord {
+    /// The last `LastWord` line in `stdout`.
+    pub fn last_in(stdout: &str) -> Option<String> {
+        stdout
+            .lines()
+            .rev()
+            .find_map(|line| serde_json::from_str::<LastWord>(line).ok())
+            .map(|word| word.last_word)
+    }
 }
 
 /// How a worker process ends: its exit status, which the daemon turns into the job's next state.

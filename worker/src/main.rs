@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rlvr_protocol::worker::{EnvCheckArgs, HostContext, TinkerClientArgs, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{EnvCheckArgs, HostContext, LastWord, TinkerClientArgs, WorkerArgs, WorkerExit};
 use rlvr_startup::logging::{self, LogFormat};
 use rlvr_worker::host::read_host_context;
 use rlvr_worker::{Outcome, WorkerError, WorkerOptions, lifecycle, memory};
@@ -170,7 +170,7 @@ fn run(args: WorkerArgs) -> WorkerExit {
     let host = match args.host_context_stdin.then(|| read_host_context(std::io::stdin().lock())).transpose() {
         Ok(host) => host,
         Err(error) => {
-            say!("rlvr-worker: {error}");
+            last_word(&error.to_string());
             return error.exit();
         }
     };
@@ -190,11 +190,11 @@ fn run(args: WorkerArgs) -> WorkerExit {
             if outcome.interrupted { WorkerExit::Interrupted } else { WorkerExit::Finished }
         }
         Ok(Err(error)) => {
-            say!("rlvr-worker: {error}");
+            last_word(&error.to_string());
             match memory::out_of_memory(&error.to_string()) {
                 // libtorch could not allocate: the job needs more memory than it has.
                 Some(report) => {
-                    say!("rlvr-worker: {report}");
+                    last_word(&report.to_string());
                     WorkerExit::OutOfMemory
                 }
                 None => error.exit(),
@@ -203,18 +203,29 @@ fn run(args: WorkerArgs) -> WorkerExit {
         Err(payload) => {
             if let Some(message) = determinism_refusal(&payload) {
                 // The job's choice, not our bug: a retry would meet the same operation.
-                say!("rlvr-worker: {message}");
+                last_word(&message);
                 return WorkerExit::JobError;
             }
             if let Some(report) = panic_text(&payload).and_then(memory::out_of_memory) {
                 // tch's unchecked calls panic with libtorch's error: an allocation failure is
                 // the job's size, not our bug.
-                say!("rlvr-worker: {report}");
+                last_word(&report.to_string());
                 return WorkerExit::OutOfMemory;
             }
-            say!("rlvr-worker: internal error (a panic, reported above); the last checkpoint is intact");
+            last_word("internal error (a panic, reported above); the last checkpoint is intact");
             WorkerExit::Transient
         }
+    }
+}
+
+/// The run's error, in its log (`rlvr-worker: …`) and on stdout as a [`LastWord`] line, which
+/// reaches the daemon when a full disk refuses the log's.
+fn last_word(message: &str) {
+    say!("rlvr-worker: {message}");
+    if let Ok(line) = serde_json::to_string(&LastWord { last_word: message.to_owned() }) {
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
     }
 }
 

@@ -66,7 +66,7 @@ use crate::tenancy::Tenancy;
 use rlvr_protocol::jobdir::{JobDir, JobsDir, RunDir};
 use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::memory::BYTES_PER_GB;
-use rlvr_protocol::worker::{OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
+use rlvr_protocol::worker::{LastWord, OutOfMemory, Outcome, Progress, WorkerArgs, WorkerExit};
 
 /// How often a running job's worker, cancel flag and metrics are looked at.
 const WATCH_INTERVAL: Duration = Duration::from_millis(200);
@@ -1193,13 +1193,14 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
         }
         (Some(code), _) => match WorkerExit::from_code(code) {
             Some(WorkerExit::Interrupted) => WorkerEnd::Interrupted,
-            Some(WorkerExit::JobError) => WorkerEnd::JobError(last_error_line(log)),
+            Some(WorkerExit::JobError) => WorkerEnd::JobError(last_error_line(stdout, log)),
             Some(WorkerExit::OutOfMemory) => {
-                WorkerEnd::OutOfMemory(OutOfMemory::from_line(&last_error_line(log)))
+                WorkerEnd::OutOfMemory(OutOfMemory::from_line(&last_error_line(stdout, log)))
             }
-            Some(WorkerExit::Finished | WorkerExit::Transient) | None => {
-                WorkerEnd::Crashed(format!("the worker exited with status {code}: {}", last_error_line(log)))
-            }
+            Some(WorkerExit::Finished | WorkerExit::Transient) | None => WorkerEnd::Crashed(format!(
+                "the worker exited with status {code}: {}",
+                last_error_line(stdout, log)
+            )),
         },
         (None, Some(signal)) => {
             let signal = nix::sys::signal::Signal::try_from(signal);
@@ -1208,7 +1209,10 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
             // log's last line (`terminate called …`, glibc's `malloc(): …`): the crash says it.
             use nix::sys::signal::Signal::{SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGSEGV};
             if matches!(signal, Ok(SIGABRT | SIGBUS | SIGFPE | SIGILL | SIGSEGV)) {
-                WorkerEnd::Crashed(format!("the worker was killed by {name}: {}", last_error_line(log)))
+                WorkerEnd::Crashed(format!(
+                    "the worker was killed by {name}: {}",
+                    last_error_line(stdout, log)
+                ))
             } else {
                 WorkerEnd::Crashed(format!("the worker was killed by {name}"))
             }
@@ -1217,12 +1221,14 @@ fn classify(status: ExitStatus, stdout: &str, log: &Path) -> WorkerEnd {
     }
 }
 
-/// The worker's own last word (`rlvr-worker: …`), else its log's last line.
-fn last_error_line(log: &Path) -> String {
+/// The worker's own last word: its [`LastWord`] line on stdout (it gets through when the disk
+/// is full), else its log's `rlvr-worker: …` line, else its log's last line.
+fn last_error_line(stdout: &str, log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let tail: Vec<&str> = text.lines().rev().take(200).collect();
-    tail.iter()
-        .find_map(|line| line.strip_prefix("rlvr-worker: "))
+    let said = LastWord::last_in(stdout);
+    said.as_deref()
+        .or_else(|| tail.iter().find_map(|line| line.strip_prefix("rlvr-worker: ")))
         .or_else(|| tail.first().copied())
         .unwrap_or("no log")
         .chars()
@@ -1459,6 +1465,12 @@ mod tests {
                 "Crashed: the worker exited with status 70: optimizer.lr: expected a number",
             ),
             (ExitStatus::from_raw(9), "", "Crashed: the worker was killed by SIGKILL"),
+            // Its word on stdout wins over the log's (a full disk loses the log's last line).
+            (
+                exit(WorkerExit::JobError),
+                r#"{"last_word":"writing /state/jobs/j/run: No space left on device (os error 28)"}"#,
+                "JobError: writing /state/jobs/j/run: No space left on device (os error 28)",
+            ),
         ];
         let aborted = tempfile::tempdir().unwrap();
         let abort_log = aborted.path().join("worker.log");
