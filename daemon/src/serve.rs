@@ -351,9 +351,29 @@ impl Services {
             tenancy.dataset_grace(),
             stopping.clone(),
         ));
+        let tinker_store = rlvr_queue::tinker::TinkerStore::new(queues.store.connection());
+        let tinker = Arc::new(crate::api::tinker::TinkerState {
+            store: tinker_store.clone(),
+            tenancy: tenancy.clone(),
+            clients: crate::tinker::clients::Clients::new(
+                crate::tinker::clients::Launch {
+                    worker: worker.clone(),
+                    grant_socket: grant_socket.clone(),
+                    scheduler: scheduler.clone(),
+                    threads: worker_threads(config.queue.worker_threads),
+                    clients_dir: state_dir.tinker_clients(),
+                    store: tinker_store,
+                    settings: crate::tinker::clients::Settings::of(&config.tinker),
+                },
+                stopping.clone(),
+            ),
+            samplers: Default::default(),
+            root: state_dir.tinker(),
+        });
         let app = router(
             AppState { registry: registry.clone(), metrics: metrics.clone(), redis: redis.clone() },
             jobs_state,
+            tinker,
             auth,
             config.api.max_body_bytes as usize,
         );

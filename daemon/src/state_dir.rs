@@ -12,6 +12,9 @@
 //!                      otherwise
 //!   plugin-cache/      content-addressed copies of the plugin libraries loaded and their probe
 //!                      reports, unless `plugins.cache_dir` says otherwise
+//!   tinker/<team>/<run>/{weights,sampler_weights}/<name>/  the Tinker clients' saved states
+//!   tinker-clients/<client id>/  a Tinker client's checkpoints, its samplers' snapshots, its
+//!                      process's log (removed when its session finishes)
 //!   rlvrd.addr         the API's bound address (for `listen = "…:0"`), while serving
 //!   sched.sock         the grant socket the workers ask for their devices on
 //! ```
@@ -71,6 +74,16 @@ impl StateDir {
     /// `plugins.cache_dir` names another place.
     pub fn plugin_cache(&self) -> PathBuf {
         self.root.join("plugin-cache")
+    }
+
+    /// `tinker/`: the `tinker://` paths Tinker clients saved, by team.
+    pub fn tinker(&self) -> PathBuf {
+        self.root.join("tinker")
+    }
+
+    /// `tinker-clients/`: each open Tinker client's checkpoints and log.
+    pub fn tinker_clients(&self) -> PathBuf {
+        self.root.join("tinker-clients")
     }
 
     /// `rlvrd.addr`.

@@ -228,8 +228,14 @@ pub struct TinkerClientArgs {
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0))]
     pub seed: u64,
     /// Start from what a suspend wrote here instead of a fresh adapter.
-    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR", conflicts_with = "from_state"))]
     pub resume: Option<PathBuf>,
+    /// Start from a saved state (`save_weights`' or `save_weights_for_sampler`'s directory): its
+    /// adapter, and with --with-optimizer its AdamW state.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
+    pub from_state: Option<PathBuf>,
+    #[cfg_attr(feature = "cli", arg(long, requires = "from_state"))]
+    pub with_optimizer: bool,
     /// `cpu`, `cuda` or `cuda:N` [default: cuda when available, else cpu].
     #[cfg_attr(feature = "cli", arg(long))]
     pub device: Option<String>,
@@ -255,6 +261,8 @@ impl TinkerClientArgs {
         argv.flag("lora", &self.lora);
         argv.flag("seed", self.seed.to_string());
         argv.opt("resume", self.resume.as_ref());
+        argv.opt("from-state", self.from_state.as_ref());
+        argv.switch("with-optimizer", self.with_optimizer);
         argv.opt("device", self.device.as_ref());
         argv.opt("threads", self.threads.map(|n| n.to_string()));
         argv.opt("exit-with-parent", self.exit_with_parent.map(|pid| pid.to_string()));

@@ -357,11 +357,21 @@ mod tests {
             exit_with_parent: Some(7),
             grant_socket: Some("/run/grants.sock".into()),
             job_id: Some("s:train:0".into()),
+            ..TinkerClientArgs::default()
         };
-        let line = std::iter::once(OsString::from("rlvr-worker")).chain(client.command_line());
-        match Cli::try_parse_from(line).unwrap().command {
-            Command::TinkerClient(parsed) => assert_eq!(parsed, client),
-            _ => panic!("parsed as another command"),
+        // --resume and --from-state exclude each other.
+        let from_state = TinkerClientArgs {
+            resume: None,
+            from_state: Some("/tinker/math/s:train:0/weights/a".into()),
+            with_optimizer: true,
+            ..client.clone()
+        };
+        for client in [client, from_state] {
+            let line = std::iter::once(OsString::from("rlvr-worker")).chain(client.command_line());
+            match Cli::try_parse_from(line).unwrap().command {
+                Command::TinkerClient(parsed) => assert_eq!(parsed, client),
+                _ => panic!("parsed as another command"),
+            }
         }
         let bare = EnvCheckArgs { spec: "s.toml".into(), episodes: 2, ..EnvCheckArgs::default() };
         for args in [full, bare] {

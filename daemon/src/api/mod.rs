@@ -32,6 +32,7 @@ pub mod pipelines;
 pub mod server;
 pub mod tenancy;
 pub mod tinker;
+pub mod tinker_models;
 pub mod ui;
 pub mod verify;
 
@@ -69,13 +70,10 @@ pub struct AppState {
 pub fn router(
     state: AppState,
     jobs: Arc<jobs::JobsState>,
+    tinker: Arc<tinker::TinkerState>,
     auth: Arc<auth::Auth>,
     max_body_bytes: usize,
 ) -> Router {
-    let tinker = Arc::new(tinker::TinkerState {
-        store: rlvr_queue::tinker::TinkerStore::new(jobs.queues.store.connection()),
-        tenancy: jobs.tenancy.clone(),
-    });
     let job_routes = Router::new()
         .route("/v1/jobs", get(jobs::list).post(jobs::submit))
         .route("/v1/estimate", axum::routing::post(jobs::estimate))

@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 
 use super::auth::Caller;
 use super::failure::{Answer, Failure};
+use super::tinker_models as models;
 
 /// A JSON body of the SDK's; one it cannot have sent is refused as a JSON error naming what is
 /// wrong (axum's own rejection is plain text), 400 or 415.
@@ -55,6 +56,11 @@ const MAX_CHUNK_DATUMS: u32 = 256;
 pub struct TinkerState {
     pub store: TinkerStore,
     pub tenancy: Arc<crate::tenancy::Tenancy>,
+    /// The training clients open on this daemon, and every operation's future.
+    pub clients: Arc<crate::tinker::clients::Clients>,
+    pub samplers: crate::tinker::samplers::Samplers,
+    /// Where `tinker://` paths are saved (`TEAM/RUN/KIND/NAME`).
+    pub root: std::path::PathBuf,
 }
 
 /// The routes, under [`API_PREFIX`].
@@ -69,6 +75,17 @@ pub fn routes(state: Arc<TinkerState>) -> Router {
         .route(&route("telemetry"), post(telemetry))
         .route(&route("healthz"), get(healthz))
         .route(&route("get_server_capabilities"), get(capabilities))
+        .route(&route("create_model"), post(models::create_model))
+        .route(&route("get_info"), post(models::get_info))
+        .route(&route("forward_backward"), post(models::forward_backward))
+        .route(&route("optim_step"), post(models::optim_step))
+        .route(&route("save_weights"), post(models::save_weights))
+        .route(&route("save_weights_for_sampler"), post(models::save_weights_for_sampler))
+        .route(&route("load_weights"), post(models::load_weights))
+        .route(&route("create_sampling_session"), post(models::create_sampling_session))
+        .route(&route("samplers/{id}"), get(models::get_sampler))
+        .route(&route("asample"), post(models::asample))
+        .route(&route("retrieve_future"), post(models::retrieve_future))
         .with_state(state)
 }
 
@@ -151,6 +168,8 @@ async fn finish_session(
     if !state.store.finish(&id, &caller.team, &why).await? {
         return Err(no_session(&id));
     }
+    state.clients.close_session(&id, &caller.team);
+    state.samplers.close_session(&id, &caller.team);
     tracing::info!(session = %id, team = %caller.team, %why, "tinker session finished");
     Ok(Json(json!({})))
 }

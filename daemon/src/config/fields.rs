@@ -129,7 +129,7 @@ const MS: Option<&str> = Some("milliseconds");
 const SECONDS: Option<&str> = Some("seconds");
 const DAYS: Option<&str> = Some("days");
 
-pub(super) const SECTIONS: [Section; 12] = [
+pub(super) const SECTIONS: [Section; 13] = [
     Section { name: "daemon", doc: "" },
     Section { name: "redis", doc: "" },
     Section { name: "api", doc: "" },
@@ -173,6 +173,12 @@ pub(super) const SECTIONS: [Section; 12] = [
         name: "engines",
         doc: "Existing distributed engines a job may train on ([engine] in its spec) instead of the \
               native worker. rlvr keeps the queue, the graders, the gates and publishing.",
+    },
+    Section {
+        name: "tinker",
+        doc: "The Tinker SDK's training clients (a team's own loop, under /api/v1 with a tml- key from \
+              rlvrd token new --tinker): each is a process the scheduler admits like a job of its team, \
+              holding the base model and the client's LoRA adapter.",
     },
 ];
 
@@ -637,6 +643,34 @@ admin = false",
               the daemon runs as root, by nobody: sandboxes drop to it).",
         example: Example::Commented("environments_python = \"/var/cache/rlvr/venvs/openenv/bin/python\""),
     },
+    Field {
+        path: "tinker.memory_gb",
+        kind: Kind::Number(Positive { what: "a number of gigabytes", max: None, default: Some(4.0) }),
+        doc: "Memory each training or sampling client asks the scheduler for on its device (the base \
+              model, its adapter, AdamW's state, the working set of one request): clients and jobs \
+              share a device as their memory fits, and take turns at its phases.",
+        example: Example::Default,
+    },
+    field(
+        "tinker.idle_release_s",
+        integer(10, 86_400, SECONDS, 120),
+        "A session whose heartbeats stop this long (the SDK beats every 10 s while its program runs) \
+         has its clients suspended: adapter, AdamW's state and accumulated gradients written, device \
+         released. A later request resumes them exactly.",
+    ),
+    field(
+        "tinker.checkpoint_every",
+        integer(1, 100_000, None, 32),
+        "State-changing requests (forward_backward, optim_step, load_weights) between a client's \
+         checkpoints: a client whose process dies resumes from the last one and runs those since \
+         again, so this bounds the repeated work (and what the daemon keeps to repeat).",
+    ),
+    field(
+        "tinker.clients_per_team",
+        integer(1, 10_000, None, 16),
+        "Training and sampling clients one team may have open on this daemon at once; more are \
+         refused with 429 until a session finishes.",
+    ),
 ];
 
 /// An `[outbound] allow` entry: parsed as the daemon will use it.

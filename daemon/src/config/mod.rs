@@ -56,6 +56,7 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     pub graders: GradersConfig,
     pub engines: EnginesConfig,
+    pub tinker: TinkerConfig,
 }
 
 /// `[daemon]`
@@ -173,6 +174,19 @@ pub struct EnginesConfig {
     pub environments: Option<PathBuf>,
     #[serde(default)]
     pub environments_python: Option<PathBuf>,
+}
+
+/// `[tinker]`: the Tinker SDK's training clients.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TinkerConfig {
+    /// What each client asks for on its device.
+    pub memory_gb: f64,
+    /// A session's heartbeats stopped this long: its clients are suspended.
+    pub idle_release_s: u64,
+    /// State-changing requests between a client's checkpoints.
+    pub checkpoint_every: u32,
+    pub clients_per_team: u32,
 }
 
 /// `[plugins]`
@@ -352,6 +366,7 @@ section_defaults!(
     scheduler: SchedulerConfig,
     graders: GradersConfig,
     engines: EnginesConfig,
+    tinker: TinkerConfig,
 );
 
 /// Every problem found in a config, at once. Displays a count, then one problem per line.

@@ -272,6 +272,7 @@ fn file_overrides_default() {
         },
         graders: GradersConfig::default(),
         engines: EnginesConfig::default(),
+        tinker: TinkerConfig::default(),
     };
     assert_eq!(config, expected);
 }
@@ -411,8 +412,8 @@ fn unknown_sections_and_keys() {
         Some("[apii]\nlisten = \"127.0.0.1:1\"\n[devices]\ncpu = 1\n"),
         &[("RLVR__METRICS__PORT", "9")],
         &[
-            "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines (from file {file})",
-            "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines (from env RLVR__METRICS__PORT)",
+            "apii: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines, tinker (from file {file})",
+            "metrics: unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines, tinker (from env RLVR__METRICS__PORT)",
             "devices.cpu: unknown key, expected one of: cpu_slots, cpu_slot_memory_gb, gpus (from file {file})",
         ],
     );
@@ -420,7 +421,7 @@ fn unknown_sections_and_keys() {
         Some("\"a.b\" = 1\n[api]\n\"with space\" = 2\n"),
         &[],
         &[
-            r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines (from file {file})"#,
+            r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines, tinker (from file {file})"#,
             r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team (from file {file})"#,
         ],
     );

@@ -108,6 +108,11 @@ impl Scheduler {
         }
     }
 
+    /// Seconds on the policy's clock: a demand's `queued_at` now.
+    pub fn now_s(&self) -> f64 {
+        self.now()
+    }
+
     /// Seconds on the policy's clock.
     fn now(&self) -> f64 {
         self.started.elapsed().as_secs_f64()

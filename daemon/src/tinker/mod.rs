@@ -3,6 +3,8 @@
 //! operation's future, which `retrieve_future` polls, held until it ends ([`futures`]); the
 //! `tinker://` paths of saved states and samplers, each in its team's directory ([`paths`]).
 
+pub mod clients;
 pub mod futures;
 pub mod order;
 pub mod paths;
+pub mod samplers;

@@ -117,6 +117,20 @@ impl<T> SeqOrder<T> {
         out
     }
 
+    /// Whether request `seq` with this body arrived already (a retry).
+    pub fn seen(&self, seq: u64, fingerprint: [u8; 32]) -> bool {
+        self.released
+            .get(&seq)
+            .map(|(_, seen)| seen)
+            .or_else(|| self.held.get(&seq).map(|held| &held.fingerprint))
+            == Some(&fingerprint)
+    }
+
+    /// Drops held request `seq` (one that could not be taken after all); its retry may come again.
+    pub fn forget(&mut self, seq: u64) -> bool {
+        self.held.remove(&seq).is_some()
+    }
+
     /// Requests waiting for an earlier one.
     pub fn waiting(&self) -> usize {
         self.held.len()

@@ -56,6 +56,38 @@ pub enum ClientCommand {
     Suspend {
         dir: PathBuf,
     },
+    /// What a suspend writes, written to `dir`, and the process goes on: the point a restarted
+    /// process resumes from after a crash (the daemon replays what came after).
+    Checkpoint {
+        dir: PathBuf,
+    },
+}
+
+impl ClientCommand {
+    /// The request id the SDK polls for this command's answer (none for a suspend or a
+    /// checkpoint: the daemon's own).
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            ClientCommand::ForwardBackward { request_id, .. }
+            | ClientCommand::OptimStep { request_id, .. }
+            | ClientCommand::Sample { request_id, .. }
+            | ClientCommand::SaveState { request_id, .. }
+            | ClientCommand::SaveSampler { request_id, .. }
+            | ClientCommand::LoadState { request_id, .. } => Some(request_id),
+            ClientCommand::Suspend { .. } | ClientCommand::Checkpoint { .. } => None,
+        }
+    }
+
+    /// Whether it changes the client's state (adapter, AdamW's, accumulated gradients): what a
+    /// restarted process must run again to be where the lost one was.
+    pub fn changes_state(&self) -> bool {
+        matches!(
+            self,
+            ClientCommand::ForwardBackward { .. }
+                | ClientCommand::OptimStep { .. }
+                | ClientCommand::LoadState { .. }
+        )
+    }
 }
 
 /// What a training client's process tells the daemon.
@@ -70,6 +102,8 @@ pub enum ClientEvent {
     Failed { request_id: String, error: String, category: ErrorCategory },
     /// Everything is in the suspend's directory; the process exits.
     Suspended,
+    /// Everything is in the checkpoint's directory; the process goes on.
+    Checkpointed,
 }
 
 /// A command's answer, as `retrieve_future` gives it to the SDK.

@@ -159,6 +159,16 @@ pub struct ForwardBackwardRequest {
     pub loss_fn_config_v2: BTreeMap<String, LossConfigValue>,
 }
 
+/// A `ForwardBackwardRequest`'s head: which client and which turn, read without its data (prost
+/// skips the fields a message does not name).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ForwardBackwardHead {
+    #[prost(string, tag = "1")]
+    pub model_id: String,
+    #[prost(int32, tag = "2")]
+    pub seq_id: i32,
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LossConfigValue {
     #[prost(oneof = "loss_config_value::Value", tags = "1, 2")]

@@ -50,9 +50,10 @@ pub fn serve(args: &TinkerClientArgs, input: impl BufRead, mut output: impl Writ
     let context = model.config.max_position_embeddings.and_then(|n| usize::try_from(n).ok()).unwrap_or(4096);
     let limits =
         Limits { datums: MAX_DATUMS, tokens_per_datum: context, tokens: MAX_REQUEST_TOKENS, columns: 1 };
-    let mut client = match &args.resume {
-        Some(dir) => TrainingClient::resume(model, dir),
-        None => TrainingClient::new(model, &lora, args.seed),
+    let mut client = match (&args.resume, &args.from_state) {
+        (Some(dir), _) => TrainingClient::resume(model, dir),
+        (None, Some(dir)) => TrainingClient::load_state(model, dir, args.with_optimizer),
+        (None, None) => TrainingClient::new(model, &lora, args.seed),
     }
     .map_err(|error| format!("the client's adapter: {error}"))?;
     let grants = match args.grant_socket.as_deref().zip(args.job_id.as_deref()) {
@@ -72,10 +73,18 @@ pub fn serve(args: &TinkerClientArgs, input: impl BufRead, mut output: impl Writ
         }
         let command: ClientCommand =
             serde_json::from_str(&line).map_err(|error| format!("stdin: not a command ({error}): {line}"))?;
-        if let ClientCommand::Suspend { dir } = &command {
-            client.suspend(&args.base_name, dir).map_err(|e| e.to_string())?;
-            emit(&ClientEvent::Suspended)?;
-            return Ok(());
+        match &command {
+            ClientCommand::Suspend { dir } => {
+                client.suspend(&args.base_name, dir).map_err(|e| e.to_string())?;
+                emit(&ClientEvent::Suspended)?;
+                return Ok(());
+            }
+            ClientCommand::Checkpoint { dir } => {
+                client.suspend(&args.base_name, dir).map_err(|e| e.to_string())?;
+                emit(&ClientEvent::Checkpointed)?;
+                continue;
+            }
+            _ => {}
         }
         let phase = match &command {
             ClientCommand::Sample { .. } => Phase::Rollout,
@@ -164,7 +173,9 @@ fn run(
                 client.load_state_into(&dir, optimizer).map(|()| Answer::Json { value: json!({}) });
             (request_id, answered)
         }
-        ClientCommand::Suspend { .. } => unreachable!("serve handles a suspend itself"),
+        ClientCommand::Suspend { .. } | ClientCommand::Checkpoint { .. } => {
+            unreachable!("serve handles a suspend and a checkpoint itself")
+        }
     }
 }
 
