@@ -94,7 +94,7 @@ RUSTC_WORKSPACE_WRAPPER=$(rustc --print sysroot)/bin/clippy-driver
 export RUSTC_WORKSPACE_WRAPPER
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
-# The peers the tests run (venvs of TRL, Ray, vLLM, verl, MLflow, TensorBoard, PEFT with the converted
+# The peers the tests run (venvs of TRL, Ray, vLLM, verl, MLflow, TensorBoard, the Tinker SDK, PEFT with the converted
 # SmolLM2, the text metrics; Chromium and Playwright for the web page) install while the workspace
 # builds: mostly downloads and unpacking, which the compiler's two cores leave room for. Each test
 # calls its script again (idempotent, under a second when installed), so this only moves the wait.
@@ -121,6 +121,7 @@ if [ "$quick" = 0 ]; then
     start_peer peft scripts/peft-venv.sh
     start_peer text-metrics scripts/text-metrics-venv.sh
     start_peer openenv scripts/openenv-venv.sh
+    start_peer tinker scripts/tinker-venv.sh
 fi
 
 step "cargo build (every target; clippy -D warnings on the workspace's crates)"

@@ -251,6 +251,10 @@ pub const TEAM_TOKEN: &str = "tests-team-token";
 pub const OTHER_TOKEN: &str = "others-team-token";
 /// An admin's bearer token.
 pub const ADMIN_TOKEN: &str = "ops-admin-token";
+/// Team `tests`'s key for the Tinker SDK (`X-API-Key`; the SDK wants the `tml-` prefix).
+pub const TINKER_KEY: &str = "tml-tests-team-key";
+/// Team `others`'s key for the Tinker SDK.
+pub const OTHER_TINKER_KEY: &str = "tml-others-team-key";
 
 /// Config that lets a daemon's outbound requests (webhooks) reach servers the tests run on
 /// 127.0.0.1: the default `[outbound]` allows nothing, and loopback only through an entry inside
@@ -308,6 +312,8 @@ impl Daemon {
             cache = plugin_cache.display().to_string(),
             tokens = token("tests", TEAM_TOKEN, false)
                 + &token("others", OTHER_TOKEN, false)
+                + &token("tests", TINKER_KEY, false)
+                + &token("others", OTHER_TINKER_KEY, false)
                 + &token("ops", ADMIN_TOKEN, true),
         );
         fs::write(&config, toml).expect("write config");

@@ -227,3 +227,38 @@ fn a_training_client_process_serves_the_sdks_requests_and_resumes_exactly_after_
     drop(straight.stdin);
     assert!(straight.child.wait().unwrap().success(), "stdin closed, the process ends");
 }
+
+/// The real Tinker SDK (`tinker==0.38.0`, its own venv) against `rlvrd serve` and real Redis:
+/// `tests/tinker/sdk_driver.py` trains (SFT whose loss falls; each RL loss equal to its formula on
+/// the returned logprobs; `stable_reinforce` refused naming `importance_sampling`), checks a
+/// chunked forward/backward against one call, posts a step twice and finds it run once, saves and
+/// loads with and without AdamW's state, samples from snapshots that keep their weights, kills a
+/// client's process (SIGKILL) and finds its next step equal to an untouched twin's, and finds
+/// another team's key refused. Checkpoints every two state changes, so the kill resumes from one
+/// and replays what came after.
+#[test]
+fn the_tinker_sdk_trains_samples_saves_and_survives_a_killed_process_through_rlvrd_serve() {
+    let python = rlvr_tests::peer_python("scripts/tinker-venv.sh", &[]);
+    let redis = rlvr_tests::Redis::start();
+    let daemon = rlvr_tests::Daemon::start_with(
+        &[],
+        &redis.url(),
+        "[queue]\nworker_threads = 1\n[tinker]\ncheckpoint_every = 2\nmemory_gb = 1\n",
+    );
+    let output = Command::new(python)
+        .arg(rlvr_tests::workspace_root().join("tests/tinker/sdk_driver.py"))
+        .env("RLVR_URL", &daemon.url)
+        .env("TINKER_API_KEY", rlvr_tests::TINKER_KEY)
+        .env("OTHER_TINKER_KEY", rlvr_tests::OTHER_TINKER_KEY)
+        .env("TINKER_TELEMETRY", "0")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success() && stdout.contains(r#"{"check": "done"}"#),
+        "the SDK driver failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        daemon.log()
+    );
+}
