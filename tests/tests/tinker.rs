@@ -324,3 +324,70 @@ fn the_cookbooks_math_rl_recipe_runs_to_its_end_against_rlvrd_serve() {
     assert!(checkpoints.contains("tinker://") && checkpoints.contains("final"), "{checkpoints}");
     println!("math_rl: {steps} steps in {seconds:.1} s with start-up; each step (time/total): {step_s:?}");
 }
+
+/// Two teams' SDK loops (`tests/tinker/share_driver.py`, the same steps from the same seed) and a
+/// native GRPO job of higher priority on one CPU slot that fits two clients and not the job too:
+/// the job preempts a client (it suspends, its loop waits), runs and publishes; the clients
+/// resume and both loops run to their end with the same weights (each resumed exactly), none
+/// failing for capacity.
+#[test]
+fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish() {
+    use std::io::BufRead as _;
+    let python = rlvr_tests::peer_python("scripts/tinker-venv.sh", &[]);
+    let redis = rlvr_tests::Redis::start();
+    let daemon = rlvr_tests::Daemon::start_with(
+        &["rlvr-optimizer-grpo", "rlvr-verifier-math"],
+        &redis.url(),
+        "[queue]\nworker_threads = 1\n[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 3\n\
+         [[tenancy.teams]]\nname = \"tests\"\npriorities = [\"low\", \"normal\", \"high\"]\n\
+         [tinker]\nmemory_gb = 1\ncheckpoint_every = 4\n",
+    );
+    let loop_of = |key: &str| {
+        Command::new(&python)
+            .arg(rlvr_tests::workspace_root().join("tests/tinker/share_driver.py"))
+            .env("RLVR_URL", &daemon.url)
+            .env("TINKER_API_KEY", key)
+            .env("TINKER_TELEMETRY", "0")
+            .env("STEPS", "200")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut loops = [loop_of(rlvr_tests::TINKER_KEY), loop_of(rlvr_tests::OTHER_TINKER_KEY)];
+    let mut outputs: Vec<BufReader<ChildStdout>> =
+        loops.iter_mut().map(|child| BufReader::new(child.stdout.take().unwrap())).collect();
+    // Both clients hold their gigabyte once each loop has stepped.
+    let mut lines: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    for (output, seen) in outputs.iter_mut().zip(&mut lines) {
+        let mut line = String::new();
+        output.read_line(&mut line).unwrap();
+        assert!(line.contains("\"step\": 0"), "{line}\n{}", daemon.log());
+        seen.push(line);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = rlvr_tests::arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let spec = rlvr_tests::arith_grpo_spec(&data, "urgent", "builtin:tiny-arith", 2, 2)
+        .replace("team = \"tests\"", "team = \"tests\"\npriority = \"high\"");
+    let urgent = rlvr_tests::jobs::submit_ok(
+        &daemon,
+        &format!("{spec}\n{}[resources]\nmemory_gb = 2\n", rlvr_tests::PERMISSIVE_GATES),
+    );
+    let done = rlvr_tests::jobs::wait_job(
+        &daemon,
+        &urgent,
+        std::time::Duration::from_secs(300),
+        rlvr_tests::jobs::ended,
+    );
+    assert_eq!(done.state, rlvr_protocol::job::JobState::Published, "{done}\n{}", daemon.log());
+    for ((child, output), seen) in loops.iter_mut().zip(outputs).zip(&mut lines) {
+        seen.extend(output.lines().map(Result::unwrap));
+        assert!(child.wait().unwrap().success(), "a loop failed: {seen:?}\n{}", daemon.log());
+    }
+    println!("tests: {:?}\nothers: {:?}", lines[0], lines[1]);
+    let probe =
+        |seen: &[String]| seen.last().filter(|line| line.contains("probe")).cloned().unwrap_or_default();
+    assert!(!probe(&lines[0]).is_empty() && probe(&lines[0]) == probe(&lines[1]), "{lines:?}");
+    let log = daemon.log();
+    assert!(log.contains("preempted: suspending"), "no client was preempted:\n{log}");
+    assert!(log.contains("resumed=true"), "no client resumed:\n{log}");
+}
