@@ -9,8 +9,9 @@
 //!   `root:ROOT/relative/path.jsonl` (a file under an operator-declared data root granted to the
 //!   team);
 //! - models (`model.policy`, `model.reference`): `builtin:tiny-arith[?seed=N]`, `base:NAME` (an
-//!   operator-declared base model), or `line:LINE@VERSION` / `line:LINE` (the newest version of
-//!   a model line the team may read);
+//!   operator-declared base model), `line:LINE@VERSION` / `line:LINE` (the newest version of
+//!   a model line the team may read), or `tinker://RUN/KIND/NAME` (a state or sampler a Tinker
+//!   training client of the team's saved: its LoRA adapter over its base);
 //! - a shared curriculum (`curriculum.name`): `NAME` (the team's own) or `TEAM/NAME` (another
 //!   team's, which that team shared with it).
 //!
@@ -54,7 +55,8 @@ pub const DATA_RULE: &str = "\"dataset:NAME\", \"dataset:NAME@SHA256\" (a datase
 
 /// What the model fields may hold, for messages.
 pub const MODEL_RULE: &str = "\"builtin:tiny-arith\", \"base:NAME\" (a base model the operator declared), \
-     \"line:LINE\" or \"line:LINE@VERSION\" (a model line your team may read)";
+     \"line:LINE\" or \"line:LINE@VERSION\" (a model line your team may read), \
+     \"tinker://RUN/sampler_weights/NAME\" (an adapter a Tinker client of your team saved)";
 
 /// A data reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +122,8 @@ pub enum ModelRef {
     Base(String),
     /// A version of a model line, or its newest when `None`.
     Line { line: String, version: Option<u64> },
+    /// What a Tinker training client of the team's saved.
+    Tinker(crate::tinker::paths::TinkerPath),
 }
 
 impl ModelRef {
@@ -133,6 +137,9 @@ impl ModelRef {
                 return Err(format!("expected a base model name of {NAME_RULE}"));
             }
             return Ok(ModelRef::Base(name.to_owned()));
+        }
+        if text.starts_with(crate::tinker::paths::SCHEME) {
+            return crate::tinker::paths::TinkerPath::parse(text).map(ModelRef::Tinker).map_err(|e| e.0);
         }
         if let Some(rest) = text.strip_prefix("line:") {
             let (line, version) = match rest.split_once('@') {
@@ -158,6 +165,7 @@ impl fmt::Display for ModelRef {
             ModelRef::Base(name) => write!(f, "base:{name}"),
             ModelRef::Line { line, version: Some(version) } => write!(f, "line:{line}@{version}"),
             ModelRef::Line { line, version: None } => write!(f, "line:{line}"),
+            ModelRef::Tinker(path) => write!(f, "{path}"),
         }
     }
 }
@@ -326,6 +334,9 @@ mod tests {
             ("line:tiny-arith@x", Err("version number")),
             ("line:../x", Err("model line name")),
             ("base:a/b", Err("base model name")),
+            ("tinker://s1:train:0/sampler_weights/final", Ok("tinker://s1:train:0/sampler_weights/final")),
+            ("tinker://s1:train:0/weights/../x", Err("expected tinker://RUN/weights/NAME")),
+            ("tinker://../sampler_weights/x", Err("the run")),
             // regression: model.policy accepted another team's published checkpoint by path
             ("/srv/registry/tiny-arith/1", Err("cannot name a server path")),
         ];

@@ -458,8 +458,8 @@ mod tests {
             &["stages[1].job.team: expected the pipeline's team \"t\", got \"u\""],
         );
         check(
-            &pipeline(&[sft.clone(), grpo.replace("max_steps = 2", "max_steps = 0")]),
-            &["stages[1].budget.max_steps: expected 1 to 10000000, got 0"],
+            &pipeline(&[sft.clone(), grpo.replace("max_steps = 2", "max_steps = 99999999999")]),
+            &["stages[1].budget.max_steps: expected 0 to 10000000, got 99999999999"],
         );
         // A rejection-sampling stage hands on a dataset, which a stage takes in data.train only.
         let sampling = stage("rs", "builtin:tiny-arith", "").replace(

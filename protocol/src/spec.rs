@@ -487,6 +487,9 @@ impl Default for RolloutSection {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSection {
+    /// Steps to train. 0: an evaluation — the policy as it is (a line's version, or a Tinker
+    /// client's saved adapter, `model.policy = "tinker://…"`) is scored, judged by the line's
+    /// gates and published on a pass.
     pub max_steps: u64,
     #[serde(default)]
     pub max_generated_tokens: Option<u64>,
@@ -1337,7 +1340,7 @@ const RULES: &[SpecRule] = &[
         .noun("ratio"),
     rate("gates.verifier_timeout_rate_max", |s| real(s.gates.verifier_timeout_rate_max)),
     rate("gates.verifier_error_rate_max", |s| real(s.gates.verifier_error_rate_max)),
-    SpecRule::new("budget.max_steps", |s| int(s.budget.max_steps), Ints(1, 10_000_000)),
+    SpecRule::new("budget.max_steps", |s| int(s.budget.max_steps), Ints(0, 10_000_000)),
     SpecRule::new("budget.max_generated_tokens", |s| s.budget.max_generated_tokens.map(Num::Int), Positive)
         .noun("number of tokens"),
     SpecRule::new("budget.max_wall_minutes", |s| real(s.budget.max_wall_minutes), Positive)
@@ -2134,13 +2137,13 @@ max_steps = 10
             ),
             (
                 MINIMAL.replace("max_steps = 10", "max_steps = 99999999999"),
-                &["budget.max_steps: expected 1 to 10000000, got 99999999999"],
+                &["budget.max_steps: expected 0 to 10000000, got 99999999999"],
             ),
             // Every problem at once, ranges before relations.
             (
-                with("budget", "max_wall_minutes = 0.0").replace("max_steps = 10", "max_steps = 0"),
+                with("budget", "max_wall_minutes = 0.0").replace("max_steps = 10", "max_steps = 99999999999"),
                 &[
-                    "budget.max_steps: expected 1 to 10000000, got 0",
+                    "budget.max_steps: expected 0 to 10000000, got 99999999999",
                     "budget.max_wall_minutes: expected a positive number of minutes, got 0",
                 ],
             ),

@@ -242,16 +242,24 @@ fn the_tinker_sdk_trains_samples_saves_and_survives_a_killed_process_through_rlv
     let python = rlvr_tests::peer_python("scripts/tinker-venv.sh", &[]);
     let redis = rlvr_tests::Redis::start();
     let daemon = rlvr_tests::Daemon::start_with(
-        &[],
+        &["rlvr-optimizer-grpo", "rlvr-verifier-math"],
         &redis.url(),
         "[queue]\nworker_threads = 1\n[tinker]\ncheckpoint_every = 2\nmemory_gb = 1\n",
     );
+    // The gate bridge's problems: the team trains on these and is judged on the same ones.
+    let dir = tempfile::tempdir().unwrap();
+    let data = rlvr_tests::arith_data(
+        dir.path(),
+        &["--train", "16", "--heldout", "16", "--sft", "0", "--max-operand", "4"],
+    );
+    fs::write(data.join("heldout.jsonl"), fs::read_to_string(data.join("train.jsonl")).unwrap()).unwrap();
     let output = Command::new(python)
         .arg(rlvr_tests::workspace_root().join("tests/tinker/sdk_driver.py"))
         .env("RLVR_URL", &daemon.url)
         .env("TINKER_API_KEY", rlvr_tests::TINKER_KEY)
         .env("OTHER_TINKER_KEY", rlvr_tests::OTHER_TINKER_KEY)
         .env("TINKER_TELEMETRY", "0")
+        .env("ARITH_TRAIN", data.join("train.jsonl"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -262,6 +270,36 @@ fn the_tinker_sdk_trains_samples_saves_and_survives_a_killed_process_through_rlv
         String::from_utf8_lossy(&output.stderr),
         daemon.log()
     );
+    let adapters: serde_json::Value = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["check"] == "gate_adapters")
+        .unwrap();
+    gate_bridge(&daemon, &data, &adapters);
+}
+
+/// The gate bridge: an evaluation job (`budget.max_steps = 0`) whose `model.policy` is a
+/// `tinker://` sampler path is judged by its line's gates against the line's published version
+/// (here the base model, published first): the untrained adapter is refused, the trained one
+/// published (its adapter merged into the base).
+fn gate_bridge(daemon: &rlvr_tests::Daemon, data: &std::path::Path, adapters: &serde_json::Value) {
+    use rlvr_protocol::job::JobState;
+    use rlvr_tests::jobs::{ended, submit_ok, wait_job};
+    let evaluation = |name: &str, policy: &str, gates: &str| {
+        let spec = rlvr_tests::arith_grpo_spec(data, name, policy, 0, 1)
+            .replace("model_line = \"tiny-arith\"", "model_line = \"tinker-gate\"");
+        let id = submit_ok(daemon, &format!("{spec}\n{gates}"));
+        wait_job(daemon, &id, std::time::Duration::from_secs(180), ended)
+    };
+    let base = evaluation("base", "builtin:tiny-arith", rlvr_tests::PERMISSIVE_GATES);
+    assert_eq!(base.state, JobState::Published, "{base}\n{}", daemon.log());
+    let gates = "[gates]\nheldout_gain_min = 0.05\nrefuse_reward_hacking = false\nlength_ratio_max = 100.0\n";
+    let untrained = evaluation("untrained", adapters["untrained"].as_str().unwrap(), gates);
+    assert_eq!(untrained.state, JobState::Refused, "{untrained}\n{}", daemon.log());
+    let trained = evaluation("trained", adapters["trained"].as_str().unwrap(), gates);
+    assert_eq!(trained.state, JobState::Published, "{trained}\n{}", daemon.log());
+    let judged = serde_json::to_value(&trained.0).unwrap()["gates"]["criteria"][0]["note"].clone();
+    println!("gate bridge: untrained {}; trained {} ({judged})", untrained.reason, trained.reason);
 }
 
 /// tinker-cookbook's `math_rl` recipe (0.6.1, unmodified) on its arithmetic environment, for three

@@ -260,4 +260,23 @@ for what, attempt in [
     except Exception as error:  # the SDK's error for a 404
         assert "not_found" in str(error) or "404" in str(error), f"{what}: {error!r}"
 say("isolation", refused=["load", "sample"])
+
+# --- For the gate bridge: an adapter trained on the problems in $ARITH_TRAIN (prompt, then the
+# answer and the end of sequence; the loss on the answer only), and an untrained one.
+problems = [json.loads(line) for line in open(os.environ["ARITH_TRAIN"])]
+sft = []
+for problem in problems:
+    prompt, answer = ids(problem["prompt"]), ids(problem["reference"]["answer"])[1:] + [2]
+    tokens = prompt + answer
+    weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
+    sft.append(datum(tokens, weights=weights))
+gated = service.create_lora_training_client(BASE, rank=8, seed=29).result()
+gate_losses = []
+for i in range(int(os.environ.get("GATE_STEPS", "150"))):
+    fb, _ = step(gated, sft, lr=float(os.environ.get("GATE_LR", "3e-3")))
+    gate_losses.append(round(fb.metrics["loss:sum"], 2))
+trained = gated.save_weights_for_sampler("trained").result().path
+untrained = service.create_lora_training_client(BASE, rank=8, seed=31).result()
+untrained_path = untrained.save_weights_for_sampler("untrained").result().path
+say("gate_adapters", trained=trained, untrained=untrained_path, losses=gate_losses[::10])
 say("done")

@@ -302,6 +302,11 @@ impl Loop<'_> {
         let mut stopped = None;
         let mut interrupted = false;
         match ending {
+            // An evaluation (`budget.max_steps = 0`): the model as it was loaded is the candidate
+            // the gates judge and the daemon publishes.
+            None if self.job.spec.budget.max_steps == 0 && self.last_checkpoint.is_none() => {
+                self.checkpoint()?;
+            }
             None => {}
             Some(Ending::Interrupted) => {
                 interrupted = true;

@@ -18,7 +18,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use rlvr_protocol::tinker::process::{Answer as Result_, ClientCommand};
+use rlvr_protocol::tinker::process::{Answer as Result_, ClientCommand, SDK_BASE_FILE};
 use rlvr_protocol::tinker::proto::{ForwardBackwardHead, Message};
 use rlvr_protocol::tinker::wire::{
     CreateModelRequest, CreateSamplingSessionRequest, CreateSamplingSessionResponse, GetInfoRequest,
@@ -35,8 +35,8 @@ use super::tinker::{SdkJson, TinkerState};
 use crate::tinker::clients::{Client, ClientSpec, OpenError, Start, SubmitError};
 use crate::tinker::futures::FutureState;
 use crate::tinker::order::OrderError;
-use crate::tinker::paths::{PathKind, TinkerPath};
 use crate::tinker::samplers::Sampler;
+use rlvr_protocol::tinker::paths::{PathKind, TinkerPath};
 
 /// How long `retrieve_future` holds a poll for its operation (the SDK gives up at 45 s).
 pub const POLL_HOLD: Duration = Duration::from_secs(20);
@@ -146,8 +146,10 @@ fn saved_lora(dir: &FsPath) -> Result<(LoraConfig, String), String> {
         train_mlp: any(&["gate_proj", "up_proj", "down_proj"]),
         train_attn: any(&["q_proj", "k_proj", "v_proj", "o_proj"]),
     };
-    let base = config["base_model_name_or_path"].as_str().unwrap_or_default().to_owned();
-    Ok((lora, base))
+    // The SDK's name of the base, kept beside the adapter (which names where it is).
+    let base = std::fs::read_to_string(dir.join(SDK_BASE_FILE))
+        .map_err(|e| format!("the saved state has no {SDK_BASE_FILE}: {e}"))?;
+    Ok((lora, base.trim().to_owned()))
 }
 
 /// A `tinker://` path of the team's that exists: its parsed form and directory.

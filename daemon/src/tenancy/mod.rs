@@ -70,6 +70,9 @@ pub struct Tenancy {
     pub lines: Lines,
     /// The teams' curricula.
     pub curricula: Curricula,
+    /// Where Tinker clients' saved states are (`TEAM/RUN/KIND/NAME`): a job's `model.policy`
+    /// may name one as `tinker://RUN/KIND/NAME`.
+    pub tinker_root: PathBuf,
     /// The server's paths, and the names a team reads in their place.
     pub shown: shown::ShownPaths,
 }
@@ -118,6 +121,7 @@ impl Tenancy {
             datasets: Datasets::new(state_dir.datasets(), config.tenancy.max_dataset_bytes),
             lines: Lines::new(registry, config.tenancy.max_lines_per_team as usize),
             curricula: Curricula::new(state_dir.curricula()),
+            tinker_root: state_dir.tinker(),
             shown,
         }
     }

@@ -404,6 +404,14 @@ fn model_dir(tenancy: &Tenancy, team: &str, value: &str) -> Result<(ModelRef, Op
             has_config(&dir)?;
             Ok((ModelRef::Line { line, version: Some(version) }, Some(dir)))
         }
+        ModelRef::Tinker(ref path) => {
+            // The adapter (a PEFT directory naming the base its client trained on).
+            let dir = path.dir(&tenancy.tinker_root, team).join("adapter");
+            if !dir.join("adapter_config.json").is_file() {
+                return Err(format!("no saved state {path} of team {team}"));
+            }
+            Ok((reference, Some(dir)))
+        }
     }
 }
 

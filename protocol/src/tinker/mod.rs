@@ -10,6 +10,7 @@
 pub mod answers;
 pub mod datums;
 pub mod loss;
+pub mod paths;
 pub mod process;
 pub mod proto;
 pub mod wire;

@@ -12,6 +12,10 @@ use serde_json::Value;
 
 use super::wire::{AdamParams, ErrorCategory, SampleRequest};
 
+/// The file of a saved state (`SaveState`, `SaveSampler`) that holds the SDK's name of the base,
+/// beside `adapter/` (whose config names where the base is, so that it loads on its own).
+pub const SDK_BASE_FILE: &str = "sdk-base-model";
+
 /// A command to a training client's process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]

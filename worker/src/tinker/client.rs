@@ -308,14 +308,16 @@ impl TrainingClient {
     /// Writes the adapter (a PEFT directory over `base`) and, with `optimizer`, AdamW's state and
     /// step count into `dir` (which must not exist): whole or not at all, the files written in a
     /// temporary directory beside it that is renamed to `dir` at the end.
-    pub fn save_state(&self, base: &str, dir: &Path, optimizer: bool) -> Result<(), ClientError> {
+    pub fn save_state(&self, base: &BaseModel, dir: &Path, optimizer: bool) -> Result<(), ClientError> {
         let internal = |e: String| ClientError::Internal(format!("{}: {e}", dir.display()));
         let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let tmp = tempfile::Builder::new()
             .prefix(".state-")
             .tempdir_in(parent)
             .map_err(|e| internal(e.to_string()))?;
-        rlvr_model::save_adapter(&self.model, base, &tmp.path().join("adapter"))
+        rlvr_model::save_adapter(&self.model, &base.location, &tmp.path().join("adapter"))
+            .map_err(|e| internal(e.to_string()))?;
+        std::fs::write(tmp.path().join(rlvr_protocol::tinker::process::SDK_BASE_FILE), &base.name)
             .map_err(|e| internal(e.to_string()))?;
         if optimizer {
             let tensors = self.adam.state_tensors();
@@ -363,7 +365,7 @@ impl TrainingClient {
 
     /// Everything the client holds, written to `dir` (which must not exist): the state with its
     /// optimizer, and the gradients accumulated since the last step — a preempted client's.
-    pub fn suspend(&self, base: &str, dir: &Path) -> Result<(), ClientError> {
+    pub fn suspend(&self, base: &BaseModel, dir: &Path) -> Result<(), ClientError> {
         self.save_state(base, dir, true)?;
         if self.accumulated {
             rlvr_model::weights::write_safetensors(&dir.join(GRADIENTS), &self.adam.gradient_tensors())
@@ -441,6 +443,16 @@ const DEFAULT_ADAM: AdamParams = AdamParams {
 /// The gradients a suspended client had accumulated since its last step.
 const GRADIENTS: &str = "gradients.safetensors";
 
+/// The base a client trains on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseModel {
+    /// Where the worker loads it from (a directory or `builtin:…`): what saved adapters name as
+    /// their base, so that one loads on its own (a job's `model.policy = "tinker://…"`).
+    pub location: String,
+    /// What the SDK calls it: kept beside the adapter in `SDK_BASE_FILE`.
+    pub name: String,
+}
+
 /// AdamW's state from a state directory that has it.
 fn load_optimizer(adam: &mut AdamW, dir: &Path) -> Result<(), ClientError> {
     let internal = |e: String| ClientError::Internal(e);
@@ -489,6 +501,10 @@ fn rand_seed() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    fn builtin() -> BaseModel {
+        BaseModel { location: "builtin:tiny-arith".into(), name: "builtin:tiny-arith".into() }
+    }
+
     use std::collections::BTreeMap;
 
     use tch::Device;
@@ -727,7 +743,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        trained.save_state("builtin:tiny-arith", &state, true).unwrap();
+        trained.save_state(&builtin(), &state, true).unwrap();
         let base = || rlvr_model::load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
         let mut resumed = TrainingClient::load_state(base(), &state, true).unwrap();
         let mut weights_only = TrainingClient::load_state(base(), &state, false).unwrap();
@@ -746,7 +762,7 @@ mod tests {
             "without the optimizer's moments, another step"
         );
         let bare = dir.path().join("bare");
-        trained.save_state("builtin:tiny-arith", &bare, false).unwrap();
+        trained.save_state(&builtin(), &bare, false).unwrap();
         let refused = TrainingClient::load_state(base(), &bare, true).unwrap_err();
         assert!(refused.to_string().contains("saved without its optimizer"), "{refused}");
     }
@@ -762,7 +778,7 @@ mod tests {
             client.forward_backward(&data, &Loss::CrossEntropy, false).unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
-        suspended.suspend("builtin:tiny-arith", &dir.path().join("suspended")).unwrap();
+        suspended.suspend(&builtin(), &dir.path().join("suspended")).unwrap();
         let base = rlvr_model::load("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
         let mut resumed = TrainingClient::resume(base, &dir.path().join("suspended")).unwrap();
         assert_eq!(resumed.steps(), 1);
@@ -781,7 +797,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        trained.save_state("builtin:tiny-arith", &state, false).unwrap();
+        trained.save_state(&builtin(), &state, false).unwrap();
         let mut other = client(9);
         let own = adapter(&other).into_iter().map(|(n, t)| (n, t.copy())).collect::<Vec<_>>();
         // Sampling with the saved weights: the trained client's samples; its own weights after.

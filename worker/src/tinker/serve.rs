@@ -20,7 +20,7 @@ use rlvr_protocol::worker::TinkerClientArgs;
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
-use super::client::{ClientError, TrainingClient, adapter_tensors};
+use super::client::{BaseModel, ClientError, TrainingClient, adapter_tensors};
 use crate::grants::Grants;
 
 /// Datums one request may carry.
@@ -60,6 +60,7 @@ pub fn serve(args: &TinkerClientArgs, input: impl BufRead, mut output: impl Writ
         Some((socket, job)) => Grants::connect(socket, job).map_err(|e| e.to_string())?,
         None => Grants::none(),
     };
+    let base = BaseModel { location: args.base.clone(), name: args.base_name.clone() };
     let mut emit = |event: &ClientEvent| -> Result<(), String> {
         let line = serde_json::to_string(event).map_err(|e| e.to_string())?;
         writeln!(output, "{line}").and_then(|()| output.flush()).map_err(|e| format!("stdout: {e}"))
@@ -75,12 +76,12 @@ pub fn serve(args: &TinkerClientArgs, input: impl BufRead, mut output: impl Writ
             serde_json::from_str(&line).map_err(|error| format!("stdin: not a command ({error}): {line}"))?;
         match &command {
             ClientCommand::Suspend { dir } => {
-                client.suspend(&args.base_name, dir).map_err(|e| e.to_string())?;
+                client.suspend(&base, dir).map_err(|e| e.to_string())?;
                 emit(&ClientEvent::Suspended)?;
                 return Ok(());
             }
             ClientCommand::Checkpoint { dir } => {
-                client.suspend(&args.base_name, dir).map_err(|e| e.to_string())?;
+                client.suspend(&base, dir).map_err(|e| e.to_string())?;
                 emit(&ClientEvent::Checkpointed)?;
                 continue;
             }
@@ -91,7 +92,7 @@ pub fn serve(args: &TinkerClientArgs, input: impl BufRead, mut output: impl Writ
             _ => Phase::Update,
         };
         let grant = grants.hold(phase).map_err(|e| e.to_string())?;
-        let (request_id, answered) = run(&mut client, &limits, &args.base_name, &mut samplers, command);
+        let (request_id, answered) = run(&mut client, &limits, &base, &mut samplers, command);
         grant.release(device);
         emit(&match answered {
             Ok(answer) => ClientEvent::Done { request_id, answer },
@@ -110,7 +111,7 @@ pub fn serve(args: &TinkerClientArgs, input: impl BufRead, mut output: impl Writ
 fn run(
     client: &mut TrainingClient,
     limits: &Limits,
-    base_name: &str,
+    base: &BaseModel,
     samplers: &mut HashMap<PathBuf, Vec<(String, Tensor)>>,
     command: ClientCommand,
 ) -> (String, Result<Answer, ClientError>) {
@@ -160,12 +161,11 @@ fn run(
         }
         ClientCommand::SaveState { request_id, dir, optimizer } => {
             let answered =
-                client.save_state(base_name, &dir, optimizer).map(|()| Answer::Json { value: json!({}) });
+                client.save_state(base, &dir, optimizer).map(|()| Answer::Json { value: json!({}) });
             (request_id, answered)
         }
         ClientCommand::SaveSampler { request_id, dir } => {
-            let answered =
-                client.save_state(base_name, &dir, false).map(|()| Answer::Json { value: json!({}) });
+            let answered = client.save_state(base, &dir, false).map(|()| Answer::Json { value: json!({}) });
             (request_id, answered)
         }
         ClientCommand::LoadState { request_id, dir, optimizer } => {

@@ -1,5 +1,6 @@
-//! `tinker://` paths (pure): what `save_weights` and `save_weights_for_sampler` answer and
-//! `load_weights` and `create_sampling_session` take — `tinker://RUN/weights/NAME` (a training
+//! `tinker://` paths (pure): what `save_weights` and `save_weights_for_sampler` answer,
+//! `load_weights` and `create_sampling_session` take, and a job's `model.policy` may name (the
+//! gate bridge: an evaluation judged by a line's gates) — `tinker://RUN/weights/NAME` (a training
 //! state) or `tinker://RUN/sampler_weights/NAME` (a sampler's weights), RUN a training client's
 //! id — and where each lives: under the Tinker directory, in the directory of the team whose key
 //! saved it. A path is resolved in the caller's team's directory only, so another team's key finds
