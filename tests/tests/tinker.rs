@@ -380,6 +380,51 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
          [[tenancy.teams]]\nname = \"tests\"\npriorities = [\"low\", \"normal\", \"high\"]\n\
          [tinker]\nmemory_gb = 1\ncheckpoint_every = 4\n",
     );
+    // A native job holding the whole slot: a client waits for a device, and its future says so
+    // (`paused_capacity`, with the scheduler's reason) instead of failing; the job cancelled, the
+    // client is admitted and its future ends.
+    let dir = tempfile::tempdir().unwrap();
+    let data = rlvr_tests::arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
+    let holder = rlvr_tests::arith_grpo_spec(&data, "holder", "builtin:tiny-arith", 100_000, 1000);
+    let holder = rlvr_tests::jobs::submit_ok(
+        &daemon,
+        &format!("{holder}\n{}[resources]\nmemory_gb = 3\n", rlvr_tests::PERMISSIVE_GATES),
+    );
+    rlvr_tests::jobs::wait_job(&daemon, &holder, std::time::Duration::from_secs(120), |job| job.step >= 1);
+    let http = rlvr_tests::jobs::client();
+    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+        let response = http
+            .post(format!("{}/api/v1/{path}", daemon.url))
+            .header("x-api-key", rlvr_tests::TINKER_KEY)
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        response.json().unwrap()
+    };
+    let session = post("create_session", serde_json::json!({"sdk_version": "0.38.0"}))["session_id"].clone();
+    let created = post(
+        "create_model",
+        serde_json::json!({"session_id": session, "model_seq_id": 0, "base_model": "builtin:tiny-arith",
+                           "lora_config": {"rank": 4}}),
+    );
+    let waiting = post("retrieve_future", serde_json::json!({"request_id": created["request_id"]}));
+    assert_eq!(
+        (&waiting["type"], &waiting["queue_state"]),
+        (&"try_again".into(), &"paused_capacity".into()),
+        "{waiting}\n{}",
+        daemon.log()
+    );
+    assert!(waiting["queue_state_reason"].as_str().unwrap().contains("waiting for a device"), "{waiting}");
+    let cancelled = http
+        .delete(format!("{}/v1/jobs/{holder}", daemon.url))
+        .bearer_auth(rlvr_tests::TEAM_TOKEN)
+        .send()
+        .unwrap();
+    assert!(cancelled.status().is_success(), "{:?}", cancelled.status());
+    let opened = post("retrieve_future", serde_json::json!({"request_id": created["request_id"]}));
+    assert_eq!(opened["type"], "create_model", "{opened}");
+    post(&format!("sessions/{}/finish", session.as_str().unwrap()), serde_json::json!({}));
     let loop_of = |key: &str| {
         Command::new(&python)
             .arg(rlvr_tests::workspace_root().join("tests/tinker/share_driver.py"))
@@ -402,9 +447,7 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
         assert!(line.contains("\"step\": 0"), "{line}\n{}", daemon.log());
         seen.push(line);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let data = rlvr_tests::arith_data(dir.path(), &["--train", "64", "--heldout", "16", "--sft", "0"]);
-    let spec = rlvr_tests::arith_grpo_spec(&data, "urgent", "builtin:tiny-arith", 2, 2)
+    let spec = rlvr_tests::arith_grpo_spec(&data, "urgent", "builtin:tiny-arith", 20, 10)
         .replace("team = \"tests\"", "team = \"tests\"\npriority = \"high\"");
     let urgent = rlvr_tests::jobs::submit_ok(
         &daemon,

@@ -18,13 +18,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use rlvr_protocol::tinker::process::{Answer as Result_, ClientCommand, SDK_BASE_FILE};
+use rlvr_protocol::tinker::process::{Answer as OperationAnswer, ClientCommand, SDK_BASE_FILE};
 use rlvr_protocol::tinker::proto::{ForwardBackwardHead, Message};
 use rlvr_protocol::tinker::wire::{
     CreateModelRequest, CreateSamplingSessionRequest, CreateSamplingSessionResponse, GetInfoRequest,
     GetInfoResponse, GetSamplerResponse, LoadWeightsRequest, LoraConfig, ModelData, OptimStepRequest,
-    OptimizerConfig, RequestFailed, RetrieveFutureRequest, SampleRequest, SaveWeightsForSamplerRequest,
-    SaveWeightsRequest, TryAgain, UntypedFuture,
+    OptimizerConfig, QueueState, RequestFailed, RetrieveFutureRequest, SampleRequest,
+    SaveWeightsForSamplerRequest, SaveWeightsRequest, TryAgain, UntypedFuture,
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -213,7 +213,7 @@ fn open_client(state: &TinkerState, spec: ClientSpec, answer: Value) -> Answer<J
     state.clients.futures.open(&request_id, &spec.team).map_err(|e| submit_failure(e.into()))?;
     let id = spec.id.clone();
     let existed = state.clients.get(&id, &spec.team).is_some();
-    let answer = Result_::Json { value: answer };
+    let answer = OperationAnswer::Json { value: answer };
     state.clients.open(spec, &request_id, answer.clone()).map_err(open_failure)?;
     if existed {
         // A retried create: the client is there already.
@@ -575,7 +575,10 @@ pub async fn create_sampling_session(
         // Nobody polls its opening: the samples wait for it as queued commands.
         let opening = rlvr_queue::dispatch::new_task_id();
         state.clients.futures.open(&opening, &spec.team).map_err(|e| submit_failure(e.into()))?;
-        state.clients.open(spec, &opening, Result_::Json { value: json!({}) }).map_err(open_failure)?;
+        state
+            .clients
+            .open(spec, &opening, OperationAnswer::Json { value: json!({}) })
+            .map_err(open_failure)?;
     }
     state.samplers.insert(&sampler_id, sampler);
     Ok(Json(CreateSamplingSessionResponse {
@@ -642,12 +645,16 @@ pub async fn retrieve_future(
     };
     Ok(match found {
         FutureState::Waiting { queue_state, reason } => {
+            let (queue_state, reason) = match (queue_state, state.clients.grant_wait(&request.request_id)) {
+                (QueueState::Active, Some(wait)) => (QueueState::PausedCapacity, Some(wait)),
+                other => (other.0, reason),
+            };
             Json(TryAgain::new(&request.request_id, queue_state, reason)).into_response()
         }
-        FutureState::Done(Result_::Proto { bytes }) => {
+        FutureState::Done(OperationAnswer::Proto { bytes }) => {
             ([(header::CONTENT_TYPE, "application/x-protobuf")], bytes).into_response()
         }
-        FutureState::Done(Result_::Json { value }) => Json(value).into_response(),
+        FutureState::Done(OperationAnswer::Json { value }) => Json(value).into_response(),
         FutureState::Failed { error, category } => Json(RequestFailed { error, category }).into_response(),
     })
 }

@@ -259,7 +259,7 @@ impl Clients {
         match order.arrive(seq, fingerprint, command(id.clone()), || id.clone())? {
             Arrival::Again(first) => Ok(first),
             Arrival::New(id) => {
-                if let Err(full) = self.futures.open(&id, &client.spec.team) {
+                if let Err(full) = self.futures.open_for(&id, &client.spec.team, Some(&client.job())) {
                     // Not taken: the request goes, so that its retry can come again.
                     let _ = order.forget(seq);
                     return Err(full.into());
@@ -271,6 +271,13 @@ impl Clients {
                 Ok(id)
             }
         }
+    }
+
+    /// Why operation `id`, given to its client's process, waits: the scheduler's word when the
+    /// process is waiting for its device's grant (`waiting for update (1.2 s)`).
+    pub fn grant_wait(&self, id: &str) -> Option<String> {
+        let state = self.launch.scheduler.grant_state(&self.futures.job_of(id)?)?;
+        state.starts_with("waiting").then(|| format!("{state}: the device is serving other jobs' phases"))
     }
 
     /// Whether request `seq` of `client` with this body arrived already (a retry: its save's
@@ -287,7 +294,7 @@ impl Clients {
         command: impl FnOnce(String) -> ClientCommand,
     ) -> Result<String, SubmitError> {
         let id = rlvr_queue::dispatch::new_task_id();
-        self.futures.open(&id, &client.spec.team)?;
+        self.futures.open_for(&id, &client.spec.team, Some(&client.job()))?;
         let _ = client.commands.send(command(id.clone()));
         Ok(id)
     }

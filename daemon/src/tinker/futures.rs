@@ -42,6 +42,8 @@ impl FutureState {
 
 struct Entry {
     team: String,
+    /// The scheduler's name of the client that runs it, if one does.
+    job: Option<String>,
     state: FutureState,
     /// When it ended (for forgetting).
     ended_at: Option<Instant>,
@@ -66,6 +68,11 @@ impl Futures {
 
     /// A new future `id` of `team`, waiting.
     pub fn open(&self, id: &str, team: &str) -> Result<(), Full> {
+        self.open_for(id, team, None)
+    }
+
+    /// A new future `id` of `team`, waiting, that the scheduler's job `job` runs.
+    pub fn open_for(&self, id: &str, team: &str, job: Option<&str>) -> Result<(), Full> {
         let mut entries = self.lock();
         if entries.len() >= MAX_FUTURES {
             forget(&mut entries, Duration::ZERO);
@@ -74,7 +81,9 @@ impl Futures {
             }
         }
         let waiting = FutureState::Waiting { queue_state: QueueState::Active, reason: None };
-        entries.insert(id.to_owned(), Entry { team: team.to_owned(), state: waiting, ended_at: None });
+        let entry =
+            Entry { team: team.to_owned(), job: job.map(str::to_owned), state: waiting, ended_at: None };
+        entries.insert(id.to_owned(), entry);
         Ok(())
     }
 
@@ -88,6 +97,11 @@ impl Futures {
         }
         drop(entries);
         self.changed.notify_waiters();
+    }
+
+    /// The scheduler's name of the client that runs future `id`.
+    pub fn job_of(&self, id: &str) -> Option<String> {
+        self.lock().get(id).and_then(|entry| entry.job.clone())
     }
 
     /// Future `id`'s state once it has ended, or after `hold` (then still waiting); `None` when
