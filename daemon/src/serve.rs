@@ -283,6 +283,8 @@ impl Services {
                 per_team: config.api.rate_limit_per_minute,
                 failures_per_address: config.api.auth_failures_per_minute,
                 requests_per_team: config.api.requests_per_team,
+                sdk_per_team: config.tinker.rate_limit_per_minute,
+                sdk_requests_per_team: config.tinker.requests_per_team,
             },
             metrics.api_auth_refusals.clone(),
         ));

@@ -363,6 +363,16 @@ fn the_cookbooks_math_rl_recipe_runs_to_its_end_against_rlvrd_serve() {
     println!("math_rl: {steps} steps in {seconds:.1} s with start-up; each step (time/total): {step_s:?}");
 }
 
+/// An SDK loop's process, killed if the test ends before it does.
+struct Loop(Child);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Two teams' SDK loops (`tests/tinker/share_driver.py`, the same steps from the same seed) and a
 /// native GRPO job of higher priority on one CPU slot that fits two clients and not the job too:
 /// the job preempts a client (it suspends, its loop waits), runs and publishes; the clients
@@ -436,9 +446,9 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
             .spawn()
             .unwrap()
     };
-    let mut loops = [loop_of(rlvr_tests::TINKER_KEY), loop_of(rlvr_tests::OTHER_TINKER_KEY)];
+    let mut loops = [Loop(loop_of(rlvr_tests::TINKER_KEY)), Loop(loop_of(rlvr_tests::OTHER_TINKER_KEY))];
     let mut outputs: Vec<BufReader<ChildStdout>> =
-        loops.iter_mut().map(|child| BufReader::new(child.stdout.take().unwrap())).collect();
+        loops.iter_mut().map(|child| BufReader::new(child.0.stdout.take().unwrap())).collect();
     // Both clients hold their gigabyte once each loop has stepped.
     let mut lines: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
     for (output, seen) in outputs.iter_mut().zip(&mut lines) {
@@ -447,7 +457,7 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
         assert!(line.contains("\"step\": 0"), "{line}\n{}", daemon.log());
         seen.push(line);
     }
-    let spec = rlvr_tests::arith_grpo_spec(&data, "urgent", "builtin:tiny-arith", 20, 10)
+    let spec = rlvr_tests::arith_grpo_spec(&data, "urgent", "builtin:tiny-arith", 2, 2)
         .replace("team = \"tests\"", "team = \"tests\"\npriority = \"high\"");
     let urgent = rlvr_tests::jobs::submit_ok(
         &daemon,
@@ -462,7 +472,7 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
     assert_eq!(done.state, rlvr_protocol::job::JobState::Published, "{done}\n{}", daemon.log());
     for ((child, output), seen) in loops.iter_mut().zip(outputs).zip(&mut lines) {
         seen.extend(output.lines().map(Result::unwrap));
-        assert!(child.wait().unwrap().success(), "a loop failed: {seen:?}\n{}", daemon.log());
+        assert!(child.0.wait().unwrap().success(), "a loop failed: {seen:?}\n{}", daemon.log());
     }
     println!("tests: {:?}\nothers: {:?}", lines[0], lines[1]);
     let probe =

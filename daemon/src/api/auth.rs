@@ -17,6 +17,11 @@
 //! holds its place from the check to the last byte of its answer, so a team cannot take every
 //! connection with slow downloads or streams, whatever its request rate.
 //!
+//! The Tinker SDK's routes (`/api/v1/…`, [`Scheme::ApiKey`]) count against budgets of their own,
+//! `tinker.rate_limit_per_minute` and `tinker.requests_per_team`: a training loop makes several
+//! small requests per operation (its post, its polls, each sample its own), many more than a
+//! person's tools, and must not take the allowance a team's CLI and web page need (or be held to it).
+//!
 //! Rate limits are governor's. Handlers take the [`Caller`] from the request's extensions. A job's
 //! token (`jobs::tokens`, minted by the supervisor for each run of an engine job, valid while its
 //! `JobToken` lives) reaches `POST /v1/verify` only.
@@ -136,8 +141,8 @@ pub enum AuthError {
     Unknown,
     /// Too many failed authentications from this client address; retry after this many seconds.
     TooManyFailures { retry_after_s: u64 },
-    /// Over the team's rate limit; retry after this many seconds.
-    RateLimited { retry_after_s: u64 },
+    /// Over the team's rate limit (`setting` names it); retry after this many seconds.
+    RateLimited { retry_after_s: u64, setting: &'static str },
     /// The team has `api.requests_per_team` requests open: the message says so.
     Busy(String),
 }
@@ -179,12 +184,10 @@ impl From<AuthError> for Failure {
                 ),
             )
             .retry(retry_after_s),
-            AuthError::RateLimited { retry_after_s } => Failure::new(
+            AuthError::RateLimited { retry_after_s, setting } => Failure::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
-                format!(
-                    "this team's request rate is over api.rate_limit_per_minute; retry in {retry_after_s} s"
-                ),
+                format!("this team's request rate is over {setting}; retry in {retry_after_s} s"),
             )
             .retry(retry_after_s),
             AuthError::Busy(message) => Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", message).retry(1),
@@ -215,6 +218,10 @@ pub struct Limits {
     pub failures_per_address: u32,
     /// `api.requests_per_team`: requests open at once per team.
     pub requests_per_team: u32,
+    /// `tinker.rate_limit_per_minute` and `tinker.requests_per_team`: the same, on the Tinker
+    /// SDK's routes.
+    pub sdk_per_team: u32,
+    pub sdk_requests_per_team: u32,
 }
 
 /// How often the failure limiter forgets addresses whose allowance is full again: it is keyed by
@@ -226,11 +233,15 @@ pub struct Auth {
     by_hash: HashMap<[u8; 32], Caller>,
     jobs: Arc<JobTokens>,
     per_team: DefaultKeyedRateLimiter<String>,
+    /// The Tinker SDK's routes' own.
+    sdk_per_team: DefaultKeyedRateLimiter<String>,
     failures: DefaultKeyedRateLimiter<IpAddr>,
     last_forget: Mutex<Instant>,
     refusals: Family<ReasonLabel, Counter>,
     /// Teams' open requests; `api.max_connections` bounds them all together.
     open: Arc<Lanes>,
+    /// Teams' open requests on the Tinker SDK's routes.
+    sdk_open: Arc<Lanes>,
 }
 
 impl Auth {
@@ -254,12 +265,17 @@ impl Auth {
             by_hash,
             jobs,
             per_team: RateLimiter::keyed(whole_minute_at_once(limits.per_team)),
+            sdk_per_team: RateLimiter::keyed(whole_minute_at_once(limits.sdk_per_team)),
             failures: RateLimiter::keyed(whole_minute_at_once(limits.failures_per_address)),
             last_forget: Mutex::new(Instant::now()),
             refusals,
             open: Lanes::new(
                 Caps { at_once: usize::MAX, per_team: limits.requests_per_team as usize },
                 Work { taking: "request(s) open", per_team_setting: "api.requests_per_team" },
+            ),
+            sdk_open: Lanes::new(
+                Caps { at_once: usize::MAX, per_team: limits.sdk_requests_per_team as usize },
+                Work { taking: "Tinker request(s) open", per_team_setting: "tinker.requests_per_team" },
             ),
         }
     }
@@ -271,10 +287,18 @@ impl Auth {
             // The daemon's own tokens: an engine's grading is bounded by the verify route's
             // concurrency, not by its team's request rate.
             Ok(caller) if caller.job.is_some() => Ok(caller),
-            Ok(caller) => match self.per_team.check_key(&caller.team) {
-                Ok(()) => Ok(caller),
-                Err(not_until) => Err(AuthError::RateLimited { retry_after_s: retry_after(&not_until) }),
-            },
+            Ok(caller) => {
+                let (limiter, setting) = match scheme {
+                    Scheme::Bearer => (&self.per_team, "api.rate_limit_per_minute"),
+                    Scheme::ApiKey => (&self.sdk_per_team, "tinker.rate_limit_per_minute"),
+                };
+                match limiter.check_key(&caller.team) {
+                    Ok(()) => Ok(caller),
+                    Err(not_until) => {
+                        Err(AuthError::RateLimited { retry_after_s: retry_after(&not_until), setting })
+                    }
+                }
+            }
             Err(failure) => {
                 self.forget_now_and_then();
                 match self.failures.check_key(&address_key(peer)) {
@@ -293,11 +317,15 @@ impl Auth {
 
     /// A place among the team's open requests for `caller`'s request, held until dropped; a job's
     /// token takes none (its grading is bounded by its lane on the verify route).
-    pub fn open(&self, peer: IpAddr, caller: &Caller) -> Result<Option<Ticket>, AuthError> {
+    pub fn open(&self, peer: IpAddr, caller: &Caller, scheme: Scheme) -> Result<Option<Ticket>, AuthError> {
         if caller.job.is_some() {
             return Ok(None);
         }
-        self.open.try_take(Lane::Team(caller.team.clone())).map(Some).map_err(|message| {
+        let open = match scheme {
+            Scheme::Bearer => &self.open,
+            Scheme::ApiKey => &self.sdk_open,
+        };
+        open.try_take(Lane::Team(caller.team.clone())).map(Some).map_err(|message| {
             let error = AuthError::Busy(message);
             self.refused(peer, &error);
             error
@@ -378,7 +406,8 @@ pub async fn require_token(
     mut request: Request,
     next: Next,
 ) -> Response {
-    match auth.check(peer.ip(), request.headers(), Scheme::of(request.uri().path())) {
+    let scheme = Scheme::of(request.uri().path());
+    match auth.check(peer.ip(), request.headers(), scheme) {
         Ok(caller)
             if caller.job.is_some()
                 && (request.method().as_str(), request.uri().path()) != JOB_TOKEN_ROUTE =>
@@ -390,7 +419,7 @@ pub async fn require_token(
             )
             .into_response()
         }
-        Ok(caller) => match auth.open(peer.ip(), &caller) {
+        Ok(caller) => match auth.open(peer.ip(), &caller, scheme) {
             Ok(place) => {
                 request.extensions_mut().insert(caller);
                 let response = next.run(request).await;
@@ -449,7 +478,13 @@ mod tests {
                 tokens: vec![token("math", "math-secret", false), token("ops", "ops-secret", true)],
             },
             Arc::default(),
-            Limits { per_team, failures_per_address, requests_per_team: 100 },
+            Limits {
+                per_team,
+                failures_per_address,
+                requests_per_team: 100,
+                sdk_per_team: 100,
+                sdk_requests_per_team: 100,
+            },
             Family::default(),
         )
     }
@@ -470,7 +505,9 @@ mod tests {
             let got = auth.check(*peer, &headers(*header), Scheme::Bearer).map_err(|error| match error {
                 // The wait depends on the clock; its presence is what is checked.
                 AuthError::TooManyFailures { .. } => AuthError::TooManyFailures { retry_after_s: 1 },
-                AuthError::RateLimited { .. } => AuthError::RateLimited { retry_after_s: 1 },
+                AuthError::RateLimited { setting, .. } => {
+                    AuthError::RateLimited { retry_after_s: 1, setting }
+                }
                 other => other,
             });
             assert_eq!(&got, expected, "{peer} {header:?}");
@@ -511,7 +548,13 @@ mod tests {
         let auth = Auth::new(
             &config,
             Arc::default(),
-            Limits { per_team: 100, failures_per_address: 100, requests_per_team: 100 },
+            Limits {
+                per_team: 100,
+                failures_per_address: 100,
+                requests_per_team: 100,
+                sdk_per_team: 100,
+                sdk_requests_per_team: 100,
+            },
             Family::default(),
         );
         let caller =
@@ -527,7 +570,13 @@ mod tests {
         let auth = Auth::new(
             &config,
             Arc::default(),
-            Limits { per_team: 100, failures_per_address: 100, requests_per_team: 100 },
+            Limits {
+                per_team: 100,
+                failures_per_address: 100,
+                requests_per_team: 100,
+                sdk_per_team: 100,
+                sdk_requests_per_team: 100,
+            },
             Family::default(),
         );
         let api_key = |value: &str| {
@@ -573,7 +622,7 @@ mod tests {
     fn each_team_has_its_own_allowance() {
         let auth = auth(3, 100);
         let math = (HOME, Some("Bearer math-secret"), caller("math", false));
-        let limited = Err(AuthError::RateLimited { retry_after_s: 1 });
+        let limited = Err(AuthError::RateLimited { retry_after_s: 1, setting: "api.rate_limit_per_minute" });
         check(
             &auth,
             &[
@@ -585,6 +634,44 @@ mod tests {
                 (HOME, Some("Bearer ops-secret"), caller("ops", true)),
             ],
         );
+    }
+
+    /// The Tinker SDK's routes count against a budget of their own: a training loop's many small
+    /// requests neither take the team's tools' allowance nor are held to it.
+    #[test]
+    fn the_sdks_routes_have_their_own_allowance() {
+        let config = AuthConfig {
+            tokens: vec![crate::config::TokenConfig {
+                team: "math".into(),
+                sha256: hex::encode(Sha256::digest(b"tml-math")),
+                admin: false,
+            }],
+        };
+        let limits = Limits {
+            per_team: 1,
+            failures_per_address: 100,
+            requests_per_team: 100,
+            sdk_per_team: 2,
+            sdk_requests_per_team: 100,
+        };
+        let auth = Auth::new(&config, Arc::default(), limits, Family::default());
+        let mut bearer = HeaderMap::new();
+        bearer.insert(AUTHORIZATION, "Bearer tml-math".parse().unwrap());
+        let mut key = HeaderMap::new();
+        key.insert(X_API_KEY, "tml-math".parse().unwrap());
+        let setting = |result: Result<Caller, AuthError>| match result {
+            Ok(_) => "ok",
+            Err(AuthError::RateLimited { setting, .. }) => setting,
+            Err(other) => panic!("{other:?}"),
+        };
+        let got = [
+            setting(auth.check(HOME, &bearer, Scheme::Bearer)),
+            setting(auth.check(HOME, &bearer, Scheme::Bearer)),
+            setting(auth.check(HOME, &key, Scheme::ApiKey)),
+            setting(auth.check(HOME, &key, Scheme::ApiKey)),
+            setting(auth.check(HOME, &key, Scheme::ApiKey)),
+        ];
+        assert_eq!(got, ["ok", "api.rate_limit_per_minute", "ok", "ok", "tinker.rate_limit_per_minute"]);
     }
 
     // regression: failed logins were not rate-limited
@@ -616,7 +703,13 @@ mod tests {
         let auth = Auth::new(
             &AuthConfig::default(),
             jobs.clone(),
-            Limits { per_team: 1, failures_per_address: 100, requests_per_team: 100 },
+            Limits {
+                per_team: 1,
+                failures_per_address: 100,
+                requests_per_team: 100,
+                sdk_per_team: 100,
+                sdk_requests_per_team: 100,
+            },
             Family::default(),
         );
         let minted = jobs.mint("math", "01JOB", 2).unwrap();
@@ -662,7 +755,13 @@ mod tests {
                 })
                 .into(),
         };
-        let limits = Limits { per_team: 100, failures_per_address: 100, requests_per_team: 2 };
+        let limits = Limits {
+            per_team: 100,
+            failures_per_address: 100,
+            requests_per_team: 2,
+            sdk_per_team: 100,
+            sdk_requests_per_team: 100,
+        };
         let auth = Arc::new(Auth::new(&config, jobs.clone(), limits, Family::default()));
         // An answer whose body never ends (a stream, a download the client reads slowly).
         let endless =

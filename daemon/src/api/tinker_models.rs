@@ -38,8 +38,13 @@ use crate::tinker::order::OrderError;
 use crate::tinker::samplers::Sampler;
 use rlvr_protocol::tinker::paths::{PathKind, TinkerPath};
 
-/// How long `retrieve_future` holds a poll for its operation (the SDK gives up at 45 s).
+/// How long `retrieve_future` holds a poll for its operation (the SDK gives up at 45 s, and
+/// polls again at once after a `try_again`).
 pub const POLL_HOLD: Duration = Duration::from_secs(20);
+
+/// How long a poll is held for an operation waiting for a device: shorter, so that the SDK
+/// hears the reason soon (it logs it), and still a poll every few seconds at most.
+pub const PAUSED_POLL_HOLD: Duration = Duration::from_secs(3);
 
 /// The LoRA rank a client gets when `create_model` names none (the SDK's default).
 const DEFAULT_RANK: u32 = 32;
@@ -639,7 +644,10 @@ pub async fn retrieve_future(
     Extension(caller): Extension<Caller>,
     SdkJson(request): SdkJson<RetrieveFutureRequest>,
 ) -> Answer<Response> {
-    let found = state.clients.futures.wait(&request.request_id, &caller.team, POLL_HOLD).await;
+    let paused = state.clients.futures.is_paused(&request.request_id)
+        || state.clients.grant_wait(&request.request_id).is_some();
+    let hold = if paused { PAUSED_POLL_HOLD } else { POLL_HOLD };
+    let found = state.clients.futures.wait(&request.request_id, &caller.team, hold).await;
     let Some(found) = found else {
         return Err(not_found(&format!("request {}", request.request_id)));
     };

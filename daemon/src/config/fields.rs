@@ -671,6 +671,22 @@ admin = false",
         "Training and sampling clients one team may have open on this daemon at once; more are \
          refused with 429 until a session finishes.",
     ),
+    field(
+        "tinker.rate_limit_per_minute",
+        integer(1, 10_000_000, None, 30_000),
+        "Requests per minute each team may make to the Tinker SDK's routes (/api/v1/…), counted \
+         apart from api.rate_limit_per_minute: a training loop makes a few requests per operation \
+         (its post, its polls; each sample its own), so a step of 64 samples is some 150. More get \
+         429 with Retry-After, which the SDK waits out.",
+    ),
+    field(
+        "tinker.requests_per_team",
+        integer(1, 1_000_000, None, 1024),
+        "Requests one team may have open at once on the Tinker SDK's routes, apart from \
+         api.requests_per_team: each pending operation's poll is held open (up to 20 s), and a \
+         loop's samples are all pending at once. Over all teams, api.max_connections still bounds \
+         every connection.",
+    ),
 ];
 
 /// An `[outbound] allow` entry: parsed as the daemon will use it.

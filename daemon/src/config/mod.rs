@@ -187,6 +187,10 @@ pub struct TinkerConfig {
     /// State-changing requests between a client's checkpoints.
     pub checkpoint_every: u32,
     pub clients_per_team: u32,
+    /// Requests per minute per team on the SDK's routes.
+    pub rate_limit_per_minute: u32,
+    /// Requests open at once per team on the SDK's routes.
+    pub requests_per_team: u32,
 }
 
 /// `[plugins]`

@@ -99,6 +99,13 @@ impl Futures {
         self.changed.notify_waiters();
     }
 
+    /// Whether future `id` waits for a device.
+    pub fn is_paused(&self, id: &str) -> bool {
+        self.lock().get(id).is_some_and(|entry| {
+            matches!(entry.state, FutureState::Waiting { queue_state: QueueState::PausedCapacity, .. })
+        })
+    }
+
     /// The scheduler's name of the client that runs future `id`.
     pub fn job_of(&self, id: &str) -> Option<String> {
         self.lock().get(id).and_then(|entry| entry.job.clone())
