@@ -244,7 +244,7 @@ fn the_tinker_sdk_trains_samples_saves_and_survives_a_killed_process_through_rlv
     let daemon = rlvr_tests::Daemon::start_with(
         &["rlvr-optimizer-grpo", "rlvr-verifier-math"],
         &redis.url(),
-        "[queue]\nworker_threads = 1\n[tinker]\ncheckpoint_every = 2\nmemory_gb = 1\n",
+        "[queue]\nworker_threads = 1\n[tinker]\ncheckpoint_every = 2\nmemory_gb = 1\nidle_release_s = 5\n",
     );
     // The gate bridge's problems: the team trains on these and is judged on the same ones.
     let dir = tempfile::tempdir().unwrap();
@@ -270,12 +270,46 @@ fn the_tinker_sdk_trains_samples_saves_and_survives_a_killed_process_through_rlv
         String::from_utf8_lossy(&output.stderr),
         daemon.log()
     );
-    let adapters: serde_json::Value = stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|line| line["check"] == "gate_adapters")
-        .unwrap();
-    gate_bridge(&daemon, &data, &adapters);
+    let checks: Vec<serde_json::Value> =
+        stdout.lines().filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok()).collect();
+    let adapters = checks.iter().find(|line| line["check"] == "gate_adapters").unwrap();
+    gate_bridge(&daemon, &data, adapters);
+    let parked = checks.iter().find(|line| line["check"] == "parked").unwrap();
+    a_parked_client_resumes_on_its_next_request(&daemon, parked);
+}
+
+/// The driver has ended, and with it its session's heartbeats: its clients are suspended and give
+/// their device back (`tinker.idle_release_s`); a request for one resumes it and is answered.
+fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, victim: &serde_json::Value) {
+    let parked = rlvr_tests::wait_until(std::time::Duration::from_secs(60), || {
+        daemon.log().contains("the session's heartbeats stopped: suspending")
+    });
+    assert!(parked, "no client was parked:\n{}", daemon.log());
+    let resumed_before = daemon.log().matches("resumed=true").count();
+    let http = rlvr_tests::jobs::client();
+    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+        let response = http
+            .post(format!("{}/api/v1/{path}", daemon.url))
+            .header("x-api-key", rlvr_tests::TINKER_KEY)
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}: {}", daemon.log());
+        response.json().unwrap()
+    };
+    let step = post(
+        "optim_step",
+        serde_json::json!({"model_id": victim["model_id"], "seq_id": victim["next_seq"],
+                           "adam_params": {"learning_rate": 1e-3}}),
+    );
+    let answer = loop {
+        let answer = post("retrieve_future", serde_json::json!({"request_id": step["request_id"]}));
+        if answer["type"] != "try_again" {
+            break answer;
+        }
+    };
+    assert!(answer["metrics"].is_object(), "{answer}");
+    assert!(daemon.log().matches("resumed=true").count() > resumed_before, "{}", daemon.log());
 }
 
 /// The gate bridge: an evaluation job (`budget.max_steps = 0`) whose `model.policy` is a

@@ -279,4 +279,6 @@ trained = gated.save_weights_for_sampler("trained").result().path
 untrained = service.create_lora_training_client(BASE, rank=8, seed=31).result()
 untrained_path = untrained.save_weights_for_sampler("untrained").result().path
 say("gate_adapters", trained=trained, untrained=untrained_path, losses=gate_losses[::10])
+# The victim's next request, for the test to send once this program (and its heartbeats) ended.
+say("parked", model_id=victim.model_id, next_seq=victim._request_id_counter + 1)
 say("done")

@@ -653,7 +653,7 @@ admin = false",
     },
     field(
         "tinker.idle_release_s",
-        integer(10, 86_400, SECONDS, 120),
+        integer(5, 86_400, SECONDS, 120),
         "A session whose heartbeats stop this long (the SDK beats every 10 s while its program runs) \
          has its clients suspended: adapter, AdamW's state and accumulated gradients written, device \
          released. A later request resumes them exactly.",
