@@ -97,6 +97,7 @@ fn open_failure(error: OpenError) -> Failure {
             Failure::new(StatusCode::TOO_MANY_REQUESTS, "too_many_clients", error.to_string()).retry(60)
         }
         OpenError::Stopping => Failure::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", error.to_string()),
+        OpenError::Taken { .. } => Failure::new(StatusCode::CONFLICT, "conflict", error.to_string()),
     }
 }
 

@@ -138,6 +138,8 @@ pub enum OpenError {
     TooMany { team: String, open: usize },
     #[error("the daemon is stopping")]
     Stopping,
+    #[error("client {id} is another team's")]
+    Taken { id: String },
 }
 
 /// Why an operation could not be queued.
@@ -206,8 +208,11 @@ impl Clients {
             return Err(OpenError::Stopping);
         }
         let mut open = self.lock();
-        if let Some(client) = open.get(&spec.id).filter(|client| client.spec.team == spec.team) {
-            return Ok(client.clone());
+        match open.get(&spec.id) {
+            Some(client) if client.spec.team == spec.team => return Ok(client.clone()),
+            // Ids hold their session's, which is one team's: never reached, and never replaced.
+            Some(_) => return Err(OpenError::Taken { id: spec.id.clone() }),
+            None => {}
         }
         let of_team = open.values().filter(|client| client.spec.team == spec.team).count();
         if of_team >= self.launch.settings.clients_per_team {
