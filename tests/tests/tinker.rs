@@ -278,6 +278,18 @@ fn the_tinker_sdk_trains_samples_saves_and_survives_a_killed_process_through_rlv
     a_parked_client_resumes_on_its_next_request(&daemon, parked);
 }
 
+/// `POST /api/v1/PATH` with team `tests`'s Tinker key, as the SDK sends it: the JSON answer (200).
+fn sdk_post(daemon: &rlvr_tests::Daemon, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let response = rlvr_tests::jobs::client()
+        .post(format!("{}/api/v1/{path}", daemon.url))
+        .header("x-api-key", rlvr_tests::TINKER_KEY)
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200, "{path}: {}", daemon.log());
+    response.json().unwrap()
+}
+
 /// The driver has ended, and with it its session's heartbeats: its clients are suspended and give
 /// their device back (`tinker.idle_release_s`); a request for one resumes it and is answered.
 fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, victim: &serde_json::Value) {
@@ -286,17 +298,7 @@ fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, vict
     });
     assert!(parked, "no client was parked:\n{}", daemon.log());
     let resumed_before = daemon.log().matches("resumed=true").count();
-    let http = rlvr_tests::jobs::client();
-    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
-        let response = http
-            .post(format!("{}/api/v1/{path}", daemon.url))
-            .header("x-api-key", rlvr_tests::TINKER_KEY)
-            .json(&body)
-            .send()
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200, "{path}: {}", daemon.log());
-        response.json().unwrap()
-    };
+    let post = |path: &str, body: serde_json::Value| sdk_post(daemon, path, body);
     let step = post(
         "optim_step",
         serde_json::json!({"model_id": victim["model_id"], "seq_id": victim["next_seq"],
@@ -436,16 +438,7 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
     );
     rlvr_tests::jobs::wait_job(&daemon, &holder, std::time::Duration::from_secs(120), |job| job.step >= 1);
     let http = rlvr_tests::jobs::client();
-    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
-        let response = http
-            .post(format!("{}/api/v1/{path}", daemon.url))
-            .header("x-api-key", rlvr_tests::TINKER_KEY)
-            .json(&body)
-            .send()
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200, "{path}");
-        response.json().unwrap()
-    };
+    let post = |path: &str, body: serde_json::Value| sdk_post(&daemon, path, body);
     let session = post("create_session", serde_json::json!({"sdk_version": "0.38.0"}))["session_id"].clone();
     let created = post(
         "create_model",
@@ -512,6 +505,14 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
     let probe =
         |seen: &[String]| seen.last().filter(|line| line.contains("probe")).cloned().unwrap_or_default();
     assert!(!probe(&lines[0]).is_empty() && probe(&lines[0]) == probe(&lines[1]), "{lines:?}");
+    // Fair share: the two teams' loops took turns on the slot, neither starved (each loop's time
+    // to its last step within twice the other's, one of them preempted for the urgent job).
+    let last_at = |seen: &[String]| -> f64 {
+        let line = seen.iter().rev().find(|line| line.contains("at_s")).unwrap();
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["at_s"].as_f64().unwrap()
+    };
+    let (a, b) = (last_at(&lines[0]), last_at(&lines[1]));
+    assert!(a.max(b) <= 2.0 * a.min(b), "the loops' times: {a} s and {b} s");
     let log = daemon.log();
     assert!(log.contains("preempted: suspending"), "no client was preempted:\n{log}");
     assert!(log.contains("resumed=true"), "no client resumed:\n{log}");
