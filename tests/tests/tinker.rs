@@ -290,6 +290,16 @@ fn sdk_post(daemon: &rlvr_tests::Daemon, path: &str, body: serde_json::Value) ->
     response.json().unwrap()
 }
 
+/// An operation's result: `retrieve_future` polled until it says more than `try_again`.
+fn sdk_result(daemon: &rlvr_tests::Daemon, request_id: &serde_json::Value) -> serde_json::Value {
+    loop {
+        let answer = sdk_post(daemon, "retrieve_future", serde_json::json!({"request_id": request_id}));
+        if answer["type"] != "try_again" {
+            return answer;
+        }
+    }
+}
+
 /// The driver has ended, and with it its session's heartbeats: its clients are suspended and give
 /// their device back (`tinker.idle_release_s`); a request for one resumes it and is answered.
 fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, victim: &serde_json::Value) {
@@ -304,12 +314,7 @@ fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, vict
         serde_json::json!({"model_id": victim["model_id"], "seq_id": victim["next_seq"],
                            "adam_params": {"learning_rate": 1e-3}}),
     );
-    let answer = loop {
-        let answer = post("retrieve_future", serde_json::json!({"request_id": step["request_id"]}));
-        if answer["type"] != "try_again" {
-            break answer;
-        }
-    };
+    let answer = sdk_result(daemon, &step["request_id"]);
     assert!(answer["metrics"].is_object(), "{answer}");
     assert!(daemon.log().matches("resumed=true").count() > resumed_before, "{}", daemon.log());
 }
@@ -459,7 +464,7 @@ fn two_teams_sdk_loops_and_an_urgent_native_job_share_one_device_and_all_finish(
         .send()
         .unwrap();
     assert!(cancelled.status().is_success(), "{:?}", cancelled.status());
-    let opened = post("retrieve_future", serde_json::json!({"request_id": created["request_id"]}));
+    let opened = sdk_result(&daemon, &created["request_id"]);
     assert_eq!(opened["type"], "create_model", "{opened}");
     post(&format!("sessions/{}/finish", session.as_str().unwrap()), serde_json::json!({}));
     let loop_of = |key: &str| {

@@ -111,8 +111,22 @@ formulas = {
         lambda lp, r: -np.sum(np.clip(r, 0.7, 1.3) * lp * advantages),
     ),
 }
+# GSPO's sequence ratio averages the log-ratios of the tokens its mask marks (not the first two).
+mask = np.array([0.0, 0.0] + [1.0] * (n - 2))
+q32 = sampling.astype(np.float32).astype(np.float64)
+
+
+def gspo(lp, r):
+    s = np.exp(np.sum((lp - q32) * mask) / mask.sum())
+    return -np.sum(np.minimum(s * advantages, np.clip(s, 0.9, 1.1) * advantages))
+
+
+formulas["gspo"] = ({"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, gspo)
 for name, (config, formula) in formulas.items():
-    out = train.forward_backward(rl, name, config).result()
+    data = rl
+    if name == "gspo":
+        data = [datum(tokens, logprobs=sampling, advantages=advantages, sequence_ratio_mask=mask)]
+    out = train.forward_backward(data, name, config).result()
     lp = logprobs(out)
     expected = formula(lp, np.exp(lp - sampling.astype(np.float32).astype(np.float64)))
     got = out.metrics["loss:sum"]
@@ -184,6 +198,18 @@ saved = poll(http.post("/save_weights", json=save).json()["request_id"])
 restored = service.create_training_client_from_state(saved["path"]).result()
 worst = close(probe(once), probe(restored), 0.0, "a step posted twice against a step posted once")
 say("retry", request_id=first, path=saved["path"], probe_gap=worst)
+
+# --- A save under a name taken is refused unless it says overwrite (then it replaces it).
+first_save = restored.save_state("dup").result().path
+assert restored.save_state("dup", overwrite=True).result().path == first_save
+try:
+    restored.save_state("dup").result()
+    raise AssertionError("a save replaced a state of the same name without overwrite")
+except AssertionError:
+    raise
+except Exception as error:  # the SDK's BadRequestError (the client is poisoned after it)
+    assert "overwrite" in str(error), repr(error)
+say("overwrite", path=first_save)
 
 # --- save_state, then a client made from it with its optimizer: the same next step.
 path = train_path = None

@@ -286,7 +286,15 @@ pub async fn optim_step(
         return Err(bad("optimizer_params", "only AdamW (adam_params) is served here"));
     }
     let client = client(&state, &request.model_id, &caller.team)?;
-    let params = request.adam_params.unwrap_or_else(|| serde_json::from_value(json!({})).expect("defaults"));
+    let params = request.adam_params.unwrap_or_default();
+    for (name, value) in [("beta1", params.beta1), ("beta2", params.beta2)] {
+        if !(0.0..1.0).contains(&value) {
+            return Err(bad(
+                &format!("adam_params.{name}"),
+                format!("expected a number in [0, 1), got {value}"),
+            ));
+        }
+    }
     for (name, value) in [
         ("learning_rate", params.learning_rate),
         ("beta1", params.beta1),
@@ -664,6 +672,10 @@ pub async fn retrieve_future(
             ([(header::CONTENT_TYPE, "application/x-protobuf")], bytes).into_response()
         }
         FutureState::Done(OperationAnswer::Json { value }) => Json(value).into_response(),
-        FutureState::Failed { error, category } => Json(RequestFailed { error, category }).into_response(),
+        // A process's or the daemon's sentence may quote a server path: the team reads its name.
+        FutureState::Failed { error, category } => {
+            let error = state.tenancy.shown.text(&error).into_owned();
+            Json(RequestFailed { error, category }).into_response()
+        }
     })
 }

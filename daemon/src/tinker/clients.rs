@@ -572,7 +572,10 @@ async fn serve(
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(error) => return Ended::Crashed(format!("cannot start {}: {error}", launch.worker.display())),
+        Err(error) => {
+            warn!(worker = %launch.worker.display(), %error, "cannot start the client's process");
+            return Ended::Crashed(format!("the daemon cannot start the client's process: {error}"));
+        }
     };
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Ended::Crashed("the process has no pipes".into());

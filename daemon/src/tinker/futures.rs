@@ -111,18 +111,21 @@ impl Futures {
         self.lock().get(id).and_then(|entry| entry.job.clone())
     }
 
-    /// Future `id`'s state once it has ended, or after `hold` (then still waiting); `None` when
-    /// `team` has no such future.
+    /// Future `id`'s state once it has ended or changed (from working to waiting for a device, or
+    /// back), or after `hold` (then as it was); `None` when `team` has no such future.
     pub async fn wait(&self, id: &str, team: &str, hold: Duration) -> Option<FutureState> {
         let deadline = tokio::time::Instant::now() + hold;
+        let mut first = None;
         loop {
             // Registered before the state is read, so a change in between still wakes it.
             let changed = self.changed.notified();
             let state =
                 self.lock().get(id).filter(|entry| entry.team == team).map(|entry| entry.state.clone())?;
-            if state.ended() || tokio::time::Instant::now() >= deadline {
+            let moved = first.as_ref().is_some_and(|first| *first != state);
+            if state.ended() || moved || tokio::time::Instant::now() >= deadline {
                 return Some(state);
             }
+            first.get_or_insert(state);
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 return self.lock().get(id).map(|entry| entry.state.clone());
             }
@@ -146,7 +149,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_poll_is_held_until_its_operation_ends_or_the_hold_passes() {
+    async fn a_poll_is_held_until_its_operation_changes_or_the_hold_passes() {
         let futures = Arc::new(Futures::default());
         futures.open("r1", "math").unwrap();
         // Nothing happens: the poll comes back after its hold, still waiting.
@@ -168,7 +171,15 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             setter.set("r1", done());
         });
+        // It waits for a device, then ends, while polls are held: a poll answers at a change,
+        // long before its hold (the first sees the pause, or the end if it began after the pause).
         let started = Instant::now();
+        let first = futures.wait("r1", "math", Duration::from_secs(20)).await.unwrap();
+        assert!(
+            first == done()
+                || matches!(first, FutureState::Waiting { queue_state: QueueState::PausedCapacity, .. }),
+            "{first:?}"
+        );
         assert_eq!(futures.wait("r1", "math", Duration::from_secs(20)).await, Some(done()));
         assert!(started.elapsed() < Duration::from_secs(5));
         // An ended future stays as it ended; another team's key, or an unknown id, finds none.

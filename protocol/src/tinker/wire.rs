@@ -259,6 +259,20 @@ pub struct AdamParams {
     pub grad_clip_norm: f64,
 }
 
+impl Default for AdamParams {
+    /// The SDK's defaults.
+    fn default() -> Self {
+        AdamParams {
+            learning_rate: defaults::learning_rate(),
+            beta1: defaults::beta1(),
+            beta2: defaults::beta2(),
+            eps: defaults::eps(),
+            weight_decay: 0.0,
+            grad_clip_norm: 0.0,
+        }
+    }
+}
+
 mod defaults {
     pub fn learning_rate() -> f64 {
         1e-4

@@ -615,6 +615,7 @@ mod tests {
             Loss::Ppo { low: 0.8, high: 1.2 },
             Loss::Cispo { low: 0.9, high: 1.1 },
             Loss::Dro { beta: 0.2 },
+            Loss::Gspo { low: 0.9, high: 1.1 },
         ];
         for loss in losses {
             let mut client = client(3);
@@ -622,18 +623,27 @@ mod tests {
                 &client,
                 "41+1=",
                 "42",
-                &[("logprobs", sampling.clone()), ("advantages", advantages.clone())],
+                &[
+                    ("logprobs", sampling.clone()),
+                    ("advantages", advantages.clone()),
+                    ("sequence_ratio_mask", vec![1.0; 4]),
+                ],
             )];
             let pass = client.forward_backward(&data, &loss, false).unwrap();
+            let q = |i: usize| f64::from(sampling[i % 4]);
+            let lps: Vec<f64> = pass.logprobs[0].iter().map(|&lp| f64::from(lp)).collect();
+            // GSPO's sequence ratio: the mean log-ratio over the tokens its mask marks (all).
+            let s = (lps.iter().enumerate().map(|(i, lp)| lp - q(i)).sum::<f64>() / lps.len() as f64).exp();
             let mut want = 0.0;
-            for (i, &lp) in pass.logprobs[0].iter().enumerate() {
-                let (lp, q, a) = (f64::from(lp), f64::from(sampling[i % 4]), f64::from(advantages[i % 4]));
+            for (i, &lp) in lps.iter().enumerate() {
+                let (q, a) = (q(i), f64::from(advantages[i % 4]));
                 let r = (lp - q).exp();
                 want -= match loss {
                     Loss::ImportanceSampling => r * a,
                     Loss::Ppo { low, high } => (r * a).min(r.clamp(low, high) * a),
                     Loss::Cispo { low, high } => r.clamp(low, high) * lp * a,
                     Loss::Dro { beta } => lp * a - 0.5 * beta * (lp - q) * (lp - q),
+                    Loss::Gspo { low, high } => (s * a).min(s.clamp(low, high) * a),
                     Loss::CrossEntropy => unreachable!(),
                 };
             }

@@ -20,6 +20,8 @@ pub struct LossInputs {
     pub sampling: Option<Tensor>,
     /// `advantages`: `[N]`.
     pub advantages: Option<Tensor>,
+    /// `sequence_ratio_mask` (gspo): `[N]`, the tokens whose log-ratios the sequence ratio averages.
+    pub ratio_mask: Option<Tensor>,
 }
 
 impl LossInputs {
@@ -50,6 +52,7 @@ impl LossInputs {
             weights: None,
             sampling: None,
             advantages: None,
+            ratio_mask: None,
         };
         match loss {
             Loss::CrossEntropy => inputs.weights = Some(float("weights", take("weights")?, targets.columns)?),
@@ -63,6 +66,9 @@ impl LossInputs {
                 }
                 inputs.sampling = Some(float("logprobs", take("logprobs")?, 1)?);
                 inputs.advantages = Some(float("advantages", take("advantages")?, 1)?);
+                if let Loss::Gspo { .. } = loss {
+                    inputs.ratio_mask = Some(float("sequence_ratio_mask", take("sequence_ratio_mask")?, 1)?);
+                }
             }
         }
         Ok(inputs)
@@ -91,6 +97,15 @@ pub fn datum_loss(loss: &Loss, target_logprobs: &Tensor, inputs: &LossInputs) ->
         Loss::Dro { beta } => {
             let drift = target_logprobs - &sampling;
             target_logprobs * &advantages - (&drift * &drift) * (0.5 * beta)
+        }
+        Loss::Gspo { low, high } => {
+            // The sequence ratio's value on every token, with that token's own gradient.
+            let mask = needs(&inputs.ratio_mask).ne(0.0).to_kind(target_logprobs.kind());
+            let count = mask.sum(Kind::Float).clamp_min(1.0);
+            let log_ratio = ((target_logprobs.detach() - &sampling) * &mask).sum(Kind::Float) / count;
+            let ratio = (log_ratio + target_logprobs - target_logprobs.detach()).exp();
+            let clipped = ratio.clamp(low, high);
+            (&ratio * &advantages).minimum(&(clipped * &advantages))
         }
         Loss::CrossEntropy => unreachable!("returned above"),
     };
@@ -132,6 +147,12 @@ mod tests {
                     (-weight * lp * a, -weight * a)
                 }
                 Loss::Dro { beta } => (-(lp * a - 0.5 * beta * (lp - q) * (lp - q)), -(a - beta * (lp - q))),
+                Loss::Gspo { low, high } => {
+                    // Every token carries the sequence ratio (all six tokens in its mask here).
+                    let s = (TOKENS.iter().map(|t| t.0 - t.1).sum::<f64>() / TOKENS.len() as f64).exp();
+                    let clipped = s.clamp(low, high);
+                    if s * a <= clipped * a { (-s * a, -s * a) } else { (-clipped * a, 0.0) }
+                }
             };
             value += term;
             gradient.push(slope);
@@ -150,6 +171,10 @@ mod tests {
             Loss::Ppo { low: 0.8, high: 1.2 },
             Loss::Cispo { low: 0.9, high: 1.1 },
             Loss::Dro { beta: 0.3 },
+            Loss::Gspo { low: 0.8, high: 1.2 },
+            // The sequence ratio (0.89) below the clip range: tokens of negative advantage take the
+            // clipped objective and pass no gradient.
+            Loss::Gspo { low: 0.95, high: 1.05 },
         ];
         for loss in losses {
             let logprobs = column(|t| t.0).set_requires_grad(true);
@@ -158,6 +183,7 @@ mod tests {
                 weights: Some(column(|t| t.3)),
                 sampling: Some(column(|t| t.1)),
                 advantages: Some(column(|t| t.2)),
+                ratio_mask: Some(Tensor::ones([6], (Kind::Float, Device::Cpu))),
             };
             let value = datum_loss(&loss, &logprobs, &inputs);
             value.backward();
