@@ -47,6 +47,22 @@ use crate::sched::service::{Scheduler, Seat};
 /// Crashes in a row (no command answered in between) before a client gives up.
 pub const MAX_CRASHES: u32 = 3;
 
+/// How often a parked client looks whether its session still is.
+const PARKED_SESSION_CHECK: Duration = Duration::from_secs(60);
+
+/// Whether `spec`'s session is there and not finished (a Redis error counts as alive: it is
+/// asked again).
+async fn session_alive(store: &TinkerStore, spec: &ClientSpec) -> bool {
+    match store.session(&spec.session, &spec.team).await {
+        Ok(Some(session)) => session.finished.is_none(),
+        Ok(None) => false,
+        Err(error) => {
+            warn!(%error, "cannot read the session's record; will try again");
+            true
+        }
+    }
+}
+
 /// How often a running client looks at its session's heartbeats.
 const SESSION_CHECK: Duration = Duration::from_secs(5);
 
@@ -396,8 +412,9 @@ async fn drive(
         return;
     }
     loop {
-        // Parked: nothing to do until a command comes.
-        if run.backlog.is_empty() && run.opened.is_none() {
+        // Parked: nothing to do until a command comes, or its session ends (finished, or its
+        // record expired an hour after its last heartbeat: nothing will come for it then).
+        while run.backlog.is_empty() && run.opened.is_none() {
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(command) => run.backlog.push_back(command),
@@ -405,7 +422,15 @@ async fn drive(
                 },
                 () = client.closed.cancelled() => break,
                 () = clients.stopping.cancelled() => break,
+                () = tokio::time::sleep(PARKED_SESSION_CHECK) => {
+                    if !session_alive(&clients.launch.store, &client.spec).await {
+                        break;
+                    }
+                }
             }
+        }
+        if run.backlog.is_empty() && run.opened.is_none() {
+            break;
         }
         let Some((mut seat, devices)) = admit(&clients, &client, &mut run, &mut commands).await else {
             break;
@@ -451,13 +476,12 @@ fn commands_left(commands: &mut mpsc::UnboundedReceiver<ClientCommand>) -> Vec<C
 /// Fails every operation the run still holds.
 fn fail_all(clients: &Clients, run: &mut Run, why: &str) {
     let failed = || FutureState::Failed { error: why.to_owned(), category: ErrorCategory::Server };
-    for id in run.waiting_ids() {
+    let given =
+        run.since_checkpoint.iter().filter_map(|(command, _)| command.request_id().map(str::to_owned));
+    for id in run.waiting_ids().into_iter().chain(given.collect::<Vec<_>>()) {
         clients.futures.set(&id, failed());
-    }
-    for (command, _) in &run.since_checkpoint {
-        if let Some(id) = command.request_id() {
-            clients.futures.set(id, failed());
-        }
+        // A save's answer the daemon kept for it goes with it.
+        clients.answer_for(&id, Answer::Json { value: serde_json::Value::Null });
     }
     run.backlog.clear();
     run.opened = None;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-/// The most samplers kept; past it a session's oldest go first.
+/// The most samplers kept; past it the oldest go first.
 pub const MAX_SAMPLERS: usize = 100_000;
 
 /// A sampling client.
@@ -24,43 +24,88 @@ pub struct Sampler {
     pub served_by: String,
     /// The adapter directory swapped in for its samples; `None`: the serving client's own.
     pub weights: Option<PathBuf>,
-    /// Its number in the session, for the oldest-first bound.
+    /// Its number in the session.
     pub number: u64,
 }
 
-/// Every sampler.
-#[derive(Default)]
+/// Every sampler, each with its place in the order they were made.
 pub struct Samplers {
-    by_id: Mutex<HashMap<String, Sampler>>,
+    by_id: Mutex<HashMap<String, (u64, Sampler)>>,
+    made: std::sync::atomic::AtomicU64,
+    /// [`MAX_SAMPLERS`], but in tests.
+    cap: usize,
+}
+
+impl Default for Samplers {
+    fn default() -> Self {
+        Samplers { by_id: Mutex::default(), made: Default::default(), cap: MAX_SAMPLERS }
+    }
 }
 
 impl Samplers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Sampler>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Sampler)>> {
         self.by_id.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records sampler `id` (again: the same sampler, for a retried request).
+    /// Records sampler `id` (again: the same sampler, for a retried request). Past
+    /// [`MAX_SAMPLERS`] the oldest goes (its session's clients may be long gone).
     pub fn insert(&self, id: &str, sampler: Sampler) {
+        let made = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut by_id = self.lock();
-        if by_id.len() >= MAX_SAMPLERS
-            && let Some(oldest) = by_id
-                .iter()
-                .filter(|(_, s)| s.session == sampler.session)
-                .min_by_key(|(_, s)| s.number)
-                .map(|(id, _)| id.clone())
+        if by_id.len() >= self.cap
+            && !by_id.contains_key(id)
+            && let Some(oldest) = by_id.iter().min_by_key(|(_, (made, _))| *made).map(|(id, _)| id.clone())
         {
             by_id.remove(&oldest);
         }
-        by_id.insert(id.to_owned(), sampler);
+        by_id.insert(id.to_owned(), (made, sampler));
     }
 
     /// `team`'s sampler `id`.
     pub fn get(&self, id: &str, team: &str) -> Option<Sampler> {
-        self.lock().get(id).filter(|sampler| sampler.team == team).cloned()
+        self.lock().get(id).map(|(_, sampler)| sampler).filter(|sampler| sampler.team == team).cloned()
     }
 
     /// Forgets `team`'s session `session`'s samplers.
     pub fn close_session(&self, session: &str, team: &str) {
-        self.lock().retain(|_, sampler| !(sampler.session == session && sampler.team == team));
+        self.lock().retain(|_, (_, sampler)| !(sampler.session == session && sampler.team == team));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(team: &str, session: &str) -> Sampler {
+        Sampler {
+            team: team.into(),
+            session: session.into(),
+            base_name: "builtin:tiny-arith".into(),
+            model_path: None,
+            served_by: format!("{session}:train:0"),
+            weights: None,
+            number: 0,
+        }
+    }
+
+    #[test]
+    fn samplers_are_their_teams_bounded_oldest_first_and_go_with_their_session() {
+        let samplers = Samplers { cap: 2, ..Samplers::default() };
+        samplers.insert("a:sample:0", sampler("math", "a"));
+        samplers.insert("b:sample:0", sampler("vision", "b"));
+        assert!(samplers.get("a:sample:0", "math").is_some());
+        assert_eq!(samplers.get("a:sample:0", "vision"), None, "another team's key finds none");
+        // A retried insert replaces its own entry; a new one past the cap drops the oldest,
+        // whichever session made it.
+        samplers.insert("b:sample:0", sampler("vision", "b"));
+        samplers.insert("c:sample:0", sampler("math", "c"));
+        assert_eq!(samplers.get("a:sample:0", "math"), None);
+        assert!(
+            samplers.get("b:sample:0", "vision").is_some() && samplers.get("c:sample:0", "math").is_some()
+        );
+        samplers.close_session("c", "vision");
+        assert!(samplers.get("c:sample:0", "math").is_some(), "only the session's own team closes it");
+        samplers.close_session("c", "math");
+        assert_eq!(samplers.get("c:sample:0", "math"), None);
     }
 }
