@@ -56,7 +56,8 @@ pub const DATA_RULE: &str = "\"dataset:NAME\", \"dataset:NAME@SHA256\" (a datase
 /// What the model fields may hold, for messages.
 pub const MODEL_RULE: &str = "\"builtin:tiny-arith\", \"base:NAME\" (a base model the operator declared), \
      \"line:LINE\" or \"line:LINE@VERSION\" (a model line your team may read), \
-     \"tinker://RUN/sampler_weights/NAME\" (an adapter a Tinker client of your team saved)";
+     \"tinker://RUN/weights/NAME\" or \"tinker://RUN/sampler_weights/NAME\" (an adapter a Tinker client of \
+     your team saved)";
 
 /// A data reference.
 #[derive(Debug, Clone, PartialEq, Eq)]

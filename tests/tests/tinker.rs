@@ -303,11 +303,18 @@ fn sdk_result(daemon: &rlvr_tests::Daemon, request_id: &serde_json::Value) -> se
 /// The driver has ended, and with it its session's heartbeats: its clients are suspended and give
 /// their device back (`tinker.idle_release_s`); a request for one resumes it and is answered.
 fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, victim: &serde_json::Value) {
+    let client = format!("client={} ", victim["model_id"].as_str().unwrap());
     let parked = rlvr_tests::wait_until(std::time::Duration::from_secs(60), || {
-        daemon.log().contains("the session's heartbeats stopped: suspending")
+        daemon
+            .log()
+            .lines()
+            .any(|line| line.contains(&client) && line.contains("heartbeats stopped: suspending"))
     });
     assert!(parked, "no client was parked:\n{}", daemon.log());
-    let resumed_before = daemon.log().matches("resumed=true").count();
+    let resumed = || {
+        daemon.log().lines().filter(|line| line.contains(&client) && line.contains("resumed=true")).count()
+    };
+    let resumed_before = resumed();
     let post = |path: &str, body: serde_json::Value| sdk_post(daemon, path, body);
     let step = post(
         "optim_step",
@@ -316,7 +323,22 @@ fn a_parked_client_resumes_on_its_next_request(daemon: &rlvr_tests::Daemon, vict
     );
     let answer = sdk_result(daemon, &step["request_id"]);
     assert!(answer["metrics"].is_object(), "{answer}");
-    assert!(daemon.log().matches("resumed=true").count() > resumed_before, "{}", daemon.log());
+    // A request refused takes its turn as a failure of its own (its seq_id is spent): the next
+    // one does not wait for it.
+    let next = victim["next_seq"].as_u64().unwrap();
+    let refused = post(
+        "optim_step",
+        serde_json::json!({"model_id": victim["model_id"], "seq_id": next + 1, "adam_params": {"beta1": 2.0}}),
+    );
+    let failure = sdk_result(daemon, &refused["request_id"]);
+    assert_eq!(failure["category"], "user", "{failure}");
+    assert!(failure["error"].as_str().unwrap().contains("adam_params.beta1"), "{failure}");
+    let after = post(
+        "optim_step",
+        serde_json::json!({"model_id": victim["model_id"], "seq_id": next + 2, "adam_params": {"learning_rate": 1e-3}}),
+    );
+    assert!(sdk_result(daemon, &after["request_id"])["metrics"].is_object());
+    assert!(resumed() > resumed_before, "{}", daemon.log());
 }
 
 /// The gate bridge: an evaluation job (`budget.max_steps = 0`) whose `model.policy` is a

@@ -21,10 +21,10 @@ use axum::{Extension, Json};
 use rlvr_protocol::tinker::process::{Answer as OperationAnswer, ClientCommand, SDK_BASE_FILE};
 use rlvr_protocol::tinker::proto::{ForwardBackwardHead, Message};
 use rlvr_protocol::tinker::wire::{
-    CreateModelRequest, CreateSamplingSessionRequest, CreateSamplingSessionResponse, GetInfoRequest,
-    GetInfoResponse, GetSamplerResponse, LoadWeightsRequest, LoraConfig, ModelData, OptimStepRequest,
-    OptimizerConfig, QueueState, RequestFailed, RetrieveFutureRequest, SampleRequest,
-    SaveWeightsForSamplerRequest, SaveWeightsRequest, TryAgain, UntypedFuture,
+    AdamParams, CreateModelRequest, CreateSamplingSessionRequest, CreateSamplingSessionResponse,
+    ErrorCategory, GetInfoRequest, GetInfoResponse, GetSamplerResponse, LoadWeightsRequest, LoraConfig,
+    ModelData, OptimStepRequest, OptimizerConfig, QueueState, RequestFailed, RetrieveFutureRequest,
+    SampleRequest, SaveWeightsForSamplerRequest, SaveWeightsRequest, TryAgain, UntypedFuture,
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -32,10 +32,10 @@ use sha2::{Digest, Sha256};
 use super::auth::Caller;
 use super::failure::{Answer, Failure};
 use super::tinker::{SdkJson, TinkerState};
-use crate::tinker::clients::{Client, ClientSpec, OpenError, Start, SubmitError};
+use crate::tinker::clients::{Client, ClientSpec, OpenError, Refusal, Start, SubmitError};
 use crate::tinker::futures::FutureState;
 use crate::tinker::order::OrderError;
-use crate::tinker::samplers::Sampler;
+use crate::tinker::samplers::{KEPT_SNAPSHOTS, Sampler, Samplers};
 use rlvr_protocol::tinker::paths::{PathKind, TinkerPath};
 
 /// How long `retrieve_future` holds a poll for its operation (the SDK gives up at 45 s, and
@@ -106,8 +106,9 @@ fn submit_failure(error: SubmitError) -> Failure {
         SubmitError::Order(
             OrderError::Reused { .. } | OrderError::Forgotten { .. } | OrderError::TooFarAhead { .. },
         ) => bad("seq_id", error.to_string()),
+        // The SDK waits and sends it again: pending operations end.
         SubmitError::Full(_) => {
-            Failure::new(StatusCode::SERVICE_UNAVAILABLE, "busy", error.to_string()).retry(5)
+            Failure::new(StatusCode::TOO_MANY_REQUESTS, "busy", error.to_string()).retry(5)
         }
     }
 }
@@ -218,13 +219,7 @@ fn open_client(state: &TinkerState, spec: ClientSpec, answer: Value) -> Answer<J
     let request_id = rlvr_queue::dispatch::new_task_id();
     state.clients.futures.open(&request_id, &spec.team).map_err(|e| submit_failure(e.into()))?;
     let id = spec.id.clone();
-    let existed = state.clients.get(&id, &spec.team).is_some();
-    let answer = OperationAnswer::Json { value: answer };
-    state.clients.open(spec, &request_id, answer.clone()).map_err(open_failure)?;
-    if existed {
-        // A retried create: the client is there already.
-        state.clients.futures.set(&request_id, FutureState::Done(answer));
-    }
+    state.clients.open(spec, &request_id, OperationAnswer::Json { value: answer }).map_err(open_failure)?;
     Ok(future(request_id, Some(&id)))
 }
 
@@ -271,7 +266,13 @@ pub async fn forward_backward(
     let body = body.to_vec();
     let id = state
         .clients
-        .submit(&client, seq, print, |request_id| ClientCommand::ForwardBackward { request_id, body })
+        .submit(
+            &client,
+            seq,
+            print,
+            |request_id| Ok(ClientCommand::ForwardBackward { request_id: request_id.to_owned(), body }),
+            None,
+        )
         .map_err(submit_failure)?;
     Ok(future(id, Some(&head.model_id)))
 }
@@ -287,39 +288,44 @@ pub async fn optim_step(
     }
     let client = client(&state, &request.model_id, &caller.team)?;
     let params = request.adam_params.unwrap_or_default();
-    for (name, value) in [("beta1", params.beta1), ("beta2", params.beta2)] {
-        if !(0.0..1.0).contains(&value) {
-            return Err(bad(
-                &format!("adam_params.{name}"),
-                format!("expected a number in [0, 1), got {value}"),
-            ));
-        }
-    }
-    for (name, value) in [
-        ("learning_rate", params.learning_rate),
-        ("beta1", params.beta1),
-        ("beta2", params.beta2),
-        ("eps", params.eps),
-        ("weight_decay", params.weight_decay),
-        ("grad_clip_norm", params.grad_clip_norm),
-    ] {
-        if !value.is_finite() || value < 0.0 {
-            return Err(bad(
-                &format!("adam_params.{name}"),
-                format!("expected a finite number ≥ 0, got {value}"),
-            ));
-        }
-    }
+    // Refused in its turn, not here: its seq_id is spent, and later requests must not wait for it.
+    let checked = adam_problem(&params).map_or(Ok(params), |problem| Err(Refusal::user(problem)));
     let print = json_fingerprint(&("optim_step", &request));
     let id = state
         .clients
-        .submit(&client, request.seq_id, print, |request_id| ClientCommand::OptimStep { request_id, params })
+        .submit(
+            &client,
+            request.seq_id,
+            print,
+            |request_id| {
+                checked.map(|params| ClientCommand::OptimStep { request_id: request_id.to_owned(), params })
+            },
+            None,
+        )
         .map_err(submit_failure)?;
     Ok(future(id, Some(&request.model_id)))
 }
 
+/// What is wrong with AdamW's settings, naming the field.
+fn adam_problem(params: &AdamParams) -> Option<String> {
+    for (name, value) in [("beta1", params.beta1), ("beta2", params.beta2)] {
+        if !(0.0..1.0).contains(&value) {
+            return Some(format!("adam_params.{name}: expected a number in [0, 1), got {value}"));
+        }
+    }
+    [
+        ("learning_rate", params.learning_rate),
+        ("eps", params.eps),
+        ("weight_decay", params.weight_decay),
+        ("grad_clip_norm", params.grad_clip_norm),
+    ]
+    .into_iter()
+    .find(|(_, value)| !value.is_finite() || *value < 0.0)
+    .map(|(name, value)| format!("adam_params.{name}: expected a finite number ≥ 0, got {value}"))
+}
+
 /// Where a save named `name` of client `model_id` goes: its path and directory (its parents
-/// made). A directory that exists is replaced with `overwrite`, else refused.
+/// made). One that exists is refused unless `overwrite` (the process replaces it in its turn).
 fn save_target(
     state: &TinkerState,
     team: &str,
@@ -327,34 +333,24 @@ fn save_target(
     kind: PathKind,
     name: &str,
     overwrite: bool,
-) -> Result<(TinkerPath, PathBuf), Failure> {
-    let path = TinkerPath::new(model_id, kind, name).map_err(|e| bad("path", e.0))?;
+) -> Result<(TinkerPath, PathBuf), Refusal> {
+    let path = TinkerPath::new(model_id, kind, name).map_err(|e| Refusal::user(format!("path: {}", e.0)))?;
     let dir = path.dir(&state.root, team);
-    if dir.exists() {
-        if !overwrite {
-            // Not 409: the SDK retries that.
-            return Err(Failure::new(
-                StatusCode::BAD_REQUEST,
-                "exists",
-                format!("{path} exists; save under another name, or with overwrite"),
-            )
-            .field("path"));
-        }
-        std::fs::remove_dir_all(&dir).map_err(|e| storage(&path, &e))?;
+    if dir.exists() && !overwrite {
+        return Err(Refusal::user(format!(
+            "path: {path} exists; save under another name, or with overwrite"
+        )));
     }
     if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| storage(&path, &e))?;
+        std::fs::create_dir_all(parent).map_err(|error| {
+            tracing::error!(%path, %error, "tinker: cannot prepare a save");
+            Refusal {
+                error: format!("cannot save {path}: the server's storage refused"),
+                category: ErrorCategory::Server,
+            }
+        })?;
     }
     Ok((path, dir))
-}
-
-fn storage(path: &TinkerPath, error: &std::io::Error) -> Failure {
-    tracing::error!(%path, %error, "tinker: cannot prepare a save");
-    Failure::new(
-        StatusCode::INSUFFICIENT_STORAGE,
-        "storage",
-        format!("cannot save {path}: the server's storage refused"),
-    )
 }
 
 /// `POST save_weights` (the SDK's `save_state`): the adapter and AdamW's state.
@@ -366,26 +362,53 @@ pub async fn save_weights(
     let client = client(&state, &request.model_id, &caller.team)?;
     let name = request.path.clone().unwrap_or_else(|| format!("{:06}", request.seq_id));
     let print = json_fingerprint(&("save_weights", &request));
-    let retried = state.clients.is_retry(&client, request.seq_id, print);
-    let (path, dir) = if retried {
-        let path =
-            TinkerPath::new(&request.model_id, PathKind::Weights, &name).map_err(|e| bad("path", e.0))?;
-        let dir = path.dir(&state.root, &caller.team);
-        (path, dir)
-    } else {
-        save_target(&state, &caller.team, &request.model_id, PathKind::Weights, &name, request.overwrite)?
-    };
+    let shown = TinkerPath::new(&request.model_id, PathKind::Weights, &name).map(|path| path.to_string());
+    let answer = shown.ok().map(|path| json!({"path": path, "type": "save_weights"}));
+    let overwrite = request.overwrite;
     let id = state
         .clients
-        .submit(&client, request.seq_id, print, |request_id| ClientCommand::SaveState {
-            request_id,
-            dir,
-            optimizer: true,
-        })
+        .submit(
+            &client,
+            request.seq_id,
+            print,
+            |request_id| {
+                let (_, dir) = save_target(
+                    &state,
+                    &caller.team,
+                    &request.model_id,
+                    PathKind::Weights,
+                    &name,
+                    overwrite,
+                )?;
+                Ok(ClientCommand::SaveState {
+                    request_id: request_id.to_owned(),
+                    dir,
+                    optimizer: true,
+                    overwrite,
+                })
+            },
+            answer,
+        )
         .map_err(submit_failure)?;
-    state.clients.answer_as(&id, json!({"path": path.to_string(), "type": "save_weights"}));
     Ok(future(id, Some(&request.model_id)))
 }
+
+/// Removes a client's snapshots older than its newest [`KEPT_SNAPSHOTS`] (`dir` is the new one's,
+/// beside them) and their samplers.
+fn forget_old_snapshots(samplers: &Samplers, session: &str, dir: &FsPath, newest: u64) {
+    let Some(parent) = dir.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        let number = entry.file_name().to_str().and_then(|name| name.parse::<u64>().ok());
+        if let Some(number) = number.filter(|number| number + KEPT_SNAPSHOTS <= newest) {
+            samplers.remove(&format!("{session}:sample:{number}"));
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// What makes a request's command from its id, or refuses it in its turn.
+type MakeCommand<'a> = dyn FnOnce(&str) -> Result<ClientCommand, Refusal> + Send + 'a;
 
 /// `POST save_weights_for_sampler`: named (a `sampler_weights` path), or unnamed (a sampler on
 /// the weights as they are, `SESSION:sample:N`).
@@ -396,56 +419,62 @@ pub async fn save_weights_for_sampler(
 ) -> Answer<Json<UntypedFuture>> {
     let client = client(&state, &request.model_id, &caller.team)?;
     let print = json_fingerprint(&("save_weights_for_sampler", &request));
-    let retried = state.clients.is_retry(&client, request.seq_id, print);
-    let (dir, answer) = match (&request.path, request.sampling_session_seq_id) {
+    let samplers = &state.samplers;
+    let (answer, make): (_, Box<MakeCommand>) = match (&request.path, request.sampling_session_seq_id) {
         (Some(name), _) => {
-            let (path, dir) = if retried {
-                let path = TinkerPath::new(&request.model_id, PathKind::SamplerWeights, name)
-                    .map_err(|e| bad("path", e.0))?;
-                let dir = path.dir(&state.root, &caller.team);
-                (path, dir)
-            } else {
-                save_target(&state, &caller.team, &request.model_id, PathKind::SamplerWeights, name, true)?
+            let shown =
+                TinkerPath::new(&request.model_id, PathKind::SamplerWeights, name).map(|p| p.to_string());
+            let answer = shown.ok().map(|path| json!({"path": path, "type": "save_weights_for_sampler"}));
+            let make = |request_id: &str| {
+                // A sampler's weights of the same name are replaced: the SDK has no overwrite for them.
+                let (_, dir) = save_target(
+                    &state,
+                    &caller.team,
+                    &request.model_id,
+                    PathKind::SamplerWeights,
+                    name,
+                    true,
+                )?;
+                Ok(ClientCommand::SaveSampler { request_id: request_id.to_owned(), dir, overwrite: true })
             };
-            (dir, json!({"path": path.to_string(), "type": "save_weights_for_sampler"}))
+            (answer, Box::new(make))
         }
         (None, Some(number)) => {
             let sampler_id = format!("{}:sample:{number}", client.spec.session);
             let dir = state.clients.dir(&client.spec.id).join("samplers").join(number.to_string());
-            if !retried {
-                let _ = std::fs::remove_dir_all(&dir);
+            let answer = Some(json!({"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}));
+            let client = &client;
+            let team = &caller.team;
+            let make = move |request_id: &str| {
                 if let Some(parent) = dir.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| {
-                        tracing::error!(error = %e, "tinker: cannot prepare a sampler");
-                        Failure::new(
-                            StatusCode::INSUFFICIENT_STORAGE,
-                            "storage",
-                            "the server's storage refused",
-                        )
+                    std::fs::create_dir_all(parent).map_err(|error| {
+                        tracing::error!(%error, "tinker: cannot prepare a sampler");
+                        Refusal {
+                            error: "cannot save the sampler: the server's storage refused".into(),
+                            category: ErrorCategory::Server,
+                        }
                     })?;
                 }
-            }
-            state.samplers.insert(
-                &sampler_id,
-                Sampler {
-                    team: caller.team.clone(),
-                    session: client.spec.session.clone(),
-                    base_name: client.spec.base_name.clone(),
-                    model_path: None,
-                    served_by: client.spec.id.clone(),
-                    weights: Some(dir.join("adapter")),
-                    number,
-                },
-            );
-            (dir, json!({"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}))
+                samplers.insert(
+                    &sampler_id,
+                    Sampler {
+                        team: team.clone(),
+                        session: client.spec.session.clone(),
+                        base_name: client.spec.base_name.clone(),
+                        model_path: None,
+                        served_by: client.spec.id.clone(),
+                        weights: Some(dir.join("adapter")),
+                        number,
+                    },
+                );
+                forget_old_snapshots(samplers, &client.spec.session, &dir, number);
+                Ok(ClientCommand::SaveSampler { request_id: request_id.to_owned(), dir, overwrite: true })
+            };
+            (answer, Box::new(make))
         }
         (None, None) => return Err(bad("path", "expected a path (a name) or a sampling_session_seq_id")),
     };
-    let id = state
-        .clients
-        .submit(&client, request.seq_id, print, |request_id| ClientCommand::SaveSampler { request_id, dir })
-        .map_err(submit_failure)?;
-    state.clients.answer_as(&id, answer);
+    let id = state.clients.submit(&client, request.seq_id, print, make, answer).map_err(submit_failure)?;
     Ok(future(id, Some(&request.model_id)))
 }
 
@@ -456,24 +485,23 @@ pub async fn load_weights(
     Extension(caller): Extension<Caller>,
     SdkJson(request): SdkJson<LoadWeightsRequest>,
 ) -> Answer<Json<UntypedFuture>> {
-    let (_, dir) = saved(&state, &caller.team, &request.path, "path")?;
     match (&request.model_id, request.seq_id, &request.session_id, request.model_seq_id) {
         (Some(model_id), Some(seq), _, _) => {
             let client = client(&state, model_id, &caller.team)?;
             let print = json_fingerprint(&("load_weights", &request));
             let optimizer = request.optimizer;
-            let id = state
-                .clients
-                .submit(&client, seq, print, |request_id| ClientCommand::LoadState {
-                    request_id,
-                    dir,
-                    optimizer,
-                })
-                .map_err(submit_failure)?;
-            state.clients.answer_as(&id, json!({"path": request.path, "type": "load_weights"}));
+            let answer = Some(json!({"path": request.path, "type": "load_weights"}));
+            let make = |request_id: &str| {
+                let (_, dir) = saved(&state, &caller.team, &request.path, "path").map_err(|_| {
+                    Refusal::user(format!("path: no saved state {} of this key's team", request.path))
+                })?;
+                Ok(ClientCommand::LoadState { request_id: request_id.to_owned(), dir, optimizer })
+            };
+            let id = state.clients.submit(&client, seq, print, make, answer).map_err(submit_failure)?;
             Ok(future(id, Some(model_id)))
         }
         (None, _, Some(session), Some(number)) => {
+            let (_, dir) = saved(&state, &caller.team, &request.path, "path")?;
             live_session(&state, session, &caller.team).await?;
             let (lora, saved_base) = saved_lora(&dir).map_err(|message| bad("path", message))?;
             let base_name = request.base_model.clone().unwrap_or(saved_base);

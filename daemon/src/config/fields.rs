@@ -681,11 +681,11 @@ admin = false",
     ),
     field(
         "tinker.requests_per_team",
-        integer(1, 1_000_000, None, 1024),
+        integer(1, 1_000_000, None, 256),
         "Requests one team may have open at once on the Tinker SDK's routes, apart from \
          api.requests_per_team: each pending operation's poll is held open (up to 20 s), and a \
-         loop's samples are all pending at once. Over all teams, api.max_connections still bounds \
-         every connection.",
+         loop's samples are all pending at once (past it the SDK waits and polls again). Keep it under \
+         api.max_connections, which bounds every connection of every team.",
     ),
 ];
 

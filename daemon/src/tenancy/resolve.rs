@@ -406,9 +406,17 @@ fn model_dir(tenancy: &Tenancy, team: &str, value: &str) -> Result<(ModelRef, Op
         }
         ModelRef::Tinker(ref path) => {
             // The adapter (a PEFT directory naming the base its client trained on).
-            let dir = path.dir(&tenancy.tinker_root, team).join("adapter");
+            let state = path.dir(&tenancy.tinker_root, team);
+            let dir = state.join("adapter");
             if !dir.join("adapter_config.json").is_file() {
                 return Err(format!("no saved state {path} of team {team}"));
+            }
+            // Its base must still be one the team may use.
+            let base = fs::read_to_string(state.join(rlvr_protocol::tinker::process::SDK_BASE_FILE))
+                .map_err(|_| format!("the saved state {path} does not name its base model"))?;
+            let base = base.trim();
+            if !base.starts_with("builtin:") {
+                tenancy.base_model(team, base)?;
             }
             Ok((reference, Some(dir)))
         }

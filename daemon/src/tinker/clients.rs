@@ -130,10 +130,31 @@ pub struct ClientSpec {
     pub first_seq: u64,
 }
 
+/// A request refused once its turn comes (its `seq_id` is used, so later ones must not wait
+/// for it): its future fails with this, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub error: String,
+    pub category: ErrorCategory,
+}
+
+impl Refusal {
+    /// The request's fault.
+    pub fn user(error: impl Into<String>) -> Refusal {
+        Refusal { error: error.into(), category: ErrorCategory::User }
+    }
+}
+
+/// A request in its client's `seq_id` order: a command for the process, or a refusal.
+enum Queued {
+    Run(ClientCommand),
+    Refuse { request_id: String, refusal: Refusal },
+}
+
 /// An open client.
 pub struct Client {
     pub spec: ClientSpec,
-    order: Mutex<SeqOrder<ClientCommand>>,
+    order: Mutex<SeqOrder<Queued>>,
     commands: mpsc::UnboundedSender<ClientCommand>,
     closed: CancellationToken,
 }
@@ -213,26 +234,38 @@ impl Clients {
 
     /// Opens a client and starts its task; the future `opened` ends with `answer` once its process
     /// has loaded (or with the reason it could not). A client of that id already open (a retried
-    /// create) is returned as it is.
+    /// create) is returned as it is, `opened` ended at once; a refusal ends it too.
     pub fn open(
         self: &Arc<Self>,
         spec: ClientSpec,
         opened: &str,
         answer: Answer,
     ) -> Result<Arc<Client>, OpenError> {
+        let refused = |error: OpenError| {
+            let failed = FutureState::Failed { error: error.to_string(), category: ErrorCategory::User };
+            self.futures.set(opened, failed);
+            Err(error)
+        };
         if self.stopping.is_cancelled() {
-            return Err(OpenError::Stopping);
+            return refused(OpenError::Stopping);
         }
         let mut open = self.lock();
         match open.get(&spec.id) {
-            Some(client) if client.spec.team == spec.team => return Ok(client.clone()),
+            // A retried create: the client is there; its opening answers at once.
+            Some(client) if client.spec.team == spec.team => {
+                let client = client.clone();
+                drop(open);
+                self.futures.set(opened, FutureState::Done(answer));
+                return Ok(client);
+            }
             // Ids hold their session's, which is one team's: never reached, and never replaced.
-            Some(_) => return Err(OpenError::Taken { id: spec.id.clone() }),
+            Some(_) => return refused(OpenError::Taken { id: spec.id.clone() }),
             None => {}
         }
         let of_team = open.values().filter(|client| client.spec.team == spec.team).count();
         if of_team >= self.launch.settings.clients_per_team {
-            return Err(OpenError::TooMany { team: spec.team.clone(), open: of_team });
+            drop(open);
+            return refused(OpenError::TooMany { team: spec.team.clone(), open: of_team });
         }
         let (commands, receiver) = mpsc::unbounded_channel();
         let client = Arc::new(Client {
@@ -254,30 +287,24 @@ impl Clients {
         self.lock().get(id).filter(|client| client.spec.team == team).cloned()
     }
 
-    /// `team`'s open clients on `base_name` in `session`, training clients first.
-    pub fn of_session(&self, session: &str, team: &str) -> Vec<Arc<Client>> {
-        let mut found: Vec<Arc<Client>> = self
-            .lock()
-            .values()
-            .filter(|client| client.spec.session == session && client.spec.team == team)
-            .cloned()
-            .collect();
-        found.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
-        found
-    }
-
-    /// Queues request `seq` of `client` (`fingerprint`: its body's hash); `command` makes the
-    /// command from the request id. The id the SDK polls: a new one, or a retry's first.
+    /// Queues request `seq` of `client` (`fingerprint`: its body's hash); `make` makes its
+    /// command from the request id, or refuses it (failed in its turn). `answer`: what the SDK
+    /// reads once the command succeeds, when the daemon knows better than the process (a save's
+    /// path). The id the SDK polls: a new one, or a retry's first (then nothing is made).
     pub fn submit(
         &self,
         client: &Client,
         seq: u64,
         fingerprint: [u8; 32],
-        command: impl FnOnce(String) -> ClientCommand,
+        make: impl FnOnce(&str) -> Result<ClientCommand, Refusal>,
+        answer: Option<serde_json::Value>,
     ) -> Result<String, SubmitError> {
-        let id = rlvr_queue::dispatch::new_task_id();
         let mut order = client.order.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match order.arrive(seq, fingerprint, command(id.clone()), || id.clone())? {
+        let queued = |id: &str| match make(id) {
+            Ok(command) => Queued::Run(command),
+            Err(refusal) => Queued::Refuse { request_id: id.to_owned(), refusal },
+        };
+        match order.arrive(seq, fingerprint, rlvr_queue::dispatch::new_task_id, queued)? {
             Arrival::Again(first) => Ok(first),
             Arrival::New(id) => {
                 if let Err(full) = self.futures.open_for(&id, &client.spec.team, Some(&client.job())) {
@@ -285,13 +312,49 @@ impl Clients {
                     let _ = order.forget(seq);
                     return Err(full.into());
                 }
+                if let Some(value) = answer {
+                    self.answer_as(&id, value);
+                }
                 // Under the order's lock, so that two requests released at once go in order.
-                for (_, _, command) in order.ready() {
-                    let _ = client.commands.send(command);
+                for (_, _, queued) in order.ready() {
+                    self.release(client, queued);
                 }
                 Ok(id)
             }
         }
+    }
+
+    /// A request whose turn came: to the client's task, or failed at once.
+    fn release(&self, client: &Client, queued: Queued) {
+        match queued {
+            Queued::Run(command) => {
+                let id = command.request_id().map(str::to_owned);
+                if client.commands.send(command).is_err()
+                    && let Some(id) = id
+                {
+                    self.closed_under(&id);
+                }
+            }
+            Queued::Refuse { request_id, refusal } => {
+                self.answer_for(&request_id, Answer::Json { value: serde_json::Value::Null });
+                self.futures.set(
+                    &request_id,
+                    FutureState::Failed { error: refusal.error, category: refusal.category },
+                );
+            }
+        }
+    }
+
+    /// Operation `id` met its client closed.
+    fn closed_under(&self, id: &str) {
+        self.answer_for(id, Answer::Json { value: serde_json::Value::Null });
+        self.futures.set(
+            id,
+            FutureState::Failed {
+                error: "the client was closed (its session finished, or its process could not go on)".into(),
+                category: ErrorCategory::Server,
+            },
+        );
     }
 
     /// Why operation `id`, given to its client's process, waits: the scheduler's word when the
@@ -299,12 +362,6 @@ impl Clients {
     pub fn grant_wait(&self, id: &str) -> Option<String> {
         let state = self.launch.scheduler.grant_state(&self.futures.job_of(id)?)?;
         state.starts_with("waiting").then(|| format!("{state}: the device is serving other jobs' phases"))
-    }
-
-    /// Whether request `seq` of `client` with this body arrived already (a retry: its save's
-    /// directory is not prepared again).
-    pub fn is_retry(&self, client: &Client, seq: u64, fingerprint: [u8; 32]) -> bool {
-        client.order.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).seen(seq, fingerprint)
     }
 
     /// Queues `command` (made from its new request id) on `client` now, outside the `seq_id`
@@ -316,7 +373,9 @@ impl Clients {
     ) -> Result<String, SubmitError> {
         let id = rlvr_queue::dispatch::new_task_id();
         self.futures.open_for(&id, &client.spec.team, Some(&client.job()))?;
-        let _ = client.commands.send(command(id.clone()));
+        if client.commands.send(command(id.clone())).is_err() {
+            self.closed_under(&id);
+        }
         Ok(id)
     }
 
@@ -345,9 +404,11 @@ impl Clients {
 struct Run {
     /// Commands not yet given to a process.
     backlog: VecDeque<ClientCommand>,
-    /// Commands given to the process since its last checkpoint (or its start), in order, and
-    /// whether each was answered: what a restart runs again.
-    since_checkpoint: Vec<(ClientCommand, bool)>,
+    /// Commands given to the process since its last checkpoint (or its start), in order: the
+    /// state-changing ones, and the others until answered — what a restart runs again.
+    since_checkpoint: Vec<Given>,
+    /// Numbers the commands given, for [`Given::no`].
+    given: u64,
     /// The last checkpoint (or suspend) written: where the next process starts.
     checkpoint: Option<PathBuf>,
     /// Numbers the checkpoints' directories.
@@ -371,13 +432,21 @@ impl Run {
         let again: Vec<ClientCommand> = self
             .since_checkpoint
             .drain(..)
-            .filter(|(command, answered)| command.changes_state() || !answered)
-            .map(|(command, _)| command)
+            .filter(|given| given.command.changes_state() || !given.answered)
+            .map(|given| given.command)
             .collect();
         for command in again.into_iter().rev() {
             self.backlog.push_front(command);
         }
     }
+}
+
+/// A command given to a process.
+struct Given {
+    /// Its place among every command given to this client's processes.
+    no: u64,
+    command: ClientCommand,
+    answered: bool,
 }
 
 /// How a process's time ended.
@@ -401,6 +470,7 @@ async fn drive(
     let mut run = Run {
         backlog: VecDeque::new(),
         since_checkpoint: Vec::new(),
+        given: 0,
         checkpoint: None,
         checkpoints: 0,
         opened,
@@ -444,10 +514,11 @@ async fn drive(
                 run.crashes += 1;
                 warn!(crashes = run.crashes, %why, "the client's process died");
                 run.replay();
+                // A second start, and a third, a moment later: the next may meet what ended the last.
+                tokio::time::sleep(Duration::from_secs(u64::from(run.crashes))).await;
                 if run.crashes >= MAX_CRASHES {
-                    let why = format!(
-                        "the training client's process died {MAX_CRASHES} times in a row; the last: {why}"
-                    );
+                    let why =
+                        format!("the client's process died {MAX_CRASHES} times in a row; the last: {why}");
                     fail_all(&clients, &mut run, &why);
                     break;
                 }
@@ -456,10 +527,19 @@ async fn drive(
         }
         drop(seat);
     }
-    // Closed: what is pending fails; nothing of the client is kept.
-    run.backlog.extend(commands_left(&mut commands));
-    fail_all(&clients, &mut run, "the training client was closed (its session finished)");
+    // Closed: what is pending fails (held for an earlier request too); nothing of it is kept.
     clients.forget(&client);
+    commands.close();
+    run.backlog.extend(commands_left(&mut commands));
+    fail_all(
+        &clients,
+        &mut run,
+        "the client was closed (its session finished, or its process could not go on)",
+    );
+    let held = client.order.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take_held();
+    for (id, _) in held {
+        clients.closed_under(&id);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     info!("closed");
 }
@@ -476,8 +556,7 @@ fn commands_left(commands: &mut mpsc::UnboundedReceiver<ClientCommand>) -> Vec<C
 /// Fails every operation the run still holds.
 fn fail_all(clients: &Clients, run: &mut Run, why: &str) {
     let failed = || FutureState::Failed { error: why.to_owned(), category: ErrorCategory::Server };
-    let given =
-        run.since_checkpoint.iter().filter_map(|(command, _)| command.request_id().map(str::to_owned));
+    let given = run.since_checkpoint.iter().filter_map(|given| given.command.request_id().map(str::to_owned));
     for id in run.waiting_ids().into_iter().chain(given.collect::<Vec<_>>()) {
         clients.futures.set(&id, failed());
         // A save's answer the daemon kept for it goes with it.
@@ -601,15 +680,19 @@ async fn serve(
             return Ended::Crashed(format!("the daemon cannot start the client's process: {error}"));
         }
     };
-    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Ended::Crashed("the process has no pipes".into());
     };
     info!(pid = child.id().unwrap_or(0), resumed, "started");
     let mut events = BufReader::new(stdout).lines();
+    // Its stdin is written by a task of its own, so that its answers are always read: a process
+    // blocked writing a large answer while the daemon blocks writing it the next command would
+    // wait forever. A write that fails ends the task; the process's end is seen on its stdout.
+    let stdin = writer(stdin);
     // Commands given to the process and not answered, in order.
     let mut in_flight: VecDeque<String> = VecDeque::new();
-    // A checkpoint being written: its directory and how many commands preceded it.
-    let mut writing: Option<(PathBuf, usize)> = None;
+    // A checkpoint being written: its directory and the number of the first command after it.
+    let mut writing: Option<(PathBuf, u64)> = None;
     let mut suspending: Option<(PathBuf, bool)> = None;
     let mut changes = 0usize;
     let mut ready = false;
@@ -618,22 +701,23 @@ async fn serve(
         // Give the process what is waiting, once it is ready and unless it is leaving.
         while ready && suspending.is_none() {
             let Some(command) = run.backlog.pop_front() else { break };
-            if let Err(error) = send(&mut stdin, &command).await {
+            if stdin.send(command.clone()).is_err() {
                 run.backlog.push_front(command);
                 let _ = child.kill().await;
-                return Ended::Crashed(format!("writing to the process: {error}"));
+                return Ended::Crashed("the process stopped reading its commands".into());
             }
             if let Some(id) = command.request_id() {
                 in_flight.push_back(id.to_owned());
             }
             changes += usize::from(command.changes_state());
-            run.since_checkpoint.push((command, false));
+            run.given += 1;
+            run.since_checkpoint.push(Given { no: run.given, command, answered: false });
             if changes >= launch.settings.checkpoint_every && writing.is_none() {
                 run.checkpoints += 1;
                 let next = dir.join(format!("checkpoint-{}", run.checkpoints));
                 let _ = std::fs::remove_dir_all(&next);
-                if send(&mut stdin, &ClientCommand::Checkpoint { dir: next.clone() }).await.is_ok() {
-                    writing = Some((next, run.since_checkpoint.len()));
+                if stdin.send(ClientCommand::Checkpoint { dir: next.clone() }).is_ok() {
+                    writing = Some((next, run.given + 1));
                     changes = 0;
                 }
             }
@@ -672,16 +756,22 @@ async fn serve(
                     ClientEvent::Done { request_id, answer } => {
                         answered(run, &mut in_flight, &request_id);
                         let answer = clients.answer_for(&request_id, answer);
-                        clients.futures.set(&request_id, FutureState::Done(answer));
+                        // A command run again after a crash was answered before: only a new
+                        // answer shows the process gets further than the last one did.
+                        if clients.futures.set(&request_id, FutureState::Done(answer)) {
+                            run.crashes = 0;
+                        }
                     }
                     ClientEvent::Failed { request_id, error, category } => {
                         answered(run, &mut in_flight, &request_id);
                         clients.answer_for(&request_id, Answer::Json { value: serde_json::Value::Null });
-                        clients.futures.set(&request_id, FutureState::Failed { error, category });
+                        if clients.futures.set(&request_id, FutureState::Failed { error, category }) {
+                            run.crashes = 0;
+                        }
                     }
                     ClientEvent::Checkpointed => {
-                        if let Some((checkpoint, before)) = writing.take() {
-                            run.since_checkpoint.drain(..before.min(run.since_checkpoint.len()));
+                        if let Some((checkpoint, first_after)) = writing.take() {
+                            run.since_checkpoint.retain(|given| given.no >= first_after);
                             adopt(run, checkpoint);
                         }
                     }
@@ -697,7 +787,7 @@ async fn serve(
             },
             for_job = seat.preempted(), if suspending.is_none() => {
                 info!(for_job = %for_job, "preempted: suspending");
-                suspending = suspend(&mut stdin, dir, run, true).await;
+                suspending = suspend(&stdin, dir, run, true);
                 if suspending.is_none() {
                     let _ = child.kill().await;
                     return Ended::Crashed("cannot ask the process to suspend".into());
@@ -710,7 +800,7 @@ async fn serve(
                         let idle = in_flight.is_empty() && run.backlog.is_empty();
                         if idle && quiet_ms > launch.settings.idle_release.as_millis() as u64 {
                             info!(quiet_s = quiet_ms / 1000, "the session's heartbeats stopped: suspending");
-                            suspending = suspend(&mut stdin, dir, run, false).await;
+                            suspending = suspend(&stdin, dir, run, false);
                             if suspending.is_none() {
                                 let _ = child.kill().await;
                                 return Ended::Crashed("cannot ask the process to suspend".into());
@@ -738,8 +828,8 @@ async fn serve(
 }
 
 /// Asks the process to write everything to the next checkpoint and exit.
-async fn suspend(
-    stdin: &mut tokio::process::ChildStdin,
+fn suspend(
+    stdin: &mpsc::UnboundedSender<ClientCommand>,
     dir: &Path,
     run: &mut Run,
     preempted: bool,
@@ -747,7 +837,7 @@ async fn suspend(
     run.checkpoints += 1;
     let next = dir.join(format!("checkpoint-{}", run.checkpoints));
     let _ = std::fs::remove_dir_all(&next);
-    send(stdin, &ClientCommand::Suspend { dir: next.clone() }).await.ok()?;
+    stdin.send(ClientCommand::Suspend { dir: next.clone() }).ok()?;
     Some((next, preempted))
 }
 
@@ -758,18 +848,30 @@ fn adopt(run: &mut Run, checkpoint: PathBuf) {
     }
 }
 
-/// Marks `id` answered.
+/// Marks `id` answered: a command that changes nothing is not run again after a crash, so it
+/// goes from the list (a sampler's own process takes no checkpoint to clear it).
 fn answered(run: &mut Run, in_flight: &mut VecDeque<String>, id: &str) {
     in_flight.retain(|pending| pending != id);
-    if let Some(entry) = run.since_checkpoint.iter_mut().find(|(command, _)| command.request_id() == Some(id))
+    run.since_checkpoint
+        .retain(|given| given.command.changes_state() || given.command.request_id() != Some(id));
+    if let Some(given) = run.since_checkpoint.iter_mut().find(|given| given.command.request_id() == Some(id))
     {
-        entry.1 = true;
+        given.answered = true;
     }
-    run.crashes = 0;
 }
 
-async fn send(stdin: &mut tokio::process::ChildStdin, command: &ClientCommand) -> std::io::Result<()> {
-    let line = serde_json::to_string(command).map_err(std::io::Error::other)? + "\n";
-    stdin.write_all(line.as_bytes()).await?;
-    stdin.flush().await
+/// A task writing each command given to it to the process's stdin, one JSON line each, until
+/// the process stops reading (or the sender is dropped).
+fn writer(mut stdin: tokio::process::ChildStdin) -> mpsc::UnboundedSender<ClientCommand> {
+    let (sender, mut commands) = mpsc::unbounded_channel::<ClientCommand>();
+    tokio::spawn(async move {
+        while let Some(command) = commands.recv().await {
+            let Ok(line) = serde_json::to_string(&command) else { break };
+            let written = stdin.write_all((line + "\n").as_bytes()).await;
+            if written.is_err() || stdin.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    sender
 }

@@ -56,10 +56,13 @@ pub struct Futures {
     changed: Notify,
 }
 
-/// Why a future could not be opened.
+/// The most operations one team may have pending at once: one team cannot take every place.
+pub const PENDING_PER_TEAM: usize = 10_000;
+
+/// Why a future could not be opened: too many pending, the daemon's or the team's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{MAX_FUTURES} operations are pending on this daemon; retry when some have ended")]
-pub struct Full;
+#[error("{0}")]
+pub struct Full(pub String);
 
 impl Futures {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -77,8 +80,19 @@ impl Futures {
         if entries.len() >= MAX_FUTURES {
             forget(&mut entries, Duration::ZERO);
             if entries.len() >= MAX_FUTURES {
-                return Err(Full);
+                return Err(Full(format!(
+                    "{MAX_FUTURES} operations are pending on this daemon; retry when some have ended"
+                )));
             }
+        }
+        // Counted only when there are enough entries for it to matter.
+        if entries.len() >= PENDING_PER_TEAM
+            && entries.values().filter(|entry| entry.team == team && !entry.state.ended()).count()
+                >= PENDING_PER_TEAM
+        {
+            return Err(Full(format!(
+                "your team has {PENDING_PER_TEAM} operations pending; retry when some have ended"
+            )));
         }
         let waiting = FutureState::Waiting { queue_state: QueueState::Active, reason: None };
         let entry =
@@ -87,16 +101,18 @@ impl Futures {
         Ok(())
     }
 
-    /// Future `id` is now `state`; an ended future does not change again.
-    pub fn set(&self, id: &str, state: FutureState) {
+    /// Future `id` is now `state`; an ended future does not change again. Whether it changed.
+    pub fn set(&self, id: &str, state: FutureState) -> bool {
         let mut entries = self.lock();
         forget(&mut entries, KEEP_ENDED);
-        if let Some(entry) = entries.get_mut(id).filter(|entry| !entry.state.ended()) {
-            entry.ended_at = state.ended().then(Instant::now);
-            entry.state = state;
-        }
+        let Some(entry) = entries.get_mut(id).filter(|entry| !entry.state.ended()) else {
+            return false;
+        };
+        entry.ended_at = state.ended().then(Instant::now);
+        entry.state = state;
         drop(entries);
         self.changed.notify_waiters();
+        true
     }
 
     /// Whether future `id` waits for a device.

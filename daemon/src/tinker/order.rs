@@ -11,8 +11,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// How far past the next expected `seq_id` a request may arrive and be held.
-pub const MAX_AHEAD: u64 = 4096;
+/// How far past the next expected `seq_id` a request may arrive and be held. The SDK sends a
+/// client's requests one after another (chunks in parallel only where `client/config` says so,
+/// which rlvr does not), so a gap is a retry's; each held request keeps its body.
+pub const MAX_AHEAD: u64 = 64;
 
 /// How many run requests' ids are remembered for their retries.
 const REMEMBERED: usize = 1024;
@@ -68,14 +70,14 @@ impl<T> SeqOrder<T> {
         self.next
     }
 
-    /// Takes request `seq` (its body's `fingerprint`, the operation `op`); `new_id` makes the id
-    /// of a new request.
+    /// Takes request `seq` (its body's `fingerprint`); `new_id` makes the id of a new request, and
+    /// `op` its operation from that id (neither is called for a retry).
     pub fn arrive(
         &mut self,
         seq: u64,
         fingerprint: [u8; 32],
-        op: T,
         new_id: impl FnOnce() -> String,
+        op: impl FnOnce(&str) -> T,
     ) -> Result<Arrival, OrderError> {
         let again = |id: &String, seen: &[u8; 32]| {
             if *seen == fingerprint {
@@ -97,6 +99,7 @@ impl<T> SeqOrder<T> {
             return Err(OrderError::TooFarAhead { seq, next: self.next, ahead: seq - self.next });
         }
         let id = new_id();
+        let op = op(&id);
         self.held.insert(seq, Held { id: id.clone(), fingerprint, op });
         Ok(Arrival::New(id))
     }
@@ -117,18 +120,14 @@ impl<T> SeqOrder<T> {
         out
     }
 
-    /// Whether request `seq` with this body arrived already (a retry).
-    pub fn seen(&self, seq: u64, fingerprint: [u8; 32]) -> bool {
-        self.released
-            .get(&seq)
-            .map(|(_, seen)| seen)
-            .or_else(|| self.held.get(&seq).map(|held| &held.fingerprint))
-            == Some(&fingerprint)
-    }
-
     /// Drops held request `seq` (one that could not be taken after all); its retry may come again.
     pub fn forget(&mut self, seq: u64) -> bool {
         self.held.remove(&seq).is_some()
+    }
+
+    /// Every request still waiting for an earlier one, taken out (its client is closing).
+    pub fn take_held(&mut self) -> Vec<(String, T)> {
+        std::mem::take(&mut self.held).into_values().map(|held| (held.id, held.op)).collect()
     }
 
     /// Requests waiting for an earlier one.
@@ -151,10 +150,16 @@ mod tests {
         let mut answers = Vec::new();
         let mut ran = Vec::new();
         for (seq, body) in arrivals {
-            answers.push(order.arrive(*seq, *body, *seq, || {
-                made += 1;
-                format!("r{made}")
-            }));
+            let seq = *seq;
+            answers.push(order.arrive(
+                seq,
+                *body,
+                || {
+                    made += 1;
+                    format!("r{made}")
+                },
+                |_| seq,
+            ));
             ran.extend(order.ready().into_iter().map(|(seq, _, op)| {
                 assert_eq!(seq, op);
                 op
@@ -207,14 +212,21 @@ mod tests {
     #[test]
     fn a_restored_client_starts_at_its_next_request_and_forgets_only_long_past_ones() {
         let mut order: SeqOrder<()> = SeqOrder::new(41);
-        assert_eq!(order.arrive(40, A, (), || "x".into()), Err(OrderError::Forgotten { seq: 40, next: 41 }));
+        assert_eq!(
+            order.arrive(40, A, || "x".into(), |_| ()),
+            Err(OrderError::Forgotten { seq: 40, next: 41 })
+        );
         for seq in 41..41 + REMEMBERED as u64 + 10 {
-            assert!(matches!(order.arrive(seq, A, (), || format!("r{seq}")), Ok(Arrival::New(_))));
+            assert!(matches!(order.arrive(seq, A, || format!("r{seq}"), |_| ()), Ok(Arrival::New(_))));
             assert_eq!(order.ready().len(), 1);
         }
         assert_eq!(order.waiting(), 0);
         let last = 41 + REMEMBERED as u64 + 9;
-        assert_eq!(order.arrive(last, A, (), || unreachable!()), Ok(Arrival::Again(format!("r{last}"))));
-        assert!(matches!(order.arrive(41, A, (), || unreachable!()), Err(OrderError::Forgotten { .. })));
+        assert_eq!(order.arrive(last, A, || unreachable!(), |_| ()), Ok(Arrival::Again(format!("r{last}"))));
+        assert!(matches!(order.arrive(41, A, || unreachable!(), |_| ()), Err(OrderError::Forgotten { .. })));
+        // A closing client's held requests are taken out, each with its id.
+        assert!(matches!(order.arrive(last + 3, A, || "held".into(), |_| ()), Ok(Arrival::New(_))));
+        assert_eq!(order.take_held(), vec![("held".to_owned(), ())]);
+        assert_eq!(order.waiting(), 0);
     }
 }

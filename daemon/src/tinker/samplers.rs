@@ -8,8 +8,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-/// The most samplers kept; past it the oldest go first.
-pub const MAX_SAMPLERS: usize = 100_000;
+/// The snapshots (`save_weights_and_get_sampling_client`) a training client keeps on disk: the
+/// newest; an older one's sampler is gone (each is an adapter's worth of disk, one a step).
+pub const KEPT_SNAPSHOTS: u64 = 8;
+
+/// The most samplers one team keeps; past it the team's oldest go first (another team's are
+/// not touched).
+pub const MAX_SAMPLERS: usize = 10_000;
 
 /// A sampling client.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +37,7 @@ pub struct Sampler {
 pub struct Samplers {
     by_id: Mutex<HashMap<String, (u64, Sampler)>>,
     made: std::sync::atomic::AtomicU64,
-    /// [`MAX_SAMPLERS`], but in tests.
+    /// [`MAX_SAMPLERS`] a team, but in tests.
     cap: usize,
 }
 
@@ -47,16 +52,22 @@ impl Samplers {
         self.by_id.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records sampler `id` (again: the same sampler, for a retried request). Past
-    /// [`MAX_SAMPLERS`] the oldest goes (its session's clients may be long gone).
+    /// Records sampler `id` (again: the same sampler, for a retried request). Past the team's
+    /// [`MAX_SAMPLERS`] its oldest goes (its session's clients may be long gone).
     pub fn insert(&self, id: &str, sampler: Sampler) {
         let made = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut by_id = self.lock();
-        if by_id.len() >= self.cap
-            && !by_id.contains_key(id)
-            && let Some(oldest) = by_id.iter().min_by_key(|(_, (made, _))| *made).map(|(id, _)| id.clone())
-        {
-            by_id.remove(&oldest);
+        if !by_id.contains_key(id) {
+            let of_team = by_id.values().filter(|(_, kept)| kept.team == sampler.team);
+            if of_team.clone().count() >= self.cap
+                && let Some(oldest) = by_id
+                    .iter()
+                    .filter(|(_, (_, kept))| kept.team == sampler.team)
+                    .min_by_key(|(_, (made, _))| *made)
+                    .map(|(id, _)| id.clone())
+            {
+                by_id.remove(&oldest);
+            }
         }
         by_id.insert(id.to_owned(), (made, sampler));
     }
@@ -64,6 +75,11 @@ impl Samplers {
     /// `team`'s sampler `id`.
     pub fn get(&self, id: &str, team: &str) -> Option<Sampler> {
         self.lock().get(id).map(|(_, sampler)| sampler).filter(|sampler| sampler.team == team).cloned()
+    }
+
+    /// Forgets sampler `id`.
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
     }
 
     /// Forgets `team`'s session `session`'s samplers.
@@ -93,16 +109,16 @@ mod tests {
         let samplers = Samplers { cap: 2, ..Samplers::default() };
         samplers.insert("a:sample:0", sampler("math", "a"));
         samplers.insert("b:sample:0", sampler("vision", "b"));
+        samplers.insert("a:sample:1", sampler("math", "a"));
         assert!(samplers.get("a:sample:0", "math").is_some());
         assert_eq!(samplers.get("a:sample:0", "vision"), None, "another team's key finds none");
-        // A retried insert replaces its own entry; a new one past the cap drops the oldest,
-        // whichever session made it.
-        samplers.insert("b:sample:0", sampler("vision", "b"));
+        // A retried insert replaces its own entry; a new one past the team's cap drops the team's
+        // oldest, never another team's.
+        samplers.insert("a:sample:1", sampler("math", "a"));
         samplers.insert("c:sample:0", sampler("math", "c"));
         assert_eq!(samplers.get("a:sample:0", "math"), None);
-        assert!(
-            samplers.get("b:sample:0", "vision").is_some() && samplers.get("c:sample:0", "math").is_some()
-        );
+        assert!(samplers.get("a:sample:1", "math").is_some() && samplers.get("c:sample:0", "math").is_some());
+        assert!(samplers.get("b:sample:0", "vision").is_some());
         samplers.close_session("c", "vision");
         assert!(samplers.get("c:sample:0", "math").is_some(), "only the session's own team closes it");
         samplers.close_session("c", "math");

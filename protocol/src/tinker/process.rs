@@ -38,16 +38,21 @@ pub enum ClientCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weights: Option<PathBuf>,
     },
-    /// The state (adapter, and with `optimizer` AdamW's) written to `dir`, which must not exist.
+    /// The state (adapter, and with `optimizer` AdamW's) written to `dir`, which must not exist
+    /// unless `overwrite` (then it is replaced once the new one is whole).
     SaveState {
         request_id: String,
         dir: PathBuf,
         optimizer: bool,
+        #[serde(default)]
+        overwrite: bool,
     },
     /// The adapter alone written to `dir`: a sampler's weights.
     SaveSampler {
         request_id: String,
         dir: PathBuf,
+        #[serde(default)]
+        overwrite: bool,
     },
     /// The state in `dir` loaded (with `optimizer`, AdamW's too).
     LoadState {

@@ -159,13 +159,14 @@ fn run(
             })();
             (request_id, answered)
         }
-        ClientCommand::SaveState { request_id, dir, optimizer } => {
-            let answered =
-                client.save_state(base, &dir, optimizer).map(|()| Answer::Json { value: json!({}) });
+        ClientCommand::SaveState { request_id, dir, optimizer, overwrite } => {
+            let answered = replacing(&dir, overwrite, |dir| client.save_state(base, dir, optimizer))
+                .map(|()| Answer::Json { value: json!({}) });
             (request_id, answered)
         }
-        ClientCommand::SaveSampler { request_id, dir } => {
-            let answered = client.save_state(base, &dir, false).map(|()| Answer::Json { value: json!({}) });
+        ClientCommand::SaveSampler { request_id, dir, overwrite } => {
+            let answered = replacing(&dir, overwrite, |dir| client.save_state(base, dir, false))
+                .map(|()| Answer::Json { value: json!({}) });
             (request_id, answered)
         }
         ClientCommand::LoadState { request_id, dir, optimizer } => {
@@ -175,6 +176,41 @@ fn run(
         }
         ClientCommand::Suspend { .. } | ClientCommand::Checkpoint { .. } => {
             unreachable!("serve handles a suspend and a checkpoint itself")
+        }
+    }
+}
+
+/// Runs `save` (which writes a directory that must not exist) to `dir`; with `overwrite` an
+/// existing one is moved aside first, removed once the new one is whole, put back if the save
+/// fails. Without, an existing one is the request's fault.
+fn replacing(
+    dir: &std::path::Path,
+    overwrite: bool,
+    save: impl FnOnce(&std::path::Path) -> Result<(), ClientError>,
+) -> Result<(), ClientError> {
+    if !dir.exists() {
+        return save(dir);
+    }
+    if !overwrite {
+        return Err(ClientError::Request(format!(
+            "{} exists; save under another name, or with overwrite",
+            dir.display()
+        )));
+    }
+    let aside = dir.with_file_name(format!(
+        ".replaced-{}",
+        dir.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+    ));
+    let _ = std::fs::remove_dir_all(&aside);
+    std::fs::rename(dir, &aside).map_err(|e| ClientError::Internal(format!("{}: {e}", dir.display())))?;
+    match save(dir) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir_all(&aside);
+            Ok(())
+        }
+        Err(error) => {
+            let _ = std::fs::rename(&aside, dir);
+            Err(error)
         }
     }
 }
