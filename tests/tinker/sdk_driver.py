@@ -246,6 +246,9 @@ assert moved > 1e-3, "a snapshot after three more steps samples as the first one
 named = saver.save_weights_for_sampler("named").result().path
 by_path = service.create_sampling_client(model_path=named)
 by_path.sample(prompt, 1, params).result()
+# A sampler on the base alone is served by a process of its own: the untrained model's samples.
+base_only = service.create_sampling_client(base_model=BASE).sample(prompt, 1, params).result()
+assert len(base_only.sequences[0].tokens) == 6, base_only
 say("samplers", tokens=[s.tokens for s in before.sequences], moved=moved, named=named)
 
 # --- A client whose process is killed: its next operations wait, then run after an exact resume.

@@ -342,15 +342,18 @@ fn save_target(
         )));
     }
     if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| {
-            tracing::error!(%path, %error, "tinker: cannot prepare a save");
-            Refusal {
-                error: format!("cannot save {path}: the server's storage refused"),
-                category: ErrorCategory::Server,
-            }
-        })?;
+        std::fs::create_dir_all(parent).map_err(|error| storage_refused(&path.to_string(), &error))?;
     }
     Ok((path, dir))
+}
+
+/// The server's storage refused to prepare a save of `what`: the server's fault, in its turn.
+fn storage_refused(what: &str, error: &std::io::Error) -> Refusal {
+    tracing::error!(%what, %error, "tinker: cannot prepare a save");
+    Refusal {
+        error: format!("cannot save {what}: the server's storage refused"),
+        category: ErrorCategory::Server,
+    }
 }
 
 /// `POST save_weights` (the SDK's `save_state`): the adapter and AdamW's state.
@@ -447,13 +450,8 @@ pub async fn save_weights_for_sampler(
             let team = &caller.team;
             let make = move |request_id: &str| {
                 if let Some(parent) = dir.parent() {
-                    std::fs::create_dir_all(parent).map_err(|error| {
-                        tracing::error!(%error, "tinker: cannot prepare a sampler");
-                        Refusal {
-                            error: "cannot save the sampler: the server's storage refused".into(),
-                            category: ErrorCategory::Server,
-                        }
-                    })?;
+                    std::fs::create_dir_all(parent)
+                        .map_err(|error| storage_refused("the sampler", &error))?;
                 }
                 samplers.insert(
                     &sampler_id,
@@ -537,81 +535,49 @@ pub async fn create_sampling_session(
             kind: "create_sampling_session".into(),
         }));
     }
-    let (sampler, own) = match (&request.model_path, &request.base_model) {
+    // Who samples: the training client that saved the path, if it is open here (the same base
+    // and adapter shape, no second copy of the model) with the saved adapter swapped in; else a
+    // process of the sampler's own, started from the path or, for the base alone, from a fresh
+    // adapter (its LoRA B is zero: it changes nothing).
+    let fresh = LoraConfig { rank: 1, seed: None, train_unembed: false, train_mlp: false, train_attn: true };
+    let (base_name, served) = match (&request.model_path, &request.base_model) {
         (Some(text), _) => {
             let (path, dir) = saved(&state, &caller.team, text, "model_path")?;
             let (lora, saved_base) = saved_lora(&dir).map_err(|message| bad("model_path", message))?;
             let base_name = request.base_model.clone().unwrap_or(saved_base);
-            // The training client that saved it serves it, if it is open here: the same base and
-            // adapter shape, no second copy of the model.
             match state.clients.get(&path.run, &caller.team).filter(|c| c.spec.base_name == base_name) {
-                Some(trainer) => (
-                    Sampler {
-                        team: caller.team.clone(),
-                        session: request.session_id.clone(),
-                        base_name,
-                        model_path: Some(text.clone()),
-                        served_by: trainer.spec.id.clone(),
-                        weights: Some(dir.join("adapter")),
-                        number: request.sampling_session_seq_id,
-                    },
-                    None,
-                ),
-                None => {
-                    let base = base_model(&state, &caller.team, &base_name)?;
-                    let sampler = Sampler {
-                        team: caller.team.clone(),
-                        session: request.session_id.clone(),
-                        base_name: base_name.clone(),
-                        model_path: Some(text.clone()),
-                        served_by: format!(
-                            "{}:sampler:{}",
-                            request.session_id, request.sampling_session_seq_id
-                        ),
-                        weights: None,
-                        number: request.sampling_session_seq_id,
-                    };
-                    let spec = ClientSpec {
-                        id: sampler.served_by.clone(),
-                        team: caller.team.clone(),
-                        session: request.session_id.clone(),
-                        base_name,
-                        base,
-                        lora,
-                        start: Start::FromState { dir, optimizer: false },
-                        first_seq: 1,
-                    };
-                    (sampler, Some(spec))
-                }
+                Some(trainer) => (base_name, Err((trainer.spec.id.clone(), dir.join("adapter")))),
+                None => (base_name, Ok((lora, Start::FromState { dir, optimizer: false }))),
             }
         }
-        (None, Some(base_name)) => {
-            let base = base_model(&state, &caller.team, base_name)?;
-            let sampler = Sampler {
-                team: caller.team.clone(),
-                session: request.session_id.clone(),
-                base_name: base_name.clone(),
-                model_path: None,
-                served_by: format!("{}:sampler:{}", request.session_id, request.sampling_session_seq_id),
-                weights: None,
-                number: request.sampling_session_seq_id,
-            };
-            // A fresh adapter changes nothing: its LoRA B is zero.
-            let lora =
-                LoraConfig { rank: 1, seed: None, train_unembed: false, train_mlp: false, train_attn: true };
+        (None, Some(base_name)) => (base_name.clone(), Ok((fresh, Start::Fresh))),
+        (None, None) => return Err(bad("model_path", "expected a model_path or a base_model")),
+    };
+    let own_id = format!("{}:sampler:{}", request.session_id, request.sampling_session_seq_id);
+    let (served_by, weights, own) = match served {
+        Err((trainer, adapter)) => (trainer, Some(adapter), None),
+        Ok((lora, start)) => {
             let spec = ClientSpec {
-                id: sampler.served_by.clone(),
+                id: own_id.clone(),
                 team: caller.team.clone(),
                 session: request.session_id.clone(),
                 base_name: base_name.clone(),
-                base,
+                base: base_model(&state, &caller.team, &base_name)?,
                 lora,
-                start: Start::Fresh,
+                start,
                 first_seq: 1,
             };
-            (sampler, Some(spec))
+            (own_id, None, Some(spec))
         }
-        (None, None) => return Err(bad("model_path", "expected a model_path or a base_model")),
+    };
+    let sampler = Sampler {
+        team: caller.team.clone(),
+        session: request.session_id.clone(),
+        base_name,
+        model_path: request.model_path.clone(),
+        served_by,
+        weights,
+        number: request.sampling_session_seq_id,
     };
     if let Some(spec) = own {
         // Nobody polls its opening: the samples wait for it as queued commands.
