@@ -44,8 +44,8 @@ pub enum ModelError {
     Tokenizer { file: PathBuf, message: String },
     #[error("chat template from {file}: {message}")]
     Template { file: PathBuf, message: String },
-    #[error("unknown model source \"{source_name}\": expected a directory or builtin:tiny-arith[?seed=N]")]
-    UnknownSource { source_name: String },
+    #[error("unknown model source \"{source_name}\": {message}")]
+    UnknownSource { source_name: String, message: String },
     #[error("unsupported dtype {kind:?}: models load as f32 (Float) or bf16 (BFloat16)")]
     UnsupportedKind { kind: tch::Kind },
     #[error("{path} already exists: a checkpoint is never written over")]

@@ -204,7 +204,7 @@ impl TrainableSnapshot {
     }
 }
 
-/// Loads `source` — `builtin:tiny-arith` (seed 0), `builtin:tiny-arith?seed=N`, a directory
+/// Loads `source` — a built-in model (`builtin:NAME[?seed=N][&layers=K]`), a directory
 /// with `config.json`, safetensors weights and `tokenizer.json`, or a PEFT adapter directory
 /// (its base loaded, the adapters attached) — onto `device` in `kind`
 /// (`Kind::Float` or `Kind::BFloat16`; bf16 works on CPU but is slower than f32 there unless
@@ -213,15 +213,18 @@ pub fn load(source: &str, device: Device, kind: Kind) -> Result<LoadedModel, Mod
     if !matches!(kind, Kind::Float | Kind::BFloat16) {
         return Err(ModelError::UnsupportedKind { kind });
     }
-    if source.starts_with("builtin:") {
-        let seed = builtin::parse_source(source)
-            .ok_or_else(|| ModelError::UnknownSource { source_name: source.to_owned() })?;
-        return load_builtin(seed, device, kind);
+    if source.starts_with(rlvr_protocol::builtin_models::PREFIX) {
+        let builtin = builtin::BuiltinSource::parse(source)
+            .map_err(|message| ModelError::UnknownSource { source_name: source.to_owned(), message })?;
+        return load_builtin(&builtin, device, kind);
     }
     let dir = Path::new(source);
     if !dir.is_dir() {
         return Err(if dir.exists() {
-            ModelError::UnknownSource { source_name: source.to_owned() }
+            ModelError::UnknownSource {
+                source_name: source.to_owned(),
+                message: "expected a model directory or builtin:NAME".to_owned(),
+            }
         } else {
             ModelError::MissingFile { path: dir.to_owned() }
         });
@@ -250,29 +253,24 @@ pub fn load(source: &str, device: Device, kind: Kind) -> Result<LoadedModel, Mod
     Ok(LoadedModel { vs, model, tokenizer, config, source: source.to_owned(), adapters: None })
 }
 
-fn load_builtin(seed: u64, device: Device, kind: Kind) -> Result<LoadedModel> {
-    let config = builtin::config(seed);
-    let spec = config.spec(Path::new(builtin::NAME))?;
+fn load_builtin(source: &builtin::BuiltinSource, device: Device, kind: Kind) -> Result<LoadedModel> {
+    let config = builtin::source_config(source);
+    let name = source.to_string();
+    let spec = config.spec(Path::new(&name))?;
+    let shape = source.shape();
     let files = TokenizerFiles {
-        tokenizer_json: builtin::tokenizer_json(),
-        tokenizer_config: Some(builtin::tokenizer_config_json()),
+        tokenizer_json: builtin::tokenizer_json(shape.vocab as i64),
+        tokenizer_config: Some(builtin::tokenizer_config_json(shape.max_positions.unwrap_or(512))),
         generation_config: None,
         chat_template_jinja: None,
-        dir: PathBuf::from(builtin::NAME),
+        dir: PathBuf::from(&name),
     };
     let tokenizer = Tokenizer::from_files(files, &config)?;
     let vs = VarStore::new(device);
     let model = Llama::build(&vs, &spec, kind, |name, shape| {
-        Ok(builtin::init_tensor(seed, name, shape, device, kind))
+        Ok(builtin::init_tensor(source, name, shape, device, kind))
     })?;
-    Ok(LoadedModel {
-        vs,
-        model,
-        tokenizer,
-        config,
-        source: format!("{}?seed={seed}", builtin::NAME),
-        adapters: None,
-    })
+    Ok(LoadedModel { vs, model, tokenizer, config, source: name, adapters: None })
 }
 
 /// `model`'s config with its dtype the weights' own: a bf16 job's checkpoint of a model loaded

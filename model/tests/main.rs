@@ -3,6 +3,7 @@
 
 mod common;
 
+mod builtin_shapes;
 mod checkpointing;
 mod chunked_logits;
 mod distill_kl;

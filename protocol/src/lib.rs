@@ -29,11 +29,14 @@
 //! - [`names`]: the names a tenant writes (datasets, data roots, base models, model lines) and
 //!   their rule.
 //! - [`env`]: `[env]`, a multi-turn job's environment, and its checks (pure).
+//! - [`builtin_models`]: the built-in models (`builtin:tiny-arith`, random weights at published
+//!   models' shapes) and their sources.
 //! - [`signals`]: why a job may not be learning (steps whose groups were all-fail or all-pass).
 
 pub mod api;
 pub mod batch;
 pub mod builtin;
+pub mod builtin_models;
 pub mod checkpoints;
 pub mod curricula;
 pub mod engine;

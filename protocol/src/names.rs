@@ -8,9 +8,9 @@
 //!   `dataset:NAME@SHA256` (a dataset the team uploaded, `PUT /v1/datasets/NAME`), or
 //!   `root:ROOT/relative/path.jsonl` (a file under an operator-declared data root granted to the
 //!   team);
-//! - models (`model.policy`, `model.reference`): `builtin:tiny-arith[?seed=N]`, `base:NAME` (an
-//!   operator-declared base model), `line:LINE@VERSION` / `line:LINE` (the newest version of
-//!   a model line the team may read), or `tinker://RUN/KIND/NAME` (a state or sampler a Tinker
+//! - models (`model.policy`, `model.reference`): a built-in model (`builtin:NAME[?seed=N]`,
+//!   `builtin_models`), `base:NAME` (an operator-declared base model), `line:LINE@VERSION` /
+//!   `line:LINE` (the newest version of a model line the team may read), or `tinker://RUN/KIND/NAME` (a state or sampler a Tinker
 //!   training client of the team's saved: its LoRA adapter over its base);
 //! - a shared curriculum (`curriculum.name`): `NAME` (the team's own) or `TEAM/NAME` (another
 //!   team's, which that team shared with it).
@@ -117,7 +117,8 @@ impl fmt::Display for DataRef {
 /// A model reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelRef {
-    /// The built-in model (`builtin:…`, checked by `spec::builtin_seed`): kept as written.
+    /// A built-in model (`builtin:…`, checked by [`crate::builtin_models::BuiltinSource::parse`]):
+    /// kept as written.
     Builtin(String),
     /// An operator-declared base model.
     Base(String),
@@ -130,7 +131,8 @@ pub enum ModelRef {
 impl ModelRef {
     /// Parses a spec's model field; the error says what was expected, without the value.
     pub fn parse(text: &str) -> Result<ModelRef, String> {
-        if text.starts_with("builtin:") {
+        if text.starts_with(crate::builtin_models::PREFIX) {
+            crate::builtin_models::BuiltinSource::parse(text)?;
             return Ok(ModelRef::Builtin(text.to_owned()));
         }
         if let Some(name) = text.strip_prefix("base:") {

@@ -1416,7 +1416,7 @@ fn names(spec: &JobSpec) -> Vec<SpecError> {
         }
     }
     if spec.model.policy.is_empty() {
-        let message = format!("expected a directory or {BUILTIN_MODEL}");
+        let message = format!("expected a directory or {}", crate::builtin_models::TINY_ARITH);
         errors.push(SpecError { field: "model.policy".to_owned(), message });
     }
     errors
@@ -1534,20 +1534,6 @@ pub(crate) fn strip_position(message: &str) -> String {
         Some(index) => message[..index].to_owned(),
         None => message.to_owned(),
     }
-}
-
-/// The built-in model's source name (`model.policy`): a small Llama-family model made from a
-/// seed, for the demo and the tests.
-pub const BUILTIN_MODEL: &str = "builtin:tiny-arith";
-
-/// The seed of a built-in model source, `builtin:tiny-arith` (seed 0) or
-/// `builtin:tiny-arith?seed=N`; `None` for anything else.
-pub fn builtin_seed(source: &str) -> Option<u64> {
-    let rest = source.strip_prefix(BUILTIN_MODEL)?;
-    if rest.is_empty() {
-        return Some(0);
-    }
-    rest.strip_prefix("?seed=")?.parse().ok()
 }
 
 #[cfg(test)]

@@ -215,7 +215,7 @@ impl Argv {
 #[derive(Debug, Clone, PartialEq, Default)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TinkerClientArgs {
-    /// The base model: a model directory or builtin:tiny-arith.
+    /// The base model: a model directory or a built-in model (`builtin:NAME`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub base: String,
     /// What saved adapters name as their base (`base_model_name_or_path`): the SDK's name of it.
@@ -280,7 +280,7 @@ impl TinkerClientArgs {
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct EnvCheckArgs {
     /// The job spec (TOML, or JSON by extension); its [data] train records start the episodes.
-    /// Its policy is a model directory or builtin:tiny-arith (the daemon resolves line: and base:
+    /// Its policy is a model directory or a built-in model (the daemon resolves line: and base:
     /// names first).
     #[cfg_attr(feature = "cli", arg(long))]
     pub spec: PathBuf,

@@ -12,6 +12,10 @@
 //! - [`Xoshiro256pp`] (Blackman and Vigna, "Scrambled linear pseudorandom number generators",
 //!   2021): four `u64`s, seeded by SplitMix64 as its authors recommend; for sampling.
 //!
+//! - [`fill_uniform`] / [`fill_uniform_bf16`]: SplitMix64's output function over a counter
+//!   (value `i` of a stream is a function of its key and `i` alone), for billions of weights at
+//!   once: any slice of a stream can be made on its own, by as many threads as there are.
+//!
 //! Why not `rand_xoshiro`: `rand_core`'s seeding and float conversions have changed between
 //! releases; a few lines pinned by their first values cannot.
 #![deny(missing_docs)]
@@ -110,6 +114,37 @@ impl Xoshiro256pp {
     }
 }
 
+/// Value `index` of stream `key`, uniform in `[-bound, bound)` with 24 random bits (an f32's
+/// mantissa): SplitMix64's output for the state `key + (index + 1)·γ`.
+#[inline]
+fn uniform_at(key: u64, index: u64, bound: f32) -> f32 {
+    let z = SplitMix64::new(key.wrapping_add(index.wrapping_mul(GOLDEN_GAMMA))).next_u64();
+    let unit = (z >> 40) as f32 * (1.0 / (1u64 << 24) as f32);
+    (unit * 2.0 - 1.0) * bound
+}
+
+/// Fills `out` with values `start..start + out.len()` of stream `key` ([`uniform_at`]).
+pub fn fill_uniform(key: u64, start: u64, bound: f32, out: &mut [f32]) {
+    for (i, value) in out.iter_mut().enumerate() {
+        *value = uniform_at(key, start + i as u64, bound);
+    }
+}
+
+/// [`fill_uniform`] as bfloat16 bit patterns, each value rounded to the nearest (ties to even),
+/// as libtorch converts an f32.
+pub fn fill_uniform_bf16(key: u64, start: u64, bound: f32, out: &mut [u16]) {
+    for (i, value) in out.iter_mut().enumerate() {
+        *value = bf16_bits(uniform_at(key, start + i as u64, bound));
+    }
+}
+
+/// A finite f32 as the bfloat16 nearest to it (ties to even), as its bit pattern.
+#[inline]
+fn bf16_bits(value: f32) -> u16 {
+    let bits = value.to_bits();
+    ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +154,33 @@ mod tests {
         // A change here breaks every checkpoint's resume and every seeded data set.
         assert_eq!(SplitMix64::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
         assert_eq!(Xoshiro256pp::new(0).next_u64(), 0x5317_5d61_490b_23df);
+    }
+
+    #[test]
+    fn a_uniform_streams_values_depend_on_their_index_alone() {
+        let mut whole = vec![0f32; 1000];
+        fill_uniform(9, 0, 0.5, &mut whole);
+        let mut tail = vec![0f32; 10];
+        fill_uniform(9, 990, 0.5, &mut tail);
+        assert_eq!(whole[990..], tail[..]);
+        assert_eq!(whole[0], uniform_at(9, 0, 0.5));
+        assert!(whole.iter().all(|v| (-0.5..0.5).contains(v)));
+        let mean = whole.iter().sum::<f32>() / 1000.0;
+        let std = (whole.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 1000.0).sqrt();
+        assert!(mean.abs() < 0.03 && (std - 0.5 / 3f32.sqrt()).abs() < 0.02, "{mean} {std}");
+        let mut other = vec![0f32; 1000];
+        fill_uniform(10, 0, 0.5, &mut other);
+        assert_ne!(whole, other);
+        // bf16: f32's rounding to nearest even, as libtorch's conversion.
+        let mut halves = vec![0u16; 1000];
+        fill_uniform_bf16(9, 0, 0.5, &mut halves);
+        for (h, f) in halves.iter().zip(&whole) {
+            let back = f32::from_bits(u32::from(*h) << 16);
+            assert!((back - f).abs() <= f.abs() / 128.0, "{f} -> {back}");
+        }
+        assert_eq!(bf16_bits(1.0 + 1.0 / 256.0), 0x3F80, "a tie rounds to the even neighbour");
+        assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3F82, "a tie rounds to the even neighbour");
+        assert_eq!(bf16_bits(-2.0), 0xC000);
     }
 
     #[test]

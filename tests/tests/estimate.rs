@@ -49,14 +49,15 @@ fn model_dir(dir: &Path, name: &str, shape: Shape) -> PathBuf {
     config.remove("rlvr_seed");
     let text = serde_json::to_string_pretty(&config).unwrap();
     fs::write(out.join("config.json"), &text).unwrap();
-    fs::write(out.join("tokenizer.json"), builtin::tokenizer_json()).unwrap();
-    fs::write(out.join("tokenizer_config.json"), builtin::tokenizer_config_json()).unwrap();
+    fs::write(out.join("tokenizer.json"), builtin::tokenizer_json(builtin::vocab_size())).unwrap();
+    fs::write(out.join("tokenizer_config.json"), builtin::tokenizer_config_json(512)).unwrap();
     let parsed = rlvr_model::LlamaConfig::from_json(&text, &out.join("config.json")).unwrap();
     let spec = parsed.spec(&out.join("config.json")).unwrap();
     let mut tensors = Vec::new();
     let vs = VarStore::new(Device::Cpu);
+    let source = builtin::BuiltinSource::parse("builtin:tiny-arith?seed=7").unwrap();
     Llama::build(&vs, &spec, Kind::Float, |name, shape| {
-        let tensor = builtin::init_tensor(7, name, shape, Device::Cpu, Kind::Float);
+        let tensor = builtin::init_tensor(&source, name, shape, Device::Cpu, Kind::Float);
         tensors.push((name.to_owned(), tensor.shallow_clone()));
         Ok(tensor)
     })

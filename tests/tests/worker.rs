@@ -1457,3 +1457,48 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
     assert_eq!(on_disk(&killed), on_disk(&straight));
     assert_eq!(metrics_without_time(&killed), metrics_without_time(&straight));
 }
+
+/// Each random model at a published shape trains a step at one layer (a test may drop layers,
+/// never widths: the embeddings, its widest tensors, are whole): an SFT step in bf16 with LoRA,
+/// through the real loader, with a finite loss, checkpointed.
+#[test]
+fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = worker_plugins(dir.path());
+    let data = dir.path().join("sft.jsonl");
+    fs::write(
+        &data,
+        "{\"prompt\": \"2+3=\", \"completion\": \"5\"}\n{\"prompt\": \"4*4=\", \"completion\": \"16\"}\n",
+    )
+    .unwrap();
+    for model in rlvr_protocol::builtin_models::models().into_iter().filter(|model| model.shape_of.is_some())
+    {
+        let spec = dir.path().join(format!("{}.toml", model.name));
+        fs::write(
+            &spec,
+            format!(
+                "[job]\nname = \"shape\"\nteam = \"tests\"\nmodel_line = \"shape\"\n\
+                 [model]\npolicy = \"builtin:{}?layers=1\"\ndtype = \"bf16\"\nlora = {{ rank = 4 }}\n\
+                 [data]\ntrain = {:?}\n[optimizer]\nplugin = \"sft\"\nlr = 1e-3\nmicro_batch_size = 2\n\
+                 [rollout]\nprompts_per_step = 2\n[budget]\nmax_steps = 1\n",
+                model.name,
+                data.display().to_string()
+            ),
+        )
+        .unwrap();
+        let state = dir.path().join(model.name);
+        let started = std::time::Instant::now();
+        let result = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
+        println!("{}: {:.1} s", model.name, started.elapsed().as_secs_f64());
+        assert_eq!(result["steps"], 1, "{}: {result}", model.name);
+        let metrics = metrics_without_time(&state);
+        let loss = metrics.last().and_then(|line| line["loss"].as_f64());
+        assert!(loss.is_some_and(f64::is_finite), "{}: {metrics:?}", model.name);
+        assert!(
+            state.join("checkpoints/step-00000001/adapter/adapter_model.safetensors").is_file(),
+            "{}",
+            model.name
+        );
+        fs::remove_dir_all(&state).unwrap();
+    }
+}

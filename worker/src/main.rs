@@ -8,6 +8,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use rlvr_protocol::spec::Dtype;
 use rlvr_protocol::worker::{EnvCheckArgs, HostContext, LastWord, TinkerClientArgs, WorkerArgs, WorkerExit};
 use rlvr_startup::logging::{self, LogFormat};
 use rlvr_worker::host::read_host_context;
@@ -58,11 +59,31 @@ enum Command {
     /// answered on stdout.
     #[command(hide = true)]
     TinkerClient(TinkerClientArgs),
+    /// Write a model (a built-in one, `builtin:random-qwen2.5-0.5b?seed=1`, or a directory) as a
+    /// Hugging Face directory: the same weights for a peer (transformers, TRL, vLLM) that a job
+    /// on the built-in model trains. Prints `{source, dir, parameters, dtype}` as one JSON line.
+    ExportModel {
+        /// `builtin:NAME[?seed=N][&layers=K]`, a model directory or an adapter directory.
+        source: String,
+        /// The directory to write; it must not exist (written whole or not at all).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// The weights' dtype.
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: ExportDtype,
+    },
     /// Report what this process's libtorch can do: its version and directory, whether CUDA is
     /// loaded and available, the CUDA runtime, driver, cuDNN, NCCL and cuBLAS versions, the CPU
     /// matmul path, and what is wrong; one JSON line (`rlvrd doctor` prints it for people).
     #[command(hide = true)]
     Doctor,
+}
+
+/// `export-model --dtype`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ExportDtype {
+    F32,
+    Bf16,
 }
 
 /// `eprintln!` that never panics: stderr is the run's log file, which a full disk can refuse, and
@@ -98,6 +119,19 @@ fn main() -> ExitCode {
             print_line("check-options", &rlvr_plugin_host::options::check_main(&plugin_path, &options_json))
         }
         Command::Doctor => print_line("doctor", &rlvr_worker::runtime::report()),
+        Command::ExportModel { source, out, dtype } => {
+            let dtype = match dtype {
+                ExportDtype::F32 => Dtype::F32,
+                ExportDtype::Bf16 => Dtype::Bf16,
+            };
+            match rlvr_worker::models::export(&source, &out, dtype) {
+                Ok(exported) => print_line("export-model", &exported),
+                Err(message) => {
+                    say!("rlvr-worker export-model: {message}");
+                    ExitCode::from(WorkerExit::JobError.code())
+                }
+            }
+        }
         Command::EnvCheck(args) => env_check(&args),
         Command::TinkerClient(args) => tinker_client(&args, cli.log_format),
         Command::Run(args) => {
@@ -330,6 +364,7 @@ mod tests {
                 Command::ProbePlugin { .. }
                 | Command::CheckOptions { .. }
                 | Command::Doctor
+                | Command::ExportModel { .. }
                 | Command::EnvCheck(_)
                 | Command::TinkerClient(_) => {
                     panic!("parsed as another command")

@@ -244,7 +244,7 @@ impl Models {
 /// The weights' kind for `model.dtype`, on any device: with bf16 the optimizer keeps the f32
 /// master weights (`optim`), and the products run on libtorch's bf16 kernels (the oneDNN f32
 /// path is for f32 only).
-fn weight_kind(dtype: Dtype) -> Kind {
+pub fn weight_kind(dtype: Dtype) -> Kind {
     match dtype {
         Dtype::F32 => Kind::Float,
         Dtype::Bf16 => Kind::BFloat16,
@@ -356,4 +356,25 @@ pub fn weights_sha256(vs: &nn::VarStore) -> String {
         hasher.update(&buffer);
     }
     hex::encode(hasher.finalize())
+}
+
+/// What `rlvr-worker export-model` wrote: one JSON line.
+#[derive(Debug, serde::Serialize)]
+pub struct ExportedModel {
+    /// The source as loaded (`builtin:NAME?seed=N…`).
+    pub source: String,
+    pub dir: std::path::PathBuf,
+    pub parameters: u64,
+    pub dtype: Dtype,
+}
+
+/// Writes the model `source` names (a built-in model, a directory, an adapter over its base) to
+/// `dir` as a Hugging Face directory in `dtype` (`config.json`, `model.safetensors`, the
+/// tokenizer's files; adapters merged), atomically: the weights a peer needs to compare with a
+/// built-in model's run. `dir` must not exist.
+pub fn export(source: &str, dir: &Path, dtype: Dtype) -> Result<ExportedModel, String> {
+    let model = load_model(source, Device::Cpu, weight_kind(dtype)).map_err(|error| error.to_string())?;
+    rlvr_model::policy::save_pretrained(&model, dir).map_err(|error| error.to_string())?;
+    let parameters = model.vs.variables().values().map(|tensor| tensor.numel() as u64).sum();
+    Ok(ExportedModel { source: model.source.clone(), dir: dir.to_owned(), parameters, dtype })
 }

@@ -17,6 +17,7 @@ use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use rlvr_protocol::builtin_models;
 use rlvr_protocol::tinker::wire::{
     ClientConfigResponse, CreateSessionRequest, CreateSessionResponse, DynamicConfigResponse,
     FinishSessionRequest, HealthResponse, ServerCapabilities, SessionHeartbeatRequest, SupportedModel,
@@ -196,7 +197,7 @@ async fn capabilities(
         .tenancy
         .base_model_names(&caller.team)
         .into_iter()
-        .chain([rlvr_protocol::spec::BUILTIN_MODEL.to_owned()])
+        .chain(builtin_models::models().map(|model| format!("{}{}", builtin_models::PREFIX, model.name)))
         .map(|model_name| SupportedModel {
             model_name,
             max_context_length: None,

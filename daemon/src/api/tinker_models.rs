@@ -18,6 +18,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use rlvr_protocol::builtin_models;
 use rlvr_protocol::tinker::process::{Answer as OperationAnswer, ClientCommand, SDK_BASE_FILE};
 use rlvr_protocol::tinker::proto::{ForwardBackwardHead, Message};
 use rlvr_protocol::tinker::wire::{
@@ -53,8 +54,10 @@ const MAX_RANK: u32 = 256;
 
 /// The base model the team names, where it is: a base model of the team's, or the built-in one.
 fn base_model(state: &TinkerState, team: &str, name: &str) -> Result<String, Failure> {
-    if name == rlvr_protocol::spec::BUILTIN_MODEL {
-        return Ok(name.to_owned());
+    if name.starts_with(builtin_models::PREFIX) {
+        return builtin_models::BuiltinSource::parse(name).map(|_| name.to_owned()).map_err(|message| {
+            Failure::new(StatusCode::BAD_REQUEST, "bad_request", message).field("base_model")
+        });
     }
     state.tenancy.base_model(team, name).map(|path| path.display().to_string()).map_err(|message| {
         Failure::new(

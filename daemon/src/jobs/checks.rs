@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use rlvr_protocol::builtin::{
     DistillOptions, RejectionSamplingOptions, distill_problems, rejection_sampling_problems,
 };
+use rlvr_protocol::builtin_models;
 use rlvr_protocol::kind::{JobKind, OptimizerTraits};
 use rlvr_protocol::records::{self, RecordKind};
 use rlvr_protocol::reward_model::{RewardModelOptions, is_reward_model};
@@ -306,9 +307,10 @@ fn check_options(
 }
 
 fn builtin_model(problem: &mut impl FnMut(&str, String), field: &str, source: &str) {
-    if source.starts_with("builtin:") && rlvr_protocol::spec::builtin_seed(source).is_none() {
-        let name = rlvr_protocol::spec::BUILTIN_MODEL;
-        problem(field, format!("expected {name} or {name}?seed=N, got {source:?}"));
+    if source.starts_with(builtin_models::PREFIX)
+        && let Err(message) = builtin_models::BuiltinSource::parse(source)
+    {
+        problem(field, message);
     }
 }
 

@@ -12,6 +12,7 @@ use rlvr_plugin_api::{DataMode, TrainedModel};
 use rlvr_plugin_host::Registry;
 use rlvr_plugin_host::fit::{optimizer_needs, trained_model};
 use rlvr_protocol::builtin::DistillOptions;
+use rlvr_protocol::builtin_models;
 use rlvr_protocol::kind::JobKind;
 use rlvr_protocol::memory::{
     self, DataLengths, DeviceKind, Inputs, MemoryEstimate, ModelShape, OptimizerNeeds, RewardModelInput,
@@ -106,8 +107,8 @@ pub fn estimate(
 /// The shape of the model at `source`: the built-in model, a directory with `config.json`, or a
 /// PEFT adapter directory (its base's).
 fn shape_of(source: &str) -> Result<ModelShape, String> {
-    if source.starts_with("builtin:") {
-        return Ok(ModelShape::BUILTIN);
+    if source.starts_with(builtin_models::PREFIX) {
+        return builtin_models::BuiltinSource::parse(source).map(|source| source.shape());
     }
     let dir = Path::new(source);
     if dir.join(ADAPTER_CONFIG).is_file() {

@@ -186,14 +186,14 @@ pub fn admit(tenancy: &Tenancy, spec: &JobSpec, dry_run: bool) -> Result<PinnedS
             }
             Ok((reference, dir)) => {
                 field.set(&mut pinned, reference.to_string());
-                dirs.insert(field, dir);
+                dirs.insert(field, Tokens::of(&reference, dir));
             }
             Err(message) => problems.push(refuse(&field.name(), message)),
         }
     }
     // A teacher's distributions are over its own tokens: the student must read the same ones.
     if let (Some(student), Some(teacher)) = (dirs.get(&ModelField::Policy), dirs.get(&ModelField::Teacher))
-        && let Err(message) = same_tokenizer(student.as_deref(), teacher.as_deref())
+        && let Err(message) = same_tokenizer(student, teacher)
     {
         problems.push(refuse(&ModelField::Teacher.name(), message));
     }
@@ -335,11 +335,30 @@ fn file_in_root(root: &Path, relative: &str, max_bytes: u64) -> Result<PathBuf, 
     Ok(file)
 }
 
-/// Whether two models (their directories; `None` for the built-in model) read the same tokens:
-/// equal `tokenizer.json` vocabularies (`model`, `added_tokens`) for two directories; against
-/// the built-in model's character tokenizer, the directory's `vocab_size` (the worker compares
-/// the token maps themselves when it loads both). The message never shows a path.
-fn same_tokenizer(student: Option<&Path>, teacher: Option<&Path>) -> Result<(), String> {
+/// Where a model's tokens are known from: a built-in model's vocabulary size (every built-in
+/// model has the character tokenizer, padded to its vocabulary), or the model's directory.
+enum Tokens {
+    Builtin(u64),
+    Dir(Option<PathBuf>),
+}
+
+impl Tokens {
+    fn of(reference: &ModelRef, dir: Option<PathBuf>) -> Tokens {
+        match reference {
+            ModelRef::Builtin(source) => Tokens::Builtin(
+                rlvr_protocol::builtin_models::BuiltinSource::parse(source)
+                    .map_or(0, |source| source.shape().vocab),
+            ),
+            _ => Tokens::Dir(dir),
+        }
+    }
+}
+
+/// Whether two models read the same tokens: equal `tokenizer.json` vocabularies (`model`,
+/// `added_tokens`) for two directories; two built-in models' vocabulary sizes; against a
+/// built-in model's character tokenizer, the directory's `vocab_size` (the worker compares the
+/// token maps themselves when it loads both). The message never shows a path.
+fn same_tokenizer(student: &Tokens, teacher: &Tokens) -> Result<(), String> {
     fn vocabulary(dir: &Path) -> Result<(Value, Value), String> {
         let text = fs::read_to_string(dir.join("tokenizer.json"))
             .map_err(|_| "a model has no readable tokenizer.json to compare".to_owned())?;
@@ -351,22 +370,26 @@ fn same_tokenizer(student: Option<&Path>, teacher: Option<&Path>) -> Result<(), 
         let text = fs::read_to_string(dir.join("config.json")).ok()?;
         serde_json::from_str::<Value>(&text).ok()?["vocab_size"].as_u64()
     }
-    let builtin = rlvr_protocol::memory::ModelShape::BUILTIN.vocab;
-    let differs = "the teacher's tokenizer differs from model.policy's: distillation compares their                    distributions token by token, so they must share one";
+    let differs = "the teacher's tokenizer differs from model.policy's: distillation compares their \
+                   distributions token by token, so they must share one";
     match (student, teacher) {
-        (None, None) => Ok(()),
-        (Some(dir), None) | (None, Some(dir)) => match vocab_size(dir) {
-            Some(size) if size == builtin => Ok(()),
+        (Tokens::Builtin(a), Tokens::Builtin(b)) if a == b => Ok(()),
+        (Tokens::Builtin(a), Tokens::Builtin(b)) => Err(format!("{differs} ({b} tokens against {a})")),
+        (Tokens::Dir(Some(dir)), Tokens::Builtin(builtin))
+        | (Tokens::Builtin(builtin), Tokens::Dir(Some(dir))) => match vocab_size(dir) {
+            Some(size) if size == *builtin => Ok(()),
             Some(size) => Err(format!("{differs} ({size} tokens against the built-in model's {builtin})")),
             None => Err(format!("{differs} (a model's config.json has no vocab_size)")),
         },
-        (Some(a), Some(b)) => {
+        (Tokens::Dir(Some(a)), Tokens::Dir(Some(b))) => {
             if vocabulary(a)? == vocabulary(b)? {
                 Ok(())
             } else {
                 Err(differs.to_owned())
             }
         }
+        // A reference with no directory of its own is checked where it is loaded.
+        (Tokens::Dir(None), _) | (_, Tokens::Dir(None)) => Ok(()),
     }
 }
 
