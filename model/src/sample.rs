@@ -68,11 +68,20 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Strings that end a completion (kept at the end of `text`).
     pub stop: Vec<String>,
+    /// Sample to `max_new_tokens` whatever is sampled: an EOS token ends nothing.
+    pub ignore_eos: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> SamplingParams {
-        SamplingParams { max_new_tokens: 64, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new() }
+        SamplingParams {
+            max_new_tokens: 64,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
     }
 }
 
@@ -127,7 +136,7 @@ impl Sampled {
         let mut stops = StopScan::new(&params.stop, 1);
         let mut end = None;
         for i in 0..tokens.len() {
-            if tokenizer.is_eos(tokens[i]) {
+            if !params.ignore_eos && tokenizer.is_eos(tokens[i]) {
                 end = Some((i + 1, Finish::Eos, tokenizer.decode(&tokens[..i])));
                 break;
             }
@@ -324,7 +333,7 @@ fn sample_loop(
             }
             let row = &mut out[r];
             row.tokens.push(token_vec[b]);
-            if tokenizer.is_eos(token_vec[b]) {
+            if !params.ignore_eos && tokenizer.is_eos(token_vec[b]) {
                 row.finish = Finish::Eos;
                 done[r] = true;
             } else if let Some(text) = stops.check(tokenizer, r, &row.tokens) {

@@ -49,6 +49,29 @@ fn batched_greedy_with_left_padding_equals_one_by_one() {
     }
 }
 
+/// `ignore_eos`: every completion runs to `max_new_tokens`, its EOS tokens kept as any others
+/// (hot sampling makes them common here: without it, completions end early).
+#[test]
+fn with_ignore_eos_every_completion_runs_to_its_length() {
+    let m = model(0);
+    let ps = prompts(&m, &TEXTS);
+    let params = SamplingParams { max_new_tokens: 48, temperature: 4.0, ..Default::default() };
+    let ending = generate(&m.model, &m.tokenizer, &ps, 8, &params, &mut SamplerRng::new(3)).unwrap();
+    assert!(ending.iter().any(|row| row.finish == Finish::Eos), "a completion sampled its EOS");
+    let params = SamplingParams { ignore_eos: true, ..params };
+    let running = generate(&m.model, &m.tokenizer, &ps, 8, &params, &mut SamplerRng::new(3)).unwrap();
+    assert!(running.iter().all(|row| row.finish == Finish::Length && row.tokens.len() == 48));
+    let eos = m.tokenizer.eos_ids()[0];
+    assert!(running.iter().any(|row| row.tokens.contains(&eos)), "an EOS token kept");
+    // Another engine's tokens are cut by the same rule.
+    let tokens = ending.iter().find(|row| row.finish == Finish::Eos).unwrap().tokens.clone();
+    let mut longer = tokens.clone();
+    longer.extend([5, 6]);
+    let kept = rlvr_model::Sampled::ended(0, longer.clone(), vec![0.0; longer.len()], &m.tokenizer, &params)
+        .unwrap();
+    assert_eq!((kept.tokens, kept.finish), (longer, Finish::Length));
+}
+
 #[test]
 fn shared_prefix_equals_repeated_prompts() {
     let m = model(1);
@@ -519,6 +542,7 @@ fn the_decoding_loop_equals_the_one_it_replaced() {
         top_p,
         top_k,
         stop,
+        ignore_eos: false,
     };
     // (model seed, prompts, group, params, sampler seed); prompts of unequal length are left-padded.
     let cases: Vec<(u64, &[&str], usize, SamplingParams, u64)> = vec![

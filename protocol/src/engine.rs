@@ -500,6 +500,9 @@ fn refuse_what_trl_cannot_run(spec: &JobSpec, refusals: &mut Refusals) {
     if !spec.rollout.stop.is_empty() {
         refusals.add("rollout.stop", "the trl engine ends completions at EOS or max_new_tokens only");
     }
+    if spec.rollout.ignore_eos {
+        refusals.add("rollout.ignore_eos", "TRL's trainers end a completion at its EOS token");
+    }
     if spec.rollout.dynamic_sampling_rounds > 0 {
         refusals.add("rollout.dynamic_sampling_rounds", "TRL's GRPOTrainer has no dynamic sampling");
     }

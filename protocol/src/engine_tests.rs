@@ -184,6 +184,7 @@ fn what_trl_cannot_do_is_refused_naming_the_key() {
         ("micro_batch_size = 3", "", "optimizer.micro_batch_size", "must split into passes"),
         ("micro_batch_tokens = 512", "", "optimizer.micro_batch_tokens", "rows only"),
         ("", "[rollout]\nstop = [\"\\n\"]", "rollout.stop", "EOS"),
+        ("", "[rollout]\nignore_eos = true", "rollout.ignore_eos", "at its EOS token"),
         ("", "[budget]\nmax_wall_minutes = 5.0", "budget.max_wall_minutes", "budget.max_steps"),
         ("", "[eval]\nevery_steps = 5", "eval.every_steps", "before and after"),
         ("", "[stop]\nkl_max = 1.0", "stop.kl_max", "[stop]"),

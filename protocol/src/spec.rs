@@ -435,6 +435,11 @@ pub struct RolloutSection {
     /// weights' log-probabilities (the trainer keeps a copy of them to compute and check them).
     #[serde(default, skip_serializing_if = "defaults::is_zero")]
     pub off_policy_steps: u32,
+    /// Sampling runs to `max_new_tokens` whatever the model samples (an end-of-sequence token is
+    /// kept as any other): a benchmark's fixed number of tokens per step. Held-out scoring still
+    /// ends at EOS. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_eos: bool,
 }
 
 /// `rollout.engine`.
@@ -478,6 +483,7 @@ impl Default for RolloutSection {
             max_logprob_gap: defaults::max_logprob_gap(),
             importance_cap: defaults::importance_cap(),
             off_policy_steps: 0,
+            ignore_eos: false,
         }
     }
 }
@@ -1736,7 +1742,7 @@ max_steps = 10
                 "rollout.top_q",
                 "unknown field `top_q`, expected one of `max_new_tokens`, `temperature`, `top_p`, `top_k`, \
                  `prompts_per_step`, `stop`, `dynamic_sampling_rounds`, `engine`, `max_logprob_gap`, \
-                 `importance_cap`, `off_policy_steps`",
+                 `importance_cap`, `off_policy_steps`, `ignore_eos`",
             ),
             (
                 with("stop", "kl = 1"),

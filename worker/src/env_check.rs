@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rlvr_model::{SamplerRng, SamplingParams, Tokenizer};
+use rlvr_model::{SamplerRng, Tokenizer};
 use rlvr_plugin_api::HostContext;
 use rlvr_protocol::env::{CheckedEpisode, EnvCheck, EpisodeSpan, MAX_CHECK_EPISODES, SpanSource};
 use rlvr_protocol::records::{self, PromptRecord};
@@ -69,14 +69,7 @@ pub fn check(args: &EnvCheckArgs, host: &HostContext) -> Result<EnvCheck, String
             Some(started)
         }
     };
-    let rollout = &spec.rollout;
-    let params = SamplingParams {
-        max_new_tokens: rollout.max_new_tokens as usize,
-        temperature: rollout.temperature,
-        top_p: rollout.top_p,
-        top_k: rollout.top_k as usize,
-        stop: rollout.stop.clone(),
-    };
+    let params = crate::sampling_params(&spec.rollout);
     let mut rng = SamplerRng::new(spec.job.seed);
     let resets = resets(&chosen, 1)?;
     let round = play(&model, &params, &mut rng, &resets, (&settings, &mut Vec::new()), &mut |_| Ok(()))

@@ -165,7 +165,8 @@ fn complete(
     records: &[PromptRecord],
     what: &str,
 ) -> Result<Completed, String> {
-    let params = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ..job.sampling.clone() };
+    let params =
+        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ignore_eos: false, ..job.sampling.clone() };
     // Greedy decoding draws nothing; a throwaway generator keeps the training one untouched.
     let mut rng = SamplerRng::new(0);
     if let Rollouts::Env(environment) = &job.rollouts {

@@ -378,6 +378,18 @@ impl Job {
     }
 }
 
+/// How a job's rollouts sample: its `[rollout]` keys.
+pub(crate) fn sampling_params(rollout: &rlvr_protocol::spec::RolloutSection) -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: rollout.max_new_tokens as usize,
+        temperature: rollout.temperature,
+        top_p: rollout.top_p,
+        top_k: rollout.top_k as usize,
+        stop: rollout.stop.clone(),
+        ignore_eos: rollout.ignore_eos,
+    }
+}
+
 /// Runs the job of `options.spec` until its budget ends; see the module docs.
 pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
     let device = options.device.unwrap_or_else(Device::cuda_if_available);
@@ -748,13 +760,7 @@ fn assemble(
     let mut job = Job {
         rollouts: Rollouts::Native,
         next_round: None,
-        sampling: SamplingParams {
-            max_new_tokens: spec.rollout.max_new_tokens as usize,
-            temperature: spec.rollout.temperature,
-            top_p: spec.rollout.top_p,
-            top_k: spec.rollout.top_k as usize,
-            stop: spec.rollout.stop.clone(),
-        },
+        sampling: sampling_params(&spec.rollout),
         rng: SamplerRng::new(spec.job.seed),
         device: models.policy.vs.device(),
         policy: models.policy,

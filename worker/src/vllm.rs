@@ -730,6 +730,7 @@ fn completion_request(
         // its detokenizer's text.
         "stop": params.stop,
         "include_stop_str_in_output": true,
+        "ignore_eos": params.ignore_eos,
     })
 }
 

@@ -266,6 +266,7 @@ impl TrainingClient {
             top_p: params.top_p,
             top_k: usize::try_from(params.top_k).unwrap_or(0),
             stop,
+            ignore_eos: false,
         };
         let mut rng = match params.seed {
             Some(seed) => SamplerRng::new(seed),
