@@ -52,7 +52,7 @@ use crate::state_dir::StateDir;
 use rlvr_plugin_host::registry::{Isolation, Registry, RegistryError, ScanSummary};
 
 /// How long a new library may take to load and self-test in the probe process.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Files modified more recently than this are left for the next scan: they may still be copied.
 const SETTLE: Duration = Duration::from_millis(500);
 

@@ -436,7 +436,7 @@ else
         else
             run_peer "trl-$dtype" "$python" "$bench/trl_grpo.py" --model "$smollm2" --train "$work/words/train.jsonl" \
                 --steps "$steps" --warmup "$warmup" --seed "$seed" --threads "$threads" --device "$peer_device" \
-                --dtype "$dtype" --prompts-per-step "$prompts" --max-new-tokens "$max_new_tokens" --no-install
+                --dtype "$dtype" --prompts-per-step "$prompts" --max-new-tokens "$max_new_tokens" --any-versions
             judge trl "$results/70-trl-$dtype.json" "$dtype" "$work/runs/trl-$dtype/output" "$work/runs/trl-$dtype/log" "$peer_rc"
         fi
         show "$results/70-trl-$dtype.json"

@@ -135,7 +135,9 @@ trl_json=
 if [ "$only" != rlvr ]; then
     step "TRL: GRPOTrainer (scripts/bench/trl_grpo.py), $warmup + $steps steps"
     trl_json=$work/trl.json
-    "$python" scripts/bench/trl_grpo.py --model "$model" --train "$work/data/train.jsonl" \
+    # TRL in its own venv (its hashed lock; the project venv's torch), never in the project venv.
+    trl_python=$(scripts/engine-venv.sh trl)
+    "$trl_python" scripts/bench/trl_grpo.py --model "$model" --train "$work/data/train.jsonl" \
         --steps "$steps" --warmup "$warmup" --seed "$seed" --threads "$threads" >"$trl_json"
 fi
 

@@ -17,7 +17,10 @@ The job, step for step the one scripts/bench/trainer-job.toml gives our worker:
     --device cuda trains on the GPU, and --dtype bf16 loads the model in bfloat16 with bf16=True
     (scripts/bench/gpu.sh);
   - prompts are conversational (one user message): TRL applies the model's chat template with the
-    generation prompt, as our worker does with the same template;
+    generation prompt, as our worker does with the same template; with --plain-prompts they are
+    the text as it is (a model without a chat template: scripts/bench/shapes.sh's random ones);
+  - with --fixed-length every completion is --max-new-tokens long (generate's min_new_tokens:
+    no EOS before), as our worker's `[rollout] ignore_eos`;
   - reward: 1 when the completion's answer is the reference integer, else 0, the answer found
     the way our math verifier finds it (no fallback): the last \\boxed{...}, else the first number
     after the last "final answer is" / "the answer is" / "answer:" marker, up to the end of its
@@ -36,15 +39,16 @@ steps after the warm-up. cpu_s is the process's user+system CPU time in the step
 machine about step_s × threads; much less means the step waited for cores. Peak RSS is the
 process's ru_maxrss (policy, reference, optimizer state, activations).
 
-Installs the pinned TRL into this interpreter's environment (it must be $RLVR_VENV) if missing:
-TRL_PINS below; pip adds pandas, pyarrow, dill, multiprocess, xxhash, python-dateutil, tzdata.
---no-install (a machine with no network) installs nothing: a missing TRL pin ends the run with
-exit 3 naming it, and REQUIRED versions that differ are only reported (the result has them).
+Run it with the trl engine's python (`scripts/engine-venv.sh trl` makes that venv from its hashed
+lock and prints it; its torch is the project venv's): it installs nothing. A missing TRL pin
+(TRL_PINS) ends the run with exit 3 naming it and that script; other versions of REQUIRED end it
+too, unless --any-versions (a device machine whose wheels came with gpu.sh --wheels), which only
+reports them (the result has the versions used).
 On CUDA each timed span starts and ends with torch.cuda.synchronize().
 
 Usage: trl_grpo.py --model DIR --train FILE [--steps N] [--warmup W] [--seed S] [--threads T]
                    [--device cpu|cuda] [--dtype f32|bf16] [--prompts-per-step P]
-                   [--max-new-tokens T] [--no-install]
+                   [--max-new-tokens T] [--plain-prompts] [--fixed-length] [--any-versions]
 """
 
 import argparse
@@ -55,16 +59,14 @@ import os
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-# datasets 5.2.0 is what pip resolved for trl 1.16.0 (trl needs datasets>=4.7); pinned with it so
-# a later datasets release cannot change the run.
+# engines/trl/requirements.lock's versions (datasets 5.2.0 is what pip resolved for trl 1.16.0).
 TRL_PINS = ["trl==1.16.0", "datasets==5.2.0"]
-# Installed by scripts/fetch-smollm2.sh; checked, not installed, here.
 REQUIRED = ["transformers==5.23.0", "torch==2.11.0", "accelerate==1.15.0"]
+VENV_HINT = "run this with the python `scripts/engine-venv.sh trl` prints"
 
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -84,26 +86,16 @@ def version_ok(spec):
         return False
 
 
-def ensure_installed(install=True):
+def check_versions(any_versions=False):
     missing = [spec for spec in TRL_PINS if not version_ok(spec)]
-    if missing and not install:
-        log(f"not installed: {' '.join(missing)} (--no-install)")
-        sys.exit(3)
     if missing:
-        venv = os.environ.get("RLVR_VENV")
-        if venv and os.path.realpath(sys.prefix) != os.path.realpath(venv):
-            sys.exit(f"trl_grpo: runs under {sys.prefix}, not $RLVR_VENV ({venv}): refusing to install {missing} there")
-        log(f"installing {' '.join(missing)} into {sys.prefix}")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *missing],
-            check=True,
-            stdout=sys.stderr,
-        )
+        log(f"not installed here: {' '.join(missing)}: {VENV_HINT}")
+        sys.exit(3)
     wrong = [spec for spec in REQUIRED if not version_ok(spec)]
-    if wrong and not install:
+    if wrong and any_versions:
         log(f"other versions than {', '.join(wrong)}: the result records the ones used")
     elif wrong:
-        sys.exit(f"trl_grpo: expected {', '.join(wrong)} (scripts/fetch-smollm2.sh installs them)")
+        sys.exit(f"trl_grpo: expected {', '.join(wrong)}: {VENV_HINT}")
 
 
 def first_number(text):
@@ -181,7 +173,11 @@ def main():
     parser.add_argument("--prompts-per-step", type=int, default=1, help="prompts (groups) per optimizer step (default 1)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
-    parser.add_argument("--no-install", action="store_true", help="install nothing (exit 3 when TRL is missing)")
+    parser.add_argument("--plain-prompts", action="store_true", help="prompts as text, no chat template")
+    parser.add_argument("--fixed-length", action="store_true", help="every completion --max-new-tokens long")
+    parser.add_argument(
+        "--any-versions", action="store_true", help="run with other versions of REQUIRED (reported in the result)"
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.prompts_per_step < 1:
         sys.exit("trl_grpo: --steps and --prompts-per-step must be ≥ 1 and --warmup ≥ 0")
@@ -197,7 +193,7 @@ def main():
         "WANDB_DISABLED": "true",
     }.items():
         os.environ.setdefault(key, value)
-    ensure_installed(install=not args.no_install)
+    check_versions(any_versions=args.any_versions)
 
     import torch
     import transformers
@@ -219,7 +215,9 @@ def main():
             record = json.loads(line)
             rows.append(
                 {
-                    "prompt": [{"role": "user", "content": record["prompt"]}],
+                    "prompt": record["prompt"]
+                    if args.plain_prompts
+                    else [{"role": "user", "content": record["prompt"]}],
                     "answer": str(record["reference"]["answer"]),
                 }
             )
@@ -277,6 +275,7 @@ def main():
             disable_tqdm=True,
             dataloader_num_workers=0,
             log_completions=False,
+            generation_kwargs={"min_new_tokens": args.max_new_tokens} if args.fixed_length else None,
         )
         started = time.perf_counter()
         # Trainer's PrinterCallback prints its logs on stdout: keep stdout for the result line.

@@ -3,7 +3,8 @@
 //!
 //! Also `doctor` (devices and what the worker's libtorch can do), `token new` (a fresh token for a
 //! team), `gates` (a standalone run's outcome judged by its spec's gates, as `serve` judges) and
-//! `config-example` (the documented example config).
+//! `config-example` (the documented example config), `estimate` (a standalone run's memory
+//! estimate, as `serve` makes it at submit).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -93,11 +94,38 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a job spec's memory estimate for a run outside the daemon (`rlvr-worker run`, the
+    /// benchmark scripts), as `rlvrctl estimate` prints a submitted one's: what it holds between
+    /// phases and what each phase adds. Its models and data are the spec's paths (or built-in
+    /// models); its optimizer's needs come from the plugin libraries in --plugin-dir, probed by
+    /// the worker beside this executable. Exits 2 when the spec or a file cannot be read.
+    Estimate {
+        /// The job spec (TOML or JSON).
+        #[arg(long)]
+        spec: PathBuf,
+        /// A directory of plugin libraries (repeatable): the job's optimizer plugin is among them.
+        #[arg(long, required = true)]
+        plugin_dir: Vec<PathBuf>,
+        /// The device kind the job runs on.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: EstimateDevice,
+        /// Print `{estimate, parameters}` as JSON (`estimate` as in `rlvrctl estimate --json`;
+        /// `parameters`, the policy's).
+        #[arg(long)]
+        json: bool,
+    },
     /// Write synthetic data sets for the built-in model (no download).
     Data {
         #[command(subcommand)]
         kind: DataKind,
     },
+}
+
+/// `estimate --device`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum EstimateDevice {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Subcommand)]
@@ -213,6 +241,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Gates { spec, outcome, json } => gates(&spec, &outcome, json),
+        Command::Estimate { spec, plugin_dir, device, json } => estimate(&spec, &plugin_dir, device, json),
         Command::Simulate { trace, json } => {
             use rlvr_daemon::sched::simulate::{Trace, baseline, render, simulate};
             let parsed = std::fs::read_to_string(&trace)
@@ -262,6 +291,45 @@ fn print_json(command: &str, report: &impl serde::Serialize) -> bool {
 }
 
 /// `rlvrd gates`: the report on stdout; exit 2 when the spec or the outcome cannot be read.
+fn estimate(spec_path: &Path, plugin_dirs: &[PathBuf], device: EstimateDevice, json: bool) -> ExitCode {
+    use rlvr_protocol::memory::{BYTES_PER_GB, DeviceKind};
+    let device = match device {
+        EstimateDevice::Cpu => DeviceKind::Cpu,
+        EstimateDevice::Cuda => DeviceKind::Cuda,
+    };
+    let estimate = std::fs::read_to_string(spec_path)
+        .map_err(|error| error.to_string())
+        .and_then(|text| JobSpec::parse_file_text(spec_path, &text).map_err(|errors| errors.to_string()))
+        .and_then(|spec| {
+            let worker = rlvr_daemon::serve::worker_exe(None).map_err(|error| error.to_string())?;
+            rlvr_daemon::jobs::estimate::offline(&spec, plugin_dirs, &worker, device)
+        });
+    let (estimate, parameters) = match estimate {
+        Ok(answer) => answer,
+        Err(error) => {
+            eprintln!("rlvrd estimate: {}: {error}", spec_path.display());
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        println!("{}", serde_json::json!({ "estimate": estimate, "parameters": parameters }));
+        return ExitCode::SUCCESS;
+    }
+    let gb = |bytes: u64| format!("{:.2} GB", bytes as f64 / BYTES_PER_GB);
+    println!("{} for a policy of {parameters} parameters", rlvr_daemon::jobs::estimate::summary(&estimate));
+    println!("resident {}", gb(estimate.resident_bytes()));
+    for part in &estimate.resident {
+        println!("  {:<40} {}", part.name, gb(part.bytes));
+    }
+    for phase in &estimate.phases {
+        println!("{} (+) {}", phase.phase, gb(phase.bytes()));
+        for part in &phase.parts {
+            println!("  {:<40} {}", part.name, gb(part.bytes));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn gates(spec_path: &Path, outcome_path: &Path, json: bool) -> ExitCode {
     let read = |path: &Path| {
         std::fs::read_to_string(path).map_err(|error| format!("rlvrd gates: {}: {error}", path.display()))

@@ -104,6 +104,35 @@ pub fn estimate(
     Ok(memory::estimate(resolved, &inputs))
 }
 
+/// `rlvrd estimate`: the estimate of a job spec for a run outside the daemon (`rlvr-worker run`,
+/// the benchmark scripts): its models and data as the spec names them (paths, as the worker
+/// reads them), its optimizer from the plugin libraries in `plugin_dirs`, probed by `worker` as
+/// the daemon probes them (into a temporary cache, so nothing is left behind). With the estimate,
+/// the policy's parameter count it assumed.
+pub fn offline(
+    spec: &JobSpec,
+    plugin_dirs: &[std::path::PathBuf],
+    worker: &Path,
+    device: DeviceKind,
+) -> Result<(MemoryEstimate, u64), String> {
+    let cache = tempfile::tempdir().map_err(|error| format!("cannot make a plugin cache: {error}"))?;
+    let registry = Registry::new(
+        cache.path().to_owned(),
+        rlvr_plugin_host::Isolation::Subprocess {
+            exe: worker.to_owned(),
+            timeout: crate::serve::PROBE_TIMEOUT,
+        },
+        rlvr_plugin_host::metrics::PluginMetrics::default(),
+    )
+    .map_err(|error| error.to_string())?;
+    registry.scan(plugin_dirs, std::time::Duration::ZERO);
+    let parameters =
+        shape_of(&spec.model.policy).map_err(|message| format!("model.policy: {message}"))?.parameters();
+    let estimate = estimate(spec, &registry, device)
+        .map_err(|problem| format!("{}: {}", problem.field, problem.message))?;
+    Ok((estimate, parameters))
+}
+
 /// The shape of the model at `source`: the built-in model, a directory with `config.json`, or a
 /// PEFT adapter directory (its base's).
 fn shape_of(source: &str) -> Result<ModelShape, String> {

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The per-shape benchmark's figures and report (scripts/bench/shapes.sh runs the jobs).
+
+Usage:
+  shapes.py cpu-peak THREADS                   this CPU's measured dense rate, f32 and bf16: a
+                                               product of 2048² matrices on THREADS threads (f32
+                                               through oneDNN, as the worker's), best of 5
+                                               (FLOP/s), as JSON
+  shapes.py summary OUT RUN_DIR WARMUP STEPS PEAK_FLOPS PEAK_LABEL
+                                               one run's figures (RUN_DIR has run.json,
+                                               outcome.json, estimate.json, meta.json and the
+                                               worker's state/) as JSON in OUT
+  shapes.py report RESULTS_DIR [TRL_JSON]      the markdown table of every summary in RESULTS_DIR
+                                               (and TRL's run beside the shape it ran on)
+
+Per run (medians over the measured steps, worker_metrics.py):
+  step s, rollout tokens/s      time.step_s; completion tokens / rollout time
+  update tokens/s               trained tokens (prompt + completion of the step's rows) / update
+                                time (step − rollout − verify)
+  update MFU                    6 · N · update tokens/s / the device's dense peak for the dtype
+                                (N: the model's parameters, LoRA or not: the convention of the
+                                peers' reports; on a CPU the peak is the measured rate of cpu-peak)
+  peak / estimate               the run's peak memory (on CUDA the worker's own figure, the
+                                allocator's peak; on a CPU the process's peak RSS) against
+                                `rlvrd estimate`'s total for the spec
+Stdlib only, except cpu-peak (torch).
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import worker_metrics  # noqa: E402
+
+GB = float(1 << 30)
+
+
+def load(path, default=None):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def cpu_peak(threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    n = 2048
+    peaks = {}
+    # f32 through libtorch's oneDNN operator, as our worker's linear layers run (MKL's sgemm runs
+    # AVX2 code on AMD processors: half of what this path reaches); bf16 through torch.mm.
+    onednn = torch.ops.mkldnn._linear_pointwise
+    for name, kind in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind)
+        product = (lambda: onednn(a, b, None, "none", [], "")) if kind == torch.float32 else (lambda: torch.mm(a, b))
+        product()
+        best = min(timed(product) for _ in range(5))
+        peaks[name] = 2 * n**3 / best
+    peaks["tf32"] = peaks["f32"]
+    print(json.dumps(peaks))
+
+
+def timed(call):
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def summary(out, run_dir, warmup, steps, peak_flops, peak_label):
+    meta = load(os.path.join(run_dir, "meta.json"), {})
+    result = dict(meta)
+    run = load(os.path.join(run_dir, "run.json"))
+    estimate = load(os.path.join(run_dir, "estimate.json"))
+    if estimate is None:
+        result |= {"status": "failed", "detail": "rlvrd estimate failed: see the log"}
+    elif run is None:
+        result |= {"status": "skipped", "detail": meta.get("skipped", "not run")}
+    else:
+        state = os.path.join(run_dir, "state")
+        try:
+            figures = worker_metrics.summarize(
+                run, os.path.join(state, "metrics.jsonl"), warmup, steps, os.path.join(state, "rollouts.jsonl")
+            )
+        except worker_metrics.Failed as failed:
+            figures = None
+            result |= {"status": "failed", "detail": str(failed)}
+        if figures:
+            parameters = estimate["parameters"]
+            mfu = [
+                6 * parameters * s["trained_tokens_per_s"] / peak_flops
+                for s in figures["per_step"]
+                if peak_flops and s.get("trained_tokens_per_s")
+            ]
+            outcome = load(os.path.join(run_dir, "outcome.json"), {})
+            device_peak = outcome.get("peak_memory_bytes") if meta.get("device") != "cpu" else None
+            peak_bytes = device_peak if device_peak else run["peak_rss_mb"] * (1 << 20)
+            estimated = total_bytes(estimate["estimate"])
+            result |= {
+                "status": "ok",
+                "parameters": parameters,
+                "median_step_s": figures["median_step_s"],
+                "median_rollout_s": figures["median_rollout_s"],
+                "median_update_s": figures["median_update_s"],
+                "median_generation_tokens_per_s": figures["median_generation_tokens_per_s"],
+                "median_trained_tokens_per_s": figures.get("median_trained_tokens_per_s"),
+                "median_update_mfu": statistics.median(mfu) if mfu else None,
+                "peak_label": peak_label,
+                "peak_gb": peak_bytes / GB,
+                "peak_measured_as": "device allocator" if device_peak else "process RSS",
+                "estimate_gb": estimated / GB,
+                "peak_over_estimate": peak_bytes / estimated if estimated else None,
+            }
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
+def total_bytes(estimate):
+    """An estimate's total: resident plus its largest phase (`MemoryEstimate::total_bytes`)."""
+    resident = sum(part["bytes"] for part in estimate["resident"])
+    phases = [sum(part["bytes"] for part in phase["parts"]) for phase in estimate["phases"]]
+    return resident + max(phases, default=0)
+
+
+def fmt(value, spec, missing="—"):
+    return missing if value is None else format(value, spec)
+
+
+def report(results_dir, trl_path=None):
+    rows = [load(os.path.join(results_dir, name)) for name in sorted(os.listdir(results_dir)) if name.endswith(".json")]
+    rows = [row for row in rows if row]
+    rows.sort(key=lambda row: row.get("order", 0))
+    print("| shape | run | parameters | step (s) | rollout tokens/s | update tokens/s | update MFU | peak GB | estimate GB | peak / estimate |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        if row.get("status") != "ok":
+            print(f"| {row.get('shape')} | {row.get('variant')} | {row.get('status')}: {row.get('detail')} |||||||||")
+            continue
+        print(
+            f"| {row['shape']} | {row['variant']} | {row['parameters'] / 1e9:.2f} B | {fmt(row['median_step_s'], '.2f')} "
+            f"| {fmt(row['median_generation_tokens_per_s'], '.1f')} | {fmt(row['median_trained_tokens_per_s'], '.1f')} "
+            f"| {fmt(row['median_update_mfu'], '.1%')} | {row['peak_gb']:.2f} | {row['estimate_gb']:.2f} "
+            f"| {fmt(row['peak_over_estimate'], '.2f')} |"
+        )
+    peaks = sorted({row["peak_label"] for row in rows if row.get("peak_label")})
+    if peaks:
+        print()
+        print(f"MFU against: {'; '.join(peaks)}. Peak memory measured as: "
+              f"{', '.join(sorted({row['peak_measured_as'] for row in rows if row.get('status') == 'ok'}))}.")
+    trl = load(trl_path) if trl_path else None
+    ours = next((row for row in rows if row.get("trl_peer") and row.get("status") == "ok"), None)
+    if trl and ours:
+        print()
+        print(f"Beside TRL's GRPOTrainer ({trl['versions'].get('trl')}) on the same exported weights and job "
+              f"({ours['shape']}, {ours['variant']}):")
+        print()
+        print("| metric | rlvr | TRL | rlvr / TRL |")
+        print("|---|---:|---:|---:|")
+        ratio = lambda a, b: f"{a / b:.2f}×" if a and b else "—"  # noqa: E731
+        trl_rollout = trl.get("median_generation_tokens_per_s")
+        pairs = [
+            ("step (s)", ours["median_step_s"], trl.get("median_step_s"), ".2f"),
+            ("rollout (s)", ours["median_rollout_s"], trl.get("median_rollout_s"), ".2f"),
+            ("update (s)", ours["median_update_s"], trl.get("median_update_s"), ".2f"),
+            ("rollout tokens/s", ours["median_generation_tokens_per_s"], trl_rollout, ".1f"),
+            ("peak memory (GB)", ours["peak_gb"], (trl.get("peak_rss_mb") or 0) * (1 << 20) / GB or None, ".2f"),
+        ]
+        for name, a, b, spec in pairs:
+            print(f"| {name} | {fmt(a, spec)} | {fmt(b, spec)} | {ratio(a, b)} |")
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "cpu-peak":
+        cpu_peak(int(argv[1]))
+    elif len(argv) == 7 and argv[0] == "summary":
+        out, run_dir, warmup, steps, peak, label = argv[1:]
+        summary(out, run_dir, int(warmup), int(steps), float(peak) if peak else None, label or None)
+    elif len(argv) in (2, 3) and argv[0] == "report":
+        report(*argv[1:])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# Per-shape benchmark: the trainer benchmark's GRPO job (scripts/bench/trainer-job.toml: 8
+# completions per prompt, β 0.04 against the reference, μ 1) on the built-in random models at
+# published shapes (`builtin:random-*`, nothing to download or carry), every completion exactly
+# --max-new-tokens long (`[rollout] ignore_eos`), each shape in several runs:
+#   full-f32, full-bf16, full-tf32 (CUDA), lora-f32, lora-bf16 (LoRA rank 16 on every linear)
+# For each run: median step time, rollout tokens/s, update tokens/s (prompt + completion tokens
+# trained per second of update time), update MFU (6·N·update tokens/s over the device's dense peak
+# for the dtype: NVIDIA's datasheet figure on a GPU, the measured rate of a 2048² product on a CPU), and the
+# run's peak memory against `rlvrd estimate` for its spec (scripts/bench/shapes.py). A run whose
+# estimate exceeds the device's memory (a GPU's, or the CPU's available memory) is skipped, said so.
+# With --trl, TRL's GRPOTrainer (the trl engine's venv) runs the first shape's full-f32 job on
+# the same weights (`rlvr-worker export-model`) and data, after ours, one at a time.
+#
+# Usage: scripts/bench/shapes.sh [--shapes LIST] [--runs LIST] [--device cpu|cuda] [--steps N]
+#                                [--warmup W] [--prompts P] [--max-new-tokens T] [--threads T]
+#                                [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
+#                                [--worker-timeout S] [--out FILE] [--keep]
+#   --shapes LIST     comma-separated built-in names (default on a CPU random-qwen2.5-0.5b,
+#                     random-qwen2.5-1.5b; on CUDA every random model)
+#   --runs LIST       comma-separated runs (default on a CPU full-f32,lora-f32,lora-bf16; on CUDA
+#                     full-bf16,full-tf32,lora-bf16); a run a shape cannot fit is skipped
+#   --device DEV      cpu (default) or cuda
+#   --steps N, --warmup W  measured and warm-up steps per run (default 2 and 1)
+#   --prompts P       prompts per step, 8 completions each (default 1)
+#   --max-new-tokens T  tokens per completion (default 64)
+#   --threads T       libtorch CPU threads of every process (default: the cores)
+#   --trl             also TRL's GRPOTrainer on the first shape's full-f32 job (CPU, or CUDA with
+#                     a TRL the --python has)
+#   --bin-dir DIR     rlvrd, rlvr-worker and the grpo and math plugins (default target/release;
+#                     built with `cargo build --release` when missing there)
+#   --torch-lib DIR, --python PY   as scripts/bench/gpu.sh's (default: the project venv's)
+#   --worker-timeout S  limit of each run (default 3600)
+#   --out FILE        also write the report to FILE
+#   --keep            keep the work directory
+# The report (markdown) goes to stdout, progress to stderr. Exit 1 when a run of ours failed.
+set -euo pipefail
+bench=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source-path=SCRIPTDIR
+source "$bench/../lib.sh"
+cd "$RLVR_ROOT"
+
+shapes=
+runs=
+device=cpu
+steps=2
+warmup=1
+prompts=1
+max_new_tokens=64
+threads=$(nproc)
+trl=0
+bin_dir=target/release
+torch_lib=
+python=
+worker_timeout=3600
+out=
+keep=0
+command_line="scripts/bench/shapes.sh $*"
+while [ $# -gt 0 ]; do
+    case $1 in
+        --shapes) shapes=$2; shift 2 ;;
+        --runs) runs=$2; shift 2 ;;
+        --device) device=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --warmup) warmup=$2; shift 2 ;;
+        --prompts) prompts=$2; shift 2 ;;
+        --max-new-tokens) max_new_tokens=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        --trl) trl=1; shift ;;
+        --bin-dir) bin_dir=$2; shift 2 ;;
+        --torch-lib) torch_lib=$2; shift 2 ;;
+        --python) python=$2; shift 2 ;;
+        --worker-timeout) worker_timeout=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --keep) keep=1; shift ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
+        *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case $device in cpu | cuda) ;; *) echo "error: --device takes cpu or cuda, got $device" >&2; exit 2 ;; esac
+for value in "$steps" "$warmup" "$prompts" "$max_new_tokens" "$threads" "$worker_timeout"; do
+    [[ $value =~ ^[0-9]+$ ]] || { echo "error: expected a non-negative integer, got '$value'" >&2; exit 2; }
+done
+if [ "$steps" -lt 1 ] || [ "$prompts" -lt 1 ] || [ "$max_new_tokens" -lt 1 ]; then
+    echo "error: --steps, --prompts and --max-new-tokens must be at least 1" >&2
+    exit 2
+fi
+if [ "$device" = cpu ]; then
+    : "${shapes:=random-qwen2.5-0.5b,random-qwen2.5-1.5b}"
+    : "${runs:=full-f32,lora-f32,lora-bf16}"
+else
+    : "${shapes:=random-qwen2.5-0.5b,random-llama-3.2-1b,random-qwen2.5-1.5b,random-qwen2.5-3b,random-llama-3.2-3b,random-qwen2.5-7b,random-llama-3.1-8b}"
+    : "${runs:=full-bf16,full-tf32,lora-bf16}"
+fi
+total=$((warmup + steps))
+
+if [ -z "$python" ] || [ -z "$torch_lib" ]; then
+    step "set-up (scripts/setup.sh)"
+    rlvr_setup
+    : "${python:=$RLVR_VENV/bin/python}"
+    : "${torch_lib:=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')}"
+fi
+export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for file in rlvrd rlvr-worker librlvr_optimizer_grpo.so librlvr_verifier_math.so; do
+    if [ ! -f "$bin_dir/$file" ]; then
+        [ "$bin_dir" = target/release ] || { echo "error: $bin_dir/$file is missing" >&2; exit 2; }
+        step "build (release): rlvrd, rlvr-worker, the grpo and math plugins"
+        cargo build --release -p rlvr-daemon -p rlvr-worker -p rlvr-optimizer-grpo -p rlvr-verifier-math
+        break
+    fi
+done
+
+bench_work_dir rlvr-bench-shapes
+mkdir -p "$work/plugins" "$work/results"
+cp "$bin_dir/librlvr_optimizer_grpo.so" "$bin_dir/librlvr_verifier_math.so" "$work/plugins/"
+"$python" scripts/bench/arith_words.py --out "$work/data" --seed 0 >&2
+
+# The device's dense peak per dtype, and its memory.
+if [ "$device" = cpu ]; then
+    step "this CPU's dense rate (a 2048² product, $threads threads)"
+    peaks=$("$python" scripts/bench/shapes.py cpu-peak "$threads")
+    peak_label="this CPU's measured 2048² product rate on $threads threads (shapes.py cpu-peak)"
+    memory_bytes=$(awk '/^MemAvailable:/ {print $2 * 1024}' /proc/meminfo)
+else
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+    peaks=$("$python" -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import gpu_bench
+print(json.dumps({p: (gpu_bench.peak_flops(sys.argv[2], p)[1]) for p in ("f32", "bf16", "tf32")}))' "$bench" "$gpu")
+    peak_label="$gpu dense peak (NVIDIA's datasheet)"
+    memory_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n1) * 1048576))
+fi
+peak_of() { "$python" -c 'import json, sys; print(json.loads(sys.argv[1]).get(sys.argv[2]) or "")' "$peaks" "$1"; }
+
+toml_string() { "$python" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
+
+order=0
+failed=0
+first_shape=${shapes%%,*}
+IFS=, read -ra shape_list <<<"$shapes"
+IFS=, read -ra run_list <<<"$runs"
+for shape in "${shape_list[@]}"; do
+    for run in "${run_list[@]}"; do
+        order=$((order + 1))
+        case $run in
+            full-f32) dtype='"f32"' tf32='' lora='' precision=f32 ;;
+            full-bf16) dtype='"bf16"' tf32='' lora='' precision=bf16 ;;
+            full-tf32) dtype='"f32"' tf32=true lora='' precision=tf32 ;;
+            lora-f32) dtype='"f32"' tf32='' lora='{ rank = 16 }' precision=f32 ;;
+            lora-bf16) dtype='"bf16"' tf32='' lora='{ rank = 16 }' precision=bf16 ;;
+            *) echo "error: unknown run $run (full-f32, full-bf16, full-tf32, lora-f32, lora-bf16)" >&2; exit 2 ;;
+        esac
+        dir=$work/$shape-$run
+        mkdir -p "$dir"
+        trl_peer=false
+        [ "$trl" = 1 ] && [ "$shape" = "$first_shape" ] && [ "$run" = full-f32 ] && trl_peer=true
+        printf '{"order": %d, "shape": "%s", "variant": "%s", "device": "%s", "trl_peer": %s}\n' \
+            "$order" "$shape" "$run" "$device" "$trl_peer" >"$dir/meta.json"
+        "$python" scripts/bench/render_job.py scripts/bench/trainer-job.toml "$dir/job.toml" \
+            SEED=0 MODEL="$(toml_string "builtin:$shape")" DTYPE="$dtype" TF32="$tf32" LORA="$lora" \
+            TRAIN="$(toml_string "$work/data/train.jsonl")" HELDOUT= HELDOUT_PROMPTS= IGNORE_EOS=true \
+            MAX_NEW_TOKENS="$max_new_tokens" PROMPTS_PER_STEP="$prompts" LR=1e-6 \
+            MAX_STEPS="$total" MAX_WALL_MINUTES= CHECKPOINT_EVERY="$((total + 1))"
+        if ! "$bin_dir/rlvrd" estimate --spec "$dir/job.toml" --plugin-dir "$work/plugins" --device "$device" \
+            --json >"$dir/estimate.json" 2>"$dir/estimate.log"; then
+            cat "$dir/estimate.log" >&2
+            rm -f "$dir/estimate.json"
+            failed=1
+        else
+            need=$("$python" -c 'import json, sys
+sys.path.insert(0, sys.argv[2]); import shapes
+print(shapes.total_bytes(json.load(open(sys.argv[1]))["estimate"]))' "$dir/estimate.json" "$bench")
+            if [ "$need" -gt "$memory_bytes" ]; then
+                "$python" - "$dir/meta.json" "$need" "$memory_bytes" <<'PY'
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta["skipped"] = f"needs {int(sys.argv[2]) / 2**30:.1f} GB by its estimate; the device has {int(sys.argv[3]) / 2**30:.1f} GB"
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+            else
+                step "$shape $run: $warmup + $steps steps"
+                if ! "$python" scripts/bench/run_measured.py --stdout "$dir/outcome.json" "$dir/run.json" "$worker_timeout" \
+                    "$bin_dir/rlvr-worker" run --spec "$dir/job.toml" --state-dir "$dir/state" \
+                    --plugin-dir "$work/plugins" --device "$device" --threads "$threads" 2>"$dir/worker.log"; then
+                    tail -n 5 "$dir/worker.log" >&2
+                    failed=1
+                fi
+            fi
+        fi
+        "$python" scripts/bench/shapes.py summary "$work/results/$order.json" "$dir" "$warmup" "$steps" \
+            "$(peak_of "$precision")" "$peak_label"
+        # The state (checkpoints of billions of parameters) is not kept past its figures.
+        [ "$keep" = 1 ] || rm -rf "$dir/state"
+    done
+done
+
+trl_json=
+if [ "$trl" = 1 ]; then
+    step "TRL: GRPOTrainer on $first_shape full-f32 (the same weights, exported)"
+    "$bin_dir/rlvr-worker" export-model "builtin:$first_shape" --out "$work/hf-$first_shape" >&2
+    trl_python=$(scripts/engine-venv.sh trl)
+    trl_json=$work/trl.json
+    "$trl_python" scripts/bench/trl_grpo.py --model "$work/hf-$first_shape" --train "$work/data/train.jsonl" \
+        --steps "$steps" --warmup "$warmup" --seed 0 --threads "$threads" --device "$device" \
+        --prompts-per-step "$prompts" --max-new-tokens "$max_new_tokens" --plain-prompts --fixed-length \
+        >"$trl_json" || { echo "TRL's run failed (see above)" >&2; trl_json=; }
+    rm -rf "$work/hf-$first_shape"
+fi
+
+step "report"
+report=$(
+    echo "## Per-shape benchmark"
+    echo
+    echo "- command: \`$command_line\`"
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/^Mem:/ {print $2}') GiB; device $device, $threads threads"
+    echo "- job: GRPO, $prompts prompt(s) × 8 completions × exactly $max_new_tokens new tokens per step, β 0.04, μ 1; $warmup warm-up + $steps measured steps; medians"
+    echo
+    "$python" scripts/bench/shapes.py report "$work/results" ${trl_json:+"$trl_json"}
+)
+echo "$report"
+[ -z "$out" ] || echo "$report" >"$out"
+exit "$failed"
