@@ -531,10 +531,20 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     let sequence = prompt + completion;
     let rows_per_micro =
         (u64::from(spec.optimizer.micro_batch_size) / unit * unit).max(unit).min(step_rows.max(unit));
-    // Padded tokens of one pass (its rows × the longest prompt and completion), completion
-    // positions among them: bounded by the rows, or by `micro_batch_tokens` — in tokens, not in
-    // rows of the longest sequence, since shorter rows pack more of them into the limit.
-    let mut tokens = rows_per_micro * sequence;
+    // An online group's rows share its prompt in a pass: the prompt runs once and its keys and
+    // values are copied to each row (`rlvr_model::logprobs`), unless activation checkpointing
+    // runs each row whole. A micro-batch's rows are consecutive, so it holds this many prompts.
+    let group = match inputs.needs.offline || inputs.needs.reward_model || spec.model.activation_checkpointing
+    {
+        true => 1,
+        false => u64::from(spec.optimizer.group_size).max(1),
+    };
+    let prompts_per_micro = rows_per_micro.div_ceil(group);
+    // Padded tokens of one pass (its prompts and its rows' completions, each padded to the
+    // longest), completion positions among them: bounded by the rows, or by
+    // `micro_batch_tokens` — in tokens, not in rows of the longest sequence, since shorter rows
+    // pack more of them into the limit.
+    let mut tokens = prompts_per_micro * prompt + rows_per_micro * completion;
     if let Some(max_tokens) = spec.optimizer.micro_batch_tokens {
         tokens = tokens.min(max_tokens.max(unit * sequence));
     }
@@ -553,8 +563,19 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
                 + positions * shape.hidden * element * HIDDEN_COPIES,
         ));
     }
-    // Rows × heads × sequence², as tokens × heads × sequence.
-    update.push(part("attention scores", tokens * shape.heads * sequence * element));
+    if group > 1 {
+        update.push(part(
+            "prompt keys and values",
+            shape.layers * rows_per_micro * prompt * 2 * shape.kv_heads * shape.head_dim * element,
+        ));
+    }
+    // Queries × keys × heads: each prompt's tokens over its own, each completion's over its
+    // prompt and itself.
+    let scores = match group {
+        1 => tokens * sequence,
+        _ => prompts_per_micro * prompt * prompt + rows_per_micro * completion * sequence,
+    };
+    update.push(part("attention scores", scores * shape.heads * element));
     // Gradients computed in backward before they are added to a parameter's own: with LoRA a
     // full weight's passes through each adapted layer's input (only the adapters keep theirs);
     // in full fine-tuning the embedding's and the lm_head's (or the tied one's two), dense and

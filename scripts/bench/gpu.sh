@@ -22,9 +22,10 @@
 #               and f32 with `[model] tf32 = true`:
 #               W warm-up + N measured steps; medians of step, rollout and update time, generation
 #               and update tokens/s, and update MFU = 6 × parameters × trained tokens per second of
-#               update time / the GPU's dense peak for the dtype (trained tokens: prompt + completion
-#               tokens of the step's rows, from rollouts.jsonl; parameters from the safetensors
-#               headers; peaks in scripts/bench/gpu_bench.py, from NVIDIA's datasheets).
+#               update time / the GPU's dense peak for the dtype (trained tokens: the completion
+#               tokens of the step's rows and each group's prompt once, from rollouts.jsonl;
+#               parameters from the safetensors headers; peaks in scripts/bench/gpu_bench.py, from
+#               NVIDIA's datasheets).
 #   4. peers    each only when importable with --python: HF generate tokens/s on the same batch
 #               (scripts/bench/hf_generate.py: the prompts × 8 sequences, every one sampled to
 #               exactly --max-new-tokens) against our generation tokens/s; TRL's GRPOTrainer on the

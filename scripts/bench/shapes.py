@@ -11,7 +11,8 @@ Usage:
                                                outcome.json, estimate.json, meta.json and the
                                                worker's state/) as JSON in OUT
   shapes.py report RESULTS_DIR [TRL_JSON]      the markdown table of every summary in RESULTS_DIR
-                                               (and TRL's run beside the shape it ran on)
+                                               (and TRL's run beside the shape it ran on); exit 1
+                                               when a run failed
 
 Per run (medians over the measured steps, worker_metrics.py):
   step s, rollout tokens/s      time.step_s; completion tokens / rollout time
@@ -106,6 +107,10 @@ def summary(out, run_dir, warmup, steps, peak_flops, peak_label):
                 "median_step_s": figures["median_step_s"],
                 "median_rollout_s": figures["median_rollout_s"],
                 "median_update_s": figures["median_update_s"],
+                # The fastest measured step's figures: noise on a shared machine only adds time.
+                "min_step_s": min(s["step_s"] for s in figures["per_step"]),
+                "min_rollout_s": min(s["rollout_s"] for s in figures["per_step"]),
+                "min_update_s": min(s["update_s"] for s in figures["per_step"]),
                 "median_generation_tokens_per_s": figures["median_generation_tokens_per_s"],
                 "median_trained_tokens_per_s": figures.get("median_trained_tokens_per_s"),
                 "median_update_mfu": statistics.median(mfu) if mfu else None,
@@ -171,6 +176,7 @@ def report(results_dir, trl_path=None):
         ]
         for name, a, b, spec in pairs:
             print(f"| {name} | {fmt(a, spec)} | {fmt(b, spec)} | {ratio(a, b)} |")
+    return 1 if any(row.get("status") == "failed" for row in rows) else 0
 
 
 def main(argv):
@@ -180,7 +186,7 @@ def main(argv):
         out, run_dir, warmup, steps, peak, label = argv[1:]
         summary(out, run_dir, int(warmup), int(steps), float(peak) if peak else None, label or None)
     elif len(argv) in (2, 3) and argv[0] == "report":
-        report(*argv[1:])
+        sys.exit(report(*argv[1:]))
     else:
         sys.exit(__doc__)
 

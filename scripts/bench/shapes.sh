@@ -15,7 +15,7 @@
 # Usage: scripts/bench/shapes.sh [--shapes LIST] [--runs LIST] [--device cpu|cuda] [--steps N]
 #                                [--warmup W] [--prompts P] [--max-new-tokens T] [--threads T]
 #                                [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
-#                                [--worker-timeout S] [--out FILE] [--keep]
+#                                [--worker-timeout S] [--out FILE] [--results DIR] [--keep]
 #   --shapes LIST     comma-separated built-in names (default on a CPU random-qwen2.5-0.5b,
 #                     random-qwen2.5-1.5b; on CUDA every random model)
 #   --runs LIST       comma-separated runs (default on a CPU full-f32,lora-f32,lora-bf16; on CUDA
@@ -32,6 +32,7 @@
 #   --torch-lib DIR, --python PY   as scripts/bench/gpu.sh's (default: the project venv's)
 #   --worker-timeout S  limit of each run (default 3600)
 #   --out FILE        also write the report to FILE
+#   --results DIR     also copy each run's figures there (ORDER.json, shapes.py summary's; trl.json)
 #   --keep            keep the work directory
 # The report (markdown) goes to stdout, progress to stderr. Exit 1 when a run of ours failed.
 set -euo pipefail
@@ -54,6 +55,7 @@ torch_lib=
 python=
 worker_timeout=3600
 out=
+results=
 keep=0
 command_line="scripts/bench/shapes.sh $*"
 while [ $# -gt 0 ]; do
@@ -72,6 +74,7 @@ while [ $# -gt 0 ]; do
         --python) python=$2; shift 2 ;;
         --worker-timeout) worker_timeout=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
+        --results) results=$2; shift 2 ;;
         --keep) keep=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -120,7 +123,7 @@ if [ "$device" = cpu ]; then
     step "this CPU's dense rate (a 2048² product, $threads threads)"
     peaks=$("$python" scripts/bench/shapes.py cpu-peak "$threads")
     peak_label="this CPU's measured 2048² product rate on $threads threads (shapes.py cpu-peak)"
-    memory_bytes=$(awk '/^MemAvailable:/ {print $2 * 1024}' /proc/meminfo)
+    memory_bytes=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
 else
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
     peaks=$("$python" -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import gpu_bench
@@ -206,7 +209,8 @@ if [ "$trl" = 1 ]; then
 fi
 
 step "report"
-report=$(
+# shapes.py report exits 1 when a run failed (a skipped one does not count).
+if ! report=$(
     echo "## Per-shape benchmark"
     echo
     echo "- command: \`$command_line\`"
@@ -215,7 +219,13 @@ report=$(
     echo "- job: GRPO, $prompts prompt(s) × 8 completions × exactly $max_new_tokens new tokens per step, β 0.04, μ 1; $warmup warm-up + $steps measured steps; medians"
     echo
     "$python" scripts/bench/shapes.py report "$work/results" ${trl_json:+"$trl_json"}
-)
+); then
+    failed=1
+fi
 echo "$report"
 [ -z "$out" ] || echo "$report" >"$out"
+if [ -n "$results" ]; then
+    mkdir -p "$results"
+    cp "$work"/results/*.json ${trl_json:+"$trl_json"} "$results/"
+fi
 exit "$failed"

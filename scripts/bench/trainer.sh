@@ -19,7 +19,8 @@
 # asked) ends the run with an error and its log tail; TRL is not run then.
 #
 # Usage: scripts/bench/trainer.sh [--steps N] [--warmup W] [--seed S] [--only rlvr|trl]
-#                                 [--worker-timeout SECONDS] [--no-build] [--keep]
+#                                 [--worker-timeout SECONDS] [--no-build [--bin-dir DIR]] [--keep]
+#                                 [--json DIR]
 #   --steps N            measured steps per side (default 10)
 #   --warmup W           warm-up steps per side, not measured (default 2)
 #   --only rlvr|trl      run one side; the table shows the other as —
@@ -27,7 +28,10 @@
 #   --threads T          libtorch/torch CPU threads on both sides (default: the cores). On a
 #                        shared machine use 1: spinning thread pools collapse under contention
 #   --no-build           use the release binaries and plugins already in target/release
+#   --bin-dir DIR        with --no-build: take them from DIR instead
 #   --keep               keep the work directory (job spec, data, metrics, TRL result, logs)
+#   --json DIR           also copy each side's figures there (rlvr.json, trl.json: the medians
+#                        and per-step figures of worker_metrics.py and trl_grpo.py)
 # Prints a markdown table on stdout; progress on stderr. A full run (W=2, N=10) is 24 steps in
 # all, plus the build and both sides' start-up; TRL's steps took 60–240 s each on the 2-core
 # machine while it was busy with builds (2026-11-21), so expect from several minutes (quiet) to
@@ -44,6 +48,8 @@ only=
 worker_timeout=3600
 threads=$(nproc)
 keep=0
+json_dir=
+bin_dir=target/release
 build=1
 command_line="scripts/bench/trainer.sh $*"
 while [ $# -gt 0 ]; do
@@ -55,6 +61,8 @@ while [ $# -gt 0 ]; do
         --worker-timeout) worker_timeout=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
         --keep) keep=1; shift ;;
+        --json) json_dir=$2; shift 2 ;;
+        --bin-dir) bin_dir=$2; shift 2 ;;
         --no-build) build=0; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -105,10 +113,10 @@ if [ "$only" != trl ]; then
         cargo build --release -p rlvr-worker -p rlvr-optimizer-grpo -p rlvr-verifier-math
     fi
     mkdir -p "$work/plugins" "$work/state"
-    for file in target/release/rlvrd target/release/librlvr_optimizer_grpo.so target/release/librlvr_verifier_math.so; do
+    for file in "$bin_dir/rlvr-worker" "$bin_dir/librlvr_optimizer_grpo.so" "$bin_dir/librlvr_verifier_math.so"; do
         [ -f "$file" ] || { echo "error: $file is missing: build it (drop --no-build)" >&2; exit 1; }
     done
-    cp target/release/librlvr_optimizer_grpo.so target/release/librlvr_verifier_math.so "$work/plugins/"
+    cp "$bin_dir/librlvr_optimizer_grpo.so" "$bin_dir/librlvr_verifier_math.so" "$work/plugins/"
 
     render_job "$work/job.toml" \
         SEED="$seed" MODEL="$(toml_string "$model")" \
@@ -118,7 +126,7 @@ if [ "$only" != trl ]; then
 
     step "ours: rlvr-worker run, $warmup + $steps steps (limit ${worker_timeout} s)"
     run_measured "$work/rlvr-run.json" "$worker_timeout" \
-        target/release/rlvr-worker run --spec "$work/job.toml" --state-dir "$work/state" \
+        "$bin_dir/rlvr-worker" run --spec "$work/job.toml" --state-dir "$work/state" \
         --plugin-dir "$work/plugins" --device cpu --threads "$threads"
     rlvr_json=$work/rlvr.json
     # Medians over the measured steps, or the reason there are none (scripts/bench/worker_metrics.py).
@@ -141,12 +149,17 @@ if [ "$only" != rlvr ]; then
         --steps "$steps" --warmup "$warmup" --seed "$seed" --threads "$threads" >"$trl_json"
 fi
 
+if [ -n "$json_dir" ]; then
+    mkdir -p "$json_dir"
+    for file in $rlvr_json $trl_json; do cp "$file" "$json_dir/"; done
+fi
+
 step "results"
 BENCH_COMMAND=$command_line \
 BENCH_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 BENCH_MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/^Mem:/ {print $2}') GiB memory; load average at start $load_at_start" \
 BENCH_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (working tree modified)')" \
-BENCH_RLVRD=$( (target/release/rlvrd --version 2>/dev/null || echo "rlvrd (not built)") | head -n1) \
+BENCH_RLVRD=$( ("$bin_dir/rlvr-worker" --version 2>/dev/null || echo "rlvrd (not built)") | head -n1) \
 BENCH_RUSTC=$(rustc --version | cut -d' ' -f1-2) \
 BENCH_WARMUP=$warmup BENCH_STEPS=$steps \
     "$python" - "$rlvr_json" "$trl_json" <<'PY'

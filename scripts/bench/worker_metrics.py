@@ -19,9 +19,10 @@ step (the STEPS after the WARMUP first):
   sampler_gap_mean_abs          the server's log-probabilities of the sampled tokens are from the
                                 trainer's
 With --rollouts also, from the step's rows in rollouts.jsonl (the rows the update trained on):
-  prompt_tokens, trained_tokens prompt + completion tokens of the rows (completion tokens only
-                                when the records have no prompt_tokens: trained_tokens_counted
-                                says which)
+  prompt_tokens, trained_tokens prompt + completion tokens of the rows, each group's prompt
+                                once (its rows share one pass over it: the tokens the update
+                                computes); completion tokens only when the records have no
+                                prompt_tokens (trained_tokens_counted says which)
   trained_tokens_per_s          trained_tokens / update_s
 and their medians. Medians are over the measured steps; max_sampler_gap_max_abs is the largest
 sampler_gap.max_abs of the measured steps, all_steps_sampler_gap_max_abs of every step line.
@@ -49,9 +50,11 @@ def flat(record, prefix=""):
 
 
 def rows_per_step(rollouts_path):
-    """{step: (prompt tokens or None, completion tokens)} summed over the step's rows; prompt
-    tokens are None when a row does not give them."""
+    """{step: (prompt tokens or None, completion tokens)} summed over the step's rows, each
+    group's prompt counted once (its rows share one pass over it: what the update computes);
+    prompt tokens are None when a row does not give them."""
     sums = {}
+    groups = set()
     with open(rollouts_path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -59,6 +62,10 @@ def rows_per_step(rollouts_path):
             row = json.loads(line)
             prompt, completion = sums.get(row["step"], (0, 0))
             row_prompt = row.get("prompt_tokens")
+            group = (row["step"], row.get("group_id", row.get("completion_id")))
+            if group in groups:
+                row_prompt = 0
+            groups.add(group)
             prompt = None if prompt is None or row_prompt is None else prompt + int(row_prompt)
             sums[row["step"]] = (prompt, completion + int(row["completion_tokens"]))
     return sums

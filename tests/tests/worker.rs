@@ -1460,9 +1460,11 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
 
 /// Each random model at a published shape trains a step at one layer (a test may drop layers,
 /// never widths: the embeddings, its widest tensors, are whole): an SFT step in bf16 with LoRA,
-/// through the real loader, with a finite loss, checkpointed.
+/// through the real loader, with a finite loss, checkpointed; its peak resident size within a
+/// fifth of the memory estimate for its spec (`rlvrd estimate`, which also counts its parameters
+/// as the shape does); and one exported by `rlvr-worker export-model` holds those parameters.
 #[test]
-fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer() {
+fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer_within_its_estimate() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = worker_plugins(dir.path());
     let data = dir.path().join("sft.jsonl");
@@ -1473,23 +1475,39 @@ fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer() {
     .unwrap();
     for model in rlvr_protocol::builtin_models::models().into_iter().filter(|model| model.shape_of.is_some())
     {
+        let source = format!("builtin:{}?layers=1", model.name);
         let spec = dir.path().join(format!("{}.toml", model.name));
         fs::write(
             &spec,
             format!(
                 "[job]\nname = \"shape\"\nteam = \"tests\"\nmodel_line = \"shape\"\n\
-                 [model]\npolicy = \"builtin:{}?layers=1\"\ndtype = \"bf16\"\nlora = {{ rank = 4 }}\n\
+                 [model]\npolicy = \"{source}\"\ndtype = \"bf16\"\nlora = {{ rank = 4 }}\n\
                  [data]\ntrain = {:?}\n[optimizer]\nplugin = \"sft\"\nlr = 1e-3\nmicro_batch_size = 2\n\
                  [rollout]\nprompts_per_step = 2\n[budget]\nmax_steps = 1\n",
-                model.name,
                 data.display().to_string()
             ),
         )
         .unwrap();
+        let estimate = run(Command::new(rlvr_tests::artifact("rlvrd"))
+            .args(["estimate", "--json", "--spec"])
+            .arg(&spec)
+            .arg("--plugin-dir")
+            .arg(&plugins));
+        assert!(estimate.status.success(), "{}: {}", model.name, String::from_utf8_lossy(&estimate.stderr));
+        let estimate: Value = serde_json::from_slice(&estimate.stdout).unwrap();
+        let shape = rlvr_protocol::builtin_models::BuiltinSource::parse(&source).unwrap().shape();
+        assert_eq!(estimate["parameters"], shape.parameters(), "{}", model.name);
+        let parts = |parts: &Value| {
+            parts.as_array().unwrap().iter().map(|p| p["bytes"].as_u64().unwrap()).sum::<u64>()
+        };
+        let phases = estimate["estimate"]["phases"].as_array().unwrap();
+        let estimated = parts(&estimate["estimate"]["resident"])
+            + phases.iter().map(|p| parts(&p["parts"])).max().unwrap_or(0);
+
         let state = dir.path().join(model.name);
-        let started = std::time::Instant::now();
-        let result = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
-        println!("{}: {:.1} s", model.name, started.elapsed().as_secs_f64());
+        let (output, peak_kib) =
+            run_measuring_peak(&mut worker_command(&spec, &state, &plugins, &[]), dir.path());
+        let result = outcome(&output);
         assert_eq!(result["steps"], 1, "{}: {result}", model.name);
         let metrics = metrics_without_time(&state);
         let loss = metrics.last().and_then(|line| line["loss"].as_f64());
@@ -1499,6 +1517,34 @@ fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer() {
             "{}",
             model.name
         );
+        let error = estimated as f64 / (peak_kib as f64 * 1024.0) - 1.0;
+        println!("{}: peak {} MiB, estimate {:+.1}%", model.name, peak_kib / 1024, error * 100.0);
+        assert!(error.abs() <= 0.2, "{}: the estimate is off by {:.1}%", model.name, error * 100.0);
         fs::remove_dir_all(&state).unwrap();
     }
+    // Exported, the smallest holds the same parameters, and a second export over it is refused.
+    let out = dir.path().join("exported");
+    let export = || {
+        run(Command::new(rlvr_tests::artifact("rlvr-worker"))
+            .args(["export-model", "builtin:random-qwen2.5-0.5b?layers=1", "--dtype", "bf16", "--out"])
+            .arg(&out))
+    };
+    let exported: Value = serde_json::from_slice(&export().stdout).unwrap();
+    let shape = rlvr_protocol::builtin_models::BuiltinSource::parse("builtin:random-qwen2.5-0.5b?layers=1")
+        .unwrap()
+        .shape();
+    assert_eq!(exported["parameters"], shape.parameters());
+    assert_eq!(exported["source"], "builtin:random-qwen2.5-0.5b?seed=0&layers=1");
+    let config: Value = serde_json::from_str(&fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (config["model_type"].as_str(), config["torch_dtype"].as_str()),
+        (Some("qwen2"), Some("bfloat16"))
+    );
+    let again = export();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already exists"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
 }

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The speed guard's comparison (scripts/bench/guard.sh runs the benchmarks).
+
+Usage: guard.py WORK GUARD_JSON THRESHOLD [--record COMMIT]
+
+WORK holds rates.json (shapes.py cpu-peak 1), trainer/rlvr.json (trainer.sh --json) and
+shapes/*.json (shapes.sh --results). Each figure — the fastest measured step's step, rollout and
+update seconds, of the trainer run and of each shape run (noise on a shared machine only adds
+time, so the fastest step is the steadiest figure: the medians of two runs of one build here
+differed by up to 27%) — is scaled to the recorded machine: time × this run's product rate for
+its dtype / the recorded rate. Prints a markdown table; exit 1 when a step time is slower than
+its recorded value by more than THRESHOLD (a fraction; rollout and update are shown to say where),
+0 otherwise. --record writes this run's figures and rates to GUARD_JSON instead (exit 0).
+Stdlib only.
+"""
+
+import datetime
+import json
+import os
+import platform
+import sys
+
+FIGURES = ("step_s", "rollout_s", "update_s")
+GATED = "step_s"
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def measured(work):
+    """{figure name: (seconds, the dtype whose rate scales it)} of this run."""
+    figures = {}
+    trainer = load(os.path.join(work, "trainer", "rlvr.json"))
+    for key in FIGURES:
+        figures[f"trainer smollm2-135m f32 {key}"] = (min(step[key] for step in trainer["per_step"]), "f32")
+    shapes_dir = os.path.join(work, "shapes")
+    for name in sorted(os.listdir(shapes_dir)):
+        row = load(os.path.join(shapes_dir, name))
+        if "variant" not in row:
+            continue
+        if row.get("status") != "ok":
+            sys.exit(f"guard: {row.get('shape')} {row.get('variant')}: {row.get('status')}: {row.get('detail')}")
+        dtype = "bf16" if row["variant"].endswith("bf16") else "f32"
+        for key in FIGURES:
+            figures[f"{row['shape']} {row['variant']} {key}"] = (row[f"min_{key}"], dtype)
+    return figures
+
+
+def main(argv):
+    if len(argv) not in (3, 5) or (len(argv) == 5 and argv[3] != "--record"):
+        sys.exit(__doc__)
+    work, guard_path, threshold = argv[0], argv[1], float(argv[2])
+    rates = load(os.path.join(work, "rates.json"))
+    figures = measured(work)
+    if len(argv) == 5:
+        record = {
+            "commit": argv[4],
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+            "rates": {dtype: rates[dtype] for dtype in ("f32", "bf16")},
+            "figures": {name: seconds for name, (seconds, _) in figures.items()},
+        }
+        with open(guard_path, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+        print(f"recorded {len(figures)} figures at {argv[4]} in {guard_path}")
+        return 0
+    recorded = load(guard_path)
+    print(f"Speed guard against {recorded['commit']} ({recorded['date']}); times scaled by this machine's "
+          f"product rates (f32 {rates['f32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s on one thread; "
+          f"recorded {recorded['rates']['f32'] / 1e9:.0f}, {recorded['rates']['bf16'] / 1e9:.0f}).")
+    print()
+    print("| figure (fastest measured step) | recorded (s) | now, scaled (s) | change |")
+    print("|---|---:|---:|---:|")
+    slower = []
+    for name, (seconds, dtype) in figures.items():
+        then = recorded["figures"].get(name)
+        scaled = seconds * rates[dtype] / recorded["rates"][dtype]
+        if then is None:
+            print(f"| {name} | — | {scaled:.2f} | new |")
+            continue
+        change = scaled / then - 1
+        gated = name.endswith(GATED)
+        flag = " **slower**" if gated and change > threshold else ""
+        print(f"| {name} | {then:.2f} | {scaled:.2f} | {change:+.1%}{flag} |")
+        if gated and change > threshold:
+            slower.append(name)
+    print()
+    if slower:
+        print(f"{len(slower)} step time(s) slower by more than {threshold:.0%}: {', '.join(slower)}")
+        return 1
+    print(f"No step time slower by more than {threshold:.0%}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
