@@ -17,7 +17,16 @@
 #                  weights_sha256, metrics lines (without time) and rollout records, or the first
 #                  difference;
 #               c. temperature 0: 2 GRPO steps, every loss finite.
-#   3. smollm2  the trainer benchmark's GRPO job (scripts/bench/trainer-job.toml) on
+#   3. shapes   scripts/bench/shapes.sh on the device: the random models at published shapes
+#               (`builtin:random-*`, made on the device's host from a seed: nothing to carry), the
+#               trainer benchmark's GRPO job at --prompts × 8 completions of exactly
+#               --shape-tokens tokens, 1 warm-up + 1 measured step each, in the plan SHAPE_PLAN
+#               below (full bf16 for every shape, LoRA bf16 for the largest three, tf32 for the
+#               smallest); each run's step time, rollout and update tokens/s, update MFU against
+#               the GPU's dense peak, and its CUDA peak (`max_memory_allocated`) against `rlvrd
+#               estimate`; a run its estimate says cannot fit is skipped, said so. On a dry run
+#               (--allow-cpu on a CPU) one small run.
+#   3b. smollm2 the trainer benchmark's GRPO job (scripts/bench/trainer-job.toml) on
 #               SmolLM2-135M-Instruct at --prompts × 8 completions × --max-new-tokens, in f32, bf16,
 #               and f32 with `[model] tf32 = true`:
 #               W warm-up + N measured steps; medians of step, rollout and update time, generation
@@ -39,7 +48,7 @@
 # Usage: scripts/bench/gpu.sh [--bin-dir DIR] [--torch-lib DIR] [--python PY] [--smollm2 DIR]
 #                             [--device cuda|cuda:N] [--allow-cpu] [--steps N] [--warmup W]
 #                             [--prompts P] [--max-new-tokens T] [--threads T] [--seed S]
-#                             [--skip checks|smollm2|peers]... [--wheels DIR]
+#                             [--skip checks|shapes|smollm2|peers]... [--wheels DIR] [--shape-tokens T]
 #                             [--worker-timeout S] [--out FILE] [--keep] [--build] [--pack DIR]
 #   --bin-dir DIR        rlvrd, rlvr-worker and the grpo, sft and math plugins (default target/release)
 #   --torch-lib DIR      libtorch for them, put first on LD_LIBRARY_PATH (default
@@ -59,7 +68,8 @@
 #                        --max-new-tokens 8 --warmup 0 --steps 1
 #   --threads T          libtorch CPU threads of our worker, the same in every run (default: cores)
 #   --seed S             seed of the SmolLM2 job's data and of the peers (default 0)
-#   --skip PART          leave out checks, smollm2 or peers (repeatable)
+#   --skip PART          leave out checks, shapes, smollm2 or peers (repeatable)
+#   --shape-tokens T     tokens of each completion in the shapes part (default 128)
 #   --wheels DIR         install the wheels in DIR (pip --no-index --no-deps) into the work
 #                        directory for --python first: how TRL reaches a machine with no network
 #   --worker-timeout S   wall-clock limit of each run, ours or a peer's (default 1800)
@@ -105,6 +115,7 @@ out=
 keep=0
 build=0
 pack=
+shape_tokens=128
 command_line="scripts/bench/gpu.sh${*:+ $(printf '%q ' "$@" | sed 's/ $//')}"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -127,11 +138,12 @@ while [ $# -gt 0 ]; do
         --keep) keep=1; shift ;;
         --build) build=1; shift ;;
         --pack) pack=$(from_caller "$2"); shift 2 ;;
+        --shape-tokens) shape_tokens=$2; shift 2 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-for value in "$steps" "$warmup" "$prompts" "$max_new_tokens" "$threads" "$seed" "$worker_timeout"; do
+for value in "$steps" "$warmup" "$prompts" "$max_new_tokens" "$threads" "$seed" "$worker_timeout" "$shape_tokens"; do
     [[ $value =~ ^[0-9]+$ ]] || { echo "error: expected a non-negative integer, got '$value'" >&2; exit 2; }
 done
 if [ "$steps" -lt 1 ] || [ "$prompts" -lt 1 ] || [ "$max_new_tokens" -lt 1 ] || [ "$threads" -lt 1 ]; then
@@ -140,7 +152,7 @@ if [ "$steps" -lt 1 ] || [ "$prompts" -lt 1 ] || [ "$max_new_tokens" -lt 1 ] || 
 fi
 [[ $device =~ ^cuda(:[0-9]+)?$ ]] || { echo "error: --device takes cuda or cuda:N, got $device" >&2; exit 2; }
 for part in $skip; do
-    case $part in checks | smollm2 | peers) ;; *) echo "error: --skip takes checks, smollm2 or peers, got $part" >&2; exit 2 ;; esac
+    case $part in checks | shapes | smollm2 | peers) ;; *) echo "error: --skip takes checks, shapes, smollm2 or peers, got $part" >&2; exit 2 ;; esac
 done
 skipped() { [[ $skip == *" $1 "* ]]; }
 started=$SECONDS
@@ -206,6 +218,20 @@ if [ -n "$pack" ]; then
     echo "$pack: ${needed[*]}: $((bytes / 1048576)) MiB; run with --bin-dir $pack" >&2
     exit 0
 fi
+# What a device machine is sent: these files as --pack strips them (the tables say it).
+carried_bytes=0
+stripped=$(mktemp -d)
+for file in "${needed[@]}"; do
+    if command -v strip >/dev/null && strip --strip-unneeded -o "$stripped/$file" "$bin_dir/$file" 2>/dev/null; then
+        size=$(wc -c <"$stripped/$file")
+    else
+        size=$(wc -c <"$bin_dir/$file")
+    fi
+    carried_bytes=$((carried_bytes + size))
+done
+rm -rf "$stripped"
+carried="${needed[*]} from $bin_dir: $((carried_bytes / 1048576)) MiB stripped (the limit is 64 MiB); nothing else: the models are built in"
+echo "carried: $carried" >&2
 
 bench_work_dir rlvr-bench-gpu
 results=$work/results
@@ -358,6 +384,32 @@ else
     show "$results/30-temperature0.json"
 fi
 
+# The shapes on the device. The plan fits a lent GPU's minutes: full bf16 at every shape (those
+# whose estimate exceeds the device are skipped at once), LoRA bf16 at the three largest, tf32 at
+# the smallest.
+SHAPE_PLAN=random-qwen2.5-0.5b:full-bf16,random-qwen2.5-0.5b:full-tf32,random-llama-3.2-1b:full-bf16
+SHAPE_PLAN+=,random-qwen2.5-1.5b:full-bf16,random-qwen2.5-3b:full-bf16,random-llama-3.2-3b:full-bf16
+SHAPE_PLAN+=,random-qwen2.5-7b:full-bf16,random-llama-3.1-8b:full-bf16,random-llama-3.2-3b:lora-bf16
+SHAPE_PLAN+=,random-qwen2.5-7b:lora-bf16,random-llama-3.1-8b:lora-bf16
+if skipped shapes; then
+    judge skip "$results/45-shapes.json" shapes "--skip shapes"
+else
+    if [ "$run_device" = cpu ]; then
+        plan=random-qwen2.5-0.5b:lora-bf16
+        shape_args=(--steps 1 --warmup 0 --prompts 1 --max-new-tokens 4)
+    else
+        plan=$SHAPE_PLAN
+        shape_args=(--steps 1 --warmup 1 --prompts "$prompts" --max-new-tokens "$shape_tokens")
+    fi
+    step "3. shapes on $run_device: $plan"
+    shapes_rc=0
+    "$bench/shapes.sh" --plan "$plan" --device "$run_device" "${shape_args[@]}" --threads "$threads" \
+        --bin-dir "$bin_dir" --torch-lib "$torch_lib" --python "$python" --worker-timeout "$worker_timeout" \
+        --out "$work/shapes.md" --results "$work/shapes" >/dev/null || shapes_rc=$?
+    judge shapes "$results/45-shapes.json" "$work/shapes" "$work/shapes.md" "$shapes_rc"
+    show "$results/45-shapes.json"
+fi
+
 # SmolLM2: --smollm2, else the project cache's (scripts/fetch-smollm2.sh), else the Hub cache's.
 model_missing=
 if [ -z "$smollm2" ]; then
@@ -388,7 +440,7 @@ fi
 if skipped smollm2; then
     judge skip "$results/50-smollm2-f32.json" smollm2-f32 "--skip smollm2"
 else
-    step "3. SmolLM2-135M-Instruct on $run_device: $smollm2_job; $warmup + $steps steps"
+    step "3b. SmolLM2-135M-Instruct on $run_device: $smollm2_job; $warmup + $steps steps"
     for variant in f32 bf16 tf32; do
         if [ -n "$model_missing" ]; then
             judge skip "$results/50-smollm2-$variant.json" "smollm2-$variant" "$model_missing"
@@ -469,6 +521,8 @@ judge report "$results" \
     machine="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/^Mem:/ {print $2}') GiB memory" \
     python="$python: $versions" \
     smollm2_job="$smollm2_job" \
+    carried="$carried" \
+    shapes_md="$work/shapes.md" \
     total_s="$((SECONDS - started))" >"$work/report.md" || report_rc=$?
 cat "$work/report.md"
 if [ -n "$out" ]; then

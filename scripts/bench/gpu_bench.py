@@ -18,6 +18,7 @@ Subcommands (each writes RESULT, except report):
   smollm2 RESULT VARIANT RUN MODEL WARMUP STEPS DOCTOR_RESULT
   hf RESULT DTYPE OUTPUT LOG RC                    hf_generate.py's line, or why there is none
   trl RESULT DTYPE OUTPUT LOG RC                   trl_grpo.py's line, or why there is none
+  shapes RESULT RESULTS_DIR TABLE RC               shapes.sh's runs (its --results and --out)
   skip RESULT ID REASON                            a part not run, and why
   report RESULTS_DIR KEY=VALUE...                  the markdown report on stdout; exit 1 when a
                                                    check of ours failed
@@ -57,6 +58,7 @@ PARTS = {
     "temperature0": "c. temperature 0: 2 steps, finite loss",
     "sft-f32": "d. SFT f32: held-out accuracy",
     "sft-bf16": "d. SFT bf16: held-out accuracy",
+    "shapes": "3. the random models at published shapes (shapes.sh)",
     "smollm2-f32": "SmolLM2 GRPO f32",
     "smollm2-bf16": "SmolLM2 GRPO bf16",
     "smollm2-tf32": "SmolLM2 GRPO f32 + [model] tf32",
@@ -368,6 +370,25 @@ def cmd_smollm2(result_path, variant, run_dir, model, warmup, steps, doctor_resu
     write(result_path, result | {"status": "ok", "detail": detail, "summary": summary})
 
 
+def cmd_shapes(result_path, results_dir, table_path, rc):
+    """The shapes part's result, from shapes.sh's per-run summaries and its exit status."""
+    rows = []
+    if os.path.isdir(results_dir):
+        rows = [load(os.path.join(results_dir, name)) for name in sorted(os.listdir(results_dir)) if name.endswith(".json")]
+        rows = [row for row in rows if row and "variant" in row]
+    counts = {status: sum(row.get("status") == status for row in rows) for status in ("ok", "skipped", "failed")}
+    failed = [f"{row['shape']} {row['variant']}: {row.get('detail')}" for row in rows if row.get("status") == "failed"]
+    detail = f"{counts['ok']} runs measured, {counts['skipped']} skipped (their estimate exceeds the device)"
+    if failed or not rows or int(rc) != 0:
+        reason = "; ".join(failed) or f"shapes.sh exited {rc}: see its output above"
+        write(result_path, {"id": "shapes", "status": "failed", "detail": f"{detail}; failed: {reason}"})
+        return
+    ratios = [row["peak_over_estimate"] for row in rows if row.get("peak_over_estimate")]
+    if ratios:
+        detail += f"; peak / estimate {min(ratios):.2f}–{max(ratios):.2f}"
+    write(result_path, {"id": "shapes", "status": "ok", "detail": detail, "table": table_path})
+
+
 def peer_result(result_path, part, output, log, rc, missing_hint):
     line = None
     try:
@@ -437,6 +458,8 @@ def cmd_report(results_dir, pairs):
     p(f"- binaries: {meta.get('binaries', '?')}; commit {meta.get('commit', '?')}")
     p(f"- host: {meta.get('machine', '?')}")
     p(f"- python: {meta.get('python', '?')}")
+    if meta.get("carried"):
+        p(f"- carried to the device: {meta['carried']}")
     p("")
     p("| part | result | detail |")
     p("|---|---|---|")
@@ -455,6 +478,13 @@ def cmd_report(results_dir, pairs):
         p(f"| {PARTS.get(part, part)} | {shown} | {detail} |")
     p("")
 
+    shapes_table = None
+    if meta.get("shapes_md") and os.path.exists(meta["shapes_md"]):
+        with open(meta["shapes_md"], encoding="utf-8") as f:
+            shapes_table = f.read().strip()
+        p(shapes_table.replace("## Per-shape benchmark", "### The random models at published shapes (shapes.sh)", 1))
+        p("")
+
     variants = [v for v in ("f32", "bf16", "tf32") if results.get(f"smollm2-{v}", {}).get("status") == "ok"]
     summaries = {v: results[f"smollm2-{v}"]["summary"] for v in variants}
     job = meta.get("smollm2_job", "")
@@ -464,7 +494,8 @@ def cmd_report(results_dir, pairs):
         p("")
         first = next(iter(summaries.values()))
         counted = first.get("trained_tokens_counted")
-        trained = ("prompt + completion tokens of the step's rows (rollouts.jsonl)" if counted == "prompt + completion"
+        trained = ("completion tokens of the step's rows and each group's prompt once (rollouts.jsonl)"
+                   if counted == "prompt + completion"
                    else "completion tokens only (the rollout records give no prompt_tokens)")
         p(f"{first['warmup_steps']} warm-up + {first['measured_steps']} measured steps; medians over the measured steps. "
           f"Update time = step − rollout − verify (the reference's and the policy's passes and AdamW). Trained tokens "
@@ -551,9 +582,15 @@ def cmd_report(results_dir, pairs):
             p("| step time, rlvr / TRL | " + " | ".join(
                 fmt(s["median_step_s"] / t["median_step_s"] if t else None, ".2f") for s, t in zip(summaries.values(), trl_cells)) + " |")
         p("")
+    if shapes_table:
+        table = [line for line in shapes_table.splitlines() if line.startswith("|")]
+        p("\n".join(table))
+        p("")
     for result in checks:
         if result:
             p(f"- {PARTS[result['id']]}: {result['status'].upper() if result['status'] == 'failed' else result['status']} — {result['detail']}")
+    if meta.get("carried"):
+        p(f"- carried: {meta['carried']}; the whole run took {meta.get('total_s', '?')} s")
     p("```")
     print("\n".join(out))
     if ours_failed:
@@ -571,6 +608,7 @@ COMMANDS = {
     "hf": (cmd_hf, 5),
     "trl": (cmd_trl, 5),
     "skip": (cmd_skip, 3),
+    "shapes": (cmd_shapes, 4),
 }
 
 

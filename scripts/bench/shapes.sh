@@ -12,7 +12,7 @@
 # With --trl, TRL's GRPOTrainer (the trl engine's venv) runs the first shape's full-f32 job on
 # the same weights (`rlvr-worker export-model`) and data, after ours, one at a time.
 #
-# Usage: scripts/bench/shapes.sh [--shapes LIST] [--runs LIST] [--device cpu|cuda] [--steps N]
+# Usage: scripts/bench/shapes.sh [--shapes LIST] [--runs LIST] [--plan LIST] [--device cpu|cuda[:N]] [--steps N]
 #                                [--warmup W] [--prompts P] [--max-new-tokens T] [--threads T]
 #                                [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
 #                                [--worker-timeout S] [--out FILE] [--results DIR] [--keep]
@@ -20,7 +20,9 @@
 #                     random-qwen2.5-1.5b; on CUDA every random model)
 #   --runs LIST       comma-separated runs (default on a CPU full-f32,lora-f32,lora-bf16; on CUDA
 #                     full-bf16,full-tf32,lora-bf16); a run a shape cannot fit is skipped
-#   --device DEV      cpu (default) or cuda
+#   --plan LIST       comma-separated SHAPE:RUN pairs, run in that order instead of every shape
+#                     in every run (scripts/bench/gpu.sh's plan for a GPU's time)
+#   --device DEV      cpu (default), cuda or cuda:N
 #   --steps N, --warmup W  measured and warm-up steps per run (default 2 and 1)
 #   --prompts P       prompts per step, 8 completions each (default 1)
 #   --max-new-tokens T  tokens per completion (default 64)
@@ -43,6 +45,7 @@ cd "$RLVR_ROOT"
 
 shapes=
 runs=
+plan=
 device=cpu
 steps=2
 warmup=1
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --shapes) shapes=$2; shift 2 ;;
         --runs) runs=$2; shift 2 ;;
+        --plan) plan=$2; shift 2 ;;
         --device) device=$2; shift 2 ;;
         --steps) steps=$2; shift 2 ;;
         --warmup) warmup=$2; shift 2 ;;
@@ -80,7 +84,10 @@ while [ $# -gt 0 ]; do
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-case $device in cpu | cuda) ;; *) echo "error: --device takes cpu or cuda, got $device" >&2; exit 2 ;; esac
+[[ $device =~ ^(cpu|cuda(:[0-9]+)?)$ ]] || { echo "error: --device takes cpu, cuda or cuda:N, got $device" >&2; exit 2; }
+device_kind=${device%%:*}
+gpu_index=0
+[[ $device == cuda:* ]] && gpu_index=${device#cuda:}
 for value in "$steps" "$warmup" "$prompts" "$max_new_tokens" "$threads" "$worker_timeout"; do
     [[ $value =~ ^[0-9]+$ ]] || { echo "error: expected a non-negative integer, got '$value'" >&2; exit 2; }
 done
@@ -88,7 +95,7 @@ if [ "$steps" -lt 1 ] || [ "$prompts" -lt 1 ] || [ "$max_new_tokens" -lt 1 ]; th
     echo "error: --steps, --prompts and --max-new-tokens must be at least 1" >&2
     exit 2
 fi
-if [ "$device" = cpu ]; then
+if [ "$device_kind" = cpu ]; then
     : "${shapes:=random-qwen2.5-0.5b,random-qwen2.5-1.5b}"
     : "${runs:=full-f32,lora-f32,lora-bf16}"
 else
@@ -119,17 +126,17 @@ cp "$bin_dir/librlvr_optimizer_grpo.so" "$bin_dir/librlvr_verifier_math.so" "$wo
 "$python" scripts/bench/arith_words.py --out "$work/data" --seed 0 >&2
 
 # The device's dense peak per dtype, and its memory.
-if [ "$device" = cpu ]; then
+if [ "$device_kind" = cpu ]; then
     step "this CPU's dense rate (a 2048² product, $threads threads)"
     peaks=$("$python" scripts/bench/shapes.py cpu-peak "$threads")
     peak_label="this CPU's measured 2048² product rate on $threads threads (shapes.py cpu-peak)"
     memory_bytes=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
 else
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "$gpu_index")
     peaks=$("$python" -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import gpu_bench
 print(json.dumps({p: (gpu_bench.peak_flops(sys.argv[2], p)[1]) for p in ("f32", "bf16", "tf32")}))' "$bench" "$gpu")
     peak_label="$gpu dense peak (NVIDIA's datasheet)"
-    memory_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n1) * 1048576))
+    memory_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$gpu_index") * 1048576))
 fi
 peak_of() { "$python" -c 'import json, sys; print(json.loads(sys.argv[1]).get(sys.argv[2]) or "")' "$peaks" "$1"; }
 
@@ -137,62 +144,70 @@ toml_string() { "$python" -c 'import json, sys; print(json.dumps(sys.argv[1]))' 
 
 order=0
 failed=0
-first_shape=${shapes%%,*}
 IFS=, read -ra shape_list <<<"$shapes"
 IFS=, read -ra run_list <<<"$runs"
-for shape in "${shape_list[@]}"; do
-    for run in "${run_list[@]}"; do
-        order=$((order + 1))
-        case $run in
-            full-f32) dtype='"f32"' tf32='' lora='' precision=f32 ;;
-            full-bf16) dtype='"bf16"' tf32='' lora='' precision=bf16 ;;
-            full-tf32) dtype='"f32"' tf32=true lora='' precision=tf32 ;;
-            lora-f32) dtype='"f32"' tf32='' lora='{ rank = 16 }' precision=f32 ;;
-            lora-bf16) dtype='"bf16"' tf32='' lora='{ rank = 16 }' precision=bf16 ;;
-            *) echo "error: unknown run $run (full-f32, full-bf16, full-tf32, lora-f32, lora-bf16)" >&2; exit 2 ;;
-        esac
-        dir=$work/$shape-$run
-        mkdir -p "$dir"
-        trl_peer=false
-        [ "$trl" = 1 ] && [ "$shape" = "$first_shape" ] && [ "$run" = full-f32 ] && trl_peer=true
-        printf '{"order": %d, "shape": "%s", "variant": "%s", "device": "%s", "trl_peer": %s}\n' \
-            "$order" "$shape" "$run" "$device" "$trl_peer" >"$dir/meta.json"
-        "$python" scripts/bench/render_job.py scripts/bench/trainer-job.toml "$dir/job.toml" \
-            SEED=0 MODEL="$(toml_string "builtin:$shape")" DTYPE="$dtype" TF32="$tf32" LORA="$lora" \
-            TRAIN="$(toml_string "$work/data/train.jsonl")" HELDOUT= HELDOUT_PROMPTS= IGNORE_EOS=true \
-            MAX_NEW_TOKENS="$max_new_tokens" PROMPTS_PER_STEP="$prompts" LR=1e-6 \
-            MAX_STEPS="$total" MAX_WALL_MINUTES= CHECKPOINT_EVERY="$((total + 1))"
-        if ! "$bin_dir/rlvrd" estimate --spec "$dir/job.toml" --plugin-dir "$work/plugins" --device "$device" \
-            --json >"$dir/estimate.json" 2>"$dir/estimate.log"; then
-            cat "$dir/estimate.log" >&2
-            rm -f "$dir/estimate.json"
-            failed=1
-        else
-            need=$("$python" -c 'import json, sys
+pairs=()
+if [ -n "$plan" ]; then
+    IFS=, read -ra pairs <<<"$plan"
+else
+    for shape in "${shape_list[@]}"; do
+        for run in "${run_list[@]}"; do pairs+=("$shape:$run"); done
+    done
+fi
+first_shape=${pairs[0]%%:*}
+for pair in "${pairs[@]}"; do
+    shape=${pair%%:*}
+    run=${pair#*:}
+    order=$((order + 1))
+    case $run in
+        full-f32) dtype='"f32"' tf32='' lora='' precision=f32 ;;
+        full-bf16) dtype='"bf16"' tf32='' lora='' precision=bf16 ;;
+        full-tf32) dtype='"f32"' tf32=true lora='' precision=tf32 ;;
+        lora-f32) dtype='"f32"' tf32='' lora='{ rank = 16 }' precision=f32 ;;
+        lora-bf16) dtype='"bf16"' tf32='' lora='{ rank = 16 }' precision=bf16 ;;
+        *) echo "error: unknown run $run (full-f32, full-bf16, full-tf32, lora-f32, lora-bf16)" >&2; exit 2 ;;
+    esac
+    dir=$work/$shape-$run
+    mkdir -p "$dir"
+    trl_peer=false
+    [ "$trl" = 1 ] && [ "$shape" = "$first_shape" ] && [ "$run" = full-f32 ] && trl_peer=true
+    printf '{"order": %d, "shape": "%s", "variant": "%s", "device": "%s", "trl_peer": %s}\n' \
+        "$order" "$shape" "$run" "$device_kind" "$trl_peer" >"$dir/meta.json"
+    "$python" scripts/bench/render_job.py scripts/bench/trainer-job.toml "$dir/job.toml" \
+        SEED=0 MODEL="$(toml_string "builtin:$shape")" DTYPE="$dtype" TF32="$tf32" LORA="$lora" \
+        TRAIN="$(toml_string "$work/data/train.jsonl")" HELDOUT= HELDOUT_PROMPTS= IGNORE_EOS=true \
+        MAX_NEW_TOKENS="$max_new_tokens" PROMPTS_PER_STEP="$prompts" LR=1e-6 \
+        MAX_STEPS="$total" MAX_WALL_MINUTES= CHECKPOINT_EVERY="$((total + 1))"
+    if ! "$bin_dir/rlvrd" estimate --spec "$dir/job.toml" --plugin-dir "$work/plugins" --device "$device_kind" \
+        --json >"$dir/estimate.json" 2>"$dir/estimate.log"; then
+        cat "$dir/estimate.log" >&2
+        rm -f "$dir/estimate.json"
+        failed=1
+    else
+        need=$("$python" -c 'import json, sys
 sys.path.insert(0, sys.argv[2]); import shapes
 print(shapes.total_bytes(json.load(open(sys.argv[1]))["estimate"]))' "$dir/estimate.json" "$bench")
-            if [ "$need" -gt "$memory_bytes" ]; then
-                "$python" - "$dir/meta.json" "$need" "$memory_bytes" <<'PY'
+        if [ "$need" -gt "$memory_bytes" ]; then
+            "$python" - "$dir/meta.json" "$need" "$memory_bytes" <<'PY'
 import json, sys
 meta = json.load(open(sys.argv[1]))
 meta["skipped"] = f"needs {int(sys.argv[2]) / 2**30:.1f} GB by its estimate; the device has {int(sys.argv[3]) / 2**30:.1f} GB"
 json.dump(meta, open(sys.argv[1], "w"))
 PY
-            else
-                step "$shape $run: $warmup + $steps steps"
-                if ! "$python" scripts/bench/run_measured.py --stdout "$dir/outcome.json" "$dir/run.json" "$worker_timeout" \
-                    "$bin_dir/rlvr-worker" run --spec "$dir/job.toml" --state-dir "$dir/state" \
-                    --plugin-dir "$work/plugins" --device "$device" --threads "$threads" 2>"$dir/worker.log"; then
-                    tail -n 5 "$dir/worker.log" >&2
-                    failed=1
-                fi
+        else
+            step "$shape $run: $warmup + $steps steps"
+            if ! "$python" scripts/bench/run_measured.py --stdout "$dir/outcome.json" "$dir/run.json" "$worker_timeout" \
+                "$bin_dir/rlvr-worker" run --spec "$dir/job.toml" --state-dir "$dir/state" \
+                --plugin-dir "$work/plugins" --device "$device" --threads "$threads" 2>"$dir/worker.log"; then
+                tail -n 5 "$dir/worker.log" >&2
+                failed=1
             fi
         fi
-        "$python" scripts/bench/shapes.py summary "$work/results/$order.json" "$dir" "$warmup" "$steps" \
-            "$(peak_of "$precision")" "$peak_label"
-        # The state (checkpoints of billions of parameters) is not kept past its figures.
-        [ "$keep" = 1 ] || rm -rf "$dir/state"
-    done
+    fi
+    "$python" scripts/bench/shapes.py summary "$work/results/$order.json" "$dir" "$warmup" "$steps" \
+        "$(peak_of "$precision")" "$peak_label"
+    # The state (checkpoints of billions of parameters) is not kept past its figures.
+    [ "$keep" = 1 ] || rm -rf "$dir/state"
 done
 
 trl_json=
@@ -202,7 +217,7 @@ if [ "$trl" = 1 ]; then
     trl_python=$(scripts/engine-venv.sh trl)
     trl_json=$work/trl.json
     "$trl_python" scripts/bench/trl_grpo.py --model "$work/hf-$first_shape" --train "$work/data/train.jsonl" \
-        --steps "$steps" --warmup "$warmup" --seed 0 --threads "$threads" --device "$device" \
+        --steps "$steps" --warmup "$warmup" --seed 0 --threads "$threads" --device "$device_kind" \
         --prompts-per-step "$prompts" --max-new-tokens "$max_new_tokens" --plain-prompts --fixed-length \
         >"$trl_json" || { echo "TRL's run failed (see above)" >&2; trl_json=; }
     rm -rf "$work/hf-$first_shape"
