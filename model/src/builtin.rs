@@ -1,8 +1,9 @@
 //! The built-in models (`rlvr_protocol::builtin_models` says which there are), made on the fly
 //! — no files, no download.
 //!
-//! `builtin:tiny-arith`, for the demo and the tests. Architecture: 4 layers, hidden 128, 4 query heads of 32 over 2 KV heads (GQA), SwiGLU 384,
-//! tied embeddings, RoPE θ = 10 000, 512 positions; 800 512 parameters (3.2 MB in f32).
+//! `builtin:tiny-arith`, for the demo and the tests. Architecture: 4 layers, hidden 128, 4 query
+//! heads of 32 over 2 KV heads (GQA), SwiGLU 384, tied embeddings, RoPE θ = 10 000, 512
+//! positions; 800 512 parameters (3.2 MB in f32).
 //! Tokenizer: one token per character of printable ASCII plus tab and newline, and four
 //! specials (`<|pad|>` 0, `<|bos|>` 1, `<|eos|>` 2, `<|unk|>` 3; any other character is
 //! `<|unk|>`), built as a real `tokenizer.json` (BPE without merges, `Fuse` decoder) so a
@@ -17,11 +18,12 @@
 //! RoPE), the same character tokenizer padded to the vocabulary with tokens `<|rN|>` that
 //! decoding yields and encoding never makes (the models sample every id), no chat template.
 //! Weights are uniform with std 0.02 (norms 1), value `i` of a tensor a function of (seed,
-//! tensor name, `i`) alone (`rlvr_seeded::fill_uniform`): made by every core straight into a host
-//! tensor of the job's dtype (no f32 copy of a bf16 model), one tensor at a time, then moved to
-//! the device — the same bits on every machine and device. libtorch's own `uniform_` draws 6 ns
-//! a value on one core here (50 s for the 8B shape); this ~1 ns. A peer that needs the same
-//! weights reads them from the directory `rlvr-worker export-model` writes.
+//! tensor name, `i`) alone (`rlvr_seeded::fill_uniform`): made by libtorch's CPU threads (the
+//! job's `--threads`) straight into a host tensor of the job's dtype (no f32 copy of a bf16
+//! model), one tensor at a time, then moved to the device — the same bits on every machine and
+//! device, whatever the thread count. libtorch's own `uniform_` draws 6 ns a value on one core
+//! here (50 s for the 8B shape); this about 2 ns on one core, 1 ns on two. A peer that needs
+//! the same weights reads them from the directory `rlvr-worker export-model` writes.
 
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
@@ -131,7 +133,7 @@ pub fn config(seed: u64) -> LlamaConfig {
     serde_json::from_value(value).expect("the built-in config is valid")
 }
 
-/// The `tokenizer.json` of a model of `vocab` tokens: the character tokenizer, padded with
+/// The `tokenizer.json` of a model of `size` tokens: the character tokenizer, padded with
 /// tokens that only decoding meets (`<|rN|>` for id N).
 pub fn tokenizer_json(size: i64) -> String {
     let added: Vec<Value> = SPECIALS
@@ -209,7 +211,7 @@ pub fn init_tensor(source: &BuiltinSource, name: &str, shape: &[i64], device: De
 }
 
 /// A tensor of `shape` holding stream `key` of `rlvr_seeded::fill_uniform`, in `kind`, on
-/// `device`: the values written by every core straight into the host tensor's memory.
+/// `device`: the values written by the CPU threads straight into the host tensor's memory.
 fn random_tensor(key: u64, shape: &[i64], bound: f32, device: Device, kind: Kind) -> Tensor {
     let (fill_kind, size) = match kind {
         Kind::BFloat16 => (Kind::BFloat16, 2),
@@ -232,9 +234,10 @@ fn random_tensor(key: u64, shape: &[i64], bound: f32, device: Device, kind: Kind
     tensor.to_kind(kind).to_device(device)
 }
 
-/// Runs `fill(first index, part)` over `out` in one part per core.
+/// Runs `fill(first index, part)` over `out` in one part per libtorch CPU thread (the job's
+/// thread budget).
 fn in_parallel<T: Send>(out: &mut [T], fill: impl Fn(u64, &mut [T]) + Sync) {
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let threads = usize::try_from(tch::get_num_threads()).unwrap_or(1).max(1);
     let part = out.len().div_ceil(threads).max(1 << 20);
     std::thread::scope(|scope| {
         for (i, chunk) in out.chunks_mut(part).enumerate() {

@@ -1,38 +1,57 @@
-//! The built-in random models at published shapes: each loads with the parameter count its
-//! config implies, and a saved one is a Hugging Face directory transformers computes the same
-//! logits from. A test may take fewer layers (`layers=1`), never other widths: the embeddings,
-//! the widest tensors, are whole.
+//! The built-in random models at published shapes: each builds with the parameter count its
+//! config implies, its tokenizer covers its vocabulary, and a saved one is a Hugging Face
+//! directory transformers computes the same logits from. A test that computes may take fewer
+//! layers (`layers=1`), never other widths: the embeddings, the widest tensors, are whole.
 
-use rlvr_model::builtin::BuiltinSource;
+use std::path::Path;
+
+use rlvr_model::Llama;
+use rlvr_model::builtin::{self, BuiltinSource};
 use rlvr_model::policy::{load, save_pretrained};
 use rlvr_protocol::builtin_models::models;
 use rlvr_protocol::memory::ModelShape;
 use serde_json::json;
-use tch::{Device, Kind};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
 
 use crate::common;
 
-/// Every random model at one layer, in bf16 (the 8B shape's embeddings and head alone are a
-/// billion parameters): its tensors hold the parameters the shape counts, its `config.json`
-/// is the shape the memory estimate reads, and a step of its sampler yields ids its tokenizer
-/// decodes.
+/// Every built-in model, at its full depth, builds the parameters its publisher counts: the
+/// model code (`Llama::build` from the built-in `config.json`, which is also the shape the
+/// memory estimate reads) over tensors left unwritten (`empty`: no page is touched, so the 8B
+/// shape costs nothing here; the worker's test trains each one at one layer on real weights).
+/// The smallest model of each vocabulary size loads, and its tokenizer decodes every id.
 #[test]
-fn each_random_model_loads_with_the_parameter_count_its_config_implies() {
-    for model in models().into_iter().filter(|model| model.shape_of.is_some()) {
+fn each_random_model_builds_the_parameter_count_its_config_implies_and_decodes_every_id() {
+    let mut vocabularies = std::collections::BTreeMap::new();
+    for model in models() {
+        let source = BuiltinSource::parse(&format!("builtin:{}", model.name)).unwrap();
+        let config = builtin::source_config(&source);
+        assert_eq!(ModelShape::from_config_json(&config.to_json()), Ok(source.shape()), "{}", model.name);
+        let spec = config.spec(Path::new(model.name)).unwrap();
+        let vs = VarStore::new(Device::Cpu);
+        Llama::build(&vs, &spec, Kind::BFloat16, |_, shape| {
+            Ok(Tensor::empty(shape, (Kind::BFloat16, Device::Cpu)))
+        })
+        .unwrap();
+        let held: u64 = vs.variables().values().map(|tensor| tensor.numel() as u64).sum();
+        assert_eq!(held, source.shape().parameters(), "{}", model.name);
+        let smallest = vocabularies.entry(model.shape.vocab).or_insert(model);
+        if model.shape.parameters() < smallest.shape.parameters() {
+            *smallest = model;
+        }
+    }
+    for (vocab, model) in vocabularies {
         let source = format!("builtin:{}?seed=1&layers=1", model.name);
-        let parsed = BuiltinSource::parse(&source).unwrap();
         let loaded = load(&source, Device::Cpu, Kind::BFloat16).unwrap();
-        let held: i64 = loaded.vs.variables().values().map(|tensor| tensor.numel() as i64).sum();
-        assert_eq!(held as u64, parsed.shape().parameters(), "{source}");
         assert!(loaded.vs.variables().values().all(|tensor| tensor.kind() == Kind::BFloat16), "{source}");
-        assert_eq!(ModelShape::from_config_json(&loaded.config.to_json()), Ok(parsed.shape()), "{source}");
-        assert_eq!(loaded.source, source, "{source}");
-        assert_eq!(loaded.model.vocab_size() as u64, model.shape.vocab, "{source}");
-        // Every id decodes: the tokenizer covers the vocabulary the model samples from.
-        let last = model.shape.vocab as i64 - 1;
-        assert_eq!(loaded.tokenizer.decode(&[5, last]), format!("\n<|r{last}|>"), "{source}");
+        assert_eq!(loaded.source, source);
+        assert_eq!(loaded.model.vocab_size() as u64, vocab, "{source}");
+        let last = vocab as i64 - 1;
+        let decoded = loaded.tokenizer.decode(&[5, last]);
+        let expected = if model.name == "tiny-arith" { "\n~".to_owned() } else { format!("\n<|r{last}|>") };
+        assert_eq!(decoded, expected, "{source}");
         assert_eq!(loaded.tokenizer.encode("7+8=").unwrap().len(), 4, "{source}");
-        drop(loaded);
     }
 }
 

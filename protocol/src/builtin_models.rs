@@ -185,10 +185,8 @@ impl BuiltinSource {
     /// Parses `builtin:NAME[?seed=N][&layers=K]` (the keys in any order, each at most once); the
     /// error says what was expected, naming the built-in models.
     pub fn parse(source: &str) -> Result<BuiltinSource, String> {
-        let names = || models().iter().map(|m| m.name).collect::<Vec<_>>().join(", ");
-        let rest = source
-            .strip_prefix(PREFIX)
-            .ok_or_else(|| format!("expected {PREFIX}NAME with NAME one of {}", names()))?;
+        let names = || models().iter().map(|m| format!("{PREFIX}{}", m.name)).collect::<Vec<_>>().join(", ");
+        let rest = source.strip_prefix(PREFIX).ok_or_else(|| format!("expected one of {}", names()))?;
         let (name, query) = match rest.split_once('?') {
             Some((name, query)) => (name, Some(query)),
             None => (rest, None),
@@ -196,7 +194,7 @@ impl BuiltinSource {
         let model = models()
             .into_iter()
             .find(|m| m.name == name)
-            .ok_or_else(|| format!("no built-in model {name:?}: expected one of {}", names()))?;
+            .ok_or_else(|| format!("no built-in model {source:?}: expected one of {}", names()))?;
         let mut parsed = BuiltinSource { model, seed: 0, layers: model.shape.layers };
         let (mut seen_seed, mut seen_layers) = (false, false);
         for pair in query.into_iter().flat_map(|query| query.split('&')) {
@@ -292,14 +290,16 @@ mod tests {
             ("builtin:tiny-arith?", Err("unknown option \"\"")),
             (
                 "builtin:tiny",
-                Err("no built-in model \"tiny\": expected one of tiny-arith, random-qwen2.5-0.5b"),
+                Err(
+                    "no built-in model \"builtin:tiny\": expected one of builtin:tiny-arith, builtin:random-qwen2.5-0.5b",
+                ),
             ),
             ("builtin:tiny-arith?seed=x", Err("seed: expected a whole number, got \"x\"")),
             ("builtin:tiny-arith?seed=1&seed=2", Err("seed: given twice")),
             ("builtin:random-qwen2.5-0.5b?layers=0", Err("layers: expected 1–24")),
             ("builtin:random-qwen2.5-0.5b?layers=25", Err("layers: expected 1–24")),
             ("builtin:tiny-arith?temperature=1", Err("unknown option \"temperature\"")),
-            ("model/dir", Err("expected builtin:NAME")),
+            ("model/dir", Err("expected one of builtin:tiny-arith,")),
         ];
         for (source, expected) in cases {
             let parsed = BuiltinSource::parse(source);

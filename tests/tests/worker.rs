@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use rlvr_protocol::memory::DeviceKind;
 use rlvr_tests::{
     arith_data, arith_grpo_spec, drop_in, long_sft_spec, plugin_lib, run_measuring_peak, wait_until,
     worker_command, worker_plugins,
@@ -1461,8 +1462,9 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
 /// Each random model at a published shape trains a step at one layer (a test may drop layers,
 /// never widths: the embeddings, its widest tensors, are whole): an SFT step in bf16 with LoRA,
 /// through the real loader, with a finite loss, checkpointed; its peak resident size within a
-/// fifth of the memory estimate for its spec (`rlvrd estimate`, which also counts its parameters
-/// as the shape does); and one exported by `rlvr-worker export-model` holds those parameters.
+/// fifth of the memory estimate for its spec (the daemon's, with the real plugin; the first
+/// through `rlvrd estimate`, which also counts its parameters as the shape does); and one
+/// exported by `rlvr-worker export-model` holds those parameters.
 #[test]
 fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer_within_its_estimate() {
     let dir = tempfile::tempdir().unwrap();
@@ -1473,8 +1475,15 @@ fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer_within_its_
         "{\"prompt\": \"2+3=\", \"completion\": \"5\"}\n{\"prompt\": \"4*4=\", \"completion\": \"16\"}\n",
     )
     .unwrap();
-    for model in rlvr_protocol::builtin_models::models().into_iter().filter(|model| model.shape_of.is_some())
-    {
+    let registry = rlvr_plugin_host::Registry::new(
+        dir.path().join("cache"),
+        rlvr_plugin_host::Isolation::InProcess,
+        rlvr_plugin_host::metrics::PluginMetrics::unexported(),
+    )
+    .unwrap();
+    registry.scan(std::slice::from_ref(&plugins), Duration::ZERO);
+    let shapes = rlvr_protocol::builtin_models::models().into_iter().filter(|model| model.shape_of.is_some());
+    for (i, model) in shapes.enumerate() {
         let source = format!("builtin:{}?layers=1", model.name);
         let spec = dir.path().join(format!("{}.toml", model.name));
         fs::write(
@@ -1488,21 +1497,28 @@ fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer_within_its_
             ),
         )
         .unwrap();
-        let estimate = run(Command::new(rlvr_tests::artifact("rlvrd"))
-            .args(["estimate", "--json", "--spec"])
-            .arg(&spec)
-            .arg("--plugin-dir")
-            .arg(&plugins));
-        assert!(estimate.status.success(), "{}: {}", model.name, String::from_utf8_lossy(&estimate.stderr));
-        let estimate: Value = serde_json::from_slice(&estimate.stdout).unwrap();
-        let shape = rlvr_protocol::builtin_models::BuiltinSource::parse(&source).unwrap().shape();
-        assert_eq!(estimate["parameters"], shape.parameters(), "{}", model.name);
-        let parts = |parts: &Value| {
-            parts.as_array().unwrap().iter().map(|p| p["bytes"].as_u64().unwrap()).sum::<u64>()
-        };
-        let phases = estimate["estimate"]["phases"].as_array().unwrap();
-        let estimated = parts(&estimate["estimate"]["resident"])
-            + phases.iter().map(|p| parts(&p["parts"])).max().unwrap_or(0);
+        let text = fs::read_to_string(&spec).unwrap();
+        let parsed = rlvr_protocol::spec::JobSpec::parse_file_text(&spec, &text).unwrap();
+        let estimated =
+            rlvr_daemon::jobs::estimate::estimate(&parsed, &registry, DeviceKind::Cpu).unwrap().total_bytes();
+        if i == 0 {
+            let cli = run(Command::new(rlvr_tests::artifact("rlvrd"))
+                .args(["estimate", "--json", "--spec"])
+                .arg(&spec)
+                .arg("--plugin-dir")
+                .arg(&plugins));
+            assert!(cli.status.success(), "{}: {}", model.name, String::from_utf8_lossy(&cli.stderr));
+            let cli: Value = serde_json::from_slice(&cli.stdout).unwrap();
+            let shape = rlvr_protocol::builtin_models::BuiltinSource::parse(&source).unwrap().shape();
+            assert_eq!(cli["parameters"], shape.parameters(), "{}", model.name);
+            let parts = |parts: &Value| {
+                parts.as_array().unwrap().iter().map(|p| p["bytes"].as_u64().unwrap()).sum::<u64>()
+            };
+            let phases = cli["estimate"]["phases"].as_array().unwrap();
+            let total = parts(&cli["estimate"]["resident"])
+                + phases.iter().map(|p| parts(&p["parts"])).max().unwrap_or(0);
+            assert_eq!(total, estimated, "rlvrd estimate is the daemon's estimate");
+        }
 
         let state = dir.path().join(model.name);
         let (output, peak_kib) =
