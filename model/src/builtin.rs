@@ -49,14 +49,9 @@ pub fn vocab_size() -> i64 {
     (SPECIALS.len() + alphabet().len()) as i64
 }
 
-/// The `config.json` of `source`: tiny-arith's ([`config`]) or a random model's, with the
-/// source's layer count.
+/// The `config.json` of `source`, with its layer count: what `rlvr_protocol::builtin_models`
+/// says the model is.
 pub fn source_config(source: &BuiltinSource) -> LlamaConfig {
-    if source.is_tiny_arith() {
-        let mut config = config(source.seed);
-        config.num_hidden_layers = source.layers as i64;
-        return config;
-    }
     let model = &source.model;
     let shape = source.shape();
     let (architecture, model_type) = match model.family {
@@ -103,34 +98,10 @@ pub fn source_config(source: &BuiltinSource) -> LlamaConfig {
     serde_json::from_value(value).expect("a built-in config is valid")
 }
 
-/// The model's `config.json`.
+/// `builtin:tiny-arith`'s `config.json` with weights of `seed`.
 pub fn config(seed: u64) -> LlamaConfig {
-    let value = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "vocab_size": vocab_size(),
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": true,
-        "attention_bias": false,
-        "mlp_bias": false,
-        "hidden_act": "silu",
-        "initializer_range": 0.02,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-        "torch_dtype": "float32",
-        "rlvr_builtin": "tiny-arith",
-        "rlvr_seed": seed,
-    });
-    serde_json::from_value(value).expect("the built-in config is valid")
+    let source = format!("{NAME}?seed={seed}");
+    source_config(&BuiltinSource::parse(&source).expect("tiny-arith's source parses"))
 }
 
 /// The `tokenizer.json` of a model of `size` tokens: the character tokenizer, padded with

@@ -35,16 +35,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import worker_metrics  # noqa: E402
+from gpu_bench import load  # noqa: E402
 
 GB = float(1 << 30)
-
-
-def load(path, default=None):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
 
 
 def cpu_peak(threads):

@@ -197,7 +197,7 @@ async fn capabilities(
         .tenancy
         .base_model_names(&caller.team)
         .into_iter()
-        .chain(builtin_models::models().map(|model| format!("{}{}", builtin_models::PREFIX, model.name)))
+        .chain([builtin_models::TINY_ARITH.to_owned()])
         .map(|model_name| SupportedModel {
             model_name,
             max_context_length: None,
