@@ -823,6 +823,11 @@ pub struct MetricsLine {
     /// Where the step's time went.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<StepTimes>,
+    /// The most the job's process has held on its device up to the end of this step: libtorch's
+    /// allocator peak on CUDA (`max_memory_allocated`), the largest resident size sampled on a
+    /// CPU. A measurement, like `time`: it differs between a run and its resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
     /// The held-out score of the weights after this step (or before training, at step 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heldout: Option<ScoreFigures>,

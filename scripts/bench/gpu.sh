@@ -25,7 +25,11 @@
 #               smallest); each run's step time, rollout and update tokens/s, update MFU against
 #               the GPU's dense peak, and its CUDA peak (`max_memory_allocated`) against `rlvrd
 #               estimate`; a run its estimate says cannot fit is skipped, said so. On a dry run
-#               (--allow-cpu on a CPU) one small run.
+#               (--allow-cpu on a CPU) one small run. Each run ends after its last measured step
+#               (no final checkpoint: an 8B one would not fit the machine's disk).
+#   3c. sharing two jobs at once on the device (shapes.sh --share 2: SHARE_PLAN's run, each held to
+#               half the device as the daemon holds two jobs of that memory_gb): both train
+#               within their caps; their step times against the same run alone in part 3.
 #   3b. smollm2 the trainer benchmark's GRPO job (scripts/bench/trainer-job.toml) on
 #               SmolLM2-135M-Instruct at --prompts × 8 completions × --max-new-tokens, in f32, bf16,
 #               and f32 with `[model] tf32 = true`:
@@ -391,6 +395,8 @@ SHAPE_PLAN=random-qwen2.5-0.5b:full-bf16,random-qwen2.5-0.5b:full-tf32,random-ll
 SHAPE_PLAN+=,random-qwen2.5-1.5b:full-bf16,random-qwen2.5-3b:full-bf16,random-llama-3.2-3b:full-bf16
 SHAPE_PLAN+=,random-qwen2.5-7b:full-bf16,random-llama-3.1-8b:full-bf16,random-llama-3.2-3b:lora-bf16
 SHAPE_PLAN+=,random-qwen2.5-7b:lora-bf16,random-llama-3.1-8b:lora-bf16
+# Two jobs at once: a shape of the plan, so that its run alone is beside it.
+SHARE_PLAN=random-qwen2.5-1.5b:full-bf16
 if skipped shapes; then
     judge skip "$results/45-shapes.json" shapes "--skip shapes"
 else
@@ -408,6 +414,18 @@ else
         --out "$work/shapes.md" --results "$work/shapes" >/dev/null || shapes_rc=$?
     judge shapes "$results/45-shapes.json" "$work/shapes" "$work/shapes.md" "$shapes_rc"
     show "$results/45-shapes.json"
+
+    # c. two jobs sharing the device, each held to half of it as the daemon holds two jobs of
+    # memory_gb = half the device: both train, within their caps; their steps against part 3's.
+    share_plan=${plan%%,*}
+    [ "$run_device" = cpu ] || share_plan=$SHARE_PLAN
+    step "3c. two jobs sharing $run_device: $share_plan"
+    share_rc=0
+    "$bench/shapes.sh" --plan "$share_plan" --share 2 --device "$run_device" "${shape_args[@]}" --threads "$threads" \
+        --bin-dir "$bin_dir" --torch-lib "$torch_lib" --python "$python" --worker-timeout "$worker_timeout" \
+        --out "$work/sharing.md" --results "$work/sharing" >/dev/null || share_rc=$?
+    judge sharing "$results/46-sharing.json" "$work/sharing" "$work/shapes" "$share_rc"
+    show "$results/46-sharing.json"
 fi
 
 # SmolLM2: --smollm2, else the project cache's (scripts/fetch-smollm2.sh), else the Hub cache's.

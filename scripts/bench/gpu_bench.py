@@ -59,6 +59,7 @@ PARTS = {
     "sft-f32": "d. SFT f32: held-out accuracy",
     "sft-bf16": "d. SFT bf16: held-out accuracy",
     "shapes": "3. the random models at published shapes (shapes.sh)",
+    "sharing": "3c. two jobs sharing the device, each capped at half",
     "smollm2-f32": "SmolLM2 GRPO f32",
     "smollm2-bf16": "SmolLM2 GRPO bf16",
     "smollm2-tf32": "SmolLM2 GRPO f32 + [model] tf32",
@@ -210,10 +211,11 @@ def cmd_platform(result_path, run_dir, doctor_result):
     write(result_path, result)
 
 
-def metrics_without_time(state):
+def metrics_without_measurements(state):
     lines = jsonl(os.path.join(state, "metrics.jsonl"))
     for line in lines:
         line.pop("time", None)
+        line.pop("peak_memory_bytes", None)
     return lines
 
 
@@ -253,7 +255,7 @@ def cmd_resume(result_path, dtype, straight, killed, resumed, steps, kill_step):
     differences = []
     if a.get("weights_sha256") != b.get("weights_sha256") or not a.get("weights_sha256"):
         differences.append(f"weights_sha256 {short(a.get('weights_sha256'))}… straight, {short(b.get('weights_sha256'))}… resumed")
-    metrics_a, metrics_b = metrics_without_time(state_straight), metrics_without_time(state_killed)
+    metrics_a, metrics_b = metrics_without_measurements(state_straight), metrics_without_measurements(state_killed)
     rollouts_a, rollouts_b = jsonl(os.path.join(state_straight, "rollouts.jsonl")), jsonl(os.path.join(state_killed, "rollouts.jsonl"))
     for difference in (first_difference(metrics_a, metrics_b, "metrics lines (without time)"),
                        first_difference(rollouts_a, rollouts_b, "rollout records")):
@@ -387,6 +389,49 @@ def cmd_shapes(result_path, results_dir, table_path, rc):
     if ratios:
         detail += f"; peak / estimate {min(ratios):.2f}–{max(ratios):.2f}"
     write(result_path, {"id": "shapes", "status": "ok", "detail": detail, "table": table_path})
+
+
+def cmd_sharing(result_path, results_dir, solo_dir, rc):
+    """Two copies of one shapes run at once (shapes.sh --share 2), each held to half the device:
+    both must train every step within their cap; their step times against the same run alone
+    (part 3's, when it ran)."""
+    rows = []
+    if os.path.isdir(results_dir):
+        rows = [load(os.path.join(results_dir, name)) for name in sorted(os.listdir(results_dir)) if name.endswith(".json")]
+        rows = [row for row in rows if row and row.get("share")]
+    failed = [f"job {row['copy']}: {row.get('detail')}" for row in rows if row.get("status") != "ok"]
+    if not rows or failed or int(rc) != 0:
+        skipped = load(os.path.join(results_dir, "1.json"), {}) if os.path.isdir(results_dir) else {}
+        if not rows and skipped.get("status") == "skipped":
+            write(result_path, {"id": "sharing", "status": "skipped", "detail": skipped.get("detail")})
+            return
+        reason = "; ".join(failed) or f"shapes.sh --share exited {rc}: see its output above"
+        write(result_path, {"id": "sharing", "status": "failed", "detail": reason})
+        return
+    first = rows[0]
+    share = first["share"]
+    over = [row for row in rows if row["peak_gb"] > row["cap_gb"]] if all(row.get("cap_gb") for row in rows) else []
+    steps = ", ".join(f"{row['median_step_s']:.2f}" for row in rows)
+    peaks = ", ".join(f"{row['peak_gb']:.2f}" for row in rows)
+    detail = f"{first['shape']} {first['variant']}, {share} jobs at once: step {steps} s; peak {peaks} GB"
+    if first.get("cap_gb"):
+        detail += f" of a {first['cap_gb']:.1f} GB cap each"
+    solo = None
+    if os.path.isdir(solo_dir):
+        for name in sorted(os.listdir(solo_dir)):
+            row = load(os.path.join(solo_dir, name)) if name.endswith(".json") else None
+            if row and not row.get("share") and row.get("status") == "ok" and (row.get("shape"), row.get("variant")) == (
+                    first["shape"], first["variant"]):
+                solo = row
+    if solo:
+        together = max(row["median_step_s"] for row in rows)
+        detail += (f"; alone {solo['median_step_s']:.2f} s a step: {share} steps in {together:.2f} s shared, "
+                   f"{share * solo['median_step_s'] / together:.2f}× the throughput of one job alone")
+    if over:
+        write(result_path, {"id": "sharing", "status": "failed", "detail": detail + "; over its cap: "
+                            + ", ".join(f"job {row['copy']}" for row in over)})
+        return
+    write(result_path, {"id": "sharing", "status": "ok", "detail": detail})
 
 
 def peer_result(result_path, part, output, log, rc, missing_hint):
@@ -560,7 +605,7 @@ def cmd_report(results_dir, pairs):
     p("### README block")
     p("")
     p("```markdown")
-    checks = [results.get(k) for k in ("resume-f32", "resume-bf16", "temperature0", "sft-f32", "sft-bf16")]
+    checks = [results.get(k) for k in ("resume-f32", "resume-bf16", "temperature0", "sft-f32", "sft-bf16", "sharing")]
     p(f"Measured {meta.get('date', '?')[:10]} on {device_line}, libtorch {doctor.get('libtorch') or '?'}, CUDA runtime "
       f"{doctor.get('cuda_runtime') or 'none'} (driver {doctor.get('cuda_driver') or 'none'}), cuDNN "
       f"{doctor.get('cudnn') or 'none'}, cuBLAS {doctor.get('cublas') or 'none'}: `{meta.get('command', '?')}`")
@@ -609,6 +654,7 @@ COMMANDS = {
     "trl": (cmd_trl, 5),
     "skip": (cmd_skip, 3),
     "shapes": (cmd_shapes, 4),
+    "sharing": (cmd_sharing, 4),
 }
 
 

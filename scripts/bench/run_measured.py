@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs a command with a wall-clock limit and writes how it went: the benchmarks' runner.
 
-Usage: run_measured.py [--stdout FILE] [--kill-at-step K METRICS] RESULT LIMIT COMMAND...
+Usage: run_measured.py [--stdout FILE] [--kill-at-step K METRICS | --kill-after-step K PROGRESS] [--gpu-memory]
+                       RESULT LIMIT COMMAND...
 
 The command runs in its own process group, so a timeout or Ctrl-C ends everything it started and
 nothing else. Its stdout goes to our stderr, or to FILE with --stdout (the worker's outcome line);
@@ -13,7 +14,17 @@ largest process waited for).
 step K's line, polled every 10 ms; RESULT then also has killed_at_step (K, or null when the
 command ended before that line appeared). Used for the exact-resume check of gpu.sh.
 
-Stdlib only. Used by trainer.sh and gpu.sh.
+--kill-after-step K PROGRESS: the same once PROGRESS (a worker's progress.json, rewritten after
+a step's metrics and rollout records) says step K: a benchmark's run ends with its last measured
+step, without the final checkpoint (billions of parameters and their optimizer state written to
+disk, which no figure counts).
+
+--gpu-memory: also sample, every 0.25 s, what the GPU itself counts as the command's (nvidia-smi's
+used_memory of the command's processes: the CUDA context and everything libtorch's allocator
+holds, cached blocks included); RESULT then has gpu_used_peak_mb (null when nvidia-smi showed none
+of its processes).
+
+Stdlib only. Used by trainer.sh, shapes.sh and gpu.sh.
 """
 
 import json
@@ -22,6 +33,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -46,13 +58,65 @@ def step_logged(metrics, step):
     return False
 
 
+def progress_reached(progress, step):
+    """Whether PROGRESS (written whole, by rename) says step `step` or later is done."""
+    try:
+        with open(progress, encoding="utf-8") as f:
+            return json.load(f).get("step", 0) >= step
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def group_pids(pgid):
+    """The processes of process group `pgid` (the command and what it started), from /proc."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.add(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+class GpuMemory(threading.Thread):
+    """The largest GPU memory nvidia-smi reports for the process group `pgid`, in MiB."""
+
+    def __init__(self, pgid):
+        super().__init__(daemon=True)
+        self.pgid, self.peak_mb, self.done = pgid, None, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.25):
+            try:
+                rows = subprocess.run(
+                    ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=10,
+                ).stdout
+            except (OSError, subprocess.SubprocessError):
+                return
+            pids = group_pids(self.pgid)
+            used = sum(int(mb) for pid, mb in (row.split(",") for row in rows.splitlines() if "," in row)
+                       if pid.strip().isdigit() and mb.strip().isdigit() and int(pid) in pids)
+            if used and (self.peak_mb is None or used > self.peak_mb):
+                self.peak_mb = used
+
+
 def main(argv):
     stdout_path = kill_step = metrics = None
+    gpu_memory = False
     while argv and argv[0].startswith("--"):
         if argv[0] == "--stdout" and len(argv) > 1:
             stdout_path, argv = argv[1], argv[2:]
+        elif argv[0] == "--gpu-memory":
+            gpu_memory, argv = True, argv[1:]
         elif argv[0] == "--kill-at-step" and len(argv) > 2:
             kill_step, metrics, argv = int(argv[1]), argv[2], argv[3:]
+            reached = step_logged
+        elif argv[0] == "--kill-after-step" and len(argv) > 2:
+            kill_step, metrics, argv = int(argv[1]), argv[2], argv[3:]
+            reached = progress_reached
         else:
             usage(f"unknown option {argv[0]}")
     if len(argv) < 3:
@@ -62,6 +126,9 @@ def main(argv):
     stdout = open(stdout_path, "w") if stdout_path else sys.stderr
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=stdout, start_new_session=True)
+    sampler = GpuMemory(child.pid) if gpu_memory else None
+    if sampler:
+        sampler.start()
 
     def stop(sig):
         try:
@@ -74,7 +141,7 @@ def main(argv):
     try:
         if kill_step is not None:
             while child.poll() is None and time.perf_counter() - start < limit:
-                if step_logged(metrics, kill_step):
+                if reached(metrics, kill_step):
                     stop(signal.SIGKILL)
                     killed_at_step = kill_step
                     break
@@ -98,6 +165,10 @@ def main(argv):
     record = {"rc": rc, "wall_s": time.perf_counter() - start, "peak_rss_mb": round(peak, 1), "timed_out": timed_out}
     if kill_step is not None:
         record["killed_at_step"] = killed_at_step
+    if sampler:
+        sampler.done.set()
+        sampler.join()
+        record["gpu_used_peak_mb"] = sampler.peak_mb
     with open(result, "w") as f:
         json.dump(record, f)
 

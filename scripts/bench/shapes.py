@@ -90,8 +90,15 @@ def summary(out, run_dir, warmup, steps, peak_flops, peak_label):
                 for s in figures["per_step"]
                 if peak_flops and s.get("trained_tokens_per_s")
             ]
-            outcome = load(os.path.join(run_dir, "outcome.json"), {})
-            device_peak = outcome.get("peak_memory_bytes") if meta.get("device") != "cpu" else None
+            device_peak = None
+            if meta.get("device") != "cpu":
+                # The allocator's peak: in the outcome of a run that ended, else (ended after its
+                # last step by run_measured.py --kill-after-step) in its last step's metrics line.
+                outcome = load(os.path.join(run_dir, "outcome.json"), {}) or {}
+                lines = [json.loads(line) for line in open(os.path.join(state, "metrics.jsonl")) if line.strip()]
+                device_peak = outcome.get("peak_memory_bytes") or max(
+                    (line["peak_memory_bytes"] for line in lines if line.get("peak_memory_bytes")), default=None
+                )
             peak_bytes = device_peak if device_peak else run["peak_rss_mb"] * (1 << 20)
             estimated = total_bytes(estimate["estimate"])
             result |= {
@@ -113,6 +120,12 @@ def summary(out, run_dir, warmup, steps, peak_flops, peak_label):
                 "estimate_gb": estimated / GB,
                 "peak_over_estimate": peak_bytes / estimated if estimated else None,
             }
+            if meta.get("cap_bytes"):
+                result["cap_gb"] = meta["cap_bytes"] / GB
+            if run.get("gpu_used_peak_mb"):
+                # What the device counted (context, allocator's cache): the figure a co-tenant sees.
+                used = run["gpu_used_peak_mb"] * (1 << 20)
+                result |= {"gpu_used_gb": used / GB, "gpu_used_over_estimate": used / estimated if estimated else None}
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f)
 
@@ -132,17 +145,25 @@ def report(results_dir, trl_path=None):
     rows = [load(os.path.join(results_dir, name)) for name in sorted(os.listdir(results_dir)) if name.endswith(".json")]
     rows = [row for row in rows if row]
     rows.sort(key=lambda row: row.get("order", 0))
-    print("| shape | run | parameters | step (s) | rollout tokens/s | update tokens/s | update MFU | peak GB | estimate GB | peak / estimate |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    # On a GPU: what nvidia-smi counted as the worker's (context and cached blocks) against the estimate.
+    device_used = any(row.get("gpu_used_gb") for row in rows)
+    extra = " GPU used GB | used / estimate |" if device_used else ""
+    print("| shape | run | parameters | step (s) | rollout tokens/s | update tokens/s | update MFU | peak GB | estimate GB "
+          f"| peak / estimate |{extra}")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if device_used else ""))
     for row in rows:
+        run = row.get("variant")
+        if row.get("share"):
+            run = f"{run}, {row['copy']} of {row['share']} sharing"
         if row.get("status") != "ok":
-            print(f"| {row.get('shape')} | {row.get('variant')} | {row.get('status')}: {row.get('detail')} |||||||||")
+            print(f"| {row.get('shape')} | {run} | {row.get('status')}: {row.get('detail')} |||||||||" + ("||" if device_used else ""))
             continue
+        used = f" {fmt(row.get('gpu_used_gb'), '.2f')} | {fmt(row.get('gpu_used_over_estimate'), '.2f')} |" if device_used else ""
         print(
-            f"| {row['shape']} | {row['variant']} | {row['parameters'] / 1e9:.2f} B | {fmt(row['median_step_s'], '.2f')} "
+            f"| {row['shape']} | {run} | {row['parameters'] / 1e9:.2f} B | {fmt(row['median_step_s'], '.2f')} "
             f"| {fmt(row['median_generation_tokens_per_s'], '.1f')} | {fmt(row['median_trained_tokens_per_s'], '.1f')} "
             f"| {fmt(row['median_update_mfu'], '.1%')} | {row['peak_gb']:.2f} | {row['estimate_gb']:.2f} "
-            f"| {fmt(row['peak_over_estimate'], '.2f')} |"
+            f"| {fmt(row['peak_over_estimate'], '.2f')} |{used}"
         )
     peaks = sorted({row["peak_label"] for row in rows if row.get("peak_label")})
     if peaks:

@@ -14,7 +14,7 @@
 #
 # Usage: scripts/bench/shapes.sh [--shapes LIST] [--runs LIST] [--plan LIST] [--device cpu|cuda[:N]] [--steps N]
 #                                [--warmup W] [--prompts P] [--max-new-tokens T] [--threads T]
-#                                [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
+#                                [--share N] [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
 #                                [--worker-timeout S] [--out FILE] [--results DIR] [--keep]
 #   --shapes LIST     comma-separated built-in names (default on a CPU random-qwen2.5-0.5b,
 #                     random-qwen2.5-1.5b; on CUDA every random model)
@@ -27,6 +27,9 @@
 #   --prompts P       prompts per step, 8 completions each (default 1)
 #   --max-new-tokens T  tokens per completion (default 64)
 #   --threads T       libtorch CPU threads of every process (default: the cores)
+#   --share N         start every run N times at once on the device, each held to 1/N of it as
+#                     the daemon holds a job of that memory_gb (two jobs sharing a GPU); each
+#                     copy's figures are a row of the report
 #   --trl             also TRL's GRPOTrainer on the first shape's full-f32 job (CPU, or CUDA with
 #                     a TRL the --python has)
 #   --bin-dir DIR     rlvrd, rlvr-worker and the grpo and math plugins (default target/release;
@@ -35,6 +38,7 @@
 #   --worker-timeout S  limit of each run (default 3600)
 #   --out FILE        also write the report to FILE
 #   --results DIR     also copy each run's figures there (ORDER.json, shapes.py summary's; trl.json)
+#                     and its worker's log (ORDER.log)
 #   --keep            keep the work directory
 # The report (markdown) goes to stdout, progress to stderr. Exit 1 when a run of ours failed.
 set -euo pipefail
@@ -53,6 +57,7 @@ prompts=1
 max_new_tokens=64
 threads=$(nproc)
 trl=0
+share=1
 bin_dir=target/release
 torch_lib=
 python=
@@ -73,6 +78,7 @@ while [ $# -gt 0 ]; do
         --max-new-tokens) max_new_tokens=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
         --trl) trl=1; shift ;;
+        --share) share=$2; shift 2 ;;
         --bin-dir) bin_dir=$2; shift 2 ;;
         --torch-lib) torch_lib=$2; shift 2 ;;
         --python) python=$2; shift 2 ;;
@@ -88,11 +94,11 @@ done
 device_kind=${device%%:*}
 gpu_index=0
 [[ $device == cuda:* ]] && gpu_index=${device#cuda:}
-for value in "$steps" "$warmup" "$prompts" "$max_new_tokens" "$threads" "$worker_timeout"; do
+for value in "$steps" "$warmup" "$prompts" "$max_new_tokens" "$threads" "$worker_timeout" "$share"; do
     [[ $value =~ ^[0-9]+$ ]] || { echo "error: expected a non-negative integer, got '$value'" >&2; exit 2; }
 done
-if [ "$steps" -lt 1 ] || [ "$prompts" -lt 1 ] || [ "$max_new_tokens" -lt 1 ]; then
-    echo "error: --steps, --prompts and --max-new-tokens must be at least 1" >&2
+if [ "$steps" -lt 1 ] || [ "$prompts" -lt 1 ] || [ "$max_new_tokens" -lt 1 ] || [ "$share" -lt 1 ]; then
+    echo "error: --steps, --prompts, --max-new-tokens and --share must be at least 1" >&2
     exit 2
 fi
 if [ "$device_kind" = cpu ]; then
@@ -138,9 +144,55 @@ print(json.dumps({p: (gpu_bench.peak_flops(sys.argv[2], p)[1]) for p in ("f32", 
     peak_label="$gpu dense peak (NVIDIA's datasheet)"
     memory_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$gpu_index") * 1048576))
 fi
+# On a GPU, what the device counts as the worker's too (context and cached blocks: nvidia-smi).
+gpu_memory=()
+[ "$device_kind" = cpu ] || gpu_memory=(--gpu-memory)
 peak_of() { "$python" -c 'import json, sys; print(json.loads(sys.argv[1]).get(sys.argv[2]) or "")' "$peaks" "$1"; }
 
 toml_string() { "$python" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
+
+# run_copy DIR [CAP_BYTES]: the worker on DIR/job.toml (or DIR/../job.toml), into DIR, ended by
+# SIGKILL once its last step is done (no final checkpoint: a model's weights and optimizer state
+# written to disk count in no figure, and an 8B one's would not fit a device machine's disk). With
+# CAP_BYTES: held to it as the daemon holds a job of that `memory_gb` (`--memory-cap`; on CUDA
+# the allocator's `per_process_memory_fraction`, the cap less the CUDA context's allowance over
+# the device, as daemon/src/jobs/supervise.rs's memory_fraction gives it).
+run_copy() {
+    local dir=$1 cap=${2:-} spec=$1/job.toml
+    [ -f "$spec" ] || spec=$(dirname "$1")/job.toml
+    local limits=() environment=()
+    if [ -n "$cap" ]; then
+        limits=(--memory-cap "$cap")
+        if [ "$device_kind" != cpu ]; then
+            environment=("PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:$("$python" -c \
+                'import sys; cap, total = int(sys.argv[1]), int(sys.argv[2]); print(max(cap - (512 << 20), cap / 2) / total)' \
+                "$cap" "$memory_bytes")")
+        fi
+    fi
+    env "${environment[@]}" "$python" scripts/bench/run_measured.py --stdout "$dir/outcome.json" "${gpu_memory[@]}" \
+        --kill-after-step "$total" "$dir/state/progress.json" "$dir/run.json" "$worker_timeout" \
+        "$bin_dir/rlvr-worker" run --spec "$spec" --state-dir "$dir/state" --plugin-dir "$work/plugins" \
+        --device "$device" --threads "$threads" "${limits[@]}" 2>"$dir/worker.log"
+    if ! "$python" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(r["rc"] != 0 and r.get("killed_at_step") is None)' \
+        "$dir/run.json"; then
+        tail -n 5 "$dir/worker.log" >&2
+        return 1
+    fi
+}
+
+# summarize DIR NAME: DIR's figures as results/NAME.json (and --results' copy at once, with the
+# worker's log, so a run cut short still leaves what it measured); the state (checkpoints of
+# billions of parameters) is not kept past them.
+summarize() {
+    "$python" scripts/bench/shapes.py summary "$work/results/$2.json" "$1" "$warmup" "$steps" \
+        "$(peak_of "$precision")" "$peak_label"
+    [ ! -f "$1/worker.log" ] || cp "$1/worker.log" "$work/results/$2.log"
+    if [ -n "$results" ]; then
+        mkdir -p "$results"
+        cp "$work/results/$2".* "$results/"
+    fi
+    [ "$keep" = 1 ] || rm -rf "$1/state"
+}
 
 order=0
 failed=0
@@ -187,27 +239,36 @@ for pair in "${pairs[@]}"; do
         need=$("$python" -c 'import json, sys
 sys.path.insert(0, sys.argv[2]); import shapes
 print(shapes.total_bytes(json.load(open(sys.argv[1]))["estimate"]))' "$dir/estimate.json" "$bench")
-        if [ "$need" -gt "$memory_bytes" ]; then
-            "$python" - "$dir/meta.json" "$need" "$memory_bytes" <<'PY'
+        if [ $((need * share)) -gt "$memory_bytes" ]; then
+            "$python" - "$dir/meta.json" "$need" "$memory_bytes" "$share" <<'PY'
 import json, sys
 meta = json.load(open(sys.argv[1]))
-meta["skipped"] = f"needs {int(sys.argv[2]) / 2**30:.1f} GB by its estimate; the device has {int(sys.argv[3]) / 2**30:.1f} GB"
+jobs = f"{sys.argv[4]} jobs need" if int(sys.argv[4]) > 1 else "needs"
+meta["skipped"] = f"{jobs} {int(sys.argv[2]) / 2**30:.1f} GB each by the estimate; the device has {int(sys.argv[3]) / 2**30:.1f} GB"
 json.dump(meta, open(sys.argv[1], "w"))
 PY
-        else
+        elif [ "$share" = 1 ]; then
             step "$shape $run: $warmup + $steps steps"
-            if ! "$python" scripts/bench/run_measured.py --stdout "$dir/outcome.json" "$dir/run.json" "$worker_timeout" \
-                "$bin_dir/rlvr-worker" run --spec "$dir/job.toml" --state-dir "$dir/state" \
-                --plugin-dir "$work/plugins" --device "$device" --threads "$threads" 2>"$dir/worker.log"; then
-                tail -n 5 "$dir/worker.log" >&2
-                failed=1
-            fi
+            run_copy "$dir" || failed=1
+        else
+            step "$shape $run: $share jobs at once, each capped at 1/$share of the device; $warmup + $steps steps"
+            copies=()
+            for copy in $(seq 1 "$share"); do
+                mkdir -p "$dir/copy-$copy"
+                cp "$dir/estimate.json" "$dir/copy-$copy/"
+                "$python" -c 'import json, sys; m = json.load(open(sys.argv[1])); m |= {"share": int(sys.argv[2]), "copy": int(sys.argv[3]), "cap_bytes": int(sys.argv[5])}; json.dump(m, open(sys.argv[4], "w"))' \
+                    "$dir/meta.json" "$share" "$copy" "$dir/copy-$copy/meta.json" $((memory_bytes / share))
+                run_copy "$dir/copy-$copy" $((memory_bytes / share)) &
+                copies+=($!)
+            done
+            for pid in "${copies[@]}"; do wait "$pid" || failed=1; done
         fi
     fi
-    "$python" scripts/bench/shapes.py summary "$work/results/$order.json" "$dir" "$warmup" "$steps" \
-        "$(peak_of "$precision")" "$peak_label"
-    # The state (checkpoints of billions of parameters) is not kept past its figures.
-    [ "$keep" = 1 ] || rm -rf "$dir/state"
+    if [ "$share" = 1 ] || [ ! -d "$dir/copy-1" ]; then
+        summarize "$dir" "$order"
+    else
+        for copy in $(seq 1 "$share"); do summarize "$dir/copy-$copy" "$order-$copy"; done
+    fi
 done
 
 trl_json=
@@ -239,8 +300,7 @@ if ! report=$(
 fi
 echo "$report"
 [ -z "$out" ] || echo "$report" >"$out"
-if [ -n "$results" ]; then
-    mkdir -p "$results"
-    cp "$work"/results/*.json ${trl_json:+"$trl_json"} "$results/"
+if [ -n "$results" ] && [ -n "$trl_json" ]; then
+    cp "$trl_json" "$results/"
 fi
 exit "$failed"

@@ -247,14 +247,17 @@ fn an_rm_job_refuses_verifiers_canaries_and_lora_naming_the_key() {
     }
 }
 
-/// metrics.jsonl lines without their wall-clock timings (the only field allowed to differ).
-fn metrics_without_time(state: &Path) -> Vec<Value> {
+/// metrics.jsonl lines without their measurements (`time`, `peak_memory_bytes`: the only fields
+/// allowed to differ between a run and its resume).
+fn metrics_without_measurements(state: &Path) -> Vec<Value> {
     fs::read_to_string(state.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|line| {
             let mut value: Value = serde_json::from_str(line).unwrap();
-            value.as_object_mut().unwrap().remove("time");
+            let line = value.as_object_mut().unwrap();
+            line.remove("time");
+            line.remove("peak_memory_bytes");
             value
         })
         .collect()
@@ -296,5 +299,9 @@ fn an_rm_job_killed_and_resumed_ends_exactly_like_an_uninterrupted_one() {
     let resumed =
         outcome(worker_command(&spec, &killed, &plugins, &["--threads", "1", "--resume"]).output().unwrap());
     assert_eq!(resumed.weights_sha256, reference.weights_sha256, "weights differ after resume");
-    assert_eq!(metrics_without_time(&killed), metrics_without_time(&straight), "metrics differ after resume");
+    assert_eq!(
+        metrics_without_measurements(&killed),
+        metrics_without_measurements(&straight),
+        "metrics differ after resume"
+    );
 }

@@ -39,14 +39,17 @@ fn outcome(output: &Output) -> Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
 }
 
-/// metrics.jsonl lines without their wall-clock timings (the only field allowed to differ).
-fn metrics_without_time(state: &Path) -> Vec<Value> {
+/// metrics.jsonl lines without their measurements (`time`, `peak_memory_bytes`: the only fields
+/// allowed to differ between a run and its resume).
+fn metrics_without_measurements(state: &Path) -> Vec<Value> {
     fs::read_to_string(state.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|line| {
             let mut value: Value = serde_json::from_str(line).unwrap();
-            value.as_object_mut().unwrap().remove("time");
+            let line = value.as_object_mut().unwrap();
+            line.remove("time");
+            line.remove("peak_memory_bytes");
             value
         })
         .collect()
@@ -79,7 +82,7 @@ fn a_grpo_job_runs_with_every_plugin_through_the_real_loader_and_writes_its_reco
     assert!(job["verifiers"][0].as_str().unwrap().starts_with("math@"), "{job}");
     assert!(job["reference"].as_str().unwrap().starts_with("builtin:tiny-arith sha256:"), "{job}");
 
-    let metrics = metrics_without_time(&state);
+    let metrics = metrics_without_measurements(&state);
     // The held-out score before training, then one line per step.
     assert_eq!(metrics.len(), 4, "{metrics:?}");
     assert!(metrics[0]["heldout"]["accuracy"].is_number());
@@ -181,7 +184,7 @@ fn a_job_stopped_by_its_budget_scores_and_checkpoints_where_it_stopped() {
     let steps = result["steps"].as_u64().unwrap();
     assert!((1..50).contains(&steps), "{result}");
     assert!(result["stopped"].as_str().unwrap().contains("budget.max_generated_tokens"), "{result}");
-    let metrics = metrics_without_time(&state);
+    let metrics = metrics_without_measurements(&state);
     let last = metrics.last().unwrap();
     assert_eq!(last["step"], steps, "{last}");
     assert!(last["heldout"]["accuracy"].is_number(), "scored at the stop: {last}");
@@ -211,7 +214,7 @@ fn a_grpo_job_at_temperature_zero_decodes_greedily_and_trains_with_a_finite_loss
         let state = dir.path().join(name);
         let result = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
         assert_eq!(result["steps"], 2, "{result}");
-        let metrics = metrics_without_time(&state);
+        let metrics = metrics_without_measurements(&state);
         for line in &metrics[1..] {
             for key in ["loss", "kl_ref", "grad_norm", "entropy"] {
                 assert!(line[key].as_f64().is_some_and(f64::is_finite), "{name}: {key} in {line}");
@@ -298,13 +301,15 @@ fn a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(
     assert!(!left_by_killed(), "the worker that resumes removes the plugin copies of the killed one");
     let left: Vec<_> = fs::read_dir(&temp).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "workers that returned leave nothing in their temp dir: {left:?}");
-    let updated =
-        metrics_without_time(&straight).iter().filter(|line| line["grad_norm"].as_f64() > Some(0.0)).count();
+    let updated = metrics_without_measurements(&straight)
+        .iter()
+        .filter(|line| line["grad_norm"].as_f64() > Some(0.0))
+        .count();
     assert!(updated >= 3, "only {updated} of 6 steps changed the weights: the test would prove little");
     assert_eq!(resumed["weights_sha256"], reference["weights_sha256"], "weights differ after resume");
     assert_eq!(
-        metrics_without_time(&killed),
-        metrics_without_time(&straight),
+        metrics_without_measurements(&killed),
+        metrics_without_measurements(&straight),
         "metrics lines differ after resume"
     );
     assert_eq!(
@@ -326,7 +331,7 @@ fn tensors(path: &Path) -> BTreeMap<String, tch::Tensor> {
 /// The mean loss of a run's last `n` steps.
 fn last_losses_mean(state: &Path, n: usize) -> f64 {
     let losses: Vec<f64> =
-        metrics_without_time(state).iter().filter_map(|line| line["loss"].as_f64()).collect();
+        metrics_without_measurements(state).iter().filter_map(|line| line["loss"].as_f64()).collect();
     losses[losses.len() - n..].iter().sum::<f64>() / n as f64
 }
 
@@ -512,9 +517,15 @@ fn a_bf16_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted
     fs::write(&spec, base.replace("[model]\n", "[model]\ndtype = \"bf16\"\n")).unwrap();
     let straight = straight_and_killed_at_step_5_then_resumed(dir.path(), &spec, &plugins);
     let killed = dir.path().join("killed");
-    assert_eq!(metrics_without_time(&killed), metrics_without_time(&straight), "metrics differ after resume");
-    let updated =
-        metrics_without_time(&straight).iter().filter(|line| line["grad_norm"].as_f64() > Some(0.0)).count();
+    assert_eq!(
+        metrics_without_measurements(&killed),
+        metrics_without_measurements(&straight),
+        "metrics differ after resume"
+    );
+    let updated = metrics_without_measurements(&straight)
+        .iter()
+        .filter(|line| line["grad_norm"].as_f64() > Some(0.0))
+        .count();
     assert!(updated >= 3, "only {updated} of 8 steps changed the weights: the test would prove little");
     let last = |state: &Path| {
         let latest = fs::read_to_string(state.join("checkpoints/LATEST")).unwrap();
@@ -561,7 +572,7 @@ fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() 
     assert!(stderr.contains("> 0.000000001 at step 2; the last good checkpoint is step 1"), "{stderr}");
     let latest = fs::read_to_string(state.join("checkpoints/LATEST")).unwrap();
     assert_eq!(latest.trim(), "step-00000001", "the tripping step is not checkpointed");
-    let logged = metrics_without_time(&state);
+    let logged = metrics_without_measurements(&state);
     assert_eq!(logged.last().unwrap()["step"], 2, "the measured line stays in the log");
 }
 
@@ -612,7 +623,8 @@ fn dynamic_sampling_trains_only_on_groups_that_teach_and_resumes_exactly() {
         entry.2 += record["completion_tokens"].as_u64().unwrap();
     }
     let mut resampled = 0;
-    for line in metrics_without_time(&straight).iter().filter(|line| line["reward_mean"].is_number()) {
+    for line in metrics_without_measurements(&straight).iter().filter(|line| line["reward_mean"].is_number())
+    {
         let step = line["step"].as_u64().unwrap();
         let sampling = &line["dynamic_sampling"];
         let trained: Vec<&(u64, u64, u64)> =
@@ -1076,7 +1088,7 @@ fn a_lora_job_trains_only_its_adapters_against_its_base_and_resumes_exactly_with
     // The reference is the base (the policy with its adapters off): KL starts at 0 (B = 0; to
     // the rounding of a pass with grad against one without) and moves.
     let kl: Vec<f64> =
-        metrics_without_time(&straight).iter().filter_map(|line| line["kl_ref"].as_f64()).collect();
+        metrics_without_measurements(&straight).iter().filter_map(|line| line["kl_ref"].as_f64()).collect();
     assert!(kl.first().is_some_and(|&first| first < 1e-9), "{kl:?}");
     assert!(kl.last().is_some_and(|&last| last > 1e-6), "{kl:?}");
 }
@@ -1190,7 +1202,7 @@ fn activation_checkpointing_lowers_a_long_sft_steps_peak_memory() {
         "checkpointed {checkpointed_kib} KiB is not 100 MiB below plain {plain_kib} KiB"
     );
     // The same step, to rounding: the losses agree.
-    let loss = |state: &Path| metrics_without_time(state).last().unwrap()["loss"].as_f64().unwrap();
+    let loss = |state: &Path| metrics_without_measurements(state).last().unwrap()["loss"].as_f64().unwrap();
     let (a, b) = (loss(&dir.path().join("ckpt")), loss(&dir.path().join("plain")));
     assert!((a - b).abs() <= 1e-5 * b.abs(), "losses {a} and {b}");
 }
@@ -1292,7 +1304,7 @@ fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
             fs::write(&spec, text).unwrap();
             let state = dir.path().join(format!("{plugin}-{name}"));
             let done = outcome(&run(&mut worker_command(&spec, &state, &plugins, &[])));
-            let passes: Vec<u64> = metrics_without_time(&state)
+            let passes: Vec<u64> = metrics_without_measurements(&state)
                 .iter()
                 .filter_map(|line| line["micro_batches"].as_u64())
                 .collect();
@@ -1378,7 +1390,7 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
     let threads = ["--threads", "1"];
     let straight = dir.path().join("straight");
     let result = outcome(&run(&mut worker_command(&spec, &straight, &plugins, &threads)));
-    let scores: Vec<(u64, f64)> = metrics_without_time(&straight)
+    let scores: Vec<(u64, f64)> = metrics_without_measurements(&straight)
         .iter()
         .filter(|line| line["step"].as_u64() > Some(0))
         .filter_map(|line| Some((line["step"].as_u64()?, line["heldout"]["accuracy"].as_f64()?)))
@@ -1456,7 +1468,7 @@ fn the_best_scoring_retained_checkpoint_is_the_candidate_and_retention_survives_
     assert_eq!(resumed["weights_sha256"], result["weights_sha256"]);
     assert_eq!(resumed["evaluation"], result["evaluation"]);
     assert_eq!(on_disk(&killed), on_disk(&straight));
-    assert_eq!(metrics_without_time(&killed), metrics_without_time(&straight));
+    assert_eq!(metrics_without_measurements(&killed), metrics_without_measurements(&straight));
 }
 
 /// Each random model at a published shape trains a step at one layer (a test may drop layers,
@@ -1525,7 +1537,7 @@ fn each_random_model_at_a_published_shape_trains_a_step_at_one_layer_within_its_
             run_measuring_peak(&mut worker_command(&spec, &state, &plugins, &[]), dir.path());
         let result = outcome(&output);
         assert_eq!(result["steps"], 1, "{}: {result}", model.name);
-        let metrics = metrics_without_time(&state);
+        let metrics = metrics_without_measurements(&state);
         let loss = metrics.last().and_then(|line| line["loss"].as_f64());
         assert!(loss.is_some_and(f64::is_finite), "{}: {metrics:?}", model.name);
         assert!(

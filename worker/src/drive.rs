@@ -136,6 +136,7 @@ impl Loop<'_> {
             self.state.step = step;
             self.state.tokens_generated += output.tokens_generated;
             let mut line = output.metrics;
+            line.peak_memory_bytes = crate::memory::peak_bytes();
             let eval_every = self.job.spec.eval.every_steps;
             // A rejection-sampling job ends when every prompt was sampled.
             let last = step == max_steps || crate::sampling::done(self.job);
