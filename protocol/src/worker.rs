@@ -1291,6 +1291,7 @@ mod tests {
                 generation_tokens_per_s: Some(2240.0),
                 verifier_latency_us: Some(Latency { p50: Some(13), p99: None }),
             }),
+            peak_memory_bytes: Some(1 << 30),
             heldout: Some(figures),
             optimizer: [("opt.clip_frac_low".to_owned(), Some(0.0)), ("opt.ratio_mean".to_owned(), None)]
                 .into(),

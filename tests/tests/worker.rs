@@ -95,6 +95,15 @@ fn a_grpo_job_runs_with_every_plugin_through_the_real_loader_and_writes_its_reco
         }
     }
     assert!(metrics[3]["heldout"]["accuracy"].is_number(), "the last step is scored");
+    // Each step's line has the process's peak memory so far (a CPU's resident size: a few hundred
+    // MB of libtorch at least), never falling.
+    let peaks: Vec<u64> = fs::read_to_string(state.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| serde_json::from_str::<Value>(line).unwrap()["peak_memory_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(peaks[0] > 100 << 20 && peaks.windows(2).all(|pair| pair[0] <= pair[1]), "{peaks:?}");
 
     let records: Vec<Value> = fs::read_to_string(state.join("rollouts.jsonl"))
         .unwrap()
