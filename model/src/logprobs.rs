@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::model::{KvCache, Llama, positions_from_mask};
+use crate::model::{KvCache, Llama, Padding, RealPositions, positions_from_mask};
 use crate::sample::left_pad;
 
 /// Prompt/completion pairs as tensors: distinct prompts left-padded, completions right-padded.
@@ -44,6 +44,8 @@ pub struct SequenceBatch {
     /// 1.0 on completion tokens, 0.0 on padding `[B, C]`.
     mask: Tensor,
     completion_lens: Vec<usize>,
+    /// Whether a distinct prompt is shorter than the longest (so left-padded), known on the host.
+    prompts_padded: bool,
 }
 
 impl SequenceBatch {
@@ -94,6 +96,9 @@ impl SequenceBatch {
             completion_ids: Tensor::from_slice(&ids).view(shape).to_device(device),
             mask: Tensor::from_slice(&mask).view(shape).to_device(device),
             completion_lens,
+            prompts_padded: distinct
+                .iter()
+                .any(|p| p.len() < distinct.iter().map(|p| p.len()).max().unwrap_or(0)),
         })
     }
 
@@ -279,11 +284,13 @@ pub fn training_kl<'m>(
     let hidden = predicting_hidden(student, batch);
     let leaf = hidden.detach().set_requires_grad(true);
     let teacher_hidden = tch::no_grad(|| predicting_hidden(teacher, batch));
-    let width = |t: &Tensor| t.size().last().copied().unwrap_or(0);
     let pass = KlPositions {
         student: tch::no_grad(|| Positions::of(student, batch, &leaf, 1.0)),
         teacher,
-        teacher_hidden: teacher_hidden.reshape([-1, width(&teacher_hidden)]),
+        teacher_hidden: tch::no_grad(|| {
+            RealPositions::of_lengths(&batch.completion_lens, batch.completion_width(), teacher.device())
+                .gather(&teacher_hidden)
+        }),
         temperature: if temperature > 0.0 { temperature } else { 1.0 },
         direction,
     };
@@ -340,7 +347,7 @@ impl Drop for TrainingKl<'_> {
 struct KlPositions<'a> {
     student: Positions<'a>,
     teacher: &'a Llama,
-    /// `[B · C, teacher hidden]`, without grad.
+    /// `[N, teacher hidden]` at the student's real positions, without grad.
     teacher_hidden: Tensor,
     temperature: f64,
     direction: KlDirection,
@@ -373,12 +380,12 @@ impl KlPositions<'_> {
         if parts.is_empty() {
             return Tensor::zeros(student.shape, (Kind::Float, student.model.device()));
         }
-        Tensor::cat(&parts, 0).view(student.shape)
+        student.padded(&Tensor::cat(&parts, 0))
     }
 
     fn backward(&self, grad: &Tensor) -> Tensor {
         let student = &self.student;
-        let grad = grad.reshape([-1]);
+        let grad = student.real.gather(&grad.unsqueeze(-1)).squeeze_dim(-1);
         let parts: Vec<Tensor> = chunks(student.hidden.size()[0], student.chunk)
             .map(|(start, len)| {
                 let x = student.hidden.narrow(0, start, len).detach().set_requires_grad(true);
@@ -387,22 +394,28 @@ impl KlPositions<'_> {
             })
             .collect();
         let [b, c] = student.shape;
-        let shape = [b, c, student.hidden.size()[1]];
         if parts.is_empty() {
-            return Tensor::zeros(shape, (student.hidden.kind(), student.hidden.device()));
+            return Tensor::zeros(
+                [b, c, student.hidden.size()[1]],
+                (student.hidden.kind(), student.hidden.device()),
+            );
         }
-        Tensor::cat(&parts, 0).view(shape)
+        student.real.scatter(&Tensor::cat(&parts, 0))
     }
 }
 
-/// A batch's completion positions, flattened (row-major: a chunk may end inside one row and
-/// go on into the next), with what their log-probabilities read.
+/// A batch's completion positions, the real ones only (a row's first `len` of its `C`),
+/// flattened row-major (a chunk may end inside one row and go on into the next), with what
+/// their log-probabilities read: no logits are computed for padding.
 struct Positions<'a> {
     model: &'a Llama,
-    /// `[B · C, hidden]`.
+    /// `[N, hidden]`.
     hidden: Tensor,
+    /// `[N]`.
     ids: Tensor,
     mask: Tensor,
+    /// Where the `N` positions are in the `[B, C]` layout.
+    real: RealPositions,
     /// `[B, C]`.
     shape: [i64; 2],
     temperature: f64,
@@ -412,16 +425,24 @@ struct Positions<'a> {
 
 impl<'a> Positions<'a> {
     fn of(model: &'a Llama, batch: &SequenceBatch, hidden: &Tensor, temperature: f64) -> Positions<'a> {
-        let width = hidden.size().last().copied().unwrap_or(0);
+        let shape = [batch.len() as i64, batch.completion_width()];
+        let real = RealPositions::of_lengths(&batch.completion_lens, shape[1], model.device());
+        let column = |t: &Tensor| real.gather(&t.unsqueeze(-1)).squeeze_dim(-1);
         Positions {
             model,
-            hidden: hidden.reshape([-1, width]),
-            ids: batch.completion_ids.reshape([-1]),
-            mask: batch.mask.reshape([-1]),
-            shape: [batch.len() as i64, batch.completion_width()],
+            hidden: real.gather(hidden),
+            ids: column(&batch.completion_ids),
+            mask: column(&batch.mask),
+            real,
+            shape,
             temperature,
             chunk: model.logits_chunk(),
         }
+    }
+
+    /// `[N]` values of the real positions in the `[B, C]` layout, 0 at the padding.
+    fn padded(&self, values: &Tensor) -> Tensor {
+        self.real.scatter(&values.unsqueeze(-1)).view(self.shape)
     }
 
     /// `[B, C]` f32, chunk by chunk.
@@ -440,14 +461,14 @@ impl<'a> Positions<'a> {
         if parts.is_empty() {
             return Tensor::zeros(self.shape, (Kind::Float, self.model.device()));
         }
-        Tensor::cat(&parts, 0).view(self.shape)
+        self.padded(&Tensor::cat(&parts, 0))
     }
 
     /// The hidden states' gradient `[B, C, hidden]` from the log-probabilities' `grad` `[B, C]`:
     /// each chunk recomputed with grad from its own leaf and back-propagated, in order; the
     /// `lm_head` weight's gradient accumulates on the way.
     fn backward(&self, grad: &Tensor) -> Tensor {
-        let grad = grad.reshape([-1]);
+        let grad = self.real.gather(&grad.unsqueeze(-1)).squeeze_dim(-1);
         let parts: Vec<Tensor> = chunks(self.hidden.size()[0], self.chunk)
             .map(|(start, len)| {
                 let x = self.hidden.narrow(0, start, len).detach().set_requires_grad(true);
@@ -460,11 +481,10 @@ impl<'a> Positions<'a> {
             })
             .collect();
         let [b, c] = self.shape;
-        let shape = [b, c, self.hidden.size()[1]];
         if parts.is_empty() {
-            return Tensor::zeros(shape, (self.hidden.kind(), self.hidden.device()));
+            return Tensor::zeros([b, c, self.hidden.size()[1]], (self.hidden.kind(), self.hidden.device()));
         }
-        Tensor::cat(&parts, 0).view(shape)
+        self.real.scatter(&Tensor::cat(&parts, 0))
     }
 }
 
@@ -498,10 +518,11 @@ fn predicting_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
     let (b, c) = (batch.len() as i64, batch.completion_width());
     let plen = batch.prompt_ids.size()[1];
     let mut cache = KvCache::new();
-    let prompt_hidden = model.forward(
+    let prompt_hidden = model.forward_with(
         &batch.prompt_ids,
         &positions_from_mask(&batch.prompt_mask),
         &batch.prompt_mask,
+        Padding::from_bool(batch.prompts_padded),
         Some(&mut cache),
     );
     // Left padding: the last column is every prompt's last real token.
@@ -517,12 +538,23 @@ fn predicting_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
         batch.prompt_mask.shallow_clone()
     };
     let prompt_lens = batch.prompt_lens.index_select(0, &batch.prompt_of_row);
-    // Inputs: every completion token but the last (it predicts nothing we score).
+    // Inputs: every completion token but the last (it predicts nothing we score): row r feeds
+    // its first len − 1 tokens, and the rest of its width is padding, which only the attention
+    // of this pass sees (RealPositions): the update's cost follows the tokens trained.
     let inputs = batch.completion_ids.narrow(1, 0, c - 1);
-    let comp_mask = batch.mask.narrow(1, 0, c - 1).to_kind(Kind::Int64);
+    let fed: Vec<usize> = batch.completion_lens.iter().map(|len| len.saturating_sub(1)).collect();
+    let fed_mask: Vec<i64> =
+        fed.iter().flat_map(|&fed| (0..c - 1).map(move |j| i64::from((j as usize) < fed))).collect();
+    let comp_mask = Tensor::from_slice(&fed_mask).view([b, c - 1]).to_device(device);
     let mask = Tensor::cat(&[&prompt_mask, &comp_mask], 1);
     let positions = prompt_lens.unsqueeze(1) + Tensor::arange(c - 1, (Kind::Int64, device)).unsqueeze(0);
-    let hidden = model.forward(&inputs, &positions, &mask, Some(&mut cache));
+    let real = RealPositions::of_lengths(&fed, c - 1, device);
+    let padding = Padding::from_bool(batch.prompts_padded || real.len() < b * (c - 1));
+    let hidden = if real.len() < b * (c - 1) {
+        real.scatter(&model.forward_real(&inputs, &positions, (&mask, padding), &real, Some(&mut cache)))
+    } else {
+        model.forward_with(&inputs, &positions, &mask, padding, Some(&mut cache))
+    };
     Tensor::cat(&[&last, &hidden], 1)
 }
 

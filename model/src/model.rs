@@ -277,6 +277,53 @@ enum Mask {
     Explicit(Tensor),
 }
 
+/// The real positions of a right-padded `[B, T]` batch, known on the host: row `r`'s first
+/// `lengths[r]` positions. A pass given them ([`Llama::forward_real`]) runs its position-wise work
+/// (norms, projections, MLP: nearly all of a layer's arithmetic) on those `N` rows alone, and
+/// only attention on the padded `[B, T]` layout, so its cost follows the tokens it computes.
+pub struct RealPositions {
+    /// `[N]` i64: the real positions' indices in the flattened `[B · T]`.
+    index: Tensor,
+    b: i64,
+    t: i64,
+}
+
+impl RealPositions {
+    /// Row `r` of a `[lengths.len(), t]` batch has its first `min(lengths[r], t)` positions real.
+    pub fn of_lengths(lengths: &[usize], t: i64, device: Device) -> RealPositions {
+        let index: Vec<i64> = lengths
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &len)| (0..(len as i64).min(t)).map(move |j| r as i64 * t + j))
+            .collect();
+        RealPositions { index: Tensor::from_slice(&index).to_device(device), b: lengths.len() as i64, t }
+    }
+
+    /// How many positions are real.
+    pub fn len(&self) -> i64 {
+        self.index.size()[0]
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `[B, T, W]` → `[N, W]`: the real positions' rows.
+    pub fn gather(&self, x: &Tensor) -> Tensor {
+        let width = x.size().last().copied().unwrap_or(1);
+        x.reshape([self.b * self.t, width]).index_select(0, &self.index)
+    }
+
+    /// `[N, W]` → `[B, T, W]`, zeros at the padding.
+    pub fn scatter(&self, x: &Tensor) -> Tensor {
+        let width = x.size()[1];
+        Tensor::zeros([self.b * self.t, width], (x.kind(), x.device()))
+            .index_copy(0, &self.index, x)
+            .view([self.b, self.t, width])
+    }
+}
+
 /// A Llama-family decoder. Its tensors are the variables of the `VarStore` it was built in,
 /// under their Hugging Face names.
 pub struct Llama {
@@ -566,7 +613,7 @@ impl Llama {
             let rope = (&pass.rope.0, &pass.rope.1);
             for (i, input) in pass.inputs.iter().enumerate().rev() {
                 let x = input.detach().set_requires_grad(true);
-                let y = self.layer_forward(i, &x, rope, &pass.mask, None, pass.mode);
+                let y = self.layer_forward(i, &x, rope, &pass.mask, None, pass.mode, None);
                 // d/dy Σ(y·g) = g: back-propagates exactly the output's gradient.
                 (y * &grad).sum(Kind::Float).backward();
                 grad = x.grad();
@@ -690,7 +737,45 @@ impl Llama {
         let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
         for i in 0..self.layers.len() {
             let kv = cache.as_deref_mut().map(|c| (c, i));
-            x = self.layer_forward(i, &x, (&cos, &sin), &mask, kv, mode);
+            x = self.layer_forward(i, &x, (&cos, &sin), &mask, kv, mode, None);
+        }
+        if let Some(c) = cache {
+            c.len += t;
+        }
+        rms_norm(&x, &self.norm, self.spec.rms_norm_eps)
+    }
+
+    /// [`Llama::forward_with`] over a right-padded batch whose real positions are `real`: the
+    /// hidden states of those positions only, `[N, hidden]` in `real`'s order. Padding costs
+    /// attention's share of a layer and nothing else. `attention_mask` must mark exactly `real`
+    /// (and the past's real positions) as 1, and `padding` say whether it has a 0; not for
+    /// checkpointed training passes.
+    pub fn forward_real(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        (attention_mask, padding): (&Tensor, Padding),
+        real: &RealPositions,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let (b, t) = input_ids.size2().expect("input_ids is [B, T]");
+        assert_eq!([b, t], [real.b, real.t], "real positions of a [{}, {}] batch", real.b, real.t);
+        let past = cache.as_ref().map_or(0, |c| c.len);
+        assert_eq!(attention_mask.size(), [b, past + t], "attention_mask must be [B, T_past + T]");
+        assert!(
+            cache.is_some() || !self.checkpoints_activations(),
+            "forward_real is not for checkpointed training passes"
+        );
+        if cfg!(debug_assertions) && attention_mask.device() == Device::Cpu {
+            assert_eq!(padding, Padding::of_mask(attention_mask), "the caller's padding is not the mask's");
+        }
+        let mask = build_mask(attention_mask, padding, past, t, self.spec.sliding_window);
+        let (cos, sin) = self.rope(positions);
+        let mode = self.mode();
+        let mut x = real.gather(&Tensor::embedding(&self.embed, input_ids, -1, false, false));
+        for i in 0..self.layers.len() {
+            let kv = cache.as_deref_mut().map(|c| (c, i));
+            x = self.layer_forward(i, &x, (&cos, &sin), &mask, kv, mode, Some(real));
         }
         if let Some(c) = cache {
             c.len += t;
@@ -711,7 +796,7 @@ impl Llama {
         let top = tch::no_grad(|| {
             let mut x = Tensor::embedding(&self.embed, input_ids, -1, false, false);
             for i in 0..self.layers.len() {
-                let next = self.layer_forward(i, &x, (&rope.0, &rope.1), &mask, None, mode);
+                let next = self.layer_forward(i, &x, (&rope.0, &rope.1), &mask, None, mode, None);
                 inputs.push(x);
                 x = next;
             }
@@ -745,7 +830,9 @@ impl Llama {
         (emb.cos().to_kind(self.kind).unsqueeze(1), emb.sin().to_kind(self.kind).unsqueeze(1))
     }
 
-    /// Decoder layer `index` over `x`.
+    /// Decoder layer `index` over `x`: `[B, T, H]`, or with `real` the real positions' `[N, H]`
+    /// (projections and MLP on those rows, attention on the padded layout).
+    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         index: usize,
@@ -754,17 +841,25 @@ impl Llama {
         mask: &Mask,
         cache: Option<(&mut KvCache, usize)>,
         mode: Mode,
+        real: Option<&RealPositions>,
     ) -> Tensor {
         let layer = &self.layers[index];
         if let Some(seed) = mode.seed {
             tch::manual_seed(seed.wrapping_add(index as u64) as i64);
         }
-        let (b, t, _) = x.size3().expect("hidden is [B, T, H]");
+        let (b, t) = match real {
+            Some(real) => (real.b, real.t),
+            None => x.size3().map(|(b, t, _)| (b, t)).expect("hidden is [B, T, H]"),
+        };
+        let padded = |y: Tensor| match real {
+            Some(real) => real.scatter(&y),
+            None => y,
+        };
         let (nh, nkv, d) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let h = rms_norm(x, &layer.input_norm, self.spec.rms_norm_eps);
-        let q = layer.q.forward(&h, mode).view([b, t, nh, d]).transpose(1, 2);
-        let k = layer.k.forward(&h, mode).view([b, t, nkv, d]).transpose(1, 2);
-        let v = layer.v.forward(&h, mode).view([b, t, nkv, d]).transpose(1, 2);
+        let q = padded(layer.q.forward(&h, mode)).view([b, t, nh, d]).transpose(1, 2);
+        let k = padded(layer.k.forward(&h, mode)).view([b, t, nkv, d]).transpose(1, 2);
+        let v = padded(layer.v.forward(&h, mode)).view([b, t, nkv, d]).transpose(1, 2);
         let q = apply_rope(&q, cos, sin);
         let k = apply_rope(&k, cos, sin);
         let (k, v) = match cache {
@@ -773,6 +868,10 @@ impl Llama {
         };
         let attn = attention(&q, &k, &v, mask, nh / nkv);
         let attn = attn.transpose(1, 2).reshape([b, t, nh * d]);
+        let attn = match real {
+            Some(real) => real.gather(&attn),
+            None => attn,
+        };
         let x = x + layer.o.forward(&attn, mode);
         let h = rms_norm(&x, &layer.post_norm, self.spec.rms_norm_eps);
         let mlp =

@@ -10,6 +10,7 @@ use crate::common;
 
 use std::path::Path;
 
+use rlvr_model::model::{Padding, RealPositions};
 use rlvr_model::{
     KvCache, Llama, LoadedModel, LoraConfig, LoraTarget, SequenceBatch, completion_logprobs, load,
     positions_from_mask, training_logprobs,
@@ -37,12 +38,16 @@ const WHOLE: i64 = 1 << 20;
 const CHUNKS: [i64; 3] = [1, 3, 9];
 
 /// The log-probabilities as `completion_logprobs` computed them before chunks, from the whole
-/// logits of `hidden` `[B, C, H]`.
+/// logits of `hidden` `[B, C, H]` at once: those of the real positions, as the library's pass
+/// computes no logits for padding (a matmul over other rows would round otherwise).
 fn whole_logprobs(model: &Llama, hidden: &Tensor, batch: &SequenceBatch, temperature: f64) -> Tensor {
-    let logits = model.logits(hidden).to_kind(Kind::Float);
+    let real = RealPositions::of_lengths(batch.completion_lens(), batch.completion_width(), Device::Cpu);
+    let logits = model.logits(&real.gather(hidden)).to_kind(Kind::Float);
     let logits = if temperature > 0.0 && temperature != 1.0 { logits / temperature } else { logits };
-    let picked = logits.gather(2, &batch.completion_ids().unsqueeze(-1), false).squeeze_dim(-1);
-    (picked - logits.logsumexp([-1], false)) * batch.mask()
+    let ids = real.gather(&batch.completion_ids().unsqueeze(-1));
+    let picked = logits.gather(1, &ids, false).squeeze_dim(-1);
+    let logprobs = picked - logits.logsumexp([-1], false);
+    real.scatter(&logprobs.unsqueeze(-1)).squeeze_dim(-1) * batch.mask()
 }
 
 /// Largest |a - b| over the largest |a| (at least 1e-3).
@@ -241,8 +246,12 @@ fn cached_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
     let mask = Tensor::cat(&[prompt_mask, batch.mask().narrow(1, 0, c - 1).to_kind(Kind::Int64)], 1);
     let positions = lens.unsqueeze(1) + Tensor::arange(c - 1, (Kind::Int64, Device::Cpu)).unsqueeze(0);
     let inputs = batch.completion_ids().narrow(1, 0, c - 1);
-    let hidden = model.forward(&inputs, &positions, &mask, Some(&mut cache));
-    Tensor::cat(&[last, hidden], 1)
+    // The completions' real positions only, as the library's pass computes them (the padded
+    // layout rounds the projections' matmuls otherwise: tests/unpadded.rs).
+    let fed: Vec<usize> = batch.completion_lens().iter().map(|len| len.saturating_sub(1)).collect();
+    let real = RealPositions::of_lengths(&fed, c - 1, Device::Cpu);
+    let hidden = model.forward_real(&inputs, &positions, (&mask, Padding::Present), &real, Some(&mut cache));
+    Tensor::cat(&[last, real.scatter(&hidden)], 1)
 }
 
 fn whole_rows_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {

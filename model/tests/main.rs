@@ -13,3 +13,4 @@ mod models;
 mod parity_smollm2;
 mod reward_model_parity;
 mod sampling;
+mod unpadded;

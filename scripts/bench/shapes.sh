@@ -14,7 +14,7 @@
 #
 # Usage: scripts/bench/shapes.sh [--shapes LIST] [--runs LIST] [--plan LIST] [--device cpu|cuda[:N]] [--steps N]
 #                                [--warmup W] [--prompts P] [--max-new-tokens T] [--threads T]
-#                                [--share N] [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
+#                                [--share N] [--stop TEXT] [--trl] [--bin-dir DIR] [--torch-lib DIR] [--python PY]
 #                                [--worker-timeout S] [--out FILE] [--results DIR] [--keep]
 #   --shapes LIST     comma-separated built-in names (default on a CPU random-qwen2.5-0.5b,
 #                     random-qwen2.5-1.5b; on CUDA every random model)
@@ -30,6 +30,9 @@
 #   --share N         start every run N times at once on the device, each held to 1/N of it as
 #                     the daemon holds a job of that memory_gb (two jobs sharing a GPU); each
 #                     copy's figures are a row of the report
+#   --stop TEXT       completions also end where their text holds TEXT (`[rollout] stop`), so
+#                     their lengths vary: e.g. "<|r123" ends about 0.7% of a random model's
+#                     tokens (those of its padding tokens `<|rN|>` whose N starts with 123)
 #   --trl             also TRL's GRPOTrainer on the first shape's full-f32 job (CPU, or CUDA with
 #                     a TRL the --python has)
 #   --bin-dir DIR     rlvrd, rlvr-worker and the grpo and math plugins (default target/release;
@@ -58,6 +61,7 @@ max_new_tokens=64
 threads=$(nproc)
 trl=0
 share=1
+stop=
 bin_dir=target/release
 torch_lib=
 python=
@@ -79,6 +83,7 @@ while [ $# -gt 0 ]; do
         --threads) threads=$2; shift 2 ;;
         --trl) trl=1; shift ;;
         --share) share=$2; shift 2 ;;
+        --stop) stop=$2; shift 2 ;;
         --bin-dir) bin_dir=$2; shift 2 ;;
         --torch-lib) torch_lib=$2; shift 2 ;;
         --python) python=$2; shift 2 ;;
@@ -150,6 +155,12 @@ gpu_memory=()
 peak_of() { "$python" -c 'import json, sys; print(json.loads(sys.argv[1]).get(sys.argv[2]) or "")' "$peaks" "$1"; }
 
 toml_string() { "$python" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
+stop_value=
+lengths="exactly $max_new_tokens"
+if [ -n "$stop" ]; then
+    stop_value="[$(toml_string "$stop")]"
+    lengths="at most $max_new_tokens (ending at \`$stop\`)"
+fi
 
 # run_copy DIR [CAP_BYTES]: the worker on DIR/job.toml (or DIR/../job.toml), into DIR, ended by
 # SIGKILL once its last step is done (no final checkpoint: a model's weights and optimizer state
@@ -227,7 +238,7 @@ for pair in "${pairs[@]}"; do
         "$order" "$shape" "$run" "$device_kind" "$trl_peer" >"$dir/meta.json"
     "$python" scripts/bench/render_job.py scripts/bench/trainer-job.toml "$dir/job.toml" \
         SEED=0 MODEL="$(toml_string "builtin:$shape")" DTYPE="$dtype" TF32="$tf32" LORA="$lora" \
-        TRAIN="$(toml_string "$work/data/train.jsonl")" HELDOUT= HELDOUT_PROMPTS= IGNORE_EOS=true \
+        TRAIN="$(toml_string "$work/data/train.jsonl")" HELDOUT= HELDOUT_PROMPTS= IGNORE_EOS=true STOP="$stop_value" \
         MAX_NEW_TOKENS="$max_new_tokens" PROMPTS_PER_STEP="$prompts" LR=1e-6 \
         MAX_STEPS="$total" MAX_WALL_MINUTES= CHECKPOINT_EVERY="$((total + 1))"
     if ! "$bin_dir/rlvrd" estimate --spec "$dir/job.toml" --plugin-dir "$work/plugins" --device "$device_kind" \
@@ -292,7 +303,7 @@ if ! report=$(
     echo "- command: \`$command_line\`"
     echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(free -g | awk '/^Mem:/ {print $2}') GiB; device $device, $threads threads"
-    echo "- job: GRPO, $prompts prompt(s) × 8 completions × exactly $max_new_tokens new tokens per step, β 0.04, μ 1; $warmup warm-up + $steps measured steps; medians"
+    echo "- job: GRPO, $prompts prompt(s) × 8 completions × $lengths new tokens per step, β 0.04, μ 1; $warmup warm-up + $steps measured steps; medians"
     echo
     "$python" scripts/bench/shapes.py report "$work/results" ${trl_json:+"$trl_json"}
 ); then

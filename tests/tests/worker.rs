@@ -436,7 +436,10 @@ every_steps = 1000
         "held-out accuracy f32 {f32_heldout:.3}, bf16 {bf16_heldout:.3}; mean loss of the last 50 steps \
          f32 {f32_loss:.4}, bf16 {bf16_loss:.4}"
     );
-    assert!((bf16_heldout - f32_heldout).abs() <= 0.1, "held-out: bf16 {bf16_heldout}, f32 {f32_heldout}");
+    // One-sided: bf16 must not learn worse. Its trajectory parts from f32's at the first
+    // rounding and ends anywhere in a band (measured: 0.34 against f32's 0.43 before the update
+    // skipped padding, 0.525 against 0.41 after it; the same code, other rounding).
+    assert!(bf16_heldout >= f32_heldout - 0.1, "held-out: bf16 {bf16_heldout}, f32 {f32_heldout}");
     assert!(bf16_loss <= 1.5 * f32_loss, "final loss: bf16 {bf16_loss}, f32 {f32_loss}");
 
     let long = movement(&f32_checkpoint, &bf16_checkpoint);
