@@ -24,6 +24,10 @@ FIGURES = ("step_s", "rollout_s", "update_s")
 GATED = "step_s"
 
 
+class CannotRun(Exception):
+    """The guard has no figures to compare: exit 2, which --warn-only does not excuse."""
+
+
 def load(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -36,12 +40,13 @@ def measured(work):
     for key in FIGURES:
         figures[f"trainer smollm2-135m f32 {key}"] = (min(step[key] for step in trainer["per_step"]), "f32")
     shapes_dir = os.path.join(work, "shapes")
-    for name in sorted(os.listdir(shapes_dir)):
+    # The per-run figures (shapes.sh also copies each run's worker log there, ORDER.log).
+    for name in sorted(n for n in os.listdir(shapes_dir) if n.endswith(".json")):
         row = load(os.path.join(shapes_dir, name))
         if "variant" not in row:
             continue
         if row.get("status") != "ok":
-            sys.exit(f"guard: {row.get('shape')} {row.get('variant')}: {row.get('status')}: {row.get('detail')}")
+            raise CannotRun(f"{row.get('shape')} {row.get('variant')}: {row.get('status')}: {row.get('detail')}")
         dtype = "bf16" if row["variant"].endswith("bf16") else "f32"
         for key in FIGURES:
             figures[f"{row['shape']} {row['variant']} {key}"] = (row[f"min_{key}"], dtype)
@@ -50,7 +55,8 @@ def measured(work):
 
 def main(argv):
     if len(argv) not in (3, 5) or (len(argv) == 5 and argv[3] != "--record"):
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        return 2
     work, guard_path, threshold = argv[0], argv[1], float(argv[2])
     rates = load(os.path.join(work, "rates.json"))
     figures = measured(work)
@@ -96,4 +102,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Exit 1 means slower than recorded, and only that: anything that keeps the guard from
+    # judging (a failed run, a missing or unreadable figure) is 2, which CI does not excuse.
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (CannotRun, OSError, ValueError, KeyError) as error:
+        print(f"guard: cannot judge: {type(error).__name__}: {error}", file=sys.stderr)
+        sys.exit(2)
