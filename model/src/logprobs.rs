@@ -74,6 +74,7 @@ impl SequenceBatch {
             prompt_of_row.push(idx);
         }
         let (prompt_ids, prompt_mask) = left_pad(&distinct, pad_id, device);
+        let longest_prompt = distinct.iter().map(|p| p.len()).max().unwrap_or(0);
         let prompt_lens = Tensor::from_slice(&distinct.iter().map(|p| p.len() as i64).collect::<Vec<_>>());
         let c = pairs.iter().map(|(_, c)| c.as_ref().len()).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(pairs.len() * c);
@@ -96,9 +97,7 @@ impl SequenceBatch {
             completion_ids: Tensor::from_slice(&ids).view(shape).to_device(device),
             mask: Tensor::from_slice(&mask).view(shape).to_device(device),
             completion_lens,
-            prompts_padded: distinct
-                .iter()
-                .any(|p| p.len() < distinct.iter().map(|p| p.len()).max().unwrap_or(0)),
+            prompts_padded: distinct.iter().any(|p| p.len() < longest_prompt),
         })
     }
 
@@ -284,13 +283,11 @@ pub fn training_kl<'m>(
     let hidden = predicting_hidden(student, batch);
     let leaf = hidden.detach().set_requires_grad(true);
     let teacher_hidden = tch::no_grad(|| predicting_hidden(teacher, batch));
+    let student_positions = tch::no_grad(|| Positions::of(student, batch, &leaf, 1.0));
     let pass = KlPositions {
-        student: tch::no_grad(|| Positions::of(student, batch, &leaf, 1.0)),
+        teacher_hidden: tch::no_grad(|| student_positions.real.gather(&teacher_hidden)),
+        student: student_positions,
         teacher,
-        teacher_hidden: tch::no_grad(|| {
-            RealPositions::of_lengths(&batch.completion_lens, batch.completion_width(), teacher.device())
-                .gather(&teacher_hidden)
-        }),
         temperature: if temperature > 0.0 { temperature } else { 1.0 },
         direction,
     };
@@ -550,11 +547,8 @@ fn predicting_hidden(model: &Llama, batch: &SequenceBatch) -> Tensor {
     let positions = prompt_lens.unsqueeze(1) + Tensor::arange(c - 1, (Kind::Int64, device)).unsqueeze(0);
     let real = RealPositions::of_lengths(&fed, c - 1, device);
     let padding = Padding::from_bool(batch.prompts_padded || real.len() < b * (c - 1));
-    let hidden = if real.len() < b * (c - 1) {
-        real.scatter(&model.forward_real(&inputs, &positions, (&mask, padding), &real, Some(&mut cache)))
-    } else {
-        model.forward_with(&inputs, &positions, &mask, padding, Some(&mut cache))
-    };
+    let hidden =
+        real.scatter(&model.forward_real(&inputs, &positions, (&mask, padding), &real, Some(&mut cache)));
     Tensor::cat(&[&last, &hidden], 1)
 }
 

@@ -309,15 +309,24 @@ impl RealPositions {
         self.len() == 0
     }
 
+    /// Whether every position is real (no padding: gathering and scattering only reshape).
+    fn all(&self) -> bool {
+        self.len() == self.b * self.t
+    }
+
     /// `[B, T, W]` → `[N, W]`: the real positions' rows.
     pub fn gather(&self, x: &Tensor) -> Tensor {
         let width = x.size().last().copied().unwrap_or(1);
-        x.reshape([self.b * self.t, width]).index_select(0, &self.index)
+        let rows = x.reshape([self.b * self.t, width]);
+        if self.all() { rows } else { rows.index_select(0, &self.index) }
     }
 
     /// `[N, W]` → `[B, T, W]`, zeros at the padding.
     pub fn scatter(&self, x: &Tensor) -> Tensor {
         let width = x.size()[1];
+        if self.all() {
+            return x.view([self.b, self.t, width]);
+        }
         Tensor::zeros([self.b * self.t, width], (x.kind(), x.device()))
             .index_copy(0, &self.index, x)
             .view([self.b, self.t, width])

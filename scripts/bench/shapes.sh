@@ -180,8 +180,12 @@ run_copy() {
         limits=(--memory-cap "$cap")
         if [ "$device_kind" != cpu ]; then
             environment=("PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:$("$python" -c \
-                'import sys; cap, total = int(sys.argv[1]), int(sys.argv[2]); print(max(cap - (512 << 20), cap / 2) / total)' \
-                "$cap" "$memory_bytes")")
+                'import json, sys
+cap, total = int(sys.argv[1]), int(sys.argv[2])
+# The context allowance as the estimate counts it (protocol/src/memory.rs CUDA_CONTEXT_BYTES).
+resident = json.load(open(sys.argv[3]))["estimate"]["resident"]
+context = sum(part["bytes"] for part in resident if part["name"] == "CUDA context")
+print(max(cap - context, cap / 2) / total)' "$cap" "$memory_bytes" "$dir/estimate.json")")
         fi
     fi
     env "${environment[@]}" "$python" scripts/bench/run_measured.py --stdout "$dir/outcome.json" "${gpu_memory[@]}" \
