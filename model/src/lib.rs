@@ -23,6 +23,7 @@ pub mod logprobs;
 pub mod lora;
 pub mod model;
 pub mod onednn;
+pub mod optimizer;
 pub mod policy;
 pub mod reward;
 pub mod rng;

@@ -219,7 +219,7 @@ impl ModelShape {
         self.layers * per_layer
     }
 
-    /// The largest single tensor, in elements (AdamW's scratch buffers are this large).
+    /// The largest single tensor, in elements (a backward pass's transient gradient).
     fn largest_tensor(&self) -> u64 {
         let linear = self.linears().iter().map(|(_, i, o)| i * o).max().unwrap_or(0);
         linear.max(self.vocab * self.hidden)
@@ -414,14 +414,13 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     };
     let weights = if inputs.needs.reward_model { "reward model weights" } else { "policy weights" };
     resident.push(part(weights, parameters * element));
-    let (trainable, largest) = match &spec.model.lora {
+    let trainable = match &spec.model.lora {
         Some(lora) => {
             let adapters = shape.lora_parameters(u64::from(lora.rank), &lora.target_modules);
             resident.push(part("LoRA adapters", adapters * element));
-            let widest = shape.linears().iter().map(|(_, i, o)| i.max(o)).max().copied().unwrap_or(0);
-            (adapters, widest * u64::from(lora.rank))
+            adapters
         }
-        None => (parameters, shape.largest_tensor()),
+        None => parameters,
     };
     let value_head = if inputs.needs.value_head { shape.hidden + 1 } else { 0 };
     if value_head > 0 {
@@ -429,12 +428,12 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
     }
     let trained = trainable + value_head;
     // f32 moments; f32 gradients (bf16: the parameter's own gradient, an f32 sum and an f32
-    // master copy); two f32 scratch buffers the size of the largest parameter.
+    // master copy). The fused update needs no scratch memory.
     let per_trained = match spec.model.dtype {
         Dtype::F32 => 4 + 4 + 4,
         Dtype::Bf16 => 4 + 4 + 2 + 4 + 4,
     };
-    resident.push(part("optimizer (AdamW state, gradients)", trained * per_trained + 2 * 4 * largest));
+    resident.push(part("optimizer (AdamW state, gradients)", trained * per_trained));
     // One step off policy: a copy of what trains, the weights that sampled the step.
     if spec.rollout.off_policy_steps > 0 {
         resident.push(part("sampling weights (off policy)", trainable * element));

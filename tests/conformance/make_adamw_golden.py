@@ -2,8 +2,8 @@
 """Writes tests/conformance/adamw.json: the worker's AdamW and gradient clipping against PyTorch's.
 
 Unlike make_goldens.py (formulas written from the papers), the reference here is the optimizer
-the field trains with: `torch.optim.AdamW` (its default single-tensor path on CPU, `foreach=False`)
-and `torch.nn.utils.clip_grad_norm_`, in float32 as the worker runs. Each case gives float32
+the field trains with: `torch.optim.AdamW` (its fused kernel, `fused=True`, which the worker
+calls) and `torch.nn.utils.clip_grad_norm_` (single-tensor, `foreach=False`), in float32 as the worker runs. Each case gives float32
 parameters, a gradient per update, the hyper-parameters and the learning rate of each update;
 the expected values are the parameters, both moments and the pre-clipping gradient norm after
 each update. `worker/src/optim.rs` replays them.
@@ -30,7 +30,7 @@ def case(name, seed, *, lrs, weight_decay, max_norm, betas=(0.9, 0.999), eps=1e-
     ]
     leaves = {k: torch.nn.Parameter(v.clone()) for k, v in params.items()}
     optimizer = torch.optim.AdamW(
-        list(leaves.values()), lr=lrs[0], betas=betas, eps=eps, weight_decay=weight_decay, foreach=False
+        list(leaves.values()), lr=lrs[0], betas=betas, eps=eps, weight_decay=weight_decay, fused=True
     )
     expected = []
     for lr, grad in zip(lrs, grads):

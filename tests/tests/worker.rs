@@ -574,18 +574,29 @@ fn a_stop_condition_ends_the_job_naming_it_and_keeps_the_last_good_checkpoint() 
     let dir = tempfile::tempdir().unwrap();
     let (plugins, base) = cold_started_grpo_spec(dir.path(), 1);
     let spec = dir.path().join("stop.toml");
-    // The first update moves the policy off the reference: step 2's KL is above any tiny bound.
+    // Step 1's policy is the reference; the first update that moves it (the first whose groups
+    // teach: which step that is depends on the cold start's draws) puts the next step's KL above
+    // any tiny bound, and that step trips the stop.
     fs::write(&spec, format!("{base}\n[stop]\nkl_max = 1e-9\n")).unwrap();
     let state = dir.path().join("state");
     let output = run(&mut worker_command(&spec, &state, &plugins, &[]));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
+    // The step lines (step 0's is the held-out score before training).
+    let logged: Vec<Value> = metrics_without_measurements(&state)
+        .into_iter()
+        .filter(|line| line["step"].as_u64() > Some(0))
+        .collect();
+    let kl = |line: &Value| line["kl_ref"].as_f64().unwrap_or_else(|| panic!("no KL in {line}"));
+    let (tripping, before) = logged.split_last().unwrap();
+    let step = tripping["step"].as_u64().unwrap();
+    assert!(step >= 2 && kl(tripping) > 1e-9, "step {step}, KL {}: {stderr}", kl(tripping));
+    assert!(before.iter().all(|line| kl(line) <= 1e-9), "the stop let a step past the bound: {logged:?}");
     assert!(stderr.contains("stop.kl_max: KL to the reference"), "{stderr}");
-    assert!(stderr.contains("> 0.000000001 at step 2; the last good checkpoint is step 1"), "{stderr}");
+    let named = format!("> 0.000000001 at step {step}; the last good checkpoint is step {}", step - 1);
+    assert!(stderr.contains(&named), "{stderr}");
     let latest = fs::read_to_string(state.join("checkpoints/LATEST")).unwrap();
-    assert_eq!(latest.trim(), "step-00000001", "the tripping step is not checkpointed");
-    let logged = metrics_without_measurements(&state);
-    assert_eq!(logged.last().unwrap()["step"], 2, "the measured line stays in the log");
+    assert_eq!(latest.trim(), format!("step-{:08}", step - 1), "the tripping step is not checkpointed");
 }
 
 /// Runs `spec` straight through, and again killed (SIGKILL) after step 5 is logged — past the

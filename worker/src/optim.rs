@@ -2,8 +2,10 @@
 //! weights for parameters held in a lower precision.
 //!
 //! Written here rather than using `tch::nn::Optimizer` because its state (the moments) lives inside
-//! libtorch where tch cannot read or restore it, and exact resume needs both. The update follows
-//! `torch.optim.AdamW` (decoupled weight decay, bias correction) operation for operation.
+//! libtorch where tch cannot read or restore it, and exact resume needs both. The update is
+//! `torch.optim.AdamW(fused=True)`'s kernel (decoupled weight decay, bias correction), reached
+//! through `rlvr_model::optimizer`: one pass over each parameter's state, where the
+//! single-tensor path makes eight.
 //!
 //! Mixed precision (`[model] dtype = "bf16"`): the model computes with bf16 weights, and AdamW
 //! keeps what must not be rounded to bf16 in f32 — the moments, a master copy of every bf16
@@ -19,6 +21,7 @@
 
 use std::collections::BTreeSet;
 
+use rlvr_model::optimizer::{AdamWSlot, AdamWUpdate, clear_grad, fused_adamw};
 use rlvr_model::weights::WeightFiles;
 use rlvr_protocol::spec::{LrSchedule, OptimizerSection};
 use tch::{Kind, Tensor};
@@ -70,6 +73,15 @@ struct Mixed {
 }
 
 impl Slot {
+    /// The f32 weights an update changes: the master of a mixed parameter, else the parameter
+    /// (handles, not copies).
+    fn weights(&self) -> Tensor {
+        match &self.mixed {
+            Some(mixed) => mixed.master.shallow_clone(),
+            None => self.param.shallow_clone(),
+        }
+    }
+
     /// The f32 gradient an update reads: the f32 sum of a mixed parameter, else `.grad` (a
     /// handle, not a copy); `None` when no backward pass reached the parameter.
     fn gradient(&self) -> Option<Tensor> {
@@ -85,10 +97,6 @@ impl Slot {
 pub struct AdamW {
     /// In the order given to [`AdamW::new`] (the global norm's rounding depends on it).
     slots: Vec<Slot>,
-    /// Two f32 buffers as large as the largest parameter: every update's intermediates are
-    /// written into views of these instead of fresh tensors, since a fresh tensor of a large
-    /// parameter costs an allocation and its page faults on every step.
-    scratch: [Tensor; 2],
     /// Updates taken so far.
     steps: i64,
     config: AdamWConfig,
@@ -110,10 +118,7 @@ impl AdamW {
                 Slot { exp_avg: f32_like(), exp_avg_sq: f32_like(), mixed, name, param }
             })
             .collect();
-        let largest = slots.iter().map(|slot| slot.param.numel()).max().unwrap_or(0) as i64;
-        let device = slots.first().map_or(tch::Device::Cpu, |slot| slot.param.device());
-        let scratch = [(); 2].map(|()| Tensor::empty([largest], (Kind::Float, device)));
-        AdamW { slots, scratch, steps: 0, config }
+        AdamW { slots, steps: 0, config }
     }
 
     /// The hyper-parameters of the next updates (a client that sets them per step: the Tinker
@@ -127,10 +132,12 @@ impl AdamW {
         self.steps
     }
 
-    /// Clears every parameter's gradient.
+    /// Clears every parameter's gradient: sets it to none, as PyTorch's `zero_grad` does (so a
+    /// parameter no backward pass reaches before the update is left alone by it, and the next
+    /// backward pass hands its gradient over instead of adding it to zeros).
     pub fn zero_grad(&mut self) {
         for slot in &mut self.slots {
-            slot.param.zero_grad();
+            clear_grad(&slot.param);
             if let Some(mixed) = &mut slot.mixed {
                 mixed.summed = false;
             }
@@ -143,14 +150,14 @@ impl AdamW {
     /// pass's `TrainingLogprobs::backward`: the logits recomputed chunk by chunk, the model, and
     /// the recomputed layers of activation checkpointing). An f32 parameter's `.grad`
     /// sums the micro-batches itself; a bf16 parameter's micro-batch gradient is added to its
-    /// f32 sum and its `.grad` cleared, so micro-batches are summed in f32, not in bf16.
+    /// f32 sum and its `.grad` set to none, so micro-batches are summed in f32, not in bf16.
     pub fn backward(&mut self, loss: &Tensor, finish: impl FnOnce()) {
         loss.backward();
         finish();
         tch::no_grad(|| {
             for slot in &mut self.slots {
                 let Some(mixed) = &mut slot.mixed else { continue };
-                let mut grad = slot.param.grad();
+                let grad = slot.param.grad();
                 if !grad.defined() {
                     continue;
                 }
@@ -160,7 +167,7 @@ impl AdamW {
                     mixed.grad.copy_(&grad);
                     mixed.summed = true;
                 }
-                let _ = grad.zero_();
+                clear_grad(&slot.param);
             }
         });
     }
@@ -198,50 +205,36 @@ impl AdamW {
     /// Panics on a libtorch error (the worker reports a panic as an internal error): an update
     /// must never be skipped silently.
     ///
-    /// Op for op `torch.optim.AdamW`'s single-tensor path (decoupled weight decay, bias
-    /// correction), so updates agree with it to the bit (tests/conformance/adamw.json); each
-    /// intermediate goes to a scratch view, and the weight-decay pass is skipped when it would
-    /// multiply by exactly 1. An f32 parameter is updated in place; a bf16 one's master is, and
-    /// the parameter becomes the master rounded to bf16.
+    /// `torch.optim.AdamW(fused=True)`'s kernel (decoupled weight decay, bias correction), so
+    /// updates agree with it to the bit (tests/conformance/adamw.json): one pass over every
+    /// parameter's state. An f32 parameter is updated in place; a bf16 one's master is, and the
+    /// parameter becomes the master rounded to bf16.
     pub fn step(&mut self, lr: f64) {
         self.steps += 1;
         let AdamWConfig { beta1, beta2, eps, weight_decay } = self.config;
-        // `powf`, not `powi`: Python's `beta ** step` is C's `pow` on floats.
-        let bias_correction1 = 1.0 - beta1.powf(self.steps as f64);
-        let bias_correction2_sqrt = (1.0 - beta2.powf(self.steps as f64)).powf(0.5);
-        let step_size = lr / bias_correction1;
-        let decay = 1.0 - lr * weight_decay;
+        let update = AdamWUpdate { step: self.steps, lr, beta1, beta2, weight_decay, eps };
         tch::no_grad(|| {
-            for slot in &mut self.slots {
-                let Some(grad) = slot.gradient() else { continue };
-                // Views of the scratch buffers shaped like the parameter.
-                let numel = slot.param.numel() as i64;
-                let shape = slot.param.size();
-                let [mut first, second] =
-                    [0, 1].map(|i| self.scratch[i].narrow(0, 0, numel).view(shape.as_slice()));
-                // The f32 weights the update changes. Each in-place call returns an alias of its
-                // target (dropped: `let _`) and panics on a libtorch error.
-                let mut weights = match &slot.mixed {
-                    Some(mixed) => mixed.master.shallow_clone(),
-                    None => slot.param.shallow_clone(),
-                };
-                if decay != 1.0 {
-                    weights *= decay;
-                }
-                let _ = slot.exp_avg.lerp_(&grad, 1.0 - beta1);
-                // exp_avg_sq = beta2 · exp_avg_sq + (1 − beta2) · grad²
-                slot.exp_avg_sq *= beta2;
-                let _ = grad.mul_scalar_out(&first, 1.0 - beta2);
-                let _ = slot.exp_avg_sq.addcmul_(&first, &grad);
-                // denom = sqrt(exp_avg_sq) / sqrt(bias_correction2) + eps
-                let _ = slot.exp_avg_sq.sqrt_out(&first);
-                first /= bias_correction2_sqrt;
-                first += eps;
-                // weights += (−step_size · exp_avg) / denom
-                let _ = slot.exp_avg.mul_scalar_out(&second, -step_size);
-                let _ = weights.addcdiv_(&second, &first);
+            // (slot, the f32 weights the update changes, their gradient)
+            let updated: Vec<(&Slot, Tensor, Tensor)> = self
+                .slots
+                .iter()
+                .filter_map(|slot| slot.gradient().map(|grad| (slot, slot.weights(), grad)))
+                .collect();
+            let parts: Vec<AdamWSlot<'_>> = updated
+                .iter()
+                .map(|(slot, weights, grad)| AdamWSlot {
+                    weights,
+                    grad,
+                    exp_avg: &slot.exp_avg,
+                    exp_avg_sq: &slot.exp_avg_sq,
+                })
+                .collect();
+            if let Err(error) = fused_adamw(&parts, update) {
+                panic!("AdamW update: {error}");
+            }
+            for (slot, _, _) in &updated {
                 if let Some(mixed) = &slot.mixed {
-                    slot.param.copy_(&mixed.master);
+                    slot.param.shallow_clone().copy_(&mixed.master);
                 }
             }
         });
@@ -683,8 +676,8 @@ mod tests {
             assert!(summed.equal(&f32_sum), "{micro_batches} micro-batches: not the f32 sum");
             let lost = changed(&bf16_sum.to_kind(Kind::Float), &f32_sum);
             assert_eq!(lost > 0.0, bf16_loses, "{micro_batches} micro-batches: bf16 sum differs at {lost}");
-            // The bf16 `.grad` was cleared into the sum: the next micro-batch starts from zero.
-            assert_eq!(run.param.grad().abs().sum(Kind::Float).double_value(&[]), 0.0);
+            // The bf16 `.grad` went into the sum and is none: the next micro-batch starts afresh.
+            assert!(!run.param.grad().defined(), "{micro_batches} micro-batches: a bf16 .grad is left");
         };
         check(1, false);
         check(2, true);
