@@ -15,7 +15,8 @@ What it does: trains with the contract's keys; a GRPO job's rewards come from th
 job's own graders and formula, so the reward is the one a native job trains on); rank 0 appends one
 metrics line per step (the fields of the native worker's `MetricsLine` TRL has); checkpoints
 are TRL's `checkpoint-N/` in the output directory, and a start with one there resumes from the
-newest; the trained model is written to `OUTPUT/final/model/`.
+newest; the trained model is written to `OUTPUT/final/model/`, then `OUTPUT/final/FINISHED` (the
+step count) once it is whole.
 
 A SIGTERM (the worker's stop, torchrun's forwarding of its own, Ray's stop) is honoured at the
 next step end: every rank agrees on the step (an all-reduce), the trainer checkpoints there and
@@ -38,6 +39,8 @@ import urllib.request
 EXIT_JOB_ERROR = 2
 EXIT_TRANSIENT = 70
 EXIT_INTERRUPTED = 75
+# In OUTPUT/final/, written after the model: the engine finished (`EngineDir::finished` in the worker).
+FINISHED = "FINISHED"
 
 # The daemon grades at most this many items a request (VerifyRequest::MAX_ITEMS).
 VERIFY_BATCH = 256
@@ -290,6 +293,12 @@ def main():
     trainer.save_model(final)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(final)
+        # Written last: a final model without it was cut short. The worker does not start a
+        # finished engine again (resumed from its last checkpoint, TRL would train a step more).
+        with open(os.path.join(output_dir, "final", FINISHED), "w", encoding="utf-8") as f:
+            f.write(f"{trainer.state.global_step}\n")
+            f.flush()
+            os.fsync(f.fileno())
         log(f"trained {trainer.state.global_step} steps; the model is in {final}")
     return 0
 

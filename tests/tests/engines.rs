@@ -190,27 +190,81 @@ fn processes_of(id: &str) -> usize {
 
 /// SFT on the engine: the cold start of the learning tests, on TRL's SFTTrainer with 2 ranks,
 /// through the daemon to published; the loss falls and held-out rises from the untrained model.
+/// The worker is killed (SIGKILL) at both points after its engine's last step: in its held-out
+/// evaluation, before it has a checkpoint of its own (the resume runs the engine again from its
+/// last checkpoint, which trains nothing), and in the gates' evaluation, after it (the resume
+/// only ends the job); each time the daemon requeues it, and it is published with every step
+/// logged once.
 #[test]
-fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
+fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_resumes_from_a_kill_at_each_point_after_it_and_is_published()
+ {
     let python = engine_python("trl");
     let redis = Redis::start();
     let daemon =
         Daemon::start_with(&PLUGINS_SFT, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
+    // 150 held-out prompts (arith_data's): each evaluation lasts long enough to be killed in.
     let spec = format!(
         "[job]\nname = \"sft-on-trl\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
          [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = \"{data}/sft.jsonl\"\nheldout = \"{data}/heldout.jsonl\"\n\
          [optimizer]\nplugin = \"sft\"\nlr = 1e-3\nmicro_batch_size = 8\n[[verifiers]]\nplugin = \"math\"\nfallback = \"last\"\n\
          [rollout]\nprompts_per_step = 16\nmax_new_tokens = 5\n[budget]\nmax_steps = 30\n[checkpoint]\nevery_steps = 10\n\
-         [eval]\nmax_prompts = 16\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
+         [eval]\nmax_prompts = 150\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\n",
         data = data.display()
     );
-    let (lines, worker_log) = published_with_every_step(&daemon, &spec, 30);
+    let id = submit_ok(&daemon, &spec);
+    let job_dir = daemon.state.join("jobs").join(&id);
+    let run = job_dir.join("run");
+    let worker_log = || fs::read_to_string(job_dir.join("worker.log")).unwrap_or_default();
+    let latest = run.join("checkpoints/LATEST");
+    // Waits for `point` in the running worker's log (or LATEST, for the second point), kills that
+    // worker, and waits for the daemon to start another.
+    let kill_at = |point: &str, after_checkpoint: bool| {
+        let reached = || {
+            let log = worker_log();
+            let at = log.contains("the engine finished; its weights are the policy's");
+            if after_checkpoint { at && latest.exists() } else { at }
+        };
+        assert!(wait_until(Duration::from_secs(300), reached), "never reached {point}:\n{}", worker_log());
+        let pids = worker_pids(&id);
+        assert!(!pids.is_empty(), "no worker to kill {point}:\n{}", worker_log());
+        assert_eq!(latest.exists(), after_checkpoint, "killed {point}, but the worker was past it");
+        for pid in &pids {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+        }
+        let restarted = || worker_pids(&id).iter().any(|pid| !pids.contains(pid));
+        assert!(wait_until(Duration::from_secs(60), restarted), "not requeued after the kill {point}");
+    };
+    kill_at("in the held-out evaluation after the engine's last step", false);
+    kill_at("in the gates' evaluation after the worker's checkpoint", true);
+    // The first resume found the engine finished (its final model whole) and did not start it
+    // again; the second found the job's checkpoint and only ended the job.
+    assert!(
+        worker_log().contains("the engine had finished before this run; it is not started again"),
+        "{}",
+        worker_log()
+    );
+    let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
+    let log = worker_log();
+    assert_eq!(done.state, JobState::Published, "{done}\n{log}");
+    assert_eq!(done.crashes, 2, "{done}");
+    assert!(log.contains("resumed after the engine's end"), "{log}");
+    let lines = every_step_once(&run, 30);
     let loss = |line: &Value| line["loss"].as_f64().unwrap();
     let (first, last) = (loss(&lines[1]), loss(&lines[30]));
-    assert!(last < first * 0.8, "SFT loss {first:.3} → {last:.3}\n{worker_log}");
+    assert!(last < first * 0.8, "SFT loss {first:.3} → {last:.3}\n{log}");
     assert_eq!(lines[1]["rows"], 16, "{}", lines[1]);
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(done.published_dir().join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        (manifest["step"].as_u64(), manifest["weights_sha256"].as_str()),
+        (Some(30), Some(done.weights().as_str()))
+    );
     let accuracy = |line: &Value| line["heldout"]["accuracy"].as_f64().unwrap();
     eprintln!(
         "SFT on trl: loss {first:.3} → {last:.3}, held-out {:.3} → {:.3}",

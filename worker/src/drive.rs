@@ -178,9 +178,40 @@ impl Loop<'_> {
     /// and progress as they come; at its end its weights become the policy's, scored as the last
     /// step's are. `None` when it finished; interrupted when a stop request stopped it.
     fn engine_steps(&mut self, settings: &EngineSettings) -> Result<Option<Ending>, WorkerError> {
-        for line in engine::prepare(self.job, self.run, settings)? {
-            self.engine_line(&line)?;
+        // An engine job's only checkpoint of its own is written once its engine has finished
+        // (below): a resume from it (the worker killed in the gates' evaluation, say) has the
+        // trained weights loaded and every step logged, and only the end left to run.
+        if self.state.step > 0 {
+            info!(
+                step = self.state.step,
+                "resumed after the engine's end: its weights are the checkpoint's, the job's end is left"
+            );
+            return Ok(None);
         }
+        let prepared = engine::prepare(self.job, self.run, settings)?;
+        for line in &prepared.lines {
+            self.engine_line(line)?;
+        }
+        if prepared.finished {
+            info!("the engine had finished before this run; it is not started again");
+        } else if let Some(ending) = self.run_engine(settings)? {
+            return Ok(Some(ending));
+        }
+        let finished = EngineDir::of(self.run).finished();
+        models::load_trained_weights(&self.job.policy, &finished)?;
+        let step = self.state.step;
+        info!(step, "the engine finished; its weights are the policy's");
+        if self.job.has_heldout() {
+            let figures = self.score_heldout(step)?;
+            self.append_metrics(&MetricsLine { step, heldout: Some(figures), ..MetricsLine::default() })?;
+        }
+        self.checkpoint()?;
+        Ok(None)
+    }
+
+    /// Launches the engine and follows it to its end: `None` when it finished, interrupted when a
+    /// stop request stopped it.
+    fn run_engine(&mut self, settings: &EngineSettings) -> Result<Option<Ending>, WorkerError> {
         let mut running = Engine::launch(self.job, self.run, settings)?;
         let end = loop {
             if lifecycle::stop_requested() {
@@ -201,21 +232,11 @@ impl Loop<'_> {
         match end {
             // A stop passed on may end the launcher with a status of its own (torchrun's is 1):
             // the ranks checkpointed at the step they agreed on, and a resume starts there.
-            _ if running.stop_sent() => return Ok(Some(Ending::Interrupted)),
-            EngineEnd::Interrupted => return Ok(Some(Ending::Interrupted)),
-            EngineEnd::Failed { code, message } => return Err(engine::failed(code, message)),
-            EngineEnd::Finished => {}
+            _ if running.stop_sent() => Ok(Some(Ending::Interrupted)),
+            EngineEnd::Interrupted => Ok(Some(Ending::Interrupted)),
+            EngineEnd::Failed { code, message } => Err(engine::failed(code, message)),
+            EngineEnd::Finished => Ok(None),
         }
-        let finished = EngineDir::of(self.run).finished();
-        models::load_trained_weights(&self.job.policy, &finished)?;
-        let step = self.state.step;
-        info!(step, "the engine finished; its weights are the policy's");
-        if self.job.has_heldout() {
-            let figures = self.score_heldout(step)?;
-            self.append_metrics(&MetricsLine { step, heldout: Some(figures), ..MetricsLine::default() })?;
-        }
-        self.checkpoint()?;
-        Ok(None)
     }
 
     /// One of the engine's step lines: logged, counted, shown in `progress.json`.
@@ -259,7 +280,10 @@ impl Loop<'_> {
     /// Seconds until the job ends after `step`: the steps left at this process's pace, capped by
     /// what is left of `budget.max_wall_minutes`. The one ETA: logged, and in `progress.json`.
     fn eta_s(&self, step: u64) -> f64 {
-        let per_step = self.started.elapsed().as_secs_f64() / (step - self.first_step).max(1) as f64;
+        // A line replayed from before this process started (an engine's, on resume) counts as
+        // none of its steps.
+        let per_step =
+            self.started.elapsed().as_secs_f64() / step.saturating_sub(self.first_step).max(1) as f64;
         let mut eta_s = per_step * self.job.spec.budget.max_steps.saturating_sub(step) as f64;
         if let Some(minutes) = self.job.spec.budget.max_wall_minutes {
             eta_s = eta_s.min((minutes * 60.0 - self.elapsed_s()).max(0.0));

@@ -102,6 +102,12 @@ impl EngineDir {
         self.output().join("final")
     }
 
+    /// Whether the engine finished: its final model is whole (`final/FINISHED`, which the entry
+    /// script writes after it).
+    pub fn has_finished(&self) -> bool {
+        self.finished().join("FINISHED").is_file()
+    }
+
     /// The step of the newest engine checkpoint (`checkpoint-N`), 0 when none.
     fn newest_checkpoint_step(&self) -> u64 {
         let Ok(entries) = fs::read_dir(self.output()) else { return 0 };
@@ -112,11 +118,23 @@ impl EngineDir {
     }
 }
 
+/// What a run of an engine job starts from: the engine's metrics lines a resumed run replays into
+/// `metrics.jsonl`, and whether the engine has still to run.
+pub struct Prepared {
+    pub lines: Vec<MetricsLine>,
+    /// The engine finished before this run (killed after it, say): its lines are all of them,
+    /// and it is not started again.
+    pub finished: bool,
+}
+
 /// Writes the contract, the script and (for the built-in model) the starting model; returns
-/// the engine's metrics lines up to its newest checkpoint, which a resumed run replays into
-/// `metrics.jsonl` (the lines after it are dropped: the engine runs those steps again).
-pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec<MetricsLine>, WorkerError> {
+/// the engine's metrics lines up to its newest checkpoint (the lines after it are dropped: the
+/// engine runs those steps again), or all of them when it finished.
+pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Prepared, WorkerError> {
     let dir = EngineDir::of(run);
+    if dir.has_finished() {
+        return Ok(Prepared { lines: read_lines(&dir.metrics()), finished: true });
+    }
     let fail = |message: String| WorkerError::State { path: dir.root.clone(), message };
     fs::create_dir_all(dir.output()).map_err(|error| fail(format!("cannot create: {error}")))?;
     let spec = &job.spec;
@@ -164,7 +182,7 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Vec
     if resume_step > 0 {
         info!(step = resume_step, "the engine resumes from its checkpoint");
     }
-    Ok(kept)
+    Ok(Prepared { lines: kept, finished: false })
 }
 
 /// `path` from the worker's directory, for an engine that runs in another.
