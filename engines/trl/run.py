@@ -9,7 +9,8 @@ A GRPO job (GRPOTrainer), an SFT job (SFTTrainer on prompt-completion pairs) or 
 CONTRACT is the job's `<run>/engine/contract.json` (`rlvr_protocol::engine::EngineContract`):
 the starting model (a Hugging Face directory), the training data, the trainer and its keys as
 the worker mapped them from the spec, the output directory and the metrics file, and the
-daemon's POST /v1/verify with the job's graders. The job-scoped token is in $RLVR_JOB_TOKEN.
+daemon's POST /v1/verify with the job's graders, and the file holding the job-scoped token
+(`verify.token_file`, mode 0600: never in the environment or the cluster's job record).
 
 What it does: trains with the contract's keys; a GRPO job's rewards come from the daemon (the
 job's own graders and formula, so the reward is the one a native job trains on); rank 0 appends one
@@ -315,9 +316,14 @@ class GrpoJob:
         from datasets import Dataset
         from trl.rewards import get_soft_overlong_punishment
 
-        token = os.environ.get("RLVR_JOB_TOKEN")
+        token_file = contract["verify"]["token_file"]
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as error:
+            raise JobError(f"cannot read the job's token ({token_file}): {error}") from error
         if not token:
-            raise JobError("RLVR_JOB_TOKEN is not set: the daemon's verify route needs the job's token")
+            raise JobError(f"{token_file} is empty: the daemon's verify route needs the job's token")
         self.contract, self.tokenizer = contract, tokenizer
         overlong = keys.pop("overlong")
         self.dataset = Dataset.from_list(load_prompts(contract["train"], tokenizer.chat_template is not None))

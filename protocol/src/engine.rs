@@ -704,10 +704,15 @@ pub struct VerifyAccess {
     pub url: String,
     /// The job's reward: its graders and formula, as `POST /v1/verify` takes them.
     pub reward: crate::api::RewardRequest,
+    /// The file holding the job-scoped token, readable by its owner only: the ranks read it
+    /// there, so it is in no process's argv or environment and in no cluster's job record (a Ray
+    /// job's runtime environment is shown on its dashboard).
+    pub token_file: PathBuf,
 }
 
-/// The environment variable that carries the job-scoped token to the engine's processes: never
-/// in argv (other users can read it) nor in a file.
+/// The environment variable that carries the job-scoped token from the daemon to the worker
+/// (never in argv, which other users can read); the worker hands it to an engine's ranks in
+/// [`VerifyAccess::token_file`], not in their environment.
 pub const JOB_TOKEN_ENV: &str = "RLVR_JOB_TOKEN";
 
 #[cfg(test)]

@@ -175,6 +175,24 @@ fn every_step_once(run: &std::path::Path, steps: u64) -> Vec<Value> {
     lines
 }
 
+/// The environments of job `id`'s engine processes (torchrun and the ranks: those whose command
+/// line names the job's contract), as their own user reads them.
+fn ranks_environments(id: &str) -> Vec<String> {
+    let needle = format!("/jobs/{id}/run/engine/contract.json");
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    let environments: Vec<String> = entries
+        .flatten()
+        .filter(|entry| {
+            fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        })
+        .filter_map(|entry| fs::read(entry.path().join("environ")).ok())
+        .map(|environ| String::from_utf8_lossy(&environ).into_owned())
+        .collect();
+    assert!(!environments.is_empty(), "no engine process of job {id} found");
+    environments
+}
+
 /// Processes whose command line names job `id`'s directory: its worker, torchrun, the ranks.
 fn processes_of(id: &str) -> usize {
     let Ok(entries) = fs::read_dir("/proc") else { return 0 };
@@ -386,10 +404,15 @@ impl RayHead {
         RayHead { ray, address }
     }
 
+    /// The cluster's record of its jobs (`GET /api/jobs/`: entrypoints, runtime environments,
+    /// metadata), as the dashboard shows it.
+    fn jobs_record(&self) -> String {
+        client().get(format!("{}/api/jobs/", self.address)).send().unwrap().text().unwrap()
+    }
+
     /// The cluster's jobs that rlvr submitted: (submission id, status), oldest first.
     fn rlvr_jobs(&self) -> Vec<(String, String)> {
-        let jobs: Vec<Value> =
-            client().get(format!("{}/api/jobs/", self.address)).send().unwrap().json().unwrap();
+        let jobs: Vec<Value> = serde_json::from_str(&self.jobs_record()).unwrap();
         let mut ours: Vec<(u64, String, String)> = jobs
             .iter()
             .filter(|job| job["metadata"]["rlvr"] == "engine")
@@ -424,6 +447,19 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let data = arith_data(dir.path(), &[]);
     let id = submit_ok(&daemon, &spec(&data, 16, "ray"));
     wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 6);
+    // The ranks grade with the job's token, read from a file only its owner can read: it is in
+    // neither the cluster's record of the job (its runtime environment) nor any rank's
+    // environment.
+    let token = job_token(&id);
+    assert!(!ray.jobs_record().contains(&token), "the job's token is in the Ray job's record");
+    let token_file = daemon.state.join("jobs").join(&id).join("run/engine/job-token");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&token_file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", token_file.display());
+    assert_eq!(fs::read_to_string(&token_file).unwrap(), token);
+    assert!(
+        ranks_environments(&id).iter().all(|environ| !environ.contains(&token)),
+        "a rank has the token in its environment"
+    );
 
     // The daemon's SIGTERM reaches the ranks as the Ray job's stop. The stop waits for the
     // daemon's exit as long as its own drain may take (its jobs' checkpoint at a step the ranks

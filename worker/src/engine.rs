@@ -21,7 +21,7 @@
 //! a stop is SIGTERM, or the Ray job's stop.
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -89,6 +89,11 @@ impl EngineDir {
 
     fn output(&self) -> PathBuf {
         self.root.join("output")
+    }
+
+    /// The job's token, for the ranks' verify calls (mode 0600; `VerifyAccess::token_file`).
+    fn token_file(&self) -> PathBuf {
+        self.root.join("job-token")
     }
 
     /// What rank 0 appends, one line per step.
@@ -162,7 +167,7 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
         train: absolute(&spec.data.train),
         output_dir: dir.output(),
         metrics: dir.metrics(),
-        verify: VerifyAccess { url: settings.verify_url.clone(), reward },
+        verify: VerifyAccess { url: settings.verify_url.clone(), reward, token_file: dir.token_file() },
     };
     let text = serde_json::to_vec_pretty(&contract).map_err(|error| fail(error.to_string()))?;
     replace_atomic(&dir.contract(), &text).map_err(|error| fail(format!("contract.json: {error}")))?;
@@ -247,12 +252,13 @@ impl Engine {
             field: "--verify-url",
             message: format!("${JOB_TOKEN_ENV} is not set: the engine's rewards need the job's token"),
         })?;
+        write_token(&dir.token_file(), &token)?;
         let read_to = fs::metadata(dir.metrics()).map_or(0, |meta| meta.len());
         let processes = job.spec.resources.devices;
         let launcher = match &settings.launcher {
             LaunchAt::Local => Launched::Local(launch_local(&dir, settings, processes)?),
             LaunchAt::Ray { address, submission } => {
-                Launched::Ray(RayJob::submit(address, submission, &dir, settings, processes, &token)?)
+                Launched::Ray(RayJob::submit(address, submission, &dir, settings, processes)?)
             }
         };
         Ok(Engine { launcher, metrics: dir.metrics(), read_to, partial: String::new(), stop_sent: false })
@@ -324,6 +330,20 @@ impl Engine {
     }
 }
 
+/// Writes the job's token to `path`, readable and writable by its owner only (created so: never
+/// a moment with wider permissions), replacing an earlier run's.
+fn write_token(path: &Path, token: &str) -> Result<(), WorkerError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |error: std::io::Error| WorkerError::State {
+        path: path.to_owned(),
+        message: format!("cannot write the job's token for the engine: {error}"),
+    };
+    let _ = fs::remove_file(path);
+    let mut file =
+        fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(fail)?;
+    file.write_all(token.as_bytes()).map_err(fail)
+}
+
 /// torchrun on this host, dying with the worker.
 fn launch_local(dir: &EngineDir, settings: &EngineSettings, processes: u32) -> Result<Child, WorkerError> {
     let mut command = Command::new(&settings.python);
@@ -331,6 +351,9 @@ fn launch_local(dir: &EngineDir, settings: &EngineSettings, processes: u32) -> R
         .args(torchrun_args(dir, processes))
         // Its own home: nothing the engine's libraries cache lands outside the run.
         .env("HOME", &dir.root)
+        // The ranks read the token from the contract's file, not from an environment any of
+        // their own children would inherit.
+        .env_remove(JOB_TOKEN_ENV)
         .env("OMP_NUM_THREADS", "1")
         .current_dir(&dir.root);
     // The worker's stdout is its outcome line only: the engine's prints go to its log.
@@ -404,7 +427,6 @@ impl RayJob {
         dir: &EngineDir,
         settings: &EngineSettings,
         processes: u32,
-        token: &str,
     ) -> Result<RayJob, WorkerError> {
         rlvr_startup::install_crypto_provider();
         let client = reqwest::blocking::Client::builder()
@@ -423,8 +445,9 @@ impl RayJob {
             // The cluster holds the processes' CPUs (or GPUs) for the job's whole run.
             "entrypoint_num_cpus": processes,
             "runtime_env": {
+                // No token here: the dashboard shows a job's runtime environment to whoever
+                // reaches it. The ranks read it from the contract's token file.
                 "env_vars": {
-                    JOB_TOKEN_ENV: token,
                     "HOME": dir.root.display().to_string(),
                     "OMP_NUM_THREADS": "1",
                 },
