@@ -30,6 +30,7 @@ the daemon refuses), 70 transient (the daemon unreachable), 75 interrupted.
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -283,13 +284,22 @@ def main():
                 control.should_training_stop = True
 
     trainer = job.build([Rlvr()])
-    checkpoints = [name for name in os.listdir(output_dir) if name.startswith("checkpoint-")]
-    if checkpoints:
-        log(f"resuming from the newest of {sorted(checkpoints)}")
-    trainer.train(resume_from_checkpoint=True if checkpoints else None)
-    if stop.get("agreed"):
-        log(f"stopped at step {trainer.state.global_step}, checkpointed")
-        return EXIT_INTERRUPTED
+    checkpoints = {int(name.split("-", 1)[1]): name for name in os.listdir(output_dir) if re.fullmatch(r"checkpoint-\d+", name)}
+    newest = max(checkpoints) if checkpoints else 0
+    if newest >= trainer.args.max_steps > 0:
+        # Every step is in that checkpoint (a stop agreed at the last step, or a kill between its
+        # save and the final model's): its weights are the final model. Resumed there, TRL would
+        # train a step more than max_steps.
+        log(f"{checkpoints[newest]} holds all {trainer.args.max_steps} steps; writing it as the final model")
+        trainer._load_from_checkpoint(os.path.join(output_dir, checkpoints[newest]))
+        trainer.state.global_step = newest
+    else:
+        if checkpoints:
+            log(f"resuming from the newest of {sorted(checkpoints.values())}")
+        trainer.train(resume_from_checkpoint=True if checkpoints else None)
+        if stop.get("agreed") and trainer.state.global_step < trainer.args.max_steps:
+            log(f"stopped at step {trainer.state.global_step}, checkpointed")
+            return EXIT_INTERRUPTED
     final = os.path.join(output_dir, "final", "model")
     trainer.save_model(final)
     if trainer.accelerator.is_main_process:

@@ -133,6 +133,13 @@ impl RunDir {
         self.root.join("tensorboard")
     }
 
+    /// `engine/ray-submission`: the submission id of the Ray job this run's worker submitted
+    /// last (an `[engine]` job launched on Ray), written before it is submitted, so that the
+    /// daemon can stop the cluster's job once the worker is gone, however it went.
+    pub fn ray_submission(&self) -> PathBuf {
+        self.root.join("engine").join("ray-submission")
+    }
+
     /// `checkpoints/`.
     pub fn checkpoints(&self) -> PathBuf {
         self.root.join("checkpoints")

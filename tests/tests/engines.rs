@@ -483,11 +483,39 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     assert!(submitted[0].0.starts_with(&format!("rlvr-{id}-")), "{submitted:?}");
 
     daemon.restart();
+    // The resumed run's worker killed (SIGKILL) while its cluster job runs: the daemon stops the
+    // cluster job the worker recorded (it checkpoints, as for any stop), then requeues the job.
+    // Killed as soon as its cluster job runs, so that the stop comes long before the last step.
+    let second_running = || ray.rlvr_jobs().get(1).is_some_and(|(_, status)| status == "RUNNING");
+    assert!(
+        wait_until(Duration::from_secs(240), second_running),
+        "no second cluster job: {:?}",
+        ray.rlvr_jobs()
+    );
+    let resumed = wait_job(&daemon, &id, Duration::from_secs(10), |job| job.state == JobState::Running);
+    let running = ray.rlvr_jobs();
+    assert_eq!(
+        fs::read_to_string(run.join("engine/ray-submission")).unwrap(),
+        running[1].0,
+        "the worker records the cluster job it submits"
+    );
+    for pid in worker_pids(&id) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL)
+            .unwrap();
+    }
+    let stopped = wait_until(Duration::from_secs(150), || ray.rlvr_jobs()[1].1 == "STOPPED");
+    assert!(
+        stopped,
+        "the killed worker's cluster job was not stopped: {:?}\n{}",
+        ray.rlvr_jobs(),
+        daemon.log()
+    );
     let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
     assert_eq!(done.state, JobState::Published, "{done}\n{}", worker_log());
+    assert_eq!(done.crashes, resumed.crashes + 1, "the kill is a crash: {done}");
     assert!(worker_log().contains("resuming from the newest"), "{}", worker_log());
     let submitted = ray.rlvr_jobs();
     let statuses: Vec<&str> = submitted.iter().map(|(_, status)| status.as_str()).collect();
-    assert_eq!(statuses, ["STOPPED", "SUCCEEDED"], "{submitted:?}");
+    assert_eq!(statuses, ["STOPPED", "STOPPED", "SUCCEEDED"], "{submitted:?}");
     every_step_once(&run, 16);
 }

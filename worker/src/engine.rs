@@ -258,6 +258,10 @@ impl Engine {
         let launcher = match &settings.launcher {
             LaunchAt::Local => Launched::Local(launch_local(&dir, settings, processes)?),
             LaunchAt::Ray { address, submission } => {
+                // Recorded first: the daemon stops it if this worker dies, whatever the way.
+                replace_atomic(&run.ray_submission(), submission.as_bytes()).map_err(|error| {
+                    WorkerError::State { path: run.ray_submission(), message: error.to_string() }
+                })?;
                 Launched::Ray(RayJob::submit(address, submission, &dir, settings, processes)?)
             }
         };

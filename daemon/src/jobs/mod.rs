@@ -26,6 +26,7 @@
 
 pub mod cancel;
 pub mod checks;
+pub mod cluster;
 pub mod consumer;
 pub mod dataset_output;
 pub mod estimate;

@@ -500,7 +500,16 @@ impl Supervisor {
             text
         });
         let mut watch = WorkerWatch::new(pid, dir.run());
-        let status = match self.watch_worker(id, &mut child, seat, &mut watch).await {
+        let status = self.watch_worker(id, &mut child, seat, &mut watch).await;
+        // The worker is gone, however it went: no cluster job of its outlives it (nor runs
+        // beside the next run's engine).
+        if spec.engine.kind != EngineKind::Native
+            && spec.engine.launcher == Launcher::Ray
+            && let Some(address) = &self.engines.ray_address
+        {
+            super::cluster::stop_left_running(address, &dir.run(), id).await;
+        }
+        let status = match status {
             Ok(status) => status,
             Err(error) => return WorkerEnd::Crashed(format!("waiting for the worker: {error}")),
         };
