@@ -2,11 +2,13 @@
 // (`torch.optim.AdamW(fused=True)`'s kernel, `aten::_fused_adamw_`), and setting a gradient to
 // none (`zero_grad(set_to_none=True)`, PyTorch's default).
 //
-// Why the fused update: the single-tensor update is eight elementwise passes over each parameter's state, each a
-// dispatch and a trip through memory (0.41 s a step for SmolLM2-135M on one CPU thread); the
-// fused kernel reads and writes each element once, vectorised and threaded, on CPU and CUDA
-// alike (0.064 s for the same update; numbers in the README). Its results are PyTorch's own
-// fused path's, which rounds differently from the single-tensor path (fused multiply-adds).
+// Why the fused update: the single-tensor update is eight elementwise passes over each
+// parameter's state, each a dispatch and a trip through memory (0.46 s a step for SmolLM2-135M
+// on one CPU thread); the fused kernel reads and writes each element once, vectorised and
+// threaded, on CPU and CUDA alike (0.067 s for the same update: scripts/bench/adamw.py, numbers
+// in the README). Its results are PyTorch's own fused path's, which rounds differently from the
+// single-tensor path (fused multiply-adds). It walks each tensor's memory in order: every tensor
+// must be contiguous (`src/optimizer.rs` checks).
 // Why none rather than zeros: the next backward pass then hands its gradient to the parameter
 // as it is, where a zeroed one costs a pass writing zeros and another adding to them.
 // Every entry point catches C++ exceptions and returns them as a message: none may unwind into

@@ -68,9 +68,9 @@ pub struct AdamWUpdate {
 }
 
 /// Updates every slot in place as `torch.optim.AdamW(fused=True)` does (decoupled weight decay,
-/// bias correction, no AMSGrad). Every tensor must be float32, and all on one device, with a
-/// gradient and moments shaped like their weights: refused with the slot's index otherwise,
-/// before anything changes.
+/// bias correction, no AMSGrad). Every tensor must be contiguous float32, all on one device, with
+/// a gradient and moments shaped like their weights: refused with the slot's index otherwise,
+/// before anything changes. (Autograd lays a parameter's gradient out as the parameter.)
 pub fn fused_adamw(slots: &[AdamWSlot<'_>], update: AdamWUpdate) -> Result<()> {
     let Some(first) = slots.first() else { return Ok(()) };
     let device = first.weights.device();
@@ -82,13 +82,21 @@ pub fn fused_adamw(slots: &[AdamWSlot<'_>], update: AdamWUpdate) -> Result<()> {
             ("exp_avg", slot.exp_avg),
             ("exp_avg_sq", slot.exp_avg_sq),
         ] {
-            if tensor.kind() != Kind::Float || tensor.device() != device || tensor.size() != shape {
+            // The kernel walks each tensor's memory in order: a strided one would be updated at
+            // the wrong elements without a word (measured in torch 2.11 on CPU).
+            let contiguous = tensor.is_contiguous();
+            if tensor.kind() != Kind::Float
+                || tensor.device() != device
+                || tensor.size() != shape
+                || !contiguous
+            {
                 return Err(ModelError::InvalidInput(format!(
-                    "fused AdamW, parameter {index}: its {what} is {:?} {:?} on {:?}; the update needs \
-                     float32 {shape:?} on {device:?}",
+                    "fused AdamW, parameter {index}: its {what} is {:?} {:?} on {:?}{}; the update needs \
+                     contiguous float32 {shape:?} on {device:?}",
                     tensor.kind(),
                     tensor.size(),
-                    tensor.device()
+                    tensor.device(),
+                    if contiguous { "" } else { ", strided" }
                 )));
             }
         }
@@ -132,7 +140,7 @@ mod tests {
         AdamWUpdate { step: 1, lr: 1e-2, beta1: 0.9, beta2: 0.999, weight_decay: 0.1, eps: 1e-8 }
     }
 
-    /// A tensor that is not float32, or not shaped like its weights, is refused with the slot's
+    /// A tensor that is not float32, not shaped like its weights or strided, is refused with the slot's
     /// index and what it is, and no slot changes (the check comes before the kernel).
     #[test]
     fn a_slot_the_kernel_cannot_take_is_refused_before_anything_changes() {
@@ -147,6 +155,11 @@ mod tests {
                 "short gradient",
                 Tensor::ones([2], (Kind::Float, tch::Device::Cpu)),
                 "parameter 1: its gradient is Float [2]",
+            ),
+            (
+                "strided gradient",
+                Tensor::ones([3, 2], (Kind::Float, tch::Device::Cpu)).select(1, 0),
+                "parameter 1: its gradient is Float [3] on Cpu, strided",
             ),
         ];
         for (what, bad_grad, expected) in cases {

@@ -208,11 +208,10 @@ fn processes_of(id: &str) -> usize {
 
 /// SFT on the engine: the cold start of the learning tests, on TRL's SFTTrainer with 2 ranks,
 /// through the daemon to published; the loss falls and held-out rises from the untrained model.
-/// The worker is killed (SIGKILL) at both points after its engine's last step: in its held-out
-/// evaluation, before it has a checkpoint of its own (the resume runs the engine again from its
-/// last checkpoint, which trains nothing), and in the gates' evaluation, after it (the resume
-/// only ends the job); each time the daemon requeues it, and it is published with every step
-/// logged once.
+/// The worker is killed (SIGKILL) at both points after its engine's last step: before it has a
+/// checkpoint of its own (the resume finds the engine's final model whole and does not start the
+/// engine again), and in the gates' evaluation after it (the resume only ends the job); each time
+/// the daemon requeues it, and it is published with every step logged once.
 #[test]
 fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_resumes_from_a_kill_at_each_point_after_it_and_is_published()
  {
@@ -222,7 +221,8 @@ fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_resumes_from_a_kill_at_each_
         Daemon::start_with(&PLUGINS_SFT, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    // 150 held-out prompts (arith_data's): each evaluation lasts long enough to be killed in.
+    // 150 held-out prompts (arith_data's): the gates' evaluation, the second point, as long as it
+    // can be.
     let spec = format!(
         "[job]\nname = \"sft-on-trl\"\nteam = \"tests\"\nmodel_line = \"tiny-arith\"\nseed = 7\n\
          [model]\npolicy = \"builtin:tiny-arith\"\n[data]\ntrain = \"{data}/sft.jsonl\"\nheldout = \"{data}/heldout.jsonl\"\n\
@@ -236,30 +236,47 @@ fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_resumes_from_a_kill_at_each_
     let run = job_dir.join("run");
     let worker_log = || fs::read_to_string(job_dir.join("worker.log")).unwrap_or_default();
     let latest = run.join("checkpoints/LATEST");
-    // Waits for `point` in the running worker's log (or LATEST, for the second point), kills that
-    // worker, and waits for the daemon to start another.
-    let kill_at = |point: &str, after_checkpoint: bool| {
-        let reached = || {
-            let log = worker_log();
-            let at = log.contains("the engine finished; its weights are the policy's");
-            if after_checkpoint { at && latest.exists() } else { at }
-        };
-        assert!(wait_until(Duration::from_secs(300), reached), "never reached {point}:\n{}", worker_log());
-        let pids = worker_pids(&id);
-        assert!(!pids.is_empty(), "no worker to kill {point}:\n{}", worker_log());
-        assert_eq!(latest.exists(), after_checkpoint, "killed {point}, but the worker was past it");
-        for pid in &pids {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .unwrap();
+    let signal_all = |pids: &[u32], signal: nix::sys::signal::Signal| {
+        for pid in pids {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), signal).unwrap();
         }
-        let restarted = || worker_pids(&id).iter().any(|pid| !pids.contains(pid));
+    };
+    let requeued_after = |killed: &[u32], point: &str| {
+        let restarted = || worker_pids(&id).iter().any(|pid| !killed.contains(pid));
         assert!(wait_until(Duration::from_secs(60), restarted), "not requeued after the kill {point}");
     };
-    kill_at("in the held-out evaluation after the engine's last step", false);
-    kill_at("in the gates' evaluation after the worker's checkpoint", true);
+    // The first point, with no race: the worker frozen (SIGSTOP) while its engine still trains;
+    // the engine ends and writes its whole final model; the worker, which never saw it end (no
+    // weights loaded, no held-out score, no checkpoint of its own), is killed.
+    wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 5);
+    let first = worker_pids(&id);
+    assert!(!first.is_empty(), "no worker to freeze:\n{}", worker_log());
+    signal_all(&first, nix::sys::signal::Signal::SIGSTOP);
+    let finished = run.join("engine/output/final/FINISHED");
+    assert!(
+        wait_until(Duration::from_secs(300), || finished.exists()),
+        "the engine never finished:\n{}",
+        worker_log()
+    );
+    assert!(!latest.exists(), "the worker checkpointed before it was frozen: the first point was missed");
+    signal_all(&first, nix::sys::signal::Signal::SIGKILL);
+    requeued_after(&first, "before the worker's checkpoint");
+    // The second point: the resumed worker killed the moment its checkpoint is whole (LATEST is
+    // written last), in the gates' evaluation that follows. Polled closely: that evaluation
+    // lasts about a tenth of a second here.
+    let checkpointed = Instant::now();
+    while !latest.exists() {
+        assert!(
+            checkpointed.elapsed() < Duration::from_secs(300),
+            "the resumed worker never checkpointed:\n{}",
+            worker_log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let second: Vec<u32> = worker_pids(&id).into_iter().filter(|pid| !first.contains(pid)).collect();
+    assert!(!second.is_empty(), "the resumed worker ended before it could be killed:\n{}", worker_log());
+    signal_all(&second, nix::sys::signal::Signal::SIGKILL);
+    requeued_after(&second, "after the worker's checkpoint");
     // The first resume found the engine finished (its final model whole) and did not start it
     // again; the second found the job's checkpoint and only ended the job.
     assert!(

@@ -29,7 +29,7 @@ fn recorded(run: &RunDir) -> Option<String> {
 }
 
 /// Stops the cluster job the worker of `run` submitted last, if it has not ended, and waits for
-/// its end (at most [`STOP_WAIT`]). Problems are logged, never raised: the job's own end does not
+/// its end (at most [`STOP_WAIT`], less if the cluster stops answering). Problems are logged, never raised: the job's own end does not
 /// depend on the cluster's answer.
 pub async fn stop_left_running(address: &str, run: &RunDir, job_id: &str) {
     let Some(submission) = recorded(run) else { return };
@@ -41,17 +41,10 @@ pub async fn stop_left_running(address: &str, run: &RunDir, job_id: &str) {
         }
     };
     let base = format!("{}/api/jobs/{submission}", address.trim_end_matches('/'));
-    let status = |client: reqwest::Client, url: String| async move {
-        let info: serde_json::Value =
-            client.get(&url).send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
-        info["status"].as_str().map(str::to_owned)
-    };
-    match status(client.clone(), base.clone()).await {
+    match status(&client, &base).await {
         Some(now) if running(&now) => {}
         Some(_) => return,
-        None => {
-            warn!(job = job_id, submission, "cannot read the engine's Ray job; asking it to stop anyway");
-        }
+        None => warn!(job = job_id, submission, "cannot read the engine's Ray job; asking it to stop anyway"),
     }
     if let Err(error) =
         client.post(format!("{base}/stop")).send().await.and_then(reqwest::Response::error_for_status)
@@ -60,10 +53,11 @@ pub async fn stop_left_running(address: &str, run: &RunDir, job_id: &str) {
         return;
     }
     let asked = Instant::now();
-    while asked.elapsed() < STOP_WAIT {
-        match status(client.clone(), base.clone()).await {
-            Some(now) if running(&now) => tokio::time::sleep(Duration::from_secs(1)).await,
-            Some(now) => {
+    // A cluster that stops answering is not waited for: a few unread statuses in a row end it.
+    let mut unread = 0;
+    while asked.elapsed() < STOP_WAIT && unread < 5 {
+        match status(&client, &base).await {
+            Some(now) if !running(&now) => {
                 info!(
                     job = job_id,
                     submission,
@@ -72,15 +66,24 @@ pub async fn stop_left_running(address: &str, run: &RunDir, job_id: &str) {
                 );
                 return;
             }
-            None => tokio::time::sleep(Duration::from_secs(1)).await,
+            Some(_) => unread = 0,
+            None => unread += 1,
         }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     warn!(
         job = job_id,
         submission,
-        waited_s = STOP_WAIT.as_secs(),
-        "the engine's Ray job has not ended after its stop"
+        waited_s = asked.elapsed().as_secs(),
+        "the engine's Ray job has not been seen to end after its stop"
     );
+}
+
+/// The cluster job's status (`GET /api/jobs/{id}`), `None` when it cannot be read.
+async fn status(client: &reqwest::Client, url: &str) -> Option<String> {
+    let answer = client.get(url).send().await.ok()?.error_for_status().ok()?;
+    let info: serde_json::Value = answer.json().await.ok()?;
+    info["status"].as_str().map(str::to_owned)
 }
 
 #[cfg(test)]
