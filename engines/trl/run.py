@@ -14,10 +14,14 @@ daemon's POST /v1/verify with the job's graders, and the file holding the job-sc
 
 What it does: trains with the contract's keys; a GRPO job's rewards come from the daemon (the
 job's own graders and formula, so the reward is the one a native job trains on); rank 0 appends one
-metrics line per step (the fields of the native worker's `MetricsLine` TRL has); checkpoints
-are TRL's `checkpoint-N/` in the output directory, and a start with one there resumes from the
-newest; the trained model is written to `OUTPUT/final/model/`, then `OUTPUT/final/FINISHED` (the
-step count) once it is whole.
+metrics line per step (the fields of the native worker's `MetricsLine` TRL has, and the largest
+rank's memory); checkpoints are TRL's `checkpoint-N/` in the output directory, and a start with
+one there resumes from the newest; the trained model is written to `OUTPUT/final/model/`, then
+`OUTPUT/final/FINISHED` (the step count) once it is whole.
+
+With `fsdp` in the trainer's keys (`engine.strategy = "fsdp2"`) the ranks shard the model with
+FSDP2 through accelerate, on CPU slots too (`allow_fsdp_on_cpu`); each rank writes its shard of a
+checkpoint (torch.distributed.checkpoint), and the final model is gathered once.
 
 A SIGTERM (the worker's stop, torchrun's forwarding of its own, Ray's stop) is honoured at the
 next step end: every rank agrees on the step (an all-reduce), the trainer checkpoints there and
@@ -257,13 +261,22 @@ def main():
         "model_init_kwargs": {"dtype": torch.bfloat16 if keys["bf16"] else torch.float32},
         "ddp_backend": "nccl" if cuda else "gloo",
     }
+    if keys.get("fsdp") and not cuda:
+        allow_fsdp_on_cpu()
     job = BUILDERS[name](contract, keys, tokenizer, common, stop, cuda)
     metrics_path = contract["metrics"]
+    # The largest rank's figures at the last step's end (below): what its line reports.
+    memory = {}
 
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
 
         def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step >= args.max_steps > 0:
+                # Resumed from a checkpoint that holds every step (a kill between it and the
+                # final model): its weights, loaded by now, are the final model. TRL would train
+                # a step more than max_steps.
+                raise AllStepsTrained()
             job.step_started = time.perf_counter()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -271,37 +284,42 @@ def main():
                 return
             line = {"step": state.global_step}
             line.update(job.figures(logs))
+            line.update(memory)
             with open(metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
 
-        def on_step_end(self, args, state, control, **kwargs):
-            asked = torch.tensor([1 if stop["asked"] else 0])
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+            # One collective a step, on the ranks' device (NCCL reduces CUDA tensors only): the
+            # stop, and the most any rank holds.
+            figures = torch.tensor(
+                [1 if stop["asked"] else 0, state_bytes(model, optimizer), peak_bytes(cuda)],
+                dtype=torch.int64,
+                device=args.device,
+            )
             if dist.is_available() and dist.is_initialized():
-                dist.all_reduce(asked, op=dist.ReduceOp.MAX)
-            if asked.item():
+                dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+            asked, memory["rank_state_bytes"], memory["peak_memory_bytes"] = figures.tolist()
+            if asked:
                 stop["agreed"] = True
                 control.should_save = True
                 control.should_training_stop = True
 
     trainer = job.build([Rlvr()])
-    checkpoints = {int(name.split("-", 1)[1]): name for name in os.listdir(output_dir) if re.fullmatch(r"checkpoint-\d+", name)}
-    newest = max(checkpoints) if checkpoints else 0
-    if newest >= trainer.args.max_steps > 0:
-        # Every step is in that checkpoint (a stop agreed at the last step, or a kill between its
-        # save and the final model's): its weights are the final model. Resumed there, TRL would
-        # train a step more than max_steps.
-        log(f"{checkpoints[newest]} holds all {trainer.args.max_steps} steps; writing it as the final model")
-        trainer._load_from_checkpoint(os.path.join(output_dir, checkpoints[newest]))
-        trainer.state.global_step = newest
-    else:
-        if checkpoints:
-            log(f"resuming from the newest of {sorted(checkpoints.values())}")
+    checkpoints = sorted(name for name in os.listdir(output_dir) if re.fullmatch(r"checkpoint-\d+", name))
+    if checkpoints:
+        log(f"resuming from the newest of {checkpoints}")
+    try:
         trainer.train(resume_from_checkpoint=True if checkpoints else None)
-        if stop.get("agreed") and trainer.state.global_step < trainer.args.max_steps:
-            log(f"stopped at step {trainer.state.global_step}, checkpointed")
-            return EXIT_INTERRUPTED
+    except AllStepsTrained:
+        log(f"the newest checkpoint holds all {trainer.args.max_steps} steps; writing it as the final model")
+    if stop.get("agreed") and trainer.state.global_step < trainer.args.max_steps:
+        log(f"stopped at step {trainer.state.global_step}, checkpointed")
+        return EXIT_INTERRUPTED
     final = os.path.join(output_dir, "final", "model")
-    trainer.save_model(final)
+    if trainer.is_fsdp_enabled:
+        save_gathered(trainer, final)
+    else:
+        trainer.save_model(final)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(final)
         # Written last: a final model without it was cut short. The worker does not start a
@@ -312,6 +330,79 @@ def main():
             os.fsync(f.fileno())
         log(f"trained {trainer.state.global_step} steps; the model is in {final}")
     return 0
+
+
+def save_gathered(trainer, final):
+    """An FSDP2 model's shards gathered once into rank 0's memory (every rank takes part) and
+    written there as a Hugging Face directory; the sharded checkpoints stay as they are.
+
+    torch's own gather, not accelerate's `get_state_dict` (with FSDP turned on over gloo it hands
+    back the DTensor shards, and `save_pretrained` then waits on a collective only rank 0 joins:
+    seen, a hang). Gathered, a tied output embedding is a copy of the input one, which
+    `save_pretrained` no longer sees as tied: it is left out, as for an unsharded model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    model = trainer.model
+    state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not trainer.accelerator.is_main_process:
+        return
+    if getattr(model.config, "tie_word_embeddings", False):
+        state_dict.pop("lm_head.weight", None)
+    model.save_pretrained(final, state_dict=state_dict, is_main_process=True)
+
+
+class AllStepsTrained(Exception):
+    """Raised before a step when every step is trained: TRL has loaded the checkpoint's state."""
+
+
+def state_bytes(model, optimizer):
+    """What this rank holds of the model at a step's end: its parameters (under FSDP2 its shard
+    of each, a DTensor's local part) and its optimizer's state; gradients are freed by then."""
+    import torch
+
+    def held(tensor):
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return local.numel() * local.element_size()
+
+    total = sum(held(p) for p in model.parameters()) if model is not None else 0
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            total += sum(held(value) for value in state.values() if isinstance(value, torch.Tensor))
+    return total
+
+
+def peak_bytes(cuda):
+    """This rank's peak: libtorch's allocator peak on CUDA, the process's largest resident size
+    on a CPU (as the native worker's `peak_memory_bytes`)."""
+    if cuda:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def allow_fsdp_on_cpu():
+    """accelerate turns FSDP on for accelerators only (a CPU run is MULTI_CPU, and the plugin is
+    dropped without a word); FSDP2 itself shards over gloo on a CPU, so a CPU job runs what a
+    GPU job runs. Checked with accelerate 1.15: the plugin kept, `fully_shard` applied per
+    decoder layer, the steps' losses those of DDP."""
+    import accelerate.state
+    from accelerate.utils import DistributedType
+
+    plain = accelerate.state.AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        plain(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None:
+            self.fsdp_plugin = fsdp_plugin
+        # Every `AcceleratorState()` copies the process's state over the shared one again
+        # (TRL's `set_seed` makes one after the trainer's), MULTI_CPU with it: set again each time.
+        if getattr(self, "fsdp_plugin", None) is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+
+    accelerate.state.AcceleratorState.__init__ = init
 
 
 def figures_of(logs, names):

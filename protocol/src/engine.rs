@@ -10,7 +10,8 @@
 //! apart. [`GRPO_MAPPING`], [`SFT_MAPPING`] and [`DPO_MAPPING`] are the same tables as data: the
 //! README's tables (a test keeps them equal).
 //!
-//! `[engine]` is [`EngineSection`]: `kind` native or trl, `launcher` local or ray.
+//! `[engine]` is [`EngineSection`]: `kind` native or trl, `launcher` local or ray, `strategy`
+//! ddp or fsdp2.
 //! [`EngineContract`] is what the worker hands `engines/trl/run.py`.
 //!
 //! The defaults of the GRPO keys here are the `grpo` plugin's (`plugins/optimizer-grpo`): a key
@@ -32,6 +33,27 @@ pub struct EngineSection {
     pub kind: EngineKind,
     #[serde(default)]
     pub launcher: Launcher,
+    /// How the ranks share the model: each a whole copy (`ddp`, the default), or each a shard of
+    /// its parameters, gradients and optimizer state (`fsdp2`).
+    #[serde(default)]
+    pub strategy: Strategy,
+}
+
+/// How an engine job's ranks hold the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Data parallelism: every rank holds the whole model, its gradients and its AdamW moments
+    /// (16 bytes a parameter in f32), and the gradients are averaged each pass.
+    #[default]
+    Ddp,
+    /// PyTorch's FSDP2 (`fully_shard`, through accelerate): each rank holds 1/ranks of the
+    /// parameters, gradients and optimizer state, and gathers a layer's weights only while it
+    /// computes with them. The engine's checkpoints are sharded (torch.distributed.checkpoint)
+    /// and resume on the world size that wrote them; the final weights are gathered once into a
+    /// Hugging Face directory.
+    Fsdp2,
 }
 
 /// Which engine trains the job.
@@ -71,6 +93,15 @@ impl EngineKind {
         match self {
             EngineKind::Native => "native",
             EngineKind::Trl => "trl",
+        }
+    }
+}
+
+impl Strategy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Ddp => "ddp",
+            Strategy::Fsdp2 => "fsdp2",
         }
     }
 }
@@ -119,6 +150,42 @@ pub struct TrlTraining {
     pub save_total_limit: u32,
     pub seed: u64,
     pub bf16: bool,
+    /// `engine.strategy = "fsdp2"`: TrainingArguments' `fsdp` and `fsdp_config`; absent, DDP.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub fsdp: Option<TrlFsdp>,
+}
+
+/// TRL's (TrainingArguments') FSDP keys for `engine.strategy = "fsdp2"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlFsdp {
+    pub fsdp: bool,
+    pub fsdp_config: TrlFsdpConfig,
+}
+
+/// accelerate's FSDP plugin, as `fsdp_config` takes it: version 2, each decoder layer its own
+/// shard unit (the model's `_no_split_modules`), resharded after its forward pass (the memory
+/// FSDP2 is for), checkpoints as shards (each rank writes its own; nothing is gathered until the
+/// final model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrlFsdpConfig {
+    pub version: u32,
+    pub auto_wrap_policy: String,
+    pub reshard_after_forward: bool,
+    pub state_dict_type: String,
+}
+
+impl TrlFsdp {
+    fn fsdp2() -> TrlFsdp {
+        TrlFsdp {
+            fsdp: true,
+            fsdp_config: TrlFsdpConfig {
+                version: 2,
+                auto_wrap_policy: "TRANSFORMER_BASED_WRAP".to_owned(),
+                reshard_after_forward: true,
+                state_dict_type: "SHARDED_STATE_DICT".to_owned(),
+            },
+        }
+    }
 }
 
 /// TRL's `GRPOConfig` keys a job maps to (TRL 1.16), as the entry script passes them.
@@ -390,6 +457,15 @@ fn training(
     refusals: &mut Refusals,
 ) -> TrlTraining {
     let o = &spec.optimizer;
+    if spec.engine.strategy == Strategy::Fsdp2 && processes < 2 {
+        refusals.add(
+            "engine.strategy",
+            format!(
+                "fsdp2 shards the model over the job's ranks, and this job has {processes}: ask for at \
+                 least 2 (resources.devices), or leave engine.strategy out"
+            ),
+        );
+    }
     let per_pass = micro.saturating_mul(processes.max(1));
     let accumulation = if per_pass > 0 && rows % per_pass == 0 {
         rows / per_pass
@@ -425,6 +501,7 @@ fn training(
         save_total_limit: spec.checkpoint.keep_last,
         seed: spec.job.seed,
         bf16: spec.model.dtype == Dtype::Bf16,
+        fsdp: (spec.engine.strategy == Strategy::Fsdp2).then(TrlFsdp::fsdp2),
     }
 }
 
@@ -458,6 +535,13 @@ fn read_sft_keys(options: &Map<String, Value>, refusals: &mut Refusals) {
 /// refuses, for the submit's checks.
 pub fn engine_problems(spec: &JobSpec) -> Vec<SpecError> {
     match spec.engine.kind {
+        EngineKind::Native if spec.engine.strategy != Strategy::Ddp => vec![SpecError {
+            field: "engine.strategy".to_owned(),
+            message: format!(
+                "{} shards an engine job's ranks; the native worker trains on one device (set engine.kind = \"trl\")",
+                spec.engine.strategy.name()
+            ),
+        }],
         EngineKind::Native => Vec::new(),
         EngineKind::Trl => trl_trainer(spec, spec.resources.devices).err().unwrap_or_default(),
     }

@@ -63,6 +63,7 @@ fn a_default_grpo_job_maps_onto_trls_keys() {
             save_total_limit: config.training.save_total_limit,
             seed: 7,
             bf16: false,
+            fsdp: None,
         },
         num_generations: 4,
         num_iterations: 1,
@@ -294,5 +295,52 @@ fn the_readme_shows_the_mapping_as_it_is() {
     for row in GRPO_MAPPING.iter().chain(SFT_MAPPING).chain(DPO_MAPPING) {
         let line = format!("| `{}` | `{}` | {} |", row.ours, row.theirs, row.note);
         assert!(readme.contains(&line), "README.md lacks the mapping row {line}");
+    }
+}
+
+#[test]
+fn fsdp2_shards_over_two_ranks_or_more_of_an_engine_job_and_is_refused_elsewhere() {
+    let ddp = trl_grpo(&spec("", ""), 2).unwrap();
+    assert_eq!(ddp.training.fsdp, None, "DDP is the default");
+    let text = serde_json::to_value(&ddp).unwrap();
+    assert!(text.get("fsdp").is_none() && text.get("fsdp_config").is_none(), "{text}");
+
+    let sharded = spec("", "strategy = \"fsdp2\"");
+    let config = trl_grpo(&sharded, 2).unwrap();
+    // What TrainingArguments takes, flat beside the other keys.
+    let text = serde_json::to_value(&config).unwrap();
+    assert_eq!(text["fsdp"], true);
+    assert_eq!(
+        text["fsdp_config"],
+        serde_json::json!({
+            "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "reshard_after_forward": true,
+            "state_dict_type": "SHARDED_STATE_DICT",
+        })
+    );
+    let back: TrlGrpoConfig = serde_json::from_value(text).unwrap();
+    assert_eq!(back, config, "the contract reads back as written");
+
+    // (ranks, engine kind, the refusal's words, or none)
+    let cases: &[(u32, EngineKind, Option<&str>)] = &[
+        (2, EngineKind::Trl, None),
+        (8, EngineKind::Trl, None),
+        (1, EngineKind::Trl, Some("this job has 1: ask for at least 2")),
+        (1, EngineKind::Native, Some("the native worker trains on one device")),
+    ];
+    for (ranks, kind, words) in cases {
+        let mut spec = sharded.clone();
+        spec.resources.devices = *ranks;
+        spec.engine.kind = *kind;
+        spec.optimizer.micro_batch_size = 16 / ranks.min(&16);
+        let problems = engine_problems(&spec);
+        match words {
+            None => assert!(problems.is_empty(), "{ranks} {kind:?}: {problems:?}"),
+            Some(words) => assert!(
+                problems.iter().any(|p| p.field == "engine.strategy" && p.message.contains(words)),
+                "{ranks} {kind:?}: {problems:?}"
+            ),
+        }
     }
 }

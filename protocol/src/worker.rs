@@ -828,6 +828,11 @@ pub struct MetricsLine {
     /// CPU. A measurement, like `time`: it differs between a run and its resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// An `[engine]` job's: the bytes of model its largest rank holds at the step's end, its
+    /// parameters and optimizer state (a whole copy under `engine.strategy = "ddp"`, a shard of
+    /// 1/ranks under `"fsdp2"`). There `peak_memory_bytes` is the largest rank's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_state_bytes: Option<u64>,
     /// The held-out score of the weights after this step (or before training, at step 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heldout: Option<ScoreFigures>,
@@ -1292,6 +1297,7 @@ mod tests {
                 verifier_latency_us: Some(Latency { p50: Some(13), p99: None }),
             }),
             peak_memory_bytes: Some(1 << 30),
+            rank_state_bytes: Some(1 << 28),
             heldout: Some(figures),
             optimizer: [("opt.clip_frac_low".to_owned(), Some(0.0)), ("opt.ratio_mean".to_owned(), None)]
                 .into(),

@@ -1,9 +1,10 @@
 //! `[engine] kind = "trl"` through `rlvrd serve` with a real Redis: a GRPO job on
 //! `builtin:tiny-arith` (exported to a Hugging Face directory by the worker) trains on TRL's
 //! GRPOTrainer with 2 gloo ranks on 2 CPU slots, its rewards from the daemon's `math` grader over
-//! `POST /v1/verify` with a token of its own; a SIGTERM of the daemon mid-run checkpoints the
-//! engine at a step every rank agrees on and requeues the job, which resumes from the engine's
-//! checkpoint and is published. The same through a Ray head the test starts (its Jobs API: submit,
+//! `POST /v1/verify` with a token of its own, the ranks sharding the model with FSDP2; a SIGTERM
+//! of the daemon mid-run checkpoints the engine at a step every rank agrees on (each rank its
+//! shard) and requeues the job, which resumes from the engine's checkpoint and is published. SFT
+//! and DPO jobs on DDP ranks, and DPO again sharded, ending on DDP's weights. The same through a Ray head the test starts (its Jobs API: submit,
 //! status, logs, stop). The engines' environments are `scripts/engine-venv.sh`'s.
 
 use std::fs;
@@ -40,10 +41,11 @@ fn config(engines: &str) -> String {
 }
 
 /// A GRPO job of `steps` on the arithmetic data, checkpointed every 5, on the trl engine with one
-/// process on each of 2 devices, started by `launcher`.
-fn spec(data: &std::path::Path, steps: u32, launcher: &str) -> String {
+/// process on each of 2 devices, started by `launcher`, the model held by `strategy`.
+fn spec(data: &std::path::Path, steps: u32, launcher: &str, strategy: &str) -> String {
     format!(
-        "{}\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\nlauncher = \"{launcher}\"\n",
+        "{}\n{PERMISSIVE_GATES}[resources]\ndevices = 2\nmemory_gb = 2\n[engine]\nkind = \"trl\"\nlauncher = \"{launcher}\"\n\
+         strategy = \"{strategy}\"\n",
         arith_grpo_spec(data, "on-trl", "builtin:tiny-arith", steps, 5)
     )
 }
@@ -68,8 +70,11 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
         Daemon::start_with(&PLUGINS, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let id = submit_ok(&daemon, &spec(&data, 24, "local"));
-    wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 7);
+    let id = submit_ok(&daemon, &spec(&data, 24, "local", "fsdp2"));
+    let running = wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 7 || ended(job));
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert!(!ended(&running), "{running}\n{}", worker_log());
 
     // The job's token grades as its team on the verify route, and reaches nothing else.
     let token = job_token(&id);
@@ -99,8 +104,6 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
 
     // SIGTERM: the ranks agree on a step, checkpoint there, the worker exits interrupted.
     let status = daemon.stop();
-    let run = daemon.state.join("jobs").join(&id).join("run");
-    let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
     assert!(status.success(), "{status}\n{}", worker_log());
     let checkpoints: Vec<u64> = fs::read_dir(run.join("engine/output"))
         .unwrap()
@@ -125,11 +128,25 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
 
     // Every step once, as an uninterrupted run logs them.
     let lines = every_step_once(&run, 24);
-    // The engine's steps carry the daemon's verdicts (passed comes from the math grader).
+    // The engine's steps carry the daemon's verdicts (passed comes from the math grader), and the
+    // largest rank's memory.
     for line in &lines[1..25] {
         assert!(line["reward_mean"].is_f64() && line["passed_frac"].is_f64(), "{line}");
         assert!(line["time"]["step_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["rank_state_bytes"].as_u64() > Some(0) && line["peak_memory_bytes"].as_u64() > Some(0));
     }
+    // The FSDP2 ranks wrote their shards of each checkpoint, resumed from them, and the final
+    // model was gathered into one Hugging Face directory.
+    let kept: Vec<PathBuf> = fs::read_dir(run.join("engine/output"))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with("checkpoint-"))
+        .collect();
+    assert!(
+        !kept.is_empty() && kept.iter().all(|checkpoint| checkpoint.join("pytorch_model_fsdp_0").is_dir()),
+        "{kept:?}"
+    );
     assert!(lines[0]["heldout"]["accuracy"].is_f64() && lines[25]["heldout"]["accuracy"].is_f64());
     // Published as any job: the manifest, the model a HF directory.
     let published = done.published_dir();
@@ -153,14 +170,14 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
 }
 
 /// Submits `spec`, waits for it to be published, and checks its `metrics.jsonl`
-/// ([`every_step_once`]). Returns those lines and the worker's log.
-fn published_with_every_step(daemon: &Daemon, spec: &str, steps: u64) -> (Vec<Value>, String) {
+/// ([`every_step_once`]). Returns those lines, the worker's log and the run directory.
+fn published_with_every_step(daemon: &Daemon, spec: &str, steps: u64) -> (Vec<Value>, String, PathBuf) {
     let id = submit_ok(daemon, spec);
     let done = wait_job(daemon, &id, Duration::from_secs(300), ended);
     let run = daemon.state.join("jobs").join(&id).join("run");
     let worker_log = fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
     assert_eq!(done.state, JobState::Published, "{done}\n{worker_log}");
-    (every_step_once(&run, steps), worker_log)
+    (every_step_once(&run, steps), worker_log, run)
 }
 
 /// The run's `metrics.jsonl`, which must log what an uninterrupted run logs: held-out before, each
@@ -310,9 +327,10 @@ fn an_sft_job_on_the_trl_engine_trains_on_two_ranks_resumes_from_a_kill_at_each_
 
 /// DPO on the engine: pairs preferring `a+1`'s true answer over one 3 off, on TRL's DPOTrainer
 /// with 2 ranks (its reference the starting model), through the daemon to published; the
-/// implicit reward's margin grows.
+/// implicit reward's margin grows. The same job again with the ranks sharding the model (FSDP2)
+/// ends on DDP's weights, each rank holding half the model.
 #[test]
-fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
+fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published_and_sharded_ends_on_the_same_weights() {
     let python = engine_python("trl");
     let redis = Redis::start();
     let daemon =
@@ -340,12 +358,62 @@ fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published() {
         pairs = pairs.display().to_string(),
         heldout = heldout.display().to_string()
     );
-    let (lines, worker_log) = published_with_every_step(&daemon, &spec, 12);
+    let (lines, worker_log, ddp) = published_with_every_step(&daemon, &spec, 12);
     let margin = |line: &Value| line["reward_margin"].as_f64().unwrap();
     let (first, last) = (margin(&lines[1]), margin(&lines[12]));
     assert!(last > first, "DPO margin {first:.4} → {last:.4}\n{worker_log}");
     assert_eq!(lines[1]["rows"], 8, "{}", lines[1]);
     eprintln!("DPO on trl: margin {first:.4} → {last:.4}, loss {} → {}", lines[1]["loss"], lines[12]["loss"]);
+
+    let sharded = spec.replace("dpo-on-trl", "dpo-on-trl-fsdp2") + "strategy = \"fsdp2\"\n";
+    let (sharded_lines, worker_log, fsdp2) = published_with_every_step(&daemon, &sharded, 12);
+    let state = |line: &Value| line["rank_state_bytes"].as_u64().unwrap();
+    let (whole, shard) = (state(&lines[12]), state(&sharded_lines[12]));
+    // Parameters and AdamW's two moments, split over 2 ranks (each layer's shard padded to an
+    // even split).
+    assert!(shard * 2 <= whole * 21 / 20 && shard < whole, "a rank's model: DDP {whole} B, FSDP2 {shard} B");
+    for (a, b) in lines[1..=12].iter().zip(&sharded_lines[1..=12]) {
+        let loss = |line: &Value| line["loss"].as_f64().unwrap();
+        assert!(
+            (loss(a) - loss(b)).abs() <= 1e-3 * loss(a).abs().max(1.0),
+            "losses part: {a}\n{b}\n{worker_log}"
+        );
+    }
+    let drift = same_training(&ddp, &fsdp2);
+    eprintln!(
+        "DPO under FSDP2: a rank's model {shard} B against DDP's {whole} B; weights apart by {drift:.1e} of DDP's update"
+    );
+}
+
+/// How far apart the final weights of two engine runs (`ddp`, `fsdp2`) are, relative to how far
+/// training moved them: the largest, over tensors, of ‖fsdp2 − ddp‖ / ‖ddp − start‖. Asserts
+/// it is within float tolerance: the two reduce gradients in different orders, and AdamW's
+/// normalised step turns a last-bit difference of a near-zero gradient into one of the step's
+/// size, so the weights part by a little every step (measured ≈1% of the update after 12 steps
+/// on a random 2-layer model), not bitwise.
+fn same_training(ddp: &std::path::Path, fsdp2: &std::path::Path) -> f64 {
+    let read = |run: &std::path::Path, path: &str| -> std::collections::BTreeMap<String, tch::Tensor> {
+        tch::Tensor::read_safetensors(run.join(path)).unwrap().into_iter().collect()
+    };
+    let (start, a, b) = (
+        read(ddp, "engine/start-model/model.safetensors"),
+        read(ddp, "engine/output/final/model/model.safetensors"),
+        read(fsdp2, "engine/output/final/model/model.safetensors"),
+    );
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "the same tensors, tied ones left out"
+    );
+    let mut worst = 0.0f64;
+    for (name, trained) in &a {
+        let moved = (trained - &start[name]).norm().double_value(&[]);
+        let apart = (trained - &b[name]).norm().double_value(&[]);
+        assert!(moved > 0.0, "{name} did not train");
+        worst = worst.max(apart / moved);
+    }
+    assert!(worst <= 0.05, "FSDP2's weights part from DDP's by {worst:.4} of the update");
+    worst
 }
 
 #[test]
@@ -354,11 +422,11 @@ fn a_daemon_without_an_engine_refuses_its_jobs_naming_the_key_and_a_cpu_daemon_a
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(""));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "local"), None);
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "local", "ddp"), None);
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["error"]["field"], "engine.kind", "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("engines.trl_python"), "{answer}");
-    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "ray"), None);
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "ray", "ddp"), None);
     assert_eq!(status, 422, "{answer}");
     let more = answer["error"]["more"].as_array().cloned().unwrap_or_default();
     let fields: Vec<&str> = std::iter::once(&answer["error"])
@@ -375,7 +443,7 @@ fn a_daemon_without_an_engine_refuses_its_jobs_naming_the_key_and_a_cpu_daemon_a
     assert!(answer["error"]["message"].as_str().unwrap().contains("engines.vllm_python"), "{answer}");
     // A trl job's vLLM is TRL's, colocated on CUDA devices: a daemon of CPU slots refuses it
     // there, whatever engines.vllm_python says.
-    let trl_vllm = spec(&data, 4, "local").replace("[rollout]\n", "[rollout]\nengine = \"vllm\"\n");
+    let trl_vllm = spec(&data, 4, "local", "ddp").replace("[rollout]\n", "[rollout]\nengine = \"vllm\"\n");
     let (status, answer) = submit(&daemon, TEAM_TOKEN, &trl_vllm, None);
     assert_eq!(status, 422, "{answer}");
     let more = answer["error"]["more"].as_array().cloned().unwrap_or_default();
@@ -462,7 +530,7 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(&engines));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let id = submit_ok(&daemon, &spec(&data, 16, "ray"));
+    let id = submit_ok(&daemon, &spec(&data, 16, "ray", "ddp"));
     wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 6);
     // The ranks grade with the job's token, read from a file only its owner can read: it is in
     // neither the cluster's record of the job (its runtime environment) nor any rank's

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
 use rlvr_protocol::api::RewardRequest;
-use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, VerifyAccess, trl_trainer};
+use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, Strategy, VerifyAccess, trl_trainer};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::worker::MetricsLine;
@@ -96,6 +96,11 @@ impl EngineDir {
         self.root.join("job-token")
     }
 
+    /// How the ranks that wrote the checkpoints were laid out ([`Layout`]).
+    fn layout(&self) -> PathBuf {
+        self.output().join("layout.json")
+    }
+
     /// What rank 0 appends, one line per step.
     fn metrics(&self) -> PathBuf {
         self.root.join("metrics.jsonl")
@@ -120,6 +125,34 @@ impl EngineDir {
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// How many ranks wrote an engine's checkpoints, and how they held the model: a checkpoint
+/// resumes on the layout that wrote it only (under FSDP2 each rank wrote its own shard; under DDP
+/// each its own random state, and the data is split by rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Layout {
+    pub ranks: u32,
+    pub strategy: Strategy,
+}
+
+impl Layout {
+    /// `None` when checkpoints written by `written` can resume as `self`; else why not, in a
+    /// sentence naming both. A run with no checkpoint yet starts on any layout.
+    pub fn refusal(self, written: Option<Layout>, newest_checkpoint: u64) -> Option<String> {
+        let written = written.filter(|_| newest_checkpoint > 0)?;
+        (written != self).then(|| {
+            format!(
+                "the engine's checkpoint-{newest_checkpoint} was written by {} ranks under {}, and this run has {} \
+                 under {}: its shards and random states resume on the layout that wrote them only; \
+                 submit the job again as a new one, or remove engine/output to start it over",
+                written.ranks,
+                written.strategy.name(),
+                self.ranks,
+                self.strategy.name()
+            )
+        })
     }
 }
 
@@ -170,6 +203,13 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
         verify: VerifyAccess { url: settings.verify_url.clone(), reward, token_file: dir.token_file() },
     };
     let text = serde_json::to_vec_pretty(&contract).map_err(|error| fail(error.to_string()))?;
+    let layout = Layout { ranks: spec.resources.devices, strategy: spec.engine.strategy };
+    let written = fs::read(dir.layout()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    if let Some(message) = layout.refusal(written, dir.newest_checkpoint_step()) {
+        return Err(fail(message));
+    }
+    let text_layout = serde_json::to_vec(&layout).map_err(|error| fail(error.to_string()))?;
+    replace_atomic(&dir.layout(), &text_layout).map_err(|error| fail(format!("layout.json: {error}")))?;
     replace_atomic(&dir.contract(), &text).map_err(|error| fail(format!("contract.json: {error}")))?;
     replace_atomic(&dir.script(), ENTRY_SCRIPT.as_bytes())
         .map_err(|error| fail(format!("run.py: {error}")))?;
@@ -540,4 +580,46 @@ fn ray_error(address: &str, message: String) -> WorkerError {
 pub fn failed(code: Option<i32>, message: String) -> WorkerError {
     let message = format!("{message} (its log is the job's worker log)");
     WorkerError::Engine { transient: code == Some(70), message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_resumes_on_the_layout_that_wrote_it_only() {
+        let layout = |ranks, strategy| Layout { ranks, strategy };
+        let fsdp2_on_2 = layout(2, Strategy::Fsdp2);
+        // (written, newest checkpoint, this run, the refusal's words or none)
+        let cases: &[(Option<Layout>, u64, Layout, Option<&str>)] = &[
+            (None, 0, fsdp2_on_2, None),
+            (Some(fsdp2_on_2), 4, fsdp2_on_2, None),
+            // No checkpoint yet: nothing to resume, any layout starts.
+            (Some(layout(4, Strategy::Fsdp2)), 0, fsdp2_on_2, None),
+            // Written before layouts were recorded: taken as this run's.
+            (None, 4, fsdp2_on_2, None),
+            (
+                Some(layout(4, Strategy::Fsdp2)),
+                6,
+                fsdp2_on_2,
+                Some("checkpoint-6 was written by 4 ranks under fsdp2, and this run has 2 under fsdp2"),
+            ),
+            (
+                Some(layout(2, Strategy::Ddp)),
+                2,
+                fsdp2_on_2,
+                Some("2 ranks under ddp, and this run has 2 under fsdp2"),
+            ),
+        ];
+        for (written, newest, now, words) in cases {
+            let refusal = now.refusal(*written, *newest);
+            match words {
+                None => assert_eq!(refusal, None, "{written:?} {newest} {now:?}"),
+                Some(words) => {
+                    let refusal = refusal.unwrap_or_default();
+                    assert!(refusal.contains(words) && refusal.contains("remove engine/output"), "{refusal}");
+                }
+            }
+        }
+    }
 }
