@@ -335,6 +335,7 @@ impl Services {
                 trl_python: config.engines.trl_python.clone(),
                 vllm_python: config.engines.vllm_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
+                ray_python: config.engines.ray_python.clone(),
                 environments: environments(config),
                 checked_records: Arc::default(),
                 retention: retention.clone(),
@@ -396,6 +397,7 @@ impl Services {
             engines: Engines {
                 trl_python: config.engines.trl_python.clone(),
                 ray_address: config.engines.ray_address.clone(),
+                ray_python: config.engines.ray_python.clone(),
                 vllm_python: config.engines.vllm_python.clone(),
                 environments: environments(config),
                 verify_url: format!("http://{listener_addr}/v1/verify"),

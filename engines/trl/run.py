@@ -271,6 +271,9 @@ def main():
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
 
+        def on_train_begin(self, args, state, control, **kwargs):
+            reset_peak(cuda)
+
         def on_step_begin(self, args, state, control, **kwargs):
             if state.global_step >= args.max_steps > 0:
                 # Resumed from a checkpoint that holds every step (a kill between it and the
@@ -371,16 +374,34 @@ def state_bytes(model, optimizer):
     return total
 
 
+def reset_peak(cuda):
+    """Starts this rank's peak over, once the model is loaded and sharded: every rank loads the
+    whole model before FSDP2 shards it, and that moment would be every step's peak on a CPU."""
+    if cuda:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        # Linux resets the resident high-water mark (VmHWM) on "5" (proc(5), clear_refs).
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError as error:
+        log(f"cannot reset the peak resident size; the steps' peaks include the model's loading: {error}")
+
+
 def peak_bytes(cuda):
-    """This rank's peak: libtorch's allocator peak on CUDA, the process's largest resident size
-    on a CPU (as the native worker's `peak_memory_bytes`)."""
+    """This rank's peak since `reset_peak`: libtorch's allocator peak on CUDA, the largest
+    resident size on a CPU (VmHWM), as the native worker's `peak_memory_bytes`."""
     if cuda:
         import torch
 
         return int(torch.cuda.max_memory_allocated())
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def allow_fsdp_on_cpu():

@@ -462,7 +462,7 @@ fn training(
             "engine.strategy",
             format!(
                 "fsdp2 shards the model over the job's ranks, and this job has {processes}: ask for at \
-                 least 2 (resources.devices), or leave engine.strategy out"
+                 least 2 (resources.devices × resources.nodes), or leave engine.strategy out"
             ),
         );
     }
@@ -474,7 +474,7 @@ fn training(
             "optimizer.micro_batch_size",
             format!(
                 "{what}, {rows}, must split into passes of micro_batch_size ({}) on each of the {processes} \
-                 processes (resources.devices)",
+                 processes (resources.devices × resources.nodes)",
                 o.micro_batch_size
             ),
         );
@@ -543,7 +543,20 @@ pub fn engine_problems(spec: &JobSpec) -> Vec<SpecError> {
             ),
         }],
         EngineKind::Native => Vec::new(),
-        EngineKind::Trl => trl_trainer(spec, spec.resources.devices).err().unwrap_or_default(),
+        EngineKind::Trl => {
+            let mut problems = trl_trainer(spec, spec.resources.ranks()).err().unwrap_or_default();
+            if spec.resources.nodes > 1 && spec.engine.launcher == Launcher::Local {
+                problems.push(SpecError {
+                    field: "resources.nodes".to_owned(),
+                    message: format!(
+                        "{} nodes: torchrun here starts ranks on this host only; set engine.launcher = \"ray\" \
+                         for a job that spans a cluster's nodes",
+                        spec.resources.nodes
+                    ),
+                });
+            }
+            problems
+        }
     }
 }
 

@@ -344,3 +344,42 @@ fn fsdp2_shards_over_two_ranks_or_more_of_an_engine_job_and_is_refused_elsewhere
         }
     }
 }
+
+#[test]
+fn an_engine_job_spans_nodes_on_a_ray_cluster_only_its_ranks_devices_times_nodes() {
+    /// The refused field and words of its message.
+    type Refused = Option<(&'static str, &'static str)>;
+    // (nodes, launcher, engine kind, what is refused)
+    let cases: &[(u32, Launcher, EngineKind, Refused)] = &[
+        (1, Launcher::Local, EngineKind::Trl, None),
+        (2, Launcher::Ray, EngineKind::Trl, None),
+        (2, Launcher::Local, EngineKind::Trl, Some(("resources.nodes", "set engine.launcher = \"ray\""))),
+        (2, Launcher::Ray, EngineKind::Native, Some(("resources.nodes", "a native job runs on one host"))),
+        (0, Launcher::Ray, EngineKind::Trl, Some(("resources.nodes", "expected 1"))),
+    ];
+    for (nodes, launcher, kind, refused) in cases {
+        let mut spec = spec("", "");
+        spec.resources.devices = if *kind == EngineKind::Native { 1 } else { 2 };
+        spec.resources.nodes = *nodes;
+        spec.engine.launcher = *launcher;
+        spec.engine.kind = *kind;
+        let mut problems = spec.validate().err().map(|errors| errors.0).unwrap_or_default();
+        problems.extend(engine_problems(&spec));
+        match refused {
+            None => assert!(problems.is_empty(), "{nodes} {launcher:?} {kind:?}: {problems:?}"),
+            Some((field, words)) => assert!(
+                problems.iter().any(|p| p.field == *field && p.message.contains(words)),
+                "{nodes} {launcher:?} {kind:?}: {problems:?}"
+            ),
+        }
+    }
+    // 2 devices on each of 2 nodes are 4 ranks: a step's 16 completions in passes of 4 rows on
+    // each is one pass; 3 rows a pass do not split.
+    let mut spec = spec("", "launcher = \"ray\"");
+    spec.resources.nodes = 2;
+    assert_eq!(spec.resources.ranks(), 4);
+    assert_eq!(trl_grpo(&spec, spec.resources.ranks()).unwrap().training.gradient_accumulation_steps, 1);
+    spec.optimizer.micro_batch_size = 3;
+    let refused = engine_problems(&spec);
+    assert!(refused.iter().any(|p| p.message.contains("on each of the 4 processes")), "{refused:?}");
+}

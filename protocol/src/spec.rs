@@ -508,8 +508,13 @@ pub struct BudgetSection {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesSection {
+    /// Devices on each node: the native worker's one, or an `[engine]` job's ranks per node.
     #[serde(default = "defaults::one")]
     pub devices: u32,
+    /// Nodes an `[engine]` job's ranks span, `devices` on each (`engine.launcher = "ray"`: the
+    /// cluster places them all at once, or not at all). 1: this host, or one node of the cluster.
+    #[serde(default = "defaults::one", skip_serializing_if = "defaults::is_one")]
+    pub nodes: u32,
     /// Memory the job needs on each device at its peak, in GB (GiB): what it holds all along plus
     /// its largest phase. Unset (0): submit fills it from the job's memory estimate
     /// (`rlvrctl estimate`), or takes whole devices when it cannot estimate.
@@ -524,6 +529,11 @@ pub struct ResourcesSection {
 }
 
 impl ResourcesSection {
+    /// An `[engine]` job's processes: `devices` on each of `nodes`.
+    pub fn ranks(&self) -> u32 {
+        self.devices.saturating_mul(self.nodes)
+    }
+
     /// `resident_gb`, or all of `memory_gb`.
     pub fn resident(&self) -> f64 {
         self.resident_gb.unwrap_or(self.memory_gb)
@@ -532,7 +542,7 @@ impl ResourcesSection {
 
 impl Default for ResourcesSection {
     fn default() -> Self {
-        ResourcesSection { devices: 1, memory_gb: 0.0, resident_gb: None }
+        ResourcesSection { devices: 1, nodes: 1, memory_gb: 0.0, resident_gb: None }
     }
 }
 
@@ -829,6 +839,9 @@ mod defaults {
     }
     pub fn is_zero(value: &u32) -> bool {
         *value == 0
+    }
+    pub fn is_one(value: &u32) -> bool {
+        *value == 1
     }
     pub fn group_size() -> u32 {
         8
@@ -1372,6 +1385,18 @@ const RULES: &[SpecRule] = &[
         "resources.devices",
         |s| int(s.resources.devices).filter(|_| s.engine.is_engine()),
         Ints(1, 1024),
+    ),
+    // More nodes than one are a Ray cluster's (the engine's launcher refuses them on this host).
+    SpecRule::new(
+        "resources.nodes",
+        |s| int(s.resources.nodes).filter(|_| !s.engine.is_engine()),
+        Ints(1, 1),
+    )
+    .note("(a native job runs on one host; an [engine] job on a Ray cluster may span more)"),
+    SpecRule::new(
+        "resources.nodes",
+        |s| int(s.resources.nodes).filter(|_| s.engine.is_engine()),
+        Ints(1, 256),
     ),
     SpecRule::new("resources.memory_gb", |s| real(s.resources.memory_gb), RealsFrom(Closed(0.0))),
     SpecRule::new("resources.resident_gb", |s| real(s.resources.resident_gb), RealsFrom(Closed(0.0))),

@@ -137,6 +137,10 @@ pub struct WorkerArgs {
     /// `engines.ray_address`, e.g. `http://127.0.0.1:8265`).
     #[cfg_attr(feature = "cli", arg(long))]
     pub ray_address: Option<String>,
+    /// An `[engine]` job on more than one node: the python with Ray on the cluster (the daemon's
+    /// `engines.ray_python`), which runs its launcher.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub ray_python: Option<PathBuf>,
     /// The kind the daemon decided at submit (`rlvr_protocol::kind::JobKind`); the worker refuses
     /// to run the job as another (its optimizer library would have to have changed under it).
     /// Without it (a run by hand, a job submitted before kinds were recorded): the worker's own.
@@ -175,6 +179,7 @@ impl WorkerArgs {
         argv.opt("env-python", self.env_python.as_ref());
         argv.opt("verify-url", self.verify_url.as_ref());
         argv.opt("ray-address", self.ray_address.as_ref());
+        argv.opt("ray-python", self.ray_python.as_ref());
         argv.opt("kind", self.kind.map(|kind| kind.as_str()));
         argv.switch("resume", self.resume);
         argv.switch("host-context-stdin", self.host_context_stdin);
@@ -830,7 +835,8 @@ pub struct MetricsLine {
     pub peak_memory_bytes: Option<u64>,
     /// An `[engine]` job's: the bytes of model its largest rank holds at the step's end, its
     /// parameters and optimizer state (a whole copy under `engine.strategy = "ddp"`, a shard of
-    /// 1/ranks under `"fsdp2"`). There `peak_memory_bytes` is the largest rank's.
+    /// 1/ranks under `"fsdp2"`). There `peak_memory_bytes` is the largest rank's since its
+    /// training began (the model loaded, and sharded under FSDP2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_state_bytes: Option<u64>,
     /// The held-out score of the weights after this step (or before training, at step 0).

@@ -426,14 +426,22 @@ fn a_daemon_without_an_engine_refuses_its_jobs_naming_the_key_and_a_cpu_daemon_a
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["error"]["field"], "engine.kind", "{answer}");
     assert!(answer["error"]["message"].as_str().unwrap().contains("engines.trl_python"), "{answer}");
-    let (status, answer) = submit(&daemon, TEAM_TOKEN, &spec(&data, 4, "ray", "ddp"), None);
+    // A Ray job on two nodes, with neither the cluster nor its python configured.
+    let two_nodes = spec(&data, 4, "ray", "ddp").replace("devices = 2\n", "devices = 1\nnodes = 2\n");
+    let (status, answer) = submit(&daemon, TEAM_TOKEN, &two_nodes, None);
     assert_eq!(status, 422, "{answer}");
     let more = answer["error"]["more"].as_array().cloned().unwrap_or_default();
-    let fields: Vec<&str> = std::iter::once(&answer["error"])
+    let problems: Vec<(&str, &str)> = std::iter::once(&answer["error"])
         .chain(more.iter())
-        .map(|problem| problem["field"].as_str().unwrap())
+        .map(|problem| (problem["field"].as_str().unwrap(), problem["message"].as_str().unwrap()))
         .collect();
-    assert!(fields.contains(&"engine.launcher"), "{answer}");
+    assert!(problems.iter().any(|(field, _)| *field == "engine.launcher"), "{answer}");
+    assert!(
+        problems
+            .iter()
+            .any(|(field, message)| *field == "resources.nodes" && message.contains("engines.ray_python")),
+        "{answer}"
+    );
     // And a job whose rollouts are vLLM's, without engines.vllm_python.
     let vllm = rlvr_tests::arith_grpo_spec(&data, "on-vllm", "builtin:tiny-arith", 2, 1)
         .replace("[rollout]\n", "[rollout]\nengine = \"vllm\"\n");
@@ -454,8 +462,9 @@ fn a_daemon_without_an_engine_refuses_its_jobs_naming_the_key_and_a_cpu_daemon_a
     assert!(refused["message"].as_str().unwrap().contains("CUDA devices only"), "{answer}");
 }
 
-/// A Ray head of its own for the test: 2 CPUs, its Jobs API on a free port, a stop that waits 60 s
-/// for the entrypoint to checkpoint; `ray stop` when dropped.
+/// A Ray cluster of its own for the test, two nodes on this machine (two `ray start`s, one CPU
+/// each): the head, with its Jobs API on a free port and a stop that waits 60 s for the
+/// entrypoint to checkpoint, and a second node joined to it; `ray stop` when dropped.
 struct RayHead {
     ray: PathBuf,
     address: String,
@@ -466,7 +475,7 @@ impl RayHead {
         let ray = engine_python("ray").with_file_name("ray");
         let (gcs, dashboard) = (free_port(), free_port());
         let started = Command::new(&ray)
-            .args(["start", "--head", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"])
+            .args(["start", "--head", "--num-cpus=1", "--include-dashboard=true", "--disable-usage-stats"])
             .args([
                 "--dashboard-host=127.0.0.1",
                 &format!("--dashboard-port={dashboard}"),
@@ -478,6 +487,12 @@ impl RayHead {
             .output()
             .expect("ray start");
         assert!(started.status.success(), "ray start:\n{}", String::from_utf8_lossy(&started.stderr));
+        let joined = Command::new(&ray)
+            .args(["start", &format!("--address=127.0.0.1:{gcs}"), "--num-cpus=1", "--disable-usage-stats"])
+            .args(["--min-worker-port=21000", "--max-worker-port=21999"])
+            .output()
+            .expect("ray start --address");
+        assert!(joined.status.success(), "ray start --address:\n{}", String::from_utf8_lossy(&joined.stderr));
         let address = format!("http://127.0.0.1:{dashboard}");
         let up = wait_until(Duration::from_secs(60), || {
             client()
@@ -493,6 +508,17 @@ impl RayHead {
     /// metadata), as the dashboard shows it.
     fn jobs_record(&self) -> String {
         client().get(format!("{}/api/jobs/", self.address)).send().unwrap().text().unwrap()
+    }
+
+    /// A cluster job's log so far (its entrypoint's output).
+    fn logs(&self, submission: &str) -> String {
+        let answer: Value = client()
+            .get(format!("{}/api/jobs/{submission}/logs", self.address))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        answer["logs"].as_str().unwrap_or_default().to_owned()
     }
 
     /// The cluster's jobs that rlvr submitted: (submission id, status), oldest first.
@@ -521,17 +547,35 @@ impl Drop for RayHead {
     }
 }
 
+/// A job whose two ranks span the two nodes of a Ray cluster (one each: `resources.nodes = 2`),
+/// placed by the launcher's placement group, torchrun on each node: stopped through the Jobs API
+/// by a daemon's SIGTERM, resumed, its worker killed (the daemon stops the cluster job), resumed
+/// again, published.
 #[test]
-fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published() {
+fn a_ray_launched_trl_job_on_two_nodes_is_stopped_through_the_jobs_api_resumed_and_published() {
     let python = engine_python("trl");
     let ray = RayHead::start();
     let redis = Redis::start();
-    let engines = format!("trl_python = {python:?}\nray_address = {:?}\n", ray.address);
+    let engines = format!(
+        "trl_python = {python:?}\nray_address = {:?}\nray_python = {:?}\n",
+        ray.address,
+        ray.ray.with_file_name("python")
+    );
     let mut daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(&engines));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let id = submit_ok(&daemon, &spec(&data, 16, "ray", "ddp"));
-    wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 6);
+    // 60 steps: on two ranks a step of the untrained model takes ~0.1 s, and the stops below must
+    // come before the engine's end.
+    let spec = spec(&data, 60, "ray", "ddp").replace("devices = 2\n", "devices = 1\nnodes = 2\n");
+    let id = submit_ok(&daemon, &spec);
+    let running = wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 6 || ended(job));
+    let run = daemon.state.join("jobs").join(&id).join("run");
+    let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
+    assert!(!ended(&running), "{running}\n{}", worker_log());
+    // Placed on both nodes at once (one CPU each: no node could hold both ranks), torchrun on each.
+    let submission = ray.rlvr_jobs()[0].0.clone();
+    let launched = ray.logs(&submission);
+    assert!(launched.contains("placed; torchrun rendezvous at"), "{launched}");
     // The ranks grade with the job's token, read from a file only its owner can read: it is in
     // neither the cluster's record of the job (its runtime environment) nor any rank's
     // environment.
@@ -552,8 +596,6 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let stopping = Instant::now();
     let status = daemon.stop();
     eprintln!("the daemon stopped in {:.1?}", stopping.elapsed());
-    let run = daemon.state.join("jobs").join(&id).join("run");
-    let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
     assert!(status.success(), "{status}\n{}", worker_log());
     // The drain reached the job: without this, the Ray job left running says only that.
     assert!(
@@ -574,8 +616,10 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let second_running = || ray.rlvr_jobs().get(1).is_some_and(|(_, status)| status == "RUNNING");
     assert!(
         wait_until(Duration::from_secs(240), second_running),
-        "no second cluster job: {:?}",
-        ray.rlvr_jobs()
+        "no second cluster job: {:?}\n{}\ndaemon log:\n{}",
+        ray.rlvr_jobs(),
+        worker_log(),
+        daemon.log()
     );
     let resumed = wait_job(&daemon, &id, Duration::from_secs(10), |job| job.state == JobState::Running);
     let running = ray.rlvr_jobs();
@@ -602,5 +646,5 @@ fn a_ray_launched_trl_job_is_stopped_through_the_jobs_api_resumed_and_published(
     let submitted = ray.rlvr_jobs();
     let statuses: Vec<&str> = submitted.iter().map(|(_, status)| status.as_str()).collect();
     assert_eq!(statuses, ["STOPPED", "STOPPED", "SUCCEEDED"], "{submitted:?}");
-    every_step_once(&run, 16);
+    every_step_once(&run, 60);
 }

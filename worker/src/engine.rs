@@ -41,6 +41,10 @@ use crate::{Job, WorkerError};
 /// that mapped its contract; written next to the contract at each launch.
 const ENTRY_SCRIPT: &str = include_str!("../../engines/trl/run.py");
 
+/// The launcher of a job on several nodes of a Ray cluster ([`AcrossNodes`]), written beside the
+/// entry script when one is.
+const RAY_LAUNCHER: &str = include_str!("../../engines/ray/launch.py");
+
 /// What the worker needs to start an engine, from its arguments and environment.
 #[derive(Debug, Clone)]
 pub struct EngineSettings {
@@ -58,8 +62,19 @@ pub enum LaunchAt {
     Local,
     /// A job on a Ray cluster (its Jobs REST API at `address`), submitted as `submission`: the
     /// same torchrun command line, run by the cluster, which shares the run's directory with
-    /// this host.
-    Ray { address: String, submission: String },
+    /// this host; or, for ranks on more than one node, the launcher that places them.
+    Ray { address: String, submission: String, across_nodes: Option<AcrossNodes> },
+}
+
+/// A job whose ranks span nodes of a Ray cluster: its entrypoint is `engines/ray/launch.py`
+/// (run by the cluster's own python, which has Ray), which reserves `per_node` devices on each
+/// of `nodes` distinct nodes with a placement group (all at once or none) and starts torchrun on
+/// each, rendezvousing at the first.
+#[derive(Debug, Clone)]
+pub struct AcrossNodes {
+    pub ray_python: PathBuf,
+    pub nodes: u32,
+    pub per_node: u32,
 }
 
 /// The engine's files in the run directory.
@@ -80,6 +95,10 @@ impl EngineDir {
 
     fn script(&self) -> PathBuf {
         self.root.join("run.py")
+    }
+
+    fn ray_launcher(&self) -> PathBuf {
+        self.root.join("launch.py")
     }
 
     /// The built-in model, exported once as a Hugging Face directory.
@@ -176,7 +195,7 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
     let fail = |message: String| WorkerError::State { path: dir.root.clone(), message };
     fs::create_dir_all(dir.output()).map_err(|error| fail(format!("cannot create: {error}")))?;
     let spec = &job.spec;
-    let trainer = trl_trainer(spec, spec.resources.devices).map_err(|refusals| WorkerError::Plugin {
+    let trainer = trl_trainer(spec, spec.resources.ranks()).map_err(|refusals| WorkerError::Plugin {
         field: refusals.first().map(|r| r.field.clone()).unwrap_or_default(),
         message: refusals.iter().map(|r| r.message.clone()).collect::<Vec<_>>().join("; "),
     })?;
@@ -203,7 +222,7 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
         verify: VerifyAccess { url: settings.verify_url.clone(), reward, token_file: dir.token_file() },
     };
     let text = serde_json::to_vec_pretty(&contract).map_err(|error| fail(error.to_string()))?;
-    let layout = Layout { ranks: spec.resources.devices, strategy: spec.engine.strategy };
+    let layout = Layout { ranks: spec.resources.ranks(), strategy: spec.engine.strategy };
     let written = fs::read(dir.layout()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
     if let Some(message) = layout.refusal(written, dir.newest_checkpoint_step()) {
         return Err(fail(message));
@@ -294,15 +313,25 @@ impl Engine {
         })?;
         write_token(&dir.token_file(), &token)?;
         let read_to = fs::metadata(dir.metrics()).map_or(0, |meta| meta.len());
-        let processes = job.spec.resources.devices;
+        let processes = job.spec.resources.ranks();
         let launcher = match &settings.launcher {
             LaunchAt::Local => Launched::Local(launch_local(&dir, settings, processes)?),
-            LaunchAt::Ray { address, submission } => {
+            LaunchAt::Ray { address, submission, across_nodes } => {
                 // Recorded first: the daemon stops it if this worker dies, whatever the way.
                 replace_atomic(&run.ray_submission(), submission.as_bytes()).map_err(|error| {
                     WorkerError::State { path: run.ray_submission(), message: error.to_string() }
                 })?;
-                Launched::Ray(RayJob::submit(address, submission, &dir, settings, processes)?)
+                let entrypoint = match across_nodes {
+                    None => RayEntrypoint::Torchrun { processes },
+                    Some(across) => {
+                        replace_atomic(&dir.ray_launcher(), RAY_LAUNCHER.as_bytes()).map_err(|error| {
+                            WorkerError::State { path: dir.ray_launcher(), message: error.to_string() }
+                        })?;
+                        let device = if job.device.is_cuda() { "gpu" } else { "cpu" };
+                        RayEntrypoint::AcrossNodes { across: across.clone(), device }
+                    }
+                };
+                Launched::Ray(RayJob::submit(address, submission, &dir, settings, &entrypoint)?)
             }
         };
         Ok(Engine { launcher, metrics: dir.metrics(), read_to, partial: String::new(), stop_sent: false })
@@ -447,6 +476,14 @@ fn local_end(status: ExitStatus) -> EngineEnd {
     }
 }
 
+/// What a Ray job's entrypoint starts.
+enum RayEntrypoint {
+    /// torchrun with `processes` ranks on the node the cluster runs the entrypoint on.
+    Torchrun { processes: u32 },
+    /// `engines/ray/launch.py`: torchrun on each of several nodes (`device`: "cpu" or "gpu").
+    AcrossNodes { across: AcrossNodes, device: &'static str },
+}
+
 /// A job on a Ray cluster, through its Jobs REST API (`/api/jobs/`).
 struct RayJob {
     client: reqwest::blocking::Client,
@@ -470,7 +507,7 @@ impl RayJob {
         submission: &str,
         dir: &EngineDir,
         settings: &EngineSettings,
-        processes: u32,
+        entrypoint: &RayEntrypoint,
     ) -> Result<RayJob, WorkerError> {
         rlvr_startup::install_crypto_provider();
         let client = reqwest::blocking::Client::builder()
@@ -478,16 +515,40 @@ impl RayJob {
             .build()
             .map_err(|error| ray_error(address, error.to_string()))?;
         let address = address.trim_end_matches('/').to_owned();
-        let entrypoint = std::iter::once(settings.python.display().to_string())
-            .chain(torchrun_args(dir, processes))
-            .map(|word| shell_quote(&word))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let (words, entrypoint_cpus, processes) = match entrypoint {
+            RayEntrypoint::Torchrun { processes } => (
+                std::iter::once(settings.python.display().to_string())
+                    .chain(torchrun_args(dir, *processes))
+                    .collect::<Vec<_>>(),
+                *processes,
+                *processes,
+            ),
+            // The launcher itself holds nothing: its placement group holds every node's devices.
+            RayEntrypoint::AcrossNodes { across, device } => (
+                vec![
+                    across.ray_python.display().to_string(),
+                    dir.ray_launcher().display().to_string(),
+                    "--nodes".into(),
+                    across.nodes.to_string(),
+                    "--per-node".into(),
+                    across.per_node.to_string(),
+                    "--device".into(),
+                    (*device).to_owned(),
+                    "--engine-python".into(),
+                    settings.python.display().to_string(),
+                    dir.script().display().to_string(),
+                    dir.contract().display().to_string(),
+                ],
+                0,
+                across.nodes * across.per_node,
+            ),
+        };
+        let entrypoint = words.iter().map(|word| shell_quote(word)).collect::<Vec<_>>().join(" ");
         let body = json!({
             "submission_id": submission,
             "entrypoint": entrypoint,
             // The cluster holds the processes' CPUs (or GPUs) for the job's whole run.
-            "entrypoint_num_cpus": processes,
+            "entrypoint_num_cpus": entrypoint_cpus,
             "runtime_env": {
                 // No token here: the dashboard shows a job's runtime environment to whoever
                 // reaches it. The ranks read it from the contract's token file.

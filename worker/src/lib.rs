@@ -120,6 +120,8 @@ pub struct WorkerOptions {
     pub verify_url: Option<String>,
     /// A `launcher = "ray"` job's Ray Jobs API.
     pub ray_address: Option<String>,
+    /// A job on more than one node: the python with Ray on the cluster, running its launcher.
+    pub ray_python: Option<PathBuf>,
     /// This run's job id (the daemon's), naming its Ray submissions.
     pub job_id: Option<String>,
     /// The kind the daemon decided at submit.
@@ -160,6 +162,7 @@ impl WorkerOptions {
             env_sidecar: args.env_script.zip(args.env_python),
             verify_url: args.verify_url,
             ray_address: args.ray_address,
+            ray_python: args.ray_python,
             job_id: args.job_id.clone(),
             kind: args.kind,
         })
@@ -610,6 +613,16 @@ fn engine_settings(
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis())
             ),
+            across_nodes: match spec.resources.nodes {
+                1 => None,
+                nodes => Some(engine::AcrossNodes {
+                    ray_python: options.ray_python.clone().ok_or_else(|| {
+                        missing("--ray-python", "the Ray cluster's python for its launcher")
+                    })?,
+                    nodes,
+                    per_node: spec.resources.devices,
+                }),
+            },
         },
     };
     Ok(Some(engine::EngineSettings {

@@ -354,6 +354,7 @@ mod tests {
             env_python: Some("/cache/venvs/openenv/bin/python".into()),
             verify_url: Some("http://127.0.0.1:8080/v1/verify".into()),
             ray_address: Some("http://127.0.0.1:8265".into()),
+            ray_python: Some("/cache/venvs/engine-ray/bin/python".into()),
             kind: Some(rlvr_protocol::kind::JobKind::RewardModel),
         };
         let bare = WorkerArgs { spec: "s.toml".into(), state_dir: "run".into(), ..WorkerArgs::default() };

@@ -618,6 +618,15 @@ admin = false",
         example: Example::Commented("ray_address = \"http://127.0.0.1:8265\""),
     },
     Field {
+        path: "engines.ray_python",
+        kind: Kind::AbsolutePath(None),
+        doc: "The python with Ray installed on the Ray cluster's nodes (the one its `ray start` runs): it \
+              runs the launcher of a job whose ranks span more than one node (resources.nodes > 1), which \
+              places them with a placement group and starts torchrun on each node. Not set: such jobs \
+              are refused at submit.",
+        example: Example::Commented("ray_python = \"/var/cache/rlvr/venvs/engine-ray/bin/python\""),
+    },
+    Field {
         path: "engines.vllm_python",
         kind: Kind::AbsolutePath(None),
         doc: "The python of the vLLM environment (scripts/vllm-venv.sh makes it and prints its path): a \

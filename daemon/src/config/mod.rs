@@ -165,6 +165,9 @@ pub struct EnginesConfig {
     /// A Ray cluster's Jobs API; `None`: ray-launched jobs are refused.
     #[serde(default)]
     pub ray_address: Option<String>,
+    /// The python with Ray on the cluster's nodes; `None`: jobs on more than one node are refused.
+    #[serde(default)]
+    pub ray_python: Option<PathBuf>,
     /// The vLLM environment's python; `None`: `rollout.engine = "vllm"` jobs are refused.
     #[serde(default)]
     pub vllm_python: Option<PathBuf>,

@@ -38,6 +38,8 @@ pub struct Submitter {
     pub vllm_python: Option<PathBuf>,
     /// `engines.ray_address`: whether `launcher = "ray"` jobs can run here.
     pub ray_address: Option<String>,
+    /// `engines.ray_python`: whether jobs on more than one node can run here.
+    pub ray_python: Option<PathBuf>,
     /// `engines.environments` and `engines.environments_python`: the installed `[env]`
     /// environments.
     pub environments: Option<(PathBuf, PathBuf)>,
@@ -207,6 +209,14 @@ impl Submitter {
             problems.push(SpecError {
                 field: "engine.launcher".to_owned(),
                 message: "this daemon knows no Ray cluster (its engines.ray_address is not set)".to_owned(),
+            });
+        }
+        if spec.engine.is_engine() && spec.resources.nodes > 1 && self.ray_python.is_none() {
+            problems.push(SpecError {
+                field: "resources.nodes".to_owned(),
+                message: "a job on more than one node is launched by Ray's python on the cluster, and this \
+                          daemon's engines.ray_python is not set"
+                    .to_owned(),
             });
         }
         problems

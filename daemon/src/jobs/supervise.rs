@@ -110,6 +110,8 @@ pub struct Engines {
     pub trl_python: Option<PathBuf>,
     /// `engines.ray_address`; `None`: ray-launched jobs are refused at submit.
     pub ray_address: Option<String>,
+    /// `engines.ray_python`; `None`: jobs on more than one node are refused at submit.
+    pub ray_python: Option<PathBuf>,
     /// `engines.vllm_python`; `None`: `rollout.engine = "vllm"` jobs are refused at submit.
     pub vllm_python: Option<PathBuf>,
     /// `engines.environments` and `engines.environments_python`; `None`: `env.environment` jobs
@@ -572,7 +574,7 @@ impl Supervisor {
                     )
                 })?;
                 // One rank per device asked for (here or on a Ray cluster), each grading at once.
-                let ranks = usize::try_from(spec.resources.devices).unwrap_or(usize::MAX).max(1);
+                let ranks = usize::try_from(spec.resources.ranks()).unwrap_or(usize::MAX).max(1);
                 let token = self.engines.tokens.mint(&spec.job.team, id, ranks).map_err(|error| {
                     SpawnError::Io(std::io::Error::other(format!("cannot make the job's token: {error}")))
                 })?;
@@ -618,6 +620,12 @@ impl Supervisor {
             verify_url: engine.as_ref().map(|_| self.engines.verify_url.clone()),
             ray_address: match spec.engine.launcher {
                 Launcher::Ray if engine.is_some() => self.engines.ray_address.clone(),
+                _ => None,
+            },
+            ray_python: match spec.engine.launcher {
+                Launcher::Ray if engine.is_some() && spec.resources.nodes > 1 => {
+                    self.engines.ray_python.clone()
+                }
                 _ => None,
             },
             kind,
