@@ -96,6 +96,8 @@ class Verifier:
         self.passed = []
         self.errors = 0
         self.timeouts = 0
+        # Answers 429 or 503 (the job's grading lane full, the daemon busy), each waited out.
+        self.busy = 0
 
     def post(self, items):
         body = json.dumps({"reward": self.reward, "items": items}).encode()
@@ -115,6 +117,9 @@ class Verifier:
                 if error.code not in (429, 502, 503, 504):
                     raise JobError(f"POST {self.url}: {error.code}: {text}") from error
                 why = f"{error.code}: {text}"
+                if error.code in (429, 503):
+                    self.busy += 1
+                    log(f"POST {self.url}: {why}; waiting {delay:.1f} s")
             except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
                 why = str(error)
             if self.stop["asked"]:
@@ -266,7 +271,7 @@ def main():
     job = BUILDERS[name](contract, keys, tokenizer, common, stop, cuda)
     metrics_path = contract["metrics"]
     # The largest rank's figures at the last step's end (below): what its line reports.
-    memory = {}
+    largest = {}
 
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
@@ -287,26 +292,31 @@ def main():
                 return
             line = {"step": state.global_step}
             line.update(job.figures(logs))
-            line.update(memory)
+            line.update(largest)
             with open(metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
 
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
             # One collective a step, on the ranks' device (NCCL reduces CUDA tensors only): the
             # stop, and the most any rank holds.
+            busy = verifier.busy if verifier is not None else 0
             figures = torch.tensor(
-                [1 if stop["asked"] else 0, state_bytes(model, optimizer), peak_bytes(cuda)],
+                [1 if stop["asked"] else 0, state_bytes(model, optimizer), peak_bytes(cuda), busy],
                 dtype=torch.int64,
                 device=args.device,
             )
             if dist.is_available() and dist.is_initialized():
                 dist.all_reduce(figures, op=dist.ReduceOp.MAX)
-            asked, memory["rank_state_bytes"], memory["peak_memory_bytes"] = figures.tolist()
+            asked, largest["rank_state_bytes"], largest["peak_memory_bytes"], busy = figures.tolist()
+            if verifier is not None:
+                largest["verifier_busy"] = busy
+                verifier.busy = 0
             if asked:
                 stop["agreed"] = True
                 control.should_save = True
                 control.should_training_stop = True
 
+    verifier = getattr(job, "verifier", None)
     trainer = job.build([Rlvr()])
     checkpoints = sorted(name for name in os.listdir(output_dir) if re.fullmatch(r"checkpoint-\d+", name))
     if checkpoints:

@@ -800,6 +800,10 @@ pub struct MetricsLine {
     /// Completions with a verifier error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verifier_errors: Option<usize>,
+    /// An `[engine]` job's: the most answers of "busy" (429, or 503) any rank's grading requests
+    /// met this step, each waited out and retried (its grading lane is sized by its ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_busy: Option<u64>,
     /// What dynamic sampling did, when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_sampling: Option<DynamicSampling>,
@@ -1282,6 +1286,7 @@ mod tests {
             verified: Some(32),
             verifier_timeouts: Some(0),
             verifier_errors: Some(1),
+            verifier_busy: Some(2),
             dynamic_sampling: Some(DynamicSampling {
                 extra_rounds: 1,
                 groups_sampled: 12,

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{client, ended, states, submit, submit_ok, wait_job, worker_pids};
 use rlvr_tests::{
-    Daemon, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port, wait_until,
+    Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, free_port,
+    wait_until,
 };
 use serde_json::{Value, json};
 
@@ -28,7 +29,7 @@ fn engine_python(engine: &str) -> PathBuf {
     rlvr_tests::peer_python("scripts/engine-venv.sh", &[engine])
 }
 
-/// Two CPU slots (one per rank), the engine (`engines` lines), and the default heartbeat (2 s,
+/// Four CPU slots (one per rank), the engine (`engines` lines), and the default heartbeat (2 s,
 /// 3 missed): no test here kills a daemon, and with 0.5 s ones a loaded machine lapsed a queue
 /// worker's heartbeats mid-job (it restarted, "worker not registered"), which let a SIGTERM's
 /// drain end without the job (the daemon exited in 0.1 s, the Ray job left running).
@@ -36,7 +37,7 @@ fn config(engines: &str) -> String {
     let engines = if engines.is_empty() { String::new() } else { format!("[engines]\n{engines}") };
     format!(
         "[queue]\nheartbeat_ms = 2000\nmissed_heartbeats = 3\nworker_threads = 1\nmax_crashes = 3\n\
-         stop_timeout_s = 60\n[devices]\ncpu_slots = 2\ncpu_slot_memory_gb = 8\n{engines}"
+         stop_timeout_s = 60\n[devices]\ncpu_slots = 4\ncpu_slot_memory_gb = 8\n{engines}"
     )
 }
 
@@ -62,24 +63,57 @@ fn job_token(id: &str) -> String {
         .expect("an engine job's worker has RLVR_JOB_TOKEN")
 }
 
+/// Four FSDP2 ranks grade in their job's own lane while two teams' dry-runs run in theirs: no
+/// 429 on either side.
 #[test]
-fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_engines_checkpoint() {
+fn a_trl_job_on_four_sharded_ranks_grades_beside_dry_runs_and_a_daemon_sigterm_resumes_it_from_the_engines_checkpoint()
+ {
     let python = engine_python("trl");
     let redis = Redis::start();
     let mut daemon =
         Daemon::start_with(&PLUGINS, &redis.url(), &config(&format!("trl_python = {python:?}\n")));
     let dir = tempfile::tempdir().unwrap();
     let data = arith_data(dir.path(), &[]);
-    let id = submit_ok(&daemon, &spec(&data, 24, "local", "fsdp2"));
-    let running = wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 7 || ended(job));
+    // 4 ranks: a step's 16 completions in passes of 4 on each.
+    let spec = spec(&data, 40, "local", "fsdp2")
+        .replace("devices = 2\n", "devices = 4\n")
+        .replace("micro_batch_size = 8\n", "micro_batch_size = 4\n");
+    let id = submit_ok(&daemon, &spec);
+    let running = wait_job(&daemon, &id, Duration::from_secs(240), |job| job.step >= 3 || ended(job));
     let run = daemon.state.join("jobs").join(&id).join("run");
     let worker_log = || fs::read_to_string(run.with_file_name("worker.log")).unwrap_or_default();
     assert!(!ended(&running), "{running}\n{}", worker_log());
 
+    // Two teams' dry-runs at once, round after round, while the ranks grade their steps: each
+    // answered, none 429 (the dry-runs' limit is theirs, the job's lane its own).
+    let dry_run = |token: &'static str| {
+        let url = format!("{}/v1/verify", daemon.url);
+        move || {
+            client()
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({"grader": {"plugin": "math", "fallback": "last"}, "items": [{"id": "a", "completion": "4", "reference": {"answer": "4"}}]}))
+                .send()
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    for _ in 0..8 {
+        let (ours, theirs) =
+            (std::thread::spawn(dry_run(TEAM_TOKEN)), std::thread::spawn(dry_run(OTHER_TOKEN)));
+        assert_eq!(
+            (ours.join().unwrap(), theirs.join().unwrap()),
+            (200, 200),
+            "dry-runs beside a 4-rank job"
+        );
+    }
+    let graded_beside = wait_job(&daemon, &id, Duration::from_secs(10), |_| true).step;
+
     // The job's token grades as its team on the verify route, and reaches nothing else.
     let token = job_token(&id);
-    // The engine's two ranks grade on the same route, in their job's lane of one request per rank
-    // (no team's dry-runs take it): a third is 429 "busy" with Retry-After, waited out as the
+    // The engine's ranks grade on the same route, in their job's lane of one request per rank
+    // (no team's dry-runs take it): a fifth is 429 "busy" with Retry-After, waited out as the
     // ranks do.
     let mut verify = None;
     for _ in 0..30 {
@@ -110,7 +144,7 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
         .collect();
     let stopped_at = checkpoints.iter().copied().max().expect("an engine checkpoint");
-    assert!((7..24).contains(&stopped_at), "checkpoints {checkpoints:?}");
+    assert!((3..40).contains(&stopped_at), "checkpoints {checkpoints:?}");
 
     daemon.restart();
     let done = wait_job(&daemon, &id, Duration::from_secs(300), ended);
@@ -127,10 +161,15 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
     assert!(states.ends_with(&[JobState::Evaluating, JobState::Published]), "{states:?}");
 
     // Every step once, as an uninterrupted run logs them.
-    let lines = every_step_once(&run, 24);
+    let lines = every_step_once(&run, 40);
+    // No rank waited on a busy grading route while the dry-runs ran (after them, the test's own
+    // request in the job's lane may have made one wait).
+    for line in &lines[1..=graded_beside as usize] {
+        assert_eq!(line["verifier_busy"], 0, "a rank met a 429 beside the dry-runs: {line}");
+    }
     // The engine's steps carry the daemon's verdicts (passed comes from the math grader), and the
     // largest rank's memory.
-    for line in &lines[1..25] {
+    for line in &lines[1..41] {
         assert!(line["reward_mean"].is_f64() && line["passed_frac"].is_f64(), "{line}");
         assert!(line["time"]["step_s"].as_f64().unwrap() > 0.0, "{line}");
         assert!(line["rank_state_bytes"].as_u64() > Some(0) && line["peak_memory_bytes"].as_u64() > Some(0));
@@ -147,13 +186,13 @@ fn a_trl_job_on_two_ranks_is_published_and_a_daemon_sigterm_resumes_it_from_the_
         !kept.is_empty() && kept.iter().all(|checkpoint| checkpoint.join("pytorch_model_fsdp_0").is_dir()),
         "{kept:?}"
     );
-    assert!(lines[0]["heldout"]["accuracy"].is_f64() && lines[25]["heldout"]["accuracy"].is_f64());
+    assert!(lines[0]["heldout"]["accuracy"].is_f64() && lines[41]["heldout"]["accuracy"].is_f64());
     // Published as any job: the manifest, the model a HF directory.
     let published = done.published_dir();
     let manifest: Value =
         serde_json::from_slice(&fs::read(published.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["job_id"], id.as_str());
-    assert_eq!(manifest["step"], 24);
+    assert_eq!(manifest["step"], 40);
     assert_eq!(manifest["weights_sha256"], done.weights());
     for file in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(published.join(file).is_file(), "{file} published");
