@@ -401,6 +401,7 @@ mod tests {
             step_s: Some(2.1),
             eta_s: Some(192.0),
             warnings: Vec::new(),
+            engine_submission: None,
         };
         assert_eq!(
             figures(Some(&progress), Some(0.81), Detail::Brief),

@@ -1097,6 +1097,11 @@ pub struct Progress {
     /// Why the job may not be learning: steps whose every group was all-fail or all-pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<crate::signals::GroupWarning>,
+    /// An `[engine]` job launched by Ray: the cluster job this run submitted (its Jobs API
+    /// submission id: `ray job status`, `ray job logs`, and what the daemon stops when the worker
+    /// is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_submission: Option<String>,
 }
 
 #[cfg(test)]
@@ -1315,6 +1320,7 @@ mod tests {
         });
         check(MetricsLine { step: 2, rows: Some(64), train_tokens: Some(300), ..MetricsLine::default() });
         check(Progress {
+            engine_submission: Some("rlvr-01J-1796074198853".to_owned()),
             step: 3,
             max_steps: 60,
             reward: Some(0.5),

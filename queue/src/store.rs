@@ -1034,6 +1034,7 @@ mod tests {
             step_s: None,
             eta_s: None,
             warnings: Vec::new(),
+            engine_submission: None,
         };
         let mut fields = record(None);
         fields.extend(

@@ -660,8 +660,14 @@ fn a_ray_launched_trl_job_on_two_nodes_is_stopped_through_the_jobs_api_resumed_a
         worker_log(),
         daemon.log()
     );
-    let resumed = wait_job(&daemon, &id, Duration::from_secs(10), |job| job.state == JobState::Running);
     let running = ray.rlvr_jobs();
+    // The job's record names its cluster job (as the run directory does, for the daemon's stop).
+    let submitted = |job: &rlvr_tests::jobs::Job| {
+        job.progress.as_ref().and_then(|progress| progress.engine_submission.clone())
+    };
+    let resumed = wait_job(&daemon, &id, Duration::from_secs(10), |job| {
+        job.state == JobState::Running && submitted(job).as_ref() == Some(&running[1].0)
+    });
     assert_eq!(
         fs::read_to_string(run.join("engine/ray-submission")).unwrap(),
         running[1].0,

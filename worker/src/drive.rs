@@ -20,7 +20,7 @@ use rlvr_tensorboard::EventLog;
 use tracing::{info, info_span, warn};
 
 use crate::Work;
-use crate::engine::{self, Engine, EngineDir, EngineEnd, EngineSettings, Poll};
+use crate::engine::{self, Engine, EngineDir, EngineEnd, EngineSettings, LaunchAt, Poll};
 use crate::state::{Logs, TrainState, write_checkpoint};
 use crate::step::{self, StepError};
 use crate::stop::StopWatch;
@@ -58,6 +58,8 @@ struct Loop<'a> {
     /// Every metrics line again as TensorBoard scalars (`run/tensorboard/`); `None` once a write
     /// failed: charts are not worth a job.
     tensorboard: Option<EventLog>,
+    /// The Ray job this run submitted for its engine, for `progress.json` (the job's record).
+    engine_submission: Option<String>,
 }
 
 /// Runs the steps of `job` from `state` to its end; see the module docs.
@@ -87,6 +89,7 @@ pub fn drive(
         heldout,
         scored_step: None,
         tensorboard: Some(EventLog::new(run.tensorboard())),
+        engine_submission: None,
         job,
         run,
         state,
@@ -213,6 +216,11 @@ impl Loop<'_> {
     /// stop request stopped it.
     fn run_engine(&mut self, settings: &EngineSettings) -> Result<Option<Ending>, WorkerError> {
         let mut running = Engine::launch(self.job, self.run, settings)?;
+        if let LaunchAt::Ray { submission, .. } = &settings.launcher {
+            // In the job's record from now on, not from the engine's first step (a minute away).
+            self.engine_submission = Some(submission.clone());
+            self.write_progress(None, None)?;
+        }
         let end = loop {
             if lifecycle::stop_requested() {
                 running.ask_to_stop();
@@ -436,6 +444,7 @@ impl Loop<'_> {
             step_s: line.and_then(|line| line.time.as_ref().map(|time| time.step_s)),
             eta_s,
             warnings: self.signals.warnings(),
+            engine_submission: self.engine_submission.clone(),
         };
         // Live figures only: readers never see half a file, and a crash may lose the last one.
         serde_json::to_vec_pretty(&progress)
