@@ -195,13 +195,22 @@ impl Loop<'_> {
         for line in &prepared.lines {
             self.engine_line(line)?;
         }
+        let finished = EngineDir::of(self.run).finished();
         if prepared.finished {
             info!("the engine had finished before this run; it is not started again");
-        } else if let Some(ending) = self.run_engine(settings)? {
-            return Ok(Some(ending));
+            models::load_trained_weights(&self.job.policy, &finished)?;
+        } else {
+            // The ranks load copies of their own: the worker's are freed while they train (the
+            // reference for good: the engine's steps are the only ones that read it), and the
+            // engine's weights loaded in their place at its end.
+            self.job.reference = None;
+            let released = models::release_weights(&self.job.policy);
+            info!("the worker's copy of the model is freed while the engine trains");
+            if let Some(ending) = self.run_engine(settings)? {
+                return Ok(Some(ending));
+            }
+            models::load_released_weights(&self.job.policy, &released, &finished)?;
         }
-        let finished = EngineDir::of(self.run).finished();
-        models::load_trained_weights(&self.job.policy, &finished)?;
         let step = self.state.step;
         info!(step, "the engine finished; its weights are the policy's");
         if self.job.has_heldout() {

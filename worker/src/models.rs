@@ -45,6 +45,44 @@ pub fn load_trained_reward_model(reward_model: &RewardModel, checkpoint: &Path) 
     copy_stored(reward_model.trainable(), files, "", checkpoint)
 }
 
+/// The names and shapes of a policy's weights freed by [`release_weights`]: what
+/// [`load_released_weights`] loads back.
+pub struct ReleasedWeights(Vec<(String, Vec<i64>)>);
+
+/// Frees the policy's weights: each variable keeps its kind and device but holds nothing (an
+/// engine job's ranks load copies of their own while the worker waits; on a GPU the worker's
+/// would be memory they need). Returns what they were, to load new weights into.
+pub fn release_weights(policy: &LoadedModel) -> ReleasedWeights {
+    let mut released = Vec::new();
+    for (name, mut tensor) in policy.trainable() {
+        released.push((name, tensor.size()));
+        tensor.set_data(&Tensor::empty([0], (tensor.kind(), tensor.device())));
+    }
+    crate::memory::release(policy.vs.device());
+    ReleasedWeights(released)
+}
+
+/// Loads `checkpoint`'s `model/` into a policy whose weights were freed by [`release_weights`],
+/// each tensor at the shape it had.
+pub fn load_released_weights(
+    policy: &LoadedModel,
+    released: &ReleasedWeights,
+    checkpoint: &Path,
+) -> Result<(), WorkerError> {
+    let fail = |message: String| WorkerError::State { path: checkpoint.to_owned(), message };
+    let files = WeightFiles::open(&checkpoint.join("model")).map_err(|error| fail(error.to_string()))?;
+    let mut variables: std::collections::HashMap<String, Tensor> = policy.trainable().into_iter().collect();
+    for (name, shape) in &released.0 {
+        let mut variable =
+            variables.remove(name).ok_or_else(|| fail(format!("{name}: not a weight of the policy")))?;
+        let stored = files
+            .get(name, shape, variable.device(), variable.kind())
+            .map_err(|error| fail(error.to_string()))?;
+        variable.set_data(&stored);
+    }
+    Ok(())
+}
+
 /// Copies each of `trainable`'s tensors from `files` (named `prefix` + its name), in place.
 fn copy_stored(
     trainable: Vec<(String, tch::Tensor)>,
@@ -377,4 +415,31 @@ pub fn export(source: &str, dir: &Path, dtype: Dtype) -> Result<ExportedModel, S
     rlvr_model::policy::save_pretrained(&model, dir).map_err(|error| error.to_string())?;
     let parameters = model.vs.variables().values().map(|tensor| tensor.numel() as u64).sum();
     Ok(ExportedModel { source: model.source.clone(), dir: dir.to_owned(), parameters, dtype })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine job's worker frees its policy while the ranks train and loads their weights back
+    /// into it: every tensor empty in between, the exported weights (bit for bit) afterwards.
+    #[test]
+    fn a_released_policy_holds_nothing_and_loads_weights_back_at_their_shapes() {
+        let policy = load_model("builtin:tiny-arith", Device::Cpu, Kind::Float).unwrap();
+        let before = model_sha256(&policy);
+        let dir = tempfile::tempdir().unwrap();
+        rlvr_model::policy::save_pretrained(&policy, &dir.path().join("model")).unwrap();
+
+        let released = release_weights(&policy);
+        assert!(!released.0.is_empty());
+        assert!(policy.trainable().iter().all(|(_, tensor)| tensor.numel() == 0));
+        assert_ne!(model_sha256(&policy), before);
+
+        load_released_weights(&policy, &released, dir.path()).unwrap();
+        assert_eq!(model_sha256(&policy), before);
+        // A directory without the model's tensors is refused naming what is missing.
+        let empty = tempfile::tempdir().unwrap();
+        let released = release_weights(&policy);
+        assert!(load_released_weights(&policy, &released, empty.path()).is_err());
+    }
 }
