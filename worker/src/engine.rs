@@ -4,21 +4,25 @@
 //! Where the engine path leaves the native one and rejoins it (`drive::Loop::engine_steps`):
 //! the worker loads the job as for a native run and scores held-out on the starting weights;
 //! then, instead of its step loop, it writes the contract (`<run>/engine/contract.json`, the
-//! mapping of `rlvr_protocol::engine::trl_trainer`), starts one engine process per device and
-//! follows the engine's metrics lines into `metrics.jsonl` and `progress.json`. A stop request
+//! mapping of `rlvr_protocol::engine::trl_trainer`), frees its own copy of the model
+//! (`models::release_weights`), starts one engine process per device (each holding the whole
+//! model under DDP, a shard under FSDP2: `engine.strategy`) and follows the engine's metrics lines
+//! into `metrics.jsonl` and `progress.json`. A stop request
 //! (SIGTERM from the daemon: its stop, a preemption) goes to the launcher, which passes it to
 //! every rank; they agree on a step, checkpoint there and exit, and the worker exits
 //! interrupted. When the engine finishes, its final weights are loaded into the policy and the
 //! run ends as a native one does: held-out scored, a checkpoint, the gates' evaluation.
 //!
 //! The engine's own checkpoints (`<run>/engine/output/checkpoint-N/`) are what a resume starts
-//! from; the native checkpoint is written once, at the end, for the gates and publishing.
+//! from, on the layout that wrote them only ([`Layout`]); the native checkpoint is written once,
+//! at the end, for the gates and publishing.
 //!
 //! The contract and `engines/trl/run.py` (built into the binary) are written to `<run>/engine/`; the
 //! built-in model is exported as a Hugging Face directory. The launcher is torchrun on
 //! `resources.devices` processes, a child dying with the worker (`LaunchAt::Local`), or the same
-//! command line submitted to a Ray cluster's Jobs API (`LaunchAt::Ray`: submit, status, log, stop);
-//! a stop is SIGTERM, or the Ray job's stop.
+//! command line submitted to a Ray cluster's Jobs API (`LaunchAt::Ray`: submit, status, log, stop),
+//! or for ranks on several nodes `engines/ray/launch.py` ([`AcrossNodes`]: a placement group,
+//! torchrun on each node); a stop is SIGTERM, or the Ray job's stop.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
