@@ -272,6 +272,8 @@ def main():
     metrics_path = contract["metrics"]
     # The largest rank's figures at the last step's end (below): what its line reports.
     largest = {}
+    # A GRPO job's: its busy answers go into the same reduction.
+    verifier = getattr(job, "verifier", None)
 
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
@@ -316,7 +318,6 @@ def main():
                 control.should_save = True
                 control.should_training_stop = True
 
-    verifier = getattr(job, "verifier", None)
     trainer = job.build([Rlvr()])
     checkpoints = sorted(name for name in os.listdir(output_dir) if re.fullmatch(r"checkpoint-\d+", name))
     if checkpoints:

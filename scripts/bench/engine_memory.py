@@ -11,8 +11,9 @@ process with torch and TRL holds before any model). Prints a Markdown table.
 The ranks run with glibc's mmap threshold fixed at 128 KiB (`MALLOC_MMAP_THRESHOLD_`): by
 default glibc raises it as large blocks are freed, so the whole model every rank loads before
 FSDP2 shards it stays in the heap, and a sharded rank's resident peak reads nearly a whole copy's
-(measured: 3.73 GB against DDP's 3.91 GB on 2 ranks; with the fixed threshold 2.31 against 3.69).
+(measured on 2 ranks: 3.65 GB against DDP's 3.83 GB; with the fixed threshold 2.30 against 3.68).
 The threshold makes allocations slower: read the step times of one run against each other only.
+`--glibc-default` runs the ranks with glibc's own behaviour instead.
 
 Run with the trl engine's environment (scripts/engine-venv.sh trl):
 
@@ -73,14 +74,16 @@ def contract(work, model, train, ranks, steps, strategy):
     }
 
 
-def run(model, train, ranks, steps, strategy):
+def run(model, train, ranks, steps, strategy, glibc_default):
     with tempfile.TemporaryDirectory(prefix="engine-memory-") as work:
         path = os.path.join(work, "contract.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(contract(work, model, train, ranks, steps, strategy), f)
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), SCRIPT, path]
         started = time.perf_counter()
-        env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if not glibc_default:
+            env["MALLOC_MMAP_THRESHOLD_"] = "131072"
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - started
         if done.returncode != 0:
@@ -100,6 +103,7 @@ def main():
     parser.add_argument("--model", required=True, help="a Hugging Face directory")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--glibc-default", action="store_true", help="no fixed mmap threshold (see above)")
     args = parser.parse_args()
     from transformers import AutoConfig
 
@@ -113,7 +117,7 @@ def main():
     print("|---|---|---|---|---|")
     for ranks in args.ranks:
         for strategy in ("ddp", "fsdp2"):
-            r = run(os.path.abspath(args.model), train, ranks, args.steps, strategy)
+            r = run(os.path.abspath(args.model), train, ranks, args.steps, strategy, args.glibc_default)
             print(
                 f"| {ranks} | {strategy} | {r['state'] / 1e9:.3f} GB | {r['peak'] / 1e9:.2f} GB | {r['step']:.2f} s |",
                 flush=True,

@@ -51,6 +51,11 @@ fn spec(data: &std::path::Path, steps: u32, launcher: &str, strategy: &str) -> S
     )
 }
 
+/// A `POST /v1/verify` body: one completion for the math grader.
+fn one_graded_item() -> Value {
+    json!({"grader": {"plugin": "math", "fallback": "last"}, "items": [{"id": "a", "completion": "4", "reference": {"answer": "4"}}]})
+}
+
 /// `RLVR_JOB_TOKEN` of the running worker of job `id`, read from its environment as its own
 /// user can.
 fn job_token(id: &str) -> String {
@@ -89,14 +94,7 @@ fn a_trl_job_on_four_sharded_ranks_grades_beside_dry_runs_and_a_daemon_sigterm_r
     let dry_run = |token: &'static str| {
         let url = format!("{}/v1/verify", daemon.url);
         move || {
-            client()
-                .post(url)
-                .bearer_auth(token)
-                .json(&json!({"grader": {"plugin": "math", "fallback": "last"}, "items": [{"id": "a", "completion": "4", "reference": {"answer": "4"}}]}))
-                .send()
-                .unwrap()
-                .status()
-                .as_u16()
+            client().post(url).bearer_auth(token).json(&one_graded_item()).send().unwrap().status().as_u16()
         }
     };
     for _ in 0..8 {
@@ -120,7 +118,7 @@ fn a_trl_job_on_four_sharded_ranks_grades_beside_dry_runs_and_a_daemon_sigterm_r
         let answer = client()
             .post(format!("{}/v1/verify", daemon.url))
             .bearer_auth(&token)
-            .json(&json!({"grader": {"plugin": "math", "fallback": "last"}, "items": [{"id": "a", "completion": "4", "reference": {"answer": "4"}}]}))
+            .json(&one_graded_item())
             .send()
             .unwrap();
         if answer.status().as_u16() != 429 {
@@ -428,8 +426,7 @@ fn a_dpo_job_on_the_trl_engine_trains_on_two_ranks_and_is_published_and_sharded_
 /// training moved them: the largest, over tensors, of ‖fsdp2 − ddp‖ / ‖ddp − start‖. Asserts
 /// it is within float tolerance: the two reduce gradients in different orders, and AdamW's
 /// normalised step turns a last-bit difference of a near-zero gradient into one of the step's
-/// size, so the weights part by a little every step (measured ≈1% of the update after 12 steps
-/// on a random 2-layer model), not bitwise.
+/// size, so the weights part by a little every step, not bitwise.
 fn same_training(ddp: &std::path::Path, fsdp2: &std::path::Path) -> f64 {
     let read = |run: &std::path::Path, path: &str| -> std::collections::BTreeMap<String, tch::Tensor> {
         tch::Tensor::read_safetensors(run.join(path)).unwrap().into_iter().collect()

@@ -226,9 +226,10 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
         verify: VerifyAccess { url: settings.verify_url.clone(), reward, token_file: dir.token_file() },
     };
     let text = serde_json::to_vec_pretty(&contract).map_err(|error| fail(error.to_string()))?;
+    let resume_step = dir.newest_checkpoint_step();
     let layout = Layout { ranks: spec.resources.ranks(), strategy: spec.engine.strategy };
     let written = fs::read(dir.layout()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
-    if let Some(message) = layout.refusal(written, dir.newest_checkpoint_step()) {
+    if let Some(message) = layout.refusal(written, resume_step) {
         return Err(fail(message));
     }
     let text_layout = serde_json::to_vec(&layout).map_err(|error| fail(error.to_string()))?;
@@ -237,7 +238,6 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
     replace_atomic(&dir.script(), ENTRY_SCRIPT.as_bytes())
         .map_err(|error| fail(format!("run.py: {error}")))?;
     // The engine's lines up to its checkpoint: what an uninterrupted run had logged by then.
-    let resume_step = dir.newest_checkpoint_step();
     let kept: Vec<MetricsLine> =
         read_lines(&dir.metrics()).into_iter().filter(|line| line.step <= resume_step).collect();
     let mut text = String::new();
@@ -519,12 +519,11 @@ impl RayJob {
             .build()
             .map_err(|error| ray_error(address, error.to_string()))?;
         let address = address.trim_end_matches('/').to_owned();
-        let (words, entrypoint_cpus, processes) = match entrypoint {
+        let (words, entrypoint_cpus) = match entrypoint {
             RayEntrypoint::Torchrun { processes } => (
                 std::iter::once(settings.python.display().to_string())
                     .chain(torchrun_args(dir, *processes))
                     .collect::<Vec<_>>(),
-                *processes,
                 *processes,
             ),
             // The launcher itself holds nothing: its placement group holds every node's devices.
@@ -544,7 +543,6 @@ impl RayJob {
                     dir.contract().display().to_string(),
                 ],
                 0,
-                across.nodes * across.per_node,
             ),
         };
         let entrypoint = words.iter().map(|word| shell_quote(word)).collect::<Vec<_>>().join(" ");
@@ -573,7 +571,7 @@ impl RayJob {
             let text = answer.text().unwrap_or_default();
             return Err(ray_error(&address, format!("submit: {status}: {text}")));
         }
-        info!(%address, submission, processes, "the trl engine submitted to Ray");
+        info!(%address, submission, %entrypoint, "the trl engine submitted to Ray");
         Ok(RayJob { client, address, submission: submission.to_owned() })
     }
 
