@@ -19,6 +19,11 @@ rank's memory); checkpoints are TRL's `checkpoint-N/` in the output directory, a
 one there resumes from the newest; the trained model is written to `OUTPUT/final/model/`, then
 `OUTPUT/final/FINISHED` (the step count) once it is whole.
 
+With `heldout` in the contract (`engine.heldout = "engine"`) the ranks also complete the
+held-out prompts (and canaries) greedily for the worker to score (`HeldoutScorer`): the starting
+weights and the gates' published baseline before the first step, the held-out set every
+`every_steps`, the final model after it.
+
 With `fsdp` in the trainer's keys (`engine.strategy = "fsdp2"`) the ranks shard the model with
 FSDP2 through accelerate, on CPU slots too (`allow_fsdp_on_cpu`); each rank writes its shard of a
 checkpoint (torch.distributed.checkpoint), and the final model is gathered once.
@@ -48,6 +53,9 @@ EXIT_INTERRUPTED = 75
 # In OUTPUT/final/, written after the model: the engine finished (`EngineDir::finished` in the worker).
 FINISHED = "FINISHED"
 
+# Held-out prompts a rank generates at once (rlvr_protocol::memory::EVAL_BATCH, the native
+# evaluation's batch).
+EVAL_BATCH = 16
 # The daemon grades at most this many items a request (VerifyRequest::MAX_ITEMS).
 VERIFY_BATCH = 256
 # 429/503 and refused connections are retried this long before the run gives up as transient.
@@ -274,11 +282,17 @@ def main():
     largest = {}
     # A GRPO job's: its busy answers go into the same reduction.
     verifier = getattr(job, "verifier", None)
+    scorer = HeldoutScorer(contract["heldout"], tokenizer) if contract.get("heldout") else None
+    trainer = None
 
     class Rlvr(TrainerCallback):
         """The metrics lines (rank 0) and the agreed stop."""
 
         def on_train_begin(self, args, state, control, **kwargs):
+            if scorer is not None:
+                # The model is on the ranks' devices (sharded under FSDP2) by now.
+                scorer.complete("start", scorer.every_set, trainer.model, trainer.is_fsdp_enabled)
+                scorer.complete_baseline(args.device, trainer.model.dtype)
             reset_peak(cuda)
 
         def on_step_begin(self, args, state, control, **kwargs):
@@ -301,6 +315,10 @@ def main():
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
             # One collective a step, on the ranks' device (NCCL reduces CUDA tensors only): the
             # stop, and the most any rank holds.
+            step = state.global_step
+            if scorer is not None and scorer.every_steps and step % scorer.every_steps == 0 and step < args.max_steps:
+                # Before the step's line (on_log follows), which the worker scores it into.
+                scorer.complete(f"step-{step}", ["heldout"], trainer.model, trainer.is_fsdp_enabled)
             busy = verifier.busy if verifier is not None else 0
             figures = torch.tensor(
                 [1 if stop["asked"] else 0, state_bytes(model, optimizer), peak_bytes(cuda), busy],
@@ -334,6 +352,8 @@ def main():
         save_gathered(trainer, final)
     else:
         trainer.save_model(final)
+    if scorer is not None:
+        scorer.complete("final", scorer.every_set, trainer.model, trainer.is_fsdp_enabled)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(final)
         # Written last: a final model without it was cut short. The worker does not start a
@@ -363,6 +383,121 @@ def save_gathered(trainer, final):
     if getattr(model.config, "tie_word_embeddings", False):
         state_dict.pop("lm_head.weight", None)
     model.save_pretrained(final, state_dict=state_dict, is_main_process=True)
+
+
+class HeldoutScorer:
+    """Greedy completions of the contract's held-out prompts (and canaries), which the worker
+    tokenized: each rank completes every WORLD_SIZE-th prompt, rank 0 gathers them and writes
+    each set in its order, then DONE (`HeldoutContract` in rlvr_protocol::engine). The worker
+    cuts and decodes them by its own sampler's rules and scores them with the job's graders.
+
+    Sharded ranks (FSDP2) gather each layer's weights as they go: every rank runs the same
+    number of batches and `generate(synced_gpus=True)` keeps them in step until the longest
+    completion ends, so no rank waits in a collective the others never reach."""
+
+    def __init__(self, spec, tokenizer):
+        self.dir = spec["dir"]
+        self.every_steps = spec["every_steps"]
+        self.max_new_tokens = spec["max_new_tokens"]
+        self.baseline_model = spec.get("baseline_model")
+        self.sets = {"heldout": read_token_lines(spec["heldout"])}
+        if spec.get("canaries"):
+            self.sets["canaries"] = read_token_lines(spec["canaries"])
+        self.every_set = list(self.sets)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos = tokenizer.eos_token_id
+
+    def done(self, at):
+        return os.path.isfile(os.path.join(self.dir, at, "DONE"))
+
+    def complete(self, at, names, model, synced):
+        """Every set of `names` completed by `model` at `at`, unless a run before this one did."""
+        if self.done(at):
+            return
+        import torch
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized()
+        rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        started = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        written = {}
+        for name in names:
+            prompts = self.sets[name]
+            mine = list(range(rank, len(prompts), world))
+            # The same number of batches on every rank: a sharded rank's forward is a collective.
+            per_rank = -(-len(prompts) // world)
+            batches = -(-per_rank // EVAL_BATCH)
+            done = {}
+            for b in range(batches):
+                indices = mine[b * EVAL_BATCH : (b + 1) * EVAL_BATCH]
+                # A rank with no prompts left generates a stand-in row and drops it.
+                rows = [prompts[i] for i in indices] or [prompts[0]]
+                for index, tokens in zip(indices, self.generate(model, rows, synced and world > 1)):
+                    done[index] = tokens
+            if distributed:
+                gathered = [None] * world
+                dist.all_gather_object(gathered, done)
+            else:
+                gathered = [done]
+            written[name] = {index: tokens for part in gathered for index, tokens in part.items()}
+        model.train(was_training)
+        if rank == 0:
+            at_dir = os.path.join(self.dir, at)
+            os.makedirs(at_dir, exist_ok=True)
+            for name, completions in written.items():
+                with open(os.path.join(at_dir, f"{name}.jsonl"), "w", encoding="utf-8") as f:
+                    for index in range(len(self.sets[name])):
+                        f.write(json.dumps({"tokens": completions[index]}) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            # Last: the sets above are whole.
+            with open(os.path.join(at_dir, "DONE"), "w", encoding="utf-8") as f:
+                f.flush()
+                os.fsync(f.fileno())
+            counts = ", ".join(f"{len(c)} {name}" for name, c in written.items())
+            log(f"held-out completions at {at}: {counts} in {time.perf_counter() - started:.1f} s")
+        if distributed:
+            dist.barrier()
+
+    def generate(self, model, rows, synced):
+        """Greedy ids after each prompt of `rows` (left-padded into one batch)."""
+        import torch
+
+        device = next(model.parameters()).device
+        width = max(len(row) for row in rows)
+        ids = torch.tensor([[self.pad] * (width - len(row)) + row for row in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=device)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=self.max_new_tokens,
+                pad_token_id=self.pad,
+                eos_token_id=self.eos,
+                synced_gpus=synced,
+            )
+        return [sequence[width:].tolist() for sequence in out]
+
+    def complete_baseline(self, device, dtype):
+        """The gates' published baseline, loaded whole on each rank, completed, and freed."""
+        if not self.baseline_model or self.done("baseline"):
+            return
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.baseline_model, dtype=dtype).to(device)
+        self.complete("baseline", self.every_set, model, synced=False)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def read_token_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["tokens"] for line in f if line.strip()]
 
 
 class AllStepsTrained(Exception):

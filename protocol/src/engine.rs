@@ -11,7 +11,7 @@
 //! README's tables (a test keeps them equal).
 //!
 //! `[engine]` is [`EngineSection`]: `kind` native or trl, `launcher` local or ray, `strategy`
-//! ddp or fsdp2.
+//! ddp or fsdp2, `heldout` worker or engine.
 //! [`EngineContract`] is what the worker hands `engines/trl/run.py`.
 //!
 //! The defaults of the GRPO keys here are the `grpo` plugin's (`plugins/optimizer-grpo`): a key
@@ -37,6 +37,26 @@ pub struct EngineSection {
     /// its parameters, gradients and optimizer state (`fsdp2`).
     #[serde(default)]
     pub strategy: Strategy,
+    /// Who completes the held-out prompts (and the gates' canaries) that the worker scores: the
+    /// worker on its own device (`worker`, the default), or the engine's ranks (`engine`), for a
+    /// model that does not fit one device; the worker then keeps its copy of the model on the CPU.
+    #[serde(default)]
+    pub heldout: HeldoutBy,
+}
+
+/// Who generates an engine job's held-out (and canary) completions; the worker scores them
+/// either way, with the job's graders.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum HeldoutBy {
+    /// The worker, greedily on its own device, before and after the engine trains.
+    #[default]
+    Worker,
+    /// The engine's ranks, greedily, each a share of the prompts (sharded ranks gather a layer at
+    /// a time): before training, every `eval.every_steps`, after training, and the gates'
+    /// published baseline before training.
+    Engine,
 }
 
 /// How an engine job's ranks hold the model.
@@ -102,6 +122,15 @@ impl Strategy {
         match self {
             Strategy::Ddp => "ddp",
             Strategy::Fsdp2 => "fsdp2",
+        }
+    }
+}
+
+impl HeldoutBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            HeldoutBy::Worker => "worker",
+            HeldoutBy::Engine => "engine",
         }
     }
 }
@@ -542,6 +571,12 @@ pub fn engine_problems(spec: &JobSpec) -> Vec<SpecError> {
                 spec.engine.strategy.name()
             ),
         }],
+        EngineKind::Native if spec.engine.heldout != HeldoutBy::Worker => vec![SpecError {
+            field: "engine.heldout".to_owned(),
+            message: "the engine's ranks complete the held-out prompts of an engine job; the native worker \
+                      scores its own (set engine.kind = \"trl\")"
+                .to_owned(),
+        }],
         EngineKind::Native => Vec::new(),
         EngineKind::Trl => {
             let mut problems = trl_trainer(spec, spec.resources.ranks()).err().unwrap_or_default();
@@ -625,10 +660,11 @@ fn refuse_what_trl_cannot_run(spec: &JobSpec, refusals: &mut Refusals) {
     if spec.budget.max_wall_minutes.is_some() {
         refusals.add("budget.max_wall_minutes", "the trl engine's budget is budget.max_steps");
     }
-    if spec.eval.every_steps > 0 {
+    if spec.eval.every_steps > 0 && spec.engine.heldout == HeldoutBy::Worker {
         refusals.add(
             "eval.every_steps",
-            "the engine's checkpoints are not scored during its run: held-out is scored before and after",
+            "the worker scores an engine job's held-out before and after its run only; set engine.heldout = \
+             \"engine\" to have the ranks complete it during the run",
         );
     }
     let stop = &spec.stop;
@@ -791,6 +827,42 @@ pub struct EngineContract {
     /// The daemon's `POST /v1/verify` and the body's reward: the job's graders and formula,
     /// exactly as its spec writes them (a GRPO job's rewards).
     pub verify: VerifyAccess,
+    /// `engine.heldout = "engine"`: the prompt sets the ranks complete for the worker to score.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<HeldoutContract>,
+}
+
+/// The held-out prompts (and the gates' canaries) the ranks complete greedily, each rank a share,
+/// rank 0 writing every completion in the set's order to `<dir>/<at>/<set>.jsonl` (one
+/// [`EngineCompletion`] a line), then `<dir>/<at>/DONE`: `at` is `start` (the starting weights,
+/// before the first step), `step-N` (the held-out set only, every `every_steps`), `final` (the
+/// final model) and `baseline` (`baseline_model`, before the first step). A start that finds an
+/// `at` done skips it (a resume). The worker tokenizes the prompts (its chat template, its
+/// tokenizer) and decodes the completions, so both ends are its own sampler's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldoutContract {
+    /// The held-out prompts (`data.heldout`'s first `eval.max_prompts`): one [`EngineCompletion`]
+    /// a line, its `tokens` the prompt's ids.
+    pub heldout: PathBuf,
+    /// `data.canaries`, as `heldout`: completed at `start`, `final` and `baseline`.
+    pub canaries: Option<PathBuf>,
+    /// `rollout.max_new_tokens`.
+    pub max_new_tokens: u32,
+    /// `eval.every_steps` (0: before and after training only).
+    pub every_steps: u64,
+    /// Where the completions go.
+    pub dir: PathBuf,
+    /// The gates' baseline when it is not the starting model (the model line's published
+    /// version), a Hugging Face directory each rank loads whole, once, before training.
+    pub baseline_model: Option<PathBuf>,
+}
+
+/// A line of a [`HeldoutContract`] file: a prompt's ids, or a completion's generated ids after
+/// its prompt (the first EOS and what follows are the worker's to cut, by its own sampler's rules).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineCompletion {
+    pub tokens: Vec<i64>,
 }
 
 /// How the engine gets its rewards: the daemon's dry-run route, with the job's graders.

@@ -187,7 +187,7 @@ fn what_trl_cannot_do_is_refused_naming_the_key() {
         ("", "[rollout]\nstop = [\"\\n\"]", "rollout.stop", "EOS"),
         ("", "[rollout]\nignore_eos = true", "rollout.ignore_eos", "at its EOS token"),
         ("", "[budget]\nmax_wall_minutes = 5.0", "budget.max_wall_minutes", "budget.max_steps"),
-        ("", "[eval]\nevery_steps = 5", "eval.every_steps", "before and after"),
+        ("", "[eval]\nevery_steps = 5", "eval.every_steps", "before and after its run only"),
         ("", "[stop]\nkl_max = 1.0", "stop.kl_max", "[stop]"),
         ("", "[model]\nreference = \"/models/other\"", "model.reference", "starting policy"),
         ("", "[rollout]\nengine = \"vllm\"\noff_policy_steps = 1", "rollout.off_policy_steps", "server mode"),
@@ -382,4 +382,39 @@ fn an_engine_job_spans_nodes_on_a_ray_cluster_only_its_ranks_devices_times_nodes
     spec.optimizer.micro_batch_size = 3;
     let refused = engine_problems(&spec);
     assert!(refused.iter().any(|p| p.message.contains("on each of the 4 processes")), "{refused:?}");
+}
+
+#[test]
+fn the_ranks_score_held_out_on_engine_jobs_only_and_then_during_the_run_too() {
+    // (engine kind, engine.heldout, eval.every_steps, the refused field and words, or none)
+    type Refused = Option<(&'static str, &'static str)>;
+    let cases: &[(EngineKind, HeldoutBy, u64, Refused)] = &[
+        (EngineKind::Trl, HeldoutBy::Worker, 0, None),
+        (EngineKind::Trl, HeldoutBy::Engine, 0, None),
+        (EngineKind::Trl, HeldoutBy::Engine, 5, None),
+        (
+            EngineKind::Trl,
+            HeldoutBy::Worker,
+            5,
+            Some(("eval.every_steps", "set engine.heldout = \"engine\"")),
+        ),
+        (EngineKind::Native, HeldoutBy::Engine, 0, Some(("engine.heldout", "set engine.kind = \"trl\""))),
+    ];
+    for (kind, heldout, every, refused) in cases {
+        let mut spec = spec("", "");
+        spec.engine.kind = *kind;
+        spec.engine.heldout = *heldout;
+        spec.eval.every_steps = *every;
+        let problems = engine_problems(&spec);
+        match refused {
+            None => assert!(problems.is_empty(), "{kind:?} {heldout:?} {every}: {problems:?}"),
+            Some((field, words)) => assert!(
+                problems.iter().any(|p| p.field == *field && p.message.contains(words)),
+                "{kind:?} {heldout:?} {every}: {problems:?}"
+            ),
+        }
+    }
+    // The contract's set, as the worker writes it and the entry script reads it.
+    let line: EngineCompletion = serde_json::from_str(r#"{"tokens": [5, 7, 2]}"#).unwrap();
+    assert_eq!(line.tokens, [5, 7, 2]);
 }

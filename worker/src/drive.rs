@@ -96,7 +96,8 @@ pub fn drive(
         logs,
     };
     run_loop.write_progress(None, None)?;
-    if run_loop.state.step == 0 && run_loop.job.has_heldout() {
+    // An engine that scores held-out completes the starting weights' itself, before its first step.
+    if run_loop.state.step == 0 && run_loop.job.has_heldout() && !run_loop.job.engine_scores_heldout() {
         run_loop.score_before_training()?;
     }
     let ending = match &run_loop.job.work {
@@ -214,7 +215,18 @@ impl Loop<'_> {
         let step = self.state.step;
         info!(step, "the engine finished; its weights are the policy's");
         if self.job.has_heldout() {
-            let figures = self.score_heldout(step)?;
+            let figures = if self.job.engine_scores_heldout() {
+                // An engine that ran no step (every one trained before a restart) still completed
+                // the starting weights first.
+                self.score_engine_start()?;
+                let tokens = EngineDir::of(self.run).completions("final", "heldout")?;
+                let score = eval::heldout_from_engine(self.job, tokens)
+                    .map_err(|error| WorkerError::from_step(step, error))?;
+                self.record_heldout(step, score.accuracy);
+                score.figures()
+            } else {
+                self.score_heldout(step)?
+            };
             self.append_metrics(&MetricsLine { step, heldout: Some(figures), ..MetricsLine::default() })?;
         }
         self.checkpoint()?;
@@ -256,15 +268,30 @@ impl Loop<'_> {
         }
     }
 
-    /// One of the engine's step lines: logged, counted, shown in `progress.json`.
+    /// One of the engine's step lines: logged, counted, shown in `progress.json`; with the
+    /// held-out score of the ranks' completions at that step when they scored one.
     fn engine_line(&mut self, line: &MetricsLine) -> Result<(), WorkerError> {
+        let mut line = line.clone();
+        if self.job.engine_scores_heldout() && self.job.has_heldout() {
+            self.score_engine_start()?;
+            let every = self.job.spec.eval.every_steps;
+            if every > 0 && line.step % every == 0 && line.step < self.job.spec.budget.max_steps {
+                let tokens =
+                    EngineDir::of(self.run).completions(&format!("step-{}", line.step), "heldout")?;
+                let score = eval::heldout_from_engine(self.job, tokens)
+                    .map_err(|error| WorkerError::from_step(line.step, error))?;
+                // Not a candidate for the gates: the worker keeps no checkpoint of this step.
+                self.heldout = Some(score.accuracy);
+                line.heldout = Some(score.figures());
+            }
+        }
         self.state.step = line.step;
         self.state.tokens_generated += line.tokens_generated.unwrap_or(0);
-        self.append_metrics(line)?;
-        self.signals.observe(line);
+        self.append_metrics(&line)?;
+        self.signals.observe(&line);
         let eta_s = self.eta_s(line.step);
-        step::log_progress(line, self.job.spec.budget.max_steps, Some(eta_s));
-        self.write_progress(Some(line), Some(eta_s))
+        step::log_progress(&line, self.job.spec.budget.max_steps, Some(eta_s));
+        self.write_progress(Some(&line), Some(eta_s))
     }
 
     /// The budget that ran out before the next step, if one did; a stop request counts too.
@@ -310,12 +337,39 @@ impl Loop<'_> {
 
     fn score_heldout(&mut self, step: u64) -> Result<rlvr_protocol::worker::ScoreFigures, WorkerError> {
         let score = eval::heldout(self.job).map_err(|error| WorkerError::from_step(step, error))?;
+        self.record_heldout(step, score.accuracy);
+        Ok(score.figures())
+    }
+
+    /// The held-out baseline from the engine's completions of the starting weights, once a run
+    /// (they are written before the engine's first step): the line of step 0, as
+    /// `score_before_training` writes it.
+    fn score_engine_start(&mut self) -> Result<(), WorkerError> {
+        if self.state.heldout_baseline.is_some() {
+            return Ok(());
+        }
+        let tokens = EngineDir::of(self.run).completions("start", "heldout")?;
+        let score =
+            eval::heldout_from_engine(self.job, tokens).map_err(|error| WorkerError::from_step(0, error))?;
+        info!(
+            accuracy = score.accuracy,
+            reward = score.reward_mean,
+            "held-out before training (the engine's completions)"
+        );
+        self.state.heldout_baseline = Some(score.accuracy);
         self.heldout = Some(score.accuracy);
+        let line = MetricsLine { step: 0, heldout: Some(score.figures()), ..MetricsLine::default() };
+        self.stop_watch.observe(&line);
+        self.append_metrics(&line)
+    }
+
+    /// `accuracy` as the held-out score of `step`'s weights, the checkpoint written next.
+    fn record_heldout(&mut self, step: u64, accuracy: f64) {
+        self.heldout = Some(accuracy);
         self.scored_step = Some(step);
         // Recorded for this step's checkpoint, which follows; retention keeps or drops it there.
         self.state.scored.retain(|scored| scored.step != step);
-        self.state.scored.push(ScoredCheckpoint { step, accuracy: score.accuracy });
-        Ok(score.figures())
+        self.state.scored.push(ScoredCheckpoint { step, accuracy });
     }
 
     /// The checkpoint offered to the gates: the best-scoring retained one (ties: the earlier),

@@ -2,8 +2,9 @@
 //! torchrun), the rest of the run stays the worker's.
 //!
 //! Where the engine path leaves the native one and rejoins it (`drive::Loop::engine_steps`):
-//! the worker loads the job as for a native run and scores held-out on the starting weights;
-//! then, instead of its step loop, it writes the contract (`<run>/engine/contract.json`, the
+//! the worker loads the job as for a native run and scores held-out on the starting weights (or,
+//! with `engine.heldout = "engine"`, keeps its copy on the CPU and scores the completions the
+//! ranks write: [`EngineDir::completions`], `HeldoutContract`); then, instead of its step loop, it writes the contract (`<run>/engine/contract.json`, the
 //! mapping of `rlvr_protocol::engine::trl_trainer`), frees its own copy of the model
 //! (`models::release_weights`), starts one engine process per device (each holding the whole
 //! model under DDP, a shard under FSDP2: `engine.strategy`) and follows the engine's metrics lines
@@ -32,7 +33,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
 use rlvr_protocol::api::RewardRequest;
-use rlvr_protocol::engine::{EngineContract, JOB_TOKEN_ENV, Strategy, VerifyAccess, trl_trainer};
+use rlvr_protocol::engine::{
+    EngineCompletion, EngineContract, HeldoutBy, HeldoutContract, JOB_TOKEN_ENV, Strategy, VerifyAccess,
+    trl_trainer,
+};
 use rlvr_protocol::fs::replace_atomic;
 use rlvr_protocol::jobdir::RunDir;
 use rlvr_protocol::worker::MetricsLine;
@@ -57,6 +61,9 @@ pub struct EngineSettings {
     /// The daemon's `POST /v1/verify` (`--verify-url`).
     pub verify_url: String,
     pub launcher: LaunchAt,
+    /// The gates' published baseline (`--baseline`), which the ranks complete when they score
+    /// held-out (`engine.heldout = "engine"`).
+    pub baseline_model: Option<PathBuf>,
 }
 
 /// Where the engine's processes start.
@@ -127,6 +134,33 @@ impl EngineDir {
     /// What rank 0 appends, one line per step.
     fn metrics(&self) -> PathBuf {
         self.root.join("metrics.jsonl")
+    }
+
+    /// The held-out prompts the worker encoded and the completions the ranks wrote
+    /// (`HeldoutContract`).
+    fn heldout(&self) -> PathBuf {
+        self.root.join("heldout")
+    }
+
+    /// The completions of `set` (`heldout`, `canaries`) at `at` (`start`, `step-N`, `final`,
+    /// `baseline`), once the ranks wrote every set of `at`; `None` before.
+    pub fn completions(&self, at: &str, set: &str) -> Result<Option<Vec<Vec<i64>>>, WorkerError> {
+        let dir = self.heldout().join(at);
+        if !dir.join("DONE").is_file() {
+            return Ok(None);
+        }
+        let path = dir.join(format!("{set}.jsonl"));
+        let fail = |message: String| WorkerError::State { path: path.clone(), message };
+        let text = fs::read_to_string(&path).map_err(|error| fail(error.to_string()))?;
+        text.lines()
+            .enumerate()
+            .map(|(index, line)| {
+                serde_json::from_str::<EngineCompletion>(line)
+                    .map(|completion| completion.tokens)
+                    .map_err(|error| fail(format!("line {}: {error}", index + 1)))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 
     /// The directory whose `model/` holds the finished engine's weights (a checkpoint's shape,
@@ -224,6 +258,7 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
         output_dir: dir.output(),
         metrics: dir.metrics(),
         verify: VerifyAccess { url: settings.verify_url.clone(), reward, token_file: dir.token_file() },
+        heldout: heldout_contract(job, &dir, settings).map_err(fail)?,
     };
     let text = serde_json::to_vec_pretty(&contract).map_err(|error| fail(error.to_string()))?;
     let resume_step = dir.newest_checkpoint_step();
@@ -251,6 +286,64 @@ pub fn prepare(job: &Job, run: &RunDir, settings: &EngineSettings) -> Result<Pre
         info!(step = resume_step, "the engine resumes from its checkpoint");
     }
     Ok(Prepared { lines: kept, finished: false })
+}
+
+/// What the ranks complete for the worker to score, when they score held-out: the held-out
+/// prompts and the canaries encoded as the native evaluation encodes them, and the published
+/// baseline as a Hugging Face directory.
+fn heldout_contract(
+    job: &Job,
+    dir: &EngineDir,
+    settings: &EngineSettings,
+) -> Result<Option<HeldoutContract>, String> {
+    let spec = &job.spec;
+    if spec.engine.heldout != HeldoutBy::Engine {
+        return Ok(None);
+    }
+    let root = dir.heldout();
+    fs::create_dir_all(&root).map_err(|error| format!("cannot create {}: {error}", root.display()))?;
+    let write = |name: &str, records: &[rlvr_protocol::records::PromptRecord]| {
+        let prompts = crate::step::encode_prompts(&job.policy.tokenizer, records, name)?;
+        let mut text = String::new();
+        for tokens in prompts {
+            text.push_str(&serde_json::to_string(&EngineCompletion { tokens }).map_err(|e| e.to_string())?);
+            text.push('\n');
+        }
+        let path = root.join(format!("{name}-prompts.jsonl"));
+        replace_atomic(&path, text.as_bytes()).map_err(|error| format!("{}: {error}", path.display()))?;
+        Ok::<_, String>(path)
+    };
+    let heldout = write("heldout", crate::eval::heldout_records(job)?)?;
+    let canaries = match &spec.data.canaries {
+        Some(path) => {
+            let records = rlvr_protocol::records::load_prompts("data.canaries", path)
+                .map_err(|error| error.to_string())?;
+            Some(write("canaries", &records)?)
+        }
+        None => None,
+    };
+    let baseline_model = match &settings.baseline_model {
+        Some(model) if model.join("config.json").is_file() => Some(absolute(model)),
+        Some(model) => {
+            // Not a Hugging Face directory (a built-in model): exported once, on the CPU.
+            let exported = dir.root.join("baseline-model");
+            if !exported.join("config.json").is_file() {
+                crate::models::export(&model.to_string_lossy(), &exported, spec.model.dtype).map_err(
+                    |error| format!("cannot export the gates' baseline {}: {error}", model.display()),
+                )?;
+            }
+            Some(exported)
+        }
+        None => None,
+    };
+    Ok(Some(HeldoutContract {
+        heldout,
+        canaries,
+        max_new_tokens: spec.rollout.max_new_tokens,
+        every_steps: spec.eval.every_steps,
+        dir: root,
+        baseline_model,
+    }))
 }
 
 /// `path` from the worker's directory, for an engine that runs in another.

@@ -6,6 +6,10 @@
 //! its environment, each record's `reference` its `reset` arguments, scored as its training
 //! episodes are (the environment's reward plus the graders'); the grant is held while they play.
 //!
+//! An engine job whose ranks complete held-out (`engine.heldout = "engine"`) is scored here too,
+//! from the ids they generated ([`heldout_from_engine`], [`for_gates_from_engine`]): ended and
+//! decoded by the native sampler's rules, so only the forward passes differ.
+//!
 //! The reward itself is `rlvr_plugin_host::reward`'s.
 
 use rlvr_model::{LoadedModel, Sampled, SamplerRng, SamplingParams, generate, load as load_model};
@@ -66,7 +70,7 @@ impl HeldoutScore {
 }
 
 /// The held-out prompts every evaluation uses: the set, or its first `eval.max_prompts`.
-fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
+pub(crate) fn heldout_records(job: &Job) -> Result<&[PromptRecord], String> {
     let Some(heldout) = &job.heldout else { return Err("no held-out set".into()) };
     let limit = job.spec.eval.max_prompts.map_or(heldout.len(), |m| (m as usize).min(heldout.len()));
     Ok(&heldout[..limit])
@@ -96,7 +100,6 @@ pub fn for_gates(
 ) -> Result<GateEvaluation, StepError> {
     let grant = job.grants.hold(Phase::Eval)?;
     let heldout = job.heldout.as_ref().map(|_| heldout_records(job)).transpose()?;
-    type Completions = (Option<Completed>, Option<Completed>);
     let completions = |model: &LoadedModel| -> Result<Completions, String> {
         let heldout = heldout.map(|records| complete(job, model, records, "held-out")).transpose()?;
         let canaries = canaries.map(|records| complete(job, model, records, "canary")).transpose()?;
@@ -115,6 +118,86 @@ pub fn for_gates(
     };
     // The baseline's weights left the device with its block; the verifiers need no device.
     grant.release(job.device);
+    judged(job, baseline, (heldout, canaries), trend, &candidate, &before)
+}
+
+/// The gates' evaluation from the completions an engine's ranks generated
+/// (`engine.heldout = "engine"`): `candidate`'s and `before`'s are (held-out, canaries), each the
+/// generated ids of every prompt in the set's order; a set the job has must be there.
+pub fn for_gates_from_engine(
+    job: &Job,
+    baseline: &Baseline,
+    canaries: Option<&[PromptRecord]>,
+    trend: Option<Trend>,
+    candidate: EngineSets,
+    before: EngineSets,
+) -> Result<GateEvaluation, StepError> {
+    let heldout = job.heldout.as_ref().map(|_| heldout_records(job)).transpose()?;
+    let completed = |(heldout_tokens, canary_tokens): EngineSets| -> Result<Completions, String> {
+        let heldout =
+            heldout.map(|records| from_engine(job, records, heldout_tokens, "held-out")).transpose()?;
+        let canaries =
+            canaries.map(|records| from_engine(job, records, canary_tokens, "canary")).transpose()?;
+        Ok((heldout, canaries))
+    };
+    let (candidate, before) = (completed(candidate)?, completed(before)?);
+    judged(job, baseline, (heldout, canaries), trend, &candidate, &before)
+}
+
+/// The held-out score of completions an engine's ranks generated (`tokens[i]`: the generated ids
+/// of held-out prompt i).
+pub fn heldout_from_engine(job: &Job, tokens: Option<Vec<Vec<i64>>>) -> Result<HeldoutScore, StepError> {
+    let records = heldout_records(job)?;
+    let completed = from_engine(job, records, tokens, "held-out")?;
+    score(job, records, &completed)
+}
+
+/// Generated ids of a set's prompts (held-out, canaries), as an engine's ranks wrote them.
+pub type EngineSets = (Option<Vec<Vec<i64>>>, Option<Vec<Vec<i64>>>);
+
+/// A held-out or canary set (held-out, canaries), its completions as generated.
+type Completions = (Option<Completed>, Option<Completed>);
+
+/// An engine's completions of `records`, ended by the native sampler's rules at greedy decoding
+/// (the first EOS kept, `rollout.stop`, `rollout.max_new_tokens`) and decoded by the policy's
+/// tokenizer: what the native evaluation would score for the same ids.
+fn from_engine(
+    job: &Job,
+    records: &[PromptRecord],
+    tokens: Option<Vec<Vec<i64>>>,
+    what: &str,
+) -> Result<Completed, String> {
+    let tokens = tokens.ok_or_else(|| format!("the engine left no {what} completions"))?;
+    if tokens.len() != records.len() {
+        return Err(format!("the engine completed {} {what} prompts of {}", tokens.len(), records.len()));
+    }
+    let params = greedy(job);
+    let sampled = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(index, ids)| {
+            let logprobs = vec![0.0; ids.len()];
+            Sampled::ended(index, ids, logprobs, &job.policy.tokenizer, &params)
+                .map_err(|error| format!("{what} completion {}: {error}", records[index].id))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Completed { sampled, episodes: None })
+}
+
+/// Greedy decoding with the job's sampling limits: every evaluation's.
+fn greedy(job: &Job) -> SamplingParams {
+    SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ignore_eos: false, ..job.sampling.clone() }
+}
+
+/// Scores both models' completions and assembles what the daemon judges.
+fn judged(
+    job: &Job,
+    baseline: &Baseline,
+    (heldout, canaries): (Option<&[PromptRecord]>, Option<&[PromptRecord]>),
+    trend: Option<Trend>,
+    candidate: &Completions,
+    before: &Completions,
+) -> Result<GateEvaluation, StepError> {
     let scores = |(heldout_done, canaries_done): &Completions| {
         let heldout = heldout
             .zip(heldout_done.as_ref())
@@ -126,7 +209,7 @@ pub fn for_gates(
             .transpose()?;
         Ok::<_, StepError>((heldout, canaries))
     };
-    let (candidate, before) = (scores(&candidate)?, scores(&before)?);
+    let (candidate, before) = (scores(candidate)?, scores(before)?);
     let regressions: Vec<String> = match (canaries, &candidate.1, &before.1) {
         (Some(records), Some(now), Some(then)) => records
             .iter()
@@ -165,8 +248,7 @@ fn complete(
     records: &[PromptRecord],
     what: &str,
 ) -> Result<Completed, String> {
-    let params =
-        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, ignore_eos: false, ..job.sampling.clone() };
+    let params = greedy(job);
     // Greedy decoding draws nothing; a throwaway generator keeps the training one untouched.
     let mut rng = SamplerRng::new(0);
     if let Rollouts::Env(environment) = &job.rollouts {

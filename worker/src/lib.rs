@@ -364,6 +364,13 @@ impl Job {
         }
     }
 
+    /// Whether an engine's ranks complete the held-out prompts and canaries
+    /// (`engine.heldout = "engine"`), the worker scoring what they wrote.
+    pub fn engine_scores_heldout(&self) -> bool {
+        matches!(self.work, Work::Engine(_))
+            && self.spec.engine.heldout == rlvr_protocol::engine::HeldoutBy::Engine
+    }
+
     /// SHA-256 over the trained model's tensors (names sorted, raw bytes).
     pub fn weights_sha256(&self) -> String {
         match &self.work {
@@ -488,11 +495,20 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
             );
         }
     }
+    // An engine job whose ranks score held-out never needs the model on the worker's device
+    // (it may not fit there): the worker's copy, exported for the ranks and loaded back from
+    // them for the checkpoint, stays on the CPU.
+    let models_device =
+        if kind == JobKind::Engine && start.spec.engine.heldout == rlvr_protocol::engine::HeldoutBy::Engine {
+            Device::Cpu
+        } else {
+            device
+        };
     // A rejection-sampling checkpoint holds no model: the spec's is the one it samples from.
     let models = Models::load(
         &start.spec,
         start.checkpoint.as_deref().filter(|_| kind != JobKind::RejectionSampling),
-        device,
+        models_device,
         &plugins.optimizer_info,
         plugins.trains,
         &plugins.optimizer,
@@ -572,6 +588,28 @@ pub fn run(options: &WorkerOptions) -> Result<Outcome, WorkerError> {
         let _entered = span.enter();
         let evaluation = match &job.work {
             Work::RewardModel { .. } => reward_training::for_gates(&job, &baseline, outcome.training),
+            _ if job.engine_scores_heldout() => {
+                let completions = engine::EngineDir::of(&run_dir);
+                // The sets the job has: the ranks complete those only.
+                let sets = |at: &str| -> Result<eval::EngineSets, WorkerError> {
+                    let set = |name: &str, has: bool| {
+                        if has { completions.completions(at, name) } else { Ok(None) }
+                    };
+                    Ok((set("heldout", job.has_heldout())?, set("canaries", canaries.is_some())?))
+                };
+                let before = match baseline.kind {
+                    BaselineKind::Start => "start",
+                    BaselineKind::Published => "baseline",
+                };
+                eval::for_gates_from_engine(
+                    &job,
+                    &baseline,
+                    canaries.as_deref(),
+                    outcome.training,
+                    sets("final")?,
+                    sets(before)?,
+                )
+            }
             _ => eval::for_gates(&job, &baseline, canaries.as_deref(), outcome.training),
         }
         .map_err(|error| WorkerError::from_step(outcome.steps, error))?;
@@ -635,6 +673,7 @@ fn engine_settings(
             .verify_url
             .clone()
             .ok_or_else(|| missing("--verify-url", "the daemon's POST /v1/verify"))?,
+        baseline_model: options.baseline.as_ref().map(|(model, _)| model.clone()),
     }))
 }
 
