@@ -9,6 +9,7 @@
 #   - g++ (for the libtorch bindings), systemd-analyze (for the unit's test) and valgrind (the
 #     worker's memory check), when missing
 #   - cargo-nextest (scripts/test.sh's test runner) from crates.io, when cargo has none
+#   - mdBook (the book in docs/) from crates.io, into the cache, when it has none
 # pip byte-compiles nothing (--no-compile, as scripts/lib.sh's pip_install): a module's first import
 # does it, for the modules something uses.
 # The env file ($RLVR_CACHE_DIR/env.sh) exports LIBTORCH_USE_PYTORCH=1, the venv on PATH and the
@@ -18,6 +19,7 @@ set -euo pipefail
 TORCH_VERSION=2.11.0
 SCHEMATHESIS_VERSION=4.32.5
 NEXTEST_VERSION=0.9.143
+MDBOOK_VERSION=0.5.4
 CACHE_DIR=${RLVR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlvr}  # keep in step with scripts/lib.sh
 VENV=$CACHE_DIR/venv
 SCHEMATHESIS_VENV=$CACHE_DIR/venvs/schemathesis
@@ -128,6 +130,18 @@ else
     cargo nextest --version >/dev/null 2>&1 || { say "cargo-nextest did not install"; exit 1; }
 fi
 
+# --- mdBook (the book in docs/: scripts/test.sh builds it, a test checks its links) --------------
+MDBOOK=$CACHE_DIR/tools/mdbook-$MDBOOK_VERSION/bin/mdbook
+if "$MDBOOK" --version >/dev/null 2>&1; then
+    say "$("$MDBOOK" --version)"
+else
+    say "no mdbook $MDBOOK_VERSION in the cache: building it from crates.io (a few minutes, once)"
+    # Without the live-reload server and the file watcher: `build` is all the scripts run.
+    cargo install --locked --quiet mdbook --version "$MDBOOK_VERSION" --no-default-features \
+        --features search --root "$CACHE_DIR/tools/mdbook-$MDBOOK_VERSION"
+    "$MDBOOK" --version >/dev/null 2>&1 || { say "mdbook did not install"; exit 1; }
+fi
+
 # --- env file ---------------------------------------------------------------------------------
 tmp=$(mktemp "$CACHE_DIR/env.sh.XXXXXX")
 cat >"$tmp" <<ENV
@@ -136,6 +150,7 @@ export RLVR_CACHE_DIR="$CACHE_DIR"
 export RLVR_VENV="$VENV"
 export RLVR_REDIS_SERVER="$redis_bin"
 export RLVR_SCHEMATHESIS="$SCHEMATHESIS_VENV/bin/st"
+export RLVR_MDBOOK="$MDBOOK"
 export LIBTORCH_USE_PYTORCH=1
 export PYTHON_SYS_EXECUTABLE="$VENV/bin/python"
 export PATH="$VENV/bin:\$PATH"

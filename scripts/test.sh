@@ -7,10 +7,11 @@
 #                             in .config/nextest.toml); no peers installed, no doc tests
 #
 # On a fresh Debian machine with only the Rust toolchain it installs what is missing first
-# (scripts/setup.sh: torch, Redis, Schemathesis, cargo-nextest). Tests run under cargo-nextest, a
+# (scripts/setup.sh: torch, Redis, Schemathesis, cargo-nextest, mdBook). It builds the book in docs/
+# into target/book/. Tests run under cargo-nextest, a
 # process each, as many at once as .config/nextest.toml allows (the CPU-heavy ones declare the
 # threads they take); JUnit lands in target/nextest/<profile>/junit.xml and the run ends by
-# listing its 15 slowest tests. Measured times are in the README ("Running the tests").
+# listing its 15 slowest tests. Measured times are in the book (docs/src/contributors/testing.md).
 #
 # The build goes to a kept target directory, $RLVR_CACHE_DIR/target/<key>, so runs on the same
 # machine reuse what the last one compiled, whichever directory the clone is in (RLVR_TARGET_CACHE=0
@@ -129,6 +130,9 @@ unlocked cargo build "${cargo_workspace[@]}" --workspace --all-targets
 if [ -n "${lock_fd:-}" ]; then
     "$RLVR_VENV/bin/python" scripts/source-mtimes.py record "$CARGO_TARGET_DIR/source-mtimes.tsv"
 fi
+
+step "the book: mdbook build docs (into target/book/; a test checks its links)"
+"$RLVR_MDBOOK" build docs --dest-dir "$RLVR_ROOT/target/book"
 
 if [ "${#peer_pids[@]}" -gt 0 ]; then
     step "waiting for the peers"

@@ -8,7 +8,7 @@
 //! calls it at submit ([`engine_problems`]: a spec the engine cannot run is refused there) and the
 //! worker at start (the arguments it hands the engine), so the check and the mapping cannot drift
 //! apart. [`GRPO_MAPPING`], [`SFT_MAPPING`] and [`DPO_MAPPING`] are the same tables as data: the
-//! README's tables (a test keeps them equal).
+//! tables of the book's engines page, `docs/src/operators/engines.md` (a test keeps them equal).
 //!
 //! `[engine]` is [`EngineSection`]: `kind` native or trl, `launcher` local or ray, `strategy`
 //! ddp or fsdp2, `heldout` worker or engine.
@@ -291,7 +291,7 @@ pub struct MappingRow {
     pub note: &'static str,
 }
 
-/// How a GRPO job's keys reach TRL's `GRPOConfig` (the README's table is this one).
+/// How a GRPO job's keys reach TRL's `GRPOConfig` (the book's engines page shows this table).
 pub const GRPO_MAPPING: &[MappingRow] = &[
     MappingRow { ours: "optimizer.group_size", theirs: "num_generations", note: "as is" },
     MappingRow { ours: "optimizer.mu", theirs: "num_iterations", note: "as is" },

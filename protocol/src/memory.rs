@@ -13,7 +13,7 @@
 //! what the worker allocates (`rlvr-worker`'s models, AdamW with f32 moments and, for bf16, f32
 //! master weights and gradient sums; generation with a KV cache per row; log-probabilities from
 //! hidden states at the completion positions), with constants measured against the worker's
-//! peak resident size on CPU (`tests/tests/estimate.rs`); the README has the figures.
+//! peak resident size on CPU (`tests/tests/estimate.rs`); the book's scheduling page has the figures.
 //!
 //! [`ModelShape`] comes from a `config.json`'s text or the built-in model's; [`estimate`] takes the
 //! spec and [`Inputs`] and returns a [`MemoryEstimate`]: the resident parts and each phase's. The

@@ -1417,6 +1417,16 @@ const LORA_RULES: &[Rule<LoraSection>] = &[
 const VERIFIER_RULES: &[Rule<PluginSection>] =
     &[Rule::new("weight", |v| real(v.weight), RealsFrom(Closed(0.0)))];
 
+/// Every numeric key's range, as `validate` words it ("1 to 1024", "a rate in [0, 1]"), by its
+/// path (`optimizer.lr`, `model.lora.rank`, `verifiers[].weight`): the book's job-spec reference
+/// shows these, so it cannot drift from what submit accepts.
+pub fn key_ranges() -> Vec<(String, String)> {
+    let spec = RULES.iter().map(|rule| (rule.field.to_owned(), rule.expected()));
+    let lora = LORA_RULES.iter().map(|rule| (format!("model.lora.{}", rule.field), rule.expected()));
+    let graders = VERIFIER_RULES.iter().map(|rule| (format!("verifiers[].{}", rule.field), rule.expected()));
+    spec.chain(lora).chain(graders).collect()
+}
+
 /// Longest grader name (`[[verifiers]] name`).
 const MAX_GRADER_NAME_CHARS: usize = 64;
 /// Most graders in one reward, a job's or a dry-run's: each one grades every completion.

@@ -388,7 +388,7 @@ else
     show "$results/30-temperature0.json"
 fi
 
-# The shapes on the device, in a plan sized by the H200 run of 2026-11-30 (README: On one GPU):
+# The shapes on the device, in a plan sized by the H200 run of 2026-11-30 (the book: contributors/benchmarks.md, On one GPU):
 # full bf16 at every shape (7B and 8B are skipped at once: their estimates exceed 141 GB), tf32 at
 # the smallest, LoRA bf16 at the two largest, last (the slowest: 62 s and over 90 s a run at 128
 # tokens). A third LoRA run (3B, 48 s) did not fit the minutes.

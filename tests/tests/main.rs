@@ -14,6 +14,7 @@ mod curriculum;
 mod daemon;
 mod demo;
 mod distill;
+mod docs;
 mod engines;
 mod env;
 mod examples;

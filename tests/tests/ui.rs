@@ -2,7 +2,7 @@
 //! Debian's Chromium driven by Playwright (`tests/ui/drive.cjs`, installed by
 //! `scripts/ui-browser.sh`). Team `tests` logs in, watches its running job's reward curve grow,
 //! opens its gates, and is refused team `others`' job; the job page's screenshot goes to
-//! `target/ui/ui-job.png`, and with `RLVR_UPDATE_SCREENSHOT=1` to the README's `docs/ui-job.png`.
+//! `target/ui/ui-job.png`, and with `RLVR_UPDATE_SCREENSHOT=1` to the book's `docs/src/images/ui-job.png`.
 
 use std::path::Path;
 use std::process::Command;
@@ -72,7 +72,7 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     // Under target/ on every run; the README's copy only when asked (RLVR_UPDATE_SCREENSHOT=1), so
     // a test run leaves the checkout as it was.
     let screenshot = if std::env::var_os("RLVR_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
-        workspace_root().join("docs/ui-job.png")
+        workspace_root().join("docs/src/images/ui-job.png")
     } else {
         rlvr_tests::target_dir().join("ui/ui-job.png")
     };

@@ -285,6 +285,19 @@ fn determinism_refusal(payload: &(dyn std::any::Any + Send)) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    /// The book's reference of this program (`docs/src/reference/cli/rlvr-worker.md`) is its help,
+    /// rendered by clap-markdown: `UPDATE_EXPECT=1 cargo test -p rlvr-worker reference` after changing
+    /// a command.
+    #[test]
+    fn the_books_reference_is_this_programs_help() {
+        let options = clap_markdown::MarkdownOptions::new()
+            .title("`rlvr-worker`".to_owned())
+            .show_footer(false)
+            .show_table_of_contents(false);
+        expect_test::expect_file!["../../docs/src/reference/cli/rlvr-worker.md"]
+            .assert_eq(&clap_markdown::help_markdown_custom::<super::Cli>(&options));
+    }
+
     use std::ffi::OsString;
 
     use super::*;

@@ -29,6 +29,7 @@ pub mod lanes;
 pub mod logs;
 pub mod outcomes;
 pub mod pipelines;
+pub mod reference;
 pub mod server;
 pub mod tenancy;
 pub mod tinker;

@@ -443,3 +443,19 @@ async fn wait_for_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The book's reference of this program (`docs/src/reference/cli/rlvrd.md`) is its help,
+    /// rendered by clap-markdown: `UPDATE_EXPECT=1 cargo test -p rlvr-daemon reference` after changing
+    /// a command.
+    #[test]
+    fn the_books_reference_is_this_programs_help() {
+        let options = clap_markdown::MarkdownOptions::new()
+            .title("`rlvrd`".to_owned())
+            .show_footer(false)
+            .show_table_of_contents(false);
+        expect_test::expect_file!["../../../docs/src/reference/cli/rlvrd.md"]
+            .assert_eq(&clap_markdown::help_markdown_custom::<super::Cli>(&options));
+    }
+}

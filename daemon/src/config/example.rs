@@ -40,6 +40,64 @@ pub fn example_toml() -> String {
     out
 }
 
+/// The configuration reference, `docs/src/reference/config.md`, rendered from the same table: a
+/// section per `[section]`, each key with its doc, type and range, default and environment
+/// variable. A test keeps the page equal to it (`UPDATE_EXPECT=1` writes it).
+#[cfg(test)]
+pub fn reference_markdown() -> String {
+    let mut out = format!(
+        "# Configuration keys\n\n\
+         <!-- Rendered from the daemon's field table (daemon/src/config/fields.rs); a test keeps it equal: \
+         change the table, then `UPDATE_EXPECT=1 cargo test -p rlvr-daemon config`. -->\n\n\
+         rlvrd reads `{DEFAULT_CONFIG_PATH}` if it exists, or the file given with `--config`. Every key \
+         is optional: one left out takes its default. Every key can also be set with an environment \
+         variable `{ENV_PREFIX}SECTION__KEY` (read like a TOML value), which wins over the file. \
+         `rlvrd validate --config FILE` lists every problem at once, each with its key and where its \
+         value came from; `rlvrd config-example` prints the commented example, `configs/rlvrd.toml`.\n"
+    );
+    for section in &SECTIONS {
+        let fields: Vec<&Field> = in_section(section.name).collect();
+        if fields.is_empty() {
+            continue;
+        }
+        let _ = write!(out, "\n## `[{}]`\n\n", section.name);
+        if !section.doc.is_empty() {
+            let _ = write!(out, "{}\n\n", section.doc);
+        }
+        for field in fields {
+            let variable = format!("{ENV_PREFIX}{}", field.path.replace('.', "__").to_uppercase());
+            let _ = write!(
+                out,
+                "### `{}`\n\n{}\n\n- {}.\n- Default: {}.\n- Environment: `{variable}`.\n",
+                field.path,
+                field.doc,
+                capitalized(&what(field)),
+                match default_text(&field.kind, false).as_str() {
+                    text @ ("none" | "not set") => text.to_owned(),
+                    text => format!("`{text}`"),
+                },
+            );
+            if let Kind::Tables { fields, .. } = &field.kind {
+                out.push_str("- Each entry:\n");
+                for entry_field in *fields {
+                    let _ = writeln!(
+                        out,
+                        "  - `{}`: {} {}. {}.",
+                        entry_field.path,
+                        entry_field.doc,
+                        capitalized(&what(entry_field)),
+                        default_text(&entry_field.kind, true)
+                    );
+                }
+            }
+            out.push('\n');
+        }
+    }
+    out.truncate(out.trim_end().len());
+    out.push('\n');
+    out
+}
+
 fn header() -> String {
     let name = DEFAULT_CONFIG_PATH.rsplit('/').next().unwrap_or(DEFAULT_CONFIG_PATH);
     format!(

@@ -129,6 +129,13 @@ fn the_example_file_is_rendered_from_the_table() {
     expect_test::expect_file!["../../../configs/rlvrd.toml"].assert_eq(&example_toml());
 }
 
+/// The book's configuration reference is the table's rendering too.
+#[test]
+fn the_books_configuration_reference_is_rendered_from_the_table() {
+    expect_test::expect_file!["../../../docs/src/reference/config.md"]
+        .assert_eq(&super::example::reference_markdown());
+}
+
 /// What the example shows commented out is a valid way to set its key.
 #[test]
 fn the_commented_out_examples_load_and_set_their_key() {

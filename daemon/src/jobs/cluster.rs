@@ -12,7 +12,7 @@ use rlvr_protocol::jobdir::RunDir;
 use tracing::{info, warn};
 
 /// How long a stopped cluster job may take to end: Ray's own wait for its entrypoint
-/// (`RAY_JOB_STOP_WAIT_TIME_S`, which the README asks operators to set long enough for a
+/// (`RAY_JOB_STOP_WAIT_TIME_S`, which the book's engines page asks operators to set long enough for a
 /// checkpoint), and then some.
 const STOP_WAIT: Duration = Duration::from_secs(180);
 
