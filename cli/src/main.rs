@@ -3,11 +3,13 @@
 //! The job commands (`submit`, `status`, `list`, `watch`, `cancel`, `gates`, `promote`, `report`,
 //! `curriculum refresh`) speak the daemon's HTTP API through `rlvr-client` with the team's bearer
 //! token, and so does `plugins`; `verify` needs no daemon at all. `main` parses the command line
-//! and dispatches; each command lives in the module of what it is about — `jobs`, `models`
-//! (model lines and their versions), `pipeline`, `datasets`, `curriculum`, `init`, `verify`,
-//! `watch` and `logs` (following a job) — and prints its answer through `answer` (a table or block
-//! of text, or JSON with `--json`). Beside them: `render` (tables, status block, figures), `spec`
-//! (a spec file made ready to send), `report` (the HTML report).
+//! (clap), dispatches and maps the exit statuses; each command lives in the module of what it is
+//! about — `jobs`, `models` (model lines and their versions, a version's verified download),
+//! `pipeline`, `datasets`, `curriculum`, `init` (the specs of `examples/jobs/`, built in),
+//! `verify`, `watch` and `logs` (following a job) — and prints its answer through `answer` (the
+//! daemon a command talks to, and its answer as a table or block of text, or JSON with `--json`).
+//! Beside them: `render` (tables, status block, figures), `spec` (a spec file made ready to send),
+//! `report` (the HTML report, its charts in SVG).
 //!
 //! Exit status ([`Exit`]): 0 done (for `watch` and `submit --wait`: the job was published); 1 the
 //! job ended otherwise (refused, failed, cancelled), or `verify` failed; 2 the daemon refused the

@@ -5,6 +5,52 @@
 //!
 //! `main` is thin: it parses arguments and calls into here, so the whole server runs in-process
 //! in tests.
+//!
+//! # Code map
+//!
+//! **Pure**: no IO, no clock.
+//!
+//! - `bin/rlvrd.rs`: the subcommands. [`serve`]: `run` — start, main loop, drain.
+//! - [`state_dir`]: the state directory's layout. [`doctor`], [`metrics`], [`health`].
+//! - [`config`]: `fields.rs` the one field table, `check.rs`, `layers.rs`, `example.rs`.
+//! - [`curricula`]: a team's curriculum refreshed into version N+1.
+//! - [`arith`]: the built-in model's synthetic data.
+//! - [`jobs`]: the job use cases, which the API and the pipelines call; nothing here imports
+//!   `api/`: `submit.rs` (`Submitter`, `SubmitError`), `cancel.rs`, `promote.rs`
+//!   (`PromoteError`). Beside them: `checks.rs` (what submit checks beyond the spec),
+//!   `estimate.rs` (the memory estimate's IO edge), `consumer.rs` (apalis workers per priority,
+//!   the recovery sweep), `supervise.rs` (one job from its task to an end or a requeue),
+//!   `out_of_memory.rs` (**pure**: the one larger requeue), `gate.rs` (**pure**: `judge`),
+//!   `paired.rs` (**pure**: the held-out gain's bootstrap interval), `publish.rs` (the one
+//!   publish path, a finished job's and a promotion's), `dataset_output.rs` (a
+//!   rejection-sampling job's dataset judged and published), `webhook.rs`, `mlflow.rs`
+//!   (`[tracking]`), `tokens.rs` (engine ranks' tokens), `cluster.rs` (a Ray engine job's cluster
+//!   job stopped once its worker is gone), `retention.rs` (how long ended jobs' records stay).
+//! - [`tenancy`] (SECURITY.md): `mod.rs` (`Tenancy`), `resolve.rs` (`admit` at submit,
+//!   `worker_spec` at the first spawn), `datasets.rs` (content-addressed, per team), `sweep.rs`
+//!   (the datasets' sweep), `lines.rs` (model lines with owners), `curricula.rs` (who may start
+//!   from a curriculum), `shown.rs` (**pure**: server paths replaced by names in what a team
+//!   reads).
+//! - [`pipelines`]: `next.rs` (**pure**: one action out) and `drive.rs` (every running pipeline,
+//!   read from Redis each tick).
+//! - [`tinker`] (the Tinker front door's training clients): `order.rs` (**pure**: a client's
+//!   requests in `seq_id` order, each run once), `futures.rs` (each operation's future, a poll
+//!   held until it ends), `clients.rs` (each client a task: queued with the scheduler, its
+//!   `rlvr-worker tinker-client` process fed in order, preempted and parked by suspend/resume,
+//!   restarted from its last checkpoint with the state-changing requests since replayed),
+//!   `samplers.rs` (which process serves each sampler, with which adapter). Sessions live in
+//!   Redis (`rlvr-queue`'s `tinker.rs`).
+//! - [`sched`] (design.md §7): `inventory.rs` (devices found once; names meet UUIDs),
+//!   `policy.rs` (**pure**: admission, packing, fair share, quotas, preemption, grant order;
+//!   `policy_tests.rs` its scripts), `service.rs` (the live driver: seats and the grant socket),
+//!   `simulate.rs` (`rlvrd simulate`). The worker's side of grants is `worker/src/grants.rs`.
+//! - [`api`] (axum): `mod.rs` (router, the open routes, `ApiDoc`), `server.rs` (the HTTP/1.1
+//!   accept loop, connection limit, timeouts), `auth.rs` (`require_token`), `jobs.rs`,
+//!   `pipelines.rs`, `follow.rs` (one Redis reader per followed job), `logs.rs`, `tenancy.rs`
+//!   (datasets, model lines), `curricula.rs`, `outcomes.rs` (promotion, metrics history),
+//!   `verify.rs` (the graders' dry-run), `env_check.rs` (an `[env]` spec's episodes played by a
+//!   `rlvr-worker env-check` process), `tinker.rs` (the Tinker SDK's routes under `/api/v1`, keys
+//!   from `X-API-Key`), `lanes.rs` (per-team places for long work), `ui.rs` (the page at `/ui`).
 pub mod api;
 pub mod arith;
 pub mod config;

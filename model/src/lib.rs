@@ -10,6 +10,22 @@
 //! VarStore names are the Hugging Face tensor names, so a checkpoint is a HF directory transformers
 //! loads as it is. Torch's global RNG is never used for sampling: it draws from `SamplerRng`
 //! (xoshiro256++ from `rlvr-seeded`).
+//!
+//! # Code map
+//!
+//! - [`config`], [`weights`]; [`model`]: `Llama`, `KvCache`, `RealPositions`, LoRA, activation
+//!   checkpointing; [`lora`]: PEFT's format; [`policy`]: load, save.
+//! - [`builtin`]: the built-in models made — their configs, the character tokenizer, weights from
+//!   a counter-based stream straight into the job's dtype.
+//! - [`reward`]: sequence-classification reward models.
+//! - [`tokenizer`] and [`chat`]; [`rng`]; [`sample`]: batched sampling.
+//! - [`logprobs`]: chunked logits, `training_logprobs`, `training_kl`. A training pass never
+//!   holds a batch's whole logits (see ARCHITECTURE.md's invariants).
+//! - [`episode`]: the tokens' half of a multi-turn episode (token in, token out); `rlvr-env` is
+//!   the environment's half, and the worker's `episodes` plays a round with both.
+//! - [`onednn`], [`cuda_settings`], [`cuda_memory`], [`optimizer`] (AdamW's fused kernel, a
+//!   gradient set to none), each with its `csrc/*.cpp`, and `ffi.rs` (the C++ errors read back):
+//!   the project's only C++.
 
 pub mod builtin;
 pub mod chat;

@@ -22,6 +22,10 @@
 //!
 //! A [`Refusal`] says why in words a tenant can act on, about the tenant's own url only.
 //!
+//! Files: `policy.rs` (**pure**: [`Policy`], `check_url`, `check_addr`), `entry.rs` (**pure**: one
+//! allow-list entry), `addr.rs` (**pure**: which addresses are not public), `client.rs` (the
+//! reqwest edge).
+//!
 //! ```
 //! use rlvr_outbound::{Policy, Refusal};
 //!

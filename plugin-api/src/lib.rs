@@ -36,8 +36,8 @@
 //! - This crate is append-only: new fields go after the last prefix field, nothing is reordered,
 //!   and a change that breaks old plugins bumps [`API_VERSION`]. `check_options` and `create_in`
 //!   were appended to [`PluginMod`]: a plugin built before them loads, is created with `create`
-//!   and no context, and its options are checked when the worker creates it. What an optimizer trains
-//!   ([`TrainedModel`]) is not in the root module at all but in a symbol beside it
+//!   and no context, and its options are checked when the worker creates it. What an optimizer
+//!   trains ([`TrainedModel`]) is not in the root module at all but in a symbol beside it
 //!   ([`TRAINS_SYMBOL`]): a library without it trains the policy.
 //! - Optimizer plugins exchange tensors as [`TensorHandle`]s, pointers into the one libtorch that
 //!   host and plugin both link dynamically; never a `tch::Tensor` by value. They also report the
@@ -51,6 +51,13 @@
 //! found 5)"); the same holds for a method appended to a `#[sabi_trait]` ("VTable: too many fields
 //! (expected 6, found 5)"). A symbol changes no checked layout; new facts for plugins travel in the
 //! `HostContext`'s JSON (older plugins ignore unknown keys) or in symbols beside the root module.
+//!
+//! # Files
+//!
+//! A plugin author starts here. `module.rs` ([`PluginMod`]), `verifier.rs`, `optimizer.rs`,
+//! `curriculum.rs` (the three contracts), `export.rs` (the export layer, `catch_unwind`),
+//! `options.rs` ([`parse_options`], [`OptionsReport`]), `host.rs` ([`HostContext`], [`Secret`]),
+//! `info.rs` (plugin metadata), `error.rs` ([`PluginError`]).
 #![deny(missing_docs)]
 // abi_stable 0.11's `#[sabi_trait]` expands to impls inside a const, which this lint flags.
 #![allow(non_local_definitions)]

@@ -3,17 +3,19 @@
 //! maps their code, see [`registry::Isolation`]).
 //!
 //! - [`loader`]: one library — ELF pre-check, abi_stable load, info checks, self-test.
-//! - [`registry`]: the set of loaded `name@version`s over plugin directories, content-addressed
-//!   copies, the child-process probe, refusals.
+//! - [`registry`]: the set of loaded `name@version`s over plugin directories (scans),
+//!   content-addressed copies, the child-process probe, `check_options`, refusals.
 //! - [`verify`]: the JSONL batch engine of `rlvrctl verify` and of the worker's rewards.
-//! - [`reward`]: a completion's reward from its graders' verdicts (weighted sum or formula), for
-//!   the worker and the daemon's dry-run alike.
+//! - [`reward`]: a completion's reward from its graders' verdicts (weighted sum or formula;
+//!   `Reward`, `Combiner`), for the worker and the daemon's dry-run alike.
+//! - [`fair`]: slots that teams take in turn.
 //! - [`probes`]: what probe processes reported, kept beside the copies by library and worker
 //!   build, so a restart probes nothing it probed before.
 //! - [`options`]: a plugin's answer about its options before a job runs (in this process, or
-//!   in a worker process for an optimizer the daemon only probed), in the spec's terms.
+//!   in a worker process for an optimizer the daemon only probed), in the spec's terms
+//!   (`OptionsProblem`, `spec_field`).
 //! - [`child`]: the short-lived helper processes (`probe-plugin`, `check-options`).
-//! - [`dirs`]: where a program that loads plugins itself finds them.
+//! - [`dirs`]: where a program that loads plugins itself finds them (`plugins.dirs`).
 //! - [`fit`]: whether a job's optimizer fits the rest of its spec (submit and start).
 //! - [`events`], [`metrics`]: what the registry logs and counts.
 

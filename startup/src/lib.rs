@@ -1,8 +1,8 @@
 //! What every rlvr program does first, the same way: its log subscriber ([`logging`]) and its
 //! TLS provider ([`install_crypto_provider`]).
 //!
-//! Logs are `tracing` to stderr, human or JSON, at the level `RLVR_LOG` names; the TLS provider is
-//! rustls' ring.
+//! Logs are `tracing` to stderr, human or JSON, at the level `RLVR_LOG` names (`logging.rs`); the
+//! TLS provider is rustls' ring.
 
 pub mod logging;
 

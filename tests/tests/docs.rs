@@ -1,6 +1,6 @@
 //! The book (`docs/`): built by the real mdBook (`scripts/setup.sh` installs it into the cache and
 //! names it in `RLVR_MDBOOK`), every page in `SUMMARY.md`, and every link of the built HTML — to
-//! a page, an anchor, an image, a file of mdBook's own — resolved; the README's links too.
+//! a page, an anchor, an image, a file of mdBook's own — resolved; the README's links too, and README.md and ARCHITECTURE.md within their sizes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -106,7 +106,12 @@ fn the_book_builds_lists_every_page_and_has_no_broken_link() {
 }
 
 #[test]
-fn the_readmes_links_name_files_that_exist() {
+fn the_readme_and_architecture_stay_short_and_the_readmes_links_name_files_that_exist() {
+    let architecture = fs::metadata(workspace_root().join("ARCHITECTURE.md")).unwrap().len();
+    assert!(
+        architecture <= 25_000,
+        "ARCHITECTURE.md has {architecture} bytes: per-file detail goes to the crates' docs"
+    );
     let root = workspace_root();
     let readme = fs::read_to_string(root.join("README.md")).unwrap();
     let broken: Vec<&str> = readme

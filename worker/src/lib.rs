@@ -5,27 +5,42 @@
 //! directory: the spec, the plugins (and whether they fit each other and the data), the data
 //! files, the model. A run that cannot start leaves nothing behind.
 //!
-//! [`run`] is the outline; each part has its module:
+//! [`run`] is the outline; each part has its module (**pure**: no IO, no clock):
 //! - [`start`]: the spec and what an earlier run left (resume checks).
-//! - [`plugins`]: the job's plugins, pinned on resume, checked against the spec.
-//! - [`data`], [`models`]: the data files and the models on the job's device.
-//! - [`state`]: the run's record, checkpoints and the JSONL logs, written atomically.
-//! - [`drive`]: the step loop — budgets, held-out evaluations, `[stop]` ([`stop`]), progress.
+//! - [`plugins`]: the job's plugins (its libraries), pinned on resume, checked against the spec.
+//! - [`data`]: the data files and their record order. [`models`]: the models (policy, reference,
+//!   value head) on the job's device.
+//! - [`state`]: the run's record (`job.json`), checkpoints and the JSONL logs, written atomically.
+//! - [`drive`]: the step loop — budgets, held-out evaluations, `[stop]` ([`stop`], **pure**),
+//!   progress.
 //! - [`step`]: one training step, online (rollout → verify → advantages → μ updates) or offline;
-//!   [`optim`] AdamW and the schedule; [`micro_batches`] the split of a step's rows. The reward
-//!   itself is `rlvr_plugin_host::reward`'s, the built-in reward models' [`reward_models`].
+//!   [`optim`] AdamW and the schedule: its state, master weights and resume (the update is
+//!   libtorch's fused kernel); [`micro_batches`] (**pure**) the split of a step's rows. The
+//!   reward itself is `rlvr_plugin_host::reward`'s, the built-in `reward-model` graders'
+//!   [`reward_models`].
 //! - [`sampling`], [`distill`]: the built-in `rejection-sampling` and `distill` optimizers.
 //! - [`runtime`]: what libtorch can do in this process.
 //! - [`engine`]: an `[engine]` job's steps on an existing distributed engine (TRL).
-//! - [`vllm`]: `[rollout] engine = "vllm"`: the rollouts on a vLLM server, synced every step.
+//! - [`vllm`]: `[rollout] engine = "vllm"`: the rollouts on a vLLM server, synced every step (the
+//!   server, its sampling and its sync).
+//! - [`episodes`]: `[env]`: a round of episodes against the job's environment (`play`: one
+//!   session each, kept between rounds, turns batched, steps at once, with `rlvr-env` and
+//!   `rlvr_model::episode`), the rows and rewards a step trains on; [`step`] trains on them with
+//!   the replies masked out, [`eval`] plays the held-out set through them.
+//! - [`sidecar`]: an installed environment, sandboxed. [`env_check`]: `rlvr-worker env-check`.
 //! - [`eval`]: held-out scoring and the gates' evaluation, greedy.
-//! - [`reward_training`]: an optimizer that trains a reward model (`rm`): its step on preference
-//!   pairs, held-out pairwise accuracy, the gates' evaluation against the start's fresh head or
-//!   the line's published reward model.
+//! - [`reward_training`]: an optimizer that trains a reward model (`rm`, `trains = reward-model`):
+//!   its step on preference pairs, held-out pairwise accuracy, the gates' evaluation against the
+//!   start's fresh head or the line's published reward model.
+//! - [`tinker`]: a Tinker training client — `loss` the Tinker losses as sums, `client` the base
+//!   model with its LoRA adapter and AdamW, `serve` `rlvr-worker tinker-client`'s command loop.
 //! - [`grants`]: the daemon's device grants, asked for before each device phase.
 //! - [`memory`]: the memory cap (`--memory-cap`), the run's peak, out-of-memory reports.
-//! - [`lifecycle`]: stop requests, dying with the daemon, the run's lock.
+//! - [`lifecycle`]: stop requests (signals), dying with the daemon (parent death), the run's lock.
 //! - [`host`]: the plugins' host context, read from stdin (`--host-context-stdin`).
+//!
+//! Beside them, `main.rs` adds `probe-plugin`, `check-options` and `doctor`; `build.rs` keeps
+//! libtorch's CUDA half linked and records its run path.
 
 pub mod data;
 pub mod distill;
