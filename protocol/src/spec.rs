@@ -67,10 +67,13 @@ fn is_native(engine: &crate::engine::EngineSection) -> bool {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JobSection {
+    /// The job's name: in lists, events, its report and the published manifest.
     pub name: String,
     /// The team the job runs for; left out, the submitting token's ([`JobSpec::fill_team`]).
     #[serde(default)]
     pub team: String,
+    /// `low`, `normal` or `high`: the order the scheduler admits jobs in (before fair share), and
+    /// which running jobs a job that cannot be admitted may preempt (lower-priority ones).
     #[serde(default)]
     pub priority: Priority,
     /// The model line a published checkpoint joins.
@@ -257,6 +260,8 @@ pub struct DataSection {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub heldout: Option<PathBuf>,
+    /// Prompts with references (JSONL) the gates score the candidate and its baseline on: one the
+    /// baseline passes and the candidate fails is a regression (`gates.canary_regressions_max`).
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub canaries: Option<PathBuf>,
@@ -266,6 +271,7 @@ pub struct DataSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OptimizerSection {
+    /// The optimizer plugin: `name` (the newest loaded version) or `name@version`.
     pub plugin: String,
     /// Completions per prompt.
     #[serde(default = "defaults::group_size")]
@@ -273,18 +279,26 @@ pub struct OptimizerSection {
     /// Updates per batch (μ).
     #[serde(default = "defaults::one")]
     pub mu: u32,
+    /// AdamW's learning rate: the peak, after `warmup_steps`, of `lr_schedule`.
     #[serde(default = "defaults::lr")]
     pub lr: f64,
+    /// After the warm-up: `constant` at `lr`, or from `lr` down to 0 at `budget.max_steps`,
+    /// `linear` or `cosine`.
     #[serde(default)]
     pub lr_schedule: LrSchedule,
+    /// Steps over which the learning rate rises linearly to `lr` (0: none).
     #[serde(default)]
     pub warmup_steps: u64,
+    /// AdamW's decoupled weight decay.
     #[serde(default)]
     pub weight_decay: f64,
+    /// AdamW's β₁: the decay of its first moment (the gradients' running mean).
     #[serde(default = "defaults::adam_beta1")]
     pub adam_beta1: f64,
+    /// AdamW's β₂: the decay of its second moment (the squared gradients' running mean).
     #[serde(default = "defaults::adam_beta2")]
     pub adam_beta2: f64,
+    /// AdamW's ε, added to the second moment's square root.
     #[serde(default = "defaults::adam_eps")]
     pub adam_eps: f64,
     /// Clip the global gradient norm to this; 0 turns clipping off.
@@ -394,15 +408,21 @@ impl CurriculumSection {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSection {
+    /// New tokens a completion may have; one that reaches it without its EOS is cut.
     #[serde(default = "defaults::max_new_tokens")]
     pub max_new_tokens: u32,
+    /// The sampling temperature of the rollouts (0: greedy). Held-out is always scored greedily.
     #[serde(default = "defaults::one_f")]
     pub temperature: f64,
+    /// Nucleus sampling: each token from the smallest set of likeliest tokens holding this much
+    /// probability (1: all of them).
     #[serde(default = "defaults::one_f")]
     pub top_p: f64,
     /// 0 turns top-k off.
     #[serde(default)]
     pub top_k: u32,
+    /// Prompts a step samples from (each `optimizer.group_size` times in an online job), or the
+    /// records a step trains on in an offline one (SFT, DPO).
     #[serde(default = "defaults::prompts_per_step")]
     pub prompts_per_step: u32,
     /// Generation stops at the first of these strings (kept in the completion).
@@ -497,8 +517,12 @@ pub struct BudgetSection {
     /// client's saved adapter, `model.policy = "tinker://…"`) is scored, judged by the line's
     /// gates and published on a pass.
     pub max_steps: u64,
+    /// Training ends once the rollouts have generated this many tokens; the job is then scored
+    /// and gated as at `max_steps`.
     #[serde(default)]
     pub max_generated_tokens: Option<u64>,
+    /// Training ends after this many minutes of it; the job is then scored and gated as at
+    /// `max_steps`.
     #[serde(default)]
     pub max_wall_minutes: Option<f64>,
 }
@@ -551,10 +575,16 @@ impl Default for ResourcesSection {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StopSection {
+    /// Stop (failed) when a step's KL to the reference exceeds this.
     pub kl_max: Option<f64>,
+    /// Stop when the held-out score fell this much below the start while the training reward
+    /// rose.
     pub heldout_drop_max: Option<f64>,
+    /// Stop when the mean completion length of the last 5 steps over the first 5 exceeds this.
     pub length_growth_max: Option<f64>,
+    /// Stop when verifier timeouts over the last 5 steps' completions exceed this rate.
     pub verifier_timeout_rate_max: Option<f64>,
+    /// Stop when verifier errors over the last 5 steps' completions exceed this rate.
     pub verifier_error_rate_max: Option<f64>,
 }
 
@@ -563,12 +593,22 @@ pub struct StopSection {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GatesSection {
+    /// The least held-out gain over the baseline: the lower end of the 95% paired bootstrap
+    /// interval of the accuracy difference must reach it (unset: 0.01).
     pub heldout_gain_min: Option<f64>,
+    /// The most canaries the baseline passed and the candidate fails (unset: 0).
     pub canary_regressions_max: Option<u32>,
+    /// The most mean KL to the reference over the last 5 training steps (unset: measured and
+    /// shown only).
     pub kl_max: Option<f64>,
+    /// The most mean held-out completion length, candidate over baseline (unset: 2).
     pub length_ratio_max: Option<f64>,
+    /// The most verifier errors per call in the candidate's evaluation (unset: 0.05).
     pub verifier_error_rate_max: Option<f64>,
+    /// The most verifier timeouts per call in the candidate's evaluation (unset: 0.05).
     pub verifier_timeout_rate_max: Option<f64>,
+    /// Refuse a candidate whose training reward rose (last 5 steps over the first 5) while its
+    /// held-out accuracy fell (unset: true).
     pub refuse_reward_hacking: Option<bool>,
 }
 
@@ -679,6 +719,8 @@ fn show_bound(key: &str, value: f64) -> String {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PublishSection {
+    /// A URL the published manifest is POSTed to (5 attempts, 0.5 s doubling backoff, 10 s
+    /// each); one that stays down never un-publishes: the job's `webhook` field says what happened.
     #[serde(default)]
     pub webhook: Option<String>,
     /// With `[model] lora`: publish the base with the adapters merged into its weights (a plain
