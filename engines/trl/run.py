@@ -414,7 +414,6 @@ class HeldoutScorer:
         """Every set of `names` completed by `model` at `at`, unless a run before this one did."""
         if self.done(at):
             return
-        import torch
         import torch.distributed as dist
 
         distributed = dist.is_available() and dist.is_initialized()

@@ -44,7 +44,8 @@
 #               exactly --max-new-tokens) against our generation tokens/s; TRL's GRPOTrainer on the
 #               same job (scripts/bench/trl_grpo.py --device cuda) against our step time.
 #   5. report   a markdown report on stdout (and in --out FILE): the table of every part, the
-#               SmolLM2 and peer tables, and a "README block" for the README's GPU section.
+#               SmolLM2 and peer tables, and a block for the book's GPU results
+#               (docs/src/contributors/benchmarks.md, "On one GPU").
 # Progress goes to stderr. Exit status: 0 every check of ours passed; 1 one failed (the report
 # says which; a missing or failing peer never counts); 2 no usable CUDA without --allow-cpu, missing
 # binaries, or a bad argument.
@@ -489,7 +490,7 @@ else
         hf_missing="transformers is not importable with $python ($(tail -n1 <<<"$why")): install it there, or pass --python with one that has torch and transformers"
     fi
     if [ -z "$trl_missing" ] && ! why=$("$python" -c 'import torch, transformers, trl, datasets' 2>&1); then
-        trl_missing="TRL is not importable with $python ($(tail -n1 <<<"$why")): pass --wheels DIR with the wheels of trl==1.16.0, datasets==5.2.0, dill==0.4.1 and multiprocess==0.70.19 (README: the GPU benchmark), or --python with one that has them"
+        trl_missing="TRL is not importable with $python ($(tail -n1 <<<"$why")): pass --wheels DIR with the wheels of trl==1.16.0, datasets==5.2.0, dill==0.4.1 and multiprocess==0.70.19 (the book: docs/src/contributors/benchmarks.md, "On one GPU"), or --python with one that has them"
     fi
     for dtype in f32 bf16; do
         if [ -n "$hf_missing" ]; then

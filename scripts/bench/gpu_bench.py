@@ -460,7 +460,7 @@ def cmd_hf(result_path, dtype, output, log, rc):
 
 
 TRL_HINT = ("pass gpu.sh --wheels DIR with the wheels of trl==1.16.0, datasets==5.2.0, dill==0.4.1 and "
-            "multiprocess==0.70.19 (README: the GPU benchmark)")
+            "multiprocess==0.70.19 (the book: docs/src/contributors/benchmarks.md, "On one GPU")")
 
 
 def cmd_trl(result_path, dtype, output, log, rc):
@@ -601,8 +601,8 @@ def cmd_report(results_dir, pairs):
             p("Peer versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".")
         p("")
 
-    # The README block: what to paste into the README's GPU section.
-    p("### README block")
+    # What to paste into the book's GPU results (docs/src/contributors/benchmarks.md, "On one GPU").
+    p("### For the book")
     p("")
     p("```markdown")
     checks = [results.get(k) for k in ("resume-f32", "resume-bf16", "temperature0", "sft-f32", "sft-bf16", "sharing")]

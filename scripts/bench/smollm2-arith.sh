@@ -8,7 +8,8 @@
 # the same prompts, with its 95% paired bootstrap interval).
 #
 # The defaults put GRPO where it can learn, as measured on this 2-core machine (2026-11-28;
-# trainer.md, "The SmolLM2 run", has every run behind them; the README the result: held-out
+# trainer.md, "The SmolLM2 run", has every run behind them; the book's benchmarks page
+# (docs/src/contributors/benchmarks.md, "A real run") the result: held-out
 # 0.280 → 0.370, interval of the gain [+0.025, +0.155]):
 #   - SFT for 35 steps (560 demonstrations of both operations, lr 2e-5): the instruct model never
 #     writes the \boxed{} the prompts ask for (0 of 32 sampled and greedy completions), so GRPO
