@@ -54,13 +54,31 @@ pub const VLLM_CPU_RUNTIME_BYTES: u64 = 2 << 30;
 /// measured: no GPU has run vLLM here.
 pub const VLLM_CUDA_RUNTIME_BYTES: u64 = 1 << 30;
 
+/// Tokens in one block of a vLLM server's KV cache on `device`: vLLM's defaults (0.26), 128 for
+/// its CPU backend and 16 on CUDA. A sequence holds whole blocks, however short it is.
+pub fn vllm_block_tokens(device: DeviceKind) -> u64 {
+    match device {
+        DeviceKind::Cpu => 128,
+        DeviceKind::Cuda => 16,
+    }
+}
+
 /// The KV cache a job's vLLM server is started with (`--kv-cache-memory-bytes`): every row of a
-/// step (prompts × group size) at `sequence_tokens` (its longest prompt and `max_new_tokens`), as
-/// the native sampler holds it, so the server never queues a step's rows for want of cache;
-/// plus 16 MiB for the blocks' rounding.
-pub fn vllm_kv_cache_bytes(spec: &JobSpec, shape: &ModelShape, sequence_tokens: u64) -> u64 {
+/// step (prompts × group size) at `sequence_tokens` (its longest prompt and `max_new_tokens`) in
+/// whole blocks of [`vllm_block_tokens`], so the server decodes a step's rows at once, as the
+/// native sampler does, and never queues them for want of cache; plus 16 MiB, since vLLM keeps a
+/// block back and rounds the cache down to whole blocks. (Counted in tokens rather than blocks,
+/// a step of 512 rows of 10 tokens got 104 of the 128-token CPU blocks it needed and was
+/// decoded in five waves.)
+pub fn vllm_kv_cache_bytes(
+    spec: &JobSpec,
+    shape: &ModelShape,
+    sequence_tokens: u64,
+    device: DeviceKind,
+) -> u64 {
     let rows = u64::from(spec.rollout.prompts_per_step) * u64::from(spec.optimizer.group_size);
-    rows * sequence_tokens * shape.kv_bytes_per_token(spec.model.dtype) + (16 << 20)
+    let block = vllm_block_tokens(device);
+    rows * sequence_tokens.div_ceil(block) * block * shape.kv_bytes_per_token(spec.model.dtype) + (16 << 20)
 }
 
 /// Bytes of one element of `dtype`.
@@ -496,7 +514,7 @@ pub fn estimate(spec: &JobSpec, inputs: &Inputs) -> MemoryEstimate {
         resident.push(part("vLLM server (runtime)", runtime));
         let server = vec![
             part("vLLM weights", shape.parameters() * element),
-            part("vLLM KV cache", vllm_kv_cache_bytes(spec, shape, prompt + new_tokens)),
+            part("vLLM KV cache", vllm_kv_cache_bytes(spec, shape, prompt + new_tokens, inputs.device)),
         ];
         let sleeps = inputs.device == DeviceKind::Cuda && spec.rollout.off_policy_steps == 0;
         match sleeps {
@@ -718,8 +736,10 @@ mod tests {
             // Where the server's weights and cache are: all along, or the rollout's alone.
             let server = if sleeps { &rollout.unwrap().parts } else { &vllm.resident };
             assert_eq!(find(server, "vLLM weights"), Some(ModelShape::BUILTIN.parameters() * 4), "{vllm:?}");
-            // 32 rows of (12 + 32 template + 20) tokens; 2 × 4 layers × 2 KV heads × 32 × 4 bytes.
-            assert_eq!(find(server, "vLLM KV cache"), Some(32 * 64 * 2048 + (16 << 20)), "{vllm:?}");
+            // 32 rows of (12 + 32 template + 20) tokens in whole blocks (one of 128 tokens on the
+            // CPU, four of 16 on CUDA); 2 × 4 layers × 2 KV heads × 32 × 4 bytes a token.
+            let held = if device == DeviceKind::Cpu { 128 } else { 64 };
+            assert_eq!(find(server, "vLLM KV cache"), Some(32 * held * 2048 + (16 << 20)), "{vllm:?}");
             assert_eq!(rollout.is_some(), sleeps, "{vllm:?}");
             // One step off policy: a copy of what trains, the weights that sampled the step.
             let copy = resident("sampling weights (off policy)");

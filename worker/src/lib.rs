@@ -740,7 +740,16 @@ fn start_vllm(
         run_dir: run_dir.path(),
         dtype: job.spec.model.dtype,
         max_model_len,
-        kv_cache_bytes: rlvr_protocol::memory::vllm_kv_cache_bytes(&job.spec, &shape, max_model_len as u64),
+        kv_cache_bytes: rlvr_protocol::memory::vllm_kv_cache_bytes(
+            &job.spec,
+            &shape,
+            max_model_len as u64,
+            match job.device.is_cuda() {
+                true => rlvr_protocol::memory::DeviceKind::Cuda,
+                false => rlvr_protocol::memory::DeviceKind::Cpu,
+            },
+        ),
+        rows: job.spec.rollout.prompts_per_step as usize * job.spec.optimizer.group_size as usize,
         seed: job.spec.job.seed,
         threads: options.threads,
         own_device: job.spec.rollout.off_policy_steps > 0,

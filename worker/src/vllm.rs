@@ -181,6 +181,9 @@ pub struct ServerSpec<'a> {
     /// Its KV cache (`rlvr_protocol::memory::vllm_kv_cache_bytes`, which the job's estimate
     /// counts too): a step's rows at their longest, not vLLM's default share of the device.
     pub kv_cache_bytes: u64,
+    /// A step's rows (prompts × group size): the sequences the server decodes at once (see
+    /// [`MAX_NUM_SEQS`]).
+    pub rows: usize,
     pub seed: u64,
     pub threads: usize,
     /// One step off policy: the server takes the last of the worker's devices, the trainer the
@@ -646,7 +649,13 @@ impl Drop for VllmServer {
 }
 
 /// The server's arguments after `--model`; a LoRA job's with the rank its adapters need.
+/// The most sequences the server decodes at once: vLLM's largest default (a GPU of 70 GB or
+/// more); a step with more rows decodes them in waves rather than ask a smaller device's engine
+/// for buffers of that many.
+const MAX_NUM_SEQS: usize = 1024;
+
 fn server_args(spec: &ServerSpec, socket: &Path, lora_rank: Option<i64>) -> Vec<String> {
+    let max_num_seqs = spec.rows.clamp(1, MAX_NUM_SEQS);
     let dtype = match spec.dtype {
         Dtype::F32 => "float32",
         Dtype::Bf16 => "bfloat16",
@@ -672,8 +681,14 @@ fn server_args(spec: &ServerSpec, socket: &Path, lora_rank: Option<i64>) -> Vec<
         // CPU generator cannot ("CPU Generator does not use offset": every step whose prompts pass
         // one step's token budget failed). Whole prompts only; the budget fits the longest.
         "--no-enable-chunked-prefill",
+        // A step's rows decode as one batch, as the native sampler's do and as the KV cache is
+        // sized for: vLLM's own default (128 sequences on CPU, 256 or 1024 on GPUs) decoded a
+        // step of 64 prompts × 8 in four waves, each paying the engine's per-step overhead.
+        "--max-num-seqs",
+        &max_num_seqs.to_string(),
+        // At least one token a sequence (vLLM's rule), and the longest whole prompt.
         "--max-num-batched-tokens",
-        &spec.max_model_len.max(2048).to_string(),
+        &spec.max_model_len.max(2048).max(max_num_seqs).to_string(),
         "--seed",
         &(spec.seed >> 1).to_string(),
         "--generation-config",
@@ -950,6 +965,7 @@ mod tests {
             dtype: Dtype::Bf16,
             max_model_len: 100,
             kv_cache_bytes: 1 << 20,
+            rows: 512,
             seed: 1,
             threads: 1,
             own_device: false,
@@ -960,6 +976,37 @@ mod tests {
                 .contains(&"--enable-sleep-mode".to_owned())
         };
         assert!(sleep_mode(true) && !sleep_mode(false));
+    }
+
+    /// A step's rows decode as one batch, up to vLLM's largest default; the token budget takes
+    /// one token a sequence and the longest whole prompt (vLLM refuses a start otherwise).
+    #[test]
+    fn a_steps_rows_are_one_batch_within_the_token_budget() {
+        let cases = [
+            // (rows, max_model_len, --max-num-seqs, --max-num-batched-tokens)
+            (512, 10, "512", "2048"),
+            (16, 10, "16", "2048"),
+            (4096, 10, "1024", "2048"),
+            (1024, 5000, "1024", "5000"),
+        ];
+        for (rows, max_model_len, seqs, tokens) in cases {
+            let spec = ServerSpec {
+                python: Path::new("python"),
+                run_dir: Path::new("run"),
+                dtype: Dtype::F32,
+                max_model_len,
+                kv_cache_bytes: 1 << 20,
+                rows,
+                seed: 1,
+                threads: 1,
+                own_device: false,
+                sleeps: false,
+            };
+            let args = server_args(&spec, Path::new("api.sock"), None);
+            let value = |flag: &str| args[args.iter().position(|arg| arg == flag).unwrap() + 1].clone();
+            assert_eq!(value("--max-num-seqs"), seqs, "{rows} rows");
+            assert_eq!(value("--max-num-batched-tokens"), tokens, "{rows} rows, {max_model_len} tokens");
+        }
     }
 
     /// One step off policy, the server computes on the last of the worker's GPUs.
