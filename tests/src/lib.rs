@@ -628,6 +628,15 @@ pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `spec` with each `(from, to)` of `changes` made; each `from` must be in it exactly once, so a
+/// change that no longer applies fails here rather than running the unchanged job.
+pub fn changed(spec: &str, changes: &[(&str, &str)]) -> String {
+    changes.iter().fold(spec.to_owned(), |text, (from, to)| {
+        assert_eq!(text.matches(from).count(), 1, "{from:?} in the spec");
+        text.replace(from, to)
+    })
+}
+
 /// Writes the arithmetic data sets (`rlvrd data arith`, with `extra` arguments) into `dir/data`.
 pub fn arith_data(dir: &Path, extra: &[&str]) -> PathBuf {
     let data = dir.join("data");

@@ -3,6 +3,13 @@
 //! `scripts/ui-browser.sh`). Team `tests` logs in, watches its running job's reward curve grow,
 //! opens its gates, and is refused team `others`' job; the job page's screenshot goes to
 //! `target/ui/ui-job.png`, and with `RLVR_UPDATE_SCREENSHOT=1` to the book's `docs/src/images/ui-job.png`.
+//!
+//! The watched job is one that learns, judged by the default gates, so the page (and the book's
+//! screenshot) shows what a team sees when training works: the learning test's recipe
+//! (`tests/data/learning/`, notes in `learning.rs`), shortened — an SFT cold start of 200 steps
+//! run by `rlvr-worker run` before the daemon starts (held-out 0 → about 0.5), declared to the
+//! daemon as the base model `arith-sft`, then LoRA GRPO from it for 40 steps (about 0.5 → 0.66 on
+//! 200 held-out prompts here). The premise, that it learned, is checked first.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,30 +18,91 @@ use std::time::{Duration, Instant};
 use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{api, submit, submit_ok, wait_job};
 use rlvr_tests::{
-    Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, workspace_root,
+    Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, changed,
+    worker_command, worker_plugins, workspace_root,
 };
 use serde_json::Value;
 
 const PLUGINS: [&str; 3] = ["rlvr-optimizer-grpo", "rlvr-verifier-math", "rlvr-verifier-text-similarity"];
 
-/// Steps of the watched job: about 0.15 to 0.3 s each here, so the page, which needs about 2 s to
+/// Steps of the watched job: about 0.3 to 0.5 s each here, so the page, which needs about 2 s to
 /// start and log in, sees it train for several seconds.
 const STEPS: u32 = 40;
 
 /// One CPU slot that a job fills (`memory_gb = 8`), so team `others`' job waits for ours and the
-/// one being watched runs alone.
-const CONFIG: &str = "[queue]\nworker_threads = 1\n[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n";
+/// one being watched runs alone; the cold start's model as the base model `arith-sft`.
+fn config(cold_start: &Path) -> String {
+    format!(
+        "[queue]\nworker_threads = 1\n[devices]\ncpu_slots = 1\ncpu_slot_memory_gb = 8\n\
+         [[tenancy.base_models]]\nname = \"arith-sft\"\npath = {:?}\n",
+        cold_start.display().to_string()
+    )
+}
 
-/// A GRPO job of `team` on the arithmetic data, publishing to `line`: `steps` steps, held-out
-/// scored every 5 (a curve of its own), gates that pass it (its gate table is what is looked at).
-fn job(data: &Path, name: &str, team: &str, line: &str, steps: u32) -> String {
-    arith_grpo_spec(data, name, "builtin:tiny-arith", steps, steps)
-        .replace("team = \"tests\"", &format!("team = \"{team}\""))
-        .replace("model_line = \"tiny-arith\"", &format!("model_line = \"{line}\""))
-        .replace("[eval]\n", "[eval]\nevery_steps = 5\n")
-        // Partial credit beside the exact answer, which the untrained built-in model rarely
-        // gets: the reward curve the page draws (and the README's screenshot) moves.
-        + "[[verifiers]]\nplugin = \"text-similarity\"\nmetric = \"fuzzy_match\"\npass_threshold = 0.99\n"
+/// The learning test's data (`learning.rs`): `a+b=` below 50, 300 demonstrations, 2 000 training
+/// prompts, 200 held-out.
+const DATA: [&str; 13] = [
+    "--seed",
+    "11",
+    "--max-operand",
+    "50",
+    "--ops",
+    "+",
+    "--pad",
+    "--sft",
+    "300",
+    "--train",
+    "2000",
+    "--heldout",
+    "200",
+];
+
+/// The learning test's SFT cold start for 200 steps, by `rlvr-worker run`: its model directory.
+fn cold_start(dir: &Path, data: &Path) -> std::path::PathBuf {
+    let spec = dir.join("sft.toml");
+    let text = changed(include_str!("../data/learning/sft.toml"), &[("max_steps = 300", "max_steps = 200")]);
+    std::fs::write(&spec, text.replace("{data}", &data.display().to_string())).unwrap();
+    let output =
+        worker_command(&spec, &dir.join("sft"), &worker_plugins(dir), &["--threads", "1"]).output().unwrap();
+    assert!(output.status.success(), "the cold start failed: {}", String::from_utf8_lossy(&output.stderr));
+    let outcome: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (before, after) =
+        (outcome["heldout_before"].as_f64().unwrap(), outcome["heldout_after"].as_f64().unwrap());
+    assert!(
+        after >= before + 0.2,
+        "premise: the cold start did not learn: held-out {before:.3} → {after:.3}"
+    );
+    Path::new(outcome["checkpoint"].as_str().unwrap()).join("model")
+}
+
+/// The watched job: the learning test's GRPO job with its LoRA adapters (`learning.rs`), from the
+/// cold start, `STEPS` steps, held-out scored every 5 on all 200 prompts (a curve of its own), the
+/// default gates. A text-similarity grader at weight 0 shows a component of its own on the
+/// reward chart without changing the reward.
+fn watched_job(data: &Path) -> String {
+    changed(
+        include_str!("../data/learning/grpo.toml"),
+        &[
+            ("name = \"arith-grpo\"", "name = \"watched-on-the-page\""),
+            ("policy = \"{policy}\"", "policy = \"base:arith-sft\"\nlora = { rank = 16, alpha = 32.0 }"),
+            ("lr = 5e-4", "lr = 2e-3"),
+            // A KL term small enough to leave the learning as it was (0.5 → 0.67 here), so that
+            // the page's KL chart has its curve.
+            ("kl_beta = 0.0", "kl_beta = 0.001"),
+            ("max_steps = 200", &format!("max_steps = {STEPS}")),
+        ],
+    )
+    .replace("{data}", &data.display().to_string())
+        + "[eval]\nevery_steps = 5\n"
+        + "[[verifiers]]\nplugin = \"text-similarity\"\nmetric = \"fuzzy_match\"\npass_threshold = 0.99\nweight = 0.0\n"
+        + "[resources]\nmemory_gb = 8\n"
+}
+
+/// Team `others`' job, which waits behind ours and is only ever opened by its URL.
+fn other_teams_job(data: &Path) -> String {
+    arith_grpo_spec(data, "another-teams", "builtin:tiny-arith", 2, 2)
+        .replace("team = \"tests\"", "team = \"others\"")
+        .replace("model_line = \"tiny-arith\"", "model_line = \"others-line\"")
         + PERMISSIVE_GATES
         + "[resources]\nmemory_gb = 8\n"
 }
@@ -56,14 +124,14 @@ fn install_browser() -> String {
 #[test]
 fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     let node_modules = install_browser();
-    let redis = Redis::start();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), CONFIG);
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path(), &[]);
+    let data = arith_data(dir.path(), &DATA);
+    let cold_start = cold_start(dir.path(), &data);
+    let redis = Redis::start();
+    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(&cold_start));
 
-    let ours = submit_ok(&daemon, &job(&data, "watched-on-the-page", "tests", "tiny-arith", STEPS));
-    let (status, theirs) =
-        submit(&daemon, OTHER_TOKEN, &job(&data, "another-teams", "others", "others-line", 2), None);
+    let ours = submit_ok(&daemon, &watched_job(&data));
+    let (status, theirs) = submit(&daemon, OTHER_TOKEN, &other_teams_job(&data), None);
     assert_eq!(status, 201, "{theirs}");
     let theirs = theirs["id"].as_str().unwrap().to_owned();
     // The page is opened on a job that is training, so its curve has room to grow.
@@ -171,15 +239,20 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert_eq!(seen["log"]["last_step"], true, "{context}");
     assert_eq!(seen["log"]["escapes"], false, "{context}");
 
-    // The gate table: held-out gain measured, against its threshold, with its interval.
+    // The gate table: held-out gain measured, against the default threshold, with its interval:
+    // the job learned, and the gates say so with every prompt.
     let gates = seen["gates"].as_array().unwrap();
     let gain = gates.iter().find(|row| row["name"] == "heldout_gain").unwrap_or_else(|| panic!("{context}"));
     assert_eq!(gain["status"], "pass", "{context}");
     let cells: Vec<&str> = gain["cells"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert_eq!(cells[..2], ["heldout_gain", "pass"], "{context}");
-    assert!(cells[2].parse::<f64>().is_ok(), "measured {:?}", cells[2]);
-    assert_eq!(cells[3], ">= -1", "{context}");
-    assert!(cells[4].contains("95%") && cells[4].contains("16 prompts"), "interval {:?}", cells[4]);
+    let measured: f64 = cells[2].parse().unwrap_or_else(|_| panic!("measured {:?}", cells[2]));
+    assert!(
+        measured >= 0.05,
+        "the watched job's held-out gain {measured} is not one that learned: {context}"
+    );
+    assert_eq!(cells[3], ">= 0.01", "{context}");
+    assert!(cells[4].contains("95%") && cells[4].contains("200 prompts"), "interval {:?}", cells[4]);
     // The page shows what the API says, row for row.
     let report = api(&daemon, Some(TEAM_TOKEN)).job(&ours).unwrap().gates.expect("a gate report");
     let names: Vec<&str> = gates.iter().filter_map(|row| row["name"].as_str()).collect();
