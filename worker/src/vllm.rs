@@ -30,9 +30,10 @@
 //! A LoRA job loads its base once and each step's adapters under a new name (`step-N`): vLLM keys
 //! its prefix cache by adapter, so nothing cached survives a sync, and the base is never reloaded.
 //!
-//! **Sized, and whole prompts.** The server's KV cache is a step's rows at their longest
-//! (`rlvr_protocol::memory::vllm_kv_cache_bytes`, which the job's memory estimate counts), not
-//! vLLM's default share of the device; prompts are prefilled whole (vLLM 0.26's CPU build crashes
+//! **Sized, and whole prompts.** The server's KV cache is a step's rows at their longest, in whole
+//! blocks (`rlvr_protocol::memory::vllm_kv_cache_bytes`, which the job's memory estimate counts),
+//! not vLLM's default share of the device, and a step's rows decode as one batch; prompts are
+//! prefilled whole (vLLM 0.26's CPU build crashes
 //! rewinding a seeded request's generator after a chunked prefill).
 //!
 //! `RLVR_VLLM_SYNC_FAULT` (tests only) leaves out one part of the sync, `prefix-cache` or
