@@ -1,8 +1,8 @@
 //! Learning, shown: on `builtin:tiny-arith`, an SFT cold start and then GRPO with the math
 //! verifier raise held-out accuracy by at least 15 points over the SFT checkpoint, with a fixed
 //! seed, through `rlvr-worker run` and the real plugin libraries — and so does the same GRPO job
-//! training LoRA adapters instead of the weights (0.475 → 0.885 full, → 0.860 LoRA), and that LoRA
-//! job again, for 50 steps (`VLLM_STEPS`), with its rollouts on vLLM's server, synced by adapter
+//! training LoRA adapters instead of the weights, each for 100 steps (`GRPO_STEPS`; 0.400 → 0.760
+//! full, → 0.825 LoRA on 2026-12-01), and that LoRA job again, for 50 steps (`VLLM_STEPS`), with its rollouts on vLLM's server, synced by adapter
 //! every step (its sync checked every step to 1e-3, the base loaded once; `vllm.rs` has the
 //! server's other stories), on policy and one step off policy (0.840 and 0.875 in
 //! `scripts/bench/off-policy.sh --steps 100`, native 0.855). Each test
@@ -22,8 +22,8 @@
 //! cheap), and trained to its plateau, not stopped early: held-out accuracy rises to about
 //! 0.45–0.55 by step 250 and stays there to step 500 (300 problems are memorised more than
 //! generalised from). GRPO then learns from 2 000 prompts it has no answers for, rewarded by the
-//! math verifier alone, and generalises: on the 2-core development machine, 0.500 → 0.865 for
-//! this seed today (57 s for the two jobs; 0.425 → 0.890 and 0.50 → 0.915 in earlier versions
+//! math verifier alone, and generalises: on the 2-core development machine, 0.400 → 0.860 in
+//! `grpo.toml`'s 200 steps for this seed (2026-12-01; 0.425 → 0.890 and 0.50 → 0.915 in earlier versions
 //! whose float rounding differed, which changes every sampled token after the first difference);
 //! over six data/job seeds (in an earlier version), SFT 0.375–0.51 and +38 to +48 points, in
 //! 70–95 CPU seconds.
@@ -223,9 +223,12 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
 
     let policy = Path::new(sft["checkpoint"].as_str().unwrap()).join("model");
     let grpo_spec = dir.path().join("grpo.toml");
-    let text = GRPO
-        .replace("{data}", &data.display().to_string())
-        .replace("{policy}", &policy.display().to_string());
+    let text = changed(
+        &GRPO
+            .replace("{data}", &data.display().to_string())
+            .replace("{policy}", &policy.display().to_string()),
+        &[("max_steps = 200", &format!("max_steps = {GRPO_STEPS}"))],
+    );
     fs::write(&grpo_spec, &text).unwrap();
     let grpo = worker(&grpo_spec, &dir.path().join("grpo"), &plugins, &mut cpu_s);
     let before = grpo["heldout_before"].as_f64().unwrap();
@@ -245,9 +248,10 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
     let python = rlvr_tests::peer_python("scripts/vllm-venv.sh", &[]);
     let vllm_args = ["--vllm-python", python.to_str().unwrap()];
     let vllm_started = Instant::now();
+    let grpo_steps = format!("max_steps = {GRPO_STEPS}");
     let on_policy = [
         ("temperature = 0.85", "temperature = 0.85\nengine = \"vllm\""),
-        ("max_steps = 200", &format!("max_steps = {VLLM_STEPS}")),
+        (grpo_steps.as_str(), &format!("max_steps = {VLLM_STEPS}")),
     ];
     let vllm_text = changed(&lora_text, &on_policy);
     let off_text = changed(&vllm_text, &[("engine = \"vllm\"", "engine = \"vllm\"\noff_policy_steps = 1")])
@@ -520,7 +524,13 @@ const MUL_GRPO: &[(&str, &str)] = &[("lr = 5e-4", "lr = 1e-4"), ("max_new_tokens
 /// fine-tuning): low-rank updates take a larger step for the same change of the outputs.
 const LORA: &str = "lora = { rank = 16, alpha = 32.0 }";
 
-/// Steps of the LoRA job on vLLM, on and off policy: a quarter of its native run's 200, with the
+/// Steps of this file's first test's GRPO jobs, full and LoRA, on the native sampler: half of
+/// `grpo.toml`'s 200 (which the other tests and `scripts/bench/off-policy.sh` run), the learning
+/// rate's cosine over them. Measured 2026-12-01 (2 cores, each job alone): from the SFT
+/// checkpoint's 0.400, full 0.760 and LoRA 0.825 after 100 steps (0.860 and 0.895 after 200).
+const GRPO_STEPS: usize = 100;
+
+/// Steps of the LoRA job on vLLM, on and off policy: a quarter of `grpo.toml`'s 200, with the
 /// learning rate's cosine over them. Measured 2026-12-01 (this file's jobs, 2 cores): from the
 /// SFT checkpoint's 0.400, 0.725 on policy and 0.740 one step off after 50 steps (0.855 and
 /// 0.810 after 100), both clear of the +15 points asserted, in about 230 s for the two jobs
