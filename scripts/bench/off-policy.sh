@@ -15,7 +15,8 @@
 # here; on a GPU each has a device of its own.
 #
 # Usage: scripts/bench/off-policy.sh [--steps N] [--eval-every E] [--threads T] [--no-build] [--keep]
-#   --steps N        GRPO steps per run (default 200, the learning test's)
+#   --steps N        GRPO steps per run (default 200, tests/data/learning/grpo.toml's; the learning
+#                    test runs its LoRA job 100 steps natively and 50 on vLLM)
 #   --eval-every E   held-out scoring every E steps (default 25)
 #   --threads T      the worker's libtorch threads and the server's (default 1, as the test)
 #   --no-build       use the release worker and plugins already in target/release
