@@ -66,9 +66,13 @@ PY
 # Points CARGO_TARGET_DIR at $RLVR_CACHE_DIR/target/<key>, a target directory that later runs on
 # this machine reuse (scripts/test.sh with RLVR_TARGET_CACHE=1). The key hashes what a build's
 # artefacts depend on beyond the sources cargo tracks itself: the toolchain, Cargo.lock, the torch
-# the binaries link, and the machine — its id and its installed Debian packages — so another
-# machine, or this one after a package changed, starts from nothing and a missing install step
-# fails there as on a fresh machine. Directories of other keys are removed: one cache at a time.
+# the binaries link, and the machine — its id and the Debian packages a build uses (the C and C++
+# compilers, the linker, the C and C++ libraries, Python) — so another machine, or this one after
+# one of those changed, starts from nothing and a missing install step fails there as on a fresh
+# machine. Packages the build does not use stay out of the key: the first run installs Chromium
+# for the web page's test after the key is taken, and hashing it made the second run on a new
+# machine compile every crate again (as did installing any tool). Directories of other keys are
+# removed: one cache at a time.
 use_target_cache() {
     local key
     key=$(
@@ -77,7 +81,9 @@ use_target_cache() {
             cat "$RLVR_ROOT/Cargo.lock"
             "$RLVR_VENV/bin/python" -c 'import importlib.metadata as m; print("torch", m.version("torch"))'
             cat /etc/machine-id 2>/dev/null || hostname
-            dpkg-query -W -f '${Package} ${Version}\n' 2>/dev/null || true
+            dpkg-query -W -f '${Package} ${Version}\n' 2>/dev/null \
+                | grep -E '^((gcc|g\+\+|cpp|binutils|libc6|libc-dev|linux-libc-dev|libstdc\+\+|libgcc|libpython3)[^ ]*|python3(\.[0-9]+)?(-minimal|-dev|-venv)?) ' \
+                || true
         } | sha256sum | cut -c1-16
     )
     mkdir -p "$RLVR_CACHE_DIR/target"
