@@ -637,6 +637,18 @@ pub fn changed(spec: &str, changes: &[(&str, &str)]) -> String {
     })
 }
 
+/// The learning test's addition task (`rlvrd data arith` arguments, the held-out count aside):
+/// `a+b=` below 50, 300 demonstrations, 2 000 training prompts. The web page's test trains on it
+/// too, so that the job it watches learns.
+pub const ADDITION_DATA: &[&str] =
+    &["--seed", "11", "--max-operand", "50", "--ops", "+", "--pad", "--sft", "300", "--train", "2000"];
+
+/// LoRA on every linear layer of the decoder, rank 16, scale 2, as the learning test's LoRA jobs
+/// and the web page's watched job take it (with a learning rate of 2e-3, 4× full fine-tuning's:
+/// 5e-3 collapses the policy onto one answer; low-rank updates take a larger step for the same
+/// change of the outputs).
+pub const ADDITION_LORA: &str = "lora = { rank = 16, alpha = 32.0 }";
+
 /// Writes the arithmetic data sets (`rlvrd data arith`, with `extra` arguments) into `dir/data`.
 pub fn arith_data(dir: &Path, extra: &[&str]) -> PathBuf {
     let data = dir.join("data");

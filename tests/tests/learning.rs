@@ -63,7 +63,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use rlvr_tests::{artifact, changed, drop_in, plugin_lib};
+use rlvr_tests::{ADDITION_DATA, ADDITION_LORA, artifact, changed, drop_in, plugin_lib};
 use serde_json::Value;
 
 /// The prompts of a JSONL data file.
@@ -194,11 +194,7 @@ fn addition(dir: &Path) -> (PathBuf, PathBuf) {
     for name in ["rlvr-optimizer-grpo", "rlvr-optimizer-sft", "rlvr-verifier-math"] {
         drop_in(&plugin_lib(name), &plugins, &format!("lib{}.so", name.replace('-', "_")));
     }
-    let data = arith_data(
-        dir,
-        &["--seed", "11", "--max-operand", "50", "--ops", "+", "--pad", "--sft", "300", "--train", "2000"],
-        200,
-    );
+    let data = arith_data(dir, ADDITION_DATA, 200);
     (plugins, data)
 }
 
@@ -237,7 +233,8 @@ fn an_sft_cold_start_then_grpo_raises_heldout_accuracy_by_15_points() {
 
     // The same GRPO job training LoRA adapters on the SFT checkpoint instead of its weights.
     let lora_spec = dir.path().join("grpo-lora.toml");
-    let lora_text = text.replace("lr = 5e-4", "lr = 2e-3").replace("\n[data]", &format!("\n{LORA}\n[data]"));
+    let lora_text =
+        text.replace("lr = 5e-4", "lr = 2e-3").replace("\n[data]", &format!("\n{ADDITION_LORA}\n[data]"));
     fs::write(&lora_spec, &lora_text).unwrap();
     let lora = worker(&lora_spec, &dir.path().join("grpo-lora"), &plugins, &mut cpu_s);
     let lora_after = lora["heldout_after"].as_f64().unwrap();
@@ -518,11 +515,6 @@ const MUL_SFT: &[(&str, &str)] =
 
 /// The addition test's GRPO job (200 steps, 64 prompts × 8, cosine), changed where shown.
 const MUL_GRPO: &[(&str, &str)] = &[("lr = 5e-4", "lr = 1e-4"), ("max_new_tokens = 4", "max_new_tokens = 5")];
-
-/// LoRA on every linear layer of the decoder, rank 16, scale 2. The learning rate is 4× full
-/// fine-tuning's (2e-3 learns, 5e-3 collapses the policy onto one answer, as 2e-3 does for full
-/// fine-tuning): low-rank updates take a larger step for the same change of the outputs.
-const LORA: &str = "lora = { rank = 16, alpha = 32.0 }";
 
 /// Steps of this file's first test's GRPO jobs, full and LoRA, on the native sampler: half of
 /// `grpo.toml`'s 200 (which the other tests and `scripts/bench/off-policy.sh` run), the learning

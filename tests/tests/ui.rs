@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{api, submit, submit_ok, wait_job};
 use rlvr_tests::{
-    Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data, arith_grpo_spec, changed,
-    worker_command, worker_plugins, workspace_root,
+    ADDITION_DATA, ADDITION_LORA, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data,
+    arith_grpo_spec, changed, worker_command, worker_plugins, workspace_root,
 };
 use serde_json::Value;
 
@@ -38,24 +38,6 @@ fn config(cold_start: &Path) -> String {
         cold_start.display().to_string()
     )
 }
-
-/// The learning test's data (`learning.rs`): `a+b=` below 50, 300 demonstrations, 2 000 training
-/// prompts, 200 held-out.
-const DATA: [&str; 13] = [
-    "--seed",
-    "11",
-    "--max-operand",
-    "50",
-    "--ops",
-    "+",
-    "--pad",
-    "--sft",
-    "300",
-    "--train",
-    "2000",
-    "--heldout",
-    "200",
-];
 
 /// The learning test's SFT cold start for 200 steps, by `rlvr-worker run`: its model directory.
 fn cold_start(dir: &Path, data: &Path) -> std::path::PathBuf {
@@ -84,7 +66,7 @@ fn watched_job(data: &Path) -> String {
         include_str!("../data/learning/grpo.toml"),
         &[
             ("name = \"arith-grpo\"", "name = \"watched-on-the-page\""),
-            ("policy = \"{policy}\"", "policy = \"base:arith-sft\"\nlora = { rank = 16, alpha = 32.0 }"),
+            ("policy = \"{policy}\"", &format!("policy = \"base:arith-sft\"\n{ADDITION_LORA}")),
             ("lr = 5e-4", "lr = 2e-3"),
             // A KL term small enough to leave the learning as it was (0.5 → 0.67 here), so that
             // the page's KL chart has its curve.
@@ -125,7 +107,8 @@ fn install_browser() -> String {
 fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     let node_modules = install_browser();
     let dir = tempfile::tempdir().unwrap();
-    let data = arith_data(dir.path(), &DATA);
+    // The learning test's addition data, 200 held-out prompts.
+    let data = arith_data(dir.path(), &[ADDITION_DATA, &["--heldout", "200"]].concat());
     let cold_start = cold_start(dir.path(), &data);
     let redis = Redis::start();
     let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(&cold_start));
