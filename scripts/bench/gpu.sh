@@ -490,7 +490,7 @@ else
         hf_missing="transformers is not importable with $python ($(tail -n1 <<<"$why")): install it there, or pass --python with one that has torch and transformers"
     fi
     if [ -z "$trl_missing" ] && ! why=$("$python" -c 'import torch, transformers, trl, datasets' 2>&1); then
-        trl_missing="TRL is not importable with $python ($(tail -n1 <<<"$why")): pass --wheels DIR with the wheels of trl==1.16.0, datasets==5.2.0, dill==0.4.1 and multiprocess==0.70.19 (the book: docs/src/contributors/benchmarks.md, "On one GPU"), or --python with one that has them"
+        trl_missing="TRL is not importable with $python ($(tail -n1 <<<"$why")): pass --wheels DIR with the wheels of trl==1.16.0, datasets==5.2.0, dill==0.4.1 and multiprocess==0.70.19 (the book: docs/src/contributors/benchmarks.md, 'On one GPU'), or --python with one that has them"
     fi
     for dtype in f32 bf16; do
         if [ -n "$hf_missing" ]; then

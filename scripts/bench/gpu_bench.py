@@ -460,7 +460,7 @@ def cmd_hf(result_path, dtype, output, log, rc):
 
 
 TRL_HINT = ("pass gpu.sh --wheels DIR with the wheels of trl==1.16.0, datasets==5.2.0, dill==0.4.1 and "
-            "multiprocess==0.70.19 (the book: docs/src/contributors/benchmarks.md, "On one GPU")")
+            "multiprocess==0.70.19 (the book: docs/src/contributors/benchmarks.md, 'On one GPU')")
 
 
 def cmd_trl(result_path, dtype, output, log, rc):
