@@ -8,7 +8,8 @@
 //! the daemon.
 //!
 //! In order: the open-file limit, the worker (`daemon.worker_exe`, else `rlvr-worker` beside
-//! `rlvrd`), the first plugin scan, bind, the scheduler, then `Services` (the grant socket, the HTTP
+//! `rlvrd`), the book `/docs` serves (`api.docs_dir`, else `book/` above `rlvrd`'s directory), the
+//! first plugin scan, bind, the scheduler, then `Services` (the grant socket, the HTTP
 //! server, the job consumers); the main loop rescans plugins, pings Redis and feeds the watchdog
 //! until the `CancellationToken` fires; then the drain: workers checkpoint, jobs are requeued. The
 //! HTTP server stops last, with its own token, so an engine can grade the step it finishes before
@@ -90,6 +91,9 @@ pub enum ServeError {
     /// The worker executable (it runs jobs and probes plugins) could not be found.
     #[error("{0}")]
     WorkerExe(String),
+    /// `api.docs_dir` holds no built book.
+    #[error(transparent)]
+    Book(#[from] crate::api::docs::NoBook),
     /// The devices are GPUs and the worker cannot use CUDA (`rlvrd doctor` says why).
     #[error("devices: {0}")]
     Devices(String),
@@ -112,6 +116,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
     let metrics = Arc::new(Metrics::new());
     let worker = worker_exe(config.daemon.worker_exe.as_deref())?;
     tracing::info!(worker = %worker.display(), "worker executable");
+    let book = served_book(config.api.docs_dir.as_deref())?;
     // Shared by daemons that name the same one: its copies and probe reports are content-addressed.
     let plugin_cache = config.plugins.cache_dir.clone().unwrap_or_else(|| state_dir.plugin_cache());
     let registry = Arc::new(Registry::new(
@@ -128,7 +133,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
         .map_err(|source| ServeError::StateDir { path: state_dir.path().to_owned(), source })?;
     tracing::info!(%addr, "api listening");
     let scheduler = start_scheduler(&config, &metrics, &worker).await?;
-    let parts = Parts { worker, listener, registry, metrics, scheduler };
+    let parts = Parts { worker, book, listener, registry, metrics, scheduler };
     let mut services = Services::start(&config, &state_dir, parts)?;
     let _ = sd_notify::notify(&[NotifyState::Ready]);
     let outcome = services.main_loop(&config, &shutdown).await;
@@ -227,6 +232,8 @@ fn log_doctor(doctor: &Doctor) {
 /// What the services are started from.
 struct Parts {
     worker: PathBuf,
+    /// The built book `/docs` serves, when there is one.
+    book: Option<PathBuf>,
     listener: TcpListener,
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
@@ -251,7 +258,7 @@ struct Services {
 impl Services {
     /// Starts the grant socket, the HTTP server and the job consumers.
     fn start(config: &Config, state_dir: &StateDir, parts: Parts) -> Result<Services, ServeError> {
-        let Parts { worker, listener, registry, metrics, scheduler } = parts;
+        let Parts { worker, book, listener, registry, metrics, scheduler } = parts;
         // Where an engine on this host reaches the API: the listener, by loopback when it listens
         // on every address.
         let mut listener_addr = listener.local_addr().map_err(ServeError::Http)?;
@@ -378,6 +385,7 @@ impl Services {
             jobs_state,
             tinker,
             auth,
+            book,
             config.api.max_body_bytes as usize,
         );
         let supervisor = Arc::new(Supervisor::new(SupervisorConfig {
@@ -512,12 +520,24 @@ pub fn worker_exe(configured: Option<&std::path::Path>) -> Result<PathBuf, Serve
     }
 }
 
-/// libtorch threads per worker: `queue.worker_threads`, or every core.
+/// The book `/docs` serves (see [`crate::api::docs::book_dir`]), said in the log either way.
+fn served_book(configured: Option<&std::path::Path>) -> Result<Option<PathBuf>, ServeError> {
+    // No executable path (a deleted binary): only a configured book can be found.
+    let exe = std::env::current_exe().unwrap_or_default();
+    let book = crate::api::docs::book_dir(configured, &exe)?;
+    match &book {
+        Some(dir) => tracing::info!(book = %dir.display(), "the book is served at /docs"),
+        None => tracing::info!("no built book beside rlvrd and api.docs_dir not set: /docs answers 404"),
+    }
+    Ok(book)
+}
+
 /// The installed `[env]` environments and their python, when both are configured.
 fn environments(config: &Config) -> Option<(PathBuf, PathBuf)> {
     config.engines.environments.clone().zip(config.engines.environments_python.clone())
 }
 
+/// libtorch threads per worker: `queue.worker_threads`, or every core.
 fn worker_threads(configured: u32) -> usize {
     if configured > 0 {
         configured as usize

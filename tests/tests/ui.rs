@@ -10,6 +10,11 @@
 //! run by `rlvr-worker run` before the daemon starts (held-out 0 → about 0.5), declared to the
 //! daemon as the base model `arith-sft`, then LoRA GRPO from it for 40 steps (about 0.5 → 0.66 on
 //! 200 held-out prompts here). The premise, that it learned, is checked first.
+//!
+//! The same daemon serves the book at `/docs` (`api.docs_dir`, built here by the real mdBook):
+//! the browser opens its first page, whose screenshot goes to `target/ui/book-first-page.png` (the
+//! book's `docs/src/images/book-first-page.png` with `RLVR_UPDATE_SCREENSHOT=1`), and follows a
+//! link of its table of contents; its inline scripts run under the book's Content-Security-Policy.
 
 use std::path::Path;
 use std::process::Command;
@@ -89,6 +94,21 @@ fn other_teams_job(data: &Path) -> String {
         + "[resources]\nmemory_gb = 8\n"
 }
 
+/// The book built by the mdBook `scripts/setup.sh` installed (`RLVR_MDBOOK`), under `dir`.
+fn build_book(dir: &Path) -> std::path::PathBuf {
+    let mdbook = std::env::var_os("RLVR_MDBOOK")
+        .expect("RLVR_MDBOOK names mdBook: source the env file scripts/setup.sh writes");
+    let book = dir.join("book");
+    let output = Command::new(mdbook)
+        .args(["build", "docs", "--dest-dir"])
+        .arg(&book)
+        .current_dir(workspace_root())
+        .output()
+        .expect("run mdbook");
+    assert!(output.status.success(), "mdbook build failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    book
+}
+
 /// Runs `scripts/ui-browser.sh`: the node_modules directory holding playwright-core.
 fn install_browser() -> String {
     let started = Instant::now();
@@ -110,8 +130,10 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     // The learning test's addition data, 200 held-out prompts.
     let data = arith_data(dir.path(), &[ADDITION_DATA, &["--heldout", "200"]].concat());
     let cold_start = cold_start(dir.path(), &data);
+    let book = build_book(dir.path());
     let redis = Redis::start();
-    let daemon = Daemon::start_with(&PLUGINS, &redis.url(), &config(&cold_start));
+    let docs_dir = format!("docs_dir = {:?}", book.display().to_string());
+    let daemon = Daemon::start_with_api(&PLUGINS, &redis.url(), &docs_dir, &config(&cold_start));
 
     let ours = submit_ok(&daemon, &watched_job(&data));
     let (status, theirs) = submit(&daemon, OTHER_TOKEN, &other_teams_job(&data), None);
@@ -122,12 +144,16 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
 
     // Under target/ on every run; the README's copy only when asked (RLVR_UPDATE_SCREENSHOT=1), so
     // a test run leaves the checkout as it was.
-    let screenshot = if std::env::var_os("RLVR_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
-        workspace_root().join("docs/src/images/ui-job.png")
-    } else {
-        rlvr_tests::target_dir().join("ui/ui-job.png")
+    let shot_path = |name: &str| {
+        let path = if std::env::var_os("RLVR_UPDATE_SCREENSHOT").is_some_and(|v| v == "1") {
+            workspace_root().join("docs/src/images").join(name)
+        } else {
+            rlvr_tests::target_dir().join("ui").join(name)
+        };
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        path
     };
-    std::fs::create_dir_all(screenshot.parent().unwrap()).unwrap();
+    let (screenshot, book_screenshot) = (shot_path("ui-job.png"), shot_path("book-first-page.png"));
     let started = Instant::now();
     // The Node.js scripts/ui-browser.sh chose (20 or newer), linked beside node_modules.
     let node = Path::new(&node_modules).with_file_name("node");
@@ -140,6 +166,7 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
         .env("RLVR_UI_STEPS", STEPS.to_string())
         .env("RLVR_UI_OTHER_JOB", &theirs)
         .env("RLVR_UI_SCREENSHOT", &screenshot)
+        .env("RLVR_UI_BOOK_SCREENSHOT", &book_screenshot)
         .output()
         .expect("run node tests/ui/drive.cjs");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -261,7 +288,24 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     assert_eq!(seen["manifest"]["status"], 200, "{context}");
     assert_eq!(seen["manifest"]["json"]["job_id"], ours, "{context}");
 
-    let png = std::fs::read(&screenshot).unwrap();
-    assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "{} bytes", png.len());
+    // The book at /docs: its first page under /docs/ (so its relative links resolve), its scripts
+    // run (they build the table of contents) with nothing refused, and a link of the table of
+    // contents leads to its page.
+    let first = &seen["book"]["first"];
+    assert_eq!(first["status"], 200, "{context}");
+    assert_eq!(first["url"], format!("{}/docs/", daemon.url), "{context}");
+    assert_eq!(first["h1"], "rlvr", "{context}");
+    assert_eq!(first["csp"], rlvr_daemon::api::docs::CONTENT_SECURITY_POLICY, "{context}");
+    assert!(first["toc_links"].as_u64().unwrap() > 50, "{context}");
+    assert_eq!(seen["book"]["console_errors"], serde_json::json!([]), "{context}");
+    assert_eq!(seen["book"]["failed_loads"], serde_json::json!([]), "{context}");
+    let job_spec = &seen["book"]["job_spec"];
+    assert_eq!(job_spec["url"], format!("{}/docs/reference/job-spec.html", daemon.url), "{context}");
+    assert_eq!(job_spec["h1"], "The job spec, every key", "{context}");
+
+    for shot in [&screenshot, &book_screenshot] {
+        let png = std::fs::read(shot).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "{}: {} bytes", shot.display(), png.len());
+    }
     eprintln!("timings: {}", seen["timings"]);
 }

@@ -1,11 +1,12 @@
 // Drives the rlvrd web page (/ui) in headless Chromium for tests/tests/ui.rs, as a person would:
 // logs in, lists the jobs, watches a running job's curve grow, opens its gates, opens another
 // team's job by its URL, looks at the plugins and model lines, and saves a screenshot of the job
-// page. Prints one JSON object of what it saw; the Rust test judges it.
+// page. Then the book the daemon serves at /docs: its first page (a screenshot of it too), and a
+// link from its table of contents. Prints one JSON object of what it saw; the Rust test judges it.
 //
 // Input (environment): RLVR_UI_URL (the daemon), RLVR_UI_TOKEN (team A's), RLVR_UI_JOB (team A's
 // running job) and RLVR_UI_STEPS (its steps), RLVR_UI_OTHER_JOB (team B's job),
-// RLVR_UI_SCREENSHOT (the PNG to write).
+// RLVR_UI_SCREENSHOT and RLVR_UI_BOOK_SCREENSHOT (the PNGs to write).
 // NODE_PATH names the node_modules of scripts/ui-browser.sh. With RLVR_UI_SHOTS set to a
 // directory, a screenshot of each page it visits goes there too (to look at the pages by eye).
 
@@ -23,6 +24,7 @@ async function main() {
   const jobId = env('RLVR_UI_JOB');
   const otherJob = env('RLVR_UI_OTHER_JOB');
   const screenshot = env('RLVR_UI_SCREENSHOT');
+  const bookScreenshot = env('RLVR_UI_BOOK_SCREENSHOT');
   const steps = Number(env('RLVR_UI_STEPS'));
   const started = Date.now();
   const seconds = () => (Date.now() - started) / 1000;
@@ -166,6 +168,37 @@ async function main() {
         ? { status: Number(await error.getAttribute('data-error-status')) }
         : { status: 200, json: JSON.parse(await page.textContent('#manifest-json')) };
     }
+
+    // The book, in a page of its own so that its console and answers are counted apart: the
+    // first page as a reader opens it (/docs, redirected to /docs/), then the job spec's
+    // reference from the table of contents, by a relative link.
+    const reader = await browser.newContext({ viewport: { width: 1280, height: 900 }, deviceScaleFactor: 1 });
+    const book = await reader.newPage();
+    book.setDefaultTimeout(20000);
+    result.book = { console_errors: [], failed_loads: [] };
+    book.on('console', (message) => {
+      if (message.type() === 'error') result.book.console_errors.push(message.text());
+    });
+    book.on('pageerror', (error) => result.book.console_errors.push(`pageerror: ${error.message}`));
+    book.on('response', (response) => {
+      if (response.status() >= 400) result.book.failed_loads.push(`${response.status()} ${new URL(response.url()).pathname}`);
+    });
+    const first = await book.goto(`${url}/docs`);
+    await book.waitForLoadState('load');
+    result.book.first = {
+      status: first.status(),
+      url: book.url(),
+      csp: first.headers()['content-security-policy'],
+      title: await book.title(),
+      h1: await book.textContent('main h1'),
+      // mdBook's script builds the table of contents: links in it mean the page's scripts ran.
+      toc_links: await book.$$eval('#mdbook-sidebar a[href], .sidebar a[href]', (links) => links.length),
+    };
+    await book.screenshot({ path: bookScreenshot });
+    await book.click('.sidebar a[href$="reference/job-spec.html"]');
+    await book.waitForSelector('main h1');
+    result.book.job_spec = { url: book.url(), h1: await book.textContent('main h1') };
+    await reader.close();
     result.timings.total_s = seconds();
   } finally {
     await browser.close();

@@ -3,7 +3,8 @@
 //! (`POST /v1/curricula/{name}/refresh`) that `rlvrctl promote`, `report` and `curriculum refresh`
 //! need.
 //!
-//! - open: `GET /healthz`, `GET /metrics` (Prometheus text);
+//! - open: `GET /healthz`, `GET /metrics` (Prometheus text), the web page ([`ui`], `/ui`) and the
+//!   built book ([`docs`], `/docs`);
 //! - every other route needs a team's bearer token, checked by one middleware
 //!   ([`auth::require_token`]) before any extractor reads the request, so a refused request's body
 //!   is never read: the job routes of [`jobs`], `GET /v1/plugins`, `GET /v1/openapi.json`.
@@ -21,6 +22,7 @@
 
 pub mod auth;
 pub mod curricula;
+pub mod docs;
 pub mod env_check;
 pub mod failure;
 pub mod follow;
@@ -66,13 +68,15 @@ pub struct AppState {
     pub redis: Arc<RedisHealth>,
 }
 
-/// The API's routes; request bodies above `max_body_bytes` get 413. Every route but `/healthz`
-/// and `/metrics` goes through `auth`'s check first.
+/// The API's routes; request bodies above `max_body_bytes` get 413. Every route but `/healthz`,
+/// `/metrics`, the web page (`/ui`) and the book (`/docs`, from `book`) goes through `auth`'s check
+/// first.
 pub fn router(
     state: AppState,
     jobs: Arc<jobs::JobsState>,
     tinker: Arc<tinker::TinkerState>,
     auth: Arc<auth::Auth>,
+    book: Option<std::path::PathBuf>,
     max_body_bytes: usize,
 ) -> Router {
     let job_routes = Router::new()
@@ -122,6 +126,8 @@ pub fn router(
         .merge(token_routes)
         // The web page: static files, open like /healthz; its API calls carry the token.
         .merge(ui::routes())
+        // The built book, open too: the docs of the version this daemon runs.
+        .merge(docs::routes(book))
         .layer(DefaultBodyLimit::max(max_body_bytes))
 }
 

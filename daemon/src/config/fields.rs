@@ -306,6 +306,16 @@ pub(super) const FIELDS: &[Field] = &[
          of its answer (event streams and downloads included); more get 429. A connection has no \
          team until its request is read: max_connections bounds connections over all teams.",
     ),
+    Field {
+        path: "api.docs_dir",
+        kind: Kind::AbsolutePath(None),
+        doc: "The built book (docs/, built by mdBook: the directory holding its index.html), served \
+              open at /docs so that teams read the docs of the version the daemon runs. Set: it must \
+              hold index.html, or rlvrd does not start. Not set: book/ in the directory above \
+              rlvrd's own (target/book for a build tree's target/release/rlvrd, where \
+              scripts/test.sh builds it) when it holds index.html; else /docs answers 404.",
+        example: Example::Commented("docs_dir = \"/usr/local/share/doc/rlvr/book\""),
+    },
     field(
         "plugins.dirs",
         Kind::Dirs(&[DEFAULT_PLUGIN_DIR]),

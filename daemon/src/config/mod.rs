@@ -108,6 +108,8 @@ pub struct ApiConfig {
     pub streams_per_team: u32,
     /// Requests one team may have open at once, event streams included.
     pub requests_per_team: u32,
+    /// The built book served at `/docs`; unset: `book/` above `rlvrd`'s directory, when built.
+    pub docs_dir: Option<PathBuf>,
 }
 
 /// `[queue]`: how the daemon takes jobs off Redis and looks after their workers.

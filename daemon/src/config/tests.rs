@@ -348,7 +348,7 @@ fn every_problem_is_reported_at_once_with_its_source() {
         &env,
         &[
             r#"redis.url: expected a url starting with redis://, rediss:// or unix://, found "http://…@host:1" (from env RLVR__REDIS__URL)"#,
-            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team (from file {file})",
+            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team, docs_dir (from file {file})",
             r#"api.listen: expected a socket address like 127.0.0.1:8470, found "nonsense" (from file {file})"#,
             "plugins.scan_interval_ms: expected an integer from 100 to 60000 (milliseconds), found 5 (from env RLVR__PLUGINS__SCAN_INTERVAL_MS)",
             r#"auth.tokens[0].sha256: expected the hex sha256 of the token (64 lowercase hex characters: printf %s "$TOKEN" | sha256sum), found a string of 10 characters (from file {file})"#,
@@ -429,7 +429,7 @@ fn unknown_sections_and_keys() {
         &[],
         &[
             r#""a.b": unknown section, expected one of: daemon, redis, api, plugins, auth, tenancy, outbound, devices, queue, scheduler, graders, engines, tinker (from file {file})"#,
-            r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team (from file {file})"#,
+            r#"api."with space": unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team, docs_dir (from file {file})"#,
         ],
     );
 }
@@ -749,7 +749,7 @@ fn env_problems_name_the_variable() {
             "api..x: malformed variable name, expected RLVR__SECTION__KEY (from env RLVR__API____X)",
             "devices.cpu_slots: conflicts with RLVR__DEVICES, set only one (from env RLVR__DEVICES__CPU_SLOTS)",
             r#"redis.url: expected a url starting with redis://, rediss:// or unix://, found "42" (from env RLVR__REDIS__URL)"#,
-            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team (from env RLVR__API__LISEN)",
+            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team, docs_dir (from env RLVR__API__LISEN)",
             r#"plugins.dirs: expected a list of directories like ["/usr/lib/rlvr/plugins"], found "/one/dir" (from env RLVR__PLUGINS__DIRS)"#,
             r#"auth.tokens[0].sha256: expected the hex sha256 of the token (64 lowercase hex characters: printf %s "$TOKEN" | sha256sum), found a string of 3 characters (from env RLVR__AUTH__TOKENS)"#,
         ],
