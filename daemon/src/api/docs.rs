@@ -108,11 +108,7 @@ fn not_found() -> Response {
 
 /// The headers every answer under `/docs` carries.
 fn secure_headers() -> [(header::HeaderName, HeaderValue); 3] {
-    [
-        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY)),
-        (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-        (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
-    ]
+    super::ui::static_file_headers(CONTENT_SECURITY_POLICY)
 }
 
 #[cfg(test)]

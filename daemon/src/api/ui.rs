@@ -68,8 +68,14 @@ async fn file(axum::extract::Path(name): axum::extract::Path<String>, headers: H
 
 /// The headers every answer under `/ui` carries.
 fn secure_headers() -> [(header::HeaderName, HeaderValue); 3] {
+    static_file_headers(CONTENT_SECURITY_POLICY)
+}
+
+/// The headers of an open static file's answer (the page's and the book's, `super::docs`): its
+/// `policy`, no sniffing of its type, no referrer sent on.
+pub(super) fn static_file_headers(policy: &'static str) -> [(header::HeaderName, HeaderValue); 3] {
     [
-        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY)),
+        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy)),
         (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
         (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
     ]
