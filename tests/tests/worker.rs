@@ -1292,8 +1292,8 @@ fn a_worker_past_its_memory_cap_exits_out_of_memory_naming_the_numbers() {
 
 /// Micro-batches bounded by tokens train as micro-batches bounded by rows: an SFT job of
 /// completions of many lengths and a DPO job (a pair's two rows kept together) end with the same
-/// weights either way, to rounding (each loss is scaled by the whole batch), in more passes per
-/// update; the passes are in each step's metrics.
+/// weights either way, to rounding (each loss is scaled by the whole batch; rounding moves few
+/// weights), in more passes per update; the passes are in each step's metrics.
 #[test]
 fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -1344,14 +1344,26 @@ fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
             "{plugin}: {token_passes:?}"
         );
         assert_eq!(by_rows.keys().collect::<Vec<_>>(), by_tokens.keys().collect::<Vec<_>>());
-        // AdamW moves a weight by about lr a step whatever its gradient's size, so rounding
-        // shows up to lr in weights whose gradients are near zero: allowed 1% of the 2 steps'
-        // 2e-3; a lost or split micro-batch moves weights by the whole of it.
+        // AdamW moves a weight by about lr a step whatever its gradient's size, so summing the
+        // micro-batches in another order can move a weight whose gradient is near zero by up to
+        // the 2 steps' 2e-3 (2.9e-5 was seen on one machine, under 2e-5 on others): no single
+        // weight is held to a rounding bound. Rounding moves few weights, though, and a lost or
+        // split micro-batch changes the gradient of most: at most 1 weight in 1,000 may differ
+        // by more than 1% of 2e-3, and none by more than Adam's 2 steps can move it.
+        let (mut moved, mut weights, mut worst) = (0, 0, 0.0_f64);
         for (name, a) in &by_rows {
-            let worst = (a - &by_tokens[name]).abs().max().double_value(&[]);
-            assert!(worst <= 2e-5, "{plugin}: {name} differs by {worst:e}");
+            let difference = (a - &by_tokens[name]).abs();
+            let largest = difference.max().double_value(&[]);
+            assert!(largest <= 4e-3, "{plugin}: {name} differs by {largest:e}");
+            moved += difference.gt(2e-5).sum(tch::Kind::Int64).int64_value(&[]);
+            weights += a.numel() as i64;
+            worst = worst.max(largest);
         }
-        println!("{plugin}: {row_passes:?} passes by rows, {token_passes:?} by tokens, same weights");
+        assert!(moved * 1000 <= weights, "{plugin}: {moved} of {weights} weights differ by more than 2e-5");
+        println!(
+            "{plugin}: {row_passes:?} passes by rows, {token_passes:?} by tokens, the same weights \
+             ({moved} of {weights} differ by more than 2e-5, the most by {worst:e})"
+        );
     }
 }
 
