@@ -189,14 +189,14 @@ async function main() {
       status: first.status(),
       url: book.url(),
       csp: first.headers()['content-security-policy'],
-      title: await book.title(),
       h1: await book.textContent('main h1'),
       // mdBook's script builds the table of contents: links in it mean the page's scripts ran.
-      toc_links: await book.$$eval('#mdbook-sidebar a[href], .sidebar a[href]', (links) => links.length),
+      toc_links: await book.$$eval('#mdbook-sidebar a[href]', (links) => links.length),
     };
     await book.screenshot({ path: bookScreenshot });
-    await book.click('.sidebar a[href$="reference/job-spec.html"]');
-    await book.waitForSelector('main h1');
+    await book.click('#mdbook-sidebar a[href$="reference/job-spec.html"]');
+    // The new page, not the first page's heading before the navigation commits.
+    await book.waitForURL('**/docs/reference/job-spec.html');
     result.book.job_spec = { url: book.url(), h1: await book.textContent('main h1') };
     await reader.close();
     result.timings.total_s = seconds();
