@@ -48,9 +48,9 @@ fn validate_reports_every_problem_with_where_it_came_from() {
     let shown = file.display().to_string();
     let expected = [
         "config has 7 problem(s):".to_owned(),
-        format!(
-            "api.lisen: unknown key, expected one of: listen, max_body_bytes, rate_limit_per_minute, auth_failures_per_minute, max_connections, header_timeout_s, body_timeout_s, idle_timeout_s, dry_runs_at_once, dry_runs_per_team, dry_run_budget_s, streams_per_team, requests_per_team (from file {shown})"
-        ),
+        // The full list of `[api]` keys is the config's unit tests' to hold; here, that the
+        // binary names the key, offers the section's keys and says which file it came from.
+        "api.lisen: unknown key, expected one of: listen, max_body_bytes,".to_owned(),
         format!(
             "api.listen: expected a socket address like 127.0.0.1:8470, found \"nonsense\" (from file {shown})"
         ),
@@ -66,6 +66,8 @@ fn validate_reports_every_problem_with_where_it_came_from() {
     for line in expected {
         assert!(stderr.contains(&line), "missing {line:?} in:\n{stderr}");
     }
+    let unknown_key = stderr.lines().find(|line| line.contains("api.lisen: unknown key")).unwrap();
+    assert!(unknown_key.ends_with(&format!("(from file {shown})")), "{unknown_key}");
 }
 
 #[test]
