@@ -47,10 +47,28 @@ def measured(work):
             continue
         if row.get("status") != "ok":
             raise CannotRun(f"{row.get('shape')} {row.get('variant')}: {row.get('status')}: {row.get('detail')}")
-        dtype = "bf16" if row["variant"].endswith("bf16") else "f32"
+        dtype = dtype_of(row["variant"])
         for key in FIGURES:
             figures[f"{row['shape']} {row['variant']} {key}"] = (row[f"min_{key}"], dtype)
     return figures
+
+
+def dtype_of(variant):
+    """The dtype whose product rate scales a shape run's times (its variant: full-f32, lora-bf16)."""
+    return "bf16" if variant.endswith("bf16") else "f32"
+
+
+def unmeasured(recorded, figures, rates):
+    """{recorded figure not measured here: why}; CannotRun for one that should have been."""
+    missing = {}
+    for name in recorded:
+        if name in figures:
+            continue
+        if dtype_of(name.split()[1]) == "bf16" and rates.get("bf16_native") is False:
+            missing[name] = "not run: no bf16 arithmetic on this CPU"
+        else:
+            raise CannotRun(f"{name}: recorded in the guard's figures but not measured by this run")
+    return missing
 
 
 def main(argv):
@@ -61,6 +79,9 @@ def main(argv):
     rates = load(os.path.join(work, "rates.json"))
     figures = measured(work)
     if len(argv) == 5:
+        if rates.get("bf16_native") is False:
+            raise CannotRun("this CPU has no bf16 arithmetic, so the bf16 figures were not measured: "
+                            "record on a machine that has it, or the record would lose them")
         record = {
             "commit": argv[4],
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
@@ -74,9 +95,13 @@ def main(argv):
         print(f"recorded {len(figures)} figures at {argv[4]} in {guard_path}")
         return 0
     recorded = load(guard_path)
+    missing = unmeasured(recorded["figures"], figures, rates)
     print(f"Speed guard against {recorded['commit']} ({recorded['date']}); times scaled by this machine's "
-          f"product rates (f32 {rates['f32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s on one thread; "
+          f"product rates (f32 {rates['f32'] / 1e9:.0f}, bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s on one thread; "
           f"recorded {recorded['rates']['f32'] / 1e9:.0f}, {recorded['rates']['bf16'] / 1e9:.0f}).")
+    if missing:
+        print(f"This CPU's bf16 products run at {rates['bf16'] / rates['f32']:.3f}× its f32 rate (no bf16 "
+              "instructions: software conversion), so its bf16 figures are not measured.")
     print()
     print("| figure (fastest measured step) | recorded (s) | now, scaled (s) | change |")
     print("|---|---:|---:|---:|")
@@ -93,6 +118,8 @@ def main(argv):
         print(f"| {name} | {then:.2f} | {scaled:.2f} | {change:+.1%}{flag} |")
         if gated and change > threshold:
             slower.append(name)
+    for name, why in missing.items():
+        print(f"| {name} | {recorded['figures'][name]:.2f} | — | {why} |")
     print()
     if slower:
         print(f"{len(slower)} step time(s) slower by more than {threshold:.0%}: {', '.join(slower)}")
