@@ -26,6 +26,24 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the workspace").to_owned()
 }
 
+/// Builds the book (`docs/`) into `dest` with the mdBook `scripts/setup.sh` installed and named in
+/// `RLVR_MDBOOK`; panics when it fails. Returns mdBook's log (its stderr: where warnings show).
+pub fn build_book(dest: &Path) -> String {
+    let mdbook = std::env::var_os("RLVR_MDBOOK")
+        .map(PathBuf::from)
+        .expect("RLVR_MDBOOK names mdBook: source the env file scripts/setup.sh writes");
+    assert!(mdbook.is_file(), "RLVR_MDBOOK: no mdbook at {}", mdbook.display());
+    let built = std::process::Command::new(&mdbook)
+        .args(["build", "docs", "--dest-dir"])
+        .arg(dest)
+        .current_dir(workspace_root())
+        .output()
+        .expect("run mdbook");
+    let log = String::from_utf8_lossy(&built.stderr).into_owned();
+    assert!(built.status.success(), "mdbook build failed:\n{log}");
+    log
+}
+
 /// The cargo target directory.
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))

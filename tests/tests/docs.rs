@@ -5,18 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use rlvr_tests::workspace_root;
-
-/// The mdBook `scripts/setup.sh` installed.
-fn mdbook() -> PathBuf {
-    let path = std::env::var_os("RLVR_MDBOOK")
-        .map(PathBuf::from)
-        .expect("RLVR_MDBOOK names mdBook: source the env file scripts/setup.sh writes");
-    assert!(path.is_file(), "RLVR_MDBOOK: no mdbook at {}", path.display());
-    path
-}
+use rlvr_tests::{build_book, workspace_root};
 
 /// Every file under `dir` whose name ends with `extension`.
 fn files(dir: &Path, extension: &str, found: &mut Vec<PathBuf>) {
@@ -57,14 +47,7 @@ fn the_book_builds_lists_every_page_and_has_no_broken_link() {
     assert!(unlisted.is_empty(), "pages SUMMARY.md does not list: {unlisted:?}");
 
     let out = tempfile::tempdir().unwrap();
-    let built = Command::new(mdbook())
-        .args(["build", "docs", "--dest-dir"])
-        .arg(out.path())
-        .current_dir(&root)
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&built.stderr);
-    assert!(built.status.success(), "mdbook build failed:\n{log}");
+    let log = build_book(out.path());
     assert!(!log.contains("ERROR") && !log.contains("WARN"), "mdbook build:\n{log}");
 
     let mut html = Vec::new();

@@ -24,7 +24,7 @@ use rlvr_protocol::job::JobState;
 use rlvr_tests::jobs::{api, submit, submit_ok, wait_job};
 use rlvr_tests::{
     ADDITION_DATA, ADDITION_LORA, Daemon, OTHER_TOKEN, PERMISSIVE_GATES, Redis, TEAM_TOKEN, arith_data,
-    arith_grpo_spec, changed, worker_command, worker_plugins, workspace_root,
+    arith_grpo_spec, build_book, changed, worker_command, worker_plugins, workspace_root,
 };
 use serde_json::Value;
 
@@ -94,21 +94,6 @@ fn other_teams_job(data: &Path) -> String {
         + "[resources]\nmemory_gb = 8\n"
 }
 
-/// The book built by the mdBook `scripts/setup.sh` installed (`RLVR_MDBOOK`), under `dir`.
-fn build_book(dir: &Path) -> std::path::PathBuf {
-    let mdbook = std::env::var_os("RLVR_MDBOOK")
-        .expect("RLVR_MDBOOK names mdBook: source the env file scripts/setup.sh writes");
-    let book = dir.join("book");
-    let output = Command::new(mdbook)
-        .args(["build", "docs", "--dest-dir"])
-        .arg(&book)
-        .current_dir(workspace_root())
-        .output()
-        .expect("run mdbook");
-    assert!(output.status.success(), "mdbook build failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    book
-}
-
 /// Runs `scripts/ui-browser.sh`: the node_modules directory holding playwright-core.
 fn install_browser() -> String {
     let started = Instant::now();
@@ -130,7 +115,8 @@ fn a_team_watches_its_job_grow_on_the_web_page_and_is_refused_another_teams() {
     // The learning test's addition data, 200 held-out prompts.
     let data = arith_data(dir.path(), &[ADDITION_DATA, &["--heldout", "200"]].concat());
     let cold_start = cold_start(dir.path(), &data);
-    let book = build_book(dir.path());
+    let book = dir.path().join("book");
+    build_book(&book);
     let redis = Redis::start();
     let docs_dir = format!("docs_dir = {:?}", book.display().to_string());
     let daemon = Daemon::start_with_api(&PLUGINS, &redis.url(), &docs_dir, &config(&cold_start));
