@@ -8,7 +8,10 @@ shapes/*.json (shapes.sh --results). Each figure — the fastest measured step's
 update seconds, of the trainer run and of each shape run (noise on a shared machine only adds
 time, so the fastest step is the steadiest figure: the medians of two runs of one build here
 differed by up to 27%) — is scaled to the recorded machine: time × this run's product rate for
-its dtype / the recorded rate. Prints a markdown table; exit 1 when a step time is slower than
+its dtype / the recorded rate. On a CPU without bf16 arithmetic (rates.json's bf16_native false)
+the bf16 figures are not measured: the table lists them as not run, and --record refuses (it
+would drop them); any other recorded figure this run lacks cannot be judged (exit 2).
+Prints a markdown table; exit 1 when a step time is slower than
 its recorded value by more than THRESHOLD (a fraction; rollout and update are shown to say where),
 0 otherwise. --record writes this run's figures and rates to GUARD_JSON instead (exit 0).
 Stdlib only.
