@@ -1349,7 +1349,9 @@ fn micro_batches_bounded_by_tokens_train_as_micro_batches_bounded_by_rows() {
         // the 2 steps' 2e-3 (2.9e-5 was seen on one machine, under 2e-5 on others): no single
         // weight is held to a rounding bound. Rounding moves few weights, though, and a lost or
         // split micro-batch changes the gradient of most: at most 1 weight in 1,000 may differ
-        // by more than 1% of 2e-3, and none by more than Adam's 2 steps can move it.
+        // by more than 1% of 2e-3, and none by more than Adam's 2 steps can move it. (Measured
+        // by dropping each step's last micro-batch from the split: 434,546 of sft's 800,512
+        // weights then differed by more than 2e-5.)
         let (mut moved, mut weights, mut worst) = (0, 0, 0.0_f64);
         for (name, a) in &by_rows {
             let difference = (a - &by_tokens[name]).abs();
